@@ -1,0 +1,19 @@
+# Two entry points (see README): `make demo` runs the main job, `make test` runs the tests.
+# Both create the virtual environment and install the project on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+.PHONY: install test demo
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -q
+
+demo: $(STAMP)
+	$(VENV)/bin/lcsm bench ops

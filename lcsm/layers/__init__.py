@@ -1,0 +1,15 @@
+"""Token mixers of the papers, each a configuration of the EOS operator (``lcsm.ops``).
+
+Every module of this package registers its mixers when imported; importing the package imports
+them all, so ``available()`` lists everything without a hand-kept index.
+"""
+import importlib
+import pkgutil
+
+from .base import EOSRow, Mixer, State, aliases, available, build, register, resolve
+
+for _mod in pkgutil.iter_modules(__path__):
+    if _mod.name != "base" and not _mod.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_mod.name}")
+
+__all__ = ["EOSRow", "Mixer", "State", "aliases", "available", "build", "register", "resolve"]

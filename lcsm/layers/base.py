@@ -1,0 +1,180 @@
+"""Token mixers: the common interface, the EOS table row and the registry.
+
+Every mixer maps x [B, T, d_model] -> y [B, T, d_model] causally, carries an explicit recurrent
+state in and out (recurrentgemma style), and can describe itself as a row of LCSM Table 1.
+
+Shape glossary: B batch, T time, H heads, K expand (memory rows), D memory columns per head,
+d_model model width.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple, Type
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class State:
+    """Base of every mixer's typed recurrent state: a dataclass whose fields are tensors (or None).
+
+    Subclasses add their fields, e.g. ``memory: Tensor`` [B, H, K, D] or ``conv: Tensor``.
+    """
+
+    def tensors(self) -> Dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+    def numel_per_sequence(self) -> int:
+        """Scalars held per sequence (complex numbers count as two real scalars)."""
+        total = 0
+        for t in self.tensors().values():
+            per = t.numel() // max(t.shape[0], 1) if t.dim() > 0 else t.numel()
+            total += per * (2 if t.is_complex() else 1)
+        return total
+
+    def map(self, fn: Callable[[Tensor], Tensor]) -> "State":
+        return dataclasses.replace(self, **{k: fn(v) for k, v in self.tensors().items()})
+
+
+@dataclass(frozen=True)
+class EOSRow:
+    """One row of the unified table (LCSM Table 1 / Table 7, MetaLA Table 1).
+
+    Each state is written as in the papers (e.g. expand "k_t", oscillation "g_t 1^T");
+    ``*_dd`` says whether that state depends on the input (the papers' subscript t).
+    """
+
+    name: str
+    input: str
+    expand: str
+    oscillation: str
+    shrink: str
+    memory: str          # e.g. "K x D = 64 x 64"
+    psi: str             # "elementwise" or "matrix"
+    input_dd: bool
+    expand_dd: bool
+    oscillation_dd: bool
+    shrink_dd: bool
+    paper: str
+
+    FIELDS = ("name", "input", "expand", "oscillation", "shrink", "memory", "psi",
+              "input_dd", "expand_dd", "oscillation_dd", "shrink_dd", "paper")
+
+    def as_dict(self) -> Dict[str, object]:
+        return {f: getattr(self, f) for f in self.FIELDS}
+
+
+class Mixer(nn.Module):
+    """Base class of token mixers. Subclasses implement ``forward``, ``init_state`` and ``describe``.
+
+    ``step`` defaults to a length-1 ``forward`` with the carried state, which costs O(state) per
+    token for every mixer whose forward honours ``state``; ``state_size`` defaults to the size of
+    ``init_state`` (constant-size recurrent states).
+    """
+
+    registry_name: str = ""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+            raise ValueError(f"d_model: expected a positive integer, got {d_model!r}")
+        self.d_model = d_model
+
+    def forward(self, x: Tensor, state: Optional[State] = None, return_state: bool = False):
+        raise NotImplementedError
+
+    def init_state(self, batch_size: int) -> State:
+        raise NotImplementedError
+
+    def describe(self) -> EOSRow:
+        raise NotImplementedError
+
+    def step(self, x_t: Tensor, state: State) -> Tuple[Tensor, State]:
+        if x_t.dim() != 2 or x_t.shape[-1] != self.d_model:
+            raise ValueError(f"x_t: expected [B, d_model] = [B, {self.d_model}], got {list(x_t.shape)}")
+        y, state = self(x_t.unsqueeze(1), state=state, return_state=True)
+        return y.squeeze(1), state
+
+    def state_size(self, seq_len: int) -> int:
+        return self.init_state(1).numel_per_sequence()
+
+    def _param_like(self) -> Tensor:
+        return next(self.parameters())
+
+    def check_input(self, x: Tensor) -> None:
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x: expected [B, T, d_model] = [B, T, {self.d_model}], got {list(x.shape)}")
+
+
+# ----------------------------------------------------------------------------- registry
+
+_REGISTRY: Dict[str, Type[Mixer]] = {}
+_ALIASES: Dict[str, str] = {}
+
+
+def register(name: str, *aliases: str):
+    """Class decorator: ``@register("retnet", "tnl")``."""
+
+    def deco(cls: Type[Mixer]) -> Type[Mixer]:
+        for n in (name, *aliases):
+            if n in _REGISTRY or n in _ALIASES:
+                raise ValueError(f"mixer name {n!r} registered twice")
+        _REGISTRY[name] = cls
+        for a in aliases:
+            _ALIASES[a] = name
+        cls.registry_name = name
+        return cls
+
+    return deco
+
+
+def available() -> List[str]:
+    """Sorted canonical names of the registered mixers (aliases excluded)."""
+    return sorted(_REGISTRY)
+
+
+def aliases() -> Dict[str, str]:
+    return dict(_ALIASES)
+
+
+def resolve(name: str) -> Tuple[Type[Mixer], Dict[str, object]]:
+    """Name -> (class, options implied by the name). ``family:spec`` names call ``cls.from_spec``."""
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a mixer name (str), got {type(name).__name__}")
+    base, _, spec = name.partition(":")
+    base = _ALIASES.get(base, base)
+    if base not in _REGISTRY:
+        valid = available() + sorted(_ALIASES)
+        close = difflib.get_close_matches(base, valid, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown mixer {name!r}.{hint} Valid names: {', '.join(valid)}")
+    cls = _REGISTRY[base]
+    if not spec:
+        return cls, {}
+    if not hasattr(cls, "from_spec"):
+        raise ValueError(f"mixer {base!r} takes no ':spec' suffix, got {name!r}")
+    return cls, cls.from_spec(spec)
+
+
+def build(name: str, d_model: int, **options) -> Mixer:
+    """Build a registered mixer; unknown options fail with the valid ones listed."""
+    cls, implied = resolve(name)
+    params = inspect.signature(cls.__init__).parameters
+    valid = [p for p in params if p not in ("self", "d_model")]
+    unknown = [k for k in options if k not in valid]
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, valid, n=1)
+            hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(
+            f"mixer {name!r}: unknown option(s) {', '.join(hints)}. Valid options: {', '.join(valid) or 'none'}"
+        )
+    merged = {**implied, **options}
+    return cls(d_model, **merged)

@@ -1,0 +1,5 @@
+"""The EOS operator in every form: recurrent reference, parallel, chunkwise, FFT, one-step decoding,
+and the matrix-oscillation (delta-rule) variant."""
+from .eos import Plan, eos, eos_step, explain
+
+__all__ = ["Plan", "eos", "eos_step", "explain"]

@@ -1,0 +1,327 @@
+"""Chunkwise-parallel forms of the EOS operator (linear in T), with the appendix-5.1 backward.
+
+Two kernels, chosen by the structure of the problem (see ``kernel_for``):
+
+``matmul`` -- e and s are K-vectors and the oscillation is none, a scalar, a row decay (varies
+over K, GLA-like) or a column decay (varies over D). The sequence is cut into chunks of C steps.
+Within a chunk everything is matrix products (an attention map); across chunks only the K x D
+memory at chunk boundaries is carried by a loop over N = T / C chunks. Cumulative log decays
+Gamma are taken from the chunk start, and every exponent is a difference Gamma_t - Gamma_s with
+t >= s, so no factor ever exceeds 1: strong decays underflow to 0 instead of overflowing (the
+usual exp(Gamma_t) / exp(Gamma_s) factorisation overflows at -30 per step). Row and column decays
+split a chunk into sub-chunks of c <= 16 steps: pairs of sub-chunks factorise through the
+reference point between them (both factors <= 1, then one matmul), and the c x c diagonal blocks
+use the explicit [c, c, K] (or [c, c, D]) decay tensor.
+
+``elementwise`` -- anything else (a full K x D decay as in Mamba, K x D expand or shrink states):
+per chunk, the memories of the chunk are built by a log-depth (Hillis-Steele) scan, and only the
+boundary memory is carried on.
+
+Backward (appendix 5.1, Type 1; corrected in docs/eos.md). For ``matmul`` the backward is itself
+three EOS problems solved by the same chunk kernel, so it stores no per-step memory:
+
+    ds_t = conj(m_t) dy_t                a forward EOS on the transposed memory m^T
+    di_t = dm_t^T conj(e_t)              a reverse-time EOS on dm (input dy, expand conj(s))
+    de_t = dm_t conj(i_t)                a reverse-time EOS on dm^T
+    dg_t = sum_{tau >= t} (conj(s) ds - conj(e) de)_tau + sum_d dm_T * conj(m_T)   (row decay)
+    dg_t = sum_{tau >= t} (dy conj(y) - conj(i) di)_tau + sum_k dm_T * conj(m_T)   (column decay)
+
+where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. The column/row roles swap under
+transposition, which is why the kernel supports both. For ``elementwise`` the backward recomputes
+each chunk from its saved boundary memory, in reverse order, and back-propagates through that
+chunk alone. Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ._inputs import EOSProblem
+
+Tensor = torch.Tensor
+
+TRANSPOSED = {"none": "none", "scalar": "scalar", "row": "col", "col": "row"}
+SUBCHUNK = 16
+
+
+def kernel_for(p: EOSProblem) -> str:
+    if p.e_is_vector and p.s_is_vector and p.decay_kind != "full":
+        return "matmul"
+    return "elementwise"
+
+
+def _subchunk(C: int) -> int:
+    """Largest divisor of C that is at most SUBCHUNK."""
+    return max(c for c in range(1, min(C, SUBCHUNK) + 1) if C % c == 0)
+
+
+def _masked_exp(diff: Tensor, mask: Tensor) -> Tensor:
+    """exp(diff) where mask, else 0, without ever evaluating exp of a masked (possibly huge) value."""
+    zero = torch.zeros((), dtype=diff.dtype, device=diff.device)
+    return torch.where(mask, torch.where(mask, diff, zero).exp(), zero)
+
+
+def _pairwise(G: Tensor) -> Tensor:
+    """[..., c, X] cumulative logs -> [..., c, c, X] masked exp(G_t - G_s) for s <= t."""
+    c = G.shape[-2]
+    mask = torch.ones(c, c, dtype=torch.bool, device=G.device).tril().unsqueeze(-1)
+    return _masked_exp(G.unsqueeze(-2) - G.unsqueeze(-3), mask)
+
+
+def _intra_decayed(q, k, v, G, kind):
+    """Within-chunk outputs for row or column decays; q, k [.., C, K], v [.., C, D], G [.., C, X]."""
+    C = q.shape[-2]
+    c = _subchunk(C)
+    ns = C // c
+    lead = q.shape[:-2]
+    sub = lambda x: x.reshape(*lead, ns, c, x.shape[-1])
+    qs, ks, vs, Gs = sub(q), sub(k), sub(v), sub(G)
+    w = _pairwise(Gs)                                                  # [.., ns, c, c, X]
+    if kind == "row":
+        a = (qs.unsqueeze(-2) * ks.unsqueeze(-3) * w).sum(-1)          # [.., ns, c, c]
+        out = [a @ vs]
+    else:
+        a = qs @ ks.transpose(-1, -2)
+        out = [(a.unsqueeze(-1) * w * vs.unsqueeze(-3)).sum(-2)]
+    y = out[0]
+    blocks = [y[..., 0, :, :]]
+    for I in range(1, ns):
+        ref = G[..., I * c - 1: I * c, :]                              # Gamma just before sub-chunk I
+        q_I, G_I = qs[..., I, :, :], Gs[..., I, :, :]
+        k_prev, v_prev, G_prev = k[..., : I * c, :], v[..., : I * c, :], G[..., : I * c, :]
+        if kind == "row":
+            a_off = (q_I * (G_I - ref).exp()) @ (k_prev * (ref - G_prev).exp()).transpose(-1, -2)
+            off = a_off @ v_prev
+        else:
+            a_off = q_I @ k_prev.transpose(-1, -2)
+            off = (G_I - ref).exp() * (a_off @ (v_prev * (ref - G_prev).exp()))
+        blocks.append(y[..., I, :, :] + off)
+    return torch.cat(blocks, -2)
+
+
+def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str,
+                 m0: Optional[Tensor], C: int):
+    """The ``matmul`` kernel. q, k [B, H, T, K]; v [B, H, T, D]; g None (kind 'none') or
+    [B, H, T, 1] ('scalar'), [B, H, T, K] ('row'), [B, H, T, D] ('col'); m0 [B, H, K, D] or None.
+    Returns y [B, H, T, D] and m_T [B, H, K, D]. Differentiable by autograd as written."""
+    B, H, T, K = q.shape
+    D = v.shape[-1]
+    N = max(1, math.ceil(T / C))
+    pad = N * C - T
+
+    def chunks(x):
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        return x.reshape(B, H, N, C, x.shape[-1])
+
+    q, k, v = chunks(q), chunks(k), chunks(v)
+    if kind == "none":
+        U = k.transpose(-1, -2) @ v
+        decay = None
+    else:
+        G = chunks(g).cumsum(-2)                                       # [B, H, N, C, X]
+        G_last = G[..., -1:, :]
+        to_end = (G_last - G).exp()
+        if kind == "col":
+            U = k.transpose(-1, -2) @ (v * to_end)
+            decay = G_last.exp()                                       # [B, H, N, 1, D]
+        else:
+            U = (k * to_end).transpose(-1, -2) @ v
+            decay = G_last.exp().transpose(-1, -2)                     # [B, H, N, K|1, 1]
+
+    M = m0 if m0 is not None else q.new_zeros(B, H, K, D)
+    states = []
+    for n in range(N):
+        states.append(M)
+        M = (M if decay is None else decay[:, :, n] * M) + U[:, :, n]
+    S = torch.stack(states, 2)                                         # [B, H, N, K, D]
+
+    if kind == "none":
+        y = q @ S + (q @ k.transpose(-1, -2)).tril() @ v
+    elif kind == "scalar":
+        w = _pairwise(G)[..., 0]                                       # [B, H, N, C, C]
+        y = (q @ S) * G.exp() + ((q @ k.transpose(-1, -2)) * w) @ v
+    elif kind == "row":
+        y = (q * G.exp()) @ S + _intra_decayed(q, k, v, G, "row")
+    else:
+        y = (q @ S) * G.exp() + _intra_decayed(q, k, v, G, "col")
+    return y.reshape(B, H, N * C, D)[:, :, :T], M
+
+
+def _shift_reverse(g: Tensor) -> Tensor:
+    """The decay sequence of the reverse-time adjoint: step t uses o_{t+1} (o_{T+1} = 1), reversed."""
+    return torch.cat([g[:, :, 1:], torch.zeros_like(g[:, :, :1])], 2).flip(2)
+
+
+class ChunkMatmulFunction(torch.autograd.Function):
+    """``chunk_matmul`` with the appendix-5.1 backward expressed as three more EOS problems."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, m0, kind, C):
+        y, m_T = chunk_matmul(q, k, v, g, kind, m0, C)
+        ctx.save_for_backward(q, k, v, g, m0, y, m_T)
+        ctx.kind, ctx.C = kind, C
+        return y, m_T
+
+    @staticmethod
+    def backward(ctx, dy, dm_T):
+        q, k, v, g, m0, y, m_T = ctx.saved_tensors
+        kind, C = ctx.kind, ctx.C
+        tkind = TRANSPOSED[kind]
+        dy = torch.zeros_like(y) if dy is None else dy
+        dm_T = torch.zeros_like(m_T) if dm_T is None else dm_T
+        qc, kc, vc = q.conj(), k.conj(), v.conj()
+        gc = g.conj() if g is not None else None
+        m0T = m0.conj().transpose(-1, -2) if m0 is not None else None
+
+        dq, _ = chunk_matmul(dy, vc, kc, gc, tkind, m0T, C)
+        g_rev = _shift_reverse(gc) if g is not None else None
+        dv, dm_1 = chunk_matmul(kc.flip(2), qc.flip(2), dy.flip(2), g_rev, kind, dm_T, C)
+        dk, _ = chunk_matmul(vc.flip(2), dy.flip(2), qc.flip(2), g_rev, tkind, dm_T.transpose(-1, -2), C)
+        dv, dk = dv.flip(2), dk.flip(2)
+
+        dg = None
+        if g is not None:
+            mm = dm_T * m_T.conj()
+            if kind == "col":
+                term, base = dy * y.conj() - vc * dv, mm.sum(-2)
+            else:
+                term, base = qc * dq - kc * dk, mm.sum(-1)
+                if kind == "scalar":
+                    term, base = term.sum(-1, keepdim=True), base.sum(-1, keepdim=True)
+            dg = term.flip(2).cumsum(2).flip(2) + base.unsqueeze(2)
+        dm0 = None
+        if m0 is not None:
+            dm0 = dm_1
+            if g is not None:
+                first = gc[:, :, 0].exp()
+                dm0 = dm_1 * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
+        return dq, dk, dv, dg, dm0, None, None
+
+
+# ----------------------------------------------------------------------------- elementwise kernel
+
+def _time_slice(x: Optional[Tensor], start: int, stop: int) -> Optional[Tensor]:
+    if x is None or x.shape[2] == 1:
+        return x
+    return x[:, :, start:stop]
+
+
+def scan_chunk(v, e, s, g, m):
+    """One chunk of the elementwise kernel: v [B, H, c, D], e/s [B|1, H, c|1, K, D|1],
+    g None or [B|1, H, c|1, K|1, D|1], m [B, H, K, D] -> (y [B, H, c, D], memory after the chunk)."""
+    c = v.shape[2]
+    h = e * v.unsqueeze(-2)                                            # [B, H, c, K, D]
+    if g is None:
+        h = h.cumsum(2) + m.unsqueeze(2)
+    else:
+        a = g.exp()
+        a = a.expand(a.shape[0], a.shape[1], c, a.shape[3], a.shape[4])
+        j = 1
+        while j < c:                                                   # inclusive prefix scan
+            h = torch.cat([h[:, :, :j], h[:, :, j:] + a[:, :, j:] * h[:, :, :-j]], 2)
+            a = torch.cat([a[:, :, :j], a[:, :, j:] * a[:, :, :-j]], 2)
+            j *= 2
+        h = h + a * m.unsqueeze(2)
+    return (s * h).sum(-2), h[:, :, -1]
+
+
+def chunk_elementwise(v, e, s, g, m0, C):
+    """The ``elementwise`` kernel over the whole sequence; returns y, m_T and boundary memories."""
+    B, H, T, D = v.shape
+    K = e.shape[3]
+    M = m0 if m0 is not None else v.new_zeros(B, H, K, D)
+    ys, states = [], []
+    for start in range(0, T, C):
+        stop = min(start + C, T)
+        states.append(M)
+        y_c, M = scan_chunk(v[:, :, start:stop], _time_slice(e, start, stop),
+                            _time_slice(s, start, stop), _time_slice(g, start, stop), M)
+        ys.append(y_c)
+    return torch.cat(ys, 2), M, states
+
+
+class ChunkElementwiseFunction(torch.autograd.Function):
+    """``chunk_elementwise`` whose backward recomputes one chunk at a time from saved boundaries."""
+
+    @staticmethod
+    def forward(ctx, v, e, s, g, m0, C):
+        y, m_T, states = chunk_elementwise(v, e, s, g, m0, C)
+        ctx.save_for_backward(v, e, s, g, m0, *states)
+        ctx.C = C
+        return y, m_T
+
+    @staticmethod
+    def backward(ctx, dy, dm_T):
+        v, e, s, g, m0, *states = ctx.saved_tensors
+        C = ctx.C
+        B, H, T, D = v.shape
+        dM = torch.zeros_like(states[0]) if dm_T is None else dm_T
+        dy = torch.zeros_like(v) if dy is None else dy
+        grads = {"v": [], "e": [], "s": [], "g": []}
+        shared = {name: None for name in ("e", "s", "g")}
+        full = {"e": e, "s": s, "g": g}
+        for n in reversed(range(len(states))):
+            start, stop = n * C, min(n * C + C, T)
+            with torch.enable_grad():
+                leaves = {"v": v[:, :, start:stop].detach().requires_grad_()}
+                for name, x in full.items():
+                    if x is not None:
+                        leaves[name] = _time_slice(x, start, stop).detach().requires_grad_()
+                M = states[n].detach().requires_grad_()
+                y_c, M_out = scan_chunk(leaves["v"], leaves["e"], leaves["s"], leaves.get("g"), M)
+                names = list(leaves)
+                out = torch.autograd.grad((y_c, M_out), [leaves[x] for x in names] + [M],
+                                          (dy[:, :, start:stop], dM), allow_unused=True)
+            for name, grad in zip(names, out[:-1]):
+                grad = torch.zeros_like(leaves[name]) if grad is None else grad
+                if name != "v" and full[name].shape[2] == 1:
+                    shared[name] = grad if shared[name] is None else shared[name] + grad
+                else:
+                    grads[name].append(grad)
+            dM = torch.zeros_like(M) if out[-1] is None else out[-1]
+
+        def collect(name):
+            if name != "v" and (full[name] is None):
+                return None
+            if name != "v" and full[name].shape[2] == 1:
+                return shared[name]
+            return torch.cat(grads[name][::-1], 2)
+
+        return (collect("v"), collect("e"), collect("s"), collect("g"),
+                dM if m0 is not None else None, None)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def _matmul_operands(p: EOSProblem):
+    """Canonical problem -> (q, k, v, g, kind) for the matmul kernel."""
+    B, H, T = p.B, p.H, p.T
+    q = p.s[..., 0].expand(B, H, T, p.K)
+    k = p.e[..., 0].expand(B, H, T, p.K)
+    kind = p.decay_kind
+    g = None
+    if kind == "scalar":
+        g = p.g.reshape(*p.g.shape[:3], 1).expand(B, H, T, 1)
+    elif kind == "row":
+        g = p.g[..., 0].expand(B, H, T, p.K)
+    elif kind == "col":
+        g = p.g[..., 0, :].expand(B, H, T, p.D)
+    return q, k, p.v, g, kind
+
+
+def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom"):
+    """Chunk mode. ``backward``: "custom" (the memory-light Functions above) or "autograd"
+    (autograd through the chunk forward; kept for the benchmark's memory comparison)."""
+    C = chunk_size
+    if kernel_for(p) == "matmul":
+        q, k, v, g, kind = _matmul_operands(p)
+        if backward == "custom":
+            return ChunkMatmulFunction.apply(q, k, v, g, p.m0, kind, C)
+        return chunk_matmul(q, k, v, g, kind, p.m0, C)
+    if backward == "custom":
+        return ChunkElementwiseFunction.apply(p.v, p.e, p.s, p.g, p.m0, C)
+    y, m_T, _ = chunk_elementwise(p.v, p.e, p.s, p.g, p.m0, C)
+    return y, m_T

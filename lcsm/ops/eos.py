@@ -1,0 +1,127 @@
+"""The Expand-Oscillation-Shrink operator (LCSM section 2.2, eq. 2-3 with psi = elementwise).
+
+    m_t = o_t * m_{t-1} + e_t (x) i_t,    y_t = sum_k s_t[k] * m_t[k, :],    o_t = exp(log_o_t)
+
+See docs/eos.md for the semantics, each mode's algorithm and the mapping of the papers' models.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from ._inputs import MODES, EOSProblem, canonicalize, check_chunk_size, finish, shape_str
+from .chunk import eos_chunk, kernel_for
+from .fft import eos_fft
+from .parallel import eos_parallel
+from .reference import eos_recurrent, eos_step_state
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``eos`` will do for given inputs: the mode, the kernel inside it, and why."""
+
+    mode: str
+    kernel: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"mode={self.mode} kernel={self.kernel}: {self.reason}"
+
+
+def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    structure = (f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, "
+                 f"s={'vector' if p.s_is_vector else 'K x D'}")
+    if mode == "fft" and not p.data_independent:
+        dd = [n for n, f in (("e", p.e_dd), ("s", p.s_dd), ("log_o", p.g_dd)) if f]
+        raise ValueError(
+            f"mode='fft' needs data-independent e, s and log_o (a time-invariant system), but "
+            f"{', '.join(dd)} {'is' if len(dd) == 1 else 'are'} data-dependent; use mode='chunk' or 'auto'"
+        )
+    if mode == "recurrent":
+        return Plan("recurrent", "loop", "requested: the step-by-step reference")
+    if mode == "parallel":
+        return Plan("parallel", "attention-map", f"requested: O(T^2) masked map ({structure})")
+    if mode == "fft":
+        return Plan("fft", "long-convolution", "requested: time-invariant kernel by FFT")
+    if mode == "chunk":
+        return Plan("chunk", kernel_for(p), f"requested ({structure})")
+    # auto
+    if p.T <= 1:
+        return Plan("recurrent", "loop", "T <= 1: one recurrent step is cheapest (decoding)")
+    if p.data_independent and p.T > chunk_size:
+        return Plan("fft", "long-convolution",
+                    f"e, s and log_o are data-independent and T={p.T} > chunk_size={chunk_size}: "
+                    "O(T log T) convolution")
+    return Plan("chunk", kernel_for(p),
+                f"linear-time chunkwise form with C={chunk_size} ({structure}); "
+                + ("matmul kernel: vector e/s and a decay that is constant along K or D"
+                   if kernel_for(p) == "matmul" else "elementwise kernel: full K x D decay or K x D e/s"))
+
+
+def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chunk_size: int = 64) -> Plan:
+    """The plan ``eos`` follows for these arguments (validated exactly as ``eos`` does).
+
+    Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent and
+    T > chunk_size -> fft; otherwise chunk (kernel ``matmul`` when e and s are K-vectors and the
+    decay is none/scalar/row/column, else ``elementwise``). ``parallel`` is never chosen
+    automatically: it is the O(T^2) attention-map form, for analysis and tests.
+    """
+    chunk_size = check_chunk_size(chunk_size)
+    return _plan(canonicalize(i, e, s, log_o, initial_state), mode, chunk_size)
+
+
+def eos(i: Tensor, e: Tensor, s: Tensor, log_o: Optional[Tensor] = None, *, mode: str = "auto",
+        initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+        chunk_size: int = 64) -> Tuple[Tensor, Optional[Tensor]]:
+    """Run the EOS recurrence over a sequence.
+
+    Args:
+        i: input state [B, T, H, D].
+        e, s: expand / shrink states: data-dependent [B, T, H, K], or data-independent [H, K]
+            (a K-vector) or [H, K, D] (a K x D matrix, used elementwise: e * (1 i_t^T)).
+        log_o: log oscillation, o = exp(log_o); None means o = 1. Data-dependent
+            [B, T, H, K|1, D|1] or data-independent [H, K|1, D|1]. May be complex
+            (log r + i theta) for rotations; then y and the memory are complex.
+        mode: "auto", "recurrent", "parallel", "chunk" or "fft" (see ``explain``).
+        initial_state: m_0 [B, H, K, D] (zeros when None).
+        output_final_state: also return m_T [B, H, K, D].
+        chunk_size: C for mode "chunk" (any C >= 1; T need not be a multiple).
+
+    Returns:
+        y [B, T, H, D] and m_T (or None).
+    """
+    chunk_size = check_chunk_size(chunk_size)
+    p = canonicalize(i, e, s, log_o, initial_state)
+    plan = _plan(p, mode, chunk_size)
+    if p.T == 0:
+        m = p.m0 if p.m0 is not None else p.v.new_zeros(p.B, p.H, p.K, p.D)
+        return finish(p, p.v.new_zeros(p.B, p.H, 0, p.D), m, output_final_state)
+    if plan.mode == "recurrent":
+        y, m_T = eos_recurrent(p)
+    elif plan.mode == "parallel":
+        y, m_T = eos_parallel(p)
+    elif plan.mode == "fft":
+        y, m_T = eos_fft(p)
+    else:
+        y, m_T = eos_chunk(p, chunk_size)
+    return finish(p, y, m_T, output_final_state)
+
+
+def eos_step(i_t: Tensor, e_t: Tensor, s_t: Tensor, log_o_t: Optional[Tensor], state: Tensor):
+    """One decoding step, O(K * D). Arguments have their ``eos`` shapes with T = 1
+    (i_t [B, 1, H, D], data-dependent e_t [B, 1, H, K], data-independent ones unchanged);
+    state [B, H, K, D]. Returns (y_t [B, 1, H, D], new state [B, H, K, D])."""
+    if i_t.dim() == 4 and i_t.shape[1] != 1:
+        raise ValueError(f"i_t: eos_step takes one token, expected [B, 1, H, D], got {shape_str(i_t)}")
+    if state is None:
+        raise ValueError("state: eos_step needs the memory [B, H, K, D]; start from zeros or eos(...)'s final state")
+    p = canonicalize(i_t, e_t, s_t, log_o_t, state)
+    o = p.g[:, :, 0].exp() if p.g is not None else None
+    y, m = eos_step_state(p.v[:, :, 0], p.e[:, :, 0], p.s[:, :, 0], o, p.m0)
+    return finish(p, y.unsqueeze(2), m, True)

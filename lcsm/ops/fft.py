@@ -1,0 +1,46 @@
+"""FFT form of the EOS operator for time-invariant systems (S4, DSS, TNN, ETSMLP's CES).
+
+When e, s and o do not depend on t, the recurrence is a causal long convolution::
+
+    y_t = sum_{j=0}^{t-1} k_j * i_{t-j} + sum_k s * o^t * m_0,    k_j = sum_k s * o^j * e   [D]
+
+The kernel costs O(T K D) to build; the convolution is O(T log T) per channel by FFT on length
+2T (zero padding makes the circular convolution causal and exact).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._inputs import EOSProblem
+
+
+def _powers(p: EOSProblem, start: int, stop: int) -> torch.Tensor:
+    """o^j for j in [start, stop) as [1, H, L, Kg, Dg] (ones when there is no oscillation)."""
+    j = torch.arange(start, stop, device=p.v.device, dtype=p.v.real.dtype if p.v.is_complex() else p.v.dtype)
+    if p.g is None:
+        return torch.ones(1, p.H, stop - start, 1, 1, dtype=p.v.dtype, device=p.v.device)
+    return (p.g * j.view(1, 1, -1, 1, 1)).exp()
+
+
+def eos_fft(p: EOSProblem):
+    B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
+    se = p.s * p.e                                               # [1, H, 1, K, D|1]
+    powers = _powers(p, 0, T)                                    # [1, H, T, Kg, Dg]
+    kernel = (powers * se).sum(-2).expand(1, H, T, D)            # [1, H, T, D]
+    complex_ = kernel.is_complex() or p.v.is_complex()
+    n = 2 * T
+    if complex_:
+        kf = torch.fft.fft(kernel, n=n, dim=2)
+        vf = torch.fft.fft(p.v, n=n, dim=2)
+        y = torch.fft.ifft(kf * vf, n=n, dim=2)[:, :, :T]
+    else:
+        kf = torch.fft.rfft(kernel, n=n, dim=2)
+        vf = torch.fft.rfft(p.v, n=n, dim=2)
+        y = torch.fft.irfft(kf * vf, n=n, dim=2)[:, :, :T]
+    # Final memory: m_T = o^T m_0 + sum_s o^(T-s) e i_s; the powers o^(T-s) are powers[T-s] reversed.
+    m_T = (powers.flip(2) * p.e * p.v.unsqueeze(-2)).sum(2).expand(B, H, K, D)
+    if p.m0 is not None:
+        from_start = _powers(p, 1, T + 1)                        # o^t, t = 1..T
+        y = y + (p.s * from_start * p.m0.unsqueeze(2)).sum(-2)
+        m_T = m_T + from_start[:, :, -1] * p.m0
+    return y, m_T

@@ -1,0 +1,62 @@
+"""Parallel (attention-map) form of the EOS operator, O(T^2): MetaLA eq. 16-18 / LCSM eq. 14.
+
+Unrolling the recurrence gives, with Gamma_t = sum_{j<=t} g_j (log of the cumulative oscillation)::
+
+    y_t = sum_{s<=t} sum_k s_t[k] * exp(Gamma_t - Gamma_s)[k, :] * e_s[k] * i_s
+          + sum_k s_t[k] * exp(Gamma_t)[k, :] * m_0[k, :]
+
+When e and s are K-vectors and the decay does not vary over D this is a masked attention map
+A[t, s] = sum_k s_t[k] e_s[k] exp(Gamma_t - Gamma_s)[k] followed by y = A i; otherwise the map
+carries a D axis (A[t, s, d]). The exponent is masked *before* exp so that s > t never overflows.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._inputs import EOSProblem
+
+
+def _cumulative_log(g: torch.Tensor, T: int) -> torch.Tensor:
+    """Gamma over the whole sequence, accumulated in double precision: differences of long
+    float32 cumulative sums would lose the small exponents between nearby steps."""
+    wide = torch.complex128 if g.is_complex() else torch.float64
+    g = g.to(wide)
+    if g.shape[2] == 1:
+        steps = torch.arange(1, T + 1, device=g.device, dtype=torch.float64)
+        return g * steps.view(1, 1, T, 1, 1)
+    return g.cumsum(2)
+
+
+def eos_parallel(p: EOSProblem):
+    B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
+    dtype = p.v.dtype
+    causal = torch.ones(T, T, dtype=torch.bool, device=p.v.device).tril()
+    e, s = p.e, p.s
+    if p.g is None:
+        gamma = None
+        w = causal.to(dtype).view(1, 1, T, T, 1, 1)
+    else:
+        gamma = _cumulative_log(p.g, T)                                  # [B|1, H, T, Kg, Dg]
+        diff = gamma.unsqueeze(3) - gamma.unsqueeze(2)                   # [.., t, s, Kg, Dg]
+        mask = causal.view(1, 1, T, T, 1, 1)
+        w = torch.where(mask, diff, torch.zeros((), dtype=diff.dtype, device=diff.device)).exp()
+        w = torch.where(mask, w, torch.zeros((), dtype=w.dtype, device=w.device)).to(dtype)
+    if p.e_is_vector and p.s_is_vector and w.shape[-1] == 1:
+        # A[t, s] = sum_k s_t[k] e_s[k] w[t, s, k]
+        a = (s[..., 0].unsqueeze(3) * e[..., 0].unsqueeze(2) * w[..., 0]).sum(-1)
+        y = a @ p.v
+    else:
+        a = (s.unsqueeze(3) * e.unsqueeze(2) * w).sum(-2)               # [.., t, s, D]
+        y = (a * p.v.unsqueeze(2)).sum(3)
+    if p.g is None:
+        decay_to_end = torch.ones((), dtype=dtype, device=p.v.device)
+        from_start = decay_to_end
+    else:
+        decay_to_end = (gamma[:, :, -1:] - gamma).exp().to(dtype)        # exp(Gamma_T - Gamma_s)
+        from_start = gamma.exp().to(dtype)                               # exp(Gamma_t)
+    m_T = (decay_to_end * e * p.v.unsqueeze(-2)).sum(2).expand(B, H, K, D)
+    if p.m0 is not None:
+        y = y + (s * from_start * p.m0.unsqueeze(2)).sum(-2)
+        last = from_start[:, :, -1] if p.g is not None else from_start
+        m_T = m_T + last * p.m0
+    return y, m_T

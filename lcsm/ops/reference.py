@@ -1,0 +1,42 @@
+"""The recurrent reference of the EOS operator: the definition, one step at a time.
+
+LCSM eq. 2-3 with psi = elementwise (eq. 6)::
+
+    m_t = exp(g_t) * m_{t-1} + e_t (x) i_t          [K, D]
+    y_t = sum_k s_t[k, :] * m_t[k, :]                [D]
+
+This is the slow, obviously correct twin every other mode is tested against. The time loop uses
+``unbind``/``stack`` rather than slicing ``x[:, t]``: slicing inside the loop makes autograd write
+a full-size gradient per step, i.e. an O(T^2) backward (reference-notes section 5).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._inputs import EOSProblem
+
+
+def _steps(x: torch.Tensor, T: int):
+    """Per-step views of a canonical [B|1, H, T|1, ...] tensor; data-independent ones repeat."""
+    if x.shape[2] == 1:
+        return [x[:, :, 0]] * T
+    return x.unbind(2)
+
+
+def eos_recurrent(p: EOSProblem):
+    """Returns y [B, H, T, D] and the final memory [B, H, K, D]."""
+    m = p.m0 if p.m0 is not None else p.v.new_zeros(p.B, p.H, p.K, p.D)
+    es, ss = _steps(p.e, p.T), _steps(p.s, p.T)
+    os = _steps(p.g.exp(), p.T) if p.g is not None else [None] * p.T
+    ys = []
+    for v_t, e_t, s_t, o_t in zip(p.v.unbind(2), es, ss, os):
+        y_t, m = eos_step_state(v_t, e_t, s_t, o_t, m)
+        ys.append(y_t)
+    y = torch.stack(ys, 2) if ys else p.v.new_zeros(p.B, p.H, 0, p.D)
+    return y, m
+
+
+def eos_step_state(v_t, e_t, s_t, o_t, m):
+    """One decoding step on canonical per-step tensors (no time dim); O(K * D) work."""
+    m = (m if o_t is None else o_t * m) + e_t * v_t.unsqueeze(-2)
+    return (s_t * m).sum(-2), m

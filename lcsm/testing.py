@@ -1,0 +1,74 @@
+"""The one tolerance helper every test of lcsm uses: relative RMS error per named tensor.
+
+    rel_rms(a, ref) = ||a - ref||_2 / max(||ref||_2, tiny)
+
+compared against a tolerance that depends only on the dtype. Tests never loosen these per case;
+a fast path that needs a looser bound is a bug in the fast path (or the test's problem is badly
+conditioned and should be rescaled, not the tolerance).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+# float64 checks are "tight": algebraically equal forms agree to ~1e-12 relative RMS.
+RTOL = {
+    torch.float64: 1e-9,
+    torch.complex128: 1e-9,
+    torch.float32: 2e-4,
+    torch.complex64: 2e-4,
+    torch.bfloat16: 2e-2,
+    torch.float16: 5e-3,
+}
+
+
+def rel_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Relative RMS error of ``actual`` against ``expected`` (both cast to the wider dtype)."""
+    if actual.shape != expected.shape:
+        raise AssertionError(f"shape mismatch: {tuple(actual.shape)} vs expected {tuple(expected.shape)}")
+    a = actual.detach().to(torch.complex128 if actual.is_complex() or expected.is_complex() else torch.float64)
+    b = expected.detach().to(a.dtype)
+    if not torch.isfinite(torch.view_as_real(a) if a.is_complex() else a).all():
+        return float("inf")
+    denom = b.abs().pow(2).sum().sqrt().item()
+    num = (a - b).abs().pow(2).sum().sqrt().item()
+    if denom == 0.0:
+        return num
+    return num / denom
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return RTOL[dtype]
+
+
+def assert_close(
+    actual: Dict[str, Optional[torch.Tensor]],
+    expected: Dict[str, Optional[torch.Tensor]],
+    dtype: Optional[torch.dtype] = None,
+    context: str = "",
+) -> Dict[str, float]:
+    """Compare dicts of named tensors; fail with the relative RMS error of every name.
+
+    ``dtype`` selects the tolerance (default: the dtype of the first expected tensor).
+    Entries that are None in both dicts are skipped; None in only one is a failure.
+    """
+    errors: Dict[str, float] = {}
+    missing = []
+    for name, ref in expected.items():
+        got = actual.get(name)
+        if ref is None and got is None:
+            continue
+        if ref is None or got is None:
+            missing.append(name)
+            continue
+        if dtype is None:
+            dtype = ref.dtype
+        errors[name] = rel_rms(got, ref)
+    tol = tolerance(dtype)
+    bad = {n: e for n, e in errors.items() if not e <= tol}
+    if bad or missing:
+        lines = [f"{n}: rel RMS {e:.3e}{'  <-- exceeds' if n in bad else ''}" for n, e in errors.items()]
+        lines += [f"{n}: missing on one side" for n in missing]
+        raise AssertionError(f"{context} (tolerance {tol:.1e} for {dtype})\n  " + "\n  ".join(lines))
+    return errors

@@ -1,0 +1,103 @@
+"""Contract tests run for every registered mixer: adding a mixer to the registry covers it here."""
+import pytest
+import torch
+
+from lcsm import layers
+from lcsm.layers import EOSRow, State
+from lcsm.testing import assert_close
+
+D_MODEL = 16
+NAMES = layers.available()
+
+
+def make(name):
+    torch.manual_seed(0)
+    return layers.build(name, D_MODEL).double()
+
+
+def inputs(B=2, T=11, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, D_MODEL, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_step_loop_equals_forward(name):
+    mixer, x = make(name), inputs()
+    y = mixer(x)
+    state = mixer.init_state(x.shape[0])
+    steps = []
+    for t in range(x.shape[1]):
+        y_t, state = mixer.step(x[:, t], state)
+        steps.append(y_t)
+    assert_close({"y": torch.stack(steps, 1)}, {"y": y}, context=name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_carried_state_equals_one_pass(name):
+    mixer, x = make(name), inputs(T=13)
+    y, final = mixer(x, return_state=True)
+    y1, s1 = mixer(x[:, :6], return_state=True)
+    y2, s2 = mixer(x[:, 6:], state=s1, return_state=True)
+    assert_close({"y": torch.cat([y1, y2], 1)}, {"y": y}, context=name)
+    assert_close(s2.tensors(), final.tensors(), dtype=torch.float64, context=name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_causal(name):
+    mixer, x = make(name), inputs()
+    x2 = x.clone()
+    x2[:, 6:] = torch.randn_like(x2[:, 6:])
+    assert_close({"y_prefix": mixer(x2)[:, :6]}, {"y_prefix": mixer(x)[:, :6]}, context=name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_parameter_gets_gradient(name):
+    mixer, x = make(name), inputs()
+    y = mixer(x)
+    (y * torch.randn_like(y)).sum().backward()
+    dead = [n for n, p in mixer.named_parameters()
+            if p.grad is None or not torch.isfinite(p.grad).all() or not (p.grad != 0).any()]
+    assert not dead, f"{name}: parameters with missing, non-finite or all-zero gradient: {dead}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_describe_complete(name):
+    row = make(name).describe()
+    assert isinstance(row, EOSRow)
+    for field, value in row.as_dict().items():
+        if field.endswith("_dd"):
+            assert isinstance(value, bool), (name, field, value)
+        else:
+            assert isinstance(value, str) and value.strip(), (name, field, value)
+    assert row.psi in ("elementwise", "matrix"), row.psi
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_size_counts_state(name):
+    mixer = make(name)
+    for T in (1, 7):
+        _, state = mixer(inputs(T=T), return_state=True)
+        assert isinstance(state, State)
+        assert state.numel_per_sequence() == mixer.state_size(T), name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_init_state_on_mixer_device_and_dtype(name):
+    mixer = make(name)
+    for key, t in mixer.init_state(3).tensors().items():
+        assert t.device == torch.device("cpu")
+        assert t.shape[0] == 3, (name, key, t.shape)
+        if t.is_floating_point() or t.is_complex():
+            real = t.real.dtype if t.is_complex() else t.dtype
+            assert real == torch.float64, (name, key, t.dtype)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_unknown_option_is_a_clear_error(name):
+    with pytest.raises(ValueError, match="Valid options"):
+        layers.build(name, D_MODEL, definitely_not_an_option=1)
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(ValueError, match="Valid names"):
+        layers.build("no-such-mixer", D_MODEL)
