@@ -112,6 +112,13 @@ class Mixer(nn.Module):
             raise ValueError(f"x: expected [B, T, d_model] = [B, T, {self.d_model}], got {list(x.shape)}")
 
 
+def no_weight_decay(param: nn.Parameter) -> nn.Parameter:
+    """Tag a parameter (decay rates, A_log, D skips, norms, biases) to be excluded from weight
+    decay by the training engine's AdamW parameter groups."""
+    param._no_weight_decay = True
+    return param
+
+
 # ----------------------------------------------------------------------------- registry
 
 _REGISTRY: Dict[str, Type[Mixer]] = {}

@@ -1,0 +1,278 @@
+"""Every mode of ``eos`` against the recurrent reference: outputs, final states and every gradient.
+
+Fast modes run in the dtype under test; the reference runs in double precision on the same
+values, so float32 results are judged against the exact answer, not against another float32 run.
+"""
+import math
+
+import pytest
+import torch
+from torch.nn.functional import logsigmoid
+
+from lcsm.ops import eos, eos_step, explain
+from lcsm.testing import assert_close
+
+B, H, K, D = 2, 2, 4, 3
+NAMES = ("i", "e", "s", "log_o", "initial_state")
+
+
+def make_inputs(T, *, e="dd", s="dd", decay="row", dd_decay=True, complex_decay=False,
+                complex_es=False, initial=True, seed=0, strength=1.0):
+    """Random EOS inputs. decay in none/scalar/row/col/full; e, s in dd/vec/mat."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    def state(kind):
+        x = {"dd": lambda: rnd(B, T, H, K), "vec": lambda: rnd(H, K), "mat": lambda: rnd(H, K, D)}[kind]()
+        if complex_es:
+            x = torch.complex(x, rnd(*x.shape))
+        return x / math.sqrt(K)
+
+    out = {"i": rnd(B, T, H, D), "e": state(e), "s": state(s), "log_o": None, "initial_state": None}
+    if decay != "none":
+        tail = {"scalar": (1, 1), "row": (K, 1), "col": (1, D), "full": (K, D)}[decay]
+        lead = (B, T, H) if dd_decay else (H,)
+        log_o = strength * logsigmoid(rnd(*lead, *tail) + 1.0)
+        if complex_decay:
+            log_o = torch.complex(log_o, rnd(*lead, *tail))
+        out["log_o"] = log_o
+    if initial:
+        out["initial_state"] = rnd(B, H, K, D)
+        if complex_decay or complex_es:
+            out["initial_state"] = torch.complex(out["initial_state"], rnd(B, H, K, D))
+    return out
+
+
+def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1):
+    """y, m_T and the gradients of every input under random cotangents on both outputs."""
+    def cast(x):
+        if x is None:
+            return None
+        target = {torch.float32: torch.complex64, torch.float64: torch.complex128}[dtype] if x.is_complex() else dtype
+        return x.detach().to(target).requires_grad_(grads)
+
+    leaves = {k: cast(v) for k, v in inputs.items()}
+    y, m = eos(leaves["i"], leaves["e"], leaves["s"], leaves["log_o"], mode=mode,
+               initial_state=leaves["initial_state"], output_final_state=True, chunk_size=chunk_size)
+    out = {"y": y, "m_T": m}
+    if grads:
+        g = torch.Generator().manual_seed(seed)
+        cot = lambda t: (torch.complex(torch.randn(t.shape, generator=g, dtype=torch.float64),
+                                       torch.randn(t.shape, generator=g, dtype=torch.float64))
+                         if t.is_complex() else torch.randn(t.shape, generator=g, dtype=torch.float64)).to(t.dtype)
+        names = [n for n in NAMES if leaves[n] is not None]
+        dys = (cot(y), cot(m))
+        got = torch.autograd.grad((y, m), [leaves[n] for n in names], dys)
+        out.update({f"d{n}": gr for n, gr in zip(names, got)})
+    return out
+
+
+def check(inputs, mode, dtype, chunk_size=16, grads=True, context=""):
+    expected = run(inputs, "recurrent", torch.float64, grads=grads)
+    actual = run(inputs, mode, dtype, chunk_size=chunk_size, grads=grads)
+    assert_close(actual, expected, dtype=dtype, context=f"{mode} {dtype} {context}")
+
+
+DECAYS = [("none", True), ("scalar", True), ("row", True), ("col", True), ("full", True),
+          ("scalar", False), ("row", False), ("col", False), ("full", False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode", ["parallel", "chunk"])
+@pytest.mark.parametrize("decay,dd", DECAYS)
+def test_every_decay_shape(decay, dd, mode, dtype):
+    check(make_inputs(65, decay=decay, dd_decay=dd), mode, dtype, chunk_size=16, context=f"{decay} dd={dd}")
+
+
+@pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 257])
+@pytest.mark.parametrize("chunk_size", [7, 64])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full"])
+def test_lengths_and_chunk_sizes(T, chunk_size, decay):
+    inputs = make_inputs(T, decay=decay, seed=T)
+    check(inputs, "chunk", torch.float64, chunk_size=chunk_size, context=f"T={T} C={chunk_size} {decay}")
+    if T <= 65:
+        check(inputs, "parallel", torch.float64, context=f"T={T} {decay}")
+
+
+@pytest.mark.parametrize("T", [2, 65])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_lengths_float32_chunk(T, dtype):
+    check(make_inputs(T, decay="row", seed=3), "chunk", dtype, chunk_size=7, context=f"T={T}")
+
+
+@pytest.mark.parametrize("e", ["dd", "vec", "mat"])
+@pytest.mark.parametrize("s", ["dd", "vec", "mat"])
+@pytest.mark.parametrize("decay", ["none", "row", "full"])
+def test_data_independent_expand_and_shrink(e, s, decay):
+    inputs = make_inputs(33, e=e, s=s, decay=decay, seed=7)
+    for mode in ("chunk", "parallel"):
+        check(inputs, mode, torch.float64, chunk_size=8, context=f"e={e} s={s} {decay}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay,dd", [("scalar", True), ("row", True), ("col", True), ("full", True),
+                                      ("row", False), ("full", False)])
+@pytest.mark.parametrize("complex_es", [False, True])
+def test_complex(decay, dd, complex_es, dtype):
+    inputs = make_inputs(41, decay=decay, dd_decay=dd, complex_decay=True, complex_es=complex_es, seed=11)
+    for mode in ("chunk", "parallel"):
+        check(inputs, mode, dtype, chunk_size=9, context=f"complex {decay} dd={dd} es={complex_es}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("e,s", [("vec", "vec"), ("mat", "vec"), ("vec", "mat"), ("mat", "mat")])
+@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "full"])
+@pytest.mark.parametrize("T", [1, 64, 257])
+def test_fft(e, s, decay, T, dtype):
+    inputs = make_inputs(T, e=e, s=s, decay=decay, dd_decay=False, seed=T + 5)
+    check(inputs, "fft", dtype, context=f"e={e} s={s} {decay} T={T}")
+
+
+@pytest.mark.parametrize("decay", ["scalar", "row", "full"])
+def test_fft_complex(decay):
+    inputs = make_inputs(100, e="vec", s="mat", decay=decay, dd_decay=False, complex_decay=True, seed=2)
+    check(inputs, "fft", torch.float64, context=decay)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full"])
+def test_strong_decays_long_sequence(decay, dtype):
+    """log_o down to -30 per step over T = 4096: no overflow from cumulative products."""
+    inputs = make_inputs(4096, decay=decay, seed=13)
+    g = torch.Generator().manual_seed(5)
+    inputs["log_o"] = -30.0 * torch.rand(inputs["log_o"].shape, generator=g, dtype=torch.float64)
+    expected = run(inputs, "recurrent", torch.float64, grads=False)
+    actual = run(inputs, "chunk", dtype, chunk_size=64, grads=True)
+    for name, t in actual.items():
+        assert torch.isfinite(t).all(), f"{name} not finite"
+    assert_close({k: actual[k] for k in ("y", "m_T")}, expected, dtype=dtype, context=f"strong {decay}")
+
+
+def test_strong_decays_fft():
+    inputs = make_inputs(4096, e="vec", s="vec", decay="row", dd_decay=False, seed=4, initial=True)
+    inputs["log_o"] = -30.0 * torch.rand(inputs["log_o"].shape, generator=torch.Generator().manual_seed(0),
+                                         dtype=torch.float64)
+    check(inputs, "fft", torch.float32, grads=False)
+
+
+@pytest.mark.parametrize("decay", ["none", "row", "col", "full"])
+@pytest.mark.parametrize("es", [("dd", "dd"), ("vec", "mat")])
+def test_step_loop_and_carried_state(decay, es):
+    inputs = make_inputs(20, e=es[0], s=es[1], decay=decay, seed=17)
+    y, m = eos(inputs["i"], inputs["e"], inputs["s"], inputs["log_o"], mode="chunk", chunk_size=8,
+               initial_state=inputs["initial_state"], output_final_state=True)
+
+    def at(x, t0, t1):
+        return x[:, t0:t1] if x is not None and x.dim() >= 4 else x
+
+    state, ys = inputs["initial_state"], []
+    for t in range(20):
+        y_t, state = eos_step(*(at(inputs[n], t, t + 1) for n in ("i", "e", "s", "log_o")), state)
+        ys.append(y_t)
+    assert_close({"y": torch.cat(ys, 1), "m_T": state}, {"y": y, "m_T": m}, context="step loop")
+
+    first, m1 = eos(*(at(inputs[n], 0, 9) for n in ("i", "e", "s", "log_o")), mode="chunk", chunk_size=4,
+                    initial_state=inputs["initial_state"], output_final_state=True)
+    second, m2 = eos(*(at(inputs[n], 9, 20) for n in ("i", "e", "s", "log_o")), mode="chunk", chunk_size=4,
+                     initial_state=m1, output_final_state=True)
+    assert_close({"y": torch.cat([first, second], 1), "m_T": m2}, {"y": y, "m_T": m}, context="carried")
+
+
+@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "full"])
+def test_gradcheck_chunk(decay):
+    inputs = make_inputs(7, decay=decay, seed=19)
+    leaves = [v.clone().requires_grad_() for v in inputs.values() if v is not None]
+    has_decay = inputs["log_o"] is not None
+
+    def f(i, e, s, *rest):
+        log_o, m0 = (rest[0], rest[1]) if has_decay else (None, rest[0])
+        return eos(i, e, s, log_o, mode="chunk", chunk_size=3, initial_state=m0, output_final_state=True)
+
+    assert torch.autograd.gradcheck(f, leaves)
+
+
+@pytest.mark.parametrize("decay", ["none", "row", "full"])
+def test_gradcheck_fft(decay):
+    inputs = make_inputs(9, e="vec", s="mat", decay=decay, dd_decay=False, seed=23)
+    leaves = [v.clone().requires_grad_() for v in inputs.values() if v is not None]
+    has_decay = inputs["log_o"] is not None
+
+    def f(i, e, s, *rest):
+        log_o, m0 = (rest[0], rest[1]) if has_decay else (None, rest[0])
+        return eos(i, e, s, log_o, mode="fft", initial_state=m0, output_final_state=True)
+
+    assert torch.autograd.gradcheck(f, leaves)
+
+
+@pytest.mark.parametrize("decay", ["row", "full"])
+def test_custom_backward_stores_no_per_step_memory(decay):
+    """The chunk Functions save O(T (K + D) + (T / C) K D) numbers, not O(T K D)."""
+    T, C, K_, D_ = 512, 64, 16, 16
+    i = torch.randn(1, T, 1, D_, requires_grad=True)
+    e = torch.randn(1, T, 1, K_, requires_grad=True)
+    s = torch.randn(1, T, 1, K_, requires_grad=True)
+    tail = (K_, 1) if decay == "row" else (K_, D_)
+    log_o = logsigmoid(torch.randn(1, T, 1, *tail)).requires_grad_()
+    y, _ = eos(i, e, s, log_o, mode="chunk", chunk_size=C)
+    node = y.grad_fn
+    while node is not None and not hasattr(node, "saved_tensors"):
+        node = node.next_functions[0][0]
+    saved = sum(t.numel() for t in node.saved_tensors if t is not None)
+    bound = 4 * T * (K_ + D_) + (T // C + 2) * K_ * D_ + (T * K_ * D_ if decay == "full" else 0)
+    assert saved <= bound, f"saved {saved} numbers, bound {bound}"
+    assert saved < T * K_ * D_ + T * (K_ + D_) * 4
+
+
+def test_empty_sequence_returns_initial_state():
+    inputs = make_inputs(0, decay="row")
+    y, m = eos(inputs["i"], inputs["e"], inputs["s"], inputs["log_o"],
+               initial_state=inputs["initial_state"], output_final_state=True)
+    assert y.shape == (B, 0, H, D)
+    assert torch.equal(m, inputs["initial_state"])
+
+
+def test_half_precision_computes_in_float32():
+    inputs = make_inputs(30, decay="row", initial=False)
+    args = [inputs[n].to(torch.bfloat16) for n in ("i", "e", "s", "log_o")]
+    y, m = eos(*args, mode="chunk", chunk_size=8, output_final_state=True)
+    assert y.dtype == torch.bfloat16 and m.dtype == torch.float32
+    ref = run({**inputs, **dict(zip(("i", "e", "s", "log_o"), [a.double() for a in args]))}, "recurrent",
+              torch.float64, grads=False)
+    assert_close({"y": y}, {"y": ref["y"]}, dtype=torch.bfloat16)
+
+
+def test_explain_rules():
+    dd = make_inputs(100, decay="row")
+    di = make_inputs(100, e="vec", s="mat", decay="full", dd_decay=False)
+    args = lambda x: (x["i"], x["e"], x["s"], x["log_o"])
+    assert explain(*args(dd)).mode == "chunk" and explain(*args(dd)).kernel == "matmul"
+    assert explain(*args(di)).mode == "fft"
+    assert explain(*args(di), chunk_size=128).mode == "chunk"
+    assert explain(*args(make_inputs(100, decay="full"))).kernel == "elementwise"
+    assert explain(*args(make_inputs(1, decay="row"))).mode == "recurrent"
+    assert "data-independent" in explain(*args(di)).reason
+
+
+def _bad(match, *args, **kwargs):
+    with pytest.raises((ValueError, TypeError), match=match):
+        eos(*args, **kwargs)
+
+
+def test_errors_name_the_argument():
+    x = make_inputs(10, decay="row")
+    i, e, s, g = x["i"], x["e"], x["s"], x["log_o"]
+    _bad(r"i: expected \[B, T, H, D\]", i[0], e, s)
+    _bad(r"e: data-dependent e must be \[B, T, H, K\]", i, e[:, :5], s)
+    _bad(r"s: expand dimension K of s is 5", i, e, torch.randn(B, 10, H, 5, dtype=torch.float64))
+    _bad(r"log_o: last two dims", i, e, s, torch.zeros(B, 10, H, K + 1, 1, dtype=torch.float64))
+    _bad(r"log_o: data-dependent log_o must start with", i, e, s, g[:, :3])
+    _bad(r"initial_state: expected \[B, H, K, D\]", i, e, s, g, initial_state=torch.zeros(B, H, K, D + 1))
+    _bad(r"mode='fft' needs data-independent e, s and log_o .* e, s, log_o are data-dependent", i, e, s, g, mode="fft")
+    _bad(r"chunk_size: expected an integer >= 1, got 0", i, e, s, g, chunk_size=0)
+    _bad(r"mode: expected one of", i, e, s, g, mode="fastest")
+    _bad(r"i: expected a floating-point or complex tensor, got dtype torch.int64", i.long(), e, s)
+    meta = torch.zeros(B, 10, H, D, device="meta")
+    _bad(r"all inputs must be on one device", meta, e, s)
+    _bad(r"e: expected \[B, T, H, K\], \[H, K\] or \[H, K, D\]", i, torch.zeros(K), s)
+    with pytest.raises(ValueError, match=r"i_t: eos_step takes one token"):
+        eos_step(i, e, s, g, torch.zeros(B, H, K, D, dtype=torch.float64))
