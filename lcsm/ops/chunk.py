@@ -44,6 +44,9 @@ Tensor = torch.Tensor
 
 TRANSPOSED = {"none": "none", "scalar": "scalar", "row": "col", "col": "row"}
 SUBCHUNK = 16
+# Largest exponent magnitude a single-reference factorisation may produce: e^30 ~ 1e13 leaves
+# float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
+SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
 
 
 def kernel_for(p: EOSProblem) -> str:
@@ -63,49 +66,93 @@ def _masked_exp(diff: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, torch.where(mask, diff, zero).exp(), zero)
 
 
-def _pairwise(G: Tensor) -> Tensor:
-    """[..., c, X] cumulative logs -> [..., c, c, X] masked exp(G_t - G_s) for s <= t."""
-    c = G.shape[-2]
-    mask = torch.ones(c, c, dtype=torch.bool, device=G.device).tril().unsqueeze(-1)
-    return _masked_exp(G.unsqueeze(-2) - G.unsqueeze(-3), mask)
+def _causal_mask(L: int, strict: bool, device) -> Tensor:
+    """s <= t (or s < t when strict) as an [L, L] boolean mask."""
+    return torch.ones(L, L, dtype=torch.bool, device=device).tril(-1 if strict else 0)
 
 
-def _intra_decayed(q, k, v, G, kind):
-    """Within-chunk outputs for row or column decays; q, k [.., C, K], v [.., C, D], G [.., C, X]."""
+def _pairwise(G: Tensor, strict: bool, dtype: torch.dtype) -> Tensor:
+    """[..., c, X] cumulative logs -> [..., c, c, X] masked exp(G_t - G_s) for s <= t (s < t)."""
+    mask = _causal_mask(G.shape[-2], strict, G.device).unsqueeze(-1)
+    return _masked_exp((G.unsqueeze(-2) - G.unsqueeze(-3)).to(dtype), mask)
+
+
+def _exp(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """exp of a difference of (double-precision) cumulative logs, in the compute dtype."""
+    return x.to(dtype).exp()
+
+
+def _is_moderate(G: Tensor, dtype: torch.dtype) -> bool:
+    """True when no block's total decay |Gamma_first - Gamma_last| exceeds SAFE_SPAN for the
+    compute dtype (G itself is kept in double precision)."""
+    span = (G[..., :1, :] - G[..., -1:, :]).real
+    real = torch.empty((), dtype=dtype).real.dtype
+    return span.numel() == 0 or span.max().item() <= SAFE_SPAN[real]
+
+
+def _single_reference(q, k, v, G, kind, strict):
+    """Blocks [.., L, *] factorised through the block's first step: exact, and safe when
+    ``_is_moderate(G)`` because every factor then lies within exp(+-SAFE_SPAN)."""
+    mask = _causal_mask(q.shape[-2], strict, q.device)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    ref = G[..., :1, :]
+    if kind == "row":
+        a = (q * _exp(G - ref, q.dtype)) @ (k * _exp(ref - G, q.dtype)).transpose(-1, -2)
+        return torch.where(mask, a, zero) @ v
+    a = torch.where(mask, q @ k.transpose(-1, -2), zero)
+    return _exp(G - ref, q.dtype) * (a @ (v * _exp(ref - G, q.dtype)))
+
+
+def _pairwise_blocks(q, k, v, G, kind, strict):
+    """Blocks [.., c, *] through the explicit [c, c, K|D] decay tensor: every factor <= 1."""
+    w = _pairwise(G, strict, q.dtype)
+    if kind == "row":
+        return (q.unsqueeze(-2) * k.unsqueeze(-3) * w).sum(-1) @ v
+    a = q @ k.transpose(-1, -2)
+    return (a.unsqueeze(-1) * w * v.unsqueeze(-3)).sum(-2)
+
+
+def _intra_decayed(q, k, v, G, kind, strict):
+    """Within-chunk outputs for row or column decays; q, k [.., C, K], v [.., C, D], G [.., C, X].
+
+    Moderate decays (the usual case, e.g. GLA's logsigmoid / 16): one matmul per chunk. Strong
+    decays (up to -30 per step): sub-chunks of c <= 16 steps; pairs of sub-chunks factorise through
+    the reference point between them (both factors <= 1), diagonal blocks are factorised when their
+    own span is moderate and use the explicit pairwise tensor otherwise. All branches are exact;
+    the choice only avoids overflow and underflow.
+    """
+    if _is_moderate(G, q.dtype):
+        return _single_reference(q, k, v, G, kind, strict)
     C = q.shape[-2]
     c = _subchunk(C)
     ns = C // c
     lead = q.shape[:-2]
     sub = lambda x: x.reshape(*lead, ns, c, x.shape[-1])
     qs, ks, vs, Gs = sub(q), sub(k), sub(v), sub(G)
-    w = _pairwise(Gs)                                                  # [.., ns, c, c, X]
-    if kind == "row":
-        a = (qs.unsqueeze(-2) * ks.unsqueeze(-3) * w).sum(-1)          # [.., ns, c, c]
-        out = [a @ vs]
-    else:
-        a = qs @ ks.transpose(-1, -2)
-        out = [(a.unsqueeze(-1) * w * vs.unsqueeze(-3)).sum(-2)]
-    y = out[0]
+    diagonal = _single_reference if _is_moderate(Gs, q.dtype) else _pairwise_blocks
+    y = diagonal(qs, ks, vs, Gs, kind, strict)                                 # [.., ns, c, D]
     blocks = [y[..., 0, :, :]]
     for I in range(1, ns):
         ref = G[..., I * c - 1: I * c, :]                              # Gamma just before sub-chunk I
         q_I, G_I = qs[..., I, :, :], Gs[..., I, :, :]
         k_prev, v_prev, G_prev = k[..., : I * c, :], v[..., : I * c, :], G[..., : I * c, :]
         if kind == "row":
-            a_off = (q_I * (G_I - ref).exp()) @ (k_prev * (ref - G_prev).exp()).transpose(-1, -2)
+            a_off = (q_I * _exp(G_I - ref, q.dtype)) @ (k_prev * _exp(ref - G_prev, q.dtype)).transpose(-1, -2)
             off = a_off @ v_prev
         else:
             a_off = q_I @ k_prev.transpose(-1, -2)
-            off = (G_I - ref).exp() * (a_off @ (v_prev * (ref - G_prev).exp()))
+            off = _exp(G_I - ref, q.dtype) * (a_off @ (v_prev * _exp(ref - G_prev, q.dtype)))
         blocks.append(y[..., I, :, :] + off)
     return torch.cat(blocks, -2)
 
 
 def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str,
-                 m0: Optional[Tensor], C: int):
+                 m0: Optional[Tensor], C: int, strict: bool = False):
     """The ``matmul`` kernel. q, k [B, H, T, K]; v [B, H, T, D]; g None (kind 'none') or
     [B, H, T, 1] ('scalar'), [B, H, T, K] ('row'), [B, H, T, D] ('col'); m0 [B, H, K, D] or None.
-    Returns y [B, H, T, D] and m_T [B, H, K, D]. Differentiable by autograd as written."""
+    Returns y [B, H, T, D] and m_T [B, H, K, D]. Differentiable by autograd as written.
+    ``strict`` leaves out each step's own contribution (s = t) from y (not from m_T); see
+    ``ChunkMatmulFunction`` for why the backward wants that."""
     B, H, T, K = q.shape
     D = v.shape[-1]
     N = max(1, math.ceil(T / C))
@@ -117,19 +164,23 @@ def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str
         return x.reshape(B, H, N, C, x.shape[-1])
 
     q, k, v = chunks(q), chunks(k), chunks(v)
+    dt = q.dtype
     if kind == "none":
         U = k.transpose(-1, -2) @ v
         decay = None
     else:
-        G = chunks(g).cumsum(-2)                                       # [B, H, N, C, X]
+        # Cumulative logs in double precision: their differences over short spans must stay
+        # accurate even when |Gamma| grows large under strong decays.
+        wide = torch.complex128 if g.is_complex() else torch.float64
+        G = chunks(g).to(wide).cumsum(-2)                              # [B, H, N, C, X]
         G_last = G[..., -1:, :]
-        to_end = (G_last - G).exp()
+        to_end = _exp(G_last - G, dt)
         if kind == "col":
             U = k.transpose(-1, -2) @ (v * to_end)
-            decay = G_last.exp()                                       # [B, H, N, 1, D]
+            decay = _exp(G_last, dt)                                   # [B, H, N, 1, D]
         else:
             U = (k * to_end).transpose(-1, -2) @ v
-            decay = G_last.exp().transpose(-1, -2)                     # [B, H, N, K|1, 1]
+            decay = _exp(G_last, dt).transpose(-1, -2)                 # [B, H, N, K|1, 1]
 
     M = m0 if m0 is not None else q.new_zeros(B, H, K, D)
     states = []
@@ -139,14 +190,14 @@ def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str
     S = torch.stack(states, 2)                                         # [B, H, N, K, D]
 
     if kind == "none":
-        y = q @ S + (q @ k.transpose(-1, -2)).tril() @ v
+        y = q @ S + (q @ k.transpose(-1, -2)).tril(-1 if strict else 0) @ v
     elif kind == "scalar":
-        w = _pairwise(G)[..., 0]                                       # [B, H, N, C, C]
-        y = (q @ S) * G.exp() + ((q @ k.transpose(-1, -2)) * w) @ v
+        w = _pairwise(G, strict, dt)[..., 0]                           # [B, H, N, C, C]
+        y = (q @ S) * _exp(G, dt) + ((q @ k.transpose(-1, -2)) * w) @ v
     elif kind == "row":
-        y = (q * G.exp()) @ S + _intra_decayed(q, k, v, G, "row")
+        y = (q * _exp(G, dt)) @ S + _intra_decayed(q, k, v, G, "row", strict)
     else:
-        y = (q @ S) * G.exp() + _intra_decayed(q, k, v, G, "col")
+        y = (q @ S) * _exp(G, dt) + _intra_decayed(q, k, v, G, "col", strict)
     return y.reshape(B, H, N * C, D)[:, :, :T], M
 
 
@@ -155,38 +206,50 @@ def _shift_reverse(g: Tensor) -> Tensor:
     return torch.cat([g[:, :, 1:], torch.zeros_like(g[:, :, :1])], 2).flip(2)
 
 
+def _own_step(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Each step's own contribution (q_t . k_t) v_t, the part ``strict`` leaves out."""
+    return (q * k).sum(-1, keepdim=True) * v
+
+
 class ChunkMatmulFunction(torch.autograd.Function):
-    """``chunk_matmul`` with the appendix-5.1 backward expressed as three more EOS problems."""
+    """``chunk_matmul`` with the appendix-5.1 backward expressed as three more EOS problems.
+
+    All four kernel calls run with ``strict=True`` and add each step's own term afterwards: the
+    decay gradient is a reverse cumulative sum of conj(s) ds - conj(e) de, in which the own-step
+    parts of ds and de are equal and cancel exactly. Left in, they are O(1) while the true dg is
+    O(o) -- with strong decays float32 would lose dg to cancellation.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, g, m0, kind, C):
-        y, m_T = chunk_matmul(q, k, v, g, kind, m0, C)
-        ctx.save_for_backward(q, k, v, g, m0, y, m_T)
+        y_strict, m_T = chunk_matmul(q, k, v, g, kind, m0, C, strict=True)
+        ctx.save_for_backward(q, k, v, g, m0, y_strict, m_T)
         ctx.kind, ctx.C = kind, C
-        return y, m_T
+        return y_strict + _own_step(q, k, v), m_T
 
     @staticmethod
     def backward(ctx, dy, dm_T):
-        q, k, v, g, m0, y, m_T = ctx.saved_tensors
+        q, k, v, g, m0, y_strict, m_T = ctx.saved_tensors
         kind, C = ctx.kind, ctx.C
         tkind = TRANSPOSED[kind]
-        dy = torch.zeros_like(y) if dy is None else dy
+        dy = torch.zeros_like(y_strict) if dy is None else dy
         dm_T = torch.zeros_like(m_T) if dm_T is None else dm_T
         qc, kc, vc = q.conj(), k.conj(), v.conj()
         gc = g.conj() if g is not None else None
         m0T = m0.conj().transpose(-1, -2) if m0 is not None else None
 
-        dq, _ = chunk_matmul(dy, vc, kc, gc, tkind, m0T, C)
+        dq, _ = chunk_matmul(dy, vc, kc, gc, tkind, m0T, C, strict=True)
         g_rev = _shift_reverse(gc) if g is not None else None
-        dv, dm_1 = chunk_matmul(kc.flip(2), qc.flip(2), dy.flip(2), g_rev, kind, dm_T, C)
-        dk, _ = chunk_matmul(vc.flip(2), dy.flip(2), qc.flip(2), g_rev, tkind, dm_T.transpose(-1, -2), C)
+        dv, dm_1 = chunk_matmul(kc.flip(2), qc.flip(2), dy.flip(2), g_rev, kind, dm_T, C, strict=True)
+        dk, _ = chunk_matmul(vc.flip(2), dy.flip(2), qc.flip(2), g_rev, tkind, dm_T.transpose(-1, -2), C,
+                             strict=True)
         dv, dk = dv.flip(2), dk.flip(2)
 
         dg = None
         if g is not None:
             mm = dm_T * m_T.conj()
             if kind == "col":
-                term, base = dy * y.conj() - vc * dv, mm.sum(-2)
+                term, base = dy * y_strict.conj() - vc * dv, mm.sum(-2)
             else:
                 term, base = qc * dq - kc * dk, mm.sum(-1)
                 if kind == "scalar":
@@ -198,6 +261,9 @@ class ChunkMatmulFunction(torch.autograd.Function):
             if g is not None:
                 first = gc[:, :, 0].exp()
                 dm0 = dm_1 * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
+        dq = dq + _own_step(vc, dy, kc)
+        dk = dk + _own_step(dy, vc, qc)
+        dv = dv + _own_step(qc, kc, dy)
         return dq, dk, dv, dg, dm0, None, None
 
 

@@ -276,3 +276,14 @@ def test_errors_name_the_argument():
     _bad(r"e: expected \[B, T, H, K\], \[H, K\] or \[H, K, D\]", i, torch.zeros(K), s)
     with pytest.raises(ValueError, match=r"i_t: eos_step takes one token"):
         eos_step(i, e, s, g, torch.zeros(B, H, K, D, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("strength", [20.0, 80.0])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col"])
+@pytest.mark.parametrize("chunk_size", [48, 64])
+def test_strong_decay_branches_with_gradients(decay, strength, dtype, chunk_size):
+    """Decays strong enough that chunks (and, at 80, sub-chunks) exceed the single-reference span,
+    so the sub-chunked and pairwise branches of the matmul kernel are exercised, gradients included."""
+    check(make_inputs(130, decay=decay, strength=strength, seed=29), "chunk", dtype,
+          chunk_size=chunk_size, context=f"strength={strength}")
