@@ -1,0 +1,165 @@
+"""Causal softmax attention: the quadratic baseline every linear mixer is measured against.
+
+    q_t, k_t, v_t = x_t W_Q, x_t W_K, x_t W_V      (per head, width D = d_model / H)
+    o_t = sum_{s<=t} softmax_s(q_t . k_s / sqrt(D)) v_s,     y_t = o_t W_O
+
+Softmax attention is not an EOS recurrence with a fixed-size memory: the normalisation over all
+past keys cannot be folded into m_t = o_t * m_{t-1} + e_t i_t^T. MetaLA (Table 1, section 3)
+treats it as the map that linear attention approximates; its "memory" is the KV cache, which
+grows with t (T x d keys and T x d values). The full sequence runs through
+``torch.nn.functional.scaled_dot_product_attention``; decoding appends to the cache.
+
+Defaults follow the Zoology MQAR baseline (``zoology.mixers.attention.MHA``): one head, biased
+projections, no positional information inside the mixer (Zoology adds learned positions at the
+embedding). ``positions`` adds them here instead:
+  * "learned": a learned table P [max_len, d_model] added to x before the projections
+    (GPT-style absolute positions), init N(0, 0.02^2);
+  * "rotary": RoPE (Su et al., 2021) on q and k, base 10000, the half-split pairing
+    (i, i + D/2) of GPT-NeoX; needs an even head width.
+
+Shape glossary: B batch, T new tokens, P cached tokens, H heads, D head width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import EOSRow, Mixer, State, no_weight_decay, register
+
+Tensor = torch.Tensor
+
+POSITIONS = ("none", "learned", "rotary")
+
+
+@dataclass
+class KVCache(State):
+    """keys, values: every past token's k and v [B, H, P, D] (they grow by one per token);
+    position: number of tokens seen, P, per sequence [B] (int64)."""
+
+    keys: Tensor
+    values: Tensor
+    position: Tensor
+
+
+def rotate(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+    """RoPE on x [B, H, T, D] at integer ``positions`` [T]: pairs (i, i + D/2) rotated by
+    positions * base^(-2i/D)."""
+    D = x.shape[-1]
+    half = D // 2
+    real = x.real.dtype if x.is_complex() else x.dtype
+    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=real) * 2 / D)
+    angle = positions.to(real).unsqueeze(-1) * inv_freq                    # [T, D/2]
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+@register("attention", "softmax_attention", "mha")
+class Attention(Mixer):
+    """Multi-head causal softmax attention with a growing KV cache.
+
+    Args:
+        d_model: model width, divisible by ``heads``.
+        heads: number of heads H (Zoology's MQAR baseline uses 1).
+        bias: biases on the q/k/v/o projections (Zoology: True).
+        positions: "none", "learned" (needs ``max_len``) or "rotary" (needs an even head width).
+        max_len: number of positions of the learned table (required for "learned" only).
+    """
+
+    def __init__(self, d_model: int, heads: int = 1, bias: bool = True, positions: str = "none",
+                 max_len: Optional[int] = None):
+        super().__init__(d_model)
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or d_model % heads:
+            raise ValueError(f"heads: expected a positive divisor of d_model={d_model}, got {heads!r}")
+        if not isinstance(bias, bool):
+            raise ValueError(f"bias: expected True or False, got {bias!r}")
+        if positions not in POSITIONS:
+            raise ValueError(f"positions: expected one of {', '.join(POSITIONS)}, got {positions!r}")
+        if positions == "learned":
+            if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+                raise ValueError(f"max_len: positions='learned' needs a positive integer max_len, got {max_len!r}")
+        elif max_len is not None:
+            raise ValueError(f"max_len: only used with positions='learned', got max_len={max_len!r} "
+                             f"with positions={positions!r}")
+        self.heads = heads
+        self.head_dim = d_model // heads
+        if positions == "rotary" and self.head_dim % 2:
+            raise ValueError(f"positions: 'rotary' needs an even head width, got d_model/heads = {self.head_dim}")
+        self.positions = positions
+        self.max_len = max_len
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.o_proj = nn.Linear(d_model, d_model, bias=bias)
+        if bias:
+            for lin in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
+                no_weight_decay(lin.bias)
+        if positions == "learned":
+            self.position_embedding = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+
+    def _split(self, t: Tensor) -> Tensor:
+        B, T, _ = t.shape
+        return t.view(B, T, self.heads, self.head_dim).transpose(1, 2)           # [B, H, T, D]
+
+    def forward(self, x: Tensor, state: Optional[KVCache] = None, return_state: bool = False):
+        """x [B, T, d_model] -> y [B, T, d_model]; with ``state`` the new tokens attend to the cache too."""
+        self.check_input(x)
+        B, T, d = x.shape
+        if state is None:
+            state = self.init_state(B)
+        P = state.keys.shape[2]
+        if state.position.shape != (B,) or bool((state.position != P).any()):
+            raise ValueError(
+                f"state: position {state.position.tolist()} does not match the cache length {P} for batch {B}"
+            )
+        positions = torch.arange(P, P + T, device=x.device)
+        if self.positions == "learned":
+            if P + T > self.max_len:
+                raise ValueError(f"x: positions up to {P + T - 1} exceed the learned table (max_len={self.max_len})")
+            x = x + self.position_embedding[P:P + T]
+        q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
+        if self.positions == "rotary":
+            q, k = rotate(q, positions), rotate(k, positions)
+        keys = torch.cat([state.keys, k], dim=2)
+        values = torch.cat([state.values, v], dim=2)
+        if P == 0:
+            o = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
+        else:
+            # Query t (absolute P + t) sees keys 0..P + t: a causal mask shifted by the cache length
+            # (is_causal would align the mask to the top-left corner instead).
+            mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        y = self.o_proj(o.transpose(1, 2).reshape(B, T, d))
+        if return_state:
+            return y, KVCache(keys=keys, values=values, position=state.position + T)
+        return y
+
+    def init_state(self, batch_size: int) -> KVCache:
+        p = self._param_like()
+        empty = p.new_zeros(batch_size, self.heads, 0, self.head_dim)
+        return KVCache(keys=empty, values=empty.clone(),
+                       position=torch.zeros(batch_size, dtype=torch.long, device=p.device))
+
+    def state_size(self, seq_len: int) -> int:
+        """Keys and values of every token seen (2 T d_model) plus the position counter."""
+        return 2 * seq_len * self.d_model + 1
+
+    def describe(self) -> EOSRow:
+        return EOSRow(
+            name="softmax attention" + ("" if self.positions == "none" else f" ({self.positions} positions)"),
+            input="v_t",
+            expand="k_t (normalised by softmax over all keys; not a fixed-size EOS state)",
+            oscillation="none (softmax over all keys; psi 'elementwise' only nominally: not an EOS recurrence)",
+            shrink="q_t",
+            memory=f"T x d (KV cache: T x {self.d_model} keys + T x {self.d_model} values, grows with T)",
+            psi="elementwise",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=False,
+            shrink_dd=True,
+            paper="Vaswani et al., 2017; the softmax baseline of MetaLA Table 1 / section 3",
+        )

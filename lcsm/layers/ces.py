@@ -1,0 +1,282 @@
+"""CES: the complex exponential smoothing module of ETSMLP (Chu, 2024), section 3.1.
+
+Per channel c (no mixing across channels), with lambda^alpha written e^q:
+
+    m_t = e^q m_{t-1} + (1 - e^q) x_t,     y_t = Re(e^beta m_t) + omega x_t          (eq. 7, 10, 13)
+
+i.e. the long convolution y = k * x + omega x with k_j = Re(e^beta (1 - e^q) e^{j q}) (eq. 9-10).
+As an EOS recurrence (LCSM eq. 2-3) each channel is a head with K = D = 1: input x_t, expand
+1 - e^q, oscillation e^q (complex, data-independent), shrink e^beta. ``lcsm.ops.eos`` evaluates it:
+by FFT for long sequences (mode auto picks it for a time-invariant system, T > chunk_size),
+the same kernel as the official ``complex_kernal``; by the recurrence when decoding.
+
+Parameterisation (section 3.1 and the official ``CETS``, version "normal"), all per channel and
+stored as real pairs (re, im):
+  * ``log_delta`` = lambda' = log(log lambda) (exponential parameterisation, Proposition 1);
+  * ``alpha`` = (a0, a1), the damping exponent alpha = e^{a0} + i e^{a1} (log dt);
+  * q = exp(lambda') * alpha = alpha log lambda = log(lambda^alpha);
+  * constraint (eq. 12): if |e^q| > max_lambda, Re q is lowered so that |e^q| = max_lambda;
+  * ``beta`` complex, output scale e^beta; ``omega`` real skip weight.
+Init ("ring", LRU style): lambda uniform on the ring r_min <= |lambda| <= r_max with phase in
+[0, max_phase]; a0 = a1 = log dt, dt ~ logUniform[dt_min, dt_max]; beta ~ N(0, 0.2^2) per part;
+omega ~ N(0, 1). "fixed" (the paper's "Stable(r, i)" of Table 4): lambda = fixed_point for every
+channel, the rest as in ring.
+
+Departures, and why:
+  * Skip: y + omega x as in the official code; the paper's eq. 13 writes sigmoid(omega) x. The
+    code produced the reported numbers, so we follow it.
+  * field="real" keeps eq. 7 with lambda in (0, 1), alpha = e^a > 0 and e^beta real, under the
+    same exponential parameterisation (lambda' = log(-log lambda) is then real). The official
+    real branch instead uses decay 1 - sigmoid(delta) sigmoid(alpha) and scale sigmoid(delta) beta
+    with N(1, 0.2) inits, which changes the parameterisation along with the field; we keep the
+    ablation to the field alone.
+  * Weight decay: the official recipe (fairseq Adam, wd 0.01) decays every parameter; following
+    this library's convention for decay rates and skips (and S4/LRU practice) all four CES
+    parameters are tagged ``no_weight_decay``.
+  * Bidirectional (section 3.1, eq. 14, official "dss method"): the official code convolves with
+    K = pad(k1, (0, L)) + pad(flip(k2), (L, 0)) on length 2L, i.e.
+    y_t = sum_{s<=t} k1_{t-s} x_s + sum_{s>t} k2_{s-t-1} x_s. We evaluate the same sum as two
+    causal EOS problems in one call: channels [x, shift(flip(x))] with kernels [k1, k2].
+
+Shape glossary: B batch, T time, d = d_model channels, C kernel channels (d, or 2d when
+bidirectional).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lcsm.ops import eos
+
+from .base import EOSRow, Mixer, State, no_weight_decay, register
+
+Tensor = torch.Tensor
+
+FIELDS = ("complex", "real")
+INITS = ("ring", "fixed")
+
+
+@dataclass
+class CESState(State):
+    """memory: the smoothed value m_t of every channel [B, d, 1, 1] (complex for field="complex")."""
+
+    memory: Tensor
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+def _check_float(name: str, value, low: float, high: float, low_open: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: expected a number, got {value!r}")
+    ok = (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        raise ValueError(f"{name}: expected a value in {'(' if low_open else '['}{low}, {high}], got {value!r}")
+    return float(value)
+
+
+@register("ces", "etsmlp_ces")
+class CES(Mixer):
+    """ETSMLP's complex exponential smoothing token mixer (the CES module only, no MLP).
+
+    Args:
+        d_model: number of channels d.
+        field: "complex" (the paper) or "real" (Table 3 ablation "Real").
+        use_alpha, use_beta, use_omega: keep the damped factor alpha, the output scale e^beta and
+            the skip omega x (Table 3 ablations "No alpha / No beta / No omega" set them False).
+        init: "ring" or "fixed" (Table 4).
+        r_min, r_max, max_phase: the ring of the "ring" init (defaults: the ListOps config).
+        fixed_point: (re, im) of lambda for the "fixed" init (Table 4's best "Stable(0.5, 0)").
+        dt_min, dt_max: range of the log-uniform dt that initialises alpha.
+        max_lambda: bound of |lambda^alpha| enforced by the constraint function (eq. 12).
+        bidirectional: two-sided kernel (non-causal; no recurrent state or decoding).
+    """
+
+    def __init__(self, d_model: int, field: str = "complex", use_alpha: bool = True, use_beta: bool = True,
+                 use_omega: bool = True, init: str = "ring", r_min: float = 0.6, r_max: float = 0.9,
+                 max_phase: float = 2 * math.pi, fixed_point: Tuple[float, float] = (0.5, 0.0),
+                 dt_min: float = 1e-3, dt_max: float = 1e-1, max_lambda: float = 0.9999,
+                 bidirectional: bool = False):
+        super().__init__(d_model)
+        if field not in FIELDS:
+            raise ValueError(f"field: expected one of {', '.join(FIELDS)}, got {field!r}")
+        if init not in INITS:
+            raise ValueError(f"init: expected one of {', '.join(INITS)}, got {init!r}")
+        self.field = field
+        self.complex = field == "complex"
+        self.use_alpha = _check_bool("use_alpha", use_alpha)
+        self.use_beta = _check_bool("use_beta", use_beta)
+        self.use_omega = _check_bool("use_omega", use_omega)
+        self.bidirectional = _check_bool("bidirectional", bidirectional)
+        self.init = init
+        r_min = _check_float("r_min", r_min, 0.0, 1.0)
+        r_max = _check_float("r_max", r_max, 0.0, 1.0)
+        if r_min > r_max:
+            raise ValueError(f"r_min: expected r_min <= r_max, got r_min={r_min}, r_max={r_max}")
+        max_phase = _check_float("max_phase", max_phase, 0.0, 2 * math.pi, low_open=False)
+        dt_min = _check_float("dt_min", dt_min, 0.0, math.inf)
+        dt_max = _check_float("dt_max", dt_max, 0.0, math.inf)
+        if dt_min > dt_max:
+            raise ValueError(f"dt_min: expected dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+        self.max_lambda = _check_float("max_lambda", max_lambda, 0.0, 1.0)
+        if (not isinstance(fixed_point, (tuple, list)) or len(fixed_point) != 2
+                or not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in fixed_point)):
+            raise ValueError(f"fixed_point: expected (re, im) of lambda, got {fixed_point!r}")
+        fixed = complex(fixed_point[0], fixed_point[1])
+        if init == "fixed" and not 0 < abs(fixed) < 1:
+            raise ValueError(f"fixed_point: lambda must lie inside the unit disc without 0, got {fixed_point!r}")
+        if init == "fixed" and not self.complex and (fixed.imag != 0 or fixed.real <= 0):
+            raise ValueError(f"fixed_point: field='real' needs a real lambda in (0, 1), got {fixed_point!r}")
+
+        C = 2 * d_model if self.bidirectional else d_model
+        self.kernel_channels = C
+        pair = (C, 2) if self.complex else (C,)
+        with torch.no_grad():
+            log_lambda = self._init_log_lambda(C, r_min, r_max, max_phase, fixed)    # complex [C]
+            if self.complex:
+                # lambda' = log(log lambda) on the principal branch, as the official code stores it.
+                log_delta = torch.view_as_real(log_lambda.log())
+            else:
+                log_delta = (-log_lambda.real).log()                                  # log(-log lambda)
+            self.log_delta = no_weight_decay(nn.Parameter(log_delta.float().contiguous()))
+            if self.use_alpha:
+                log_dt = math.log(dt_min) + torch.rand(C) * (math.log(dt_max) - math.log(dt_min))
+                # alpha = e^{a0} + i e^{a1} with a0 = a1 = log dt (official: log dt tiled over the pair).
+                alpha = log_dt.unsqueeze(-1).repeat(1, 2) if self.complex else log_dt
+                self.alpha = no_weight_decay(nn.Parameter(alpha.contiguous()))
+            if self.use_beta:
+                self.beta = no_weight_decay(nn.Parameter(torch.randn(pair) * 0.2))
+            if self.use_omega:
+                self.omega = no_weight_decay(nn.Parameter(torch.randn(d_model)))
+
+    def _init_log_lambda(self, C: int, r_min: float, r_max: float, max_phase: float, fixed: complex) -> Tensor:
+        """log lambda [C] (complex128) for the chosen init."""
+        if self.init == "fixed":
+            return torch.full((C,), fixed, dtype=torch.complex128).log()
+        u1 = torch.rand(C, dtype=torch.float64)
+        u2 = torch.rand(C, dtype=torch.float64)
+        # |lambda|^2 uniform on [r_min^2, r_max^2]: uniform over the ring's area (LRU, lemma 3.2).
+        log_r = 0.5 * torch.log(u1 * (r_max ** 2 - r_min ** 2) + r_min ** 2)
+        theta = max_phase * u2 if self.complex else torch.zeros_like(u2)
+        return torch.complex(log_r, theta)
+
+    # ------------------------------------------------------------------ kernel
+
+    def log_decay(self) -> Tensor:
+        """q = log(lambda^alpha) per kernel channel [C] after the max-lambda constraint (eq. 12);
+        complex for field="complex", real (negative) for field="real"."""
+        if self.complex:
+            q = torch.view_as_complex(self.log_delta).exp()
+            if self.use_alpha:
+                q = q * torch.view_as_complex(self.alpha.exp())
+            bound = math.log(self.max_lambda)
+            # |e^q| = e^{Re q}: rescaling lambda^alpha onto |.| = max_lambda lowers Re q to log(max).
+            return torch.complex(torch.clamp(q.real, max=bound), q.imag)
+        q = -self.log_delta.exp()
+        if self.use_alpha:
+            q = q * self.alpha.exp()
+        return torch.clamp(q, max=math.log(self.max_lambda))
+
+    def scale(self) -> Optional[Tensor]:
+        """e^beta per kernel channel [C] (None without beta)."""
+        if not self.use_beta:
+            return None
+        return torch.view_as_complex(self.beta).exp() if self.complex else self.beta.exp()
+
+    def eos_parameters(self) -> Tuple[Tensor, Tensor, Tensor]:
+        """(e [C, 1], s [C, 1], log_o [C, 1, 1]) for ``lcsm.ops.eos`` with one head per kernel channel,
+        so that the EOS kernel sum_k s o^j e is k_j = e^beta (1 - e^q) e^{j q} (before Re)."""
+        q = self.log_decay()
+        e = -torch.expm1(q)                                          # 1 - e^q
+        s = self.scale()
+        if s is None:
+            s = torch.ones_like(e)
+        return e.unsqueeze(-1), s.unsqueeze(-1), q.view(-1, 1, 1)
+
+    def kernel(self, length: int) -> Tensor:
+        """The convolution kernel k_j = Re(e^beta (1 - e^q) e^{j q}), j < length, as [C, length]."""
+        q = self.log_decay()
+        j = torch.arange(length, dtype=self.log_delta.dtype, device=self.log_delta.device)
+        k = -torch.expm1(q).unsqueeze(-1) * (q.unsqueeze(-1) * j).exp()
+        s = self.scale()
+        if s is not None:
+            k = s.unsqueeze(-1) * k
+        return k.real if k.is_complex() else k
+
+    # ------------------------------------------------------------------ interface
+
+    def _no_state(self, what: str):
+        raise ValueError(
+            f"{what}: CES with bidirectional=True is non-causal (each output reads future inputs), so it "
+            "has no recurrent state and cannot decode step by step; use bidirectional=False"
+        )
+
+    def forward(self, x: Tensor, state: Optional[CESState] = None, return_state: bool = False):
+        """x [B, T, d] -> y [B, T, d] (and the final CESState when asked; causal mode only)."""
+        self.check_input(x)
+        if self.bidirectional and (state is not None or return_state):
+            self._no_state("state")
+        e, s, log_o = self.eos_parameters()
+        if self.bidirectional:
+            # Backward direction: y_t += sum_{s>t} k2_{s-t-1} x_s is a causal convolution of the
+            # time-reversed input delayed by one step.
+            back = F.pad(x.flip(1), (0, 0, 1, 0))[:, : x.shape[1]]
+            i = torch.cat([x, back], dim=2).unsqueeze(-1)              # [B, T, 2d, 1]
+            y, _ = eos(i, e, s, log_o)
+            y = y.real if y.is_complex() else y
+            d = self.d_model
+            y = y[:, :, :d, 0] + y[:, :, d:, 0].flip(1)
+            memory = None
+        else:
+            y, memory = eos(x.unsqueeze(-1), e, s, log_o,
+                            initial_state=state.memory if state is not None else None,
+                            output_final_state=return_state)
+            y = (y.real if y.is_complex() else y)[..., 0]
+        if self.use_omega:
+            y = y + self.omega * x
+        if return_state:
+            return y, CESState(memory=memory)
+        return y
+
+    def step(self, x_t: Tensor, state: CESState):
+        if self.bidirectional:
+            self._no_state("step")
+        return super().step(x_t, state)
+
+    def init_state(self, batch_size: int) -> CESState:
+        if self.bidirectional:
+            self._no_state("init_state")
+        p = self.log_delta
+        # Complex memory in the matching precision (float64 -> complex128, float32 -> complex64).
+        dtype = torch.promote_types(p.dtype, torch.complex64) if self.complex else p.dtype
+        return CESState(memory=torch.zeros(batch_size, self.d_model, 1, 1, dtype=dtype, device=p.device))
+
+    def state_size(self, seq_len: int) -> int:
+        if self.bidirectional:
+            self._no_state("state_size")
+        return super().state_size(seq_len)
+
+    def describe(self) -> EOSRow:
+        field = "complex" if self.complex else "real"
+        return EOSRow(
+            name="CES (ETSMLP)" + (", bidirectional (non-causal)" if self.bidirectional else ""),
+            input="x_t",
+            expand="1 - lambda^alpha",
+            oscillation=f"lambda^alpha ({field}, per channel)",
+            shrink="exp(beta), real part kept" if self.use_beta else "1, real part kept",
+            memory=f"K x D = 1 x 1 per channel, {self.d_model} channels ({field})",
+            psi="elementwise",
+            input_dd=True,
+            expand_dd=False,
+            oscillation_dd=False,
+            shrink_dd=False,
+            paper="ETSMLP (Chu, 2024), section 3.1 eq. 7-14",
+        )

@@ -1,0 +1,121 @@
+"""Softmax attention baseline: an explicit softmax reference, cached decoding against the full
+forward for every ``positions`` option, and a state that grows linearly with T."""
+import math
+
+import pytest
+import torch
+
+from lcsm import layers
+from lcsm.layers.attention import rotate
+from lcsm.testing import assert_close
+
+D_MODEL = 16
+POSITIONS = [{"positions": "none"}, {"positions": "learned", "max_len": 32}, {"positions": "rotary"},
+             {"positions": "rotary", "heads": 4, "bias": False}]
+
+
+def make(**options):
+    torch.manual_seed(0)
+    return layers.build("attention", D_MODEL, **options).double()
+
+
+def inputs(B=2, T=11, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, D_MODEL, generator=g, dtype=torch.float64)
+
+
+def reference(m, x):
+    """Causal softmax attention written out: scores, mask, softmax; RoPE as a complex rotation of
+    the pairs (x_i, x_{i + D/2}) by t * 10000^(-2i/D)."""
+    B, T, d = x.shape
+    H, D = m.heads, m.head_dim
+    if m.positions == "learned":
+        x = x + m.position_embedding[:T]
+    q, k, v = (lin(x).view(B, T, H, D) for lin in (m.q_proj, m.k_proj, m.v_proj))
+    if m.positions == "rotary":
+        freq = 10000.0 ** (-torch.arange(D // 2, dtype=torch.float64) * 2 / D)
+        turn = torch.polar(torch.ones(T, D // 2, dtype=torch.float64), torch.arange(T).double()[:, None] * freq)
+
+        def rot(z):
+            c = torch.complex(z[..., : D // 2], z[..., D // 2:]) * turn[:, None]
+            return torch.cat([c.real, c.imag], -1)
+
+        q, k = rot(q), rot(k)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)
+    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    o = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, d)
+    return m.o_proj(o)
+
+
+def case_id(o):
+    return ",".join(f"{k}={v}" for k, v in o.items())
+
+
+@pytest.mark.parametrize("options", POSITIONS, ids=case_id)
+def test_forward_equals_explicit_softmax(options):
+    m, x = make(**options), inputs()
+    assert_close({"y": m(x)}, {"y": reference(m, x)}, context=case_id(options))
+
+
+@pytest.mark.parametrize("options", POSITIONS, ids=case_id)
+def test_cached_decoding_equals_full_forward(options):
+    m, x = make(**options), inputs(T=13)
+    y = m(x)
+    state, steps = m.init_state(x.shape[0]), []
+    for x_t in x.unbind(1):
+        y_t, state = m.step(x_t, state)
+        steps.append(y_t)
+    # Prefill of 5 tokens, then chunks of 3 and 5 against the cache (the offset causal mask).
+    y1, s = m(x[:, :5], return_state=True)
+    y2, s = m(x[:, 5:8], state=s, return_state=True)
+    y3, s = m(x[:, 8:], state=s, return_state=True)
+    assert_close({"steps": torch.stack(steps, 1), "chunks": torch.cat([y1, y2, y3], 1)},
+                 {"steps": y, "chunks": y}, context=case_id(options))
+    assert_close({"keys": s.keys, "values": s.values}, {"keys": state.keys, "values": state.values})
+    assert s.position.tolist() == [13, 13]
+
+
+def test_rotary_scores_depend_on_relative_position_only():
+    """RoPE: shifting every position by the same offset leaves q . k unchanged."""
+    g = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    s0 = rotate(q, torch.arange(6)) @ rotate(k, torch.arange(6)).transpose(-1, -2)
+    s7 = rotate(q, torch.arange(7, 13)) @ rotate(k, torch.arange(7, 13)).transpose(-1, -2)
+    assert_close({"scores": s7}, {"scores": s0})
+    assert (s0 - q @ k.transpose(-1, -2)).abs().max() > 1e-3      # the rotation does act
+
+
+def test_state_grows_linearly():
+    m = make()
+    sizes = []
+    for T in (1, 2, 5, 9):
+        _, state = m(inputs(T=T), return_state=True)
+        assert state.numel_per_sequence() == m.state_size(T) == 2 * T * D_MODEL + 1
+        assert state.keys.shape == (2, m.heads, T, m.head_dim)
+        sizes.append(m.state_size(T))
+    assert m.state_size(0) == m.init_state(3).numel_per_sequence() == 1
+    # Constant increment per token: 2 d_model scalars (one key and one value).
+    assert all((b - a) == 2 * D_MODEL * (t1 - t0) for (a, t0), (b, t1) in zip(zip(sizes, (1, 2, 5)),
+                                                                            zip(sizes[1:], (2, 5, 9))))
+
+
+def test_learned_positions_need_and_respect_max_len():
+    with pytest.raises(ValueError, match="max_len"):
+        layers.build("attention", D_MODEL, positions="learned")
+    with pytest.raises(ValueError, match="max_len"):
+        layers.build("attention", D_MODEL, max_len=8)
+    m = make(positions="learned", max_len=8)
+    _, s = m(inputs(T=6), return_state=True)
+    with pytest.raises(ValueError, match="max_len"):
+        m(inputs(T=3), state=s)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"heads": 3}, "heads"),
+    ({"positions": "alibi"}, "positions"),
+    ({"positions": "rotary", "heads": 16}, "rotary"),
+    ({"bias": 0}, "bias"),
+])
+def test_bad_options_are_clear_errors(options, match):
+    with pytest.raises(ValueError, match=match):
+        layers.build("attention", D_MODEL, **options)

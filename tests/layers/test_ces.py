@@ -1,0 +1,205 @@
+"""CES (ETSMLP section 3.1): FFT kernel path vs the recurrence, the kernel's closed form, the
+max-lambda constraint, the ablation options and the bidirectional two-sided convolution."""
+import cmath
+import math
+
+import pytest
+import torch
+
+from lcsm import layers
+from lcsm.ops import eos, explain
+from lcsm.testing import assert_close
+
+D_MODEL = 16
+
+
+def make(**options):
+    torch.manual_seed(0)
+    return layers.build("ces", D_MODEL, **options).double()
+
+
+def inputs(B=2, T=12, seed=1, d=D_MODEL):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, d, generator=g, dtype=torch.float64)
+
+
+def step_loop(m, x):
+    state, out = m.init_state(x.shape[0]), []
+    for x_t in x.unbind(1):
+        y_t, state = m.step(x_t, state)
+        out.append(y_t)
+    return torch.stack(out, 1)
+
+
+def test_fft_kernel_path_equals_recurrence():
+    m, x = make(), inputs(T=80)
+    e, s, log_o = m.eos_parameters()
+    i = x.unsqueeze(-1)
+    y_fft, m_fft = eos(i, e, s, log_o, mode="fft", output_final_state=True)
+    y_rec, m_rec = eos(i, e, s, log_o, mode="recurrent", output_final_state=True)
+    assert_close({"y": y_fft, "m": m_fft}, {"y": y_rec, "m": m_rec})
+    # The mixer's own forward takes the FFT path at this length; decoding takes the recurrence.
+    assert explain(i, e, s, log_o).mode == "fft"
+    assert_close({"forward": m(x)}, {"forward": step_loop(m, x)})
+
+
+def set_parameters(m, lam, alpha, beta):
+    """Write lambda, alpha and beta (complex numbers, one per channel) into the stored
+    parameterisation lambda' = log log lambda, alpha = e^{a0} + i e^{a1}, e^beta."""
+    lam, alpha, beta = (torch.tensor(v, dtype=torch.complex128) for v in (lam, alpha, beta))
+    with torch.no_grad():
+        m.log_delta.copy_(torch.view_as_real(lam.log().log()))
+        m.alpha.copy_(torch.stack([alpha.real.log(), alpha.imag.log()], -1))
+        m.beta.copy_(torch.view_as_real(beta.log()))
+
+
+def test_kernel_equals_closed_form():
+    """k_j = Re(beta (1 - lambda^alpha) (lambda^alpha)^j) (eq. 9-10), with lambda^alpha, its powers
+    and the product evaluated directly in complex arithmetic, against ``kernel`` and against the
+    impulse response of the EOS mapping (the eos FFT path)."""
+    m = make()
+    C, L = D_MODEL, 40
+    g = torch.Generator().manual_seed(3)
+    radius = 0.5 + 0.45 * torch.rand(C, generator=g, dtype=torch.float64)
+    phase = torch.rand(C, generator=g, dtype=torch.float64)                # principal branch
+    lam = [cmath.rect(r, p) for r, p in zip(radius.tolist(), phase.tolist())]
+    alpha = [complex(0.3 + 0.1 * c, 0.05 * (c % 5 + 1)) for c in range(C)]
+    beta = [complex(1.0 + 0.1 * c, -0.2 + 0.05 * c) for c in range(C)]
+    set_parameters(m, lam, alpha, beta)
+    expected = torch.empty(C, L, dtype=torch.float64)
+    for c in range(C):
+        z = lam[c] ** alpha[c]                                         # Python's complex power
+        assert abs(z) < m.max_lambda                                   # the constraint stays inactive
+        for j in range(L):
+            expected[c, j] = (beta[c] * (1 - z) * z ** j).real
+    impulse = torch.zeros(1, L, C, 1, dtype=torch.float64)
+    impulse[:, 0] = 1.0
+    e, s, log_o = m.eos_parameters()
+    response, _ = eos(impulse, e, s, log_o, mode="fft")
+    assert_close({"kernel": m.kernel(L), "eos_fft_impulse": response.real[0, :, :, 0].T},
+                 {"kernel": expected, "eos_fft_impulse": expected})
+
+
+@pytest.mark.parametrize("field", ["complex", "real"])
+def test_max_lambda_constraint_after_huge_lambda(field):
+    m = make(field=field)
+    with torch.no_grad():
+        if field == "complex":
+            # log lambda = 1 + 0.1i: |lambda| = e > 1, and Re q = Re(alpha log lambda) > 0 at init.
+            m.log_delta[0] = torch.view_as_real(torch.tensor(1 + 0.1j, dtype=torch.complex128).log())
+        else:
+            # log lambda = -1e-9: lambda^alpha within 1e-9 of 1, above max_lambda.
+            m.log_delta[0] = math.log(1e-9)
+    q = m.log_decay()
+    modulus = q.exp().abs()
+    assert modulus.max() <= m.max_lambda * (1 + 1e-12)
+    assert abs(modulus[0].item() - m.max_lambda) < 1e-12
+    if field == "complex":
+        # Only the modulus is rescaled (eq. 12): the phase of lambda^alpha, Im q, is untouched.
+        unconstrained = (1 + 0.1j) * torch.view_as_complex(m.alpha.exp())[0]
+        assert abs(q[0].imag.item() - unconstrained.imag.item()) < 1e-12
+    # The kernel of the clamped channel stays inside its envelope |e^beta (1 - e^q)| max_lambda^j.
+    L = 2000
+    k = m.kernel(L)[0]
+    envelope = (m.scale()[0] * -torch.expm1(q[0])).abs() * m.max_lambda ** torch.arange(L, dtype=torch.float64)
+    assert torch.isfinite(k).all() and (k.abs() <= envelope * (1 + 1e-9)).all()
+    y = m(inputs(T=5))
+    assert torch.isfinite(y).all()
+
+
+def test_ring_init_and_dt_init():
+    m = layers.build("ces", 256, r_min=0.4, r_max=0.7, max_phase=math.pi)
+    log_lambda = torch.view_as_complex(m.log_delta.double()).exp()
+    r, theta = log_lambda.real.exp(), log_lambda.imag
+    assert r.min() >= 0.4 - 1e-6 and r.max() <= 0.7 + 1e-6 and r.max() - r.min() > 0.2
+    assert theta.min() >= 0 and theta.max() <= math.pi + 1e-6
+    a = m.alpha.detach()
+    assert torch.equal(a[:, 0], a[:, 1])
+    assert a.min() >= math.log(1e-3) - 1e-6 and a.max() <= math.log(1e-1) + 1e-6
+    fixed = layers.build("ces", 8, init="fixed", fixed_point=(0.5, 0.0))
+    lam = torch.view_as_complex(fixed.log_delta.double()).exp().exp()
+    assert torch.allclose(lam, torch.full_like(lam, 0.5), atol=1e-6)
+
+
+def test_parameters_are_excluded_from_weight_decay():
+    m = make()
+    assert {n for n, p in m.named_parameters() if getattr(p, "_no_weight_decay", False)} == \
+        {"log_delta", "alpha", "beta", "omega"}
+
+
+ABLATIONS = [
+    ({"field": "real"}, {"log_delta": (16,), "alpha": (16,), "beta": (16,), "omega": (16,)}),
+    ({"use_alpha": False}, {"log_delta": (16, 2), "beta": (16, 2), "omega": (16,)}),
+    ({"use_beta": False}, {"log_delta": (16, 2), "alpha": (16, 2), "omega": (16,)}),
+    ({"use_omega": False}, {"log_delta": (16, 2), "alpha": (16, 2), "beta": (16, 2)}),
+    ({"init": "fixed"}, {"log_delta": (16, 2), "alpha": (16, 2), "beta": (16, 2), "omega": (16,)}),
+    ({"field": "real", "init": "fixed", "use_beta": False},
+     {"log_delta": (16,), "alpha": (16,), "omega": (16,)}),
+    ({"bidirectional": True}, {"log_delta": (32, 2), "alpha": (32, 2), "beta": (32, 2), "omega": (16,)}),
+]
+
+
+@pytest.mark.parametrize("options, shapes", ABLATIONS, ids=lambda o: str(o))
+def test_ablation_builds_and_runs(options, shapes):
+    m, x = make(**options), inputs()
+    assert {n: tuple(p.shape) for n, p in m.named_parameters()} == shapes
+    y = m(x)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    if not m.bidirectional:
+        assert_close({"y": step_loop(m, x)}, {"y": y}, context=str(options))
+
+
+def test_real_field_kernel_closed_form():
+    m = make(field="real", use_omega=False)
+    L = 30
+    lam = torch.exp(-m.log_delta.exp())                               # lambda in (0, 1)
+    z = lam ** m.alpha.exp()                                           # lambda^alpha
+    j = torch.arange(L, dtype=torch.float64)
+    expected = m.beta.exp().unsqueeze(-1) * (1 - z).unsqueeze(-1) * z.unsqueeze(-1) ** j
+    assert_close({"kernel": m.kernel(L)}, {"kernel": expected.detach()})
+    x = inputs(T=L)
+    direct = torch.stack([sum(expected[:, tau] * x[:, t - tau] for tau in range(t + 1)) for t in range(L)], 1)
+    assert_close({"y": m(x)}, {"y": direct.detach()})
+
+
+def test_bidirectional_equals_two_sided_convolution():
+    """Official two-sided kernel K = pad(k1, (0, L)) + pad(flip(k2), (L, 0)) on length 2L:
+    y_t = sum_{s<=t} k1_{t-s} x_s + sum_{s>t} k2_{s-t-1} x_s + omega x_t."""
+    m, x = make(bidirectional=True), inputs(T=10)
+    L, d = x.shape[1], D_MODEL
+    k = m.kernel(L)
+    k1, k2 = k[:d], k[d:]
+    expected = torch.zeros_like(x)
+    for t in range(L):
+        for s in range(L):
+            coef = k1[:, t - s] if s <= t else k2[:, s - t - 1]
+            expected[:, t] += coef * x[:, s]
+    expected = expected + m.omega * x
+    assert_close({"y": m(x)}, {"y": expected.detach()})
+    # Non-causal: a change at the end moves the first output.
+    x2 = x.clone()
+    x2[:, -1] += 1.0
+    assert (m(x2)[:, 0] - m(x)[:, 0]).abs().max() > 0
+
+
+def test_bidirectional_has_no_state():
+    m = make(bidirectional=True)
+    x = inputs()
+    for call in (lambda: m.init_state(2), lambda: m(x, return_state=True), lambda: m.state_size(4),
+                 lambda: m.step(x[:, 0], None)):
+        with pytest.raises(ValueError, match="non-causal"):
+            call()
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"field": "quaternion"}, "field"),
+    ({"init": "hippo"}, "init"),
+    ({"r_min": 0.9, "r_max": 0.5}, "r_min"),
+    ({"max_lambda": 1.5}, "max_lambda"),
+    ({"init": "fixed", "fixed_point": (1.5, 0.0)}, "fixed_point"),
+    ({"field": "real", "init": "fixed", "fixed_point": (0.5, 0.1)}, "fixed_point"),
+    ({"use_beta": "no"}, "use_beta"),
+])
+def test_bad_options_are_clear_errors(options, match):
+    with pytest.raises(ValueError, match=match):
+        layers.build("ces", D_MODEL, **options)

@@ -1,0 +1,258 @@
+"""Paper identities of the linear-attention family (lcsm/layers/linear_attention.py).
+
+Each test writes the model the way its paper does (an explicit, quadratic, masked attention or an
+explicit loop), computing q, k, v from the mixer's weights with ``F.linear``, and checks that the
+EOS-based mixer computes the same thing.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lcsm import layers
+from lcsm.testing import assert_close
+
+D_MODEL = 16
+
+
+def build(name, **options):
+    torch.manual_seed(0)
+    return layers.build(name, D_MODEL, **options).double()
+
+
+def inputs(B=2, T=20, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, D_MODEL, generator=g, dtype=torch.float64)
+
+
+def heads(t, H):
+    return t.unflatten(-1, (H, -1))
+
+
+def proj(lin, x, H):
+    return heads(F.linear(x, lin.weight, lin.bias), H)
+
+
+def masked_attention(scores, v):
+    """scores [B, H, T, S] (already weighted, unmasked), v [B, S, H, D] -> [B, T, H, D], causal."""
+    T = scores.shape[-1]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~mask, 0.0)
+    return torch.einsum("bhts,bshd->bthd", scores, v), scores.sum(-1).transpose(1, 2).unsqueeze(-1)
+
+
+def lags(T):
+    t = torch.arange(T, dtype=torch.float64)
+    return t[:, None] - t[None, :]  # [T, S]: t - s
+
+
+# ----------------------------------------------------------------------------- linear attention
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_linear_attention_equals_explicit_causal_attention(normalize):
+    """Katharopoulos et al. 2020, sec. 3.2-3.4: V'_t = phi(Q_t)^T sum_{s<=t} phi(K_s) V_s^T /
+    phi(Q_t)^T sum_{s<=t} phi(K_s) — the masked phi(Q) phi(K)^T attention."""
+    m, x = build("linear_attention", normalize=normalize), inputs()
+    H = m.num_heads
+    phi = lambda z: F.elu(z) + 1
+    q, k, v = phi(proj(m.q_proj, x, H)), phi(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
+    num, den = masked_attention(torch.einsum("bthk,bshk->bhts", q, k), v)
+    y = num / (den + 1e-6) if normalize else num
+    expected = F.linear(y.flatten(-2), m.o_proj.weight, m.o_proj.bias)
+    assert_close({"out": m(x)}, {"out": expected}, context=f"linear_attention normalize={normalize}")
+
+
+# ----------------------------------------------------------------------------- RetNet / GLA
+
+def test_retnet_equals_gla_with_constant_decay():
+    """LCSM Table 1: RetNet's oscillation lambda J is GLA's g_t 1^T with g_t = lambda. Give GLA
+    RetNet's weights and a decay projection whose output is the constant logit(lambda_h^tau)
+    (W_2 = 0, b = logit(lambda^tau)), so alpha_t = sigmoid(b)^(1/tau) = lambda_h exactly. Both
+    layers then must agree end to end (norm, gate, output) although one hands the EOS op a fixed
+    scalar decay [H, 1, 1] and the other a data-dependent row decay [B, T, H, K, 1] (two chunks at
+    T = 80)."""
+    retnet = build("retnet", xpos=False)
+    gla = build("gla", expand_k=1.0, expand_v=2.0, norm=retnet.norm, norm_eps=retnet.norm_eps)
+    H, K = retnet.num_heads, retnet.head_k
+    assert (gla.num_heads, gla.head_k, gla.head_v) == (H, K, retnet.head_v)
+    x = inputs(T=80)
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj", "g_proj"):
+            getattr(gla, name).weight.copy_(getattr(retnet, name).weight)
+        gla.g_proj.bias.zero_()
+        gla.gk_proj[1].weight.zero_()
+        lam_tau = (retnet.log_gamma(x) * gla.tau).exp()                     # lambda_h^tau
+        gla.gk_proj[1].bias.copy_(torch.logit(lam_tau).repeat_interleave(K))
+    assert_close({"out": gla(x)}, {"out": retnet(x)}, context="retnet vs gla(constant decay)")
+    # Not vacuous: the decays must matter (a GLA decay of 1 gives another output).
+    with torch.no_grad():
+        gla.gk_proj[1].bias.fill_(50.0)
+    with pytest.raises(AssertionError):
+        assert_close({"out": gla(x)}, {"out": retnet(x)})
+
+
+def rotate_pairs(x, angle):
+    """RetNet's xPos rotation on interleaved channel pairs (2j, 2j+1): x [B, T, H, K],
+    angle [T, K/2] -> (a cos - b sin, b cos + a sin) per pair."""
+    a, b = x[..., 0::2], x[..., 1::2]
+    cos, sin = angle.cos()[None, :, None], angle.sin()[None, :, None]
+    return torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+
+
+def test_retnet_xpos_equals_rotated_retention():
+    """RetNet sec. 2.1 (parallel form): Retention(X) = (Q~ K~^T * D) V with Q~ = (X W_Q) * Theta,
+    K~ = (X W_K) * conj(Theta), D_nm = gamma^(n-m) for n >= m; here the rotation is applied to
+    real channel pairs and compared with the complex-decay EOS read-out (before GroupNorm)."""
+    m, x = build("retnet"), inputs()
+    H, K, T = m.num_heads, m.head_k, x.shape[1]
+    q = proj(m.q_proj, x, H)
+    k = proj(m.k_proj, x, H) * K ** -0.5
+    v = proj(m.v_proj, x, H)
+    theta = 10000.0 ** -torch.linspace(0, 1, K // 2, dtype=torch.float64)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * theta
+    qr, kr = rotate_pairs(q, angle), rotate_pairs(k, angle)
+    gamma = 1 - 2.0 ** (-5 - torch.arange(H, dtype=torch.float64))
+    decay = gamma[:, None, None] ** lags(T).clamp_min(0)
+    expected, _ = masked_attention(torch.einsum("bthk,bshk->bhts", qr, kr) * decay, v)
+    y, _ = m.eos_readout(x)
+    assert_close({"y": y}, {"y": expected}, context="retnet xpos")
+
+
+# ----------------------------------------------------------------------------- cosFormer / LRPE
+
+def test_cosformer_equals_original_decomposition():
+    """cosFormer (sec. 3) as its authors' code computes it: q' = [q sin(pi i / 2M), q cos(pi i / 2M)],
+    k' likewise with absolute positions, causal q'k'^T attention with a clamped denominator.
+    With theta = pi / 2M the complex-decay EOS (LCSM eq. 14) must give the same layer output."""
+    T = 20
+    m, x = build("cosformer", theta=math.pi / (2 * T)), inputs(T=T)
+    H = m.num_heads
+    q, k, v = F.relu(proj(m.q_proj, x, H)), F.relu(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
+    idx = (math.pi / 2 * torch.arange(1, T + 1, dtype=torch.float64) / T)[None, :, None, None]
+    q_ = torch.cat([q * idx.sin(), q * idx.cos()], -1)
+    k_ = torch.cat([k * idx.sin(), k * idx.cos()], -1)
+    num, den = masked_attention(torch.einsum("bthk,bshk->bhts", q_, k_), v)
+    expected = F.linear((num / den.clamp_min(1e-6)).flatten(-2), m.o_proj.weight, m.o_proj.bias)
+    assert_close({"out": m(x)}, {"out": expected}, context="cosformer")
+
+
+def test_cosformer_per_head_theta_is_lcsm_eq14():
+    """LCSM eq. 14 without the denominator: y_t = sum_s cos((t - s) theta_h) (q_t . k_s) v_s,
+    with a different fixed theta per head."""
+    thetas = (0.05, 0.2, 0.7, 1.3)
+    m, x = build("cosformer", theta=thetas, normalize=False), inputs()
+    H = m.num_heads
+    q, k, v = F.relu(proj(m.q_proj, x, H)), F.relu(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
+    cos = torch.cos(lags(x.shape[1])[None] * torch.tensor(thetas, dtype=torch.float64)[:, None, None])
+    expected, _ = masked_attention(torch.einsum("bthk,bshk->bhts", q, k) * cos, v)
+    y, state = m.eos_readout(x)
+    assert state.is_complex()
+    assert_close({"y": y}, {"y": expected}, context="cosformer per-head theta")
+
+
+def test_lrpe_equals_per_channel_cos_reweighting():
+    """LCSM eq. 15: y_t = sum_s sum_j cos((t - s) theta_hj) q_tj k_sj v_s, with learned (here
+    randomised) per-channel angles."""
+    m, x = build("lrpe"), inputs()
+    with torch.no_grad():
+        m.theta.copy_(torch.rand(m.theta.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2)
+    H = m.num_heads
+    phi = lambda z: F.elu(z) + 1
+    q, k, v = phi(proj(m.q_proj, x, H)), phi(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
+    cos = torch.cos(lags(x.shape[1])[None, :, :, None] * m.theta.detach()[:, None, None, :])  # [H, T, S, K]
+    scores = torch.einsum("bthk,bshk,htsk->bhts", q, k, cos)
+    expected, _ = masked_attention(scores, v)
+    y, _ = m.eos_readout(x)
+    assert_close({"y": y}, {"y": expected}, context="lrpe")
+
+
+# ----------------------------------------------------------------------------- DUR
+
+def test_dur_outer_product_decay_equals_elementwise_recurrence():
+    """LCSM Table 1 DUR/GFW: [kv]_t = (g_t gbar_t^T) o [kv]_{t-1} + k_t v_t^T, y_t = [kv]_t^T q_t,
+    run as an explicit loop over t with the gates computed from the mixer's weights."""
+    m, x = build("dur"), inputs(T=12)
+    H, K = m.num_heads, m.head_k
+    q = proj(m.q_proj, x, H) * K ** -0.5
+    k, v = proj(m.k_proj, x, H), proj(m.v_proj, x, H)
+    g = torch.sigmoid(proj(m.gk_proj, x, H)) ** (1 / 16)
+    gbar = torch.sigmoid(proj(m.gv_proj, x, H)) ** (1 / 16)
+    mem = torch.zeros(x.shape[0], H, K, m.head_v, dtype=torch.float64)
+    ys = []
+    for t in range(x.shape[1]):
+        decay = g[:, t, :, :, None] * gbar[:, t, :, None, :]
+        mem = decay * mem + k[:, t, :, :, None] * v[:, t, :, None, :]
+        ys.append(torch.einsum("bhkd,bhk->bhd", mem, q[:, t]))
+    y, final = m.eos_readout(x)
+    assert_close({"y": y, "memory": final}, {"y": torch.stack(ys, 1), "memory": mem}, context="dur")
+
+
+# ----------------------------------------------------------------------------- rows and options
+
+TABLE1 = {
+    # name: (expand, oscillation, shrink, oscillation data-dependent)
+    "linear_attention": ("k_t", "J^(kd)", "q_t", False),
+    "retnet": ("k_t", "lambda", "q_t", False),
+    "cosformer": ("k_t", "exp(i theta) J^(kd)", "q_t", False),
+    "lrpe": ("k_t", "exp(i Theta) 1^(d)T", "q_t", False),
+    "gla": ("k_t", "g_t 1_d^T", "q_t", True),
+    "dur": ("k_t", "g_t gbar_t^T", "q_t", True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE1))
+def test_describe_is_the_lcsm_table1_row(name):
+    row = build(name).describe()
+    expand, osc, shrink, osc_dd = TABLE1[name]
+    assert (row.input, row.expand, row.shrink, row.psi) == ("v_t", expand, shrink, "elementwise")
+    assert row.oscillation.startswith(osc), row.oscillation
+    assert (row.input_dd, row.expand_dd, row.oscillation_dd, row.shrink_dd) == (True, True, osc_dd, True)
+
+
+def test_aliases_build_the_same_layers():
+    assert type(layers.build("tnl", D_MODEL)) is type(layers.build("retnet", D_MODEL))
+    assert type(layers.build("gateloop", D_MODEL)) is type(layers.build("gla", D_MODEL))
+    assert type(layers.build("gfw", D_MODEL)) is type(layers.build("dur", D_MODEL))
+
+
+@pytest.mark.parametrize("name, options, arg", [
+    ("linear_attention", {"num_heads": 3}, "expand_k"),
+    ("linear_attention", {"feature_map": "softmax"}, "feature_map"),
+    ("linear_attention", {"normalize": 1}, "normalize"),
+    ("retnet", {"num_heads": 0}, "num_heads"),
+    ("retnet", {"expand_k": 0.25, "num_heads": 4}, "xpos"),
+    ("cosformer", {"theta": (0.1, 0.2)}, "theta"),
+    ("cosformer", {"num_heads": 5}, "num_heads"),
+    ("gla", {"norm": "batchnorm"}, "norm"),
+    ("dur", {"gate_logit_normalizer": 0}, "gate_logit_normalizer"),
+])
+def test_bad_options_name_the_argument(name, options, arg):
+    with pytest.raises(ValueError, match=f"^{arg}:"):
+        layers.build(name, D_MODEL, **options)
+
+
+def test_no_weight_decay_tags():
+    tagged = {n for n, p in build("gla").named_parameters() if getattr(p, "_no_weight_decay", False)}
+    assert tagged == {"gk_proj.1.bias", "g_proj.bias", "norm_weight"}
+    assert getattr(build("lrpe").theta, "_no_weight_decay", False)
+
+
+def test_lrpe_theta_init_is_one_rope_spectrum_over_heads():
+    m = layers.build("lrpe", D_MODEL)  # a float32 parameter: its init is float32-rounded
+    H, K = m.num_heads, m.head_k
+    expected = 10000.0 ** (-torch.arange(H * K, dtype=torch.float64) / (H * K))
+    assert_close({"theta": m.theta.detach().flatten()}, {"theta": expected.float()})
+
+
+@pytest.mark.parametrize("name", sorted(TABLE1))
+def test_bfloat16_layer_keeps_float32_state(name):
+    torch.manual_seed(0)
+    m = layers.build(name, D_MODEL).to(torch.bfloat16)
+    x = torch.randn(2, 8, D_MODEL, dtype=torch.bfloat16)
+    y, state = m(x, return_state=True)
+    y_next, state_next = m(x[:, :1], state=state, return_state=True)
+    real = torch.float32
+    expected = torch.complex64 if m.complex_memory else real
+    assert y.dtype == y_next.dtype == torch.bfloat16 and torch.isfinite(y.float()).all()
+    assert state.memory.dtype == state_next.memory.dtype == m.init_state(2).memory.dtype == expected
