@@ -1,0 +1,256 @@
+"""S4, S4D, S5, DSS and TNN: convolution (FFT) path against the recurrence, and one defining
+property of each model against a formula written here from its paper."""
+import contextlib
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lcsm import layers
+from lcsm.layers.ssm import hippo_legs, hippo_normal_eig, hippo_skew_pos_imag
+from lcsm.testing import assert_close
+
+D_MODEL = 6
+SMALL = {
+    "s4": dict(d_state=8),
+    "s4d": dict(d_state=8),
+    "s5": dict(d_state=8, blocks=2),
+    "dss": dict(d_state=6, l_max=40),
+    "tnn": dict(expand_ratio=2, rpe_dim=8, l_max=40),
+}
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def make(name, seed=0, perturb=True, exact_init=False, **options):
+    """A float64 mixer; exact_init builds it with float64 as the default dtype so that its
+    structured init is not rounded through float32 storage."""
+    torch.manual_seed(seed)
+    with default_dtype(torch.float64 if exact_init else torch.get_default_dtype()):
+        mixer = layers.build(name, D_MODEL, **{**SMALL[name], **options}).double()
+    if perturb:
+        # Off the structured init, so that a transposed or mis-broadcast parameter cannot hide
+        # behind repeated values.
+        with torch.no_grad():
+            for p in mixer.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    return mixer
+
+
+def randn(*shape, seed=1):
+    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+def impulse_response(mixer, T):
+    """K_j per channel [T, H] from the SSM part (D skip removed): input delta at t = 0."""
+    u = torch.zeros(1, T, D_MODEL, dtype=torch.float64)
+    u[0, 0] = 1.0
+    y, _ = mixer.ssm(u)
+    return y[0] - mixer.D * u[0]
+
+
+# ----------------------------------------------------------------------------- FFT == recurrence
+
+@pytest.mark.parametrize("name", ["s4", "s4d", "s5", "dss", "tnn"])
+def test_fft_path_equals_recurrence(name):
+    fft, rec = make(name, mode="fft"), make(name, mode="recurrent")
+    x = randn(2, 24, D_MODEL)
+    _, state = rec(randn(2, 5, D_MODEL, seed=2), return_state=True)   # a non-zero carried state
+    y_fft, s_fft = fft(x, state=state, return_state=True)
+    y_rec, s_rec = rec(x, state=state, return_state=True)
+    assert_close({"y": y_fft, **s_fft.tensors()}, {"y": y_rec, **s_rec.tensors()}, context=name)
+
+
+def test_s4_fft_gradients_equal_recurrence_gradients():
+    fft, rec = make("s4", mode="fft"), make("s4", mode="recurrent")
+    x = randn(2, 17, D_MODEL)
+    w = randn(2, 17, D_MODEL, seed=3)
+    grads = []
+    for mixer in (fft, rec):
+        (mixer(x) * w).sum().backward()
+        grads.append({n: p.grad for n, p in mixer.named_parameters()})
+    assert_close(grads[0], grads[1], context="s4 gradients")
+
+
+# ----------------------------------------------------------------------------- S4
+
+def test_hippo_legs_entries_and_normal_part():
+    N = 6
+    A, B, P = hippo_legs(N)
+    for n in range(N):
+        assert B[n] == math.sqrt(2 * n + 1)
+        for k in range(N):
+            expected = -math.sqrt((2 * n + 1) * (2 * k + 1)) if n > k else (-(n + 1) if n == k else 0.0)
+            assert abs(A[n, k].item() - expected) < 1e-12, (n, k)
+    S = A + torch.outer(P, P)
+    # Normal part: -1/2 I plus a skew-symmetric matrix (S4 section 3.3).
+    assert_close({"S + S^T": S + S.t()}, {"S + S^T": -torch.eye(N, dtype=torch.float64)})
+    Lam, V = hippo_normal_eig(N)
+    assert_close({"V Lam V^*": V @ torch.diag(Lam) @ V.conj().t(), "V^* V": V.conj().t() @ V},
+                 {"V Lam V^*": S.to(torch.complex128), "V^* V": torch.eye(N, dtype=torch.complex128)})
+
+
+def test_s4_init_realises_hippo_legs():
+    """The mixer's NPLR (Lambda - P P^*, B) in the eigenbasis is unitarily similar to (-LegS, B):
+    same eigenvalues -(n+1), same basis-invariant moments B^* A^k B and P^* A^k B."""
+    N = 8
+    mixer = make("s4", perturb=False, exact_init=True, d_state=N)
+    A_f = mixer.continuous_A()[0]
+    _, P_f, B_f, _ = (v[0] for v in mixer.full())
+    A, B, P = (torch.zeros(N, N, dtype=torch.float64), torch.zeros(N, dtype=torch.float64),
+               torch.zeros(N, dtype=torch.float64))
+    for n in range(N):
+        B[n], P[n] = math.sqrt(2 * n + 1), math.sqrt(n + 0.5)
+        A[n, n] = -(n + 1)
+        for k in range(n):
+            A[n, k] = -math.sqrt((2 * n + 1) * (2 * k + 1))
+    got, want = {}, {}
+    Ak_f, Ak = torch.eye(N, dtype=torch.complex128), torch.eye(N, dtype=torch.float64)
+    for k in range(N):
+        got[f"B*A^{k}B"], want[f"B*A^{k}B"] = B_f.conj() @ Ak_f @ B_f, (B @ Ak @ B).to(torch.complex128)
+        got[f"P*A^{k}B"], want[f"P*A^{k}B"] = P_f.conj() @ Ak_f @ B_f, (P @ Ak @ B).to(torch.complex128)
+        Ak_f, Ak = Ak_f @ A_f, Ak @ A
+    got["trace A^k"] = torch.stack([torch.linalg.matrix_power(A_f, k).trace() for k in range(1, N + 1)])
+    want["trace A^k"] = torch.stack([torch.linalg.matrix_power(A, k).trace()
+                                     for k in range(1, N + 1)]).to(torch.complex128)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("length", [16, 17])
+def test_s4_kernel_algorithm_equals_powers(length):
+    """Cauchy + Woodbury at roots of unity == Re(C A_bar^j B_bar) with the bilinear A_bar formed here."""
+    mixer = make("s4")
+    Lam, P, B, C = mixer.full()
+    A = torch.diag_embed(Lam) - P.unsqueeze(-1) * P.conj().unsqueeze(-2)
+    dt = mixer.log_dt.exp().view(-1, 1, 1)
+    eye = torch.eye(A.shape[-1], dtype=A.dtype)
+    inv = torch.linalg.inv(eye - dt / 2 * A)
+    A_bar, B_bar = inv @ (eye + dt / 2 * A), (inv @ (dt * B.unsqueeze(-1)))[..., 0]
+    ks, v = [], B_bar
+    for _ in range(length):
+        ks.append((C * v).sum(-1))
+        v = (A_bar @ v.unsqueeze(-1))[..., 0]
+    direct = torch.stack(ks, -1)
+    # The conjugate-symmetric system has a real kernel.
+    assert_close({"imag": direct.imag / direct.abs().max()}, {"imag": torch.zeros_like(direct.real)},
+                 dtype=torch.float64)
+    assert_close({"K": mixer.kernel(length)}, {"K": direct.real})
+    assert_close({"impulse": impulse_response(mixer, length)}, {"impulse": direct.real.t()})
+
+
+# ----------------------------------------------------------------------------- S4D
+
+@pytest.mark.parametrize("init", ["lin", "inv", "real"])
+def test_s4d_kernel_is_vandermonde_of_zoh(init):
+    """K_j = 2 Re sum_n C_n A_bar_n^j B_bar_n with the ZOH pair (A_bar, B_bar) taken from the matrix
+    exponential of the augmented system [[A, B], [0, 0]] Delta."""
+    mixer = make("s4d", init=init)
+    A = torch.complex(-mixer.log_A_real.exp(), mixer.A_imag)                    # [H, N2]
+    Bc, C = torch.view_as_complex(mixer.B), torch.view_as_complex(mixer.C)
+    dt = mixer.log_dt.exp().unsqueeze(-1).to(A.dtype)
+    aug = torch.zeros(*A.shape, 2, 2, dtype=A.dtype)
+    aug[..., 0, 0], aug[..., 0, 1] = A * dt, Bc * dt
+    zoh = torch.linalg.matrix_exp(aug)
+    A_bar, B_bar = zoh[..., 0, 0], zoh[..., 0, 1]
+    T = 20
+    direct = torch.stack([2 * (C * A_bar ** j * B_bar).sum(-1).real for j in range(T)], 0)
+    assert_close({"K": impulse_response(mixer, T)}, {"K": direct})
+    if init == "lin":
+        fresh = make("s4d", perturb=False, exact_init=True)
+        n = torch.arange(fresh.d_state // 2, dtype=torch.float64)
+        assert_close({"A": fresh.A()[3]}, {"A": torch.complex(torch.full_like(n, -0.5), math.pi * n)})
+
+
+# ----------------------------------------------------------------------------- S5
+
+def test_s5_zoh_mimo_recurrence_and_hippo_n_init():
+    mixer = make("s5")
+    Lam = torch.complex(mixer.Lambda_re, mixer.Lambda_im)
+    dt = mixer.log_dt.exp().to(Lam.dtype)
+    aug = torch.zeros(Lam.shape[0], 2, 2, dtype=Lam.dtype)
+    aug[:, 0, 0], aug[:, 0, 1] = Lam * dt, dt
+    zoh = torch.linalg.matrix_exp(aug)
+    L_bar, B_bar = zoh[:, 0, 0], zoh[:, 0, 1:2] * torch.view_as_complex(mixer.B)   # [P2], [P2, H]
+    C = torch.view_as_complex(mixer.C)
+    u = randn(2, 15, D_MODEL)
+    x = torch.zeros(2, Lam.shape[0], dtype=Lam.dtype)
+    ys = []
+    for t in range(u.shape[1]):
+        x = L_bar * x + u[:, t].to(Lam.dtype) @ B_bar.t()
+        ys.append(2 * (x @ C.t()).real + mixer.D * u[:, t])
+    y, _ = mixer.ssm(u)
+    assert_close({"y": y}, {"y": torch.stack(ys, 1)})
+
+    # HiPPO-N init: Lambda is one eigenvalue per conjugate pair of each block's normal LegS part.
+    fresh = make("s5", perturb=False, exact_init=True)
+    size = fresh.d_state // fresh.blocks
+    A, _, P = hippo_legs(size)
+    ev = torch.linalg.eigvals(A + torch.outer(P, P))
+    half = ev[ev.imag < 0]
+    half = half[half.imag.argsort()]
+    got = torch.complex(fresh.Lambda_re, fresh.Lambda_im)
+    got = got[: size // 2][got[: size // 2].imag.argsort()]
+    assert_close({"Lambda": got}, {"Lambda": half})
+
+
+# ----------------------------------------------------------------------------- DSS
+
+@pytest.mark.parametrize("positive_real", [False, True])
+def test_dss_kernel_is_softmax_formula(positive_real):
+    """K_j = Re sum_n W_n / Lambda_n * exp(P_nj) / sum_(k < l_max) exp(P_nk), P_nj = Delta Lambda_n j
+    (Prop. 1 (b)), from an impulse; with a positive real part the official shifted branch is used."""
+    mixer = make("dss", epsilon=0.0)
+    if positive_real:
+        with torch.no_grad():
+            mixer.Lambda[::2, 0] = 0.3
+    Lam = torch.view_as_complex(mixer.Lambda)
+    dtL = torch.complex(mixer.log_dt[:, :1].exp() * Lam.real, mixer.log_dt[:, 1:].exp() * Lam.imag)   # [H, N]
+    L = mixer.l_max
+    P = dtL.unsqueeze(-1) * torch.arange(L, dtype=torch.float64)
+    softmax = P.exp() / P.exp().sum(-1, keepdim=True)
+    W = torch.view_as_complex(mixer.W)
+    direct = torch.einsum("hn,hnl->lh", W / Lam, softmax).real
+    T = 25
+    assert_close({"K": impulse_response(mixer, T)}, {"K": direct[:T]})
+    assert (Lam.real > 0).any() == positive_real
+
+
+def test_dss_init_is_hippo_skew_spectrum():
+    N = 5
+    A, _, _ = hippo_legs(2 * N)
+    ev = torch.linalg.eigvals((A - A.t()) / 2)
+    expected = torch.complex(torch.full((N,), -0.5, dtype=torch.float64), ev.imag.sort(descending=True).values[:N])
+    assert_close({"Lambda": hippo_skew_pos_imag(N)}, {"Lambda": expected})
+    assert (expected.imag > 0).all()
+
+
+# ----------------------------------------------------------------------------- TNN
+
+def test_tnn_equals_gated_toeplitz_unit():
+    """ETSC is exact: the SSM form equals TNN's GTU with the explicit causal Toeplitz matrix
+    T_ts = gamma^(t-s) RPE(t-s) (s <= t), up to T = l_max."""
+    mixer = make("tnn")
+    T = mixer.l_max
+    x = randn(2, T, D_MODEL)
+    lags = torch.arange(T, dtype=torch.float64)
+    k = mixer.gamma ** lags.unsqueeze(-1) * mixer.rpe(lags)                     # [T, d1]
+    diff = torch.arange(T).unsqueeze(1) - torch.arange(T).unsqueeze(0)
+    toeplitz = torch.where((diff >= 0).unsqueeze(-1), k[diff.clamp(min=0)], torch.zeros(()))   # [t, s, d1]
+    u = F.silu(mixer.u_proj(x))
+    v = F.silu(mixer.v_proj(x))
+    expected = mixer.o(u * torch.einsum("tsc,bsc->btc", toeplitz, v))
+    assert_close({"y": mixer(x)}, {"y": expected})
+    # The ETSC eigenvalues: gamma times the (l_max + 1)-th roots of unity other than 1.
+    _, _, log_o = mixer.eos_parameters()
+    m = T + 1
+    roots = mixer.gamma * torch.exp(-2j * math.pi * torch.arange(1, m, dtype=torch.float64) / m)
+    assert_close({"lambda": log_o.exp().flatten()}, {"lambda": roots})
