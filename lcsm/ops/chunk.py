@@ -277,20 +277,29 @@ def _time_slice(x: Optional[Tensor], start: int, stop: int) -> Optional[Tensor]:
 
 def scan_chunk(v, e, s, g, m):
     """One chunk of the elementwise kernel: v [B, H, c, D], e/s [B|1, H, c|1, K, D|1],
-    g None or [B|1, H, c|1, K|1, D|1], m [B, H, K, D] -> (y [B, H, c, D], memory after the chunk)."""
+    g None or [B|1, H, c|1, K|1, D|1], m [B, H, K, D] -> (y [B, H, c, D], memory after the chunk).
+
+    Memories within the chunk are ``h_t = exp(Gamma_t) * (m + sum_{s<=t} exp(-Gamma_s) * u_s)``
+    with ``u_s = e_s (x) i_s``: a cumulative sum, exact and safe while the chunk's total decay is at
+    most SAFE_SPAN (all factors within exp(+-SAFE_SPAN)). Longer spans split the chunk in halves,
+    down to single steps if the decays demand it.
+    """
     c = v.shape[2]
-    h = e * v.unsqueeze(-2)                                            # [B, H, c, K, D]
+    u = e * v.unsqueeze(-2)                                            # [B, H, c, K, D]
     if g is None:
-        h = h.cumsum(2) + m.unsqueeze(2)
-    else:
-        a = g.exp()
-        a = a.expand(a.shape[0], a.shape[1], c, a.shape[3], a.shape[4])
-        j = 1
-        while j < c:                                                   # inclusive prefix scan
-            h = torch.cat([h[:, :, :j], h[:, :, j:] + a[:, :, j:] * h[:, :, :-j]], 2)
-            a = torch.cat([a[:, :, :j], a[:, :, j:] * a[:, :, :-j]], 2)
-            j *= 2
-        h = h + a * m.unsqueeze(2)
+        h = u.cumsum(2) + m.unsqueeze(2)
+        return (s * h).sum(-2), h[:, :, -1]
+    g = g.expand(g.shape[0], g.shape[1], c, g.shape[3], g.shape[4])
+    # Unlike the matmul kernel, a block here never spans more than SAFE_SPAN (longer ones are
+    # split first), so the cumulative logs stay small and the compute dtype keeps them accurate.
+    G = g.cumsum(2)
+    if c > 1 and G[:, :, -1].real.min().item() < -SAFE_SPAN[v.real.dtype]:
+        half = c // 2
+        part = lambda x, a, b: x if x.shape[2] == 1 else x[:, :, a:b]
+        y1, m1 = scan_chunk(v[:, :, :half], part(e, 0, half), part(s, 0, half), g[:, :, :half], m)
+        y2, m2 = scan_chunk(v[:, :, half:], part(e, half, c), part(s, half, c), g[:, :, half:], m1)
+        return torch.cat([y1, y2], 2), m2
+    h = G.exp() * (((-G).exp() * u).cumsum(2) + m.unsqueeze(2))
     return (s * h).sum(-2), h[:, :, -1]
 
 
