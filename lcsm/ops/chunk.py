@@ -78,7 +78,15 @@ def _pairwise(G: Tensor, strict: bool, dtype: torch.dtype) -> Tensor:
 
 
 def _exp(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """exp of a difference of (double-precision) cumulative logs, in the compute dtype."""
+    """exp of a difference of (double-precision) cumulative logs, in the compute dtype.
+
+    Complex values go through polar form: the angle is reduced modulo 2 pi while still in double
+    precision (a cumulative rotation can reach thousands of radians, which float32 would resolve
+    only to ~1e-4), and polar(exp(re), im) is also several times faster than complex exp on CPU.
+    """
+    if x.is_complex():
+        real = torch.empty((), dtype=dtype).real.dtype
+        return torch.polar(x.real.to(real).exp(), torch.remainder(x.imag, 2 * math.pi).to(real))
     return x.to(dtype).exp()
 
 
@@ -112,17 +120,13 @@ def _pairwise_blocks(q, k, v, G, kind, strict):
     return (a.unsqueeze(-1) * w * v.unsqueeze(-3)).sum(-2)
 
 
-def _intra_decayed(q, k, v, G, kind, strict):
-    """Within-chunk outputs for row or column decays; q, k [.., C, K], v [.., C, D], G [.., C, X].
-
-    Moderate decays (the usual case, e.g. GLA's logsigmoid / 16): one matmul per chunk. Strong
-    decays (up to -30 per step): sub-chunks of c <= 16 steps; pairs of sub-chunks factorise through
-    the reference point between them (both factors <= 1), diagonal blocks are factorised when their
-    own span is moderate and use the explicit pairwise tensor otherwise. All branches are exact;
-    the choice only avoids overflow and underflow.
+def _intra_subchunked(q, k, v, G, kind, strict):
+    """Within-chunk outputs for row or column decays too strong for one reference per chunk
+    (q, k [.., C, K], v [.., C, D], G [.., C, X]). The chunk is cut into sub-chunks of c <= 16 steps;
+    pairs of sub-chunks factorise through the reference point between them (both factors <= 1);
+    diagonal blocks are factorised when their own span is moderate and use the explicit pairwise
+    tensor otherwise. All branches are exact; the choice only avoids overflow and underflow.
     """
-    if _is_moderate(G, q.dtype):
-        return _single_reference(q, k, v, G, kind, strict)
     C = q.shape[-2]
     c = _subchunk(C)
     ns = C // c
@@ -174,13 +178,19 @@ def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str
         wide = torch.complex128 if g.is_complex() else torch.float64
         G = chunks(g).to(wide).cumsum(-2)                              # [B, H, N, C, X]
         G_last = G[..., -1:, :]
-        to_end = _exp(G_last - G, dt)
+        e_G, e_last = _exp(G, dt), _exp(G_last, dt)                    # both <= 1
+        # Moderate decays (the usual case, e.g. GLA's logsigmoid / 16): everything factorises
+        # through the chunk start, exp(Gamma_t - Gamma_s) = exp(Gamma_t) * exp(-Gamma_s), with
+        # every factor within exp(+-SAFE_SPAN). Stronger decays take the sub-chunk scheme.
+        moderate = _is_moderate(torch.nn.functional.pad(G, (0, 0, 1, 0)), dt)
+        e_neg = _exp(-G, dt) if moderate else None
+        to_end = e_last * e_neg if moderate else _exp(G_last - G, dt)
         if kind == "col":
             U = k.transpose(-1, -2) @ (v * to_end)
-            decay = _exp(G_last, dt)                                   # [B, H, N, 1, D]
+            decay = e_last                                             # [B, H, N, 1, D]
         else:
             U = (k * to_end).transpose(-1, -2) @ v
-            decay = _exp(G_last, dt).transpose(-1, -2)                 # [B, H, N, K|1, 1]
+            decay = e_last.transpose(-1, -2)                           # [B, H, N, K|1, 1]
 
     M = m0 if m0 is not None else q.new_zeros(B, H, K, D)
     states = []
@@ -189,16 +199,32 @@ def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str
         M = (M if decay is None else decay[:, :, n] * M) + U[:, :, n]
     S = torch.stack(states, 2)                                         # [B, H, N, K, D]
 
+    mask = _causal_mask(C, strict, q.device)
+    zero = torch.zeros((), dtype=dt, device=q.device)
     if kind == "none":
-        y = q @ S + (q @ k.transpose(-1, -2)).tril(-1 if strict else 0) @ v
-    elif kind == "scalar":
-        w = _pairwise(G, strict, dt)[..., 0]                           # [B, H, N, C, C]
-        y = (q @ S) * _exp(G, dt) + ((q @ k.transpose(-1, -2)) * w) @ v
+        return _unchunk(q @ S + torch.where(mask, q @ k.transpose(-1, -2), zero) @ v, T), M
+    if kind == "scalar":
+        w = e_G * e_neg.transpose(-1, -2) if moderate else _pairwise(G, False, dt)[..., 0]
+        y = (q @ S) * e_G + torch.where(mask, (q @ k.transpose(-1, -2)) * w, zero) @ v
     elif kind == "row":
-        y = (q * _exp(G, dt)) @ S + _intra_decayed(q, k, v, G, "row", strict)
+        if moderate:
+            intra = torch.where(mask, (q * e_G) @ (k * e_neg).transpose(-1, -2), zero) @ v
+        else:
+            intra = _intra_subchunked(q, k, v, G, "row", strict)
+        y = (q * e_G) @ S + intra
     else:
-        y = (q @ S) * _exp(G, dt) + _intra_decayed(q, k, v, G, "col", strict)
-    return y.reshape(B, H, N * C, D)[:, :, :T], M
+        if moderate:
+            intra = e_G * (torch.where(mask, q @ k.transpose(-1, -2), zero) @ (v * e_neg))
+        else:
+            intra = _intra_subchunked(q, k, v, G, "col", strict)
+        y = (q @ S) * e_G + intra
+    return _unchunk(y, T), M
+
+
+def _unchunk(y: Tensor, T: int) -> Tensor:
+    """[B, H, N, C, D] -> [B, H, T, D], dropping the padding."""
+    B, H, N, C, D = y.shape
+    return y.reshape(B, H, N * C, D)[:, :, :T]
 
 
 def _shift_reverse(g: Tensor) -> Tensor:

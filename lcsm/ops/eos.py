@@ -54,10 +54,10 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
     # auto
     if p.T <= 1:
         return Plan("recurrent", "loop", "T <= 1: one recurrent step is cheapest (decoding)")
-    if p.data_independent and p.T > chunk_size:
+    if p.data_independent:
         return Plan("fft", "long-convolution",
-                    f"e, s and log_o are data-independent and T={p.T} > chunk_size={chunk_size}: "
-                    "O(T log T) convolution")
+                    "e, s and log_o are data-independent: a time-invariant system, computed as an "
+                    "O(T log T) convolution with an O(T K D) kernel")
     return Plan("chunk", kernel_for(p),
                 f"linear-time chunkwise form with C={chunk_size} ({structure}); "
                 + ("matmul kernel: vector e/s and a decay that is constant along K or D"
@@ -67,8 +67,8 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
 def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chunk_size: int = 64) -> Plan:
     """The plan ``eos`` follows for these arguments (validated exactly as ``eos`` does).
 
-    Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent and
-    T > chunk_size -> fft; otherwise chunk (kernel ``matmul`` when e and s are K-vectors and the
+    Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent -> fft;
+    otherwise chunk (kernel ``matmul`` when e and s are K-vectors and the
     decay is none/scalar/row/column, else ``elementwise``). ``parallel`` is never chosen
     automatically: it is the O(T^2) attention-map form, for analysis and tests.
     """
