@@ -47,6 +47,7 @@ SUBCHUNK = 16
 # Largest exponent magnitude a single-reference factorisation may produce: e^30 ~ 1e13 leaves
 # float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
 SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
+SEGMENT = 2048
 
 
 def kernel_for(p: EOSProblem) -> str:
@@ -152,7 +153,27 @@ def _intra_subchunked(q, k, v, G, kind, strict):
 
 def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str,
                  m0: Optional[Tensor], C: int, strict: bool = False):
-    """The ``matmul`` kernel. q, k [B, H, T, K]; v [B, H, T, D]; g None (kind 'none') or
+    """The ``matmul`` kernel (arguments as in ``_chunk_matmul_segment``), run over segments of
+    about SEGMENT tokens with the memory carried between them. Segmenting changes nothing
+    numerically; it keeps the working set and the temporaries of one call at a fixed size, so time
+    per token stays flat as T grows (whole-sequence temporaries at T = 32K ran ~3x slower per token,
+    from cache misses and fresh page faults on every large allocation)."""
+    T = q.shape[2]
+    seg = max(C, (SEGMENT // C) * C)
+    if T <= seg:
+        return _chunk_matmul_segment(q, k, v, g, kind, m0, C, strict)
+    ys, M = [], m0
+    for start in range(0, T, seg):
+        part = slice(start, start + seg)
+        y, M = _chunk_matmul_segment(q[:, :, part], k[:, :, part], v[:, :, part],
+                                     None if g is None else g[:, :, part], kind, M, C, strict)
+        ys.append(y)
+    return torch.cat(ys, 2), M
+
+
+def _chunk_matmul_segment(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str,
+                          m0: Optional[Tensor], C: int, strict: bool = False):
+    """The ``matmul`` kernel on one segment. q, k [B, H, T, K]; v [B, H, T, D]; g None (kind 'none') or
     [B, H, T, 1] ('scalar'), [B, H, T, K] ('row'), [B, H, T, D] ('col'); m0 [B, H, K, D] or None.
     Returns y [B, H, T, D] and m_T [B, H, K, D]. Differentiable by autograd as written.
     ``strict`` leaves out each step's own contribution (s = t) from y (not from m_T); see

@@ -287,3 +287,13 @@ def test_strong_decay_branches_with_gradients(decay, strength, dtype, chunk_size
     so the sub-chunked and pairwise branches of the matmul kernel are exercised, gradients included."""
     check(make_inputs(130, decay=decay, strength=strength, seed=29), "chunk", dtype,
           chunk_size=chunk_size, context=f"strength={strength}")
+
+
+@pytest.mark.parametrize("decay", ["none", "row", "col"])
+def test_segmented_long_sequences(decay, monkeypatch):
+    """Long sequences run in segments with the memory carried across; shrink the segment so a
+    short test crosses several boundaries (including one that is not a multiple of the chunk)."""
+    import lcsm.ops.chunk as chunk
+
+    monkeypatch.setattr(chunk, "SEGMENT", 20)
+    check(make_inputs(101, decay=decay, seed=31), "chunk", torch.float64, chunk_size=8, context=decay)
