@@ -158,13 +158,11 @@ def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str
     numerically; it keeps the working set and the temporaries of one call at a fixed size, so time
     per token stays flat as T grows (whole-sequence temporaries at T = 32K ran ~3x slower per token,
     from cache misses and fresh page faults on every large allocation)."""
-    T = q.shape[2]
-    seg = max(C, (SEGMENT // C) * C)
-    if T <= seg:
+    parts = _segments(q.shape[2], C)
+    if len(parts) == 1:
         return _chunk_matmul_segment(q, k, v, g, kind, m0, C, strict)
     ys, M = [], m0
-    for start in range(0, T, seg):
-        part = slice(start, start + seg)
+    for part in parts:
         y, M = _chunk_matmul_segment(q[:, :, part], k[:, :, part], v[:, :, part],
                                      None if g is None else g[:, :, part], kind, M, C, strict)
         ys.append(y)
@@ -248,70 +246,102 @@ def _unchunk(y: Tensor, T: int) -> Tensor:
     return y.reshape(B, H, N * C, D)[:, :, :T]
 
 
-def _shift_reverse(g: Tensor) -> Tensor:
-    """The decay sequence of the reverse-time adjoint: step t uses o_{t+1} (o_{T+1} = 1), reversed."""
-    return torch.cat([g[:, :, 1:], torch.zeros_like(g[:, :, :1])], 2).flip(2)
-
-
 def _own_step(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Each step's own contribution (q_t . k_t) v_t, the part ``strict`` leaves out."""
     return (q * k).sum(-1, keepdim=True) * v
 
 
+def _segments(T: int, C: int):
+    seg = max(C, (SEGMENT // C) * C)
+    return [slice(a, min(a + seg, T)) for a in range(0, T, seg)]
+
+
 class ChunkMatmulFunction(torch.autograd.Function):
     """``chunk_matmul`` with the appendix-5.1 backward expressed as three more EOS problems.
 
-    All four kernel calls run with ``strict=True`` and add each step's own term afterwards: the
-    decay gradient is a reverse cumulative sum of conj(s) ds - conj(e) de, in which the own-step
-    parts of ds and de are equal and cancel exactly. Left in, they are O(1) while the true dg is
-    O(o) -- with strong decays float32 would lose dg to cancellation.
+    Forward and backward both walk the sequence in segments (see ``chunk_matmul``): the forward
+    keeps the memory at each segment start, the backward visits segments last to first, solving the
+    forward-time problem for ds from that saved memory and the two reverse-time problems for di and
+    de from the adjoint memory carried back from the later segment; the decay gradient's reverse
+    cumulative sum is carried across segments the same way.
+
+    All kernel calls run with ``strict=True`` and add each step's own term afterwards: the decay
+    gradient is a reverse cumulative sum of conj(s) ds - conj(e) de, in which the own-step parts of
+    ds and de are equal and cancel exactly. Left in, they are O(1) while the true dg is O(o) -- with
+    strong decays float32 would lose dg to cancellation.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, g, m0, kind, C):
-        y_strict, m_T = chunk_matmul(q, k, v, g, kind, m0, C, strict=True)
-        ctx.save_for_backward(q, k, v, g, m0, y_strict, m_T)
+        B, H, T, K = q.shape
+        M = m0 if m0 is not None else q.new_zeros(B, H, K, v.shape[-1])
+        ys, starts = [], []
+        for part in _segments(T, C):
+            starts.append(M)
+            y, M = _chunk_matmul_segment(q[:, :, part], k[:, :, part], v[:, :, part],
+                                         None if g is None else g[:, :, part], kind, M, C, strict=True)
+            ys.append(y)
+        y_strict = torch.cat(ys, 2)
+        ctx.save_for_backward(q, k, v, g, m0, y_strict, M, torch.stack(starts, 2))
         ctx.kind, ctx.C = kind, C
-        return y_strict + _own_step(q, k, v), m_T
+        return y_strict + _own_step(q, k, v), M
 
     @staticmethod
     def backward(ctx, dy, dm_T):
-        q, k, v, g, m0, y_strict, m_T = ctx.saved_tensors
+        q, k, v, g, m0, y_strict, m_T, starts = ctx.saved_tensors
         kind, C = ctx.kind, ctx.C
         tkind = TRANSPOSED[kind]
+        T = q.shape[2]
         dy = torch.zeros_like(y_strict) if dy is None else dy
-        dm_T = torch.zeros_like(m_T) if dm_T is None else dm_T
-        qc, kc, vc = q.conj(), k.conj(), v.conj()
-        gc = g.conj() if g is not None else None
-        m0T = m0.conj().transpose(-1, -2) if m0 is not None else None
-
-        dq, _ = chunk_matmul(dy, vc, kc, gc, tkind, m0T, C, strict=True)
-        g_rev = _shift_reverse(gc) if g is not None else None
-        dv, dm_1 = chunk_matmul(kc.flip(2), qc.flip(2), dy.flip(2), g_rev, kind, dm_T, C, strict=True)
-        dk, _ = chunk_matmul(vc.flip(2), dy.flip(2), qc.flip(2), g_rev, tkind, dm_T.transpose(-1, -2), C,
-                             strict=True)
-        dv, dk = dv.flip(2), dk.flip(2)
-
-        dg = None
+        dM = torch.zeros_like(m_T) if dm_T is None else dm_T
+        carry = None
         if g is not None:
-            mm = dm_T * m_T.conj()
-            if kind == "col":
-                term, base = dy * y_strict.conj() - vc * dv, mm.sum(-2)
-            else:
-                term, base = qc * dq - kc * dk, mm.sum(-1)
-                if kind == "scalar":
-                    term, base = term.sum(-1, keepdim=True), base.sum(-1, keepdim=True)
-            dg = term.flip(2).cumsum(2).flip(2) + base.unsqueeze(2)
+            mm = dM * m_T.conj()
+            carry = mm.sum(-2) if kind == "col" else mm.sum(-1)
+            if kind == "scalar":
+                carry = carry.sum(-1, keepdim=True)
+            carry = carry.unsqueeze(2)
+        grads = {"q": [], "k": [], "v": [], "g": []}
+        parts = _segments(T, C)
+        for j in reversed(range(len(parts))):
+            part = parts[j]
+            qc, kc, vc = q[:, :, part].conj(), k[:, :, part].conj(), v[:, :, part].conj()
+            dy_j = dy[:, :, part]
+            gc = g_rev = None
+            if g is not None:
+                gc = g[:, :, part].conj()
+                # the adjoint at step t decays by o_{t+1}; past the last step of the sequence o = 1
+                after = g[:, :, part.stop: part.stop + 1].conj() if part.stop < T else torch.zeros_like(gc[:, :, :1])
+                g_rev = torch.cat([gc[:, :, 1:], after], 2).flip(2)
+            start = starts[:, :, j].conj().transpose(-1, -2)
+            dq, _ = _chunk_matmul_segment(dy_j, vc, kc, gc, tkind, start, C, strict=True)
+            dv, dM_start = _chunk_matmul_segment(kc.flip(2), qc.flip(2), dy_j.flip(2), g_rev, kind, dM, C,
+                                                 strict=True)
+            dk, _ = _chunk_matmul_segment(vc.flip(2), dy_j.flip(2), qc.flip(2), g_rev, tkind,
+                                          dM.transpose(-1, -2), C, strict=True)
+            dv, dk = dv.flip(2), dk.flip(2)
+            if g is not None:
+                if kind == "col":
+                    term = dy_j * y_strict[:, :, part].conj() - vc * dv
+                else:
+                    term = qc * dq - kc * dk
+                    if kind == "scalar":
+                        term = term.sum(-1, keepdim=True)
+                dg = term.flip(2).cumsum(2).flip(2) + carry
+                carry = dg[:, :, :1]
+                grads["g"].append(dg)
+            grads["q"].append(dq + _own_step(vc, dy_j, kc))
+            grads["k"].append(dk + _own_step(dy_j, vc, qc))
+            grads["v"].append(dv + _own_step(qc, kc, dy_j))
+            dM = dM_start
         dm0 = None
         if m0 is not None:
-            dm0 = dm_1
+            dm0 = dM
             if g is not None:
-                first = gc[:, :, 0].exp()
-                dm0 = dm_1 * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
-        dq = dq + _own_step(vc, dy, kc)
-        dk = dk + _own_step(dy, vc, qc)
-        dv = dv + _own_step(qc, kc, dy)
-        return dq, dk, dv, dg, dm0, None, None
+                first = g[:, :, 0].conj().exp()
+                dm0 = dM * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
+        cat = lambda name: torch.cat(grads[name][::-1], 2) if grads[name] else None
+        return cat("q"), cat("k"), cat("v"), cat("g"), dm0, None, None
 
 
 # ----------------------------------------------------------------------------- elementwise kernel
