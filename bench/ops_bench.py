@@ -1,0 +1,764 @@
+"""Operator benchmark: lcsm's chunkwise EOS against its peers, on CPU, side by side in one run.
+
+Every timing is forward + backward (``y.backward(cotangent)`` with a fixed random cotangent),
+float32, ``torch.set_num_threads(--threads)``, the median of ``--repeats`` runs after warm-up.
+Cases (select with ``--only``; see bench/README.md for the method and the targets):
+
+    matmul     fp32 matmul throughput of this machine (n x n @ n x n, forward only)
+    row_decay  eos chunk with a GLA-like row decay vs fla naive_chunk_simple_gla / naive_recurrent_gla
+    no_decay   eos chunk without decay vs fla naive_chunk_linear_attn
+    delta      lcsm.ops.delta.eos_delta chunk vs fla delta_rule_chunkwise
+    sdpa       eos chunk (row decay) vs causal scaled_dot_product_attention at T and T_long
+    scaling    time per token of eos chunk (row decay) from T = 1K to 64K
+    memory     peak memory of the custom backward vs autograd through the chunk form, measured
+               in fresh subprocesses (peak resident set size above the pre-run baseline)
+    mamba      H=1, K=16, D=256 with a full data-dependent K x D decay vs a per-step Python loop
+    gflops     achieved matmul GFLOP/s of the chunk kernel vs the machine's matmul throughput
+
+Shape glossary: B batch, T time, H heads, K expand width (keys), D input width (values),
+C chunk size. Inputs of eos are in its public layout [B, T, H, *]; each peer gets its own native
+layout (built before timing, so layout changes inside an operator are part of its time).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from lcsm.ops import eos
+from lcsm.ops._inputs import canonicalize
+from lcsm.ops.chunk import eos_chunk
+from lcsm.testing import RTOL, rel_rms
+
+Tensor = torch.Tensor
+
+REPO = Path(__file__).resolve().parents[1]
+CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "gflops")
+# Scale of logsigmoid(x) in the log decays. "gla": GLA's normaliser 1/16 (a chunk of 64 decays
+# by ~e^-3, kept in lcsm's one-matmul-per-chunk path); "strong": unscaled (~e^-0.8 per step),
+# which sends a row decay through lcsm's sub-chunked path; the memory case measures both.
+GATES = {"gla": 1 / 16, "strong": 1.0}
+FLA_MISSING = "fla-core not installed"
+FLA_HINT = "install the peers with pip install -e '.[bench]'"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Problem sizes of one benchmark configuration (see the module glossary)."""
+
+    B: int
+    H: int
+    T: int
+    K: int
+    D: int
+    C: int
+    T_long: int                      # the second SDPA comparison point
+    scaling: Tuple[int, ...]         # sequence lengths of the time-per-token sweep
+    memory: Tuple[int, ...]          # sequence lengths of the peak-memory sweep
+    mamba_K: int
+    mamba_D: int
+    mamba_T: int
+    matmul_n: int
+    repeats: int
+    warmup: int
+
+
+FULL = Sizes(B=1, H=4, T=2048, K=64, D=64, C=64, T_long=16384,
+             scaling=(1024, 2048, 4096, 8192, 16384, 32768, 65536), memory=(2048, 8192, 32768),
+             mamba_K=16, mamba_D=256, mamba_T=2048, matmul_n=2048, repeats=5, warmup=1)
+# T must stay a multiple of 64: fla's naive_chunk_linear_attn hard-codes chunks of 64.
+QUICK = Sizes(B=1, H=2, T=128, K=16, D=16, C=32, T_long=256, scaling=(128, 256), memory=(256, 1024),
+              mamba_K=4, mamba_D=16, mamba_T=128, matmul_n=256, repeats=2, warmup=1)
+
+
+# ----------------------------------------------------------------------------- records
+
+@dataclass
+class Timing:
+    key: str
+    label: str
+    shape: str
+    tokens: int
+    times: List[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+
+@dataclass
+class Check:
+    name: str
+    measured: Optional[float]        # None when a side was skipped
+    op: str                          # "<=" or ">="
+    target: float
+    note: str = ""
+
+    @property
+    def result(self) -> str:
+        if self.measured is None:
+            return f"SKIP ({self.note})" if self.note else "SKIP"
+        ok = self.measured <= self.target if self.op == "<=" else self.measured >= self.target
+        return "PASS" if ok else "FAIL"
+
+
+@dataclass
+class Report:
+    timings: Dict[str, Timing] = field(default_factory=dict)
+    checks: List[Check] = field(default_factory=list)
+    info: List[Tuple[str, str]] = field(default_factory=list)     # (what, value) rows without target
+    memory: List[dict] = field(default_factory=list)
+    throughput: List[dict] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _leaf(x: Tensor) -> Tensor:
+    return x.detach().contiguous().requires_grad_()
+
+
+def gla_inputs(z: Sizes, T: int, decay: str, seed: int = 0, gates: str = "gla") -> Dict[str, Optional[Tensor]]:
+    """EOS inputs in the public layout: i [B,T,H,D], e (keys) and s (queries) [B,T,H,K], log_o
+    [B,T,H,K,1] ('row'), [B,T,H,1,1] ('scalar') or None ('none'). Gates (see GATES) are
+    logsigmoid(x) / 16 as in GLA by default, so cumulative decays stay far from float32 denormals."""
+    g = _gen(seed)
+    B, H, K, D = z.B, z.H, z.K, z.D
+    out = {
+        "i": torch.randn(B, T, H, D, generator=g),
+        "e": torch.randn(B, T, H, K, generator=g) / math.sqrt(K),
+        "s": torch.randn(B, T, H, K, generator=g) / math.sqrt(K),
+        "log_o": None,
+    }
+    if decay != "none":
+        width = K if decay == "row" else 1
+        out["log_o"] = F.logsigmoid(torch.randn(B, T, H, width, 1, generator=g)) * GATES[gates]
+    return {k: (_leaf(v) if v is not None else None) for k, v in out.items()}
+
+
+def _leaves(d: Dict[str, Optional[Tensor]]) -> List[Tensor]:
+    return [v for v in d.values() if v is not None]
+
+
+def time_fwd_bwd(fn: Callable[[], Tensor], leaves: Sequence[Tensor], repeats: int, warmup: int) -> List[float]:
+    """Wall-clock seconds of forward + backward, one entry per timed run (warm-up runs dropped).
+    The first (warm-up) run also checks that the output and every gradient are finite."""
+    cot = None
+    times = []
+    for r in range(warmup + repeats):
+        for x in leaves:
+            x.grad = None
+        t0 = time.perf_counter()
+        y = fn()
+        if cot is None:
+            cot = torch.randn(y.shape, generator=_gen(1), dtype=y.dtype)
+        y.backward(cot)
+        elapsed = time.perf_counter() - t0
+        if r == 0:
+            bad = [n for n, x in [("output", y)] + [(f"grad {j}", x.grad) for j, x in enumerate(leaves)]
+                   if x is None or not torch.isfinite(x).all()]
+            if bad:
+                raise FloatingPointError(f"non-finite or missing {', '.join(bad)}")
+        if r >= warmup:
+            times.append(elapsed)
+    return times
+
+
+def _fla():
+    """fla's pure-PyTorch reference functions, or the reason they cannot be imported."""
+    try:
+        from fla.ops.delta_rule.naive import delta_rule_chunkwise
+        from fla.ops.gla.naive import naive_recurrent_gla
+        from fla.ops.linear_attn.naive import naive_chunk_linear_attn
+        from fla.ops.simple_gla.naive import naive_chunk_simple_gla
+    except ImportError as exc:
+        return None, FLA_MISSING, f"{FLA_MISSING} ({exc}); {FLA_HINT}"
+    return {"naive_chunk_simple_gla": naive_chunk_simple_gla, "naive_recurrent_gla": naive_recurrent_gla,
+            "naive_chunk_linear_attn": naive_chunk_linear_attn,
+            "delta_rule_chunkwise": delta_rule_chunkwise}, "", ""
+
+
+def _eos_delta():
+    try:
+        from lcsm.ops.delta import eos_delta
+    except ImportError as exc:
+        return None, "lcsm eos_delta not available", f"lcsm.ops.delta.eos_delta not available: {exc}"
+    return eos_delta, "", ""
+
+
+# ----------------------------------------------------------------------------- the harness
+
+class Bench:
+    def __init__(self, sizes: Sizes, threads: int, log: Callable[[str], None]):
+        self.z = sizes
+        self.threads = threads
+        self.log = log
+        self.r = Report()
+        self._fla_cache = None
+        self._delta_cache = None
+
+    def fla(self):
+        if self._fla_cache is None:
+            self.log("importing fla-core (slow: it imports triton)")
+            fns, short, long = _fla()
+            self._fla_cache = (fns, short)
+            if fns is None:
+                self.r.notes.append(long)
+        return self._fla_cache
+
+    def eos_delta(self):
+        if self._delta_cache is None:
+            fn, short, long = _eos_delta()
+            self._delta_cache = (fn, short)
+            if fn is None:
+                self.r.notes.append(long)
+        return self._delta_cache
+
+    def time(self, key: str, label: str, shape: str, tokens: int,
+             build: Callable[[], Tuple[Callable[[], Tensor], List[Tensor]]]) -> Optional[Timing]:
+        """Time ``build()``'s (fn, leaves) once per key; a failure becomes a note, not a crash."""
+        if key in self.r.timings:
+            return self.r.timings[key]
+        self.log(f"timing {label} [{shape}]")
+        fn, leaves = build()
+        try:
+            times = time_fwd_bwd(fn, leaves, self.z.repeats, self.z.warmup)
+        except (FloatingPointError, RuntimeError) as exc:
+            self.r.notes.append(f"{label} [{shape}] failed: {type(exc).__name__}: {exc}")
+            self.log(f"  failed: {exc}")
+            return None
+        t = Timing(key, label, shape, tokens, times)
+        self.r.timings[key] = t
+        self.log(f"  median {t.median * 1e3:.2f} ms over {len(times)} runs")
+        return t
+
+    def ratio_check(self, name: str, num: Optional[Timing], den: Optional[Timing], op: str, target: float,
+                    skip_note: str = ""):
+        measured = num.median / den.median if (num is not None and den is not None) else None
+        self.r.checks.append(Check(name, measured, op, target, skip_note if measured is None else ""))
+
+    def agreement(self, what: str, mine: Callable[[], Tensor], peer: Callable[[], Tensor]):
+        """Record whether a peer computes the same function as lcsm (one forward each on the same
+        values), so that the timing ratios compare like with like."""
+        with torch.no_grad():
+            err = rel_rms(mine(), peer())
+        verdict = "agrees" if err <= RTOL[torch.float32] else "DISAGREES"
+        self.r.notes.append(f"{what}: {verdict} with lcsm (relative RMS {err:.1e}, float32 tolerance "
+                            f"{RTOL[torch.float32]:.0e})")
+
+    # ---- shared measurements
+
+    def eos_chunk_time(self, decay: str, T: int) -> Optional[Timing]:
+        z = self.z
+        name = {"row": "row decay [B,T,H,K,1]", "scalar": "scalar decay [B,T,H,1,1]", "none": "no decay"}[decay]
+
+        def build():
+            x = gla_inputs(z, T, decay)
+            return (lambda: eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0]), _leaves(x)
+
+        return self.time(f"eos_{decay}@{T}", f"lcsm eos chunk, {name}", self.shape(T), z.B * T, build)
+
+    def shape(self, T: int, D: Optional[int] = None) -> str:
+        z = self.z
+        return f"B={z.B} T={T} H={z.H} K={z.K} D={D or z.D}"
+
+    # ---- cases
+
+    def case_matmul(self):
+        n = self.z.matmul_n
+        if "matmul" in self.r.timings:
+            return self.r.timings["matmul"]
+        self.log(f"timing fp32 matmul {n} x {n}")
+        g = _gen(2)
+        a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+        times = []
+        for r in range(self.z.warmup + max(self.z.repeats, 3)):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            if r >= self.z.warmup:
+                times.append(time.perf_counter() - t0)
+        t = Timing("matmul", "torch.mm fp32 (forward only)", f"{n} x {n} @ {n} x {n}", 0, times)
+        self.r.timings["matmul"] = t
+        self.r.info.append(("fp32 matmul throughput (peak reference)", f"{2 * n ** 3 / t.median / 1e9:.1f} GFLOP/s"))
+        return t
+
+    def case_row_decay(self):
+        z, T = self.z, self.z.T
+        row = self.eos_chunk_time("row", T)
+        self.eos_chunk_time("scalar", T)
+        fla, why = self.fla()
+        simple = recurrent = None
+        if fla is not None:
+            def build_simple():
+                x = gla_inputs(z, T, "scalar")
+                q, k, v = _leaf(x["s"]), _leaf(x["e"]), _leaf(x["i"])
+                gate = _leaf(x["log_o"][..., 0, 0])                       # [B, T, H]
+                return (lambda: fla["naive_chunk_simple_gla"](q, k, v, gate, chunk_size=z.C)[0]), [q, k, v, gate]
+
+            def build_recurrent():
+                x = gla_inputs(z, T, "row")
+                q, k, v = _leaf(x["s"]), _leaf(x["e"]), _leaf(x["i"])
+                gk = _leaf(x["log_o"][..., 0])                            # [B, T, H, K]
+                return (lambda: fla["naive_recurrent_gla"](q, k, v, gk)[0]), [q, k, v, gk]
+
+            simple = self.time(f"fla_simple_gla@{T}", "fla naive_chunk_simple_gla (scalar decay)",
+                               self.shape(T), z.B * T, build_simple)
+            recurrent = self.time(f"fla_recurrent_gla@{T}", "fla naive_recurrent_gla (row decay, loop)",
+                                  self.shape(T), z.B * T, build_recurrent)
+            Ts = min(T, 256)
+            x, xr = gla_inputs(z, Ts, "scalar"), gla_inputs(z, Ts, "row")
+            scale = z.K ** -0.5                                            # fla scales q by K^-1/2 inside
+            self.agreement("fla naive_chunk_simple_gla",
+                           lambda: eos(x["i"], x["e"], x["s"] * scale, x["log_o"], mode="chunk", chunk_size=z.C)[0],
+                           lambda: fla["naive_chunk_simple_gla"](x["s"], x["e"], x["i"], x["log_o"][..., 0, 0],
+                                                                 chunk_size=z.C)[0])
+            self.agreement("fla naive_recurrent_gla",
+                           lambda: eos(xr["i"], xr["e"], xr["s"] * scale, xr["log_o"], mode="chunk", chunk_size=z.C)[0],
+                           lambda: fla["naive_recurrent_gla"](xr["s"], xr["e"], xr["i"], xr["log_o"][..., 0])[0])
+        self.ratio_check(f"row-decay chunk / fla naive_chunk_simple_gla, T={T}", row, simple, "<=", 1.0, why)
+        self.ratio_check(f"fla naive_recurrent_gla / row-decay chunk (speed-up), T={T}", recurrent, row,
+                         ">=", 30.0, why)
+
+    def case_no_decay(self):
+        z, T = self.z, self.z.T
+        mine = self.eos_chunk_time("none", T)
+        fla, why = self.fla()
+        peer = None
+        if fla is not None:
+            def build():
+                x = gla_inputs(z, T, "none")
+                q, k, v = _leaf(x["s"]), _leaf(x["e"]), _leaf(x["i"])
+                return (lambda: fla["naive_chunk_linear_attn"](q, k, v)), [q, k, v]
+
+            peer = self.time(f"fla_linear_attn@{T}", "fla naive_chunk_linear_attn (chunk 64)", self.shape(T),
+                             z.B * T, build)
+            x = gla_inputs(z, min(T, 256), "none")
+            self.agreement("fla naive_chunk_linear_attn",
+                           lambda: eos(x["i"], x["e"], x["s"] * z.K ** -0.5, None, mode="chunk", chunk_size=z.C)[0],
+                           lambda: fla["naive_chunk_linear_attn"](x["s"], x["e"], x["i"]))
+        self.ratio_check(f"no-decay chunk / fla naive_chunk_linear_attn, T={T}", mine, peer, "<=", 1.0, why)
+
+    def delta_inputs(self, T: int):
+        """DeltaNet inputs: L2-normalised keys k, queries q [B,T,H,K], values v [B,T,H,D], beta in (0,1)."""
+        z, g = self.z, _gen(3)
+        k = F.normalize(torch.randn(z.B, T, z.H, z.K, generator=g), dim=-1)
+        q = torch.randn(z.B, T, z.H, z.K, generator=g) / math.sqrt(z.K)
+        v = torch.randn(z.B, T, z.H, z.D, generator=g)
+        beta = torch.sigmoid(torch.randn(z.B, T, z.H, generator=g))
+        return q, k, v, beta
+
+    def case_delta(self):
+        z, T = self.z, self.z.T
+        eos_delta, why_mine = self.eos_delta()
+        mine = peer = None
+        if eos_delta is not None:
+            def build_mine():
+                q, k, v, beta = (_leaf(x) for x in self.delta_inputs(T))
+
+                def fn():
+                    bk = beta.unsqueeze(-1) * k                             # DeltaNet: e = a = beta k, b = k
+                    return eos_delta(v, bk, q, bk, k, mode="chunk", chunk_size=z.C)[0]
+                return fn, [q, k, v, beta]
+
+            mine = self.time(f"eos_delta@{T}", f"lcsm eos_delta chunk (C={z.C})", self.shape(T), z.B * T, build_mine)
+        fla, why_fla = self.fla()
+        if fla is not None:
+            def build_peer():
+                q, k, v, beta = (_leaf(x.transpose(1, 2)) for x in self.delta_inputs(T))   # head-major
+                return (lambda: fla["delta_rule_chunkwise"](q, k, v, beta)[0]), [q, k, v, beta]
+
+            peer = self.time(f"fla_delta@{T}", "fla delta_rule_chunkwise (chunk 32)", self.shape(T), z.B * T,
+                             build_peer)
+        if eos_delta is not None and fla is not None:
+            q, k, v, beta = self.delta_inputs(min(T, 256))
+            bk = beta.unsqueeze(-1) * k
+            self.agreement("fla delta_rule_chunkwise",
+                           lambda: eos_delta(v, bk, q * z.K ** -0.5, bk, k, mode="chunk", chunk_size=z.C)[0],
+                           lambda: fla["delta_rule_chunkwise"](*(t.transpose(1, 2) for t in (q, k, v, beta)))[0]
+                           .transpose(1, 2))
+        self.ratio_check(f"delta chunk / fla delta_rule_chunkwise, T={T}", mine, peer, "<=", 1.0,
+                         "; ".join(w for w in (why_mine, why_fla) if w))
+
+    def sdpa_time(self, T: int) -> Optional[Timing]:
+        z = self.z
+
+        def build():
+            g = _gen(4)
+            q, k, v = (_leaf(torch.randn(z.B, z.H, T, z.K, generator=g)) for _ in range(3))
+            return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), [q, k, v]
+
+        return self.time(f"sdpa@{T}", "causal scaled_dot_product_attention", self.shape(T, D=z.K), z.B * T, build)
+
+    def case_sdpa(self):
+        for T, target in ((self.z.T, 0.6), (self.z.T_long, 0.2)):
+            row = self.eos_chunk_time("row", T)
+            attn = self.sdpa_time(T)
+            self.ratio_check(f"row-decay chunk / causal SDPA, T={T}", row, attn, "<=", target)
+
+    def case_scaling(self):
+        Ts = self.z.scaling
+        per_token = {}
+        for T in Ts:
+            t = self.eos_chunk_time("row", T)
+            if t is not None:
+                per_token[T] = t.median / (self.z.B * T)
+        first, last = Ts[0], Ts[-1]
+        measured = per_token[last] / per_token[first] if first in per_token and last in per_token else None
+        self.r.checks.append(Check(f"time per token growth, row-decay chunk, T={first} -> {last}", measured, "<=",
+                                   1.3, "" if measured is not None else "a run failed"))
+
+    def case_memory(self):
+        z = self.z
+        custom = self.eos_chunk_time("row", z.T)
+
+        def build_autograd():
+            x = gla_inputs(z, z.T, "row")
+            p = lambda: canonicalize(x["i"], x["e"], x["s"], x["log_o"])
+            return (lambda: eos_chunk(p(), z.C, backward="autograd")[0]), _leaves(x)
+
+        autograd = self.time(f"eos_row_autograd@{z.T}", "lcsm chunk, row decay, autograd backward (y head-major)",
+                             self.shape(z.T), z.B * z.T, build_autograd)
+        if custom is not None and autograd is not None:
+            self.r.info.append((f"time of custom / autograd backward (row decay), T={z.T}",
+                                f"{custom.median / autograd.median:.3f}x"))
+        modes = ("custom", "autograd")
+        self.log(f"peak memory at T = {', '.join(map(str, z.memory))}, gates {' and '.join(GATES)}: "
+                 "one fresh subprocess per backward, both at once")
+        # Peak RSS is per process, so the two concurrent workers do not disturb each other's numbers.
+        with ThreadPoolExecutor(max_workers=len(modes)) as pool:
+            peaks = dict(zip(modes, pool.map(lambda m: peak_memory_subprocess(z, m, self.threads), modes)))
+        cells = [(gates, T) for gates in GATES for T in z.memory]
+        rows = [{"gates": gates, "T": T, **{m: (peaks[m][j] if isinstance(peaks[m], list) else peaks[m])
+                                            for m in modes}} for j, (gates, T) in enumerate(cells)]
+        for row in rows:
+            self.log(f"  gates {row['gates']}, T={row['T']}: " + ", ".join(
+                f"{m} " + (f"{row[m] / 2 ** 20:.1f} MiB" if isinstance(row[m], int) else row[m]) for m in modes))
+        self.r.memory = rows
+        for m in modes:
+            if isinstance(peaks[m], str):
+                self.r.notes.append(f"peak memory, backward={m}: {peaks[m]}")
+        for r in rows:
+            both = isinstance(r["custom"], int) and isinstance(r["autograd"], int)
+            self.r.checks.append(Check(f"peak memory custom / autograd backward, {r['gates']} gates, T={r['T']}",
+                                       r["custom"] / r["autograd"] if both else None, "<=", 1.0,
+                                       "" if both else "worker failed"))
+        for mode in modes:
+            good = [r for r in rows if r["gates"] == "gla" and isinstance(r[mode], int) and r[mode] > 0]
+            if len(good) >= 2:
+                lo, hi = good[0], good[-1]
+                growth = (hi[mode] / hi["T"]) / (lo[mode] / lo["T"])
+                self.r.checks.append(Check(f"peak memory per token growth ({mode} backward), gla gates, "
+                                           f"T={lo['T']} -> {hi['T']}", growth, "<=", 1.3))
+
+    def case_mamba(self):
+        z = self.z
+        T, K, D = z.mamba_T, z.mamba_K, z.mamba_D
+        shape = f"B={z.B} T={T} H=1 K={K} D={D}, log_o [B,T,H,K,D]"
+
+        def inputs():
+            g = _gen(5)
+            A = -torch.arange(1, K + 1, dtype=torch.float32)[:, None]          # S4D-real A = -(1..K)
+            dt = F.softplus(torch.randn(z.B, T, 1, 1, D, generator=g) - 4)    # Mamba's dt, ~0.02
+            return {"i": _leaf(torch.randn(z.B, T, 1, D, generator=g)),
+                    "e": _leaf(torch.randn(z.B, T, 1, K, generator=g)),
+                    "s": _leaf(torch.randn(z.B, T, 1, K, generator=g)),
+                    "log_o": _leaf(dt * A)}
+
+        def build_chunk():
+            x = inputs()
+            return (lambda: eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0]), _leaves(x)
+
+        def build_loop():
+            x = inputs()
+            return (lambda: python_loop(x["i"], x["e"], x["s"], x["log_o"])), _leaves(x)
+
+        chunk = self.time(f"mamba_chunk@{T}", "lcsm eos chunk, full K x D decay (elementwise kernel)", shape,
+                          z.B * T, build_chunk)
+        loop = self.time(f"mamba_loop@{T}", "per-step Python loop (unbind / stack)", shape, z.B * T, build_loop)
+        x = inputs()
+        self.agreement("per-step Python loop",
+                       lambda: eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0],
+                       lambda: python_loop(x["i"], x["e"], x["s"], x["log_o"]))
+        if chunk is not None and loop is not None:
+            self.r.info.append((f"Mamba-shaped: chunk / per-step loop, T={T}", f"{chunk.median / loop.median:.3f}x"))
+
+    def case_gflops(self):
+        z = self.z
+        peak_t = self.case_matmul()
+        peak = 2 * z.matmul_n ** 3 / peak_t.median
+        for decay in ("row", "none"):
+            t = self.eos_chunk_time(decay, z.T)
+            if t is None:
+                continue
+            analytic = chunk_fwd_bwd_flops(z.B, z.H, z.T, z.K, z.D, z.C)
+            counted = counted_matmul_flops(z, decay, z.T)
+            self.r.throughput.append({
+                "label": t.label, "shape": t.shape, "ms": t.median * 1e3, "analytic": analytic,
+                "counted": counted, "gflops": analytic / t.median / 1e9, "peak": peak / 1e9,
+            })
+
+
+# ----------------------------------------------------------------------------- FLOP model
+
+def chunk_fwd_bwd_flops(B: int, H: int, T: int, K: int, D: int, C: int) -> int:
+    """Matmul FLOPs (2 per multiply-add) of the chunkwise algorithm, forward + custom backward,
+    T a multiple of C. One chunkwise pass over a K x D memory costs, per token and head,
+        state update  U = k^T v over the chunk          2KD
+        inter-chunk   q S_n                             2KD
+        intra-chunk   (q k^T) over the C x C block      2CK
+                      (masked scores) v                 2CD
+    i.e. 4KD + 2C(K + D). Forward + backward is four such passes (ChunkMatmulFunction in
+    lcsm/ops/chunk.py: y, then dq, dv and dk as three more EOS problems, with K and D swapped for
+    dq and dk, which leaves the count unchanged). Elementwise work (decay factors, masks, the
+    state recurrence) is not counted. The kernel may issue fewer matmul FLOPs than this (e.g. the
+    sub-chunked path for strong decays skips masked blocks); torch's FlopCounterMode reports what
+    it actually issued (the "counted" column)."""
+    return 4 * B * H * T * (4 * K * D + 2 * C * (K + D))
+
+
+def counted_matmul_flops(z: Sizes, decay: str, T: int) -> int:
+    """The same quantity counted by torch's FlopCounterMode over one real forward + backward."""
+    from torch.utils.flop_counter import FlopCounterMode
+    x = gla_inputs(z, T, decay)
+    with FlopCounterMode(display=False) as counter:
+        y = eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0]
+        y.backward(torch.ones_like(y))
+    return counter.get_total_flops()
+
+
+# ----------------------------------------------------------------------------- Mamba-shaped loop
+
+def python_loop(i: Tensor, e: Tensor, s: Tensor, log_o: Tensor) -> Tensor:
+    """The EOS recurrence one step at a time (i [B,T,H,D], e/s [B,T,H,K], log_o [B,T,H,K,D]).
+    unbind / stack rather than x[:, t] slicing: slicing makes the backward O(T^2) (each step's
+    gradient is written into a full-size zero tensor)."""
+    B, T, H, D = i.shape
+    K = e.shape[-1]
+    m = i.new_zeros(B, H, K, D)
+    ys = []
+    for i_t, e_t, s_t, o_t in zip(i.unbind(1), e.unbind(1), s.unbind(1), log_o.exp().unbind(1)):
+        m = o_t * m + e_t.unsqueeze(-1) * i_t.unsqueeze(-2)
+        ys.append((s_t.unsqueeze(-1) * m).sum(-2))
+    return torch.stack(ys, 1)
+
+
+# ----------------------------------------------------------------------------- peak memory
+
+def _proc_status_kib(field_name: str) -> int:
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"^{field_name}:\s+(\d+) kB", text, re.M).group(1))
+
+
+def memory_worker(spec: dict) -> dict:
+    """Runs inside a fresh process: for each (gates, T) cell in turn, one forward + backward of
+    the row-decay chunk form with the given backward; returns each run's peak resident set size above its own
+    pre-run baseline, in bytes. The peak counter is reset before every run, and with the fixed
+    mmap threshold (see ``peak_memory_subprocess``) freed tensors leave the resident set at once,
+    so earlier runs do not leak into later ones (checked: the same T measured again after a larger
+    one, and in a process of its own, agrees within 1 MiB)."""
+    z = Sizes(**{**spec["sizes"], "scaling": tuple(spec["sizes"]["scaling"]),
+                 "memory": tuple(spec["sizes"]["memory"])})
+    torch.set_num_threads(spec["threads"])
+    mode = spec["backward"]
+
+    def fwd_bwd(x, cot):
+        p = canonicalize(x["i"], x["e"], x["s"], x["log_o"])
+        y, _ = eos_chunk(p, z.C, backward=mode)
+        y.backward(cot)
+
+    def inputs(T, gates):
+        return gla_inputs(z, T, "row", gates=gates), torch.randn(z.B, z.H, T, z.D, generator=_gen(1))
+
+    for gates in GATES:                          # load lazily initialised kernels before any baseline
+        fwd_bwd(*inputs(2 * z.C, gates))
+    peaks = []
+    for gates, T in spec["cells"]:
+        x, cot = inputs(T, gates)
+        gc.collect()
+        base = _proc_status_kib("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (the peak RSS) to the current RSS
+        fwd_bwd(x, cot)
+        peaks.append((_proc_status_kib("VmHWM") - base) * 1024)
+        del x, cot
+    return {"peak_bytes": peaks}
+
+
+def peak_memory_subprocess(z: Sizes, mode: str, threads: int):
+    """Peak extra memory (bytes) of one run per (gates, T) for gates in GATES and T in z.memory,
+    measured in one fresh process for this backward; a list of ints, or a string saying why not."""
+    sizes = {k: (list(v) if isinstance(v, tuple) else v) for k, v in z.__dict__.items()}
+    cells = [(gates, T) for gates in GATES for T in z.memory]
+    spec = json.dumps({"sizes": sizes, "cells": cells, "backward": mode, "threads": threads})
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    # A fixed mmap threshold makes glibc return every large freed block to the OS at once, so the
+    # resident set follows the live tensors instead of keeping freed heap pages.
+    env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 16)
+    proc = subprocess.run([sys.executable, "-m", "bench.ops_bench", "--memory-worker", spec],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"worker failed (exit {proc.returncode}): {tail}"
+    return [int(v) for v in json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]]
+
+
+# ----------------------------------------------------------------------------- output
+
+def machine_info(threads: int) -> Dict[str, str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"cpu": cpu, "cores": f"{os.cpu_count()} logical, {usable} usable by this process",
+            "torch": torch.__version__, "threads": str(threads), "python": platform.python_version()}
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=REPO, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=REPO, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unknown ({exc})"
+    return (head or "unknown") + (" (with uncommitted changes)" if dirty else "")
+
+
+def _fmt_ratio(x: Optional[float]) -> str:
+    return "—" if x is None else f"{x:.3f}x"
+
+
+def render(r: Report, z: Sizes, header: Dict[str, str], selected: Sequence[str]) -> str:
+    lines = ["# lcsm operator benchmark", ""]
+    for k, v in header.items():
+        lines.append(f"- {k}: {v}")
+    lines += ["", f"Forward + backward, float32, median of {z.repeats} runs after {z.warmup} warm-up run(s). "
+              f"Cases: {', '.join(selected)}.", ""]
+    if r.checks or r.info:
+        lines += ["## Targets", "", "| check | measured | target | result |", "| --- | --- | --- | --- |"]
+        for c in r.checks:
+            lines.append(f"| {c.name} | {_fmt_ratio(c.measured)} | {c.op} {c.target:g}x | {c.result} |")
+        for what, value in r.info:
+            lines.append(f"| {what} | {value} | — | info |")
+        lines.append("")
+    timed = [t for t in r.timings.values() if t.tokens]
+    if timed:
+        lines += ["## Timings", "", "| operator | shape | median ms | min ms | µs / token |",
+                  "| --- | --- | ---: | ---: | ---: |"]
+        for t in timed:
+            lines.append(f"| {t.label} | {t.shape} | {t.median * 1e3:.2f} | {min(t.times) * 1e3:.2f} | "
+                         f"{t.median / t.tokens * 1e6:.3f} |")
+        lines.append("")
+    if r.memory:
+        lines += ["## Peak memory (row decay; peak RSS above the pre-run baseline, one fresh process per backward)", "",
+                  "| gates | T | custom backward MiB | autograd backward MiB | custom / autograd | custom bytes / token |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for row in r.memory:
+            c, a = row["custom"], row["autograd"]
+            mib = lambda v: f"{v / 2 ** 20:.1f}" if isinstance(v, int) else "n/a"
+            ratio = f"{c / a:.3f}" if isinstance(c, int) and isinstance(a, int) and a else "n/a"
+            per_tok = f"{c / (z.B * row['T']):.0f}" if isinstance(c, int) else "n/a"
+            lines.append(f"| {row['gates']} | {row['T']} | {mib(c)} | {mib(a)} | {ratio} | {per_tok} |")
+        lines.append("")
+    if r.throughput:
+        lines += ["## Throughput (matmul FLOPs of the chunk kernel, forward + custom backward)", "",
+                  "| operator | shape | median ms | analytic GFLOP | counted GFLOP | achieved GFLOP/s | "
+                  "% of fp32 matmul peak |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        for t in r.throughput:
+            lines.append(f"| {t['label']} | {t['shape']} | {t['ms']:.2f} | {t['analytic'] / 1e9:.3f} | "
+                         f"{t['counted'] / 1e9:.3f} | {t['gflops']:.1f} | {100 * t['gflops'] / t['peak']:.1f}% |")
+        lines.append("")
+    if r.notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in r.notes] + [""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.ops_bench",
+                                description="Benchmark lcsm's EOS operator against its peers (CPU, fp32, "
+                                            "forward + backward). Writes a markdown report to stdout.")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and 2 repeats (smoke test)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (default 5, quick 2)")
+    p.add_argument("--only", default=None, help=f"comma-separated cases out of: {', '.join(CASES)}")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    p.add_argument("--out", default=None, help="also write the report to this file")
+    p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.memory_worker is not None:
+        print(json.dumps(memory_worker(json.loads(args.memory_worker))))
+        return 0
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats: expected an integer >= 1, got {args.repeats}")
+    if args.threads < 1:
+        parser.error(f"--threads: expected an integer >= 1, got {args.threads}")
+    selected = list(CASES)
+    if args.only is not None:
+        selected = [c.strip() for c in args.only.split(",") if c.strip()]
+        unknown = [c for c in selected if c not in CASES]
+        if unknown or not selected:
+            parser.error(f"--only: unknown case(s) {', '.join(unknown) or '(none given)'}; "
+                         f"expected names out of {', '.join(CASES)}")
+    sizes = QUICK if args.quick else FULL
+    if args.repeats is not None:
+        sizes = replace(sizes, repeats=args.repeats)
+
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    log = lambda msg: print(f"[bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+    header = {
+        "command": "python -m bench.ops_bench" + (" " + shlex.join(argv) if argv else ""),
+        "git commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    header.update({f"machine {k}": v for k, v in machine_info(args.threads).items()})
+    bench = Bench(sizes, args.threads, log)
+    for case in selected:
+        log(f"case {case}")
+        getattr(bench, f"case_{case}")()
+    header["wall time"] = f"{time.perf_counter() - start:.0f} s"
+    text = render(bench.r, sizes, header, selected)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+        log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""The EOS operator with a matrix oscillation (psi = x): the generalised delta rule.
+
+LCSM section 2.2 with psi = "x" (appendix 5.2, Table 7)::
+
+    m_t = exp(log_o_t) (I - a_t b_t^T) m_{t-1} + e_t i_t^T        [K, D]
+    y_t = m_t^T s_t                                                 [D]
+
+FWP / DeltaNet (Schlag et al. 2021, eq. 13 of LCSM): a = beta k, b = k, e = beta k, s = q.
+M1: a = b = e = k.  M2: a = e = k, b = k_bar.  (M3 is diagonal and lives in :func:`lcsm.ops.eos`.)
+
+Modes (see docs/eos_delta.md for the algebra):
+
+* ``recurrent``: the step-by-step definition, with a hand-written reverse-time backward (LCSM
+  appendix 5.1 "Type 2", eq. 12, corrected) that stores memory checkpoints every ``chunk_size``
+  steps and recomputes the steps in between, so training memory is O(T/C * K * D) not O(T K D).
+* ``chunk``: the WY / UT form of the delta rule (Yang et al. 2024, "Parallelizing linear
+  transformers with the delta rule over sequence length"), generalised to
+  a != b and an optional scalar gate: within a chunk the corrections u_t = b_t^T m_{t-1} solve one
+  unit lower-triangular system, and across chunks m is propagated by one K x K matrix per chunk.
+  Gradients come from autograd through this forward.
+* ``auto``: T <= 1 -> recurrent (one step, decoding), otherwise chunk.
+
+Shape glossary: B batch, T time, H heads, K memory rows (key width), D memory columns (value
+width), C chunk size, N = ceil(T / C) chunks. Internally tensors are head-major [B, H, T, .].
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ._inputs import check_chunk_size, check_floating, check_same_device, compute_dtype, shape_str
+
+Tensor = torch.Tensor
+
+DELTA_MODES = ("auto", "recurrent", "chunk")
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _canonicalize(i, e, s, a, b, log_o, initial_state):
+    """Validate ``eos_delta``'s arguments; return head-major tensors in the compute dtype."""
+    named = {"i": i, "e": e, "s": s, "a": a, "b": b, "log_o": log_o, "initial_state": initial_state}
+    for name, x in named.items():
+        if x is None and name in ("log_o", "initial_state"):
+            continue
+        check_floating(name, x)
+        if x.is_complex():
+            raise TypeError(
+                f"{name}: eos_delta supports real floating-point tensors only, got dtype {x.dtype} "
+                f"with shape {shape_str(x)} (complex matrix oscillations are not implemented)"
+            )
+    check_same_device(named)
+    if i.dim() != 4:
+        raise ValueError(f"i: expected [B, T, H, D], got {i.dim()}-d tensor {shape_str(i)}")
+    B, T, H, D = i.shape
+    if e.dim() != 4:
+        raise ValueError(f"e: expected [B, T, H, K], got {e.dim()}-d tensor {shape_str(e)}")
+    K = e.shape[-1]
+    for name in ("e", "s", "a", "b"):
+        x = named[name]
+        if x.dim() != 4 or tuple(x.shape) != (B, T, H, K):
+            raise ValueError(
+                f"{name}: expected [B, T, H, K] = [{B}, {T}, {H}, {K}] (B, T, H from i {shape_str(i)}, "
+                f"K from e {shape_str(e)}), got {shape_str(x)}"
+            )
+    if log_o is not None:
+        if log_o.dim() == 3:
+            if tuple(log_o.shape) != (B, T, H):
+                raise ValueError(f"log_o: expected [B, T, H] = [{B}, {T}, {H}] or [H] = [{H}], got {shape_str(log_o)}")
+        elif log_o.dim() == 1:
+            if log_o.shape[0] != H:
+                raise ValueError(f"log_o: expected [B, T, H] = [{B}, {T}, {H}] or [H] = [{H}], got {shape_str(log_o)}")
+        else:
+            raise ValueError(
+                f"log_o: expected a scalar gate per step [B, T, H] = [{B}, {T}, {H}] or per head [H] = [{H}], "
+                f"got {log_o.dim()}-d tensor {shape_str(log_o)}"
+            )
+    if initial_state is not None and tuple(initial_state.shape) != (B, H, K, D):
+        raise ValueError(
+            f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+        )
+    tensors = [i, e, s, a, b, log_o, initial_state]
+    out_dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        if t is not None:
+            out_dtype = torch.promote_types(out_dtype, t.dtype)
+    dtype = compute_dtype(tensors)
+
+    def hm(x):
+        return x.permute(0, 2, 1, 3).to(dtype)
+
+    g = None
+    if log_o is not None:
+        g = log_o.to(dtype)
+        g = g.permute(0, 2, 1) if g.dim() == 3 else g[None, :, None].expand(B, H, T)
+    m0 = initial_state.to(dtype) if initial_state is not None else None
+    return hm(i), hm(e), hm(s), hm(a), hm(b), g, m0, out_dtype
+
+
+# ----------------------------------------------------------------------------- recurrent form
+
+def _step(m: Tensor, v: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, gamma: Optional[Tensor]):
+    """One step on [B, H, .] tensors: m [B, H, K, D] -> (y [B, H, D], m_new)."""
+    u = torch.einsum("bhk,bhkd->bhd", b, m)
+    m = m - a.unsqueeze(-1) * u.unsqueeze(-2)
+    if gamma is not None:
+        m = gamma[..., None, None] * m
+    m = m + e.unsqueeze(-1) * v.unsqueeze(-2)
+    return torch.einsum("bhk,bhkd->bhd", s, m), m
+
+
+class _DeltaRecurrent(torch.autograd.Function):
+    """The recurrence with the reverse-time backward of docs/eos_delta.md (corrected LCSM eq. 12).
+
+    Forward keeps m at t = 0, C, 2C, ... only; backward walks the segments last to first,
+    recomputes the C memories of a segment from its checkpoint and runs the adjoint recursion
+        G_t = s_t dy_t^T + F_{t+1}^T G_{t+1},   F_t = gamma_t (I - a_t b_t^T),   G_T += dm_T.
+    """
+
+    @staticmethod
+    def forward(ctx, v, e, s, a, b, g, m0, chunk_size):
+        Bn, H, T, D = v.shape
+        K = e.shape[-1]
+        m = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
+        gammas = g.exp().unbind(2) if g is not None else [None] * T
+        checkpoints = []
+        ys = []
+        for t, (v_t, e_t, s_t, a_t, b_t, gm_t) in enumerate(
+                zip(v.unbind(2), e.unbind(2), s.unbind(2), a.unbind(2), b.unbind(2), gammas)):
+            if t % chunk_size == 0:
+                checkpoints.append(m)
+            y_t, m = _step(m, v_t, e_t, s_t, a_t, b_t, gm_t)
+            ys.append(y_t)
+        ctx.save_for_backward(v, e, s, a, b, g, *checkpoints)
+        ctx.chunk_size = chunk_size
+        ctx.has_m0 = m0 is not None
+        return torch.stack(ys, 2), m
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dm_T):
+        v, e, s, a, b, g, *checkpoints = ctx.saved_tensors
+        C = ctx.chunk_size
+        T = v.shape[2]
+        vs, es, ss, as_, bs = v.unbind(2), e.unbind(2), s.unbind(2), a.unbind(2), b.unbind(2)
+        gammas = g.exp().unbind(2) if g is not None else [None] * T
+        dys = dy.unbind(2) if dy is not None else [None] * T
+        G = dm_T.clone() if dm_T is not None else torch.zeros_like(checkpoints[0])
+        dv: List[Tensor] = [None] * T
+        de: List[Tensor] = [None] * T
+        ds: List[Tensor] = [None] * T
+        da: List[Tensor] = [None] * T
+        db: List[Tensor] = [None] * T
+        dg: List[Tensor] = [None] * T
+        for n in range(len(checkpoints) - 1, -1, -1):
+            t0, t1 = n * C, min((n + 1) * C, T)
+            prev = [checkpoints[n]]          # prev[j] = m_{t0 + j}, the memory before step t0 + j
+            for t in range(t0, t1):
+                prev.append(_step(prev[-1], vs[t], es[t], ss[t], as_[t], bs[t], gammas[t])[1])
+            for t in range(t1 - 1, t0 - 1, -1):
+                m_prev, m_t = prev[t - t0], prev[t - t0 + 1]
+                if dys[t] is not None:
+                    ds[t] = torch.einsum("bhkd,bhd->bhk", m_t, dys[t])
+                    G = G + ss[t].unsqueeze(-1) * dys[t].unsqueeze(-2)
+                else:
+                    ds[t] = torch.zeros_like(ss[t])
+                # G is now dL/dm_t (all paths). Gradients of m_t = F_t m_{t-1} + e_t v_t^T:
+                de[t] = torch.einsum("bhkd,bhd->bhk", G, vs[t])
+                dv[t] = torch.einsum("bhkd,bhk->bhd", G, es[t])
+                u = torch.einsum("bhk,bhkd->bhd", bs[t], m_prev)        # b^T m_{t-1}
+                w = torch.einsum("bhk,bhkd->bhd", as_[t], G)            # a^T G
+                # dF_t = G m_{t-1}^T; F = gamma (I - a b^T) gives da = -gamma dF b, db = -gamma dF^T a,
+                # dlog_o = gamma <dF, I - a b^T> = <G, m_t - e v^T>.
+                gm = gammas[t]
+                da[t] = -torch.einsum("bhkd,bhd->bhk", G, u)
+                db[t] = -torch.einsum("bhkd,bhd->bhk", m_prev, w)
+                if gm is not None:
+                    da[t] = gm[..., None] * da[t]
+                    db[t] = gm[..., None] * db[t]
+                    dg[t] = (G * m_prev).sum((-2, -1)) - (w * u).sum(-1)
+                    dg[t] = gm * dg[t]
+                # dL/dm_{t-1} = F_t^T G = gamma (G - b (a^T G)): F_t^T, not F_t (LCSM eq. 12 has F_t).
+                G = G - bs[t].unsqueeze(-1) * w.unsqueeze(-2)
+                if gm is not None:
+                    G = gm[..., None, None] * G
+        dg_out = torch.stack(dg, 2) if g is not None else None
+        dm0 = G if ctx.has_m0 else None
+        return (torch.stack(dv, 2), torch.stack(de, 2), torch.stack(ds, 2), torch.stack(da, 2),
+                torch.stack(db, 2), dg_out, dm0, None)
+
+
+# ----------------------------------------------------------------------------- chunk form
+
+class _UnitLowerInverse(torch.autograd.Function):
+    """(I + L)^{-1} for strictly lower-triangular L [..., C, C].
+
+    Backward uses d(A^{-1}) = -A^{-1} dA A^{-1} with the inverse already in hand: two matmuls
+    instead of the second triangular solve that autograd through ``solve_triangular`` costs.
+    """
+
+    @staticmethod
+    def forward(ctx, L):
+        C = L.shape[-1]
+        eye = torch.eye(C, dtype=L.dtype, device=L.device)
+        inv = torch.linalg.solve_triangular(L + eye, eye.expand_as(L), upper=False, unitriangular=True)
+        ctx.save_for_backward(inv)
+        return inv
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (inv,) = ctx.saved_tensors
+        inv_t = inv.transpose(-1, -2)
+        return -(inv_t @ grad @ inv_t).tril(-1)
+
+
+def _delta_chunk(v, e, s, a, b, g, m0, chunk_size, a_is_e=False):
+    """Chunkwise (WY / UT) form. All inputs head-major [B, H, T, .]; returns (y, m_T).
+
+    Per chunk, with local cumulative log gate c_t = sum_{l<=t} g_l and a'_t = gamma_t a_t:
+        m_t = e^{c_t} M + sum_{j<=t} e^{c_t - c_j} (e_j v_j^T - a'_j u_j^T),   u_t = b_t^T m_{t-1},
+    so U = [u_t] solves (I + L) U = diag(e^{c_{t-1}}) B M + Le V with
+        L[t, j]  = e^{c_{t-1} - c_j} b_t . a'_j,   Le[t, j] = e^{c_{t-1} - c_j} b_t . e_j   (j < t).
+    Writing U = W M + U0 (W, U0 independent of M) makes every chunk's y and next state an affine
+    function of its initial memory M: y = Q M + R and M' = Phi M + Psi; only Phi M + Psi is sequential.
+    """
+    Bn, H, T, D = v.shape
+    K = e.shape[-1]
+    C = min(chunk_size, T)
+    N = -(-T // C)
+    pad = N * C - T
+    if pad:
+        # Zero a, b, e, v, s and a zero log gate make a padded step the identity on m.
+        v, e, s, a, b = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (v, e, s, a, b))
+        if g is not None:
+            g = torch.nn.functional.pad(g, (0, pad))
+    v, e, s, a, b = (x.reshape(Bn, H, N, C, x.shape[-1]) for x in (v, e, s, a, b))
+    strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
+    incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
+    if g is not None:
+        g = g.reshape(Bn, H, N, C)
+        c = g.cumsum(-1)                                  # c_t
+        c_prev = c - g                                    # c_{t-1}
+        a = a * g.exp().unsqueeze(-1)                     # a'_t = gamma_t a_t
+        # Differences are masked before exp so the (discarded) upper triangle can never overflow.
+        dec_b = (c_prev.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~strict, float("-inf")).exp()
+        dec_s = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~incl, float("-inf")).exp()
+        b_scaled = b * c_prev.exp().unsqueeze(-1)
+        s_scaled = s * c.exp().unsqueeze(-1)
+        to_end = (c[..., -1:] - c).exp().unsqueeze(-1)  # e^{c_C - c_j}
+        a_end, e_end = a * to_end, e * to_end
+        m_decay = c[..., -1].exp()[..., None, None] * torch.eye(K, dtype=v.dtype, device=v.device)
+    else:
+        dec_b, dec_s = strict.to(v.dtype), incl.to(v.dtype)
+        b_scaled, s_scaled, a_end, e_end = b, s, a, e
+        m_decay = torch.eye(K, dtype=v.dtype, device=v.device)
+    if a_is_e:
+        # DeltaNet (a = e = beta k): a'_j = gamma_j e_j, so L and Psa are Le and Pse with column j
+        # scaled by gamma_j: the C x C products are formed once.
+        et = e.transpose(-1, -2)
+        Le, Pse = (b @ et) * dec_b, (s @ et) * dec_s
+        col = g.exp().unsqueeze(-2) if g is not None else None
+        L, Psa = (Le, Pse) if col is None else (Le * col, Pse * col)
+    else:
+        ae = torch.cat([a, e], -2).transpose(-1, -2)     # [K, 2C]: a' and e side by side
+        L, Le = ((b @ ae) * torch.cat([dec_b, dec_b], -1)).split(C, -1)  # b_t . a'_j, b_t . e_j
+        Psa, Pse = ((s @ ae) * torch.cat([dec_s, dec_s], -1)).split(C, -1)
+    inv = _UnitLowerInverse.apply(L)
+    if a_is_e and g is None:
+        # Here L = Le, Psa = Pse and a_end = e_end; with (I + L)^{-1} L = I - (I + L)^{-1},
+        # U0 = v - inv v, so every product with v and U0 collapses onto v - U0 = inv v.
+        W, inv_v = (inv @ torch.cat([b, v], -1)).split([K, D], -1)
+        SW, R = (Pse @ torch.cat([W, inv_v], -1)).split([K, D], -1)
+        EW, Psi = (e.transpose(-1, -2) @ torch.cat([W, inv_v], -1)).split([K, D], -1)
+        Q, Phi = s - SW, m_decay - EW                     # y = Q M + R,  M' = Phi M + Psi
+    else:
+        sol = inv @ torch.cat([b_scaled, Le @ v], -1)     # [W, U0]: U = W M + U0
+        SW, SU = (Psa @ sol).split([K, D], -1)
+        Q, R = s_scaled - SW, Pse @ v - SU                # y = Q M + R
+        AW, AU = (a_end.transpose(-1, -2) @ sol).split([K, D], -1)
+        Phi, Psi = m_decay - AW, e_end.transpose(-1, -2) @ v - AU   # M' = Phi M + Psi
+
+    M = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
+    starts = []
+    # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
+    Phis, Psis = (x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi))
+    for Phi_n, Psi_n in zip(Phis, Psis):
+        starts.append(M)
+        M = Phi_n @ M + Psi_n
+    y = Q @ torch.stack(starts, 2) + R                    # [B, H, N, C, D]
+    y = y.reshape(Bn, H, N * C, D)[:, :, :T]
+    return y, M
+
+
+# ----------------------------------------------------------------------------- public API
+
+def eos_delta(i: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, log_o: Optional[Tensor] = None, *,
+              mode: str = "auto", initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+              chunk_size: int = 64) -> Tuple[Tensor, Optional[Tensor]]:
+    """EOS with the matrix oscillation o_t = exp(log_o_t) (I - a_t b_t^T) (LCSM 5.2, Table 7).
+
+        m_t = exp(log_o_t) (I - a_t b_t^T) m_{t-1} + e_t i_t^T,    y_t = m_t^T s_t
+
+    Args:
+        i: input state [B, T, H, D] (the values v).
+        e, s: expand and shrink states [B, T, H, K] (DeltaNet: e = beta k, s = q).
+        a, b: the rank-one correction of the oscillation, [B, T, H, K] (DeltaNet: a = beta k, b = k).
+        log_o: optional scalar gate per step [B, T, H] or per head [H]; None means 1.
+        mode: "recurrent", "chunk" or "auto" (T <= 1 -> recurrent, else chunk).
+        initial_state: m_0 [B, H, K, D] (zeros when None).
+        output_final_state: also return m_T [B, H, K, D].
+        chunk_size: chunk length C of mode "chunk" and checkpoint spacing of the recurrent
+            backward (any C >= 1; T need not be a multiple).
+
+    Returns:
+        y [B, T, H, D] and m_T (or None). Half-precision inputs are computed in float32 and y is
+        cast back; the final state stays float32 (as in fla).
+
+    Passing the same tensor object as ``a`` and ``e`` (DeltaNet's beta k) lets mode "chunk" compute
+    the C x C products once (about 25% faster); the result is the same as with two equal tensors.
+
+    The product of (I - a b^T) factors is stable when each factor is non-expansive, e.g. a = beta b
+    with ||b|| = 1 and beta in [0, 2] (DeltaNet's L2-normalised keys); the operator does not
+    normalise its inputs, that is the caller's parameterisation.
+    """
+    chunk_size = check_chunk_size(chunk_size)
+    if mode not in DELTA_MODES:
+        raise ValueError(f"mode: expected one of {', '.join(DELTA_MODES)}, got {mode!r}")
+    v, e_, s_, a_, b_, g, m0, out_dtype = _canonicalize(i, e, s, a, b, log_o, initial_state)
+    Bn, H, T, D = v.shape
+    K = e_.shape[-1]
+    if T == 0:
+        y, m = v.new_zeros(Bn, H, 0, D), (m0 if m0 is not None else v.new_zeros(Bn, H, K, D))
+    elif mode == "recurrent" or (mode == "auto" and T <= 1):
+        y, m = _DeltaRecurrent.apply(v, e_, s_, a_, b_, g, m0, chunk_size)
+    else:
+        y, m = _delta_chunk(v, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a is e)
+    y = y.permute(0, 2, 1, 3).to(out_dtype)
+    if not output_final_state:
+        return y, None
+    state_dtype = v.dtype if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    return y, m.to(state_dtype)

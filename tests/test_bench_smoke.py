@@ -1,0 +1,68 @@
+"""Smoke test of the operator benchmark (bench/ops_bench.py) in its tiny --quick configuration.
+
+It checks that every case runs end to end and renders its tables, not the timings themselves
+(those depend on the machine). Peers that are not installed must show up as SKIP, not crash.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lcsm.ops import eos
+from lcsm.testing import assert_close
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:        # bench/ lives at the repository root, outside the lcsm package
+    sys.path.insert(0, str(REPO))
+
+from bench import ops_bench  # noqa: E402
+
+
+def test_quick_run_prints_every_table(tmp_path, capsys):
+    out = tmp_path / "ops.md"
+    threads = torch.get_num_threads()
+    try:
+        assert ops_bench.main(["--quick", "--threads", "1", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)      # main() sets it process-wide; leave other tests as they were
+    text = capsys.readouterr().out
+    assert out.read_text().strip() == text.strip()
+    for heading in ("## Targets", "## Timings", "## Peak memory", "## Throughput"):
+        assert heading in text, heading
+    assert "| check | measured | target | result |" in text
+    assert "- git commit: " in text and "- machine cpu: " in text and "--quick" in text
+    # Every row of the targets table ends in a verdict; a crashed measurement would leave a note.
+    targets = text.split("## Targets")[1].split("\n## ")[0].strip().splitlines()[2:]
+    verdicts = [row.rsplit("|", 2)[-2].strip().split(" ")[0] for row in targets]
+    assert len(verdicts) >= 10 and set(verdicts) <= {"PASS", "FAIL", "SKIP", "info"}, targets
+    assert "PASS" in verdicts or "FAIL" in verdicts
+    assert "failed:" not in text and "DISAGREES" not in text
+    # The lcsm side of every timed case ran; fla rows are present exactly when fla is importable.
+    for label in ("lcsm eos chunk, row decay", "lcsm eos chunk, no decay", "causal scaled_dot_product_attention",
+                  "per-step Python loop"):
+        assert label in text, label
+    fla_present = ops_bench._fla()[0] is not None
+    assert ("SKIP (fla-core not installed)" in text) == (not fla_present)
+    assert ("fla naive_chunk_simple_gla" in text.split("## Timings")[1]) == fla_present
+
+
+def test_flop_model_matches_the_counted_flops_without_sub_chunking():
+    # Moderate decays take the one-matmul-per-chunk path, which issues exactly the analytic count.
+    z = ops_bench.QUICK
+    analytic = ops_bench.chunk_fwd_bwd_flops(z.B, z.H, z.T, z.K, z.D, z.C)
+    assert ops_bench.counted_matmul_flops(z, "none", z.T) == analytic
+
+
+def test_bad_options_are_rejected(capsys):
+    with pytest.raises(SystemExit):
+        ops_bench.main(["--only", "row_decay,nonsense"])
+    assert "nonsense" in capsys.readouterr().err
+
+
+def test_python_loop_matches_eos():
+    g = torch.Generator().manual_seed(0)
+    i, e, s = (torch.randn(1, 9, 2, n, generator=g, dtype=torch.float64) for n in (5, 3, 3))
+    log_o = -torch.rand(1, 9, 2, 3, 5, generator=g, dtype=torch.float64)
+    expected, _ = eos(i, e, s, log_o, mode="recurrent")
+    assert_close({"y": ops_bench.python_loop(i, e, s, log_o)}, {"y": expected}, context="python_loop")
