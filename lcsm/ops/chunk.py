@@ -182,9 +182,11 @@ def _chunk_matmul_segment(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], 
     pad = N * C - T
 
     def chunks(x):
+        # Contiguous once here: the operands arrive as head-major views of [B, T, H, *], and every
+        # batched matmul would otherwise copy them again.
         if pad:
             x = torch.nn.functional.pad(x, (0, 0, 0, pad))
-        return x.reshape(B, H, N, C, x.shape[-1])
+        return x.reshape(B, H, N, C, x.shape[-1]).contiguous()
 
     q, k, v = chunks(q), chunks(k), chunks(v)
     dt = q.dtype
@@ -212,11 +214,16 @@ def _chunk_matmul_segment(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], 
             decay = e_last.transpose(-1, -2)                           # [B, H, N, K|1, 1]
 
     M = m0 if m0 is not None else q.new_zeros(B, H, K, D)
-    states = []
-    for n in range(N):
-        states.append(M)
-        M = (M if decay is None else decay[:, :, n] * M) + U[:, :, n]
-    S = torch.stack(states, 2)                                         # [B, H, N, K, D]
+    if decay is None:
+        # without decay the boundary memories are an exclusive prefix sum of the contributions
+        S = torch.cat([M.unsqueeze(2), U[:, :, :-1]], 2).cumsum(2)   # [B, H, N, K, D]
+        M = S[:, :, -1] + U[:, :, -1]
+    else:
+        states = []
+        for n in range(N):
+            states.append(M)
+            M = torch.addcmul(U[:, :, n], decay[:, :, n], M)
+        S = torch.stack(states, 2)                                     # [B, H, N, K, D]
 
     mask = _causal_mask(C, strict, q.device)
     zero = torch.zeros((), dtype=dt, device=q.device)
