@@ -34,6 +34,7 @@ chunk alone. Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -169,6 +170,94 @@ def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str
     return torch.cat(ys, 2), M
 
 
+@dataclass
+class _Decay:
+    """Chunked factors of one log-oscillation sequence. They depend only on the decays, so every
+    EOS problem over the same decays (the forward one and its transposes in the backward) shares
+    them whatever the roles of q, k and v."""
+
+    G: Optional[Tensor] = None          # [B, H, N, C, X] cumulative logs from each chunk start (double)
+    e_G: Optional[Tensor] = None        # exp(Gamma_t) <= 1
+    e_last: Optional[Tensor] = None     # exp(Gamma_C) per chunk, [B, H, N, 1, X]
+    e_neg: Optional[Tensor] = None      # exp(-Gamma_s), only when moderate
+    to_end: Optional[Tensor] = None     # exp(Gamma_C - Gamma_s)
+    moderate: bool = True
+
+
+def _chunked(x: Tensor, C: int) -> Tensor:
+    """[B, H, T, X] -> [B, H, N, C, X], zero-padded at the end. Contiguous once here: the operands
+    arrive as head-major views of [B, T, H, *], and every batched matmul would copy them again."""
+    B, H, T, X = x.shape
+    N = max(1, math.ceil(T / C))
+    if N * C != T:
+        x = torch.nn.functional.pad(x, (0, 0, 0, N * C - T))
+    return x.reshape(B, H, N, C, X).contiguous()
+
+
+def _decay_factors(g: Optional[Tensor], C: int, dt: torch.dtype) -> _Decay:
+    if g is None:
+        return _Decay()
+    # Cumulative logs in double precision: their differences over short spans must stay accurate
+    # even when |Gamma| grows large under strong decays.
+    wide = torch.complex128 if g.is_complex() else torch.float64
+    G = _chunked(g, C).to(wide).cumsum(-2)
+    G_last = G[..., -1:, :]
+    # Moderate decays (the usual case, e.g. GLA's logsigmoid / 16): everything factorises through
+    # the chunk start, exp(Gamma_t - Gamma_s) = exp(Gamma_t) * exp(-Gamma_s), with every factor
+    # within exp(+-SAFE_SPAN). Stronger decays take the sub-chunk scheme.
+    moderate = _is_moderate(torch.nn.functional.pad(G, (0, 0, 1, 0)), dt)
+    e_last = _exp(G_last, dt)
+    e_neg = _exp(-G, dt) if moderate else None
+    to_end = e_last * e_neg if moderate else _exp(G_last - G, dt)
+    return _Decay(G, _exp(G, dt), e_last, e_neg, to_end, moderate)
+
+
+def _chunk_states(k: Tensor, v: Tensor, f: _Decay, kind: str, m0: Optional[Tensor]):
+    """Memories at every chunk start, S [B, H, N, K, D], and after the last chunk.
+    k [B, H, N, C, K] and v [B, H, N, C, D] are chunked."""
+    B, H, N, _, K = k.shape
+    D = v.shape[-1]
+    M = m0 if m0 is not None else k.new_zeros(B, H, K, D)
+    if kind == "none":
+        U = k.transpose(-1, -2) @ v
+        # without decay the chunk-start memories are an exclusive prefix sum of the contributions
+        S = torch.cat([M.unsqueeze(2), U[:, :, :-1]], 2).cumsum(2)
+        return S, S[:, :, -1] + U[:, :, -1]
+    if kind == "col":
+        U = k.transpose(-1, -2) @ (v * f.to_end)
+        decay = f.e_last                                               # [B, H, N, 1, D]
+    else:
+        U = (k * f.to_end).transpose(-1, -2) @ v
+        decay = f.e_last.transpose(-1, -2)                             # [B, H, N, K|1, 1]
+    states = []
+    for n in range(N):
+        states.append(M)
+        M = torch.addcmul(U[:, :, n], decay[:, :, n], M)
+    return torch.stack(states, 2), M
+
+
+def _chunk_outputs(q: Tensor, k: Tensor, v: Tensor, f: _Decay, S: Tensor, kind: str, strict: bool):
+    """y [B, H, N, C, D] from chunked q, k, v and the chunk-start memories S."""
+    mask = _causal_mask(q.shape[-2], strict, q.device)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    if kind == "none":
+        return q @ S + torch.where(mask, q @ k.transpose(-1, -2), zero) @ v
+    if kind == "scalar":
+        w = f.e_G * f.e_neg.transpose(-1, -2) if f.moderate else _pairwise(f.G, False, q.dtype)[..., 0]
+        return (q @ S) * f.e_G + torch.where(mask, (q @ k.transpose(-1, -2)) * w, zero) @ v
+    if kind == "row":
+        if f.moderate:
+            intra = torch.where(mask, (q * f.e_G) @ (k * f.e_neg).transpose(-1, -2), zero) @ v
+        else:
+            intra = _intra_subchunked(q, k, v, f.G, "row", strict)
+        return (q * f.e_G) @ S + intra
+    if f.moderate:
+        intra = f.e_G * (torch.where(mask, q @ k.transpose(-1, -2), zero) @ (v * f.e_neg))
+    else:
+        intra = _intra_subchunked(q, k, v, f.G, "col", strict)
+    return (q @ S) * f.e_G + intra
+
+
 def _chunk_matmul_segment(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str,
                           m0: Optional[Tensor], C: int, strict: bool = False):
     """The ``matmul`` kernel on one segment. q, k [B, H, T, K]; v [B, H, T, D]; g None (kind 'none') or
@@ -176,75 +265,10 @@ def _chunk_matmul_segment(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], 
     Returns y [B, H, T, D] and m_T [B, H, K, D]. Differentiable by autograd as written.
     ``strict`` leaves out each step's own contribution (s = t) from y (not from m_T); see
     ``ChunkMatmulFunction`` for why the backward wants that."""
-    B, H, T, K = q.shape
-    D = v.shape[-1]
-    N = max(1, math.ceil(T / C))
-    pad = N * C - T
-
-    def chunks(x):
-        # Contiguous once here: the operands arrive as head-major views of [B, T, H, *], and every
-        # batched matmul would otherwise copy them again.
-        if pad:
-            x = torch.nn.functional.pad(x, (0, 0, 0, pad))
-        return x.reshape(B, H, N, C, x.shape[-1]).contiguous()
-
-    q, k, v = chunks(q), chunks(k), chunks(v)
-    dt = q.dtype
-    if kind == "none":
-        U = k.transpose(-1, -2) @ v
-        decay = None
-    else:
-        # Cumulative logs in double precision: their differences over short spans must stay
-        # accurate even when |Gamma| grows large under strong decays.
-        wide = torch.complex128 if g.is_complex() else torch.float64
-        G = chunks(g).to(wide).cumsum(-2)                              # [B, H, N, C, X]
-        G_last = G[..., -1:, :]
-        e_G, e_last = _exp(G, dt), _exp(G_last, dt)                    # both <= 1
-        # Moderate decays (the usual case, e.g. GLA's logsigmoid / 16): everything factorises
-        # through the chunk start, exp(Gamma_t - Gamma_s) = exp(Gamma_t) * exp(-Gamma_s), with
-        # every factor within exp(+-SAFE_SPAN). Stronger decays take the sub-chunk scheme.
-        moderate = _is_moderate(torch.nn.functional.pad(G, (0, 0, 1, 0)), dt)
-        e_neg = _exp(-G, dt) if moderate else None
-        to_end = e_last * e_neg if moderate else _exp(G_last - G, dt)
-        if kind == "col":
-            U = k.transpose(-1, -2) @ (v * to_end)
-            decay = e_last                                             # [B, H, N, 1, D]
-        else:
-            U = (k * to_end).transpose(-1, -2) @ v
-            decay = e_last.transpose(-1, -2)                           # [B, H, N, K|1, 1]
-
-    M = m0 if m0 is not None else q.new_zeros(B, H, K, D)
-    if decay is None:
-        # without decay the boundary memories are an exclusive prefix sum of the contributions
-        S = torch.cat([M.unsqueeze(2), U[:, :, :-1]], 2).cumsum(2)   # [B, H, N, K, D]
-        M = S[:, :, -1] + U[:, :, -1]
-    else:
-        states = []
-        for n in range(N):
-            states.append(M)
-            M = torch.addcmul(U[:, :, n], decay[:, :, n], M)
-        S = torch.stack(states, 2)                                     # [B, H, N, K, D]
-
-    mask = _causal_mask(C, strict, q.device)
-    zero = torch.zeros((), dtype=dt, device=q.device)
-    if kind == "none":
-        return _unchunk(q @ S + torch.where(mask, q @ k.transpose(-1, -2), zero) @ v, T), M
-    if kind == "scalar":
-        w = e_G * e_neg.transpose(-1, -2) if moderate else _pairwise(G, False, dt)[..., 0]
-        y = (q @ S) * e_G + torch.where(mask, (q @ k.transpose(-1, -2)) * w, zero) @ v
-    elif kind == "row":
-        if moderate:
-            intra = torch.where(mask, (q * e_G) @ (k * e_neg).transpose(-1, -2), zero) @ v
-        else:
-            intra = _intra_subchunked(q, k, v, G, "row", strict)
-        y = (q * e_G) @ S + intra
-    else:
-        if moderate:
-            intra = e_G * (torch.where(mask, q @ k.transpose(-1, -2), zero) @ (v * e_neg))
-        else:
-            intra = _intra_subchunked(q, k, v, G, "col", strict)
-        y = (q @ S) * e_G + intra
-    return _unchunk(y, T), M
+    f = _decay_factors(g, C, q.dtype)
+    qc, kc, vc = _chunked(q, C), _chunked(k, C), _chunked(v, C)
+    S, M = _chunk_states(kc, vc, f, kind, m0)
+    return _unchunk(_chunk_outputs(qc, kc, vc, f, S, kind, strict), q.shape[2]), M
 
 
 def _unchunk(y: Tensor, T: int) -> Tensor:
@@ -266,13 +290,14 @@ def _segments(T: int, C: int):
 class ChunkMatmulFunction(torch.autograd.Function):
     """``chunk_matmul`` with the appendix-5.1 backward expressed as three more EOS problems.
 
-    Forward and backward both walk the sequence in segments (see ``chunk_matmul``): the forward
-    keeps the memory at each segment start, the backward visits segments last to first, solving the
-    forward-time problem for ds from that saved memory and the two reverse-time problems for di and
-    de from the adjoint memory carried back from the later segment; the decay gradient's reverse
-    cumulative sum is carried across segments the same way.
+    The three share work: ds is the forward problem transposed, so it reuses the forward's
+    chunk-start memories (saved: O((T / C) K D)); di and de are one reverse-time problem read out
+    two ways (its memory is dm for di and dm^T for de), so its chunk-start memories are computed
+    once. Forward and backward walk the sequence in segments (see ``chunk_matmul``); the backward
+    visits them last to first, carrying the adjoint memory and the decay gradient's reverse
+    cumulative sum back across segment boundaries.
 
-    All kernel calls run with ``strict=True`` and add each step's own term afterwards: the decay
+    Every output is computed ``strict`` and each step's own term added afterwards: the decay
     gradient is a reverse cumulative sum of conj(s) ds - conj(e) de, in which the own-step parts of
     ds and de are equal and cancel exactly. Left in, they are O(1) while the true dg is O(o) -- with
     strong decays float32 would lose dg to cancellation.
@@ -284,12 +309,13 @@ class ChunkMatmulFunction(torch.autograd.Function):
         M = m0 if m0 is not None else q.new_zeros(B, H, K, v.shape[-1])
         ys, starts = [], []
         for part in _segments(T, C):
-            starts.append(M)
-            y, M = _chunk_matmul_segment(q[:, :, part], k[:, :, part], v[:, :, part],
-                                         None if g is None else g[:, :, part], kind, M, C, strict=True)
-            ys.append(y)
+            f = _decay_factors(None if g is None else g[:, :, part], C, q.dtype)
+            qc, kc, vc = (_chunked(x[:, :, part], C) for x in (q, k, v))
+            S, M = _chunk_states(kc, vc, f, kind, M)
+            ys.append(_unchunk(_chunk_outputs(qc, kc, vc, f, S, kind, True), part.stop - part.start))
+            starts.append(S)
         y_strict = torch.cat(ys, 2)
-        ctx.save_for_backward(q, k, v, g, m0, y_strict, M, torch.stack(starts, 2))
+        ctx.save_for_backward(q, k, v, g, m0, y_strict, M, torch.cat(starts, 2))
         ctx.kind, ctx.C = kind, C
         return y_strict + _own_step(q, k, v), M
 
@@ -310,8 +336,9 @@ class ChunkMatmulFunction(torch.autograd.Function):
             carry = carry.unsqueeze(2)
         grads = {"q": [], "k": [], "v": [], "g": []}
         parts = _segments(T, C)
+        first_chunk = [math.ceil(p.start / C) for p in parts] + [starts.shape[2]]
         for j in reversed(range(len(parts))):
-            part = parts[j]
+            part, L = parts[j], parts[j].stop - parts[j].start
             qc, kc, vc = q[:, :, part].conj(), k[:, :, part].conj(), v[:, :, part].conj()
             dy_j = dy[:, :, part]
             gc = g_rev = None
@@ -320,13 +347,22 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 # the adjoint at step t decays by o_{t+1}; past the last step of the sequence o = 1
                 after = g[:, :, part.stop: part.stop + 1].conj() if part.stop < T else torch.zeros_like(gc[:, :, :1])
                 g_rev = torch.cat([gc[:, :, 1:], after], 2).flip(2)
-            start = starts[:, :, j].conj().transpose(-1, -2)
-            dq, _ = _chunk_matmul_segment(dy_j, vc, kc, gc, tkind, start, C, strict=True)
-            dv, dM_start = _chunk_matmul_segment(kc.flip(2), qc.flip(2), dy_j.flip(2), g_rev, kind, dM, C,
-                                                 strict=True)
-            dk, _ = _chunk_matmul_segment(vc.flip(2), dy_j.flip(2), qc.flip(2), g_rev, tkind,
-                                          dM.transpose(-1, -2), C, strict=True)
-            dv, dk = dv.flip(2), dk.flip(2)
+
+            # ds: the forward problem transposed (memory conj(m)^T), from the saved memories
+            S_fwd = starts[:, :, first_chunk[j]: first_chunk[j + 1]].conj().transpose(-1, -2)
+            f_fwd = _decay_factors(gc, C, q.dtype)
+            dq = _unchunk(_chunk_outputs(_chunked(dy_j, C), _chunked(vc, C), _chunked(kc, C), f_fwd,
+                                         S_fwd, tkind, True), L)
+
+            # di and de: the reverse-time adjoint problem (input dy, expand conj(s), shrink conj(e)
+            # for di; its transpose for de), one set of chunk-start memories for both
+            f_rev = _decay_factors(g_rev, C, q.dtype)
+            q_r, k_r, v_r, dy_r = (_chunked(x.flip(2), C) for x in (qc, kc, vc, dy_j))
+            S_rev, dM_start = _chunk_states(q_r, dy_r, f_rev, kind, dM)
+            dv = _unchunk(_chunk_outputs(k_r, q_r, dy_r, f_rev, S_rev, kind, True), L).flip(2)
+            dk = _unchunk(_chunk_outputs(v_r, dy_r, q_r, f_rev, S_rev.transpose(-1, -2), tkind, True),
+                          L).flip(2)
+
             if g is not None:
                 if kind == "col":
                     term = dy_j * y_strict[:, :, part].conj() - vc * dv
