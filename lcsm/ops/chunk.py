@@ -220,8 +220,10 @@ def _chunk_states(k: Tensor, v: Tensor, f: _Decay, kind: str, m0: Optional[Tenso
     M = m0 if m0 is not None else k.new_zeros(B, H, K, D)
     if kind == "none":
         U = k.transpose(-1, -2) @ v
-        # without decay the chunk-start memories are an exclusive prefix sum of the contributions
-        S = torch.cat([M.unsqueeze(2), U[:, :, :-1]], 2).cumsum(2)
+        # without decay the chunk-start memories are an exclusive prefix sum of the contributions,
+        # one small matmul with a strictly lower-triangular matrix of ones
+        before = torch.ones(N, N, dtype=U.dtype, device=U.device).tril(-1)
+        S = (before @ U.reshape(B, H, N, K * D)).reshape(B, H, N, K, D) + M.unsqueeze(2)
         return S, S[:, :, -1] + U[:, :, -1]
     if kind == "col":
         U = k.transpose(-1, -2) @ (v * f.to_end)
@@ -241,7 +243,7 @@ def _chunk_outputs(q: Tensor, k: Tensor, v: Tensor, f: _Decay, S: Tensor, kind: 
     mask = _causal_mask(q.shape[-2], strict, q.device)
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
     if kind == "none":
-        return q @ S + torch.where(mask, q @ k.transpose(-1, -2), zero) @ v
+        return (q @ S).add_(torch.where(mask, q @ k.transpose(-1, -2), zero) @ v)
     if kind == "scalar":
         w = f.e_G * f.e_neg.transpose(-1, -2) if f.moderate else _pairwise(f.G, False, q.dtype)[..., 0]
         return (q @ S) * f.e_G + torch.where(mask, (q @ k.transpose(-1, -2)) * w, zero) @ v
@@ -373,9 +375,9 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 dg = term.flip(2).cumsum(2).flip(2) + carry
                 carry = dg[:, :, :1]
                 grads["g"].append(dg)
-            grads["q"].append(dq + _own_step(vc, dy_j, kc))
-            grads["k"].append(dk + _own_step(dy_j, vc, qc))
-            grads["v"].append(dv + _own_step(qc, kc, dy_j))
+            grads["q"].append(dq.add_(_own_step(vc, dy_j, kc)))
+            grads["k"].append(dk.add_(_own_step(dy_j, vc, qc)))
+            grads["v"].append(dv.add_(_own_step(qc, kc, dy_j)))
             dM = dM_start
         dm0 = None
         if m0 is not None:
