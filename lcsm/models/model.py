@@ -1,0 +1,358 @@
+"""Models: a backbone of residual blocks with any registered mixer, and three heads.
+
+    CausalLM            tokens [B, T] -> next-token logits [B, T, V]; ``generate`` decodes with
+                        the mixers' recurrent states (constant cost per new token).
+    SequenceClassifier  tokens [B, T] (or features [B, T, input_dim]) -> class logits [B, C],
+                        pooled by mean over valid tokens or by the last valid token.
+    DualClassifier      two sequences -> [B, C], pooled features u, v combined as
+                        [u, v, u * v, u - v] (LRA retrieval, Tay et al. 2020, "NLI" interaction).
+
+``build_model(config)`` picks the head from ``config.head`` and reports the parameter count.
+
+Shape glossary: B batch, T time, d d_model, V vocab_size, C n_classes. Model state: a list with
+one mixer ``State`` per layer (tensors only), as the mixers' own ``forward(x, state, return_state)``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import List, Mapping, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lcsm.layers import State
+
+from .blocks import NORM_TYPES, Block, init_model_weights, make_norm
+from .config import ModelConfig
+
+Tensor = torch.Tensor
+log = logging.getLogger(__name__)
+
+
+def lengths_from_mask(mask: Optional[Tensor], batch: int, T: int, device) -> Optional[Tensor]:
+    """Valid lengths [B] from a right-padding mask [B, T] (True / 1 = token)."""
+    if mask is None:
+        return None
+    if mask.shape != (batch, T):
+        raise ValueError(f"mask: expected [B, T] = [{batch}, {T}], got {list(mask.shape)}")
+    mask = mask.to(device=device, dtype=torch.bool)
+    lengths = mask.sum(1)
+    prefix = torch.arange(T, device=device) < lengths[:, None]
+    if not torch.equal(prefix, mask):
+        raise ValueError("mask: expected right padding (each row a run of valid tokens followed by padding)")
+    if bool((lengths == 0).any()):
+        raise ValueError("mask: every sequence needs at least one valid token")
+    return lengths
+
+
+class Backbone(nn.Module):
+    """Input encoder (embedding or Linear) -> dropout -> n_layers Blocks -> final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        if config.vocab_size is not None:
+            self.embedding = nn.Embedding(config.vocab_size, d)
+        else:
+            self.encoder = nn.Linear(config.input_dim, d)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
+        self.norm = make_norm(config.norm, d, config.norm_eps) if config.final_norm else nn.Identity()
+        owned = [self.embedding if config.vocab_size is not None else self.encoder]
+        for block in self.blocks:
+            owned += [m for m in (getattr(block, "mixer_in", None), getattr(block, "mixer_out", None),
+                                  block.gate, block.channel) if m is not None]
+        init_model_weights(owned, config.init_std)
+
+    def embed(self, inputs: Tensor) -> Tensor:
+        if self.config.vocab_size is not None:
+            if inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
+                raise ValueError(f"input_ids: expected integer token ids [B, T], got {inputs.dtype} {list(inputs.shape)}")
+            return self.embedding(inputs)
+        if inputs.dim() != 3 or inputs.shape[-1] != self.config.input_dim or not inputs.is_floating_point():
+            raise ValueError(f"inputs: expected float features [B, T, input_dim={self.config.input_dim}], "
+                             f"got {inputs.dtype} {list(inputs.shape)}")
+        return self.encoder(inputs.to(self.encoder.weight.dtype))
+
+    def forward(self, inputs: Tensor, state: Optional[List[State]] = None, return_state: bool = False,
+                lengths: Optional[Tensor] = None):
+        """inputs [B, T] ids (or [B, T, input_dim]) -> hidden [B, T, d] (and the per-layer states)."""
+        x = self.dropout(self.embed(inputs))
+        if state is not None and len(state) != len(self.blocks):
+            raise ValueError(f"state: expected one State per layer ({len(self.blocks)}), got {len(state)}")
+        states = []
+        for i, block in enumerate(self.blocks):
+            if state is not None or return_state:
+                x, s = block(x, state=state[i] if state is not None else None, return_state=True)
+                states.append(s)
+            else:
+                x = block(x, lengths=lengths)
+        x = self.norm(x)
+        return (x, states) if return_state else x
+
+    def init_state(self, batch_size: int) -> List[State]:
+        return [block.init_state(batch_size) for block in self.blocks]
+
+
+class Model(nn.Module):
+    """Shared parts of the heads: parameter count and the weight-decay parameter split."""
+
+    config: ModelConfig
+
+    def num_parameters(self) -> int:
+        """Distinct trainable parameters (a tied matrix counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def no_weight_decay_parameters(self) -> List[nn.Parameter]:
+        """Parameters the engine's AdamW should not decay: every parameter tagged by
+        ``lcsm.layers.no_weight_decay`` (decays, A_log, skips, ...), every norm parameter and every
+        bias. Embedding matrices are decayed, as in nanoGPT and Zoology (2-D parameters are
+        decayed; a tied embedding is also the LM head's weight)."""
+        chosen = {}
+        for module in self.modules():
+            for name, p in module.named_parameters(recurse=False):
+                if getattr(p, "_no_weight_decay", False) or isinstance(module, NORM_TYPES) or name == "bias":
+                    chosen[id(p)] = p
+        return list(chosen.values())
+
+    def parameter_groups(self, weight_decay: float) -> List[dict]:
+        """The two AdamW groups: decayed parameters, then the ``no_weight_decay_parameters``."""
+        skip = {id(p) for p in self.no_weight_decay_parameters()}
+        decay = [p for p in self.parameters() if id(p) not in skip]
+        return [{"params": decay, "weight_decay": weight_decay},
+                {"params": [p for p in self.parameters() if id(p) in skip], "weight_decay": 0.0}]
+
+
+# ----------------------------------------------------------------------------- language model
+
+
+def sample_next(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
+                top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+    """One token per row of logits [B, V]: greedy when temperature == 0, else a sample from
+    softmax(logits / temperature) restricted to the top_k tokens and to the smallest set whose
+    probability reaches top_p (nucleus sampling, Holtzman et al. 2020)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # Drop a token when the tokens ranked above it already reach top_p (the top one always stays).
+        drop = probs.cumsum(-1) - probs >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: expected a positive integer, got {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature: expected a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k: expected None or a positive integer, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p: expected None or a probability in (0, 1], got {top_p!r}")
+
+
+class CausalLM(Model):
+    """Causal language model: backbone + LM head (tied to the embedding or its own Linear)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.head != "lm":
+            raise ValueError(f"head: CausalLM needs head='lm', got {config.head!r}")
+        self.config = config
+        self.backbone = Backbone(config)
+        if config.tie_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+            init_model_weights([self.lm_head], config.init_std)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        if self.lm_head is None:
+            return F.linear(hidden, self.backbone.embedding.weight)
+        return self.lm_head(hidden)
+
+    def forward(self, input_ids: Tensor, state: Optional[List[State]] = None, return_state: bool = False):
+        """input_ids [B, T] -> logits [B, T, V] (and the per-layer states after the last token)."""
+        if state is not None or return_state:
+            hidden, states = self.backbone(input_ids, state=state, return_state=True)
+            return self.logits(hidden), states
+        return self.logits(self.backbone(input_ids))
+
+    def init_state(self, batch_size: int) -> List[State]:
+        return self.backbone.init_state(batch_size)
+
+    @torch.no_grad()
+    def generate(self, input_ids: Union[Tensor, Sequence[Sequence[int]]], max_new_tokens: int,
+                 temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                 lengths: Optional[Tensor] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+        """Decode ``max_new_tokens`` tokens after each prompt; returns the new tokens [B, max_new_tokens].
+
+        Prompts: a [B, T] tensor (all of length T, or right-padded with ``lengths`` [B]) or a list of
+        B token lists of any lengths. The shortest prompt length L is prefilled for the whole batch
+        in one forward pass; from then on every sequence advances one token per step through the
+        mixers' recurrent states, reading its own prompt while it lasts and its own samples after,
+        so prompts of different lengths share every step (no padding enters any state) and the
+        result equals generating each prompt alone. Each step costs the same whatever the context
+        length (a growing KV cache for the ``attention`` mixer). Runs in eval mode (dropout off,
+        batch-norm running statistics).
+        """
+        _check_sampling(max_new_tokens, temperature, top_k, top_p)
+        device = self.backbone.embedding.weight.device
+        prompts = _prompt_list(input_ids, lengths)
+        B = len(prompts)
+        lens = torch.tensor([len(p) for p in prompts], device=device)
+        L_min, L_max = int(lens.min()), int(lens.max())
+        padded = torch.zeros(B, L_max, dtype=torch.long, device=device)
+        for b, p in enumerate(prompts):
+            padded[b, : len(p)] = p.to(device)
+        was_training = self.training
+        self.eval()
+        try:
+            logits, state = self(padded[:, :L_min], return_state=True)
+            last = logits[:, -1]
+            out = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
+            rows = torch.arange(B, device=device)
+            # Position p is the token being predicted; sequence b emits generated token p - len_b.
+            for p in range(L_min, L_max + max_new_tokens):
+                token = sample_next(last, temperature, top_k, top_p, generator)
+                k = p - lens
+                emit = (k >= 0) & (k < max_new_tokens)
+                out[rows[emit], k[emit]] = token[emit]
+                if p == L_max + max_new_tokens - 1:
+                    break
+                inside = p < lens
+                next_input = torch.where(inside, padded[:, min(p, L_max - 1)], token)
+                logits, state = self(next_input[:, None], state=state, return_state=True)
+                last = logits[:, -1]
+        finally:
+            self.train(was_training)
+        return out
+
+
+def _prompt_list(input_ids, lengths) -> List[Tensor]:
+    if isinstance(input_ids, Tensor):
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"input_ids: expected integer ids [B, T], got {input_ids.dtype} {list(input_ids.shape)}")
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids: expected prompts of at least one token, got T = 0")
+        if lengths is None:
+            return list(input_ids.long())
+        lengths = torch.as_tensor(lengths)
+        if lengths.shape != (input_ids.shape[0],) or bool((lengths < 1).any()) or bool((lengths > input_ids.shape[1]).any()):
+            raise ValueError(f"lengths: expected [B] = [{input_ids.shape[0]}] values in [1, {input_ids.shape[1]}], "
+                             f"got {lengths.tolist()}")
+        return [row[: int(n)].long() for row, n in zip(input_ids, lengths)]
+    if lengths is not None:
+        raise ValueError("lengths: only for a right-padded [B, T] tensor; a list of prompts carries its own lengths")
+    prompts = [torch.as_tensor(p, dtype=torch.long) for p in input_ids]
+    if not prompts or any(p.dim() != 1 or p.numel() == 0 for p in prompts):
+        raise ValueError("input_ids: expected a non-empty list of non-empty 1-D token sequences")
+    return prompts
+
+
+# ----------------------------------------------------------------------------- classifiers
+
+
+class PooledClassifierBase(Model):
+    """Encoder + pooling shared by the two classifier heads."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.backbone = Backbone(config)
+
+    def encode(self, inputs: Tensor, mask: Optional[Tensor] = None, lengths: Optional[Tensor] = None) -> Tensor:
+        """inputs [B, T] (or [B, T, input_dim]) -> pooled features [B, d]. Padding (``mask`` [B, T]
+        or ``lengths`` [B], right padding) is excluded from the pooling and, for the two-map
+        bidirectional encoder, from both directions."""
+        B, T = inputs.shape[:2]
+        if mask is not None and lengths is not None:
+            raise ValueError("mask / lengths: give one of them, not both")
+        if lengths is None:
+            lengths = lengths_from_mask(mask, B, T, inputs.device)
+        elif lengths.shape != (B,) or bool((lengths < 1).any()) or bool((lengths > T).any()):
+            raise ValueError(f"lengths: expected [B] = [{B}] values in [1, {T}], got {lengths.tolist()}")
+        hidden = self.backbone(inputs, lengths=lengths)
+        if lengths is None:
+            return hidden.mean(1) if self.config.pooling == "mean" else hidden[:, -1]
+        lengths = lengths.to(hidden.device)
+        if self.config.pooling == "last":
+            return hidden[torch.arange(B, device=hidden.device), lengths - 1]
+        valid = (torch.arange(T, device=hidden.device) < lengths[:, None]).to(hidden.dtype)
+        return (hidden * valid[..., None]).sum(1) / lengths[:, None].to(hidden.dtype)
+
+
+def _mlp_head(d_in: int, hidden: Sequence[int], n_classes: int) -> nn.Module:
+    layers: List[nn.Module] = []
+    for h in hidden:
+        layers += [nn.Linear(d_in, h), nn.ReLU()]
+        d_in = h
+    layers.append(nn.Linear(d_in, n_classes))
+    return nn.Sequential(*layers)
+
+
+class SequenceClassifier(PooledClassifierBase):
+    """One sequence -> class logits [B, C] (mean or last-token pooling, linear or LRA MLP head)."""
+
+    def __init__(self, config: ModelConfig):
+        if config.head != "classifier":
+            raise ValueError(f"head: SequenceClassifier needs head='classifier', got {config.head!r}")
+        super().__init__(config)
+        hidden = [config.head_hidden] if config.head_hidden else []
+        self.head = _mlp_head(config.d_model, hidden, config.n_classes)
+        init_model_weights([self.head], config.init_std)
+
+    def forward(self, inputs: Tensor, mask: Optional[Tensor] = None, lengths: Optional[Tensor] = None) -> Tensor:
+        return self.head(self.encode(inputs, mask=mask, lengths=lengths))
+
+
+class DualClassifier(PooledClassifierBase):
+    """Two sequences, one shared encoder -> class logits [B, C] from [u, v, u * v, u - v]
+    (LRA retrieval, Tay et al. 2020: the "NLI" interaction of their dual classifier head, followed
+    by Linear(h) -> ReLU -> Linear(h // 2) -> ReLU -> Linear(C) when head_hidden = h), or from
+    [u, v] with ``dual_combine="concat"`` (the official ETSMLP retrieval head)."""
+
+    def __init__(self, config: ModelConfig):
+        if config.head != "dual":
+            raise ValueError(f"head: DualClassifier needs head='dual', got {config.head!r}")
+        super().__init__(config)
+        hidden = [config.head_hidden, config.head_hidden // 2] if config.head_hidden else []
+        width = 4 * config.d_model if config.dual_combine == "nli" else 2 * config.d_model
+        self.head = _mlp_head(width, hidden, config.n_classes)
+        init_model_weights([self.head], config.init_std)
+
+    def combine(self, u: Tensor, v: Tensor) -> Tensor:
+        if self.config.dual_combine == "concat":
+            return torch.cat([u, v], dim=-1)
+        return torch.cat([u, v, u * v, u - v], dim=-1)
+
+    def forward(self, inputs1: Tensor, inputs2: Tensor, mask1: Optional[Tensor] = None,
+                mask2: Optional[Tensor] = None, lengths1: Optional[Tensor] = None,
+                lengths2: Optional[Tensor] = None) -> Tensor:
+        u = self.encode(inputs1, mask=mask1, lengths=lengths1)
+        v = self.encode(inputs2, mask=mask2, lengths=lengths2)
+        return self.head(self.combine(u, v))
+
+
+HEAD_CLASSES = {"lm": CausalLM, "classifier": SequenceClassifier, "dual": DualClassifier}
+
+
+def build_model(config: Union[ModelConfig, Mapping], verbose: bool = True) -> Model:
+    """Build the model a config describes (a ModelConfig or a plain mapping, validated) and report
+    its parameter count on the ``lcsm.models`` logger (INFO)."""
+    if not isinstance(config, ModelConfig):
+        config = ModelConfig.from_dict(config)
+    model = HEAD_CLASSES[config.head](config)
+    if verbose:
+        log.info("built %s (%s, %d layers, d_model %d): %s parameters", type(model).__name__, config.mixer,
+                 config.n_layers, config.d_model, f"{model.num_parameters():,}")
+    return model

@@ -1,0 +1,144 @@
+"""The papers' own architectures as named presets: each is a ``ModelConfig``, nothing more.
+
+    preset("etsmlp", task="listops")        ETSMLP (Chu 2024, section 3.2): CES inside an
+                                            element-wise MLP, no channel mixer, bidirectional
+    preset("etsmlp_gate", task="listops")   ETSMLP-Gate: the same block with the sigmoid gate
+    preset("metala_transformer")            MetaLA Transformer (Chou et al. 2024, appendix A3.3):
+                                            MetaLA token mixer + GLU, pre-norm; LM or LRA task
+    preset("lcsm_lm")                       the LCSM WikiText-103 LM (LCSM section 3, Table 8)
+
+Any field can be overridden: ``preset("etsmlp", task="text", d_model=32, n_layers=2)``.
+``LCSM_LM_RECIPE`` holds the Table 8 training recipe for the training engine.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Callable, Dict, Optional
+
+from .config import ModelConfig
+
+# LRA inputs: byte-level text / pixels (256 symbols); ListOps: digits 0-9, four operators
+# (MIN MAX MED SM), "[" "]" and padding (Nangia & Bowman 2018; Tay et al. 2020) -> 17 symbols.
+LRA_INPUTS = {
+    "listops": dict(vocab_size=17, n_classes=10, head="classifier"),
+    "text": dict(vocab_size=256, n_classes=2, head="classifier"),
+    "retrieval": dict(vocab_size=256, n_classes=2, head="dual"),
+    "image": dict(vocab_size=256, n_classes=10, head="classifier"),
+    "pathfinder": dict(vocab_size=256, n_classes=2, head="classifier"),
+}
+
+# ETSMLP LRA configurations (official configs, reference-notes section 2): embedding d, MLP
+# hidden H, layers, ring r_min-r_max, max phase, norm (batch norm for the image tasks).
+ETSMLP_LRA = {
+    "listops": dict(d_model=160, mixer_hidden=160, n_layers=12, r_min=0.6, r_max=0.9, max_phase=2 * math.pi,
+                    norm="layernorm"),
+    "text": dict(d_model=160, mixer_hidden=160, n_layers=4, r_min=0.9, r_max=0.999, max_phase=0.314,
+                 norm="layernorm"),
+    "retrieval": dict(d_model=160, mixer_hidden=160, n_layers=6, r_min=0.1, r_max=0.9, max_phase=math.pi,
+                      norm="layernorm"),
+    "image": dict(d_model=128, mixer_hidden=256, n_layers=8, r_min=0.9, r_max=0.99, max_phase=math.pi,
+                  norm="batchnorm"),
+    "pathfinder": dict(d_model=128, mixer_hidden=256, n_layers=6, r_min=0.9, r_max=0.9999, max_phase=0.314,
+                       norm="batchnorm"),
+}
+
+# MetaLA LRA configurations (MetaLA Table A4): depth, d (d1 = d/2 is the mixer's query/decay
+# width, fixed by the mixer), d2 = GLU hidden width, dropout.
+METALA_LRA = {
+    "listops": dict(n_layers=6, d_model=32, channel_hidden=64, dropout=0.0),
+    "text": dict(n_layers=4, d_model=128, channel_hidden=256, dropout=0.1),
+    "retrieval": dict(n_layers=2, d_model=256, channel_hidden=512, dropout=0.1),
+    "image": dict(n_layers=6, d_model=512, channel_hidden=512, dropout=0.0),
+    "pathfinder": dict(n_layers=6, d_model=128, channel_hidden=128, dropout=0.0),
+}
+
+# LCSM Table 8 (WikiText-103 LM recipe), for the training engine.
+LCSM_LM_RECIPE: Dict[str, Any] = dict(
+    dataset="wikitext-103", tokenizer="bpe", vocab_size=50265, seq_len=512, batch_size=128,
+    updates=50_000, warmup=4_000, lr=5e-4, schedule="inverse_sqrt", optimizer="adam",
+    adam_eps=1e-8, adam_betas=(0.9, 0.98), weight_decay=0.1, grad_clip=None,
+)
+
+
+def _task(task: str, table: dict) -> dict:
+    if task not in table:
+        close = difflib.get_close_matches(str(task), list(table), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"task: expected one of {', '.join(table)}, got {task!r}{hint}")
+    return dict(table[task])
+
+
+def etsmlp(task: str = "listops", gate: bool = False, **overrides) -> ModelConfig:
+    """ETSMLP (ETSMLP section 3.2, Figure 2): per block, X = LayerNorm(X_i), Z = W_2 relu(CES(W_1 X)),
+    X_{i+1} = X_i + Z (gate: X_{i+1} = X_i + sigmoid(W_g X) * Z). No separate channel mixer.
+    Encoder with CES's native bidirectional kernel (eq. 14). From the official code
+    (``architectures/LRA_model.py``, the complex "smlp" configs): mean pooling ("mp"), no hidden
+    classifier layer (classifier_layers 0), dropout 0.1, no position embeddings, and for retrieval
+    the two pooled vectors concatenated, [u, v]. ``task`` picks the official LRA configuration
+    (reference-notes section 2)."""
+    cfg = _task(task, ETSMLP_LRA)
+    ring = {k: cfg.pop(k) for k in ("r_min", "r_max", "max_phase")}
+    values = dict(mixer="ces", mixer_options=dict(init="ring", **ring), mixer_activation="relu",
+                  channel_mixer="none", gate=gate, bidirectional=True, pooling="mean", dropout=0.1,
+                  dual_combine="concat", **cfg, **LRA_INPUTS[task])
+    values.update(overrides)
+    return ModelConfig.from_dict(values)
+
+
+def etsmlp_gate(task: str = "listops", **overrides) -> ModelConfig:
+    """ETSMLP-Gate (ETSMLP section 3.2, "Gated architecture")."""
+    return etsmlp(task, gate=True, **overrides)
+
+
+def metala_transformer(task: Optional[str] = None, **overrides) -> ModelConfig:
+    """MetaLA Transformer (MetaLA appendix A3.3, eq. A40-A43, Figure A1): pre-norm blocks of the
+    MetaLA token mixer (eq. A31-A37) and a GLU channel mixer (eq. A41), XNorm = LayerNorm.
+
+    task None: the causal LM at the official LM width (d = 1024, 8 heads of value width 128,
+    conv 4; reference-notes section 3) with 24 layers and the GPT-NeoX vocabulary (50277), the
+    Pile setup of section 4; the paper does not state the depth of its 360M model, 24 layers at
+    d = 1024 is the Pythia-410M shape it is compared with. task "listops" ... "pathfinder": the
+    Table A4 LRA configuration, a bidirectional encoder (two causal MetaLA maps) with mean pooling.
+    """
+    if task is None:
+        values = dict(mixer="metala", mixer_options=dict(heads=8, conv_size=4), d_model=1024, n_layers=24,
+                      vocab_size=50277, head="lm", tie_embeddings=False, channel_mixer="glu", norm="layernorm")
+    else:
+        cfg = _task(task, METALA_LRA)
+        # Table A4 gives no head count: 2 heads as in the paper's own MQAR setup (appendix A4).
+        values = dict(mixer="metala", mixer_options=dict(heads=2, conv_size=4), channel_mixer="glu",
+                      norm="layernorm", bidirectional=True, pooling="mean", **cfg, **LRA_INPUTS[task])
+    values.update(overrides)
+    return ModelConfig.from_dict(values)
+
+
+def lcsm_lm(**overrides) -> ModelConfig:
+    """The LCSM language model of the WikiText-103 experiments (LCSM section 3, Table 8 recipe in
+    ``LCSM_LM_RECIPE``). The paper gives only the recipe and the parameter count (43.45M in
+    Tables 4-9); it follows Qin et al. 2023a (TNN), whose WikiText-103 decoders have 6 layers at
+    d = 512 with a GLU channel mixer and tied embeddings over the 50265-token BPE vocabulary.
+    With the best code 1-9-1-0, expand K = 64 and a GLU of width 3d this gives 43.6M parameters,
+    within 0.5% of the paper's count; the exact block is not public (reference-notes section 1)."""
+    values = dict(mixer="lcsm", mixer_options=dict(code="1-9-1-0", expand=64), d_model=512, n_layers=6,
+                  vocab_size=50265, head="lm", tie_embeddings=True, channel_mixer="glu", channel_hidden=1536,
+                  norm="layernorm")
+    values.update(overrides)
+    return ModelConfig.from_dict(values)
+
+
+PRESETS: Dict[str, Callable[..., ModelConfig]] = {
+    "etsmlp": etsmlp,
+    "etsmlp_gate": etsmlp_gate,
+    "metala_transformer": metala_transformer,
+    "lcsm_lm": lcsm_lm,
+}
+
+
+def preset(name: str, **kwargs) -> ModelConfig:
+    """The config of a named preset, with ``kwargs`` (``task`` and/or any ModelConfig field) applied."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(str(name), list(PRESETS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"preset: unknown name {name!r}{hint}. Valid presets: {', '.join(PRESETS)}")
+    return PRESETS[name](**kwargs)

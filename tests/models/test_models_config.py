@@ -1,0 +1,146 @@
+"""Config validation, parameter counts, per-layer mixer options and the presets."""
+import pytest
+import torch
+
+from lcsm.models import LCSM_LM_RECIPE, ModelConfig, build_model, preset
+
+BASE = dict(mixer="gla", vocab_size=11, d_model=16, n_layers=2)
+
+
+def test_unknown_keys_name_the_closest_valid_key():
+    with pytest.raises(ValueError, match=r"'n_layer' \(did you mean 'n_layers'\?\)"):
+        ModelConfig.from_dict({**BASE, "n_layer": 3})
+    with pytest.raises(ValueError, match=r"'chanel_mixer' \(did you mean 'channel_mixer'\?\)"):
+        build_model({**BASE, "chanel_mixer": "glu"})
+
+
+def test_unknown_mixer_and_mixer_options_name_the_closest():
+    with pytest.raises(ValueError, match="Did you mean gla"):
+        ModelConfig(**{**BASE, "mixer": "glaa"})
+    with pytest.raises(ValueError, match=r"'num_head' \(did you mean 'num_heads'\?\)"):
+        ModelConfig(**{**BASE, "mixer_options": {"num_head": 2}})
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(d_model=0), "d_model"),
+    (dict(n_layers=2.5), "n_layers"),
+    (dict(norm="groupnorm"), "norm"),
+    (dict(channel_mixer="swiglu"), "channel_mixer"),
+    (dict(dropout=1.0), "dropout"),
+    (dict(head="seq2seq"), "head"),
+    (dict(head="classifier"), "n_classes"),
+    (dict(pooling="max", head="classifier", n_classes=2), "pooling"),
+    (dict(bidirectional=True), "bidirectional"),
+    (dict(input_dim=3), "vocab_size / input_dim"),
+    (dict(vocab_size=None, input_dim=3), "vocab_size"),          # lm needs tokens
+    (dict(channel_mixer="none", channel_hidden=8), "channel_hidden"),
+    (dict(head_hidden=1, head="classifier", n_classes=2), "head_hidden"),
+    (dict(mixer="rwkv4", mixer_options={"layer_id": 1}), "set by the model"),
+    (dict(mixer="ces", mixer_options={"bidirectional": True}), "set by the model"),
+    (dict(tie_embeddings="yes"), "tie_embeddings"),
+    (dict(dual_combine="sum", head="dual", n_classes=2), "dual_combine"),
+])
+def test_bad_values_fail_with_the_field_named(changes, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**{**BASE, **changes})
+
+
+def test_bad_mixer_option_values_fail_when_built():
+    cfg = ModelConfig(**{**BASE, "mixer_options": {"num_heads": 3}})
+    with pytest.raises(ValueError, match="num_heads"):
+        build_model(cfg, verbose=False)
+
+
+def test_round_trip_and_replace():
+    cfg = ModelConfig(**BASE)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.replace(n_layers=3).n_layers == 3
+    with pytest.raises(ValueError, match="n_layers"):
+        cfg.replace(n_layerz=3)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_parameter_count_is_the_sum_of_numel(tie, caplog):
+    cfg = ModelConfig(**BASE, tie_embeddings=tie)
+    with caplog.at_level("INFO", logger="lcsm.models"):
+        model = build_model(cfg)
+    unique = {id(p): p.numel() for p in model.parameters()}
+    assert model.num_parameters() == sum(unique.values())
+    emb = 11 * 16
+    by_name = sum(p.numel() for _, p in model.named_parameters())
+    assert model.num_parameters() == by_name
+    assert (model.lm_head is None) == tie
+    untied_extra = 0 if tie else emb
+    blocks = sum(p.numel() for p in model.backbone.blocks.parameters())
+    assert model.num_parameters() == emb + blocks + 2 * 16 + untied_extra      # + final LayerNorm
+    assert f"{model.num_parameters():,} parameters" in caplog.text
+
+
+def test_hgrn_gets_increasing_lower_bounds_and_rwkv_its_layer_position():
+    model = build_model(ModelConfig(**{**BASE, "mixer": "hgrn", "n_layers": 4}), verbose=False)
+    assert [b.mixer.lower_bound for b in model.backbone.blocks] == [0.0, 0.25, 0.5, 0.75]
+    fixed = build_model(ModelConfig(**{**BASE, "mixer": "hgrn", "mixer_options": {"lower_bound": 0.3}}), verbose=False)
+    assert [b.mixer.lower_bound for b in fixed.backbone.blocks] == [0.3, 0.3]
+    rwkv = build_model(ModelConfig(**{**BASE, "mixer": "rwkv4", "n_layers": 3}), verbose=False)
+    assert [(b.mixer.layer_id, b.mixer.n_layers) for b in rwkv.backbone.blocks] == [(0, 3), (1, 3), (2, 3)]
+
+
+def test_glu_default_width_and_model_owned_init():
+    model = build_model(ModelConfig(**{**BASE, "d_model": 48}), verbose=False)
+    glu = model.backbone.blocks[0].channel
+    assert glu.up_proj.out_features == 128                       # 8 * 48 / 3
+    torch.manual_seed(0)
+    big = build_model(ModelConfig(mixer="gla", vocab_size=4000, d_model=64, n_layers=1), verbose=False)
+    assert abs(big.backbone.embedding.weight.std().item() - 0.02) < 1e-3
+
+
+TINY = dict(d_model=16, n_layers=2)
+
+
+@pytest.mark.parametrize("name, task, kwargs", [
+    ("etsmlp", "listops", dict(mixer_hidden=24)),
+    ("etsmlp_gate", "retrieval", dict(mixer_hidden=24)),
+    ("etsmlp", "image", dict(mixer_hidden=24)),
+    ("metala_transformer", "text", dict(channel_hidden=32)),
+    ("metala_transformer", None, dict(vocab_size=50, mixer_options=dict(heads=2))),
+    ("lcsm_lm", None, dict(vocab_size=50, channel_hidden=32, mixer_options=dict(code="1-9-1-0", expand=8))),
+])
+def test_presets_build_and_run_at_tiny_width(name, task, kwargs):
+    torch.manual_seed(0)
+    extra = {} if task is None else {"task": task}
+    cfg = preset(name, **extra, **TINY, **kwargs)
+    model = build_model(cfg, verbose=False)
+    ids = torch.randint(0, cfg.vocab_size, (2, 12))
+    if cfg.head == "lm":
+        out = model(ids)
+        assert out.shape == (2, 12, cfg.vocab_size)
+        assert model.generate([[1, 2, 3]], 3, temperature=0).shape == (1, 3)
+    elif cfg.head == "dual":
+        out = model(ids, ids.flip(0))
+        assert out.shape == (2, cfg.n_classes)
+    else:
+        out = model(ids)
+        assert out.shape == (2, cfg.n_classes)
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+
+
+def test_preset_fields_follow_the_papers():
+    ets = preset("etsmlp", task="listops")
+    assert (ets.mixer, ets.channel_mixer, ets.mixer_hidden, ets.n_layers, ets.gate, ets.bidirectional) == \
+        ("ces", "none", 160, 12, False, True)
+    assert preset("etsmlp_gate", task="image").gate and preset("etsmlp", task="image").norm == "batchnorm"
+    assert preset("etsmlp", task="retrieval").dual_combine == "concat"
+    meta = preset("metala_transformer", task="retrieval")
+    assert (meta.n_layers, meta.d_model, meta.channel_hidden, meta.dropout, meta.head) == (2, 256, 512, 0.1, "dual")
+    assert LCSM_LM_RECIPE["lr"] == 5e-4 and LCSM_LM_RECIPE["seq_len"] == 512
+    with pytest.raises(ValueError, match="did you mean 'etsmlp'"):
+        preset("etsmpl")
+    with pytest.raises(ValueError, match="did you mean 'text'"):
+        preset("etsmlp", task="texts")
+
+
+def test_lcsm_lm_preset_matches_the_papers_parameter_count():
+    model = build_model(preset("lcsm_lm"), verbose=False)
+    # LCSM Tables 4-9 report 43.45M parameters for the 1-9-1-0 model.
+    assert abs(model.num_parameters() / 43.45e6 - 1) < 0.005

@@ -1,0 +1,127 @@
+"""Recurrent generation of the causal LM: prefill + steps == full forward, generate == greedy by
+full forward passes, ragged batches == one prompt at a time."""
+import pytest
+import torch
+
+from lcsm.models import ModelConfig, build_model, sample_next
+from lcsm.testing import assert_close
+
+VOCAB = 13
+MIXERS = ["gla", "metala", "mamba", "attention", "ces", "lcsm", "rwkv4", "hgrn", "retnet", "s4d"]
+
+
+def make_lm(mixer, **fields):
+    torch.manual_seed(0)
+    cfg = ModelConfig(mixer=mixer, vocab_size=VOCAB, d_model=16, n_layers=2, **fields)
+    model = build_model(cfg, verbose=False).double().eval()
+    # Sharper logits than the 0.02 init gives, so greedy choices are not near-ties.
+    with torch.no_grad():
+        model.backbone.embedding.weight.mul_(50)
+    return model
+
+
+def tokens(B, T, seed=1):
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def greedy_by_full_forward(model, prompt, n):
+    seq = list(prompt)
+    for _ in range(n):
+        logits = model(torch.tensor([seq]))
+        seq.append(int(logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_prefill_then_steps_equals_full_forward(mixer):
+    model, x = make_lm(mixer), tokens(2, 9)
+    full = model(x)
+    logits, state = model(x[:, :5], return_state=True)
+    pieces = [logits]
+    for t in range(5, 9):
+        logits, state = model(x[:, t:t + 1], state=state, return_state=True)
+        pieces.append(logits)
+    assert_close({"logits": torch.cat(pieces, 1)}, {"logits": full}, context=mixer)
+    # A carried state from init_state is the same as no state.
+    from_zero, _ = model(x, state=model.init_state(2), return_state=True)
+    assert_close({"logits": from_zero}, {"logits": full}, context=mixer)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_generate_greedy_matches_full_forward_and_ragged_batch(mixer):
+    model = make_lm(mixer)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 1, 2]]
+    n = 6
+    expected = [greedy_by_full_forward(model, p, n) for p in prompts]
+    batched = model.generate(prompts, n, temperature=0)
+    assert batched.shape == (3, n)
+    assert batched.tolist() == expected, mixer
+    one_by_one = [model.generate([p], n, temperature=0)[0].tolist() for p in prompts]
+    assert one_by_one == expected
+    # Right-padded tensor + lengths is the same request.
+    padded = torch.full((3, 6), 12)
+    for b, p in enumerate(prompts):
+        padded[b, :len(p)] = torch.tensor(p)
+    assert model.generate(padded, n, temperature=0, lengths=torch.tensor([3, 2, 6])).tolist() == expected
+
+
+def test_generate_state_does_not_grow_and_restores_train_mode():
+    model = make_lm("gla")
+    _, state = model(tokens(1, 4), return_state=True)
+    sizes = [sum(t.numel() for t in s.tensors().values()) for s in state]
+    for t in range(20):
+        _, state = model(tokens(1, 1, seed=t), state=state, return_state=True)
+    assert [sum(t.numel() for t in s.tensors().values()) for s in state] == sizes
+    model.train()
+    model.generate([[1, 2]], 2, temperature=0)
+    assert model.training
+
+
+def test_sampling_options():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 10, dtype=torch.float64)
+    greedy = logits.argmax(-1)
+    assert torch.equal(sample_next(logits, 0.0), greedy)
+    assert torch.equal(sample_next(logits, 1.0, top_k=1), greedy)
+    assert torch.equal(sample_next(logits, 1.0, top_p=1e-6), greedy)
+    # top_k = 3: every sample is one of the 3 best tokens of its row.
+    top3 = logits.topk(3, -1).indices
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        s = sample_next(logits, 2.0, top_k=3, generator=g)
+        assert bool((top3 == s[:, None]).any(-1).all())
+    # top_p: the kept set is the smallest prefix of the ranking reaching p.
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64)
+    seen = {int(sample_next(probs.log(), 1.0, top_p=0.7, generator=g)) for _ in range(200)}
+    assert seen == {0, 1}
+    # Same generator seed, same samples.
+    model = make_lm("gla")
+    a = model.generate([[1, 2, 3]], 5, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    b = model.generate([[1, 2, 3]], 5, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=2, temperature=-1.0), "temperature"),
+    (dict(max_new_tokens=2, top_k=0), "top_k"),
+    (dict(max_new_tokens=2, top_p=1.5), "top_p"),
+])
+def test_generate_rejects_bad_arguments(kwargs, match):
+    model = make_lm("gla")
+    with pytest.raises(ValueError, match=match):
+        model.generate([[1, 2]], **kwargs)
+
+
+def test_generate_rejects_bad_prompts():
+    model = make_lm("gla")
+    with pytest.raises(ValueError, match="input_ids"):
+        model.generate([[1, 2], []], 2)
+    with pytest.raises(ValueError, match="lengths"):
+        model.generate(torch.tensor([[1, 2]]), 2, lengths=torch.tensor([3]))
+
+
+def test_attention_learned_positions_through_mixer_options():
+    model = make_lm("attention", mixer_options=dict(positions="learned", max_len=12))
+    prompts = [[1, 2, 3], [4, 5]]
+    assert model.generate(prompts, 4, temperature=0).tolist() == [greedy_by_full_forward(model, p, 4) for p in prompts]
