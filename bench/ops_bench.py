@@ -523,18 +523,19 @@ class Bench:
 
 def chunk_fwd_bwd_flops(B: int, H: int, T: int, K: int, D: int, C: int) -> int:
     """Matmul FLOPs (2 per multiply-add) of the chunkwise algorithm, forward + custom backward,
-    T a multiple of C. One chunkwise pass over a K x D memory costs, per token and head,
-        state update  U = k^T v over the chunk          2KD
-        inter-chunk   q S_n                             2KD
-        intra-chunk   (q k^T) over the C x C block      2CK
-                      (masked scores) v                 2CD
-    i.e. 4KD + 2C(K + D). Forward + backward is four such passes (ChunkMatmulFunction in
-    lcsm/ops/chunk.py: y, then dq, dv and dk as three more EOS problems, with K and D swapped for
-    dq and dk, which leaves the count unchanged). Elementwise work (decay factors, masks, the
-    state recurrence) is not counted. The kernel may issue fewer matmul FLOPs than this (e.g. the
-    sub-chunked path for strong decays skips masked blocks); torch's FlopCounterMode reports what
-    it actually issued (the "counted" column)."""
-    return 4 * B * H * T * (4 * K * D + 2 * C * (K + D))
+    T a multiple of C (ChunkMatmulFunction in lcsm/ops/chunk.py). Per token and head:
+        forward    chunk-start memories U = k^T v          2KD
+                   inter-chunk q S_n                       2KD
+                   intra-chunk (q k^T) and (scores) v      2C(K + D)
+        backward   ds: inter from the saved memories       2KD + 2C(K + D)
+                   adjoint memories (one pass)             2KD
+                   di and de: inter + intra each           2 x (2KD + 2C(K + D))
+    i.e. 12KD + 8C(K + D). Elementwise work (decay factors, masks, the state recurrence) is not
+    counted. Without decay the chunk-start memories are a prefix sum done as one small triangular
+    matmul (N x N per segment), which FlopCounterMode also counts; the sub-chunked path for strong
+    decays skips masked blocks. torch's FlopCounterMode reports what the kernel actually issued
+    (the "counted" column)."""
+    return B * H * T * (12 * K * D + 8 * C * (K + D))
 
 
 def counted_matmul_flops(z: Sizes, decay: str, T: int) -> int:
