@@ -309,17 +309,22 @@ class ChunkMatmulFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, m0, kind, C):
         B, H, T, K = q.shape
         M = m0 if m0 is not None else q.new_zeros(B, H, K, v.shape[-1])
-        ys, starts = [], []
+        ys, stricts, starts = [], [], []
         for part in _segments(T, C):
             f = _decay_factors(None if g is None else g[:, :, part], C, q.dtype)
             qc, kc, vc = (_chunked(x[:, :, part], C) for x in (q, k, v))
             S, M = _chunk_states(kc, vc, f, kind, M)
-            ys.append(_unchunk(_chunk_outputs(qc, kc, vc, f, S, kind, True), part.stop - part.start))
+            y_strict = _unchunk(_chunk_outputs(qc, kc, vc, f, S, kind, True), part.stop - part.start)
+            # whole-sequence temporaries are avoided: at long T every large allocation costs
+            # fresh page faults, so the own-step term is added segment by segment
+            ys.append(y_strict + _own_step(q[:, :, part], k[:, :, part], v[:, :, part]))
+            stricts.append(y_strict)
             starts.append(S)
-        y_strict = torch.cat(ys, 2)
+        # only the column-decay gradient needs the strict output
+        y_strict = torch.cat(stricts, 2) if kind == "col" else None
         ctx.save_for_backward(q, k, v, g, m0, y_strict, M, torch.cat(starts, 2))
         ctx.kind, ctx.C = kind, C
-        return y_strict + _own_step(q, k, v), M
+        return torch.cat(ys, 2), M
 
     @staticmethod
     def backward(ctx, dy, dm_T):
@@ -327,7 +332,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
         kind, C = ctx.kind, ctx.C
         tkind = TRANSPOSED[kind]
         T = q.shape[2]
-        dy = torch.zeros_like(y_strict) if dy is None else dy
+        dy = torch.zeros(*q.shape[:3], v.shape[-1], dtype=v.dtype, device=v.device) if dy is None else dy
         dM = torch.zeros_like(m_T) if dm_T is None else dm_T
         carry = None
         if g is not None:
