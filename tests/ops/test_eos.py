@@ -84,20 +84,15 @@ def test_every_decay_shape(decay, dd, mode, dtype):
     check(make_inputs(65, decay=decay, dd_decay=dd), mode, dtype, chunk_size=16, context=f"{decay} dd={dd}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 257])
 @pytest.mark.parametrize("chunk_size", [7, 64])
 @pytest.mark.parametrize("decay", ["scalar", "row", "col", "full"])
-def test_lengths_and_chunk_sizes(T, chunk_size, decay):
+def test_lengths_and_chunk_sizes(T, chunk_size, decay, dtype):
     inputs = make_inputs(T, decay=decay, seed=T)
-    check(inputs, "chunk", torch.float64, chunk_size=chunk_size, context=f"T={T} C={chunk_size} {decay}")
+    check(inputs, "chunk", dtype, chunk_size=chunk_size, context=f"T={T} C={chunk_size} {decay}")
     if T <= 65:
-        check(inputs, "parallel", torch.float64, context=f"T={T} {decay}")
-
-
-@pytest.mark.parametrize("T", [2, 65])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_lengths_float32_chunk(T, dtype):
-    check(make_inputs(T, decay="row", seed=3), "chunk", dtype, chunk_size=7, context=f"T={T}")
+        check(inputs, "parallel", dtype, context=f"T={T} {decay}")
 
 
 @pytest.mark.parametrize("e", ["dd", "vec", "mat"])
