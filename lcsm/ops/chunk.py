@@ -360,6 +360,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
             f_fwd = _decay_factors(gc, C, q.dtype)
             dq = _unchunk(_chunk_outputs(_chunked(dy_j, C), _chunked(vc, C), _chunked(kc, C), f_fwd,
                                          S_fwd, tkind, True), L)
+            del f_fwd, S_fwd  # released before the adjoint pass: the backward's peak is one segment's temporaries
 
             # di and de: the reverse-time adjoint problem (input dy, expand conj(s), shrink conj(e)
             # for di; its transpose for de), one set of chunk-start memories for both
@@ -367,8 +368,10 @@ class ChunkMatmulFunction(torch.autograd.Function):
             q_r, k_r, v_r, dy_r = (_chunked(x.flip(2), C) for x in (qc, kc, vc, dy_j))
             S_rev, dM_start = _chunk_states(q_r, dy_r, f_rev, kind, dM)
             dv = _unchunk(_chunk_outputs(k_r, q_r, dy_r, f_rev, S_rev, kind, True), L).flip(2)
+            del k_r
             dk = _unchunk(_chunk_outputs(v_r, dy_r, q_r, f_rev, S_rev.transpose(-1, -2), tkind, True),
                           L).flip(2)
+            del q_r, v_r, dy_r, f_rev, S_rev
 
             if g is not None:
                 if kind == "col":
