@@ -5,31 +5,33 @@ Two kernels, chosen by the structure of the problem (see ``kernel_for``):
 ``matmul`` -- e and s are K-vectors and the oscillation is none, a scalar, a row decay (varies
 over K, GLA-like) or a column decay (varies over D). The sequence is cut into chunks of C steps.
 Within a chunk everything is matrix products (an attention map); across chunks only the K x D
-memory at chunk boundaries is carried by a loop over N = T / C chunks. Cumulative log decays
-Gamma are taken from the chunk start, and every exponent is a difference Gamma_t - Gamma_s with
-t >= s, so no factor ever exceeds 1: strong decays underflow to 0 instead of overflowing (the
-usual exp(Gamma_t) / exp(Gamma_s) factorisation overflows at -30 per step). Row and column decays
-split a chunk into sub-chunks of c <= 16 steps: pairs of sub-chunks factorise through the
-reference point between them (both factors <= 1, then one matmul), and the c x c diagonal blocks
-use the explicit [c, c, K] (or [c, c, D]) decay tensor.
+memory at chunk starts is carried, by a loop over N = T / C chunks. Cumulative log decays Gamma
+are taken from each chunk start, in double precision, and no mode ever divides by a cumulative
+product. When a chunk's total decay is moderate (at most SAFE_SPAN, e.g. GLA's logsigmoid / 16
+gates) exp(Gamma_t - Gamma_s) factorises through the chunk start with every factor within
+exp(+-SAFE_SPAN); stronger decays (tests go to -30 per step) split the chunk into sub-chunks of
+c <= 16 steps whose pairs factorise through the point between them (factors <= 1), with the
+c x c diagonal blocks factorised or, if still too strong, built from the explicit [c, c, K|D]
+decay tensor. Long sequences run in segments of SEGMENT tokens so time per token stays flat.
 
 ``elementwise`` -- anything else (a full K x D decay as in Mamba, K x D expand or shrink states):
-per chunk, the memories of the chunk are built by a log-depth (Hillis-Steele) scan, and only the
-boundary memory is carried on.
+per chunk, the memories of every step are a cumulative sum exp(Gamma_t) (m + sum_s exp(-Gamma_s)
+u_s), chunks whose decay spans more than SAFE_SPAN being halved until it does not; only the
+memory at chunk ends is carried on.
 
 Backward (appendix 5.1, Type 1; corrected in docs/eos.md). For ``matmul`` the backward is itself
-three EOS problems solved by the same chunk kernel, so it stores no per-step memory:
+EOS problems over the same decays, so it stores no per-step memory:
 
-    ds_t = conj(m_t) dy_t                a forward EOS on the transposed memory m^T
+    ds_t = conj(m_t) dy_t                the forward problem on the transposed memory m^T
     di_t = dm_t^T conj(e_t)              a reverse-time EOS on dm (input dy, expand conj(s))
-    de_t = dm_t conj(i_t)                a reverse-time EOS on dm^T
+    de_t = dm_t conj(i_t)                the same reverse-time EOS read through dm^T
     dg_t = sum_{tau >= t} (conj(s) ds - conj(e) de)_tau + sum_d dm_T * conj(m_T)   (row decay)
     dg_t = sum_{tau >= t} (dy conj(y) - conj(i) di)_tau + sum_k dm_T * conj(m_T)   (column decay)
 
-where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. The column/row roles swap under
+where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. Row and column roles swap under
 transposition, which is why the kernel supports both. For ``elementwise`` the backward recomputes
-each chunk from its saved boundary memory, in reverse order, and back-propagates through that
-chunk alone. Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
+each chunk from its saved start memory, in reverse order, and back-propagates through that chunk
+alone. Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
 """
 from __future__ import annotations
 
