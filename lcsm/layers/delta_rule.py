@@ -111,6 +111,12 @@ class _DeltaBase(Mixer):
         return f"K x D = {self.head_k} x {self.head_v} per head, {self.heads} heads"
 
     # -- the recurrence ----------------------------------------------------------------------------
+    def _qkv(self, x: Tensor):
+        """q, k [B, T, H, K] (SiLU then L2-normalised per head, as in DeltaNet) and v [B, T, H, D]."""
+        q = _l2norm(F.silu(self._heads(self.q_proj(x), self.head_k)))
+        k = _l2norm(F.silu(self._heads(self.k_proj(x), self.head_k)))
+        return q, k, self._heads(self.v_proj(x), self.head_v)
+
     def _delta_states(self, x: Tensor):
         """Returns (e, s, a, b) [B, T, H, K] and i [B, T, H, D] of eos_delta."""
         raise NotImplementedError
@@ -150,9 +156,7 @@ class FastWeightProgrammer(_DeltaBase):
         self.beta_proj = nn.Linear(d_model, heads, bias=False)
 
     def _delta_states(self, x):
-        q = _l2norm(F.silu(self._heads(self.q_proj(x), self.head_k)))
-        k = _l2norm(F.silu(self._heads(self.k_proj(x), self.head_k)))
-        v = self._heads(self.v_proj(x), self.head_v)
+        q, k, v = self._qkv(x)
         beta = torch.sigmoid(self.beta_proj(x)).unsqueeze(-1)
         bk = beta * k
         return bk, q, bk, k, v
@@ -178,9 +182,7 @@ class DeltaM1(_DeltaBase):
     """
 
     def _delta_states(self, x):
-        q = _l2norm(F.silu(self._heads(self.q_proj(x), self.head_k)))
-        k = _l2norm(F.silu(self._heads(self.k_proj(x), self.head_k)))
-        v = self._heads(self.v_proj(x), self.head_v)
+        q, k, v = self._qkv(x)
         return k, q, k, k, v
 
     def describe(self) -> EOSRow:
@@ -213,11 +215,9 @@ class DeltaM2(_DeltaBase):
         self.kbar_proj = nn.Linear(d_model, heads * self.head_k, bias=False)
 
     def _delta_states(self, x):
-        q = _l2norm(F.silu(self._heads(self.q_proj(x), self.head_k)))
-        k = _l2norm(F.silu(self._heads(self.k_proj(x), self.head_k)))
+        q, k, v = self._qkv(x)
         delta = self._heads(self.kbar_proj(x), self.head_k)
         kbar = _l2norm(k + delta / (1 + delta.norm(dim=-1, keepdim=True)))
-        v = self._heads(self.v_proj(x), self.head_v)
         return k, q, k, kbar, v
 
     def describe(self) -> EOSRow:
