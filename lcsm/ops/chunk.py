@@ -385,8 +385,9 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 dg = term.flip(2).cumsum(2).flip(2) + carry
                 carry = dg[:, :, :1]
                 grads["g"].append(dg)
-            grads["q"].append(dq.add_(_own_step(vc, dy_j, kc)))
-            grads["k"].append(dk.add_(_own_step(dy_j, vc, qc)))
+            v_dy = (vc * dy_j).sum(-1, keepdim=True)                    # own-step terms share i . dy
+            grads["q"].append(dq.addcmul_(v_dy, kc))
+            grads["k"].append(dk.addcmul_(v_dy, qc))
             grads["v"].append(dv.add_(_own_step(qc, kc, dy_j)))
             dM = dM_start
         dm0 = None
