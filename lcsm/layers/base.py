@@ -17,6 +17,8 @@ from typing import Callable, Dict, List, Optional, Tuple, Type
 import torch
 from torch import nn
 
+from lcsm._names import check_options
+
 Tensor = torch.Tensor
 
 
@@ -174,14 +176,6 @@ def build(name: str, d_model: int, **options) -> Mixer:
     cls, implied = resolve(name)
     params = inspect.signature(cls.__init__).parameters
     valid = [p for p in params if p not in ("self", "d_model")]
-    unknown = [k for k in options if k not in valid]
-    if unknown:
-        hints = []
-        for k in unknown:
-            close = difflib.get_close_matches(k, valid, n=1)
-            hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ValueError(
-            f"mixer {name!r}: unknown option(s) {', '.join(hints)}. Valid options: {', '.join(valid) or 'none'}"
-        )
+    check_options(f"mixer {name!r}", options, valid)
     merged = {**implied, **options}
     return cls(d_model, **merged)

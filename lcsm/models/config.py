@@ -9,11 +9,11 @@ so a bad config fails before any weight is allocated.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
+from lcsm._names import did_you_mean
 from lcsm.layers import resolve
 
 HEADS = ("lm", "classifier", "dual")
@@ -31,11 +31,6 @@ MODEL_OWNED_OPTIONS = {
 }
 
 
-def _closest(name: str, valid) -> str:
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _positive_int(name: str, value, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -45,7 +40,7 @@ def _positive_int(name: str, value, allow_none: bool = False) -> None:
 
 def _choice(name: str, value, choices) -> None:
     if value not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}{_closest(str(value), choices)}")
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}{did_you_mean(str(value), choices)}")
 
 
 def _bool(name: str, value) -> None:
@@ -133,7 +128,7 @@ class ModelConfig:
         valid = cls.field_names()
         unknown = [k for k in values if k not in valid]
         if unknown:
-            hints = ", ".join(f"{k!r}{_closest(str(k), valid)}" for k in unknown)
+            hints = ", ".join(f"{k!r}{did_you_mean(str(k), valid)}" for k in unknown)
             raise ValueError(f"model config: unknown key(s) {hints}. Valid keys: {', '.join(valid)}")
         return cls(**dict(values))
 
@@ -177,7 +172,7 @@ class ModelConfig:
         valid = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "d_model")]
         unknown = [k for k in self.mixer_options if k not in valid]
         if unknown:
-            hints = ", ".join(f"{k!r}{_closest(str(k), valid)}" for k in unknown)
+            hints = ", ".join(f"{k!r}{did_you_mean(str(k), valid)}" for k in unknown)
             raise ValueError(f"mixer_options: mixer {self.mixer!r} has no option(s) {hints}. "
                              f"Valid options: {', '.join(valid) or 'none'}")
         owned = [k for k in MODEL_OWNED_OPTIONS.get(cls.registry_name, ()) if k in self.mixer_options]

@@ -12,9 +12,10 @@ Any field can be overridden: ``preset("etsmlp", task="text", d_model=32, n_layer
 """
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, Callable, Dict, Optional
+
+from lcsm._names import did_you_mean
 
 from .config import ModelConfig
 
@@ -63,9 +64,7 @@ LCSM_LM_RECIPE: Dict[str, Any] = dict(
 
 def _task(task: str, table: dict) -> dict:
     if task not in table:
-        close = difflib.get_close_matches(str(task), list(table), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"task: expected one of {', '.join(table)}, got {task!r}{hint}")
+        raise ValueError(f"task: expected one of {', '.join(table)}, got {task!r}{did_you_mean(task, table)}")
     return dict(table[task])
 
 
@@ -138,7 +137,6 @@ PRESETS: Dict[str, Callable[..., ModelConfig]] = {
 def preset(name: str, **kwargs) -> ModelConfig:
     """The config of a named preset, with ``kwargs`` (``task`` and/or any ModelConfig field) applied."""
     if name not in PRESETS:
-        close = difflib.get_close_matches(str(name), list(PRESETS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"preset: unknown name {name!r}{hint}. Valid presets: {', '.join(PRESETS)}")
+        raise ValueError(f"preset: unknown name {name!r}{did_you_mean(name, PRESETS)}. "
+                         f"Valid presets: {', '.join(PRESETS)}")
     return PRESETS[name](**kwargs)

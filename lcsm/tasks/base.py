@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from lcsm._names import check_options
+
 Tensor = torch.Tensor
 
 IGNORE_INDEX = -100
@@ -74,17 +76,7 @@ class TaskConfig:
     @classmethod
     def from_options(cls, task_name: str, **options) -> "TaskConfig":
         """Build from keyword options; unknown names fail with the closest valid ones."""
-        valid = cls.option_names()
-        unknown = [k for k in options if k not in valid]
-        if unknown:
-            hints = []
-            for k in unknown:
-                close = difflib.get_close_matches(k, valid, n=1)
-                hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-            raise ValueError(
-                f"task {task_name!r}: unknown option(s) {', '.join(hints)}. "
-                f"Valid options: {', '.join(valid) or 'none'}"
-            )
+        check_options(f"task {task_name!r}", options, cls.option_names())
         return cls(**options)
 
     def to_dict(self) -> Dict[str, object]:
