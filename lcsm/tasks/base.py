@@ -17,9 +17,12 @@ model needs to solve it. An engine uses any registered task the same way::
 Data layout. A split is a list of *segments*, each a block of equal-length examples generated
 with one setting (for MQAR one (seq_len, kv_pairs) pair). Examples of different segments may have
 different lengths, so a batch never mixes segments (``SegmentBatchSampler``) and nothing is padded.
-Each example is a dict ``{"input_ids": [T], "labels": [T], "segment": name, <meta key>: int}``
-(ids and labels int64); a batch stacks them (``input_ids``/``labels`` [B, T], ``segment`` a list
-of B names, each meta key a [B] tensor). Labels are -100 (``IGNORE_INDEX``) at positions that carry no target.
+Each example is a dict ``{"input_ids": [T], "labels": [T], "segment": name, <meta key>: int,
+<extra key>: tensor}`` (ids and labels int64); a batch stacks them (``input_ids``/``labels``
+[B, T], ``segment`` a list of B names, each meta key a [B] tensor, each extra [B, ...]). Labels
+are -100 (``IGNORE_INDEX``) at positions that carry no target. Extras carry per-example tensors a
+head needs: ``lengths`` (valid tokens of right-padded inputs), ``input_ids2``/``lengths2`` (the
+second sequence of a dual task); ``Task.logits`` feeds them to the model.
 
 Shape glossary: B batch, T sequence length (input tokens), V vocabulary size, N examples.
 """
@@ -49,7 +52,7 @@ Tensor = torch.Tensor
 IGNORE_INDEX = -100
 """Label of positions that carry no target (PyTorch's cross-entropy default, as in Zoology)."""
 
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
 
 
 def default_cache_dir() -> Path:
@@ -114,14 +117,23 @@ class Segment:
     labels: [N, T] integer targets, ``IGNORE_INDEX`` where there is none, or [N] (one per sequence).
     meta: the setting as named integers (e.g. ``{"seq_len": 64, "kv_pairs": 4}``); every example
         of a batch carries them, so metrics can be sliced by any of them.
+    extras: per-example tensors, each [N, ...] (e.g. ``lengths`` [N] of right-padded inputs).
     """
 
     name: str
     inputs: Tensor
     labels: Tensor
     meta: Dict[str, int]
+    extras: Dict[str, Tensor] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        reserved = {"input_ids", "labels", "segment", *self.meta}
+        for key, value in self.extras.items():
+            if key in reserved or not isinstance(value, Tensor) or value.dim() < 1 \
+                    or value.shape[0] != self.inputs.shape[0]:
+                raise ValueError(f"segment {self.name!r}: extra {key!r} must be a tensor [N={self.inputs.shape[0]}, ...] "
+                                 f"under a name other than {sorted(reserved)}, got "
+                                 f"{list(value.shape) if isinstance(value, Tensor) else type(value).__name__}")
         per_token = self.labels.dim() == 2 and self.labels.shape == self.inputs.shape[:2]
         per_sequence = self.labels.dim() == 1 and self.labels.shape[0] == self.inputs.shape[0]
         if self.inputs.dim() < 2 or not (per_token or per_sequence):
@@ -165,8 +177,9 @@ class SegmentedDataset(Dataset):
         seg, row = self.locate(index)
         s = self.segments[seg]
         x = s.inputs[row]
+        extras = {k: (v[row] if v[row].is_floating_point() else v[row].long()) for k, v in s.extras.items()}
         return {"input_ids": x if x.is_floating_point() else x.long(), "labels": s.labels[row].long(),
-                "segment": s.name, **s.meta}
+                "segment": s.name, **s.meta, **extras}
 
     def segment_sizes(self) -> Dict[str, int]:
         return {s.name: len(s) for s in self.segments}
@@ -245,6 +258,9 @@ def _digest(segments: Sequence[Segment]) -> str:
         h.update(json.dumps(head, sort_keys=True).encode())
         h.update(s.inputs.contiguous().numpy())
         h.update(s.labels.contiguous().numpy())
+        for key in sorted(s.extras):
+            h.update(json.dumps([key, list(s.extras[key].shape), str(s.extras[key].dtype)]).encode())
+            h.update(s.extras[key].contiguous().numpy())
     return h.hexdigest()
 
 
@@ -256,7 +272,8 @@ def _save(path: Path, key: str, segments: Sequence[Segment]) -> None:
         "format": _CACHE_FORMAT,
         "key": key,
         "digest": _digest(segments),
-        "segments": [{"name": s.name, "meta": dict(s.meta), "inputs": s.inputs, "labels": s.labels}
+        "segments": [{"name": s.name, "meta": dict(s.meta), "inputs": s.inputs, "labels": s.labels,
+                      "extras": dict(s.extras)}
                      for s in segments],
     }
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -283,7 +300,7 @@ def _load(path: Path, key: str) -> Optional[List[Segment]]:
             raise ValueError("unknown cache format")
         if payload.get("key") != key:
             raise ValueError("cache key mismatch")
-        segments = [Segment(d["name"], d["inputs"], d["labels"], dict(d["meta"])) for d in payload["segments"]]
+        segments = [Segment(d["name"], d["inputs"], d["labels"], dict(d["meta"]), dict(d["extras"])) for d in payload["segments"]]
         if _digest(segments) != payload.get("digest"):
             raise ValueError("checksum mismatch")
     except Exception as exc:  # any unreadable or inconsistent file is regenerated, never trusted
@@ -396,6 +413,35 @@ class Task:
         """Longest input sequence of any split (for models with learned position embeddings)."""
         raise NotImplementedError
 
+    @property
+    def n_classes(self) -> Optional[int]:
+        """Classes of a "classifier" or "dual" task (None for "lm" tasks)."""
+        return None
+
+    @property
+    def input_dim(self) -> Optional[int]:
+        """Features per step of a task with continuous inputs [T, C] (None: token ids)."""
+        return None
+
+    def model_fields(self) -> Dict[str, object]:
+        """The ``lcsm.models.ModelConfig`` fields the task's data fixes: the head, the input kind
+        (``vocab_size`` or ``input_dim``) and ``n_classes``. The engine fills them in."""
+        fields: Dict[str, object] = {"head": self.default_head}
+        if self.input_dim is not None:
+            fields["input_dim"] = self.input_dim
+        else:
+            fields["vocab_size"] = self.vocab_size
+        if self.default_head != "lm":
+            fields["n_classes"] = self.n_classes
+        return fields
+
+    def encode(self, text: str) -> List[int]:
+        """Token ids of ``text`` (tasks over text override this and ``decode``)."""
+        raise NotImplementedError(f"task {self.registry_name!r} has no text tokenizer; give token ids instead")
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raise NotImplementedError(f"task {self.registry_name!r} has no text tokenizer")
+
     def generate(self, split: str) -> List[Segment]:
         raise NotImplementedError
 
@@ -425,24 +471,43 @@ class Task:
             if self.use_cache:
                 segments = _load(self.cache_path(split), self.cache_key(split))
             if segments is None:
-                segments = [dataclasses.replace(s, inputs=compact(s.inputs), labels=compact(s.labels))
+                segments = [dataclasses.replace(s, inputs=compact(s.inputs), labels=compact(s.labels),
+                                                extras={k: compact(v) for k, v in s.extras.items()})
                             for s in self.generate(split)]
                 if self.use_cache:
                     _save(self.cache_path(split), self.cache_key(split), segments)
             self._datasets[split] = SegmentedDataset(segments)
         return self._datasets[split]
 
-    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
-        """Cross-entropy averaged over labelled positions (labels != -100), computed in float32.
+    def logits(self, model, batch: Mapping[str, object]) -> Tensor:
+        """Run ``model`` (an ``lcsm.models`` model with head ``default_head``) on a batch: "lm"
+        gets the ids; "classifier" the inputs and their ``lengths`` if the batch has them; "dual"
+        both sequences (``input_ids``/``input_ids2``) and their lengths."""
+        head = self.default_head
+        if head == "lm":
+            return model(batch["input_ids"])
+        if head == "classifier":
+            return model(batch["input_ids"], lengths=batch.get("lengths"))
+        if head == "dual":
+            return model(batch["input_ids"], batch["input_ids2"], lengths1=batch.get("lengths"),
+                         lengths2=batch.get("lengths2"))
+        raise ValueError(f"default_head: expected 'lm', 'classifier' or 'dual', got {head!r}")
+
+    def loss(self, logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+        """Cross-entropy over labelled positions (labels != -100), computed in float32: their mean
+        (``reduction="mean"``) or their sum (``"sum"``, for an engine that normalises by the
+        labelled positions of a whole accumulated / distributed batch).
 
         logits [B, T, V] (or [B, V]); labels [B, T] (or [B]). A batch with no labelled position
-        has no defined loss (NaN), as with ``torch.nn.CrossEntropyLoss``.
+        has no defined mean loss (NaN), as with ``torch.nn.CrossEntropyLoss``.
         """
         if logits.shape[:-1] != labels.shape:
             raise ValueError(f"logits/labels: expected logits [*labels.shape, V], got {list(logits.shape)} "
                              f"and labels {list(labels.shape)}")
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction: expected 'mean' or 'sum', got {reduction!r}")
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                               ignore_index=IGNORE_INDEX)
+                               ignore_index=IGNORE_INDEX, reduction=reduction)
 
     def evaluator(self) -> Evaluator:
         return Evaluator(self.slice_keys)

@@ -1,0 +1,44 @@
+"""``lcsm list``: the registered mixers (as EOS configurations), tasks and model presets."""
+from __future__ import annotations
+
+
+def _mixer_table(d_model: int) -> str:
+    from lcsm import layers
+
+    by_target = {}
+    for alias, target in layers.aliases().items():
+        by_target.setdefault(target, []).append(alias)
+    header = ["mixer", "aliases", "input", "expand", "oscillation", "shrink", "memory", "psi",
+              "data-dependent"]
+    rows = []
+    for name in layers.available():
+        row = layers.build(name, d_model).describe()
+        dd = [n for n, flag in (("i", row.input_dd), ("e", row.expand_dd), ("o", row.oscillation_dd),
+                                ("s", row.shrink_dd)) if flag]
+        rows.append([name, ", ".join(sorted(by_target.get(name, []))) or "-", row.input, row.expand,
+                     row.oscillation, row.shrink, row.memory, row.psi, ",".join(dd) or "none"])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_list(args) -> int:
+    from lcsm import tasks
+    from lcsm.models import PRESETS
+
+    print(f"Token mixers as EOS configurations (LCSM Table 1), built at d_model={args.d_model}:\n")
+    print(_mixer_table(args.d_model))
+    print("\nTasks (lcsm.tasks; options: the fields of each task's Config):\n")
+    for name in tasks.available():
+        cls = tasks.resolve(name)
+        print(f"- {name} (head {cls.default_head}): {', '.join(cls.Config.option_names())}")
+    print("\nModel presets (lcsm.models.preset):\n")
+    for name, fn in PRESETS.items():
+        print(f"- {name}: {(fn.__doc__ or '').strip().splitlines()[0]}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("list", help="print the registered mixers (EOS table), tasks and presets")
+    p.add_argument("--d-model", type=int, default=64, help="width the mixers are built at (default 64)")
+    p.set_defaults(func=cmd_list)
