@@ -181,6 +181,24 @@ class SegmentedDataset(Dataset):
         return {"input_ids": x if x.is_floating_point() else x.long(), "labels": s.labels[row].long(),
                 "segment": s.name, **s.meta, **extras}
 
+    def __getitems__(self, indices: Sequence[int]) -> Dict[str, object]:
+        """The batch of ``indices`` (all from one segment), gathered at once: what ``loader`` and
+        the training engine yield (``DataLoader`` calls this instead of one ``__getitem__`` each)."""
+        seg_index, _ = self.locate(int(indices[0]))
+        s = self.segments[seg_index]
+        rows = torch.as_tensor(indices, dtype=torch.long) - self.offsets[seg_index]
+        if bool((rows < 0).any()) or bool((rows >= len(s)).any()):
+            raise ValueError(f"indices: a batch must come from one segment ({s.name!r}), got {list(indices)[:8]}...")
+
+        def widen(t: Tensor) -> Tensor:
+            return t if t.is_floating_point() else t.long()
+
+        batch: Dict[str, object] = {"input_ids": widen(s.inputs[rows]), "labels": s.labels[rows].long(),
+                                    "segment": [s.name] * len(rows)}
+        batch.update({k: torch.full((len(rows),), v, dtype=torch.long) for k, v in s.meta.items()})
+        batch.update({k: widen(v[rows]) for k, v in s.extras.items()})
+        return batch
+
     def segment_sizes(self) -> Dict[str, int]:
         return {s.name: len(s) for s in self.segments}
 
@@ -189,7 +207,12 @@ class SegmentedDataset(Dataset):
         """A DataLoader whose batches each come from one segment (see ``SegmentBatchSampler``)."""
         sampler = SegmentBatchSampler(self, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
         sampler.set_epoch(epoch)
-        return DataLoader(self, batch_sampler=sampler, **dataloader_options)
+        return DataLoader(self, batch_sampler=sampler, collate_fn=_as_is, **dataloader_options)
+
+
+def _as_is(batch):
+    """``collate_fn`` of the loaders: ``__getitems__`` already returns a batch."""
+    return batch
 
 
 class SegmentBatchSampler(Sampler[List[int]]):
@@ -212,7 +235,8 @@ class SegmentBatchSampler(Sampler[List[int]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = check_int("epoch", epoch, 0)
 
-    def _batches(self) -> List[List[int]]:
+    def batches(self) -> List[List[int]]:
+        """Every batch of the current epoch, in order."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         batches = []
         for seg, off in zip(self.dataset.segments, self.dataset.offsets):
@@ -228,7 +252,7 @@ class SegmentBatchSampler(Sampler[List[int]]):
         return batches
 
     def __iter__(self) -> Iterator[List[int]]:
-        return iter(self._batches())
+        return iter(self.batches())
 
     def __len__(self) -> int:
         if self.drop_last:

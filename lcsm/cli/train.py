@@ -1,0 +1,122 @@
+"""``lcsm train``, ``lcsm eval`` and ``lcsm generate``."""
+from __future__ import annotations
+
+import json
+
+from ._common import UsageError
+
+
+def _print_metrics(title: str, metrics) -> None:
+    print(title)
+    width = max(len(k) for k in metrics)
+    for key, value in metrics.items():
+        print(f"  {key:<{width}}  {value:.4f}")
+
+
+def cmd_train(args) -> int:
+    from lcsm.engine import load_config, train
+
+    overrides = list(args.set or [])
+    if args.out:
+        overrides.append(f"out_dir={args.out}")
+    config = load_config(args.config, overrides)
+    result = train(config, resume=True, restart=args.restart, quiet=args.quiet)
+    if not args.quiet:
+        _print_metrics(f"final {result['eval_split']} metrics of {config.out_dir} (step {result['step']}):",
+                       result["metrics"])
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from lcsm.engine import evaluate, load_run
+
+    config, task, model, path = load_run(args.checkpoint, which="best" if args.best else "last", device=args.device)
+    split = args.split or ("validation" if "validation" in task.splits else "test")
+    if split not in task.splits:
+        raise UsageError(f"--split: task {task.registry_name!r} has splits {', '.join(task.splits)}, got {split!r}")
+    batch = args.batch_size or config.train.eval_batch_size or config.train.batch_size
+    metrics = evaluate(model, task, split, batch, next(model.parameters()).device, config.train.precision)
+    if args.json:
+        print(json.dumps({"checkpoint": str(path), "split": split, "metrics": metrics}))
+    else:
+        _print_metrics(f"{path} on {task.registry_name} / {split}:", metrics)
+    return 0
+
+
+def _prompt_ids(task, args):
+    if args.prompt_ids is not None:
+        try:
+            ids = [int(tok) for tok in args.prompt_ids.replace(",", " ").split()]
+        except ValueError:
+            raise UsageError(f"--prompt-ids: expected integers separated by spaces or commas, got {args.prompt_ids!r}") from None
+    else:
+        try:
+            ids = task.encode(args.prompt)
+        except NotImplementedError as err:
+            raise UsageError(f"--prompt: {err} (use --prompt-ids)") from None
+    if not ids:
+        raise UsageError("--prompt / --prompt-ids: the prompt is empty")
+    bad = [i for i in ids if not 0 <= i < task.vocab_size]
+    if bad:
+        raise UsageError(f"--prompt-ids: ids must lie in [0, {task.vocab_size}), got {bad[:5]}")
+    return ids
+
+
+def cmd_generate(args) -> int:
+    import torch
+
+    from lcsm.engine import load_run
+    from lcsm.models import CausalLM
+
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise UsageError("give exactly one of --prompt TEXT or --prompt-ids IDS")
+    config, task, model, path = load_run(args.checkpoint, which="best" if args.best else "last", device=args.device)
+    if not isinstance(model, CausalLM):
+        raise UsageError(f"checkpoint {path} holds a {config.model_config(task).head!r} model; generation needs a "
+                         "language model (head 'lm')")
+    ids = _prompt_ids(task, args)
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
+    new = model.generate([ids], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, generator=generator)[0].tolist()
+    try:
+        print(task.decode(ids) + task.decode(new))
+    except NotImplementedError:
+        print(" ".join(map(str, new)))
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("train", help="train (or resume) a run from a YAML config",
+                       description="Train the run a YAML config describes (see docs/engine.md). Running the same "
+                                   "command again resumes from the newest checkpoint in out_dir. Under torchrun "
+                                   "every process runs this command (DistributedDataParallel).")
+    p.add_argument("config", help="YAML run config (sections task, model, optim, train)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.max_steps=200 --set model.mixer=gla (repeatable)")
+    p.add_argument("--out", help="output directory (default: the config's out_dir, or runs/<config name>)")
+    p.add_argument("--restart", action="store_true", help="discard the checkpoints and metrics already in out_dir")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint on its task")
+    p.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its newest checkpoint)")
+    p.add_argument("--best", action="store_true", help="use the run's best checkpoint instead of its newest")
+    p.add_argument("--split", help="split to evaluate (default: validation if the task has one, else test)")
+    p.add_argument("--batch-size", type=int, help="evaluation batch size (default: the run's)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("generate", help="decode new tokens from a language-model checkpoint",
+                       description="Decode with the mixers' recurrent states (constant cost per new token).")
+    p.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its newest checkpoint)")
+    p.add_argument("--prompt", help="prompt text (tasks with a text tokenizer)")
+    p.add_argument("--prompt-ids", help="prompt as token ids, e.g. '5 17 3'")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--best", action="store_true", help="use the run's best checkpoint")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
+    p.set_defaults(func=cmd_generate)

@@ -1,0 +1,386 @@
+"""Run configuration: one YAML file (or mapping) with four sections and an output directory.
+
+    name: mqar-gla                      # optional label (default: the file's stem)
+    out_dir: runs/mqar-gla              # checkpoints, metrics, result.json
+    task:  {name: mqar, vocab_size: 256, train_grid: "64:4,128:8"}    # task name + its options
+    model: {mixer: gla, d_model: 64, n_layers: 2}                     # ModelConfig fields
+    optim: {lr: 1.0e-3, weight_decay: 0.1, schedule: cosine, warmup_steps: 100}
+    train: {max_steps: 2000, batch_size: 64, eval_every: 200}
+
+``model`` may name a ``preset`` (``lcsm.models.PRESETS``; ``preset_options`` go to it) whose
+fields the other keys override. The fields a task fixes (head, vocab_size or input_dim,
+n_classes: ``Task.model_fields``) are filled in from the task. Every section is a typed
+dataclass validated when built; an unknown key fails naming the closest valid ones.
+``apply_overrides`` implements ``--set section.key=value`` (values parsed as YAML).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
+
+import yaml
+
+from lcsm._names import did_you_mean
+
+SCHEDULES = ("cosine", "inverse_sqrt", "linear", "constant")
+PRECISIONS = ("fp32", "bf16")
+MODES = ("max", "min")
+
+
+def _check_keys(section: str, values: Mapping[str, Any], valid: Iterable[str]) -> None:
+    valid = list(valid)
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{section}: expected a mapping of keys to values, got {type(values).__name__}")
+    unknown = [k for k in values if k not in valid]
+    if unknown:
+        hints = ", ".join(f"{k!r}{did_you_mean(str(k), valid)}" for k in unknown)
+        raise ValueError(f"{section}: unknown key(s) {hints}. Valid keys: {', '.join(valid)}")
+
+
+def _int(name: str, value, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}{' or null' if allow_none else ''}, got {value!r}")
+
+
+def _number(name: str, value, low: float, high: float = math.inf, low_open: bool = False,
+            allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value <= high \
+        and (value > low if low_open else value >= low)
+    if not ok:
+        bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+        raise ValueError(f"{name}: expected a number {bound}{' or null' if allow_none else ''}, got {value!r}")
+
+
+def _choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}"
+                         f"{did_you_mean(str(value), choices)}")
+
+
+class _Section:
+    """from_dict / to_dict for the dataclass sections."""
+
+    section = ""
+
+    @classmethod
+    def from_dict(cls, values: Optional[Mapping[str, Any]]):
+        values = {} if values is None else values
+        _check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
+        return cls(**values)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class OptimConfig(_Section):
+    """AdamW and the learning-rate schedule.
+
+    lr: peak learning rate. weight_decay: decoupled decay of every parameter except the
+    no-weight-decay ones (``Model.no_weight_decay_parameters``: decays, A_log, skips, norms,
+    biases). betas, eps: Adam's. schedule (per optimizer step, after ``warmup_steps`` of linear
+    warm-up from 0):
+      cosine        lr -> lr * min_lr_ratio along a half cosine until the last step;
+      inverse_sqrt  lr * sqrt(warmup_steps / step) (LCSM Table 8, fairseq's inverse_sqrt);
+      linear        lr -> lr * min_lr_ratio linearly (ETSMLP);
+      constant      lr.
+    grad_clip: clip the global gradient norm to this value (null: no clipping).
+    """
+
+    section = "optim"
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    betas: Tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-8
+    schedule: str = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    grad_clip: Optional[float] = 1.0
+
+    def __post_init__(self):
+        _number("optim.lr", self.lr, 0, low_open=True)
+        _number("optim.weight_decay", self.weight_decay, 0)
+        if not isinstance(self.betas, (list, tuple)) or len(self.betas) != 2:
+            raise ValueError(f"optim.betas: expected two numbers in [0, 1), got {self.betas!r}")
+        for b in self.betas:
+            _number("optim.betas", b, 0, 1 - 1e-12)
+        self.betas = tuple(float(b) for b in self.betas)
+        _number("optim.eps", self.eps, 0, low_open=True)
+        _choice("optim.schedule", self.schedule, SCHEDULES)
+        _int("optim.warmup_steps", self.warmup_steps, 0)
+        _number("optim.min_lr_ratio", self.min_lr_ratio, 0, 1)
+        _number("optim.grad_clip", self.grad_clip, 0, low_open=True, allow_none=True)
+        if self.schedule == "inverse_sqrt" and self.warmup_steps == 0:
+            raise ValueError("optim.warmup_steps: schedule 'inverse_sqrt' decays as sqrt(warmup_steps / step) "
+                             "and needs warmup_steps >= 1, got 0")
+
+
+@dataclass
+class EarlyStopConfig(_Section):
+    """Stop when the evaluation ``metric`` has not improved (by more than ``min_delta``, in the
+    direction ``mode``) for ``patience`` evaluations in a row; patience 0 never stops. The best
+    evaluation's weights are kept in ``<out_dir>/checkpoints/best`` either way."""
+
+    section = "train.early_stop"
+    metric: str = "loss"
+    mode: str = "min"
+    patience: int = 0
+    min_delta: float = 0.0
+
+    def __post_init__(self):
+        if not isinstance(self.metric, str) or not self.metric:
+            raise ValueError(f"train.early_stop.metric: expected a metric name (e.g. 'accuracy'), got {self.metric!r}")
+        _choice("train.early_stop.mode", self.mode, MODES)
+        _int("train.early_stop.patience", self.patience, 0)
+        _number("train.early_stop.min_delta", self.min_delta, 0)
+
+
+@dataclass
+class TrainConfig(_Section):
+    """The training loop.
+
+    max_steps: optimizer steps to run; or epochs: passes over the training split (exactly one of
+        them; an epoch is the number of full global batches of the split).
+    batch_size: examples per optimizer step, over all processes and accumulation steps together
+        (so a run has the same global batch whatever the number of processes); it must divide by
+        processes x grad_accum.
+    grad_accum: micro-batches accumulated per optimizer step (per process).
+    precision: "fp32", or "bf16" (autocast; the EOS operators compute in fp32 inside).
+    seed: seeds the model's initialisation, the data order and dropout.
+    device: "auto" (cuda if available, else cpu), "cpu", "cuda" or "cuda:N".
+    eval_every / save_every / log_every: in optimizer steps (0: only at the end).
+    eval_batch_size: default batch_size. eval_split: default "validation" if the task has one,
+        else "test".
+    keep_last: checkpoints kept (oldest deleted; "best" is kept apart).
+    early_stop: see ``EarlyStopConfig``.
+    tensorboard: also log to TensorBoard (needs the ``tensorboard`` package).
+    threads: torch CPU threads per process (null: torch's default).
+    """
+
+    section = "train"
+    max_steps: Optional[int] = None
+    epochs: Optional[int] = None
+    batch_size: int = 32
+    grad_accum: int = 1
+    precision: str = "fp32"
+    seed: int = 0
+    device: str = "auto"
+    eval_every: int = 0
+    eval_batch_size: Optional[int] = None
+    eval_split: Optional[str] = None
+    save_every: int = 0
+    log_every: int = 10
+    keep_last: int = 2
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    tensorboard: bool = False
+    threads: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, values):
+        values = dict(values or {})
+        _check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
+        if "early_stop" in values and not isinstance(values["early_stop"], EarlyStopConfig):
+            values["early_stop"] = EarlyStopConfig.from_dict(values["early_stop"])
+        return cls(**values)
+
+    def __post_init__(self):
+        if (self.max_steps is None) == (self.epochs is None):
+            raise ValueError(f"train.max_steps / train.epochs: expected exactly one, got max_steps={self.max_steps!r}, "
+                             f"epochs={self.epochs!r}")
+        _int("train.max_steps", self.max_steps, 1, allow_none=True)
+        _int("train.epochs", self.epochs, 1, allow_none=True)
+        _int("train.batch_size", self.batch_size, 1)
+        _int("train.grad_accum", self.grad_accum, 1)
+        _choice("train.precision", self.precision, PRECISIONS)
+        _int("train.seed", self.seed, 0)
+        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")
+                                                    or self.device.startswith("cuda:")):
+            raise ValueError(f"train.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        for name in ("eval_every", "save_every", "log_every"):
+            _int(f"train.{name}", getattr(self, name), 0)
+        _int("train.eval_batch_size", self.eval_batch_size, 1, allow_none=True)
+        if self.eval_split is not None and not isinstance(self.eval_split, str):
+            raise ValueError(f"train.eval_split: expected a split name or null, got {self.eval_split!r}")
+        _int("train.keep_last", self.keep_last, 1)
+        if not isinstance(self.early_stop, EarlyStopConfig):
+            raise ValueError(f"train.early_stop: expected a mapping, got {self.early_stop!r}")
+        if not isinstance(self.tensorboard, bool):
+            raise ValueError(f"train.tensorboard: expected true or false, got {self.tensorboard!r}")
+        _int("train.threads", self.threads, 1, allow_none=True)
+
+
+@dataclass
+class RunConfig:
+    """A whole run: ``task`` and ``model`` stay plain mappings (validated by the task's Config and
+    by ``ModelConfig`` when the run is built, see ``build_task`` / ``model_config``)."""
+
+    task: Dict[str, Any]
+    model: Dict[str, Any]
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
+    out_dir: str = "runs/run"
+    name: Optional[str] = None
+
+    KEYS = ("name", "out_dir", "task", "model", "optim", "train")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "RunConfig":
+        _check_keys("run config", values, cls.KEYS)
+        for required in ("task", "model", "train"):
+            if required not in values:
+                raise ValueError(f"run config: missing section {required!r} (sections: {', '.join(cls.KEYS[2:])})")
+        task = values["task"]
+        if not isinstance(task, Mapping) or not isinstance(task.get("name"), str):
+            raise ValueError(f"task: expected a mapping with the task's 'name' and its options, got {task!r}")
+        if not isinstance(values["model"], Mapping):
+            raise ValueError(f"model: expected a mapping of ModelConfig fields, got {values['model']!r}")
+        out_dir = values.get("out_dir", "runs/run")
+        if not isinstance(out_dir, str) or not out_dir:
+            raise ValueError(f"out_dir: expected a directory path, got {out_dir!r}")
+        name = values.get("name")
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name: expected a string, got {name!r}")
+        config = cls(task=dict(task), model=copy.deepcopy(dict(values["model"])),
+                     optim=OptimConfig.from_dict(values.get("optim")), train=TrainConfig.from_dict(values["train"]),
+                     out_dir=out_dir, name=name)
+        # Fail on a bad task option or model field now, not after the data is generated.
+        config.model_config(config.build_task(use_cache=False))
+        return config
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = {"name": self.name, "out_dir": self.out_dir, "task": copy.deepcopy(self.task),
+               "model": copy.deepcopy(self.model), "optim": self.optim.to_dict(), "train": self.train.to_dict()}
+        out["optim"]["betas"] = list(out["optim"]["betas"])
+        return out
+
+    def training_dict(self) -> Dict[str, Any]:
+        """Everything that determines the trained weights (a resumed run must match it): the
+        config without ``name``, ``out_dir`` and the loop's bookkeeping intervals."""
+        out = self.to_dict()
+        del out["name"], out["out_dir"]
+        for key in ("log_every", "tensorboard", "keep_last", "threads", "device"):
+            del out["train"][key]
+        return out
+
+    # ------------------------------------------------------------------ building the parts
+
+    def build_task(self, *, use_cache: bool = True):
+        """The task (its data is made or read from the cache when first asked for)."""
+        from lcsm import tasks
+
+        return tasks.build(self.task["name"], use_cache=use_cache,
+                           **{k: v for k, v in self.task.items() if k != "name"})
+
+    def model_config(self, task):
+        """The ModelConfig: preset (if any) <- model keys <- the fields the task fixes."""
+        from lcsm.models import ModelConfig, preset
+
+        values = copy.deepcopy(self.model)
+        preset_name = values.pop("preset", None)
+        preset_options = values.pop("preset_options", {}) or {}
+        if preset_name is not None:
+            base = preset(preset_name, **preset_options).to_dict()
+        else:
+            if preset_options:
+                raise ValueError("model.preset_options: given without model.preset")
+            base = {}
+        merged = {**base, **values}
+        fixed = task.model_fields()
+        for key, value in fixed.items():
+            given = values.get(key, value)
+            # A larger vocabulary than the task's is harmless (padding rows); anything else the
+            # task fixes must agree with it.
+            if given != value and not (key == "vocab_size" and isinstance(given, int) and given > value):
+                raise ValueError(f"model.{key}: task {self.task['name']!r} fixes it to {value!r}, got {given!r} "
+                                 "(leave it out; the engine fills it in)")
+            merged[key] = given
+        # The input kind comes from the task: a preset's token vocabulary gives way to features.
+        merged.pop("input_dim" if "vocab_size" in fixed else "vocab_size", None)
+        return ModelConfig.from_dict(merged)
+
+
+# ----------------------------------------------------------------------------- files and overrides
+
+class _Loader(yaml.SafeLoader):
+    """YAML as people write configs: ``1e-3`` is a float (PyYAML's YAML 1.1 reads a string) and
+    ``16:2`` a string (YAML 1.1 reads the base-60 integer 962); decimal integers only."""
+
+
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_INT, re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    _FLOAT, re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?$"
+                       r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+    list("-+0123456789."))
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
+def parse_override(text: str) -> Tuple[str, Any]:
+    """``"train.max_steps=100"`` -> ("train.max_steps", 100) (the value parsed as YAML)."""
+    if not isinstance(text, str) or "=" not in text or text.startswith("="):
+        raise ValueError(f"--set: expected 'section.key=value', got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ValueError(f"--set {key}: cannot parse value {raw!r} as YAML ({err.problem})") from None
+    return key.strip(), value
+
+
+def apply_overrides(values: Mapping[str, Any], overrides: Union[Mapping[str, Any], Iterable[str]]) -> Dict[str, Any]:
+    """A deep copy of ``values`` with dotted-key overrides applied (``{"train.max_steps": 100}`` or
+    ``["train.max_steps=100"]``); intermediate mappings are created as needed."""
+    out = copy.deepcopy(dict(values))
+    items = overrides.items() if isinstance(overrides, Mapping) else (parse_override(o) for o in overrides)
+    for key, value in items:
+        parts = key.split(".")
+        if not all(parts):
+            raise ValueError(f"--set: expected a dotted key like 'train.max_steps', got {key!r}")
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ValueError(f"--set {key}: {'.'.join(parts[:i + 1])} is {child!r}, not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def read_yaml(path: Union[str, Path]) -> Dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config: no such file {str(path)!r}")
+    try:
+        values = yaml_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"config {str(path)!r}: not valid YAML ({err})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"config {str(path)!r}: expected a mapping at the top level, got {type(values).__name__}")
+    return values
+
+
+def load_config(path: Union[str, Path], overrides: Union[Mapping[str, Any], Iterable[str]] = ()) -> RunConfig:
+    """Read a YAML run config, apply overrides, validate. ``name`` defaults to the file's stem and
+    ``out_dir`` to ``runs/<name>``."""
+    values = apply_overrides(read_yaml(path), overrides)
+    values.setdefault("name", Path(path).stem)
+    values.setdefault("out_dir", f"runs/{values['name']}")
+    return RunConfig.from_dict(values)

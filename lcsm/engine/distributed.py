@@ -1,0 +1,82 @@
+"""One process or many: the little the training loop needs from torch.distributed.
+
+Under ``torchrun`` (which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) the loop
+runs DistributedDataParallel: gloo on CPU, nccl on CUDA (one GPU per process, ``cuda:LOCAL_RANK``).
+Rank 0 logs, evaluates and writes checkpoints; every rank takes part in the collectives.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, List
+
+import torch
+import torch.distributed as dist
+
+
+def resolve_device(option: str) -> torch.device:
+    if option == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(option)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device: {option!r} requested but CUDA is not available here (use 'cpu' or 'auto')")
+    return device
+
+
+class Distributed:
+    """Rank, world size and device of this process, and the collectives the loop uses."""
+
+    def __init__(self, device: torch.device, rank: int = 0, world: int = 1, owns_group: bool = False):
+        self.device, self.rank, self.world, self._owns_group = device, rank, world, owns_group
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def setup(cls, device_option: str) -> "Distributed":
+        device = resolve_device(device_option)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls(device)
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        owns = not dist.is_initialized()
+        if owns:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return cls(device, dist.get_rank(), dist.get_world_size(), owns)
+
+    def teardown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum over processes (a copy; the input is unchanged)."""
+        values = values.detach().to(self.device, torch.float64).clone()
+        if self.enabled:
+            dist.all_reduce(values)
+        return values
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj: Any) -> List[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if not self.enabled:
+            return [obj]
+        out: List[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()

@@ -1,0 +1,144 @@
+"""What a run shows and records: a progress line, metrics files, optional TensorBoard.
+
+- ``Progress``: on a terminal, one line redrawn in place (step/total, loss, lr, tokens/s, ETA);
+  otherwise (logs, CI, pipes) a plain line every ``log_every`` steps.
+- ``MetricsLog``: ``metrics.jsonl`` (one JSON object per record: ``{"kind": "train" | "eval",
+  "step": ..., ...}``) is the record of truth; ``train.csv`` and ``eval.csv`` are regenerated
+  from it. A resumed run first drops the records after its checkpoint's step, so the files read
+  as if the run had never stopped.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, TextIO
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _rate(x: float) -> str:
+    return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+class Progress:
+    """Training progress for humans (rank 0 only; ``enabled=False`` silences it)."""
+
+    def __init__(self, total: int, *, start: int = 0, log_every: int = 10, enabled: bool = True,
+                 stream: Optional[TextIO] = None):
+        self.total, self.start, self.log_every, self.enabled = total, start, log_every, enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.t0 = time.perf_counter()
+        self._drawn = False
+
+    def update(self, step: int, loss: float, lr: float, tokens_per_s: float) -> None:
+        if not self.enabled:
+            return
+        done = step - self.start
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / done * (self.total - step) if done else math.inf
+        text = (f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {_rate(tokens_per_s)} tok/s  "
+                f"elapsed {_duration(elapsed)}  eta {_duration(eta)}")
+        if self.tty:
+            width = 24
+            filled = int(width * step / max(self.total, 1))
+            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\x1b[K")
+            self.stream.flush()
+            self._drawn = True
+        elif self.log_every and (step % self.log_every == 0 or step == self.total):
+            print(text, file=self.stream, flush=True)
+
+    def message(self, text: str) -> None:
+        """A line of its own (evaluation results, checkpoints) that the progress line does not overwrite."""
+        if not self.enabled:
+            return
+        if self._drawn:
+            self.stream.write("\n")
+            self._drawn = False
+        print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+
+
+class MetricsLog:
+    """Append-only metrics of a run (rank 0 writes; other ranks pass ``enabled=False``)."""
+
+    def __init__(self, out_dir: Path, *, enabled: bool = True, tensorboard: bool = False):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.enabled = enabled
+        self._tb = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ValueError("train.tensorboard: true needs the 'tensorboard' package (pip install tensorboard)") from None
+            self._tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records past ``step`` (they belong to work the resumed run redoes)."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, self.path)
+
+    def write(self, kind: str, step: int, values: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+
+    def records(self, kind: Optional[str] = None) -> List[Dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return [r for r in rows if kind is None or r["kind"] == kind]
+
+    def write_csv(self) -> None:
+        """``train.csv`` and ``eval.csv`` from the JSONL (columns: the union of keys, in order seen)."""
+        if not self.enabled:
+            return
+        for kind in ("train", "eval"):
+            rows = self.records(kind)
+            if not rows:
+                continue
+            columns: Dict[str, None] = {}
+            for row in rows:
+                columns.update(dict.fromkeys(k for k in row if k != "kind"))
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+            target = self.path.parent / f"{kind}.csv"
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(buf.getvalue())
+            os.replace(tmp, target)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()

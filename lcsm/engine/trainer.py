@@ -1,0 +1,453 @@
+"""The training loop: ``train(config)`` runs (or resumes) one run and returns its result.
+
+The loop, per optimizer step (``Trainer.run``):
+
+    indices = next global batch of the training split      (order fixed by seed and epoch)
+    for each of this process's grad_accum micro-batches:
+        loss = summed cross-entropy / labelled positions of the whole global batch
+        backward (gradients synchronised across processes on the last micro-batch only)
+    clip, AdamW step, schedule step
+    every log_every: progress line + metrics.jsonl; every eval_every: evaluate, early stopping,
+    best checkpoint; every save_every: checkpoint
+
+Guarantees:
+- Same global batch, same loss: the loss is normalised by the labelled positions of the global
+  batch, so 1 process, N processes and any grad_accum compute the same gradient (up to the order
+  of floating-point sums).
+- Nothing lost on interruption: SIGINT / SIGTERM finish the current step, write a checkpoint and
+  stop (a second SIGINT stops at once). Running the same command again resumes.
+- Exact resume: a checkpoint holds weights, optimizer and scheduler state, every process's RNG
+  state and the position in the data (epoch, batch); the resumed run takes exactly the steps the
+  uninterrupted run would have, so both end with bit-identical weights on the same machine
+  (tested, including after SIGKILL).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import yaml
+from torch.nn.parallel import DistributedDataParallel
+
+from lcsm.models import build_model
+from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler
+
+from . import checkpoint as ckpt
+from .config import RunConfig
+from .distributed import Distributed
+from .monitor import MetricsLog, Progress
+from .optim import build_optimizer, lr_factor
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class LoopState:
+    """Where the loop is; saved in every checkpoint."""
+
+    step: int = 0                     # optimizer steps taken
+    epoch: int = 0                    # current pass over the training split
+    batch_in_epoch: int = 0           # global batches of this epoch already consumed
+    tokens: int = 0                   # input tokens trained on (all processes)
+    elapsed: float = 0.0              # training wall time so far (brought up to date at each save)
+    best_value: Optional[float] = None
+    best_step: Optional[int] = None
+    bad_evals: int = 0                # evaluations since the best one
+    stopped_early: bool = False
+    last_eval: Optional[Dict[str, float]] = None
+    last_eval_step: Optional[int] = None
+
+
+def _json_canonical(obj: Any) -> Any:
+    return json.loads(json.dumps(obj))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _to_device(batch: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
+def _rows(batch: Dict[str, Any], start: int, stop: int) -> Dict[str, Any]:
+    return {k: v[start:stop] for k, v in batch.items()}
+
+
+def _tokens(batch: Dict[str, Any]) -> int:
+    return sum(int(batch[k].shape[0] * batch[k].shape[1]) for k in ("input_ids", "input_ids2") if k in batch)
+
+
+def autocast(device: torch.device, precision: str):
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def default_eval_split(task, option: Optional[str]) -> str:
+    if option is not None:
+        if option not in task.splits:
+            raise ValueError(f"train.eval_split: task {task.registry_name!r} has splits {list(task.splits)}, got {option!r}")
+        return option
+    return "validation" if "validation" in task.splits else "test"
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, task, split: str, batch_size: int, device: torch.device,
+             precision: str = "fp32") -> Dict[str, float]:
+    """The task's metrics of ``model`` over a whole split (eval mode; the mode is restored)."""
+    was_training = model.training
+    model.eval()
+    evaluator = task.evaluator()
+    try:
+        for batch in task.dataset(split).loader(batch_size):
+            batch = _to_device(batch, device)
+            with autocast(device, precision):
+                logits = task.logits(model, batch)
+            evaluator.update(logits.float(), batch["labels"], batch)
+    finally:
+        model.train(was_training)
+    return evaluator.compute()
+
+
+def load_run(checkpoint_path, *, which: str = "last", device: str = "cpu"):
+    """(run config, task, model with the checkpoint's weights, checkpoint dir) from a checkpoint or
+    run directory. The model is in eval mode on ``device``."""
+    from .distributed import resolve_device
+
+    path = ckpt.resolve_checkpoint(checkpoint_path, which)
+    info = ckpt.read_info(path)
+    if info.get("format") != "lcsm-run" or "config" not in info:
+        raise ValueError(f"checkpoint {str(path)!r}: run.json is not an lcsm run checkpoint")
+    config = RunConfig.from_dict(info["config"])
+    task = config.build_task()
+    model = build_model(config.model_config(task), verbose=False)
+    ckpt.load_weights(model, path)
+    return config, task, model.to(resolve_device(device)).eval(), path
+
+
+class _StopRequest:
+    """SIGINT / SIGTERM set a flag the loop checks between steps (a step is never cut in half, so
+    the checkpoint written on the way out is consistent); a second SIGINT interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def _handler(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class Trainer:
+    """One run. ``Trainer(config).run()`` trains or resumes; see the module docstring."""
+
+    def __init__(self, config: RunConfig, dist: Optional[Distributed] = None, *, quiet: bool = False):
+        self.config = config
+        t = config.train
+        self.dist = dist if dist is not None else Distributed.setup(t.device)
+        self.device = self.dist.device
+        self.out_dir = Path(config.out_dir)
+        self.quiet = quiet
+
+        # Rank 0 generates (and caches) the data first, so the others read it instead of redoing it.
+        self.task = config.build_task()
+        if self.dist.is_main:
+            self.train_set = self.task.dataset("train")
+        self.dist.barrier()
+        if not self.dist.is_main:
+            self.train_set = self.task.dataset("train")
+        self.eval_split = default_eval_split(self.task, t.eval_split)
+
+        per_step = self.dist.world * t.grad_accum
+        if t.batch_size % per_step:
+            raise ValueError(f"train.batch_size: {t.batch_size} examples per step must split evenly over "
+                             f"{self.dist.world} process(es) x grad_accum {t.grad_accum} = {per_step}")
+        self.micro = t.batch_size // per_step
+        self.sampler = SegmentBatchSampler(self.train_set, t.batch_size, shuffle=True, seed=t.seed, drop_last=True)
+        self.steps_per_epoch = len(self.sampler)
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"train.batch_size: {t.batch_size} is larger than every segment of the training split "
+                             f"({self.train_set.segment_sizes()}); no full batch can be formed")
+        self.total_steps = t.max_steps if t.max_steps is not None else t.epochs * self.steps_per_epoch
+
+        torch.manual_seed(t.seed)
+        self.model_config = config.model_config(self.task)
+        self.model = build_model(self.model_config, verbose=False).to(self.device)
+        self.n_params = self.model.num_parameters()
+        self.optimizer = build_optimizer(self.model, config.optim)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.optim, self.total_steps))
+        self.state = LoopState()
+        self._clock = time.perf_counter()
+        self.net = (DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+                    if self.dist.enabled else self.model)
+        self.log = MetricsLog(self.out_dir, enabled=self.dist.is_main, tensorboard=t.tensorboard)
+        self.progress = Progress(self.total_steps, log_every=t.log_every, enabled=self.dist.is_main and not quiet)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _info(self) -> Dict[str, Any]:
+        from lcsm import __version__
+
+        return {"format": "lcsm-run", "step": self.state.step, "config": self.config.to_dict(),
+                "training_config": _json_canonical(self.config.training_dict()),
+                "model_config": self.model_config.to_dict(), "n_params": self.n_params,
+                "world_size": self.dist.world, "lcsm_version": __version__, "torch_version": torch.__version__,
+                "metrics": self.state.last_eval}
+
+    def _rng_state(self) -> Dict[str, Any]:
+        state = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def save(self, name: Optional[str] = None) -> Optional[Path]:
+        """A checkpoint of this very moment (every rank must call: RNG states are gathered)."""
+        now = time.perf_counter()
+        self.state.elapsed += now - self._clock
+        self._clock = now
+        rng = self.dist.gather(self._rng_state())
+        path = None
+        if self.dist.is_main:
+            trainer = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                       "rng": rng, "state": dataclasses.asdict(self.state)}
+            name = name or f"step-{self.state.step:08d}"
+            path = ckpt.save_checkpoint(self.out_dir, name, self.model, trainer, self._info())
+            if name != ckpt.BEST:
+                ckpt.prune(self.out_dir, self.config.train.keep_last)
+        self.dist.barrier()
+        return path
+
+    def restore(self, resume: bool) -> Optional[Path]:
+        path = ckpt.latest_checkpoint(self.out_dir)
+        if path is None:
+            return None
+        if not resume:
+            raise ValueError(f"out_dir: {str(self.out_dir)!r} already holds checkpoints of a run; resume it, "
+                             "or start over with --restart (deletes them) or another --out")
+        info = ckpt.read_info(path)
+        mine = _json_canonical(self.config.training_dict())
+        theirs = info.get("training_config")
+        if theirs != mine:
+            changed = sorted(_diff_keys(theirs or {}, mine))
+            raise ValueError(f"out_dir: {str(self.out_dir)!r} holds a run with a different training config "
+                             f"(differs in {', '.join(changed) or 'format'}); resuming would not continue it. "
+                             "Use another --out, or --restart to discard it")
+        ckpt.load_weights(self.model, path)
+        trainer = ckpt.load_trainer(path)
+        self.optimizer.load_state_dict(trainer["optimizer"])
+        self.scheduler.load_state_dict(trainer["scheduler"])
+        rng = trainer["rng"]
+        mine_rng = rng[self.dist.rank] if len(rng) == self.dist.world else rng[0]
+        torch.set_rng_state(mine_rng["cpu"])
+        if self.device.type == "cuda" and "cuda" in mine_rng:
+            torch.cuda.set_rng_state(mine_rng["cuda"], self.device)
+        self.state = LoopState(**trainer["state"])
+        if len(rng) != self.dist.world:
+            self.progress.message(f"note: resuming a {len(rng)}-process run with {self.dist.world} process(es): "
+                                  "training continues, but not bit-identically to the original run")
+        return path
+
+    # ------------------------------------------------------------------ steps
+
+    def train_step(self, indices: List[int]) -> Tuple[float, int, float, float]:
+        """One optimizer step on a global batch: (mean loss over its labelled positions, input
+        tokens of the global batch, gradient norm before clipping, learning rate of the step)."""
+        t = self.config.train
+        batch = self.train_set.__getitems__(indices)
+        labelled = int((batch["labels"] != IGNORE_INDEX).sum())
+        if labelled == 0:
+            raise ValueError(f"task {self.task.registry_name!r}: a training batch has no labelled position")
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        for m in range(t.grad_accum):
+            start = (m * self.dist.world + self.dist.rank) * self.micro
+            micro = _to_device(_rows(batch, start, start + self.micro), self.device)
+            last = m == t.grad_accum - 1
+            sync = contextlib.nullcontext() if last or not self.dist.enabled else self.net.no_sync()
+            with sync:
+                with autocast(self.device, t.precision):
+                    logits = self.task.logits(self.net, micro)
+                loss = self.task.loss(logits, micro["labels"], reduction="sum") / labelled
+                # DDP averages gradients over processes; the global loss is their sum.
+                (loss * self.dist.world).backward()
+            loss_sum += loss.detach().double()
+        clip = self.config.optim.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip is not None else math.inf)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(self.dist.sum(loss_sum)), _tokens(batch), float(norm), lr
+
+    def evaluate(self) -> Dict[str, float]:
+        """Rank 0 evaluates the unwrapped model; every rank gets the metrics."""
+        metrics = None
+        if self.dist.is_main:
+            t = self.config.train
+            metrics = evaluate(self.model, self.task, self.eval_split, t.eval_batch_size or t.batch_size,
+                               self.device, t.precision)
+        return self.dist.broadcast(metrics)
+
+    def after_eval(self, metrics: Dict[str, float]) -> None:
+        es = self.config.train.early_stop
+        s = self.state
+        s.last_eval, s.last_eval_step = metrics, s.step
+        if es.metric not in metrics:
+            raise ValueError(f"train.early_stop.metric: {es.metric!r} is not a metric of task "
+                             f"{self.task.registry_name!r}; its metrics: {', '.join(sorted(metrics))}")
+        value = metrics[es.metric]
+        if s.best_value is None:
+            improved = math.isfinite(value)
+        elif es.mode == "max":
+            improved = value > s.best_value + es.min_delta
+        else:
+            improved = value < s.best_value - es.min_delta
+        if improved:
+            s.best_value, s.best_step, s.bad_evals = value, s.step, 0
+            self.save(ckpt.BEST)
+        else:
+            s.bad_evals += 1
+            if es.patience and s.bad_evals >= es.patience:
+                s.stopped_early = True
+        self.log.write("eval", s.step, {"split": self.eval_split, **metrics})
+        self.log.write_csv()
+        shown = {k: v for k, v in metrics.items() if "/" not in k}
+        self.progress.message(f"eval @ step {s.step} ({self.eval_split}): "
+                              + "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
+                              + (f"  [early stop: no {es.metric} gain in {s.bad_evals} evals]" if s.stopped_early else ""))
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, resume: bool = True) -> Dict[str, Any]:
+        t = self.config.train
+        restored = self.restore(resume)
+        result_path = self.out_dir / "result.json"
+        if self.dist.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self.out_dir / "config.yaml", yaml.safe_dump(self.config.to_dict(), sort_keys=False))
+            self.log.truncate_after(self.state.step)
+            self.progress.message(
+                f"{'resuming' if restored else 'training'} {self.config.name or self.out_dir.name}: task "
+                f"{self.task.registry_name}, {self.model_config.n_layers} x {self.model_config.mixer}, "
+                f"d_model {self.model_config.d_model}, {self.n_params:,} parameters, {self.total_steps} steps "
+                f"({self.steps_per_epoch} per epoch), batch {t.batch_size}, {self.dist.world} process(es) on "
+                f"{self.device}" + (f", from {restored}" if restored else ""))
+        self.progress.start = self.state.step
+        finished = self.state.step >= self.total_steps or self.state.stopped_early
+        interrupted = False
+        self._clock = time.perf_counter()
+        with _StopRequest() as stop:
+            last_time, last_tokens = time.perf_counter(), self.state.tokens
+            while not (finished or interrupted):
+                self.sampler.set_epoch(self.state.epoch)
+                batches = self.sampler.batches()
+                while self.state.batch_in_epoch < len(batches) and not (finished or interrupted):
+                    loss, tokens, norm, lr = self.train_step(batches[self.state.batch_in_epoch])
+                    s = self.state
+                    s.step, s.batch_in_epoch, s.tokens = s.step + 1, s.batch_in_epoch + 1, s.tokens + tokens
+                    now = time.perf_counter()
+                    rate = (s.tokens - last_tokens) / max(now - last_time, 1e-9)
+                    self.progress.update(s.step, loss, lr, rate)
+                    if t.log_every and (s.step % t.log_every == 0 or s.step == self.total_steps):
+                        self.log.write("train", s.step, {"loss": loss, "lr": lr, "grad_norm": norm, "tokens": s.tokens,
+                                                         "tokens_per_s": rate, "epoch": s.epoch})
+                        last_time, last_tokens = now, s.tokens
+                    if t.eval_every and s.step % t.eval_every == 0:
+                        self.after_eval(self.evaluate())
+                    finished = s.step >= self.total_steps or s.stopped_early
+                    # Every process must agree to stop at the same step (a signal may reach one first).
+                    interrupted = not finished and bool(self.dist.sum(torch.tensor(float(stop.requested))) > 0)
+                    if t.save_every and s.step % t.save_every == 0 and not (finished or interrupted):
+                        self.save()
+                if self.state.batch_in_epoch == len(batches):
+                    self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
+            if interrupted:
+                path = self.save()
+                self.progress.message(f"interrupted at step {self.state.step}: checkpoint {path}; "
+                                      "run the same command again to resume")
+                raise KeyboardInterrupt
+        self.progress.close()
+        return self.finish(result_path)
+
+    def finish(self, result_path: Path) -> Dict[str, Any]:
+        s = self.state
+        if s.last_eval_step != s.step:
+            self.after_eval(self.evaluate())
+        saved = ckpt.list_checkpoints(self.out_dir)
+        if not saved or saved[-1][0] != s.step:
+            self.save()
+        else:
+            s.elapsed += time.perf_counter() - self._clock
+        result = {"status": "early_stopped" if s.stopped_early else "completed", "step": s.step, "epoch": s.epoch,
+                  "metrics": s.last_eval, "eval_split": self.eval_split,
+                  "best": ({"step": s.best_step, "metric": self.config.train.early_stop.metric, "value": s.best_value}
+                           if s.best_step is not None else None),
+                  "wall_time_s": round(s.elapsed, 3), "tokens": s.tokens, "n_params": self.n_params,
+                  "config": self.config.to_dict()}
+        if self.dist.is_main:
+            _write_atomic(result_path, json.dumps(result, indent=2))
+            self.log.write_csv()
+            self.log.close()
+            self.progress.message(f"done: {result['status']} at step {s.step}; checkpoints in "
+                                  f"{ckpt.checkpoint_dir(self.out_dir)}; result {result_path}")
+        return result
+
+
+def _diff_keys(a: Dict[str, Any], b: Dict[str, Any], prefix: str = "") -> List[str]:
+    keys = []
+    for k in set(a) | set(b):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys += _diff_keys(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def discard_run(out_dir: Path) -> None:
+    """Delete what a run wrote (checkpoints, metrics, result), nothing else of the directory."""
+    for name in (ckpt.CHECKPOINTS, "tensorboard"):
+        shutil.rmtree(out_dir / name, ignore_errors=True)
+    for name in ("metrics.jsonl", "train.csv", "eval.csv", "result.json", "config.yaml"):
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def train(config: RunConfig, *, resume: bool = True, restart: bool = False, quiet: bool = False) -> Dict[str, Any]:
+    """Train the run ``config`` describes, resuming from the newest checkpoint in its out_dir
+    (``resume=False``: fail if there is one; ``restart=True``: discard it first). Returns the
+    result, also written to ``<out_dir>/result.json``. Under torchrun every process calls this."""
+    dist = Distributed.setup(config.train.device)
+    threads = torch.get_num_threads()
+    if config.train.threads is not None:
+        torch.set_num_threads(config.train.threads)
+    try:
+        if restart:
+            if dist.is_main:
+                discard_run(Path(config.out_dir))
+            dist.barrier()
+        return Trainer(config, dist, quiet=quiet).run(resume=resume)
+    finally:
+        torch.set_num_threads(threads)
+        dist.teardown()

@@ -1,0 +1,84 @@
+"""lcsm train / eval / generate: exit 0 on valid input, one clear line and exit 2 on bad input."""
+import json
+
+import pytest
+import yaml
+
+from lcsm.cli import main
+
+TINY = {
+    "task": {"name": "mqar", "vocab_size": 32, "train_grid": "16:2", "test_grid": "16:2",
+             "train_examples": 64, "test_examples": 16},
+    "model": {"mixer": "gla", "d_model": 16, "n_layers": 1},
+    "train": {"max_steps": 4, "batch_size": 8, "log_every": 2, "threads": 1},
+}
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    assert main(["train", str(cfg), "--out", str(tmp_path / "run"), "--set", "train.max_steps=4"]) == 0
+    out, err = capsys.readouterr()
+    assert "final test metrics" in out and "accuracy" in out
+    assert "step 4/4" in err and "done: completed at step 4" in err
+    return tmp_path / "run"
+
+
+def test_train_eval_generate(run_dir, capsys):
+    assert main(["eval", str(run_dir), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["split"] == "test" and set(record["metrics"]) >= {"loss", "accuracy"}
+    assert main(["eval", str(run_dir), "--best"]) == 0
+    assert "accuracy" in capsys.readouterr().out
+    assert main(["generate", str(run_dir), "--prompt-ids", "3 20 5", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+    tokens = capsys.readouterr().out.split()
+    assert len(tokens) == 4 and all(0 <= int(t) < 32 for t in tokens)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval", "/nonexistent/run"], "no such file or directory"),
+    (["generate", "{run}", "--prompt", "hello"], "has no text tokenizer"),
+    (["generate", "{run}", "--prompt-ids", "3 x"], "--prompt-ids: expected integers"),
+    (["generate", "{run}", "--prompt-ids", "99"], "ids must lie in [0, 32)"),
+    (["generate", "{run}"], "exactly one of --prompt"),
+    (["eval", "{run}", "--split", "dev"], "--split: task 'mqar' has splits"),
+])
+def test_user_errors_are_one_line(run_dir, capsys, args, message):
+    assert main([a.replace("{run}", str(run_dir)) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_incompatible_checkpoint(run_dir, capsys):
+    ckpt = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    info = json.loads((ckpt / "run.json").read_text())
+    info["config"]["model"]["d_model"] = 32
+    (ckpt / "run.json").write_text(json.dumps(info))
+    assert main(["eval", str(ckpt)]) == 2
+    assert "weights do not fit the model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("task: [unclosed", "not valid YAML"),
+    ("- a list", "expected a mapping at the top level"),
+    (yaml.safe_dump({**TINY, "modle": {}}), "unknown key(s) 'modle' (did you mean 'model'?)"),
+    (yaml.safe_dump({**TINY, "model": {"mixer": "glaa"}}), "unknown mixer 'glaa'. Did you mean gla?"),
+])
+def test_bad_configs(tmp_path, capsys, content, message):
+    cfg = tmp_path / "bad.yaml"
+    if content is not None:
+        cfg.write_text(content)
+    assert main(["train", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lcsm train: error: ") and message in err
+
+
+def test_help_on_every_command(capsys):
+    for command in ("train", "eval", "generate", "list", "bench"):
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        assert exit_.value.code == 0
+        assert "usage: lcsm" in capsys.readouterr().out

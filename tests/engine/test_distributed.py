@@ -1,0 +1,44 @@
+"""torchrun with 2 CPU processes (gloo) trains like 1 process with the same global batch."""
+import json
+import os
+import subprocess
+import sys
+
+from safetensors.torch import load_file
+
+from lcsm.engine import apply_overrides
+from lcsm.testing import assert_close
+
+from .conftest import TINY, write_config
+
+DDP = apply_overrides(TINY, {"train.max_steps": 10, "train.batch_size": 16, "train.log_every": 1,
+                             "train.eval_every": 5, "train.save_every": 5})
+
+
+def losses(run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r["kind"] == "train"], [r for r in rows if r["kind"] == "eval"]
+
+
+def test_two_processes_match_one(tmp_path):
+    cfg = write_config(tmp_path / "ddp.yaml", DDP)
+    env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "lcsm", "train", str(cfg), "--out", str(tmp_path / "one")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "lcsm", "train", str(cfg), "--out", str(tmp_path / "two")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "2 process(es)" in two.stderr
+    # Rank 0 alone writes: one metrics file, one line per step.
+    (loss1, eval1), (loss2, eval2) = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(loss1) == len(loss2) == 10
+    for a, b in zip(loss1, loss2):
+        assert abs(a - b) <= 1e-5 * abs(a), (loss1, loss2)
+    assert [e["step"] for e in eval2] == [5, 10]
+    for e1, e2 in zip(eval1, eval2):
+        assert abs(e1["loss"] - e2["loss"]) <= 1e-5 * e1["loss"]
+    w1 = load_file(str(tmp_path / "one" / "checkpoints" / "step-00000010" / "model.safetensors"))
+    w2 = load_file(str(tmp_path / "two" / "checkpoints" / "step-00000010" / "model.safetensors"))
+    assert_close(w2, w1, context="2 processes vs 1")

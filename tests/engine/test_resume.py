@@ -1,0 +1,115 @@
+"""Checkpoint / resume: a run interrupted anywhere (SIGINT, SIGTERM, SIGKILL, a lost tail of
+checkpoints) and resumed ends with bit-identical weights to the uninterrupted run."""
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lcsm.engine import RunConfig, apply_overrides, train
+
+from .conftest import TINY, write_config
+
+# Dropout makes the RNG state part of what a checkpoint must restore.
+LONG = apply_overrides(TINY, {"model.dropout": 0.1, "train.max_steps": 240, "train.save_every": 10,
+                              "train.eval_every": 80, "train.keep_last": 3, "train.log_every": 10})
+
+
+def final_weights(run_dir):
+    last = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    return load_file(str(last / "model.safetensors"))
+
+
+def assert_identical(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def metric_rows(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("time", "tokens_per_s")} for r in rows]
+
+
+def test_resume_from_a_middle_checkpoint_is_exact(cache_env):
+    values = apply_overrides(TINY, {"model.dropout": 0.1, "train.keep_last": 10})
+    train(RunConfig.from_dict({**values, "out_dir": str(cache_env / "a")}), quiet=True)
+    b = cache_env / "b"
+    train(RunConfig.from_dict({**values, "out_dir": str(b)}), quiet=True)
+    # As if the process had died right after the step-4 checkpoint.
+    for path in (b / "checkpoints").glob("step-*"):
+        if path.name != "step-00000004":
+            shutil.rmtree(path)
+    (b / "result.json").unlink()
+    result = train(RunConfig.from_dict({**values, "out_dir": str(b)}), quiet=True)
+    assert result["step"] == 12
+    assert_identical(final_weights(cache_env / "a"), final_weights(b))
+    assert metric_rows(cache_env / "a") == metric_rows(b)
+
+
+def test_a_finished_run_is_not_retrained(cache_env):
+    cfg = RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a")})
+    first = train(cfg, quiet=True)
+    stamp = (cache_env / "a" / "checkpoints" / "step-00000012" / "model.safetensors").stat().st_mtime_ns
+    again = train(cfg, quiet=True)
+    assert again["metrics"] == first["metrics"] and again["step"] == 12
+    assert (cache_env / "a" / "checkpoints" / "step-00000012" / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_resume_refuses_a_different_config(cache_env):
+    train(RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a")}), quiet=True)
+    changed = apply_overrides(TINY, {"optim.lr": 1e-2, "out_dir": str(cache_env / "a")})
+    with pytest.raises(ValueError, match="different training config.*optim.lr"):
+        train(RunConfig.from_dict(changed), quiet=True)
+    result = train(RunConfig.from_dict(changed), restart=True, quiet=True)
+    assert result["config"]["optim"]["lr"] == 1e-2
+
+
+def _cli_env(tmp_path):
+    import os
+    return {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+
+
+def _train_cmd(config_path, out):
+    return [sys.executable, "-m", "lcsm", "train", str(config_path), "--out", str(out)]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """The uninterrupted run, in a subprocess like the interrupted ones (same threads, same code path)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    cfg = write_config(tmp / "long.yaml", LONG)
+    proc = subprocess.run(_train_cmd(cfg, tmp / "run"), env=_cli_env(tmp), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return tmp / "run"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM], ids=["SIGKILL", "SIGINT", "SIGTERM"])
+def test_interrupted_run_resumes_bit_exactly(tmp_path, reference_run, sig):
+    cfg = write_config(tmp_path / "long.yaml", LONG)
+    run = tmp_path / "run"
+    env = _cli_env(tmp_path)
+    proc = subprocess.Popen(_train_cmd(cfg, run), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list((run / "checkpoints").glob("step-*")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    # The kill must land mid-run, or this test would prove nothing.
+    assert not (run / "result.json").exists()
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == 130, err
+        assert "interrupted at step" in err and "run the same command again to resume" in err
+    stopped_at = sorted((run / "checkpoints").glob("step-*"))[-1].name
+    resumed = subprocess.run(_train_cmd(cfg, run), env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"from {run / 'checkpoints' / stopped_at}" in resumed.stderr
+    assert_identical(final_weights(reference_run), final_weights(run))
+    assert metric_rows(reference_run) == metric_rows(run)

@@ -1,0 +1,150 @@
+"""The training loop: loss falls, no-decay groups, schedules, accumulation, early stopping."""
+import copy
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lcsm.engine import RunConfig, apply_overrides, build_optimizer, lr_factor, train
+from lcsm.engine.config import OptimConfig
+from lcsm.models import ModelConfig, build_model
+from lcsm.testing import assert_close
+
+from .conftest import TINY
+
+
+def config(tmp_path, name="run", **overrides):
+    values = apply_overrides(TINY, {"out_dir": str(tmp_path / name), **overrides})
+    return RunConfig.from_dict(values)
+
+
+def weights(run_dir):
+    ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
+    return load_file(str(ckpts[-1] / "model.safetensors"))
+
+
+@pytest.mark.parametrize("mixer", ["gla", "metala", "attention", "hgrn", "mamba", "lcsm:1-9-1-0"])
+def test_tiny_models_learn_mqar(cache_env, mixer):
+    """The loss falls well below its start (about ln 32 = 3.47, uniform; predicting some value
+    of the right half of the vocabulary gives ln 16 = 2.77)."""
+    cfg = config(cache_env, **{"model.mixer": mixer, "optim.lr": 1e-2, "train.batch_size": 16, "train.max_steps": 80,
+                               "train.eval_every": 0, "train.save_every": 0, "train.log_every": 1})
+    result = train(cfg, quiet=True)
+    losses = [r["loss"] for r in map(json.loads, (cache_env / "run" / "metrics.jsonl").read_text().splitlines())
+              if r["kind"] == "train"]
+    assert result["status"] == "completed" and result["step"] == 80 and len(losses) == 80
+    assert all(math.isfinite(v) for v in losses)
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert first > 3.2 and last < first - 0.7, (first, last)
+    assert result["metrics"]["loss"] < first - 0.5
+
+
+def test_no_weight_decay_tags_are_honoured():
+    model = build_model(ModelConfig(mixer="mamba", vocab_size=32, d_model=16, n_layers=1), verbose=False)
+    opt = build_optimizer(model, OptimConfig(lr=0.1, weight_decay=0.5))
+    decayed, exempt = opt.param_groups
+    assert decayed["weight_decay"] == 0.5 and exempt["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    exempt_names = {names[id(p)] for p in exempt["params"]}
+    assert any(n.endswith("A_log") for n in exempt_names) and any(n.endswith(".D") for n in exempt_names)
+    assert all(n.endswith(("A_log", ".D", "bias")) or ".norm" in n or "norm" in n.split(".")[-2]
+               for n in exempt_names), exempt_names
+    assert not any(n.endswith("A_log") for n in (names[id(p)] for p in decayed["params"]))
+    # Behaviour, not just bookkeeping: with zero gradients only weight decay moves a parameter.
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        if n in exempt_names:
+            assert torch.equal(p, before[n]), n
+        else:
+            assert torch.allclose(p, before[n] * (1 - 0.1 * 0.5)), n
+
+
+def test_schedules():
+    total = 100
+    cos = lr_factor(OptimConfig(schedule="cosine", warmup_steps=10, min_lr_ratio=0.1), total)
+    assert [cos(s) for s in range(3)] == pytest.approx([0.1, 0.2, 0.3])
+    assert cos(9) == 1.0 and cos(10) == 1.0
+    assert 0.1 < cos(99) < 0.11 and cos(55) == pytest.approx(0.1 + 0.9 * 0.5, abs=1e-12)
+    inv = lr_factor(OptimConfig(schedule="inverse_sqrt", warmup_steps=16), total)
+    assert inv(15) == 1.0 and inv(63) == pytest.approx(0.5)
+    lin = lr_factor(OptimConfig(schedule="linear", warmup_steps=0), total)
+    assert lin(0) == 1.0 and lin(50) == pytest.approx(0.5) and lin(99) == pytest.approx(0.01)
+    const = lr_factor(OptimConfig(schedule="constant", warmup_steps=4), total)
+    assert const(0) == 0.25 and const(99) == 1.0
+
+
+def test_gradient_accumulation_matches_one_big_batch(cache_env):
+    """grad_accum splits the same global batch: same loss normalisation, same update."""
+    common = {"train.max_steps": 6, "train.eval_every": 0, "train.save_every": 0}
+    train(config(cache_env, "one", **common), quiet=True)
+    train(config(cache_env, "four", **common, **{"train.grad_accum": 4}), quiet=True)
+    assert_close(weights(cache_env / "four"), weights(cache_env / "one"), context="grad_accum 4 vs 1")
+
+
+def test_early_stopping_and_best_checkpoint(cache_env):
+    cfg = config(cache_env, **{"optim.lr": 1e-9, "optim.warmup_steps": 0, "train.max_steps": 60, "train.eval_every": 2,
+                               "train.early_stop": {"metric": "accuracy", "mode": "max", "patience": 2,
+                                                    "min_delta": 0.5}})
+    result = train(cfg, quiet=True)
+    assert result["status"] == "early_stopped"
+    assert result["step"] == 6                      # best at step 2, no gain at 4 and 6
+    assert result["best"]["step"] == 2 and result["best"]["metric"] == "accuracy"
+    best = json.loads((cache_env / "run" / "checkpoints" / "best" / "run.json").read_text())
+    assert best["step"] == 2
+
+
+def test_early_stop_metric_must_exist(cache_env):
+    cfg = config(cache_env, **{"train.early_stop": {"metric": "acuracy", "mode": "max"}})
+    with pytest.raises(ValueError, match="'acuracy' is not a metric of task 'mqar'.*accuracy"):
+        train(cfg, quiet=True)
+
+
+def test_batch_must_split_over_accumulation(cache_env):
+    with pytest.raises(ValueError, match="train.batch_size: 8 .* grad_accum 3"):
+        train(config(cache_env, **{"train.grad_accum": 3}), quiet=True)
+
+
+def test_metrics_files(cache_env):
+    result = train(config(cache_env), quiet=True)
+    run = cache_env / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [2, 4, 6, 8, 10, 12]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [6, 12]
+    assert (run / "train.csv").read_text().splitlines()[0].startswith("step,")
+    assert json.loads((run / "result.json").read_text())["metrics"] == result["metrics"]
+    # keep_last 2: steps 8 and 12 remain (4 was pruned), plus the best evaluation's.
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best", "step-00000008", "step-00000012"]
+
+
+def test_run_config_validation():
+    with pytest.raises(ValueError, match="unknown key.*'trian'.*did you mean 'train'"):
+        RunConfig.from_dict({**copy.deepcopy(TINY), "trian": {}})
+    with pytest.raises(ValueError, match="train: unknown key.*'max_step'.*did you mean 'max_steps'"):
+        RunConfig.from_dict(apply_overrides(TINY, {"train.max_step": 3}))
+    with pytest.raises(ValueError, match="exactly one"):
+        RunConfig.from_dict(apply_overrides(TINY, {"train.epochs": 2}))
+    with pytest.raises(ValueError, match="optim.schedule.*'cosine'"):
+        RunConfig.from_dict(apply_overrides(TINY, {"optim.schedule": "cosin"}))
+    with pytest.raises(ValueError, match="task 'mqar'.*unknown option.*'vocab'"):
+        RunConfig.from_dict(apply_overrides(TINY, {"task.vocab": 3}))
+    with pytest.raises(ValueError, match="model.vocab_size: task 'mqar' fixes it to 32, got 16"):
+        RunConfig.from_dict(apply_overrides(TINY, {"model.vocab_size": 16}))
+    with pytest.raises(ValueError, match="mixer_options: mixer 'gla' has no option"):
+        RunConfig.from_dict(apply_overrides(TINY, {"model.mixer_options": {"headz": 2}}))
+
+
+def test_overrides_parse_yaml_values():
+    out = apply_overrides(TINY, ["train.max_steps=7", "optim.betas=[0.8, 0.9]", "model.mixer_options.heads=2",
+                                 "task.train_grid=16:2"])
+    assert out["train"]["max_steps"] == 7 and out["optim"]["betas"] == [0.8, 0.9]
+    assert out["model"]["mixer_options"] == {"heads": 2} and out["task"]["train_grid"] == "16:2"
+    assert TINY["train"]["max_steps"] == 12          # a copy, the input is untouched
+    with pytest.raises(ValueError, match="expected 'section.key=value'"):
+        apply_overrides(TINY, ["train.max_steps"])
+    with pytest.raises(ValueError, match="train.max_steps is 12, not a section"):
+        apply_overrides(TINY, ["train.max_steps.x=1"])
