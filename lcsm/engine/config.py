@@ -343,9 +343,19 @@ def parse_override(text: str) -> Tuple[str, Any]:
     return key.strip(), value
 
 
+def _merge(base: Dict[str, Any], update: Mapping[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+
+
 def apply_overrides(values: Mapping[str, Any], overrides: Union[Mapping[str, Any], Iterable[str]]) -> Dict[str, Any]:
     """A deep copy of ``values`` with dotted-key overrides applied (``{"train.max_steps": 100}`` or
-    ``["train.max_steps=100"]``); intermediate mappings are created as needed."""
+    ``["train.max_steps=100"]``); intermediate mappings are created as needed. A mapping value is
+    merged into the mapping it overrides (``model={mixer: attention, mixer_options: {heads: 2}}``
+    keeps the model's other keys), any other value replaces."""
     out = copy.deepcopy(dict(values))
     items = overrides.items() if isinstance(overrides, Mapping) else (parse_override(o) for o in overrides)
     for key, value in items:
@@ -360,7 +370,10 @@ def apply_overrides(values: Mapping[str, Any], overrides: Union[Mapping[str, Any
             elif not isinstance(child, dict):
                 raise ValueError(f"--set {key}: {'.'.join(parts[:i + 1])} is {child!r}, not a section")
             node = child
-        node[parts[-1]] = value
+        if isinstance(value, Mapping) and isinstance(node.get(parts[-1]), dict):
+            _merge(node[parts[-1]], value)
+        else:
+            node[parts[-1]] = copy.deepcopy(value)
     return out
 
 

@@ -148,3 +148,8 @@ def test_overrides_parse_yaml_values():
         apply_overrides(TINY, ["train.max_steps"])
     with pytest.raises(ValueError, match="train.max_steps is 12, not a section"):
         apply_overrides(TINY, ["train.max_steps.x=1"])
+
+
+def test_mapping_overrides_merge():
+    out = apply_overrides(TINY, {"model": {"mixer": "attention", "mixer_options": {"heads": 2}}})
+    assert out["model"] == {"mixer": "attention", "d_model": 16, "n_layers": 1, "mixer_options": {"heads": 2}}
