@@ -153,3 +153,19 @@ def test_overrides_parse_yaml_values():
 def test_mapping_overrides_merge():
     out = apply_overrides(TINY, {"model": {"mixer": "attention", "mixer_options": {"heads": 2}}})
     assert out["model"] == {"mixer": "attention", "d_model": 16, "n_layers": 1, "mixer_options": {"heads": 2}}
+
+
+def test_bfloat16_autocast_trains(cache_env):
+    result = train(config(cache_env, **{"train.precision": "bf16", "train.eval_every": 0}), quiet=True)
+    assert result["status"] == "completed" and math.isfinite(result["metrics"]["loss"])
+
+
+def test_tensorboard_needs_its_package(cache_env):
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match="needs the 'tensorboard' package"):
+            train(config(cache_env, **{"train.tensorboard": True}), quiet=True)
+    else:
+        train(config(cache_env, **{"train.tensorboard": True}), quiet=True)
+        assert list((cache_env / "run" / "tensorboard").iterdir())
