@@ -9,11 +9,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
-.PHONY: install test demo
+# `make demo MIXERS=gla,hgrn,mamba` sweeps other mixers than the demo's MetaLA, GLA and attention.
+MIXERS ?=
+
+.PHONY: install test demo bench
 install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
 
 demo: $(STAMP)
+	$(VENV)/bin/lcsm sweep experiments/mqar_demo.yaml --report $(if $(MIXERS),--grid model.mixer=$(MIXERS))
+
+bench: $(STAMP)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[bench]'
 	$(VENV)/bin/lcsm bench ops

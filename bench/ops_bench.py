@@ -27,7 +27,6 @@ import gc
 import json
 import math
 import os
-import platform
 import re
 import shlex
 import statistics
@@ -42,6 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from lcsm._provenance import git_commit, machine_info
 from lcsm.ops import eos
 from lcsm.ops._inputs import canonicalize
 from lcsm.ops.chunk import eos_chunk
@@ -625,32 +625,6 @@ def peak_memory_subprocess(z: Sizes, mode: str, threads: int):
 
 
 # ----------------------------------------------------------------------------- output
-
-def machine_info(threads: int) -> Dict[str, str]:
-    cpu = platform.processor() or "unknown"
-    try:
-        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
-        cpu = m.group(1).strip() if m else cpu
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {"cpu": cpu, "cores": f"{os.cpu_count()} logical, {usable} usable by this process",
-            "torch": torch.__version__, "threads": str(threads), "python": platform.python_version()}
-
-
-def git_commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=REPO, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=REPO, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"unknown ({exc})"
-    return (head or "unknown") + (" (with uncommitted changes)" if dirty else "")
-
 
 def _fmt_ratio(x: Optional[float]) -> str:
     return "—" if x is None else f"{x:.3f}x"

@@ -170,7 +170,6 @@ class Trainer:
         self.dist = dist if dist is not None else Distributed.setup(t.device)
         self.device = self.dist.device
         self.out_dir = Path(config.out_dir)
-        self.quiet = quiet
 
         # Rank 0 generates (and caches) the data first, so the others read it instead of redoing it.
         self.task = config.build_task()

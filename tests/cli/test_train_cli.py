@@ -77,7 +77,7 @@ def test_bad_configs(tmp_path, capsys, content, message):
 
 
 def test_help_on_every_command(capsys):
-    for command in ("train", "eval", "generate", "list", "bench"):
+    for command in ("train", "eval", "generate", "sweep", "report", "list", "bench"):
         with pytest.raises(SystemExit) as exit_:
             main([command, "--help"])
         assert exit_.value.code == 0

@@ -1,0 +1,41 @@
+"""Where a result came from: the commit and the machine (recorded by benchmarks and reports)."""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def machine_info(threads: Optional[int] = None) -> Dict[str, str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"cpu": cpu, "cores": f"{os.cpu_count()} logical, {usable} usable by this process",
+            "torch": torch.__version__, "threads": str(threads if threads is not None else torch.get_num_threads()),
+            "python": platform.python_version()}
+
+
+def git_commit() -> str:
+    """Short hash of HEAD of the source checkout, marked when the tracked files have changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=REPO, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=REPO, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unknown ({exc})"
+    return (head or "unknown") + (" (with uncommitted changes)" if dirty else "")

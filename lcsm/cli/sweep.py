@@ -1,0 +1,82 @@
+"""``lcsm sweep`` and ``lcsm report``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._common import UsageError
+
+
+def _experiment(target: str, args):
+    from lcsm.engine.sweep import EXPERIMENT_COPY, load_experiment
+
+    path = Path(target)
+    if path.is_dir():
+        copy = path / EXPERIMENT_COPY
+        if not copy.is_file():
+            raise UsageError(f"{target}: a directory without {EXPERIMENT_COPY}; give an experiment file or a sweep "
+                             "directory that `lcsm sweep` wrote")
+        return load_experiment(copy, out_dir=path)
+    if not path.is_file():
+        raise UsageError(f"{target}: no such experiment file or sweep directory")
+    return load_experiment(path, overrides=getattr(args, "set", None) or (), grid=getattr(args, "grid", None) or (),
+                           out_dir=args.out)
+
+
+def cmd_sweep(args) -> int:
+    from lcsm.engine.report import write_report
+    from lcsm.engine.sweep import format_table, main_metric, select_best, sweep
+
+    exp = _experiment(args.experiment, args)
+    try:
+        rows, ok = sweep(exp, parallel=args.parallel, dry_run=args.dry_run)
+    except KeyboardInterrupt:
+        print(f"sweep {exp.name} interrupted: finished runs are cached and interrupted ones checkpointed; "
+              "run the same command again to continue")
+        return 130
+    if args.dry_run:
+        return 0
+    metrics = exp.report.get("metrics") or list(dict.fromkeys([main_metric(exp), "loss"]))
+    print(f"\nresults of {exp.name}:\n")
+    print(format_table(exp, rows, metrics))
+    if exp.select and exp.select.get("over"):
+        print(f"\nbest over {', '.join(exp.select['over'])}:\n")
+        print(format_table(exp, select_best(exp, rows), metrics))
+    print(f"\nrun directories (checkpoints, metrics): {exp.out_dir}/<run>/; results: {exp.out_dir / 'results.csv'}")
+    if args.report:
+        print(f"report: {write_report(exp, rows)} (plots next to it)")
+    return 0 if ok else 1
+
+
+def cmd_report(args) -> int:
+    from lcsm.engine.report import write_report
+    from lcsm.engine.sweep import collect
+
+    for target in args.targets:
+        exp = _experiment(target, args)
+        rows = collect(exp)
+        if all(r["status"] == "missing" for r in rows):
+            raise UsageError(f"{target}: no finished run in {exp.out_dir}; run `lcsm sweep {target}` first")
+        out = Path(args.out) / exp.name if args.out and len(args.targets) > 1 else args.out
+        print(f"{exp.name}: {write_report(exp, rows, out)}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("sweep", help="run a grid of runs from an experiment file (cached, resumable)",
+                       description="Run every run of an experiment's grid that has no cached result (see "
+                                   "docs/sweeps.md); print the results table. Interrupted sweeps continue where "
+                                   "they stopped.")
+    p.add_argument("experiment", help="experiment YAML file (or a sweep directory)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N", help="runs at a time (default 1)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of the base config")
+    p.add_argument("--grid", action="append", metavar="KEY=V1,V2",
+                   help="replace or add a grid axis, e.g. --grid model.mixer=gla,hgrn")
+    p.add_argument("--out", help="sweep directory (default runs/<experiment name>)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and which are cached; run nothing")
+    p.add_argument("--report", action="store_true", help="write the report (tables, plots) at the end")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("report", help="markdown tables and PNG plots from cached sweep results (no training)")
+    p.add_argument("targets", nargs="+", metavar="EXPERIMENT", help="experiment files or sweep directories")
+    p.add_argument("--out", help="where to write (default: the sweep directory)")
+    p.set_defaults(func=cmd_report)

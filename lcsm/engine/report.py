@@ -1,0 +1,180 @@
+"""Reports: markdown tables and PNG plots of a sweep, from its cached results only.
+
+The experiment's ``report`` section::
+
+    report:
+      metrics: [accuracy, loss]                  # table columns (default: the select metric, loss)
+      table: {rows: model.mixer, columns: model.d_model, value: accuracy}   # a pivot of the best runs
+      plots:
+        - {x: model.d_model, y: accuracy, series: model.mixer, facet: task.train_grid, file: accuracy.png}
+
+``rows``, ``columns``, ``x``, ``series`` and ``facet`` name grid axes; ``value`` and ``y`` metrics.
+Tables and plots use the runs ``select`` keeps (best of its grid), the full table lists every run.
+The experiment's ``description`` and ``paper`` (markdown: the paper's numbers for comparison) are
+copied into the report. ``write_report`` never trains: runs without a result show as missing.
+"""
+from __future__ import annotations
+
+import datetime
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .config import _check_keys
+
+REPORT_KEYS = ("title", "metrics", "table", "plots")
+
+
+def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
+    _check_keys("report", report, REPORT_KEYS)
+    metrics = report.get("metrics", [])
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        raise ValueError(f"report.metrics: expected a list of metric names, got {metrics!r}")
+
+    def axis(where: str, key: Any, optional: bool = False) -> None:
+        if key is None and optional:
+            return
+        if key not in axes:
+            raise ValueError(f"{where}: expected a grid axis ({', '.join(axes) or 'none'}), got {key!r}")
+
+    table = report.get("table")
+    if table is not None:
+        _check_keys("report.table", table, ("rows", "columns", "value"))
+        axis("report.table.rows", table.get("rows"))
+        axis("report.table.columns", table.get("columns"), optional=True)
+        if not isinstance(table.get("value"), str):
+            raise ValueError(f"report.table.value: expected a metric name, got {table.get('value')!r}")
+    plots = report.get("plots", [])
+    if not isinstance(plots, list):
+        raise ValueError(f"report.plots: expected a list of plots, got {plots!r}")
+    for i, plot in enumerate(plots):
+        _check_keys(f"report.plots[{i}]", plot, ("x", "y", "series", "facet", "file", "logx", "title"))
+        axis(f"report.plots[{i}].x", plot.get("x"))
+        axis(f"report.plots[{i}].series", plot.get("series"), optional=True)
+        axis(f"report.plots[{i}].facet", plot.get("facet"), optional=True)
+        if not isinstance(plot.get("y"), str):
+            raise ValueError(f"report.plots[{i}].y: expected a metric name, got {plot.get('y')!r}")
+        if not isinstance(plot.get("file"), str) or not plot["file"].endswith(".png"):
+            raise ValueError(f"report.plots[{i}].file: expected a file name ending in .png, got {plot.get('file')!r}")
+
+
+def _number(label: str) -> Optional[float]:
+    try:
+        return float(label)
+    except ValueError:
+        return None
+
+
+def _ordered(labels: Sequence[str]) -> List[str]:
+    """Distinct labels, numerically when all are numbers, else in order of first appearance."""
+    distinct = list(dict.fromkeys(labels))
+    if all(_number(x) is not None for x in distinct):
+        return sorted(distinct, key=float)
+    return distinct
+
+
+def pivot(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
+    r_key, c_key, metric = spec["rows"], spec.get("columns"), f"metric:{spec['value']}"
+    cells: Dict[tuple, float] = {}
+    for row in rows:
+        cell = (row[r_key], row[c_key] if c_key else spec["value"])
+        if cell in cells:
+            raise ValueError(f"report.table: several selected runs fall in the cell {cell}; put the other grid "
+                             "axes in select.over, or use them as rows/columns")
+        if metric in row:
+            cells[cell] = row[metric]
+    r_labels = _ordered([row[r_key] for row in rows])
+    c_labels = _ordered([row[c_key] for row in rows]) if c_key else [spec["value"]]
+    head = f"{r_key} \\ {c_key}" if c_key else r_key
+    lines = [f"| {head} | " + " | ".join(c_labels) + " |", "|" + "---|" * (len(c_labels) + 1)]
+    for r in r_labels:
+        lines.append(f"| {r} | " + " | ".join(f"{cells[(r, c)]:.4f}" if (r, c) in cells else "—" for c in c_labels) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_key, y, series, facet = spec["x"], spec["y"], spec.get("series"), spec.get("facet")
+    metric = f"metric:{y}"
+    facets = _ordered([row[facet] for row in rows]) if facet else [None]
+    fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets), 3.4), squeeze=False, sharey=True)
+    x_labels = _ordered([row[x_key] for row in rows])
+    numeric = all(_number(x) is not None for x in x_labels)
+    for ax, f in zip(axes[0], facets):
+        chosen = [row for row in rows if (f is None or row[facet] == f) and metric in row]
+        names = _ordered([row[series] for row in chosen]) if series else [None]
+        for i, s in enumerate(names):
+            points = [row for row in chosen if s is None or row[series] == s]
+            points.sort(key=lambda row: x_labels.index(row[x_key]))
+            ys = [row[metric] for row in points]
+            if numeric:
+                ax.plot([float(row[x_key]) for row in points], ys, marker="o", label=s)
+            else:
+                # categories (mixers, ...) have no order to draw a line along: grouped bars
+                width = 0.8 / len(names)
+                xs = [x_labels.index(row[x_key]) - 0.4 + width * (i + 0.5) for row in points]
+                ax.bar(xs, ys, width=width, label=s)
+        if not numeric:
+            ax.set_xticks(range(len(x_labels)), x_labels)
+        if spec.get("logx") and numeric:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(x_key)
+        ax.set_title(f"{facet} = {f}" if facet else spec.get("title", title), fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(y)
+    if series:
+        axes[0][-1].legend(title=series, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None) -> Path:
+    """``report.md`` and the PNG plots of ``exp`` from ``rows`` (``sweep.collect``); returns the
+    report's path."""
+    from lcsm._provenance import git_commit, machine_info
+
+    from .sweep import format_table, main_metric, select_best
+
+    out_dir = Path(out_dir) if out_dir is not None else exp.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = exp.report
+    main = main_metric(exp)
+    metrics = spec.get("metrics") or list(dict.fromkeys([main, "loss"]))
+    best = select_best(exp, rows)
+    done = [r for r in rows if r["status"] != "missing"]
+    title = spec.get("title", f"Experiment {exp.name}")
+    lines = [f"# {title}", ""]
+    if exp.spec.get("description"):
+        lines += [str(exp.spec["description"]).strip(), ""]
+    lines += [
+        f"- command: `{' '.join(shlex.quote(a) for a in ['lcsm', *sys.argv[1:]])}`",
+        f"- experiment: `{exp.path}`",
+        f"- git commit: {git_commit()}",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        *[f"- machine {k}: {v}" for k, v in machine_info().items()],
+        f"- runs: {len(done)} of {len(rows)} finished; total training wall time "
+        f"{sum(r.get('wall_time_s', 0) for r in done):.0f} s",
+        "",
+    ]
+    if spec.get("table") and best:
+        lines += [f"## {spec['table']['value']}" + (" (best of " + ", ".join(exp.select.get("over", [])) + ")"
+                                                    if exp.select and exp.select.get("over") else ""), "",
+                  pivot(best, spec["table"]), ""]
+    for p in spec.get("plots", []):
+        plot(best, p, out_dir / p["file"], title)
+        lines += [f"![{p['y']} against {p['x']}]({p['file']})", ""]
+    if exp.select and exp.select.get("over"):
+        lines += [f"## Selected runs (best {main} over {', '.join(exp.select['over'])})", "",
+                  format_table(exp, best, metrics), ""]
+    lines += ["## Every run", "", format_table(exp, rows, metrics), ""]
+    if exp.spec.get("paper"):
+        lines += ["## The paper's numbers", "", str(exp.spec["paper"]).strip(), ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,385 @@
+"""Sweeps: a grid of runs over one base config, each run cached, the results in one table.
+
+An experiment file (see docs/sweeps.md)::
+
+    name: mqar_demo
+    base: configs/mqar_demo.yaml           # a run config, relative to this file (or `config:` inline)
+    set: {train.max_steps: 800}            # overrides of the base
+    grid:                                  # the cartesian product of these axes
+      model.mixer: [metala, gla]           # a list of values ...
+      model:                               # ... or labelled values (a mapping value is merged)
+        attention: {mixer: attention, mixer_options: {positions: rotary, heads: 2}}
+      optim.lr: [1.0e-3, 3.0e-3]
+    select: {metric: accuracy, mode: max, over: [optim.lr]}   # best of the lr grid per cell
+    report: {...}                          # tables and plots, see lcsm.engine.report
+
+Every run gets a directory ``<sweep dir>/<run id>/`` (id: the grid labels, readable, plus a hash of
+the whole config) and is run by ``lcsm train`` in a subprocess, so a run is exactly what its
+``config.yaml`` says. A run whose ``result.json`` holds the same training config is not run again;
+an interrupted run resumes from its checkpoints; a sweep stopped with Ctrl-C stops its runs
+cleanly (they checkpoint) and continues where it stopped when started again.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import io
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import yaml
+
+from .config import RunConfig, _check_keys, _choice, apply_overrides, read_yaml, yaml_load
+
+EXPERIMENT_COPY = "experiment.yaml"
+EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", "description", "paper")
+
+
+@dataclass
+class Axis:
+    key: str                      # dotted config key
+    labels: List[str]
+    values: List[Any]
+
+
+@dataclass
+class Run:
+    id: str
+    labels: Dict[str, str]        # axis key -> label of this run's value
+    config: Dict[str, Any]        # the full run config (out_dir set)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.config["out_dir"])
+
+
+@dataclass
+class Experiment:
+    name: str
+    path: Optional[Path]
+    base: Dict[str, Any]
+    axes: List[Axis]
+    select: Optional[Dict[str, Any]]
+    report: Dict[str, Any]
+    out_dir: Path
+    spec: Dict[str, Any] = field(default_factory=dict)   # the file's content (for the report)
+
+    def runs(self) -> List[Run]:
+        runs = []
+        for combo in itertools.product(*[list(zip(a.labels, a.values)) for a in self.axes]):
+            overrides = {a.key: value for a, (_, value) in zip(self.axes, combo)}
+            labels = {a.key: label for a, (label, _) in zip(self.axes, combo)}
+            config = apply_overrides(self.base, overrides)
+            config.pop("out_dir", None)
+            config["name"] = f"{self.name}/" + (",".join(f"{k}={v}" for k, v in labels.items()) or "base")
+            digest = hashlib.sha256(json.dumps(_training_part(config), sort_keys=True).encode()).hexdigest()[:8]
+            readable = ",".join(f"{_short(k)}={v}" for k, v in labels.items()) or "base"
+            run_id = f"{re.sub(r'[^A-Za-z0-9=,.+_-]+', '_', readable)[:120]}-{digest}"
+            config["out_dir"] = str(self.out_dir / run_id)
+            runs.append(Run(run_id, labels, config))
+        return runs
+
+
+def _short(key: str) -> str:
+    return key.split(".")[-1]
+
+
+def _training_part(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """What determines a run's weights (as ``RunConfig.training_dict``), canonical JSON."""
+    values = {**config, "out_dir": "x"}
+    return json.loads(json.dumps(RunConfig.from_dict(values).training_dict()))
+
+
+def _label(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, Mapping):
+        return "+".join(_label(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return "_".join(_label(v) for v in value)
+    return str(value)
+
+
+def _axis(key: str, spec: Any) -> Axis:
+    if isinstance(spec, Mapping):
+        if not spec:
+            raise ValueError(f"grid.{key}: expected a non-empty list of values or mapping of label: value")
+        return Axis(key, [str(k) for k in spec], list(spec.values()))
+    if not isinstance(spec, (list, tuple)) or not spec:
+        raise ValueError(f"grid.{key}: expected a non-empty list of values or mapping of label: value, got {spec!r}")
+    labels = [_label(v) for v in spec]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"grid.{key}: values must be distinct, got {list(spec)}")
+    return Axis(key, labels, list(spec))
+
+
+def parse_grid_override(text: str) -> Tuple[str, List[Any]]:
+    """``"model.mixer=gla,hgrn"`` -> ("model.mixer", ["gla", "hgrn"]); ``"k=[[1, 2], [3]]"`` for values
+    that contain commas (each value parsed as YAML)."""
+    if "=" not in text or text.startswith("="):
+        raise ValueError(f"--grid: expected 'section.key=value1,value2', got {text!r}")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    values = yaml_load(raw) if raw.startswith("[") else [yaml_load(v) for v in raw.split(",") if v.strip()]
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"--grid {key}: expected one or more comma-separated values, got {raw!r}")
+    return key, values
+
+
+def load_experiment(path: Union[str, Path], *, overrides: Sequence[str] = (), grid: Sequence[str] = (),
+                    out_dir: Optional[Union[str, Path]] = None) -> Experiment:
+    """Read and validate an experiment file; ``overrides`` ("key=value") apply to the base config,
+    ``grid`` ("key=v1,v2") replaces or adds an axis."""
+    path = Path(path)
+    spec = read_yaml(path)
+    _check_keys(f"experiment {str(path)!r}", spec, EXPERIMENT_KEYS)
+    name = spec.get("name", path.stem)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"name: expected letters, digits, '_', '.' or '-', got {name!r}")
+    if ("base" in spec) == ("config" in spec):
+        raise ValueError(f"experiment {str(path)!r}: expected exactly one of 'base' (a run config file) or "
+                         "'config' (an inline run config)")
+    if "base" in spec:
+        base_path = (path.parent / spec["base"]) if not Path(spec["base"]).is_absolute() else Path(spec["base"])
+        base = read_yaml(base_path)
+    else:
+        base = copy.deepcopy(spec["config"])
+        if not isinstance(base, dict):
+            raise ValueError(f"config: expected a run config mapping, got {base!r}")
+    sets = spec.get("set") or {}
+    if not isinstance(sets, Mapping):
+        raise ValueError(f"set: expected a mapping of dotted keys to values, got {sets!r}")
+    base = apply_overrides(apply_overrides(base, sets), list(overrides))
+    grid_spec = dict(spec.get("grid") or {})
+    renamed: Dict[str, str] = {}
+    if not isinstance(spec.get("grid") or {}, Mapping):
+        raise ValueError(f"grid: expected a mapping of dotted keys to value lists, got {spec.get('grid')!r}")
+    for text in grid:
+        key, values = parse_grid_override(text)
+        # The new axis replaces every axis it overlaps: --grid model.mixer=gla,hgrn replaces a
+        # `model` axis of labelled model sections, and the other way round.
+        for old in [k for k in grid_spec if k == key or k.startswith(key + ".") or key.startswith(k + ".")]:
+            del grid_spec[old]
+            renamed[old] = key
+        grid_spec[key] = values
+    axes = [_axis(k, v) for k, v in grid_spec.items()]
+    # References to a replaced axis (select.over, the report's rows/x/series/facet) follow it.
+    spec = _rename_axes(spec, renamed)
+    select = spec.get("select")
+    if select is not None:
+        _check_keys("select", select, ("metric", "mode", "over"))
+        if not isinstance(select.get("metric"), str):
+            raise ValueError(f"select.metric: expected a metric name, got {select.get('metric')!r}")
+        _choice("select.mode", select.get("mode", "max"), ("max", "min"))
+        over = select.get("over", [])
+        unknown = [k for k in over if k not in grid_spec]
+        if unknown:
+            raise ValueError(f"select.over: {unknown} are not grid axes ({', '.join(grid_spec) or 'none'})")
+    report = spec.get("report") or {}
+    if not isinstance(report, Mapping):
+        raise ValueError(f"report: expected a mapping, got {report!r}")
+    from .report import check_report_spec
+
+    check_report_spec(report, [a.key for a in axes])
+    exp = Experiment(name, path, base, axes, select, dict(report),
+                     Path(out_dir) if out_dir is not None else Path("runs") / name, spec)
+    for run in exp.runs():                 # every run's config validates before anything runs
+        try:
+            RunConfig.from_dict(run.config)
+        except ValueError as err:
+            raise ValueError(f"run {run.id}: {err}") from None
+    return exp
+
+
+def _rename_axes(spec: Dict[str, Any], renamed: Mapping[str, str]) -> Dict[str, Any]:
+    if not renamed:
+        return spec
+    spec = copy.deepcopy(spec)
+    if spec.get("select"):
+        spec["select"]["over"] = [renamed.get(k, k) for k in spec["select"].get("over", [])]
+    report = spec.get("report") or {}
+    for part in [report.get("table") or {}, *(report.get("plots") or [])]:
+        for field_name in ("rows", "columns", "x", "series", "facet"):
+            if part.get(field_name) in renamed:
+                part[field_name] = renamed[part[field_name]]
+    return spec
+
+
+def cached_result(run: Run) -> Optional[Dict[str, Any]]:
+    """The run's result if it finished with exactly this training config."""
+    path = run.out_dir / "result.json"
+    if not path.is_file():
+        return None
+    try:
+        result = json.loads(path.read_text())
+        same = _training_part(result["config"]) == _training_part(run.config)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return result if same else None
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _train_command(run: Run) -> List[str]:
+    return [sys.executable, "-m", "lcsm", "train", str(run.out_dir / "config.yaml")]
+
+
+def _pump(stream, prefix: str, sink) -> None:
+    for line in iter(stream.readline, ""):
+        for part in line.replace("\r", "\n").splitlines():
+            if part.strip():
+                sink.write(f"[{prefix}] {part}\n")
+                sink.flush()
+
+
+def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, int]:
+    """Run ``runs`` (N at a time), each ``lcsm train`` in a subprocess; returns exit codes by id.
+    With N > 1 each run gets cores / N torch threads and its output is prefixed with its id."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // parallel)
+    codes: Dict[str, int] = {}
+    pending = list(runs)
+    active: List[Tuple[Run, subprocess.Popen, List[threading.Thread]]] = []
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    try:
+        while pending or active:
+            while pending and len(active) < parallel:
+                run = pending.pop(0)
+                run.out_dir.mkdir(parents=True, exist_ok=True)
+                config = copy.deepcopy(run.config)
+                if parallel > 1:
+                    config.setdefault("train", {})["threads"] = threads
+                (run.out_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+                log(f"--- run {run.id} ({len(codes) + len(active) + 1}/{len(codes) + len(active) + 1 + len(pending)})")
+                if parallel == 1:
+                    proc = subprocess.Popen(_train_command(run), env=env)
+                    pumps = []
+                else:
+                    proc = subprocess.Popen(_train_command(run), env=env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+                    pumps = [threading.Thread(target=_pump, args=(proc.stdout, run.id[:40], sys.stdout), daemon=True)]
+                    pumps[0].start()
+                active.append((run, proc, pumps))
+            for item in list(active):
+                run, proc, pumps = item
+                if proc.poll() is not None:
+                    for t in pumps:
+                        t.join()
+                    codes[run.id] = proc.returncode
+                    if proc.returncode != 0:
+                        log(f"--- run {run.id} failed (exit {proc.returncode}); the other runs go on")
+                    active.remove(item)
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        # Children in our process group got the SIGINT too; make sure, then wait for their checkpoints.
+        for _, proc, _ in active:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for _, proc, _ in active:
+            proc.wait()
+        raise
+    return codes
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def collect(exp: Experiment) -> List[Dict[str, Any]]:
+    """One row per run of the grid: its labels, status and final metrics (missing runs: status
+    "missing")."""
+    rows = []
+    for run in exp.runs():
+        result = cached_result(run)
+        row: Dict[str, Any] = {"run": run.id, **run.labels}
+        if result is None:
+            row["status"] = "missing"
+        else:
+            row.update({"status": result["status"], "step": result["step"], "n_params": result["n_params"],
+                        "wall_time_s": result["wall_time_s"]})
+            row.update({f"metric:{k}": v for k, v in (result.get("metrics") or {}).items()})
+            if result.get("best"):
+                row["best_step"] = result["best"]["step"]
+        rows.append(row)
+    return rows
+
+
+def select_best(exp: Experiment, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per combination of the axes not in ``select.over``, the finished row with the best metric."""
+    if not exp.select:
+        return [r for r in rows if r["status"] != "missing"]
+    metric = f"metric:{exp.select['metric']}"
+    sign = 1 if exp.select.get("mode", "max") == "max" else -1
+    over = set(exp.select.get("over", []))
+    groups: Dict[Tuple, Dict[str, Any]] = {}
+    for row in rows:
+        if row["status"] == "missing" or metric not in row:
+            continue
+        key = tuple(row[a.key] for a in exp.axes if a.key not in over)
+        if key not in groups or sign * row[metric] > sign * groups[key][metric]:
+            groups[key] = row
+    return list(groups.values())
+
+
+def write_results(exp: Experiment, rows: List[Dict[str, Any]]) -> None:
+    exp.out_dir.mkdir(parents=True, exist_ok=True)
+    (exp.out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    columns: Dict[str, None] = {}
+    for r in rows:
+        columns.update(dict.fromkeys(r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns))
+    writer.writeheader()
+    writer.writerows(rows)
+    (exp.out_dir / "results.csv").write_text(buf.getvalue())
+    # The experiment as run (base, overrides and grid options resolved), so ``lcsm report`` on the
+    # sweep directory rebuilds the same runs without the original file.
+    resolved = {k: v for k, v in exp.spec.items() if k not in ("base", "set", "grid")}
+    resolved.update(name=exp.name, config=exp.base,
+                    grid={a.key: dict(zip(a.labels, a.values)) for a in exp.axes})
+    (exp.out_dir / EXPERIMENT_COPY).write_text(yaml.safe_dump(resolved, sort_keys=False))
+
+
+def main_metric(exp: Experiment) -> str:
+    return exp.select["metric"] if exp.select else exp.report.get("metric", "accuracy")
+
+
+def format_table(exp: Experiment, rows: List[Dict[str, Any]], metrics: Sequence[str]) -> str:
+    """A markdown table: the grid labels, status, the given metrics, steps and wall time."""
+    header = [a.key for a in exp.axes] + ["status"] + list(metrics) + ["step", "params", "wall s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        values = [r.get(a.key, "") for a in exp.axes] + [r["status"]]
+        values += [f"{r[f'metric:{m}']:.4f}" if f"metric:{m}" in r else "—" for m in metrics]
+        values += [r.get("step", "—"), f"{r['n_params']:,}" if "n_params" in r else "—",
+                   f"{r['wall_time_s']:.0f}" if "wall_time_s" in r else "—"]
+        lines.append("| " + " | ".join(map(str, values)) + " |")
+    return "\n".join(lines)
+
+
+def sweep(exp: Experiment, *, parallel: int = 1, dry_run: bool = False, log=print) -> Tuple[List[Dict[str, Any]], bool]:
+    """Run every run of ``exp`` that has no cached result; returns (result rows, all succeeded)."""
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"--parallel: expected a positive integer, got {parallel!r}")
+    runs = exp.runs()
+    todo = [r for r in runs if cached_result(r) is None]
+    log(f"sweep {exp.name}: {len(runs)} runs in {exp.out_dir}/ ({len(runs) - len(todo)} cached, {len(todo)} to run"
+        + (f", {parallel} at a time" if parallel > 1 and todo else "") + ")")
+    if dry_run:
+        for r in runs:
+            log(f"  {'cached ' if r not in todo else 'to run '} {r.id}")
+        return collect(exp), True
+    codes = execute(todo, parallel=parallel, log=log) if todo else {}
+    rows = collect(exp)
+    write_results(exp, rows)
+    return rows, all(c == 0 for c in codes.values())

@@ -1,0 +1,132 @@
+"""Sweeps: grid expansion, cached runs not redone, interrupted sweeps resumed, select, report."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from lcsm.cli import main
+from lcsm.engine import sweep as sweep_mod
+from lcsm.engine.report import write_report
+from lcsm.engine.sweep import collect, load_experiment, select_best, sweep
+
+from .conftest import TINY
+
+SWEEP_BASE = {**TINY, "train": {**TINY["train"], "max_steps": 4, "eval_every": 0, "save_every": 2}}
+
+
+def experiment(tmp_path, **extra):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(SWEEP_BASE))
+    spec = {"name": "tiny", "base": "base.yaml",
+            "grid": {"model.mixer": ["gla", "hgrn"], "optim.lr": [1e-3, 1e-2]},
+            "select": {"metric": "accuracy", "mode": "max", "over": ["optim.lr"]},
+            "report": {"table": {"rows": "model.mixer", "value": "accuracy"},
+                       "plots": [{"x": "optim.lr", "y": "loss", "series": "model.mixer", "file": "loss.png"}]},
+            **extra}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def fake_train(calls):
+    """Stands in for the subprocess: writes the result a finished run leaves, loss from the lr."""
+    def execute(runs, parallel=1, log=print):
+        for run in runs:
+            calls.append(run.id)
+            run.out_dir.mkdir(parents=True, exist_ok=True)
+            lr = run.config["optim"]["lr"]
+            result = {"status": "completed", "step": 4, "n_params": 100, "wall_time_s": 1.0, "config": run.config,
+                      "metrics": {"loss": 1 + lr, "accuracy": lr * (2 if run.config["model"]["mixer"] == "gla" else 1)}}
+            (run.out_dir / "result.json").write_text(json.dumps(result))
+        return {r.id: 0 for r in runs}
+    return execute
+
+
+def test_grid_runs_cache_and_select(tmp_path, monkeypatch):
+    exp = load_experiment(experiment(tmp_path), out_dir=tmp_path / "out")
+    runs = exp.runs()
+    assert [r.labels for r in runs] == [{"model.mixer": m, "optim.lr": lr} for m in ("gla", "hgrn")
+                                        for lr in ("0.001", "0.01")]
+    assert runs[0].id.startswith("mixer=gla,lr=0.001-") and len({r.id for r in runs}) == 4
+    calls = []
+    monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
+    rows, ok = sweep(exp, log=lambda *_: None)
+    assert ok and len(calls) == 4 and all(r["status"] == "completed" for r in rows)
+    rows, ok = sweep(exp, log=lambda *_: None)
+    assert len(calls) == 4                         # nothing redone
+    best = select_best(exp, rows)
+    assert sorted((r["model.mixer"], r["optim.lr"]) for r in best) == [("gla", "0.01"), ("hgrn", "0.01")]
+    assert (tmp_path / "out" / "results.csv").read_text().startswith("run,model.mixer,optim.lr,status")
+    # a changed base config is a different run: not taken from the cache
+    changed = load_experiment(experiment(tmp_path), overrides=["train.max_steps=5"], out_dir=tmp_path / "out")
+    assert {r.id for r in changed.runs()}.isdisjoint(r.id for r in runs)
+
+
+def test_report_from_cached_results(tmp_path, monkeypatch):
+    exp = load_experiment(experiment(tmp_path, paper="| model | acc |\n|---|---|\n| gla | 0.5 |"),
+                          out_dir=tmp_path / "out")
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    rows, _ = sweep(exp, log=lambda *_: None)
+    monkeypatch.setattr(sweep_mod, "execute", lambda *a, **k: pytest.fail("report must not train"))
+    assert main(["report", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert (tmp_path / "out" / "loss.png").stat().st_size > 1000
+    assert "| gla | 0.0200 |" in text and "| hgrn | 0.0100 |" in text       # the pivot of the best runs
+    assert "git commit:" in text and "machine cpu:" in text and "The paper's numbers" in text
+    assert text.count("| completed |") == 4 + 2    # every run, then the selected ones
+
+
+def test_grid_override_replaces_overlapping_axes(tmp_path):
+    exp = load_experiment(experiment(tmp_path), grid=["model=[{mixer: gla}, {mixer: hgrn, d_model: 8}]"])
+    assert [a.key for a in exp.axes] == ["optim.lr", "model"]
+    assert exp.report["table"]["rows"] == "model"
+    exp = load_experiment(experiment(tmp_path), grid=["optim.lr=0.1"])
+    assert len(exp.runs()) == 2
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"grdi": {}}, "unknown key(s) 'grdi' (did you mean 'grid'?)"),
+    ({"grid": {"model.mixer": []}}, "grid.model.mixer: expected a non-empty list"),
+    ({"grid": {"model.mixer": ["glaa"], "optim.lr": [1e-3]}}, "unknown mixer 'glaa'"),
+    ({"select": {"metric": "accuracy", "over": ["optim.beta"]}}, "select.over: ['optim.beta'] are not grid axes"),
+    ({"report": {"plots": [{"x": "model.d_model", "y": "loss", "file": "a.png"}]}}, "report.plots[0].x: expected a grid axis"),
+    ({"report": {"table": {"rows": "model.mixer", "value": "accuracy", "cols": "x"}}}, "'cols' (did you mean 'columns'?)"),
+])
+def test_bad_experiment_files(tmp_path, extra, message):
+    with pytest.raises(ValueError) as err:
+        load_experiment(experiment(tmp_path, **extra))
+    assert message in str(err.value)
+
+
+def test_real_sweep_is_resumable_after_interruption(tmp_path):
+    """Two real runs through `lcsm train`; the sweep is interrupted during the first, then rerun."""
+    spec = experiment(tmp_path)
+    data = yaml.safe_load(spec.read_text())
+    data["grid"] = {"model.mixer": ["gla", "hgrn"]}
+    data["select"] = None
+    data["report"] = {}
+    data["set"] = {"train.max_steps": 300, "train.save_every": 10}
+    spec.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "lcsm", "sweep", str(spec), "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while not list((tmp_path / "out").glob("*/checkpoints/step-*")) and time.time() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)            # Ctrl-C reaches the sweep and its run
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "run the same command again to continue" in out
+    assert not list((tmp_path / "out").glob("*/result.json"))
+    done = subprocess.run(cmd + ["--report"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming" in done.stderr and done.stdout.count("| completed |") == 2
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert "(2 cached, 0 to run)" in again.stdout
+    rows = collect(load_experiment(tmp_path / "out" / "experiment.yaml", out_dir=tmp_path / "out"))
+    assert [r["status"] for r in rows] == ["completed", "completed"]
