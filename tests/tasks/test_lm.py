@@ -10,20 +10,9 @@ from lcsm.engine import RunConfig, train
 from lcsm.tasks.lm import (ByteTokenizer, LMEvaluator, moby_dick_documents, sotu_documents, split_of,
                            wikitext_documents)
 
-WORDS = "the sea was calm and the ship sailed on through the long night while the crew slept".split()
-
-
-def write_corpus(root, n_docs=40, words=120):
-    root.mkdir(parents=True, exist_ok=True)
-    for d in range(n_docs):
-        text = " ".join(WORDS[(d * 7 + i) % len(WORDS)] for i in range(words)) + f" [doc {d}]"
-        (root / f"doc{d:03d}.txt").write_text(text)
-    return root
-
-
 @pytest.fixture
-def corpus(tmp_path):
-    return write_corpus(tmp_path / "corpus")
+def corpus(tmp_path, make_corpus):
+    return make_corpus(tmp_path / "corpus")
 
 
 def build(tmp_path, corpus, **options):
@@ -69,8 +58,8 @@ def test_byte_and_bpe_round_trip(tmp_path, corpus):
     assert again.encode(text) == bpe.encode(text)
 
 
-def test_bpe_is_trained_on_the_training_split_only(tmp_path):
-    root = write_corpus(tmp_path / "c", n_docs=30)
+def test_bpe_is_trained_on_the_training_split_only(tmp_path, make_corpus):
+    root = make_corpus(tmp_path / "c", n_docs=30)
     task = build(tmp_path, root, tokenizer="bpe", bpe_vocab=400)
     held_out = " ".join(t for s in ("validation", "test") for _, t in task.documents()[s])
     marker = next(w for w in ("zyzzyva",) if w not in held_out)
