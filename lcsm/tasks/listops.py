@@ -29,7 +29,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
-from .base import Segment, Task, TaskConfig, check_int, register
+from .base import Segment, Task, TaskConfig, Uniforms, check_int, register
 
 PAD, CLOSE = 0, 15
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -53,24 +53,6 @@ def apply(op: str, args: Sequence[int]) -> int:
 
 class _TooLong(Exception):
     pass
-
-
-class Uniforms:
-    """Uniform [0, 1) numbers drawn from ``rng`` in blocks (one numpy call per block instead of one
-    per token keeps generation fast); ``below(n)`` is a uniform integer in [0, n)."""
-
-    def __init__(self, rng: np.random.Generator, block: int = 1 << 14):
-        self.rng, self.block = rng, block
-        self.buf, self.pos = rng.random(block), 0
-
-    def __call__(self) -> float:
-        if self.pos == self.block:
-            self.buf, self.pos = self.rng.random(self.block), 0
-        self.pos += 1
-        return float(self.buf[self.pos - 1])
-
-    def below(self, n: int) -> int:
-        return int(self() * n)
 
 
 def draw(u: Uniforms, depth: int, max_depth: int, max_args: int, out: List[str], limit: int) -> int:
