@@ -151,14 +151,15 @@ def test_byte_ids_keep_zero_for_padding():
     assert byte_ids("a\x00") == [98, 1]
 
 
-@pytest.mark.parametrize("name", ["text", "retrieval", "image"])
-def test_trains_end_to_end(tmp_path, monkeypatch, bbc, fashion, name):
+@pytest.mark.parametrize("name", ["text", "retrieval", "image", "bbc_news", "rotten_tomatoes", "spam"])
+def test_trains_end_to_end(tmp_path, monkeypatch, bbc, fashion, spam, rotten, name):
     import json as json_
 
     from lcsm.engine import RunConfig, train
 
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "lcsm"))
-    data = {"text": bbc, "retrieval": bbc, "image": fashion}[name]
+    data = {"text": bbc, "retrieval": bbc, "image": fashion, "bbc_news": bbc, "rotten_tomatoes": rotten,
+            "spam": spam}[name]
     options = {"max_examples": 200} if name == "image" else {"max_length": 48}
     result = train(RunConfig.from_dict({
         "out_dir": str(tmp_path / "run"), "task": {"name": name, "data_dir": str(data), **options},
