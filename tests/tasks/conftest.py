@@ -16,3 +16,23 @@ def _write_corpus(root, n_docs=40, words=120):
 def make_corpus():
     """A function writing a small plain-text corpus: n_docs files, each ending with "[doc <i>]"."""
     return _write_corpus
+
+
+@pytest.fixture
+def train_tiny(tmp_path, monkeypatch):
+    """Train a one-layer GLA on a task through the engine; returns (result, training losses)."""
+    import json
+
+    from lcsm.engine import RunConfig, train
+
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "lcsm"))
+
+    def run(task, steps, batch_size, lr=3e-3, d_model=32):
+        result = train(RunConfig.from_dict({
+            "out_dir": str(tmp_path / "run"), "task": task, "model": {"mixer": "gla", "d_model": d_model, "n_layers": 1},
+            "optim": {"lr": lr}, "train": {"max_steps": steps, "batch_size": batch_size, "log_every": 1, "threads": 1}}),
+            quiet=True)
+        records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        return result, [r["loss"] for r in records if r["kind"] == "train"]
+
+    return run

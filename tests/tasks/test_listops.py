@@ -66,17 +66,7 @@ def test_deterministic_and_errors(tmp_path, task):
         tasks.build("listops", use_cache=False, max_depth=2, min_length=50, max_length=60, train_examples=5).dataset("train")
 
 
-def test_trains_end_to_end(tmp_path, monkeypatch):
-    import json
-
-    from lcsm.engine import RunConfig, train
-
-    monkeypatch.setenv("LCSM_CACHE", str(tmp_path))
-    result = train(RunConfig.from_dict({
-        "out_dir": str(tmp_path / "run"), "task": {"name": "listops", **SMALL},
-        "model": {"mixer": "gla", "d_model": 32, "n_layers": 1},
-        "optim": {"lr": 3e-3}, "train": {"max_steps": 30, "batch_size": 20, "log_every": 1, "threads": 1}}), quiet=True)
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["kind"] == "train"]
+def test_trains_end_to_end(train_tiny):
+    result, losses = train_tiny({"name": "listops", **SMALL}, steps=30, batch_size=20)
     assert result["eval_split"] == "validation" and all(l == l for l in losses)
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5        # learns the label prior at least

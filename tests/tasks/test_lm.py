@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from lcsm import tasks
-from lcsm.engine import RunConfig, train
 from lcsm.tasks.lm import (ByteTokenizer, LMEvaluator, moby_dick_documents, sotu_documents, split_of,
                            wikitext_documents)
 
@@ -122,19 +121,9 @@ def test_cache_follows_the_corpus_files(tmp_path, corpus):
     assert sum(len(after.dataset(s)) for s in after.splits) > n
 
 
-def test_trains_end_to_end(tmp_path, corpus, monkeypatch):
-    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "lcsm"))
-    config = RunConfig.from_dict({
-        "out_dir": str(tmp_path / "run"),
-        "task": {"name": "lm", "corpus": f"path:{corpus}", "seq_len": 32, "validation_fraction": 0.2,
-                 "test_fraction": 0.2},
-        "model": {"mixer": "gla", "d_model": 32, "n_layers": 1},
-        "optim": {"lr": 1e-2},
-        "train": {"max_steps": 40, "batch_size": 8, "log_every": 1, "threads": 1},
-    })
-    result = train(config, quiet=True)
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["kind"] == "train"]
+def test_trains_end_to_end(corpus, train_tiny):
+    result, losses = train_tiny({"name": "lm", "corpus": f"path:{corpus}", "seq_len": 32, "validation_fraction": 0.2,
+                                 "test_fraction": 0.2}, steps=40, batch_size=8, lr=1e-2)
     assert result["eval_split"] == "validation" and "perplexity" in result["metrics"]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0     # from ln 257 = 5.55 towards the word structure
     assert result["metrics"]["perplexity"] < 60

@@ -1,6 +1,4 @@
 """MAD suite: every answer is derivable from its inputs by a direct solver, splits are disjoint."""
-import json
-
 import pytest
 import torch
 
@@ -116,18 +114,9 @@ def test_config_errors(name, options, message):
 
 @pytest.mark.parametrize("name", ["mad_in_context_recall", "mad_noisy_recall", "mad_fuzzy_recall",
                                   "mad_selective_copying", "mad_compression", "mad_memorization"])
-def test_trains_end_to_end(tmp_path, monkeypatch, name):
-    from lcsm.engine import RunConfig, train
-
-    monkeypatch.setenv("LCSM_CACHE", str(tmp_path))
-    result = train(RunConfig.from_dict({
-        "out_dir": str(tmp_path / "run"), "task": {"name": name, "seq_len": 64, **SMALL,
-                                                   **({"vocab_size": 16} if name == "mad_memorization" else {})},
-        "model": {"mixer": "gla", "d_model": 32, "n_layers": 1},
-        "optim": {"lr": 3e-3}, "train": {"max_steps": 30, "batch_size": 20, "log_every": 1, "threads": 1}}),
-        quiet=True)
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["kind"] == "train"]
+def test_trains_end_to_end(train_tiny, name):
+    task = {"name": name, "seq_len": 64, **SMALL, **({"vocab_size": 16} if name == "mad_memorization" else {})}
+    result, losses = train_tiny(task, steps=30, batch_size=20)
     # starts near uniform guessing over the 16 (noisy recall: 32) tokens and moves below it
     assert losses[0] > 2.5 and sum(losses[-5:]) / 5 < losses[0] - 0.05
     assert 0 <= result["metrics"]["accuracy"] <= 1

@@ -73,23 +73,10 @@ def test_deterministic_and_config_errors(tmp_path, task):
         tasks.build("niah", contexts=[32])
 
 
-def test_trains_end_to_end(tmp_path, make_corpus, monkeypatch):
-    import json
-
-    from lcsm.engine import RunConfig, train
-
-    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "lcsm"))
+def test_trains_end_to_end(tmp_path, make_corpus, train_tiny):
     corpus = make_corpus(tmp_path / "corpus", n_docs=40, words=200)
-    result = train(RunConfig.from_dict({
-        "out_dir": str(tmp_path / "run"),
-        "task": {"name": "niah", "corpus": f"path:{corpus}", "contexts": [128], "depths": [0.5],
-                 "train_examples": 64, "test_examples": 16},
-        "model": {"mixer": "gla", "d_model": 32, "n_layers": 1},
-        "optim": {"lr": 1e-2},
-        "train": {"max_steps": 30, "batch_size": 16, "log_every": 1, "threads": 1},
-    }), quiet=True)
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["kind"] == "train"]
+    result, losses = train_tiny({"name": "niah", "corpus": f"path:{corpus}", "contexts": [128], "depths": [0.5],
+                                 "train_examples": 64, "test_examples": 16}, steps=30, batch_size=16, lr=1e-2)
     # from ln 257 = 5.55 (uniform bytes) to the ten digits (ln 10 = 2.30) at least
     assert losses[0] > 5 and sum(losses[-5:]) / 5 < 3.0
     assert {"exact", "exact/context=128", "accuracy/depth_pct=50"} <= set(result["metrics"])

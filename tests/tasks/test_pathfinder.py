@@ -67,18 +67,8 @@ def test_config_errors():
         tasks.build("pathfinder", use_cache=False, side=16, contour_length=12, contours=6, train_examples=2).dataset("train")
 
 
-def test_trains_end_to_end(tmp_path, monkeypatch):
-    import json
-
-    from lcsm.engine import RunConfig, train
-
-    monkeypatch.setenv("LCSM_CACHE", str(tmp_path))
-    result = train(RunConfig.from_dict({
-        "out_dir": str(tmp_path / "run"), "task": {"name": "pathfinder", "side": 24, "contour_length": 10, "contours": 2, **SMALL},
-        "model": {"mixer": "gla", "d_model": 16, "n_layers": 1},
-        "optim": {"lr": 3e-3}, "train": {"max_steps": 10, "batch_size": 20, "log_every": 1, "threads": 1}}),
-        quiet=True)
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["kind"] == "train"]
+def test_trains_end_to_end(train_tiny):
+    result, losses = train_tiny({"name": "pathfinder", "side": 24, "contour_length": 10, "contours": 2, **SMALL},
+                                steps=10, batch_size=20, d_model=16)
     assert len(losses) == 10 and all(np.isfinite(losses))
     assert result["metrics"]["accuracy"] in [i / 40 for i in range(41)]
