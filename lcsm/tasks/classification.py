@@ -106,12 +106,18 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 
+def _unit(text: str) -> float:
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", errors="replace")).digest()[:8], "big") / 2 ** 64
+
+
 def split_of(text: str) -> str:
-    u = int.from_bytes(hashlib.sha256(text.encode("utf-8", errors="replace")).digest()[:8], "big") / 2 ** 64
+    u = _unit(text)
     return "train" if u < 0.8 else "validation" if u < 0.9 else "test"
 
 
 def split_documents(docs: Sequence[Document]) -> Dict[str, List[Document]]:
+    """Documents by split, each split in hash order: the sources list documents class by class,
+    and ``max_examples`` must keep a mixed subset, not the first classes."""
     out: Dict[str, List[Document]] = {s: [] for s in SPLITS}
     seen = set()
     for text, label in docs:
@@ -119,7 +125,7 @@ def split_documents(docs: Sequence[Document]) -> Dict[str, List[Document]]:
             continue
         seen.add(text)
         out[split_of(text)].append((text, label))
-    return out
+    return {s: sorted(d, key=lambda doc: _unit(doc[0])) for s, d in out.items()}
 
 
 def words(text: str) -> List[str]:
@@ -191,7 +197,7 @@ class SnippetConfig(TextConfig):
 class _DocumentTask(_RealDataTask):
     Config = TextConfig
     default_head = "classifier"
-    generator_version = 1
+    generator_version = 2
     byte_level = False
     reader = staticmethod(bbc_news_documents)
 

@@ -142,6 +142,12 @@ def test_image_reads_idx_and_holds_out_validation(tmp_path, fashion):
         read_idx(bad)
 
 
+def test_max_examples_keeps_every_class(tmp_path, bbc):
+    task = tasks.build("bbc_news", cache_dir=tmp_path / "c", data_dir=str(bbc), max_examples=40)
+    labels = task.dataset("train").segments[0].labels.tolist()
+    assert len(labels) == 40 and set(labels) == set(range(5))
+
+
 def test_missing_data_dir(tmp_path):
     with pytest.raises(ValueError, match="is not a directory"):
         tasks.build("text", data_dir=str(tmp_path / "none")).documents()
