@@ -167,30 +167,35 @@ class _RealDataTask(Task):
 
 @dataclass(frozen=True)
 class TextConfig(TaskConfig):
-    """max_length: bytes (or words) per document kept; max_examples: cap per split (null: all);
-    vocab_size: word vocabulary (word tasks); data_dir: the unpacked source (null: fetched)."""
+    """max_length: bytes (words, for the word tasks) per document kept; max_examples: cap per
+    split (null: all); data_dir: the unpacked source (null: fetched)."""
 
     max_length: int = 1024
     max_examples: Optional[int] = None
-    vocab_size: int = 20000
     data_dir: Optional[str] = None
 
     def __post_init__(self):
         check_int("max_length", self.max_length, 1)
         if self.max_examples is not None:
             check_int("max_examples", self.max_examples, 1)
-        check_int("vocab_size", self.vocab_size, 3)
         if self.data_dir is not None and not isinstance(self.data_dir, str):
             raise ValueError(f"data_dir: expected a directory path or null, got {self.data_dir!r}")
 
 
 @dataclass(frozen=True)
 class WordConfig(TextConfig):
+    """vocab_size: the word vocabulary built from the training split (with <pad> and <unk>)."""
+
     max_length: int = 512
+    vocab_size: int = 20000
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int("vocab_size", self.vocab_size, 3)
 
 
 @dataclass(frozen=True)
-class SnippetConfig(TextConfig):
+class SnippetConfig(WordConfig):
     max_length: int = 64
 
 
