@@ -291,6 +291,31 @@ def _segments(T: int, C: int):
     return [slice(a, min(a + seg, T)) for a in range(0, T, seg)]
 
 
+def _no_decay_backward(q: Tensor, k: Tensor, v: Tensor, dy: Tensor, S: Tensor, dM: Tensor, C: int):
+    """The backward of one segment without decay (real inputs), in chunks:
+    with A = tril(q k^T) and G = tril(dy v^T) per chunk, dq = G k + dy S^T, dk = G^T q + v dA^T,
+    dv = A^T dy + k dA, where S is the memory at each chunk start (saved by the forward) and dA
+    the adjoint memory after each chunk (a reverse exclusive prefix sum of q^T dy plus the
+    adjoint carried in from later segments). No decay means no strict/own-step split is needed
+    (that split only protects the decay gradient), so both intra-chunk maps take the diagonal.
+    Returns dq, dk, dv and the adjoint memory at the segment's start."""
+    L = q.shape[2]
+    qc, kc, vc, dyc = (_chunked(x, C) for x in (q, k, v, dy))
+    N = qc.shape[2]
+    mask = _causal_mask(C, False, q.device)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    A = torch.where(mask, qc @ kc.transpose(-1, -2), zero)
+    G = torch.where(mask, dyc @ vc.transpose(-1, -2), zero)
+    P = qc.transpose(-1, -2) @ dyc                                            # [B, H, N, K, D]
+    B, H, _, K, D = P.shape
+    later = torch.ones(N, N, dtype=P.dtype, device=P.device).triu(1)
+    dA = (later @ P.reshape(B, H, N, K * D)).reshape(B, H, N, K, D) + dM.unsqueeze(2)
+    dq = (G @ kc).add_(dyc @ S.transpose(-1, -2))
+    dk = (G.transpose(-1, -2) @ qc).add_(vc @ dA.transpose(-1, -2))
+    dv = (A.transpose(-1, -2) @ dyc).add_(kc @ dA)
+    return _unchunk(dq, L), _unchunk(dk, L), _unchunk(dv, L), dA[:, :, 0] + P[:, :, 0]
+
+
 class ChunkMatmulFunction(torch.autograd.Function):
     """``chunk_matmul`` with the appendix-5.1 backward expressed as three more EOS problems.
 
@@ -300,6 +325,10 @@ class ChunkMatmulFunction(torch.autograd.Function):
     once. Forward and backward walk the sequence in segments (see ``chunk_matmul``); the backward
     visits them last to first, carrying the adjoint memory and the decay gradient's reverse
     cumulative sum back across segment boundaries.
+
+    Without decay (real inputs) a specialised backward (``_no_decay_backward``) takes the place of
+    the three problems: with nothing to protect it needs no strict split and no time reversal,
+    and the intra-chunk maps tril(q k^T) and tril(dy v^T) each serve two gradients.
 
     Every output is computed ``strict`` and each step's own term added afterwards: the decay
     gradient is a reverse cumulative sum of conj(s) ds - conj(e) de, in which the own-step parts of
@@ -346,6 +375,15 @@ class ChunkMatmulFunction(torch.autograd.Function):
         grads = {"q": [], "k": [], "v": [], "g": []}
         parts = _segments(T, C)
         first_chunk = [math.ceil(p.start / C) for p in parts] + [starts.shape[2]]
+        if kind == "none" and not q.is_complex():
+            for j in reversed(range(len(parts))):
+                part = parts[j]
+                dq, dk, dv, dM = _no_decay_backward(q[:, :, part], k[:, :, part], v[:, :, part], dy[:, :, part],
+                                                    starts[:, :, first_chunk[j]: first_chunk[j + 1]], dM, C)
+                for name, grad in (("q", dq), ("k", dk), ("v", dv)):
+                    grads[name].append(grad)
+            cat = lambda name: torch.cat(grads[name][::-1], 2)
+            return cat("q"), cat("k"), cat("v"), None, dM if m0 is not None else None, None, None
         for j in reversed(range(len(parts))):
             part, L = parts[j], parts[j].stop - parts[j].start
             qc, kc, vc = q[:, :, part].conj(), k[:, :, part].conj(), v[:, :, part].conj()
