@@ -27,7 +27,6 @@ import gc
 import json
 import math
 import os
-import re
 import shlex
 import statistics
 import subprocess
@@ -41,6 +40,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from bench._common import Check, proc_status_kib as _proc_status_kib
 from lcsm._provenance import git_commit, machine_info
 from lcsm.ops import eos
 from lcsm.ops._inputs import canonicalize
@@ -101,22 +101,6 @@ class Timing:
     @property
     def median(self) -> float:
         return statistics.median(self.times)
-
-
-@dataclass
-class Check:
-    name: str
-    measured: Optional[float]        # None when a side was skipped
-    op: str                          # "<=" or ">="
-    target: float
-    note: str = ""
-
-    @property
-    def result(self) -> str:
-        if self.measured is None:
-            return f"SKIP ({self.note})" if self.note else "SKIP"
-        ok = self.measured <= self.target if self.op == "<=" else self.measured >= self.target
-        return "PASS" if ok else "FAIL"
 
 
 @dataclass
@@ -565,11 +549,6 @@ def python_loop(i: Tensor, e: Tensor, s: Tensor, log_o: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- peak memory
-
-def _proc_status_kib(field_name: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"^{field_name}:\s+(\d+) kB", text, re.M).group(1))
-
 
 def memory_worker(spec: dict) -> dict:
     """Runs inside a fresh process: for each (gates, T) cell in turn, one forward + backward of

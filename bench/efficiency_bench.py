@@ -1,0 +1,392 @@
+"""Efficiency benchmark (issue 6, item 6; ETSMLP Fig. 3, MetaLA Fig. A2): causal LMs of one size
+with different token mixers, on CPU, side by side in one run.
+
+    training   forward + backward tokens/s of one step (batch 1, cross-entropy on random tokens, no
+               optimizer step) against sequence length T; the ratio to the Transformer at each T
+    memory     peak extra resident memory of that step per (model, T), each in a fresh process
+    decoding   per-token latency of one-step decoding (the call ``CausalLM.generate`` makes per
+               token: recurrent state, or the KV cache for attention) after a prefill of length P,
+               on one thread, the streams of every (model, P) stepped in turns
+
+Models (same d_model, depth and vocabulary; a SwiGLU channel mixer wherever the architecture has
+one): transformer (softmax attention with rotary positions, head width 64), s4, etsmlp (CES inside
+the element-wise MLP block, no channel mixer), gla, mamba, metala (the MetaLA Transformer preset).
+Run from the repository root:
+
+    lcsm bench efficiency [--out FILE] [--quick] [--repeats N] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from bench._common import Check, proc_status_kib
+from lcsm._provenance import git_commit, machine_info
+from lcsm.models import ModelConfig, build_model, preset
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE = "transformer"
+LINEAR = ("s4", "etsmlp", "gla", "mamba", "metala")
+MODELS = (BASELINE,) + LINEAR
+# The issue's must-show targets.
+TRAIN_SPEEDUP = 3.0
+DECODE_GROWTH = 1.2
+# ETSMLP's block has no channel mixer: its MLP hidden width carries the parameters. 6 d gives the
+# block 2 * d * 6d = 12 d^2 weights, those of an attention + SwiGLU block (4 d^2 + 3 * d * 8d/3),
+# so the models are of comparable size, as in ETSMLP Fig. 3 (both about 30M parameters there).
+ETSMLP_HIDDEN = 6
+DECODE_BURST = 4                  # decoding steps per stream per turn (see run)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    d_model: int
+    n_layers: int
+    vocab: int
+    train: Tuple[int, ...]        # sequence lengths of the training and memory sweeps
+    memory: Tuple[int, ...]
+    decode: Tuple[int, ...]       # prefill (context) lengths of the decoding sweep
+    decode_steps: int             # timed one-token steps per context, a multiple of DECODE_BURST
+    repeats: int                  # timed training steps per (model, T)
+
+
+FULL = Sizes(d_model=128, n_layers=2, vocab=256, train=(512, 1024, 2048, 4096, 8192, 16384),
+             memory=(512, 1024, 2048, 4096, 8192, 16384), decode=(1024, 2048, 4096, 8192, 16384),
+             decode_steps=64, repeats=3)
+QUICK = Sizes(d_model=32, n_layers=1, vocab=64, train=(64, 128), memory=(128,), decode=(64, 128),
+              decode_steps=4, repeats=1)
+
+
+def model_config(name: str, z: Sizes) -> ModelConfig:
+    common = dict(d_model=z.d_model, n_layers=z.n_layers, vocab_size=z.vocab, head="lm")
+    if name == "transformer":
+        return ModelConfig(mixer="attention", mixer_options=dict(heads=max(1, z.d_model // 64), positions="rotary"),
+                           **common)
+    if name == "etsmlp":
+        return ModelConfig(mixer="ces", mixer_hidden=ETSMLP_HIDDEN * z.d_model, channel_mixer="none", **common)
+    if name == "metala":
+        # The preset's LM head is untied (a 50K vocabulary); tied here like every other model.
+        return preset("metala_transformer", mixer_options=dict(heads=4, conv_size=4), tie_embeddings=True, **common)
+    return ModelConfig(mixer=name, **common)
+
+
+def describe(name: str, cfg: ModelConfig) -> str:
+    opts = ", ".join(f"{k}={v}" for k, v in cfg.mixer_options.items())
+    block = f"mixer {cfg.mixer}" + (f"({opts})" if opts else "")
+    if cfg.mixer_hidden is not None:
+        block += f" inside Linear(d, {cfg.mixer_hidden}) ... Linear({cfg.mixer_hidden}, d)"
+    block += ", no channel mixer" if cfg.channel_mixer == "none" else f", {cfg.channel_mixer} channel mixer"
+    return block
+
+
+def tokens(T: int, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, T + 1), generator=torch.Generator().manual_seed(seed))
+
+
+def train_step(model, ids: torch.Tensor) -> None:
+    model.zero_grad(set_to_none=False)
+    logits = model(ids[:, :-1])
+    F.cross_entropy(logits.flatten(0, 1), ids[0, 1:]).backward()
+
+
+def timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class Decoder:
+    """One (model, context) decoding stream: a random prompt of ``context`` tokens prefilled with
+    state, then greedy one-token steps, each the forward-with-state call ``CausalLM.generate``
+    makes per token (the recurrent state, or the KV cache for attention)."""
+
+    @torch.no_grad()
+    def __init__(self, model, context: int, vocab: int):
+        self.model = model.eval()
+        t0 = time.perf_counter()
+        self.logits, self.state = model(tokens(context - 1, vocab, seed=context), return_state=True)
+        self.prefill = time.perf_counter() - t0
+        self.times: List[float] = []
+
+    @torch.no_grad()
+    def step(self, record: bool = True) -> None:
+        t0 = time.perf_counter()
+        self.logits, self.state = self.model(self.logits[:, -1].argmax(-1, keepdim=True), state=self.state,
+                                             return_state=True)
+        if record:
+            self.times.append(time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------- peak memory
+
+def memory_worker(spec: dict) -> dict:
+    """In a fresh process: the peak resident set above its pre-step baseline of one training step
+    of one (model, T). A small step first allocates the parameter gradients and loads lazily
+    initialised kernels, so the number is the step's activations and temporaries alone."""
+    z = Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["sizes"].items()})
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)
+    model = build_model(model_config(spec["model"], z), verbose=False)
+    train_step(model, tokens(min(64, spec["T"]), z.vocab, seed=1))
+    ids = tokens(spec["T"], z.vocab, seed=2)
+    gc.collect()
+    base = proc_status_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")   # resets VmHWM (the peak RSS) to the current RSS
+    train_step(model, ids)
+    return {"peak_bytes": (proc_status_kib("VmHWM") - base) * 1024}
+
+
+def peak_memory(z: Sizes, name: str, T: int, threads: int):
+    """Bytes, or a string saying why not."""
+    spec = json.dumps({"sizes": asdict(z), "model": name, "T": T, "threads": threads})
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    # glibc then serves every large tensor by mmap and returns it on free, so the resident set
+    # follows the live tensors (as in bench/ops_bench.py's memory case).
+    env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 16)
+    proc = subprocess.run([sys.executable, "-m", "bench.efficiency_bench", "--memory-worker", spec],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"worker failed (exit {proc.returncode}): {tail}"
+    return int(json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"])
+
+
+# ----------------------------------------------------------------------------- the run
+
+@dataclass
+class Results:
+    params: Dict[str, int]
+    configs: Dict[str, str]
+    train: Dict[Tuple[str, int], List[float]]          # step seconds
+    memory: Dict[Tuple[str, int], object]              # bytes or a reason
+    prefill: Dict[Tuple[str, int], float]
+    decode: Dict[Tuple[str, int], float]               # seconds per token
+    notes: List[str]
+
+
+def run(z: Sizes, threads: int, log: Callable[[str], None]) -> Results:
+    r = Results({}, {}, {}, {}, {}, {}, [])
+    models = {}
+    for name in MODELS:
+        torch.manual_seed(0)
+        cfg = model_config(name, z)
+        models[name] = build_model(cfg, verbose=False)
+        r.params[name] = models[name].num_parameters()
+        r.configs[name] = describe(name, cfg)
+        log(f"built {name}: {r.params[name]:,} parameters")
+        train_step(models[name], tokens(z.train[0], z.vocab, seed=0))   # warm-up (lazy init, allocator)
+
+    # All models at one T before the next T: each ratio compares runs taken minutes apart at most,
+    # so slow drifts of the machine's load bend the ratios less than the absolute numbers.
+    for T in z.train:
+        ids = tokens(T, z.vocab, seed=T)
+        for name in MODELS:
+            try:
+                r.train[name, T] = [timed(lambda: train_step(models[name], ids)) for _ in range(z.repeats)]
+            except (RuntimeError, MemoryError) as exc:
+                r.notes.append(f"training {name} T={T} failed: {type(exc).__name__}: {exc}")
+                continue
+            log(f"train {name:11s} T={T:6d}: {T / statistics.median(r.train[name, T]):9.0f} tokens/s")
+        models_grad_free(models)
+
+    # Every stream is prefilled first, then all are stepped in turns, a few steps each: the 1K and
+    # 16K contexts of a model are timed interleaved, minutes apart at most, so a change in the
+    # machine's load shifts both alike instead of bending the latency ratio. One thread: at batch 1
+    # every op is tiny and OpenMP workers waiting on each other on a shared machine dominate.
+    torch.set_num_threads(1)
+    streams = {}
+    for P in z.decode:
+        for name in MODELS:
+            try:
+                streams[name, P] = Decoder(models[name], P, z.vocab)
+                streams[name, P].step(record=False)       # the first call at new shapes pays one-off costs
+            except (RuntimeError, MemoryError) as exc:
+                r.notes.append(f"decoding {name} context {P} failed: {type(exc).__name__}: {exc}")
+    for _ in range(z.decode_steps // DECODE_BURST):
+        for stream in streams.values():
+            for _ in range(DECODE_BURST):
+                stream.step()
+    for (name, P), stream in streams.items():
+        r.prefill[name, P], r.decode[name, P] = stream.prefill, statistics.median(stream.times)
+        log(f"decode {name:11s} P={P:6d}: {r.decode[name, P] * 1e3:8.2f} ms/token")
+    torch.set_num_threads(threads)
+    del streams
+    del models
+
+    # Two workers at once on 1 thread each: peak RSS is per process, so they cannot disturb each
+    # other's numbers, and nothing is being timed any more.
+    cells = [(name, T) for T in z.memory for name in MODELS]
+    with ThreadPoolExecutor(2) as pool:
+        for (name, T), value in zip(cells, pool.map(lambda c: peak_memory(z, c[0], c[1], 1), cells)):
+            r.memory[name, T] = value
+            shown = f"{value / 2 ** 20:.1f} MiB" if isinstance(value, int) else value
+            log(f"memory {name:11s} T={T:6d}: {shown}")
+    return r
+
+
+def models_grad_free(models) -> None:
+    """Drop the gradients between lengths, so the next length's timings start from the same heap."""
+    for m in models.values():
+        m.zero_grad(set_to_none=True)
+    gc.collect()
+
+
+# ----------------------------------------------------------------------------- checks and output
+
+def tps(r: Results, name: str, T: int) -> Optional[float]:
+    times = r.train.get((name, T))
+    return T / statistics.median(times) if times else None
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b else None
+
+
+def checks(r: Results, z: Sizes) -> List[Check]:
+    T, P0, P1 = z.train[-1], z.decode[0], z.decode[-1]
+    out = []
+    speedups = {n: ratio(tps(r, n, T), tps(r, BASELINE, T)) for n in LINEAR}
+    growth = {n: ratio(r.decode.get((n, P1)), r.decode.get((n, P0))) for n in MODELS}
+    for n in LINEAR:
+        out.append(Check(f"{n} / transformer training tokens/s, T={T}", speedups[n], ">=", TRAIN_SPEEDUP,
+                         "not measured"))
+    for n in LINEAR:
+        out.append(Check(f"{n} decoding latency, context {P1} / {P0}", growth[n], "<=", DECODE_GROWTH,
+                         "not measured"))
+    measured = {n: v for n, v in speedups.items() if v is not None}
+    if measured:
+        best = max(measured, key=measured.get)
+        out.append(Check(f"must-show: best linear mixer ({best}) / transformer training tokens/s, T={T}",
+                         measured[best], ">=", TRAIN_SPEEDUP))
+        flat = [n for n in LINEAR if growth[n] is not None]
+        if flat:
+            worst = max(flat, key=growth.get)
+            out.append(Check(f"must-show: decoding latency growth {P0} -> {P1}, worst linear mixer ({worst})",
+                             growth[worst], "<=", DECODE_GROWTH))
+    return out
+
+
+def _f(x: Optional[float], fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
+    L = ["# lcsm efficiency benchmark (training throughput, peak memory, decoding latency)", ""]
+    L += [f"- {k}: {v}" for k, v in header.items()]
+    L += ["", f"Causal LMs, d_model {z.d_model}, {z.n_layers} layers, vocabulary {z.vocab}, float32, batch 1 "
+          f"(so tokens per batch = T). Training: forward + backward of the cross-entropy on random tokens, "
+          f"median of {z.repeats} timed steps after one warm-up step per model; no optimizer step. Decoding: "
+          f"median of {z.decode_steps} one-token steps (after one warm-up step) following a prefill of P tokens, "
+          f"greedy, no gradients, 1 thread; the streams of all (model, P) are stepped in turns, "
+          f"{DECODE_BURST} steps each, so that every latency ratio compares steps taken side by side.", "",
+          "## Models", "", "| model | block | parameters |", "| --- | --- | ---: |"]
+    L += [f"| {n} | {r.configs[n]} | {r.params[n]:,} |" for n in MODELS]
+
+    L += ["", "## Checks", "", "| check | measured | target | result |", "| --- | --- | --- | --- |"]
+    L += [f"| {c.name} | {_f(c.measured, '.2f')}x | {c.op} {c.target:g}x | {c.result} |" for c in checks(r, z)]
+
+    cols = " | ".join(f"T={T}" for T in z.train)
+    bar = "| --- |" + " ---: |" * len(z.train)
+    L += ["", "## Training throughput (tokens/s, forward + backward)", "", f"| model | {cols} |", bar]
+    L += [f"| {n} | " + " | ".join(_f(tps(r, n, T), ".0f") for T in z.train) + " |" for n in MODELS]
+    L += ["", "Ratio to the Transformer at the same T (> 1: faster):", "", f"| model | {cols} |", bar]
+    L += [f"| {n} | " + " | ".join(_f(ratio(tps(r, n, T), tps(r, BASELINE, T)), ".2f") for T in z.train) + " |"
+          for n in LINEAR]
+    L += ["", "Spread of the timed steps, (max - min) / median, in % (a noise gauge):", "", f"| model | {cols} |", bar]
+    L += [f"| {n} | " + " | ".join(
+        _f(100 * (max(r.train[n, T]) - min(r.train[n, T])) / statistics.median(r.train[n, T])
+           if (n, T) in r.train else None, ".0f") for T in z.train) + " |" for n in MODELS]
+
+    mcols = " | ".join(f"T={T}" for T in z.memory)
+    mbar = "| --- |" + " ---: |" * len(z.memory)
+    mib = lambda v: f"{v / 2 ** 20:.1f}" if isinstance(v, int) else "n/a"
+    L += ["", "## Peak memory of one training step (MiB above the pre-step resident set; fresh process per cell)",
+          "", f"| model | {mcols} | bytes / token at T={z.memory[-1]} |", mbar + " ---: |"]
+    for n in MODELS:
+        last = r.memory.get((n, z.memory[-1]))
+        per_tok = f"{last / z.memory[-1]:.0f}" if isinstance(last, int) else "n/a"
+        L.append(f"| {n} | " + " | ".join(mib(r.memory.get((n, T))) for T in z.memory) + f" | {per_tok} |")
+    L += [f"- {n} T={T}: {v}" for (n, T), v in r.memory.items() if not isinstance(v, int)]
+
+    dcols = " | ".join(f"P={P}" for P in z.decode)
+    dbar = "| --- |" + " ---: |" * len(z.decode)
+    P0, P1 = z.decode[0], z.decode[-1]
+    L += ["", "## Decoding (ms per token after a prefill of P tokens; tokens/s = 1000 / ms at batch 1)", "",
+          f"| model | {dcols} | latency P={P1} / P={P0} | tokens/s at P={P1} |", dbar + " ---: | ---: |"]
+    for n in MODELS:
+        lat = [r.decode.get((n, P)) for P in z.decode]
+        L.append(f"| {n} | " + " | ".join(_f(x and x * 1e3, ".2f") for x in lat) +
+                 f" | {_f(ratio(lat[-1], lat[0]), '.2f')}x | {_f(lat[-1] and 1 / lat[-1], '.0f')} |")
+    L += ["", "Prefill (one forward with state, seconds):", "", f"| model | {dcols} |", dbar]
+    L += [f"| {n} | " + " | ".join(_f(r.prefill.get((n, P)), ".3f") for P in z.decode) + " |" for n in MODELS]
+    if r.notes:
+        L += ["", "## Notes", ""] + [f"- {n}" for n in r.notes]
+    return "\n".join(L) + "\n"
+
+
+def _load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="lcsm bench efficiency", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (the smoke test)")
+    p.add_argument("--repeats", type=int, default=None, help="timed training steps per cell (default 3)")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for training (default 2; decoding runs on 1)")
+    p.add_argument("--out", default=None, help="also write the markdown report to this file")
+    p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_worker is not None:
+        print(json.dumps(memory_worker(json.loads(args.memory_worker))))
+        return 0
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats: expected an integer >= 1, got {args.repeats}")
+    if args.threads < 1:
+        p.error(f"--threads: expected an integer >= 1, got {args.threads}")
+    z = QUICK if args.quick else FULL
+    if args.repeats is not None:
+        z = Sizes(**{**asdict(z), "repeats": args.repeats})
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    log = lambda msg: print(f"[efficiency {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+    header = {"command": "lcsm bench efficiency" + (" " + shlex.join(argv) if argv else ""),
+              "git commit": git_commit(),
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    header.update({f"machine {k}": v for k, v in machine_info(args.threads).items()})
+    load_before = _load()
+    try:
+        results = run(z, args.threads, log)
+    finally:
+        torch.set_num_threads(threads)
+    header["load average (1/5/15 min) at start / end"] = f"{load_before}  /  {_load()}"
+    header["wall time"] = f"{time.perf_counter() - start:.0f} s"
+    text = render(results, z, header)
+    print(text, end="")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

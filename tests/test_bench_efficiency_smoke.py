@@ -1,0 +1,51 @@
+"""Smoke test of the efficiency benchmark (bench/efficiency_bench.py, ``lcsm bench efficiency``)
+in its tiny --quick configuration: it runs end to end and writes every table with one row per
+model. Timings are machine-dependent and not asserted."""
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:        # bench/ lives at the repository root, outside the lcsm package
+    sys.path.insert(0, str(REPO))
+
+from bench import efficiency_bench  # noqa: E402
+from lcsm.cli import main as cli_main  # noqa: E402
+
+
+def _section(text: str, heading: str) -> list:
+    body = text.split(heading)[1].split("\n## ")[0]
+    return [line for line in body.splitlines() if line.startswith("| ")]
+
+
+def test_quick_run_writes_every_table(tmp_path, capsys):
+    out = tmp_path / "efficiency.md"
+    threads = torch.get_num_threads()
+    assert cli_main(["bench", "efficiency", "--quick", "--threads", "1", "--out", str(out)]) == 0
+    assert torch.get_num_threads() == threads          # main() restores the process-wide setting
+    text = capsys.readouterr().out
+    assert out.read_text() == text
+    assert "- git commit: " in text and "- machine cpu: " in text and "- wall time: " in text
+    assert "--quick" in text and "load average" in text
+    z = efficiency_bench.QUICK
+    models = efficiency_bench.MODELS
+    for heading in ("## Models", "## Training throughput", "## Peak memory", "## Decoding"):
+        rows = _section(text, heading)
+        for name in models:
+            row = next((r for r in rows if r.startswith(f"| {name} |")), None)
+            assert row is not None, (heading, name)
+            assert "n/a" not in row and "—" not in row, (heading, row)     # every cell was measured
+    checks = _section(text, "## Checks")[2:]
+    assert len(checks) == 2 * len(efficiency_bench.LINEAR) + 2
+    assert all(r.rstrip(" |").rsplit("|", 1)[-1].strip() in ("PASS", "FAIL") for r in checks), checks
+    assert f"T={z.train[-1]}" in checks[0] and f"context {z.decode[-1]} / {z.decode[0]}" in checks[-3]
+    assert "## Notes" not in text                      # no measurement failed
+
+
+def test_models_are_of_comparable_size():
+    z = efficiency_bench.FULL
+    counts = {n: efficiency_bench.build_model(efficiency_bench.model_config(n, z), verbose=False).num_parameters()
+              for n in efficiency_bench.MODELS}
+    base = counts[efficiency_bench.BASELINE]
+    assert all(0.8 <= c / base <= 1.3 for c in counts.values()), counts
