@@ -29,6 +29,14 @@ def machine_info(threads: Optional[int] = None) -> Dict[str, str]:
             "python": platform.python_version()}
 
 
+def device_name(device: torch.device) -> str:
+    """"cpu", or the accelerator's name ("cuda:0 NVIDIA H100 80GB HBM3")."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{device} {torch.cuda.get_device_name(device)}"
+    return str(device)
+
+
 def git_commit() -> str:
     """Short hash of HEAD of the source checkout, marked when the tracked files have changes."""
     try:

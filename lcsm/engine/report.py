@@ -7,8 +7,14 @@ The experiment's ``report`` section::
       table: {rows: model.mixer, columns: model.d_model, value: accuracy}   # a pivot of the best runs
       plots:
         - {x: model.d_model, y: accuracy, series: model.mixer, facet: task.train_grid, file: accuracy.png}
+      compare:                                   # ours beside the paper's numbers, with Spearman's rho
+        - {axis: model.mixer_options.code, metric: perplexity, paper: {1-1-1-0: 24.26, 0-0-0-0: 29.62},
+           where: {task: wikitext}, title: "Table 4, valid ppl"}
 
-``rows``, ``columns``, ``x``, ``series`` and ``facet`` name grid axes; ``value`` and ``y`` metrics.
+``rows``, ``columns``, ``x``, ``series``, ``facet`` and ``axis`` name grid axes; ``value``, ``y`` and
+``metric`` metrics (``test/<metric>`` for the test split of the best checkpoint, see
+``Trainer.final_test``). A ``compare`` entry lists, per label of ``axis`` (among the selected runs
+matching ``where``), our metric and the paper's, and the Spearman rank correlation of the two.
 Tables and plots use the runs ``select`` keeps (best of its grid), the full table lists every run.
 The experiment's ``description`` and ``paper`` (markdown: the paper's numbers for comparison) are
 copied into the report. ``write_report`` never trains: runs without a result show as missing.
@@ -23,7 +29,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .config import _check_keys
 
-REPORT_KEYS = ("title", "metrics", "table", "plots")
+REPORT_KEYS = ("title", "metrics", "table", "plots", "compare")
 
 
 def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
@@ -57,6 +63,21 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
             raise ValueError(f"report.plots[{i}].y: expected a metric name, got {plot.get('y')!r}")
         if not isinstance(plot.get("file"), str) or not plot["file"].endswith(".png"):
             raise ValueError(f"report.plots[{i}].file: expected a file name ending in .png, got {plot.get('file')!r}")
+    compares = report.get("compare", [])
+    if not isinstance(compares, list):
+        raise ValueError(f"report.compare: expected a list of comparisons, got {compares!r}")
+    for i, comp in enumerate(compares):
+        where = f"report.compare[{i}]"
+        _check_keys(where, comp, ("axis", "metric", "paper", "where", "title"))
+        axis(f"{where}.axis", comp.get("axis"))
+        if not isinstance(comp.get("metric"), str):
+            raise ValueError(f"{where}.metric: expected a metric name, got {comp.get('metric')!r}")
+        paper = comp.get("paper")
+        if not isinstance(paper, Mapping) or not paper or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in paper.values()):
+            raise ValueError(f"{where}.paper: expected a mapping of axis label to the paper's number, got {paper!r}")
+        for key in (comp.get("where") or {}):
+            axis(f"{where}.where", key)
 
 
 def _number(label: str) -> Optional[float]:
@@ -91,6 +112,68 @@ def pivot(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
     for r in r_labels:
         lines.append(f"| {r} | " + " | ".join(f"{cells[(r, c)]:.4f}" if (r, c) in cells else "—" for c in c_labels) + " |")
     return "\n".join(lines)
+
+
+def ranks(values: Sequence[float]) -> List[float]:
+    """Ranks from 1, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
+    """Spearman's rank correlation (Pearson's on the ranks); None for fewer than 3 pairs or a
+    constant side."""
+    if len(a) != len(b):
+        raise ValueError(f"spearman: expected two sequences of one length, got {len(a)} and {len(b)}")
+    if len(a) < 3:
+        return None
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va, vb = sum((x - ma) ** 2 for x in ra), sum((y - mb) ** 2 for y in rb)
+    return None if va == 0 or vb == 0 else cov / (va * vb) ** 0.5
+
+
+def compare(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
+    """Markdown: per label of ``spec['axis']``, our metric beside the paper's, then Spearman's rho
+    over the labels both have."""
+    key, metric = spec["axis"], f"metric:{spec['metric']}"
+    paper = {(f"{k:g}" if isinstance(k, float) else str(k)): float(v) for k, v in spec["paper"].items()}
+    chosen = [r for r in rows if all(r.get(k) == str(v) for k, v in (spec.get("where") or {}).items())]
+    ours: Dict[str, float] = {}
+    for row in chosen:
+        if row[key] in ours:
+            raise ValueError(f"report.compare: several selected runs have {key} = {row[key]}; narrow them with "
+                             "'where' or put the other axes in select.over")
+        if metric in row:
+            ours[row[key]] = row[metric]
+    lines = [f"| {key} | ours: {spec['metric']} | paper |", "|---|---:|---:|"]
+    for label in [*paper, *[k for k in _ordered(list(ours)) if k not in paper]]:
+        lines.append(f"| {label} | " + (f"{ours[label]:.4g}" if label in ours else "—") + " | "
+                     + (f"{paper[label]:g}" if label in paper else "—") + " |")
+    both = [k for k in paper if k in ours]
+    rho = spearman([ours[k] for k in both], [paper[k] for k in both])
+    lines += ["", f"Spearman's rho between our ordering and the paper's over the {len(both)} labels both have: "
+              + (f"**{rho:+.2f}**" if rho is not None else "not defined (fewer than 3 labels, or a constant column)")]
+    return "\n".join(lines)
+
+
+def machines(rows: List[Dict[str, Any]]) -> List[str]:
+    """The distinct machines the finished runs ran on, with their run counts."""
+    counts: Dict[str, int] = {}
+    for row in rows:
+        if row["status"] != "missing":
+            counts[row.get("machine", "not recorded")] = counts.get(row.get("machine", "not recorded"), 0) + 1
+    return [f"{name} ({n} runs)" for name, n in counts.items()]
 
 
 def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title: str) -> None:
@@ -157,7 +240,8 @@ def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None
         f"- experiment: `{exp.path}`",
         f"- git commit: {git_commit()}",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        *[f"- machine {k}: {v}" for k, v in machine_info().items()],
+        *[f"- runs ran on: {m}" for m in machines(rows)],
+        *[f"- report written on, {k}: {v}" for k, v in machine_info().items()],
         f"- runs: {len(done)} of {len(rows)} finished; total training wall time "
         f"{sum(r.get('wall_time_s', 0) for r in done):.0f} s",
         "",
@@ -169,6 +253,8 @@ def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None
     for p in spec.get("plots", []):
         plot(best, p, out_dir / p["file"], title)
         lines += [f"![{p['y']} against {p['x']}]({p['file']})", ""]
+    for comp in spec.get("compare", []):
+        lines += [f"## {comp.get('title', 'Ours beside the paper')}", "", compare(best, comp), ""]
     if exp.select and exp.select.get("over"):
         lines += [f"## Selected runs (best {main} over {', '.join(exp.select['over'])})", "",
                   format_table(exp, best, metrics), ""]

@@ -308,6 +308,11 @@ def collect(exp: Experiment) -> List[Dict[str, Any]]:
             row.update({"status": result["status"], "step": result["step"], "n_params": result["n_params"],
                         "wall_time_s": result["wall_time_s"]})
             row.update({f"metric:{k}": v for k, v in (result.get("metrics") or {}).items()})
+            if result.get("test"):
+                row.update({f"metric:test/{k}": v for k, v in result["test"]["metrics"].items()})
+            if result.get("machine"):
+                m = result["machine"]
+                row["machine"] = f"{m.get('device')}; {m.get('cpu')}; torch {m.get('torch')}"
             if result.get("best"):
                 row["best_step"] = result["best"]["step"]
         rows.append(row)

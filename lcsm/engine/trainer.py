@@ -40,6 +40,7 @@ import torch
 import yaml
 from torch.nn.parallel import DistributedDataParallel
 
+from lcsm._provenance import device_name, machine_info
 from lcsm.models import build_model
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler
 
@@ -390,6 +391,28 @@ class Trainer:
         self.progress.close()
         return self.finish(result_path)
 
+    def final_test(self) -> Optional[Dict[str, Any]]:
+        """The test split's metrics of the best checkpoint (the last weights without one), when the
+        run selected on another split: the papers report test numbers of the model chosen on
+        validation (LCSM Tables 4-9, ETSMLP Table 1). None when the run evaluated on test itself."""
+        if self.eval_split == "test" or "test" not in self.task.splits:
+            return None
+        best = ckpt.checkpoint_dir(self.out_dir) / ckpt.BEST
+        which = "last"
+        if self.state.best_step is not None and best.is_dir():
+            ckpt.load_weights(self.model, best)
+            which = "best"
+        metrics = None
+        if self.dist.is_main:
+            t = self.config.train
+            metrics = evaluate(self.model, self.task, "test", t.eval_batch_size or t.batch_size, self.device,
+                               t.precision)
+        metrics = self.dist.broadcast(metrics)
+        self.progress.message("test (" + which + " weights): " + "  ".join(
+            f"{k} {v:.4f}" for k, v in metrics.items() if "/" not in k))
+        return {"checkpoint": which, "step": self.state.best_step if which == "best" else self.state.step,
+                "metrics": metrics}
+
     def finish(self, result_path: Path) -> Dict[str, Any]:
         s = self.state
         if s.last_eval_step != s.step:
@@ -404,6 +427,7 @@ class Trainer:
                   "best": ({"step": s.best_step, "metric": self.config.train.early_stop.metric, "value": s.best_value}
                            if s.best_step is not None else None),
                   "wall_time_s": round(s.elapsed, 3), "tokens": s.tokens, "n_params": self.n_params,
+                  "test": self.final_test(), "machine": {**machine_info(), "device": device_name(self.device)},
                   "config": self.config.to_dict()}
         if self.dist.is_main:
             _write_atomic(result_path, json.dumps(result, indent=2))

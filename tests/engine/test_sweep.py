@@ -76,8 +76,31 @@ def test_report_from_cached_results(tmp_path, monkeypatch):
     text = (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "loss.png").stat().st_size > 1000
     assert "| gla | 0.0200 |" in text and "| hgrn | 0.0100 |" in text       # the pivot of the best runs
-    assert "git commit:" in text and "machine cpu:" in text and "The paper's numbers" in text
+    assert "git commit:" in text and "report written on, cpu:" in text and "The paper's numbers" in text
+    assert "- runs ran on: not recorded (4 runs)" in text      # the fake results name no machine
     assert text.count("| completed |") == 4 + 2    # every run, then the selected ones
+
+
+def test_report_compares_with_the_paper(tmp_path, monkeypatch):
+    """Ours beside the paper's numbers per label, and Spearman's rho over the shared labels:
+    our best accuracies are gla 0.02 > hgrn 0.01, so a paper ordering gla > hgrn > x gives
+    rho over two labels (undefined) and one with a third label reverses it."""
+    from lcsm.engine.report import spearman
+
+    compare = [{"axis": "model.mixer", "metric": "accuracy", "paper": {"hgrn": 0.9, "gla": 0.5, "mamba": 0.7},
+                "title": "Paper table"}]
+    exp = load_experiment(experiment(tmp_path, report={"compare": compare}), out_dir=tmp_path / "out")
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    sweep(exp, log=lambda *_: None)
+    text = write_report(exp, collect(exp)).read_text()
+    assert "## Paper table" in text and "| gla | 0.02 | 0.5 |" in text and "| mamba | — | 0.7 |" in text
+    assert "over the 2 labels both have: not defined" in text
+    assert spearman([1, 2, 3], [30, 20, 10]) == -1.0 and spearman([1, 2, 2, 4], [1, 3, 3, 4]) == 1.0
+    assert abs(spearman([1, 2, 3, 4], [1, 3, 2, 4]) - 0.8) < 1e-12
+    with pytest.raises(ValueError, match=r"report.compare\[0\].axis: expected a grid axis"):
+        load_experiment(experiment(tmp_path, report={"compare": [{**compare[0], "axis": "model.d_model"}]}))
+    with pytest.raises(ValueError, match=r"report.compare\[0\].paper: expected a mapping"):
+        load_experiment(experiment(tmp_path, report={"compare": [{**compare[0], "paper": {"gla": "high"}}]}))
 
 
 def test_grid_override_replaces_overlapping_axes(tmp_path):

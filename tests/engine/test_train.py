@@ -169,3 +169,27 @@ def test_tensorboard_needs_its_package(cache_env):
     else:
         train(config(cache_env, **{"train.tensorboard": True}), quiet=True)
         assert list((cache_env / "run" / "tensorboard").iterdir())
+
+
+def test_final_test_uses_the_best_checkpoint(cache_env):
+    """A task with a validation split: the run selects on validation, then reports the test split
+    of the best checkpoint (as the papers do), and records the machine it ran on."""
+    from lcsm.engine import load_run
+    from lcsm.engine.trainer import evaluate
+
+    values = {**copy.deepcopy(TINY), "out_dir": str(cache_env / "run"),
+              "task": {"name": "listops", "max_length": 24, "min_length": 8, "train_examples": 64,
+                       "validation_examples": 16, "test_examples": 16}}
+    values["train"]["early_stop"] = {"metric": "accuracy", "mode": "max"}
+    cfg = RunConfig.from_dict(values)
+    result = train(cfg, quiet=True)
+    assert result["eval_split"] == "validation"
+    assert result["test"]["checkpoint"] == "best" and result["test"]["step"] == result["best"]["step"]
+    _, task, model, _ = load_run(cache_env / "run", which="best")
+    expected = evaluate(model, task, "test", 8, torch.device("cpu"), "fp32")
+    assert result["test"]["metrics"] == expected
+    assert result["machine"]["device"] == "cpu" and "cpu" in result["machine"]
+
+
+def test_no_final_test_when_the_run_evaluates_on_test(cache_env):
+    assert train(config(cache_env), quiet=True)["test"] is None
