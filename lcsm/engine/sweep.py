@@ -10,6 +10,8 @@ An experiment file (see docs/sweeps.md)::
       model:                               # ... or labelled values (a mapping value is merged)
         attention: {mixer: attention, mixer_options: {positions: rotary, heads: 2}}
       optim.lr: [1.0e-3, 3.0e-3]
+      "@setting":                          # an '@name' axis sets several dotted keys per label
+        short: {task.train_grid: "64:4", model.d_model: 64}
     select: {metric: accuracy, mode: max, over: [optim.lr]}   # best of the lr grid per cell
     report: {...}                          # tables and plots, see lcsm.engine.report
 
@@ -78,7 +80,10 @@ class Experiment:
     def runs(self) -> List[Run]:
         runs = []
         for combo in itertools.product(*[list(zip(a.labels, a.values)) for a in self.axes]):
-            overrides = {a.key: value for a, (_, value) in zip(self.axes, combo)}
+            overrides: Dict[str, Any] = {}
+            for a, (_, value) in zip(self.axes, combo):
+                # An "@name" axis sets several keys together (a task and the model options that go with it).
+                overrides.update(value if a.key.startswith("@") else {a.key: value})
             labels = {a.key: label for a, (label, _) in zip(self.axes, combo)}
             config = apply_overrides(self.base, overrides)
             config.pop("out_dir", None)
@@ -112,6 +117,11 @@ def _label(value: Any) -> str:
 
 
 def _axis(key: str, spec: Any) -> Axis:
+    if key.startswith("@"):
+        if not re.fullmatch(r"@[A-Za-z0-9_.-]+", key) or not isinstance(spec, Mapping) or not spec or not all(
+                isinstance(v, Mapping) and v for v in spec.values()):
+            raise ValueError(f"grid.{key}: an '@name' axis expects labelled values, each a mapping of dotted keys "
+                             f"to values (label: {{task.name: listops, model.d_model: 64}}), got {spec!r}")
     if isinstance(spec, Mapping):
         if not spec:
             raise ValueError(f"grid.{key}: expected a non-empty list of values or mapping of label: value")

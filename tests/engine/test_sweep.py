@@ -153,3 +153,16 @@ def test_real_sweep_is_resumable_after_interruption(tmp_path):
     assert "(2 cached, 0 to run)" in again.stdout
     rows = collect(load_experiment(tmp_path / "out" / "experiment.yaml", out_dir=tmp_path / "out"))
     assert [r["status"] for r in rows] == ["completed", "completed"]
+
+
+def test_at_axis_sets_several_keys_together(tmp_path):
+    grid = {"@size": {"small": {"model.d_model": 8, "train.max_steps": 3},
+                      "big": {"model.d_model": 16, "optim.lr": 0.5}}}
+    exp = load_experiment(experiment(tmp_path, grid=grid, select=None, report={}))
+    runs = {r.labels["@size"]: r for r in exp.runs()}
+    small, big = runs.pop("small"), runs.pop("big")
+    assert not runs
+    assert (small.config["model"]["d_model"], small.config["train"]["max_steps"]) == (8, 3)
+    assert (big.config["model"]["d_model"], big.config["optim"]["lr"]) == (16, 0.5)
+    with pytest.raises(ValueError, match="grid.@size: an '@name' axis expects labelled values"):
+        load_experiment(experiment(tmp_path, grid={"@size": [8, 16]}, select=None, report={}))
