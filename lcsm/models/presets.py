@@ -6,6 +6,8 @@
     preset("metala_transformer")            MetaLA Transformer (Chou et al. 2024, appendix A3.3):
                                             MetaLA token mixer + GLU, pre-norm; LM or LRA task
     preset("lcsm_lm")                       the LCSM WikiText-103 LM (LCSM section 3, Table 8)
+    preset("lra_encoder", task="text",      any mixer as an LRA encoder (the baselines of ETSMLP
+           mixer="s4d")                     Table 1): bidirectional, mean-pooled, pre-norm + GLU
 
 Any field can be overridden: ``preset("etsmlp", task="text", d_model=32, n_layers=2)``.
 ``LCSM_LM_RECIPE`` holds the Table 8 training recipe for the training engine.
@@ -126,11 +128,25 @@ def lcsm_lm(**overrides) -> ModelConfig:
     return ModelConfig.from_dict(values)
 
 
+def lra_encoder(task: str = "listops", mixer: str = "s4d", **overrides) -> ModelConfig:
+    """An LRA encoder around any mixer, for the baselines of an LRA table (ETSMLP Table 1: S4,
+    Transformer, ...): pre-LayerNorm blocks of the mixer and a GLU, bidirectional (two causal maps,
+    or the mixer's own two-sided kernel), mean pooling over the valid positions, the task's LRA
+    inputs. The papers' baselines each have their own LRA recipe (S4's, the LRA paper's
+    Transformer); this is one common shape, so that a table compares mixers at equal width and
+    depth. ``task`` takes the LRA inputs, the mixer and any field come from ``overrides``."""
+    values = dict(mixer=mixer, channel_mixer="glu", norm="layernorm", bidirectional=True, pooling="mean",
+                  d_model=128, n_layers=4, **_task(task, LRA_INPUTS))
+    values.update(overrides)
+    return ModelConfig.from_dict(values)
+
+
 PRESETS: Dict[str, Callable[..., ModelConfig]] = {
     "etsmlp": etsmlp,
     "etsmlp_gate": etsmlp_gate,
     "metala_transformer": metala_transformer,
     "lcsm_lm": lcsm_lm,
+    "lra_encoder": lra_encoder,
 }
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +162,8 @@ class BPETokenizer:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        # A name of this process's own: runs of a sweep started together may train it at once.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         self.tok.save(str(tmp))
         tmp.replace(path)
 

@@ -104,6 +104,8 @@ TINY = dict(d_model=16, n_layers=2)
     ("metala_transformer", "text", dict(channel_hidden=32)),
     ("metala_transformer", None, dict(vocab_size=50, mixer_options=dict(heads=2))),
     ("lcsm_lm", None, dict(vocab_size=50, channel_hidden=32, mixer_options=dict(code="1-9-1-0", expand=8))),
+    ("lra_encoder", "listops", dict(mixer="s4d", mixer_options=dict(d_state=8))),
+    ("lra_encoder", "retrieval", dict(mixer="attention", mixer_options=dict(heads=2, positions="rotary"))),
 ])
 def test_presets_build_and_run_at_tiny_width(name, task, kwargs):
     torch.manual_seed(0)
