@@ -53,10 +53,12 @@ def cmd_report(args) -> int:
 
     for target in args.targets:
         exp = _experiment(target, args)
+        out = Path(args.out) / exp.name if args.out and len(args.targets) > 1 else args.out
+        if out is not None and not Path(target).is_dir():
+            exp.out_dir = Path(out)          # an experiment file's results are read where its report goes
         rows = collect(exp)
         if all(r["status"] == "missing" for r in rows):
             raise UsageError(f"{target}: no finished run in {exp.out_dir}; run `lcsm sweep {target}` first")
-        out = Path(args.out) / exp.name if args.out and len(args.targets) > 1 else args.out
         print(f"{exp.name}: {write_report(exp, rows, out)}")
     return 0
 
@@ -78,5 +80,6 @@ def add_parsers(sub) -> None:
 
     p = sub.add_parser("report", help="markdown tables and PNG plots from cached sweep results (no training)")
     p.add_argument("targets", nargs="+", metavar="EXPERIMENT", help="experiment files or sweep directories")
-    p.add_argument("--out", help="where to write (default: the sweep directory)")
+    p.add_argument("--out", help="the sweep directory of an experiment file, where its report is written too "
+                                 "(several targets: <out>/<experiment name>); default: the sweep directory")
     p.set_defaults(func=cmd_report)

@@ -16,8 +16,8 @@ The experiment's ``report`` section::
 ``Trainer.final_test``). A ``compare`` entry lists, per label of ``axis`` (among the selected runs
 matching ``where``), our metric and the paper's, and the Spearman rank correlation of the two.
 Tables and plots use the runs ``select`` keeps (best of its grid), the full table lists every run.
-The experiment's ``description`` and ``paper`` (markdown: the paper's numbers for comparison) are
-copied into the report. ``write_report`` never trains: runs without a result show as missing.
+The experiment's ``description``, ``paper`` (markdown: the paper's numbers for comparison) and
+``reading`` (what the runs support or not, and why) are copied into the report. ``write_report`` never trains: runs without a result show as missing.
 """
 from __future__ import annotations
 
@@ -167,12 +167,12 @@ def compare(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def machines(rows: List[Dict[str, Any]]) -> List[str]:
-    """The distinct machines the finished runs ran on, with their run counts."""
+def provenance(rows: List[Dict[str, Any]], key: str) -> List[str]:
+    """The distinct values of ``key`` (the machine, the commit) over the finished runs, with run counts."""
     counts: Dict[str, int] = {}
     for row in rows:
         if row["status"] != "missing":
-            counts[row.get("machine", "not recorded")] = counts.get(row.get("machine", "not recorded"), 0) + 1
+            counts[row.get(key, "not recorded")] = counts.get(row.get(key, "not recorded"), 0) + 1
     return [f"{name} ({n} runs)" for name, n in counts.items()]
 
 
@@ -238,9 +238,10 @@ def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None
     lines += [
         f"- command: `{' '.join(shlex.quote(a) for a in ['lcsm', *sys.argv[1:]])}`",
         f"- experiment: `{exp.path}`",
-        f"- git commit: {git_commit()}",
+        f"- report's git commit: {git_commit()}",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        *[f"- runs ran on: {m}" for m in machines(rows)],
+        *[f"- runs ran on: {m}" for m in provenance(rows, "machine")],
+        *[f"- runs' git commit: {c}" for c in provenance(rows, "git_commit")],
         *[f"- report written on, {k}: {v}" for k, v in machine_info().items()],
         f"- runs: {len(done)} of {len(rows)} finished; total training wall time "
         f"{sum(r.get('wall_time_s', 0) for r in done):.0f} s",
@@ -261,6 +262,8 @@ def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None
     lines += ["## Every run", "", format_table(exp, rows, metrics), ""]
     if exp.spec.get("paper"):
         lines += ["## The paper's numbers", "", str(exp.spec["paper"]).strip(), ""]
+    if exp.spec.get("reading"):
+        lines += ["## Reading", "", str(exp.spec["reading"]).strip(), ""]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -14,6 +14,8 @@ An experiment file (see docs/sweeps.md)::
         short: {task.train_grid: "64:4", model.d_model: 64}
     select: {metric: accuracy, mode: max, over: [optim.lr]}   # best of the lr grid per cell
     report: {...}                          # tables and plots, see lcsm.engine.report
+    paper: ...                             # the paper's numbers and findings (markdown)
+    reading: ...                           # what our runs say about them (markdown, ends the report)
 
 Every run gets a directory ``<sweep dir>/<run id>/`` (id: the grid labels, readable, plus a hash of
 the whole config) and is run by ``lcsm train`` in a subprocess, so a run is exactly what its
@@ -45,7 +47,7 @@ import yaml
 from .config import RunConfig, _check_keys, _choice, apply_overrides, read_yaml, yaml_load
 
 EXPERIMENT_COPY = "experiment.yaml"
-EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", "description", "paper")
+EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", "description", "paper", "reading")
 
 
 @dataclass
@@ -323,6 +325,8 @@ def collect(exp: Experiment) -> List[Dict[str, Any]]:
             if result.get("machine"):
                 m = result["machine"]
                 row["machine"] = f"{m.get('device')}; {m.get('cpu')}; torch {m.get('torch')}"
+            if result.get("git_commit"):
+                row["git_commit"] = result["git_commit"]
             if result.get("best"):
                 row["best_step"] = result["best"]["step"]
         rows.append(row)

@@ -40,7 +40,7 @@ import torch
 import yaml
 from torch.nn.parallel import DistributedDataParallel
 
-from lcsm._provenance import device_name, machine_info
+from lcsm._provenance import device_name, git_commit, machine_info
 from lcsm.models import build_model
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler
 
@@ -428,6 +428,7 @@ class Trainer:
                            if s.best_step is not None else None),
                   "wall_time_s": round(s.elapsed, 3), "tokens": s.tokens, "n_params": self.n_params,
                   "test": self.final_test(), "machine": {**machine_info(), "device": device_name(self.device)},
+                  "git_commit": git_commit(),
                   "config": self.config.to_dict()}
         if self.dist.is_main:
             _write_atomic(result_path, json.dumps(result, indent=2))

@@ -76,8 +76,9 @@ def test_report_from_cached_results(tmp_path, monkeypatch):
     text = (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "loss.png").stat().st_size > 1000
     assert "| gla | 0.0200 |" in text and "| hgrn | 0.0100 |" in text       # the pivot of the best runs
-    assert "git commit:" in text and "report written on, cpu:" in text and "The paper's numbers" in text
+    assert "report's git commit:" in text and "report written on, cpu:" in text and "The paper's numbers" in text
     assert "- runs ran on: not recorded (4 runs)" in text      # the fake results name no machine
+    assert "- runs' git commit: not recorded (4 runs)" in text
     assert text.count("| completed |") == 4 + 2    # every run, then the selected ones
 
 

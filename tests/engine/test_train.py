@@ -188,7 +188,7 @@ def test_final_test_uses_the_best_checkpoint(cache_env):
     _, task, model, _ = load_run(cache_env / "run", which="best")
     expected = evaluate(model, task, "test", 8, torch.device("cpu"), "fp32")
     assert result["test"]["metrics"] == expected
-    assert result["machine"]["device"] == "cpu" and "cpu" in result["machine"]
+    assert result["machine"]["device"] == "cpu" and "cpu" in result["machine"] and result["git_commit"]
 
 
 def test_no_final_test_when_the_run_evaluates_on_test(cache_env):
