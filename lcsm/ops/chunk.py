@@ -453,7 +453,7 @@ def scan_chunk(v, e, s, g, m):
     Memories within the chunk are ``h_t = exp(Gamma_t) * (m + sum_{s<=t} exp(-Gamma_s) * u_s)``
     with ``u_s = e_s (x) i_s``: a cumulative sum, exact and safe while the chunk's total decay is at
     most SAFE_SPAN (all factors within exp(+-SAFE_SPAN)). Longer spans split the chunk in halves,
-    down to single steps if the decays demand it.
+    down to single steps if the decays demand it, which run the recurrence directly.
     """
     c = v.shape[2]
     u = e * v.unsqueeze(-2)                                            # [B, H, c, K, D]
@@ -463,8 +463,13 @@ def scan_chunk(v, e, s, g, m):
     g = g.expand(g.shape[0], g.shape[1], c, g.shape[3], g.shape[4])
     # Unlike the matmul kernel, a block here never spans more than SAFE_SPAN (longer ones are
     # split first), so the cumulative logs stay small and the compute dtype keeps them accurate.
+    if c == 1:
+        # One step is the recurrence itself; factorising it through exp(-g) would overflow when
+        # a single decay is beyond SAFE_SPAN (the SSM parameterisation reaches -100 per step).
+        h = g.exp() * m.unsqueeze(2) + u
+        return (s * h).sum(-2), h[:, :, -1]
     G = g.cumsum(2)
-    if c > 1 and G[:, :, -1].real.min().item() < -SAFE_SPAN[v.real.dtype]:
+    if G[:, :, -1].real.min().item() < -SAFE_SPAN[v.real.dtype]:
         half = c // 2
         part = lambda x, a, b: x if x.shape[2] == 1 else x[:, :, a:b]
         y1, m1 = scan_chunk(v[:, :, :half], part(e, 0, half), part(s, 0, half), g[:, :, :half], m)
