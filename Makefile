@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 MIXERS ?=
 EXPERIMENT ?= mqar_demo
 
-.PHONY: install test demo bench
+.PHONY: install test demo bench reports
 install: $(STAMP)
 
 test: $(STAMP)
@@ -26,3 +26,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[bench]'
 	$(VENV)/bin/lcsm bench ops
+
+# The reports of docs/results/ regenerated from the cached runs there (no training): every
+# experiment file of the paper experiments, each read from docs/results/<experiment name>/.
+PAPER_EXPERIMENTS := $(filter-out experiments/configs/% %base.yaml,$(wildcard experiments/*/*.yaml))
+
+reports: $(STAMP)
+	$(VENV)/bin/lcsm report $(PAPER_EXPERIMENTS) --out docs/results

@@ -51,6 +51,7 @@ def cmd_report(args) -> int:
     from lcsm.engine.report import write_report
     from lcsm.engine.sweep import collect
 
+    written = 0
     for target in args.targets:
         exp = _experiment(target, args)
         out = Path(args.out) / exp.name if args.out and len(args.targets) > 1 else args.out
@@ -58,8 +59,14 @@ def cmd_report(args) -> int:
             exp.out_dir = Path(out)          # an experiment file's results are read where its report goes
         rows = collect(exp)
         if all(r["status"] == "missing" for r in rows):
-            raise UsageError(f"{target}: no finished run in {exp.out_dir}; run `lcsm sweep {target}` first")
+            if len(args.targets) == 1:
+                raise UsageError(f"{target}: no finished run in {exp.out_dir}; run `lcsm sweep {target}` first")
+            print(f"{exp.name}: skipped, no finished run in {exp.out_dir}")
+            continue
+        written += 1
         print(f"{exp.name}: {write_report(exp, rows, out)}")
+    if not written:
+        raise UsageError("no finished run in any of the targets; run `lcsm sweep` first")
     return 0
 
 

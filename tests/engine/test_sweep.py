@@ -167,3 +167,17 @@ def test_at_axis_sets_several_keys_together(tmp_path):
     assert (big.config["model"]["d_model"], big.config["optim"]["lr"]) == (16, 0.5)
     with pytest.raises(ValueError, match="grid.@size: an '@name' axis expects labelled values"):
         load_experiment(experiment(tmp_path, grid={"@size": [8, 16]}, select=None, report={}))
+
+
+def test_report_of_several_experiment_files(tmp_path, monkeypatch, capsys):
+    """`lcsm report A B --out DIR` reads and writes each in DIR/<name>; one without results is
+    skipped, none with results is an error."""
+    path = experiment(tmp_path)
+    other = tmp_path / "other.yaml"
+    other.write_text(path.read_text().replace("name: tiny", "name: other"))
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    sweep(load_experiment(path, out_dir=tmp_path / "results" / "tiny"), log=lambda *_: None)
+    assert main(["report", str(path), str(other), "--out", str(tmp_path / "results")]) == 0
+    assert (tmp_path / "results" / "tiny" / "report.md").is_file()
+    assert "other: skipped, no finished run" in capsys.readouterr().out
+    assert main(["report", str(other), str(other), "--out", str(tmp_path / "results")]) == 2
