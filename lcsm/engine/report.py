@@ -17,7 +17,8 @@ The experiment's ``report`` section::
 matching ``where``), our metric and the paper's, and the Spearman rank correlation of the two.
 Tables and plots use the runs ``select`` keeps (best of its grid), the full table lists every run.
 The experiment's ``description``, ``paper`` (markdown: the paper's numbers for comparison) and
-``reading`` (what the runs support or not, and why) are copied into the report. ``write_report`` never trains: runs without a result show as missing.
+``reading`` (what the runs support or not, and why) are copied into the report. ``write_report``
+never trains: runs without a result show as missing.
 """
 from __future__ import annotations
 

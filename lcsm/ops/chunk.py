@@ -461,13 +461,13 @@ def scan_chunk(v, e, s, g, m):
         h = u.cumsum(2) + m.unsqueeze(2)
         return (s * h).sum(-2), h[:, :, -1]
     g = g.expand(g.shape[0], g.shape[1], c, g.shape[3], g.shape[4])
-    # Unlike the matmul kernel, a block here never spans more than SAFE_SPAN (longer ones are
-    # split first), so the cumulative logs stay small and the compute dtype keeps them accurate.
     if c == 1:
         # One step is the recurrence itself; factorising it through exp(-g) would overflow when
         # a single decay is beyond SAFE_SPAN (the SSM parameterisation reaches -100 per step).
         h = g.exp() * m.unsqueeze(2) + u
         return (s * h).sum(-2), h[:, :, -1]
+    # Unlike the matmul kernel, a block here never spans more than SAFE_SPAN (longer ones are
+    # split first), so the cumulative logs stay small and the compute dtype keeps them accurate.
     G = g.cumsum(2)
     if G[:, :, -1].real.min().item() < -SAFE_SPAN[v.real.dtype]:
         half = c // 2
