@@ -171,6 +171,8 @@ class Trainer:
         self.dist = dist if dist is not None else Distributed.setup(t.device)
         self.device = self.dist.device
         self.out_dir = Path(config.out_dir)
+        # The code that runs is the code at start: later commits in the checkout do not change it.
+        self.git_commit = git_commit()
 
         # Rank 0 generates (and caches) the data first, so the others read it instead of redoing it.
         self.task = config.build_task()
@@ -428,7 +430,7 @@ class Trainer:
                            if s.best_step is not None else None),
                   "wall_time_s": round(s.elapsed, 3), "tokens": s.tokens, "n_params": self.n_params,
                   "test": self.final_test(), "machine": {**machine_info(), "device": device_name(self.device)},
-                  "git_commit": git_commit(),
+                  "git_commit": self.git_commit,
                   "config": self.config.to_dict()}
         if self.dist.is_main:
             _write_atomic(result_path, json.dumps(result, indent=2))
