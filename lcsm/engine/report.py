@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import shlex
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -170,10 +171,7 @@ def compare(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
 
 def provenance(rows: List[Dict[str, Any]], key: str) -> List[str]:
     """The distinct values of ``key`` (the machine, the commit) over the finished runs, with run counts."""
-    counts: Dict[str, int] = {}
-    for row in rows:
-        if row["status"] != "missing":
-            counts[row.get(key, "not recorded")] = counts.get(row.get(key, "not recorded"), 0) + 1
+    counts = Counter(row.get(key, "not recorded") for row in rows if row["status"] != "missing")
     return [f"{name} ({n} runs)" for name, n in counts.items()]
 
 

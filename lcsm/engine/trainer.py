@@ -303,12 +303,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return float(self.dist.sum(loss_sum)), _tokens(batch), float(norm), lr
 
-    def evaluate(self) -> Dict[str, float]:
-        """Rank 0 evaluates the unwrapped model; every rank gets the metrics."""
+    def evaluate(self, split: Optional[str] = None) -> Dict[str, float]:
+        """Rank 0 evaluates the unwrapped model on ``split`` (default the eval split); every rank
+        gets the metrics."""
         metrics = None
         if self.dist.is_main:
             t = self.config.train
-            metrics = evaluate(self.model, self.task, self.eval_split, t.eval_batch_size or t.batch_size,
+            metrics = evaluate(self.model, self.task, split or self.eval_split, t.eval_batch_size or t.batch_size,
                                self.device, t.precision)
         return self.dist.broadcast(metrics)
 
@@ -404,12 +405,7 @@ class Trainer:
         if self.state.best_step is not None and best.is_dir():
             ckpt.load_weights(self.model, best)
             which = "best"
-        metrics = None
-        if self.dist.is_main:
-            t = self.config.train
-            metrics = evaluate(self.model, self.task, "test", t.eval_batch_size or t.batch_size, self.device,
-                               t.precision)
-        metrics = self.dist.broadcast(metrics)
+        metrics = self.evaluate("test")
         self.progress.message("test (" + which + " weights): " + "  ".join(
             f"{k} {v:.4f}" for k, v in metrics.items() if "/" not in k))
         return {"checkpoint": which, "step": self.state.best_step if which == "best" else self.state.step,
