@@ -15,9 +15,9 @@ c x c diagonal blocks factorised or, if still too strong, built from the explici
 decay tensor. Long sequences run in segments of SEGMENT tokens so time per token stays flat.
 
 ``elementwise`` -- anything else (a full K x D decay as in Mamba, K x D expand or shrink states):
-per chunk, the memories of every step are a cumulative sum exp(Gamma_t) (m + sum_s exp(-Gamma_s)
-u_s), chunks whose decay spans more than SAFE_SPAN being halved until it does not; only the
-memory at chunk ends is carried on.
+per chunk, the recurrence m_t = o_t * m_{t-1} + e_t (x) i_t step by step over [B, H, K, D] (exact
+for any decay), the shrink as one batched product over the chunk; only the memory at chunk ends
+is kept.
 
 Backward (appendix 5.1, Type 1; corrected in docs/eos.md). For ``matmul`` the backward is itself
 EOS problems over the same decays, so it stores no per-step memory:
@@ -30,8 +30,8 @@ EOS problems over the same decays, so it stores no per-step memory:
 
 where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. Row and column roles swap under
 transposition, which is why the kernel supports both. For ``elementwise`` the backward recomputes
-each chunk from its saved start memory, in reverse order, and back-propagates through that chunk
-alone. Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
+each chunk from its saved start memory, in reverse order, and runs the same adjoint recurrence
+over that chunk alone (``scan_chunk_backward``). Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
 """
 from __future__ import annotations
 
@@ -446,41 +446,110 @@ def _time_slice(x: Optional[Tensor], start: int, stop: int) -> Optional[Tensor]:
     return x[:, :, start:stop]
 
 
-def scan_chunk(v, e, s, g, m):
-    """One chunk of the elementwise kernel: v [B, H, c, D], e/s [B|1, H, c|1, K, D|1],
-    g None or [B|1, H, c|1, K|1, D|1], m [B, H, K, D] -> (y [B, H, c, D], memory after the chunk).
+def _at(x: Tensor, t: int) -> Tensor:
+    """Step t of a [B|1, H, c|1, ...] tensor (a time-shared tensor serves every step)."""
+    return x[:, :, t if x.shape[2] > 1 else 0]
 
-    Memories within the chunk are ``h_t = exp(Gamma_t) * (m + sum_{s<=t} exp(-Gamma_s) * u_s)``
-    with ``u_s = e_s (x) i_s``: a cumulative sum, exact and safe while the chunk's total decay is at
-    most SAFE_SPAN (all factors within exp(+-SAFE_SPAN)). Longer spans split the chunk in halves,
-    down to single steps if the decays demand it, which run the recurrence directly.
+
+def _grad_for(x: Tensor, grad: Tensor) -> Tensor:
+    """A gradient reduced to the (broadcast) shape of x, real where x is real."""
+    if grad.is_complex() and not x.is_complex():
+        grad = grad.real
+    return grad.sum_to_size(x.shape)
+
+
+def _matmul(a: Tensor, b: Tensor) -> Tensor:
+    dt = torch.promote_types(a.dtype, b.dtype)
+    return a.to(dt) @ b.to(dt)
+
+
+def _contract_k(a: Tensor, h: Tensor) -> Tensor:
+    """sum_k a[.., k, d] h[.., k, d] for a [.., K, D|1] and h [.., K, D] -> [.., D]; a batched
+    vector-matrix product when a is a K-vector (no [.., K, D] temporary)."""
+    if a.shape[-1] == 1:
+        return _matmul(a.transpose(-1, -2), h).squeeze(-2)
+    return (a * h).sum(-2)
+
+
+def _grad_outer(x: Tensor, A: Tensor, w: Tensor) -> Tensor:
+    """The gradient of x [.., K, D|1] in a term x[.., k, d] w[.., d] whose adjoint is A [.., K, D]:
+    sum_d A[.., k, d] w[.., d] when x is a K-vector, A * w otherwise; reduced to x's shape."""
+    if x.shape[-1] == 1:
+        return _grad_for(x, _matmul(A, w.unsqueeze(-1)))
+    return _grad_for(x, A * w.unsqueeze(-2))
+
+
+def _promoted(*xs: Optional[Tensor]) -> torch.dtype:
+    dt = xs[0].dtype
+    for x in xs[1:]:
+        if x is not None:
+            dt = torch.promote_types(dt, x.dtype)
+    return dt
+
+
+def scan_chunk(v, e, s, o, m):
+    """One chunk of the elementwise kernel, step by step: v [B, H, c, D], e/s [B|1, H, c|1, K, D|1],
+    o None or [B|1, H, c|1, K|1, D|1] (the decays, exp(log_o)), m [B, H, K, D] ->
+    (y [B, H, c, D], memories h [B, H, c, K, D]).
+
+    ``h_t = o_t * h_{t-1} + e_t (x) v_t`` is the recurrence itself: exact for any decay, with no
+    cumulative product to overflow or cancel. On a CPU, c small steps over [B, H, K, D] (written
+    in place into h) cost less than a cumulative-sum form's passes over [B, H, c, K, D] (cumsum
+    along a middle dimension is slow there), and each step is large enough for the Python loop
+    not to matter. No autograd: ``scan_chunk_backward`` is its adjoint.
     """
+    B, H, c, D = v.shape
+    K = e.shape[3]
+    hs = v.new_empty(B, H, c, K, D, dtype=_promoted(m, e, v, o))
+    vv = v.unsqueeze(-2)
+    h = m
+    for t in range(c):
+        h_t = hs[:, :, t]
+        if o is None:
+            torch.addcmul(h, _at(e, t), vv[:, :, t], out=h_t)
+        else:
+            torch.mul(_at(o, t), h, out=h_t)
+            h_t.addcmul_(_at(e, t), vv[:, :, t])
+        h = h_t
+    return _contract_k(s, hs), hs
+
+
+def scan_chunk_backward(v, e, s, o, m, hs, dy, dm):
+    """The adjoint of ``scan_chunk`` (appendix 5.1, Type 1, restricted to one chunk), by the
+    reverse-time recurrence ``dh_t = conj(o_{t+1}) dh_{t+1} + conj(s_t) dy_t``; with it
+    ``dlog_o_t = dh_t conj(o_t h_{t-1})``, ``de_t = dh_t conj(v_t)``, ``dv_t = sum_k dh_t conj(e_t)``
+    and ``ds_t = dy_t conj(h_t)`` (PyTorch's conjugate convention for complex inputs).
+    Returns (dv, de, ds, dlog_o or None, dm for the chunk's start memory)."""
     c = v.shape[2]
-    u = e * v.unsqueeze(-2)                                            # [B, H, c, K, D]
-    if g is None:
-        h = u.cumsum(2) + m.unsqueeze(2)
-        return (s * h).sum(-2), h[:, :, -1]
-    g = g.expand(g.shape[0], g.shape[1], c, g.shape[3], g.shape[4])
-    if c == 1:
-        # One step is the recurrence itself; factorising it through exp(-g) would overflow when
-        # a single decay is beyond SAFE_SPAN (the SSM parameterisation reaches -100 per step).
-        h = g.exp() * m.unsqueeze(2) + u
-        return (s * h).sum(-2), h[:, :, -1]
-    # Unlike the matmul kernel, a block here never spans more than SAFE_SPAN (longer ones are
-    # split first), so the cumulative logs stay small and the compute dtype keeps them accurate.
-    G = g.cumsum(2)
-    if G[:, :, -1].real.min().item() < -SAFE_SPAN[v.real.dtype]:
-        half = c // 2
-        part = lambda x, a, b: x if x.shape[2] == 1 else x[:, :, a:b]
-        y1, m1 = scan_chunk(v[:, :, :half], part(e, 0, half), part(s, 0, half), g[:, :, :half], m)
-        y2, m2 = scan_chunk(v[:, :, half:], part(e, half, c), part(s, half, c), g[:, :, half:], m1)
-        return torch.cat([y1, y2], 2), m2
-    h = G.exp() * (((-G).exp() * u).cumsum(2) + m.unsqueeze(2))
-    return (s * h).sum(-2), h[:, :, -1]
+    dY = dy.unsqueeze(-2)                                            # [B, H, c, 1, D]
+    sc = s.conj()
+    oc = None if o is None else o.conj()
+    dH = torch.empty_like(hs)
+    dG = None if o is None else torch.empty_like(hs)
+    # A real memory read by complex s or dy takes the real part of its adjoint (two ops a step).
+    real_part = not hs.is_complex() and (sc.is_complex() or dy.is_complex())
+    carry = dm
+    for t in reversed(range(c)):
+        dh = dH[:, :, t]
+        if real_part:
+            torch.add(carry, (dY[:, :, t] * _at(sc, t)).real, out=dh)
+        else:
+            torch.addcmul(carry, dY[:, :, t], _at(sc, t), out=dh)
+        if oc is None:
+            carry = dh
+        else:
+            carry = dh * _at(oc, t)
+            torch.mul(carry, (hs[:, :, t - 1] if t > 0 else m).conj(), out=dG[:, :, t])
+    dv = _contract_k(e.conj(), dH)
+    de = _grad_outer(e, dH, v.conj())
+    ds = _grad_outer(s, hs.conj(), dy)
+    dlog_o = None if o is None else _grad_for(o, dG)
+    return _grad_for(v, dv), de, ds, dlog_o, carry
 
 
-def chunk_elementwise(v, e, s, g, m0, C):
-    """The ``elementwise`` kernel over the whole sequence; returns y, m_T and boundary memories."""
+def chunk_elementwise(v, e, s, o, m0, C):
+    """The ``elementwise`` kernel over the whole sequence, o = exp(log_o) or None; returns y, m_T
+    and the chunks' start memories."""
     B, H, T, D = v.shape
     K = e.shape[3]
     M = m0 if m0 is not None else v.new_zeros(B, H, K, D)
@@ -488,61 +557,58 @@ def chunk_elementwise(v, e, s, g, m0, C):
     for start in range(0, T, C):
         stop = min(start + C, T)
         states.append(M)
-        y_c, M = scan_chunk(v[:, :, start:stop], _time_slice(e, start, stop),
-                            _time_slice(s, start, stop), _time_slice(g, start, stop), M)
+        y_c, hs = scan_chunk(v[:, :, start:stop], _time_slice(e, start, stop),
+                             _time_slice(s, start, stop), _time_slice(o, start, stop), M)
         ys.append(y_c)
+        M = hs[:, :, -1].clone()          # a copy, so the chunk's [c, K, D] memories can be freed
     return torch.cat(ys, 2), M, states
 
 
 class ChunkElementwiseFunction(torch.autograd.Function):
-    """``chunk_elementwise`` whose backward recomputes one chunk at a time from saved boundaries."""
+    """``chunk_elementwise`` whose backward recomputes one chunk at a time from its saved start
+    memory and runs ``scan_chunk_backward`` over it, in reverse chunk order."""
 
     @staticmethod
     def forward(ctx, v, e, s, g, m0, C):
-        y, m_T, states = chunk_elementwise(v, e, s, g, m0, C)
-        ctx.save_for_backward(v, e, s, g, m0, *states)
+        o = None if g is None else g.exp()
+        y, m_T, states = chunk_elementwise(v, e, s, o, m0, C)
+        ctx.save_for_backward(v, e, s, o, m0, *states)
         ctx.C = C
         return y, m_T
 
     @staticmethod
     def backward(ctx, dy, dm_T):
-        v, e, s, g, m0, *states = ctx.saved_tensors
+        v, e, s, o, m0, *states = ctx.saved_tensors
         C = ctx.C
-        B, H, T, D = v.shape
-        dM = torch.zeros_like(states[0]) if dm_T is None else dm_T
+        T = v.shape[2]
+        dM = torch.zeros_like(states[-1]) if dm_T is None else dm_T
         dy = torch.zeros_like(v) if dy is None else dy
-        grads = {"v": [], "e": [], "s": [], "g": []}
-        shared = {name: None for name in ("e", "s", "g")}
-        full = {"e": e, "s": s, "g": g}
+        full = {"v": v, "e": e, "s": s, "g": o}          # dlog_o has the shape of o = exp(log_o)
+        grads = {name: [] for name in full}
+        shared = dict.fromkeys(full)
         for n in reversed(range(len(states))):
             start, stop = n * C, min(n * C + C, T)
-            with torch.enable_grad():
-                leaves = {"v": v[:, :, start:stop].detach().requires_grad_()}
-                for name, x in full.items():
-                    if x is not None:
-                        leaves[name] = _time_slice(x, start, stop).detach().requires_grad_()
-                M = states[n].detach().requires_grad_()
-                y_c, M_out = scan_chunk(leaves["v"], leaves["e"], leaves["s"], leaves.get("g"), M)
-                names = list(leaves)
-                out = torch.autograd.grad((y_c, M_out), [leaves[x] for x in names] + [M],
-                                          (dy[:, :, start:stop], dM), allow_unused=True)
-            for name, grad in zip(names, out[:-1]):
-                grad = torch.zeros_like(leaves[name]) if grad is None else grad
+            part = {name: _time_slice(x, start, stop) for name, x in full.items()}
+            _, hs = scan_chunk(part["v"], part["e"], part["s"], part["g"], states[n])
+            *chunk_grads, dM = scan_chunk_backward(part["v"], part["e"], part["s"], part["g"], states[n],
+                                                   hs, dy[:, :, start:stop], dM)
+            for name, grad in zip(full, chunk_grads):
+                if grad is None:
+                    continue
                 if name != "v" and full[name].shape[2] == 1:
                     shared[name] = grad if shared[name] is None else shared[name] + grad
                 else:
                     grads[name].append(grad)
-            dM = torch.zeros_like(M) if out[-1] is None else out[-1]
 
         def collect(name):
-            if name != "v" and (full[name] is None):
+            if full[name] is None:
                 return None
             if name != "v" and full[name].shape[2] == 1:
                 return shared[name]
             return torch.cat(grads[name][::-1], 2)
 
-        return (collect("v"), collect("e"), collect("s"), collect("g"),
-                dM if m0 is not None else None, None)
+        dm0 = None if m0 is None else _grad_for(m0, dM)
+        return collect("v"), collect("e"), collect("s"), collect("g"), dm0, None
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -565,14 +631,17 @@ def _matmul_operands(p: EOSProblem):
 
 def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom"):
     """Chunk mode. ``backward``: "custom" (the memory-light Functions above) or "autograd"
-    (autograd through the chunk forward; kept for the benchmark's memory comparison)."""
+    (autograd through the matmul kernel's forward; kept for the benchmark's memory comparison)."""
+    if backward not in ("custom", "autograd"):
+        raise ValueError(f"backward: expected 'custom' or 'autograd', got {backward!r}")
     C = chunk_size
     if kernel_for(p) == "matmul":
         q, k, v, g, kind = _matmul_operands(p)
         if backward == "custom":
             return ChunkMatmulFunction.apply(q, k, v, g, p.m0, kind, C)
         return chunk_matmul(q, k, v, g, kind, p.m0, C)
-    if backward == "custom":
-        return ChunkElementwiseFunction.apply(p.v, p.e, p.s, p.g, p.m0, C)
-    y, m_T, _ = chunk_elementwise(p.v, p.e, p.s, p.g, p.m0, C)
-    return y, m_T
+    if backward != "custom":
+        raise ValueError(f"backward: the elementwise kernel (decay {p.decay_kind!r}, e {tuple(p.e.shape)}, "
+                         f"s {tuple(p.s.shape)}) has only the 'custom' backward, got {backward!r}; "
+                         "'autograd' is the matmul kernel's baseline")
+    return ChunkElementwiseFunction.apply(p.v, p.e, p.s, p.g, p.m0, C)
