@@ -303,3 +303,18 @@ def test_segmented_long_sequences(decay, monkeypatch):
 
     monkeypatch.setattr(chunk, "SEGMENT", 20)
     check(make_inputs(101, decay=decay, seed=31), "chunk", torch.float64, chunk_size=8, context=decay)
+
+
+def test_chunk_backward_option_is_checked():
+    """``backward="autograd"`` is the matmul kernel's benchmark baseline only; the elementwise
+    kernel refuses it, and an unknown value is refused by both, naming the argument."""
+    from lcsm.ops._inputs import canonicalize
+    from lcsm.ops.chunk import eos_chunk
+
+    full = make_inputs(9, decay="full", seed=3)
+    p = canonicalize(full["i"], full["e"], full["s"], full["log_o"])
+    with pytest.raises(ValueError, match=r"backward: the elementwise kernel .* only the 'custom' backward"):
+        eos_chunk(p, 4, backward="autograd")
+    row = make_inputs(9, decay="row", seed=3)
+    with pytest.raises(ValueError, match=r"backward: expected 'custom' or 'autograd', got 'fast'"):
+        eos_chunk(canonicalize(row["i"], row["e"], row["s"], row["log_o"]), 4, backward="fast")
