@@ -386,12 +386,32 @@ def format_table(exp: Experiment, rows: List[Dict[str, Any]], metrics: Sequence[
     return "\n".join(lines)
 
 
+def check_buildable(runs: Sequence[Run]) -> None:
+    """Build each run's task (no data: tasks load lazily) and model (on the meta device, no
+    memory), so that a clash only the model's constructor sees (a mixer option another one rules
+    out, a malformed model code) stops the sweep before anything runs, not hours into it."""
+    import torch
+
+    from lcsm.models import build_model
+
+    for run in runs:
+        try:
+            config = RunConfig.from_dict(run.config)
+            model_config = config.model_config(config.build_task())
+            with torch.device("meta"):
+                build_model(model_config, verbose=False)
+        except ValueError as err:
+            raise ValueError(f"run {run.id}: {err}") from None
+
+
 def sweep(exp: Experiment, *, parallel: int = 1, dry_run: bool = False, log=print) -> Tuple[List[Dict[str, Any]], bool]:
-    """Run every run of ``exp`` that has no cached result; returns (result rows, all succeeded)."""
+    """Run every run of ``exp`` that has no cached result; returns (result rows, all succeeded).
+    The runs to do are built first (``check_buildable``), dry run included."""
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ValueError(f"--parallel: expected a positive integer, got {parallel!r}")
     runs = exp.runs()
     todo = [r for r in runs if cached_result(r) is None]
+    check_buildable(todo)
     log(f"sweep {exp.name}: {len(runs)} runs in {exp.out_dir}/ ({len(runs) - len(todo)} cached, {len(todo)} to run"
         + (f", {parallel} at a time" if parallel > 1 and todo else "") + ")")
     if dry_run:

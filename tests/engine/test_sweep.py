@@ -126,6 +126,21 @@ def test_bad_experiment_files(tmp_path, extra, message):
     assert message in str(err.value)
 
 
+def test_sweep_builds_every_run_before_running_any(tmp_path, monkeypatch):
+    """A clash only a mixer's constructor sees (lcsm:ssm fixes e, o and s and takes no model code)
+    stops the sweep, dry run included, before a single run starts; it names the run."""
+    path = experiment(tmp_path, grid={"model": {"linear": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0"}},
+                                                "ssm": {"mixer": "lcsm:ssm", "mixer_options": {"code": "1-1-1-0"}}}},
+                      select=None, report={})
+    exp = load_experiment(path, out_dir=tmp_path / "out")
+    calls = []
+    monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
+    for dry_run in (True, False):
+        with pytest.raises(ValueError, match=r"run model=ssm-\w+: code: param='ssm' .* takes no 'e-o-s-a' code"):
+            sweep(exp, dry_run=dry_run, log=lambda *_: None)
+    assert calls == [] and not (tmp_path / "out").exists()
+
+
 def test_real_sweep_is_resumable_after_interruption(tmp_path):
     """Two real runs through `lcsm train`; the sweep is interrupted during the first, then rerun."""
     spec = experiment(tmp_path)
