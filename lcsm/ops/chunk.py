@@ -31,7 +31,8 @@ EOS problems over the same decays, so it stores no per-step memory:
 where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. Row and column roles swap under
 transposition, which is why the kernel supports both. For ``elementwise`` the backward recomputes
 each chunk from its saved start memory, in reverse order, and runs the same adjoint recurrence
-over that chunk alone (``scan_chunk_backward``). Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
+over that chunk alone (``scan_chunk_backward``). Either way memory is O(T (K + D) + (T / C) K D),
+not O(T K D).
 """
 from __future__ import annotations
 
