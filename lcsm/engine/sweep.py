@@ -178,6 +178,16 @@ def load_experiment(path: Union[str, Path], *, overrides: Sequence[str] = (), gr
         raise ValueError(f"grid: expected a mapping of dotted keys to value lists, got {spec.get('grid')!r}")
     for text in grid:
         key, values = parse_grid_override(text)
+        labelled = grid_spec.get(key)
+        if isinstance(labelled, Mapping) and all(isinstance(v, str) for v in values):
+            # Labels of a labelled axis pick those of its values (--grid model=attention): the
+            # runs keep their ids, so a part of a sweep can be run into the same directory.
+            missing = [v for v in values if v not in labelled]
+            if missing:
+                raise ValueError(f"--grid {key}: {missing} are not labels of the axis "
+                                 f"({', '.join(map(str, labelled))})")
+            grid_spec[key] = {v: labelled[v] for v in values}
+            continue
         # The new axis replaces every axis it overlaps: --grid model.mixer=gla,hgrn replaces a
         # `model` axis of labelled model sections, and the other way round.
         for old in [k for k in grid_spec if k == key or k.startswith(key + ".") or key.startswith(k + ".")]:

@@ -112,6 +112,17 @@ def test_grid_override_replaces_overlapping_axes(tmp_path):
     assert len(exp.runs()) == 2
 
 
+def test_grid_labels_pick_part_of_a_labelled_axis(tmp_path):
+    """--grid on a labelled axis with its labels keeps those values, and the runs keep their ids."""
+    models = {"gla": {"mixer": "gla"}, "small-hgrn": {"mixer": "hgrn", "d_model": 8}}
+    path = experiment(tmp_path, grid={"model": models, "optim.lr": [1e-3, 1e-2]}, select=None, report={})
+    full = {r.id for r in load_experiment(path).runs()}
+    part = load_experiment(path, grid=["model=small-hgrn"]).runs()
+    assert len(part) == 2 and {r.labels["model"] for r in part} == {"small-hgrn"} and {r.id for r in part} < full
+    with pytest.raises(ValueError, match=r"--grid model: \['hgrn'\] are not labels of the axis \(gla, small-hgrn\)"):
+        load_experiment(path, grid=["model=hgrn"])
+
+
 @pytest.mark.parametrize("extra, message", [
     ({"grdi": {}}, "unknown key(s) 'grdi' (did you mean 'grid'?)"),
     ({"grid": {"model.mixer": []}}, "grid.model.mixer: expected a non-empty list"),
