@@ -14,13 +14,20 @@ Canonical, head-major tensors (a size-1 dim means "broadcast"):
     v  [B, H, T, D]            the input state i
     e  [B|1, H, T|1, K, D|1]   expand state: a K-vector (last dim 1) or a K x D matrix
     s  [B|1, H, T|1, K, D|1]   shrink state, same convention
-    g  [B|1, H, T|1, K|1, D|1] log oscillation (None: o = 1)
+    g  [B|1, H, T|1, K|1, D|1] log oscillation (None: o = 1, or a separable pair below)
+    g_outer  ([B|1, H, T|1, K, 1], [B|1, H, T|1, 1, D]) or None: a separable oscillation
+               o = exp(g_row + g_col) = a (x) b, given as the pair (log_o[0], log_o[1])
     m0 [B, H, K, D]            initial memory (None: zeros)
+
+A separable oscillation (LCSM Table 3, o code 1: o_t = a_t (x) b_t) is kept as its two factors
+so that the chunk kernel can apply them along K and along D without ever forming the K x D
+decay; ``EOSProblem.g_full`` materialises the sum for the forms that step through the K x D
+memory anyway (the recurrent reference, the parallel map, fft, the elementwise kernel).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -91,6 +98,7 @@ class EOSProblem:
     e_dd: bool
     s_dd: bool
     g_dd: bool
+    g_outer: Optional[Tuple[Tensor, Tensor]] = None
 
     @property
     def e_is_vector(self) -> bool:
@@ -106,8 +114,19 @@ class EOSProblem:
         return not (self.e_dd or self.s_dd or self.g_dd)
 
     @property
+    def g_full(self) -> Optional[Tensor]:
+        """The log oscillation as one broadcastable tensor: ``g`` itself, or for a separable pair
+        the materialised sum g_row + g_col [B|1, H, T|1, K, D]."""
+        if self.g_outer is not None:
+            return self.g_outer[0] + self.g_outer[1]
+        return self.g
+
+    @property
     def decay_kind(self) -> str:
-        """'none', 'scalar', 'row' (varies over K), 'col' (varies over D) or 'full' (K x D)."""
+        """'none', 'scalar', 'row' (varies over K), 'col' (varies over D), 'outer' (a separable
+        pair, o = a (x) b) or 'full' (K x D)."""
+        if self.g_outer is not None:
+            return "outer"
         if self.g is None:
             return "none"
         kg, dg = self.g.shape[-2], self.g.shape[-1]
@@ -146,16 +165,58 @@ def _state_shape(i: Tensor, name: str, x: Tensor, K: int, D: int):
     )
 
 
+def _pair_part(log_o: Tensor, index: int, B: int, T: int, H: int, K: int, D: int):
+    """Canonicalise one factor of a separable pair: log_o[0] (rows) to [B|1, H, T|1, K, 1],
+    log_o[1] (columns) to [B|1, H, T|1, 1, D]; returns (tensor, is_dd)."""
+    name = f"log_o[{index}]"
+    tail = (K, 1) if index == 0 else (1, D)
+    what = "row" if index == 0 else "column"
+    dd_shape = f"[B, T, H, {'K, 1' if index == 0 else '1, D'}] = [{B}, {T}, {H}, {tail[0]}, {tail[1]}]"
+    di_shape = f"[H, {'K, 1' if index == 0 else '1, D'}] = [{H}, {tail[0]}, {tail[1]}]"
+    if log_o.dim() == 5:
+        if tuple(log_o.shape) != (B, T, H, *tail):
+            raise ValueError(f"{name}: data-dependent {what} decay must be {dd_shape}, got {shape_str(log_o)}")
+        return log_o.permute(0, 2, 1, 3, 4), True
+    if log_o.dim() == 3:
+        if tuple(log_o.shape) != (H, *tail):
+            raise ValueError(f"{name}: data-independent {what} decay must be {di_shape}, got {shape_str(log_o)}")
+        return log_o[None, :, None], False
+    raise ValueError(
+        f"{name}: the {what} factor of a separable log_o must be {dd_shape} (data-dependent) or "
+        f"{di_shape} (data-independent), got {log_o.dim()}-d tensor {shape_str(log_o)}"
+    )
+
+
+def _log_o_tensors(log_o) -> list:
+    """The tensors of log_o: [], [log_o] or the two factors of a separable pair (validated)."""
+    if log_o is None:
+        return []
+    if isinstance(log_o, (tuple, list)):
+        if len(log_o) != 2:
+            raise ValueError(
+                "log_o: a separable oscillation is a pair (log_row [B, T, H, K, 1] or [H, K, 1], "
+                f"log_col [B, T, H, 1, D] or [H, 1, D]), got a {type(log_o).__name__} of length {len(log_o)}"
+            )
+        for n, part in enumerate(log_o):
+            check_floating(f"log_o[{n}]", part)
+        return list(log_o)
+    check_floating("log_o", log_o)
+    return [log_o]
+
+
 def canonicalize(i, e, s, log_o=None, initial_state=None) -> EOSProblem:
-    """Validate the arguments of :func:`lcsm.ops.eos` and return the canonical problem."""
+    """Validate the arguments of :func:`lcsm.ops.eos` and return the canonical problem.
+    ``log_o`` is None, one tensor, or a separable pair (log_row, log_col) meaning
+    o = exp(log_row + log_col)."""
     check_floating("i", i)
     check_floating("e", e)
     check_floating("s", s)
-    if log_o is not None:
-        check_floating("log_o", log_o)
+    decays = _log_o_tensors(log_o)
+    pair = isinstance(log_o, (tuple, list))
     if initial_state is not None:
         check_floating("initial_state", initial_state)
-    check_same_device({"i": i, "e": e, "s": s, "log_o": log_o, "initial_state": initial_state})
+    decay_names = [f"log_o[{n}]" for n in range(len(decays))] if pair else ["log_o"] * len(decays)
+    check_same_device({"i": i, "e": e, "s": s, **dict(zip(decay_names, decays)), "initial_state": initial_state})
     if i.dim() != 4:
         raise ValueError(f"i: expected [B, T, H, D], got {i.dim()}-d tensor {shape_str(i)}")
     B, T, H, D = i.shape
@@ -169,8 +230,11 @@ def canonicalize(i, e, s, log_o=None, initial_state=None) -> EOSProblem:
     if sc.shape[3] != K:
         raise ValueError(f"s: expand dimension K of s is {sc.shape[3]} but e has K = {K} (e {shape_str(e)}, s {shape_str(s)})")
 
-    gc, g_dd = None, False
-    if log_o is not None:
+    gc, g_dd, pair_c = None, False, None
+    if pair:
+        (row, row_dd), (col, col_dd) = (_pair_part(part, n, B, T, H, K, D) for n, part in enumerate(decays))
+        pair_c, g_dd = (row, col), row_dd or col_dd
+    elif log_o is not None:
         if log_o.dim() == 5:
             if tuple(log_o.shape[:3]) != (B, T, H):
                 raise ValueError(
@@ -183,8 +247,9 @@ def canonicalize(i, e, s, log_o=None, initial_state=None) -> EOSProblem:
             gc = log_o[None, :, None]
         else:
             raise ValueError(
-                "log_o: expected [B, T, H, K|1, D|1] (data-dependent) or [H, K|1, D|1] "
-                f"(data-independent), got {log_o.dim()}-d tensor {shape_str(log_o)}"
+                "log_o: expected [B, T, H, K|1, D|1] (data-dependent), [H, K|1, D|1] "
+                "(data-independent) or a separable pair (log_row, log_col), "
+                f"got {log_o.dim()}-d tensor {shape_str(log_o)}"
             )
         if gc.shape[-2] not in (1, K) or gc.shape[-1] not in (1, D):
             raise ValueError(
@@ -196,13 +261,12 @@ def canonicalize(i, e, s, log_o=None, initial_state=None) -> EOSProblem:
             f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}"
         )
 
-    out_dtype = torch.promote_types(
-        torch.promote_types(torch.promote_types(i.dtype, e.dtype), s.dtype),
-        log_o.dtype if log_o is not None else i.dtype,
-    )
+    out_dtype = torch.promote_types(torch.promote_types(i.dtype, e.dtype), s.dtype)
+    for x in decays:
+        out_dtype = torch.promote_types(out_dtype, x.dtype)
     if initial_state is not None:
         out_dtype = torch.promote_types(out_dtype, initial_state.dtype)
-    dtype = compute_dtype([i, e, s, log_o, initial_state])
+    dtype = compute_dtype([i, e, s, *decays, initial_state])
 
     v = i.permute(0, 2, 1, 3).to(dtype)
     p = EOSProblem(
@@ -214,6 +278,7 @@ def canonicalize(i, e, s, log_o=None, initial_state=None) -> EOSProblem:
         B=B, T=T, H=H, K=K, D=D,
         out_dtype=out_dtype,
         e_dd=e_dd, s_dd=s_dd, g_dd=g_dd,
+        g_outer=tuple(x.to(dtype) for x in pair_c) if pair_c is not None else None,
     )
     return p
 

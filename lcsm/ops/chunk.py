@@ -3,7 +3,11 @@
 Two kernels, chosen by the structure of the problem (see ``kernel_for``):
 
 ``matmul`` -- e and s are K-vectors and the oscillation is none, a scalar, a row decay (varies
-over K, GLA-like) or a column decay (varies over D). The sequence is cut into chunks of C steps.
+over K, GLA-like), a column decay (varies over D) or a separable decay o_t = a_t (x) b_t (kind
+"outer", LCSM Table 3 o code 1), which is both at once: exp(Gamma_t - Gamma_s) factorises into
+exp(Ga_t - Ga_s) along K, carried by q and k, and exp(Gb_t - Gb_s) along D, carried by v and y,
+and chunk to chunk the memory decays by exp(Ga_C) (x) exp(Gb_C); the pair travels as one
+[.., K + D] log tensor (see OUTER). The sequence is cut into chunks of C steps.
 Within a chunk everything is matrix products (an attention map); across chunks only the K x D
 memory at chunk starts is carried, by a loop over N = T / C chunks. Cumulative log decays Gamma
 are taken from each chunk start, in double precision, and no mode ever divides by a cumulative
@@ -14,7 +18,8 @@ c <= 16 steps whose pairs factorise through the point between them (factors <= 1
 c x c diagonal blocks factorised or, if still too strong, built from the explicit [c, c, K|D]
 decay tensor. Long sequences run in segments of SEGMENT tokens so time per token stays flat.
 
-``elementwise`` -- anything else (a full K x D decay as in Mamba, K x D expand or shrink states):
+``elementwise`` -- anything else (a full K x D decay as in Mamba, K x D expand or shrink states;
+a separable decay there is applied as its materialised K x D log):
 per chunk, the recurrence m_t = o_t * m_{t-1} + e_t (x) i_t step by step over [B, H, K, D] (exact
 for any decay), the shrink as one batched product over the chunk; only the memory at chunk ends
 is kept.
@@ -28,11 +33,12 @@ EOS problems over the same decays, so it stores no per-step memory:
     dg_t = sum_{tau >= t} (conj(s) ds - conj(e) de)_tau + sum_d dm_T * conj(m_T)   (row decay)
     dg_t = sum_{tau >= t} (dy conj(y) - conj(i) di)_tau + sum_k dm_T * conj(m_T)   (column decay)
 
-where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. Row and column roles swap under
-transposition, which is why the kernel supports both. For ``elementwise`` the backward recomputes
-each chunk from its saved start memory, in reverse order, and runs the same adjoint recurrence
-over that chunk alone (``scan_chunk_backward``). Either way memory is O(T (K + D) + (T / C) K D),
-not O(T K D).
+where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. The two are the marginals of dlog_o over
+D and over K for any decay, so a separable decay takes both, one for each factor. Row and column
+roles swap under transposition, which is why the kernel supports both (and "outer" becomes
+"outer_t"). For ``elementwise`` the backward recomputes each chunk from its saved start memory, in
+reverse order, and runs the same adjoint recurrence over that chunk alone
+(``scan_chunk_backward``). Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
 """
 from __future__ import annotations
 
@@ -46,7 +52,12 @@ from ._inputs import EOSProblem
 
 Tensor = torch.Tensor
 
-TRANSPOSED = {"none": "none", "scalar": "scalar", "row": "col", "col": "row"}
+TRANSPOSED = {"none": "none", "scalar": "scalar", "row": "col", "col": "row", "outer": "outer_t", "outer_t": "outer"}
+# A separable decay travels as one [.., K + D] log tensor, [log a | log b], so that the chunked
+# factors (``_decay_factors``) are computed once for both parts. "outer" reads the first K entries
+# (the width of q and k) as the row part; "outer_t" is the same tensor in a transposed problem
+# (memory m^T, q and k of width D), where the last D entries vary over the rows.
+OUTER = ("outer", "outer_t")
 SUBCHUNK = 16
 # Largest exponent magnitude a single-reference factorisation may produce: e^30 ~ 1e13 leaves
 # float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
@@ -55,9 +66,19 @@ SEGMENT = 2048
 
 
 def kernel_for(p: EOSProblem) -> str:
+    """``matmul`` when e and s are K-vectors and the decay is none, scalar, row, column or
+    separable ("outer"); ``elementwise`` otherwise (a separable decay then as its K x D sum)."""
     if p.e_is_vector and p.s_is_vector and p.decay_kind != "full":
         return "matmul"
     return "elementwise"
+
+
+def _halves(x: Tensor, kind: str, width: int):
+    """(row part, column part) of a separable decay's [.., K + D] tensor, for a problem whose q and
+    k have ``width`` entries (see OUTER)."""
+    split = width if kind == "outer" else x.shape[-1] - width
+    first, last = x[..., :split], x[..., split:]
+    return (first, last) if kind == "outer" else (last, first)
 
 
 def _subchunk(C: int) -> int:
@@ -112,12 +133,21 @@ def _single_reference(q, k, v, G, kind, strict):
     if kind == "row":
         a = (q * _exp(G - ref, q.dtype)) @ (k * _exp(ref - G, q.dtype)).transpose(-1, -2)
         return torch.where(mask, a, zero) @ v
+    if kind in OUTER:
+        (Ga, Gb), (ra, rb) = _halves(G, kind, q.shape[-1]), _halves(ref, kind, q.shape[-1])
+        a = (q * _exp(Ga - ra, q.dtype)) @ (k * _exp(ra - Ga, q.dtype)).transpose(-1, -2)
+        return _exp(Gb - rb, q.dtype) * (torch.where(mask, a, zero) @ (v * _exp(rb - Gb, q.dtype)))
     a = torch.where(mask, q @ k.transpose(-1, -2), zero)
     return _exp(G - ref, q.dtype) * (a @ (v * _exp(ref - G, q.dtype)))
 
 
 def _pairwise_blocks(q, k, v, G, kind, strict):
-    """Blocks [.., c, *] through the explicit [c, c, K|D] decay tensor: every factor <= 1."""
+    """Blocks [.., c, *] through the explicit [c, c, K|D] decay tensors (both for a separable
+    decay; the [c, c, K, D] product is never formed): every factor <= 1."""
+    if kind in OUTER:
+        w_a, w_b = (_pairwise(x, strict, q.dtype) for x in _halves(G, kind, q.shape[-1]))
+        a = (q.unsqueeze(-2) * k.unsqueeze(-3) * w_a).sum(-1)
+        return (a.unsqueeze(-1) * w_b * v.unsqueeze(-3)).sum(-2)
     w = _pairwise(G, strict, q.dtype)
     if kind == "row":
         return (q.unsqueeze(-2) * k.unsqueeze(-3) * w).sum(-1) @ v
@@ -126,8 +156,8 @@ def _pairwise_blocks(q, k, v, G, kind, strict):
 
 
 def _intra_subchunked(q, k, v, G, kind, strict):
-    """Within-chunk outputs for row or column decays too strong for one reference per chunk
-    (q, k [.., C, K], v [.., C, D], G [.., C, X]). The chunk is cut into sub-chunks of c <= 16 steps;
+    """Within-chunk outputs for row, column or separable decays too strong for one reference per
+    chunk (q, k [.., C, K], v [.., C, D], G [.., C, X]). The chunk is cut into sub-chunks of c <= 16 steps;
     pairs of sub-chunks factorise through the reference point between them (both factors <= 1);
     diagonal blocks are factorised when their own span is moderate and use the explicit pairwise
     tensor otherwise. All branches are exact; the choice only avoids overflow and underflow.
@@ -148,6 +178,12 @@ def _intra_subchunked(q, k, v, G, kind, strict):
         if kind == "row":
             a_off = (q_I * _exp(G_I - ref, q.dtype)) @ (k_prev * _exp(ref - G_prev, q.dtype)).transpose(-1, -2)
             off = a_off @ v_prev
+        elif kind in OUTER:
+            width = q.shape[-1]
+            (Ga_I, Gb_I), (ra, rb) = _halves(G_I, kind, width), _halves(ref, kind, width)
+            Ga_prev, Gb_prev = _halves(G_prev, kind, width)
+            a_off = (q_I * _exp(Ga_I - ra, q.dtype)) @ (k_prev * _exp(ra - Ga_prev, q.dtype)).transpose(-1, -2)
+            off = _exp(Gb_I - rb, q.dtype) * (a_off @ (v_prev * _exp(rb - Gb_prev, q.dtype)))
         else:
             a_off = q_I @ k_prev.transpose(-1, -2)
             off = _exp(G_I - ref, q.dtype) * (a_off @ (v_prev * _exp(ref - G_prev, q.dtype)))
@@ -231,6 +267,10 @@ def _chunk_states(k: Tensor, v: Tensor, f: _Decay, kind: str, m0: Optional[Tenso
     if kind == "col":
         U = k.transpose(-1, -2) @ (v * f.to_end)
         decay = f.e_last                                               # [B, H, N, 1, D]
+    elif kind in OUTER:
+        (a_end, b_end), (a_last, b_last) = _halves(f.to_end, kind, K), _halves(f.e_last, kind, K)
+        U = (k * a_end).transpose(-1, -2) @ (v * b_end)
+        decay = a_last.transpose(-1, -2) * b_last                      # [B, H, N, K, D]
     else:
         U = (k * f.to_end).transpose(-1, -2) @ v
         decay = f.e_last.transpose(-1, -2)                             # [B, H, N, K|1, 1]
@@ -256,6 +296,15 @@ def _chunk_outputs(q: Tensor, k: Tensor, v: Tensor, f: _Decay, S: Tensor, kind: 
         else:
             intra = _intra_subchunked(q, k, v, f.G, "row", strict)
         return (q * f.e_G) @ S + intra
+    if kind in OUTER:
+        e_a, e_b = _halves(f.e_G, kind, q.shape[-1])
+        q_a = q * e_a
+        if f.moderate:
+            neg_a, neg_b = _halves(f.e_neg, kind, q.shape[-1])
+            intra = e_b * (torch.where(mask, q_a @ (k * neg_a).transpose(-1, -2), zero) @ (v * neg_b))
+        else:
+            intra = _intra_subchunked(q, k, v, f.G, kind, strict)
+        return (q_a @ S) * e_b + intra
     if f.moderate:
         intra = f.e_G * (torch.where(mask, q @ k.transpose(-1, -2), zero) @ (v * f.e_neg))
     else:
@@ -266,7 +315,8 @@ def _chunk_outputs(q: Tensor, k: Tensor, v: Tensor, f: _Decay, S: Tensor, kind: 
 def _chunk_matmul_segment(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str,
                           m0: Optional[Tensor], C: int, strict: bool = False):
     """The ``matmul`` kernel on one segment. q, k [B, H, T, K]; v [B, H, T, D]; g None (kind 'none') or
-    [B, H, T, 1] ('scalar'), [B, H, T, K] ('row'), [B, H, T, D] ('col'); m0 [B, H, K, D] or None.
+    [B, H, T, 1] ('scalar'), [B, H, T, K] ('row'), [B, H, T, D] ('col'), [B, H, T, K + D] ('outer':
+    the row part, then the column part); m0 [B, H, K, D] or None.
     Returns y [B, H, T, D] and m_T [B, H, K, D]. Differentiable by autograd as written.
     ``strict`` leaves out each step's own contribution (s = t) from y (not from m_T); see
     ``ChunkMatmulFunction`` for why the backward wants that."""
@@ -317,6 +367,26 @@ def _no_decay_backward(q: Tensor, k: Tensor, v: Tensor, dy: Tensor, S: Tensor, d
     return _unchunk(dq, L), _unchunk(dk, L), _unchunk(dv, L), dA[:, :, 0] + P[:, :, 0]
 
 
+def _final_memory_strict(kc: Tensor, vc: Tensor, f: _Decay, kind: str, S: Tensor, j: int) -> Tensor:
+    """o_T * m_{T-1}: the final memory without the last step's own input e_T i_T^T, from the last
+    chunk's start memory S[:, :, -1] and its steps before j (the last step's index in the chunk;
+    padded steps after it have no input and decay 1). Computed directly, because m_T - e_T i_T^T
+    would keep m_T's O(1) rounding error in an O(o) result."""
+    k = kc[:, :, -1:].clone()
+    k[:, :, :, j] = 0
+    last_chunk = _Decay(e_last=f.e_last[:, :, -1:], to_end=f.to_end[:, :, -1:])
+    return _chunk_states(k, vc[:, :, -1:], last_chunk, kind, S[:, :, -1])[1]
+
+
+def _input_part(x: Tensor, last_segment: bool) -> Tensor:
+    """conj(e) de (or conj(i) di) of a segment, for the decay gradient. In the sequence's last
+    segment its last step is left out: there it is exactly the dM part that the boundary term
+    leaves out too (``ChunkMatmulFunction``)."""
+    if last_segment:
+        x[:, :, -1] = 0
+    return x
+
+
 class ChunkMatmulFunction(torch.autograd.Function):
     """``chunk_matmul`` with the appendix-5.1 backward expressed as three more EOS problems.
 
@@ -334,7 +404,11 @@ class ChunkMatmulFunction(torch.autograd.Function):
     Every output is computed ``strict`` and each step's own term added afterwards: the decay
     gradient is a reverse cumulative sum of conj(s) ds - conj(e) de, in which the own-step parts of
     ds and de are equal and cancel exactly. Left in, they are O(1) while the true dg is O(o) -- with
-    strong decays float32 would lose dg to cancellation.
+    strong decays float32 would lose dg to cancellation. The boundary term has the same trap:
+    sum dM * conj(m_T) is O(1) and, at the last step, cancels against the part of e_T . de_T
+    (i_T . di_T) that the final cotangent dM feeds in, exactly dM conj(i_T) (dM^T conj(e_T)). So the
+    forward saves o_T * m_{T-1} (the final memory without the last input, computed directly, not as
+    a difference) for the boundary term, and the backward leaves out that last-step part.
     """
 
     @staticmethod
@@ -346,21 +420,24 @@ class ChunkMatmulFunction(torch.autograd.Function):
             f = _decay_factors(None if g is None else g[:, :, part], C, q.dtype)
             qc, kc, vc = (_chunked(x[:, :, part], C) for x in (q, k, v))
             S, M = _chunk_states(kc, vc, f, kind, M)
+            if g is not None and part.stop == T:
+                M_strict = _final_memory_strict(kc, vc, f, kind, S, (part.stop - part.start - 1) % C)
             y_strict = _unchunk(_chunk_outputs(qc, kc, vc, f, S, kind, True), part.stop - part.start)
             # whole-sequence temporaries are avoided: at long T every large allocation costs
             # fresh page faults, so the own-step term is added segment by segment
             ys.append(y_strict + _own_step(q[:, :, part], k[:, :, part], v[:, :, part]))
             stricts.append(y_strict)
             starts.append(S)
-        # only the column-decay gradient needs the strict output
-        y_strict = torch.cat(stricts, 2) if kind == "col" else None
-        ctx.save_for_backward(q, k, v, g, m0, y_strict, M, torch.cat(starts, 2))
+        # only the column-decay gradient (of a column or a separable decay) needs the strict output
+        y_strict = torch.cat(stricts, 2) if kind in ("col", "outer") else None
+        # the backward reads the final memory only in the decay gradient's boundary term
+        ctx.save_for_backward(q, k, v, g, m0, y_strict, M if g is None else M_strict, torch.cat(starts, 2))
         ctx.kind, ctx.C = kind, C
         return torch.cat(ys, 2), M
 
     @staticmethod
     def backward(ctx, dy, dm_T):
-        q, k, v, g, m0, y_strict, m_T, starts = ctx.saved_tensors
+        q, k, v, g, m0, y_strict, m_T, starts = ctx.saved_tensors     # m_T: o_T * m_{T-1} when g is set
         kind, C = ctx.kind, ctx.C
         tkind = TRANSPOSED[kind]
         T = q.shape[2]
@@ -369,7 +446,10 @@ class ChunkMatmulFunction(torch.autograd.Function):
         carry = None
         if g is not None:
             mm = dM * m_T.conj()
-            carry = mm.sum(-2) if kind == "col" else mm.sum(-1)
+            if kind == "outer":
+                carry = torch.cat([mm.sum(-1), mm.sum(-2)], -1)
+            else:
+                carry = mm.sum(-2) if kind == "col" else mm.sum(-1)
             if kind == "scalar":
                 carry = carry.sum(-1, keepdim=True)
             carry = carry.unsqueeze(2)
@@ -415,10 +495,16 @@ class ChunkMatmulFunction(torch.autograd.Function):
             del q_r, v_r, dy_r, f_rev, S_rev
 
             if g is not None:
+                last = part.stop == T          # the boundary term already left out the last input
                 if kind == "col":
-                    term = dy_j * y_strict[:, :, part].conj() - vc * dv
+                    term = dy_j * y_strict[:, :, part].conj() - _input_part(vc * dv, last)
+                elif kind == "outer":
+                    # a separable decay's gradient is both marginals of dlog_o at once: the row
+                    # identity over its K entries, the column identity over its D entries
+                    term = torch.cat([qc * dq - _input_part(kc * dk, last),
+                                      dy_j * y_strict[:, :, part].conj() - _input_part(vc * dv, last)], -1)
                 else:
-                    term = qc * dq - kc * dk
+                    term = qc * dq - _input_part(kc * dk, last)
                     if kind == "scalar":
                         term = term.sum(-1, keepdim=True)
                 dg = term.flip(2).cumsum(2).flip(2) + carry
@@ -434,7 +520,11 @@ class ChunkMatmulFunction(torch.autograd.Function):
             dm0 = dM
             if g is not None:
                 first = g[:, :, 0].conj().exp()
-                dm0 = dM * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
+                if kind == "outer":
+                    first_a, first_b = _halves(first, kind, q.shape[-1])
+                    dm0 = dM * (first_a.unsqueeze(-1) * first_b.unsqueeze(-2))
+                else:
+                    dm0 = dM * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
         cat = lambda name: torch.cat(grads[name][::-1], 2) if grads[name] else None
         return cat("q"), cat("k"), cat("v"), cat("g"), dm0, None, None
 
@@ -627,6 +717,9 @@ def _matmul_operands(p: EOSProblem):
         g = p.g[..., 0].expand(B, H, T, p.K)
     elif kind == "col":
         g = p.g[..., 0, :].expand(B, H, T, p.D)
+    elif kind == "outer":
+        row, col = p.g_outer
+        g = torch.cat([row[..., 0].expand(B, H, T, p.K), col[..., 0, :].expand(B, H, T, p.D)], -1)
     return q, k, p.v, g, kind
 
 
@@ -645,4 +738,4 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom"):
         raise ValueError(f"backward: the elementwise kernel (decay {p.decay_kind!r}, e {tuple(p.e.shape)}, "
                          f"s {tuple(p.s.shape)}) has only the 'custom' backward, got {backward!r}; "
                          "'autograd' is the matmul kernel's baseline")
-    return ChunkElementwiseFunction.apply(p.v, p.e, p.s, p.g, p.m0, C)
+    return ChunkElementwiseFunction.apply(p.v, p.e, p.s, p.g_full, p.m0, C)

@@ -2,12 +2,14 @@
 
     m_t = o_t * m_{t-1} + e_t (x) i_t,    y_t = sum_k s_t[k] * m_t[k, :],    o_t = exp(log_o_t)
 
+log_o is one tensor or a separable pair (log_row, log_col), o = exp(log_row + log_col) = a (x) b
+(LCSM Table 3, o code 1), which the chunk mode's matmul kernel applies factor by factor.
 See docs/eos.md for the semantics, each mode's algorithm and the mapping of the papers' models.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -18,6 +20,7 @@ from .parallel import eos_parallel
 from .reference import eos_recurrent, eos_step_state
 
 Tensor = torch.Tensor
+LogO = Union[None, Tensor, Tuple[Tensor, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,31 @@ class Plan:
 
     def __str__(self) -> str:
         return f"mode={self.mode} kernel={self.kernel}: {self.reason}"
+
+
+_DECAY_WORDS = {
+    "none": "no decay",
+    "scalar": "a scalar decay",
+    "row": "a row decay (varies over K)",
+    "col": "a column decay (varies over D)",
+    "outer": "a separable decay o = a (x) b, applied as a along K and b along D without forming the "
+             "K x D decay",
+}
+
+
+def _kernel_reason(p: EOSProblem) -> str:
+    """Why ``kernel_for`` picks its kernel for this problem."""
+    if kernel_for(p) == "matmul":
+        return f"matmul kernel: vector e/s and {_DECAY_WORDS[p.decay_kind]}"
+    why = []
+    if p.decay_kind == "full":
+        why.append("a full K x D decay")
+    if not (p.e_is_vector and p.s_is_vector):
+        why.append("K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec))
+    reason = "elementwise kernel: " + " and ".join(why)
+    if p.decay_kind == "outer":
+        reason += " (the separable decay is materialised as the K x D log_row + log_col)"
+    return reason
 
 
 def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
@@ -50,7 +78,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
     if mode == "fft":
         return Plan("fft", "long-convolution", "requested: time-invariant kernel by FFT")
     if mode == "chunk":
-        return Plan("chunk", kernel_for(p), f"requested ({structure})")
+        return Plan("chunk", kernel_for(p), f"requested ({structure}); {_kernel_reason(p)}")
     # auto
     if p.T <= 1:
         return Plan("recurrent", "loop", "T <= 1: one recurrent step is cheapest (decoding)")
@@ -59,24 +87,24 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
                     "e, s and log_o are data-independent: a time-invariant system, computed as an "
                     "O(T log T) convolution with an O(T K D) kernel")
     return Plan("chunk", kernel_for(p),
-                f"linear-time chunkwise form with C={chunk_size} ({structure}); "
-                + ("matmul kernel: vector e/s and a decay that is constant along K or D"
-                   if kernel_for(p) == "matmul" else "elementwise kernel: full K x D decay or K x D e/s"))
+                f"linear-time chunkwise form with C={chunk_size} ({structure}); {_kernel_reason(p)}")
 
 
 def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chunk_size: int = 64) -> Plan:
     """The plan ``eos`` follows for these arguments (validated exactly as ``eos`` does).
 
-    Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent -> fft;
-    otherwise chunk (kernel ``matmul`` when e and s are K-vectors and the
-    decay is none/scalar/row/column, else ``elementwise``). ``parallel`` is never chosen
-    automatically: it is the O(T^2) attention-map form, for analysis and tests.
+    Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent (both parts
+    of a separable pair) -> fft; otherwise chunk (kernel ``matmul`` when e and s are K-vectors and
+    the decay is none/scalar/row/column or a separable pair, else ``elementwise``, which applies a
+    separable pair as its materialised K x D sum). ``parallel`` is never chosen automatically: it
+    is the O(T^2) attention-map form, for analysis and tests. The recurrent, parallel and fft modes
+    also take a separable pair as its materialised sum: they are the plain, obviously correct forms.
     """
     chunk_size = check_chunk_size(chunk_size)
     return _plan(canonicalize(i, e, s, log_o, initial_state), mode, chunk_size)
 
 
-def eos(i: Tensor, e: Tensor, s: Tensor, log_o: Optional[Tensor] = None, *, mode: str = "auto",
+def eos(i: Tensor, e: Tensor, s: Tensor, log_o: LogO = None, *, mode: str = "auto",
         initial_state: Optional[Tensor] = None, output_final_state: bool = False,
         chunk_size: int = 64) -> Tuple[Tensor, Optional[Tensor]]:
     """Run the EOS recurrence over a sequence.
@@ -86,8 +114,11 @@ def eos(i: Tensor, e: Tensor, s: Tensor, log_o: Optional[Tensor] = None, *, mode
         e, s: expand / shrink states: data-dependent [B, T, H, K], or data-independent [H, K]
             (a K-vector) or [H, K, D] (a K x D matrix, used elementwise: e * (1 i_t^T)).
         log_o: log oscillation, o = exp(log_o); None means o = 1. Data-dependent
-            [B, T, H, K|1, D|1] or data-independent [H, K|1, D|1]. May be complex
-            (log r + i theta) for rotations; then y and the memory are complex.
+            [B, T, H, K|1, D|1] or data-independent [H, K|1, D|1]; or a separable pair
+            (log_row, log_col) meaning o = exp(log_row + log_col) = a (x) b (LCSM Table 3, o code 1),
+            log_row [B, T, H, K, 1] or [H, K, 1], log_col [B, T, H, 1, D] or [H, 1, D], each
+            data-dependent or not on its own. May be complex (log r + i theta) for rotations;
+            then y and the memory are complex.
         mode: "auto", "recurrent", "parallel", "chunk" or "fft" (see ``explain``).
         initial_state: m_0 [B, H, K, D] (zeros when None).
         output_final_state: also return m_T [B, H, K, D].
@@ -113,15 +144,17 @@ def eos(i: Tensor, e: Tensor, s: Tensor, log_o: Optional[Tensor] = None, *, mode
     return finish(p, y, m_T, output_final_state)
 
 
-def eos_step(i_t: Tensor, e_t: Tensor, s_t: Tensor, log_o_t: Optional[Tensor], state: Tensor):
+def eos_step(i_t: Tensor, e_t: Tensor, s_t: Tensor, log_o_t: LogO, state: Tensor):
     """One decoding step, O(K * D). Arguments have their ``eos`` shapes with T = 1
-    (i_t [B, 1, H, D], data-dependent e_t [B, 1, H, K], data-independent ones unchanged);
-    state [B, H, K, D]. Returns (y_t [B, 1, H, D], new state [B, H, K, D])."""
+    (i_t [B, 1, H, D], data-dependent e_t [B, 1, H, K], data-independent ones unchanged; log_o_t
+    a tensor, a separable pair or None); state [B, H, K, D].
+    Returns (y_t [B, 1, H, D], new state [B, H, K, D])."""
     if i_t.dim() == 4 and i_t.shape[1] != 1:
         raise ValueError(f"i_t: eos_step takes one token, expected [B, 1, H, D], got {shape_str(i_t)}")
     if state is None:
         raise ValueError("state: eos_step needs the memory [B, H, K, D]; start from zeros or eos(...)'s final state")
     p = canonicalize(i_t, e_t, s_t, log_o_t, state)
-    o = p.g[:, :, 0].exp() if p.g is not None else None
+    g = p.g_full
+    o = g[:, :, 0].exp() if g is not None else None
     y, m = eos_step_state(p.v[:, :, 0], p.e[:, :, 0], p.s[:, :, 0], o, p.m0)
     return finish(p, y.unsqueeze(2), m, True)

@@ -17,9 +17,10 @@ from ._inputs import EOSProblem
 def _powers(p: EOSProblem, start: int, stop: int) -> torch.Tensor:
     """o^j for j in [start, stop) as [1, H, L, Kg, Dg] (ones when there is no oscillation)."""
     j = torch.arange(start, stop, device=p.v.device, dtype=p.v.real.dtype if p.v.is_complex() else p.v.dtype)
-    if p.g is None:
+    g = p.g_full                                  # a separable pair as its [1, H, 1, K, D] sum
+    if g is None:
         return torch.ones(1, p.H, stop - start, 1, 1, dtype=p.v.dtype, device=p.v.device)
-    return (p.g * j.view(1, 1, -1, 1, 1)).exp()
+    return (g * j.view(1, 1, -1, 1, 1)).exp()
 
 
 def eos_fft(p: EOSProblem):

@@ -32,11 +32,12 @@ def eos_parallel(p: EOSProblem):
     dtype = p.v.dtype
     causal = torch.ones(T, T, dtype=torch.bool, device=p.v.device).tril()
     e, s = p.e, p.s
-    if p.g is None:
+    g = p.g_full                    # a separable pair as its K x D sum: this form is the plain twin
+    if g is None:
         gamma = None
         w = causal.to(dtype).view(1, 1, T, T, 1, 1)
     else:
-        gamma = _cumulative_log(p.g, T)                                  # [B|1, H, T, Kg, Dg]
+        gamma = _cumulative_log(g, T)                                  # [B|1, H, T, Kg, Dg]
         diff = gamma.unsqueeze(3) - gamma.unsqueeze(2)                   # [.., t, s, Kg, Dg]
         mask = causal.view(1, 1, T, T, 1, 1)
         w = torch.where(mask, diff, torch.zeros((), dtype=diff.dtype, device=diff.device)).exp()
@@ -48,7 +49,7 @@ def eos_parallel(p: EOSProblem):
     else:
         a = (s.unsqueeze(3) * e.unsqueeze(2) * w).sum(-2)               # [.., t, s, D]
         y = (a * p.v.unsqueeze(2)).sum(3)
-    if p.g is None:
+    if g is None:
         decay_to_end = torch.ones((), dtype=dtype, device=p.v.device)
         from_start = decay_to_end
     else:
@@ -57,6 +58,6 @@ def eos_parallel(p: EOSProblem):
     m_T = (decay_to_end * e * p.v.unsqueeze(-2)).sum(2).expand(B, H, K, D)
     if p.m0 is not None:
         y = y + (s * from_start * p.m0.unsqueeze(2)).sum(-2)
-        last = from_start[:, :, -1] if p.g is not None else from_start
+        last = from_start[:, :, -1] if g is not None else from_start
         m_T = m_T + last * p.m0
     return y, m_T

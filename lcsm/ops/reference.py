@@ -5,7 +5,8 @@ LCSM eq. 2-3 with psi = elementwise (eq. 6)::
     m_t = exp(g_t) * m_{t-1} + e_t (x) i_t          [K, D]
     y_t = sum_k s_t[k, :] * m_t[k, :]                [D]
 
-This is the slow, obviously correct twin every other mode is tested against. The time loop uses
+This is the slow, obviously correct twin every other mode is tested against; a separable
+oscillation (a pair of log factors) is applied as its materialised K x D sum. The time loop uses
 ``unbind``/``stack`` rather than slicing ``x[:, t]``: slicing inside the loop makes autograd write
 a full-size gradient per step, i.e. an O(T^2) backward (reference-notes section 5).
 """
@@ -27,7 +28,8 @@ def eos_recurrent(p: EOSProblem):
     """Returns y [B, H, T, D] and the final memory [B, H, K, D]."""
     m = p.m0 if p.m0 is not None else p.v.new_zeros(p.B, p.H, p.K, p.D)
     es, ss = _steps(p.e, p.T), _steps(p.s, p.T)
-    os = _steps(p.g.exp(), p.T) if p.g is not None else [None] * p.T
+    g = p.g_full
+    os = _steps(g.exp(), p.T) if g is not None else [None] * p.T
     ys = []
     for v_t, e_t, s_t, o_t in zip(p.v.unbind(2), es, ss, os):
         y_t, m = eos_step_state(v_t, e_t, s_t, o_t, m)

@@ -18,7 +18,8 @@ NAMES = ("i", "e", "s", "log_o", "initial_state")
 
 def make_inputs(T, *, e="dd", s="dd", decay="row", dd_decay=True, complex_decay=False,
                 complex_es=False, initial=True, seed=0, strength=1.0):
-    """Random EOS inputs. decay in none/scalar/row/col/full; e, s in dd/vec/mat."""
+    """Random EOS inputs. decay in none/scalar/row/col/full/outer; e, s in dd/vec/mat.
+    "outer" is a separable pair (log_row, log_col); its dd_decay may be a pair (row dd, col dd)."""
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
 
@@ -29,13 +30,19 @@ def make_inputs(T, *, e="dd", s="dd", decay="row", dd_decay=True, complex_decay=
         return x / math.sqrt(K)
 
     out = {"i": rnd(B, T, H, D), "e": state(e), "s": state(s), "log_o": None, "initial_state": None}
-    if decay != "none":
-        tail = {"scalar": (1, 1), "row": (K, 1), "col": (1, D), "full": (K, D)}[decay]
-        lead = (B, T, H) if dd_decay else (H,)
+    def log_decay(tail, dd):
+        lead = (B, T, H) if dd else (H,)
         log_o = strength * logsigmoid(rnd(*lead, *tail) + 1.0)
         if complex_decay:
             log_o = torch.complex(log_o, rnd(*lead, *tail))
-        out["log_o"] = log_o
+        return log_o
+
+    if decay == "outer":
+        dd_row, dd_col = dd_decay if isinstance(dd_decay, tuple) else (dd_decay, dd_decay)
+        out["log_o"] = (log_decay((K, 1), dd_row), log_decay((1, D), dd_col))
+    elif decay != "none":
+        tail = {"scalar": (1, 1), "row": (K, 1), "col": (1, D), "full": (K, D)}[decay]
+        out["log_o"] = log_decay(tail, dd_decay)
     if initial:
         out["initial_state"] = rnd(B, H, K, D)
         if complex_decay or complex_es:
@@ -43,11 +50,23 @@ def make_inputs(T, *, e="dd", s="dd", decay="row", dd_decay=True, complex_decay=
     return out
 
 
+def _leaf_items(leaves):
+    """(name, tensor) of every input tensor; a separable pair's parts as log_o[0] and log_o[1]."""
+    for n in NAMES:
+        x = leaves[n]
+        if isinstance(x, tuple):
+            yield from ((f"{n}[{j}]", part) for j, part in enumerate(x))
+        elif x is not None:
+            yield n, x
+
+
 def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1):
     """y, m_T and the gradients of every input under random cotangents on both outputs."""
     def cast(x):
         if x is None:
             return None
+        if isinstance(x, tuple):
+            return tuple(cast(part) for part in x)
         target = {torch.float32: torch.complex64, torch.float64: torch.complex128}[dtype] if x.is_complex() else dtype
         return x.detach().to(target).requires_grad_(grads)
 
@@ -60,9 +79,9 @@ def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1):
         cot = lambda t: (torch.complex(torch.randn(t.shape, generator=g, dtype=torch.float64),
                                        torch.randn(t.shape, generator=g, dtype=torch.float64))
                          if t.is_complex() else torch.randn(t.shape, generator=g, dtype=torch.float64)).to(t.dtype)
-        names = [n for n in NAMES if leaves[n] is not None]
+        names, xs = zip(*_leaf_items(leaves))
         dys = (cot(y), cot(m))
-        got = torch.autograd.grad((y, m), [leaves[n] for n in names], dys)
+        got = torch.autograd.grad((y, m), xs, dys)
         out.update({f"d{n}": gr for n, gr in zip(names, got)})
     return out
 
@@ -74,7 +93,8 @@ def check(inputs, mode, dtype, chunk_size=16, grads=True, context=""):
 
 
 DECAYS = [("none", True), ("scalar", True), ("row", True), ("col", True), ("full", True),
-          ("scalar", False), ("row", False), ("col", False), ("full", False)]
+          ("scalar", False), ("row", False), ("col", False), ("full", False),
+          ("outer", True), ("outer", False), ("outer", (True, False)), ("outer", (False, True))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -87,7 +107,7 @@ def test_every_decay_shape(decay, dd, mode, dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 257])
 @pytest.mark.parametrize("chunk_size", [7, 64])
-@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full"])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full", "outer"])
 def test_lengths_and_chunk_sizes(T, chunk_size, decay, dtype):
     inputs = make_inputs(T, decay=decay, seed=T)
     check(inputs, "chunk", dtype, chunk_size=chunk_size, context=f"T={T} C={chunk_size} {decay}")
@@ -97,7 +117,7 @@ def test_lengths_and_chunk_sizes(T, chunk_size, decay, dtype):
 
 @pytest.mark.parametrize("e", ["dd", "vec", "mat"])
 @pytest.mark.parametrize("s", ["dd", "vec", "mat"])
-@pytest.mark.parametrize("decay", ["none", "row", "full"])
+@pytest.mark.parametrize("decay", ["none", "row", "full", "outer"])
 def test_data_independent_expand_and_shrink(e, s, decay):
     inputs = make_inputs(33, e=e, s=s, decay=decay, seed=7)
     for mode in ("chunk", "parallel"):
@@ -106,7 +126,7 @@ def test_data_independent_expand_and_shrink(e, s, decay):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("decay,dd", [("scalar", True), ("row", True), ("col", True), ("full", True),
-                                      ("row", False), ("full", False)])
+                                      ("row", False), ("full", False), ("outer", True), ("outer", (False, True))])
 @pytest.mark.parametrize("complex_es", [False, True])
 def test_complex(decay, dd, complex_es, dtype):
     inputs = make_inputs(41, decay=decay, dd_decay=dd, complex_decay=True, complex_es=complex_es, seed=11)
@@ -116,31 +136,38 @@ def test_complex(decay, dd, complex_es, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("e,s", [("vec", "vec"), ("mat", "vec"), ("vec", "mat"), ("mat", "mat")])
-@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "full"])
+@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "full", "outer"])
 @pytest.mark.parametrize("T", [1, 64, 257])
 def test_fft(e, s, decay, T, dtype):
     inputs = make_inputs(T, e=e, s=s, decay=decay, dd_decay=False, seed=T + 5)
     check(inputs, "fft", dtype, context=f"e={e} s={s} {decay} T={T}")
 
 
-@pytest.mark.parametrize("decay", ["scalar", "row", "full"])
+@pytest.mark.parametrize("decay", ["scalar", "row", "full", "outer"])
 def test_fft_complex(decay):
     inputs = make_inputs(100, e="vec", s="mat", decay=decay, dd_decay=False, complex_decay=True, seed=2)
     check(inputs, "fft", torch.float64, context=decay)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full"])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full", "outer"])
 def test_strong_decays_long_sequence(decay, dtype):
-    """log_o down to -30 per step over T = 4096: no overflow from cumulative products."""
+    """log_o down to -30 per step over T = 4096 (each factor of a separable one): no overflow from
+    cumulative products."""
     inputs = make_inputs(4096, decay=decay, seed=13)
-    g = torch.Generator().manual_seed(5)
-    inputs["log_o"] = -30.0 * torch.rand(inputs["log_o"].shape, generator=g, dtype=torch.float64)
+    inputs["log_o"] = _uniform_decays(inputs["log_o"], -30.0, seed=5)
     expected = run(inputs, "recurrent", torch.float64, grads=False)
     actual = run(inputs, "chunk", dtype, chunk_size=64, grads=True)
     for name, t in actual.items():
         assert torch.isfinite(t).all(), f"{name} not finite"
     assert_close({k: actual[k] for k in ("y", "m_T")}, expected, dtype=dtype, context=f"strong {decay}")
+
+
+def _uniform_decays(log_o, low, seed):
+    """log_o (or each part of a pair) redrawn uniformly in [low, 0]."""
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda x: low * torch.rand(x.shape, generator=g, dtype=torch.float64)
+    return tuple(draw(x) for x in log_o) if isinstance(log_o, tuple) else draw(log_o)
 
 
 def test_strong_decays_fft():
@@ -150,7 +177,7 @@ def test_strong_decays_fft():
     check(inputs, "fft", torch.float32, grads=False)
 
 
-@pytest.mark.parametrize("decay", ["none", "row", "col", "full"])
+@pytest.mark.parametrize("decay", ["none", "row", "col", "full", "outer"])
 @pytest.mark.parametrize("es", [("dd", "dd"), ("vec", "mat")])
 def test_step_loop_and_carried_state(decay, es):
     inputs = make_inputs(20, e=es[0], s=es[1], decay=decay, seed=17)
@@ -158,6 +185,8 @@ def test_step_loop_and_carried_state(decay, es):
                initial_state=inputs["initial_state"], output_final_state=True)
 
     def at(x, t0, t1):
+        if isinstance(x, tuple):
+            return tuple(at(part, t0, t1) for part in x)
         return x[:, t0:t1] if x is not None and x.dim() >= 4 else x
 
     state, ys = inputs["initial_state"], []
@@ -173,15 +202,15 @@ def test_step_loop_and_carried_state(decay, es):
     assert_close({"y": torch.cat([first, second], 1), "m_T": m2}, {"y": y, "m_T": m}, context="carried")
 
 
-@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "full"])
+@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "full", "outer"])
 def test_gradcheck_chunk(decay):
     inputs = make_inputs(7, decay=decay, seed=19)
-    leaves = [v.clone().requires_grad_() for v in inputs.values() if v is not None]
-    has_decay = inputs["log_o"] is not None
+    leaves = [x.clone().requires_grad_() for _, x in _leaf_items(inputs)]
+    n_decay = len(leaves) - 4
 
     def f(i, e, s, *rest):
-        log_o, m0 = (rest[0], rest[1]) if has_decay else (None, rest[0])
-        return eos(i, e, s, log_o, mode="chunk", chunk_size=3, initial_state=m0, output_final_state=True)
+        log_o = None if n_decay == 0 else (rest[0] if n_decay == 1 else tuple(rest[:2]))
+        return eos(i, e, s, log_o, mode="chunk", chunk_size=3, initial_state=rest[-1], output_final_state=True)
 
     assert torch.autograd.gradcheck(f, leaves)
 
@@ -199,15 +228,16 @@ def test_gradcheck_fft(decay):
     assert torch.autograd.gradcheck(f, leaves)
 
 
-@pytest.mark.parametrize("decay", ["row", "full"])
+@pytest.mark.parametrize("decay", ["row", "outer", "full"])
 def test_custom_backward_stores_no_per_step_memory(decay):
     """The chunk Functions save O(T (K + D) + (T / C) K D) numbers, not O(T K D)."""
     T, C, K_, D_ = 512, 64, 16, 16
     i = torch.randn(1, T, 1, D_, requires_grad=True)
     e = torch.randn(1, T, 1, K_, requires_grad=True)
     s = torch.randn(1, T, 1, K_, requires_grad=True)
-    tail = (K_, 1) if decay == "row" else (K_, D_)
-    log_o = logsigmoid(torch.randn(1, T, 1, *tail)).requires_grad_()
+    gate = lambda *tail: logsigmoid(torch.randn(1, T, 1, *tail)).requires_grad_()
+    log_o = {"row": lambda: gate(K_, 1), "full": lambda: gate(K_, D_),
+             "outer": lambda: (gate(K_, 1), gate(1, D_))}[decay]()
     y, _ = eos(i, e, s, log_o, mode="chunk", chunk_size=C)
     node = y.grad_fn
     while node is not None and not hasattr(node, "saved_tensors"):
@@ -275,7 +305,7 @@ def test_errors_name_the_argument():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("strength", [20.0, 80.0])
-@pytest.mark.parametrize("decay", ["scalar", "row", "col"])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "outer"])
 @pytest.mark.parametrize("chunk_size", [48, 64])
 def test_strong_decay_branches_with_gradients(decay, strength, dtype, chunk_size):
     """Decays strong enough that chunks (and, at 80, sub-chunks) exceed the single-reference span,
@@ -289,13 +319,27 @@ def test_single_steps_beyond_the_safe_span(dtype):
     """Full K x D decays down to -500 per step (LCSM's SSM parameterisation reaches -100: delta x A
     with A up to K): one step alone exceeds SAFE_SPAN in both dtypes, which a factorised
     (cumulative-product) form could not survive; the elementwise kernel's stepwise recurrence keeps
-    outputs, state and every gradient finite and exact.
-    (The matmul kernel's dlog_o loses float32 accuracy from about -120 per step: docs/eos.md.)"""
+    outputs, state and every gradient finite and exact."""
     check(make_inputs(37, decay="full", strength=500.0, seed=41), "chunk", dtype, chunk_size=16,
           context="full strength=500")
 
 
-@pytest.mark.parametrize("decay", ["none", "row", "col"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "outer"])
+def test_matmul_kernel_decay_gradient_beyond_the_safe_span(decay, dtype):
+    """The matmul kernel's dlog_o is a reverse cumulative sum whose boundary term
+    sum dM * conj(o_T m_{T-1}) is taken without the last input (ChunkMatmulFunction): with it, an
+    O(1) cancellation against the last step cost float32 all accuracy once dlog_o = O(o) got
+    small (from about -120 per step). Here single steps decay by up to -500, with a random
+    cotangent on the final state. A separable decay gets half the strength in each factor, so
+    that o itself is as strong as the others: at 500 per factor d initial_state = dm_1 conj(o_1)
+    is below float32's smallest denormal."""
+    strength = 250.0 if decay == "outer" else 500.0
+    check(make_inputs(37, decay=decay, strength=strength, seed=41), "chunk", dtype, chunk_size=16,
+          context=f"{decay} strength={strength}")
+
+
+@pytest.mark.parametrize("decay", ["none", "row", "col", "outer"])
 def test_segmented_long_sequences(decay, monkeypatch):
     """Long sequences run in segments with the memory carried across; shrink the segment so a
     short test crosses several boundaries (including one that is not a multiple of the chunk)."""
@@ -318,3 +362,50 @@ def test_chunk_backward_option_is_checked():
     row = make_inputs(9, decay="row", seed=3)
     with pytest.raises(ValueError, match=r"backward: expected 'custom' or 'autograd', got 'fast'"):
         eos_chunk(canonicalize(row["i"], row["e"], row["s"], row["log_o"]), 4, backward="fast")
+
+
+# ----------------------------------------------------------------------------- separable decays
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dd", [(True, False), (False, True)])
+@pytest.mark.parametrize("strength", [20.0, 80.0])
+def test_outer_strong_decays_with_mixed_parts(dd, strength, dtype):
+    """A separable decay whose parts differ in data dependence, strong enough for the sub-chunked
+    branches (and, at 80, the pairwise diagonal blocks), chunk size 48 (sub-chunks of 16) not
+    dividing T = 130, gradients of both parts included."""
+    check(make_inputs(130, decay="outer", dd_decay=dd, strength=strength, seed=43), "chunk", dtype,
+          chunk_size=48, context=f"outer dd={dd} strength={strength}")
+
+
+def test_outer_explain_names_the_kernel():
+    args = lambda x: (x["i"], x["e"], x["s"], x["log_o"])
+    vec = make_inputs(100, decay="outer", dd_decay=(True, False))
+    for mode in ("auto", "chunk"):
+        plan = explain(*args(vec), mode=mode)
+        assert (plan.mode, plan.kernel) == ("chunk", "matmul"), plan
+        assert "decay=outer" in plan.reason and "separable decay" in plan.reason, plan
+    mat = explain(*args(make_inputs(100, e="vec", s="mat", decay="outer")))
+    assert mat.kernel == "elementwise" and "K x D s" in mat.reason and "log_row + log_col" in mat.reason, mat
+    assert explain(*args(make_inputs(100, e="vec", s="vec", decay="outer", dd_decay=False))).mode == "fft"
+    assert explain(*args(make_inputs(100, e="vec", s="vec", decay="outer", dd_decay=(False, True)))).mode == "chunk"
+    assert explain(*args(make_inputs(1, decay="outer"))).mode == "recurrent"
+
+
+def test_outer_pair_errors_name_the_part():
+    x = make_inputs(10, decay="outer")
+    i, e, s, (row, col) = x["i"], x["e"], x["s"], x["log_o"]
+    _bad(r"log_o\[0\]: data-dependent row decay must be \[B, T, H, K, 1\] = \[2, 10, 2, 4, 1\], "
+         r"got \[2, 10, 2, 1, 3\]", i, e, s, (col, col))
+    _bad(r"log_o\[1\]: data-dependent column decay must be \[B, T, H, 1, D\] = \[2, 10, 2, 1, 3\], "
+         r"got \[2, 9, 2, 1, 3\]", i, e, s, (row, col[:, :9]))
+    _bad(r"log_o\[0\]: data-independent row decay must be \[H, K, 1\] = \[2, 4, 1\], got \[2, 4, 3\]",
+         i, e, s, (torch.zeros(H, K, D, dtype=torch.float64), col))
+    _bad(r"log_o\[1\]: data-independent column decay must be \[H, 1, D\] = \[2, 1, 3\], got \[2, 3, 1\]",
+         i, e, s, (row, torch.zeros(H, D, 1, dtype=torch.float64)))
+    _bad(r"log_o\[1\]: the column factor of a separable log_o must be .* got 2-d tensor \[1, 3\]",
+         i, e, s, (row, torch.zeros(1, D, dtype=torch.float64)))
+    _bad(r"log_o: a separable oscillation is a pair .* got a tuple of length 3", i, e, s, (row, col, col))
+    _bad(r"log_o\[1\]: expected a floating-point or complex tensor, got dtype torch.int64", i, e, s, (row, col.long()))
+    _bad(r"log_o\[0\]: all inputs must be on one device", i, e, s, (row.to("meta"), col))
+    with pytest.raises(ValueError, match=r"log_o\[0\]: data-dependent row decay"):
+        eos_step(i[:, :1], e[:, :1], s[:, :1], (row, col[:, :1]), torch.zeros(B, H, K, D, dtype=torch.float64))
