@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import eos
+from ..ops.eos import LogO
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
 Tensor = torch.Tensor
@@ -262,11 +263,11 @@ class LCSMFamily(Mixer):
 
     # ------------------------------------------------------------------ the EOS states
 
-    def eos_inputs(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    def eos_inputs(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, LogO]:
         """The EOS states for x [B, T, d], in the shapes of :func:`lcsm.ops.eos` (H = 1):
         i [B, T, 1, D]; e, s data-dependent [B, T, 1, K] or data-independent [1, K, D] (after the
-        activation); log_o [B, T, 1, K|1, D|1], [1, K|1, D|1] (complex i*theta for code 11) or
-        None (code 10)."""
+        activation); log_o [B, T, 1, K|1, D|1], [1, K|1, D|1] (complex i*theta for code 11),
+        the separable pair ([B, T, 1, K, 1], [B, T, 1, 1, D]) (code 1) or None (code 10)."""
         B, T, _ = x.shape
         i = self.i_proj(x)
         if self.param == "ssm":
@@ -281,7 +282,7 @@ class LCSMFamily(Mixer):
         s = act(self.s_proj(x)).unsqueeze(2) if self.s_type == 1 else act(self.s).unsqueeze(0)
         return i.unsqueeze(2), e, s, self._log_oscillation(x)
 
-    def _log_oscillation(self, x: Tensor) -> Optional[Tensor]:
+    def _log_oscillation(self, x: Tensor) -> LogO:
         o, tau = self.o_type, self.tau
         if o == 0:
             return F.logsigmoid(self.o_logit).unsqueeze(0) / tau                        # [1, K, D]
@@ -290,10 +291,12 @@ class LCSMFamily(Mixer):
         if o == 5:
             return F.logsigmoid(self.o_logit)[None, None, :] / tau                      # [1, 1, D]
         if o == 1:
-            log_d = F.logsigmoid(self.o_d_proj(x)) / tau
+            # o = a (x) b is passed as its two log factors, not their [B, T, 1, K, D] sum, so that
+            # eos applies them along K and along D in its matmul kernel (the same decay; the full
+            # K x D form would need the step-by-step elementwise kernel)
             log_k = F.logsigmoid(self.o_k_proj(x)) / tau
-            # product of the two decays = sum of their logs; [B, T, 1, K, D]
-            return (log_k.unsqueeze(-1) + log_d.unsqueeze(-2)).unsqueeze(2)
+            log_d = F.logsigmoid(self.o_d_proj(x)) / tau
+            return log_k[:, :, None, :, None], log_d[:, :, None, None, :]   # [B, T, 1, K, 1], [B, T, 1, 1, D]
         if o == 2:
             return (F.logsigmoid(self.o_proj(x)) / tau)[:, :, None, None, :]            # [B, T, 1, 1, D]
         if o == 3:

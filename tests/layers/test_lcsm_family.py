@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from lcsm import layers
 from lcsm.layers.lcsm_family import (A_MEANING, DEFAULT_CODE, LCSMFamily, O_MEANING, alibi_decay_logits,
                                      alibi_slopes, rotary_theta)
-from lcsm.ops import eos
+from lcsm.ops import eos, explain
 from lcsm.testing import assert_close
 
 D, K = 8, 4          # tiny: the family is large and CPUs are shared
@@ -32,7 +32,8 @@ def inputs(B=2, T=9, d=D, seed=1):
 
 
 def expected_log_o_shape(o, B, T, k, d):
-    return {0: (1, k, d), 1: (B, T, 1, k, d), 2: (B, T, 1, 1, d), 3: (B, T, 1, k, 1), 4: (1, k, 1),
+    """log_o's shape per o code; code 1 is a separable pair (log_row, log_col)."""
+    return {0: (1, k, d), 1: ((B, T, 1, k, 1), (B, T, 1, 1, d)), 2: (B, T, 1, 1, d), 3: (B, T, 1, k, 1), 4: (1, k, 1),
             5: (1, 1, d), 6: (B, T, 1, k, d), 7: (B, T, 1, k, d), 8: (B, T, 1, k, d), 9: (B, T, 1, k, d),
             10: None, 11: (1, k, 1)}[o]
 
@@ -53,9 +54,12 @@ def test_every_linear_code_builds_with_its_shapes_and_row():
         assert e_.shape == ((1, 3, 1, K) if e else (1, K, D)), code
         assert s_.shape == ((1, 3, 1, K) if s else (1, K, D)), code
         want = expected_log_o_shape(o, 1, 3, K, D)
-        assert (log_o is None) if want is None else tuple(log_o.shape) == want, code
-        if log_o is not None:
-            assert log_o.is_complex() == (o == 11), code
+        parts = log_o if isinstance(log_o, tuple) else (log_o,)
+        if want is None:
+            assert log_o is None, code
+        else:
+            assert tuple(tuple(p.shape) for p in parts) == (want if o == 1 else (want,)), code
+            assert all(p.is_complex() == (o == 11) for p in parts), code
         assert hasattr(m, "e_proj") == bool(e) and hasattr(m, "e") == (not e), code
         assert hasattr(m, "s_proj") == bool(s) and hasattr(m, "s") == (not s), code
         row = m.describe()
@@ -133,10 +137,29 @@ def _official_decay(m, x):
 def test_oscillation_codes_compute_the_official_formulas(o):
     m, x = make(code=f"1-{o}-1-0"), inputs(T=5)
     log_o = m.eos_inputs(x)[3]
+    if isinstance(log_o, tuple):        # code 1: the separable pair, o = exp(log_row + log_col)
+        log_o = log_o[0] + log_o[1]
     if log_o.dim() == 3:
         log_o = log_o.unsqueeze(0).unsqueeze(0)
     ours = log_o.squeeze(2).exp().expand(2, 5, K, D)
     assert_close({"o": ours}, {"o": _official_decay(m, x)}, context=f"o code {o}")
+
+
+@pytest.mark.parametrize("e,s", [(1, 1), (0, 1)])
+def test_code_1_passes_a_separable_pair_to_the_matmul_kernel(e, s):
+    """o code 1 (a_t (x) b_t) hands eos its two log factors: with vector e and s the plan is the
+    chunk mode's matmul kernel (a K x D e falls back to the elementwise kernel), and the layer
+    computes what the summed [B, T, 1, K, D] log_o gives in the recurrent reference."""
+    m, x = make(code=f"{e}-1-{s}-0"), inputs(T=70)
+    i, e_, s_, log_o = m.eos_inputs(x)
+    assert isinstance(log_o, tuple)
+    plan = explain(i, e_, s_, log_o)
+    assert (plan.mode, plan.kernel) == ("chunk", "matmul" if e else "elementwise"), plan
+    assert "decay=outer" in plan.reason
+    y_ref, m_ref = eos(i, e_, s_, log_o[0] + log_o[1], mode="recurrent", output_final_state=True)
+    y, state = m(x, return_state=True)
+    assert_close({"out": y, "memory": state.memory},
+                 {"out": m.out_proj(m.norm(y_ref.squeeze(2))), "memory": m_ref}, context=f"code {e}-1-{s}-0")
 
 
 @pytest.mark.parametrize("a", range(8))
