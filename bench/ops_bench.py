@@ -13,6 +13,8 @@ Cases (select with ``--only``; see bench/README.md for the method and the target
     memory     peak memory of the custom backward vs autograd through the chunk form, measured
                in fresh subprocesses (peak resident set size above the pre-run baseline)
     mamba      H=1, K=16, D=256 with a full data-dependent K x D decay vs a per-step Python loop
+    outer      LCSM code 1's separable decay a_t (x) b_t (H=1, K=64, D=128): the matmul kernel on the
+               pair vs the elementwise kernel on the materialised K x D sum, T = 256 and 2048
     gflops     achieved matmul GFLOP/s of the chunk kernel vs the machine's matmul throughput
 
 Shape glossary: B batch, T time, H heads, K expand width (keys), D input width (values),
@@ -50,7 +52,7 @@ from lcsm.testing import RTOL, rel_rms
 Tensor = torch.Tensor
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "gflops")
+CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "outer", "gflops")
 # Scale of logsigmoid(x) in the log decays. "gla": GLA's normaliser 1/16 (a chunk of 64 decays
 # by ~e^-3, kept in lcsm's one-matmul-per-chunk path); "strong": unscaled (~e^-0.8 per step),
 # which sends a row decay through lcsm's sub-chunked path; the memory case measures both.
@@ -75,6 +77,9 @@ class Sizes:
     mamba_K: int
     mamba_D: int
     mamba_T: int
+    outer_K: int
+    outer_D: int
+    outer_T: Tuple[int, ...]         # sequence lengths of the separable-decay comparison
     matmul_n: int
     repeats: int
     warmup: int
@@ -82,10 +87,12 @@ class Sizes:
 
 FULL = Sizes(B=1, H=4, T=2048, K=64, D=64, C=64, T_long=16384,
              scaling=(1024, 2048, 4096, 8192, 16384, 32768, 65536), memory=(2048, 8192, 32768),
-             mamba_K=16, mamba_D=256, mamba_T=2048, matmul_n=2048, repeats=5, warmup=1)
+             mamba_K=16, mamba_D=256, mamba_T=2048, outer_K=64, outer_D=128, outer_T=(256, 2048),
+             matmul_n=2048, repeats=5, warmup=1)
 # T must stay a multiple of 64: fla's naive_chunk_linear_attn hard-codes chunks of 64.
 QUICK = Sizes(B=1, H=2, T=128, K=16, D=16, C=32, T_long=256, scaling=(128, 256), memory=(256, 1024),
-              mamba_K=4, mamba_D=16, mamba_T=128, matmul_n=256, repeats=2, warmup=1)
+              mamba_K=4, mamba_D=16, mamba_T=128, outer_K=8, outer_D=16, outer_T=(64, 128),
+              matmul_n=256, repeats=2, warmup=1)
 
 
 # ----------------------------------------------------------------------------- records
@@ -487,6 +494,48 @@ class Bench:
         if chunk is not None and loop is not None:
             self.r.info.append((f"Mamba-shaped: chunk / per-step loop, T={T}", f"{chunk.median / loop.median:.3f}x"))
 
+    def case_outer(self):
+        """LCSM o code 1, o_t = a_t (x) b_t with both factors logsigmoid(.) / 16 as the layer builds
+        them: the same problem through the matmul kernel (the pair) and through the elementwise
+        kernel (the materialised [B,T,H,K,D] sum, what the layer passed before). Both sums are
+        formed inside the timed function, so both backwards reach the two factors."""
+        z = self.z
+        K, D = z.outer_K, z.outer_D
+
+        def inputs(T):
+            g = _gen(6)
+            return {"i": _leaf(torch.randn(z.B, T, 1, D, generator=g)),
+                    "e": _leaf(torch.randn(z.B, T, 1, K, generator=g) / math.sqrt(K)),
+                    "s": _leaf(torch.randn(z.B, T, 1, K, generator=g) / math.sqrt(K)),
+                    "log_row": _leaf(F.logsigmoid(torch.randn(z.B, T, 1, K, 1, generator=g)) * GATES["gla"]),
+                    "log_col": _leaf(F.logsigmoid(torch.randn(z.B, T, 1, 1, D, generator=g)) * GATES["gla"])}
+
+        def pair(x):
+            return eos(x["i"], x["e"], x["s"], (x["log_row"], x["log_col"]), mode="chunk", chunk_size=z.C)[0]
+
+        def summed(x):
+            return eos(x["i"], x["e"], x["s"], x["log_row"] + x["log_col"], mode="chunk", chunk_size=z.C)[0]
+
+        for T in z.outer_T:
+            shape = f"B={z.B} T={T} H=1 K={K} D={D}"
+
+            def build(fn):
+                def make():
+                    x = inputs(T)
+                    return (lambda: fn(x)), _leaves(x)
+                return make
+
+            fast = self.time(f"outer_matmul@{T}", "lcsm eos chunk, separable decay pair (matmul kernel)",
+                             shape, z.B * T, build(pair))
+            slow = self.time(f"outer_elementwise@{T}",
+                             "lcsm eos chunk, the same decay as a K x D sum (elementwise kernel)",
+                             shape, z.B * T, build(summed))
+            if fast is not None and slow is not None:
+                self.r.info.append((f"separable decay (LCSM code 1): elementwise / matmul kernel (speed-up), "
+                                    f"T={T}", f"{slow.median / fast.median:.2f}x"))
+        x = inputs(min(z.outer_T))
+        self.agreement("separable decay, elementwise kernel on the K x D sum", lambda: pair(x), lambda: summed(x))
+
     def case_gflops(self):
         z = self.z
         peak_t = self.case_matmul()
@@ -495,7 +544,7 @@ class Bench:
             t = self.eos_chunk_time(decay, z.T)
             if t is None:
                 continue
-            analytic = chunk_fwd_bwd_flops(z.B, z.H, z.T, z.K, z.D, z.C)
+            analytic = chunk_fwd_bwd_flops(z.B, z.H, z.T, z.K, z.D, z.C, decay != "none")
             counted = counted_matmul_flops(z, decay, z.T)
             self.r.throughput.append({
                 "label": t.label, "shape": t.shape, "ms": t.median * 1e3, "analytic": analytic,
@@ -505,7 +554,7 @@ class Bench:
 
 # ----------------------------------------------------------------------------- FLOP model
 
-def chunk_fwd_bwd_flops(B: int, H: int, T: int, K: int, D: int, C: int) -> int:
+def chunk_fwd_bwd_flops(B: int, H: int, T: int, K: int, D: int, C: int, decay: bool = True) -> int:
     """Matmul FLOPs (2 per multiply-add) of the chunkwise algorithm, forward + custom backward,
     T a multiple of C (ChunkMatmulFunction in lcsm/ops/chunk.py). Per token and head:
         forward    chunk-start memories U = k^T v          2KD
@@ -514,12 +563,14 @@ def chunk_fwd_bwd_flops(B: int, H: int, T: int, K: int, D: int, C: int) -> int:
         backward   ds: inter from the saved memories       2KD + 2C(K + D)
                    adjoint memories (one pass)             2KD
                    di and de: inter + intra each           2 x (2KD + 2C(K + D))
-    i.e. 12KD + 8C(K + D). Elementwise work (decay factors, masks, the state recurrence) is not
+    i.e. 12KD + 8C(K + D). With a decay the forward also forms the final memory without its last
+    input (for the decay gradient's boundary term): one chunk's k^T v, 2CKD per head and sequence.
+    Elementwise work (decay factors, masks, the state recurrence) is not
     counted. Without decay the chunk-start memories are a prefix sum done as one small triangular
     matmul (N x N per segment), which FlopCounterMode also counts; the sub-chunked path for strong
     decays skips masked blocks. torch's FlopCounterMode reports what the kernel actually issued
     (the "counted" column)."""
-    return B * H * T * (12 * K * D + 8 * C * (K + D))
+    return B * H * (T * (12 * K * D + 8 * C * (K + D)) + (2 * C * K * D if decay else 0))
 
 
 def counted_matmul_flops(z: Sizes, decay: str, T: int) -> int:
@@ -557,8 +608,7 @@ def memory_worker(spec: dict) -> dict:
     mmap threshold (see ``peak_memory_subprocess``) freed tensors leave the resident set at once,
     so earlier runs do not leak into later ones (checked: the same T measured again after a larger
     one, and in a process of its own, agrees within 1 MiB)."""
-    z = Sizes(**{**spec["sizes"], "scaling": tuple(spec["sizes"]["scaling"]),
-                 "memory": tuple(spec["sizes"]["memory"])})
+    z = Sizes(**{**spec["sizes"], **{name: tuple(spec["sizes"][name]) for name in ("scaling", "memory", "outer_T")}})
     torch.set_num_threads(spec["threads"])
     mode = spec["backward"]
 
