@@ -1,11 +1,22 @@
-"""Pieces shared by the benchmarks of bench/: the PASS/FAIL target record and the /proc readings
-behind the peak-memory measurements (Linux only)."""
+"""Pieces shared by the benchmarks of bench/: the provenance header of a results table, the
+PASS/FAIL target record and the /proc readings behind the peak-memory measurements (Linux only)."""
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
+
+from lcsm._provenance import git_commit, machine_info
+
+
+def provenance_header(command: str, threads: int) -> Dict[str, str]:
+    """Command, commit, date and machine: the first lines of every results table."""
+    header = {"command": command, "git commit": git_commit(),
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    header.update({f"machine {k}": v for k, v in machine_info(threads).items()})
+    return header
 
 
 @dataclass

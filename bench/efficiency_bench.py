@@ -18,7 +18,6 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
@@ -35,8 +34,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from bench._common import Check, proc_status_kib
-from lcsm._provenance import git_commit, machine_info
+from bench._common import Check, proc_status_kib, provenance_header
 from lcsm.models import ModelConfig, build_model, preset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -368,10 +366,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     log = lambda msg: print(f"[efficiency {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-    header = {"command": "lcsm bench efficiency" + (" " + shlex.join(argv) if argv else ""),
-              "git commit": git_commit(),
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    header.update({f"machine {k}": v for k, v in machine_info(args.threads).items()})
+    header = provenance_header("lcsm bench efficiency" + (" " + shlex.join(argv) if argv else ""), args.threads)
     load_before = _load()
     try:
         results = run(z, args.threads, log)

@@ -24,7 +24,6 @@ layout (built before timing, so layout changes inside an operator are part of it
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import math
@@ -42,8 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from bench._common import Check, proc_status_kib as _proc_status_kib
-from lcsm._provenance import git_commit, machine_info
+from bench._common import Check, proc_status_kib as _proc_status_kib, provenance_header
 from lcsm.ops import eos
 from lcsm.ops._inputs import canonicalize
 from lcsm.ops.chunk import eos_chunk
@@ -744,12 +742,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     log = lambda msg: print(f"[bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-    header = {
-        "command": "python -m bench.ops_bench" + (" " + shlex.join(argv) if argv else ""),
-        "git commit": git_commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
-    header.update({f"machine {k}": v for k, v in machine_info(args.threads).items()})
+    header = provenance_header("python -m bench.ops_bench" + (" " + shlex.join(argv) if argv else ""), args.threads)
     bench = Bench(sizes, args.threads, log)
     for case in selected:
         log(f"case {case}")

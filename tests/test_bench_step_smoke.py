@@ -1,0 +1,42 @@
+"""Smoke test of the step benchmark (bench/step_bench.py, ``lcsm bench step``) on a tiny MQAR
+config: every variant is built, timed and reported with its ratio to the first. Timings are
+machine-dependent and not asserted."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:        # bench/ lives at the repository root, outside the lcsm package
+    sys.path.insert(0, str(REPO))
+
+from bench import step_bench  # noqa: E402
+from lcsm.cli import main as cli_main  # noqa: E402
+
+TINY = ["--set", "task.train_examples=64", "--set", "task.test_examples=16", "--set", "model.d_model=16",
+        "--set", "train.batch_size=8", "--set", "train.max_steps=10"]
+
+
+def test_variants_are_timed_side_by_side(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "step.md"
+    threads = torch.get_num_threads()
+    argv = ["bench", "step", str(REPO / "experiments/configs/mqar_demo.yaml"), *TINY,
+            "--variant", "gla=model.mixer=gla", "--variant", "lcsm1=model.mixer=lcsm:1-1-1-0,model.n_layers=1",
+            "--steps", "1", "--out", str(out)]
+    assert cli_main(argv) == 0
+    assert torch.get_num_threads() == threads          # main() restores the process-wide setting
+    text = capsys.readouterr().out
+    assert out.read_text() == text
+    assert "- git commit: " in text and "- machine cpu: " in text and "- wall time: " in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| variant")]
+    assert [r.split("|")[1].strip() for r in rows] == ["gla", "lcsm1"]
+    assert rows[0].split("|")[6].strip() == "1.00x"
+    assert "model.mixer=lcsm:1-1-1-0 model.n_layers=1" in rows[1] and "(10 steps)" in rows[1]
+
+
+@pytest.mark.parametrize("text", ["nolabel", "=model.d_model=8", "label=", "label=model.d_model"])
+def test_bad_variants_are_refused(text):
+    with pytest.raises(ValueError, match="--variant|--set"):
+        step_bench.parse_variant(text)
