@@ -48,9 +48,11 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from lcsm._provenance import git_commit
     from lcsm.engine.report import write_report
     from lcsm.engine.sweep import collect
 
+    commit = git_commit()
     written = 0
     for target in args.targets:
         exp = _experiment(target, args)
@@ -64,7 +66,7 @@ def cmd_report(args) -> int:
             print(f"{exp.name}: skipped, no finished run in {exp.out_dir}")
             continue
         written += 1
-        print(f"{exp.name}: {write_report(exp, rows, out)}")
+        print(f"{exp.name}: {write_report(exp, rows, out, commit)}")
     if not written:
         raise UsageError("no finished run in any of the targets; run `lcsm sweep` first")
     return 0

@@ -207,3 +207,21 @@ def test_report_of_several_experiment_files(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "results" / "tiny" / "report.md").is_file()
     assert "other: skipped, no finished run" in capsys.readouterr().out
     assert main(["report", str(other), str(other), "--out", str(tmp_path / "results")]) == 2
+
+
+def test_reports_of_one_call_record_the_commit_read_before_the_first(tmp_path, monkeypatch):
+    """Each report written dirties the tree for the next one; all of one call carry the commit
+    read before any was written."""
+    import lcsm._provenance as provenance
+
+    path = experiment(tmp_path)
+    other = tmp_path / "other.yaml"
+    other.write_text(path.read_text().replace("name: tiny", "name: other"))
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    for p, name in ((path, "tiny"), (other, "other")):
+        sweep(load_experiment(p, out_dir=tmp_path / "results" / name), log=lambda *_: None)
+    reads = iter(["abc1234", "abc1234 (with uncommitted changes)", "abc1234 (with uncommitted changes)"])
+    monkeypatch.setattr(provenance, "git_commit", lambda: next(reads))
+    assert main(["report", str(path), str(other), "--out", str(tmp_path / "results")]) == 0
+    for name in ("tiny", "other"):
+        assert "- report's git commit: abc1234\n" in (tmp_path / "results" / name / "report.md").read_text()
