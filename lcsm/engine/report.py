@@ -172,7 +172,7 @@ def compare(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
 def provenance(rows: List[Dict[str, Any]], key: str) -> List[str]:
     """The distinct values of ``key`` (the machine, the commit) over the finished runs, with run counts."""
     counts = Counter(row.get(key, "not recorded") for row in rows if row["status"] != "missing")
-    return [f"{name} ({n} runs)" for name, n in counts.items()]
+    return [f"{name} ({n} run{'' if n == 1 else 's'})" for name, n in counts.items()]
 
 
 def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title: str) -> None:
