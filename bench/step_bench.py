@@ -44,10 +44,14 @@ def parse_variant(text: str) -> Tuple[str, List[str]]:
 def time_steps(config_path: str, common: Sequence[str], variants: Sequence[Tuple[str, List[str]]],
                steps: int, log) -> List[Dict[str, object]]:
     """Median seconds per step of each variant, measured round-robin after one warm-up step each."""
+    configs = [load_config(config_path, [*common, *overrides]) for _, overrides in variants]
+    allocators = {c.train.host_allocator for c in configs}
+    if len(allocators) > 1:
+        raise ValueError(f"--variant: train.host_allocator acts on the whole process, so variants timed side by "
+                         f"side must share it; got {', '.join(sorted(allocators))} (time each in its own run)")
     trainers = []
     with tempfile.TemporaryDirectory(prefix="lcsm-step-bench-") as tmp:
-        for n, (label, overrides) in enumerate(variants):
-            config = load_config(config_path, [*common, *overrides])
+        for n, ((label, overrides), config) in enumerate(zip(variants, configs)):
             config = dataclasses.replace(config, out_dir=str(Path(tmp) / str(n)))
             log(f"building {label}")
             trainer = Trainer(config, quiet=True)
@@ -66,7 +70,7 @@ def time_steps(config_path: str, common: Sequence[str], variants: Sequence[Tuple
         median = statistics.median(times[label])
         rows.append({"label": label, "overrides": " ".join(overrides) or "(none)", "s_step": median,
                      "batch": config.train.batch_size, "params": sum(p.numel() for p in trainer.model.parameters()),
-                     "max_steps": config.train.max_steps})
+                     "max_steps": config.train.max_steps, "host_allocator": trainer.host_allocator})
     return rows
 
 
@@ -116,6 +120,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         rows = time_steps(args.config, args.set, variants, args.steps, log)
     finally:
         torch.set_num_threads(threads)
+    header["host allocator"] = rows[0]["host_allocator"]
     header["wall time"] = f"{time.perf_counter() - start:.0f} s"
     text = render(rows, header)
     print(text, end="")

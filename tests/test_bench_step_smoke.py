@@ -30,6 +30,7 @@ def test_variants_are_timed_side_by_side(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     assert out.read_text() == text
     assert "- git commit: " in text and "- machine cpu: " in text and "- wall time: " in text
+    assert "- host allocator: " in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| variant")]
     assert [r.split("|")[1].strip() for r in rows] == ["gla", "lcsm1"]
     assert rows[0].split("|")[6].strip() == "1.00x"
@@ -40,3 +41,11 @@ def test_variants_are_timed_side_by_side(tmp_path, capsys, monkeypatch):
 def test_bad_variants_are_refused(text):
     with pytest.raises(ValueError, match="--variant|--set"):
         step_bench.parse_variant(text)
+
+
+def test_variants_must_share_the_host_allocator(tmp_path, monkeypatch):
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="--variant: train.host_allocator acts on the whole process"):
+        step_bench.time_steps(str(REPO / "experiments/configs/mqar_demo.yaml"), TINY[1::2],
+                              [("a", ["train.host_allocator=system"]), ("b", ["train.host_allocator=retain"])],
+                              1, print)

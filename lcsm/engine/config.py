@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 import yaml
 
 from lcsm._names import did_you_mean
+from lcsm.engine.host_memory import HOST_ALLOCATORS
 
 SCHEDULES = ("cosine", "inverse_sqrt", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")
@@ -164,6 +165,8 @@ class TrainConfig(_Section):
     early_stop: see ``EarlyStopConfig``.
     tensorboard: also log to TensorBoard (needs the ``tensorboard`` package).
     threads: torch CPU threads per process (null: torch's default).
+    host_allocator: "retain" (default: glibc's malloc keeps freed memory for the next step instead
+        of page-faulting it in afresh; see ``lcsm.engine.host_memory``) or "system".
     """
 
     section = "train"
@@ -183,6 +186,7 @@ class TrainConfig(_Section):
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     tensorboard: bool = False
     threads: Optional[int] = None
+    host_allocator: str = "retain"
 
     @classmethod
     def from_dict(cls, values):
@@ -216,6 +220,7 @@ class TrainConfig(_Section):
         if not isinstance(self.tensorboard, bool):
             raise ValueError(f"train.tensorboard: expected true or false, got {self.tensorboard!r}")
         _int("train.threads", self.threads, 1, allow_none=True)
+        _choice("train.host_allocator", self.host_allocator, HOST_ALLOCATORS)
 
 
 @dataclass
@@ -267,7 +272,7 @@ class RunConfig:
         config without ``name``, ``out_dir`` and the loop's bookkeeping intervals."""
         out = self.to_dict()
         del out["name"], out["out_dir"]
-        for key in ("log_every", "tensorboard", "keep_last", "threads", "device"):
+        for key in ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator"):
             del out["train"][key]
         return out
 

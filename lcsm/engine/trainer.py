@@ -41,6 +41,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 
 from lcsm._provenance import device_name, git_commit, machine_info
+from lcsm.engine.host_memory import use_host_allocator
 from lcsm.models import build_model
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler
 
@@ -173,6 +174,7 @@ class Trainer:
         self.out_dir = Path(config.out_dir)
         # The code that runs is the code at start: later commits in the checkout do not change it.
         self.git_commit = git_commit()
+        self.host_allocator = use_host_allocator(t.host_allocator)
 
         # Rank 0 generates (and caches) the data first, so the others read it instead of redoing it.
         self.task = config.build_task()
@@ -425,7 +427,8 @@ class Trainer:
                   "best": ({"step": s.best_step, "metric": self.config.train.early_stop.metric, "value": s.best_value}
                            if s.best_step is not None else None),
                   "wall_time_s": round(s.elapsed, 3), "tokens": s.tokens, "n_params": self.n_params,
-                  "test": self.final_test(), "machine": {**machine_info(), "device": device_name(self.device)},
+                  "test": self.final_test(), "machine": {**machine_info(), "device": device_name(self.device),
+                                                         "host_allocator": self.host_allocator},
                   "git_commit": self.git_commit,
                   "config": self.config.to_dict()}
         if self.dist.is_main:

@@ -189,6 +189,7 @@ def test_final_test_uses_the_best_checkpoint(cache_env):
     expected = evaluate(model, task, "test", 8, torch.device("cpu"), "fp32")
     assert result["test"]["metrics"] == expected
     assert result["machine"]["device"] == "cpu" and "cpu" in result["machine"] and result["git_commit"]
+    assert result["machine"]["host_allocator"].split()[0] in ("retain", "system")
 
 
 def test_no_final_test_when_the_run_evaluates_on_test(cache_env):

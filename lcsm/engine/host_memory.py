@@ -1,0 +1,42 @@
+"""How the training process allocates host memory (``train.host_allocator``).
+
+glibc's malloc serves every block above its mmap threshold (at most 32 MB) with a fresh ``mmap``
+and unmaps it on ``free``; the kernel then zero-fills each 4 KB page at its first touch. A CPU
+training step allocates and frees gigabytes of such blocks (activations, logits, the chunked
+operator's [B, H, n, K, D] states), so page faults become a large share of its time: two LM
+training runs of ``experiments/lcsm_lm/base.yaml`` spent 55% of their CPU time in the kernel.
+
+"retain" tells glibc to serve every block from its heap (``M_MMAP_MAX`` = 0) and never to give
+freed memory back (``M_TRIM_THRESHOLD`` at its maximum), so the next step reuses the pages it
+already touched. It changes no number, only where the bytes live; peak resident memory grows by
+what fragmentation keeps (about 20% in the measurement of ``docs/engine.md``). The setting holds
+for the rest of the process (glibc has no way back to its dynamic defaults). "system" leaves
+malloc as it is; so does "retain" where the C library is not glibc (macOS, musl), and says so.
+"""
+from __future__ import annotations
+
+import ctypes
+import platform
+
+HOST_ALLOCATORS = ("retain", "system")
+
+# glibc's malloc.h
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_INT_MAX = 2 ** 31 - 1
+
+
+def use_host_allocator(choice: str) -> str:
+    """Apply ``choice`` ("retain" or "system", validated by ``TrainConfig``) to this process;
+    returns what it did, for the run's record."""
+    if choice == "system":
+        return "system"
+    libc, version = platform.libc_ver()
+    if libc != "glibc":
+        return f"system (retain needs glibc; this C library is {libc or 'unknown'})"
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _INT_MAX)):
+        raise OSError(f"train.host_allocator: glibc {version} refused mallopt (M_MMAP_MAX 0, M_TRIM_THRESHOLD "
+                      f"{_INT_MAX}); set train.host_allocator: system")
+    return f"retain (glibc {version}: no mmap, no trim)"

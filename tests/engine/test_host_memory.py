@@ -1,0 +1,52 @@
+"""train.host_allocator: "retain" keeps freed host memory for reuse; it is validated, recorded and
+not part of the training config."""
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from lcsm.engine import RunConfig, apply_overrides
+
+from .conftest import TINY
+
+# Ten 64 MB blocks, each above glibc's largest mmap threshold (32 MB), allocated and freed in turn.
+FAULTS = """
+import resource, sys, torch
+from lcsm.engine.host_memory import use_host_allocator
+print(use_host_allocator(sys.argv[1]))
+torch.ones(1)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    torch.empty(16 * 2**20).fill_(1.0)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def page_faults(choice):
+    done = subprocess.run([sys.executable, "-c", FAULTS, choice], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
+    record, faults = done.stdout.split("\n")[:2]
+    return record, int(faults)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the retain setting acts on glibc's malloc")
+def test_retain_reuses_freed_pages_that_system_faults_in_again():
+    record, retained = page_faults("retain")
+    assert record.startswith("retain (glibc")
+    system_record, system = page_faults("system")
+    assert system_record == "system"
+    block_pages = 64 * 2**20 // 4096
+    assert system > 8 * block_pages               # every block paged in afresh
+    assert retained < 3 * block_pages             # the first blocks' pages, then reused
+
+
+def test_host_allocator_is_checked_and_leaves_the_training_config_alone(tmp_path):
+    values = apply_overrides(TINY, {"out_dir": str(tmp_path / "run")})
+    default = RunConfig.from_dict(values)
+    assert default.train.host_allocator == "retain"
+    system = RunConfig.from_dict(apply_overrides(values, {"train.host_allocator": "system"}))
+    assert system.training_dict() == default.training_dict()       # same run id, resumable either way
+    with pytest.raises(ValueError, match=r"train.host_allocator: expected one of 'retain', 'system', got 'jemalloc'"):
+        RunConfig.from_dict(apply_overrides(values, {"train.host_allocator": "jemalloc"}))
