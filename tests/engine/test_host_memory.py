@@ -1,5 +1,6 @@
 """train.host_allocator: "retain" keeps freed host memory for reuse; it is validated, recorded and
 not part of the training config."""
+import json
 import os
 import platform
 import subprocess
@@ -9,7 +10,7 @@ import pytest
 
 from lcsm.engine import RunConfig, apply_overrides
 
-from .conftest import TINY
+from .conftest import TINY, run_cli, write_config
 
 # Ten 64 MB blocks, each above glibc's largest mmap threshold (32 MB), allocated and freed in turn.
 FAULTS = """
@@ -50,3 +51,19 @@ def test_host_allocator_is_checked_and_leaves_the_training_config_alone(tmp_path
     assert system.training_dict() == default.training_dict()       # same run id, resumable either way
     with pytest.raises(ValueError, match=r"train.host_allocator: expected one of 'retain', 'system', got 'jemalloc'"):
         RunConfig.from_dict(apply_overrides(values, {"train.host_allocator": "jemalloc"}))
+
+
+def test_retain_changes_no_number(cache_env):
+    """The same run under either setting ends with the same metrics, to the bit: nothing reads the
+    stale contents that reused memory holds (fresh mmap pages are zeros)."""
+    config = write_config(cache_env / "tiny.yaml", {**TINY, "model": {**TINY["model"], "mixer": "lcsm:1-1-1-0"}})
+    results = {}
+    for choice in ("system", "retain"):
+        done = run_cli(["train", str(config), "--quiet", "--out", str(cache_env / choice),
+                        "--set", f"train.host_allocator={choice}"], cache_env)
+        assert done.returncode == 0, done.stderr
+        result = json.loads((cache_env / choice / "result.json").read_text())
+        applied = choice if platform.libc_ver()[0] == "glibc" else "system"
+        assert result["machine"]["host_allocator"].split()[0] == applied
+        results[choice] = result
+    assert results["retain"]["metrics"] == results["system"]["metrics"]
