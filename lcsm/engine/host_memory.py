@@ -25,12 +25,15 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _INT_MAX = 2 ** 31 - 1
 
+_retained = False
+
 
 def use_host_allocator(choice: str) -> str:
     """Apply ``choice`` ("retain" or "system", validated by ``TrainConfig``) to this process;
     returns what it did, for the run's record."""
+    global _retained
     if choice == "system":
-        return "system"
+        return "retain (set earlier in this process, which keeps it)" if _retained else "system"
     libc, version = platform.libc_ver()
     if libc != "glibc":
         return f"system (retain needs glibc; this C library is {libc or 'unknown'})"
@@ -39,4 +42,5 @@ def use_host_allocator(choice: str) -> str:
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _INT_MAX)):
         raise OSError(f"train.host_allocator: glibc {version} refused mallopt (M_MMAP_MAX 0, M_TRIM_THRESHOLD "
                       f"{_INT_MAX}); set train.host_allocator: system")
+    _retained = True
     return f"retain (glibc {version}: no mmap, no trim)"

@@ -67,3 +67,11 @@ def test_retain_changes_no_number(cache_env):
         assert result["machine"]["host_allocator"].split()[0] == applied
         results[choice] = result
     assert results["retain"]["metrics"] == results["system"]["metrics"]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the retain setting acts on glibc's malloc")
+def test_system_after_retain_says_the_process_keeps_retain():
+    from lcsm.engine.host_memory import use_host_allocator
+
+    assert use_host_allocator("retain").startswith("retain (glibc")
+    assert use_host_allocator("system") == "retain (set earlier in this process, which keeps it)"
