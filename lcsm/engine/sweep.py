@@ -188,9 +188,14 @@ def load_experiment(path: Union[str, Path], *, overrides: Sequence[str] = (), gr
                                  f"({', '.join(map(str, labelled))})")
             grid_spec[key] = {v: labelled[v] for v in values}
             continue
+        if key in grid_spec:
+            # Replaced in place and alone: --grid model.d_model=64 keeps a labelled `model` axis
+            # beside it, and the axis order, hence the run ids, stay those of the full sweep.
+            grid_spec[key] = values
+            continue
         # The new axis replaces every axis it overlaps: --grid model.mixer=gla,hgrn replaces a
         # `model` axis of labelled model sections, and the other way round.
-        for old in [k for k in grid_spec if k == key or k.startswith(key + ".") or key.startswith(k + ".")]:
+        for old in [k for k in grid_spec if k.startswith(key + ".") or key.startswith(k + ".")]:
             del grid_spec[old]
             renamed[old] = key
         grid_spec[key] = values

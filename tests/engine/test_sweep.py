@@ -123,6 +123,18 @@ def test_grid_labels_pick_part_of_a_labelled_axis(tmp_path):
         load_experiment(path, grid=["model=hgrn"])
 
 
+def test_grid_override_of_an_existing_axis_keeps_the_axes_it_overlaps(tmp_path):
+    """--grid model.d_model=8 beside a labelled `model` axis narrows the d_model axis only."""
+    models = {"gla": {"mixer": "gla"}, "hgrn": {"mixer": "hgrn"}}
+    path = experiment(tmp_path, grid={"model": models, "model.d_model": [8, 16], "optim.lr": [1e-3, 1e-2]},
+                      select=None, report={})
+    full = {r.id for r in load_experiment(path).runs()}
+    part = load_experiment(path, grid=["model.d_model=8"])
+    assert [a.key for a in part.axes] == ["model", "model.d_model", "optim.lr"]
+    runs = part.runs()
+    assert len(runs) == 4 and {r.config["model"]["d_model"] for r in runs} == {8} and {r.id for r in runs} < full
+
+
 @pytest.mark.parametrize("extra, message", [
     ({"grdi": {}}, "unknown key(s) 'grdi' (did you mean 'grid'?)"),
     ({"grid": {"model.mixer": []}}, "grid.model.mixer: expected a non-empty list"),
