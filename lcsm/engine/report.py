@@ -210,9 +210,10 @@ def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(y)
     if series:
-        axes[0][-1].legend(title=series, fontsize=8)
+        # outside the axes: inside, the legend hid points wherever a series saturated near it
+        axes[0][-1].legend(title=series, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
