@@ -262,6 +262,12 @@ def _train_command(run: Run) -> List[str]:
     return [sys.executable, "-m", "lcsm", "train", str(run.out_dir / "config.yaml")]
 
 
+def log_prefix(run_id: str, width: int = 48) -> str:
+    """The tag of a run's lines in parallel output: ids share their leading labels (task, width, ...)
+    and differ towards the end, so a long id keeps its tail (last labels and hash)."""
+    return run_id if len(run_id) <= width else "..." + run_id[-(width - 3):]
+
+
 def _pump(stream, prefix: str, sink) -> None:
     for line in iter(stream.readline, ""):
         for part in line.replace("\r", "\n").splitlines():
@@ -295,7 +301,7 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, i
                 else:
                     proc = subprocess.Popen(_train_command(run), env=env, stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT, text=True, bufsize=1)
-                    pumps = [threading.Thread(target=_pump, args=(proc.stdout, run.id[:40], sys.stdout), daemon=True)]
+                    pumps = [threading.Thread(target=_pump, args=(proc.stdout, log_prefix(run.id), sys.stdout), daemon=True)]
                     pumps[0].start()
                 active.append((run, proc, pumps))
             for item in list(active):

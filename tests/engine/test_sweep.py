@@ -207,6 +207,17 @@ def test_at_axis_sets_several_keys_together(tmp_path):
         load_experiment(experiment(tmp_path, grid={"@size": [8, 16]}, select=None, report={}))
 
 
+def test_parallel_output_tags_tell_runs_with_long_shared_labels_apart(tmp_path):
+    grid = {"@setting": {"a-long-label-shared-by-every-run-of-the-grid": {"model.d_model": 8}},
+            "model.mixer": ["gla", "hgrn"], "optim.lr": [1e-3]}
+    ids = [r.id for r in load_experiment(experiment(tmp_path, grid=grid, select=None, report={})).runs()]
+    assert len(ids[0]) > 48
+    tags = [sweep_mod.log_prefix(i) for i in ids]
+    assert len(set(tags)) == len(ids) and all(len(t) <= 48 for t in tags)
+    assert all(t.endswith(i[-20:]) for t, i in zip(tags, ids))
+    assert sweep_mod.log_prefix("short-1234") == "short-1234"
+
+
 def test_report_of_several_experiment_files(tmp_path, monkeypatch, capsys):
     """`lcsm report A B --out DIR` reads and writes each in DIR/<name>; one without results is
     skipped, none with results is an error."""
