@@ -10,11 +10,15 @@ The experiment's ``report`` section::
       compare:                                   # ours beside the paper's numbers, with Spearman's rho
         - {axis: model.mixer_options.code, metric: perplexity, paper: {1-1-1-0: 24.26, 0-0-0-0: 29.62},
            where: {task: wikitext}, title: "Table 4, valid ppl"}
+      curves:                                    # a metric at every evaluation (eval.csv), one line per series
+        - {y: accuracy, series: model.mixer, where: {task: L128-kv8}, file: curves.png}
 
 ``rows``, ``columns``, ``x``, ``series``, ``facet`` and ``axis`` name grid axes; ``value``, ``y`` and
 ``metric`` metrics (``test/<metric>`` for the test split of the best checkpoint, see
 ``Trainer.final_test``). A ``compare`` entry lists, per label of ``axis`` (among the selected runs
-matching ``where``), our metric and the paper's, and the Spearman rank correlation of the two.
+matching ``where``), our metric and the paper's, and the Spearman rank correlation of the two. A
+``curves`` entry tabulates and plots a metric at every evaluation of each selected run (its
+``eval.csv``): where final numbers saturate, how soon each model got there still tells them apart.
 Tables and plots use the runs ``select`` keeps (best of its grid), the full table lists every run.
 The experiment's ``description``, ``paper`` (markdown: the paper's numbers for comparison) and
 ``reading`` (what the runs support or not, and why) are copied into the report. ``write_report``
@@ -31,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .config import _check_keys
 
-REPORT_KEYS = ("title", "metrics", "table", "plots", "compare")
+REPORT_KEYS = ("title", "metrics", "table", "plots", "compare", "curves")
 
 
 def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
@@ -79,6 +83,19 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in paper.values()):
             raise ValueError(f"{where}.paper: expected a mapping of axis label to the paper's number, got {paper!r}")
         for key in (comp.get("where") or {}):
+            axis(f"{where}.where", key)
+    curves = report.get("curves", [])
+    if not isinstance(curves, list):
+        raise ValueError(f"report.curves: expected a list of curves, got {curves!r}")
+    for i, curve in enumerate(curves):
+        where = f"report.curves[{i}]"
+        _check_keys(where, curve, ("y", "series", "where", "file", "title"))
+        axis(f"{where}.series", curve.get("series"))
+        if not isinstance(curve.get("y"), str):
+            raise ValueError(f"{where}.y: expected a metric name, got {curve.get('y')!r}")
+        if not isinstance(curve.get("file"), str) or not curve["file"].endswith(".png"):
+            raise ValueError(f"{where}.file: expected a file name ending in .png, got {curve.get('file')!r}")
+        for key in (curve.get("where") or {}):
             axis(f"{where}.where", key)
 
 
@@ -150,14 +167,7 @@ def compare(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
     over the labels both have."""
     key, metric = spec["axis"], f"metric:{spec['metric']}"
     paper = {(f"{k:g}" if isinstance(k, float) else str(k)): float(v) for k, v in spec["paper"].items()}
-    chosen = [r for r in rows if all(r.get(k) == str(v) for k, v in (spec.get("where") or {}).items())]
-    ours: Dict[str, float] = {}
-    for row in chosen:
-        if row[key] in ours:
-            raise ValueError(f"report.compare: several selected runs have {key} = {row[key]}; narrow them with "
-                             "'where' or put the other axes in select.over")
-        if metric in row:
-            ours[row[key]] = row[metric]
+    ours = {label: row[metric] for label, row in _matching(rows, spec, key, "compare").items() if metric in row}
     lines = [f"| {key} | ours: {spec['metric']} | paper |", "|---|---:|---:|"]
     for label in [*paper, *[k for k in _ordered(list(ours)) if k not in paper]]:
         lines.append(f"| {label} | " + (f"{ours[label]:.4g}" if label in ours else "—") + " | "
@@ -169,6 +179,76 @@ def compare(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _legend_and_save(fig, ax, series: Optional[str], path: Path) -> None:
+    if ax is not None:
+        # outside the axes: inside, the legend hid points wherever a series saturated near it
+        ax.legend(title=series, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    _pyplot().close(fig)
+
+
+def _matching(rows: List[Dict[str, Any]], spec: Mapping[str, Any], key: str, what: str) -> Dict[str, Dict[str, Any]]:
+    """The rows matching ``spec['where']``, by their label of ``key`` (one row per label)."""
+    chosen: Dict[str, Dict[str, Any]] = {}
+    for row in rows:
+        if not all(row.get(k) == str(v) for k, v in (spec.get("where") or {}).items()):
+            continue
+        if row[key] in chosen:
+            raise ValueError(f"report.{what}: several selected runs have {key} = {row[key]}; narrow them with "
+                             "'where' or put the other axes in select.over")
+        chosen[row[key]] = row
+    return chosen
+
+
+def eval_curves(rows: List[Dict[str, Any]], spec: Mapping[str, Any], run_root: Path) -> Dict[str, Dict[int, float]]:
+    """Per label of ``spec['series']``: step -> ``spec['y']`` at every evaluation of that selected run,
+    read from ``run_root/<run>/eval.csv`` (a run without one has no curve)."""
+    import csv
+
+    curves: Dict[str, Dict[int, float]] = {}
+    for label, row in _matching(rows, spec, spec["series"], "curves").items():
+        path = run_root / row["run"] / "eval.csv"
+        if not path.exists():
+            continue
+        with path.open(newline="") as f:
+            points = {int(r["step"]): float(r[spec["y"]]) for r in csv.DictReader(f) if r.get(spec["y"])}
+        if points:
+            curves[label] = points
+    return curves
+
+
+def curve_table(curves: Dict[str, Dict[int, float]], series: str, y: str) -> str:
+    steps = sorted({step for points in curves.values() for step in points})
+    lines = [f"| {series} \\ step ({y}) | " + " | ".join(map(str, steps)) + " |", "|" + "---|" * (len(steps) + 1)]
+    for label in _ordered(list(curves)):
+        points = curves[label]
+        lines.append(f"| {label} | " + " | ".join(f"{points[s]:.4f}" if s in points else "—" for s in steps) + " |")
+    return "\n".join(lines)
+
+
+def plot_curves(curves: Dict[str, Dict[int, float]], spec: Mapping[str, Any], path: Path, title: str) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for label in _ordered(list(curves)):
+        steps = sorted(curves[label])
+        ax.plot(steps, [curves[label][s] for s in steps], marker="o", label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel(spec["y"])
+    ax.set_title(spec.get("title", title), fontsize=9)
+    ax.grid(alpha=0.3)
+    _legend_and_save(fig, ax, spec["series"], path)
+
+
 def provenance(rows: List[Dict[str, Any]], key: str) -> List[str]:
     """The distinct values of ``key`` (the machine, the commit) over the finished runs, with run counts."""
     counts = Counter(row.get(key, "not recorded") for row in rows if row["status"] != "missing")
@@ -176,11 +256,7 @@ def provenance(rows: List[Dict[str, Any]], key: str) -> List[str]:
 
 
 def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     x_key, y, series, facet = spec["x"], spec["y"], spec.get("series"), spec.get("facet")
     metric = f"metric:{y}"
     facets = _ordered([row[facet] for row in rows]) if facet else [None]
@@ -209,12 +285,7 @@ def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
         ax.set_title(f"{facet} = {f}" if facet else spec.get("title", title), fontsize=9)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(y)
-    if series:
-        # outside the axes: inside, the legend hid points wherever a series saturated near it
-        axes[0][-1].legend(title=series, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    _legend_and_save(fig, axes[0][-1] if series else None, series, path)
 
 
 def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None,
@@ -258,6 +329,12 @@ def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None
         lines += [f"![{p['y']} against {p['x']}]({p['file']})", ""]
     for comp in spec.get("compare", []):
         lines += [f"## {comp.get('title', 'Ours beside the paper')}", "", compare(best, comp), ""]
+    for c in spec.get("curves", []):
+        curves = eval_curves(best, c, exp.out_dir)
+        if curves:
+            plot_curves(curves, c, out_dir / c["file"], title)
+            lines += [f"## {c.get('title', c['y'] + ' at every evaluation')}", "",
+                      curve_table(curves, c["series"], c["y"]), "", f"![{c['y']} against step]({c['file']})", ""]
     if exp.select and exp.select.get("over"):
         lines += [f"## Selected runs (best {main} over {', '.join(exp.select['over'])})", "",
                   format_table(exp, best, metrics), ""]

@@ -104,6 +104,28 @@ def test_report_compares_with_the_paper(tmp_path, monkeypatch):
         load_experiment(experiment(tmp_path, report={"compare": [{**compare[0], "paper": {"gla": "high"}}]}))
 
 
+def test_report_curves_from_each_selected_runs_evaluations(tmp_path, monkeypatch):
+    """A curve per series label, read from the selected (best-lr) run's eval.csv; a run without one
+    has no curve, and two selected runs under one label are an error, as in `compare`."""
+    curves = [{"y": "accuracy", "series": "model.mixer", "file": "curves.png", "title": "Learning"}]
+    exp = load_experiment(experiment(tmp_path, report={"curves": curves}), out_dir=tmp_path / "out")
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    sweep(exp, log=lambda *_: None)
+    for run in exp.runs():
+        if run.labels["model.mixer"] == "gla":
+            lr = run.config["optim"]["lr"]
+            (run.out_dir / "eval.csv").write_text(f"step,split,loss,accuracy\n2,test,1.0,{lr / 4}\n4,test,0.5,{lr}\n")
+    text = write_report(exp, collect(exp)).read_text()
+    assert "## Learning" in text and "| model.mixer \\ step (accuracy) | 2 | 4 |" in text
+    assert "| gla | 0.0025 | 0.0100 |" in text and "| hgrn |" not in text.split("## Learning")[1].split("##")[0]
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
+    exp = load_experiment(experiment(tmp_path, select=None, report={"curves": curves}), out_dir=tmp_path / "out")
+    with pytest.raises(ValueError, match="report.curves: several selected runs have model.mixer = gla"):
+        write_report(exp, collect(exp))
+    with pytest.raises(ValueError, match=r"report.curves\[0\].series: expected a grid axis"):
+        load_experiment(experiment(tmp_path, report={"curves": [{**curves[0], "series": "model.d_model"}]}))
+
+
 def test_grid_override_replaces_overlapping_axes(tmp_path):
     exp = load_experiment(experiment(tmp_path), grid=["model=[{mixer: gla}, {mixer: hgrn, d_model: 8}]"])
     assert [a.key for a in exp.axes] == ["optim.lr", "model"]
