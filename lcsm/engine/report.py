@@ -50,51 +50,48 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
         if key not in axes:
             raise ValueError(f"{where}: expected a grid axis ({', '.join(axes) or 'none'}), got {key!r}")
 
+    def metric(where: str, value: Any) -> None:
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: expected a metric name, got {value!r}")
+
+    def png(where: str, value: Any) -> None:
+        if not isinstance(value, str) or not value.endswith(".png"):
+            raise ValueError(f"{where}: expected a file name ending in .png, got {value!r}")
+
+    def entries(section: str, keys: Sequence[str]):
+        """(path, entry) of the list ``report[section]``, each entry's keys checked."""
+        items = report.get(section, [])
+        if not isinstance(items, list):
+            raise ValueError(f"report.{section}: expected a list, got {items!r}")
+        for i, item in enumerate(items):
+            _check_keys(f"report.{section}[{i}]", item, keys)
+            yield f"report.{section}[{i}]", item
+
     table = report.get("table")
     if table is not None:
         _check_keys("report.table", table, ("rows", "columns", "value"))
         axis("report.table.rows", table.get("rows"))
         axis("report.table.columns", table.get("columns"), optional=True)
-        if not isinstance(table.get("value"), str):
-            raise ValueError(f"report.table.value: expected a metric name, got {table.get('value')!r}")
-    plots = report.get("plots", [])
-    if not isinstance(plots, list):
-        raise ValueError(f"report.plots: expected a list of plots, got {plots!r}")
-    for i, plot in enumerate(plots):
-        _check_keys(f"report.plots[{i}]", plot, ("x", "y", "series", "facet", "file", "logx", "title"))
-        axis(f"report.plots[{i}].x", plot.get("x"))
-        axis(f"report.plots[{i}].series", plot.get("series"), optional=True)
-        axis(f"report.plots[{i}].facet", plot.get("facet"), optional=True)
-        if not isinstance(plot.get("y"), str):
-            raise ValueError(f"report.plots[{i}].y: expected a metric name, got {plot.get('y')!r}")
-        if not isinstance(plot.get("file"), str) or not plot["file"].endswith(".png"):
-            raise ValueError(f"report.plots[{i}].file: expected a file name ending in .png, got {plot.get('file')!r}")
-    compares = report.get("compare", [])
-    if not isinstance(compares, list):
-        raise ValueError(f"report.compare: expected a list of comparisons, got {compares!r}")
-    for i, comp in enumerate(compares):
-        where = f"report.compare[{i}]"
-        _check_keys(where, comp, ("axis", "metric", "paper", "where", "title"))
+        metric("report.table.value", table.get("value"))
+    for where, plot in entries("plots", ("x", "y", "series", "facet", "file", "logx", "title")):
+        axis(f"{where}.x", plot.get("x"))
+        axis(f"{where}.series", plot.get("series"), optional=True)
+        axis(f"{where}.facet", plot.get("facet"), optional=True)
+        metric(f"{where}.y", plot.get("y"))
+        png(f"{where}.file", plot.get("file"))
+    for where, comp in entries("compare", ("axis", "metric", "paper", "where", "title")):
         axis(f"{where}.axis", comp.get("axis"))
-        if not isinstance(comp.get("metric"), str):
-            raise ValueError(f"{where}.metric: expected a metric name, got {comp.get('metric')!r}")
+        metric(f"{where}.metric", comp.get("metric"))
         paper = comp.get("paper")
         if not isinstance(paper, Mapping) or not paper or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in paper.values()):
             raise ValueError(f"{where}.paper: expected a mapping of axis label to the paper's number, got {paper!r}")
         for key in (comp.get("where") or {}):
             axis(f"{where}.where", key)
-    curves = report.get("curves", [])
-    if not isinstance(curves, list):
-        raise ValueError(f"report.curves: expected a list of curves, got {curves!r}")
-    for i, curve in enumerate(curves):
-        where = f"report.curves[{i}]"
-        _check_keys(where, curve, ("y", "series", "where", "file", "title"))
+    for where, curve in entries("curves", ("y", "series", "where", "file", "title")):
         axis(f"{where}.series", curve.get("series"))
-        if not isinstance(curve.get("y"), str):
-            raise ValueError(f"{where}.y: expected a metric name, got {curve.get('y')!r}")
-        if not isinstance(curve.get("file"), str) or not curve["file"].endswith(".png"):
-            raise ValueError(f"{where}.file: expected a file name ending in .png, got {curve.get('file')!r}")
+        metric(f"{where}.y", curve.get("y"))
+        png(f"{where}.file", curve.get("file"))
         for key in (curve.get("where") or {}):
             axis(f"{where}.where", key)
 
