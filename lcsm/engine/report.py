@@ -218,7 +218,11 @@ def eval_curves(rows: List[Dict[str, Any]], spec: Mapping[str, Any], run_root: P
         if not path.exists():
             continue
         with path.open(newline="") as f:
-            points = {int(r["step"]): float(r[spec["y"]]) for r in csv.DictReader(f) if r.get(spec["y"])}
+            reader = csv.DictReader(f)
+            if spec["y"] not in (reader.fieldnames or []):
+                raise ValueError(f"report.curves: {path} has no column {spec['y']!r} (its columns: "
+                                 f"{', '.join(reader.fieldnames or [])})")
+            points = {int(r["step"]): float(r[spec["y"]]) for r in reader if r[spec["y"]]}
         if points:
             curves[label] = points
     return curves
@@ -328,10 +332,12 @@ def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None
         lines += [f"## {comp.get('title', 'Ours beside the paper')}", "", compare(best, comp), ""]
     for c in spec.get("curves", []):
         curves = eval_curves(best, c, exp.out_dir)
+        lines += [f"## {c.get('title', c['y'] + ' at every evaluation')}", ""]
         if curves:
             plot_curves(curves, c, out_dir / c["file"], title)
-            lines += [f"## {c.get('title', c['y'] + ' at every evaluation')}", "",
-                      curve_table(curves, c["series"], c["y"]), "", f"![{c['y']} against step]({c['file']})", ""]
+            lines += [curve_table(curves, c["series"], c["y"]), "", f"![{c['y']} against step]({c['file']})", ""]
+        else:
+            lines += ["No selected run recorded an evaluation (eval.csv).", ""]
     if exp.select and exp.select.get("over"):
         lines += [f"## Selected runs (best {main} over {', '.join(exp.select['over'])})", "",
                   format_table(exp, best, metrics), ""]
