@@ -106,7 +106,8 @@ def test_report_compares_with_the_paper(tmp_path, monkeypatch):
 
 def test_report_curves_from_each_selected_runs_evaluations(tmp_path, monkeypatch):
     """A curve per series label, read from the selected (best-lr) run's eval.csv; a run without one
-    has no curve, and two selected runs under one label are an error, as in `compare`."""
+    has no curve (the report says so when none has), a metric eval.csv lacks is named, and two
+    selected runs under one label are an error, as in `compare`."""
     curves = [{"y": "accuracy", "series": "model.mixer", "file": "curves.png", "title": "Learning"}]
     exp = load_experiment(experiment(tmp_path, report={"curves": curves}), out_dir=tmp_path / "out")
     monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
@@ -119,6 +120,12 @@ def test_report_curves_from_each_selected_runs_evaluations(tmp_path, monkeypatch
     assert "## Learning" in text and "| model.mixer \\ step (accuracy) | 2 | 4 |" in text
     assert "| gla | 0.0025 | 0.0100 |" in text and "| hgrn |" not in text.split("## Learning")[1].split("##")[0]
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
+    typo = load_experiment(experiment(tmp_path, report={"curves": [{**curves[0], "y": "acc"}]}), out_dir=tmp_path / "out")
+    with pytest.raises(ValueError, match=r"eval.csv has no column 'acc' \(its columns: step, split, loss, accuracy\)"):
+        write_report(typo, collect(typo))
+    hgrn = load_experiment(experiment(tmp_path, report={"curves": [{**curves[0], "where": {"model.mixer": "hgrn"}}]}),
+                           out_dir=tmp_path / "out")
+    assert "No selected run recorded an evaluation" in write_report(hgrn, collect(hgrn)).read_text()
     exp = load_experiment(experiment(tmp_path, select=None, report={"curves": curves}), out_dir=tmp_path / "out")
     with pytest.raises(ValueError, match="report.curves: several selected runs have model.mixer = gla"):
         write_report(exp, collect(exp))
