@@ -285,6 +285,10 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, i
     pending = list(runs)
     active: List[Tuple[Run, subprocess.Popen, List[threading.Thread]]] = []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    # SIGINT stops the sweep as it stops each run (the trainer takes it whatever it inherited): a
+    # shell's background job starts with SIGINT ignored, and the sweep would go on to the next run.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
         while pending or active:
             while pending and len(active) < parallel:
@@ -322,6 +326,9 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, i
         for _, proc, _ in active:
             proc.wait()
         raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
     return codes
 
 

@@ -204,10 +204,10 @@ def test_real_sweep_is_resumable_after_interruption(tmp_path):
     spec.write_text(yaml.safe_dump(data))
     env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "lcsm", "sweep", str(spec), "--out", str(tmp_path / "out")]
-    # SIGINT back to its default in the sweep: a shell's background job (`make test &`) ignores it,
-    # Python then installs no KeyboardInterrupt handler, and the sweep would go on to the next run.
+    # Started with SIGINT ignored, as a shell's background job is (`lcsm sweep ... &`): Ctrl-C to
+    # the group must still stop the sweep, not only its current run.
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.time() + 120
     while not list((tmp_path / "out").glob("*/checkpoints/step-*")) and time.time() < deadline:
         time.sleep(0.02)
