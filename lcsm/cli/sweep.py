@@ -1,6 +1,7 @@
 """``lcsm sweep`` and ``lcsm report``."""
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 from ._common import UsageError
@@ -24,15 +25,15 @@ def _experiment(target: str, args):
 
 def cmd_sweep(args) -> int:
     from lcsm.engine.report import write_report
-    from lcsm.engine.sweep import format_table, main_metric, select_best, sweep
+    from lcsm.engine.sweep import SweepStopped, format_table, main_metric, select_best, sweep
 
     exp = _experiment(args.experiment, args)
     try:
         rows, ok = sweep(exp, parallel=args.parallel, dry_run=args.dry_run)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         print(f"sweep {exp.name} interrupted: finished runs are cached and interrupted ones checkpointed; "
               "run the same command again to continue")
-        return 130
+        return 128 + (stop.signum if isinstance(stop, SweepStopped) else signal.SIGINT)
     if args.dry_run:
         return 0
     metrics = exp.report.get("metrics") or list(dict.fromkeys([main_metric(exp), "loss"]))

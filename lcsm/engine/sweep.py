@@ -20,8 +20,8 @@ An experiment file (see docs/sweeps.md)::
 Every run gets a directory ``<sweep dir>/<run id>/`` (id: the grid labels, readable, plus a hash of
 the whole config) and is run by ``lcsm train`` in a subprocess, so a run is exactly what its
 ``config.yaml`` says. A run whose ``result.json`` holds the same training config is not run again;
-an interrupted run resumes from its checkpoints; a sweep stopped with Ctrl-C stops its runs
-cleanly (they checkpoint) and continues where it stopped when started again.
+an interrupted run resumes from its checkpoints; a sweep stopped with Ctrl-C or SIGTERM stops its
+runs cleanly (they checkpoint) and continues where it stopped when started again.
 """
 from __future__ import annotations
 
@@ -276,6 +276,18 @@ def _pump(stream, prefix: str, sink) -> None:
                 sink.flush()
 
 
+class SweepStopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM (``signum``) stopped the sweep after its running runs checkpointed."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum, frame):
+    raise SweepStopped(signum)
+
+
 def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, int]:
     """Run ``runs`` (N at a time), each ``lcsm train`` in a subprocess; returns exit codes by id.
     With N > 1 each run gets cores / N torch threads and its output is prefixed with its id."""
@@ -285,10 +297,11 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, i
     pending = list(runs)
     active: List[Tuple[Run, subprocess.Popen, List[threading.Thread]]] = []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    # SIGINT stops the sweep as it stops each run (the trainer takes it whatever it inherited): a
-    # shell's background job starts with SIGINT ignored, and the sweep would go on to the next run.
+    # SIGINT and SIGTERM stop the sweep as they stop each run (the trainer takes both whatever it
+    # inherited): a shell's background job starts with SIGINT ignored, and the sweep would go on to
+    # the next run; SIGTERM sent to the sweep alone would kill it and leave its runs training.
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
     try:
         while pending or active:
             while pending and len(active) < parallel:
@@ -319,16 +332,18 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, i
                     active.remove(item)
             time.sleep(0.05)
     except KeyboardInterrupt:
-        # Children in our process group got the SIGINT too; make sure, then wait for their checkpoints.
+        # Ctrl-C reached the runs too (one process group), a SIGTERM to the sweep did not. SIGTERM
+        # asks a run to stop after its step whether or not it was already asked; a second SIGINT
+        # would stop it at once, without the checkpoint of that step.
         for _, proc, _ in active:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(signal.SIGTERM)
         for _, proc, _ in active:
             proc.wait()
         raise
     finally:
-        if main_thread:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return codes
 
 

@@ -1,6 +1,7 @@
 """Sweeps: grid expansion, cached runs not redone, interrupted sweeps resumed, select, report."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -193,8 +194,11 @@ def test_sweep_builds_every_run_before_running_any(tmp_path, monkeypatch):
     assert calls == [] and not (tmp_path / "out").exists()
 
 
-def test_real_sweep_is_resumable_after_interruption(tmp_path):
-    """Two real runs through `lcsm train`; the sweep is interrupted during the first, then rerun."""
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_real_sweep_is_resumable_after_interruption(tmp_path, stop):
+    """Two real runs through `lcsm train`; the sweep is interrupted during the first, then rerun.
+    Ctrl-C reaches the sweep and its run (one process group), SIGTERM only the sweep, which passes
+    it on; either way the run checkpoints the step it stopped at and the sweep exits 128 + signal."""
     spec = experiment(tmp_path)
     data = yaml.safe_load(spec.read_text())
     data["grid"] = {"model.mixer": ["gla", "hgrn"]}
@@ -211,9 +215,13 @@ def test_real_sweep_is_resumable_after_interruption(tmp_path):
     deadline = time.time() + 120
     while not list((tmp_path / "out").glob("*/checkpoints/step-*")) and time.time() < deadline:
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGINT)            # Ctrl-C reaches the sweep and its run
+    if stop == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out
+    assert proc.returncode == 128 + (signal.SIGINT if stop == "ctrl-c" else signal.SIGTERM), out
+    assert re.search(r"interrupted at step \d+: checkpoint", out), out
     assert "run the same command again to continue" in out
     assert not list((tmp_path / "out").glob("*/result.json"))
     done = subprocess.run(cmd + ["--report"], env=env, capture_output=True, text=True, timeout=600)
