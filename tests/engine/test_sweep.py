@@ -61,6 +61,8 @@ def test_grid_runs_cache_and_select(tmp_path, monkeypatch):
     assert len(calls) == 4                         # nothing redone
     best = select_best(exp, rows)
     assert sorted((r["model.mixer"], r["optim.lr"]) for r in best) == [("gla", "0.01"), ("hgrn", "0.01")]
+    tied = [{**r, "metric:accuracy": 1.0} for r in rows]     # of runs that tie, the first in the grid
+    assert [(r["model.mixer"], r["optim.lr"]) for r in select_best(exp, tied)] == [("gla", "0.001"), ("hgrn", "0.001")]
     assert (tmp_path / "out" / "results.csv").read_text().startswith("run,model.mixer,optim.lr,status")
     # a changed base config is a different run: not taken from the cache
     changed = load_experiment(experiment(tmp_path), overrides=["train.max_steps=5"], out_dir=tmp_path / "out")
