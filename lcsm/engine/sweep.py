@@ -301,7 +301,8 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, i
     # inherited): a shell's background job starts with SIGINT ignored, and the sweep would go on to
     # the next run; SIGTERM sent to the sweep alone would kill it and leave its runs training.
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    stops = (signal.SIGINT, signal.SIGTERM) if main_thread else ()
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in stops}
     try:
         while pending or active:
             while pending and len(active) < parallel:
