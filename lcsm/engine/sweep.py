@@ -279,7 +279,7 @@ def _pump(stream, prefix: str, sink) -> None:
 class SweepStopped(KeyboardInterrupt):
     """SIGINT or SIGTERM (``signum``) stopped the sweep after its running runs checkpointed."""
 
-    def __init__(self, signum: int = signal.SIGINT):
+    def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
 
