@@ -185,6 +185,17 @@ def _pyplot():
     return plt
 
 
+# (marker, bar hatch) of each further ten series: matplotlib's colour cycle repeats after ten, and
+# the o-types figure has twelve codes
+_VARIANTS = [("o", ""), ("s", "//"), ("D", ".."), ("^", "xx")]
+
+
+def series_style(i: int) -> Dict[str, Any]:
+    """Colour, marker and bar hatch of the i-th series of a plot: distinct for 40 series."""
+    marker, hatch = _VARIANTS[(i // 10) % len(_VARIANTS)]
+    return {"color": f"C{i % 10}", "marker": marker, "hatch": hatch}
+
+
 def _legend_and_save(fig, ax, series: Optional[str], path: Path) -> None:
     if ax is not None:
         # outside the axes: inside, the legend hid points wherever a series saturated near it
@@ -240,9 +251,10 @@ def curve_table(curves: Dict[str, Dict[int, float]], series: str, y: str) -> str
 def plot_curves(curves: Dict[str, Dict[int, float]], spec: Mapping[str, Any], path: Path, title: str) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.4))
-    for label in _ordered(list(curves)):
+    for i, label in enumerate(_ordered(list(curves))):
         steps = sorted(curves[label])
-        ax.plot(steps, [curves[label][s] for s in steps], marker="o", label=label)
+        style = series_style(i)
+        ax.plot(steps, [curves[label][s] for s in steps], color=style["color"], marker=style["marker"], label=label)
     ax.set_xlabel("step")
     ax.set_ylabel(spec["y"])
     ax.set_title(spec.get("title", title), fontsize=9)
@@ -271,13 +283,14 @@ def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
             points = [row for row in chosen if s is None or row[series] == s]
             points.sort(key=lambda row: x_labels.index(row[x_key]))
             ys = [row[metric] for row in points]
+            style = series_style(i)
             if numeric:
-                ax.plot([float(row[x_key]) for row in points], ys, marker="o", label=s)
+                ax.plot([float(row[x_key]) for row in points], ys, color=style["color"], marker=style["marker"], label=s)
             else:
                 # categories (mixers, ...) have no order to draw a line along: grouped bars
                 width = 0.8 / len(names)
                 xs = [x_labels.index(row[x_key]) - 0.4 + width * (i + 0.5) for row in points]
-                ax.bar(xs, ys, width=width, label=s)
+                ax.bar(xs, ys, width=width, color=style["color"], hatch=style["hatch"], label=s)
         if not numeric:
             ax.set_xticks(range(len(x_labels)), x_labels)
         if spec.get("logx") and numeric:

@@ -12,7 +12,8 @@ import yaml
 
 from lcsm.cli import main
 from lcsm.engine import sweep as sweep_mod
-from lcsm.engine.report import write_report
+from lcsm.engine import report as report_mod
+from lcsm.engine.report import plot, write_report
 from lcsm.engine.sweep import collect, load_experiment, select_best, sweep
 
 from .conftest import TINY
@@ -105,6 +106,19 @@ def test_report_compares_with_the_paper(tmp_path, monkeypatch):
         load_experiment(experiment(tmp_path, report={"compare": [{**compare[0], "axis": "model.d_model"}]}))
     with pytest.raises(ValueError, match=r"report.compare\[0\].paper: expected a mapping"):
         load_experiment(experiment(tmp_path, report={"compare": [{**compare[0], "paper": {"gla": "high"}}]}))
+
+
+def test_plot_series_stay_distinct_past_the_colour_cycle(tmp_path, monkeypatch):
+    """Twelve series (the o-types figure's codes) get twelve distinct colour-marker pairs, though
+    matplotlib's colour cycle has ten colours."""
+    rows = [{"status": "completed", "model": f"1-{i}-1-0", "model.d_model": "64", "metric:accuracy": i / 12}
+            for i in range(12)]
+    drawn = {}
+    monkeypatch.setattr(report_mod, "_legend_and_save", lambda fig, ax, series, path: drawn.update(ax=ax))
+    plot(rows, {"x": "model.d_model", "y": "accuracy", "series": "model"}, tmp_path / "a.png", "o types")
+    lines = drawn["ax"].get_lines()
+    assert len(lines) == 12 and len({(line.get_color(), line.get_marker()) for line in lines}) == 12
+    report_mod._pyplot().close("all")
 
 
 def test_report_curves_from_each_selected_runs_evaluations(tmp_path, monkeypatch):
