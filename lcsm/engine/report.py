@@ -196,10 +196,17 @@ def series_style(i: int) -> Dict[str, Any]:
     return {"color": f"C{i % 10}", "marker": marker, "hatch": hatch}
 
 
-def _legend_and_save(fig, ax, series: Optional[str], path: Path) -> None:
-    if ax is not None:
+def _legend_and_save(fig, axes: List[Any], series: Optional[str], path: Path) -> None:
+    """One legend, beside the last of ``axes``, naming every series drawn on any of them (a facet
+    may lack some); no legend when ``axes`` is empty."""
+    if axes:
+        entries: Dict[str, Any] = {}
+        for ax in axes:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                entries.setdefault(label, handle)
         # outside the axes: inside, the legend hid points wherever a series saturated near it
-        ax.legend(title=series, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        axes[-1].legend(list(entries.values()), list(entries), title=series, fontsize=8, loc="upper left",
+                        bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     _pyplot().close(fig)
@@ -259,7 +266,7 @@ def plot_curves(curves: Dict[str, Dict[int, float]], spec: Mapping[str, Any], pa
     ax.set_ylabel(spec["y"])
     ax.set_title(spec.get("title", title), fontsize=9)
     ax.grid(alpha=0.3)
-    _legend_and_save(fig, ax, spec["series"], path)
+    _legend_and_save(fig, [ax], spec["series"], path)
 
 
 def provenance(rows: List[Dict[str, Any]], key: str) -> List[str]:
@@ -276,11 +283,15 @@ def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
     fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets), 3.4), squeeze=False, sharey=True)
     x_labels = _ordered([row[x_key] for row in rows])
     numeric = all(_number(x) is not None for x in x_labels)
+    measured = [row for row in rows if metric in row]
+    # series named over every facet, so that a series keeps its style in facets that lack others
+    names = _ordered([row[series] for row in measured]) if series else [None]
     for ax, f in zip(axes[0], facets):
-        chosen = [row for row in rows if (f is None or row[facet] == f) and metric in row]
-        names = _ordered([row[series] for row in chosen]) if series else [None]
+        chosen = [row for row in measured if f is None or row[facet] == f]
         for i, s in enumerate(names):
             points = [row for row in chosen if s is None or row[series] == s]
+            if not points:
+                continue
             points.sort(key=lambda row: x_labels.index(row[x_key]))
             ys = [row[metric] for row in points]
             style = series_style(i)
@@ -299,7 +310,7 @@ def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
         ax.set_title(f"{facet} = {f}" if facet else spec.get("title", title), fontsize=9)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(y)
-    _legend_and_save(fig, axes[0][-1] if series else None, series, path)
+    _legend_and_save(fig, list(axes[0]) if series else [], series, path)
 
 
 def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None,

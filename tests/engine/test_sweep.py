@@ -114,11 +114,28 @@ def test_plot_series_stay_distinct_past_the_colour_cycle(tmp_path, monkeypatch):
     rows = [{"status": "completed", "model": f"1-{i}-1-0", "model.d_model": "64", "metric:accuracy": i / 12}
             for i in range(12)]
     drawn = {}
-    monkeypatch.setattr(report_mod, "_legend_and_save", lambda fig, ax, series, path: drawn.update(ax=ax))
+    monkeypatch.setattr(report_mod, "_legend_and_save", lambda fig, axes, series, path: drawn.update(ax=axes[-1]))
     plot(rows, {"x": "model.d_model", "y": "accuracy", "series": "model"}, tmp_path / "a.png", "o types")
     lines = drawn["ax"].get_lines()
     assert len(lines) == 12 and len({(line.get_color(), line.get_marker()) for line in lines}) == 12
     report_mod._pyplot().close("all")
+
+
+def test_plot_facets_share_series_styles_and_one_legend(tmp_path, monkeypatch):
+    """A facet that lacks some series (the o-types figure's 128-token cell, run for four codes of
+    twelve) draws each series in the style it has in the others, and the legend names them all."""
+    rows = [{"status": "completed", "task": task, "model": f"1-{i}-1-0", "model.d_model": "64",
+             "metric:accuracy": i / 12} for task, codes in (("L64", range(6)), ("L128", (3, 4))) for i in codes]
+    drawn, save = {}, report_mod._legend_and_save
+    monkeypatch.setattr(report_mod, "_legend_and_save",
+                        lambda fig, axes, series, path: (drawn.update(axes=axes), save(fig, axes, series, path)))
+    plot(rows, {"x": "model.d_model", "y": "accuracy", "series": "model", "facet": "task"}, tmp_path / "a.png", "o")
+    every, some = drawn["axes"]
+    style = {line.get_label(): (line.get_color(), line.get_marker()) for line in every.get_lines()}
+    assert [line.get_label() for line in some.get_lines()] == ["1-3-1-0", "1-4-1-0"]
+    assert all(style[line.get_label()] == (line.get_color(), line.get_marker()) for line in some.get_lines())
+    assert [text.get_text() for text in some.get_legend().get_texts()] == [f"1-{i}-1-0" for i in range(6)]
+    assert (tmp_path / "a.png").stat().st_size > 1000
 
 
 def test_report_curves_from_each_selected_runs_evaluations(tmp_path, monkeypatch):
