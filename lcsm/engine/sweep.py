@@ -367,14 +367,25 @@ def collect(exp: Experiment) -> List[Dict[str, Any]]:
             if result.get("test"):
                 row.update({f"metric:test/{k}": v for k, v in result["test"]["metrics"].items()})
             if result.get("machine"):
-                m = result["machine"]
-                row["machine"] = f"{m.get('device')}; {m.get('cpu')}; torch {m.get('torch')}"
+                row["machine"] = machine_label(result)
             if result.get("git_commit"):
                 row["git_commit"] = result["git_commit"]
             if result.get("best"):
                 row["best_step"] = result["best"]["step"]
         rows.append(row)
     return rows
+
+
+def machine_label(result: Dict[str, Any]) -> str:
+    """Where a run trained: its machine, or each machine with its steps when it was resumed on
+    another one (``trained_on`` in result.json)."""
+    def name(m: Dict[str, Any]) -> str:
+        return f"{m.get('device')}; {m.get('cpu')}; torch {m.get('torch')}"
+
+    stretches = result.get("trained_on") or []
+    if len({name(m) for m in stretches}) <= 1:
+        return name(result["machine"])
+    return " then ".join(f"{name(m)} (steps {m['from_step']}-{m['to_step']})" for m in stretches)
 
 
 def select_best(exp: Experiment, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -20,6 +20,9 @@ Guarantees:
   state and the position in the data (epoch, batch); the resumed run takes exactly the steps the
   uninterrupted run would have, so both end with bit-identical weights on the same machine
   (tested, including after SIGKILL).
+- Provenance across machines: a run may be resumed elsewhere (begun on a GPU, finished on a CPU).
+  Each stretch of steps records its device, CPU, torch and commit, and result.json lists them
+  under ``trained_on``; ``machine`` and ``git_commit`` name where the run finished.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -69,6 +72,8 @@ class LoopState:
     stopped_early: bool = False
     last_eval: Optional[Dict[str, float]] = None
     last_eval_step: Optional[int] = None
+    # stretches of steps each trained on one machine: {device, cpu, torch, git_commit, from_step, to_step}
+    trained_on: List[Dict[str, Any]] = field(default_factory=list)
 
 
 def _json_canonical(obj: Any) -> Any:
@@ -232,6 +237,8 @@ class Trainer:
         now = time.perf_counter()
         self.state.elapsed += now - self._clock
         self._clock = now
+        if self.state.trained_on:
+            self.state.trained_on[-1]["to_step"] = self.state.step
         rng = self.dist.gather(self._rng_state())
         path = None
         if self.dist.is_main:
@@ -345,6 +352,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
+    def _begin_stretch(self) -> None:
+        """Record that the steps from here on run on this machine (a resume on the same machine and
+        code continues the last stretch). Checkpoints older than this record have no stretches."""
+        info = machine_info()
+        # str(): torch.__version__ is a TorchVersion, which the weights-only load of trainer.pt refuses
+        here = {"device": device_name(self.device), "cpu": info["cpu"], "torch": str(info["torch"]),
+                "git_commit": self.git_commit}
+        stretches, step = self.state.trained_on, self.state.step
+        last = stretches[-1] if stretches else None
+        if last is not None and last["to_step"] == step and all(last[k] == v for k, v in here.items()):
+            return
+        stretches.append({**here, "from_step": step, "to_step": step})
+
     def run(self, resume: bool = True) -> Dict[str, Any]:
         t = self.config.train
         restored = self.restore(resume)
@@ -361,6 +381,8 @@ class Trainer:
                 f"{self.device}" + (f", from {restored}" if restored else ""))
         self.progress.start = self.state.step
         finished = self.state.step >= self.total_steps or self.state.stopped_early
+        if not finished:
+            self._begin_stretch()
         interrupted = False
         self._clock = time.perf_counter()
         with _StopRequest() as stop:
@@ -429,7 +451,7 @@ class Trainer:
                   "wall_time_s": round(s.elapsed, 3), "tokens": s.tokens, "n_params": self.n_params,
                   "test": self.final_test(), "machine": {**machine_info(), "device": device_name(self.device),
                                                          "host_allocator": self.host_allocator},
-                  "git_commit": self.git_commit,
+                  "git_commit": self.git_commit, "trained_on": s.trained_on,
                   "config": self.config.to_dict()}
         if self.dist.is_main:
             _write_atomic(result_path, json.dumps(result, indent=2))

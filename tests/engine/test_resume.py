@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from lcsm.engine import RunConfig, apply_overrides, train
+from lcsm.engine.sweep import machine_label
 
 from .conftest import TINY, write_config
 
@@ -50,6 +51,31 @@ def test_resume_from_a_middle_checkpoint_is_exact(cache_env):
     assert result["step"] == 12
     assert_identical(final_weights(cache_env / "a"), final_weights(b))
     assert metric_rows(cache_env / "a") == metric_rows(b)
+    # resumed on the same machine and code: one stretch of steps
+    assert [(m["device"], m["from_step"], m["to_step"]) for m in result["trained_on"]] == [("cpu", 0, 12)]
+
+
+def test_a_run_resumed_on_another_machine_records_both(cache_env):
+    values = apply_overrides(TINY, {"train.keep_last": 10})
+    run = cache_env / "a"
+    train(RunConfig.from_dict({**values, "out_dir": str(run)}), quiet=True)
+    for path in (run / "checkpoints").glob("step-*"):
+        if path.name != "step-00000004":
+            shutil.rmtree(path)
+    (run / "result.json").unlink()
+    # As if the first 4 steps had run on a GPU.
+    saved = run / "checkpoints" / "step-00000004" / "trainer.pt"
+    trainer = torch.load(saved, weights_only=True)
+    assert [(m["from_step"], m["to_step"]) for m in trainer["state"]["trained_on"]] == [(0, 4)]
+    trainer["state"]["trained_on"][0]["device"] = "cuda:0 NVIDIA H200"
+    torch.save(trainer, saved)
+    result = train(RunConfig.from_dict({**values, "out_dir": str(run)}), quiet=True)
+    assert [(m["device"], m["from_step"], m["to_step"]) for m in result["trained_on"]] == [
+        ("cuda:0 NVIDIA H200", 0, 4), ("cpu", 4, 12)]
+    assert result["machine"]["device"] == "cpu"
+    label = machine_label(result)
+    assert label.startswith("cuda:0 NVIDIA H200; ") and "(steps 0-4) then cpu; " in label
+    assert label.endswith("(steps 4-12)")
 
 
 def test_a_finished_run_is_not_retrained(cache_env):
