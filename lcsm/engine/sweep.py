@@ -377,15 +377,16 @@ def collect(exp: Experiment) -> List[Dict[str, Any]]:
 
 
 def machine_label(result: Dict[str, Any]) -> str:
-    """Where a run trained: its machine, or each machine with its steps when it was resumed on
-    another one (``trained_on`` in result.json)."""
+    """Where a run trained: its machine, or its machines in order when it was resumed on another
+    one (``trained_on`` in result.json, which also holds each one's steps)."""
     def name(m: Dict[str, Any]) -> str:
         return f"{m.get('device')}; {m.get('cpu')}; torch {m.get('torch')}"
 
-    stretches = result.get("trained_on") or []
-    if len({name(m) for m in stretches}) <= 1:
-        return name(result["machine"])
-    return " then ".join(f"{name(m)} (steps {m['from_step']}-{m['to_step']})" for m in stretches)
+    names: List[str] = []
+    for stretch in result.get("trained_on") or []:
+        if not names or names[-1] != name(stretch):
+            names.append(name(stretch))
+    return " then ".join(names) if len(names) > 1 else name(result["machine"])
 
 
 def select_best(exp: Experiment, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
