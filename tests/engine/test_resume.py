@@ -37,16 +37,20 @@ def metric_rows(run_dir):
     return [{k: v for k, v in r.items() if k not in ("time", "tokens_per_s")} for r in rows]
 
 
+def died_after_step_4(run_dir):
+    """Leave a finished run as if its process had died right after the step-4 checkpoint."""
+    for path in (run_dir / "checkpoints").glob("step-*"):
+        if path.name != "step-00000004":
+            shutil.rmtree(path)
+    (run_dir / "result.json").unlink()
+
+
 def test_resume_from_a_middle_checkpoint_is_exact(cache_env):
     values = apply_overrides(TINY, {"model.dropout": 0.1, "train.keep_last": 10})
     train(RunConfig.from_dict({**values, "out_dir": str(cache_env / "a")}), quiet=True)
     b = cache_env / "b"
     train(RunConfig.from_dict({**values, "out_dir": str(b)}), quiet=True)
-    # As if the process had died right after the step-4 checkpoint.
-    for path in (b / "checkpoints").glob("step-*"):
-        if path.name != "step-00000004":
-            shutil.rmtree(path)
-    (b / "result.json").unlink()
+    died_after_step_4(b)
     result = train(RunConfig.from_dict({**values, "out_dir": str(b)}), quiet=True)
     assert result["step"] == 12
     assert_identical(final_weights(cache_env / "a"), final_weights(b))
@@ -59,10 +63,7 @@ def test_a_run_resumed_on_another_machine_records_both(cache_env):
     values = apply_overrides(TINY, {"train.keep_last": 10})
     run = cache_env / "a"
     train(RunConfig.from_dict({**values, "out_dir": str(run)}), quiet=True)
-    for path in (run / "checkpoints").glob("step-*"):
-        if path.name != "step-00000004":
-            shutil.rmtree(path)
-    (run / "result.json").unlink()
+    died_after_step_4(run)
     # As if the first 4 steps had run on a GPU.
     saved = run / "checkpoints" / "step-00000004" / "trainer.pt"
     trainer = torch.load(saved, weights_only=True)
