@@ -29,7 +29,7 @@ def cmd_sweep(args) -> int:
 
     exp = _experiment(args.experiment, args)
     try:
-        rows, ok = sweep(exp, parallel=args.parallel, dry_run=args.dry_run)
+        rows, ok = sweep(exp, parallel=args.parallel, dry_run=args.dry_run, reuse_runs=not args.no_reuse)
     except KeyboardInterrupt as stop:
         print(f"sweep {exp.name} interrupted: finished runs are cached and interrupted ones checkpointed; "
               "run the same command again to continue")
@@ -85,6 +85,9 @@ def add_parsers(sub) -> None:
                    help="replace or add a grid axis, e.g. --grid model.mixer=gla,hgrn")
     p.add_argument("--out", help="sweep directory (default runs/<experiment name>)")
     p.add_argument("--dry-run", action="store_true", help="list the runs and which are cached; run nothing")
+    p.add_argument("--no-reuse", action="store_true",
+                   help="train every missing run, even one that a sweep beside this one (the sweep directory's "
+                        "siblings) finished with the same training config; by default such a run is copied")
     p.add_argument("--report", action="store_true", help="write the report (tables, plots) at the end")
     p.set_defaults(func=cmd_sweep)
 

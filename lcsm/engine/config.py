@@ -170,6 +170,9 @@ class TrainConfig(_Section):
     """
 
     section = "train"
+    # how the loop reports, keeps and places its work, not what it computes: not part of a run's
+    # training config (``RunConfig.training_dict``)
+    BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator")
     max_steps: Optional[int] = None
     epochs: Optional[int] = None
     batch_size: int = 32
@@ -272,7 +275,7 @@ class RunConfig:
         config without ``name``, ``out_dir`` and the loop's bookkeeping intervals."""
         out = self.to_dict()
         del out["name"], out["out_dir"]
-        for key in ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator"):
+        for key in TrainConfig.BOOKKEEPING:
             del out["train"][key]
         return out
 

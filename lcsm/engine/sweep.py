@@ -19,20 +19,24 @@ An experiment file (see docs/sweeps.md)::
 
 Every run gets a directory ``<sweep dir>/<run id>/`` (id: the grid labels, readable, plus a hash of
 the whole config) and is run by ``lcsm train`` in a subprocess, so a run is exactly what its
-``config.yaml`` says. A run whose ``result.json`` holds the same training config is not run again;
-an interrupted run resumes from its checkpoints; a sweep stopped with Ctrl-C or SIGTERM stops its
-runs cleanly (they checkpoint) and continues where it stopped when started again.
+``config.yaml`` says. A run whose ``result.json`` holds the same training config is not run again
+(compared with the mixer's options resolved, ``_equivalence_key``), nor one that a sweep beside it
+has finished with that config (copied, ``Equivalents``); an interrupted run resumes from its
+checkpoints; a sweep stopped with Ctrl-C or SIGTERM stops its runs cleanly (they checkpoint) and
+continues where it stopped when started again.
 """
 from __future__ import annotations
 
 import copy
 import csv
 import hashlib
+import inspect
 import io
 import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +48,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 
-from .config import RunConfig, _check_keys, _choice, apply_overrides, read_yaml, yaml_load
+from .config import OptimConfig, RunConfig, TrainConfig, _check_keys, _choice, apply_overrides, read_yaml, yaml_load
 
 EXPERIMENT_COPY = "experiment.yaml"
 EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", "description", "paper", "reading")
@@ -106,6 +110,27 @@ def _training_part(config: Mapping[str, Any]) -> Dict[str, Any]:
     """What determines a run's weights (as ``RunConfig.training_dict``), canonical JSON."""
     values = {**config, "out_dir": "x"}
     return json.loads(json.dumps(RunConfig.from_dict(values).training_dict()))
+
+
+def _equivalence_key(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The training part with the mixer's options resolved: its registered name, and every option
+    of its constructor with the defaults and the options a ``family:spec`` name implies filled in.
+    Two configs with equal keys train the same weights however they were written (``lcsm:1-1-1-0``
+    or ``lcsm`` with ``code: 1-1-1-0``; ``tau: 16`` written out or left to its default). Run ids
+    keep hashing the config as written, so committed runs keep their ids; caching and reuse
+    compare these keys (dicts, so 16 and 16.0 are equal)."""
+    from lcsm.layers.base import resolve
+
+    part = _training_part(config)
+    model = part["model"]
+    if isinstance(model.get("mixer"), str):
+        cls, implied = resolve(model["mixer"])
+        defaults = {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()
+                    if name not in ("self", "d_model") and p.default is not inspect.Parameter.empty}
+        model["mixer"] = cls.registry_name
+        model["mixer_options"] = json.loads(json.dumps(
+            {**defaults, **implied, **(model.get("mixer_options") or {})}, default=repr))
+    return part
 
 
 def _label(value: Any) -> str:
@@ -249,10 +274,74 @@ def cached_result(run: Run) -> Optional[Dict[str, Any]]:
         return None
     try:
         result = json.loads(path.read_text())
-        same = _training_part(result["config"]) == _training_part(run.config)
+        same = _equivalence_key(result["config"]) == _equivalence_key(run.config)
     except (ValueError, KeyError, TypeError):
         return None
     return result if same else None
+
+
+class Equivalents:
+    """Finished runs of the sweeps beside a sweep directory (``<its parent>/*/<run>/result.json``,
+    itself included), found by their training config, so a run that another experiment has made
+    already is copied instead of trained again (the LCSM tables share runs: the tau table's tau 16
+    is the activation table's 1-1-1-0). Read once, on the first lookup."""
+
+    def __init__(self, sweep_dir: Path):
+        self.root = Path(sweep_dir).resolve().parent
+        self._runs: Optional[List[Dict[str, Any]]] = None
+
+    @staticmethod
+    def _typed_sections(config: Mapping[str, Any]) -> Any:
+        """The task's name and the optimiser and loop settings, defaults filled in: cheap to
+        compare, where the whole key builds the task (an LM task reads its corpus to do so)."""
+        train = TrainConfig.from_dict(config["train"]).to_dict()
+        for key in TrainConfig.BOOKKEEPING:
+            del train[key]
+        return json.loads(json.dumps([config["task"]["name"], OptimConfig.from_dict(config.get("optim")).to_dict(),
+                                      train]))
+
+    def _index(self) -> List[Dict[str, Any]]:
+        if self._runs is None:
+            self._runs = []
+            for path in sorted(self.root.glob("*/*/result.json")):
+                try:
+                    config = json.loads(path.read_text())["config"]
+                    self._runs.append({"dir": path.parent, "config": config, "typed": self._typed_sections(config)})
+                except (ValueError, KeyError, TypeError, OSError):
+                    continue            # unreadable, or from a config this version no longer reads
+        return self._runs
+
+    def find(self, run: Run) -> Optional[Path]:
+        """The directory of a finished run with ``run``'s training config, or None. Only for a run
+        that has not started here: an interrupted run resumes from its own checkpoints instead."""
+        if run.out_dir.exists() and any(run.out_dir.iterdir()):
+            return None
+        typed, key = self._typed_sections(run.config), None
+        for entry in self._index():
+            if entry["typed"] != typed or entry["dir"].resolve() == run.out_dir.resolve():
+                continue
+            if "key" not in entry:
+                try:
+                    entry["key"] = _equivalence_key(entry["config"])
+                except (ValueError, KeyError, TypeError):
+                    entry["key"] = None
+            key = key or _equivalence_key(run.config)
+            if entry["key"] == key:
+                return entry["dir"]
+        return None
+
+
+def reuse(run: Run, source: Path) -> None:
+    """Copy the finished run ``source`` (every file: results, logs, checkpoints) to ``run``'s
+    directory, atomically: an interrupted copy leaves no half run behind. The copy is exact, so its
+    ``config.yaml`` and ``result.json`` keep the source's ``name`` and ``out_dir``, which say where
+    it came from."""
+    staging = run.out_dir.with_name(run.out_dir.name + ".reusing")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging)
+    if run.out_dir.exists():
+        run.out_dir.rmdir()                                     # empty (``Equivalents.find``)
+    staging.rename(run.out_dir)
 
 
 # ----------------------------------------------------------------------------- running
@@ -460,20 +549,32 @@ def check_buildable(runs: Sequence[Run]) -> None:
             raise ValueError(f"run {run.id}: {err}") from None
 
 
-def sweep(exp: Experiment, *, parallel: int = 1, dry_run: bool = False, log=print) -> Tuple[List[Dict[str, Any]], bool]:
+def sweep(exp: Experiment, *, parallel: int = 1, dry_run: bool = False, reuse_runs: bool = True,
+          log=print) -> Tuple[List[Dict[str, Any]], bool]:
     """Run every run of ``exp`` that has no cached result; returns (result rows, all succeeded).
-    The runs to do are built first (``check_buildable``), dry run included."""
+    With ``reuse_runs`` a run that a sweep beside this one has finished with the same training
+    config (``Equivalents``) is copied, not trained. The runs to train are built first
+    (``check_buildable``), dry run included."""
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ValueError(f"--parallel: expected a positive integer, got {parallel!r}")
     runs = exp.runs()
-    todo = [r for r in runs if cached_result(r) is None]
+    missing = [r for r in runs if cached_result(r) is None]
+    equivalents = Equivalents(exp.out_dir)
+    sources = {r.id: equivalents.find(r) for r in missing} if reuse_runs else {}
+    reused = [r for r in missing if sources.get(r.id)]
+    todo = [r for r in missing if not sources.get(r.id)]
     check_buildable(todo)
-    log(f"sweep {exp.name}: {len(runs)} runs in {exp.out_dir}/ ({len(runs) - len(todo)} cached, {len(todo)} to run"
+    log(f"sweep {exp.name}: {len(runs)} runs in {exp.out_dir}/ ({len(runs) - len(missing)} cached, "
+        + (f"{len(reused)} to copy from equal runs beside it, " if reused else "") + f"{len(todo)} to run"
         + (f", {parallel} at a time" if parallel > 1 and todo else "") + ")")
     if dry_run:
         for r in runs:
-            log(f"  {'cached ' if r not in todo else 'to run '} {r.id}")
+            status = "to copy" if r in reused else "to run " if r in todo else "cached "
+            log(f"  {status} {r.id}" + (f" (from {sources[r.id]})" if r in reused else ""))
         return collect(exp), True
+    for r in reused:
+        reuse(r, sources[r.id])
+        log(f"--- run {r.id}: copied from {sources[r.id]} (the same training config)")
     codes = execute(todo, parallel=parallel, log=log) if todo else {}
     rows = collect(exp)
     write_results(exp, rows)

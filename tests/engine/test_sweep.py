@@ -266,6 +266,53 @@ def test_real_sweep_is_resumable_after_interruption(tmp_path, stop):
     assert [r["status"] for r in rows] == ["completed", "completed"]
 
 
+def test_a_run_finished_by_a_sweep_beside_it_is_copied_not_trained(tmp_path, monkeypatch):
+    """Run configs that train the same weights however they are written (a name implying the
+    mixer's code, a default written out, 16 against 16.0) are equal for the cache; a missing run
+    equal to a finished one of a sibling sweep directory is copied whole, unless it has started
+    here (it resumes) or reuse is off. Run ids still hash the config as written."""
+    def lcsm_experiment(name, models):
+        return experiment(tmp_path, name=name, grid={"model": models}, select=None, report={})
+
+    tau = lcsm_experiment("tau", {"tau16": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0", "tau": 16}},
+                                  "tau4": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0", "tau": 4}}})
+    calls = []
+    monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
+    sweep(load_experiment(tau, out_dir=tmp_path / "results" / "tau"), log=lambda *_: None)
+    assert len(calls) == 2
+    source = next((tmp_path / "results" / "tau").glob("model=tau16-*"))
+    (source / "train.csv").write_text("step\n1\n")
+
+    codes = lcsm_experiment("codes", {"named": {"mixer": "lcsm:1-1-1-0", "mixer_options": {"tau": 16.0}},
+                                      "written": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0"}},
+                                      "other": {"mixer": "lcsm", "mixer_options": {"code": "1-3-1-0"}},
+                                      "started": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0", "expand": 64}}})
+    exp = load_experiment(codes, out_dir=tmp_path / "results" / "codes")
+    runs = {r.labels["model"]: r for r in exp.runs()}
+    assert runs["named"].id.split("-")[-1] != runs["written"].id.split("-")[-1]       # ids as written
+    runs["started"].out_dir.mkdir(parents=True)
+    (runs["started"].out_dir / "config.yaml").write_text("an interrupted run's files")
+    log = []
+    sweep(exp, dry_run=True, log=log.append)
+    assert "(0 cached, 2 to copy from equal runs beside it, 2 to run)" in log[0]
+    assert sum("to copy" in line and "results/tau/model=tau16-" in line for line in log) == 2
+    del calls[:]
+    rows, ok = sweep(exp, log=log.append)
+    assert ok and sorted(calls) == sorted([runs["other"].id, runs["started"].id])
+    for label in ("named", "written"):
+        copied = runs[label].out_dir
+        assert sorted(p.name for p in copied.iterdir()) == ["result.json", "train.csv"]
+        assert all((copied / f).read_bytes() == (source / f).read_bytes() for f in ("result.json", "train.csv"))
+        assert sweep_mod.cached_result(runs[label]) is not None
+    assert not list((tmp_path / "results" / "codes").glob("*.reusing"))
+    del calls[:]
+    sweep(exp, log=lambda *_: None)
+    assert calls == []                                                          # all cached now
+
+    assert main(["sweep", str(codes), "--out", str(tmp_path / "results" / "fresh"), "--no-reuse"]) == 0
+    assert len(calls) == 4
+
+
 def test_at_axis_sets_several_keys_together(tmp_path):
     grid = {"@size": {"small": {"model.d_model": 8, "train.max_steps": 3},
                       "big": {"model.d_model": 16, "optim.lr": 0.5}}}
