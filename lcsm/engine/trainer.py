@@ -494,7 +494,12 @@ def train(config: RunConfig, *, resume: bool = True, restart: bool = False, quie
             if dist.is_main:
                 discard_run(Path(config.out_dir))
             dist.barrier()
-        return Trainer(config, dist, quiet=quiet).run(resume=resume)
+        result = Trainer(config, dist, quiet=quiet).run(resume=resume)
+        # Rank 0 finishes later (final test, result.json); a gloo rank that destroys its group
+        # while a peer still holds the connection can abort at exit ("terminate called without an
+        # active exception", seen once in tests/engine/test_distributed.py), so all leave together.
+        dist.barrier()
+        return result
     finally:
         torch.set_num_threads(threads)
         dist.teardown()
