@@ -41,6 +41,11 @@ from .base import (Evaluator, Segment, Task, TaskConfig, check_int, check_positi
 SPLITS = ("train", "validation", "test")
 BUILTIN = ("default", "sotu", "moby_dick", "wikitext-103", "wikitext-2")
 EOD = "<|endoftext|>"
+# BPE tokenizers this process has trained, by the training split's cache key. A task built without
+# the cache (``RunConfig.from_dict`` validates every run of a sweep that way) still needs its
+# vocabulary size; without this each of them trained the tokenizer again (3 s each on the default
+# corpus), so loading a 16-run LM experiment took a minute.
+_TRAINED_BPE: Dict[str, "BPETokenizer"] = {}
 Document = Tuple[str, str]          # (id, text)
 
 
@@ -300,13 +305,17 @@ class LanguageModelling(Task):
             if c.tokenizer == "byte":
                 self._tokenizer = ByteTokenizer()
             else:
-                path = self.cache_dir / "lm" / f"bpe-{self.cache_key('train')}.json"
-                if path.is_file():
+                key = self.cache_key("train")
+                path = self.cache_dir / "lm" / f"bpe-{key}.json"
+                if key in _TRAINED_BPE:
+                    self._tokenizer = _TRAINED_BPE[key]
+                elif path.is_file():
                     self._tokenizer = BPETokenizer.load(path)
                 else:
                     self._tokenizer = BPETokenizer.train((t for _, t in self.documents()["train"]), c.bpe_vocab)
-                    if self.use_cache:
-                        self._tokenizer.save(path)
+                    _TRAINED_BPE[key] = self._tokenizer
+                if self.use_cache and not path.is_file():
+                    self._tokenizer.save(path)
         return self._tokenizer
 
     # --- the Task interface

@@ -57,6 +57,25 @@ def test_byte_and_bpe_round_trip(tmp_path, corpus):
     assert again.encode(text) == bpe.encode(text)
 
 
+def test_bpe_is_trained_once_per_process_without_the_cache(tmp_path, corpus, monkeypatch):
+    # Validating a sweep builds every run's task without the cache; each needs the vocabulary size.
+    from lcsm.tasks.lm import BPETokenizer
+
+    trained = []
+    train = BPETokenizer.train.__func__
+    monkeypatch.setattr(BPETokenizer, "train", classmethod(lambda cls, *a: trained.append(1) or train(cls, *a)))
+    def uncached():
+        return tasks.build("lm", cache_dir=tmp_path / "cache", use_cache=False, corpus=f"path:{corpus}", seq_len=32,
+                           validation_fraction=0.2, test_fraction=0.2, tokenizer="bpe", bpe_vocab=300)
+
+    first, second = uncached(), uncached()
+    assert first.vocab_size == second.vocab_size and len(trained) == 1
+    assert not (tmp_path / "cache").exists()
+    cached = build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300)
+    assert cached.vocab_size == first.vocab_size and len(trained) == 1
+    assert len(list((tmp_path / "cache" / "lm").glob("bpe-*.json"))) == 1
+
+
 def test_bpe_is_trained_on_the_training_split_only(tmp_path, make_corpus):
     root = make_corpus(tmp_path / "c", n_docs=30)
     task = build(tmp_path, root, tokenizer="bpe", bpe_vocab=400)
