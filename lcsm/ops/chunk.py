@@ -15,8 +15,8 @@ product. When a chunk's total decay is moderate (at most SAFE_SPAN, e.g. GLA's l
 gates) exp(Gamma_t - Gamma_s) factorises through the chunk start with every factor within
 exp(+-SAFE_SPAN); stronger decays (tests go to -30 per step) split the chunk into sub-chunks of
 c <= 16 steps whose pairs factorise through the point between them (factors <= 1), with the
-c x c diagonal blocks factorised or, if still too strong, built from the explicit [c, c, K|D]
-decay tensor. Long sequences run in segments of SEGMENT tokens so time per token stays flat.
+c x c diagonal blocks factorised or, if still too strong, split again the same way (down to single
+steps). Long sequences run in segments of SEGMENT tokens so time per token stays flat.
 
 ``elementwise`` -- anything else (a full K x D decay as in Mamba, K x D expand or shrink states;
 a separable decay there is applied as its materialised K x D log):
@@ -81,9 +81,9 @@ def _halves(x: Tensor, kind: str, width: int):
     return (first, last) if kind == "outer" else (last, first)
 
 
-def _subchunk(C: int) -> int:
-    """Largest divisor of C that is at most SUBCHUNK."""
-    return max(c for c in range(1, min(C, SUBCHUNK) + 1) if C % c == 0)
+def _subchunk(C: int, at_most: int) -> int:
+    """Largest divisor of C that is at most ``at_most``."""
+    return max(c for c in range(1, min(C, at_most) + 1) if C % c == 0)
 
 
 def _masked_exp(diff: Tensor, mask: Tensor) -> Tensor:
@@ -141,35 +141,28 @@ def _single_reference(q, k, v, G, kind, strict):
     return _exp(G - ref, q.dtype) * (a @ (v * _exp(ref - G, q.dtype)))
 
 
-def _pairwise_blocks(q, k, v, G, kind, strict):
-    """Blocks [.., c, *] through the explicit [c, c, K|D] decay tensors (both for a separable
-    decay; the [c, c, K, D] product is never formed): every factor <= 1."""
-    if kind in OUTER:
-        w_a, w_b = (_pairwise(x, strict, q.dtype) for x in _halves(G, kind, q.shape[-1]))
-        a = (q.unsqueeze(-2) * k.unsqueeze(-3) * w_a).sum(-1)
-        return (a.unsqueeze(-1) * w_b * v.unsqueeze(-3)).sum(-2)
-    w = _pairwise(G, strict, q.dtype)
-    if kind == "row":
-        return (q.unsqueeze(-2) * k.unsqueeze(-3) * w).sum(-1) @ v
-    a = q @ k.transpose(-1, -2)
-    return (a.unsqueeze(-1) * w * v.unsqueeze(-3)).sum(-2)
-
-
-def _intra_subchunked(q, k, v, G, kind, strict):
+def _intra_subchunked(q, k, v, G, kind, strict, at_most: int = SUBCHUNK):
     """Within-chunk outputs for row, column or separable decays too strong for one reference per
-    chunk (q, k [.., C, K], v [.., C, D], G [.., C, X]). The chunk is cut into sub-chunks of c <= 16 steps;
-    pairs of sub-chunks factorise through the reference point between them (both factors <= 1);
-    diagonal blocks are factorised when their own span is moderate and use the explicit pairwise
-    tensor otherwise. All branches are exact; the choice only avoids overflow and underflow.
+    chunk (q, k [.., C, K], v [.., C, D], G [.., C, X]). The chunk is cut into sub-chunks of
+    c <= at_most steps; pairs of sub-chunks factorise through the reference point between them
+    (both factors <= 1); diagonal blocks are factorised when their own span is moderate and are
+    otherwise cut again the same way, into sub-chunks of at most c / 4 steps, down to single steps
+    (whose span is 0) if need be. All branches are exact; the choice only avoids overflow and
+    underflow. Cutting again replaced explicit [c, c, K|D] pairwise decay tensors for the diagonal
+    blocks, which took 12x the moderate path's time under decays of about -1.4 per step (eos forward
+    and backward on LCSM code-1 shapes, B 64, T 128, K 64, D 128; docs/eos.md has the bench); a
+    level of cuts costs a few small matmuls.
     """
     C = q.shape[-2]
-    c = _subchunk(C)
+    c = _subchunk(C, at_most)
     ns = C // c
     lead = q.shape[:-2]
     sub = lambda x: x.reshape(*lead, ns, c, x.shape[-1])
     qs, ks, vs, Gs = sub(q), sub(k), sub(v), sub(G)
-    diagonal = _single_reference if _is_moderate(Gs, q.dtype) else _pairwise_blocks
-    y = diagonal(qs, ks, vs, Gs, kind, strict)                                 # [.., ns, c, D]
+    if c == 1 or _is_moderate(Gs, q.dtype):
+        y = _single_reference(qs, ks, vs, Gs, kind, strict)                    # [.., ns, c, D]
+    else:
+        y = _intra_subchunked(qs, ks, vs, Gs, kind, strict, max(1, c // 4))
     blocks = [y[..., 0, :, :]]
     for I in range(1, ns):
         ref = G[..., I * c - 1: I * c, :]                              # Gamma just before sub-chunk I

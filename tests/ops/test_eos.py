@@ -308,8 +308,9 @@ def test_errors_name_the_argument():
 @pytest.mark.parametrize("decay", ["scalar", "row", "col", "outer"])
 @pytest.mark.parametrize("chunk_size", [48, 64])
 def test_strong_decay_branches_with_gradients(decay, strength, dtype, chunk_size):
-    """Decays strong enough that chunks (and, at 80, sub-chunks) exceed the single-reference span,
-    so the sub-chunked and pairwise branches of the matmul kernel are exercised, gradients included."""
+    """Decays strong enough that chunks (and, at 80, sub-chunks of 16 and of 4 steps) exceed the
+    single-reference span, so every level of the matmul kernel's sub-chunking is exercised (down to
+    single steps in float32), gradients included."""
     check(make_inputs(130, decay=decay, strength=strength, seed=29), "chunk", dtype,
           chunk_size=chunk_size, context=f"strength={strength}")
 
@@ -371,7 +372,7 @@ def test_chunk_backward_option_is_checked():
 @pytest.mark.parametrize("strength", [20.0, 80.0])
 def test_outer_strong_decays_with_mixed_parts(dd, strength, dtype):
     """A separable decay whose parts differ in data dependence, strong enough for the sub-chunked
-    branches (and, at 80, the pairwise diagonal blocks), chunk size 48 (sub-chunks of 16) not
+    branches (and, at 80, diagonal blocks cut again), chunk size 48 (sub-chunks of 16) not
     dividing T = 130, gradients of both parts included."""
     check(make_inputs(130, decay="outer", dd_decay=dd, strength=strength, seed=43), "chunk", dtype,
           chunk_size=48, context=f"outer dd={dd} strength={strength}")
