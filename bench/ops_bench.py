@@ -496,17 +496,19 @@ class Bench:
         """LCSM o code 1, o_t = a_t (x) b_t with both factors logsigmoid(.) / 16 as the layer builds
         them: the same problem through the matmul kernel (the pair) and through the elementwise
         kernel (the materialised [B,T,H,K,D] sum, what the layer passed before). Both sums are
-        formed inside the timed function, so both backwards reach the two factors."""
+        formed inside the timed function, so both backwards reach the two factors. Then the pair
+        with LCSM's tau 1 (logsigmoid(.) unscaled) on logits of standard deviation 2, about
+        -1.4 per step, which sends the chunks through the sub-chunked path at every level."""
         z = self.z
         K, D = z.outer_K, z.outer_D
 
-        def inputs(T):
+        def inputs(T, scale=GATES["gla"], spread=1.0):
             g = _gen(6)
             return {"i": _leaf(torch.randn(z.B, T, 1, D, generator=g)),
                     "e": _leaf(torch.randn(z.B, T, 1, K, generator=g) / math.sqrt(K)),
                     "s": _leaf(torch.randn(z.B, T, 1, K, generator=g) / math.sqrt(K)),
-                    "log_row": _leaf(F.logsigmoid(torch.randn(z.B, T, 1, K, 1, generator=g)) * GATES["gla"]),
-                    "log_col": _leaf(F.logsigmoid(torch.randn(z.B, T, 1, 1, D, generator=g)) * GATES["gla"])}
+                    "log_row": _leaf(F.logsigmoid(spread * torch.randn(z.B, T, 1, K, 1, generator=g)) * scale),
+                    "log_col": _leaf(F.logsigmoid(spread * torch.randn(z.B, T, 1, 1, D, generator=g)) * scale)}
 
         def pair(x):
             return eos(x["i"], x["e"], x["s"], (x["log_row"], x["log_col"]), mode="chunk", chunk_size=z.C)[0]
@@ -517,9 +519,9 @@ class Bench:
         for T in z.outer_T:
             shape = f"B={z.B} T={T} H=1 K={K} D={D}"
 
-            def build(fn):
+            def build(fn, **gates):
                 def make():
-                    x = inputs(T)
+                    x = inputs(T, **gates)
                     return (lambda: fn(x)), _leaves(x)
                 return make
 
@@ -528,9 +530,15 @@ class Bench:
             slow = self.time(f"outer_elementwise@{T}",
                              "lcsm eos chunk, the same decay as a K x D sum (elementwise kernel)",
                              shape, z.B * T, build(summed))
+            strong = self.time(f"outer_matmul_strong@{T}",
+                               "lcsm eos chunk, separable decay pair, tau 1 gates on logits of std 2 (sub-chunked)",
+                               shape, z.B * T, build(pair, scale=GATES["strong"], spread=2.0))
             if fast is not None and slow is not None:
                 self.r.info.append((f"separable decay (LCSM code 1): elementwise / matmul kernel (speed-up), "
                                     f"T={T}", f"{slow.median / fast.median:.2f}x"))
+            if fast is not None and strong is not None:
+                self.r.info.append((f"separable decay (LCSM code 1): tau-1 gates / GLA gates (sub-chunking's cost), "
+                                    f"T={T}", f"{strong.median / fast.median:.2f}x"))
         x = inputs(min(z.outer_T))
         self.agreement("separable decay, elementwise kernel on the K x D sum", lambda: pair(x), lambda: summed(x))
 
