@@ -64,11 +64,7 @@ def test_bpe_is_trained_once_per_process_without_the_cache(tmp_path, corpus, mon
     trained = []
     train = BPETokenizer.train.__func__
     monkeypatch.setattr(BPETokenizer, "train", classmethod(lambda cls, *a: trained.append(1) or train(cls, *a)))
-    def uncached():
-        return tasks.build("lm", cache_dir=tmp_path / "cache", use_cache=False, corpus=f"path:{corpus}", seq_len=32,
-                           validation_fraction=0.2, test_fraction=0.2, tokenizer="bpe", bpe_vocab=300)
-
-    first, second = uncached(), uncached()
+    first, second = (build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300, use_cache=False) for _ in range(2))
     assert first.vocab_size == second.vocab_size and len(trained) == 1
     assert not (tmp_path / "cache").exists()
     cached = build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300)
