@@ -15,6 +15,10 @@ Cases (select with ``--only``; see bench/README.md for the method and the target
     mamba      H=1, K=16, D=256 with a full data-dependent K x D decay vs a per-step Python loop
     outer      LCSM code 1's separable decay a_t (x) b_t (H=1, K=64, D=128): the matmul kernel on the
                pair vs the elementwise kernel on the materialised K x D sum, T = 256 and 2048
+    kxd        LCSM's K x D codes at a training batch (B=64, T=64, H=1, K=64, D=128), where the
+               elementwise kernel serves: a K x D e with the separable decay (code 0-1-1-0), a
+               time-invariant K x D decay (1-0-1-0) and a per-step one (1-9-1-0), against code
+               1-1-1-0 (vector e and s, the matmul kernel)
     gflops     achieved matmul GFLOP/s of the chunk kernel vs the machine's matmul throughput
 
 Shape glossary: B batch, T time, H heads, K expand width (keys), D input width (values),
@@ -50,7 +54,8 @@ from lcsm.testing import RTOL, rel_rms
 Tensor = torch.Tensor
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "outer", "gflops")
+CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "outer", "kxd",
+         "gflops")
 # Scale of logsigmoid(x) in the log decays. "gla": GLA's normaliser 1/16 (a chunk of 64 decays
 # by ~e^-3, kept in lcsm's one-matmul-per-chunk path); "strong": unscaled (~e^-0.8 per step),
 # which sends a row decay through lcsm's sub-chunked path; the memory case measures both.
@@ -78,6 +83,7 @@ class Sizes:
     outer_K: int
     outer_D: int
     outer_T: Tuple[int, ...]         # sequence lengths of the separable-decay comparison
+    kxd: Tuple[int, int, int, int]   # B, T, K, D of the K x D codes' comparison
     matmul_n: int
     repeats: int
     warmup: int
@@ -86,11 +92,11 @@ class Sizes:
 FULL = Sizes(B=1, H=4, T=2048, K=64, D=64, C=64, T_long=16384,
              scaling=(1024, 2048, 4096, 8192, 16384, 32768, 65536), memory=(2048, 8192, 32768),
              mamba_K=16, mamba_D=256, mamba_T=2048, outer_K=64, outer_D=128, outer_T=(256, 2048),
-             matmul_n=2048, repeats=5, warmup=1)
+             kxd=(64, 64, 64, 128), matmul_n=2048, repeats=5, warmup=1)
 # T must stay a multiple of 64: fla's naive_chunk_linear_attn hard-codes chunks of 64.
 QUICK = Sizes(B=1, H=2, T=128, K=16, D=16, C=32, T_long=256, scaling=(128, 256), memory=(256, 1024),
               mamba_K=4, mamba_D=16, mamba_T=128, outer_K=8, outer_D=16, outer_T=(64, 128),
-              matmul_n=256, repeats=2, warmup=1)
+              kxd=(4, 16, 8, 16), matmul_n=256, repeats=2, warmup=1)
 
 
 # ----------------------------------------------------------------------------- records
@@ -541,6 +547,44 @@ class Bench:
                                     f"T={T}", f"{strong.median / fast.median:.2f}x"))
         x = inputs(min(z.outer_T))
         self.agreement("separable decay, elementwise kernel on the K x D sum", lambda: pair(x), lambda: summed(x))
+
+    def case_kxd(self):
+        """LCSM's codes with a K x D state at the LCSM MQAR base's training shape (batch 64, 64
+        tokens, d 128), with the layer's own gate scales (logsigmoid(.) / tau, tau 16), each against
+        code 1-1-1-0: the cost of the elementwise kernel where training meets it."""
+        z = self.z
+        B, T, K, D = z.kxd
+        shape = f"B={B} T={T} H=1 K={K} D={D}"
+        gate = lambda *tail, g: _leaf(F.logsigmoid(torch.randn(*tail, generator=g)) / 16)
+
+        def inputs(code):
+            g = _gen(7)
+            vec = lambda: _leaf(torch.randn(B, T, 1, K, generator=g) / math.sqrt(K))
+            pair = lambda: (gate(B, T, 1, K, 1, g=g), gate(B, T, 1, 1, D, g=g))
+            x = {"i": _leaf(torch.randn(B, T, 1, D, generator=g)), "e": vec(), "s": vec()}
+            if code == "0-1-1-0":
+                x["e"] = _leaf(torch.randn(1, K, D, generator=g) / math.sqrt(K))
+            x["log_o"] = {"1-1-1-0": pair, "0-1-1-0": pair, "1-0-1-0": lambda: gate(1, K, D, g=g),
+                          "1-9-1-0": lambda: gate(B, T, 1, K, D, g=g)}[code]()
+            return x
+
+        def build(code):
+            def make():
+                x = inputs(code)
+                run = lambda: eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0]
+                leaves = _leaves({k: v for k, v in x.items() if k != "log_o"})
+                return run, leaves + list(x["log_o"] if isinstance(x["log_o"], tuple) else [x["log_o"]])
+            return make
+
+        what = {"1-1-1-0": "vector e and s, separable decay (matmul kernel)",
+                "0-1-1-0": "K x D e, separable decay (elementwise kernel)",
+                "1-0-1-0": "time-invariant K x D decay (elementwise kernel)",
+                "1-9-1-0": "per-step K x D decay (elementwise kernel)"}
+        base = self.time("kxd_1-1-1-0", f"LCSM code 1-1-1-0: {what['1-1-1-0']}", shape, B * T, build("1-1-1-0"))
+        for code in ("0-1-1-0", "1-0-1-0", "1-9-1-0"):
+            t = self.time(f"kxd_{code}", f"LCSM code {code}: {what[code]}", shape, B * T, build(code))
+            if base is not None and t is not None:
+                self.r.info.append((f"LCSM code {code} / code 1-1-1-0, {shape}", f"{t.median / base.median:.2f}x"))
 
     def case_gflops(self):
         z = self.z

@@ -21,8 +21,8 @@ Canonical, head-major tensors (a size-1 dim means "broadcast"):
 
 A separable oscillation (LCSM Table 3, o code 1: o_t = a_t (x) b_t) is kept as its two factors
 so that the chunk kernel can apply them along K and along D without ever forming the K x D
-decay; ``EOSProblem.g_full`` materialises the sum for the forms that step through the K x D
-memory anyway (the recurrent reference, the parallel map, fft, the elementwise kernel).
+decay; ``EOSProblem.g_full`` materialises the sum for the plain forms (the recurrent reference,
+the parallel map, fft); the elementwise kernel applies the two factors one after the other.
 """
 from __future__ import annotations
 

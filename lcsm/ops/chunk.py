@@ -19,10 +19,10 @@ c x c diagonal blocks factorised or, if still too strong, split again the same w
 steps). Long sequences run in segments of SEGMENT tokens so time per token stays flat.
 
 ``elementwise`` -- anything else (a full K x D decay as in Mamba, K x D expand or shrink states;
-a separable decay there is applied as its materialised K x D log):
-per chunk, the recurrence m_t = o_t * m_{t-1} + e_t (x) i_t step by step over [B, H, K, D] (exact
-for any decay), the shrink as one batched product over the chunk; only the memory at chunk ends
-is kept.
+a separable decay there is applied factor by factor): per chunk, the recurrence
+m_t = o_t * m_{t-1} + e_t (x) i_t step by step over [B, H, K, D] (exact for any decay), in blocks
+of steps whose memories fit in BLOCK_BYTES, each block's shrink one batched product while they
+are in cache; only the memory at chunk ends is kept.
 
 Backward (appendix 5.1, Type 1; corrected in docs/eos.md). For ``matmul`` the backward is itself
 EOS problems over the same decays, so it stores no per-step memory:
@@ -37,8 +37,8 @@ where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. The two are the marginal
 D and over K for any decay, so a separable decay takes both, one for each factor. Row and column
 roles swap under transposition, which is why the kernel supports both (and "outer" becomes
 "outer_t"). For ``elementwise`` the backward recomputes each chunk from its saved start memory, in
-reverse order, and runs the same adjoint recurrence over that chunk alone
-(``scan_chunk_backward``). Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
+reverse order, and runs the same adjoint recurrence over that chunk alone, in the forward's
+blocks (``scan_chunk_backward``). Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
 """
 from __future__ import annotations
 
@@ -63,11 +63,14 @@ SUBCHUNK = 16
 # float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
 SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
 SEGMENT = 2048
+# Cache budget of one block of the elementwise kernel's memories (see ``scan_chunk``): 1 MiB, a
+# core's share of a server's cache, measured best on this project's CPU among 0.25-4 MiB.
+BLOCK_BYTES = 1 << 20
 
 
 def kernel_for(p: EOSProblem) -> str:
     """``matmul`` when e and s are K-vectors and the decay is none, scalar, row, column or
-    separable ("outer"); ``elementwise`` otherwise (a separable decay then as its K x D sum)."""
+    separable ("outer"); ``elementwise`` otherwise (a separable decay then factor by factor)."""
     if p.e_is_vector and p.s_is_vector and p.decay_kind != "full":
         return "matmul"
     return "elementwise"
@@ -555,14 +558,6 @@ def _contract_k(a: Tensor, h: Tensor) -> Tensor:
     return (a * h).sum(-2)
 
 
-def _grad_outer(x: Tensor, A: Tensor, w: Tensor) -> Tensor:
-    """The gradient of x [.., K, D|1] in a term x[.., k, d] w[.., d] whose adjoint is A [.., K, D]:
-    sum_d A[.., k, d] w[.., d] when x is a K-vector, A * w otherwise; reduced to x's shape."""
-    if x.shape[-1] == 1:
-        return _grad_for(x, _matmul(A, w.unsqueeze(-1)))
-    return _grad_for(x, A * w.unsqueeze(-2))
-
-
 def _promoted(*xs: Optional[Tensor]) -> torch.dtype:
     dt = xs[0].dtype
     for x in xs[1:]:
@@ -571,68 +566,147 @@ def _promoted(*xs: Optional[Tensor]) -> torch.dtype:
     return dt
 
 
-def scan_chunk(v, e, s, o, m):
-    """One chunk of the elementwise kernel, step by step: v [B, H, c, D], e/s [B|1, H, c|1, K, D|1],
-    o None or [B|1, H, c|1, K|1, D|1] (the decays, exp(log_o)), m [B, H, K, D] ->
-    (y [B, H, c, D], memories h [B, H, c, K, D]).
+def _block_steps(B: int, H: int, K: int, D: int, dtype: torch.dtype) -> int:
+    """Steps per block of the elementwise kernel: as many [B, H, K, D] memories as fit in
+    BLOCK_BYTES, at least one (see ``scan_chunk``)."""
+    step = B * H * K * D * torch.empty((), dtype=dtype).element_size()
+    return max(1, BLOCK_BYTES // step)
 
-    ``h_t = o_t * h_{t-1} + e_t (x) v_t`` is the recurrence itself: exact for any decay, with no
-    cumulative product to overflow or cancel. On a CPU, c small steps over [B, H, K, D] (written
-    in place into h) cost less than a cumulative-sum form's passes over [B, H, c, K, D] (cumsum
-    along a middle dimension is slow there), and each step is large enough for the Python loop
-    not to matter. No autograd: ``scan_chunk_backward`` is its adjoint.
+
+def _recur(v, e, o, h, out):
+    """``h_t = o_t * h_{t-1} + e_t (x) v_t`` for the n steps of v [B, H, n, D] (e and the decay
+    factors o sliced alike) from the memory h, written into out[:, :, :n]; returns the last
+    memory, a view of out. h may be out's last slot: each step reads only the slot before it."""
+    vv = v.unsqueeze(-2)
+    for t in range(v.shape[2]):
+        h_t = out[:, :, t]
+        if o:
+            torch.mul(_at(o[0], t), h, out=h_t)
+            for factor in o[1:]:
+                h_t.mul_(_at(factor, t))
+            h_t.addcmul_(_at(e, t), vv[:, :, t])
+        else:
+            torch.addcmul(h, _at(e, t), vv[:, :, t], out=h_t)
+        h = h_t
+    return h
+
+
+def _blocks(c: int, b: int):
+    return [(a, min(a + b, c)) for a in range(0, c, b)]
+
+
+def scan_chunk(v, e, s, o, m):
+    """One chunk of the elementwise kernel: v [B, H, c, D], e/s [B|1, H, c|1, K, D|1], o a list of
+    decay factors [B|1, H, c|1, K|1, D|1] whose product is the decay (exp(log_o); two for a
+    separable pair, none for no decay), m [B, H, K, D] -> (y [B, H, c, D], the memory after the
+    chunk [B, H, K, D]).
+
+    ``h_t = o_t * h_{t-1} + e_t (x) v_t`` step by step is the recurrence itself: exact for any
+    decay, with no cumulative product to overflow or cancel. The steps run in blocks whose
+    memories fit in BLOCK_BYTES, each block followed by its shrink as one batched product, so the
+    shrink reads memories still in cache: with a large batch a block is one step (the kernel is
+    bound by memory traffic, and a chunk's [c, K, D] memories would make a round trip to main
+    memory), with small memories a block is the whole chunk (few, large operations: the cost per
+    operation then dominates). A separable decay stays two factors (two in-place products a step)
+    rather than a materialised [B, H, T, K, D] tensor. No autograd: ``scan_chunk_backward`` is
+    its adjoint.
     """
     B, H, c, D = v.shape
-    K = e.shape[3]
-    hs = v.new_empty(B, H, c, K, D, dtype=_promoted(m, e, v, o))
-    vv = v.unsqueeze(-2)
-    h = m
-    for t in range(c):
-        h_t = hs[:, :, t]
-        if o is None:
-            torch.addcmul(h, _at(e, t), vv[:, :, t], out=h_t)
+    dtype = _promoted(m, e, v, *o)
+    b = min(c, _block_steps(B, H, e.shape[3], D, dtype))
+    buffer = v.new_empty(B, H, b, e.shape[3], D, dtype=dtype)
+    h, ys = m, []
+    for a, z in _blocks(c, b):
+        h = _recur(v[:, :, a:z], _time_slice(e, a, z), [_time_slice(f, a, z) for f in o], h, buffer)
+        ys.append(_contract_k(_time_slice(s, a, z), buffer[:, :, :z - a]))
+    return torch.cat(ys, 2), h.clone()
+
+
+def _memories(v, e, o, m):
+    """The memories h [B, H, c, K, D] after each step of a chunk, for its backward."""
+    B, H, c, D = v.shape
+    hs = v.new_empty(B, H, c, e.shape[3], D, dtype=_promoted(m, e, v, *o))
+    _recur(v, e, o, m, hs)
+    return hs
+
+
+def _grad_outer(x: Tensor, A: Tensor, w: Tensor) -> Tensor:
+    """The gradient of x [.., K, D|1] in a term x[.., k, d] w[.., d] whose adjoint is A [.., K, D]:
+    sum_d A[.., k, d] w[.., d] when x is a K-vector, A * w otherwise, before reduction to x's shape."""
+    if x.shape[-1] == 1:
+        return _matmul(A, w.unsqueeze(-1))
+    return A * w.unsqueeze(-2)
+
+
+class _BlockGrads:
+    """The gradient of an input x [B|1, H, c|1, ...] of one chunk, given block by block: ``out``
+    is the chunk's slice of a per-step x's gradient buffer, written in place; None for a
+    time-shared x, whose blocks are summed."""
+
+    def __init__(self, x: Tensor, out: Optional[Tensor]):
+        self.x, self.out, self.total = x, out, None
+
+    def add(self, a: int, z: int, grad: Tensor) -> None:
+        if self.out is not None:
+            part = self.out[:, :, a:z]
+            part.copy_(_grad_for(part, grad))
         else:
-            torch.mul(_at(o, t), h, out=h_t)
-            h_t.addcmul_(_at(e, t), vv[:, :, t])
-        h = h_t
-    return _contract_k(s, hs), hs
+            grad = _grad_for(self.x, grad)
+            self.total = grad if self.total is None else self.total + grad
+
+    def result(self) -> Tensor:
+        return self.total if self.out is None else self.out
 
 
-def scan_chunk_backward(v, e, s, o, m, hs, dy, dm):
+def scan_chunk_backward(v, e, s, o, m, hs, dy, dm, out):
     """The adjoint of ``scan_chunk`` (appendix 5.1, Type 1, restricted to one chunk), by the
     reverse-time recurrence ``dh_t = conj(o_{t+1}) dh_{t+1} + conj(s_t) dy_t``; with it
-    ``dlog_o_t = dh_t conj(o_t h_{t-1})``, ``de_t = dh_t conj(v_t)``, ``dv_t = sum_k dh_t conj(e_t)``
-    and ``ds_t = dy_t conj(h_t)`` (PyTorch's conjugate convention for complex inputs).
-    Returns (dv, de, ds, dlog_o or None, dm for the chunk's start memory)."""
-    c = v.shape[2]
+    ``dlog_o_t = conj(o_t) dh_t conj(h_{t-1})`` (reduced to each factor's shape: the factors
+    multiply, so their logs add), ``de_t = dh_t conj(v_t)``, ``dv_t = sum_k dh_t conj(e_t)`` and
+    ``ds_t = dy_t conj(h_t)`` (PyTorch's conjugate convention for complex inputs). The recurrence
+    runs step by step in the forward's blocks, from the last, and each block's gradients follow
+    as batched products while its dh are in cache. hs are the chunk's memories (``_memories``);
+    ``out`` maps "v", "e", "s" and each factor's index to the chunk's slice of its gradient
+    buffer, None for a time-shared input. Returns (dv, de, ds, the factors' dlog_o, dm for the
+    chunk's start memory), a per-step input's gradient being its ``out`` slice."""
+    B, H, c, D = v.shape
+    K = e.shape[3]
     dY = dy.unsqueeze(-2)                                            # [B, H, c, 1, D]
-    sc = s.conj()
-    oc = None if o is None else o.conj()
-    dH = torch.empty_like(hs)
-    dG = None if o is None else torch.empty_like(hs)
+    ec, sc, vc = e.conj(), s.conj(), v.conj()
+    oc = [factor.conj() for factor in o]
+    grads = {"v": _BlockGrads(v, out["v"]), "e": _BlockGrads(e, out["e"]), "s": _BlockGrads(s, out["s"]),
+             **{j: _BlockGrads(factor, out[j]) for j, factor in enumerate(o)}}
     # A real memory read by complex s or dy takes the real part of its adjoint (two ops a step).
     real_part = not hs.is_complex() and (sc.is_complex() or dy.is_complex())
+    b = min(c, _block_steps(B, H, K, D, hs.dtype))
+    dH = hs.new_empty(B, H, b, K, D)
+    dC = hs.new_empty(B, H, b, K, D) if o else dH       # conj(o_t) dh_t, the carry into step t - 1
     carry = dm
-    for t in reversed(range(c)):
-        dh = dH[:, :, t]
-        if real_part:
-            torch.add(carry, (dY[:, :, t] * _at(sc, t)).real, out=dh)
-        else:
-            torch.addcmul(carry, dY[:, :, t], _at(sc, t), out=dh)
-        if oc is None:
-            carry = dh
-        else:
-            carry = dh * _at(oc, t)
-            torch.mul(carry, (hs[:, :, t - 1] if t > 0 else m).conj(), out=dG[:, :, t])
-    dv = _contract_k(e.conj(), dH)
-    de = _grad_outer(e, dH, v.conj())
-    ds = _grad_outer(s, hs.conj(), dy)
-    dlog_o = None if o is None else _grad_for(o, dG)
-    return _grad_for(v, dv), de, ds, dlog_o, carry
+    for a, z in reversed(_blocks(c, b)):
+        for j in reversed(range(z - a)):
+            t = a + j
+            if real_part:
+                torch.add(carry, (dY[:, :, t] * _at(sc, t)).real, out=dH[:, :, j])
+            else:
+                torch.addcmul(carry, dY[:, :, t], _at(sc, t), out=dH[:, :, j])
+            carry = dC[:, :, j]
+            for i, factor in enumerate(oc):
+                torch.mul(dH[:, :, j] if i == 0 else carry, _at(factor, t), out=carry)
+        n = z - a
+        grads["v"].add(a, z, _contract_k(_time_slice(ec, a, z), dH[:, :, :n]))
+        grads["e"].add(a, z, _grad_outer(e, dH[:, :, :n], vc[:, :, a:z]))
+        grads["s"].add(a, z, _grad_outer(s, hs[:, :, a:z].conj(), dy[:, :, a:z]))
+        if o:
+            previous = hs[:, :, a - 1:z - 1] if a > 0 else torch.cat([m.unsqueeze(2), hs[:, :, :z - 1]], 2)
+            dG = dC[:, :, :n] * previous.conj()
+            for j in range(len(o)):
+                grads[j].add(a, z, dG)
+    dlog_o = [grads[j].result() for j in range(len(o))]
+    return grads["v"].result(), grads["e"].result(), grads["s"].result(), dlog_o, carry.clone()
 
 
 def chunk_elementwise(v, e, s, o, m0, C):
-    """The ``elementwise`` kernel over the whole sequence, o = exp(log_o) or None; returns y, m_T
+    """The ``elementwise`` kernel over the whole sequence (o: the decay factors); returns y, m_T
     and the chunks' start memories."""
     B, H, T, D = v.shape
     K = e.shape[3]
@@ -641,58 +715,56 @@ def chunk_elementwise(v, e, s, o, m0, C):
     for start in range(0, T, C):
         stop = min(start + C, T)
         states.append(M)
-        y_c, hs = scan_chunk(v[:, :, start:stop], _time_slice(e, start, stop),
-                             _time_slice(s, start, stop), _time_slice(o, start, stop), M)
+        y_c, M = scan_chunk(v[:, :, start:stop], _time_slice(e, start, stop), _time_slice(s, start, stop),
+                            [_time_slice(factor, start, stop) for factor in o], M)
         ys.append(y_c)
-        M = hs[:, :, -1].clone()          # a copy, so the chunk's [c, K, D] memories can be freed
     return torch.cat(ys, 2), M, states
 
 
 class ChunkElementwiseFunction(torch.autograd.Function):
     """``chunk_elementwise`` whose backward recomputes one chunk at a time from its saved start
-    memory and runs ``scan_chunk_backward`` over it, in reverse chunk order."""
+    memory and runs ``scan_chunk_backward`` over it, in reverse chunk order. The decay comes as
+    up to two log factors, g_a and g_b (a separable pair's row and column parts; g_b None
+    otherwise), whose exps multiply."""
 
     @staticmethod
-    def forward(ctx, v, e, s, g, m0, C):
-        o = None if g is None else g.exp()
+    def forward(ctx, v, e, s, g_a, g_b, m0, C):
+        o = [g.exp() for g in (g_a, g_b) if g is not None]
         y, m_T, states = chunk_elementwise(v, e, s, o, m0, C)
-        ctx.save_for_backward(v, e, s, o, m0, *states)
-        ctx.C = C
+        ctx.save_for_backward(v, e, s, m0, *o, *states)
+        ctx.C, ctx.factors = C, len(o)
         return y, m_T
 
     @staticmethod
     def backward(ctx, dy, dm_T):
-        v, e, s, o, m0, *states = ctx.saved_tensors
+        v, e, s, m0, *saved = ctx.saved_tensors
+        o, states = saved[:ctx.factors], saved[ctx.factors:]
         C = ctx.C
         T = v.shape[2]
         dM = torch.zeros_like(states[-1]) if dm_T is None else dm_T
         dy = torch.zeros_like(v) if dy is None else dy
-        full = {"v": v, "e": e, "s": s, "g": o}          # dlog_o has the shape of o = exp(log_o)
-        grads = {name: [] for name in full}
-        shared = dict.fromkeys(full)
+        # dlog_o has the shape of o = exp(log_o), factor by factor.
+        full = {"v": v, "e": e, "s": s, **dict(enumerate(o))}
+        # A per-step input's gradient is written chunk by chunk into one buffer; a time-shared
+        # input's (time dimension 1) is summed over the chunks.
+        buffers = {name: None if name != "v" and x.shape[2] == 1 else torch.empty_like(x)
+                   for name, x in full.items()}
+        sums = dict.fromkeys(full)
         for n in reversed(range(len(states))):
             start, stop = n * C, min(n * C + C, T)
             part = {name: _time_slice(x, start, stop) for name, x in full.items()}
-            _, hs = scan_chunk(part["v"], part["e"], part["s"], part["g"], states[n])
-            *chunk_grads, dM = scan_chunk_backward(part["v"], part["e"], part["s"], part["g"], states[n],
-                                                   hs, dy[:, :, start:stop], dM)
-            for name, grad in zip(full, chunk_grads):
-                if grad is None:
-                    continue
-                if name != "v" and full[name].shape[2] == 1:
-                    shared[name] = grad if shared[name] is None else shared[name] + grad
-                else:
-                    grads[name].append(grad)
-
-        def collect(name):
-            if full[name] is None:
-                return None
-            if name != "v" and full[name].shape[2] == 1:
-                return shared[name]
-            return torch.cat(grads[name][::-1], 2)
-
+            out = {name: _time_slice(buf, start, stop) for name, buf in buffers.items()}
+            factors = [part[j] for j in range(len(o))]
+            hs = _memories(part["v"], part["e"], factors, states[n])
+            dv, de, ds, dlog_o, dM = scan_chunk_backward(part["v"], part["e"], part["s"], factors, states[n],
+                                                         hs, dy[:, :, start:stop], dM, out)
+            for name, grad in zip(full, (dv, de, ds, *dlog_o)):
+                if buffers[name] is None:
+                    sums[name] = grad if sums[name] is None else sums[name] + grad
+        grads = [sums[name] if buffers[name] is None else buffers[name] for name in full]
+        dg = grads[3:] + [None] * (2 - len(o))
         dm0 = None if m0 is None else _grad_for(m0, dM)
-        return collect("v"), collect("e"), collect("s"), collect("g"), dm0, None
+        return (*grads[:3], *dg, dm0, None)
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -731,4 +803,5 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom"):
         raise ValueError(f"backward: the elementwise kernel (decay {p.decay_kind!r}, e {tuple(p.e.shape)}, "
                          f"s {tuple(p.s.shape)}) has only the 'custom' backward, got {backward!r}; "
                          "'autograd' is the matmul kernel's baseline")
-    return ChunkElementwiseFunction.apply(p.v, p.e, p.s, p.g_full, p.m0, C)
+    g_a, g_b = p.g_outer if p.g_outer is not None else (p.g, None)
+    return ChunkElementwiseFunction.apply(p.v, p.e, p.s, g_a, g_b, p.m0, C)

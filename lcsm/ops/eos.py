@@ -56,7 +56,7 @@ def _kernel_reason(p: EOSProblem) -> str:
         why.append("K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec))
     reason = "elementwise kernel: " + " and ".join(why)
     if p.decay_kind == "outer":
-        reason += " (the separable decay is materialised as the K x D log_row + log_col)"
+        reason += " (the separable decay applied as its two factors, one after the other, each step)"
     return reason
 
 
@@ -96,7 +96,7 @@ def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chun
     Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent (both parts
     of a separable pair) -> fft; otherwise chunk (kernel ``matmul`` when e and s are K-vectors and
     the decay is none/scalar/row/column or a separable pair, else ``elementwise``, which applies a
-    separable pair as its materialised K x D sum). ``parallel`` is never chosen automatically: it
+    separable pair factor by factor). ``parallel`` is never chosen automatically: it
     is the O(T^2) attention-map form, for analysis and tests. The recurrent, parallel and fft modes
     also take a separable pair as its materialised sum: they are the plain, obviously correct forms.
     """

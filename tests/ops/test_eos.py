@@ -228,16 +228,18 @@ def test_gradcheck_fft(decay):
     assert torch.autograd.gradcheck(f, leaves)
 
 
-@pytest.mark.parametrize("decay", ["row", "outer", "full"])
+@pytest.mark.parametrize("decay", ["row", "outer", "full", "outer, K x D e"])
 def test_custom_backward_stores_no_per_step_memory(decay):
-    """The chunk Functions save O(T (K + D) + (T / C) K D) numbers, not O(T K D)."""
+    """The chunk Functions save O(T (K + D) + (T / C) K D) numbers, not O(T K D); the elementwise
+    kernel keeps a separable decay as its two factors (a K x D e sends it there)."""
     T, C, K_, D_ = 512, 64, 16, 16
     i = torch.randn(1, T, 1, D_, requires_grad=True)
-    e = torch.randn(1, T, 1, K_, requires_grad=True)
+    e = torch.randn(1, T, 1, K_, requires_grad=True) if decay != "outer, K x D e" else torch.randn(1, K_, D_)
     s = torch.randn(1, T, 1, K_, requires_grad=True)
     gate = lambda *tail: logsigmoid(torch.randn(1, T, 1, *tail)).requires_grad_()
     log_o = {"row": lambda: gate(K_, 1), "full": lambda: gate(K_, D_),
-             "outer": lambda: (gate(K_, 1), gate(1, D_))}[decay]()
+             "outer": lambda: (gate(K_, 1), gate(1, D_))}[decay.split(",")[0]]()
+    assert explain(i, e, s, log_o, mode="chunk").kernel == ("matmul" if decay in ("row", "outer") else "elementwise")
     y, _ = eos(i, e, s, log_o, mode="chunk", chunk_size=C)
     node = y.grad_fn
     while node is not None and not hasattr(node, "saved_tensors"):
@@ -350,6 +352,26 @@ def test_segmented_long_sequences(decay, monkeypatch):
     check(make_inputs(101, decay=decay, seed=31), "chunk", torch.float64, chunk_size=8, context=decay)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("block", [1, 3])
+@pytest.mark.parametrize("e,s,decay,complex_decay", [
+    ("dd", "dd", "full", False), ("dd", "dd", "full", True), ("mat", "dd", "outer", False),
+    ("dd", "mat", "none", False), ("vec", "mat", "row", True), ("mat", "vec", "full", False)])
+def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatch):
+    """The elementwise kernel runs a chunk's steps in blocks of memories that fit BLOCK_BYTES:
+    at these tiny sizes one block is the whole chunk, so shrink the budget to blocks of one step
+    (the large-batch case) and of three (blocks that do not divide the chunk of 8, itself not
+    dividing T), with time-shared and per-step e, s and decays."""
+    import lcsm.ops.chunk as chunk
+
+    memory_dtype = {torch.float64: torch.complex128, torch.float32: torch.complex64}[dtype] if complex_decay else dtype
+    monkeypatch.setattr(chunk, "BLOCK_BYTES", block * B * H * K * D * torch.empty((), dtype=memory_dtype).element_size())
+    assert chunk._block_steps(B, H, K, D, memory_dtype) == block
+    inputs = make_inputs(29, e=e, s=s, decay=decay, dd_decay=s != "vec", complex_decay=complex_decay, seed=13)
+    assert explain(*(inputs[n] for n in NAMES[:4]), mode="chunk").kernel == "elementwise"
+    check(inputs, "chunk", dtype, chunk_size=8, context=f"block {block} e={e} s={s} {decay}")
+
+
 def test_chunk_backward_option_is_checked():
     """``backward="autograd"`` is the matmul kernel's benchmark baseline only; the elementwise
     kernel refuses it, and an unknown value is refused by both, naming the argument."""
@@ -386,7 +408,7 @@ def test_outer_explain_names_the_kernel():
         assert (plan.mode, plan.kernel) == ("chunk", "matmul"), plan
         assert "decay=outer" in plan.reason and "separable decay" in plan.reason, plan
     mat = explain(*args(make_inputs(100, e="vec", s="mat", decay="outer")))
-    assert mat.kernel == "elementwise" and "K x D s" in mat.reason and "log_row + log_col" in mat.reason, mat
+    assert mat.kernel == "elementwise" and "K x D s" in mat.reason and "two factors" in mat.reason, mat
     assert explain(*args(make_inputs(100, e="vec", s="vec", decay="outer", dd_decay=False))).mode == "fft"
     assert explain(*args(make_inputs(100, e="vec", s="vec", decay="outer", dd_decay=(False, True)))).mode == "chunk"
     assert explain(*args(make_inputs(1, decay="outer"))).mode == "recurrent"
