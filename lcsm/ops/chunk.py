@@ -20,9 +20,10 @@ steps). Long sequences run in segments of SEGMENT tokens so time per token stays
 
 ``elementwise`` -- anything else (a full K x D decay as in Mamba, K x D expand or shrink states;
 a separable decay there is applied factor by factor): per chunk, the recurrence
-m_t = o_t * m_{t-1} + e_t (x) i_t step by step over [B, H, K, D] (exact for any decay), in blocks
-of steps whose memories fit in BLOCK_BYTES, each block's shrink one batched product while they
-are in cache; only the memory at chunk ends is kept.
+m_t = o_t * m_{t-1} + e_t (x) i_t step by step over [B, H, K, D] (exact for any decay), on a CPU
+in blocks of steps whose memories fit in BLOCK_BYTES (elsewhere a block is the chunk), each
+block's shrink one batched product while they are in cache; only the memory at chunk ends is
+kept.
 
 Backward (appendix 5.1, Type 1; corrected in docs/eos.md). For ``matmul`` the backward is itself
 EOS problems over the same decays, so it stores no per-step memory:
@@ -63,8 +64,8 @@ SUBCHUNK = 16
 # float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
 SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
 SEGMENT = 2048
-# Cache budget of one block of the elementwise kernel's memories (see ``scan_chunk``): 1 MiB, a
-# core's share of a server's cache, measured best on this project's CPU among 0.25-4 MiB.
+# Cache budget of one block of the elementwise kernel's memories on a CPU (``_block_steps``):
+# 1 MiB, about a core's share of a server CPU's cache.
 BLOCK_BYTES = 1 << 20
 
 
@@ -566,11 +567,15 @@ def _promoted(*xs: Optional[Tensor]) -> torch.dtype:
     return dt
 
 
-def _block_steps(B: int, H: int, K: int, D: int, dtype: torch.dtype) -> int:
-    """Steps per block of the elementwise kernel: as many [B, H, K, D] memories as fit in
-    BLOCK_BYTES, at least one (see ``scan_chunk``)."""
+def _block_steps(B: int, H: int, K: int, D: int, dtype: torch.dtype, device: torch.device, c: int) -> int:
+    """Steps per block of a chunk of c steps in the elementwise kernel (see ``scan_chunk``): on a
+    CPU as many [B, H, K, D] memories as fit in BLOCK_BYTES, at least one; elsewhere the whole
+    chunk, the form the project's GPU runs used, since there each operation is a kernel launch
+    whose fixed cost dominates at these sizes and per-step blocks would multiply the launches."""
+    if device.type != "cpu":
+        return c
     step = B * H * K * D * torch.empty((), dtype=dtype).element_size()
-    return max(1, BLOCK_BYTES // step)
+    return min(c, max(1, BLOCK_BYTES // step))
 
 
 def _recur(v, e, o, h, out):
@@ -613,7 +618,7 @@ def scan_chunk(v, e, s, o, m):
     """
     B, H, c, D = v.shape
     dtype = _promoted(m, e, v, *o)
-    b = min(c, _block_steps(B, H, e.shape[3], D, dtype))
+    b = _block_steps(B, H, e.shape[3], D, dtype, v.device, c)
     buffer = v.new_empty(B, H, b, e.shape[3], D, dtype=dtype)
     h, ys = m, []
     for a, z in _blocks(c, b):
@@ -678,7 +683,7 @@ def scan_chunk_backward(v, e, s, o, m, hs, dy, dm, out):
              **{j: _BlockGrads(factor, out[j]) for j, factor in enumerate(o)}}
     # A real memory read by complex s or dy takes the real part of its adjoint (two ops a step).
     real_part = not hs.is_complex() and (sc.is_complex() or dy.is_complex())
-    b = min(c, _block_steps(B, H, K, D, hs.dtype))
+    b = _block_steps(B, H, K, D, hs.dtype, hs.device, c)
     dH = hs.new_empty(B, H, b, K, D)
     dC = hs.new_empty(B, H, b, K, D) if o else dH       # conj(o_t) dh_t, the carry into step t - 1
     carry = dm

@@ -358,15 +358,17 @@ def test_segmented_long_sequences(decay, monkeypatch):
     ("dd", "dd", "full", False), ("dd", "dd", "full", True), ("mat", "dd", "outer", False),
     ("dd", "mat", "none", False), ("vec", "mat", "row", True), ("mat", "vec", "full", False)])
 def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatch):
-    """The elementwise kernel runs a chunk's steps in blocks of memories that fit BLOCK_BYTES:
-    at these tiny sizes one block is the whole chunk, so shrink the budget to blocks of one step
-    (the large-batch case) and of three (blocks that do not divide the chunk of 8, itself not
-    dividing T), with time-shared and per-step e, s and decays."""
+    """On a CPU the elementwise kernel runs a chunk's steps in blocks of memories that fit
+    BLOCK_BYTES: at these tiny sizes one block is the whole chunk, so shrink the budget to blocks
+    of one step (the large-batch case) and of three (blocks that do not divide the chunk of 8,
+    itself not dividing T), with time-shared and per-step e, s and decays. (On other devices a
+    block is the whole chunk, the path every other test takes.)"""
     import lcsm.ops.chunk as chunk
 
     memory_dtype = {torch.float64: torch.complex128, torch.float32: torch.complex64}[dtype] if complex_decay else dtype
     monkeypatch.setattr(chunk, "BLOCK_BYTES", block * B * H * K * D * torch.empty((), dtype=memory_dtype).element_size())
-    assert chunk._block_steps(B, H, K, D, memory_dtype) == block
+    assert chunk._block_steps(B, H, K, D, memory_dtype, torch.device("cpu"), 8) == block
+    assert chunk._block_steps(B, H, K, D, memory_dtype, torch.device("cuda"), 8) == 8
     inputs = make_inputs(29, e=e, s=s, decay=decay, dd_decay=s != "vec", complex_decay=complex_decay, seed=13)
     assert explain(*(inputs[n] for n in NAMES[:4]), mode="chunk").kernel == "elementwise"
     check(inputs, "chunk", dtype, chunk_size=8, context=f"block {block} e={e} s={s} {decay}")
