@@ -607,14 +607,14 @@ def scan_chunk(v, e, s, o, m):
     chunk [B, H, K, D]).
 
     ``h_t = o_t * h_{t-1} + e_t (x) v_t`` step by step is the recurrence itself: exact for any
-    decay, with no cumulative product to overflow or cancel. The steps run in blocks whose
-    memories fit in BLOCK_BYTES, each block followed by its shrink as one batched product, so the
-    shrink reads memories still in cache: with a large batch a block is one step (the kernel is
-    bound by memory traffic, and a chunk's [c, K, D] memories would make a round trip to main
-    memory), with small memories a block is the whole chunk (few, large operations: the cost per
-    operation then dominates). A separable decay stays two factors (two in-place products a step)
-    rather than a materialised [B, H, T, K, D] tensor. No autograd: ``scan_chunk_backward`` is
-    its adjoint.
+    decay, with no cumulative product to overflow or cancel. The steps run in blocks (on a CPU,
+    those whose memories fit in BLOCK_BYTES; ``_block_steps``), each block followed by its shrink
+    as one batched product, so the shrink reads memories still in cache: with a large batch a
+    block is one step (the kernel is bound by memory traffic, and a chunk's [c, K, D] memories
+    would make a round trip to main memory), with small memories a block is the whole chunk (few,
+    large operations: the cost per operation then dominates). A separable decay stays two factors
+    (two in-place products a step) rather than a materialised [B, H, T, K, D] tensor. No
+    autograd: ``scan_chunk_backward`` is its adjoint.
     """
     B, H, c, D = v.shape
     dtype = _promoted(m, e, v, *o)
