@@ -704,9 +704,13 @@ def scan_chunk_backward(v, e, s, o, m, hs, dy, dm, out):
         grads["e"].add(a, z, _grad_outer(e, dH[:, :, :n], vc[:, :, a:z]))
         grads["s"].add(a, z, _grad_outer(s, hs[:, :, a:z].conj(), dy[:, :, a:z]))
         if o:
-            previous = hs[:, :, a - 1:z - 1] if a > 0 else torch.cat([m.unsqueeze(2), hs[:, :, :z - 1]], 2)
-            dG = dC[:, :, :n] * previous.conj()
-            for j in range(len(o)):
+            # dlog_o of one factor of the memory's shape and dtype goes straight into its buffer.
+            direct = len(o) == 1 and grads[0].out is not None and grads[0].out.dtype == dC.dtype \
+                and grads[0].out[:, :, a:z].shape == dC[:, :, :n].shape
+            dG = grads[0].out[:, :, a:z] if direct else torch.empty_like(dC[:, :, :n])
+            torch.mul(dC[:, :, 1:n], hs[:, :, a:z - 1].conj(), out=dG[:, :, 1:])
+            torch.mul(dC[:, :, 0], (hs[:, :, a - 1] if a > 0 else m).conj(), out=dG[:, :, 0])
+            for j in range(0 if direct else len(o)):
                 grads[j].add(a, z, dG)
     dlog_o = [grads[j].result() for j in range(len(o))]
     return grads["v"].result(), grads["e"].result(), grads["s"].result(), dlog_o, carry.clone()
