@@ -653,6 +653,13 @@ class _BlockGrads:
     def __init__(self, x: Tensor, out: Optional[Tensor]):
         self.x, self.out, self.total = x, out, None
 
+    def slot(self, a: int, z: int, like: Tensor) -> Optional[Tensor]:
+        """The buffer's slice for steps a..z when a gradient shaped and typed like ``like`` can be
+        written there as it is (no reduction, no real part); else None."""
+        if self.out is None or self.out.dtype != like.dtype or self.out[:, :, a:z].shape != like.shape:
+            return None
+        return self.out[:, :, a:z]
+
     def add(self, a: int, z: int, grad: Tensor) -> None:
         if self.out is not None:
             part = self.out[:, :, a:z]
@@ -704,14 +711,14 @@ def scan_chunk_backward(v, e, s, o, m, hs, dy, dm, out):
         grads["e"].add(a, z, _grad_outer(e, dH[:, :, :n], vc[:, :, a:z]))
         grads["s"].add(a, z, _grad_outer(s, hs[:, :, a:z].conj(), dy[:, :, a:z]))
         if o:
-            # dlog_o of one factor of the memory's shape and dtype goes straight into its buffer.
-            direct = len(o) == 1 and grads[0].out is not None and grads[0].out.dtype == dC.dtype \
-                and grads[0].out[:, :, a:z].shape == dC[:, :, :n].shape
-            dG = grads[0].out[:, :, a:z] if direct else torch.empty_like(dC[:, :, :n])
+            # A single factor's dlog_o goes straight into its buffer when it needs no reduction.
+            direct = grads[0].slot(a, z, dC[:, :, :n]) if len(o) == 1 else None
+            dG = direct if direct is not None else torch.empty_like(dC[:, :, :n])
             torch.mul(dC[:, :, 1:n], hs[:, :, a:z - 1].conj(), out=dG[:, :, 1:])
             torch.mul(dC[:, :, 0], (hs[:, :, a - 1] if a > 0 else m).conj(), out=dG[:, :, 0])
-            for j in range(0 if direct else len(o)):
-                grads[j].add(a, z, dG)
+            if direct is None:
+                for j in range(len(o)):
+                    grads[j].add(a, z, dG)
     dlog_o = [grads[j].result() for j in range(len(o))]
     return grads["v"].result(), grads["e"].result(), grads["s"].result(), dlog_o, carry.clone()
 
