@@ -616,10 +616,9 @@ class S4(Mixer):
         A = self.continuous_A()
         dt = self.log_dt.exp().to(A.dtype).view(-1, 1, 1)
         eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-        back = eye - dt / 2 * A
-        A_bar = torch.linalg.solve(back, eye + dt / 2 * A)
-        B_bar = torch.linalg.solve(back, (dt[..., 0] * B).unsqueeze(-1))[..., 0]
-        return A_bar, B_bar
+        # One solve for both right-hand sides [I + Delta/2 A | Delta B].
+        X = torch.linalg.solve(eye - dt / 2 * A, torch.cat([eye + dt / 2 * A, dt * B.unsqueeze(-1)], dim=-1))
+        return X[..., :-1], X[..., -1]
 
     def kernel(self, length: int) -> Tensor:
         """K_j = Re(C A_bar^j B_bar), j < length, by the S4 algorithm (Cauchy + Woodbury): [H, length]."""
