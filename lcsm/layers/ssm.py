@@ -596,6 +596,7 @@ class S4(Mixer):
         self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(H, dt_min, dt_max).to(_dtype())))
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
         self.output_linear = nn.Linear(H, 2 * H)
+        self._discretized = None
 
     # -- the system
 
@@ -611,7 +612,23 @@ class S4(Mixer):
         return torch.diag_embed(Lam) - P.unsqueeze(-1) * P.conj().unsqueeze(-2)
 
     def discretize(self) -> Tuple[Tensor, Tensor]:
-        """Bilinear: (A_bar [H, N, N], B_bar [H, N]) of the full system."""
+        """Bilinear: (A_bar [H, N, N], B_bar [H, N]) of the full system.
+
+        With autograd off (decoding, evaluation) the result is kept until a parameter it depends on
+        changes (in place, as an optimizer step does, or by a new dtype, device or tensor): decoding
+        steps one token at a time, and the N x N solve costs more than the step itself."""
+        if torch.is_grad_enabled():
+            return self._discretize()
+        params = (self.log_A_real, self.A_imag, self.P, self.B, self.log_dt)
+        cached = self._discretized
+        # The key holds each parameter's storage, so a pointer seen again is the same storage.
+        if cached is None or not all(
+                d.data_ptr() == p.data_ptr() and d.dtype == p.dtype and d.device == p.device and v == p._version
+                for (d, v), p in zip(cached[0], params)):
+            cached = self._discretized = ([(p.data, p._version) for p in params], self._discretize())
+        return cached[1]
+
+    def _discretize(self) -> Tuple[Tensor, Tensor]:
         _, _, B, _ = self.full()
         A = self.continuous_A()
         dt = self.log_dt.exp().to(A.dtype).view(-1, 1, 1)

@@ -163,6 +163,42 @@ def test_cauchy_conj_gradcheck(monkeypatch):
     assert torch.autograd.gradcheck(cauchy_conj, (W, g, lam))
 
 
+def test_s4_discretization_kept_without_autograd_follows_parameter_changes():
+    """Decoding without autograd reuses A_bar, B_bar until a parameter changes: in place (an optimizer
+    step), by assignment of new data, or by a dtype change; each step matches the computation with
+    autograd on, which never reuses them."""
+    mixer = make("s4")
+    x = randn(2, 1, D_MODEL)
+    _, state = mixer(randn(2, 5, D_MODEL, seed=2), return_state=True)
+
+    def both():
+        with torch.no_grad():
+            got = mixer(x, state=state)
+        return got, mixer(x, state=state).detach()
+
+    first, want = both()
+    assert_close({"y": first}, {"y": want}, context="first step")
+    again, _ = both()
+    assert mixer._discretized is not None and torch.equal(again, first)
+    for change in ("in place", "new data", "dtype"):
+        with torch.no_grad():
+            if change == "in place":
+                mixer.log_dt.add_(0.5)
+            elif change == "new data":
+                mixer.A_imag.data = mixer.A_imag.data * 1.5
+            else:
+                mixer.float()
+                state = type(state)(x=state.x.to(torch.complex64))
+                x = x.float()
+        got, want = both()
+        if change == "dtype":
+            assert got.dtype == torch.float32
+        else:
+            assert not torch.allclose(got, first)
+        assert_close({"y": got}, {"y": want}, context=f"after a parameter change: {change}")
+        first = got
+
+
 @pytest.mark.parametrize("length", [16, 17])
 def test_s4_kernel_algorithm_equals_powers(length):
     """Cauchy + Woodbury at roots of unity == Re(C A_bar^j B_bar) with the bilinear A_bar formed here."""
