@@ -686,15 +686,37 @@ class S4(Mixer):
         N2 = self.d_state // 2
         _, _, _, C = self.full()
         x_full = torch.cat([x0, x0.conj()], dim=-1) if x0 is not None else None
+        if x_full is None and not return_state:
+            return y, None
+        # The state terms in chunks of L steps: L Krylov rows and one step by A_bar^L per chunk, not
+        # T rows ([H, T, N], gigabytes at 16K tokens); L ~ sqrt(B T) balances the two costs.
+        Bsz, H = u.shape[0], u.shape[2]
+        L = min(T, math.isqrt(Bsz * T))
+        n = -(-T // L)
+        A_L = torch.linalg.matrix_power(A_bar, L)
+
+        def advance(x):
+            return torch.einsum("hnm,bhm->bhn", A_L, x)
+
         if x_full is not None:
-            # y_t += Re(C A_bar^(t+1) x_0): rows C A_bar^(t+1), t < T.
-            rows = krylov(torch.einsum("hn,hnm->hm", C, A_bar), A_bar, T)      # [H, T, N]
-            y = y + torch.einsum("htn,bhn->bth", rows, x_full).real
+            # y_t += Re(C A_bar^(t+1) x_0) with t = c L + j: rows C A_bar^(j+1) times A_bar^(c L) x_0.
+            rows = krylov(torch.einsum("hn,hnm->hm", C, A_bar), A_bar, L)      # [H, L, N]
+            starts = [x_full]
+            for _ in range(n - 1):
+                starts.append(advance(starts[-1]))
+            y0 = torch.einsum("hjn,cbhn->bcjh", rows, torch.stack(starts)).real
+            y = y + y0.reshape(Bsz, n * L, H)[:, :T]
         x_T = None
         if return_state:
-            # x_T = sum_j A_bar^j B_bar u_(T-1-j) + A_bar^T x_0; columns A_bar^j B_bar as rows of the transpose.
-            cols = krylov(B_bar, A_bar.transpose(-1, -2), T)                 # [H, T, N]
-            x_T = torch.einsum("htn,bth->bhn", cols, u.flip(1).to(cols.dtype))
+            # x_T = sum_j A_bar^j B_bar u_(T-1-j) + A_bar^T x_0 with j = c L + i: the chunk sums
+            # s_c = sum_i A_bar^i B_bar u_(T-1-cL-i) (columns A_bar^i B_bar as rows of the
+            # transpose), then sum_c A_L^c s_c by Horner's rule.
+            cols = krylov(B_bar, A_bar.transpose(-1, -2), L)                 # [H, L, N]
+            u_back = F.pad(u.flip(1), (0, 0, 0, n * L - T)).view(Bsz, n, L, H)
+            sums = torch.einsum("hin,bcih->cbhn", cols, u_back.to(cols.dtype))
+            x_T = sums[-1]
+            for c in range(n - 2, -1, -1):
+                x_T = advance(x_T) + sums[c]
             if x_full is not None:
                 x_T = x_T + torch.einsum("hnm,bhm->bhn", torch.linalg.matrix_power(A_bar, T), x_full)
             x_T = x_T[..., :N2]

@@ -64,21 +64,33 @@ def impulse_response(mixer, T):
 @pytest.mark.parametrize("name", ["s4", "s4d", "s5", "dss", "tnn"])
 def test_fft_path_equals_recurrence(name):
     fft, rec = make(name, mode="fft"), make(name, mode="recurrent")
-    x = randn(2, 24, D_MODEL)
+    x = randn(2, 23, D_MODEL)
     _, state = rec(randn(2, 5, D_MODEL, seed=2), return_state=True)   # a non-zero carried state
     y_fft, s_fft = fft(x, state=state, return_state=True)
     y_rec, s_rec = rec(x, state=state, return_state=True)
     assert_close({"y": y_fft, **s_fft.tensors()}, {"y": y_rec, **s_rec.tensors()}, context=name)
 
 
-def test_s4_fft_gradients_equal_recurrence_gradients():
+@pytest.mark.parametrize("carried", [False, True])
+def test_s4_fft_gradients_equal_recurrence_gradients(carried):
+    """Every parameter's gradient, and with a carried state the input's and the initial state's
+    under random cotangents on y and the final state (T = 17: the state chunks do not divide it)."""
     fft, rec = make("s4", mode="fft"), make("s4", mode="recurrent")
-    x = randn(2, 17, D_MODEL)
     w = randn(2, 17, D_MODEL, seed=3)
     grads = []
     for mixer in (fft, rec):
-        (mixer(x) * w).sum().backward()
-        grads.append({n: p.grad for n, p in mixer.named_parameters()})
+        x = randn(2, 17, D_MODEL).requires_grad_()
+        if not carried:
+            (mixer(x) * w).sum().backward()
+            grads.append({n: p.grad for n, p in mixer.named_parameters()})
+            continue
+        with torch.no_grad():
+            x0 = rec(randn(2, 5, D_MODEL, seed=2), return_state=True)[1].x
+        x0.requires_grad_()
+        y, state = mixer(x, state=type(rec.init_state(2))(x=x0), return_state=True)
+        w_state = torch.complex(randn(*x0.shape, seed=4), randn(*x0.shape, seed=5))
+        ((y * w).sum() + torch.view_as_real(state.x * w_state.conj()).sum()).backward()
+        grads.append({"x": x.grad, "x0": x0.grad, **{n: p.grad for n, p in mixer.named_parameters()}})
     assert_close(grads[0], grads[1], context="s4 gradients")
 
 
