@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lcsm._checks import check_bool
 from lcsm.ops import eos
 
 from .base import EOSRow, Mixer, State, no_weight_decay, register
@@ -66,12 +67,6 @@ class CESState(State):
     """memory: the smoothed value m_t of every channel [B, d, 1, 1] (complex for field="complex")."""
 
     memory: Tensor
-
-
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}: expected True or False, got {value!r}")
-    return value
 
 
 def _check_float(name: str, value, low: float, high: float, low_open: bool = True) -> float:
@@ -112,10 +107,10 @@ class CES(Mixer):
             raise ValueError(f"init: expected one of {', '.join(INITS)}, got {init!r}")
         self.field = field
         self.complex = field == "complex"
-        self.use_alpha = _check_bool("use_alpha", use_alpha)
-        self.use_beta = _check_bool("use_beta", use_beta)
-        self.use_omega = _check_bool("use_omega", use_omega)
-        self.bidirectional = _check_bool("bidirectional", bidirectional)
+        self.use_alpha = check_bool("use_alpha", use_alpha)
+        self.use_beta = check_bool("use_beta", use_beta)
+        self.use_omega = check_bool("use_omega", use_omega)
+        self.bidirectional = check_bool("bidirectional", bidirectional)
         self.init = init
         r_min = _check_float("r_min", r_min, 0.0, 1.0)
         r_max = _check_float("r_max", r_max, 0.0, 1.0)

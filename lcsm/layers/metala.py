@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lcsm._checks import check_bool
 from lcsm.ops import eos
 
 from .base import EOSRow, Mixer, State, no_weight_decay, register
@@ -47,12 +48,6 @@ class MetaLAState(State):
 
     memory: Tensor
     conv: Optional[Tensor] = None
-
-
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}: expected True or False, got {value!r}")
-    return value
 
 
 @register("metala")
@@ -89,9 +84,9 @@ class MetaLA(Mixer):
             raise ValueError(f"conv_size: expected an integer >= 1, got {conv_size!r}")
         self.heads = heads
         self.conv_size = conv_size
-        self.self_augmentation = _check_bool("self_augmentation", self_augmentation)
-        self.use_conv = _check_bool("conv", conv)
-        self.use_key = _check_bool("use_key", use_key)
+        self.self_augmentation = check_bool("self_augmentation", self_augmentation)
+        self.use_conv = check_bool("conv", conv)
+        self.use_key = check_bool("use_key", use_key)
         d_k = d_model // 2
         self.key_dim = d_k // heads
         self.head_dim = d_model // heads

@@ -13,6 +13,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
+from lcsm._checks import check_bool
 from lcsm._names import did_you_mean
 from lcsm.layers import resolve
 
@@ -41,11 +42,6 @@ def _positive_int(name: str, value, allow_none: bool = False) -> None:
 def _choice(name: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}{did_you_mean(str(value), choices)}")
-
-
-def _bool(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}: expected True or False, got {value!r}")
 
 
 @dataclass
@@ -187,10 +183,10 @@ class ModelConfig:
             raise ValueError(f"vocab_size / input_dim: expected exactly one (token or continuous inputs), "
                              f"got vocab_size={self.vocab_size!r}, input_dim={self.input_dim!r}")
         _choice("head", self.head, HEADS)
-        _bool("tie_embeddings", self.tie_embeddings)
-        _bool("bidirectional", self.bidirectional)
-        _bool("gate", self.gate)
-        _bool("final_norm", self.final_norm)
+        check_bool("tie_embeddings", self.tie_embeddings)
+        check_bool("bidirectional", self.bidirectional)
+        check_bool("gate", self.gate)
+        check_bool("final_norm", self.final_norm)
         if self.head == "lm":
             if self.vocab_size is None:
                 raise ValueError("vocab_size: head='lm' predicts tokens and needs a vocab_size, got None")

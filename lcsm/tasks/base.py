@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from lcsm._checks import check_bool
 from lcsm._names import check_options
 
 Tensor = torch.Tensor
@@ -99,12 +100,6 @@ def check_positive_float(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{name}: expected a positive finite number, got {value!r}")
     return float(value)
-
-
-def check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}: expected True or False, got {value!r}")
-    return value
 
 
 class Uniforms:
