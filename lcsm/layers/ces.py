@@ -225,16 +225,15 @@ class CES(Mixer):
             # time-reversed input delayed by one step.
             back = F.pad(x.flip(1), (0, 0, 1, 0))[:, : x.shape[1]]
             i = torch.cat([x, back], dim=2).unsqueeze(-1)              # [B, T, 2d, 1]
-            y, _ = eos(i, e, s, log_o)
-            y = y.real if y.is_complex() else y
+            y, _ = eos(i, e, s, log_o, real_output=True)
             d = self.d_model
             y = y[:, :, :d, 0] + y[:, :, d:, 0].flip(1)
             memory = None
         else:
             y, memory = eos(x.unsqueeze(-1), e, s, log_o,
                             initial_state=state.memory if state is not None else None,
-                            output_final_state=return_state)
-            y = (y.real if y.is_complex() else y)[..., 0]
+                            output_final_state=return_state, real_output=True)
+            y = y[..., 0]
         if self.use_omega:
             y = y + self.omega * x
         if return_state:

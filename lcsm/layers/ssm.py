@@ -157,8 +157,8 @@ class _DiagonalSISO(Mixer):
         """The SSM convolution with the D skip: u [B, T, H] -> (y [B, T, H], memory [B, H, K, 1] or None)."""
         e, s, log_o = self.eos_parameters()
         y, m = eos(u.unsqueeze(-1), e, s, log_o, mode=self.mode, initial_state=memory,
-                   output_final_state=return_state)
-        return self.real_factor * y.real[..., 0] + self.D * u, m
+                   output_final_state=return_state, real_output=True)
+        return self.real_factor * y[..., 0] + self.D * u, m
 
     def init_state(self, batch_size: int) -> SSMState:
         p = self.log_dt

@@ -99,6 +99,9 @@ class EOSProblem:
     s_dd: bool
     g_dd: bool
     g_outer: Optional[Tuple[Tensor, Tensor]] = None
+    # A real input of a complex computation, before its promotion ([B, H, T, D], a view of i): the
+    # fft form convolves it with the kernel's real part when only Re(y) is asked for.
+    v_real: Optional[Tensor] = None
 
     @property
     def e_is_vector(self) -> bool:
@@ -279,13 +282,18 @@ def canonicalize(i, e, s, log_o=None, initial_state=None) -> EOSProblem:
         out_dtype=out_dtype,
         e_dd=e_dd, s_dd=s_dd, g_dd=g_dd,
         g_outer=tuple(x.to(dtype) for x in pair_c) if pair_c is not None else None,
+        v_real=i.permute(0, 2, 1, 3).to(dtype.to_real()) if dtype.is_complex and not i.is_complex() else None,
     )
     return p
 
 
-def finish(p: EOSProblem, y_bhtd: Tensor, m_T: Optional[Tensor], output_final_state: bool):
-    """Back to the public layout [B, T, H, D] and dtype; final state only when asked for."""
-    y = y_bhtd.permute(0, 2, 1, 3).to(p.out_dtype)
+def finish(p: EOSProblem, y_bhtd: Tensor, m_T: Optional[Tensor], output_final_state: bool,
+           real_output: bool = False):
+    """Back to the public layout [B, T, H, D] and dtype (y's real part when real_output); final
+    state only when asked for."""
+    if real_output and y_bhtd.is_complex():
+        y_bhtd = y_bhtd.real
+    y = y_bhtd.permute(0, 2, 1, 3).to(p.out_dtype.to_real() if real_output else p.out_dtype)
     if not output_final_state:
         return y, None
     state_dtype = p.v.dtype if p.out_dtype in (torch.float16, torch.bfloat16) else p.out_dtype

@@ -13,6 +13,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from lcsm._checks import check_bool
+
 from ._inputs import MODES, EOSProblem, canonicalize, check_chunk_size, finish, shape_str
 from .chunk import eos_chunk, kernel_for
 from .fft import eos_fft
@@ -106,7 +108,7 @@ def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chun
 
 def eos(i: Tensor, e: Tensor, s: Tensor, log_o: LogO = None, *, mode: str = "auto",
         initial_state: Optional[Tensor] = None, output_final_state: bool = False,
-        chunk_size: int = 64) -> Tuple[Tensor, Optional[Tensor]]:
+        chunk_size: int = 64, real_output: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
     """Run the EOS recurrence over a sequence.
 
     Args:
@@ -123,25 +125,29 @@ def eos(i: Tensor, e: Tensor, s: Tensor, log_o: LogO = None, *, mode: str = "aut
         initial_state: m_0 [B, H, K, D] (zeros when None).
         output_final_state: also return m_T [B, H, K, D].
         chunk_size: C for mode "chunk" (any C >= 1; T need not be a multiple).
+        real_output: return Re(y), a real tensor, as the diagonal SSMs and CES read a complex
+            system (the memory stays complex). With a real input, mode "fft" then convolves it with
+            the kernel's real part by real FFTs, about half the work of the complex ones.
 
     Returns:
         y [B, T, H, D] and m_T (or None).
     """
     chunk_size = check_chunk_size(chunk_size)
+    real_output = check_bool("real_output", real_output)
     p = canonicalize(i, e, s, log_o, initial_state)
     plan = _plan(p, mode, chunk_size)
     if p.T == 0:
         m = p.m0 if p.m0 is not None else p.v.new_zeros(p.B, p.H, p.K, p.D)
-        return finish(p, p.v.new_zeros(p.B, p.H, 0, p.D), m, output_final_state)
+        return finish(p, p.v.new_zeros(p.B, p.H, 0, p.D), m, output_final_state, real_output)
     if plan.mode == "recurrent":
         y, m_T = eos_recurrent(p)
     elif plan.mode == "parallel":
         y, m_T = eos_parallel(p)
     elif plan.mode == "fft":
-        y, m_T = eos_fft(p)
+        y, m_T = eos_fft(p, real_output, output_final_state)
     else:
         y, m_T = eos_chunk(p, chunk_size)
-    return finish(p, y, m_T, output_final_state)
+    return finish(p, y, m_T, output_final_state, real_output)
 
 
 def eos_step(i_t: Tensor, e_t: Tensor, s_t: Tensor, log_o_t: LogO, state: Tensor):

@@ -23,25 +23,32 @@ def _powers(p: EOSProblem, start: int, stop: int) -> torch.Tensor:
     return (g * j.view(1, 1, -1, 1, 1)).exp()
 
 
-def eos_fft(p: EOSProblem):
+def eos_fft(p: EOSProblem, real_output: bool = False, final_state: bool = True):
+    """y and m_T (None unless final_state). With real_output and a real input, y is the real part
+    only, Re(k * v) = Re(k) * v: a real convolution, half the work of the complex one."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
     se = p.s * p.e                                               # [1, H, 1, K, D|1]
     powers = _powers(p, 0, T)                                    # [1, H, T, Kg, Dg]
     kernel = (powers * se).sum(-2).expand(1, H, T, D)            # [1, H, T, D]
-    complex_ = kernel.is_complex() or p.v.is_complex()
+    v = p.v
+    if real_output and p.v_real is not None:
+        kernel, v = kernel.real, p.v_real
     n = 2 * T
-    if complex_:
+    if kernel.is_complex() or v.is_complex():
         kf = torch.fft.fft(kernel, n=n, dim=2)
-        vf = torch.fft.fft(p.v, n=n, dim=2)
+        vf = torch.fft.fft(v, n=n, dim=2)
         y = torch.fft.ifft(kf * vf, n=n, dim=2)[:, :, :T]
     else:
         kf = torch.fft.rfft(kernel, n=n, dim=2)
-        vf = torch.fft.rfft(p.v, n=n, dim=2)
+        vf = torch.fft.rfft(v, n=n, dim=2)
         y = torch.fft.irfft(kf * vf, n=n, dim=2)[:, :, :T]
-    # Final memory: m_T = o^T m_0 + sum_s o^(T-s) e i_s; the powers o^(T-s) are powers[T-s] reversed.
-    m_T = (powers.flip(2) * p.e * p.v.unsqueeze(-2)).sum(2).expand(B, H, K, D)
+    m_T = None
+    if final_state:
+        # m_T = o^T m_0 + sum_s o^(T-s) e i_s; the powers o^(T-s) are powers[T-s] reversed.
+        m_T = (powers.flip(2) * p.e * p.v.unsqueeze(-2)).sum(2).expand(B, H, K, D)
     if p.m0 is not None:
         from_start = _powers(p, 1, T + 1)                        # o^t, t = 1..T
         y = y + (p.s * from_start * p.m0.unsqueeze(2)).sum(-2)
-        m_T = m_T + from_start[:, :, -1] * p.m0
+        if final_state:
+            m_T = m_T + from_start[:, :, -1] * p.m0
     return y, m_T

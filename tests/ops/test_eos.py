@@ -60,8 +60,9 @@ def _leaf_items(leaves):
             yield n, x
 
 
-def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1):
-    """y, m_T and the gradients of every input under random cotangents on both outputs."""
+def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1, real_output=False, take_real=False):
+    """y, m_T and the gradients of every input under random cotangents on both outputs (y's real
+    part taken inside eos with real_output, after it with take_real)."""
     def cast(x):
         if x is None:
             return None
@@ -72,7 +73,10 @@ def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1):
 
     leaves = {k: cast(v) for k, v in inputs.items()}
     y, m = eos(leaves["i"], leaves["e"], leaves["s"], leaves["log_o"], mode=mode,
-               initial_state=leaves["initial_state"], output_final_state=True, chunk_size=chunk_size)
+               initial_state=leaves["initial_state"], output_final_state=True, chunk_size=chunk_size,
+               real_output=real_output)
+    if take_real:
+        y = y.real
     out = {"y": y, "m_T": m}
     if grads:
         g = torch.Generator().manual_seed(seed)
@@ -147,6 +151,20 @@ def test_fft(e, s, decay, T, dtype):
 def test_fft_complex(decay):
     inputs = make_inputs(100, e="vec", s="mat", decay=decay, dd_decay=False, complex_decay=True, seed=2)
     check(inputs, "fft", torch.float64, context=decay)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode", ["recurrent", "parallel", "chunk", "fft"])
+@pytest.mark.parametrize("initial", [False, True])
+def test_real_output_is_the_real_part(initial, mode, dtype):
+    """real_output=True against Re(y) of the reference, the way the diagonal SSMs and CES use it
+    (complex e, s and decay, real input): real y, the same complex memory, every gradient."""
+    inputs = make_inputs(37, e="vec", s="vec", decay="row", dd_decay=False, complex_decay=True,
+                         complex_es=True, initial=initial, seed=21)
+    expected = run(inputs, "recurrent", torch.float64, take_real=True)
+    actual = run(inputs, mode, dtype, real_output=True)
+    assert actual["y"].dtype == dtype and actual["m_T"].is_complex()
+    assert_close(actual, expected, dtype=dtype, context=f"real_output {mode} {dtype} initial={initial}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -297,6 +315,7 @@ def test_errors_name_the_argument():
     _bad(r"mode='fft' needs data-independent e, s and log_o .* e, s, log_o are data-dependent", i, e, s, g, mode="fft")
     _bad(r"chunk_size: expected an integer >= 1, got 0", i, e, s, g, chunk_size=0)
     _bad(r"mode: expected one of", i, e, s, g, mode="fastest")
+    _bad(r"real_output: expected True or False, got 'yes'", i, e, s, g, real_output="yes")
     _bad(r"i: expected a floating-point or complex tensor, got dtype torch.int64", i.long(), e, s)
     meta = torch.zeros(B, 10, H, D, device="meta")
     _bad(r"all inputs must be on one device", meta, e, s)
