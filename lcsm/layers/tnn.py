@@ -136,8 +136,9 @@ class TNN(Mixer):
         v = F.silu(self.v_proj(x))
         e, s, log_o = self.eos_parameters()
         y, m = eos(v.unsqueeze(2), e, s, log_o, mode=self.mode,
-                   initial_state=state.memory if state is not None else None, output_final_state=return_state)
-        out = self.o(u * y.real[:, :, 0])
+                   initial_state=state.memory if state is not None else None, output_final_state=return_state,
+                   real_output=True)
+        out = self.o(u * y[:, :, 0])
         return (out, SSMState(memory=m)) if return_state else out
 
     def init_state(self, batch_size: int) -> SSMState:

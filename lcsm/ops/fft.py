@@ -35,13 +35,23 @@ def _powers(p: EOSProblem, start: int, stop: int) -> torch.Tensor:
     return (coarse * fine).flatten(2, 3)[:, :, :n]
 
 
+def _over_k(powers: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """sum_k powers[.., t, k, d] x[.., k, d]: powers [1, H, L, Kg, Dg], x [B|1, H, K, D|1] ->
+    [B|1, H, L, D|1]. A decay shared by the columns (Dg = 1) makes it a product over K, so the
+    [L, K, D] terms are never formed (TNN's K x D is 512 x 3 d_model)."""
+    if powers.shape[-1] == 1:
+        if powers.shape[-2] == 1:
+            x = x.sum(-2, keepdim=True)
+        return torch.einsum("htk,bhkd->bhtd", powers[0, ..., 0], x)
+    return (powers * x.unsqueeze(2)).sum(-2)
+
+
 def eos_fft(p: EOSProblem, real_output: bool = False, final_state: bool = True):
     """y and m_T (None unless final_state). With real_output and a real input, y is the real part
     only, Re(k * v) = Re(k) * v: a real convolution, half the work of the complex one."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
-    se = p.s * p.e                                               # [1, H, 1, K, D|1]
     powers = _powers(p, 0, T)                                    # [1, H, T, Kg, Dg]
-    kernel = (powers * se).sum(-2).expand(1, H, T, D)            # [1, H, T, D]
+    kernel = _over_k(powers, (p.s * p.e)[:, :, 0]).expand(1, H, T, D)
     v = p.v
     if real_output and p.v_real is not None:
         kernel, v = kernel.real, p.v_real
@@ -57,10 +67,15 @@ def eos_fft(p: EOSProblem, real_output: bool = False, final_state: bool = True):
     m_T = None
     if final_state:
         # m_T = o^T m_0 + sum_s o^(T-s) e i_s; the powers o^(T-s) are powers[T-s] reversed.
-        m_T = (powers.flip(2) * p.e * p.v.unsqueeze(-2)).sum(2).expand(B, H, K, D)
+        back = powers.flip(2)
+        if back.shape[-1] == 1:
+            m_T = p.e[:, :, 0] * torch.einsum("htk,bhtd->bhkd", back[0, ..., 0], p.v)
+        else:
+            m_T = (back * p.e * p.v.unsqueeze(-2)).sum(2)
+        m_T = m_T.expand(B, H, K, D)
     if p.m0 is not None:
         from_start = _powers(p, 1, T + 1)                        # o^t, t = 1..T
-        y = y + (p.s * from_start * p.m0.unsqueeze(2)).sum(-2)
+        y = y + _over_k(from_start, p.s[:, :, 0] * p.m0)
         if final_state:
             m_T = m_T + from_start[:, :, -1] * p.m0
     return y, m_T
