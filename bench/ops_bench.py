@@ -19,6 +19,8 @@ Cases (select with ``--only``; see bench/README.md for the method and the target
                elementwise kernel serves: a K x D e with the separable decay (code 0-1-1-0), a
                time-invariant K x D decay (1-0-1-0) and a per-step one (1-9-1-0), against code
                1-1-1-0 (vector e and s, the matmul kernel)
+    fft        a time-invariant system shaped like S4D (H heads of K complex modes, D=1, real input,
+               real part kept): eos fft against eos chunk on the same system
     gflops     achieved matmul GFLOP/s of the chunk kernel vs the machine's matmul throughput
 
 Shape glossary: B batch, T time, H heads, K expand width (keys), D input width (values),
@@ -55,7 +57,7 @@ Tensor = torch.Tensor
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "outer", "kxd",
-         "gflops")
+         "fft", "gflops")
 # Scale of logsigmoid(x) in the log decays. "gla": GLA's normaliser 1/16 (a chunk of 64 decays
 # by ~e^-3, kept in lcsm's one-matmul-per-chunk path); "strong": unscaled (~e^-0.8 per step),
 # which sends a row decay through lcsm's sub-chunked path; the memory case measures both.
@@ -84,6 +86,7 @@ class Sizes:
     outer_D: int
     outer_T: Tuple[int, ...]         # sequence lengths of the separable-decay comparison
     kxd: Tuple[int, int, int, int]   # B, T, K, D of the K x D codes' comparison
+    fft: Tuple[int, int, int]        # H, K, T of the time-invariant (S4D-shaped) comparison
     matmul_n: int
     repeats: int
     warmup: int
@@ -92,11 +95,11 @@ class Sizes:
 FULL = Sizes(B=1, H=4, T=2048, K=64, D=64, C=64, T_long=16384,
              scaling=(1024, 2048, 4096, 8192, 16384, 32768, 65536), memory=(2048, 8192, 32768),
              mamba_K=16, mamba_D=256, mamba_T=2048, outer_K=64, outer_D=128, outer_T=(256, 2048),
-             kxd=(64, 64, 64, 128), matmul_n=2048, repeats=5, warmup=1)
+             kxd=(64, 64, 64, 128), fft=(128, 32, 1024), matmul_n=2048, repeats=5, warmup=1)
 # T must stay a multiple of 64: fla's naive_chunk_linear_attn hard-codes chunks of 64.
 QUICK = Sizes(B=1, H=2, T=128, K=16, D=16, C=32, T_long=256, scaling=(128, 256), memory=(256, 1024),
               mamba_K=4, mamba_D=16, mamba_T=128, outer_K=8, outer_D=16, outer_T=(64, 128),
-              kxd=(4, 16, 8, 16), matmul_n=256, repeats=2, warmup=1)
+              kxd=(4, 16, 8, 16), fft=(4, 4, 128), matmul_n=256, repeats=2, warmup=1)
 
 
 # ----------------------------------------------------------------------------- records
@@ -585,6 +588,38 @@ class Bench:
             t = self.time(f"kxd_{code}", f"LCSM code {code}: {what[code]}", shape, B * T, build(code))
             if base is not None and t is not None:
                 self.r.info.append((f"LCSM code {code} / code 1-1-1-0, {shape}", f"{t.median / base.median:.2f}x"))
+
+    def case_fft(self):
+        """S4D's system (ZOH-discretised complex modes: decay e^(-0.5 dt), rotation pi n dt) through
+        the two forms that serve a time-invariant system; the real part kept, as S4D does."""
+        z = self.z
+        H, K, T = z.fft
+        shape = f"B={z.B} T={T} H={H} K={K} D=1, complex row decay, real_output"
+
+        def inputs():
+            g = _gen(8)
+            dt = torch.exp(torch.rand(H, 1, 1, generator=g) * math.log(100) + math.log(1e-3))
+            n = torch.arange(K, dtype=torch.float32).view(1, K, 1)
+            cplx = lambda *shape: torch.complex(torch.randn(*shape, generator=g), torch.randn(*shape, generator=g))
+            return {"i": _leaf(torch.randn(z.B, T, H, 1, generator=g)), "e": _leaf(cplx(H, K) / math.sqrt(K)),
+                    "s": _leaf(cplx(H, K) / math.sqrt(K)), "log_o": _leaf(torch.complex(-0.5 * dt, math.pi * n * dt))}
+
+        def run(x, mode):
+            return eos(x["i"], x["e"], x["s"], x["log_o"], mode=mode, chunk_size=z.C, real_output=True)[0]
+
+        def build(mode):
+            def make():
+                x = inputs()
+                return (lambda: run(x, mode)), _leaves(x)
+            return make
+
+        fft = self.time(f"fft@{T}", "lcsm eos fft (time-invariant, real FFTs)", shape, z.B * T, build("fft"))
+        chunk = self.time(f"fft_chunk@{T}", "lcsm eos chunk on the same system", shape, z.B * T, build("chunk"))
+        x = inputs()
+        self.agreement("eos chunk on the S4D-shaped system", lambda: run(x, "fft"), lambda: run(x, "chunk"))
+        if fft is not None and chunk is not None:
+            self.r.info.append((f"S4D-shaped time-invariant system: chunk / fft (speed-up), T={T}",
+                                f"{chunk.median / fft.median:.2f}x"))
 
     def case_gflops(self):
         z = self.z
