@@ -600,11 +600,14 @@ class S4(Mixer):
 
     # -- the system
 
+    def half(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(Lambda, P, B, C), one mode of each conjugate pair, each [H, N/2] complex."""
+        Lam = torch.complex(-self.log_A_real.exp(), self.A_imag)
+        return Lam, as_complex(self.P), as_complex(self.B), as_complex(self.C)
+
     def full(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """(Lambda, P, B, C) of the full conjugate-symmetric system, each [H, N] complex."""
-        Lam = torch.complex(-self.log_A_real.exp(), self.A_imag)
-        parts = (Lam, as_complex(self.P), as_complex(self.B), as_complex(self.C))
-        return tuple(torch.cat([v, v.conj()], dim=-1) for v in parts)
+        return tuple(torch.cat([v, v.conj()], dim=-1) for v in self.half())
 
     def continuous_A(self) -> Tensor:
         """A = diag(Lambda) - P P^* [H, N, N] (complex)."""
@@ -655,18 +658,16 @@ class S4(Mixer):
         return C - torch.complex(rho[:, :N2], -rho[:, N2:])
 
     def _kernel(self, length: int, A_bar: Tensor) -> Tensor:
-        Lam, P, B, C = self.full()
-        N2 = self.d_state // 2
+        lam, Ph, Bh, C = self.half()
         M = length if length % 2 else length + 1
         dt = self.log_dt.exp().unsqueeze(-1)                                # [H, 1]
-        C_t = self._truncated_C(C[:, :N2], A_bar, M)
-        k = torch.arange(M, device=Lam.device, dtype=dt.dtype)
+        C_t = self._truncated_C(C, A_bar, M)
+        k = torch.arange(M, device=lam.device, dtype=dt.dtype)
         z = torch.exp(-2j * math.pi * k / M)                                # [M]
         g = (2 / dt) * (1 - z) / (1 + z)                                    # [H, M]
         # The four Cauchy sums sum_n a_n b_n / (g - Lambda_n) run over conjugate pairs (the official
         # cauchy_conj): v / (g - lam) + conj(v) / (g - conj(lam)) = (2 Re(v) g - 2 Re(v conj(lam)))
         # / ((g - lam)(g - conj(lam))), so one [H, M, N/2] matrix serves all four sums.
-        lam, Ph, Bh = Lam[:, :N2], P[:, :N2], B[:, :N2]
         v = torch.stack([C_t * Bh, C_t * Ph, Ph.conj() * Bh, Ph.conj() * Ph], dim=-1)     # [H, N/2, 4]
         W = 2 * torch.cat([v.real, (v * lam.conj().unsqueeze(-1)).real], dim=-1)          # [H, N/2, 8]
         S = cauchy_conj(W, g, lam)                                          # [H, M, 8]
