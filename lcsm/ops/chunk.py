@@ -22,8 +22,12 @@ steps). Long sequences run in segments of SEGMENT tokens so time per token stays
 a separable decay there is applied factor by factor): per chunk, the recurrence
 m_t = o_t * m_{t-1} + e_t (x) i_t step by step over [B, H, K, D] (exact for any decay), on a CPU
 in blocks of steps whose memories fit in BLOCK_BYTES (elsewhere a block is the chunk), each
-block's shrink one batched product while they are in cache; only the memory at chunk ends is
-kept.
+block's shrink one batched product while they are in cache. ``ELEMENTWISE_FORM = "cumulative"``
+selects the form meant for launch-bound devices instead (``_elementwise_form``): the chunk is cut
+into blocks whose total decay stays within SAFE_SPAN, and in each the memories are
+m_t = exp(L_t) * (m_start + sum_{j <= t} exp(-L_j) e_j (x) i_j) with L the block's cumulative
+log decay, a few batched operations per block (steps beyond SAFE_SPAN, or too few for a block,
+are taken by the recurrence). Only the memory at chunk ends is kept.
 
 Backward (appendix 5.1, Type 1; corrected in docs/eos.md). For ``matmul`` the backward is itself
 EOS problems over the same decays, so it stores no per-step memory:
@@ -39,7 +43,8 @@ D and over K for any decay, so a separable decay takes both, one for each factor
 roles swap under transposition, which is why the kernel supports both (and "outer" becomes
 "outer_t"). For ``elementwise`` the backward recomputes each chunk from its saved start memory, in
 reverse order, and runs the same adjoint recurrence over that chunk alone, in the forward's
-blocks (``scan_chunk_backward``). Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
+blocks (``scan_chunk_backward``; ``cumulative_backward`` for the cumulative form, whose blocks
+sum dm_t = exp(-conj L_t) sum_{j >= t} exp(conj L_j) conj(s_j) dy_j in reverse). Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
 """
 from __future__ import annotations
 
@@ -67,6 +72,12 @@ SEGMENT = 2048
 # Cache budget of one block of the elementwise kernel's memories on a CPU (``_block_steps``):
 # 1 MiB, about a core's share of a server CPU's cache.
 BLOCK_BYTES = 1 << 20
+# How the elementwise kernel runs a chunk's steps: "step" (the recurrence, step by step) or
+# "cumulative" (a few batched operations per block of steps; see ``_elementwise_form``).
+ELEMENTWISE_FORM = "step"
+# Fewest steps a block of the cumulative form takes in batched operations (about ten of them
+# against about three a step in the recurrence, forward and backward alike).
+MIN_CUMULATIVE = 4
 
 
 def kernel_for(p: EOSProblem) -> str:
@@ -739,23 +750,176 @@ def chunk_elementwise(v, e, s, o, m0, C):
     return torch.cat(ys, 2), M, states
 
 
+def _elementwise_form() -> str:
+    """The form of the elementwise kernel, ``ELEMENTWISE_FORM``. "step" is the default on every
+    device. "cumulative" is meant for devices where each operation is a kernel launch and the
+    stepwise form's few small operations a step make a run launch-bound (a GPU): it issues 3.5x
+    fewer operations in a training step of Mamba and 6x fewer for LCSM codes 6-9 (aten calls
+    counted on a CPU, 256 tokens), but it has not been timed on a GPU yet, so it is not the
+    default there. On a CPU it is slower (2.9x for a Mamba layer's forward and backward, 7x for
+    code 1-6-1-0's, at B 16, T 256, d_model 128, one thread: its [n, K, D] temporaries leave the
+    cache)."""
+    if ELEMENTWISE_FORM not in ("step", "cumulative"):
+        raise ValueError(f"ELEMENTWISE_FORM: expected 'step' or 'cumulative', got {ELEMENTWISE_FORM!r}")
+    return ELEMENTWISE_FORM
+
+
+def _span_blocks(g, T: int, C: int, dtype: torch.dtype):
+    """For each chunk of C steps, its blocks (a, z, cumulative) in the cumulative form: runs of
+    consecutive steps whose summed largest |Re log o| (over batch, heads, K and D; the factors'
+    maxima added) is at most SAFE_SPAN for the memory dtype, which bounds every exp(+-L) in the
+    block. A run shorter than MIN_CUMULATIVE steps (a step beyond SAFE_SPAN is a run of one) is
+    cheaper as recurrence steps: consecutive such runs make one stepwise block (cumulative False).
+    One host synchronisation for the whole sequence."""
+    limit = SAFE_SPAN[torch.empty((), dtype=dtype).real.dtype]
+    per_step = torch.zeros(T, dtype=torch.float64, device=g[0].device if g else None)
+    for x in g:
+        per_step = per_step + x.real.abs().amax(dim=(0, 1, 3, 4)).to(torch.float64)
+    per_step = per_step.tolist()
+    chunks = []
+    for start in range(0, T, C):
+        stop, runs, a, total = min(start + C, T), [], 0, 0.0
+        for t in range(stop - start):
+            if t > a and total + per_step[start + t] > limit:
+                runs.append((a, t))
+                a, total = t, 0.0
+            total += per_step[start + t]
+        blocks = []
+        for a, z in runs + [(a, stop - start)]:
+            cumulative = z - a >= MIN_CUMULATIVE
+            if not cumulative and blocks and not blocks[-1][2]:
+                a = blocks.pop()[0]
+            blocks.append((a, z, cumulative))
+        chunks.append(blocks)
+    return chunks
+
+
+def _cumulative_log(g, a: int, z: int) -> Optional[Tensor]:
+    """L_t = sum_{a <= i <= t} log o_i over steps a..z of a chunk, [B|1, H, z - a, K|1, D|1], in
+    double precision (None without a decay)."""
+    total = None
+    for x in g:
+        part = _time_slice(x, a, z)
+        part = part.to(torch.complex128 if part.is_complex() else torch.float64)
+        total = part if total is None else total + part
+    if total is None:
+        return None
+    if total.shape[2] == 1:
+        steps = torch.arange(1, z - a + 1, dtype=torch.float64, device=total.device)
+        return total * steps.view(1, 1, -1, 1, 1)
+    return total.cumsum(2)
+
+
+def cumulative_memories(v, e, g, m, blocks):
+    """The memories h [B, H, c, K, D] after each step of a chunk in the cumulative form: in a block
+    of steps a..z, h_t = exp(L_t) * (h_{a-1} + sum_{a <= j <= t} exp(-L_j) e_j (x) v_j) with L the
+    block's cumulative log decay (``_cumulative_log``); every factor lies within exp(+-SAFE_SPAN)
+    by the blocks' construction (``_span_blocks``); a stepwise block is the recurrence.
+    v [B, H, c, D], e [B|1, H, c|1, K, D|1], g the decay's log factors, m [B, H, K, D]."""
+    B, H, c, D = v.shape
+    dtype = _promoted(m, e, v, *g)
+    hs = v.new_empty(B, H, c, e.shape[3], D, dtype=dtype)
+    h = m
+    for a, z, cumulative in blocks:
+        if not cumulative:
+            h = _recur(v[:, :, a:z], _time_slice(e, a, z), [_time_slice(x, a, z).exp() for x in g], h, hs[:, :, a:z])
+            continue
+        L = _cumulative_log(g, a, z)
+        X = _time_slice(e, a, z) * v[:, :, a:z].unsqueeze(-2)
+        if L is None:
+            torch.add(X.cumsum(2), h.unsqueeze(2), out=hs[:, :, a:z])
+        else:
+            torch.mul(_exp(L, dtype), (_exp(-L, dtype) * X).cumsum(2) + h.unsqueeze(2), out=hs[:, :, a:z])
+        h = hs[:, :, z - 1]
+    return hs
+
+
+def chunk_cumulative(v, e, s, g, m0, C):
+    """The elementwise kernel in the cumulative form (g: the decay's log factors); returns y, m_T,
+    the chunks' start memories and their blocks."""
+    B, H, T, D = v.shape
+    M = m0 if m0 is not None else v.new_zeros(B, H, e.shape[3], D)
+    chunks = _span_blocks(g, T, C, _promoted(M, e, v, *g))
+    ys, states = [], []
+    for n, start in enumerate(range(0, T, C)):
+        stop = min(start + C, T)
+        states.append(M)
+        hs = cumulative_memories(v[:, :, start:stop], _time_slice(e, start, stop),
+                                 [_time_slice(x, start, stop) for x in g], M, chunks[n])
+        ys.append(_contract_k(_time_slice(s, start, stop), hs))
+        M = hs[:, :, -1].clone()
+    return torch.cat(ys, 2), M, states, chunks
+
+
+def cumulative_backward(v, e, s, g, m, hs, dy, dm, out, blocks):
+    """The adjoint of one chunk of the cumulative form, in its blocks from the last: with
+    Q_t = conj(s_t) dy_t, dh_t = exp(-conj L_t) (sum_{j >= t} exp(conj L_j) Q_j + exp(conj L_last)
+    dh_carry) within a cumulative block, the reverse recurrence dh_t = Q_t + conj(o_{t+1}) dh_{t+1}
+    in a stepwise one; then every gradient as in ``scan_chunk_backward``, over the whole chunk at
+    once. Same arguments and returns as ``scan_chunk_backward``, g being log factors."""
+    ec, sc, vc = e.conj(), s.conj(), v.conj()
+    Q = sc * dy.unsqueeze(-2)
+    if not hs.is_complex() and Q.is_complex():
+        Q = Q.real
+    # conj(o_t), each step's factor of the carry into step t - 1
+    oc = None if not g else (g[0] if len(g) == 1 else g[0] + g[1]).conj().exp()
+    dH = torch.empty_like(hs)
+    carry = dm
+    for a, z, cumulative in reversed(blocks):
+        if not cumulative:
+            for t in reversed(range(a, z)):
+                torch.add(carry, Q[:, :, t], out=dH[:, :, t])
+                carry = dH[:, :, t] if oc is None else _at(oc, t) * dH[:, :, t]
+            continue
+        L = _cumulative_log(g, a, z)
+        if L is None:
+            torch.add(Q[:, :, a:z].flip(2).cumsum(2).flip(2), carry.unsqueeze(2), out=dH[:, :, a:z])
+        else:
+            A = _exp(L.conj(), hs.dtype)
+            R = (A * Q[:, :, a:z]).flip(2).cumsum(2).flip(2) + A[:, :, -1:] * carry.unsqueeze(2)
+            torch.mul(_exp(-L.conj(), hs.dtype), R, out=dH[:, :, a:z])
+        carry = dH[:, :, a] if oc is None else _at(oc, a) * dH[:, :, a]
+    c = v.shape[2]
+    grads = {"v": _BlockGrads(v, out["v"]), "e": _BlockGrads(e, out["e"]), "s": _BlockGrads(s, out["s"]),
+             **{j: _BlockGrads(x, out[j]) for j, x in enumerate(g)}}
+    grads["v"].add(0, c, _contract_k(ec, dH))
+    grads["e"].add(0, c, _grad_outer(e, dH, vc))
+    grads["s"].add(0, c, _grad_outer(s, hs.conj(), dy))
+    if g:
+        dC = oc * dH
+        dG = torch.cat([dC[:, :, :1] * m.conj().unsqueeze(2), dC[:, :, 1:] * hs[:, :, :-1].conj()], 2)
+        for j in range(len(g)):
+            grads[j].add(0, c, dG)
+    return (grads["v"].result(), grads["e"].result(), grads["s"].result(), [grads[j].result() for j in range(len(g))],
+            carry.clone())
+
+
 class ChunkElementwiseFunction(torch.autograd.Function):
-    """``chunk_elementwise`` whose backward recomputes one chunk at a time from its saved start
-    memory and runs ``scan_chunk_backward`` over it, in reverse chunk order. The decay comes as
-    up to two log factors, g_a and g_b (a separable pair's row and column parts; g_b None
-    otherwise), whose exps multiply."""
+    """``chunk_elementwise`` (or ``chunk_cumulative``, see ``_elementwise_form``) whose backward
+    recomputes one chunk at a time from its saved start memory and runs ``scan_chunk_backward``
+    (``cumulative_backward``) over it, in reverse chunk order. The decay comes as up to two log
+    factors, g_a and g_b (a separable pair's row and column parts; g_b None otherwise), whose
+    exps multiply."""
 
     @staticmethod
     def forward(ctx, v, e, s, g_a, g_b, m0, C):
-        o = [g.exp() for g in (g_a, g_b) if g is not None]
-        y, m_T, states = chunk_elementwise(v, e, s, o, m0, C)
-        ctx.save_for_backward(v, e, s, m0, *o, *states)
-        ctx.C, ctx.factors = C, len(o)
+        logs = [x for x in (g_a, g_b) if x is not None]
+        ctx.form = _elementwise_form()
+        if ctx.form == "step":
+            # the factors exp(g), formed once and saved; the cumulative form saves the logs
+            decay = [x.exp() for x in logs]
+            y, m_T, states = chunk_elementwise(v, e, s, decay, m0, C)
+        else:
+            decay = logs
+            y, m_T, states, ctx.blocks = chunk_cumulative(v, e, s, logs, m0, C)
+        ctx.save_for_backward(v, e, s, m0, *decay, *states)
+        ctx.C, ctx.factors = C, len(decay)
         return y, m_T
 
     @staticmethod
     def backward(ctx, dy, dm_T):
         v, e, s, m0, *saved = ctx.saved_tensors
+        # the decay factors exp(g) (step form) or their logs g (cumulative form)
         o, states = saved[:ctx.factors], saved[ctx.factors:]
         C = ctx.C
         T = v.shape[2]
@@ -773,9 +937,14 @@ class ChunkElementwiseFunction(torch.autograd.Function):
             part = {name: _time_slice(x, start, stop) for name, x in full.items()}
             out = {name: _time_slice(buf, start, stop) for name, buf in buffers.items()}
             factors = [part[j] for j in range(len(o))]
-            hs = _memories(part["v"], part["e"], factors, states[n])
-            dv, de, ds, dlog_o, dM = scan_chunk_backward(part["v"], part["e"], part["s"], factors, states[n],
-                                                         hs, dy[:, :, start:stop], dM, out)
+            if ctx.form == "step":
+                hs = _memories(part["v"], part["e"], factors, states[n])
+                dv, de, ds, dlog_o, dM = scan_chunk_backward(part["v"], part["e"], part["s"], factors, states[n],
+                                                             hs, dy[:, :, start:stop], dM, out)
+            else:
+                hs = cumulative_memories(part["v"], part["e"], factors, states[n], ctx.blocks[n])
+                dv, de, ds, dlog_o, dM = cumulative_backward(part["v"], part["e"], part["s"], factors, states[n],
+                                                             hs, dy[:, :, start:stop], dM, out, ctx.blocks[n])
             for name, grad in zip(full, (dv, de, ds, *dlog_o)):
                 if buffers[name] is None:
                     sums[name] = grad if sums[name] is None else sums[name] + grad

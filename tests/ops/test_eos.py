@@ -393,6 +393,57 @@ def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatc
     check(inputs, "chunk", dtype, chunk_size=8, context=f"block {block} e={e} s={s} {decay}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("strength", [1.0, 8.0, 40.0])
+@pytest.mark.parametrize("e,s,decay,complex_decay", [
+    ("dd", "dd", "full", False), ("dd", "dd", "full", True), ("mat", "dd", "outer", False),
+    ("dd", "mat", "none", False), ("vec", "mat", "row", True), ("mat", "vec", "full", False)])
+def test_elementwise_cumulative_form(e, s, decay, complex_decay, strength, dtype, monkeypatch):
+    """The elementwise kernel's cumulative form (meant for launch-bound devices): blocks of
+    several steps at moderate decays, blocks and single steps mixed as a step's decay nears
+    SAFE_SPAN, single steps beyond it; chunks of 8 not dividing T = 29, time-shared and per-step
+    e, s and decays, real and complex."""
+    import lcsm.ops.chunk as chunk
+
+    monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "cumulative")
+    inputs = make_inputs(29, e=e, s=s, decay=decay, dd_decay=s != "vec", complex_decay=complex_decay, seed=13,
+                         strength=strength)
+    assert explain(*(inputs[n] for n in NAMES[:4]), mode="chunk").kernel == "elementwise"
+    check(inputs, "chunk", dtype, chunk_size=8, context=f"cumulative strength={strength} e={e} s={s} {decay}")
+
+
+def test_cumulative_blocks_stay_within_the_safe_span(monkeypatch):
+    """A cumulative block's summed largest |log o| stays within SAFE_SPAN (30 in float32, 200 in
+    float64); runs shorter than MIN_CUMULATIVE (a step beyond the span is a run of one) merge into
+    stepwise blocks; the blocks tile each chunk. Two factors' maxima add."""
+    import lcsm.ops.chunk as chunk
+
+    per_step = torch.tensor([1.0, 2.0, 25.0, 3.0, 40.0, 0.5, 0.5, 29.0, 1.0, 1.0], dtype=torch.float64)
+    log_o = -per_step.view(1, 1, 10, 1, 1).expand(2, 1, 10, 3, 2).clone()
+    log_o[0, 0, :, 1, 1] = -0.1           # the largest entry of each step decides
+    monkeypatch.setattr(chunk, "MIN_CUMULATIVE", 2)
+    assert chunk._span_blocks([log_o], 10, 8, torch.float32) == \
+        [[(0, 3, True), (3, 5, False), (5, 8, True)], [(0, 2, True)]]
+    assert chunk._span_blocks([log_o], 10, 8, torch.float64) == [[(0, 8, True)], [(0, 2, True)]]
+    half = log_o / 2
+    assert chunk._span_blocks([half[..., :1], half[..., :1, :]], 10, 8, torch.float32) == \
+        chunk._span_blocks([log_o], 10, 8, torch.float32)
+    assert chunk._span_blocks([], 10, 8, torch.float32) == [[(0, 8, True)], [(0, 2, True)]]
+    monkeypatch.setattr(chunk, "MIN_CUMULATIVE", 4)
+    assert chunk._span_blocks([log_o], 10, 8, torch.float32) == [[(0, 8, False)], [(0, 2, False)]]
+
+
+def test_elementwise_form_setting_is_checked(monkeypatch):
+    """The stepwise form is the default; a setting other than the two forms is refused, naming it."""
+    import lcsm.ops.chunk as chunk
+
+    monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "step")
+    assert chunk._elementwise_form() == "step"
+    monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "stepwise")
+    with pytest.raises(ValueError, match=r"ELEMENTWISE_FORM: expected 'step' or 'cumulative', got 'stepwise'"):
+        chunk._elementwise_form()
+
+
 def test_chunk_backward_option_is_checked():
     """``backward="autograd"`` is the matmul kernel's benchmark baseline only; the elementwise
     kernel refuses it, and an unknown value is refused by both, naming the argument."""
