@@ -48,6 +48,7 @@ sum dm_t = exp(-conj L_t) sum_{j >= t} exp(conj L_j) conj(s_j) dy_j in reverse).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -73,7 +74,8 @@ SEGMENT = 2048
 # 1 MiB, about a core's share of a server CPU's cache.
 BLOCK_BYTES = 1 << 20
 # How the elementwise kernel runs a chunk's steps: "step" (the recurrence, step by step) or
-# "cumulative" (a few batched operations per block of steps; see ``_elementwise_form``).
+# "cumulative" (a few batched operations per block of steps); see ``_elementwise_form``.
+ELEMENTWISE_FORMS = ("step", "cumulative")
 ELEMENTWISE_FORM = "step"
 # Fewest steps a block of the cumulative form takes in batched operations (about ten of them
 # against about three a step in the recurrence, forward and backward alike).
@@ -759,9 +761,22 @@ def _elementwise_form() -> str:
     default there. On a CPU it is slower (2.9x for a Mamba layer's forward and backward, 7x for
     code 1-6-1-0's, at B 16, T 256, d_model 128, one thread: its [n, K, D] temporaries leave the
     cache)."""
-    if ELEMENTWISE_FORM not in ("step", "cumulative"):
+    if ELEMENTWISE_FORM not in ELEMENTWISE_FORMS:
         raise ValueError(f"ELEMENTWISE_FORM: expected 'step' or 'cumulative', got {ELEMENTWISE_FORM!r}")
     return ELEMENTWISE_FORM
+
+
+@contextlib.contextmanager
+def use_elementwise_form(form: str):
+    """``ELEMENTWISE_FORM`` = ``form`` inside the block (the trainer's ``train.elementwise_form``)."""
+    global ELEMENTWISE_FORM
+    if form not in ELEMENTWISE_FORMS:
+        raise ValueError(f"form: expected 'step' or 'cumulative', got {form!r}")
+    previous, ELEMENTWISE_FORM = ELEMENTWISE_FORM, form
+    try:
+        yield
+    finally:
+        ELEMENTWISE_FORM = previous
 
 
 def _span_blocks(g, T: int, C: int, dtype: torch.dtype):
