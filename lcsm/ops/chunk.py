@@ -44,7 +44,8 @@ roles swap under transposition, which is why the kernel supports both (and "oute
 "outer_t"). For ``elementwise`` the backward recomputes each chunk from its saved start memory, in
 reverse order, and runs the same adjoint recurrence over that chunk alone, in the forward's
 blocks (``scan_chunk_backward``; ``cumulative_backward`` for the cumulative form, whose blocks
-sum dm_t = exp(-conj L_t) sum_{j >= t} exp(conj L_j) conj(s_j) dy_j in reverse). Either way memory is O(T (K + D) + (T / C) K D), not O(T K D).
+sum dm_t = exp(-conj L_t) sum_{j >= t} exp(conj L_j) conj(s_j) dy_j in reverse). Either way
+memory is O(T (K + D) + (T / C) K D), not O(T K D).
 """
 from __future__ import annotations
 
