@@ -1,5 +1,6 @@
 """The training loop: loss falls, no-decay groups, schedules, accumulation, early stopping."""
 import copy
+import dataclasses
 import json
 import math
 
@@ -7,8 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import lcsm.ops.chunk as chunk
 from lcsm.engine import RunConfig, apply_overrides, build_optimizer, lr_factor, train
 from lcsm.engine.config import OptimConfig
+from lcsm.engine.trainer import Trainer
 from lcsm.models import ModelConfig, build_model
 from lcsm.testing import assert_close
 
@@ -200,11 +203,6 @@ def test_elementwise_form_is_checked_applied_and_leaves_the_training_config_alon
     """train.elementwise_form picks the form of eos's elementwise kernel for the run's steps (a
     Mamba model takes it): the same loss to rounding either way, the same training config (a run
     id does not change with it), a bad value refused by name, the process's setting restored."""
-    import dataclasses
-
-    import lcsm.ops.chunk as chunk
-    from lcsm.engine.trainer import Trainer
-
     values = apply_overrides(TINY, {"out_dir": str(cache_env / "run"), "model.mixer": "mamba"})
     default = RunConfig.from_dict(values)
     assert default.train.elementwise_form == "step"
