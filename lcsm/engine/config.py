@@ -174,9 +174,10 @@ class TrainConfig(_Section):
     """
 
     section = "train"
-    # how the loop reports, keeps and places its work, not what it computes: not part of a run's
-    # training config (``RunConfig.training_dict``)
-    BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator", "elementwise_form")
+    # how the loop reports, keeps, places and runs its work, not what it computes: not part of a
+    # run's training config (``RunConfig.training_dict``)
+    BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator",
+                   "elementwise_form")
     max_steps: Optional[int] = None
     epochs: Optional[int] = None
     batch_size: int = 32
