@@ -434,10 +434,17 @@ def test_cumulative_blocks_stay_within_the_safe_span(monkeypatch):
 
 
 def test_elementwise_form_setting_is_checked(monkeypatch):
-    """The stepwise form is the default; a setting other than the two forms is refused, naming it."""
+    """The stepwise form is the default; ``use_elementwise_form`` sets a form for a block and
+    restores the last; a setting other than the two forms is refused, naming it."""
     import lcsm.ops.chunk as chunk
 
-    monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "step")
+    assert chunk._elementwise_form() == "step"
+    with chunk.use_elementwise_form("cumulative"):
+        assert chunk._elementwise_form() == "cumulative"
+    assert chunk._elementwise_form() == "step"
+    with pytest.raises(ValueError, match=r"form: expected 'step' or 'cumulative', got 'scan'"):
+        with chunk.use_elementwise_form("scan"):
+            pass
     assert chunk._elementwise_form() == "step"
     monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "stepwise")
     with pytest.raises(ValueError, match=r"ELEMENTWISE_FORM: expected 'step' or 'cumulative', got 'stepwise'"):
