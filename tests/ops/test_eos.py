@@ -451,6 +451,22 @@ def test_elementwise_form_setting_is_checked(monkeypatch):
         chunk._elementwise_form()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "outer"])
+def test_chunk_autograd_baseline(decay, dtype, monkeypatch):
+    """The matmul kernel differentiated by autograd (the benchmark's memory baseline) against the
+    recurrence: outputs, final state and every gradient, T 29 in chunks of 8."""
+    import functools
+    import importlib
+
+    from lcsm.ops import chunk
+
+    # the package exports the function eos, which shadows its module of the same name
+    eos_module = importlib.import_module("lcsm.ops.eos")
+    monkeypatch.setattr(eos_module, "eos_chunk", functools.partial(chunk.eos_chunk, backward="autograd"))
+    check(make_inputs(29, decay=decay), "chunk", dtype, chunk_size=8, context=f"autograd {decay}")
+
+
 def test_chunk_backward_option_is_checked():
     """``backward="autograd"`` is the matmul kernel's benchmark baseline only; the elementwise
     kernel refuses it, and an unknown value is refused by both, naming the argument."""
