@@ -297,7 +297,7 @@ def _chunk_outputs(q: Tensor, k: Tensor, v: Tensor, f: _Decay, S: Tensor, kind: 
     mask = _causal_mask(q.shape[-2], strict, q.device)
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
     if kind == "none":
-        return (q @ S).add_(torch.where(mask, q @ k.transpose(-1, -2), zero) @ v)
+        return (q @ S).add_((q @ k.transpose(-1, -2)).tril_(-1 if strict else 0) @ v)
     if kind == "scalar":
         w = f.e_G * f.e_neg.transpose(-1, -2) if f.moderate else _pairwise(f.G, False, q.dtype)[..., 0]
         return (q @ S) * f.e_G + torch.where(mask, (q @ k.transpose(-1, -2)) * w, zero) @ v
@@ -348,6 +348,11 @@ def _own_step(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return (q * k).sum(-1, keepdim=True) * v
 
 
+def _cat(parts: list) -> Tensor:
+    """Segments joined along time; a single segment is returned as it is (torch.cat would copy it)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+
+
 def _segments(T: int, C: int):
     seg = max(C, (SEGMENT // C) * C)
     return [slice(a, min(a + seg, T)) for a in range(0, T, seg)]
@@ -364,10 +369,8 @@ def _no_decay_backward(q: Tensor, k: Tensor, v: Tensor, dy: Tensor, S: Tensor, d
     L = q.shape[2]
     qc, kc, vc, dyc = (_chunked(x, C) for x in (q, k, v, dy))
     N = qc.shape[2]
-    mask = _causal_mask(C, False, q.device)
-    zero = torch.zeros((), dtype=q.dtype, device=q.device)
-    A = torch.where(mask, qc @ kc.transpose(-1, -2), zero)
-    G = torch.where(mask, dyc @ vc.transpose(-1, -2), zero)
+    A = (qc @ kc.transpose(-1, -2)).tril_()
+    G = (dyc @ vc.transpose(-1, -2)).tril_()
     P = qc.transpose(-1, -2) @ dyc                                            # [B, H, N, K, D]
     B, H, _, K, D = P.shape
     later = torch.ones(N, N, dtype=P.dtype, device=P.device).triu(1)
@@ -442,9 +445,9 @@ class ChunkMatmulFunction(torch.autograd.Function):
         # only the column-decay gradient (of a column or a separable decay) needs the strict output
         y_strict = torch.cat(stricts, 2) if kind in ("col", "outer") else None
         # the backward reads the final memory only in the decay gradient's boundary term
-        ctx.save_for_backward(q, k, v, g, m0, y_strict, M if g is None else M_strict, torch.cat(starts, 2))
+        ctx.save_for_backward(q, k, v, g, m0, y_strict, M if g is None else M_strict, _cat(starts))
         ctx.kind, ctx.C = kind, C
-        return torch.cat(ys, 2), M
+        return _cat(ys), M
 
     @staticmethod
     def backward(ctx, dy, dm_T):
@@ -474,7 +477,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
                                                     starts[:, :, first_chunk[j]: first_chunk[j + 1]], dM, C)
                 for name, grad in (("q", dq), ("k", dk), ("v", dv)):
                     grads[name].append(grad)
-            cat = lambda name: torch.cat(grads[name][::-1], 2)
+            cat = lambda name: _cat(grads[name][::-1])
             return cat("q"), cat("k"), cat("v"), None, dM if m0 is not None else None, None, None
         for j in reversed(range(len(parts))):
             part, L = parts[j], parts[j].stop - parts[j].start
