@@ -294,10 +294,10 @@ def _chunk_states(k: Tensor, v: Tensor, f: _Decay, kind: str, m0: Optional[Tenso
 
 def _chunk_outputs(q: Tensor, k: Tensor, v: Tensor, f: _Decay, S: Tensor, kind: str, strict: bool):
     """y [B, H, N, C, D] from chunked q, k, v and the chunk-start memories S."""
-    mask = _causal_mask(q.shape[-2], strict, q.device)
-    zero = torch.zeros((), dtype=q.dtype, device=q.device)
     if kind == "none":
         return (q @ S).add_((q @ k.transpose(-1, -2)).tril_(-1 if strict else 0) @ v)
+    mask = _causal_mask(q.shape[-2], strict, q.device)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
     if kind == "scalar":
         w = f.e_G * f.e_neg.transpose(-1, -2) if f.moderate else _pairwise(f.G, False, q.dtype)[..., 0]
         return (q @ S) * f.e_G + torch.where(mask, (q @ k.transpose(-1, -2)) * w, zero) @ v
@@ -443,7 +443,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
             stricts.append(y_strict)
             starts.append(S)
         # only the column-decay gradient (of a column or a separable decay) needs the strict output
-        y_strict = torch.cat(stricts, 2) if kind in ("col", "outer") else None
+        y_strict = _cat(stricts) if kind in ("col", "outer") else None
         # the backward reads the final memory only in the decay gradient's boundary term
         ctx.save_for_backward(q, k, v, g, m0, y_strict, M if g is None else M_strict, _cat(starts))
         ctx.kind, ctx.C = kind, C
