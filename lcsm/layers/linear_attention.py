@@ -15,15 +15,18 @@ dur (gfw)          g_t gbar_t^T (outer product)   log g_t[k] + log gbar_t[d], [B
 =================  =============================  =============================================
 
 Complex oscillations give a complex memory; e, s and i stay real (except RetNet's xPos, where q
-and k are read as K/2 complex numbers) and the readout is the real part, LCSM eq. 14-15.
+and k are read as K/2 complex numbers) and the readout is the real part, LCSM eq. 14-15. Their
+oscillation is a real decay times a time-invariant rotation, exp(log_decay + i theta), which the
+layers compute in the rotating frame (:func:`lcsm.ops.rotating.eos_rotating`, real kernels).
 
 Shape glossary: B batch, T time, H heads, K key (expand) width per head, D value width per head,
 d_model model width. Projections produce [B, T, H * K] and are split to [B, T, H, K].
 
-Every mixer exposes ``eos_inputs(x) -> (i, e, s, log_o)``, the exact arguments handed to
-``eos`` (before the normaliser column), and ``eos_readout(x, state)``: the per-head read-out
-[B, T, H, D] before the output stage (norm / gate / output projection) and the final memory.
-Tests use them to compare the EOS part alone.
+Every mixer exposes ``eos_inputs(x) -> (i, e, s, log_o)``, the arguments of ``eos`` for its
+system (before the normaliser column; the rotating mixers hand ``eos_rotating`` the same system
+split into log_decay and theta, ``rotating_inputs``), and ``eos_readout(x, state)``: the per-head
+read-out [B, T, H, D] before the output stage (norm / gate / output projection) and the final
+memory. Tests use them to compare the EOS part alone.
 
 Init: RetNet follows torchscale's layer init (Xavier-uniform, gain 2^-2.5 on q/k/v/g); the others
 use PyTorch's default ``nn.Linear`` init (model-level init schemes belong to the training engine).
@@ -39,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import eos
+from ..ops import eos, eos_rotating
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
 Tensor = torch.Tensor
@@ -144,6 +147,17 @@ class _QKVAttention(Mixer):
         return t.unflatten(-1, (self.num_heads, -1))
 
     def eos_inputs(self, x: Tensor):
+        """(i, e, s, log_o), the ``eos`` arguments; a rotating mixer's log_o is
+        log_decay + i theta (complex [H, K|1, 1]), built from ``rotating_inputs``."""
+        if not self.complex_memory:
+            raise NotImplementedError
+        i, e, s, log_decay, theta = self.rotating_inputs(x)
+        rotation = _complex(torch.zeros_like(theta), theta).unsqueeze(-1)
+        return i, e, s, rotation if log_decay is None else log_decay + rotation
+
+    def rotating_inputs(self, x: Tensor):
+        """Mixers with a complex memory: (i, e, s, log_decay, theta) with a real decay (or None)
+        and the angles theta [H, K|1] of the oscillation exp(log_decay + i theta)."""
         raise NotImplementedError
 
     def _output(self, y: Tensor, x: Tensor) -> Tensor:
@@ -161,14 +175,20 @@ class _QKVAttention(Mixer):
             if not isinstance(state, LinearAttentionState):
                 raise ValueError(f"state: expected a LinearAttentionState, got {type(state).__name__}")
             m0 = state.memory
-        i, e, s, log_o = self.eos_inputs(x)
+        if self.complex_memory:
+            i, e, s, log_o, theta = self.rotating_inputs(x)
+        else:
+            i, e, s, log_o = self.eos_inputs(x)
         if self.normalize:
             # The normaliser z_t = sum_s o-weighted k_s is the same EOS with input 1: one extra
             # memory column computes numerator and denominator in a single pass.
             i = torch.cat([i, i.new_ones(*i.shape[:-1], 1)], -1)
-        y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=True)
-        if y.is_complex():
-            y = y.real  # LCSM eq. 14-15: y_t = Re{[kv]_t}^T q_t with real q
+        if self.complex_memory:
+            # LCSM eq. 14-15: y_t = Re{[kv]_t}^T q_t, computed in the rotating frame (real kernels;
+            # the same system as eos(*eos_inputs(x)), which the layer tests check)
+            y, m = eos_rotating(i, e, s, theta, log_o, initial_state=m0, output_final_state=True)
+        else:
+            y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=True)
         if self.normalize:
             y = y[..., :-1] * self._denominator(y[..., -1:])
         # eos promotes to the state's dtype (float32 for half-precision inputs): back to x's.
@@ -337,19 +357,22 @@ class RetNet(_QKVAttention):
         half = self.head_k // 2
         return (10000.0 ** -torch.linspace(0, 1, half, dtype=torch.float64, device=like.device)).to(like.dtype)
 
-    def eos_inputs(self, x):
+    def _qkv(self, x):
         q = self._split(self.q_proj(x))
         k = self._split(self.k_proj(x)) * self.head_k ** -0.5
-        v = self._split(self.v_proj(x))
-        H = self.num_heads
-        log_gamma = self.log_gamma(q).view(H, 1, 1)
-        if not self.xpos:
-            return v, k, q, log_gamma
+        return q, k, self._split(self.v_proj(x)), self.log_gamma(q).view(self.num_heads, 1, 1)
+
+    def eos_inputs(self, x):
+        if self.xpos:
+            return super().eos_inputs(x)
+        q, k, v, log_gamma = self._qkv(x)
+        return v, k, q, log_gamma
+
+    def rotating_inputs(self, x):
+        q, k, v, log_gamma = self._qkv(x)
         qc = _complex(q[..., 0::2], q[..., 1::2])
         kc = _complex(k[..., 0::2], k[..., 1::2])
-        log_o = _complex(log_gamma.expand(H, self.memory_rows, 1),
-                              self.xpos_theta(q).view(1, -1, 1).expand(H, -1, 1))
-        return v, kc.conj(), qc, log_o
+        return v, kc.conj(), qc, log_gamma, self.xpos_theta(q).expand(self.num_heads, -1)
 
     def _output(self, y, x):
         y = _head_norm(y, self.norm, self.norm_eps)
@@ -418,12 +441,11 @@ class Cosformer(_QKVAttention):
         self.thetas = tuple(thetas)
         self.complex_memory = True
 
-    def eos_inputs(self, x):
+    def rotating_inputs(self, x):
         q = F.relu(self._split(self.q_proj(x)))
         k = F.relu(self._split(self.k_proj(x)))
         v = self._split(self.v_proj(x))
-        theta = torch.tensor(self.thetas, dtype=q.dtype, device=q.device).view(-1, 1, 1)
-        return v, k, q, _complex(torch.zeros_like(theta), theta)
+        return v, k, q, None, torch.tensor(self.thetas, dtype=q.dtype, device=q.device).view(-1, 1)
 
     def _denominator(self, z):
         return 1.0 / z.clamp_min(self.eps)
@@ -485,13 +507,11 @@ class LRPE(_QKVAttention):
         self.theta = no_weight_decay(nn.Parameter(theta.to(torch.get_default_dtype())))
         self.complex_memory = True
 
-    def eos_inputs(self, x):
+    def rotating_inputs(self, x):
         phi = FEATURE_MAPS[self.feature_map]
         q = phi(self._split(self.q_proj(x)))
         k = phi(self._split(self.k_proj(x)))
-        v = self._split(self.v_proj(x))
-        theta = self.theta.unsqueeze(-1)
-        return v, k, q, _complex(torch.zeros_like(theta), theta)
+        return self._split(self.v_proj(x)), k, q, None, self.theta
 
     def _output(self, y, x):
         return self.o_proj(y.flatten(-2))
