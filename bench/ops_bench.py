@@ -30,10 +30,13 @@ layout (built before timing, so layout changes inside an operator are part of it
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import gc
 import json
 import math
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -111,6 +114,9 @@ class Timing:
     shape: str
     tokens: int
     times: List[float]
+    faults: int = 0          # minor page faults over the timed runs: fresh pages the OS had to map
+    sys_s: float = 0.0       # system (kernel) CPU seconds over the timed runs, all threads
+    cpu_s: float = 0.0       # user + system CPU seconds over the timed runs, all threads
 
     @property
     def median(self) -> float:
@@ -159,20 +165,25 @@ def _leaves(d: Dict[str, Optional[Tensor]]) -> List[Tensor]:
     return [v for v in d.values() if v is not None]
 
 
-def time_fwd_bwd(fn: Callable[[], Tensor], leaves: Sequence[Tensor], repeats: int, warmup: int) -> List[float]:
-    """Wall-clock seconds of forward + backward, one entry per timed run (warm-up runs dropped).
+def time_fwd_bwd(fn: Callable[[], Tensor], leaves: Sequence[Tensor], repeats: int,
+                 warmup: int) -> Tuple[List[float], Dict[str, float]]:
+    """Wall-clock seconds of forward + backward, one entry per timed run (warm-up runs dropped),
+    and this process's resource use summed over the timed runs (``faults``, ``sys_s``, ``cpu_s``).
     The first (warm-up) run also checks that the output and every gradient are finite."""
     cot = None
     times = []
+    usage = {"faults": 0, "sys_s": 0.0, "cpu_s": 0.0}
     for r in range(warmup + repeats):
         for x in leaves:
             x.grad = None
+        before = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         y = fn()
         if cot is None:
             cot = torch.randn(y.shape, generator=_gen(1), dtype=y.dtype)
         y.backward(cot)
         elapsed = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_SELF)
         if r == 0:
             bad = [n for n, x in [("output", y)] + [(f"grad {j}", x.grad) for j, x in enumerate(leaves)]
                    if x is None or not torch.isfinite(x).all()]
@@ -180,7 +191,30 @@ def time_fwd_bwd(fn: Callable[[], Tensor], leaves: Sequence[Tensor], repeats: in
                 raise FloatingPointError(f"non-finite or missing {', '.join(bad)}")
         if r >= warmup:
             times.append(elapsed)
-    return times
+            usage["faults"] += after.ru_minflt - before.ru_minflt
+            usage["sys_s"] += after.ru_stime - before.ru_stime
+            usage["cpu_s"] += after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return times, usage
+
+
+def pin_allocator() -> str:
+    """Fix glibc malloc's mmap and trim thresholds at the values its dynamic rule settles on in a
+    long-running process (mmap above 32 MiB, trim above 64 MiB), and say what was done.
+
+    Left dynamic, the mmap threshold starts at 128 KiB and rises each time a larger mmapped block
+    is freed, so an operator timed early in the process maps (and page-faults) fresh memory for
+    tensors that one timed later takes from the heap: ratios and the time-per-token growth then
+    depend on the order of the cases (bench/README.md, Noise). Tensors above 32 MiB are mmapped on
+    every allocation in any glibc process; the page-fault column of the timings shows that cost."""
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, TypeError, AttributeError) as exc:
+        return f"left at its defaults (no glibc mallopt: {exc}); timings may depend on the order of the cases"
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3                 # glibc's <malloc.h> parameter numbers
+    if mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 or mallopt(M_TRIM_THRESHOLD, 64 << 20) != 1:
+        return "left at its defaults (mallopt refused the thresholds); timings may depend on the order of the cases"
+    return f"{name} mallopt: mmap threshold 32 MiB, trim threshold 64 MiB (fixed; see pin_allocator)"
 
 
 def _fla():
@@ -241,12 +275,12 @@ class Bench:
         self.log(f"timing {label} [{shape}]")
         fn, leaves = build()
         try:
-            times = time_fwd_bwd(fn, leaves, self.z.repeats, self.z.warmup)
+            times, usage = time_fwd_bwd(fn, leaves, self.z.repeats, self.z.warmup)
         except (FloatingPointError, RuntimeError) as exc:
             self.r.notes.append(f"{label} [{shape}] failed: {type(exc).__name__}: {exc}")
             self.log(f"  failed: {exc}")
             return None
-        t = Timing(key, label, shape, tokens, times)
+        t = Timing(key, label, shape, tokens, times, **usage)
         self.r.timings[key] = t
         self.log(f"  median {t.median * 1e3:.2f} ms over {len(times)} runs")
         return t
@@ -759,11 +793,15 @@ def render(r: Report, z: Sizes, header: Dict[str, str], selected: Sequence[str])
         lines.append("")
     timed = [t for t in r.timings.values() if t.tokens]
     if timed:
-        lines += ["## Timings", "", "| operator | shape | median ms | min ms | µs / token |",
-                  "| --- | --- | ---: | ---: | ---: |"]
+        lines += ["## Timings", "", "Page faults: minor faults per token and run (fresh memory the OS maps and "
+                  "zeroes); sys: the kernel's share of the process's CPU time over the timed runs.", "",
+                  "| operator | shape | median ms | min ms | µs / token | page faults / token | sys % |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
         for t in timed:
+            runs = len(t.times)
+            sys_share = f"{100 * t.sys_s / t.cpu_s:.0f}" if t.cpu_s > 0 else "—"
             lines.append(f"| {t.label} | {t.shape} | {t.median * 1e3:.2f} | {min(t.times) * 1e3:.2f} | "
-                         f"{t.median / t.tokens * 1e6:.3f} |")
+                         f"{t.median / t.tokens * 1e6:.3f} | {t.faults / (runs * t.tokens):.2f} | {sys_share} |")
         lines.append("")
     if r.memory:
         lines += ["## Peak memory (row decay; peak RSS above the pre-run baseline, one fresh process per backward)", "",
@@ -800,6 +838,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default=None, help=f"comma-separated cases out of: {', '.join(CASES)}")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     p.add_argument("--out", default=None, help="also write the report to this file")
+    p.add_argument("--allocator", choices=("pinned", "dynamic"), default="pinned",
+                   help="pinned (default): fix glibc's malloc thresholds for the whole run (see pin_allocator); "
+                        "dynamic: leave glibc's adaptive thresholds, so timings depend on the order of the cases")
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     return p
 
@@ -827,9 +868,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         sizes = replace(sizes, repeats=args.repeats)
 
     torch.set_num_threads(args.threads)
+    allocator = (pin_allocator() if args.allocator == "pinned"
+                 else "glibc defaults (dynamic thresholds; --allocator dynamic)")
     start = time.perf_counter()
     log = lambda msg: print(f"[bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
     header = provenance_header("python -m bench.ops_bench" + (" " + shlex.join(argv) if argv else ""), args.threads)
+    header["allocator"] = allocator
     bench = Bench(sizes, args.threads, log)
     for case in selected:
         log(f"case {case}")

@@ -32,6 +32,7 @@ def test_quick_run_prints_every_table(tmp_path, capsys):
         assert heading in text, heading
     assert "| check | measured | target | result |" in text
     assert "- git commit: " in text and "- machine cpu: " in text and "--quick" in text
+    assert "- allocator: " in text and "| page faults / token | sys % |" in text
     # Every row of the targets table ends in a verdict; a crashed measurement would leave a note.
     targets = text.split("## Targets")[1].split("\n## ")[0].strip().splitlines()[2:]
     verdicts = [row.rsplit("|", 2)[-2].strip().split(" ")[0] for row in targets]
@@ -54,6 +55,14 @@ def test_flop_model_matches_the_counted_flops_without_sub_chunking():
     z = ops_bench.QUICK
     analytic = ops_bench.chunk_fwd_bwd_flops(z.B, z.H, z.T, z.K, z.D, z.C)
     assert ops_bench.counted_matmul_flops(z, "row", z.T) == analytic
+
+
+def test_timing_counts_the_page_faults_of_fresh_memory():
+    # 64 MiB allocated in every run: above glibc's largest mmap threshold, so each run maps fresh pages.
+    x = torch.ones(1, requires_grad=True)
+    times, usage = ops_bench.time_fwd_bwd(lambda: (x * torch.ones(1 << 24)).sum(), [x], repeats=2, warmup=1)
+    assert len(times) == 2
+    assert usage["faults"] > 0 and 0 <= usage["sys_s"] <= usage["cpu_s"]
 
 
 def test_bad_options_are_rejected(capsys):
