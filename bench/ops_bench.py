@@ -19,6 +19,9 @@ Cases (select with ``--only``; see bench/README.md for the method and the target
                elementwise kernel serves: a K x D e with the separable decay (code 0-1-1-0), a
                time-invariant K x D decay (1-0-1-0) and a per-step one (1-9-1-0), against code
                1-1-1-0 (vector e and s, the matmul kernel)
+    rotating   a rotation exp(i theta) per head and key (LRPE-shaped, H=4, K=D=64, T=2048), alone and
+               with a GLA-like row decay: eos chunk on the complex system vs eos_rotating (real
+               kernels in the rotating frame)
     fft        a time-invariant system shaped like S4D (H heads of K complex modes, D=1, real input,
                real part kept): eos fft against eos chunk on the same system
     gflops     achieved matmul GFLOP/s of the chunk kernel vs the machine's matmul throughput
@@ -51,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from bench._common import Check, proc_status_kib as _proc_status_kib, provenance_header
-from lcsm.ops import eos
+from lcsm.ops import eos, eos_rotating
 from lcsm.ops._inputs import canonicalize
 from lcsm.ops.chunk import eos_chunk
 from lcsm.testing import RTOL, rel_rms
@@ -60,7 +63,7 @@ Tensor = torch.Tensor
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "outer", "kxd",
-         "fft", "gflops")
+         "rotating", "fft", "gflops")
 # Scale of logsigmoid(x) in the log decays. "gla": GLA's normaliser 1/16 (a chunk of 64 decays
 # by ~e^-3, kept in lcsm's one-matmul-per-chunk path); "strong": unscaled (~e^-0.8 per step),
 # which sends a row decay through lcsm's sub-chunked path; the memory case measures both.
@@ -622,6 +625,42 @@ class Bench:
             t = self.time(f"kxd_{code}", f"LCSM code {code}: {what[code]}", shape, B * T, build(code))
             if base is not None and t is not None:
                 self.r.info.append((f"LCSM code {code} / code 1-1-1-0, {shape}", f"{t.median / base.median:.2f}x"))
+
+    def case_rotating(self):
+        """LRPE's system (theta per head and key, RetNet-like spread over [1e-4, 1]), with no decay
+        and with GLA's row decay: the complex chunk kernel against the rotating frame."""
+        z, T = self.z, self.z.T
+
+        def inputs(decay, T=T):
+            x = gla_inputs(z, T, decay)
+            channels = torch.arange(z.H * z.K, dtype=torch.float32)
+            x["theta"] = _leaf((10000.0 ** (-channels / (z.H * z.K))).view(z.H, z.K))
+            return x
+
+        def run(x, form):
+            if form == "rotating":
+                return eos_rotating(x["i"], x["e"], x["s"], x["theta"], x["log_o"], mode="chunk", chunk_size=z.C)[0]
+            rotation = 1j * x["theta"][..., None]
+            log_o = rotation if x["log_o"] is None else x["log_o"] + rotation
+            return eos(x["i"], x["e"], x["s"], log_o, mode="chunk", chunk_size=z.C, real_output=True)[0]
+
+        def build(decay, form):
+            def make():
+                x = inputs(decay)
+                return (lambda: run(x, form)), _leaves(x)
+            return make
+
+        for decay, words in (("none", "rotation"), ("row", "rotation and row decay")):
+            label = f"lcsm eos chunk, {words}"
+            cplx = self.time(f"rot_complex_{decay}@{T}", f"{label}: complex kernel", self.shape(T), z.B * T,
+                             build(decay, "complex"))
+            frame = self.time(f"rot_frame_{decay}@{T}", f"lcsm eos_rotating, {words}: rotating frame", self.shape(T),
+                              z.B * T, build(decay, "rotating"))
+            x = inputs(decay, min(T, 256))
+            self.agreement(f"eos_rotating ({words})", lambda: run(x, "rotating"), lambda: run(x, "complex"))
+            if cplx is not None and frame is not None:
+                self.r.info.append((f"{words}: complex kernel / rotating frame (speed-up), T={T}",
+                                    f"{cplx.median / frame.median:.2f}x"))
 
     def case_fft(self):
         """S4D's system (ZOH-discretised complex modes: decay e^(-0.5 dt), rotation pi n dt) through

@@ -42,7 +42,8 @@ def test_quick_run_prints_every_table(tmp_path, capsys):
     # The lcsm side of every timed case ran; fla rows are present exactly when fla is importable.
     for label in ("lcsm eos chunk, row decay", "lcsm eos chunk, no decay", "causal scaled_dot_product_attention",
                   "per-step Python loop", "LCSM code 1-9-1-0: per-step K x D decay",
-                  "lcsm eos fft (time-invariant, real FFTs)", "lcsm eos chunk on the same system"):
+                  "lcsm eos fft (time-invariant, real FFTs)", "lcsm eos chunk on the same system",
+                  "lcsm eos_rotating, rotation: rotating frame"):
         assert label in text, label
     fla_present = ops_bench._fla()[0] is not None
     assert ("SKIP (fla-core not installed)" in text) == (not fla_present)
