@@ -976,21 +976,23 @@ class ChunkElementwiseFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------- entry point
 
 def _matmul_operands(p: EOSProblem):
-    """Canonical problem -> (q, k, v, g, kind) for the matmul kernel."""
+    """Canonical problem -> (q, k, v, g, kind) for the matmul kernel. The unit dims go by squeeze,
+    not indexing: squeeze's backward is a view, where x[..., 0]'s writes the gradient into a
+    zero-filled tensor of the full shape (a fresh, page-faulted 64 MiB each at T 65536, H 4, K 64)."""
     B, H, T = p.B, p.H, p.T
-    q = p.s[..., 0].expand(B, H, T, p.K)
-    k = p.e[..., 0].expand(B, H, T, p.K)
+    q = p.s.squeeze(-1).expand(B, H, T, p.K)
+    k = p.e.squeeze(-1).expand(B, H, T, p.K)
     kind = p.decay_kind
     g = None
     if kind == "scalar":
         g = p.g.reshape(*p.g.shape[:3], 1).expand(B, H, T, 1)
     elif kind == "row":
-        g = p.g[..., 0].expand(B, H, T, p.K)
+        g = p.g.squeeze(-1).expand(B, H, T, p.K)
     elif kind == "col":
-        g = p.g[..., 0, :].expand(B, H, T, p.D)
+        g = p.g.squeeze(-2).expand(B, H, T, p.D)
     elif kind == "outer":
         row, col = p.g_outer
-        g = torch.cat([row[..., 0].expand(B, H, T, p.K), col[..., 0, :].expand(B, H, T, p.D)], -1)
+        g = torch.cat([row.squeeze(-1).expand(B, H, T, p.K), col.squeeze(-2).expand(B, H, T, p.D)], -1)
     return q, k, p.v, g, kind
 
 
