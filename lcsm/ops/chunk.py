@@ -444,14 +444,16 @@ class ChunkMatmulFunction(torch.autograd.Function):
             starts.append(S)
         # only the column-decay gradient (of a column or a separable decay) needs the strict output
         y_strict = _cat(stricts) if kind in ("col", "outer") else None
-        # the backward reads the final memory only in the decay gradient's boundary term
-        ctx.save_for_backward(q, k, v, g, m0, y_strict, M if g is None else M_strict, _cat(starts))
+        # the backward reads the final memory only in the decay gradient's boundary term; it visits
+        # the chunk-start memories segment by segment, so they are saved as they are, not joined
+        # into one whole-sequence tensor (a copy and a fresh allocation of O((T / C) K D))
+        ctx.save_for_backward(q, k, v, g, m0, y_strict, M if g is None else M_strict, *starts)
         ctx.kind, ctx.C = kind, C
         return _cat(ys), M
 
     @staticmethod
     def backward(ctx, dy, dm_T):
-        q, k, v, g, m0, y_strict, m_T, starts = ctx.saved_tensors     # m_T: o_T * m_{T-1} when g is set
+        q, k, v, g, m0, y_strict, m_T, *starts = ctx.saved_tensors    # m_T: o_T * m_{T-1} when g is set
         kind, C = ctx.kind, ctx.C
         tkind = TRANSPOSED[kind]
         T = q.shape[2]
@@ -469,12 +471,11 @@ class ChunkMatmulFunction(torch.autograd.Function):
             carry = carry.unsqueeze(2)
         grads = {"q": [], "k": [], "v": [], "g": []}
         parts = _segments(T, C)
-        first_chunk = [math.ceil(p.start / C) for p in parts] + [starts.shape[2]]
         if kind == "none" and not q.is_complex():
             for j in reversed(range(len(parts))):
                 part = parts[j]
                 dq, dk, dv, dM = _no_decay_backward(q[:, :, part], k[:, :, part], v[:, :, part], dy[:, :, part],
-                                                    starts[:, :, first_chunk[j]: first_chunk[j + 1]], dM, C)
+                                                    starts[j], dM, C)
                 for name, grad in (("q", dq), ("k", dk), ("v", dv)):
                     grads[name].append(grad)
             cat = lambda name: _cat(grads[name][::-1])
@@ -491,7 +492,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 g_rev = torch.cat([gc[:, :, 1:], after], 2).flip(2)
 
             # ds: the forward problem transposed (memory conj(m)^T), from the saved memories
-            S_fwd = starts[:, :, first_chunk[j]: first_chunk[j + 1]].conj().transpose(-1, -2)
+            S_fwd = starts[j].conj().transpose(-1, -2)
             f_fwd = _decay_factors(gc, C, q.dtype)
             dq = _unchunk(_chunk_outputs(_chunked(dy_j, C), _chunked(vc, C), _chunked(kc, C), f_fwd,
                                          S_fwd, tkind, True), L)
