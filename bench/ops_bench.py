@@ -1,7 +1,8 @@
 """Operator benchmark: lcsm's chunkwise EOS against its peers, on CPU, side by side in one run.
 
 Every timing is forward + backward (``y.backward(cotangent)`` with a fixed random cotangent),
-float32, ``torch.set_num_threads(--threads)``, the median of ``--repeats`` runs after warm-up.
+float32, ``torch.set_num_threads(--threads)``, the median of ``--repeats`` runs after warm-up, host
+memory kept in glibc's heap as lcsm's training processes keep it (``--allocator``).
 Cases (select with ``--only``; see bench/README.md for the method and the targets):
 
     matmul     fp32 matmul throughput of this machine (n x n @ n x n, forward only)
@@ -33,8 +34,6 @@ layout (built before timing, so layout changes inside an operator are part of it
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import gc
 import json
 import math
@@ -54,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from bench._common import Check, proc_status_kib as _proc_status_kib, provenance_header
+from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
 from lcsm.ops import eos, eos_rotating
 from lcsm.ops._inputs import canonicalize
 from lcsm.ops.chunk import eos_chunk
@@ -198,26 +198,6 @@ def time_fwd_bwd(fn: Callable[[], Tensor], leaves: Sequence[Tensor], repeats: in
             usage["sys_s"] += after.ru_stime - before.ru_stime
             usage["cpu_s"] += after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return times, usage
-
-
-def pin_allocator() -> str:
-    """Fix glibc malloc's mmap and trim thresholds at the values its dynamic rule settles on in a
-    long-running process (mmap above 32 MiB, trim above 64 MiB), and say what was done.
-
-    Left dynamic, the mmap threshold starts at 128 KiB and rises each time a larger mmapped block
-    is freed, so an operator timed early in the process maps (and page-faults) fresh memory for
-    tensors that one timed later takes from the heap: ratios and the time-per-token growth then
-    depend on the order of the cases (bench/README.md, Noise). Tensors above 32 MiB are mmapped on
-    every allocation in any glibc process; the page-fault column of the timings shows that cost."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, TypeError, AttributeError) as exc:
-        return f"left at its defaults (no glibc mallopt: {exc}); timings may depend on the order of the cases"
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3                 # glibc's <malloc.h> parameter numbers
-    if mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 or mallopt(M_TRIM_THRESHOLD, 64 << 20) != 1:
-        return "left at its defaults (mallopt refused the thresholds); timings may depend on the order of the cases"
-    return f"{name} mallopt: mmap threshold 32 MiB, trim threshold 64 MiB (fixed; see pin_allocator)"
 
 
 def _fla():
@@ -877,9 +857,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default=None, help=f"comma-separated cases out of: {', '.join(CASES)}")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     p.add_argument("--out", default=None, help="also write the report to this file")
-    p.add_argument("--allocator", choices=("pinned", "dynamic"), default="pinned",
-                   help="pinned (default): fix glibc's malloc thresholds for the whole run (see pin_allocator); "
-                        "dynamic: leave glibc's adaptive thresholds, so timings depend on the order of the cases")
+    p.add_argument("--allocator", choices=HOST_ALLOCATORS, default="retain",
+                   help="host memory, as train.host_allocator: retain (default, what lcsm's training processes use: "
+                        "freed blocks stay in glibc's heap for reuse) or system (glibc's defaults, whose adaptive mmap "
+                        "threshold makes timings depend on the order of the cases; bench/README.md, Noise)")
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     return p
 
@@ -907,8 +888,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         sizes = replace(sizes, repeats=args.repeats)
 
     torch.set_num_threads(args.threads)
-    allocator = (pin_allocator() if args.allocator == "pinned"
-                 else "glibc defaults (dynamic thresholds; --allocator dynamic)")
+    allocator = use_host_allocator(args.allocator)
     start = time.perf_counter()
     log = lambda msg: print(f"[bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
     header = provenance_header("python -m bench.ops_bench" + (" " + shlex.join(argv) if argv else ""), args.threads)
