@@ -179,8 +179,8 @@ class LCSMFamily(Mixer):
     and it is defined for data-independent e and s too, where the official code asserts e and s
     data-dependent. With data-dependent e and s the layer computes it in the rotating frame
     (:func:`lcsm.ops.rotating.eos_rotating`: the official doubling made exact for carried states,
-    real kernels: a training step at the MQAR shapes about 2x faster than with the complex kernel); a K x D e or s
-    has no rotating-frame form and takes the complex kernel.
+    on real kernels; an MQAR training step about 2x faster than through the complex kernel); a
+    K x D e or s has no rotating-frame form and takes the complex kernel.
     """
 
     def __init__(self, d_model: int, code: Optional[str] = None, param: str = "linear",

@@ -978,8 +978,8 @@ class ChunkElementwiseFunction(torch.autograd.Function):
 
 def _matmul_operands(p: EOSProblem):
     """Canonical problem -> (q, k, v, g, kind) for the matmul kernel. The unit dims go by squeeze,
-    not indexing: squeeze's backward is a view, where x[..., 0]'s writes the gradient into a
-    zero-filled tensor of the full shape (a fresh, page-faulted 64 MiB each at T 65536, H 4, K 64)."""
+    not indexing: squeeze's backward is a view, where the backward of x[..., 0] writes the
+    gradient into a zero-filled tensor of the full shape (a fresh, page-faulted 64 MiB each at T 65536, H 4, K 64)."""
     B, H, T = p.B, p.H, p.T
     q = p.s.squeeze(-1).expand(B, H, T, p.K)
     k = p.e.squeeze(-1).expand(B, H, T, p.K)
