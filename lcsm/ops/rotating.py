@@ -60,10 +60,9 @@ def _expand_vector(name: str, x: Tensor, B: int, T: int, H: int) -> Tensor:
         return x
     if x.dim() == 2 and x.shape[0] == H:
         return x[None, None].expand(1, T, H, x.shape[-1])
-    raise ValueError(
-        f"{name}: eos_rotating takes a K-vector {name}, [B, T, H, K] = [{B}, {T}, {H}, K] or [H, K] = [{H}, K], "
-        f"got {shape_str(x)} (a K x D {name} has no rotating-frame form; use eos with a complex log_o)"
-    )
+    why = f" (a K x D {name} has no rotating-frame form; use eos with a complex log_o)" if x.dim() == 3 else ""
+    raise ValueError(f"{name}: eos_rotating takes a K-vector {name}, [B, T, H, K] = [{B}, {T}, {H}, K] or "
+                     f"[H, K] = [{H}, K], got {shape_str(x)}{why}")
 
 
 def _halves(x: Tensor, cos: Tensor, sin: Tensor, conj: bool) -> Tensor:
