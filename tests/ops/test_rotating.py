@@ -147,6 +147,7 @@ def test_bad_arguments_name_what_they_expected():
         (dict(theta=x["theta"][:, :3]), ValueError, f"theta: expected [H, K] = [{H}, {K}]"),
         (dict(e=torch.randn(H, K, D, dtype=torch.float64)), ValueError, "a K x D e has no rotating-frame form"),
         (dict(s=x["s"][..., :3]), ValueError, "s: expected K = 4"),
+        (dict(e=x["e"][:, :4]), ValueError, f"e: eos_rotating takes a K-vector e, [B, T, H, K] = [{B}, 5, {H}, K]"),
         (dict(log_o=x["log_o"][..., :3, :]), ValueError, "log_o: expected the rows"),
     ]
     for kw, exc, words in cases:
