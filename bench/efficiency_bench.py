@@ -8,12 +8,16 @@ with different token mixers, on CPU, side by side in one run.
                token: recurrent state, or the KV cache for attention) after a prefill of length P,
                on one thread, the streams of every (model, P) stepped in turns
 
+Host memory for the timed parts is kept as lcsm's training processes keep it (``--allocator``,
+``train.host_allocator``); the memory workers use glibc's mmap for large blocks instead, so their
+resident set follows the live tensors.
+
 Models (same d_model, depth and vocabulary; a SwiGLU channel mixer wherever the architecture has
 one): transformer (softmax attention with rotary positions, head width 64), s4, etsmlp (CES inside
 the element-wise MLP block, no channel mixer), gla, mamba, metala (the MetaLA Transformer preset).
 Run from the repository root:
 
-    lcsm bench efficiency [--out FILE] [--quick] [--repeats N] [--threads N]
+    lcsm bench efficiency [--out FILE] [--quick] [--repeats N] [--threads N] [--allocator retain|system]
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from bench._common import Check, proc_status_kib, provenance_header
+from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
 from lcsm.models import ModelConfig, build_model, preset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -349,6 +354,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="timed training steps per cell (default 3)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for training (default 2; decoding runs on 1)")
     p.add_argument("--out", default=None, help="also write the markdown report to this file")
+    p.add_argument("--allocator", choices=HOST_ALLOCATORS, default="retain",
+                   help="host memory of the timed runs, as train.host_allocator: retain (default, what lcsm's training "
+                        "processes use: no page faults on reused memory) or system (glibc's own mmap rules)")
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_worker is not None:
@@ -364,9 +372,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    allocator = use_host_allocator(args.allocator)
     start = time.perf_counter()
     log = lambda msg: print(f"[efficiency {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
     header = provenance_header("lcsm bench efficiency" + (" " + shlex.join(argv) if argv else ""), args.threads)
+    header["allocator"] = allocator
     load_before = _load()
     try:
         results = run(z, args.threads, log)

@@ -27,7 +27,7 @@ def test_quick_run_writes_every_table(tmp_path, capsys):
     text = capsys.readouterr().out
     assert out.read_text() == text
     assert "- git commit: " in text and "- machine cpu: " in text and "- wall time: " in text
-    assert "--quick" in text and "load average" in text
+    assert "--quick" in text and "load average" in text and "- allocator: " in text
     z = efficiency_bench.QUICK
     models = efficiency_bench.MODELS
     for heading in ("## Models", "## Training throughput", "## Peak memory", "## Decoding"):
