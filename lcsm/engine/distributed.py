@@ -47,6 +47,14 @@ class Distributed:
             torch.cuda.set_device(device)
         owns = not dist.is_initialized()
         if owns:
+            # torch.distributed.nn's functions take ``group=group.WORLD`` as a default argument,
+            # evaluated when the module is first imported; DistributedDataParallel imports it. Imported
+            # after init_process_group, those defaults pin the default group past
+            # destroy_process_group, so its gloo threads outlive teardown and meet interpreter
+            # shutdown, where a thread that still drops a work's tensor aborts the process
+            # ("terminate called without an active exception"). Imported first, they hold None.
+            import torch.distributed.nn  # noqa: F401
+
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         return cls(device, dist.get_rank(), dist.get_world_size(), owns)
 

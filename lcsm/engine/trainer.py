@@ -497,9 +497,8 @@ def train(config: RunConfig, *, resume: bool = True, restart: bool = False, quie
                 discard_run(Path(config.out_dir))
             dist.barrier()
         result = Trainer(config, dist, quiet=quiet).run(resume=resume)
-        # Rank 0 finishes later (final test, result.json); a gloo rank that destroys its group
-        # while a peer still holds the connection can abort at exit ("terminate called without an
-        # active exception", seen once in tests/engine/test_distributed.py), so all leave together.
+        # Rank 0 finishes later (final test, result.json): every rank waits for it, so none tears
+        # down its group while a peer still has collectives to run with it.
         dist.barrier()
         return result
     finally:

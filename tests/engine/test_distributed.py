@@ -1,9 +1,11 @@
-"""torchrun with 2 CPU processes (gloo) trains like 1 process with the same global batch."""
+"""torchrun with 2 CPU processes (gloo) trains like 1 process with the same global batch, and leaves
+no gloo thread behind."""
 import json
 import os
 import subprocess
 import sys
 
+import pytest
 from safetensors.torch import load_file
 
 from lcsm.engine import apply_overrides
@@ -42,3 +44,31 @@ def test_two_processes_match_one(tmp_path):
     w1 = load_file(str(tmp_path / "one" / "checkpoints" / "step-00000010" / "model.safetensors"))
     w2 = load_file(str(tmp_path / "two" / "checkpoints" / "step-00000010" / "model.safetensors"))
     assert_close(w2, w1, context="2 processes vs 1")
+
+
+GLOO_THREADS = """
+import os, sys
+from lcsm.cli import main
+status = main(["train", sys.argv[1], "--out", sys.argv[2], "--quiet"])
+tasks = "/proc/self/task"
+names = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)]
+print("gloo threads after train:", sorted(n for n in names if "gloo" in n), file=sys.stderr)
+sys.exit(status)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread names come from Linux's /proc")
+def test_teardown_leaves_no_gloo_threads(tmp_path):
+    """After training under torchrun no gloo thread is left to meet interpreter shutdown, where one
+    that still releases a work's tensor aborts the process (seen once in test_two_processes_match_one)."""
+    cfg = write_config(tmp_path / "ddp.yaml", apply_overrides(DDP, {"train.max_steps": 2, "train.eval_every": 2}))
+    script = tmp_path / "train_and_list_threads.py"
+    script.write_text(GLOO_THREADS)
+    env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), str(cfg), str(tmp_path / "run")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [line for line in run.stderr.splitlines() if "gloo threads after train:" in line]
+    assert len(lines) == 2, run.stderr[-3000:]
+    assert all(line.endswith("[]") for line in lines), lines
