@@ -51,8 +51,9 @@ class Distributed:
             # evaluated when the module is first imported; DistributedDataParallel imports it. Imported
             # after init_process_group, those defaults pin the default group past
             # destroy_process_group, so its gloo threads outlive teardown and meet interpreter
-            # shutdown, where a thread that still drops a work's tensor aborts the process
-            # ("terminate called without an active exception"). Imported first, they hold None.
+            # shutdown, where a thread still dropping a work's tensor can abort the process (the
+            # likely cause of a rare "terminate called without an active exception" at exit).
+            # Imported first, they hold None.
             import torch.distributed.nn  # noqa: F401
 
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
