@@ -167,9 +167,9 @@ def _intra_subchunked(q, k, v, G, kind, strict, at_most: int = SUBCHUNK):
     otherwise cut again the same way, into sub-chunks of at most c / 4 steps, down to single steps
     (whose span is 0) if need be. All branches are exact; the choice only avoids overflow and
     underflow. Cutting again replaced explicit [c, c, K|D] pairwise decay tensors for the diagonal
-    blocks, which took 12x the moderate path's time under decays of about -1.4 per step (eos forward
-    and backward on LCSM code-1 shapes, B 64, T 128, K 64, D 128; docs/eos.md has the bench); a
-    level of cuts costs a few small matmuls.
+    blocks, which made decays of about -1.4 per step 5-20x slower than GLA-like ones (eos forward
+    and backward on LCSM code-1 shapes at T 256 and 2048; docs/eos.md has the bench); a level of
+    cuts costs a few small matmuls.
     """
     C = q.shape[-2]
     c = _subchunk(C, at_most)
