@@ -3,6 +3,7 @@
 Fast modes run in the dtype under test; the reference runs in double precision on the same
 values, so float32 results are judged against the exact answer, not against another float32 run.
 """
+import functools
 import math
 
 import pytest
@@ -72,9 +73,14 @@ def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1, real_output=Fals
         return x.detach().to(target).requires_grad_(grads)
 
     leaves = {k: cast(v) for k, v in inputs.items()}
-    y, m = eos(leaves["i"], leaves["e"], leaves["s"], leaves["log_o"], mode=mode,
-               initial_state=leaves["initial_state"], output_final_state=True, chunk_size=chunk_size,
-               real_output=real_output)
+    if mode == "loop":
+        y, m = _loop(*(leaves[n] for n in NAMES))
+    elif mode == "step":
+        y, m = _step_loop(*(leaves[n] for n in NAMES))
+    else:
+        y, m = eos(leaves["i"], leaves["e"], leaves["s"], leaves["log_o"], mode=mode,
+                   initial_state=leaves["initial_state"], output_final_state=True, chunk_size=chunk_size,
+                   real_output=real_output)
     if take_real:
         y = y.real
     out = {"y": y, "m_T": m}
@@ -88,6 +94,53 @@ def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1, real_output=Fals
         got = torch.autograd.grad((y, m), xs, dys)
         out.update({f"d{n}": gr for n, gr in zip(names, got)})
     return out
+
+
+def _at(x, t):
+    """Step t of an input in eos's layout: data-dependent tensors ([B, T, H, ...], 4 or 5 dims)
+    are indexed in time, data-independent ones ([H, ...]) are the same at every step."""
+    if isinstance(x, tuple):
+        return tuple(_at(part, t) for part in x)
+    return x[:, t] if x is not None and x.dim() >= 4 else x
+
+
+def _zero_memory(i, e, s, log_o):
+    """m_0 = 0 [B, H, K, D] in the dtype the inputs promote to."""
+    parts = (i, e, s, *(log_o if isinstance(log_o, tuple) else (log_o,) if log_o is not None else ()))
+    dtype = functools.reduce(torch.promote_types, (x.dtype for x in parts))
+    K_ = e.shape[1] if e.dim() == 3 else e.shape[-1]
+    return torch.zeros(i.shape[0], i.shape[2], K_, i.shape[3], dtype=dtype)
+
+
+def _loop(i, e, s, log_o, m0):
+    """LCSM eq. 2-3 written out in eos's public layout, sharing no code with lcsm.ops (neither its
+    input handling nor its reference): the recurrent mode, which every other mode is held to, is
+    held to this. A [H, K, D] e or s acts elementwise on the memory; a K-vector as an outer
+    product (e) or a contraction over K (s); a separable pair decays by exp(row + col)."""
+    m = m0 if m0 is not None else _zero_memory(i, e, s, log_o)
+    ys = []
+    for t in range(i.shape[1]):
+        i_t, e_t, s_t = i[:, t, :, None, :], _at(e, t), _at(s, t)
+        if log_o is not None:
+            g = _at(log_o, t)
+            m = (g[0] + g[1] if isinstance(g, tuple) else g).exp() * m
+        m = m + (e_t if e.dim() == 3 else e_t[..., None]) * i_t
+        ys.append(((s_t if s.dim() == 3 else s_t[..., None]) * m).sum(-2))
+    return torch.stack(ys, 1), m
+
+
+def _step_loop(i, e, s, log_o, m0):
+    """``eos_step`` token by token from m0 (zeros when None)."""
+    def one(x, t):
+        if isinstance(x, tuple):
+            return tuple(one(part, t) for part in x)
+        return x[:, t:t + 1] if x is not None and x.dim() >= 4 else x
+
+    state, ys = (m0 if m0 is not None else _zero_memory(i, e, s, log_o)), []
+    for t in range(i.shape[1]):
+        y_t, state = eos_step(*(one(x, t) for x in (i, e, s, log_o)), state)
+        ys.append(y_t)
+    return torch.cat(ys, 1), state
 
 
 def check(inputs, mode, dtype, chunk_size=16, grads=True, context=""):
@@ -109,6 +162,60 @@ def test_every_decay_shape(decay, dd, mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay,dd", DECAYS)
+def test_chunk_from_zero_memory(decay, dd, dtype):
+    """initial_state=None, as in training: the kernels' zero-memory branches, gradients included."""
+    check(make_inputs(65, decay=decay, dd_decay=dd, initial=False), "chunk", dtype, chunk_size=16,
+          context=f"no m0 {decay} dd={dd}")
+
+
+ES = [("dd", "dd"), ("vec", "mat"), ("mat", "vec"), ("mat", "mat")]
+
+
+# float32 is read the same way for every e and s, so one pair of them covers it
+LOOP_CASES = [(e, s, torch.float64, initial) for e, s in ES for initial in (True, False)] + \
+    [("dd", "dd", torch.float32, True)]
+
+
+@pytest.mark.parametrize("e,s,dtype,initial", LOOP_CASES)
+@pytest.mark.parametrize("decay,dd", DECAYS)
+def test_recurrent_mode_against_the_written_out_loop(decay, dd, e, s, dtype, initial):
+    """The reference itself, with eos's input handling (layouts, broadcasting of data-independent
+    inputs, the separable pair, dtypes, the zero initial state), against ``_loop``."""
+    inputs = make_inputs(9, e=e, s=s, decay=decay, dd_decay=dd, initial=initial, seed=3)
+    assert_close(run(inputs, "recurrent", dtype), run(inputs, "loop", torch.float64), dtype=dtype,
+                 context=f"recurrent {dtype} {decay} dd={dd} e={e} s={s} initial={initial}")
+
+
+COMPLEX_LOOP_CASES = [("none", True, False, True)] + [
+    (decay, dd, complex_decay, complex_es)
+    for decay, dd in [("row", True), ("full", False), ("outer", (True, False))]
+    for complex_decay, complex_es in [(True, False), (False, True), (True, True)]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay,dd,complex_decay,complex_es", COMPLEX_LOOP_CASES)
+def test_complex_recurrent_mode_against_the_written_out_loop(decay, dd, complex_decay, complex_es, dtype):
+    inputs = make_inputs(9, e="vec", s="dd", decay=decay, dd_decay=dd, complex_decay=complex_decay,
+                         complex_es=complex_es, seed=5)
+    assert_close(run(inputs, "recurrent", dtype), run(inputs, "loop", torch.float64), dtype=dtype,
+                 context=f"complex recurrent {dtype} {decay} dd={dd} decay={complex_decay} es={complex_es}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("initial", [True, False])
+@pytest.mark.parametrize("decay,dd", DECAYS + [("row", "complex")])
+def test_step_mode(decay, dd, initial, dtype):
+    """``eos_step`` token by token (decoding; RWKV also trains through it): outputs, final state and
+    every gradient against the reference, data-dependent and time-shared decays, K-vector and
+    K x D e and s, complex rotations."""
+    rotation = dd == "complex"
+    inputs = make_inputs(20, e="dd" if dd is True else "vec", s="dd" if dd is True else "mat", decay=decay,
+                         dd_decay=True if rotation else dd, complex_decay=rotation, initial=initial, seed=17)
+    check(inputs, "step", dtype, context=f"{decay} dd={dd} initial={initial}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 257])
 @pytest.mark.parametrize("chunk_size", [7, 64])
 @pytest.mark.parametrize("decay", ["scalar", "row", "col", "full", "outer"])
@@ -119,13 +226,14 @@ def test_lengths_and_chunk_sizes(T, chunk_size, decay, dtype):
         check(inputs, "parallel", dtype, context=f"T={T} {decay}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("e", ["dd", "vec", "mat"])
 @pytest.mark.parametrize("s", ["dd", "vec", "mat"])
 @pytest.mark.parametrize("decay", ["none", "row", "full", "outer"])
-def test_data_independent_expand_and_shrink(e, s, decay):
+def test_data_independent_expand_and_shrink(e, s, decay, dtype):
     inputs = make_inputs(33, e=e, s=s, decay=decay, seed=7)
     for mode in ("chunk", "parallel"):
-        check(inputs, mode, torch.float64, chunk_size=8, context=f"e={e} s={s} {decay}")
+        check(inputs, mode, dtype, chunk_size=8, context=f"e={e} s={s} {decay}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -139,6 +247,16 @@ def test_complex(decay, dd, complex_es, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("e,s", [("dd", "dd"), ("vec", "mat")])
+def test_complex_without_decay(e, s, dtype):
+    """Complex e and s with no oscillation (o = 1): the chunk kernel's generic backward without a
+    decay gradient, and the parallel map."""
+    inputs = make_inputs(41, e=e, s=s, decay="none", complex_es=True, seed=11)
+    for mode in ("chunk", "parallel"):
+        check(inputs, mode, dtype, chunk_size=9, context=f"complex, no decay, e={e} s={s}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("e,s", [("vec", "vec"), ("mat", "vec"), ("vec", "mat"), ("mat", "mat")])
 @pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "full", "outer"])
 @pytest.mark.parametrize("T", [1, 64, 257])
@@ -147,10 +265,26 @@ def test_fft(e, s, decay, T, dtype):
     check(inputs, "fft", dtype, context=f"e={e} s={s} {decay} T={T}")
 
 
-@pytest.mark.parametrize("decay", ["scalar", "row", "full", "outer"])
-def test_fft_complex(decay):
-    inputs = make_inputs(100, e="vec", s="mat", decay=decay, dd_decay=False, complex_decay=True, seed=2)
-    check(inputs, "fft", torch.float64, context=decay)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay", ["none", "scalar", "row", "full", "outer"])
+def test_fft_complex(decay, dtype):
+    """Complex systems by FFT (the diagonal SSMs, DSS, S5, CES and TNN take this path under
+    "auto"): complex e and s, a complex oscillation where there is one, at T = 100."""
+    inputs = make_inputs(100, e="vec", s="mat", decay=decay, dd_decay=False, complex_decay=decay != "none",
+                         complex_es=True, seed=2)
+    check(inputs, "fft", dtype, context=f"{decay} {dtype}")
+
+
+def test_fft_complex_long_float32():
+    """float32 FFT of a long complex diagonal system (S4D's and DSS's shape) with fast rotations
+    (about 3 rad a step): the FFT's rounding grows with T, so its accuracy is checked where the
+    models run it, T = 4096, outputs, final state and every gradient."""
+    inputs = make_inputs(4096, e="vec", s="vec", decay="row", dd_decay=False, complex_decay=True,
+                         complex_es=True, seed=2)
+    log_o = inputs["log_o"]
+    inputs["log_o"] = torch.complex(log_o.real, 3.0 * torch.randn(log_o.shape, generator=torch.Generator().manual_seed(8),
+                                                                   dtype=torch.float64))
+    check(inputs, "fft", torch.float32, context="long")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -197,7 +331,8 @@ def test_strong_decays_fft():
 
 @pytest.mark.parametrize("decay", ["none", "row", "col", "full", "outer"])
 @pytest.mark.parametrize("es", [("dd", "dd"), ("vec", "mat")])
-def test_step_loop_and_carried_state(decay, es):
+def test_carried_state(decay, es):
+    """Two chunked calls with the first's final state passed in equal one call over the whole."""
     inputs = make_inputs(20, e=es[0], s=es[1], decay=decay, seed=17)
     y, m = eos(inputs["i"], inputs["e"], inputs["s"], inputs["log_o"], mode="chunk", chunk_size=8,
                initial_state=inputs["initial_state"], output_final_state=True)
@@ -206,12 +341,6 @@ def test_step_loop_and_carried_state(decay, es):
         if isinstance(x, tuple):
             return tuple(at(part, t0, t1) for part in x)
         return x[:, t0:t1] if x is not None and x.dim() >= 4 else x
-
-    state, ys = inputs["initial_state"], []
-    for t in range(20):
-        y_t, state = eos_step(*(at(inputs[n], t, t + 1) for n in ("i", "e", "s", "log_o")), state)
-        ys.append(y_t)
-    assert_close({"y": torch.cat(ys, 1), "m_T": state}, {"y": y, "m_T": m}, context="step loop")
 
     first, m1 = eos(*(at(inputs[n], 0, 9) for n in ("i", "e", "s", "log_o")), mode="chunk", chunk_size=4,
                     initial_state=inputs["initial_state"], output_final_state=True)
@@ -361,14 +490,19 @@ def test_matmul_kernel_decay_gradient_beyond_the_safe_span(decay, dtype):
           context=f"{decay} strength={strength}")
 
 
-@pytest.mark.parametrize("decay", ["none", "row", "col", "outer"])
-def test_segmented_long_sequences(decay, monkeypatch):
-    """Long sequences run in segments with the memory carried across; shrink the segment so a
-    short test crosses several boundaries (including one that is not a multiple of the chunk)."""
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay,strength", [("none", 1.0)] + [
+    (decay, strength) for decay in ("scalar", "row", "col", "outer") for strength in (1.0, 40.0)])
+def test_segmented_long_sequences(decay, strength, dtype, monkeypatch):
+    """The matmul kernel runs long sequences in segments with the memory carried across (and,
+    backward, the adjoint memory and the decay gradient's running sum carried back); shrink the
+    segment so a short test crosses several boundaries (including one that is not a multiple of
+    the chunk), at moderate decays and at decays strong enough for the sub-chunked branches."""
     import lcsm.ops.chunk as chunk
 
     monkeypatch.setattr(chunk, "SEGMENT", 20)
-    check(make_inputs(101, decay=decay, seed=31), "chunk", torch.float64, chunk_size=8, context=decay)
+    check(make_inputs(61, decay=decay, seed=31, strength=strength), "chunk", dtype, chunk_size=8,
+          context=f"{decay} strength={strength}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -456,7 +590,6 @@ def test_elementwise_form_setting_is_checked(monkeypatch):
 def test_chunk_autograd_baseline(decay, dtype, monkeypatch):
     """The matmul kernel differentiated by autograd (the benchmark's memory baseline) against the
     recurrence: outputs, final state and every gradient, T 29 in chunks of 8."""
-    import functools
     import importlib
 
     from lcsm.ops import chunk
