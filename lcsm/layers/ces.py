@@ -7,8 +7,8 @@ Per channel c (no mixing across channels), with lambda^alpha written e^q:
 i.e. the long convolution y = k * x + omega x with k_j = Re(e^beta (1 - e^q) e^{j q}) (eq. 9-10).
 As an EOS recurrence (LCSM eq. 2-3) each channel is a head with K = D = 1: input x_t, expand
 1 - e^q, oscillation e^q (complex, data-independent), shrink e^beta. ``lcsm.ops.eos`` evaluates it:
-by FFT for long sequences (mode auto picks it for a time-invariant system, T > chunk_size),
-the same kernel as the official ``complex_kernal``; by the recurrence when decoding.
+by FFT (mode auto picks it for a time-invariant system whenever T > 1), the same kernel as the
+official ``complex_kernal``; by the recurrence when decoding one token.
 
 Parameterisation (section 3.1 and the official ``CETS``, version "normal"), all per channel and
 stored as real pairs (re, im):

@@ -185,7 +185,7 @@ class _QKVAttention(Mixer):
             i = torch.cat([i, i.new_ones(*i.shape[:-1], 1)], -1)
         if self.complex_memory:
             # LCSM eq. 14-15: y_t = Re{[kv]_t}^T q_t, computed in the rotating frame (real kernels;
-            # the same system as eos(*eos_inputs(x)), which the layer tests check)
+            # the same system as eos(*eos_inputs(x)): tests/layers/test_linear_attention.py checks it)
             y, m = eos_rotating(i, e, s, theta, log_o, initial_state=m0, output_final_state=True)
         else:
             y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=True)

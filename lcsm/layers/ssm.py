@@ -6,8 +6,8 @@ system does not depend on the input, the same map is the causal long convolution
 with K_j = C A_bar^j B_bar, which is how the papers train them.
 
 The diagonal ones (S4D, S5, DSS) are EOS recurrences with a complex, data-independent oscillation
-and are evaluated by ``lcsm.ops.eos``: mode "auto" takes the FFT path for T > chunk_size and the
-recurrence for decoding. S4 proper keeps the dense (diagonal plus low-rank) A of HiPPO-LegS; its
+and are evaluated by ``lcsm.ops.eos``: mode "auto" takes the FFT path for any T > 1 and the
+recurrence for one token (decoding). S4 proper keeps the dense (diagonal plus low-rank) A of HiPPO-LegS; its
 bilinear A_bar is a dense N x N matrix, a psi = "x" (matrix) oscillation that the elementwise EOS
 operator cannot express, so this module implements both of its forms itself: the S4 kernel
 algorithm (Cauchy kernel + Woodbury identity at roots of unity, then an inverse FFT) and the dense

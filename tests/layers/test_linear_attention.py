@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from lcsm import layers
+from lcsm.ops import eos
 from lcsm.testing import assert_close
 
 D_MODEL = 16
@@ -165,6 +166,27 @@ def test_lrpe_equals_per_channel_cos_reweighting():
     expected, _ = masked_attention(scores, v)
     y, _ = m.eos_readout(x)
     assert_close({"y": y}, {"y": expected}, context="lrpe")
+
+
+@pytest.mark.parametrize("name,options", [("retnet", {}), ("cosformer", {}), ("cosformer", {"normalize": False}),
+                                          ("lrpe", {})])
+def test_rotating_frame_equals_the_complex_system(name, options):
+    """The complex-memory mixers run in the rotating frame (lcsm.ops.eos_rotating, real kernels):
+    the same read-out and final memory as the complex system eos(*eos_inputs(x)) itself, from a
+    carried non-zero state."""
+    m = build(name, **options)
+    _, state = m(inputs(seed=2), return_state=True)
+    x = inputs(T=13)
+    y, m_T = m.eos_readout(x, state)
+    i, e, s, log_o = m.eos_inputs(x)
+    if m.normalize:
+        i = torch.cat([i, torch.ones_like(i[..., :1])], -1)
+    y_ref, m_ref = eos(i, e, s, log_o, initial_state=state.memory, output_final_state=True, mode="recurrent")
+    y_ref = y_ref.real
+    if m.normalize:
+        y_ref = y_ref[..., :-1] * m._denominator(y_ref[..., -1:])
+    assert state.memory.is_complex() and state.memory.abs().amax() > 0
+    assert_close({"y": y, "m_T": m_T}, {"y": y_ref, "m_T": m_ref}, context=f"{name} {options}")
 
 
 # ----------------------------------------------------------------------------- DUR
