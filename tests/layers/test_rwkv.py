@@ -25,8 +25,11 @@ def make(dtype=torch.float64, key_scale=1.0, seed=0):
 def reference(mixer, x):
     """out_t = W_o (sigmoid(r_t) * wkv_t) with
     wkv_t = (sum_{s<t} e^{-(t-1-s) w + k_s} v_s + e^{u + k_t} v_t) / (same with v = 1), in float64."""
-    x = x.double()
-    p = {n: t.detach().double() for n, t in mixer.named_parameters()}
+    return wkv_formula({n: t.detach().double() for n, t in mixer.named_parameters()}, x.double())
+
+
+def wkv_formula(p, x):
+    """``reference`` on a dict of parameters (autograd flows through it when they require grad)."""
     xx = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
     mix = lambda mu: x * mu + xx * (1 - mu)
     k = mix(p["time_mix_k"]) @ p["key.weight"].t()
@@ -48,6 +51,26 @@ def reference(mixer, x):
 
 def inputs(T, seed=1, dtype=torch.float64):
     return torch.randn(2, T, D_MODEL, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("dtype,key_scale", [(torch.float64, 1.0), (torch.float32, 16.0)])
+def test_gradients_equal_the_wkv_formula(dtype, key_scale):
+    """The input's and every parameter's gradient under a random cotangent, against autograd
+    through the written-out formula in float64. The layer computes its stabilising scales without
+    gradient because they cancel exactly in the ratio; this holds it to that, with keys large
+    enough in float32 (|k| > 20) that the scales are far from 0."""
+    mixer = make(dtype, key_scale=key_scale)
+    x = inputs(12, seed=6, dtype=dtype).requires_grad_()
+    w = inputs(12, seed=7)
+    (mixer(x) * w.to(dtype)).sum().backward()
+    actual = {"x": x.grad, **{n: p.grad for n, p in mixer.named_parameters()}}
+    params = {n: p.detach().double().requires_grad_() for n, p in mixer.named_parameters()}
+    x64 = x.detach().double().requires_grad_()
+    y, k = wkv_formula(params, x64)
+    assert key_scale == 1.0 or k.abs().max() > 20, k.abs().max()
+    (y * w).sum().backward()
+    expected = {"x": x64.grad, **{n: p.grad for n, p in params.items()}}
+    assert_close(actual, expected, dtype=dtype, context=f"rwkv4 gradients {dtype}")
 
 
 def test_forward_equals_wkv_formula():

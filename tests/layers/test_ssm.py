@@ -71,27 +71,32 @@ def test_fft_path_equals_recurrence(name):
     assert_close({"y": y_fft, **s_fft.tensors()}, {"y": y_rec, **s_rec.tensors()}, context=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("carried", [False, True])
-def test_s4_fft_gradients_equal_recurrence_gradients(carried):
-    """Every parameter's gradient, and with a carried state the input's and the initial state's
+def test_s4_fft_gradients_equal_recurrence_gradients(carried, dtype):
+    """S4's own fast path (kernel by Cauchy + Woodbury, chunked state terms) in the dtype under test
+    against the float64 recurrence with the same parameters: y, the final state when carried, and
+    every parameter's gradient, with a carried state the input's and the initial state's too,
     under random cotangents on y and the final state (T = 17: the state chunks do not divide it)."""
-    fft, rec = make("s4", mode="fft"), make("s4", mode="recurrent")
-    w = randn(2, 17, D_MODEL, seed=3)
-    grads = []
-    for mixer in (fft, rec):
-        x = randn(2, 17, D_MODEL).requires_grad_()
+    fft, rec = make("s4", mode="fft").to(dtype), make("s4", mode="recurrent")
+    results = []
+    for mixer, dt in ((fft, dtype), (rec, torch.float64)):
+        x = randn(2, 17, D_MODEL).to(dt).requires_grad_()
+        w = randn(2, 17, D_MODEL, seed=3).to(dt)
         if not carried:
-            (mixer(x) * w).sum().backward()
-            grads.append({n: p.grad for n, p in mixer.named_parameters()})
+            y = mixer(x)
+            (y * w).sum().backward()
+            results.append({"y": y, **{n: p.grad for n, p in mixer.named_parameters()}})
             continue
         with torch.no_grad():
             x0 = rec(randn(2, 5, D_MODEL, seed=2), return_state=True)[1].x
-        x0.requires_grad_()
+        x0 = x0.to(torch.complex64 if dt == torch.float32 else torch.complex128).requires_grad_()
         y, state = mixer(x, state=type(rec.init_state(2))(x=x0), return_state=True)
-        w_state = torch.complex(randn(*x0.shape, seed=4), randn(*x0.shape, seed=5))
+        w_state = torch.complex(randn(*x0.shape, seed=4), randn(*x0.shape, seed=5)).to(x0.dtype)
         ((y * w).sum() + torch.view_as_real(state.x * w_state.conj()).sum()).backward()
-        grads.append({"x": x.grad, "x0": x0.grad, **{n: p.grad for n, p in mixer.named_parameters()}})
-    assert_close(grads[0], grads[1], context="s4 gradients")
+        results.append({"y": y, "x_T": state.x, "x": x.grad, "x0": x0.grad,
+                        **{n: p.grad for n, p in mixer.named_parameters()}})
+    assert_close(results[0], results[1], dtype=dtype, context=f"s4 {dtype} carried={carried}")
 
 
 # ----------------------------------------------------------------------------- S4
