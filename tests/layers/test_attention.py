@@ -100,22 +100,30 @@ def test_state_grows_linearly():
 
 
 def test_learned_positions_need_and_respect_max_len():
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match="^max_len: positions='learned' needs"):
         layers.build("attention", D_MODEL, positions="learned")
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match="^max_len: only used with positions='learned'"):
         layers.build("attention", D_MODEL, max_len=8)
     m = make(positions="learned", max_len=8)
     _, s = m(inputs(T=6), return_state=True)
-    with pytest.raises(ValueError, match="max_len"):
+    with pytest.raises(ValueError, match=r"^x: positions up to 8 exceed the learned table \(max_len=8\)"):
         m(inputs(T=3), state=s)
 
 
 @pytest.mark.parametrize("options, match", [
-    ({"heads": 3}, "heads"),
-    ({"positions": "alibi"}, "positions"),
-    ({"positions": "rotary", "heads": 16}, "rotary"),
-    ({"bias": 0}, "bias"),
+    ({"heads": 3}, "^heads:"),
+    ({"positions": "alibi"}, "^positions:"),
+    ({"positions": "rotary", "heads": 16}, "^positions: 'rotary' needs an even head width"),
+    ({"bias": 0}, "^bias:"),
 ])
 def test_bad_options_are_clear_errors(options, match):
     with pytest.raises(ValueError, match=match):
         layers.build("attention", D_MODEL, **options)
+
+
+def test_cache_position_mismatch_is_a_clear_error():
+    m = make()
+    _, s = m(inputs(T=4), return_state=True)
+    s.position[0] += 1
+    with pytest.raises(ValueError, match=r"^state: position \[5, 4\] does not match the cache length 4"):
+        m(inputs(T=2), state=s)

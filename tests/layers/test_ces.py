@@ -201,5 +201,5 @@ def test_bidirectional_has_no_state():
     ({"use_beta": "no"}, "use_beta"),
 ])
 def test_bad_options_are_clear_errors(options, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=f"^{match}:"):
         layers.build("ces", D_MODEL, **options)

@@ -23,13 +23,13 @@ def inputs(B=2, T=11, seed=1):
 @pytest.mark.parametrize("name", NAMES)
 def test_step_loop_equals_forward(name):
     mixer, x = make(name), inputs()
-    y = mixer(x)
+    y, final = mixer(x, return_state=True)
     state = mixer.init_state(x.shape[0])
     steps = []
     for t in range(x.shape[1]):
         y_t, state = mixer.step(x[:, t], state)
         steps.append(y_t)
-    assert_close({"y": torch.stack(steps, 1)}, {"y": y}, context=name)
+    assert_close({"y": torch.stack(steps, 1), **state.tensors()}, {"y": y, **final.tensors()}, context=name)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -101,3 +101,17 @@ def test_unknown_option_is_a_clear_error(name):
 def test_unknown_name_lists_valid_names():
     with pytest.raises(ValueError, match="Valid names"):
         layers.build("no-such-mixer", D_MODEL)
+
+
+def test_bad_arguments_name_the_argument():
+    with pytest.raises(ValueError, match="^d_model: expected a positive integer, got 0"):
+        layers.build("gla", 0)
+    with pytest.raises(TypeError, match="^name: expected a mixer name"):
+        layers.build(None, D_MODEL)
+    with pytest.raises(ValueError, match="^mixer 'gla' takes no ':spec' suffix, got 'gla:1-1-1-0'"):
+        layers.build("gla:1-1-1-0", D_MODEL)
+    mixer = make("gla")
+    with pytest.raises(ValueError, match=rf"^x: expected \[B, T, d_model\] = \[B, T, {D_MODEL}\], got \[2, 11, 8\]"):
+        mixer(inputs()[..., :8])
+    with pytest.raises(ValueError, match=rf"^x_t: expected \[B, d_model\] = \[B, {D_MODEL}\], got \[2, 1, {D_MODEL}\]"):
+        mixer.step(inputs(T=1), mixer.init_state(2))

@@ -70,7 +70,7 @@ def test_lower_bound_is_respected():
 def test_alias_and_bad_options():
     assert isinstance(layers.build("lrn", D_MODEL), HGRN)
     for bad in (1.0, -0.1, "0.5"):
-        with pytest.raises(ValueError, match="lower_bound"):
+        with pytest.raises(ValueError, match="^lower_bound:"):
             layers.build("hgrn", D_MODEL, lower_bound=bad)
 
 

@@ -245,6 +245,7 @@ def test_aliases_build_the_same_layers():
     ("retnet", {"num_heads": 0}, "num_heads"),
     ("retnet", {"expand_k": 0.25, "num_heads": 4}, "xpos"),
     ("cosformer", {"theta": (0.1, 0.2)}, "theta"),
+    ("cosformer", {"theta": float("nan")}, "theta"),
     ("cosformer", {"num_heads": 5}, "num_heads"),
     ("gla", {"norm": "batchnorm"}, "norm"),
     ("dur", {"gate_logit_normalizer": 0}, "gate_logit_normalizer"),
@@ -252,6 +253,11 @@ def test_aliases_build_the_same_layers():
 def test_bad_options_name_the_argument(name, options, arg):
     with pytest.raises(ValueError, match=f"^{arg}:"):
         layers.build(name, D_MODEL, **options)
+
+
+def test_wrong_state_type_is_a_clear_error():
+    with pytest.raises(ValueError, match="^state: expected a LinearAttentionState, got RWKV4State"):
+        build("gla")(inputs(), state=layers.build("rwkv4", D_MODEL).init_state(2))
 
 
 def test_no_weight_decay_tags():

@@ -128,5 +128,5 @@ def test_recurrence_is_gla_row_decay_with_key_free_expand():
     ({"use_key": 1}, "use_key"),
 ])
 def test_bad_options_are_clear_errors(options, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=f"^{match}:"):
         layers.build("metala", D_MODEL, **options)

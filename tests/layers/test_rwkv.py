@@ -139,5 +139,10 @@ def test_official_init():
 
 @pytest.mark.parametrize("options, name", [({"n_layers": 0}, "n_layers"), ({"layer_id": 3, "n_layers": 3}, "layer_id")])
 def test_bad_options_name_the_argument(options, name):
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ValueError, match=f"^{name}:"):
         layers.build("rwkv4", 8, **options)
+
+
+def test_empty_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="^x: RWKV-4 time mixing needs at least one token, got T = 0"):
+        make()(inputs(0))

@@ -345,3 +345,19 @@ def test_tnn_equals_gated_toeplitz_unit():
     m = T + 1
     roots = mixer.gamma * torch.exp(-2j * math.pi * torch.arange(1, m, dtype=torch.float64) / m)
     assert_close({"lambda": log_o.exp().flatten()}, {"lambda": roots})
+
+
+# ----------------------------------------------------------------------------- option checks
+
+@pytest.mark.parametrize("name,options,match", [
+    ("s4", {"d_state": 7}, r"^d_state: expected an even integer"),
+    ("s4d", {"dt_min": 0.2, "dt_max": 0.1}, r"^dt_min: expected dt_min <= dt_max, got dt_min=0.2, dt_max=0.1"),
+    ("s4", {"mode": "chunk"}, r"^mode: expected one of .*, got 'chunk'"),
+    ("s4d", {"init": "hippo"}, r"^init: expected one of .*, got 'hippo'"),
+    ("dss", {"epsilon": -1.0}, r"^epsilon: expected a number >= 0, got -1.0"),
+    ("s5", {"d_state": 8, "blocks": 3}, r"^blocks: d_state / blocks must be an even integer, got d_state=8"),
+    ("tnn", {"gamma": 1.5}, r"^gamma: expected a decay in \(0, 1\], got 1.5"),
+])
+def test_bad_options_name_the_argument(name, options, match):
+    with pytest.raises(ValueError, match=match):
+        layers.build(name, D_MODEL, **{**SMALL[name], **options})

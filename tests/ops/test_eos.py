@@ -428,7 +428,7 @@ def test_explain_rules():
 
 
 def _bad(match, *args, **kwargs):
-    with pytest.raises((ValueError, TypeError), match=match):
+    with pytest.raises((ValueError, TypeError), match="^" + match):
         eos(*args, **kwargs)
 
 
@@ -447,10 +447,18 @@ def test_errors_name_the_argument():
     _bad(r"real_output: expected True or False, got 'yes'", i, e, s, g, real_output="yes")
     _bad(r"i: expected a floating-point or complex tensor, got dtype torch.int64", i.long(), e, s)
     meta = torch.zeros(B, 10, H, D, device="meta")
-    _bad(r"all inputs must be on one device", meta, e, s)
+    _bad(r"e: all inputs must be on one device, got i on meta, e on cpu", meta, e, s)
     _bad(r"e: expected \[B, T, H, K\], \[H, K\] or \[H, K, D\]", i, torch.zeros(K), s)
-    with pytest.raises(ValueError, match=r"i_t: eos_step takes one token"):
+    _bad(r"e: data-independent e must be \[H, K\] with H = 2, got \[3, 4\]", i, torch.zeros(3, K), s)
+    _bad(r"s: data-independent matrix s must be \[H, K, D\] = \[2, K, 3\], got \[2, 4, 5\]", i, e, torch.zeros(H, K, 5))
+    _bad(r"log_o: data-independent log_o must be \[H, K\|1, D\|1\] with H = 2, got \[3, 4, 1\]",
+         i, e, s, torch.zeros(3, K, 1))
+    _bad(r"log_o: expected \[B, T, H, K\|1, D\|1\] \(data-dependent\), .* got 4-d tensor \[2, 10, 2, 4\]",
+         i, e, s, torch.zeros(B, 10, H, K))
+    with pytest.raises(ValueError, match=r"^i_t: eos_step takes one token"):
         eos_step(i, e, s, g, torch.zeros(B, H, K, D, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^state: eos_step needs the memory \[B, H, K, D\]"):
+        eos_step(i[:, :1], e[:, :1], s[:, :1], g[:, :1], None)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

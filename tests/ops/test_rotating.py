@@ -2,6 +2,7 @@
 recurrent reference of ``eos`` in float64: outputs, final states and every gradient, including
 theta's, under random cotangents on both outputs."""
 import math
+import re
 
 import pytest
 import torch
@@ -139,13 +140,20 @@ def test_a_state_carries_across_calls():
 def test_bad_arguments_name_what_they_expected():
     x = make_inputs(5, decay="row")
     args = lambda **kw: {**{k: x[k] for k in ("i", "e", "s", "theta", "log_o")}, **kw}
+    column = torch.zeros(B, 5, H, 1, D, dtype=torch.float64)
     cases = [
-        (dict(mode="fft"), ValueError, "mode='fft'"),
+        (dict(mode="fft"), ValueError, "mode: eos_rotating expects one of"),
         (dict(i=torch.complex(x["i"], x["i"])), TypeError, "i: eos_rotating takes a real i"),
-        (dict(theta=torch.complex(x["theta"], x["theta"])), TypeError, "theta"),
-        (dict(log_o=torch.complex(x["log_o"], x["log_o"])), TypeError, "the rotation goes in theta"),
+        (dict(i=x["i"][0]), ValueError, f"i: expected [B, T, H, D], got 3-d tensor [5, {H}, {D}]"),
+        (dict(theta=torch.complex(x["theta"], x["theta"])), TypeError, "theta: eos_rotating takes a real theta"),
+        (dict(log_o=torch.complex(x["log_o"], x["log_o"])), TypeError,
+         "log_o: eos_rotating takes a real log_o (the decay; the rotation goes in theta)"),
+        (dict(log_o=(torch.complex(x["log_o"], x["log_o"]), column)), TypeError, "log_o[0]: eos_rotating takes a real"),
+        (dict(log_o=(x["log_o"], torch.complex(column, column))), TypeError, "log_o[1]: eos_rotating takes a real"),
         (dict(theta=x["theta"][:, :3]), ValueError, f"theta: expected [H, K] = [{H}, {K}]"),
-        (dict(e=torch.randn(H, K, D, dtype=torch.float64)), ValueError, "a K x D e has no rotating-frame form"),
+        (dict(e=torch.randn(H, K, D, dtype=torch.float64)), ValueError,
+         f"e: eos_rotating takes a K-vector e, [B, T, H, K] = [{B}, 5, {H}, K] or [H, K] = [{H}, K], "
+         f"got [{H}, {K}, {D}] (a K x D e has no rotating-frame form"),
         (dict(s=x["s"][..., :3]), ValueError, "s: expected K = 4"),
         (dict(e=x["e"][:, :4]), ValueError, f"e: eos_rotating takes a K-vector e, [B, T, H, K] = [{B}, 5, {H}, K]"),
         (dict(log_o=x["log_o"][..., :3, :]), ValueError, "log_o: expected the rows"),
@@ -153,7 +161,7 @@ def test_bad_arguments_name_what_they_expected():
     for kw, exc, words in cases:
         a = args(**kw)
         mode = a.pop("mode", "auto")
-        with pytest.raises(exc, match=words.replace("[", r"\[").replace("(", r"\(")):
+        with pytest.raises(exc, match="^" + re.escape(words)):
             eos_rotating(a["i"], a["e"], a["s"], a["theta"], a["log_o"], mode=mode)
     with pytest.raises(ValueError, match=r"initial_state: expected \[B, H, K, D\]"):
         eos_rotating(x["i"], x["e"], x["s"], x["theta"], initial_state=torch.zeros(B, H, K, D + 1))
