@@ -1,4 +1,5 @@
-"""The one tolerance helper every test of lcsm uses: relative RMS error per named tensor.
+"""Test helpers: the one tolerance helper every test of lcsm uses (relative RMS error per named
+tensor), and token-by-token decoding of a mixer, which the tests hold to its forward pass.
 
     rel_rms(a, ref) = ||a - ref||_2 / max(||ref||_2, tiny)
 
@@ -72,3 +73,13 @@ def assert_close(
         lines += [f"{n}: missing on one side" for n in missing]
         raise AssertionError(f"{context} (tolerance {tol:.1e} for {dtype})\n  " + "\n  ".join(lines))
     return errors
+
+
+def decode(mixer, x: torch.Tensor):
+    """``mixer.step`` token by token over x [B, T, d_model] from ``mixer.init_state``: the outputs
+    stacked [B, T, d_model] and the final state."""
+    state, ys = mixer.init_state(x.shape[0]), []
+    for x_t in x.unbind(1):
+        y_t, state = mixer.step(x_t, state)
+        ys.append(y_t)
+    return torch.stack(ys, 1), state

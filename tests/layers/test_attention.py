@@ -7,7 +7,7 @@ import torch
 
 from lcsm import layers
 from lcsm.layers.attention import rotate
-from lcsm.testing import assert_close
+from lcsm.testing import assert_close, decode
 
 D_MODEL = 16
 POSITIONS = [{"positions": "none"}, {"positions": "learned", "max_len": 32}, {"positions": "rotary"},
@@ -61,15 +61,12 @@ def test_forward_equals_explicit_softmax(options):
 def test_cached_decoding_equals_full_forward(options):
     m, x = make(**options), inputs(T=13)
     y = m(x)
-    state, steps = m.init_state(x.shape[0]), []
-    for x_t in x.unbind(1):
-        y_t, state = m.step(x_t, state)
-        steps.append(y_t)
+    y_steps, state = decode(m, x)
     # Prefill of 5 tokens, then chunks of 3 and 5 against the cache (the offset causal mask).
     y1, s = m(x[:, :5], return_state=True)
     y2, s = m(x[:, 5:8], state=s, return_state=True)
     y3, s = m(x[:, 8:], state=s, return_state=True)
-    assert_close({"steps": torch.stack(steps, 1), "chunks": torch.cat([y1, y2, y3], 1)},
+    assert_close({"steps": y_steps, "chunks": torch.cat([y1, y2, y3], 1)},
                  {"steps": y, "chunks": y}, context=case_id(options))
     assert_close({"keys": s.keys, "values": s.values}, {"keys": state.keys, "values": state.values})
     assert s.position.tolist() == [13, 13]

@@ -8,7 +8,7 @@ import torch
 
 from lcsm import layers
 from lcsm.ops import eos, explain
-from lcsm.testing import assert_close
+from lcsm.testing import assert_close, decode
 
 D_MODEL = 16
 
@@ -23,14 +23,6 @@ def inputs(B=2, T=12, seed=1, d=D_MODEL):
     return torch.randn(B, T, d, generator=g, dtype=torch.float64)
 
 
-def step_loop(m, x):
-    state, out = m.init_state(x.shape[0]), []
-    for x_t in x.unbind(1):
-        y_t, state = m.step(x_t, state)
-        out.append(y_t)
-    return torch.stack(out, 1)
-
-
 def test_fft_kernel_path_equals_recurrence():
     m, x = make(), inputs(T=80)
     e, s, log_o = m.eos_parameters()
@@ -40,7 +32,7 @@ def test_fft_kernel_path_equals_recurrence():
     assert_close({"y": y_fft, "m": m_fft}, {"y": y_rec, "m": m_rec})
     # The mixer's own forward takes the FFT path at this length; decoding takes the recurrence.
     assert explain(i, e, s, log_o).mode == "fft"
-    assert_close({"forward": m(x)}, {"forward": step_loop(m, x)})
+    assert_close({"forward": m(x)}, {"forward": decode(m, x)[0]})
 
 
 def set_parameters(m, lam, alpha, beta):
@@ -146,7 +138,7 @@ def test_ablation_builds_and_runs(options, shapes):
     y = m(x)
     assert y.shape == x.shape and torch.isfinite(y).all()
     if not m.bidirectional:
-        assert_close({"y": step_loop(m, x)}, {"y": y}, context=str(options))
+        assert_close({"y": decode(m, x)[0]}, {"y": y}, context=str(options))
 
 
 def test_real_field_kernel_closed_form():

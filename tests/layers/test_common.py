@@ -4,7 +4,7 @@ import torch
 
 from lcsm import layers
 from lcsm.layers import EOSRow, State
-from lcsm.testing import assert_close
+from lcsm.testing import assert_close, decode
 
 D_MODEL = 16
 NAMES = layers.available()
@@ -24,12 +24,8 @@ def inputs(B=2, T=11, seed=1):
 def test_step_loop_equals_forward(name):
     mixer, x = make(name), inputs()
     y, final = mixer(x, return_state=True)
-    state = mixer.init_state(x.shape[0])
-    steps = []
-    for t in range(x.shape[1]):
-        y_t, state = mixer.step(x[:, t], state)
-        steps.append(y_t)
-    assert_close({"y": torch.stack(steps, 1), **state.tensors()}, {"y": y, **final.tensors()}, context=name)
+    y_steps, state = decode(mixer, x)
+    assert_close({"y": y_steps, **state.tensors()}, {"y": y, **final.tensors()}, context=name)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from lcsm import layers
 from lcsm.layers.delta_rule import DeltaState
-from lcsm.testing import assert_close
+from lcsm.testing import assert_close, decode
 
 D_MODEL, HEADS = 16, 4
 
@@ -117,11 +117,8 @@ def test_expand_k_gives_rectangular_memory():
     assert (mixer.head_k, mixer.head_v) == (8, 4)
     y, state = mixer(x, return_state=True)
     assert state.memory.shape == (2, HEADS, 8, 4)
-    steps, s = [], mixer.init_state(2)
-    for t in range(5):
-        y_t, s = mixer.step(x[:, t], s)
-        steps.append(y_t)
-    assert_close({"y": torch.stack(steps, 1), "memory": s.memory}, {"y": y, "memory": state.memory})
+    y_steps, s = decode(mixer, x)
+    assert_close({"y": y_steps, "memory": s.memory}, {"y": y, "memory": state.memory})
 
 
 def test_describe_rows():

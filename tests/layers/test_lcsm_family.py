@@ -13,7 +13,7 @@ from lcsm import layers
 from lcsm.layers.lcsm_family import (A_MEANING, DEFAULT_CODE, LCSMFamily, O_MEANING, alibi_decay_logits,
                                      alibi_slopes, rotary_theta)
 from lcsm.ops import eos, explain
-from lcsm.testing import assert_close
+from lcsm.testing import assert_close, decode
 
 D, K = 8, 4          # tiny: the family is large and CPUs are shared
 ALL_CODES = [f"{e}-{o}-{s}-{a}" for e, o, s, a in itertools.product(range(2), range(12), range(2), range(8))]
@@ -72,12 +72,8 @@ def test_every_linear_code_builds_with_its_shapes_and_row():
 
 def _assert_step_loop_equals_forward(m, x, context):
     y, final = m(x, return_state=True)
-    state = m.init_state(x.shape[0])
-    steps = []
-    for t in range(x.shape[1]):
-        y_t, state = m.step(x[:, t], state)
-        steps.append(y_t)
-    assert_close({"y": torch.stack(steps, 1), "memory": state.memory},
+    y_steps, state = decode(m, x)
+    assert_close({"y": y_steps, "memory": state.memory},
                  {"y": y, "memory": final.memory}, dtype=torch.float64, context=context)
     return y
 
