@@ -63,7 +63,8 @@ class MetaLA(Mixer):
         self_augmentation: add the eq. A35 self-augmentation term (False: eq. A26's plain output).
         conv: apply the short convolution + SiLU (eq. A31) before all projections (False: the
             projections read x directly, as in the basic layer eq. A23).
-        use_key: restore a key k_t = x W_K (Linear d -> d/2) in place of 1 - alpha_t (the
+        use_key: restore a key k_t = x~ W_K (Linear d -> d/2, on the convolved x~ like q and
+            alpha) in place of 1 - alpha_t (the
             section 6 ablation "restoring the Key matrix"); the decay is unchanged and the
             self-augmentation then uses k_t where it used 1 - alpha_t.
     """

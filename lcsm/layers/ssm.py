@@ -193,7 +193,7 @@ class S4D(_DiagonalSISO):
         d_state: N (even); N/2 complex modes per channel. Default 64 (the paper's N).
         init: "lin", "inv" or "real".
         dt_min, dt_max: range of the log-uniform Delta init.
-        mode: the ``lcsm.ops.eos`` mode ("auto" picks fft for long T, recurrent for T = 1).
+        mode: the ``lcsm.ops.eos`` mode ("auto" picks fft for T > 1, recurrent for T = 1).
     """
 
     def __init__(self, d_model: int, d_state: int = 64, init: str = "lin", dt_min: float = 1e-3,

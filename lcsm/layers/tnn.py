@@ -19,7 +19,7 @@ EOS mapping, literally Table 1's row: one head (H = 1), K = n = l_max, D = d1 = 
 i_t = v_t, e = B [1, n, d1] (a K x D expand matrix, complex), log_o = log lambda [1, n, 1] (a row
 oscillation shared by the channels), s = 1_n; the real part is kept (b and lambda come in
 conjugate pairs, so the imaginary part is zero up to rounding; ETSC keeps all n modes and so do
-we). ``lcsm.ops.eos`` mode "auto" then takes the FFT path for long inputs and the O(n d1)
+we). ``lcsm.ops.eos`` mode "auto" then takes the FFT path for any T > 1 and the O(n d1)
 recurrence per token for decoding (ETSC's point). This one-head layout is also ~10x faster in the
 op's chunk kernel than one head per channel with n modes each.
 
