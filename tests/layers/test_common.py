@@ -28,12 +28,15 @@ def test_step_loop_equals_forward(name):
     assert_close({"y": y_steps, **state.tensors()}, {"y": y, **final.tensors()}, context=name)
 
 
+@pytest.mark.parametrize("T,cut", [(13, 6), (150, 67)])
 @pytest.mark.parametrize("name", NAMES)
-def test_carried_state_equals_one_pass(name):
-    mixer, x = make(name), inputs(T=13)
+def test_carried_state_equals_one_pass(name, T, cut):
+    """At 150 tokens, cut at 67, both calls span more than one of the operator's default chunks
+    (64) and neither starts or ends on a chunk boundary."""
+    mixer, x = make(name), inputs(T=T)
     y, final = mixer(x, return_state=True)
-    y1, s1 = mixer(x[:, :6], return_state=True)
-    y2, s2 = mixer(x[:, 6:], state=s1, return_state=True)
+    y1, s1 = mixer(x[:, :cut], return_state=True)
+    y2, s2 = mixer(x[:, cut:], state=s1, return_state=True)
     assert_close({"y": torch.cat([y1, y2], 1)}, {"y": y}, context=name)
     assert_close(s2.tensors(), final.tensors(), dtype=torch.float64, context=name)
 
