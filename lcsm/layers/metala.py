@@ -64,9 +64,9 @@ class MetaLA(Mixer):
         conv: apply the short convolution + SiLU (eq. A31) before all projections (False: the
             projections read x directly, as in the basic layer eq. A23).
         use_key: restore a key k_t = x~ W_K (Linear d -> d/2, on the convolved x~ like q and
-            alpha) in place of 1 - alpha_t (the
-            section 6 ablation "restoring the Key matrix"); the decay is unchanged and the
-            self-augmentation then uses k_t where it used 1 - alpha_t.
+            alpha) in place of 1 - alpha_t (the section 6 ablation "restoring the Key matrix");
+            the decay is unchanged and the self-augmentation then uses k_t where it used
+            1 - alpha_t.
     """
 
     TAU = 16.0  # decay temperature: alpha = sigmoid(.)^(1/tau), tau = 16 (section A3.1)

@@ -7,11 +7,11 @@ with K_j = C A_bar^j B_bar, which is how the papers train them.
 
 The diagonal ones (S4D, S5, DSS) are EOS recurrences with a complex, data-independent oscillation
 and are evaluated by ``lcsm.ops.eos``: mode "auto" takes the FFT path for any T > 1 and the
-recurrence for one token (decoding). S4 proper keeps the dense (diagonal plus low-rank) A of HiPPO-LegS; its
-bilinear A_bar is a dense N x N matrix, a psi = "x" (matrix) oscillation that the elementwise EOS
-operator cannot express, so this module implements both of its forms itself: the S4 kernel
-algorithm (Cauchy kernel + Woodbury identity at roots of unity, then an inverse FFT) and the dense
-step loop x_t = A_bar x_{t-1} + B_bar u_t.
+recurrence for one token (decoding). S4 proper keeps the dense (diagonal plus low-rank) A of
+HiPPO-LegS; its bilinear A_bar is a dense N x N matrix, a psi = "x" (matrix) oscillation that the
+elementwise EOS operator cannot express, so this module implements both of its forms itself: the
+S4 kernel algorithm (Cauchy kernel + Woodbury identity at roots of unity, then an inverse FFT) and
+the dense step loop x_t = A_bar x_{t-1} + B_bar u_t.
 
 What is "the mixer": the official S4/S4D/DSS *layer* (kernel convolution + D skip + activation +
 output linear) and S5's SSM + activation/gate. The block around it (norm, residual, dropout) is
