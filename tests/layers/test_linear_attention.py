@@ -255,8 +255,9 @@ def test_bad_options_name_the_argument(name, options, arg):
         layers.build(name, D_MODEL, **options)
 
 
-@pytest.mark.parametrize("name,options", [("linear_attention", {"normalize": False}), ("retnet", {"xpos": False}),
-                                          ("cosformer", {"normalize": False}), ("cosformer", {"theta": (0.05, 0.2, 0.7, 1.3)})])
+@pytest.mark.parametrize("name,options", [
+    ("linear_attention", {"normalize": False}), ("retnet", {"xpos": False}), ("cosformer", {"normalize": False}),
+    ("cosformer", {"theta": (0.05, 0.2, 0.7, 1.3)})])
 def test_non_default_options_decode_and_carry_state(name, options):
     """The contract tests (test_common) build every mixer with its defaults; these options change
     the memory (no normaliser column, a real decay instead of a rotation, one angle per head)."""
@@ -265,8 +266,10 @@ def test_non_default_options_decode_and_carry_state(name, options):
     y_steps, state = decode(m, x)
     y1, s1 = m(x[:, :6], return_state=True)
     y2, s2 = m(x[:, 6:], state=s1, return_state=True)
-    assert_close({"steps": y_steps, "chunks": torch.cat([y1, y2], 1), "m_steps": state.memory, "m_chunks": s2.memory},
-                 {"steps": y, "chunks": y, "m_steps": final.memory, "m_chunks": final.memory}, context=f"{name} {options}")
+    assert_close({"steps": y_steps, "chunks": torch.cat([y1, y2], 1), "m_steps": state.memory,
+                  "m_chunks": s2.memory},
+                 {"steps": y, "chunks": y, "m_steps": final.memory, "m_chunks": final.memory},
+                 context=f"{name} {options}")
 
 
 def test_wrong_state_type_is_a_clear_error():
