@@ -97,8 +97,9 @@ def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1, real_output=Fals
 
 
 def _at(x, t):
-    """Step t of an input in eos's layout: data-dependent tensors ([B, T, H, ...], 4 or 5 dims)
-    are indexed in time, data-independent ones ([H, ...]) are the same at every step."""
+    """Step t (an index or a slice) of an input in eos's layout: data-dependent tensors
+    ([B, T, H, ...], 4 or 5 dims) are indexed in time, data-independent ones ([H, ...]) are the
+    same at every step."""
     if isinstance(x, tuple):
         return tuple(_at(part, t) for part in x)
     return x[:, t] if x is not None and x.dim() >= 4 else x
@@ -131,14 +132,9 @@ def _loop(i, e, s, log_o, m0):
 
 def _step_loop(i, e, s, log_o, m0):
     """``eos_step`` token by token from m0 (zeros when None)."""
-    def one(x, t):
-        if isinstance(x, tuple):
-            return tuple(one(part, t) for part in x)
-        return x[:, t:t + 1] if x is not None and x.dim() >= 4 else x
-
     state, ys = (m0 if m0 is not None else _zero_memory(i, e, s, log_o)), []
     for t in range(i.shape[1]):
-        y_t, state = eos_step(*(one(x, t) for x in (i, e, s, log_o)), state)
+        y_t, state = eos_step(*(_at(x, slice(t, t + 1)) for x in (i, e, s, log_o)), state)
         ys.append(y_t)
     return torch.cat(ys, 1), state
 
@@ -337,15 +333,10 @@ def test_carried_state(decay, es):
     y, m = eos(inputs["i"], inputs["e"], inputs["s"], inputs["log_o"], mode="chunk", chunk_size=8,
                initial_state=inputs["initial_state"], output_final_state=True)
 
-    def at(x, t0, t1):
-        if isinstance(x, tuple):
-            return tuple(at(part, t0, t1) for part in x)
-        return x[:, t0:t1] if x is not None and x.dim() >= 4 else x
-
-    first, m1 = eos(*(at(inputs[n], 0, 9) for n in ("i", "e", "s", "log_o")), mode="chunk", chunk_size=4,
-                    initial_state=inputs["initial_state"], output_final_state=True)
-    second, m2 = eos(*(at(inputs[n], 9, 20) for n in ("i", "e", "s", "log_o")), mode="chunk", chunk_size=4,
-                     initial_state=m1, output_final_state=True)
+    part = lambda t0, t1: (_at(inputs[n], slice(t0, t1)) for n in ("i", "e", "s", "log_o"))
+    first, m1 = eos(*part(0, 9), mode="chunk", chunk_size=4, initial_state=inputs["initial_state"],
+                    output_final_state=True)
+    second, m2 = eos(*part(9, 20), mode="chunk", chunk_size=4, initial_state=m1, output_final_state=True)
     assert_close({"y": torch.cat([first, second], 1), "m_T": m2}, {"y": y, "m_T": m}, context="carried")
 
 
