@@ -26,6 +26,8 @@ the parallel map, fft); the elementwise kernel applies the two factors one after
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -78,6 +80,32 @@ def compute_dtype(tensors) -> torch.dtype:
     if dtype == torch.complex32:
         return torch.complex64
     return dtype
+
+
+def autocast_off(device: torch.device):
+    """A context with ``torch.autocast`` off on ``device``'s type (a no-op where it is off or where
+    the device has no autocast, as the meta device)."""
+    if not torch.amp.is_autocast_available(device.type) or not torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, enabled=False)
+
+
+def without_autocast(fn):
+    """Run ``fn`` with ``torch.autocast`` off on the device of its first tensor argument.
+
+    The operators lift half-precision inputs to float32 themselves (``compute_dtype``); under
+    autocast their matmuls would be cast back to bfloat16 and the chunk and parallel forms, whose
+    decay factors span up to e^{+-30} inside a chunk, would lose what the lift kept. Backward
+    passes run outside autocast, as PyTorch recommends (the engine's trainer does), and then in
+    the float32 of the forward."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        device = next((a.device for a in args if isinstance(a, Tensor)), None)
+        if device is None:
+            return fn(*args, **kwargs)
+        with autocast_off(device):
+            return fn(*args, **kwargs)
+    return run
 
 
 @dataclass

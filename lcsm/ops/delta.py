@@ -30,7 +30,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._inputs import check_chunk_size, check_floating, check_same_device, compute_dtype, shape_str
+from ._inputs import check_chunk_size, check_floating, check_same_device, compute_dtype, shape_str, without_autocast
 
 Tensor = torch.Tensor
 
@@ -296,6 +296,7 @@ def _delta_chunk(v, e, s, a, b, g, m0, chunk_size, a_is_e=False):
 
 # ----------------------------------------------------------------------------- public API
 
+@without_autocast
 def eos_delta(i: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, log_o: Optional[Tensor] = None, *,
               mode: str = "auto", initial_state: Optional[Tensor] = None, output_final_state: bool = False,
               chunk_size: int = 64) -> Tuple[Tensor, Optional[Tensor]]:

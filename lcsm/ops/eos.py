@@ -15,7 +15,7 @@ import torch
 
 from lcsm._checks import check_bool
 
-from ._inputs import MODES, EOSProblem, canonicalize, check_chunk_size, finish, shape_str
+from ._inputs import MODES, EOSProblem, canonicalize, check_chunk_size, finish, shape_str, without_autocast
 from .chunk import eos_chunk, kernel_for
 from .fft import eos_fft
 from .parallel import eos_parallel
@@ -106,6 +106,7 @@ def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chun
     return _plan(canonicalize(i, e, s, log_o, initial_state), mode, chunk_size)
 
 
+@without_autocast
 def eos(i: Tensor, e: Tensor, s: Tensor, log_o: LogO = None, *, mode: str = "auto",
         initial_state: Optional[Tensor] = None, output_final_state: bool = False,
         chunk_size: int = 64, real_output: bool = False) -> Tuple[Tensor, Optional[Tensor]]:

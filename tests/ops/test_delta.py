@@ -70,15 +70,17 @@ def reference(i, e, s, a, b, log_o, initial_state):
     return y, m
 
 
-def run(inputs, mode, dtype, chunk_size=16, seed=1):
-    """y, m_T and the gradient of every input under random cotangents on y and m_T."""
+def run(inputs, mode, dtype, chunk_size=16, seed=1, autocast=False):
+    """y, m_T and the gradient of every input under random cotangents on y and m_T (with autocast
+    the forward runs under bfloat16 autocast, the backward outside it)."""
     leaves = {n: (x.detach().to(dtype).requires_grad_() if x is not None else None) for n, x in inputs.items()}
     args = [leaves[n] for n in NAMES[:6]]
     if mode == "reference":
         y, m = reference(*args, leaves["initial_state"])
     else:
-        y, m = eos_delta(*args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True,
-                         chunk_size=chunk_size)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y, m = eos_delta(*args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True,
+                             chunk_size=chunk_size)
     gen = torch.Generator().manual_seed(seed)
     cot = lambda t: torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype)
     names = [n for n in NAMES if leaves[n] is not None]
@@ -188,6 +190,15 @@ def test_half_precision_computes_in_float32():
     assert y.dtype == torch.bfloat16 and m.dtype == torch.float32
     y_ref, m_ref = reference(*[half[n].to(torch.float64) for n in NAMES])
     assert_close({"y": y, "m_T": m}, {"y": y_ref, "m_T": m_ref}, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+def test_autocast_leaves_the_operator_in_float32(mode):
+    """Under torch.autocast the WY form's matmuls (and so the gradients) stay in float32."""
+    x = make_inputs(45, gate="dd")
+    expected = run(x, "reference", torch.float64)
+    actual = run(x, mode, torch.float32, autocast=True)
+    assert_close(actual, expected, dtype=torch.float32, context=mode)
 
 
 @pytest.mark.parametrize("mode", ["chunk", "recurrent"])
