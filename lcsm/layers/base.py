@@ -81,6 +81,13 @@ class Mixer(nn.Module):
     """
 
     registry_name: str = ""
+    # Parameters (by name; a name ending in "." covers a submodule's) that stay float32 when the
+    # layer is cast to a half precision: an SSM's system (eigenvalues, steps, B, C, a kernel
+    # generator) defines a kernel over thousands of steps, which bfloat16's 8-bit mantissa cannot
+    # resolve (it would round S4D-Lin's frequencies, pi n up to ~100, to steps of 0.5), and
+    # complex arithmetic and FFTs have no half type. Their forwards lift half inputs to float32
+    # and cast outputs back.
+    float32_parameters: Tuple[str, ...] = ()
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -106,8 +113,35 @@ class Mixer(nn.Module):
     def state_size(self, seq_len: int) -> int:
         return self.init_state(1).numel_per_sequence()
 
+    def _apply(self, fn, recurse=True):
+        """nn.Module's conversion of every tensor (``.to``, ``.bfloat16()``, ``.cuda()``), except that
+        the ``float32_parameters`` and their gradients become float32 where it would make them a
+        half precision (converted from the originals, not from their rounded copies)."""
+        if not self.float32_parameters:
+            return super()._apply(fn, recurse)
+        keep = {id(t) for name, p in self.named_parameters()
+                if any(name == k or (k.endswith(".") and name.startswith(k)) for k in self.float32_parameters)
+                for t in (p, p.grad) if t is not None}
+
+        def convert(t: Tensor) -> Tensor:
+            out = fn(t)
+            if id(t) in keep and out.dtype in (torch.float16, torch.bfloat16):
+                return t.to(device=out.device, dtype=torch.float32)
+            return out
+
+        return super()._apply(convert, recurse)
+
     def _param_like(self) -> Tensor:
         return next(self.parameters())
+
+    def _memory_dtype(self, complex_memory: bool = False) -> torch.dtype:
+        """A recurrent memory's dtype: the parameters' precision, float32 for a half-precision layer
+        (the EOS operators compute half inputs in float32 and return their states so, as fla does),
+        complex for a complex memory."""
+        dtype = self._param_like().dtype
+        if dtype in (torch.float16, torch.bfloat16):
+            dtype = torch.float32
+        return torch.promote_types(dtype, torch.complex64) if complex_memory else dtype
 
     def check_input(self, x: Tensor) -> None:
         if x.dim() != 3 or x.shape[-1] != self.d_model:

@@ -95,6 +95,8 @@ class CES(Mixer):
         bidirectional: two-sided kernel (non-causal; no recurrent state or decoding).
     """
 
+    float32_parameters = ("log_delta", "alpha", "beta")
+
     def __init__(self, d_model: int, field: str = "complex", use_alpha: bool = True, use_beta: bool = True,
                  use_omega: bool = True, init: str = "ring", r_min: float = 0.6, r_max: float = 0.9,
                  max_phase: float = 2 * math.pi, fixed_point: Tuple[float, float] = (0.5, 0.0),
@@ -236,6 +238,7 @@ class CES(Mixer):
             y = y[..., 0]
         if self.use_omega:
             y = y + self.omega * x
+        y = y.to(x.dtype)
         if return_state:
             return y, CESState(memory=memory)
         return y

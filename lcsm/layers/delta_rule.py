@@ -105,7 +105,8 @@ class _DeltaBase(Mixer):
 
     def init_state(self, batch_size: int) -> DeltaState:
         p = self._param_like()
-        return DeltaState(memory=p.new_zeros(batch_size, self.heads, self.head_k, self.head_v))
+        return DeltaState(memory=p.new_zeros(batch_size, self.heads, self.head_k, self.head_v,
+                                             dtype=self._memory_dtype()))
 
     def _memory_str(self) -> str:
         return f"K x D = {self.head_k} x {self.head_v} per head, {self.heads} heads"
@@ -130,7 +131,8 @@ class _DeltaBase(Mixer):
     def forward(self, x: Tensor, state: Optional[DeltaState] = None, return_state: bool = False):
         self.check_input(x)
         y, m = self._mix(x, self._initial(state, x.shape[0]), return_state)
-        y = self._readout(y)
+        # A carried float32 state (a half-precision layer's) promotes the operator's output.
+        y = self._readout(y.to(x.dtype))
         return (y, DeltaState(memory=m)) if return_state else y
 
 

@@ -337,15 +337,13 @@ class LCSMFamily(Mixer):
         else:
             y, m_T = eos(i, e, s, log_o, initial_state=m0, output_final_state=return_state,
                          real_output=self.is_complex)
-        y = self.out_proj(self.norm(y.squeeze(2)))
+        # A carried float32 state (a half-precision layer's) promotes the operator's output.
+        y = self.out_proj(self.norm(y.squeeze(2).to(x.dtype)))
         return (y, LCSMState(memory=m_T)) if return_state else y
 
     def init_state(self, batch_size: int) -> LCSMState:
-        p = self._param_like()
-        dtype = p.dtype
-        if self.is_complex:
-            dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
-        return LCSMState(memory=torch.zeros(batch_size, 1, self.expand, self.d_model, dtype=dtype, device=p.device))
+        return LCSMState(memory=torch.zeros(batch_size, 1, self.expand, self.d_model,
+                                            dtype=self._memory_dtype(self.is_complex), device=self._param_like().device))
 
     def describe(self) -> EOSRow:
         K, D = self.expand, self.d_model

@@ -201,10 +201,7 @@ class _QKVAttention(Mixer):
 
     def init_state(self, batch_size: int) -> LinearAttentionState:
         p = self._param_like()
-        # Half-precision layers keep float32 states, as the EOS op returns them (fla convention).
-        dtype = torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
-        if self.complex_memory:
-            dtype = torch.promote_types(dtype, torch.complex64)
+        dtype = self._memory_dtype(self.complex_memory)
         cols = self.head_v + (1 if self.normalize else 0)
         return LinearAttentionState(
             memory=torch.zeros(batch_size, self.num_heads, self.memory_rows, cols, device=p.device, dtype=dtype)

@@ -159,7 +159,7 @@ class Mamba(Mixer):
         p = self._param_like()
         return MambaState(
             conv=torch.zeros(batch_size, self.d_conv - 1, self.d_inner, dtype=p.dtype, device=p.device),
-            ssm=torch.zeros(batch_size, 1, self.d_state, self.d_inner, dtype=p.dtype, device=p.device),
+            ssm=torch.zeros(batch_size, 1, self.d_state, self.d_inner, dtype=self._memory_dtype(), device=p.device),
         )
 
     def describe(self) -> EOSRow:

@@ -147,10 +147,14 @@ class MetaLA(Mixer):
 
         o, memory = eos(v, k, q * K ** -0.5, log_alpha.unsqueeze(-1),
                         initial_state=memory, output_final_state=True)
+        # The augmentation and the norm in float32 at least: sigmoid(aug v) is about 1/2 (w_aug
+        # starts at 0) where o is small (k = 1 - alpha), and a bfloat16 sum would keep two or three
+        # bits of o, which the norm then scales up (a 0.24 relative error for a bfloat16 layer).
+        o = o.to(torch.promote_types(o.dtype, torch.float32))
         if self.self_augmentation:
             aug = (q * k * self.w_aug.view(H, K)).sum(-1, keepdim=True)   # [B, T, H, 1]
             o = o + torch.sigmoid(aug * v)
-        o = F.layer_norm(o, (D,), eps=1e-5).reshape(B, T, d)
+        o = F.layer_norm(o, (D,), eps=1e-5).reshape(B, T, d).to(x.dtype)
         y = self.out_proj(F.silu(self.g_proj(h)) * o)
         if return_state:
             return y, MetaLAState(memory=memory, conv=conv_buffer)
@@ -158,7 +162,7 @@ class MetaLA(Mixer):
 
     def init_state(self, batch_size: int) -> MetaLAState:
         p = self._param_like()
-        memory = p.new_zeros(batch_size, self.heads, self.key_dim, self.head_dim)
+        memory = p.new_zeros(batch_size, self.heads, self.key_dim, self.head_dim, dtype=self._memory_dtype())
         conv = p.new_zeros(batch_size, self.d_model, self.conv_size - 1) if self.use_conv else None
         return MetaLAState(memory=memory, conv=conv)
 

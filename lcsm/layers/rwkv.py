@@ -185,9 +185,10 @@ class RWKV4(Mixer):
 
     def init_state(self, batch_size: int) -> RWKV4State:
         p = self._param_like()
-        zeros = lambda *shape: torch.zeros(*shape, dtype=p.dtype, device=p.device)
-        C = self.d_model
-        return RWKV4State(shift=zeros(batch_size, C), memory=zeros(batch_size, 1, 1, 2 * C), scale=zeros(batch_size, C))
+        zeros = lambda *shape, dtype=p.dtype: torch.zeros(*shape, dtype=dtype, device=p.device)
+        C, wdt = self.d_model, self._memory_dtype()
+        return RWKV4State(shift=zeros(batch_size, C), memory=zeros(batch_size, 1, 1, 2 * C, dtype=wdt),
+                          scale=zeros(batch_size, C, dtype=wdt))
 
     def describe(self) -> EOSRow:
         return EOSRow(

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm.ops import eos
-from lcsm.ops._inputs import MODES
+from lcsm.ops._inputs import MODES, autocast_off
 
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
@@ -158,7 +158,7 @@ class _DiagonalSISO(Mixer):
         e, s, log_o = self.eos_parameters()
         y, m = eos(u.unsqueeze(-1), e, s, log_o, mode=self.mode, initial_state=memory,
                    output_final_state=return_state, real_output=True)
-        return self.real_factor * y[..., 0] + self.D * u, m
+        return (self.real_factor * y[..., 0] + self.D * u).to(u.dtype), m
 
     def init_state(self, batch_size: int) -> SSMState:
         p = self.log_dt
@@ -195,6 +195,8 @@ class S4D(_DiagonalSISO):
         dt_min, dt_max: range of the log-uniform Delta init.
         mode: the ``lcsm.ops.eos`` mode ("auto" picks fft for T > 1, recurrent for T = 1).
     """
+
+    float32_parameters = ("log_dt", "log_A_real", "A_imag", "B", "C")
 
     def __init__(self, d_model: int, d_state: int = 64, init: str = "lin", dt_min: float = 1e-3,
                  dt_max: float = 1e-1, mode: str = "auto"):
@@ -294,6 +296,7 @@ class DSS(_DiagonalSISO):
     """
 
     real_factor = 1.0
+    float32_parameters = ("Lambda", "log_dt", "W")
 
     def __init__(self, d_model: int, d_state: int = 64, l_max: int = 1024, dt_min: float = 1e-3,
                  dt_max: float = 1e-1, epsilon: float = 1e-7, mode: str = "auto"):
@@ -400,6 +403,8 @@ class S5(Mixer):
         mode: the ``lcsm.ops.eos`` mode.
     """
 
+    float32_parameters = ("Lambda_re", "Lambda_im", "log_dt", "B", "C")
+
     def __init__(self, d_model: int, d_state: int = 64, blocks: int = 1, dt_min: float = 1e-3,
                  dt_max: float = 1e-1, mode: str = "auto"):
         super().__init__(d_model)
@@ -440,7 +445,7 @@ class S5(Mixer):
         x, m = eos(i, ones, ones, dtL.view(1, 1, -1), mode=self.mode, initial_state=memory,
                    output_final_state=return_state)
         y = 2 * torch.einsum("btp,hp->bth", x[:, :, 0], as_complex(self.C)).real
-        return y + self.D * u, m
+        return (y + self.D * u).to(u.dtype), m
 
     def forward(self, x: Tensor, state: Optional[SSMState] = None, return_state: bool = False):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
@@ -575,6 +580,8 @@ class S4(Mixer):
         dt_min, dt_max: range of the log-uniform Delta init.
         mode: "auto" (recurrent when T = 1, else fft), "fft" or "recurrent".
     """
+
+    float32_parameters = ("log_A_real", "A_imag", "P", "B", "C", "log_dt")
 
     def __init__(self, d_model: int, d_state: int = 64, dt_min: float = 1e-3, dt_max: float = 1e-1,
                  mode: str = "auto"):
@@ -739,15 +746,19 @@ class S4(Mixer):
         return torch.stack(ys, 1), x
 
     def ssm(self, u: Tensor, state: Optional[Tensor] = None, return_state: bool = False):
-        """The SSM with the D skip: u [B, T, H] -> (y [B, T, H], half state [B, H, N/2] or None)."""
+        """The SSM with the D skip: u [B, T, H] -> (y [B, T, H], half state [B, H, N/2] or None).
+        The system runs in its parameters' precision, outside autocast (whose bfloat16 matmuls
+        would round A_bar's powers and the Cauchy sums)."""
         mode = self.mode
         if mode == "auto":
             mode = "recurrent" if u.shape[1] <= 1 else "fft"
-        if mode == "fft":
-            y, x = self._fft(u, state, return_state)
-        else:
-            y, x = self._recurrent(u, state)
-        return y + self.D * u, (x if return_state else None)
+        with autocast_off(u.device):
+            v = u.to(torch.promote_types(u.dtype, self.log_dt.dtype))
+            if mode == "fft":
+                y, x = self._fft(v, state, return_state)
+            else:
+                y, x = self._recurrent(v, state)
+        return (y + self.D * v).to(u.dtype), (x if return_state else None)
 
     def forward(self, x: Tensor, state: Optional[S4State] = None, return_state: bool = False):
         """x [B, T, H] -> y [B, T, H] (and the final S4State when asked)."""

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm.ops import eos
-from lcsm.ops._inputs import MODES
+from lcsm.ops._inputs import MODES, autocast_off
 
 from .base import EOSRow, Mixer, register
 from .ssm import SSMState, _check_int, _check_mode
@@ -101,6 +101,8 @@ class TNN(Mixer):
         mode: the ``lcsm.ops.eos`` mode.
     """
 
+    float32_parameters = ("rpe.",)
+
     def __init__(self, d_model: int, expand_ratio: int = 3, rpe_dim: int = 64, rpe_layers: int = 3,
                  gamma: float = 0.99, l_max: int = 512, mode: str = "auto"):
         super().__init__(d_model)
@@ -120,7 +122,8 @@ class TNN(Mixer):
 
     def toeplitz_kernel(self) -> Tensor:
         """The RPE kernel without decay, t_j = RPE(j) for j < l_max: [l_max, d1]."""
-        index = torch.arange(self.l_max, dtype=self.o.weight.dtype, device=self.o.weight.device)
+        w = self.rpe.out.weight
+        index = torch.arange(self.l_max, dtype=w.dtype, device=w.device)
         return self.rpe(index)
 
     def eos_parameters(self):
@@ -134,11 +137,14 @@ class TNN(Mixer):
         self.check_input(x)
         u = F.silu(self.u_proj(x))
         v = F.silu(self.v_proj(x))
-        e, s, log_o = self.eos_parameters()
+        # The kernel outside autocast: the ETSC conversion is an FFT of the RPE's output, which
+        # has no bfloat16 form (and would lose the kernel's tail to its rounding).
+        with autocast_off(x.device):
+            e, s, log_o = self.eos_parameters()
         y, m = eos(v.unsqueeze(2), e, s, log_o, mode=self.mode,
                    initial_state=state.memory if state is not None else None, output_final_state=return_state,
                    real_output=True)
-        out = self.o(u * y[:, :, 0])
+        out = self.o(u * y[:, :, 0].to(u.dtype))
         return (out, SSMState(memory=m)) if return_state else out
 
     def init_state(self, batch_size: int) -> SSMState:

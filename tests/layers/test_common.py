@@ -1,4 +1,6 @@
 """Contract tests run for every registered mixer: adding a mixer to the registry covers it here."""
+import copy
+
 import pytest
 import torch
 
@@ -89,6 +91,67 @@ def test_init_state_on_mixer_device_and_dtype(name):
         if t.is_floating_point() or t.is_complex():
             real = t.real.dtype if t.is_complex() else t.dtype
             assert real == torch.float64, (name, key, t.dtype)
+
+
+def _twin(mixer, round_linear=False):
+    """A float64 copy of ``mixer``; with round_linear the parameters of its Linear and Conv1d
+    modules rounded to bfloat16 first, as autocast rounds their operands (it leaves the others,
+    an SSM's system among them, in float32)."""
+    twin = copy.deepcopy(mixer).double()
+    if round_linear:
+        with torch.no_grad():
+            for module in twin.modules():
+                if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d)):
+                    for p in module.parameters(recurse=False):
+                        p.copy_(p.to(torch.bfloat16))
+    return twin
+
+
+def _cotangent_grads(mixer, x, seed=2):
+    """(y, dy/dx . c) for a random cotangent c; the forward under bfloat16 autocast when x is float32."""
+    x = x.detach().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=x.dtype == torch.float32):
+        y = mixer(x)
+    c = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    (dx,) = torch.autograd.grad(y, x, c.to(y.dtype))
+    return y, dx
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bfloat16_autocast_matches_float64(name):
+    """The engine's ``precision: bf16``: a float32 layer's forward under autocast, the backward
+    outside it, against the float64 layer with the same bfloat16-rounded Linear and Conv1d parameters. The
+    operators and the SSMs' kernels run outside autocast (S4's and TNN's raised inside it)."""
+    mixer = make(name).float()
+    x = inputs(T=40).to(torch.bfloat16).double()
+    y, dx = _cotangent_grads(mixer, x.float())
+    y_ref, dx_ref = _cotangent_grads(_twin(mixer, round_linear=True), x)
+    assert dx.dtype == torch.float32
+    assert_close({"y": y, "dx": dx}, {"y": y_ref, "dx": dx_ref}, dtype=torch.bfloat16, context=name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bfloat16_layer_matches_float64(name):
+    """A layer cast to bfloat16 against its float64 twin: outputs, final state and the next step's
+    output; the state keeps init_state's dtypes (recurrent memories float32 or complex64, as the
+    operators return them) and an SSM's system stays float32 (its float32_parameters)."""
+    mixer = make(name).to(torch.bfloat16)
+    twin = _twin(mixer)
+    x = inputs(T=40).to(torch.bfloat16)
+    y, state = mixer(x[:, :-1], return_state=True)
+    y_next, state_next = mixer(x[:, -1:], state=state, return_state=True)
+    y_ref, state_ref = twin(x[:, :-1].double(), return_state=True)
+    y_next_ref, _ = twin(x[:, -1:].double(), state=state_ref, return_state=True)
+    assert y.dtype == y_next.dtype == torch.bfloat16
+    init = {k: t.dtype for k, t in mixer.init_state(2).tensors().items()}
+    assert {k: t.dtype for k, t in state.tensors().items()} == init == {k: t.dtype for k, t in state_next.tensors().items()}
+    declared = mixer.float32_parameters
+    kept = {n for n, p in mixer.named_parameters() if p.dtype == torch.float32}
+    assert kept == {n for n, _ in mixer.named_parameters()
+                    if any(n == k or (k.endswith(".") and n.startswith(k)) for k in declared)}, (kept, declared)
+    assert bool(kept) == bool(declared) and all(p.dtype in (torch.bfloat16, torch.float32) for p in mixer.parameters())
+    assert_close({"y": y, "y_next": y_next, **state.tensors()}, {"y": y_ref, "y_next": y_next_ref, **state_ref.tensors()},
+                 dtype=torch.bfloat16, context=name)
 
 
 @pytest.mark.parametrize("name", NAMES)
