@@ -1,5 +1,6 @@
 """Test helpers: the one tolerance helper every test of lcsm uses (relative RMS error per named
-tensor), and token-by-token decoding of a mixer, which the tests hold to its forward pass.
+tensor), gradients under shared random cotangents, and token-by-token decoding of a mixer, which
+the tests hold to its forward pass.
 
     rel_rms(a, ref) = ||a - ref||_2 / max(||ref||_2, tiny)
 
@@ -73,6 +74,23 @@ def assert_close(
         lines += [f"{n}: missing on one side" for n in missing]
         raise AssertionError(f"{context} (tolerance {tol:.1e} for {dtype})\n  " + "\n  ".join(lines))
     return errors
+
+
+def gradients(outputs: Dict[str, torch.Tensor], wrt: Dict[str, torch.Tensor], seed: int = 2) -> Dict[str, torch.Tensor]:
+    """``outputs`` and the gradients of sum_k <outputs[k], c_k> with respect to every tensor of
+    ``wrt`` (named "d" + its key; None where an input does not reach the outputs), one dict for
+    ``assert_close``. The cotangents c_k are random, drawn from ``seed`` in the order of the
+    outputs (complex where the output is), so two calls with outputs of the same shapes share them."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def cotangent(y: torch.Tensor) -> torch.Tensor:
+        draw = lambda: torch.randn(y.shape, generator=gen, dtype=torch.float64)
+        return (torch.complex(draw(), draw()) if y.is_complex() else draw()).to(y.dtype)
+
+    names = list(outputs)
+    grads = torch.autograd.grad([outputs[n] for n in names], list(wrt.values()),
+                                [cotangent(outputs[n]) for n in names], allow_unused=True)
+    return {**outputs, **{f"d{k}": g for k, g in zip(wrt, grads)}}
 
 
 def decode(mixer, x: torch.Tensor):

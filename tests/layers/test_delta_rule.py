@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from lcsm import layers
 from lcsm.layers.delta_rule import DeltaState
-from lcsm.testing import assert_close, decode
+from lcsm.testing import assert_close, decode, gradients
 
 D_MODEL, HEADS = 16, 4
 
@@ -81,23 +81,28 @@ def explicit_m3(mixer, x, m0):
 @pytest.mark.parametrize("mode,chunk_size", [("chunk", 4), ("chunk", 64), ("recurrent", 5)])
 def test_delta_mixers_equal_their_recurrence(name, kind, mode, chunk_size):
     """The paper identity 'FWP chunk == the delta-rule recurrence' at the layer level (and M1/M2):
-    chunk sizes 4 (T = 13 leaves a partial chunk) and 64 (> T), plus the custom-backward loop."""
-    mixer, x = make(name, mode=mode, chunk_size=chunk_size), inputs()
+    chunk sizes 4 (T = 13 leaves a partial chunk) and 64 (> T), plus the custom-backward loop:
+    outputs, final memory, and the gradients of the input, the initial memory and every parameter."""
+    mixer, x = make(name, mode=mode, chunk_size=chunk_size), inputs().requires_grad_()
     W0 = torch.randn(2, HEADS, mixer.head_k, mixer.head_v, dtype=torch.float64,
-                     generator=torch.Generator().manual_seed(5))
+                     generator=torch.Generator().manual_seed(5)).requires_grad_()
+    wrt = {"x": x, "W0": W0, **dict(mixer.named_parameters())}
     y, state = mixer(x, state=DeltaState(memory=W0), return_state=True)
     y_ref, W_ref = explicit_delta(mixer, x, W0, kind)
-    assert_close({"y": y, "memory": state.memory}, {"y": y_ref, "memory": W_ref}, context=f"{name} {mode}")
+    assert_close(gradients({"y": y, "memory": state.memory}, wrt), gradients({"y": y_ref, "memory": W_ref}, wrt),
+                 context=f"{name} {mode}")
 
 
 @pytest.mark.parametrize("mode", ["chunk", "recurrent", "parallel", "auto"])
 def test_m3_equals_its_elementwise_recurrence(mode):
-    mixer, x = make("m3", mode=mode, chunk_size=4), inputs()
+    mixer, x = make("m3", mode=mode, chunk_size=4), inputs().requires_grad_()
     m0 = torch.randn(2, HEADS, mixer.head_k, mixer.head_v, dtype=torch.float64,
-                     generator=torch.Generator().manual_seed(5))
+                     generator=torch.Generator().manual_seed(5)).requires_grad_()
+    wrt = {"x": x, "m0": m0, **dict(mixer.named_parameters())}
     y, state = mixer(x, state=DeltaState(memory=m0), return_state=True)
     y_ref, m_ref = explicit_m3(mixer, x, m0)
-    assert_close({"y": y, "memory": state.memory}, {"y": y_ref, "memory": m_ref}, context=mode)
+    assert_close(gradients({"y": y, "memory": state.memory}, wrt), gradients({"y": y_ref, "memory": m_ref}, wrt),
+                 context=mode)
 
 
 @pytest.mark.parametrize("name", ["fwp", "m1", "m2"])
