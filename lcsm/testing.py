@@ -93,6 +93,18 @@ def gradients(outputs: Dict[str, torch.Tensor], wrt: Dict[str, torch.Tensor], se
     return {**outputs, **{f"d{k}": g for k, g in zip(wrt, grads)}}
 
 
+def assert_matches_reference(module, x: torch.Tensor, reference, context: str = "", forward=None) -> Dict[str, float]:
+    """``forward(x)`` (default ``module(x)``) against ``reference(x)``, a written-out form computed
+    from the module's own parameters: the outputs (a tensor, or a dict of named tensors), and the
+    gradients of the input and of every trainable parameter of ``module`` under random
+    cotangents, so that a detached or misrouted input shows even where the outputs agree."""
+    x = x.detach().requires_grad_()
+    wrt = {"x": x, **{n: p for n, p in module.named_parameters() if p.requires_grad}}
+    named = lambda out: out if isinstance(out, dict) else {"y": out}
+    return assert_close(gradients(named((forward or module)(x)), wrt), gradients(named(reference(x)), wrt),
+                        context=context)
+
+
 def decode(mixer, x: torch.Tensor):
     """``mixer.step`` token by token over x [B, T, d_model] from ``mixer.init_state``: the outputs
     stacked [B, T, d_model] and the final state."""

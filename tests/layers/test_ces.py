@@ -8,7 +8,7 @@ import torch
 
 from lcsm import layers
 from lcsm.ops import eos, explain
-from lcsm.testing import assert_close, decode
+from lcsm.testing import assert_close, assert_matches_reference, decode
 
 D_MODEL = 16
 
@@ -33,6 +33,12 @@ def test_fft_kernel_path_equals_recurrence():
     # The mixer's own forward takes the FFT path at this length; decoding takes the recurrence.
     assert explain(i, e, s, log_o).mode == "fft"
     assert_close({"forward": m(x)}, {"forward": decode(m, x)[0]})
+
+    def recurrent(x):
+        y, _ = eos(x.unsqueeze(-1), *m.eos_parameters(), mode="recurrent", real_output=True)
+        return y[..., 0] + m.omega * x
+
+    assert_matches_reference(m, x, recurrent, context="ces: fft forward vs the recurrence")
 
 
 def set_parameters(m, lam, alpha, beta):
@@ -149,9 +155,13 @@ def test_real_field_kernel_closed_form():
     j = torch.arange(L, dtype=torch.float64)
     expected = m.beta.exp().unsqueeze(-1) * (1 - z).unsqueeze(-1) * z.unsqueeze(-1) ** j
     assert_close({"kernel": m.kernel(L)}, {"kernel": expected.detach()})
-    x = inputs(T=L)
-    direct = torch.stack([sum(expected[:, tau] * x[:, t - tau] for tau in range(t + 1)) for t in range(L)], 1)
-    assert_close({"y": m(x)}, {"y": direct.detach()})
+
+    def direct(x):
+        z = torch.exp(-m.log_delta.exp()) ** m.alpha.exp()
+        k = m.beta.exp().unsqueeze(-1) * (1 - z).unsqueeze(-1) * z.unsqueeze(-1) ** j
+        return torch.stack([sum(k[:, tau] * x[:, t - tau] for tau in range(t + 1)) for t in range(L)], 1)
+
+    assert_matches_reference(m, inputs(T=L), direct, context="real field: the direct convolution")
 
 
 def test_bidirectional_equals_two_sided_convolution():
@@ -159,15 +169,14 @@ def test_bidirectional_equals_two_sided_convolution():
     y_t = sum_{s<=t} k1_{t-s} x_s + sum_{s>t} k2_{s-t-1} x_s + omega x_t."""
     m, x = make(bidirectional=True), inputs(T=10)
     L, d = x.shape[1], D_MODEL
-    k = m.kernel(L)
-    k1, k2 = k[:d], k[d:]
-    expected = torch.zeros_like(x)
-    for t in range(L):
-        for s in range(L):
-            coef = k1[:, t - s] if s <= t else k2[:, s - t - 1]
-            expected[:, t] += coef * x[:, s]
-    expected = expected + m.omega * x
-    assert_close({"y": m(x)}, {"y": expected.detach()})
+
+    def two_sided(x):
+        k = m.kernel(L)
+        k1, k2 = k[:d], k[d:]
+        rows = [sum((k1[:, t - s] if s <= t else k2[:, s - t - 1]) * x[:, s] for s in range(L)) for t in range(L)]
+        return torch.stack(rows, 1) + m.omega * x
+
+    assert_matches_reference(m, x, two_sided, context="bidirectional")
     # Non-causal: a change at the end moves the first output.
     x2 = x.clone()
     x2[:, -1] += 1.0

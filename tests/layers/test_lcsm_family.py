@@ -13,7 +13,7 @@ from lcsm import layers
 from lcsm.layers.lcsm_family import (A_MEANING, DEFAULT_CODE, LCSMFamily, O_MEANING, alibi_decay_logits,
                                      alibi_slopes, rotary_theta)
 from lcsm.ops import eos, explain
-from lcsm.testing import assert_close, decode
+from lcsm.testing import assert_close, assert_matches_reference, decode
 
 D, K = 8, 4          # tiny: the family is large and CPUs are shared
 ALL_CODES = [f"{e}-{o}-{s}-{a}" for e, o, s, a in itertools.product(range(2), range(12), range(2), range(8))]
@@ -213,15 +213,18 @@ def test_data_independent_decays_are_alibi_and_in_unit_interval(d, k, tau):
 def test_code_11_equals_the_official_doubled_realisation():
     # Official: e' = [e cos(t theta), e sin(t theta)], s' likewise (2K real rows), o = 1, t from 0.
     m, x = make(code="1-11-1-3"), inputs(T=12)
-    i, e, s, log_o = m.eos_inputs(x)
-    y_complex, _ = eos(i, e, s, log_o, mode="recurrent")
-    t = torch.arange(12, dtype=torch.float64)[:, None]
-    ang = (t * rotary_theta(K, D, dtype=torch.float64))[None, :, None, :]  # [1, T, 1, K]
-    e2 = torch.cat([e * ang.cos(), e * ang.sin()], -1)
-    s2 = torch.cat([s * ang.cos(), s * ang.sin()], -1)
-    y_official, _ = eos(i, e2, s2, None, mode="recurrent")
-    assert_close({"y": y_complex.real}, {"y": y_official}, context="code 11")
-    assert_close({"out": m(x)}, {"out": m.out_proj(m.norm(y_official.squeeze(2)))}, context="code 11 layer")
+
+    def official(x):
+        i, e, s, _ = m.eos_inputs(x)
+        t = torch.arange(12, dtype=torch.float64)[:, None]
+        ang = (t * rotary_theta(K, D, dtype=torch.float64))[None, :, None, :]  # [1, T, 1, K]
+        e2 = torch.cat([e * ang.cos(), e * ang.sin()], -1)
+        s2 = torch.cat([s * ang.cos(), s * ang.sin()], -1)
+        return eos(i, e2, s2, None, mode="recurrent")[0]
+
+    y_complex, _ = eos(*m.eos_inputs(x), mode="recurrent")
+    assert_close({"y": y_complex.real}, {"y": official(x)}, context="code 11")
+    assert_matches_reference(m, x, lambda x: m.out_proj(m.norm(official(x).squeeze(2))), context="code 11 layer")
     assert rotary_theta(3, 8).tolist() == pytest.approx([1.0, 10000 ** -0.25, 10000 ** -0.5])
 
 
@@ -231,12 +234,15 @@ def test_linear_attention_is_code_1_10_1_0():
     m, x = make(code="1-10-1-0"), inputs(T=10)
     i, e, s, log_o = m.eos_inputs(x)
     assert log_o is None
-    q, k, v = m.s_proj(x), m.e_proj(x), m.i_proj(x)
-    mask = torch.ones(10, 10, dtype=torch.bool).tril()
-    y_attn = ((q @ k.transpose(1, 2)) * mask) @ v
+
+    def attention(x):
+        q, k, v = m.s_proj(x), m.e_proj(x), m.i_proj(x)
+        mask = torch.ones(10, 10, dtype=torch.bool).tril()
+        return ((q @ k.transpose(1, 2)) * mask) @ v
+
     y_eos, _ = eos(i, e, s, None)
-    assert_close({"y": y_eos.squeeze(2)}, {"y": y_attn}, context="linear attention")
-    assert_close({"out": m(x)}, {"out": m.out_proj(m.norm(y_attn))}, context="linear attention layer")
+    assert_close({"y": y_eos.squeeze(2)}, {"y": attention(x)}, context="linear attention")
+    assert_matches_reference(m, x, lambda x: m.out_proj(m.norm(attention(x))), context="linear attention layer")
 
 
 @pytest.mark.parametrize("a,feature_map", [(0, "identity"), (1, "relu"), (3, "1+elu")])

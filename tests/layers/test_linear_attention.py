@@ -2,7 +2,8 @@
 
 Each test writes the model the way its paper does (an explicit, quadratic, masked attention or an
 explicit loop), computing q, k, v from the mixer's weights with ``F.linear``, and checks that the
-EOS-based mixer computes the same thing.
+EOS-based mixer computes the same thing: outputs, and the gradients of the input and of every
+parameter.
 """
 import math
 
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 
 from lcsm import layers
 from lcsm.ops import eos
-from lcsm.testing import assert_close, decode
+from lcsm.testing import assert_close, assert_matches_reference, decode
 
 D_MODEL = 16
 
@@ -54,14 +55,17 @@ def lags(T):
 def test_linear_attention_equals_explicit_causal_attention(normalize):
     """Katharopoulos et al. 2020, sec. 3.2-3.4: V'_t = phi(Q_t)^T sum_{s<=t} phi(K_s) V_s^T /
     phi(Q_t)^T sum_{s<=t} phi(K_s) — the masked phi(Q) phi(K)^T attention."""
-    m, x = build("linear_attention", normalize=normalize), inputs()
+    m = build("linear_attention", normalize=normalize)
     H = m.num_heads
     phi = lambda z: F.elu(z) + 1
-    q, k, v = phi(proj(m.q_proj, x, H)), phi(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
-    num, den = masked_attention(torch.einsum("bthk,bshk->bhts", q, k), v)
-    y = num / (den + 1e-6) if normalize else num
-    expected = F.linear(y.flatten(-2), m.o_proj.weight, m.o_proj.bias)
-    assert_close({"out": m(x)}, {"out": expected}, context=f"linear_attention normalize={normalize}")
+
+    def expected(x):
+        q, k, v = phi(proj(m.q_proj, x, H)), phi(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
+        num, den = masked_attention(torch.einsum("bthk,bshk->bhts", q, k), v)
+        y = num / (den + 1e-6) if normalize else num
+        return F.linear(y.flatten(-2), m.o_proj.weight, m.o_proj.bias)
+
+    assert_matches_reference(m, inputs(), expected, context=f"linear_attention normalize={normalize}")
 
 
 # ----------------------------------------------------------------------------- RetNet / GLA
@@ -105,19 +109,22 @@ def test_retnet_xpos_equals_rotated_retention():
     """RetNet sec. 2.1 (parallel form): Retention(X) = (Q~ K~^T * D) V with Q~ = (X W_Q) * Theta,
     K~ = (X W_K) * conj(Theta), D_nm = gamma^(n-m) for n >= m; here the rotation is applied to
     real channel pairs and compared with the complex-decay EOS read-out (before GroupNorm)."""
-    m, x = build("retnet"), inputs()
-    H, K, T = m.num_heads, m.head_k, x.shape[1]
-    q = proj(m.q_proj, x, H)
-    k = proj(m.k_proj, x, H) * K ** -0.5
-    v = proj(m.v_proj, x, H)
-    theta = 10000.0 ** -torch.linspace(0, 1, K // 2, dtype=torch.float64)
-    angle = torch.arange(T, dtype=torch.float64)[:, None] * theta
-    qr, kr = rotate_pairs(q, angle), rotate_pairs(k, angle)
-    gamma = 1 - 2.0 ** (-5 - torch.arange(H, dtype=torch.float64))
-    decay = gamma[:, None, None] ** lags(T).clamp_min(0)
-    expected, _ = masked_attention(torch.einsum("bthk,bshk->bhts", qr, kr) * decay, v)
-    y, _ = m.eos_readout(x)
-    assert_close({"y": y}, {"y": expected}, context="retnet xpos")
+    m = build("retnet")
+    H, K = m.num_heads, m.head_k
+
+    def expected(x):
+        T = x.shape[1]
+        q = proj(m.q_proj, x, H)
+        k = proj(m.k_proj, x, H) * K ** -0.5
+        v = proj(m.v_proj, x, H)
+        theta = 10000.0 ** -torch.linspace(0, 1, K // 2, dtype=torch.float64)
+        angle = torch.arange(T, dtype=torch.float64)[:, None] * theta
+        qr, kr = rotate_pairs(q, angle), rotate_pairs(k, angle)
+        gamma = 1 - 2.0 ** (-5 - torch.arange(H, dtype=torch.float64))
+        decay = gamma[:, None, None] ** lags(T).clamp_min(0)
+        return masked_attention(torch.einsum("bthk,bshk->bhts", qr, kr) * decay, v)[0]
+
+    assert_matches_reference(m, inputs(), expected, context="retnet xpos", forward=lambda x: m.eos_readout(x)[0])
 
 
 # ----------------------------------------------------------------------------- cosFormer / LRPE
@@ -127,15 +134,18 @@ def test_cosformer_equals_original_decomposition():
     k' likewise with absolute positions, causal q'k'^T attention with a clamped denominator.
     With theta = pi / 2M the complex-decay EOS (LCSM eq. 14) must give the same layer output."""
     T = 20
-    m, x = build("cosformer", theta=math.pi / (2 * T)), inputs(T=T)
+    m = build("cosformer", theta=math.pi / (2 * T))
     H = m.num_heads
-    q, k, v = F.relu(proj(m.q_proj, x, H)), F.relu(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
-    idx = (math.pi / 2 * torch.arange(1, T + 1, dtype=torch.float64) / T)[None, :, None, None]
-    q_ = torch.cat([q * idx.sin(), q * idx.cos()], -1)
-    k_ = torch.cat([k * idx.sin(), k * idx.cos()], -1)
-    num, den = masked_attention(torch.einsum("bthk,bshk->bhts", q_, k_), v)
-    expected = F.linear((num / den.clamp_min(1e-6)).flatten(-2), m.o_proj.weight, m.o_proj.bias)
-    assert_close({"out": m(x)}, {"out": expected}, context="cosformer")
+
+    def expected(x):
+        q, k, v = F.relu(proj(m.q_proj, x, H)), F.relu(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
+        idx = (math.pi / 2 * torch.arange(1, T + 1, dtype=torch.float64) / T)[None, :, None, None]
+        q_ = torch.cat([q * idx.sin(), q * idx.cos()], -1)
+        k_ = torch.cat([k * idx.sin(), k * idx.cos()], -1)
+        num, den = masked_attention(torch.einsum("bthk,bshk->bhts", q_, k_), v)
+        return F.linear((num / den.clamp_min(1e-6)).flatten(-2), m.o_proj.weight, m.o_proj.bias)
+
+    assert_matches_reference(m, inputs(T=T), expected, context="cosformer")
 
 
 def test_cosformer_per_head_theta_is_lcsm_eq14():
@@ -144,28 +154,31 @@ def test_cosformer_per_head_theta_is_lcsm_eq14():
     thetas = (0.05, 0.2, 0.7, 1.3)
     m, x = build("cosformer", theta=thetas, normalize=False), inputs()
     H = m.num_heads
-    q, k, v = F.relu(proj(m.q_proj, x, H)), F.relu(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
-    cos = torch.cos(lags(x.shape[1])[None] * torch.tensor(thetas, dtype=torch.float64)[:, None, None])
-    expected, _ = masked_attention(torch.einsum("bthk,bshk->bhts", q, k) * cos, v)
-    y, state = m.eos_readout(x)
-    assert state.is_complex()
-    assert_close({"y": y}, {"y": expected}, context="cosformer per-head theta")
+
+    def expected(x):
+        q, k, v = F.relu(proj(m.q_proj, x, H)), F.relu(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
+        cos = torch.cos(lags(x.shape[1])[None] * torch.tensor(thetas, dtype=torch.float64)[:, None, None])
+        return masked_attention(torch.einsum("bthk,bshk->bhts", q, k) * cos, v)[0]
+
+    assert m.eos_readout(x)[1].is_complex()
+    assert_matches_reference(m, x, expected, context="cosformer per-head theta", forward=lambda x: m.eos_readout(x)[0])
 
 
 def test_lrpe_equals_per_channel_cos_reweighting():
     """LCSM eq. 15: y_t = sum_s sum_j cos((t - s) theta_hj) q_tj k_sj v_s, with learned (here
     randomised) per-channel angles."""
-    m, x = build("lrpe"), inputs()
+    m = build("lrpe")
     with torch.no_grad():
         m.theta.copy_(torch.rand(m.theta.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2)
     H = m.num_heads
     phi = lambda z: F.elu(z) + 1
-    q, k, v = phi(proj(m.q_proj, x, H)), phi(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
-    cos = torch.cos(lags(x.shape[1])[None, :, :, None] * m.theta.detach()[:, None, None, :])  # [H, T, S, K]
-    scores = torch.einsum("bthk,bshk,htsk->bhts", q, k, cos)
-    expected, _ = masked_attention(scores, v)
-    y, _ = m.eos_readout(x)
-    assert_close({"y": y}, {"y": expected}, context="lrpe")
+
+    def expected(x):
+        q, k, v = phi(proj(m.q_proj, x, H)), phi(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
+        cos = torch.cos(lags(x.shape[1])[None, :, :, None] * m.theta[:, None, None, :])  # [H, T, S, K]
+        return masked_attention(torch.einsum("bthk,bshk,htsk->bhts", q, k, cos), v)[0]
+
+    assert_matches_reference(m, inputs(), expected, context="lrpe", forward=lambda x: m.eos_readout(x)[0])
 
 
 @pytest.mark.parametrize("name,options", [("retnet", {}), ("cosformer", {}), ("cosformer", {"normalize": False}),
@@ -194,20 +207,27 @@ def test_rotating_frame_equals_the_complex_system(name, options):
 def test_dur_outer_product_decay_equals_elementwise_recurrence():
     """LCSM Table 1 DUR/GFW: [kv]_t = (g_t gbar_t^T) o [kv]_{t-1} + k_t v_t^T, y_t = [kv]_t^T q_t,
     run as an explicit loop over t with the gates computed from the mixer's weights."""
-    m, x = build("dur"), inputs(T=12)
+    m = build("dur")
     H, K = m.num_heads, m.head_k
-    q = proj(m.q_proj, x, H) * K ** -0.5
-    k, v = proj(m.k_proj, x, H), proj(m.v_proj, x, H)
-    g = torch.sigmoid(proj(m.gk_proj, x, H)) ** (1 / 16)
-    gbar = torch.sigmoid(proj(m.gv_proj, x, H)) ** (1 / 16)
-    mem = torch.zeros(x.shape[0], H, K, m.head_v, dtype=torch.float64)
-    ys = []
-    for t in range(x.shape[1]):
-        decay = g[:, t, :, :, None] * gbar[:, t, :, None, :]
-        mem = decay * mem + k[:, t, :, :, None] * v[:, t, :, None, :]
-        ys.append(torch.einsum("bhkd,bhk->bhd", mem, q[:, t]))
-    y, final = m.eos_readout(x)
-    assert_close({"y": y, "memory": final}, {"y": torch.stack(ys, 1), "memory": mem}, context="dur")
+
+    def expected(x):
+        q = proj(m.q_proj, x, H) * K ** -0.5
+        k, v = proj(m.k_proj, x, H), proj(m.v_proj, x, H)
+        g = torch.sigmoid(proj(m.gk_proj, x, H)) ** (1 / 16)
+        gbar = torch.sigmoid(proj(m.gv_proj, x, H)) ** (1 / 16)
+        mem = torch.zeros(x.shape[0], H, K, m.head_v, dtype=torch.float64)
+        ys = []
+        for t in range(x.shape[1]):
+            decay = g[:, t, :, :, None] * gbar[:, t, :, None, :]
+            mem = decay * mem + k[:, t, :, :, None] * v[:, t, :, None, :]
+            ys.append(torch.einsum("bhkd,bhk->bhd", mem, q[:, t]))
+        return {"y": torch.stack(ys, 1), "memory": mem}
+
+    def readout(x):
+        y, memory = m.eos_readout(x)
+        return {"y": y, "memory": memory}
+
+    assert_matches_reference(m, inputs(T=12), expected, context="dur", forward=readout)
 
 
 # ----------------------------------------------------------------------------- rows and options

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from lcsm import layers
 from lcsm.layers import ssm
 from lcsm.layers.ssm import cauchy_conj, hippo_legs, hippo_normal_eig, hippo_skew_pos_imag
-from lcsm.testing import assert_close
+from lcsm.testing import assert_close, assert_matches_reference
 
 D_MODEL = 6
 SMALL = {
@@ -63,12 +63,21 @@ def impulse_response(mixer, T):
 
 @pytest.mark.parametrize("name", ["s4", "s4d", "s5", "dss", "tnn"])
 def test_fft_path_equals_recurrence(name):
-    fft, rec = make(name, mode="fft"), make(name, mode="recurrent")
-    x = randn(2, 23, D_MODEL)
-    _, state = rec(randn(2, 5, D_MODEL, seed=2), return_state=True)   # a non-zero carried state
-    y_fft, s_fft = fft(x, state=state, return_state=True)
-    y_rec, s_rec = rec(x, state=state, return_state=True)
-    assert_close({"y": y_fft, **s_fft.tensors()}, {"y": y_rec, **s_rec.tensors()}, context=name)
+    """From a non-zero carried state: outputs, final state, and the gradients of the input and of
+    every parameter."""
+    mixer = make(name, mode="fft")
+    with torch.no_grad():
+        _, state = mixer(randn(2, 5, D_MODEL, seed=2), return_state=True)
+
+    def run(mode):
+        def forward(x):
+            mixer.mode = mode
+            y, final = mixer(x, state=state, return_state=True)
+            mixer.mode = "fft"
+            return {"y": y, **final.tensors()}
+        return forward
+
+    assert_matches_reference(mixer, randn(2, 23, D_MODEL), run("recurrent"), context=name, forward=run("fft"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -272,14 +281,16 @@ def test_s5_zoh_mimo_recurrence_and_hippo_n_init():
     zoh = torch.linalg.matrix_exp(aug)
     L_bar, B_bar = zoh[:, 0, 0], zoh[:, 0, 1:2] * torch.view_as_complex(mixer.B)   # [P2], [P2, H]
     C = torch.view_as_complex(mixer.C)
-    u = randn(2, 15, D_MODEL)
-    x = torch.zeros(2, Lam.shape[0], dtype=Lam.dtype)
-    ys = []
-    for t in range(u.shape[1]):
-        x = L_bar * x + u[:, t].to(Lam.dtype) @ B_bar.t()
-        ys.append(2 * (x @ C.t()).real + mixer.D * u[:, t])
-    y, _ = mixer.ssm(u)
-    assert_close({"y": y}, {"y": torch.stack(ys, 1)})
+
+    def recurrence(u):
+        x = torch.zeros(2, Lam.shape[0], dtype=Lam.dtype)
+        ys = []
+        for t in range(u.shape[1]):
+            x = L_bar * x + u[:, t].to(Lam.dtype) @ B_bar.t()
+            ys.append(2 * (x @ C.t()).real + mixer.D * u[:, t])
+        return torch.stack(ys, 1)
+
+    assert_matches_reference(mixer, randn(2, 15, D_MODEL), recurrence, forward=lambda u: mixer.ssm(u)[0])
 
     # HiPPO-N init: Lambda is one eigenvalue per conjugate pair of each block's normal LegS part.
     fresh = make("s5", perturb=False, exact_init=True)
@@ -331,15 +342,17 @@ def test_tnn_equals_gated_toeplitz_unit():
     T_ts = gamma^(t-s) RPE(t-s) (s <= t), up to T = l_max."""
     mixer = make("tnn")
     T = mixer.l_max
-    x = randn(2, T, D_MODEL)
-    lags = torch.arange(T, dtype=torch.float64)
-    k = mixer.gamma ** lags.unsqueeze(-1) * mixer.rpe(lags)                     # [T, d1]
-    diff = torch.arange(T).unsqueeze(1) - torch.arange(T).unsqueeze(0)
-    toeplitz = torch.where((diff >= 0).unsqueeze(-1), k[diff.clamp(min=0)], torch.zeros(()))   # [t, s, d1]
-    u = F.silu(mixer.u_proj(x))
-    v = F.silu(mixer.v_proj(x))
-    expected = mixer.o(u * torch.einsum("tsc,bsc->btc", toeplitz, v))
-    assert_close({"y": mixer(x)}, {"y": expected})
+
+    def gtu(x):
+        lags = torch.arange(T, dtype=torch.float64)
+        k = mixer.gamma ** lags.unsqueeze(-1) * mixer.rpe(lags)                 # [T, d1]
+        diff = torch.arange(T).unsqueeze(1) - torch.arange(T).unsqueeze(0)
+        toeplitz = torch.where((diff >= 0).unsqueeze(-1), k[diff.clamp(min=0)], torch.zeros(()))   # [t, s, d1]
+        u = F.silu(mixer.u_proj(x))
+        v = F.silu(mixer.v_proj(x))
+        return mixer.o(u * torch.einsum("tsc,bsc->btc", toeplitz, v))
+
+    assert_matches_reference(mixer, randn(2, T, D_MODEL), gtu, context="tnn")
     # The ETSC eigenvalues: gamma times the (l_max + 1)-th roots of unity other than 1.
     _, _, log_o = mixer.eos_parameters()
     m = T + 1
