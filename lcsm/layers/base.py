@@ -84,9 +84,9 @@ class Mixer(nn.Module):
     # Parameters (by name; a name ending in "." covers a submodule's) that stay float32 when the
     # layer is cast to a half precision: an SSM's system (eigenvalues, steps, B, C, a kernel
     # generator) defines a kernel over thousands of steps, which bfloat16's 8-bit mantissa cannot
-    # resolve (it would round S4D-Lin's frequencies, pi n up to ~100, to steps of 0.5), and
-    # complex arithmetic and FFTs have no half type. Their forwards lift half inputs to float32
-    # and cast outputs back.
+    # resolve (it would round S4D-Lin's frequencies, pi n up to ~100, to steps of 0.5), and there
+    # is no complex bfloat16 and no bfloat16 FFT. Their forwards lift half inputs to float32 and
+    # cast outputs back.
     float32_parameters: Tuple[str, ...] = ()
 
     def __init__(self, d_model: int):
@@ -119,8 +119,7 @@ class Mixer(nn.Module):
         half precision (converted from the originals, not from their rounded copies)."""
         if not self.float32_parameters:
             return super()._apply(fn, recurse)
-        keep = {id(t) for name, p in self.named_parameters()
-                if any(name == k or (k.endswith(".") and name.startswith(k)) for k in self.float32_parameters)
+        keep = {id(t) for name, p in self.named_parameters() if self.keeps_float32(name)
                 for t in (p, p.grad) if t is not None}
 
         def convert(t: Tensor) -> Tensor:
@@ -130,6 +129,11 @@ class Mixer(nn.Module):
             return out
 
         return super()._apply(convert, recurse)
+
+    def keeps_float32(self, name: str) -> bool:
+        """Whether parameter ``name`` (as ``named_parameters`` gives it) is one of the
+        ``float32_parameters``."""
+        return any(name == k or (k.endswith(".") and name.startswith(k)) for k in self.float32_parameters)
 
     def _param_like(self) -> Tensor:
         return next(self.parameters())

@@ -251,10 +251,8 @@ class CES(Mixer):
     def init_state(self, batch_size: int) -> CESState:
         if self.bidirectional:
             self._no_state("init_state")
-        p = self.log_delta
-        # Complex memory in the matching precision (float64 -> complex128, float32 -> complex64).
-        dtype = torch.promote_types(p.dtype, torch.complex64) if self.complex else p.dtype
-        return CESState(memory=torch.zeros(batch_size, self.d_model, 1, 1, dtype=dtype, device=p.device))
+        return CESState(memory=torch.zeros(batch_size, self.d_model, 1, 1, dtype=self._memory_dtype(self.complex),
+                                           device=self.log_delta.device))
 
     def state_size(self, seq_len: int) -> int:
         if self.bidirectional:

@@ -114,9 +114,8 @@ class HGRN(Mixer):
         return out
 
     def init_state(self, batch_size: int) -> HGRNState:
-        p = self._param_like()
-        dtype = torch.promote_types(p.dtype, torch.complex64)
-        return HGRNState(memory=torch.zeros(batch_size, 1, 1, self.d_model, dtype=dtype, device=p.device))
+        return HGRNState(memory=torch.zeros(batch_size, 1, 1, self.d_model, dtype=self._memory_dtype(True),
+                                            device=self._param_like().device))
 
     def describe(self) -> EOSRow:
         return EOSRow(

@@ -317,7 +317,9 @@ class LCSMFamily(Mixer):
             return (F.logsigmoid(logit) / tau).unsqueeze(2)                              # [B, T, 1, K, D]
         if o == 10:
             return None
-        theta = rotary_theta(self.expand, self.d_model, dtype=x.dtype, device=x.device)
+        # at least float32: there is no complex bfloat16
+        theta = rotary_theta(self.expand, self.d_model, dtype=torch.promote_types(x.dtype, torch.float32),
+                             device=x.device)
         return torch.complex(torch.zeros_like(theta), theta)[None, :, None]              # [1, K, 1]
 
     # ------------------------------------------------------------------ Mixer interface

@@ -71,6 +71,9 @@ class Mamba(Mixer):
     with bias, dt_proj with bias). A_log [d_inner, N] and D [d_inner] keep the official layout.
     """
 
+    # The official kernel reads these in float32 (A_log.float(), D.float(), dt_proj.bias.float()).
+    float32_parameters = ("A_log", "D", "dt_proj.bias")
+
     def __init__(self, d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2,
                  dt_rank: Union[int, str] = "auto", dt_min: float = 1e-3, dt_max: float = 1e-1):
         super().__init__(d_model)
@@ -130,7 +133,11 @@ class Mamba(Mixer):
     def ssm_inputs(self, u: Tensor):
         """u [B, T, d_inner] -> (Delta [B, T, d_inner], B_t [B, T, N], C_t [B, T, N], A [d_inner, N])."""
         dt, Bt, Ct = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        delta = F.softplus(self.dt_proj(dt))
+        # The bias added and the softplus taken in float32 at least, as the official kernel does
+        # (delta_bias=dt_proj.bias.float(), delta_softplus=True): the bias, softplus^-1 of dt (about
+        # -7 to -2), rounded to bfloat16 would move every Delta by up to 1.6% (softplus(b) ~ e^b).
+        wide = torch.promote_types(dt.dtype, torch.float32)
+        delta = F.softplus(F.linear(dt, self.dt_proj.weight).to(wide) + self.dt_proj.bias.to(wide))
         return delta, Bt, Ct, -torch.exp(self.A_log)
 
     # ------------------------------------------------------------------ mixer interface
@@ -148,15 +155,15 @@ class Mamba(Mixer):
         y, ssm = eos((delta * u).unsqueeze(2), Bt.unsqueeze(2), Ct.unsqueeze(2), log_o,
                      initial_state=state.ssm if state is not None else None,
                      output_final_state=return_state)
-        # a float32 carried state (half-precision models) promotes y; return to the model dtype
-        y = (y.squeeze(2).to(u.dtype) + self.D * u) * F.silu(z)
+        # float32 Delta, D and carried state (half-precision models) promote y; back to the model dtype
+        y = (y.squeeze(2) + self.D * u).to(u.dtype) * F.silu(z)
         out = self.out_proj(y)
         if return_state:
             return out, MambaState(conv=conv_state, ssm=ssm)
         return out
 
     def init_state(self, batch_size: int) -> MambaState:
-        p = self._param_like()
+        p = self.in_proj.weight                                   # the conv buffer holds its outputs
         return MambaState(
             conv=torch.zeros(batch_size, self.d_conv - 1, self.d_inner, dtype=p.dtype, device=p.device),
             ssm=torch.zeros(batch_size, 1, self.d_state, self.d_inner, dtype=self._memory_dtype(), device=p.device),

@@ -161,9 +161,8 @@ class _DiagonalSISO(Mixer):
         return (self.real_factor * y[..., 0] + self.D * u).to(u.dtype), m
 
     def init_state(self, batch_size: int) -> SSMState:
-        p = self.log_dt
-        dtype = torch.promote_types(p.dtype, torch.complex64)
-        return SSMState(memory=torch.zeros(batch_size, self.d_model, self.modes, 1, dtype=dtype, device=p.device))
+        return SSMState(memory=torch.zeros(batch_size, self.d_model, self.modes, 1, dtype=self._memory_dtype(True),
+                                           device=self.log_dt.device))
 
     def _run(self, x: Tensor, state: Optional[SSMState], return_state: bool):
         self.check_input(x)
@@ -456,9 +455,8 @@ class S5(Mixer):
         return (y, SSMState(memory=m)) if return_state else y
 
     def init_state(self, batch_size: int) -> SSMState:
-        p = self.Lambda_re
-        dtype = torch.promote_types(p.dtype, torch.complex64)
-        return SSMState(memory=torch.zeros(batch_size, 1, 1, self.d_state // 2, dtype=dtype, device=p.device))
+        return SSMState(memory=torch.zeros(batch_size, 1, 1, self.d_state // 2, dtype=self._memory_dtype(True),
+                                           device=self.Lambda_re.device))
 
     def describe(self) -> EOSRow:
         return EOSRow(
@@ -607,18 +605,18 @@ class S4(Mixer):
 
     # -- the system
 
-    def half(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    def half_system(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """(Lambda, P, B, C), one mode of each conjugate pair, each [H, N/2] complex."""
         Lam = torch.complex(-self.log_A_real.exp(), self.A_imag)
         return Lam, as_complex(self.P), as_complex(self.B), as_complex(self.C)
 
-    def full(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    def full_system(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """(Lambda, P, B, C) of the full conjugate-symmetric system, each [H, N] complex."""
-        return tuple(torch.cat([v, v.conj()], dim=-1) for v in self.half())
+        return tuple(torch.cat([v, v.conj()], dim=-1) for v in self.half_system())
 
     def continuous_A(self) -> Tensor:
         """A = diag(Lambda) - P P^* [H, N, N] (complex)."""
-        Lam, P, _, _ = self.full()
+        Lam, P, _, _ = self.full_system()
         return torch.diag_embed(Lam) - P.unsqueeze(-1) * P.conj().unsqueeze(-2)
 
     def discretize(self) -> Tuple[Tensor, Tensor]:
@@ -639,7 +637,7 @@ class S4(Mixer):
         return cached[1]
 
     def _discretize(self) -> Tuple[Tensor, Tensor]:
-        _, _, B, _ = self.full()
+        _, _, B, _ = self.full_system()
         A = self.continuous_A()
         dt = self.log_dt.exp().to(A.dtype).view(-1, 1, 1)
         eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
@@ -665,7 +663,7 @@ class S4(Mixer):
         return C - torch.complex(rho[:, :N2], -rho[:, N2:])
 
     def _kernel(self, length: int, A_bar: Tensor) -> Tensor:
-        lam, Ph, Bh, C = self.half()
+        lam, Ph, Bh, C = self.half_system()
         M = length if length % 2 else length + 1
         dt = self.log_dt.exp().unsqueeze(-1)                                # [H, 1]
         C_t = self._truncated_C(C, A_bar, M)
@@ -692,7 +690,7 @@ class S4(Mixer):
         uf = torch.fft.rfft(u.transpose(1, 2), n=n)
         y = torch.fft.irfft(uf * torch.fft.rfft(K, n=n), n=n)[..., :T].transpose(1, 2)
         N2 = self.d_state // 2
-        _, _, _, C = self.full()
+        _, _, _, C = self.full_system()
         x_full = torch.cat([x0, x0.conj()], dim=-1) if x0 is not None else None
         if x_full is None and not return_state:
             return y, None
@@ -768,9 +766,8 @@ class S4(Mixer):
         return (y, S4State(x=s)) if return_state else y
 
     def init_state(self, batch_size: int) -> S4State:
-        p = self.log_dt
-        dtype = torch.promote_types(p.dtype, torch.complex64)
-        return S4State(x=torch.zeros(batch_size, self.d_model, self.d_state // 2, dtype=dtype, device=p.device))
+        return S4State(x=torch.zeros(batch_size, self.d_model, self.d_state // 2, dtype=self._memory_dtype(True),
+                                     device=self.log_dt.device))
 
     def describe(self) -> EOSRow:
         return EOSRow(

@@ -148,9 +148,8 @@ class TNN(Mixer):
         return (out, SSMState(memory=m)) if return_state else out
 
     def init_state(self, batch_size: int) -> SSMState:
-        p = self.o.weight
-        dtype = torch.promote_types(p.dtype, torch.complex64)
-        return SSMState(memory=torch.zeros(batch_size, 1, self.l_max, self.d_inner, dtype=dtype, device=p.device))
+        return SSMState(memory=torch.zeros(batch_size, 1, self.l_max, self.d_inner, dtype=self._memory_dtype(True),
+                                           device=self.o.weight.device))
 
     def describe(self) -> EOSRow:
         return EOSRow(

@@ -91,7 +91,8 @@ def autocast_off(device: torch.device):
 
 
 def without_autocast(fn):
-    """Run ``fn`` with ``torch.autocast`` off on the device of its first tensor argument.
+    """Run ``fn`` with ``torch.autocast`` off on the device of its first tensor argument
+    (positional or keyword).
 
     The operators lift half-precision inputs to float32 themselves (``compute_dtype``); under
     autocast their matmuls would be cast back to bfloat16 and the chunk and parallel forms, whose
@@ -100,7 +101,7 @@ def without_autocast(fn):
     the float32 of the forward."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        device = next((a.device for a in args if isinstance(a, Tensor)), None)
+        device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, Tensor)), None)
         if device is None:
             return fn(*args, **kwargs)
         with autocast_off(device):

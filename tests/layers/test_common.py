@@ -6,7 +6,7 @@ import torch
 
 from lcsm import layers
 from lcsm.layers import EOSRow, State
-from lcsm.testing import assert_close, decode, gradients
+from lcsm.testing import assert_close, decode
 
 D_MODEL = 16
 NAMES = layers.available()
@@ -93,6 +93,30 @@ def test_init_state_on_mixer_device_and_dtype(name):
             assert real == torch.float64, (name, key, t.dtype)
 
 
+# The bfloat16 tests run every mixer with its defaults and these options besides: the complex and
+# real variants, and the parameterisations the defaults do not reach.
+BFLOAT16_CASES = [(name, {}) for name in NAMES] + [
+    ("lcsm", {"code": "1-11-1-0"}), ("lcsm", {"param": "ssm"}), ("lcsm", {"code": "1-9-1-0"}),
+    ("ces", {"field": "real"}), ("s4d", {"init": "real"}), ("metala", {"use_key": True}),
+]
+
+
+def _bfloat16_case(name, options):
+    """A float64 mixer moved off its init (zero-initialised parts such as MetaLA's w_aug and the
+    gate biases take values), so that every term of the layer reaches the output."""
+    torch.manual_seed(0)
+    mixer = layers.build(name, D_MODEL, **options).double()
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return mixer
+
+
+def _case_id(case):
+    name, options = case
+    return ",".join([name, *(f"{k}={v}" for k, v in options.items())])
+
+
 def _twin(mixer, round_linear=False):
     """A float64 copy of ``mixer``; with round_linear the parameters of its Linear and Conv1d
     modules rounded to bfloat16 first, as autocast rounds their operands (it leaves the others,
@@ -107,34 +131,35 @@ def _twin(mixer, round_linear=False):
     return twin
 
 
-def _output_and_input_gradient(mixer, x):
-    """y and the input's gradient under a random cotangent; the forward under bfloat16 autocast
-    when x is float32 (the backward outside it, as the engine runs it)."""
-    x = x.detach().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=x.dtype == torch.float32):
+@pytest.mark.parametrize("case", BFLOAT16_CASES, ids=_case_id)
+def test_bfloat16_autocast_matches_float64(case):
+    """The engine's ``precision: bf16``: a float32 layer's forward under autocast against the
+    float64 layer with the same bfloat16-rounded Linear and Conv1d parameters, and a finite
+    gradient from the backward outside autocast. Catches a layer that raises under autocast (S4
+    and TNN did) or whose output drifts beyond bfloat16's tolerance; that the operators compute
+    in float32 inside is the operator tests' to show (bfloat16 matmuls there stay within this
+    tolerance). The input's gradient is not compared: where decays are data-dependent it is
+    ill-conditioned in the rounding of their inputs (a decay's gradient is a small difference of
+    large sums), 0.08 off for GLA and 0.17 for LCSM's SSM parameterisation at d_model 64 with
+    these weights, while the outputs stay within 1e-2."""
+    mixer = _bfloat16_case(*case).float()
+    x = inputs(T=40).to(torch.bfloat16).float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
         y = mixer(x)
-    return gradients({"y": y}, {"x": x})
+    y_ref = _twin(mixer, round_linear=True)(x.detach().double())
+    assert_close({"y": y}, {"y": y_ref}, dtype=torch.bfloat16, context=_case_id(case))
+    (dx,) = torch.autograd.grad(y, x, torch.randn_like(y))
+    assert torch.isfinite(dx).all() and dx.abs().amax() > 0
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_bfloat16_autocast_matches_float64(name):
-    """The engine's ``precision: bf16``: a float32 layer's forward under autocast, the backward
-    outside it, against the float64 layer with the same bfloat16-rounded Linear and Conv1d parameters. The
-    operators and the SSMs' kernels run outside autocast (S4's and TNN's raised inside it)."""
-    mixer = make(name).float()
-    x = inputs(T=40).to(torch.bfloat16).double()
-    actual = _output_and_input_gradient(mixer, x.float())
-    assert actual["dx"].dtype == torch.float32
-    assert_close(actual, _output_and_input_gradient(_twin(mixer, round_linear=True), x), dtype=torch.bfloat16,
-                 context=name)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_bfloat16_layer_matches_float64(name):
+@pytest.mark.parametrize("case", BFLOAT16_CASES, ids=_case_id)
+def test_bfloat16_layer_matches_float64(case):
     """A layer cast to bfloat16 against its float64 twin: outputs, final state and the next step's
     output; the state keeps init_state's dtypes (recurrent memories float32 or complex64, as the
-    operators return them) and an SSM's system stays float32 (its float32_parameters)."""
-    mixer = make(name).to(torch.bfloat16)
+    operators return them) and an SSM's system stays float32 (its float32_parameters, each of
+    which names a parameter)."""
+    name = _case_id(case)
+    mixer = _bfloat16_case(*case).to(torch.bfloat16)
     twin = _twin(mixer)
     x = inputs(T=40).to(torch.bfloat16)
     y, state = mixer(x[:, :-1], return_state=True)
@@ -144,11 +169,13 @@ def test_bfloat16_layer_matches_float64(name):
     assert y.dtype == y_next.dtype == torch.bfloat16
     init = {k: t.dtype for k, t in mixer.init_state(2).tensors().items()}
     assert {k: t.dtype for k, t in state.tensors().items()} == init == {k: t.dtype for k, t in state_next.tensors().items()}
-    declared = mixer.float32_parameters
+    names = [n for n, _ in mixer.named_parameters()]
     kept = {n for n, p in mixer.named_parameters() if p.dtype == torch.float32}
-    assert kept == {n for n, _ in mixer.named_parameters()
-                    if any(n == k or (k.endswith(".") and n.startswith(k)) for k in declared)}, (kept, declared)
-    assert bool(kept) == bool(declared) and all(p.dtype in (torch.bfloat16, torch.float32) for p in mixer.parameters())
+    assert kept == {n for n in names if mixer.keeps_float32(n)}, (kept, mixer.float32_parameters)
+    assert all(p.dtype in (torch.bfloat16, torch.float32) for p in mixer.parameters())
+    if not case[1]:
+        for declared in mixer.float32_parameters:
+            assert any(n == declared or (declared.endswith(".") and n.startswith(declared)) for n in names), declared
     assert_close({"y": y, "y_next": y_next, **state.tensors()}, {"y": y_ref, "y_next": y_next_ref, **state_ref.tensors()},
                  dtype=torch.bfloat16, context=name)
 

@@ -72,8 +72,10 @@ def test_fft_path_equals_recurrence(name):
     def run(mode):
         def forward(x):
             mixer.mode = mode
-            y, final = mixer(x, state=state, return_state=True)
-            mixer.mode = "fft"
+            try:
+                y, final = mixer(x, state=state, return_state=True)
+            finally:
+                mixer.mode = "fft"
             return {"y": y, **final.tensors()}
         return forward
 
@@ -132,7 +134,7 @@ def test_s4_init_realises_hippo_legs():
     N = 8
     mixer = make("s4", perturb=False, exact_init=True, d_state=N)
     A_f = mixer.continuous_A()[0]
-    _, P_f, B_f, _ = (v[0] for v in mixer.full())
+    _, P_f, B_f, _ = (v[0] for v in mixer.full_system())
     A, B, P = (torch.zeros(N, N, dtype=torch.float64), torch.zeros(N, dtype=torch.float64),
                torch.zeros(N, dtype=torch.float64))
     for n in range(N):
@@ -229,7 +231,7 @@ def test_s4_discretization_kept_without_autograd_follows_parameter_changes():
 def test_s4_kernel_algorithm_equals_powers(length):
     """Cauchy + Woodbury at roots of unity == Re(C A_bar^j B_bar) with the bilinear A_bar formed here."""
     mixer = make("s4")
-    Lam, P, B, C = mixer.full()
+    Lam, P, B, C = mixer.full_system()
     A = torch.diag_embed(Lam) - P.unsqueeze(-1) * P.conj().unsqueeze(-2)
     dt = mixer.log_dt.exp().view(-1, 1, 1)
     eye = torch.eye(A.shape[-1], dtype=A.dtype)

@@ -409,7 +409,7 @@ def test_half_precision_computes_in_float32():
     assert_close({"y": y}, {"y": ref["y"]}, dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("mode", ["parallel", "chunk", "fft", "step"])
+@pytest.mark.parametrize("mode", ["parallel", "chunk", "fft"])
 @pytest.mark.parametrize("decay", ["none", "row", "full", "outer"])
 def test_autocast_leaves_the_operator_in_float32(decay, mode):
     """Under torch.autocast (the engine's bf16 precision) the operator still computes in float32:
@@ -422,6 +422,15 @@ def test_autocast_leaves_the_operator_in_float32(decay, mode):
     expected = run(inputs, "recurrent", torch.float64)
     actual = run(inputs, mode, torch.float32, autocast=True)
     assert_close(actual, expected, dtype=torch.float32, context=f"{mode} {decay}")
+
+
+def test_autocast_with_keyword_arguments():
+    """The guard finds the device among keyword arguments too."""
+    inputs = make_inputs(45, decay="row", initial=False, seed=4)
+    expected = run(inputs, "recurrent", torch.float64, grads=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = eos(**{n: inputs[n].float() for n in ("i", "e", "s", "log_o")}, mode="chunk")
+    assert_close({"y": y}, {"y": expected["y"]}, dtype=torch.float32)
 
 
 def test_explain_rules():
