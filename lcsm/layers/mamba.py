@@ -71,7 +71,8 @@ class Mamba(Mixer):
     with bias, dt_proj with bias). A_log [d_inner, N] and D [d_inner] keep the official layout.
     """
 
-    # The official kernel reads these in float32 (A_log.float(), D.float(), dt_proj.bias.float()).
+    # The official module keeps A_log and D in float32 and its kernel reads the Delta bias as
+    # dt_proj.bias.float(); stored float32 here, the bias is not rounded to bfloat16 first.
     float32_parameters = ("A_log", "D", "dt_proj.bias")
 
     def __init__(self, d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2,
@@ -155,8 +156,9 @@ class Mamba(Mixer):
         y, ssm = eos((delta * u).unsqueeze(2), Bt.unsqueeze(2), Ct.unsqueeze(2), log_o,
                      initial_state=state.ssm if state is not None else None,
                      output_final_state=return_state)
-        # float32 Delta, D and carried state (half-precision models) promote y; back to the model dtype
-        y = (y.squeeze(2) + self.D * u).to(u.dtype) * F.silu(z)
+        # float32 Delta, D and carried state (half-precision models) promote y; gated in that
+        # precision, as the official kernel does, then back to the model dtype
+        y = ((y.squeeze(2) + self.D * u) * F.silu(z)).to(u.dtype)
         out = self.out_proj(y)
         if return_state:
             return out, MambaState(conv=conv_state, ssm=ssm)

@@ -149,7 +149,7 @@ class MetaLA(Mixer):
                         initial_state=memory, output_final_state=True)
         # The augmentation's sigmoid, its sum with o and the norm in float32 at least:
         # sigmoid(aug v) is about 1/2 (w_aug starts at 0) where o is small (k = 1 - alpha), and a
-        # bfloat16 sum would keep two or three bits of o, which the norm then scales up (0.24-0.28
+        # bfloat16 sum would keep two or three bits of o, which the norm then scales up (about 0.2-0.3
         # relative error for a 16-wide bfloat16 layer).
         wide = torch.promote_types(o.dtype, torch.float32)
         o = o.to(wide)

@@ -101,6 +101,17 @@ def test_dt_A_D_init_and_weight_decay_tags():
     assert not getattr(mixer.in_proj.weight, "_no_weight_decay", False)
 
 
+def test_bfloat16_layer_keeps_the_official_float32_parts():
+    """As the official kernel: A_log, D and the Delta bias stay float32 in a bfloat16 layer, and
+    Delta (bias added, softplus taken) comes out in float32, not rounded to bfloat16."""
+    mixer = make().to(torch.bfloat16)
+    kept = {n for n, p in mixer.named_parameters() if p.dtype == torch.float32}
+    assert kept == {"A_log", "D", "dt_proj.bias"}, kept
+    u = torch.randn(2, 5, mixer.d_inner, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    delta, Bt, Ct, A = mixer.ssm_inputs(u)
+    assert delta.dtype == A.dtype == torch.float32 and Bt.dtype == Ct.dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("options, name", [
     ({"d_state": 0}, "d_state"), ({"d_conv": 1.5}, "d_conv"), ({"expand": 0}, "expand"),
     ({"dt_rank": "full"}, "dt_rank"), ({"dt_min": 0.2, "dt_max": 0.1}, "dt_min, dt_max"),
