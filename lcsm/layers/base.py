@@ -131,14 +131,14 @@ class Mixer(nn.Module):
         return super()._apply(convert, recurse)
 
     @staticmethod
-    def names(declared: str, name: str) -> bool:
+    def entry_matches(declared: str, name: str) -> bool:
         """Whether a ``float32_parameters`` entry names parameter ``name`` (as ``named_parameters``
         gives it): the same name, or a prefix ending in "." (a submodule's parameters)."""
         return name == declared or (declared.endswith(".") and name.startswith(declared))
 
     def keeps_float32(self, name: str) -> bool:
         """Whether parameter ``name`` is one of the ``float32_parameters``."""
-        return any(self.names(k, name) for k in self.float32_parameters)
+        return any(self.entry_matches(k, name) for k in self.float32_parameters)
 
     def _param_like(self) -> Tensor:
         return next(self.parameters())
