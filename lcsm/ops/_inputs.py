@@ -101,12 +101,20 @@ def without_autocast(fn):
     the float32 of the forward."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
+        if _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():
+            return fn(*args, **kwargs)
         device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, Tensor)), None)
         if device is None:
             return fn(*args, **kwargs)
         with autocast_off(device):
             return fn(*args, **kwargs)
     return run
+
+
+# One C call that says whether autocast is on for any device (torch.nn's RNN modules use it):
+# without it, finding the device and asking its autocast state cost several microseconds a call,
+# which token-by-token decoding pays in every layer. Where a torch lacks it, every call asks.
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
 @dataclass
