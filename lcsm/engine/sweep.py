@@ -34,6 +34,7 @@ import inspect
 import io
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -479,7 +480,8 @@ def machine_label(result: Dict[str, Any]) -> str:
 
 
 def select_best(exp: Experiment, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Per combination of the axes not in ``select.over``, the finished row with the best metric."""
+    """Per combination of the axes not in ``select.over``, the finished row with the best metric
+    (a nan metric, a diverged run's perplexity, loses to any number; of ties, the first row)."""
     if not exp.select:
         return [r for r in rows if r["status"] != "missing"]
     metric = f"metric:{exp.select['metric']}"
@@ -490,7 +492,9 @@ def select_best(exp: Experiment, rows: List[Dict[str, Any]]) -> List[Dict[str, A
         if row["status"] == "missing" or metric not in row:
             continue
         key = tuple(row[a.key] for a in exp.axes if a.key not in over)
-        if key not in groups or sign * row[metric] > sign * groups[key][metric]:
+        best = groups.get(key)
+        if best is None or (math.isnan(best[metric]) and not math.isnan(row[metric])) \
+                or sign * row[metric] > sign * best[metric]:
             groups[key] = row
     return list(groups.values())
 

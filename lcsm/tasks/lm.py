@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -227,12 +228,18 @@ class LMConfig(TaskConfig):
         check_int("seed", self.seed, 0)
 
 
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
+
+
 class LMEvaluator(Evaluator):
-    """The base metrics plus ``perplexity`` = exp(mean token cross-entropy)."""
+    """The base metrics plus ``perplexity`` = exp(mean token cross-entropy): inf for a loss beyond
+    float's range (a diverged model, whose result is still written), nan for a nan loss."""
 
     def compute(self) -> Dict[str, float]:
         out = super().compute()
-        out["perplexity"] = math.exp(out["loss"]) if math.isfinite(out["loss"]) else float("nan")
+        loss = out["loss"]
+        out["perplexity"] = (float("nan") if math.isnan(loss) else
+                             math.exp(loss) if loss < _LOG_FLOAT_MAX else float("inf"))
         return out
 
 

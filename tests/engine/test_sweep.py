@@ -1,5 +1,6 @@
 """Sweeps: grid expansion, cached runs not redone, interrupted sweeps resumed, select, report."""
 import json
+import math
 import os
 import re
 import signal
@@ -64,6 +65,9 @@ def test_grid_runs_cache_and_select(tmp_path, monkeypatch):
     assert sorted((r["model.mixer"], r["optim.lr"]) for r in best) == [("gla", "0.01"), ("hgrn", "0.01")]
     tied = [{**r, "metric:accuracy": 1.0} for r in rows]     # of runs that tie, the first in the grid
     assert [(r["model.mixer"], r["optim.lr"]) for r in select_best(exp, tied)] == [("gla", "0.001"), ("hgrn", "0.001")]
+    # a nan metric (a diverged run) loses to any number, also when it comes first in the grid
+    nan_first = [{**r, "metric:accuracy": math.nan if r["optim.lr"] == "0.001" else 0.5} for r in rows]
+    assert [(r["model.mixer"], r["optim.lr"]) for r in select_best(exp, nan_first)] == [("gla", "0.01"), ("hgrn", "0.01")]
     assert (tmp_path / "out" / "results.csv").read_text().startswith("run,model.mixer,optim.lr,status")
     # a changed base config is a different run: not taken from the cache
     changed = load_experiment(experiment(tmp_path), overrides=["train.max_steps=5"], out_dir=tmp_path / "out")

@@ -127,6 +127,15 @@ def test_perplexity_is_exp_loss():
     assert out["perplexity"] == pytest.approx(math.exp(out["loss"]))
 
 
+def test_perplexity_of_a_diverged_model_is_inf():
+    ev = LMEvaluator()
+    logits = torch.zeros(1, 4, 3)
+    logits[..., 0] = 1000.0                      # every token wrong by a margin of 1000 nats
+    ev.update(logits, torch.ones(1, 4, dtype=torch.long))
+    out = ev.compute()
+    assert out["loss"] == pytest.approx(1000.0) and out["perplexity"] == math.inf
+
+
 def test_cache_follows_the_corpus_files(tmp_path, corpus):
     before = build(tmp_path, corpus)
     key, n = before.cache_key("train"), sum(len(before.dataset(s)) for s in before.splits)
