@@ -14,8 +14,10 @@ can do. Our own generators, written from the paper and the task definitions of t
 Targets follow MAD exactly: the recall tasks train as language models (every next token is a
 target) and are tested only on the values of keys presented earlier ("multi-query"); the copying
 and memorization tasks carry targets only where the answer is due. Accuracy is over target
-positions (MAD's ``Accuracy`` flattens them; ``Evaluator`` here averages per example first, equal
-here because every example of a task has the same number of targets, except fuzzy recall).
+positions (MAD's ``Accuracy`` flattens them; ``Evaluator`` here averages per example first: equal
+where every example has the same number of targets, as in in-context recall, selective copying,
+compression and memorization; noisy recall (33-51 targets an example at the defaults) and fuzzy
+recall (1-13) weight their examples differently from MAD).
 
 Mapping onto lcsm heads:
 - every task but compression is a causal LM ("lm" head): the target at position t is predicted
@@ -93,7 +95,10 @@ def _motif(u: Uniforms, low: int, high: int, size: int) -> Tuple[int, ...]:
 def fuzzy_recall_instance(u: Uniforms, c, train: bool) -> Instance:
     """Fuzzy in-context recall, MAD ``generate_fuzzy_in_context_recall_instance``: keys and
     values are motifs of 1..k (1..v) distinct tokens; test keys are k tokens long; sequences are
-    left-padded to seq_len."""
+    left-padded to seq_len. As in MAD, the probe pair is inserted at a drawn position that the
+    loop may never reach (it stops short of seq_len by the probe and a largest pair), and the final
+    probe is then a key never seen before: 22 of the 1,280 default test examples (1.7%) end on
+    such an unanswerable value. Kept, so that the task is MAD's."""
     copy_prefix = c.vocab_size - 1
     pad = c.vocab_size - 1 if c.multi_query else c.vocab_size - 2
     plain = (c.vocab_size - 1 if c.multi_query else c.vocab_size - 2) - c.noise_vocab_size
@@ -167,7 +172,8 @@ def selective_copying_instance(u: Uniforms, c, train: bool) -> Instance:
 
 def compression_instance(u: Uniforms, c, train: bool) -> Instance:
     """MAD ``generate_compression_instance``: seq_len - 1 random tokens and the compression token;
-    the target is the whole input (noise positions, if any, are ignored)."""
+    the target is the whole input, noise positions (if any) ignored: MAD computes targets so but
+    returns the inputs in their place, which would ask the model to reconstruct the noise too."""
     token = c.vocab_size - 1
     plain = c.vocab_size - 1 - c.noise_vocab_size
     inputs = [u.below(plain) for _ in range(c.seq_len - 1)] + [token]
@@ -192,13 +198,21 @@ def memorization_map(c) -> Dict[int, int]:
 
 def memorization_instance(u: Uniforms, c, train: bool) -> Instance:
     """MAD ``generate_memorization_instance``: seq_len / 2 (key, insert) pairs; the target at each
-    insert token is the key's value under the fixed map."""
+    insert token is the key's value under the fixed map. With frac_noise, each pair but one
+    (drawn, so that every example asks for a value) is two noise tokens with that probability."""
     insert = c.vocab_size - 1
+    plain = c.vocab_size - 1 - c.noise_vocab_size
     kv = c.kv_map
     keys = list(kv)
+    pairs = c.seq_len // 2
+    keep = u.below(pairs) if c.frac_noise > 0 else None
     inputs: List[int] = []
     targets: List[int] = []
-    for _ in range(c.seq_len // 2):
+    for i in range(pairs):
+        if keep is not None and i != keep and u() < c.frac_noise:
+            inputs += [plain + u.below(c.noise_vocab_size) for _ in range(2)]
+            targets += [IGNORE_INDEX] * 2
+            continue
         k = keys[u.below(len(keys))]
         inputs += [k, insert]
         targets += [IGNORE_INDEX, kv[k]]
@@ -292,6 +306,10 @@ class CopyingConfig(MADConfig):
         if self.num_tokens_to_copy < 1 or self.seq_len <= 2 * self.num_tokens_to_copy + 1:
             raise ValueError(f"num_tokens_to_copy: expected 1 <= n with seq_len > 2n + 1, got n = "
                              f"{self.num_tokens_to_copy}, seq_len = {self.seq_len}")
+        if self.frac_noise or self.noise_vocab_size:
+            raise ValueError(f"frac_noise / noise_vocab_size: selective copying has no noise tokens (MAD's "
+                             f"generator takes none), expected 0 and 0, got {self.frac_noise!r} and "
+                             f"{self.noise_vocab_size!r}")
 
 
 @dataclass(frozen=True)
@@ -399,6 +417,7 @@ class Memorization(MADTask):
     """Memorization: a fixed key-value map learned across examples."""
 
     Config = MemorizationConfig
+    generator_version = 2   # 2: frac_noise inserts noise pairs (version 1 ignored it)
     instance = staticmethod(memorization_instance)
 
 
