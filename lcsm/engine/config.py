@@ -295,9 +295,9 @@ class RunConfig:
         return tasks.build(self.task["name"], use_cache=use_cache,
                            **{k: v for k, v in self.task.items() if k != "name"})
 
-    def model_config(self, task):
-        """The ModelConfig: preset (if any) <- model keys <- the fields the task fixes."""
-        from lcsm.models import ModelConfig, preset
+    def model_keys(self) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """(preset (if any) <- model keys, the model keys as given), before the task's fields."""
+        from lcsm.models import preset
 
         values = copy.deepcopy(self.model)
         preset_name = values.pop("preset", None)
@@ -308,7 +308,13 @@ class RunConfig:
             if preset_options:
                 raise ValueError("model.preset_options: given without model.preset")
             base = {}
-        merged = {**base, **values}
+        return {**base, **values}, values
+
+    def model_config(self, task):
+        """The ModelConfig: preset (if any) <- model keys <- the fields the task fixes."""
+        from lcsm.models import ModelConfig
+
+        merged, values = self.model_keys()
         fixed = task.model_fields()
         for key, value in fixed.items():
             given = values.get(key, value)

@@ -107,30 +107,43 @@ def _short(key: str) -> str:
     return key.split(".")[-1]
 
 
+def _run_config(config: Mapping[str, Any]) -> RunConfig:
+    return RunConfig.from_dict({**config, "out_dir": "x"})
+
+
 def _training_part(config: Mapping[str, Any]) -> Dict[str, Any]:
     """What determines a run's weights (as ``RunConfig.training_dict``), canonical JSON."""
-    values = {**config, "out_dir": "x"}
-    return json.loads(json.dumps(RunConfig.from_dict(values).training_dict()))
+    return json.loads(json.dumps(_run_config(config).training_dict()))
 
 
 def _equivalence_key(config: Mapping[str, Any]) -> Dict[str, Any]:
-    """The training part with the mixer's options resolved: its registered name, and every option
-    of its constructor with the defaults and the options a ``family:spec`` name implies filled in.
-    Two configs with equal keys train the same weights however they were written (``lcsm:1-1-1-0``
-    or ``lcsm`` with ``code: 1-1-1-0``; ``tau: 16`` written out or left to its default). Run ids
-    keep hashing the config as written, so committed runs keep their ids; caching and reuse
-    compare these keys (dicts, so 16 and 16.0 are equal)."""
+    """The training part with the mixer's options resolved, layer by layer: its registered name,
+    and per layer every option of its constructor, with the defaults, the options a
+    ``family:spec`` name implies and those the model sets by the layer's position (HGRN's lower
+    bound k / n_layers unless one is given, ``layer_options``) filled in. Two configs with equal
+    keys train the same weights however they were written (``lcsm:1-1-1-0`` or ``lcsm`` with
+    ``code: 1-1-1-0``; ``tau: 16`` written out or left to its default), and HGRN without a bound
+    differs from HGRN with ``lower_bound: 0.0`` (0 in every layer). Run ids keep hashing the config
+    as written, so committed runs keep their ids; caching and reuse compare these keys (dicts, so
+    16 and 16.0 are equal)."""
     from lcsm.layers.base import resolve
+    from lcsm.models import ModelConfig
+    from lcsm.models.blocks import layer_options
 
-    part = _training_part(config)
-    model = part["model"]
-    if isinstance(model.get("mixer"), str):
-        cls, implied = resolve(model["mixer"])
+    run = _run_config(config)
+    part = json.loads(json.dumps(run.training_dict()))
+    merged, _ = run.model_keys()
+    if isinstance(merged.get("mixer"), str):
+        cls, implied = resolve(merged["mixer"])
         defaults = {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()
                     if name not in ("self", "d_model") and p.default is not inspect.Parameter.empty}
-        model["mixer"] = cls.registry_name
-        model["mixer_options"] = json.loads(json.dumps(
-            {**defaults, **implied, **(model.get("mixer_options") or {})}, default=repr))
+        n_layers = merged.get("n_layers", ModelConfig.n_layers)
+        native = bool(merged.get("bidirectional", ModelConfig.bidirectional)) and cls.registry_name == "ces"
+        given = merged.get("mixer_options") or {}
+        part["model"]["mixer"] = cls.registry_name
+        part["model"]["mixer_options"] = json.loads(json.dumps(
+            [{**defaults, **implied, **layer_options(cls.registry_name, given, k, n_layers, native)}
+             for k in range(n_layers)], default=repr))
     return part
 
 

@@ -14,7 +14,7 @@ F = channel-mixer hidden width.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -126,14 +126,21 @@ def layer_mixer_options(config: ModelConfig, layer: int) -> dict:
       version couples the layers' parameters, which the mixer interface does not carry.
     * ces: ``bidirectional`` from the model (native two-sided kernel).
     """
-    options = dict(config.mixer_options)
-    name = config.mixer_class.registry_name
+    return layer_options(config.mixer_class.registry_name, config.mixer_options, layer, config.n_layers,
+                         config.native_bidirectional)
+
+
+def layer_options(name: str, options: Mapping[str, Any], layer: int, n_layers: int,
+                  native_bidirectional: bool) -> dict:
+    """``layer_mixer_options`` from the parts of the model config it reads (mixer ``name`` as
+    registered): what sweeps compare to tell whether two configs build the same layers."""
+    options = dict(options)
     if name == "rwkv4":
-        options.update(layer_id=layer, n_layers=config.n_layers)
+        options.update(layer_id=layer, n_layers=n_layers)
     elif name == "hgrn" and "lower_bound" not in options:
-        options["lower_bound"] = layer / config.n_layers
+        options["lower_bound"] = layer / n_layers
     elif name == "ces":
-        options["bidirectional"] = config.native_bidirectional
+        options["bidirectional"] = native_bidirectional
     return options
 
 

@@ -317,6 +317,20 @@ def test_a_run_finished_by_a_sweep_beside_it_is_copied_not_trained(tmp_path, mon
     assert len(calls) == 4
 
 
+def test_equal_runs_are_compared_layer_by_layer():
+    """HGRN without a lower bound gets k / n_layers in layer k from the model; with
+    ``lower_bound: 0.0`` it gets 0 in every layer: different weights, so not equal runs (a sweep
+    copied one for the other)."""
+    def config(**options):
+        return {"task": {"name": "mqar"}, "model": {"mixer": "hgrn", "n_layers": 2, "mixer_options": options},
+                "train": {"max_steps": 4}}
+
+    key = sweep_mod._equivalence_key
+    assert key(config()) != key(config(lower_bound=0.0))
+    assert [o["lower_bound"] for o in key(config())["model"]["mixer_options"]] == [0.0, 0.5]
+    assert key(config(lower_bound=0.5)) != key(config())
+
+
 def test_at_axis_sets_several_keys_together(tmp_path):
     grid = {"@size": {"small": {"model.d_model": 8, "train.max_steps": 3},
                       "big": {"model.d_model": 16, "optim.lr": 0.5}}}
