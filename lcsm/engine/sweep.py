@@ -239,7 +239,8 @@ def load_experiment(path: Union[str, Path], *, overrides: Sequence[str] = (), gr
             renamed[old] = key
         grid_spec[key] = values
     axes = [_axis(k, v) for k, v in grid_spec.items()]
-    # References to a replaced axis (select.over, the report's rows/x/series/facet) follow it.
+    # References to a replaced axis (select.over; the report's rows, x, series, facet, compare axes
+    # and where-filters) follow it.
     spec = _rename_axes(spec, renamed)
     select = spec.get("select")
     if select is not None:
@@ -274,10 +275,16 @@ def _rename_axes(spec: Dict[str, Any], renamed: Mapping[str, str]) -> Dict[str, 
     if spec.get("select"):
         spec["select"]["over"] = [renamed.get(k, k) for k in spec["select"].get("over", [])]
     report = spec.get("report") or {}
-    for part in [report.get("table") or {}, *(report.get("plots") or [])]:
-        for field_name in ("rows", "columns", "x", "series", "facet"):
+    parts = [report.get("table") or {}, *(report.get("plots") or []), *(report.get("compare") or []),
+             *(report.get("curves") or [])]
+    for part in parts:
+        if not isinstance(part, dict):
+            continue                        # check_report_spec names the malformed entry
+        for field_name in ("rows", "columns", "x", "series", "facet", "axis"):
             if part.get(field_name) in renamed:
                 part[field_name] = renamed[part[field_name]]
+        if isinstance(part.get("where"), dict):
+            part["where"] = {renamed.get(k, k): v for k, v in part["where"].items()}
     return spec
 
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -177,6 +178,13 @@ def test_grid_override_replaces_overlapping_axes(tmp_path):
     assert exp.report["table"]["rows"] == "model"
     exp = load_experiment(experiment(tmp_path), grid=["optim.lr=0.1"])
     assert len(exp.runs()) == 2
+    # the comparisons and curves of a replaced axis follow it too (committed: MetaLA Table A7's)
+    hard = load_experiment(Path(__file__).parents[2] / "experiments" / "metala" / "mqar_hard.yaml",
+                           grid=["model.mixer=gla,metala"])
+    assert [c["axis"] for c in hard.report["compare"]] == ["model.mixer"] * len(hard.report["compare"])
+    curves = {"y": "accuracy", "series": "model.mixer", "where": {"model.mixer": "gla"}, "file": "c.png"}
+    exp = load_experiment(experiment(tmp_path, report={"curves": [curves]}), grid=["model=[{mixer: gla}]"])
+    assert exp.report["curves"] == [{**curves, "series": "model", "where": {"model": "gla"}}]
 
 
 def test_grid_labels_pick_part_of_a_labelled_axis(tmp_path):
