@@ -1,4 +1,5 @@
 """Pathfinder: the label is what a flood fill of the drawn image says; classes balanced."""
+import hashlib
 from collections import deque
 
 import numpy as np
@@ -6,6 +7,8 @@ import pytest
 import torch
 
 from lcsm import tasks
+from lcsm.tasks.base import Uniforms
+from lcsm.tasks.pathfinder import PathfinderConfig, distance_rule, distance_rule_accuracy, render
 
 SMALL = dict(train_examples=120, validation_examples=40, test_examples=40)
 
@@ -37,9 +40,10 @@ def dots(image):
     return [(int(r) + 1, int(c) + 1) for r, c in zip(*np.nonzero(full))]
 
 
+@pytest.mark.parametrize("match_distance", [False, True])
 @pytest.mark.parametrize("options", [{}, {"side": 64, "contour_length": 40, "contours": 4, "gap": 2}])
-def test_labels_equal_a_flood_fill_of_the_image(tmp_path, options):
-    task = tasks.build("pathfinder", cache_dir=tmp_path, **SMALL, **options)
+def test_labels_equal_a_flood_fill_of_the_image(tmp_path, options, match_distance):
+    task = tasks.build("pathfinder", cache_dir=tmp_path, match_distance=match_distance, **SMALL, **options)
     c = task.config
     for split in task.splits:
         seg = task.dataset(split).segments[0]
@@ -63,8 +67,35 @@ def test_splits_disjoint_and_deterministic(tmp_path):
 def test_config_errors():
     with pytest.raises(ValueError, match="max_turn: expected degrees in \\[0, 90\\]"):
         tasks.build("pathfinder", max_turn=120)
-    with pytest.raises(ValueError, match="cannot place 6 contours"):
+    with pytest.raises(ValueError, match="^contours / contour_length: cannot place 6 contours"):
         tasks.build("pathfinder", use_cache=False, side=16, contour_length=12, contours=6, train_examples=2).dataset("train")
+    with pytest.raises(ValueError, match="match_distance: expected True or False, got 'yes'"):
+        tasks.build("pathfinder", match_distance="yes")
+    u = Uniforms(np.random.Generator(np.random.PCG64(0)))
+    with pytest.raises(ValueError, match="^match_distance: cannot place 6 contours .* with a negative's dots"):
+        render(u, PathfinderConfig(side=16, contour_length=12, contours=6, match_distance=True), positive=False)
+
+
+def test_match_distance_removes_the_dot_distance_cue():
+    # Without the option a positive's dots are one contour's ends (at most ~16.4 pixels apart at
+    # the defaults) and a negative's are two contours' ends, often farther: a threshold on their
+    # distance, fitted on the training split, labels most test images. With it, negatives' dots
+    # are as far apart as positives' and the same rule is no better than chance.
+    for match, low, high in ((False, 0.65, 1.0), (True, 0.0, 0.6)):
+        task = tasks.build("pathfinder", use_cache=False, match_distance=match,
+                           train_examples=300, test_examples=300)
+        train, test = task.dot_distances("train"), task.dot_distances("test")
+        assert low < distance_rule_accuracy(distance_rule(*train), *test) < high
+        assert low < distance_rule(*test)[0] < high         # even fitted to the test split itself
+
+
+def test_default_data_is_pinned():
+    # match_distance (False) leaves the data of every other option as before it existed: the
+    # committed LRA results were trained on it (the hash is of the data before the option).
+    task = tasks.build("pathfinder", use_cache=False, **SMALL)
+    images, labels, ids = task.images("test", with_ids=True)
+    h = hashlib.sha256(images.tobytes() + labels.astype(np.int64).tobytes() + ids.tobytes()).hexdigest()
+    assert h == "7306aaf3260389f1660cfc219e9cb1b15256c0fb5a681b6e373aad1c29bd40e0"
 
 
 def test_trains_end_to_end(train_tiny):
