@@ -159,7 +159,8 @@ class TrainConfig(_Section):
     precision: "fp32", or "bf16" (autocast; the EOS operators compute in fp32 inside).
     seed: seeds the model's initialisation, the data order and dropout.
     device: "auto" (cuda if available, else cpu), "cpu", "cuda" or "cuda:N".
-    eval_every / save_every / log_every: in optimizer steps (0: only at the end).
+    eval_every / save_every / log_every: in optimizer steps (0: only at the end, where max_steps or
+        early stopping ends the run; the last step is logged whatever log_every).
     eval_batch_size: default batch_size. eval_split: default "validation" if the task has one,
         else "test".
     keep_last: checkpoints kept (oldest deleted; "best" is kept apart).

@@ -58,7 +58,7 @@ class Progress:
             self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\x1b[K")
             self.stream.flush()
             self._drawn = True
-        elif self.log_every and (step % self.log_every == 0 or step == self.total):
+        elif step == self.total or (self.log_every and step % self.log_every == 0):
             print(text, file=self.stream, flush=True)
 
     def message(self, text: str) -> None:

@@ -399,13 +399,19 @@ class Trainer:
                     now = time.perf_counter()
                     rate = (s.tokens - last_tokens) / max(now - last_time, 1e-9)
                     self.progress.update(s.step, loss, lr, rate)
-                    if t.log_every and (s.step % t.log_every == 0 or s.step == self.total_steps):
-                        self.log.write("train", s.step, {"loss": loss, "lr": lr, "grad_norm": norm, "tokens": s.tokens,
-                                                         "tokens_per_s": rate, "epoch": s.epoch})
+                    record = {"loss": loss, "lr": lr, "grad_norm": norm, "tokens": s.tokens, "tokens_per_s": rate,
+                              "epoch": s.epoch}
+                    logged = bool(t.log_every) and s.step % t.log_every == 0
+                    if logged:
+                        self.log.write("train", s.step, record)
                         last_time, last_tokens = now, s.tokens
                     if t.eval_every and s.step % t.eval_every == 0:
                         self.after_eval(self.evaluate())
                     finished = s.step >= self.total_steps or s.stopped_early
+                    # The final training loss is always on record, whatever log_every (0: it alone) and
+                    # wherever the run ends (max_steps or an early stop).
+                    if finished and not logged:
+                        self.log.write("train", s.step, record)
                     # Every process must agree to stop at the same step (a signal may reach one first).
                     interrupted = not finished and bool(self.dist.sum(torch.tensor(float(stop.requested))) > 0)
                     if t.save_every and s.step % t.save_every == 0 and not (finished or interrupted):

@@ -1,6 +1,7 @@
 """The training loop: loss falls, no-decay groups, schedules, accumulation, early stopping."""
 import copy
 import dataclasses
+import io
 import json
 import math
 
@@ -11,6 +12,7 @@ from safetensors.torch import load_file
 import lcsm.ops.chunk as chunk
 from lcsm.engine import RunConfig, apply_overrides, build_optimizer, lr_factor, train
 from lcsm.engine.config import OptimConfig
+from lcsm.engine.monitor import Progress
 from lcsm.engine.trainer import Trainer
 from lcsm.models import ModelConfig, build_model
 from lcsm.testing import assert_close
@@ -122,6 +124,23 @@ def test_metrics_files(cache_env):
     assert json.loads((run / "result.json").read_text())["metrics"] == result["metrics"]
     # keep_last 2: steps 8 and 12 remain (4 was pruned), plus the best evaluation's.
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best", "step-00000008", "step-00000012"]
+
+
+def test_log_every_0_logs_the_last_step_only(cache_env):
+    """0 means at the end only (TrainConfig), where the run ends: max_steps or an early stop."""
+    def train_steps(name, **overrides):
+        train(config(cache_env, name, **{"train.log_every": 0, **overrides}), quiet=True)
+        records = map(json.loads, (cache_env / name / "metrics.jsonl").read_text().splitlines())
+        return [r["step"] for r in records if r["kind"] == "train"]
+
+    assert train_steps("full") == [12]
+    assert train_steps("stopped", **{"optim.lr": 1e-9, "train.eval_every": 2, "train.early_stop": {
+        "metric": "accuracy", "mode": "max", "patience": 2, "min_delta": 0.5}}) == [6]
+    lines = io.StringIO()
+    progress = Progress(3, log_every=0, stream=lines)
+    for step in (1, 2, 3):
+        progress.update(step, 1.0, 1e-3, 100.0)
+    assert [line.split()[:2] for line in lines.getvalue().splitlines()] == [["step", "3/3"]]
 
 
 def test_run_config_validation():
