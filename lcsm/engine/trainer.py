@@ -343,7 +343,8 @@ class Trainer:
             self.save(ckpt.BEST)
         else:
             s.bad_evals += 1
-            if es.patience and s.bad_evals >= es.patience:
+            # Patience running out at the last step stops nothing: the run completed its steps.
+            if es.patience and s.bad_evals >= es.patience and s.step < self.total_steps:
                 s.stopped_early = True
         self.log.write("eval", s.step, {"split": self.eval_split, **metrics})
         self.log.write_csv()

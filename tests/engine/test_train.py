@@ -103,6 +103,15 @@ def test_early_stopping_and_best_checkpoint(cache_env):
     assert best["step"] == 2
 
 
+def test_patience_running_out_at_the_last_step_is_a_completed_run(cache_env):
+    patient = {"metric": "loss", "patience": 1, "min_delta": 1.0}     # no evaluation after the first gains 1.0
+    result = train(config(cache_env, **{"train.eval_every": 6, "train.early_stop": patient}), quiet=True)
+    assert (result["status"], result["step"], result["best"]["step"]) == ("completed", 12, 6)
+    longer = train(config(cache_env, "longer", **{"train.max_steps": 18, "train.eval_every": 6,
+                                                  "train.early_stop": patient}), quiet=True)
+    assert (longer["status"], longer["step"]) == ("early_stopped", 12)
+
+
 def test_early_stop_metric_must_exist(cache_env):
     cfg = config(cache_env, **{"train.early_stop": {"metric": "acuracy", "mode": "max"}})
     with pytest.raises(ValueError, match="'acuracy' is not a metric of task 'mqar'.*accuracy"):
