@@ -16,10 +16,7 @@ def _print_metrics(title: str, metrics) -> None:
 def cmd_train(args) -> int:
     from lcsm.engine import load_config, train
 
-    overrides = list(args.set or [])
-    if args.out:
-        overrides.append(f"out_dir={args.out}")
-    config = load_config(args.config, overrides)
+    config = load_config(args.config, args.set or [], out_dir=args.out)
     result = train(config, resume=True, restart=args.restart, quiet=args.quiet)
     if not args.quiet:
         _print_metrics(f"final {result['eval_split']} metrics of {config.out_dir} (step {result['step']}):",

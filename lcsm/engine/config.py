@@ -412,10 +412,14 @@ def read_yaml(path: Union[str, Path]) -> Dict[str, Any]:
     return values
 
 
-def load_config(path: Union[str, Path], overrides: Union[Mapping[str, Any], Iterable[str]] = ()) -> RunConfig:
+def load_config(path: Union[str, Path], overrides: Union[Mapping[str, Any], Iterable[str]] = (), *,
+                out_dir: Optional[str] = None) -> RunConfig:
     """Read a YAML run config, apply overrides, validate. ``name`` defaults to the file's stem and
-    ``out_dir`` to ``runs/<name>``."""
+    ``out_dir`` to ``runs/<name>``; an ``out_dir`` given here (``lcsm train --out``) replaces the
+    config's and is used as it is, a path, never parsed as YAML."""
     values = apply_overrides(read_yaml(path), overrides)
+    if out_dir is not None:
+        values["out_dir"] = out_dir
     values.setdefault("name", Path(path).stem)
     values.setdefault("out_dir", f"runs/{values['name']}")
     return RunConfig.from_dict(values)

@@ -76,6 +76,16 @@ def test_bad_configs(tmp_path, capsys, content, message):
     assert err.startswith("lcsm train: error: ") and message in err
 
 
+@pytest.mark.parametrize("out", ["run #2", "20240101"])
+def test_out_is_a_path_as_given(tmp_path, monkeypatch, capsys, out):
+    """Not YAML: '#' would start a comment, digits would make a number."""
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    assert main(["train", "tiny.yaml", "--out", out, "--set", "train.max_steps=1", "--quiet"]) == 0
+    assert json.loads((tmp_path / out / "result.json").read_text())["config"]["out_dir"] == out
+
+
 def test_help_on_every_command(capsys):
     for command in ("train", "eval", "generate", "sweep", "report", "list", "bench"):
         with pytest.raises(SystemExit) as exit_:
