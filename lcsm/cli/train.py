@@ -26,12 +26,16 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from lcsm.engine import evaluate, load_run
+    from lcsm.engine.distributed import resolve_device
 
-    config, task, model, path = load_run(args.checkpoint, which="best" if args.best else "last", device=args.device)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f"--batch-size: expected a positive integer, got {args.batch_size}")
+    config, task, model, path = load_run(args.checkpoint, which="best" if args.best else "last",
+                                         device=resolve_device(args.device, "--device"))
     split = args.split or ("validation" if "validation" in task.splits else "test")
     if split not in task.splits:
         raise UsageError(f"--split: task {task.registry_name!r} has splits {', '.join(task.splits)}, got {split!r}")
-    batch = args.batch_size or config.train.eval_batch_size or config.train.batch_size
+    batch = args.batch_size if args.batch_size is not None else config.train.eval_batch_size or config.train.batch_size
     metrics = evaluate(model, task, split, batch, next(model.parameters()).device, config.train.precision)
     if args.json:
         print(json.dumps({"checkpoint": str(path), "split": split, "metrics": metrics}))
@@ -63,11 +67,13 @@ def cmd_generate(args) -> int:
     import torch
 
     from lcsm.engine import load_run
+    from lcsm.engine.distributed import resolve_device
     from lcsm.models import CausalLM
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UsageError("give exactly one of --prompt TEXT or --prompt-ids IDS")
-    config, task, model, path = load_run(args.checkpoint, which="best" if args.best else "last", device=args.device)
+    config, task, model, path = load_run(args.checkpoint, which="best" if args.best else "last",
+                                         device=resolve_device(args.device, "--device"))
     if not isinstance(model, CausalLM):
         raise UsageError(f"checkpoint {path} holds a {config.model_config(task).head!r} model; generation needs a "
                          "language model (head 'lm')")

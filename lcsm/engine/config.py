@@ -68,6 +68,12 @@ def _choice(name: str, value, choices) -> None:
                          f"{did_you_mean(str(value), choices)}")
 
 
+def check_device(name: str, value) -> None:
+    """A device option: "auto", "cpu", "cuda" or "cuda:N" (errors name the option ``name``)."""
+    if not isinstance(value, str) or not (value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value)):
+        raise ValueError(f"{name}: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
+
+
 class _Section:
     """from_dict / to_dict for the dataclass sections."""
 
@@ -216,9 +222,7 @@ class TrainConfig(_Section):
         _int("train.grad_accum", self.grad_accum, 1)
         _choice("train.precision", self.precision, PRECISIONS)
         _int("train.seed", self.seed, 0)
-        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda")
-                                                    or self.device.startswith("cuda:")):
-            raise ValueError(f"train.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        check_device("train.device", self.device)
         for name in ("eval_every", "save_every", "log_every"):
             _int(f"train.{name}", getattr(self, name), 0)
         _int("train.eval_batch_size", self.eval_batch_size, 1, allow_none=True)

@@ -12,13 +12,18 @@ from typing import Any, List
 import torch
 import torch.distributed as dist
 
+from .config import check_device
 
-def resolve_device(option: str) -> torch.device:
+
+def resolve_device(option: str, name: str) -> torch.device:
+    """The device of this machine that ``option`` ("auto", "cpu", "cuda" or "cuda:N") names; errors
+    name the option ``name`` it came from (``train.device``, ``--device``)."""
+    check_device(name, option)
     if option == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(option)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device: {option!r} requested but CUDA is not available here (use 'cpu' or 'auto')")
+        raise ValueError(f"{name}: {option!r} requested but CUDA is not available here (use 'cpu' or 'auto')")
     return device
 
 
@@ -38,7 +43,7 @@ class Distributed:
 
     @classmethod
     def setup(cls, device_option: str) -> "Distributed":
-        device = resolve_device(device_option)
+        device = resolve_device(device_option, "train.device")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls(device)

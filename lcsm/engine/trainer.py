@@ -37,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import yaml
@@ -129,10 +129,14 @@ def evaluate(model: torch.nn.Module, task, split: str, batch_size: int, device: 
     return evaluator.compute()
 
 
-def load_run(checkpoint_path, *, which: str = "last", device: str = "cpu"):
+def load_run(checkpoint_path, *, which: str = "last", device: Union[str, torch.device] = "cpu"):
     """(run config, task, model with the checkpoint's weights, checkpoint dir) from a checkpoint or
-    run directory. The model is in eval mode on ``device``."""
+    run directory. The model is in eval mode on ``device`` (a torch.device, or an option of
+    ``resolve_device``)."""
     from .distributed import resolve_device
+
+    if not isinstance(device, torch.device):
+        device = resolve_device(device, "device")
 
     path = ckpt.resolve_checkpoint(checkpoint_path, which)
     info = ckpt.read_info(path)
@@ -142,7 +146,7 @@ def load_run(checkpoint_path, *, which: str = "last", device: str = "cpu"):
     task = config.build_task()
     model = build_model(config.model_config(task), verbose=False)
     ckpt.load_weights(model, path)
-    return config, task, model.to(resolve_device(device)).eval(), path
+    return config, task, model.to(device).eval(), path
 
 
 class _StopRequest:

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 import yaml
 
 from lcsm.cli import main
@@ -44,6 +45,11 @@ def test_train_eval_generate(run_dir, capsys):
     (["generate", "{run}", "--prompt-ids", "99"], "ids must lie in [0, 32)"),
     (["generate", "{run}"], "exactly one of --prompt"),
     (["eval", "{run}", "--split", "dev"], "--split: task 'mqar' has splits"),
+    (["eval", "{run}", "--device", "gpu"], "--device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    (["generate", "{run}", "--prompt-ids", "3", "--device", "gpu"], "--device: expected 'auto', 'cpu', 'cuda'"),
+    pytest.param(["eval", "{run}", "--device", "cuda"], "--device: 'cuda' requested but CUDA is not available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")),
+    (["eval", "{run}", "--batch-size", "0"], "--batch-size: expected a positive integer, got 0"),
 ])
 def test_user_errors_are_one_line(run_dir, capsys, args, message):
     assert main([a.replace("{run}", str(run_dir)) for a in args]) == 2

@@ -167,6 +167,8 @@ def test_run_config_validation():
         RunConfig.from_dict(apply_overrides(TINY, {"model.vocab_size": 16}))
     with pytest.raises(ValueError, match="mixer_options: mixer 'gla' has no option"):
         RunConfig.from_dict(apply_overrides(TINY, {"model.mixer_options": {"headz": 2}}))
+    with pytest.raises(ValueError, match="train.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'cuda:x'"):
+        RunConfig.from_dict(apply_overrides(TINY, {"train.device": "cuda:x"}))
 
 
 def test_overrides_parse_yaml_values():
