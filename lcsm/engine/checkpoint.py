@@ -3,7 +3,8 @@
     <out_dir>/checkpoints/step-00000200/
         model.safetensors   the weights (tied matrices stored once)
         trainer.pt          optimizer, scheduler, every process's RNG state, loop position
-        run.json            the run config, the model config, step, versions, last metrics
+        run.json            the run config, the model config, step, versions, the metrics of the
+                            last evaluation before it (a run's final one comes after its final checkpoint)
     <out_dir>/checkpoints/best/        the same, for the best evaluation so far
 
 A checkpoint is written into a hidden temporary directory next to its final place, every file

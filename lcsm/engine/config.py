@@ -74,6 +74,20 @@ def check_device(name: str, value) -> None:
         raise ValueError(f"{name}: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
 
 
+def check_early_stop_metric(metric: str, task, dataset=None) -> None:
+    """``train.early_stop.metric`` must be a metric of ``task``'s evaluator. Without ``dataset``
+    (the config, before any data is made) only the names any data gives are known, so a name with
+    a '/' (a segment's or a slice's) waits for the check with the evaluation split's data, which
+    the trainer makes before its first step."""
+    names = task.evaluator().metric_names(dataset)
+    if metric in names or (dataset is None and "/" in metric):
+        return
+    per_data = "" if dataset is not None else (" (and, once its data is made, names with a '/' for its segments "
+                                               "and slices, e.g. accuracy/<segment>)")
+    raise ValueError(f"train.early_stop.metric: {metric!r} is not a metric of task {task.registry_name!r}; its "
+                     f"metrics: {', '.join(sorted(names))}{per_data}{did_you_mean(metric, names)}")
+
+
 class _Section:
     """from_dict / to_dict for the dataclass sections."""
 
@@ -272,8 +286,10 @@ class RunConfig:
         config = cls(task=dict(task), model=copy.deepcopy(dict(values["model"])),
                      optim=OptimConfig.from_dict(values.get("optim")), train=TrainConfig.from_dict(values["train"]),
                      out_dir=out_dir, name=name)
-        # Fail on a bad task option or model field now, not after the data is generated.
-        config.model_config(config.build_task(use_cache=False))
+        # Fail on a bad task option, model field or metric name now, not after the data is generated.
+        task = config.build_task(use_cache=False)
+        config.model_config(task)
+        check_early_stop_metric(config.train.early_stop.metric, task)
         return config
 
     def to_dict(self) -> Dict[str, Any]:

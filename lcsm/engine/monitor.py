@@ -4,8 +4,8 @@
   otherwise (logs, CI, pipes) a plain line every ``log_every`` steps.
 - ``MetricsLog``: ``metrics.jsonl`` (one JSON object per record: ``{"kind": "train" | "eval",
   "step": ..., ...}``) is the record of truth; ``train.csv`` and ``eval.csv`` are regenerated
-  from it. A resumed run first drops the records after its checkpoint's step, so the files read
-  as if the run had never stopped.
+  from it. A resumed run first drops the records its checkpoint does not hold (``truncate_after``),
+  so the files read as if the run had never stopped.
 """
 from __future__ import annotations
 
@@ -91,12 +91,18 @@ class MetricsLog:
                 raise ValueError("train.tensorboard: true needs the 'tensorboard' package (pip install tensorboard)") from None
             self._tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
 
-    def truncate_after(self, step: int) -> None:
-        """Drop records past ``step`` (they belong to work the resumed run redoes)."""
+    def truncate_after(self, step: int, eval_step: Optional[int]) -> None:
+        """Drop the records of work a run resumed from a checkpoint redoes: training past its
+        ``step``, evaluations past its ``eval_step`` (the last evaluation it holds, None: none; a
+        run's final evaluation comes after its final checkpoint)."""
         if not self.enabled or not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+
+        def keep(record: Dict[str, Any]) -> bool:
+            last = eval_step if record.get("kind") == "eval" else step
+            return last is not None and record.get("step", 0) <= last
+
+        kept = [line for line in self.path.read_text().splitlines() if line.strip() and keep(json.loads(line))]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, self.path)

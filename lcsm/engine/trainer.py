@@ -9,6 +9,7 @@ The loop, per optimizer step (``Trainer.run``):
     clip, AdamW step, schedule step
     every log_every: progress line + metrics.jsonl; every eval_every: evaluate, early stopping,
     best checkpoint; every save_every: checkpoint
+    at the end: checkpoint, then the final evaluation and the test of the best checkpoint
 
 Guarantees:
 - Same global batch, same loss: the loss is normalised by the labelled positions of the global
@@ -50,7 +51,7 @@ from lcsm.ops.chunk import use_elementwise_form
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler
 
 from . import checkpoint as ckpt
-from .config import RunConfig
+from .config import RunConfig, check_early_stop_metric
 from .distributed import Distributed
 from .monitor import MetricsLog, Progress
 from .optim import build_optimizer, lr_factor
@@ -188,12 +189,15 @@ class Trainer:
 
         # Rank 0 generates (and caches) the data first, so the others read it instead of redoing it.
         self.task = config.build_task()
+        self.eval_split = default_eval_split(self.task, t.eval_split)
         if self.dist.is_main:
             self.train_set = self.task.dataset("train")
+            # The segment and slice names exist once the evaluation data does: a misspelt one fails
+            # here, before the first step, not at the first evaluation (the config checked the rest).
+            check_early_stop_metric(t.early_stop.metric, self.task, self.task.dataset(self.eval_split))
         self.dist.barrier()
         if not self.dist.is_main:
             self.train_set = self.task.dataset("train")
-        self.eval_split = default_eval_split(self.task, t.eval_split)
 
         per_step = self.dist.world * t.grad_accum
         if t.batch_size % per_step:
@@ -332,9 +336,6 @@ class Trainer:
         es = self.config.train.early_stop
         s = self.state
         s.last_eval, s.last_eval_step = metrics, s.step
-        if es.metric not in metrics:
-            raise ValueError(f"train.early_stop.metric: {es.metric!r} is not a metric of task "
-                             f"{self.task.registry_name!r}; its metrics: {', '.join(sorted(metrics))}")
         value = metrics[es.metric]
         if s.best_value is None:
             improved = math.isfinite(value)
@@ -379,7 +380,7 @@ class Trainer:
         if self.dist.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             _write_atomic(self.out_dir / "config.yaml", yaml.safe_dump(self.config.to_dict(), sort_keys=False))
-            self.log.truncate_after(self.state.step)
+            self.log.truncate_after(self.state.step, self.state.last_eval_step)
             self.progress.message(
                 f"{'resuming' if restored else 'training'} {self.config.name or self.out_dir.name}: task "
                 f"{self.task.registry_name}, {self.model_config.n_layers} x {self.model_config.mixer}, "
@@ -410,7 +411,7 @@ class Trainer:
                     if logged:
                         self.log.write("train", s.step, record)
                         last_time, last_tokens = now, s.tokens
-                    if t.eval_every and s.step % t.eval_every == 0:
+                    if t.eval_every and s.step % t.eval_every == 0 and s.step < self.total_steps:
                         self.after_eval(self.evaluate())
                     finished = s.step >= self.total_steps or s.stopped_early
                     # The final training loss is always on record, whatever log_every (0: it alone) and
@@ -450,13 +451,15 @@ class Trainer:
 
     def finish(self, result_path: Path) -> Dict[str, Any]:
         s = self.state
-        if s.last_eval_step != s.step:
-            self.after_eval(self.evaluate())
+        # The last weights are saved before the final evaluation (the loop leaves the last step's to
+        # this), so that nothing going wrong there (an error, Ctrl-C) loses trained steps: run again,
+        # the run evaluates afresh from this checkpoint.
         saved = ckpt.list_checkpoints(self.out_dir)
         if not saved or saved[-1][0] != s.step:
             self.save()
-        else:
-            s.elapsed += time.perf_counter() - self._clock
+        if s.last_eval_step != s.step:
+            self.after_eval(self.evaluate())
+        s.elapsed += time.perf_counter() - self._clock
         result = {"status": "early_stopped" if s.stopped_early else "completed", "step": s.step, "epoch": s.epoch,
                   "metrics": s.last_eval, "eval_split": self.eval_split,
                   "best": ({"step": s.best_step, "metric": self.config.train.early_stop.metric, "value": s.best_value}

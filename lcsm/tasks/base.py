@@ -406,6 +406,33 @@ class Evaluator:
             rows = [i for i in rows if has[i]]
             self._add(key, sum(acc[i] for i in rows), len(rows))
 
+    def metric_names(self, dataset: Optional[SegmentedDataset] = None) -> List[str]:
+        """The keys ``compute`` gives after an evaluation of ``dataset``, read off its segments
+        without evaluating anything (an engine checks the metric it selects on before training).
+        Without ``dataset``: the names any data gives, those without a '/'; the names with one
+        belong to the segments and slices of the data."""
+        names = ["loss", "accuracy"]
+        if dataset is not None:
+            names += [f"accuracy/{s.name}" for s in dataset.segments]
+            names += [f"accuracy/{key}" for key in self._slice_values(dataset)]
+        return names
+
+    def _slice_values(self, dataset: SegmentedDataset) -> List[str]:
+        """``"<key>=<value>"`` for every value each slice key takes in ``dataset``, written as
+        ``update`` writes it (a batch holds meta values as int64, extras widened to int64)."""
+        found: Dict[str, None] = {}
+        for s in dataset.segments:
+            for key in self.slice_keys:
+                if key in s.meta:
+                    values = torch.tensor([s.meta[key]], dtype=torch.long)
+                elif key in s.extras:
+                    values = s.extras[key] if s.extras[key].is_floating_point() else s.extras[key].long()
+                else:
+                    raise ValueError(f"segment {s.name!r}: expected slice key {key!r} among its meta and extras, "
+                                     f"got {sorted([*s.meta, *s.extras])}")
+                found.update(dict.fromkeys(f"{key}={v}" for v in values.tolist()))
+        return list(found)
+
     def compute(self) -> Dict[str, float]:
         out = {"loss": self._loss_sum / self._tokens if self._tokens else float("nan")}
         for key, (s, n) in self._acc.items():

@@ -235,6 +235,9 @@ class LMEvaluator(Evaluator):
     """The base metrics plus ``perplexity`` = exp(mean token cross-entropy): inf for a loss beyond
     float's range (a diverged model, whose result is still written), nan for a nan loss."""
 
+    def metric_names(self, dataset=None) -> List[str]:
+        return super().metric_names(dataset) + ["perplexity"]
+
     def compute(self) -> Dict[str, float]:
         out = super().compute()
         loss = out["loss"]

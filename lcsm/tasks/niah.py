@@ -95,6 +95,10 @@ class NIAHEvaluator(Evaluator):
             slot[0] += sum(flags[i] for i in rows)
             slot[1] += len(rows)
 
+    def metric_names(self, dataset=None):
+        names = super().metric_names(dataset) + ["exact"]
+        return names + ([f"exact/{key}" for key in self._slice_values(dataset)] if dataset is not None else [])
+
     def compute(self):
         out = super().compute()
         out.update({k: s / n for k, (s, n) in self._exact.items()})

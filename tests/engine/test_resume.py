@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from lcsm.engine import RunConfig, apply_overrides, train
 from lcsm.engine.sweep import machine_label
+from lcsm.engine.trainer import Trainer
 
 from .conftest import TINY, write_config
 
@@ -82,9 +83,36 @@ def test_a_finished_run_is_not_retrained(cache_env):
     cfg = RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a")})
     first = train(cfg, quiet=True)
     stamp = (cache_env / "a" / "checkpoints" / "step-00000012" / "model.safetensors").stat().st_mtime_ns
+    rows = metric_rows(cache_env / "a")
     again = train(cfg, quiet=True)
     assert again["metrics"] == first["metrics"] and again["step"] == 12
+    assert metric_rows(cache_env / "a") == rows     # the final evaluation, redone, is recorded once
     assert (cache_env / "a" / "checkpoints" / "step-00000012" / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_a_failed_final_evaluation_loses_no_training(cache_env, monkeypatch):
+    """The last checkpoint is written before the final evaluation: run again, the run evaluates
+    and ends as an uninterrupted one, no step retrained."""
+    reference = train(RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "reference")}), quiet=True)
+    evaluate = Trainer.evaluate
+
+    def fails_at_the_end(self, split=None):
+        if self.state.step == 12:
+            raise RuntimeError("out of memory")
+        return evaluate(self, split)
+
+    monkeypatch.setattr(Trainer, "evaluate", fails_at_the_end)
+    cfg = RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a")})
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train(cfg, quiet=True)
+    last = cache_env / "a" / "checkpoints" / "step-00000012"
+    stamp = (last / "model.safetensors").stat().st_mtime_ns
+    monkeypatch.undo()
+    result = train(cfg, quiet=True)
+    assert (last / "model.safetensors").stat().st_mtime_ns == stamp
+    assert (result["status"], result["metrics"], result["best"]) == ("completed", reference["metrics"], reference["best"])
+    assert metric_rows(cache_env / "a") == metric_rows(cache_env / "reference")
+    assert_identical(final_weights(cache_env / "a"), final_weights(cache_env / "reference"))
 
 
 def test_resume_refuses_a_different_config(cache_env):

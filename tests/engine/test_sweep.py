@@ -217,6 +217,7 @@ def test_grid_override_of_an_existing_axis_keeps_the_axes_it_overlaps(tmp_path):
     ({"select": {"metric": "accuracy", "over": ["optim.beta"]}}, "select.over: ['optim.beta'] are not grid axes"),
     ({"report": {"plots": [{"x": "model.d_model", "y": "loss", "file": "a.png"}]}}, "report.plots[0].x: expected a grid axis"),
     ({"report": {"table": {"rows": "model.mixer", "value": "accuracy", "cols": "x"}}}, "'cols' (did you mean 'columns'?)"),
+    ({"set": {"train.early_stop.metric": "acc"}}, "train.early_stop.metric: 'acc' is not a metric of task 'mqar'"),
 ])
 def test_bad_experiment_files(tmp_path, extra, message):
     with pytest.raises(ValueError) as err:

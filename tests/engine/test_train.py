@@ -112,10 +112,20 @@ def test_patience_running_out_at_the_last_step_is_a_completed_run(cache_env):
     assert (longer["status"], longer["step"]) == ("early_stopped", 12)
 
 
-def test_early_stop_metric_must_exist(cache_env):
-    cfg = config(cache_env, **{"train.early_stop": {"metric": "acuracy", "mode": "max"}})
-    with pytest.raises(ValueError, match="'acuracy' is not a metric of task 'mqar'.*accuracy"):
+def test_early_stop_metric_is_checked_before_training(cache_env):
+    """A name any data gives is checked with the config, before any data is made; a segment's or a
+    slice's once the evaluation data exists, before the first step."""
+    with pytest.raises(ValueError, match=r"train.early_stop.metric: 'acuracy' is not a metric of task 'mqar'; "
+                                         r"its metrics: accuracy, loss \(.*\(did you mean 'accuracy'\?\)"):
+        config(cache_env, **{"train.early_stop": {"metric": "acuracy", "mode": "max"}})
+    assert not (cache_env / "cache").exists()
+    cfg = config(cache_env, **{"train.early_stop": {"metric": "accuracy/L16-kv3", "mode": "max"}})
+    with pytest.raises(ValueError, match=r"'accuracy/L16-kv3' is not a metric of task 'mqar'; its metrics: "
+                                         r"accuracy, accuracy/L16-kv2, accuracy/kv_pairs=2, loss"):
         train(cfg, quiet=True)
+    assert not (cache_env / "run" / "metrics.jsonl").exists()
+    for name in ("accuracy/L16-kv2", "accuracy/kv_pairs=2"):
+        Trainer(config(cache_env, **{"train.early_stop.metric": name}), quiet=True)
 
 
 def test_batch_must_split_over_accumulation(cache_env):

@@ -36,3 +36,22 @@ def train_tiny(tmp_path, monkeypatch):
         return result, [r["loss"] for r in records if r["kind"] == "train"]
 
     return run
+
+
+@pytest.fixture
+def check_metric_names():
+    """A function asserting that ``task.evaluator().metric_names`` lists exactly the metrics an
+    evaluation of each split gives (random logits), and without data those of them without a '/'."""
+    import torch
+
+    def check(task):
+        for split in task.splits:
+            dataset, evaluator = task.dataset(split), task.evaluator()
+            for batch in dataset.loader(16):
+                logits = torch.randn(*batch["labels"].shape, task.n_classes or task.vocab_size)
+                evaluator.update(logits, batch["labels"], batch)
+            computed = sorted(evaluator.compute())
+            assert sorted(task.evaluator().metric_names(dataset)) == computed, split
+            assert sorted(task.evaluator().metric_names()) == [k for k in computed if "/" not in k], split
+
+    return check

@@ -136,6 +136,10 @@ def test_perplexity_of_a_diverged_model_is_inf():
     assert out["loss"] == pytest.approx(1000.0) and out["perplexity"] == math.inf
 
 
+def test_metric_names_are_known_without_evaluating(tmp_path, corpus, check_metric_names):
+    check_metric_names(build(tmp_path, corpus))     # perplexity besides the base metrics
+
+
 def test_cache_follows_the_corpus_files(tmp_path, corpus):
     before = build(tmp_path, corpus)
     key, n = before.cache_key("train"), sum(len(before.dataset(s)) for s in before.splits)

@@ -338,3 +338,25 @@ def test_loss_counts_only_labelled_positions():
     assert torch.equal(task.loss(noisy, labels), loss)
     with pytest.raises(ValueError, match="logits/labels"):
         task.loss(logits[:, :-1], labels)
+
+
+def test_metric_names_are_known_without_evaluating(tmp_path, check_metric_names):
+    """Per segment and per kv_pairs slice (two segments share kv_pairs 4)."""
+    task = tasks.build("mqar", cache_dir=tmp_path, vocab_size=64, train_grid="16:2,32:4", test_grid="16:4,32:4",
+                       train_examples=32, test_examples=16)
+    check_metric_names(task)
+    assert sorted(task.evaluator().metric_names(task.dataset("test"))) == [
+        "accuracy", "accuracy/L16-kv4", "accuracy/L32-kv4", "accuracy/kv_pairs=4", "loss"]
+
+
+def test_metric_names_of_slices_held_per_example():
+    """A slice key may be a per-example extra (float values too), not only a segment's meta."""
+    from lcsm.tasks.base import Evaluator, Segment, SegmentedDataset
+
+    ids = torch.zeros(3, 4, dtype=torch.long)
+    ds = SegmentedDataset([Segment("a", ids, ids, {"n": 7}, {"depth": torch.tensor([0.5, 0.25, 0.5])})])
+    evaluator = Evaluator(("depth", "n"))
+    for batch in ds.loader(2):
+        evaluator.update(torch.randn(len(batch["segment"]), 4, 8), batch["labels"], batch)
+    assert sorted(Evaluator(("depth", "n")).metric_names(ds)) == sorted(evaluator.compute()) == [
+        "accuracy", "accuracy/a", "accuracy/depth=0.25", "accuracy/depth=0.5", "accuracy/n=7", "loss"]

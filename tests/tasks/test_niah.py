@@ -63,6 +63,10 @@ def test_exact_metric_and_slices():
     assert out["exact/depth_pct=0"] == 1.0 and out["exact/depth_pct=50"] == 0.0 and out["accuracy/context=8"] == 0.75
 
 
+def test_metric_names_are_known_without_evaluating(task, check_metric_names):
+    check_metric_names(task)                        # exact and its slices besides the base metrics
+
+
 def test_deterministic_and_config_errors(tmp_path, task):
     again = tasks.build("niah", use_cache=False, **{k: v for k, v in task.config.to_dict().items()})
     again.cache_dir = task.cache_dir
