@@ -16,8 +16,8 @@ target) and are tested only on the values of keys presented earlier ("multi-quer
 and memorization tasks carry targets only where the answer is due. Accuracy is over target
 positions (MAD's ``Accuracy`` flattens them; ``Evaluator`` here averages per example first: equal
 where every example has the same number of targets, as in in-context recall, selective copying,
-compression and memorization; noisy recall (33-51 targets an example at the defaults) and fuzzy
-recall (1-13) weight their examples differently from MAD).
+compression and memorization; noisy recall (32-53 targets an example in the default test split)
+and fuzzy recall (1-16) weight their examples differently from MAD).
 
 Mapping onto lcsm heads:
 - every task but compression is a causal LM ("lm" head): the target at position t is predicted
