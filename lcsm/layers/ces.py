@@ -216,23 +216,34 @@ class CES(Mixer):
             "has no recurrent state and cannot decode step by step; use bidirectional=False"
         )
 
-    def forward(self, x: Tensor, state: Optional[CESState] = None, return_state: bool = False):
-        """x [B, T, d] -> y [B, T, d] (and the final CESState when asked; causal mode only)."""
+    def forward(self, x: Tensor, state: Optional[CESState] = None, return_state: bool = False,
+                lengths: Optional[Tensor] = None):
+        """x [B, T, d] -> y [B, T, d] (and the final CESState when asked; causal mode only).
+        ``lengths`` [B]: right-padded sequences; the positions past each length enter the kernel
+        as zeros, as the official ``CETS`` masks its input before the FFT, so that the backward
+        direction carries no padding into a valid position (the outputs at padded positions
+        are not meaningful)."""
         self.check_input(x)
         if self.bidirectional and (state is not None or return_state):
             self._no_state("state")
         e, s, log_o = self.eos_parameters()
+        u = x
+        if lengths is not None:
+            if lengths.shape != (x.shape[0],):
+                raise ValueError(f"lengths: expected [B] = [{x.shape[0]}], got {list(lengths.shape)}")
+            valid = torch.arange(x.shape[1], device=x.device) < lengths.to(x.device)[:, None]     # [B, T]
+            u = x * valid.unsqueeze(-1).to(x.dtype)
         if self.bidirectional:
             # Backward direction: y_t += sum_{s>t} k2_{s-t-1} x_s is a causal convolution of the
             # time-reversed input delayed by one step.
-            back = F.pad(x.flip(1), (0, 0, 1, 0))[:, : x.shape[1]]
-            i = torch.cat([x, back], dim=2).unsqueeze(-1)              # [B, T, 2d, 1]
+            back = F.pad(u.flip(1), (0, 0, 1, 0))[:, : u.shape[1]]
+            i = torch.cat([u, back], dim=2).unsqueeze(-1)              # [B, T, 2d, 1]
             y, _ = eos(i, e, s, log_o, real_output=True)
             d = self.d_model
             y = y[:, :, :d, 0] + y[:, :, d:, 0].flip(1)
             memory = None
         else:
-            y, memory = eos(x.unsqueeze(-1), e, s, log_o,
+            y, memory = eos(u.unsqueeze(-1), e, s, log_o,
                             initial_state=state.memory if state is not None else None,
                             output_final_state=return_state, real_output=True)
             y = y[..., 0]

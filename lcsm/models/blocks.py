@@ -152,6 +152,7 @@ class Block(nn.Module):
         d, H = config.d_model, config.mixer_width
         options = layer_mixer_options(config, layer)
         self.bidirectional = config.bidirectional and not config.native_bidirectional
+        self.native_bidirectional = config.native_bidirectional
         if self.bidirectional:
             self.mixer = Bidirectional(build(config.mixer, H, **options), build(config.mixer, H, **options))
         else:
@@ -185,6 +186,8 @@ class Block(nn.Module):
             z = self.mixer(z, lengths=lengths)
         elif state is not None or return_state:
             z, new_state = self.mixer(z, state=state, return_state=True)
+        elif self.native_bidirectional:
+            z = self.mixer(z, lengths=lengths)
         else:
             z = self.mixer(z)
         if self.wrapped:

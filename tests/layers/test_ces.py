@@ -183,6 +183,23 @@ def test_bidirectional_equals_two_sided_convolution():
     assert (m(x2)[:, 0] - m(x)[:, 0]).abs().max() > 0
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_lengths_zero_the_padded_inputs(bidirectional):
+    """With ``lengths`` the valid positions are those of the sequence alone (the official CETS
+    zeroes padded inputs before its FFT); without, the backward kernel reads the padding."""
+    m, x = make(bidirectional=bidirectional), inputs(T=10)
+    lengths = torch.tensor([10, 6])
+    padded = x.clone()
+    padded[1, 6:] = 3.0
+    y = m(padded, lengths=lengths)
+    assert_close({"y": y[1, :6]}, {"y": m(x[1:, :6])[0]}, context="padded sequence")
+    assert_close({"y": y[0]}, {"y": m(x[:1])[0]}, context="full-length sequence")
+    leaked = (m(padded)[1, :6] - m(x[1:, :6])[0]).abs().max()
+    assert (leaked > 1e-3) == bidirectional
+    with pytest.raises(ValueError, match=r"lengths: expected \[B\] = \[2\], got \[2, 1\]"):
+        m(x, lengths=lengths[:, None])
+
+
 def test_bidirectional_has_no_state():
     m = make(bidirectional=True)
     x = inputs()

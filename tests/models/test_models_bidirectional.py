@@ -3,7 +3,7 @@ backward suffix map evaluated position by position, and blind to right padding."
 import pytest
 import torch
 
-from lcsm.models import Bidirectional, ModelConfig, build_model, reverse_valid
+from lcsm.models import Bidirectional, ModelConfig, build_model, preset, reverse_valid
 from lcsm.layers import build
 from lcsm.testing import assert_close
 
@@ -65,11 +65,17 @@ def test_bidirectional_classifier_is_non_causal(mixer):
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
-def test_bidirectional_classifier_ignores_right_padding(pooling):
+@pytest.mark.parametrize("mixer", ["gla", "ces", "etsmlp preset"])
+def test_bidirectional_classifier_ignores_right_padding(mixer, pooling):
+    """Two causal maps reverse within each length; CES's native two-sided kernel (and the ETSMLP
+    preset built on it) reads padded positions as zeros, as the official CETS masks them."""
     torch.manual_seed(0)
-    cfg = ModelConfig(mixer="gla", vocab_size=11, d_model=D, n_layers=2, head="classifier", n_classes=3,
-                      bidirectional=True, pooling=pooling)
-    model = build_model(cfg, verbose=False).double()
+    if mixer == "etsmlp preset":
+        cfg = preset("etsmlp", task="text", vocab_size=11, d_model=D, mixer_hidden=D, n_layers=2, pooling=pooling)
+    else:
+        cfg = ModelConfig(mixer=mixer, vocab_size=11, d_model=D, n_layers=2, head="classifier", n_classes=3,
+                          bidirectional=True, pooling=pooling)
+    model = build_model(cfg, verbose=False).double().eval()
     seqs = [[1, 2, 3, 4, 5, 6], [7, 8, 9], [10, 1]]
     alone = torch.cat([model(torch.tensor([s])) for s in seqs])
     padded = torch.full((3, 6), 5)
