@@ -244,19 +244,20 @@ def _log_o_tensors(log_o) -> list:
     return [log_o]
 
 
-def canonicalize(i, e, s, log_o=None, initial_state=None) -> EOSProblem:
+def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "initial_state") -> EOSProblem:
     """Validate the arguments of :func:`lcsm.ops.eos` and return the canonical problem.
     ``log_o`` is None, one tensor, or a separable pair (log_row, log_col) meaning
-    o = exp(log_row + log_col)."""
+    o = exp(log_row + log_col). ``state_name``: the memory's argument name in errors
+    (``eos_step`` calls it ``state``)."""
     check_floating("i", i)
     check_floating("e", e)
     check_floating("s", s)
     decays = _log_o_tensors(log_o)
     pair = isinstance(log_o, (tuple, list))
     if initial_state is not None:
-        check_floating("initial_state", initial_state)
+        check_floating(state_name, initial_state)
     decay_names = [f"log_o[{n}]" for n in range(len(decays))] if pair else ["log_o"] * len(decays)
-    check_same_device({"i": i, "e": e, "s": s, **dict(zip(decay_names, decays)), "initial_state": initial_state})
+    check_same_device({"i": i, "e": e, "s": s, **dict(zip(decay_names, decays)), state_name: initial_state})
     if i.dim() != 4:
         raise ValueError(f"i: expected [B, T, H, D], got {i.dim()}-d tensor {shape_str(i)}")
     B, T, H, D = i.shape
@@ -298,7 +299,7 @@ def canonicalize(i, e, s, log_o=None, initial_state=None) -> EOSProblem:
 
     if initial_state is not None and tuple(initial_state.shape) != (B, H, K, D):
         raise ValueError(
-            f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+            f"{state_name}: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}"
         )
 
     out_dtype = torch.promote_types(torch.promote_types(i.dtype, e.dtype), s.dtype)

@@ -1002,7 +1002,9 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom"):
     (autograd through the matmul kernel's forward; kept for the benchmark's memory comparison)."""
     if backward not in ("custom", "autograd"):
         raise ValueError(f"backward: expected 'custom' or 'autograd', got {backward!r}")
-    C = chunk_size
+    # A chunk longer than the sequence would only pad it: the C x C intra-chunk map makes the
+    # cost grow with C, not T.
+    C = max(1, min(chunk_size, p.T))
     if kernel_for(p) == "matmul":
         q, k, v, g, kind = _matmul_operands(p)
         if backward == "custom":

@@ -30,6 +30,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from lcsm._checks import check_bool
+
 from ._inputs import check_chunk_size, check_floating, check_same_device, compute_dtype, shape_str, without_autocast
 
 Tensor = torch.Tensor
@@ -327,6 +329,7 @@ def eos_delta(i: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, log_o: Opti
     normalise its inputs, that is the caller's parameterisation.
     """
     chunk_size = check_chunk_size(chunk_size)
+    output_final_state = check_bool("output_final_state", output_final_state)
     if mode not in DELTA_MODES:
         raise ValueError(f"mode: expected one of {', '.join(DELTA_MODES)}, got {mode!r}")
     v, e_, s_, a_, b_, g, m0, out_dtype = _canonicalize(i, e, s, a, b, log_o, initial_state)

@@ -89,7 +89,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
                     "e, s and log_o are data-independent: a time-invariant system, computed as an "
                     "O(T log T) convolution with an O(T K D) kernel")
     return Plan("chunk", kernel_for(p),
-                f"linear-time chunkwise form with C={chunk_size} ({structure}); {_kernel_reason(p)}")
+                f"linear-time chunkwise form with C={max(1, min(chunk_size, p.T))} ({structure}); {_kernel_reason(p)}")
 
 
 def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chunk_size: int = 64) -> Plan:
@@ -125,7 +125,7 @@ def eos(i: Tensor, e: Tensor, s: Tensor, log_o: LogO = None, *, mode: str = "aut
         mode: "auto", "recurrent", "parallel", "chunk" or "fft" (see ``explain``).
         initial_state: m_0 [B, H, K, D] (zeros when None).
         output_final_state: also return m_T [B, H, K, D].
-        chunk_size: C for mode "chunk" (any C >= 1; T need not be a multiple).
+        chunk_size: C for mode "chunk" (any C >= 1; T need not be a multiple; C > T runs as C = T).
         real_output: return Re(y), a real tensor, as the diagonal SSMs and CES read a complex
             system (the memory stays complex). With a real input, mode "fft" then convolves it with
             the kernel's real part by real FFTs, about half the work of the complex ones.
@@ -135,12 +135,15 @@ def eos(i: Tensor, e: Tensor, s: Tensor, log_o: LogO = None, *, mode: str = "aut
     """
     chunk_size = check_chunk_size(chunk_size)
     real_output = check_bool("real_output", real_output)
+    output_final_state = check_bool("output_final_state", output_final_state)
     p = canonicalize(i, e, s, log_o, initial_state)
     plan = _plan(p, mode, chunk_size)
     if p.T == 0:
         m = p.m0 if p.m0 is not None else p.v.new_zeros(p.B, p.H, p.K, p.D)
         return finish(p, p.v.new_zeros(p.B, p.H, 0, p.D), m, output_final_state, real_output)
-    if plan.mode == "recurrent":
+    # An empty batch, head or state dimension: every form gives the same empty (or, for K = 0,
+    # zero) output; the step loop computes it without the fast forms' block and FFT sizing.
+    if plan.mode == "recurrent" or p.B * p.H * p.K * p.D == 0:
         y, m_T = eos_recurrent(p)
     elif plan.mode == "parallel":
         y, m_T = eos_parallel(p)
@@ -160,7 +163,7 @@ def eos_step(i_t: Tensor, e_t: Tensor, s_t: Tensor, log_o_t: LogO, state: Tensor
         raise ValueError(f"i_t: eos_step takes one token, expected [B, 1, H, D], got {shape_str(i_t)}")
     if state is None:
         raise ValueError("state: eos_step needs the memory [B, H, K, D]; start from zeros or eos(...)'s final state")
-    p = canonicalize(i_t, e_t, s_t, log_o_t, state)
+    p = canonicalize(i_t, e_t, s_t, log_o_t, state, state_name="state")
     g = p.g_full
     o = g[:, :, 0].exp() if g is not None else None
     y, m = eos_step_state(p.v[:, :, 0], p.e[:, :, 0], p.s[:, :, 0], o, p.m0)

@@ -32,6 +32,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from lcsm._checks import check_bool
+
 from ._inputs import check_floating, shape_str
 from .eos import LogO, eos
 
@@ -105,6 +107,7 @@ def eos_rotating(i: Tensor, e: Tensor, s: Tensor, theta: Tensor, log_o: LogO = N
         raise ValueError(f"mode: eos_rotating expects one of {', '.join(ROTATING_MODES)}, got {mode!r}"
                          + ("; the rotating frame is time-dependent, use eos(..., mode='fft') with a complex "
                             "log_o for a time-invariant rotation" if mode == "fft" else ""))
+    output_final_state = check_bool("output_final_state", output_final_state)
     for name, x in (("i", i), ("e", e), ("s", s), ("theta", theta)):
         check_floating(name, x)
     _check_real("i", i, "the read-out is Re(y)")

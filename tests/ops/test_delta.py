@@ -268,6 +268,11 @@ def test_bad_chunk_size(chunk_size):
         _call(_args(), chunk_size=chunk_size)
 
 
+def test_output_final_state_is_a_bool():
+    with pytest.raises(ValueError, match=r"^output_final_state: expected True or False, got 'no'"):
+        _call(_args(), output_final_state="no")
+
+
 def test_unknown_mode():
     with pytest.raises(ValueError, match="mode: expected one of auto, recurrent, chunk, got 'fft'"):
         _call(_args(), mode="fft")

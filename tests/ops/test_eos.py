@@ -391,12 +391,40 @@ def test_custom_backward_stores_no_per_step_memory(decay):
     assert saved < T * K_ * D_ + T * (K_ + D_) * 4
 
 
+def test_a_chunk_longer_than_the_sequence_runs_as_the_sequence(monkeypatch):
+    """C > T would only pad the sequence (the C x C intra-chunk map grows with C): C = T runs."""
+    import lcsm.ops.chunk as chunk_mod
+
+    sizes = []
+    chunked = chunk_mod._chunked
+    monkeypatch.setattr(chunk_mod, "_chunked", lambda x, C: sizes.append(C) or chunked(x, C))
+    inputs = make_inputs(5, decay="row")
+    got = run(inputs, "chunk", torch.float64, chunk_size=4096)
+    assert sizes and set(sizes) == {5}
+    assert "C=5 " in explain(*(inputs[n] for n in ("i", "e", "s", "log_o")), chunk_size=4096).reason
+    assert_close(got, run(inputs, "recurrent", torch.float64))
+
+
 def test_empty_sequence_returns_initial_state():
     inputs = make_inputs(0, decay="row")
     y, m = eos(inputs["i"], inputs["e"], inputs["s"], inputs["log_o"],
                initial_state=inputs["initial_state"], output_final_state=True)
     assert y.shape == (B, 0, H, D)
     assert torch.equal(m, inputs["initial_state"])
+
+
+@pytest.mark.parametrize("mode", ["auto", "chunk", "fft", "parallel", "recurrent"])
+@pytest.mark.parametrize("empty", ["B", "H", "D"])
+def test_empty_batch_head_or_width(mode, empty):
+    """B, H or D = 0 gives the empty output in every mode (the chunk kernel's block sizing divided
+    by zero, the FFT raised inside MKL); K = 0 gives zeros, the read-out of an empty memory."""
+    b, h, d = (0 if empty == "B" else 2), (0 if empty == "H" else 2), (0 if empty == "D" else 4)
+    i, m0 = torch.randn(b, 5, h, d), torch.randn(b, h, 3, d)
+    e, s, log_o = torch.rand(h, 3), torch.rand(h, 3), -torch.rand(h, 3, 1)
+    y, m = eos(i, e, s, log_o, mode=mode, initial_state=m0, output_final_state=True, chunk_size=2)
+    assert y.shape == (b, 5, h, d) and m.shape == (b, h, 3, d)
+    y, _ = eos(torch.randn(2, 5, 2, 4), torch.rand(2, 0), torch.rand(2, 0), mode="chunk" if mode == "fft" else mode)
+    assert torch.equal(y, torch.zeros(2, 5, 2, 4))
 
 
 def test_half_precision_computes_in_float32():
@@ -463,6 +491,7 @@ def test_errors_name_the_argument():
     _bad(r"chunk_size: expected an integer >= 1, got 0", i, e, s, g, chunk_size=0)
     _bad(r"mode: expected one of", i, e, s, g, mode="fastest")
     _bad(r"real_output: expected True or False, got 'yes'", i, e, s, g, real_output="yes")
+    _bad(r"output_final_state: expected True or False, got 'no'", i, e, s, g, output_final_state="no")
     _bad(r"i: expected a floating-point or complex tensor, got dtype torch.int64", i.long(), e, s)
     meta = torch.zeros(B, 10, H, D, device="meta")
     _bad(r"e: all inputs must be on one device, got i on meta, e on cpu", meta, e, s)
@@ -477,6 +506,10 @@ def test_errors_name_the_argument():
         eos_step(i, e, s, g, torch.zeros(B, H, K, D, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"^state: eos_step needs the memory \[B, H, K, D\]"):
         eos_step(i[:, :1], e[:, :1], s[:, :1], g[:, :1], None)
+    with pytest.raises(ValueError, match=r"^state: expected \[B, H, K, D\] = \[2, 2, 4, 3\], got \[2, 2, 3, 4\]"):
+        eos_step(i[:, :1], e[:, :1], s[:, :1], g[:, :1], torch.zeros(B, H, D, K, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"^state: expected a floating-point or complex tensor"):
+        eos_step(i[:, :1], e[:, :1], s[:, :1], g[:, :1], torch.zeros(B, H, K, D, dtype=torch.long))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -165,3 +165,5 @@ def test_bad_arguments_name_what_they_expected():
             eos_rotating(a["i"], a["e"], a["s"], a["theta"], a["log_o"], mode=mode)
     with pytest.raises(ValueError, match=r"initial_state: expected \[B, H, K, D\]"):
         eos_rotating(x["i"], x["e"], x["s"], x["theta"], initial_state=torch.zeros(B, H, K, D + 1))
+    with pytest.raises(ValueError, match=r"^output_final_state: expected True or False, got 'no'"):
+        eos_rotating(x["i"], x["e"], x["s"], x["theta"], output_final_state="no")
