@@ -80,7 +80,8 @@ def cmd_generate(args) -> int:
     ids = _prompt_ids(task, args)
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
     new = model.generate([ids], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, generator=generator)[0].tolist()
+                         top_k=args.top_k, top_p=args.top_p, generator=generator,
+                         vocab_size=task.vocab_size)[0].tolist()
     try:
         print(task.decode(ids) + task.decode(new))
     except NotImplementedError:

@@ -193,7 +193,8 @@ class CausalLM(Model):
     @torch.no_grad()
     def generate(self, input_ids: Union[Tensor, Sequence[Sequence[int]]], max_new_tokens: int,
                  temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 lengths: Optional[Tensor] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+                 lengths: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,
+                 vocab_size: Optional[int] = None) -> Tensor:
         """Decode ``max_new_tokens`` tokens after each prompt; returns the new tokens [B, max_new_tokens].
 
         Prompts: a [B, T] tensor (all of length T, or right-padded with ``lengths`` [B]) or a list of
@@ -203,9 +204,16 @@ class CausalLM(Model):
         so prompts of different lengths share every step (no padding enters any state) and the
         result equals generating each prompt alone. Each step costs the same whatever the context
         length (a growing KV cache for the ``attention`` mixer). Runs in eval mode (dropout off,
-        batch-norm running statistics).
+        batch-norm running statistics). ``vocab_size``: sample among the first ``vocab_size`` ids
+        only, for a model whose vocabulary is larger than its data's (padding rows, never trained
+        as targets); default: every id of the model.
         """
         _check_sampling(max_new_tokens, temperature, top_k, top_p)
+        n_ids = self.config.vocab_size
+        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                       or not 1 <= vocab_size <= n_ids):
+            raise ValueError(f"vocab_size: expected None or an integer in [1, {n_ids}] (the model's vocabulary), "
+                             f"got {vocab_size!r}")
         device = self.backbone.embedding.weight.device
         prompts = _prompt_list(input_ids, lengths)
         B = len(prompts)
@@ -223,7 +231,7 @@ class CausalLM(Model):
             rows = torch.arange(B, device=device)
             # Position p is the token being predicted; sequence b emits generated token p - len_b.
             for p in range(L_min, L_max + max_new_tokens):
-                token = sample_next(last, temperature, top_k, top_p, generator)
+                token = sample_next(last[:, :vocab_size], temperature, top_k, top_p, generator)
                 k = p - lens
                 emit = (k >= 0) & (k < max_new_tokens)
                 out[rows[emit], k[emit]] = token[emit]

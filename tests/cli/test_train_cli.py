@@ -82,6 +82,18 @@ def test_bad_configs(tmp_path, capsys, content, message):
     assert err.startswith("lcsm train: error: ") and message in err
 
 
+def test_generate_samples_the_task_ids_of_a_larger_model_vocabulary(tmp_path, monkeypatch, capsys):
+    """A model vocabulary above the task's (padding rows) must not leak into the samples."""
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    run = str(tmp_path / "big")
+    assert main(["train", str(tmp_path / "tiny.yaml"), "--out", run, "--set", "model.vocab_size=4096", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["generate", run, "--prompt-ids", "3 20 5", "--max-new-tokens", "16"]) == 0
+    tokens = [int(t) for t in capsys.readouterr().out.split()]
+    assert len(tokens) == 16 and max(tokens) < 32
+
+
 @pytest.mark.parametrize("out", ["run #2", "20240101"])
 def test_out_is_a_path_as_given(tmp_path, monkeypatch, capsys, out):
     """Not YAML: '#' would start a comment, digits would make a number."""

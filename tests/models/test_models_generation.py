@@ -125,3 +125,20 @@ def test_attention_learned_positions_through_mixer_options():
     model = make_lm("attention", mixer_options=dict(positions="learned", max_len=12))
     prompts = [[1, 2, 3], [4, 5]]
     assert model.generate(prompts, 4, temperature=0).tolist() == [greedy_by_full_forward(model, p, 4) for p in prompts]
+
+
+def test_vocab_size_keeps_samples_among_the_data_ids():
+    """A model with more ids than its data (padding rows) samples among the data's ids only when
+    told their number (``lcsm generate`` passes the task's)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(mixer="gla", vocab_size=VOCAB, d_model=16, n_layers=2), verbose=False).eval()
+    g = torch.Generator().manual_seed(3)
+    free = model.generate([[1, 2, 3]], 40, generator=g)
+    assert int(free.max()) >= 5                                  # unrestricted, it samples beyond
+    kept = model.generate([[1, 2, 3]], 40, generator=g, vocab_size=5)
+    assert int(kept.max()) < 5
+    assert model.generate([[1, 2, 3]], 4, temperature=0, vocab_size=VOCAB).tolist() == \
+        model.generate([[1, 2, 3]], 4, temperature=0).tolist()
+    for bad in (0, VOCAB + 1, 2.0, True):
+        with pytest.raises(ValueError, match=rf"^vocab_size: expected None or an integer in \[1, {VOCAB}\]"):
+            model.generate([[1]], 1, vocab_size=bad)
