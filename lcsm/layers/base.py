@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import inspect
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
 
 import torch
 from torch import nn
@@ -220,5 +220,15 @@ def build(name: str, d_model: int, **options) -> Mixer:
     params = inspect.signature(cls.__init__).parameters
     valid = [p for p in params if p not in ("self", "d_model")]
     check_options(f"mixer {name!r}", options, valid)
-    merged = {**implied, **options}
-    return cls(d_model, **merged)
+    check_implied(name, options)
+    return cls(d_model, **{**implied, **options})
+
+
+def check_implied(name: str, options: Mapping[str, Any]) -> None:
+    """Options that contradict what a ``family:spec`` name sets (``lcsm:1-9-1-0`` with
+    ``code: 0-0-0-0``) are an error: the name would no longer say what is built."""
+    implied = resolve(name)[1]
+    clash = {k: v for k, v in options.items() if k in implied and v != implied[k]}
+    if clash:
+        raise ValueError(f"mixer_options: mixer {name!r} sets {', '.join(f'{k}={implied[k]!r}' for k in clash)}, "
+                         f"got {', '.join(f'{k}={v!r}' for k, v in clash.items())}; give the option once")

@@ -15,7 +15,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from lcsm._checks import check_bool
 from lcsm._names import did_you_mean
-from lcsm.layers import resolve
+from lcsm.layers.base import check_implied, resolve
 
 HEADS = ("lm", "classifier", "dual")
 CHANNEL_MIXERS = ("glu", "mlp", "none")
@@ -171,6 +171,7 @@ class ModelConfig:
             hints = ", ".join(f"{k!r}{did_you_mean(str(k), valid)}" for k in unknown)
             raise ValueError(f"mixer_options: mixer {self.mixer!r} has no option(s) {hints}. "
                              f"Valid options: {', '.join(valid) or 'none'}")
+        check_implied(self.mixer, self.mixer_options)
         owned = [k for k in MODEL_OWNED_OPTIONS.get(cls.registry_name, ()) if k in self.mixer_options]
         if owned:
             raise ValueError(f"mixer_options: {', '.join(owned)} of mixer {cls.registry_name!r} are set by the model "

@@ -37,6 +37,8 @@ def test_unknown_mixer_and_mixer_options_name_the_closest():
     (dict(head_hidden=1, head="classifier", n_classes=2), "head_hidden"),
     (dict(mixer="rwkv4", mixer_options={"layer_id": 1}), "set by the model"),
     (dict(mixer="ces", mixer_options={"bidirectional": True}), "set by the model"),
+    (dict(mixer="lcsm:1-9-1-0", mixer_options={"code": "0-0-0-0"}),
+     r"mixer 'lcsm:1-9-1-0' sets code='1-9-1-0', got code='0-0-0-0'"),
     (dict(tie_embeddings="yes"), "tie_embeddings"),
     (dict(dual_combine="sum", head="dual", n_classes=2), "dual_combine"),
 ])
