@@ -195,6 +195,11 @@ class ModelConfig:
                 raise ValueError("bidirectional: head='lm' must be causal, got bidirectional=True")
             if self.n_classes is not None:
                 raise ValueError(f"n_classes: only for the classifier heads, got {self.n_classes!r} with head='lm'")
+            # Set away from their defaults, these would be ignored by an LM: refuse them instead.
+            if self.head_hidden:
+                raise ValueError(f"head_hidden: only for the classifier heads, got {self.head_hidden!r} with head='lm'")
+            if self.pooling != "mean":
+                raise ValueError(f"pooling: only for the classifier heads, got {self.pooling!r} with head='lm'")
         else:
             _positive_int("n_classes", self.n_classes)
         _choice("pooling", self.pooling, POOLINGS)
@@ -208,6 +213,9 @@ class ModelConfig:
             raise ValueError(f"channel_hidden: channel_mixer='none' has no hidden width, got {self.channel_hidden!r}")
         _positive_int("mixer_hidden", self.mixer_hidden, allow_none=True)
         _choice("mixer_activation", self.mixer_activation, ACTIVATIONS)
+        if self.mixer_hidden is None and self.mixer_activation != "relu":
+            raise ValueError(f"mixer_activation: acts between the mixer_hidden projections, got "
+                             f"{self.mixer_activation!r} with mixer_hidden=None")
         _choice("norm", self.norm, NORMS)
         if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
             raise ValueError(f"norm_eps: expected a positive number, got {self.norm_eps!r}")
