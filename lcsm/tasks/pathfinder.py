@@ -65,6 +65,13 @@ def _shape(u: Uniforms, length: int, max_turn: float) -> np.ndarray:
     return np.concatenate([np.zeros((1, 2)), np.cumsum(steps, 0)])
 
 
+def _distinct_steps(pixels: np.ndarray) -> np.ndarray:
+    """The pixels [n, 2] without consecutive repeats (two unit steps can round to one pixel)."""
+    keep = np.ones(len(pixels), dtype=bool)
+    keep[1:] = (pixels[1:] != pixels[:-1]).any(1)
+    return pixels[keep]
+
+
 def _place(u: Uniforms, shape: np.ndarray, side: int) -> np.ndarray:
     """The walk's pixels [n, 2] at a uniform position where it fits inside a 2-pixel margin
     (drawing the shape first and moving it: a walk started at a random point would mostly leave
@@ -74,9 +81,7 @@ def _place(u: Uniforms, shape: np.ndarray, side: int) -> np.ndarray:
     if (room < 0).any():
         raise _Retry
     pixels = np.rint(shape + (2 - low + np.array([u(), u()]) * room)).astype(np.int64)
-    keep = np.ones(len(pixels), dtype=bool)
-    keep[1:] = (pixels[1:] != pixels[:-1]).any(1)
-    return pixels[keep]
+    return _distinct_steps(pixels)
 
 
 def _aim(u: Uniforms, shape: np.ndarray, dot: np.ndarray, distance: float, side: int) -> np.ndarray:
@@ -93,9 +98,7 @@ def _aim(u: Uniforms, shape: np.ndarray, dot: np.ndarray, distance: float, side:
     pixels = np.rint(shape + (target - shape[-1])).astype(np.int64)
     if pixels.min() < 2 or pixels.max() > side - 3:
         raise _Retry
-    keep = np.ones(len(pixels), dtype=bool)
-    keep[1:] = (pixels[1:] != pixels[:-1]).any(1)
-    return pixels[keep]
+    return _distinct_steps(pixels)
 
 
 def _reference_distance(u: Uniforms, c: "PathfinderConfig", min_span: int) -> float:
