@@ -110,7 +110,7 @@ class OptimConfig(_Section):
     lr: peak learning rate. weight_decay: decoupled decay of every parameter except the
     no-weight-decay ones (``Model.no_weight_decay_parameters``: decays, A_log, skips, norms,
     biases). betas, eps: Adam's. schedule (per optimizer step, after ``warmup_steps`` of linear
-    warm-up from 0):
+    warm-up from lr / warmup_steps):
       cosine        lr -> lr * min_lr_ratio along a half cosine until the last step;
       inverse_sqrt  lr * sqrt(warmup_steps / step) (LCSM Table 8, fairseq's inverse_sqrt);
       linear        lr -> lr * min_lr_ratio linearly (ETSMLP);
@@ -220,8 +220,9 @@ class TrainConfig(_Section):
 
     @classmethod
     def from_dict(cls, values):
-        values = dict(values or {})
+        values = {} if values is None else values
         _check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
+        values = dict(values)
         if "early_stop" in values and not isinstance(values["early_stop"], EarlyStopConfig):
             values["early_stop"] = EarlyStopConfig.from_dict(values["early_stop"])
         return cls(**values)

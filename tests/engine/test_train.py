@@ -4,6 +4,8 @@ import dataclasses
 import io
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from safetensors.torch import load_file
 
 import lcsm.ops.chunk as chunk
 from lcsm.engine import RunConfig, apply_overrides, build_optimizer, lr_factor, train
-from lcsm.engine.config import OptimConfig
+from lcsm.engine.config import OptimConfig, load_config
 from lcsm.engine.monitor import Progress
 from lcsm.engine.trainer import Trainer
 from lcsm.models import ModelConfig, build_model
@@ -179,6 +181,18 @@ def test_run_config_validation():
         RunConfig.from_dict(apply_overrides(TINY, {"model.mixer_options": {"headz": 2}}))
     with pytest.raises(ValueError, match="train.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'cuda:x'"):
         RunConfig.from_dict(apply_overrides(TINY, {"train.device": "cuda:x"}))
+    for section in ("task", "model", "optim", "train", "train.early_stop"):
+        with pytest.raises(ValueError, match=rf"^{section}: expected a mapping"):
+            RunConfig.from_dict(apply_overrides(TINY, {section: 5}))
+
+
+def test_engine_docs_config_example_loads(tmp_path):
+    """The example config of docs/engine.md is a config the engine accepts (task options included)."""
+    doc = (Path(__file__).parents[2] / "docs" / "engine.md").read_text()
+    example = re.search(r"## Configs\n\n```yaml\n(.*?)```", doc, re.S).group(1)
+    (tmp_path / "mqar-gla.yaml").write_text(example)
+    config = load_config(tmp_path / "mqar-gla.yaml")
+    assert config.name == "mqar-gla" and config.model["mixer"] == "gla"
 
 
 def test_overrides_parse_yaml_values():
