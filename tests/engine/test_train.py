@@ -85,12 +85,39 @@ def test_schedules():
     assert const(0) == 0.25 and const(99) == 1.0
 
 
+def train_log(run_dir, key):
+    """The ``key`` column of a run's logged training rows, as a float32 tensor (the precision the
+    runs computed it in)."""
+    rows = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    return torch.tensor([r[key] for r in rows if r["kind"] == "train"], dtype=torch.float32)
+
+
 def test_gradient_accumulation_matches_one_big_batch(cache_env):
-    """grad_accum splits the same global batch: same loss normalisation, same update."""
-    common = {"train.max_steps": 6, "train.eval_every": 0, "train.save_every": 0}
+    """grad_accum splits the same global batch: same loss normalisation (the logged loss and
+    gradient norm, which AdamW's scale invariance would hide from the weights), same update."""
+    common = {"train.max_steps": 6, "train.eval_every": 0, "train.save_every": 0, "train.log_every": 1}
     train(config(cache_env, "one", **common), quiet=True)
     train(config(cache_env, "four", **common, **{"train.grad_accum": 4}), quiet=True)
     assert_close(weights(cache_env / "four"), weights(cache_env / "one"), context="grad_accum 4 vs 1")
+    assert_close({k: train_log(cache_env / "four", k) for k in ("loss", "grad_norm")},
+                 {k: train_log(cache_env / "one", k) for k in ("loss", "grad_norm")}, context="grad_accum 4 vs 1 logs")
+
+
+def test_gradient_clipping_bounds_the_update(cache_env):
+    """grad_clip rescales the gradient to that norm before AdamW: with betas (0, 0) and eps large
+    against the gradient, Adam's step is about lr * g / eps, so the first update's size follows the
+    clipped norm (one tenth of it at grad_clip = norm / 10); the logged norm is the one before."""
+    common = {"train.max_steps": 1, "train.eval_every": 0, "train.save_every": 1, "train.log_every": 1,
+              "optim.warmup_steps": 0, "optim.weight_decay": 0.0, "optim.betas": [0.0, 0.0], "optim.eps": 1e3,
+              "optim.grad_clip": None}
+    start = {n: p.detach().clone() for n, p in Trainer(config(cache_env, "init", **common), quiet=True).model.state_dict().items()}
+    train(config(cache_env, "free", **common), quiet=True)
+    norm = float(train_log(cache_env / "free", "grad_norm")[0])
+    train(config(cache_env, "clipped", **{**common, "optim.grad_clip": norm / 10}), quiet=True)
+    assert float(train_log(cache_env / "clipped", "grad_norm")[0]) == pytest.approx(norm, rel=1e-6)
+    step = {run: torch.cat([(w - start[n]).flatten() for n, w in weights(cache_env / run).items()]).norm()
+            for run in ("free", "clipped")}
+    assert float(step["clipped"] / step["free"]) == pytest.approx(0.1, rel=1e-2)
 
 
 def test_early_stopping_and_best_checkpoint(cache_env):
