@@ -38,33 +38,36 @@ def metric_rows(run_dir):
     return [{k: v for k, v in r.items() if k not in ("time", "tokens_per_s")} for r in rows]
 
 
-def died_after_step_4(run_dir):
-    """Leave a finished run as if its process had died right after the step-4 checkpoint."""
+def died_after_step(run_dir, step=4):
+    """Leave a finished run as if its process had died right after the checkpoint of ``step``."""
     for path in (run_dir / "checkpoints").glob("step-*"):
-        if path.name != "step-00000004":
+        if path.name != f"step-{step:08d}":
             shutil.rmtree(path)
     (run_dir / "result.json").unlink()
 
 
-def test_resume_from_a_middle_checkpoint_is_exact(cache_env):
-    values = apply_overrides(TINY, {"model.dropout": 0.1, "train.keep_last": 10})
+@pytest.mark.parametrize("stop, steps", [(4, 12), (20, 24)], ids=["epoch-0", "epoch-1"])
+def test_resume_from_a_middle_checkpoint_is_exact(cache_env, stop, steps):
+    """Resumed in the first epoch or in the second (TINY has 16 batches an epoch), the run ends as
+    the uninterrupted one: the epoch's batch order, position in it, RNG, optimizer, schedule."""
+    values = apply_overrides(TINY, {"model.dropout": 0.1, "train.keep_last": 10, "train.max_steps": steps})
     train(RunConfig.from_dict({**values, "out_dir": str(cache_env / "a")}), quiet=True)
     b = cache_env / "b"
     train(RunConfig.from_dict({**values, "out_dir": str(b)}), quiet=True)
-    died_after_step_4(b)
+    died_after_step(b, stop)
     result = train(RunConfig.from_dict({**values, "out_dir": str(b)}), quiet=True)
-    assert result["step"] == 12
+    assert result["step"] == steps
     assert_identical(final_weights(cache_env / "a"), final_weights(b))
     assert metric_rows(cache_env / "a") == metric_rows(b)
     # resumed on the same machine and code: one stretch of steps
-    assert [(m["device"], m["from_step"], m["to_step"]) for m in result["trained_on"]] == [("cpu", 0, 12)]
+    assert [(m["device"], m["from_step"], m["to_step"]) for m in result["trained_on"]] == [("cpu", 0, steps)]
 
 
 def test_a_run_resumed_on_another_machine_records_both(cache_env):
     values = apply_overrides(TINY, {"train.keep_last": 10})
     run = cache_env / "a"
     train(RunConfig.from_dict({**values, "out_dir": str(run)}), quiet=True)
-    died_after_step_4(run)
+    died_after_step(run)
     # As if the first 4 steps had run on a GPU.
     saved = run / "checkpoints" / "step-00000004" / "trainer.pt"
     trainer = torch.load(saved, weights_only=True)

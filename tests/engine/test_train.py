@@ -17,6 +17,7 @@ from lcsm.engine.config import OptimConfig, load_config
 from lcsm.engine.monitor import Progress
 from lcsm.engine.trainer import Trainer
 from lcsm.models import ModelConfig, build_model
+from lcsm.tasks import SegmentBatchSampler
 from lcsm.testing import assert_close
 
 from .conftest import TINY
@@ -118,6 +119,28 @@ def test_gradient_clipping_bounds_the_update(cache_env):
     step = {run: torch.cat([(w - start[n]).flatten() for n, w in weights(cache_env / run).items()]).norm()
             for run in ("free", "clipped")}
     assert float(step["clipped"] / step["free"]) == pytest.approx(0.1, rel=1e-2)
+
+
+def test_every_epoch_draws_its_own_batch_order(cache_env, monkeypatch):
+    """The loop trains on the sampler's order of each epoch in turn (16 batches an epoch here),
+    so a second epoch is not the first one again."""
+    seen = []
+    step = Trainer.train_step
+
+    def recording(self, indices):
+        seen.append(indices)
+        return step(self, indices)
+
+    monkeypatch.setattr(Trainer, "train_step", recording)
+    cfg = config(cache_env, **{"train.max_steps": 32, "train.eval_every": 0, "train.save_every": 0})
+    train(cfg, quiet=True)
+    sampler = SegmentBatchSampler(cfg.build_task().dataset("train"), 8, shuffle=True, seed=0, drop_last=True)
+    orders = []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        orders.append(sampler.batches())
+    assert len(orders[0]) == 16 and orders[0] != orders[1]
+    assert seen == orders[0] + orders[1]
 
 
 def test_early_stopping_and_best_checkpoint(cache_env):
