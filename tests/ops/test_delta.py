@@ -189,7 +189,10 @@ def test_half_precision_computes_in_float32():
                      output_final_state=True, mode="chunk", chunk_size=8)
     assert y.dtype == torch.bfloat16 and m.dtype == torch.float32
     y_ref, m_ref = reference(*[half[n].to(torch.float64) for n in NAMES])
-    assert_close({"y": y, "m_T": m}, {"y": y_ref, "m_T": m_ref}, dtype=torch.bfloat16)
+    assert_close({"y": y}, {"y": y_ref}, dtype=torch.bfloat16)
+    # the memory is returned in float32, so it is held to float32's tolerance (bfloat16's would
+    # pass a memory rounded to bfloat16)
+    assert_close({"m_T": m}, {"m_T": m_ref}, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("mode", ["chunk", "recurrent"])
