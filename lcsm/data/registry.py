@@ -189,8 +189,7 @@ def unpack(artefact: Path, dest: Path) -> None:
     elif name.endswith((".zip", ".whl")):
         with zipfile.ZipFile(artefact) as zf:
             for info in zf.infolist():
-                target = (dest / info.filename).resolve()
-                if not str(target).startswith(str(dest.resolve())):
+                if not (dest / info.filename).resolve().is_relative_to(dest.resolve()):
                     raise ValueError(f"{name}: member {info.filename!r} would land outside the target directory")
             zf.extractall(dest)
     elif name.endswith(".deb"):

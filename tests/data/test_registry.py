@@ -113,6 +113,16 @@ def test_unsafe_archive_members_are_refused(tmp_path):
     with pytest.raises(tarfile.TarError):
         src.unpack(bad, tmp_path / "out")
     assert not (tmp_path / "escape.txt").exists()
+    # a zip member outside the target, also one whose path only shares the target's name as a prefix
+    for member in ("../escape.txt", "../out2/escape.txt", "/abs/escape.txt"):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as zf:
+            zf.writestr(member, b"x")
+        bad = tmp_path / "bad.zip"
+        bad.write_bytes(buf.getvalue())
+        with pytest.raises(ValueError, match=f"member {member!r} would land outside the target directory"):
+            src.unpack(bad, tmp_path / "out")
+    assert not any(tmp_path.rglob("escape.txt"))
 
 
 def test_every_declared_source_is_pinned():
