@@ -7,7 +7,8 @@ Softmax attention is not an EOS recurrence with a fixed-size memory: the normali
 past keys cannot be folded into m_t = o_t * m_{t-1} + e_t i_t^T. MetaLA (Table 1, section 3)
 treats it as the map that linear attention approximates; its "memory" is the KV cache, which
 grows with t (T x d keys and T x d values). The full sequence runs through
-``torch.nn.functional.scaled_dot_product_attention``; decoding appends to the cache.
+``torch.nn.functional.scaled_dot_product_attention``; decoding appends to the cache, in place
+when it can (``KVCache``), so that a step costs the attention over the cache, not a copy of it.
 
 Defaults follow the Zoology MQAR baseline (``zoology.mixers.attention.MHA``): one head, biased
 projections, no positional information inside the mixer (Zoology adds learned positions at the
@@ -21,8 +22,8 @@ Shape glossary: B batch, T new tokens, P cached tokens, H heads, D head width.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,14 +36,59 @@ Tensor = torch.Tensor
 POSITIONS = ("none", "learned", "rotary")
 
 
+class _Buffer:
+    """Storage that cached keys and values are views of: keys, values [B, H, capacity, D], the
+    first ``filled`` slots written. Shared by the states of one decoding stream."""
+
+    def __init__(self, keys: Tensor, values: Tensor, filled: int):
+        self.keys, self.values, self.filled = keys, values, filled
+
+
 @dataclass
 class KVCache(State):
     """keys, values: every past token's k and v [B, H, P, D] (they grow by one per token);
-    position: number of tokens seen, P, per sequence [B] (int64)."""
+    position: number of tokens seen, P, per sequence [B] (int64).
+
+    keys and values are views of the first P slots of a buffer with room to spare (capacity
+    doubles when full), and the next tokens are written into the slots after them, so an append
+    costs O(T d), not a copy of the cache (torch.cat copied all P tokens at every step: about 40%
+    of a step at P = 16K). States stay values: appending to a state whose slots after P another
+    append has already written (a second branch from one state) first copies its P tokens to a
+    buffer of its own. Under autograd, where the views are saved for the backward, appends
+    concatenate instead of writing in place."""
 
     keys: Tensor
     values: Tensor
     position: Tensor
+    buffer: Optional[_Buffer] = field(default=None, repr=False, compare=False)
+
+    def tensors(self) -> Dict[str, Tensor]:
+        return {"keys": self.keys, "values": self.values, "position": self.position}
+
+    def map(self, fn: Callable[[Tensor], Tensor]) -> "KVCache":
+        # fn makes new tensors (another device, a subset of the batch): the buffer is not theirs
+        return KVCache(**{k: fn(v) for k, v in self.tensors().items()})
+
+    def append(self, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Optional[_Buffer]]:
+        """The cache with k, v [B, H, T, D] appended: (keys, values [B, H, P + T, D], their buffer,
+        None where they were concatenated)."""
+        P, T = self.keys.shape[2], k.shape[2]
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad or self.keys.requires_grad
+                                        or self.values.requires_grad):
+            return torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2), None
+        buf = self.buffer
+        if not (buf is not None and buf.filled == P and P + T <= buf.keys.shape[2]
+                and buf.keys.dtype == k.dtype and buf.keys.device == k.device
+                and self.keys.data_ptr() == buf.keys.data_ptr() and self.values.data_ptr() == buf.values.data_ptr()):
+            B, H, _, D = k.shape
+            capacity = max(2 * (P + T), 16)
+            buf = _Buffer(k.new_empty(B, H, capacity, D), v.new_empty(B, H, capacity, D), P)
+            buf.keys[:, :, :P] = self.keys
+            buf.values[:, :, :P] = self.values
+        buf.keys[:, :, P:P + T] = k
+        buf.values[:, :, P:P + T] = v
+        buf.filled = P + T
+        return buf.keys[:, :, :P + T], buf.values[:, :, :P + T], buf
 
 
 def rotate(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
@@ -124,10 +170,14 @@ class Attention(Mixer):
         q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
         if self.positions == "rotary":
             q, k = rotate(q, positions), rotate(k, positions)
-        keys = torch.cat([state.keys, k], dim=2)
-        values = torch.cat([state.values, v], dim=2)
+        if P == 0 and not return_state:
+            keys, values, buffer = k, v, None
+        else:
+            keys, values, buffer = state.append(k, v)
         if P == 0:
             o = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
+        elif T == 1:
+            o = F.scaled_dot_product_attention(q, keys, values)    # one query sees every key
         else:
             # Query t (absolute P + t) sees keys 0..P + t: a causal mask shifted by the cache length
             # (is_causal would align the mask to the top-left corner instead).
@@ -135,7 +185,7 @@ class Attention(Mixer):
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         y = self.o_proj(o.transpose(1, 2).reshape(B, T, d))
         if return_state:
-            return y, KVCache(keys=keys, values=values, position=state.position + T)
+            return y, KVCache(keys=keys, values=values, position=state.position + T, buffer=buffer)
         return y
 
     def init_state(self, batch_size: int) -> KVCache:

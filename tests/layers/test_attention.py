@@ -79,6 +79,45 @@ def test_cached_decoding_equals_full_forward(options):
     assert s.position.tolist() == [13, 13]
 
 
+@torch.no_grad()
+def test_cache_appends_in_place_and_branches_copy():
+    """Appends write into the cache's buffer (the keys of every step share one storage until it
+    fills), two appends to one state give two independent branches (the second copies), and a
+    state moved by map (here a batch subset) starts a buffer of its own: every branch decodes as
+    the full forward over its own tokens."""
+    m, x = make(positions="rotary"), inputs(T=9)
+    y_full = m(x)
+    _, s = m(x[:, :4], return_state=True)
+    states = [s]
+    for t in range(4, 8):
+        states.append(m(x[:, t:t + 1], state=states[-1], return_state=True)[1])
+    assert len({st.keys.untyped_storage().data_ptr() for st in states}) == 1
+    other = torch.randn_like(x[:, 8:9])
+    y_a, s_a = m(x[:, 8:9], state=states[-1], return_state=True)
+    y_b, s_b = m(other, state=states[-1], return_state=True)       # the same state again
+    y_a2 = m(x[:, 8:9], state=states[-1])
+    assert s_b.keys.untyped_storage().data_ptr() != s_a.keys.untyped_storage().data_ptr()
+    assert_close({"a": y_a, "again": y_a2}, {"a": y_full[:, 8:9], "again": y_full[:, 8:9]})
+    assert_close({"b": y_b}, {"b": m(torch.cat([x[:, :8], other], 1))[:, 8:9]})
+    assert_close({"a keys": s_a.keys}, {"a keys": m(x, return_state=True)[1].keys})
+    first = states[-1].map(lambda t: t[:1])
+    assert first.buffer is None
+    y_first, _ = m(x[:1, 8:9], state=first, return_state=True)
+    assert_close({"first": y_first}, {"first": y_full[:1, 8:9]})
+
+
+def test_cached_decoding_backpropagates():
+    """With gradients on, appends concatenate (an in-place write would change keys saved for the
+    backward): gradients through two cached calls equal those of the full forward."""
+    m, x = make(), inputs(T=7).requires_grad_()
+    g = torch.randn(2, 7, D_MODEL, dtype=x.dtype)
+    (dx_full,) = torch.autograd.grad(m(x), x, g)
+    y1, s = m(x[:, :4], return_state=True)
+    y2, _ = m(x[:, 4:], state=s, return_state=True)
+    (dx_cached,) = torch.autograd.grad(torch.cat([y1, y2], 1), x, g)
+    assert_close({"dx": dx_cached}, {"dx": dx_full})
+
+
 def test_rotary_scores_depend_on_relative_position_only():
     """RoPE: shifting every position by the same offset leaves q . k unchanged."""
     g = torch.Generator().manual_seed(4)
