@@ -298,8 +298,8 @@ def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
     L += [f"- {k}: {v}" for k, v in header.items()]
     L += ["", f"Causal LMs, d_model {z.d_model}, {z.n_layers} layers, vocabulary {z.vocab}, float32, batch 1 "
           f"(so tokens per batch = T). Training: forward + backward of the cross-entropy on random tokens, "
-          f"median of {z.repeats} timed steps after one warm-up step per model; no optimizer step. Decoding: "
-          f"median of {z.decode_steps} one-token steps (after one warm-up step) following a prefill of P tokens, "
+          f"median of {z.repeats} timed steps after an untimed one of each model at each length; no optimizer "
+          f"step. Decoding: median of {z.decode_steps} one-token steps (after one warm-up step) following a prefill of P tokens, "
           f"greedy, no gradients, 1 thread; the streams of all (model, P) are stepped in turns, "
           f"{DECODE_BURST} steps each, so that every latency ratio compares steps taken side by side.", "",
           "## Models", "", "| model | block | parameters |", "| --- | --- | ---: |"]
