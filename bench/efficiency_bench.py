@@ -299,8 +299,8 @@ def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
     L += ["", f"Causal LMs, d_model {z.d_model}, {z.n_layers} layers, vocabulary {z.vocab}, float32, batch 1 "
           f"(so tokens per batch = T). Training: forward + backward of the cross-entropy on random tokens, "
           f"median of {z.repeats} timed steps after an untimed one of each model at each length; no optimizer "
-          f"step. Decoding: median of {z.decode_steps} one-token steps (after one warm-up step) following a prefill of P tokens, "
-          f"greedy, no gradients, 1 thread; the streams of all (model, P) are stepped in turns, "
+          f"step. Decoding: median of {z.decode_steps} one-token steps (after one warm-up step) following a "
+          f"prefill of P tokens, greedy, no gradients, 1 thread; the streams of all (model, P) are stepped in turns, "
           f"{DECODE_BURST} steps each, so that every latency ratio compares steps taken side by side.", "",
           "## Models", "", "| model | block | parameters |", "| --- | --- | ---: |"]
     L += [f"| {n} | {r.configs[n]} | {r.params[n]:,} |" for n in MODELS]
