@@ -1,9 +1,10 @@
 """Efficiency benchmark (issue 6, item 6; ETSMLP Fig. 3, MetaLA Fig. A2): causal LMs of one size
-with different token mixers, on CPU, side by side in one run.
+with different token mixers, side by side in one run, on the CPU (default) or a CUDA device.
 
     training   forward + backward tokens/s of one step (batch 1, cross-entropy on random tokens, no
                optimizer step) against sequence length T; the ratio to the Transformer at each T
-    memory     peak extra resident memory of that step per (model, T), each in a fresh process
+    memory     peak extra memory of that step per (model, T): on the CPU the resident set, each in a
+               fresh process; on CUDA the caching allocator's peak of allocated device memory
     decoding   per-token latency of one-step decoding (the call ``CausalLM.generate`` makes per
                token: recurrent state, or the KV cache for attention) after a prefill of length P,
                on one thread, the streams of every (model, P) stepped in turns
@@ -18,6 +19,9 @@ the element-wise MLP block, no channel mixer), gla, mamba, metala (the MetaLA Tr
 Run from the repository root:
 
     lcsm bench efficiency [--out FILE] [--quick] [--repeats N] [--threads N] [--allocator retain|system]
+                          [--device cpu|cuda[:N]|auto]
+
+On CUDA every timer waits for the device (``torch.cuda.synchronize``) before it starts and stops.
 """
 from __future__ import annotations
 
@@ -39,6 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from bench._common import Check, proc_status_kib, provenance_header
+from lcsm._provenance import device_name
+from lcsm.engine.distributed import resolve_device
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
 from lcsm.models import ModelConfig, build_model, preset
 
@@ -97,8 +103,8 @@ def describe(name: str, cfg: ModelConfig) -> str:
     return block
 
 
-def tokens(T: int, vocab: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (1, T + 1), generator=torch.Generator().manual_seed(seed))
+def tokens(T: int, vocab: int, seed: int, device: torch.device) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, T + 1), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
 def train_step(model, ids: torch.Tensor) -> None:
@@ -107,9 +113,17 @@ def train_step(model, ids: torch.Tensor) -> None:
     F.cross_entropy(logits.flatten(0, 1), ids[0, 1:]).backward()
 
 
-def timed(fn: Callable[[], None]) -> float:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels: CUDA calls return before their work is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], None], device: torch.device) -> float:
+    sync(device)
     t0 = time.perf_counter()
     fn()
+    sync(device)
     return time.perf_counter() - t0
 
 
@@ -119,21 +133,24 @@ class Decoder:
     makes per token (the recurrent state, or the KV cache for attention)."""
 
     @torch.no_grad()
-    def __init__(self, model, context: int, vocab: int):
-        self.model = model.eval()
-        prompt = tokens(context - 1, vocab, seed=context)
-        t0 = time.perf_counter()
-        self.logits, self.state = model(prompt, return_state=True)
-        self.prefill = time.perf_counter() - t0
+    def __init__(self, model, context: int, vocab: int, device: torch.device):
+        self.model, self.device = model.eval(), device
+        prompt = tokens(context - 1, vocab, seed=context, device=device)
+
+        def prefill() -> None:
+            self.logits, self.state = model(prompt, return_state=True)
+        self.prefill = timed(prefill, device)
         self.times: List[float] = []
+
+    def _next(self) -> None:
+        self.logits, self.state = self.model(self.logits[:, -1].argmax(-1, keepdim=True), state=self.state,
+                                             return_state=True)
 
     @torch.no_grad()
     def step(self, record: bool = True) -> None:
-        t0 = time.perf_counter()
-        self.logits, self.state = self.model(self.logits[:, -1].argmax(-1, keepdim=True), state=self.state,
-                                             return_state=True)
+        elapsed = timed(self._next, self.device)
         if record:
-            self.times.append(time.perf_counter() - t0)
+            self.times.append(elapsed)
 
 
 # ----------------------------------------------------------------------------- peak memory
@@ -146,13 +163,33 @@ def memory_worker(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
     model = build_model(model_config(spec["model"], z), verbose=False)
-    train_step(model, tokens(min(64, spec["T"]), z.vocab, seed=1))
-    ids = tokens(spec["T"], z.vocab, seed=2)
+    cpu = torch.device("cpu")
+    train_step(model, tokens(min(64, spec["T"]), z.vocab, seed=1, device=cpu))
+    ids = tokens(spec["T"], z.vocab, seed=2, device=cpu)
     gc.collect()
     base = proc_status_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")   # resets VmHWM (the peak RSS) to the current RSS
     train_step(model, ids)
     return {"peak_bytes": (proc_status_kib("VmHWM") - base) * 1024}
+
+
+def cuda_peak_memory(z: Sizes, name: str, T: int, device: torch.device):
+    """Bytes above the pre-step allocation of one training step on a CUDA device (the caching
+    allocator's peak: what the step's tensors held, not what the allocator reserved), or a string
+    saying why not. In this process: the allocator's counters are per device, not per process."""
+    torch.manual_seed(0)
+    try:
+        model = build_model(model_config(name, z), verbose=False).to(device)
+        train_step(model, tokens(min(64, T), z.vocab, seed=1, device=device))
+        ids = tokens(T, z.vocab, seed=2, device=device)
+        sync(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        train_step(model, ids)
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    except torch.cuda.OutOfMemoryError as exc:
+        return f"out of memory: {exc}".splitlines()[0]
 
 
 def peak_memory(z: Sizes, name: str, T: int, threads: int):
@@ -182,31 +219,34 @@ class Results:
     prefill: Dict[Tuple[str, int], float]
     decode: Dict[Tuple[str, int], float]               # seconds per token
     notes: List[str]
+    device: torch.device
 
 
-def run(z: Sizes, threads: int, log: Callable[[str], None]) -> Results:
-    r = Results({}, {}, {}, {}, {}, {}, [])
+def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]) -> Results:
+    r = Results({}, {}, {}, {}, {}, {}, [], device)
     models = {}
     for name in MODELS:
         torch.manual_seed(0)
         cfg = model_config(name, z)
-        models[name] = build_model(cfg, verbose=False)
+        models[name] = build_model(cfg, verbose=False).to(device)
         r.params[name] = models[name].num_parameters()
         r.configs[name] = describe(name, cfg)
         log(f"built {name}: {r.params[name]:,} parameters")
-        train_step(models[name], tokens(z.train[0], z.vocab, seed=0))   # warm-up (lazy init, allocator)
+        # warm-up: lazy initialisation, the allocator's first blocks, CUDA's kernel loading
+        train_step(models[name], tokens(z.train[0], z.vocab, seed=0, device=device))
 
     # All models at one T before the next T: each ratio compares runs taken minutes apart at most,
     # so slow drifts of the machine's load bend the ratios less than the absolute numbers.
     for T in z.train:
-        ids = tokens(T, z.vocab, seed=T)
+        ids = tokens(T, z.vocab, seed=T, device=device)
         for name in MODELS:
             try:
                 # one untimed step at each length: a model's first step at a new length pays for
                 # new allocation sizes and page faults (GLA: 20-30% slower than the next ones)
                 train_step(models[name], ids)
-                r.train[name, T] = [timed(lambda: train_step(models[name], ids)) for _ in range(z.repeats)]
-            except (RuntimeError, MemoryError) as exc:
+                r.train[name, T] = [timed(lambda: train_step(models[name], ids), device)
+                                    for _ in range(z.repeats)]
+            except (RuntimeError, MemoryError) as exc:       # torch.cuda.OutOfMemoryError is a RuntimeError
                 r.notes.append(f"training {name} T={T} failed: {type(exc).__name__}: {exc}")
                 continue
             log(f"train {name:11s} T={T:6d}: {T / statistics.median(r.train[name, T]):9.0f} tokens/s")
@@ -221,7 +261,7 @@ def run(z: Sizes, threads: int, log: Callable[[str], None]) -> Results:
     for P in z.decode:
         for name in MODELS:
             try:
-                streams[name, P] = Decoder(models[name], P, z.vocab)
+                streams[name, P] = Decoder(models[name], P, z.vocab, device)
                 streams[name, P].step(record=False)       # the first call at new shapes pays one-off costs
             except (RuntimeError, MemoryError) as exc:
                 r.notes.append(f"decoding {name} context {P} failed: {type(exc).__name__}: {exc}")
@@ -236,11 +276,18 @@ def run(z: Sizes, threads: int, log: Callable[[str], None]) -> Results:
     del streams
     del models
 
-    # Two workers at once on 1 thread each: peak RSS is per process, so they cannot disturb each
-    # other's numbers, and nothing is being timed any more.
     cells = [(name, T) for T in z.memory for name in MODELS]
-    with ThreadPoolExecutor(2) as pool:
-        for (name, T), value in zip(cells, pool.map(lambda c: peak_memory(z, c[0], c[1], 1), cells)):
+    if device.type == "cuda":
+        # One cell at a time in this process: the allocator's peak counter is per device.
+        gc.collect()
+        torch.cuda.empty_cache()
+        measure, workers = (lambda c: cuda_peak_memory(z, c[0], c[1], device)), 1
+    else:
+        # Two workers at once on 1 thread each: peak RSS is per process, so they cannot disturb
+        # each other's numbers, and nothing is being timed any more.
+        measure, workers = (lambda c: peak_memory(z, c[0], c[1], 1)), 2
+    with ThreadPoolExecutor(workers) as pool:
+        for (name, T), value in zip(cells, pool.map(measure, cells)):
             r.memory[name, T] = value
             shown = f"{value / 2 ** 20:.1f} MiB" if isinstance(value, int) else value
             log(f"memory {name:11s} T={T:6d}: {shown}")
@@ -296,7 +343,8 @@ def _f(x: Optional[float], fmt: str) -> str:
 def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
     L = ["# lcsm efficiency benchmark (training throughput, peak memory, decoding latency)", ""]
     L += [f"- {k}: {v}" for k, v in header.items()]
-    L += ["", f"Causal LMs, d_model {z.d_model}, {z.n_layers} layers, vocabulary {z.vocab}, float32, batch 1 "
+    L += ["", f"Causal LMs, d_model {z.d_model}, {z.n_layers} layers, vocabulary {z.vocab}, float32, batch 1, "
+          f"on {r.device} "
           f"(so tokens per batch = T). Training: forward + backward of the cross-entropy on random tokens, "
           f"median of {z.repeats} timed steps after an untimed one of each model at each length; no optimizer "
           f"step. Decoding: median of {z.decode_steps} one-token steps (after one warm-up step) following a "
@@ -323,8 +371,9 @@ def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
     mcols = " | ".join(f"T={T}" for T in z.memory)
     mbar = "| --- |" + " ---: |" * len(z.memory)
     mib = lambda v: f"{v / 2 ** 20:.1f}" if isinstance(v, int) else "n/a"
-    L += ["", "## Peak memory of one training step (MiB above the pre-step resident set; fresh process per cell, "
-          "1 thread)",
+    how = ("above the pre-step allocation, the CUDA caching allocator's peak" if r.device.type == "cuda" else
+           "above the pre-step resident set; fresh process per cell, 1 thread")
+    L += ["", f"## Peak memory of one training step (MiB {how})",
           "", f"| model | {mcols} | bytes / token at T={z.memory[-1]} |", mbar + " ---: |"]
     for n in MODELS:
         last = r.memory.get((n, z.memory[-1]))
@@ -362,6 +411,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--allocator", choices=HOST_ALLOCATORS, default="retain",
                    help="host memory of the timed runs, as train.host_allocator: retain (default, what lcsm's training "
                         "processes use: no page faults on reused memory) or system (glibc's own mmap rules)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default), cuda, cuda:N or auto; on CUDA every timer synchronises with the device and "
+                        "peak memory is the caching allocator's")
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_worker is not None:
@@ -371,6 +423,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error(f"--repeats: expected an integer >= 1, got {args.repeats}")
     if args.threads < 1:
         p.error(f"--threads: expected an integer >= 1, got {args.threads}")
+    try:
+        device = resolve_device(args.device, "--device")
+    except ValueError as exc:
+        p.error(str(exc))
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        p.error(f"--device: got {args.device!r}, but this process sees {torch.cuda.device_count()} CUDA device(s)")
     z = QUICK if args.quick else FULL
     if args.repeats is not None:
         z = Sizes(**{**asdict(z), "repeats": args.repeats})
@@ -382,9 +440,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     log = lambda msg: print(f"[efficiency {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
     header = provenance_header("lcsm bench efficiency" + (" " + shlex.join(argv) if argv else ""), args.threads)
     header["allocator"] = allocator
+    header["device"] = device_name(device)
     load_before = _load()
     try:
-        results = run(z, args.threads, log)
+        results = run(z, args.threads, device, log)
     finally:
         torch.set_num_threads(threads)
     header["load average (1/5/15 min) at start / end"] = f"{load_before}  /  {_load()}"

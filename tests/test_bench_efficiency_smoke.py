@@ -4,6 +4,7 @@ model. Timings are machine-dependent and not asserted."""
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ def test_quick_run_writes_every_table(tmp_path, capsys):
     text = capsys.readouterr().out
     assert out.read_text() == text
     assert "- git commit: " in text and "- machine cpu: " in text and "- wall time: " in text
-    assert "--quick" in text and "load average" in text and "- allocator: " in text
+    assert "--quick" in text and "load average" in text and "- allocator: " in text and "- device: cpu" in text
     z = efficiency_bench.QUICK
     models = efficiency_bench.MODELS
     for heading in ("## Models", "## Training throughput", "## Peak memory", "## Decoding"):
@@ -49,3 +50,33 @@ def test_models_are_of_comparable_size():
               for n in efficiency_bench.MODELS}
     base = counts[efficiency_bench.BASELINE]
     assert all(0.8 <= c / base <= 1.3 for c in counts.values()), counts
+
+
+def test_device_option_errors_name_it(capsys):
+    bad = ["tpu", "cuda:x"] + ([] if torch.cuda.is_available() else ["cuda"])
+    for value in bad:
+        try:
+            cli_main(["bench", "efficiency", "--quick", "--device", value])
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(f"--device {value} was accepted")
+        err = capsys.readouterr().err
+        assert "--device" in err and repr(value) in err, err
+
+
+def test_cuda_timers_wait_for_the_device(monkeypatch):
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    efficiency_bench.timed(lambda: events.append("work"), torch.device("cuda"))
+    assert events == ["sync", "work", "sync"]
+    events.clear()
+    efficiency_bench.timed(lambda: events.append("work"), torch.device("cpu"))
+    assert events == ["work"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_quick_run_on_cuda(tmp_path, capsys):
+    assert cli_main(["bench", "efficiency", "--quick", "--device", "cuda", "--out", str(tmp_path / "e.md")]) == 0
+    text = capsys.readouterr().out
+    assert "- device: cuda" in text and "CUDA caching allocator's peak" in text and "## Notes" not in text
