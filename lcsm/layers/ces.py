@@ -143,7 +143,7 @@ class CES(Mixer):
                 log_delta = torch.view_as_real(log_lambda.log())
             else:
                 log_delta = (-log_lambda.real).log()                                  # log(-log lambda)
-            self.log_delta = no_weight_decay(nn.Parameter(log_delta.float().contiguous()))
+            self.log_delta = no_weight_decay(nn.Parameter(log_delta.to(torch.get_default_dtype()).contiguous()))
             if self.use_alpha:
                 log_dt = math.log(dt_min) + torch.rand(C) * (math.log(dt_max) - math.log(dt_min))
                 # alpha = e^{a0} + i e^{a1} with a0 = a1 = log dt (official: log dt tiled over the pair).

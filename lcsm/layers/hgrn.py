@@ -80,7 +80,7 @@ class HGRN(Mixer):
         # Learned phase, initialised like rotary frequencies (official: 10000^(-2 j / d)); a
         # rotation angle rather than a weight, so it is kept out of weight decay.
         theta = 10000.0 ** (-2.0 / d * torch.arange(d, dtype=torch.float64))
-        self.theta = no_weight_decay(nn.Parameter(theta.float()))
+        self.theta = no_weight_decay(nn.Parameter(theta.to(torch.get_default_dtype())))
 
     def log_forget(self, x: Tensor):
         """(log lambda_t, 1 - lambda_t), each [B, T, d_model], computed without cancellation:

@@ -474,8 +474,8 @@ class LRPE(_QKVAttention):
         y_t = Re(m_t)^T q_t = sum_s sum_j cos((t - s) Theta_hj) q_tj k_sj v_s
         out = o_proj(concat_heads(y))
 
-    Theta [H, K] is learned. Init: one RoPE-like spectrum over all H * K channels,
-    Theta[h, k] = 10000^(-(h K + k) / (H K)) in [1e-4, 1], so heads cover different frequency
+    Theta [H, K] is learned. Init: one RoPE spectrum over all H * K channels,
+    Theta[h, k] = 10000^(-2 (h K + k) / (H K)) in [1e-8, 1], so heads cover different frequency
     bands, as the LRPE authors' own "cosformer style" Lrpe module (xmixers, lrpe_type 3) does.
     Equivalent to LRPE's real form, which doubles q and k into [q cos(t theta), q sin(t theta)]:
     the complex memory holds the same 2 x K x D reals.
@@ -500,7 +500,7 @@ class LRPE(_QKVAttention):
         self._make_qkv(d_model, bias)
         channels = self.num_heads * self.head_k
         c = torch.arange(channels, dtype=torch.float64)
-        theta = (10000.0 ** (-c / channels)).view(self.num_heads, self.head_k)
+        theta = (10000.0 ** (-2.0 * c / channels)).view(self.num_heads, self.head_k)
         self.theta = no_weight_decay(nn.Parameter(theta.to(torch.get_default_dtype())))
         self.complex_memory = True
 

@@ -99,11 +99,12 @@ class RWKV4(Mixer):
         decay_speed = -5 + 8 * (h / max(C - 1, 1)) ** (0.7 + 1.3 * ratio_0_to_1)
         zigzag = ((h + 1) % 3 - 1) * 0.5
         ddd = h / C
-        self.time_decay = no_weight_decay(nn.Parameter(decay_speed.float()))
-        self.time_first = no_weight_decay(nn.Parameter((math.log(0.3) + zigzag).float()))
-        self.time_mix_k = no_weight_decay(nn.Parameter(ddd.pow(ratio_1_to_almost0).float()))
-        self.time_mix_v = no_weight_decay(nn.Parameter((ddd.pow(ratio_1_to_almost0) + 0.3 * ratio_0_to_1).float()))
-        self.time_mix_r = no_weight_decay(nn.Parameter(ddd.pow(0.5 * ratio_1_to_almost0).float()))
+        dtype = torch.get_default_dtype()
+        self.time_decay = no_weight_decay(nn.Parameter(decay_speed.to(dtype)))
+        self.time_first = no_weight_decay(nn.Parameter((math.log(0.3) + zigzag).to(dtype)))
+        self.time_mix_k = no_weight_decay(nn.Parameter(ddd.pow(ratio_1_to_almost0).to(dtype)))
+        self.time_mix_v = no_weight_decay(nn.Parameter((ddd.pow(ratio_1_to_almost0) + 0.3 * ratio_0_to_1).to(dtype)))
+        self.time_mix_r = no_weight_decay(nn.Parameter(ddd.pow(0.5 * ratio_1_to_almost0).to(dtype)))
 
         # The official model zero-initialises key, receptance and output (scale_init = 0) in its
         # global init pass. A standalone layer keeps PyTorch's default init: with a zero output

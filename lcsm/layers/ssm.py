@@ -271,6 +271,8 @@ class DSS(_DiagonalSISO):
     log_o = Delta Lambda [H, N, 1], s = W [H, N]; y = Re(EOS output) + D u (no factor 2: DSS keeps
     all N modes, as the official code). Positive Re Lambda is allowed (the softmax keeps the kernel
     bounded); for those modes the official code's shift exp(-(L-1) Delta Lambda) is folded into e.
+    Departure: the official code computes that shift under ``no_grad``, so its gradient for such
+    modes is not the kernel's; ours differentiates it (the same forward, the kernel's own gradient).
 
     Departure: the official kernel normalises the softmax over the current input length L, which
     makes the layer's output at time t depend on how long the whole input is: not causal across
@@ -312,7 +314,7 @@ class DSS(_DiagonalSISO):
         self.Lambda = no_weight_decay(complex_param(Lam))
         log_dt = log_dt_init(H, dt_min, dt_max).unsqueeze(-1).repeat(1, 2)       # [H, (re, im)]
         self.log_dt = no_weight_decay(nn.Parameter(log_dt.to(_dtype())))
-        self.W = nn.Parameter(torch.randn(H, N, 2))
+        self.W = no_weight_decay(nn.Parameter(torch.randn(H, N, 2)))     # official: wd 0 on W
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
         self.output_linear = nn.Linear(H, H)
 

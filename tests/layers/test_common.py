@@ -93,6 +93,21 @@ def test_init_state_on_mixer_device_and_dtype(name):
             assert real == torch.float64, (name, key, t.dtype)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_parameters_take_the_default_dtype(name):
+    """Built under a float64 default, a mixer holds float64 parameters before any .double(), so a
+    float64 reference from its raw parameters is exact (some of RWKV-4, HGRN, Mamba and CES were
+    float32)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        mixer = layers.build(name, D_MODEL)
+    finally:
+        torch.set_default_dtype(previous)
+    wrong = {n: p.dtype for n, p in mixer.named_parameters() if p.dtype != torch.float64}
+    assert not wrong, (name, wrong)
+
+
 # The bfloat16 tests run every mixer with its defaults and these options besides: the complex and
 # real variants, and the parameterisations the defaults do not reach.
 BFLOAT16_CASES = [(name, {}) for name in NAMES] + [

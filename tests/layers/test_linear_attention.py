@@ -306,7 +306,7 @@ def test_no_weight_decay_tags():
 def test_lrpe_theta_init_is_one_rope_spectrum_over_heads():
     m = layers.build("lrpe", D_MODEL)  # a float32 parameter: its init is float32-rounded
     H, K = m.num_heads, m.head_k
-    expected = 10000.0 ** (-torch.arange(H * K, dtype=torch.float64) / (H * K))
+    expected = 10000.0 ** (-2.0 * torch.arange(H * K, dtype=torch.float64) / (H * K))
     assert_close({"theta": m.theta.detach().flatten()}, {"theta": expected.float()})
 
 

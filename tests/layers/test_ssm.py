@@ -376,3 +376,17 @@ def test_tnn_equals_gated_toeplitz_unit():
 def test_bad_options_name_the_argument(name, options, match):
     with pytest.raises(ValueError, match=match):
         layers.build(name, D_MODEL, **{**SMALL[name], **options})
+
+
+@pytest.mark.parametrize("name,exempt", [
+    ("s4", {"log_dt", "log_A_real", "A_imag", "P", "B", "D"}),
+    ("s4d", {"log_dt", "log_A_real", "A_imag", "D"}),
+    ("s5", {"Lambda_re", "Lambda_im", "log_dt", "B", "D"}),
+    ("dss", {"Lambda", "log_dt", "W", "D"}),
+])
+def test_weight_decay_tags_follow_the_official_groups(name, exempt):
+    """docs/zoo/ssm.md: the official codes' parameters without weight decay (DSS's W among them),
+    and D in every model (our choice)."""
+    mixer = layers.build(name, D_MODEL, **SMALL[name])
+    tagged = {n for n, p in mixer.named_parameters() if getattr(p, "_no_weight_decay", False)}
+    assert tagged == exempt, (name, sorted(tagged))
