@@ -233,7 +233,12 @@ class Trainer:
                 "training_config": _json_canonical(self.config.training_dict()),
                 "model_config": self.model_config.to_dict(), "n_params": self.n_params,
                 "world_size": self.dist.world, "lcsm_version": __version__, "torch_version": torch.__version__,
-                "metrics": self.state.last_eval}
+                "metrics": self.state.last_eval, "task_data": self.task_data()}
+
+    def task_data(self) -> Dict[str, Any]:
+        """Which data the run trains on beyond its config: the task's generator version (bumped
+        whenever a task's data change for the same options)."""
+        return {"task": self.task.registry_name, "generator_version": self.task.generator_version}
 
     def _rng_state(self) -> Dict[str, Any]:
         state = {"cpu": torch.get_rng_state()}
@@ -275,6 +280,14 @@ class Trainer:
             raise ValueError(f"out_dir: {str(self.out_dir)!r} holds a run with a different training config "
                              f"(differs in {', '.join(changed) or 'format'}); resuming would not continue it. "
                              "Use another --out, or --restart to discard it")
+        # Checkpoints from before this field cannot be checked.
+        then, now = info.get("task_data", self.task_data()), self.task_data()
+        if then != now:
+            raise ValueError(f"out_dir: {str(self.out_dir)!r} holds a run trained on the data of task "
+                             f"{then['task']!r}, generator version {then['generator_version']}, but this lcsm "
+                             f"makes version {now['generator_version']} for the same options; resuming would "
+                             "continue on other data. Finish it with the lcsm it started with (trained_on in its "
+                             "checkpoint names the commit), or start over with --restart or another --out")
         ckpt.load_weights(self.model, path)
         trainer = ckpt.load_trainer(path)
         self.optimizer.load_state_dict(trainer["optimizer"])
@@ -467,7 +480,7 @@ class Trainer:
                   "wall_time_s": round(s.elapsed, 3), "tokens": s.tokens, "n_params": self.n_params,
                   "test": self.final_test(), "machine": {**machine_info(), "device": device_name(self.device),
                                                          "host_allocator": self.host_allocator},
-                  "git_commit": self.git_commit, "trained_on": s.trained_on,
+                  "git_commit": self.git_commit, "trained_on": s.trained_on, "task_data": self.task_data(),
                   "config": self.config.to_dict()}
         if self.dist.is_main:
             _write_atomic(result_path, json.dumps(result, indent=2))

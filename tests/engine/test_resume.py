@@ -127,6 +127,20 @@ def test_resume_refuses_a_different_config(cache_env):
     assert result["config"]["optim"]["lr"] == 1e-2
 
 
+def test_resume_refuses_other_task_data(cache_env, monkeypatch):
+    """A task whose generator changed its data for the same options (a new generator_version)
+    would continue a checkpoint on other data."""
+    from lcsm.tasks import resolve
+    config = RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a")})
+    result = train(config, quiet=True)
+    mqar = resolve("mqar")
+    assert result["task_data"] == {"task": "mqar", "generator_version": mqar.generator_version}
+    monkeypatch.setattr(mqar, "generator_version", mqar.generator_version + 1)
+    with pytest.raises(ValueError, match="task 'mqar', generator version 1, but this lcsm makes version 2.*other data"):
+        train(config, quiet=True)
+    assert train(config, restart=True, quiet=True)["task_data"]["generator_version"] == 2
+
+
 def _cli_env(tmp_path):
     import os
     return {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
