@@ -12,13 +12,17 @@ is its value (10 classes)::
 Generator (our own, following the LRA recipe): a node at depth < max_depth is a digit with
 probability 0.75, else an operator with 2..max_args arguments, each a node one level deeper; nodes
 at max_depth are digits. Whole expressions are drawn until their token count lies in
-[min_length, max_length] (LRA: depth 10, up to 10 arguments, 500-2000 tokens; the defaults here
-are CPU-sized, see docs/tasks/listops.md). Each expression belongs to one split, chosen by a hash
+[min_length, max_length], bounds included (LRA's generator keeps min_length < length <
+max_length, bounds excluded: 501-1999 tokens at its options; with ours, min_length: 501,
+max_length: 1999 gives the same range). LRA: depth 10, up to 10 arguments; the defaults here are
+CPU-sized, see docs/tasks.md. Each expression belongs to one split, chosen by a hash
 of its text (80 / 10 / 10 % train / validation / test), so splits are disjoint by construction.
 
 Tokens (vocabulary 16): 0 pad, 1-10 the digits 0-9, 11-14 "[MIN" "[MAX" "[MED" "[SM", 15 "]".
-LRA's files also carry the parentheses of the tree printer, which its input pipeline strips; we
-never emit them. Sequences are right-padded to max_length with ``extras["lengths"]``.
+LRA's files also carry the parentheses of the tree printer, which we never emit. LRA's published
+input pipeline (a tfds text tokenizer that keeps alphanumeric tokens) drops the brackets as well,
+"]" included, so its models see no nesting; its maintainers call that a bug
+(google-research/long-range-arena issues 6 and 14). We keep "]", the task as intended. Sequences are right-padded to max_length with ``extras["lengths"]``.
 """
 from __future__ import annotations
 

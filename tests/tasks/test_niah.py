@@ -84,3 +84,8 @@ def test_trains_end_to_end(tmp_path, make_corpus, train_tiny):
     # from ln 257 = 5.55 (uniform bytes) to the ten digits (ln 10 = 2.30) at least
     assert losses[0] > 5 and sum(losses[-5:]) / 5 < 3.0
     assert {"exact", "exact/context=128", "accuracy/depth_pct=50"} <= set(result["metrics"])
+
+
+def test_depths_equal_in_whole_percents_are_an_error():
+    with pytest.raises(ValueError, match=r"^depths: segments are named and seeded by whole percents.*\[50, 50\]"):
+        tasks.build("niah", depths=(0.5, 0.504))
