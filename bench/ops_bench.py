@@ -607,14 +607,14 @@ class Bench:
                 self.r.info.append((f"LCSM code {code} / code 1-1-1-0, {shape}", f"{t.median / base.median:.2f}x"))
 
     def case_rotating(self):
-        """LRPE's system (theta per head and key, RetNet-like spread over [1e-4, 1]), with no decay
+        """LRPE's system (theta per head and key, its init's spread over [1e-8, 1]), with no decay
         and with GLA's row decay: the complex chunk kernel against the rotating frame."""
         z, T = self.z, self.z.T
 
         def inputs(decay, T=T):
             x = gla_inputs(z, T, decay)
             channels = torch.arange(z.H * z.K, dtype=torch.float32)
-            x["theta"] = _leaf((10000.0 ** (-channels / (z.H * z.K))).view(z.H, z.K))
+            x["theta"] = _leaf((10000.0 ** (-2.0 * channels / (z.H * z.K))).view(z.H, z.K))
             return x
 
         def run(x, form):

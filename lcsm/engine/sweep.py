@@ -49,6 +49,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 
+from lcsm.tasks import recorded_task_data, task_data
+
 from .config import OptimConfig, RunConfig, TrainConfig, _check_keys, _choice, apply_overrides, read_yaml, yaml_load
 
 EXPERIMENT_COPY = "experiment.yaml"
@@ -288,6 +290,15 @@ def _rename_axes(spec: Dict[str, Any], renamed: Mapping[str, str]) -> Dict[str, 
     return spec
 
 
+def stale_data(result: Mapping[str, Any]) -> Optional[str]:
+    """How a finished run's task data differ from what this lcsm makes for its config, or None."""
+    name = result["config"]["task"]["name"]
+    then, now = recorded_task_data(result, name), task_data(name)
+    if then == now:
+        return None
+    return f"task {name!r} data of generator version {then['generator_version']}, now {now['generator_version']}"
+
+
 def cached_result(run: Run) -> Optional[Dict[str, Any]]:
     """The run's result if it finished with exactly this training config."""
     path = run.out_dir / "result.json"
@@ -326,7 +337,10 @@ class Equivalents:
             self._runs = []
             for path in sorted(self.root.glob("*/*/result.json")):
                 try:
-                    config = json.loads(path.read_text())["config"]
+                    result = json.loads(path.read_text())
+                    config = result["config"]
+                    if stale_data(result):
+                        continue        # trained on other data than the same config gives now
                     self._runs.append({"dir": path.parent, "config": config, "typed": self._typed_sections(config)})
                 except (ValueError, KeyError, TypeError, OSError):
                     continue            # unreadable, or from a config this version no longer reads
@@ -582,7 +596,8 @@ def sweep(exp: Experiment, *, parallel: int = 1, dry_run: bool = False, reuse_ru
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
         raise ValueError(f"--parallel: expected a positive integer, got {parallel!r}")
     runs = exp.runs()
-    missing = [r for r in runs if cached_result(r) is None]
+    cached = {r.id: cached_result(r) for r in runs}
+    missing = [r for r in runs if cached[r.id] is None]
     equivalents = Equivalents(exp.out_dir)
     sources = {r.id: equivalents.find(r) for r in missing} if reuse_runs else {}
     reused = [r for r in missing if sources.get(r.id)]
@@ -591,6 +606,11 @@ def sweep(exp: Experiment, *, parallel: int = 1, dry_run: bool = False, reuse_ru
     log(f"sweep {exp.name}: {len(runs)} runs in {exp.out_dir}/ ({len(runs) - len(missing)} cached, "
         + (f"{len(reused)} to copy from equal runs beside it, " if reused else "") + f"{len(todo)} to run"
         + (f", {parallel} at a time" if parallel > 1 and todo else "") + ")")
+    for r in runs:
+        why = cached[r.id] and stale_data(cached[r.id])
+        if why:
+            log(f"  note: cached {r.id} trained on {why}: its numbers stand for that data (train it again "
+                "into another --out with --no-reuse to compare)")
     if dry_run:
         for r in runs:
             status = "to copy" if r in reused else "to run " if r in todo else "cached "

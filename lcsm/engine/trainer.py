@@ -48,7 +48,7 @@ from lcsm._provenance import device_name, git_commit, machine_info
 from lcsm.engine.host_memory import use_host_allocator
 from lcsm.models import build_model
 from lcsm.ops.chunk import use_elementwise_form
-from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler
+from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler, recorded_task_data, task_data
 
 from . import checkpoint as ckpt
 from .config import RunConfig, check_early_stop_metric
@@ -238,7 +238,7 @@ class Trainer:
     def task_data(self) -> Dict[str, Any]:
         """Which data the run trains on beyond its config: the task's generator version (bumped
         whenever a task's data change for the same options)."""
-        return {"task": self.task.registry_name, "generator_version": self.task.generator_version}
+        return task_data(self.task.registry_name)
 
     def _rng_state(self) -> Dict[str, Any]:
         state = {"cpu": torch.get_rng_state()}
@@ -280,8 +280,7 @@ class Trainer:
             raise ValueError(f"out_dir: {str(self.out_dir)!r} holds a run with a different training config "
                              f"(differs in {', '.join(changed) or 'format'}); resuming would not continue it. "
                              "Use another --out, or --restart to discard it")
-        # Checkpoints from before this field cannot be checked.
-        then, now = info.get("task_data", self.task_data()), self.task_data()
+        then, now = recorded_task_data(info, self.task.registry_name), self.task_data()
         if then != now:
             raise ValueError(f"out_dir: {str(self.out_dir)!r} holds a run trained on the data of task "
                              f"{then['task']!r}, generator version {then['generator_version']}, but this lcsm "
@@ -290,7 +289,13 @@ class Trainer:
                              "checkpoint names the commit), or start over with --restart or another --out")
         ckpt.load_weights(self.model, path)
         trainer = ckpt.load_trainer(path)
-        self.optimizer.load_state_dict(trainer["optimizer"])
+        try:
+            self.optimizer.load_state_dict(trainer["optimizer"])
+        except ValueError as exc:           # torch: the parameter groups differ in size
+            raise ValueError(f"out_dir: {str(self.out_dir)!r} holds a run whose optimizer groups differ from the ones "
+                             "this lcsm makes for its config (a parameter's weight-decay tag changed since it "
+                             f"started: {exc}); resuming would not continue it. Finish it with the lcsm it started "
+                             "with, or start over with --restart or another --out") from None
         self.scheduler.load_state_dict(trainer["scheduler"])
         rng = trainer["rng"]
         mine_rng = rng[self.dist.rank] if len(rng) == self.dist.world else rng[0]

@@ -7,11 +7,11 @@ import importlib
 import pkgutil
 
 from .base import (IGNORE_INDEX, Evaluator, Segment, SegmentBatchSampler, SegmentedDataset, Task, TaskConfig,
-                   available, build, default_cache_dir, register, resolve)
+                   available, build, default_cache_dir, recorded_task_data, register, resolve, task_data)
 
 for _mod in pkgutil.iter_modules(__path__):
     if _mod.name != "base" and not _mod.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_mod.name}")
 
 __all__ = ["IGNORE_INDEX", "Evaluator", "Segment", "SegmentBatchSampler", "SegmentedDataset", "Task", "TaskConfig",
-           "available", "build", "default_cache_dir", "register", "resolve"]
+           "available", "build", "default_cache_dir", "recorded_task_data", "register", "resolve", "task_data"]

@@ -39,7 +39,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 import torch
@@ -619,6 +619,28 @@ def resolve(name: str) -> Type[Task]:
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown task {name!r}.{hint} Valid names: {', '.join(available())}")
     return _REGISTRY[name]
+
+
+# Each task's generator version before runs recorded theirs (``task_data`` in checkpoints and
+# result.json, from commit 6ef4f9e): what a run without that record trained on.
+VERSIONS_BEFORE_RECORDS = {
+    "bbc_news": 2, "image": 1, "listops": 1, "lm": 2, "mad_compression": 1, "mad_fuzzy_recall": 1,
+    "mad_in_context_recall": 1, "mad_memorization": 2, "mad_noisy_recall": 1, "mad_selective_copying": 1,
+    "mqar": 1, "niah": 1, "pathfinder": 1, "retrieval": 2, "rotten_tomatoes": 2, "spam": 2, "text": 2,
+}
+
+
+def task_data(name: str) -> Dict[str, Any]:
+    """The data this lcsm makes for task ``name`` beyond its options: the task's generator version."""
+    return {"task": name, "generator_version": resolve(name).generator_version}
+
+
+def recorded_task_data(record: Mapping[str, Any], name: str) -> Dict[str, Any]:
+    """The task data that a checkpoint's info or a ``result.json`` says its run trained on; for a
+    record from before runs recorded it, the task's generator version of that time."""
+    if "task_data" in record:
+        return record["task_data"]
+    return {"task": name, "generator_version": VERSIONS_BEFORE_RECORDS.get(name, resolve(name).generator_version)}
 
 
 def build(name: str, *, cache_dir: Union[str, Path, None] = None, use_cache: bool = True, **options) -> Task:

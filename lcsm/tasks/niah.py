@@ -67,6 +67,8 @@ class NIAHConfig(TaskConfig):
             check_int("contexts", L, overhead + 16)
         if len(self.depths) != len(depths) or not all(0.0 <= d <= 1.0 for d in self.depths):
             raise ValueError(f"depths: expected fractions in [0, 1], got {depths!r}")
+        if len(set(contexts)) != len(contexts):
+            raise ValueError(f"contexts: expected distinct lengths, got {contexts!r}")
         percents = [int(round(d * 100)) for d in self.depths]
         if len(set(percents)) != len(percents):
             raise ValueError(f"depths: segments are named and seeded by whole percents, so depths must differ "

@@ -141,6 +141,22 @@ def test_resume_refuses_other_task_data(cache_env, monkeypatch):
     assert train(config, restart=True, quiet=True)["task_data"]["generator_version"] == 2
 
 
+def test_a_checkpoint_without_task_data_is_of_the_versions_before_records(cache_env, monkeypatch):
+    """Checkpoints from before runs recorded their task data trained on the generator versions of
+    that time (VERSIONS_BEFORE_RECORDS), which resuming compares like a recorded one."""
+    from lcsm.tasks import base
+    config = RunConfig.from_dict({**apply_overrides(TINY, {"train.max_steps": 4, "train.save_every": 2}),
+                                  "out_dir": str(cache_env / "a")})
+    train(config, quiet=True)
+    for info_path in (cache_env / "a" / "checkpoints").glob("*/run.json"):
+        info = json.loads(info_path.read_text())
+        del info["task_data"]
+        info_path.write_text(json.dumps(info))
+    monkeypatch.setitem(base.VERSIONS_BEFORE_RECORDS, "mqar", 0)
+    with pytest.raises(ValueError, match="generator version 0, but this lcsm makes version 1"):
+        train(config, quiet=True)
+
+
 def _cli_env(tmp_path):
     import os
     return {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
@@ -184,3 +200,15 @@ def test_interrupted_run_resumes_bit_exactly(tmp_path, reference_run, sig):
     assert f"from {run / 'checkpoints' / stopped_at}" in resumed.stderr
     assert_identical(final_weights(reference_run), final_weights(run))
     assert metric_rows(reference_run) == metric_rows(run)
+
+
+def test_resume_refuses_other_optimizer_groups(cache_env, monkeypatch):
+    """A parameter whose weight-decay tag changed since the run started (DSS's W did) changes the
+    optimizer's groups; torch's own error does not say what to do."""
+    from lcsm.engine import trainer
+    config = RunConfig.from_dict({**apply_overrides(TINY, {"train.max_steps": 4, "train.save_every": 2}),
+                                  "out_dir": str(cache_env / "a")})
+    train(config, quiet=True)
+    monkeypatch.setattr(trainer, "build_optimizer", lambda model, cfg: torch.optim.AdamW(model.parameters()))
+    with pytest.raises(ValueError, match="optimizer groups differ.*weight-decay tag"):
+        train(config, quiet=True)

@@ -326,6 +326,28 @@ def test_a_run_finished_by_a_sweep_beside_it_is_copied_not_trained(tmp_path, mon
     assert len(calls) == 4
 
 
+def test_runs_on_other_task_data_are_noted_and_never_copied(tmp_path, monkeypatch):
+    """A finished run whose task data differ from what the same config gives now (its task's
+    generator version changed; a result.json without task_data is of the versions before runs
+    recorded it) stays cached with a note, and is not copied into another sweep as an equal run."""
+    from lcsm.tasks import resolve
+    path = experiment(tmp_path, select=None, report={})
+    calls = []
+    monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
+    sweep(load_experiment(path, out_dir=tmp_path / "results" / "a"), log=lambda *_: None)
+    assert len(calls) == 4
+    mqar = resolve("mqar")
+    monkeypatch.setattr(mqar, "generator_version", mqar.generator_version + 1)
+    log = []
+    sweep(load_experiment(path, out_dir=tmp_path / "results" / "a"), dry_run=True, log=log.append)
+    assert "(4 cached, 0 to run)" in log[0]
+    notes = [line for line in log if "note: cached" in line]
+    assert len(notes) == 4 and all("task 'mqar' data of generator version 1, now 2" in n for n in notes), notes
+    log = []
+    sweep(load_experiment(path, out_dir=tmp_path / "results" / "b"), dry_run=True, log=log.append)
+    assert "(0 cached, 4 to run)" in log[0]
+
+
 def test_equal_runs_are_compared_layer_by_layer():
     """HGRN without a lower bound gets k / n_layers in layer k from the model; with
     ``lower_bound: 0.0`` it gets 0 in every layer: different weights, so not equal runs (a sweep

@@ -124,6 +124,20 @@ def test_versions_of_one_story_share_a_split(tmp_path):
     splits_disjoint(task)
 
 
+def test_stories_of_several_versions_are_not_biased_to_a_split():
+    """A story's split must not depend on how many versions it has: placed by its lowest-hashing
+    version, 2-version stories went to train with probability 1 - 0.2^2 = 0.96."""
+    rng = np.random.default_rng(2)
+    docs = []
+    for i in range(400):
+        body = _article(rng)
+        docs += [(f"Headline {i}\n\n{body}", i % 5), (f"Other headline {i}\n\n{body} More.", i % 5)]
+    splits = classification.split_documents(docs)
+    stories = {s: len(d) // 2 for s, d in splits.items()}
+    assert all(len(d) % 2 == 0 for d in splits.values())
+    assert 0.74 <= stories["train"] / 400 <= 0.86 and stories["test"] >= 24, stories
+
+
 def test_text_is_bytes_of_the_articles(tmp_path, bbc):
     task = tasks.build("text", cache_dir=tmp_path / "c", data_dir=str(bbc), max_length=64)
     assert task.n_classes == 5 and task.vocab_size == 257 and task.classes == TOPICS

@@ -89,3 +89,8 @@ def test_trains_end_to_end(tmp_path, make_corpus, train_tiny):
 def test_depths_equal_in_whole_percents_are_an_error():
     with pytest.raises(ValueError, match=r"^depths: segments are named and seeded by whole percents.*\[50, 50\]"):
         tasks.build("niah", depths=(0.5, 0.504))
+
+
+def test_repeated_contexts_are_an_error():
+    with pytest.raises(ValueError, match=r"^contexts: expected distinct lengths, got \(256, 256\)"):
+        tasks.build("niah", contexts=(256, 256))
