@@ -20,8 +20,9 @@ labelled text sets reachable here), word-level tokens:
 Every document belongs to one split by a hash of its text (80 / 10 / 10 % train / validation /
 test), so the splits are disjoint; duplicates are dropped, and the versions of one story (a
 re-edited copy, a reply quoting a mail: ``story_groups``) go to one split together.
-Fashion-MNIST keeps its official test set and holds 5,000 training images out for validation. Word vocabularies are built from the training split only (lower-cased words and
-single punctuation marks; the ``vocab_size`` - 2 most frequent, then <pad> = 0, <unk> = 1).
+Fashion-MNIST keeps its official test set and holds 5,000 training images out for validation.
+Word vocabularies are built from the training split only (lower-cased words and single
+punctuation marks; the ``vocab_size`` - 2 most frequent, then <pad> = 0, <unk> = 1).
 Sequences are right-padded (pad 0) with ``extras["lengths"]``; byte tasks shift bytes by one so
 that 0 stays the pad.
 """

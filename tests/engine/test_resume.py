@@ -136,7 +136,8 @@ def test_resume_refuses_other_task_data(cache_env, monkeypatch):
     mqar = resolve("mqar")
     assert result["task_data"] == {"task": "mqar", "generator_version": mqar.generator_version}
     monkeypatch.setattr(mqar, "generator_version", mqar.generator_version + 1)
-    with pytest.raises(ValueError, match="task 'mqar', generator version 1, but this lcsm makes version 2.*other data"):
+    with pytest.raises(ValueError,
+                       match="task 'mqar', generator version 1, but this lcsm makes version 2.*other data"):
         train(config, quiet=True)
     assert train(config, restart=True, quiet=True)["task_data"]["generator_version"] == 2
 
