@@ -155,17 +155,22 @@ class Decoder:
 
 # ----------------------------------------------------------------------------- peak memory
 
+def primed_step(z: Sizes, name: str, T: int, device: torch.device):
+    """(model, ids) for measuring one training step's memory: a small step first allocates the
+    parameter gradients and loads lazily initialised kernels, so the measured step's extra memory
+    is its activations and temporaries alone."""
+    torch.manual_seed(0)
+    model = build_model(model_config(name, z), verbose=False).to(device)
+    train_step(model, tokens(min(64, T), z.vocab, seed=1, device=device))
+    return model, tokens(T, z.vocab, seed=2, device=device)
+
+
 def memory_worker(spec: dict) -> dict:
     """In a fresh process: the peak resident set above its pre-step baseline of one training step
-    of one (model, T). A small step first allocates the parameter gradients and loads lazily
-    initialised kernels, so the number is the step's activations and temporaries alone."""
+    of one (model, T) (``primed_step``)."""
     z = Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["sizes"].items()})
     torch.set_num_threads(spec["threads"])
-    torch.manual_seed(0)
-    model = build_model(model_config(spec["model"], z), verbose=False)
-    cpu = torch.device("cpu")
-    train_step(model, tokens(min(64, spec["T"]), z.vocab, seed=1, device=cpu))
-    ids = tokens(spec["T"], z.vocab, seed=2, device=cpu)
+    model, ids = primed_step(z, spec["model"], spec["T"], torch.device("cpu"))
     gc.collect()
     base = proc_status_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")   # resets VmHWM (the peak RSS) to the current RSS
@@ -177,11 +182,8 @@ def cuda_peak_memory(z: Sizes, name: str, T: int, device: torch.device):
     """Bytes above the pre-step allocation of one training step on a CUDA device (the caching
     allocator's peak: what the step's tensors held, not what the allocator reserved), or a string
     saying why not. In this process: the allocator's counters are per device, not per process."""
-    torch.manual_seed(0)
     try:
-        model = build_model(model_config(name, z), verbose=False).to(device)
-        train_step(model, tokens(min(64, T), z.vocab, seed=1, device=device))
-        ids = tokens(T, z.vocab, seed=2, device=device)
+        model, ids = primed_step(z, name, T, device)
         sync(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
