@@ -290,6 +290,18 @@ def compact(t: Tensor) -> Tensor:
     return t.to(torch.int64)
 
 
+def files_fingerprint(paths: Sequence[Path]) -> str:
+    """Hash of the name, size and modification time of every file at ``paths`` (a file, or a
+    directory walked recursively; a missing path counts as missing): a local corpus edited by
+    hand changes it, while reading no file contents."""
+    entries = []
+    for path in paths:
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        entries += [[str(f), f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else [str(f), None]
+                    for f in files]
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
+
+
 def _digest(segments: Sequence[Segment]) -> str:
     h = hashlib.sha256()
     for s in segments:
@@ -514,16 +526,26 @@ class Task:
     def describe(self) -> str:
         raise NotImplementedError
 
+    def local_sources(self) -> List[Path]:
+        """Files or directories the data is read from that no version pins (a user's
+        ``data_dir`` or ``path:`` corpus; the registry's fetched packages are versioned)."""
+        return []
+
     # --- shared machinery
     def _check_split(self, split: str) -> None:
         if split not in self.splits:
             raise ValueError(f"split: expected one of {', '.join(self.splits)}, got {split!r}")
 
     def cache_key(self, split: str) -> str:
-        """Hash of everything that determines the data of ``split``."""
+        """Hash of everything that determines the data of ``split``: task, generator version,
+        config and, for local sources, their ``files_fingerprint``."""
         self._check_split(split)
-        blob = json.dumps({"task": self.registry_name, "generator_version": self.generator_version,
-                           "split": split, "config": self.config.to_dict()}, sort_keys=True)
+        key = {"task": self.registry_name, "generator_version": self.generator_version, "split": split,
+               "config": self.config.to_dict()}
+        sources = self.local_sources()
+        if sources:
+            key["sources"] = files_fingerprint(sources)
+        blob = json.dumps(key, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def cache_path(self, split: str) -> Path:

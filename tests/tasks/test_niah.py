@@ -77,6 +77,16 @@ def test_deterministic_and_config_errors(tmp_path, task):
         tasks.build("niah", contexts=[32])
 
 
+def test_cache_follows_the_corpus_files(tmp_path, task):
+    key, first = task.cache_key("test"), task.dataset("test").segments[0].inputs
+    corpus = tmp_path / "corpus"
+    for f in corpus.glob("*.txt"):
+        f.write_text(f.read_text().upper())
+    again = tasks.build("niah", **{"cache_dir": tmp_path / "cache", **task.config.to_dict()})
+    assert again.cache_key("test") != key
+    assert not torch.equal(again.dataset("test").segments[0].inputs, first)
+
+
 def test_trains_end_to_end(tmp_path, make_corpus, train_tiny):
     corpus = make_corpus(tmp_path / "corpus", n_docs=40, words=200)
     result, losses = train_tiny({"name": "niah", "corpus": f"path:{corpus}", "contexts": [128], "depths": [0.5],
