@@ -42,6 +42,7 @@ def test_quick_run_writes_every_table(tmp_path, capsys):
     assert all(r.rstrip(" |").rsplit("|", 1)[-1].strip() in ("PASS", "FAIL") for r in checks), checks
     assert f"T={z.train[-1]}" in checks[0] and f"context {z.decode[-1]} / {z.decode[0]}" in checks[-3]
     assert "## Notes" not in text                      # no measurement failed
+    assert "shown for comparison" not in text          # the targets are this CPU's
 
 
 def test_models_are_of_comparable_size():
@@ -75,8 +76,18 @@ def test_cuda_timers_wait_for_the_device(monkeypatch):
     assert events == ["work"]
 
 
+def test_checks_off_the_cpu_say_whose_targets_they_are():
+    names = efficiency_bench.MODELS
+    r = efficiency_bench.Results({n: 1 for n in names}, {n: n for n in names}, {}, {}, {}, {}, [], torch.device("cuda"))
+    text = efficiency_bench.render(r, efficiency_bench.QUICK, {})
+    checks = text.split("## Checks", 1)[1]
+    assert checks.lstrip().startswith("The targets are the issue's for a 2-core CPU; on cuda")
+    assert "not measured" in checks
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_quick_run_on_cuda(tmp_path, capsys):
     assert cli_main(["bench", "efficiency", "--quick", "--device", "cuda", "--out", str(tmp_path / "e.md")]) == 0
     text = capsys.readouterr().out
     assert "- device: cuda" in text and "CUDA caching allocator's peak" in text and "## Notes" not in text
+    assert "targets are the issue's for a 2-core CPU; on cuda they are shown for comparison" in text
