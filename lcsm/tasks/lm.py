@@ -261,6 +261,10 @@ class LanguageModelling(Task):
         self._tokenizer = None
 
     # --- corpus and tokenizer
+    def _source_names(self) -> Tuple[str, ...]:
+        """The ``lcsm.data`` sources of a built-in corpus other than WikiText."""
+        return ("sotu", "moby_dick") if self.config.corpus == "default" else (self.config.corpus,)
+
     def _source_dir(self, name: str) -> Path:
         if self.config.data_dir is not None:
             path = Path(self.config.data_dir).expanduser() / name
@@ -282,9 +286,8 @@ class LanguageModelling(Task):
                 if c.corpus.startswith("path:"):
                     docs = path_documents(Path(c.corpus[len("path:"):]).expanduser())
                 else:
-                    names = ("sotu", "moby_dick") if c.corpus == "default" else (c.corpus,)
                     readers = {"sotu": sotu_documents, "moby_dick": moby_dick_documents}
-                    docs = [d for n in names for d in readers[n](self._source_dir(n))]
+                    docs = [d for n in self._source_names() for d in readers[n](self._source_dir(n))]
                 by_split: Dict[str, List[Document]] = {s: [] for s in SPLITS}
                 for doc in docs:
                     by_split[split_of(doc[0], c.seed, c.validation_fraction, c.test_fraction)].append(doc)
@@ -301,8 +304,7 @@ class LanguageModelling(Task):
             return [Path(c.corpus[len("path:"):]).expanduser()]
         if c.data_dir is None or c.corpus.startswith("wikitext"):
             return []
-        names = ("sotu", "moby_dick") if c.corpus == "default" else (c.corpus,)
-        return [Path(c.data_dir).expanduser() / n for n in names]
+        return [Path(c.data_dir).expanduser() / n for n in self._source_names()]
 
     @property
     def tokenizer(self):

@@ -149,6 +149,22 @@ def test_cache_follows_the_corpus_files(tmp_path, corpus):
     assert sum(len(after.dataset(s)) for s in after.splits) > n
 
 
+def test_cache_follows_the_data_dir_files(tmp_path):
+    moby = tmp_path / "moby_dick" / "package" / "data"
+    moby.mkdir(parents=True)
+    for i in range(30):
+        (moby / f"chapter_{i}.json").write_text(json.dumps({"chapter": str(i), "title": "T.", "text": "Call me. " * 50}))
+    (moby / "file_list.json").write_text(json.dumps([f"chapter_{i}" for i in range(30)]))
+    build = lambda: tasks.build("lm", cache_dir=tmp_path / "cache", data_dir=str(tmp_path), corpus="moby_dick",
+                                seq_len=32, validation_fraction=0.2, test_fraction=0.2)
+    before = build()
+    key, n = before.cache_key("train"), sum(len(before.dataset(s)) for s in before.splits)
+    (moby / "chapter_0.json").write_text(json.dumps({"chapter": "0", "title": "T.", "text": "Call me. " * 500}))
+    after = build()
+    assert after.cache_key("train") != key
+    assert sum(len(after.dataset(s)) for s in after.splits) > n
+
+
 def test_trains_end_to_end(corpus, train_tiny):
     result, losses = train_tiny({"name": "lm", "corpus": f"path:{corpus}", "seq_len": 32, "validation_fraction": 0.2,
                                  "test_fraction": 0.2}, steps=40, batch_size=8, lr=1e-2)
