@@ -6,7 +6,7 @@ import platform
 import re
 import subprocess
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -37,13 +37,23 @@ def device_name(device: torch.device) -> str:
     return str(device)
 
 
-def git_commit() -> str:
-    """Short hash of HEAD of the source checkout, marked when the tracked files have changes."""
+def git_commit(ignore: Sequence[Path] = ()) -> str:
+    """Short hash of HEAD of the source checkout, marked when the tracked files have changes
+    outside the folders ``ignore`` (a report's own folder: regenerating it changes it)."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=REPO, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=REPO, timeout=30).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "-z", "--untracked-files=no"],
+                                capture_output=True, text=True, cwd=REPO, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         return f"unknown ({exc})"
+    folders = [Path(f).resolve() for f in ignore]
+    entries, changed = status.split("\0"), []
+    while entries:
+        entry = entries.pop(0)
+        if len(entry) > 3:
+            changed.append(entry[3:])
+            if entry[0] in "RC":          # a rename or copy: its source path is the next entry
+                changed.append(entries.pop(0))
+    dirty = any(not any(f == d or d in f.parents for d in folders) for f in ((REPO / c).resolve() for c in changed))
     return (head or "unknown") + (" (with uncommitted changes)" if dirty else "")

@@ -53,13 +53,16 @@ def cmd_report(args) -> int:
     from lcsm.engine.report import write_report
     from lcsm.engine.sweep import collect
 
-    commit = git_commit()
-    written = 0
+    jobs = []
     for target in args.targets:
         exp = _experiment(target, args)
         out = Path(args.out) / exp.name if args.out and len(args.targets) > 1 else args.out
         if out is not None and not Path(target).is_dir():
             exp.out_dir = Path(out)          # an experiment file's results are read where its report goes
+        jobs.append((target, exp, out))
+    commit = git_commit(ignore=[Path(out) if out is not None else exp.out_dir for _, exp, out in jobs])
+    written = 0
+    for target, exp, out in jobs:
         rows = collect(exp)
         if all(r["status"] == "missing" for r in rows):
             if len(args.targets) == 1:

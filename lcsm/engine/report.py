@@ -316,8 +316,8 @@ def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
 def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None,
                  commit: Optional[str] = None) -> Path:
     """``report.md`` and the PNG plots of ``exp`` from ``rows`` (``sweep.collect``); returns the
-    report's path. ``commit``: the report's git commit, read before a call that writes several
-    reports (each report written dirties the tree for the next); default: read now."""
+    report's path. ``commit``: the report's git commit, read once before a call that writes several
+    reports; default: read now, changes inside ``out_dir`` (the report's own files) not counted."""
     from lcsm._provenance import git_commit, machine_info
 
     from .sweep import format_table, main_metric, select_best
@@ -336,7 +336,7 @@ def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None
     lines += [
         f"- command: `{' '.join(shlex.quote(a) for a in ['lcsm', *sys.argv[1:]])}`",
         f"- experiment: `{exp.path}`",
-        f"- report's git commit: {commit or git_commit()}",
+        f"- report's git commit: {commit or git_commit(ignore=[out_dir])}",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         *[f"- runs ran on: {m}" for m in provenance(rows, "machine")],
         *[f"- runs' git commit: {c}" for c in provenance(rows, "git_commit")],

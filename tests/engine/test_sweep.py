@@ -401,8 +401,8 @@ def test_report_of_several_experiment_files(tmp_path, monkeypatch, capsys):
 
 
 def test_reports_of_one_call_record_the_commit_read_before_the_first(tmp_path, monkeypatch):
-    """Each report written dirties the tree for the next one; all of one call carry the commit
-    read before any was written."""
+    """All reports of one call carry the commit read before any was written, with changes in
+    their own folders not counted."""
     import lcsm._provenance as provenance
 
     path = experiment(tmp_path)
@@ -412,7 +412,9 @@ def test_reports_of_one_call_record_the_commit_read_before_the_first(tmp_path, m
     for p, name in ((path, "tiny"), (other, "other")):
         sweep(load_experiment(p, out_dir=tmp_path / "results" / name), log=lambda *_: None)
     reads = iter(["abc1234", "abc1234 (with uncommitted changes)", "abc1234 (with uncommitted changes)"])
-    monkeypatch.setattr(provenance, "git_commit", lambda: next(reads))
+    ignored = []
+    monkeypatch.setattr(provenance, "git_commit", lambda ignore=(): ignored.append(list(ignore)) or next(reads))
     assert main(["report", str(path), str(other), "--out", str(tmp_path / "results")]) == 0
+    assert ignored == [[tmp_path / "results" / "tiny", tmp_path / "results" / "other"]]
     for name in ("tiny", "other"):
         assert "- report's git commit: abc1234\n" in (tmp_path / "results" / name / "report.md").read_text()
