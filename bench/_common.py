@@ -6,17 +6,27 @@ import datetime
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from lcsm._provenance import git_commit, machine_info
 
 
-def provenance_header(command: str, threads: int) -> Dict[str, str]:
-    """Command, commit, date and machine: the first lines of every results table."""
-    header = {"command": command, "git commit": git_commit(),
+def provenance_header(command: str, threads: int, out: Optional[str] = None) -> Dict[str, str]:
+    """Command, commit, date and machine: the first lines of every results table. The table's own
+    file ``out`` is left out of the commit's "uncommitted changes" mark: rerunning a bench over its
+    committed results rewrites that file before the next run reads the commit."""
+    header = {"command": command, "git commit": git_commit(ignore=[out] if out else ()),
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     header.update({f"machine {k}": v for k, v in machine_info(threads).items()})
     return header
+
+
+def write_out(text: str, out: Optional[str], log: Callable[[str], None]) -> None:
+    """Write a rendered table to ``out`` (``--out``), creating its folder; nothing when it is None."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+        log(f"wrote {out}")
 
 
 @dataclass

@@ -42,7 +42,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from bench._common import Check, proc_status_kib, provenance_header
+from bench._common import Check, proc_status_kib, provenance_header, write_out
 from lcsm._provenance import device_name
 from lcsm.engine.distributed import resolve_device
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
@@ -443,7 +443,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     allocator = use_host_allocator(args.allocator)
     start = time.perf_counter()
     log = lambda msg: print(f"[efficiency {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-    header = provenance_header("lcsm bench efficiency" + (" " + shlex.join(argv) if argv else ""), args.threads)
+    header = provenance_header("lcsm bench efficiency" + (" " + shlex.join(argv) if argv else ""), args.threads,
+                               out=args.out)
     header["allocator"] = allocator
     header["device"] = device_name(device)
     load_before = _load()
@@ -455,10 +456,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     header["wall time"] = f"{time.perf_counter() - start:.0f} s"
     text = render(results, z, header)
     print(text, end="")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
-        log(f"wrote {args.out}")
+    write_out(text, args.out, log)
     return 0
 
 

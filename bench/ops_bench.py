@@ -52,7 +52,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from bench._common import Check, proc_status_kib as _proc_status_kib, provenance_header
+from bench._common import Check, proc_status_kib as _proc_status_kib, provenance_header, write_out
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
 from lcsm.ops import eos, eos_rotating
 from lcsm.ops._inputs import canonicalize
@@ -891,7 +891,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     allocator = use_host_allocator(args.allocator)
     start = time.perf_counter()
     log = lambda msg: print(f"[bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-    header = provenance_header("python -m bench.ops_bench" + (" " + shlex.join(argv) if argv else ""), args.threads)
+    header = provenance_header("python -m bench.ops_bench" + (" " + shlex.join(argv) if argv else ""), args.threads,
+                               out=args.out)
     header["allocator"] = allocator
     bench = Bench(sizes, args.threads, log)
     for case in selected:
@@ -900,10 +901,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     header["wall time"] = f"{time.perf_counter() - start:.0f} s"
     text = render(bench.r, sizes, header, selected)
     print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-        log(f"wrote {args.out}")
+    write_out(text + "\n", args.out, log)
     return 0
 
 

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from bench._common import provenance_header
+from bench._common import provenance_header, write_out
 from lcsm.engine.config import load_config, parse_override
 from lcsm.engine.trainer import Trainer
 
@@ -115,7 +115,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     log = lambda msg: print(f"[step bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-    header = provenance_header("lcsm bench step " + shlex.join(argv), args.threads)
+    header = provenance_header("lcsm bench step " + shlex.join(argv), args.threads, out=args.out)
     try:
         rows = time_steps(args.config, args.set, variants, args.steps, log)
     finally:
@@ -124,9 +124,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     header["wall time"] = f"{time.perf_counter() - start:.0f} s"
     text = render(rows, header)
     print(text, end="")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    write_out(text, args.out, log)
     return 0
 
 

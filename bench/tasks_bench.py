@@ -9,18 +9,16 @@ head; batch 32, AdamW), extrapolated from the median of a few measured steps. Ru
 from __future__ import annotations
 
 import argparse
-import datetime
 import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import List, Optional
 
 import torch
 
+from bench._common import provenance_header, write_out
 from lcsm import tasks
-from lcsm._provenance import git_commit, machine_info
 from lcsm.models import ModelConfig, build_model
 
 BATCH = 32
@@ -59,16 +57,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     names = tasks.available() if not args.only else [n.strip() for n in args.only.split(",")]
     start = time.perf_counter()
+    header = provenance_header("python -m bench.tasks_bench" + (" " + shlex.join(argv) if argv else ""),
+                               torch.get_num_threads(), out=args.out)
     rows = []
     for name in names:
         print(f"[tasks bench] {name}", file=sys.stderr, flush=True)
         rows.append(measure(name, args.steps))
+    header["wall time"] = f"{time.perf_counter() - start:.0f} s"
     lines = ["# Tasks: data and one training epoch at default options", "",
-             f"- command: python -m bench.tasks_bench{' ' + shlex.join(argv) if argv else ''}",
-             f"- git commit: {git_commit()}",
-             f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-             *[f"- machine {k}: {v}" for k, v in machine_info().items()],
-             f"- wall time: {time.perf_counter() - start:.0f} s",
+             *[f"- {k}: {v}" for k, v in header.items()],
              f"- model: GLA, d_model 64, 2 layers, the task's head; batch {BATCH}; epoch time = median step "
              f"time x full batches of the training split", "",
              "| task | head | examples (splits) | length | data s (make or read) | s / step | steps / epoch | s / epoch |",
@@ -77,9 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{r['step_s']:.3f} | {r['steps']} | {r['epoch_s']:.0f} |" for r in rows]
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    write_out(text + "\n", args.out, lambda msg: print(f"[tasks bench] {msg}", file=sys.stderr, flush=True))
     return 0
 
 
