@@ -1,7 +1,7 @@
 """The training engine: configs, the training loop, checkpoints, evaluation.
 
     from lcsm.engine import load_config, train
-    result = train(load_config("experiments/configs/mqar_small.yaml", ["train.max_steps=200"]))
+    result = train(load_config("experiments/configs/mqar_demo.yaml", ["train.max_steps=200"]))
 
 See docs/engine.md.
 """
