@@ -39,7 +39,8 @@ def device_name(device: torch.device) -> str:
 
 def git_commit(ignore: Sequence[Path] = ()) -> str:
     """Short hash of HEAD of the source checkout, marked when the tracked files have changes
-    outside the folders ``ignore`` (a report's own folder: regenerating it changes it)."""
+    outside the folders or files ``ignore`` (a report's own folder, a bench's own table:
+    regenerating them changes them)."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=REPO, timeout=30).stdout.strip()
