@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import datetime
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 from lcsm._provenance import git_commit, machine_info
 
 
-def provenance_header(command: str, threads: int, out: Optional[str] = None) -> Dict[str, str]:
-    """Command, commit, date and machine: the first lines of every results table. The table's own
-    file ``out`` is left out of the commit's "uncommitted changes" mark: rerunning a bench over its
-    committed results rewrites that file before the next run reads the commit."""
-    header = {"command": command, "git commit": git_commit(ignore=[out] if out else ()),
+def provenance_header(prog: str, argv: Sequence[str], threads: int, out: Optional[str] = None) -> Dict[str, str]:
+    """Command, commit, date and machine: the first lines of every results table. The command is
+    the suite's ``lcsm bench SUITE`` form (``prog``) with its options, however it was started:
+    ``python -m bench.SUITE_bench`` runs the same code, and one spelling keeps tables comparable.
+    The table's own file ``out`` is left out of the commit's "uncommitted changes" mark: rerunning
+    a bench over its committed results rewrites that file before the next run reads the commit."""
+    header = {"command": shlex.join([*prog.split(), *argv]), "git commit": git_commit(ignore=[out] if out else ()),
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     header.update({f"machine {k}": v for k, v in machine_info(threads).items()})
     return header

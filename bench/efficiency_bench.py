@@ -29,7 +29,6 @@ import argparse
 import gc
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -443,8 +442,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     allocator = use_host_allocator(args.allocator)
     start = time.perf_counter()
     log = lambda msg: print(f"[efficiency {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-    header = provenance_header("lcsm bench efficiency" + (" " + shlex.join(argv) if argv else ""), args.threads,
-                               out=args.out)
+    header = provenance_header(p.prog, argv, args.threads, out=args.out)
     header["allocator"] = allocator
     header["device"] = device_name(device)
     load_before = _load()

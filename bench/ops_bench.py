@@ -39,7 +39,6 @@ import json
 import math
 import os
 import resource
-import shlex
 import statistics
 import subprocess
 import sys
@@ -849,7 +848,7 @@ def render(r: Report, z: Sizes, header: Dict[str, str], selected: Sequence[str])
 # ----------------------------------------------------------------------------- entry point
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.ops_bench",
+    p = argparse.ArgumentParser(prog="lcsm bench ops",
                                 description="Benchmark lcsm's EOS operator against its peers (CPU, fp32, "
                                             "forward + backward). Writes a markdown report to stdout.")
     p.add_argument("--quick", action="store_true", help="tiny sizes and 2 repeats (smoke test)")
@@ -891,8 +890,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     allocator = use_host_allocator(args.allocator)
     start = time.perf_counter()
     log = lambda msg: print(f"[bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-    header = provenance_header("python -m bench.ops_bench" + (" " + shlex.join(argv) if argv else ""), args.threads,
-                               out=args.out)
+    header = provenance_header(parser.prog, argv, args.threads, out=args.out)
     header["allocator"] = allocator
     bench = Bench(sizes, args.threads, log)
     for case in selected:

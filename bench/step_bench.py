@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shlex
 import statistics
 import sys
 import tempfile
@@ -115,7 +114,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     log = lambda msg: print(f"[step bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-    header = provenance_header("lcsm bench step " + shlex.join(argv), args.threads, out=args.out)
+    header = provenance_header(p.prog, argv, args.threads, out=args.out)
     try:
         rows = time_steps(args.config, args.set, variants, args.steps, log)
     finally:

@@ -9,7 +9,6 @@ head; batch 32, AdamW), extrapolated from the median of a few measured steps. Ru
 from __future__ import annotations
 
 import argparse
-import shlex
 import statistics
 import sys
 import time
@@ -57,8 +56,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     names = tasks.available() if not args.only else [n.strip() for n in args.only.split(",")]
     start = time.perf_counter()
-    header = provenance_header("python -m bench.tasks_bench" + (" " + shlex.join(argv) if argv else ""),
-                               torch.get_num_threads(), out=args.out)
+    header = provenance_header(parser.prog, argv, torch.get_num_threads(), out=args.out)
     rows = []
     for name in names:
         print(f"[tasks bench] {name}", file=sys.stderr, flush=True)

@@ -3,6 +3,7 @@
 It checks that every case runs end to end and renders its tables, not the timings themselves
 (those depend on the machine). Peers that are not installed must show up as SKIP, not crash.
 """
+import shlex
 import sys
 from pathlib import Path
 
@@ -31,7 +32,8 @@ def test_quick_run_prints_every_table(tmp_path, capsys):
     for heading in ("## Targets", "## Timings", "## Peak memory", "## Throughput"):
         assert heading in text, heading
     assert "| check | measured | target | result |" in text
-    assert "- git commit: " in text and "- machine cpu: " in text and "--quick" in text
+    assert "- git commit: " in text and "- machine cpu: " in text
+    assert f"- command: lcsm bench ops --quick --threads 1 --out {shlex.quote(str(out))}\n" in text  # however started
     assert "- allocator: " in text and "| page faults / token | sys % |" in text
     # Every row of the targets table ends in a verdict; a crashed measurement would leave a note.
     targets = text.split("## Targets")[1].split("\n## ")[0].strip().splitlines()[2:]

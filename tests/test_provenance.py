@@ -59,7 +59,7 @@ def test_a_bench_header_ignores_its_own_output_file(tmp_path, monkeypatch):
     monkeypatch.setattr(provenance, "REPO", tmp_path)
     monkeypatch.chdir(tmp_path)                         # --out is a path relative to where the bench runs
     (tmp_path / "results" / "ops.md").write_text("the previous rerun's table")
-    assert provenance_header("bench", 1, out="results/ops.md")["git commit"] == head
-    assert provenance_header("bench", 1)["git commit"] == f"{head} (with uncommitted changes)"
+    assert provenance_header("lcsm bench ops", [], 1, out="results/ops.md")["git commit"] == head
+    assert provenance_header("lcsm bench ops", [], 1)["git commit"] == f"{head} (with uncommitted changes)"
     (tmp_path / "results" / "tasks.md").write_text("another bench's table")
-    assert provenance_header("bench", 1, out="results/ops.md")["git commit"] == f"{head} (with uncommitted changes)"
+    assert provenance_header("lcsm bench ops", [], 1, out="results/ops.md")["git commit"] == f"{head} (with uncommitted changes)"
