@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import eos, eos_rotating
+from ..ops.decay import log_sigmoid_product
 from ..ops.eos import LogO
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
@@ -305,16 +306,16 @@ class LCSMFamily(Mixer):
         if o == 3:
             return (F.logsigmoid(self.o_proj(x)) / tau)[:, :, None, :, None]            # [B, T, 1, K, 1]
         if o in (6, 7, 8, 9):
+            # logsigmoid(a * b) / tau by the fused op: formed as tensor expressions, this [B, T, K, D]
+            # decay cost more than the recurrence itself (lcsm/ops/decay.py)
             z = self.o_proj(x)
-            if o == 6:    # k_t, k d -> k d
-                logit = z.unsqueeze(-1) * self.o_factor
-            elif o == 7:  # d_t, k d -> k d
-                logit = z.unsqueeze(-2) * self.o_factor
-            elif o == 8:  # d_t, k -> k d
-                logit = self.o_factor.unsqueeze(-1) * z.unsqueeze(-2)
-            else:         # k_t, d -> k d
-                logit = z.unsqueeze(-1) * self.o_factor
-            return (F.logsigmoid(logit) / tau).unsqueeze(2)                              # [B, T, 1, K, D]
+            if o in (6, 9):   # k_t, k d -> k d; k_t, d -> k d
+                a, b = z.unsqueeze(-1), self.o_factor
+            elif o == 7:      # d_t, k d -> k d
+                a, b = z.unsqueeze(-2), self.o_factor
+            else:             # d_t, k -> k d
+                a, b = self.o_factor.unsqueeze(-1), z.unsqueeze(-2)
+            return log_sigmoid_product(a, b, tau).unsqueeze(2)                          # [B, T, 1, K, D]
         if o == 10:
             return None
         # at least float32: there is no complex bfloat16

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from lcsm import layers
 from lcsm.layers.lcsm_family import (A_MEANING, DEFAULT_CODE, LCSMFamily, O_MEANING, alibi_decay_logits,
                                      alibi_slopes, rotary_theta)
+from lcsm.layers import lcsm_family
 from lcsm.ops import eos, explain
+from lcsm.ops.decay import log_sigmoid_product_reference
 from lcsm.testing import assert_close, assert_matches_reference, decode
 
 D, K = 8, 4          # tiny: the family is large and CPUs are shared
@@ -140,6 +142,21 @@ def test_oscillation_codes_compute_the_official_formulas(o):
         log_o = log_o.unsqueeze(0).unsqueeze(0)
     ours = log_o.squeeze(2).exp().expand(2, 5, K, D)
     assert_close({"o": ours}, {"o": _official_decay(m, x)}, context=f"o code {o}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("o", [6, 7, 8, 9])
+def test_mixed_codes_fused_decay_equals_the_plain_expressions(o, dtype, monkeypatch):
+    """Codes 6-9 form logsigmoid(a * b) / tau with the fused op; the whole layer (output, input
+    and every parameter gradient) equals the same layer with the plain expressions."""
+    m, x = make(code=f"1-{o}-1-0").to(dtype), inputs(T=11).to(dtype)
+
+    def plain(x):
+        with monkeypatch.context() as patch:
+            patch.setattr(lcsm_family, "log_sigmoid_product", log_sigmoid_product_reference)
+            return m(x)
+
+    assert_matches_reference(m, x, plain, context=f"o code {o}, {dtype}")
 
 
 @pytest.mark.parametrize("e,s", [(1, 1), (0, 1)])
