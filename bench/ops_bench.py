@@ -16,6 +16,9 @@ Cases (select with ``--only``; see bench/README.md for the method and the target
     mamba      H=1, K=16, D=256 with a full data-dependent K x D decay vs a per-step Python loop
     outer      LCSM code 1's separable decay a_t (x) b_t (H=1, K=64, D=128): the matmul kernel on the
                pair vs the elementwise kernel on the materialised K x D sum, T = 256 and 2048
+    decay      LCSM codes 6-9's full decay logsigmoid(a * b) / tau (B=64, T=256, K=64, D=128):
+               lcsm.ops.decay.log_sigmoid_product vs the same as plain tensor expressions, alone
+               and inside a whole 1-8-1-0 layer
     kxd        LCSM's K x D codes at a training batch (B=64, T=64, H=1, K=64, D=128), where the
                elementwise kernel serves: a K x D e with the separable decay (code 0-1-1-0), a
                time-invariant K x D decay (1-0-1-0) and a per-step one (1-9-1-0), against code
@@ -47,22 +50,26 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 from bench._common import Check, proc_status_kib as _proc_status_kib, provenance_header, write_out
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
+from lcsm.layers import lcsm_family
+from lcsm.layers.lcsm_family import LCSMFamily
 from lcsm.ops import eos, eos_rotating
 from lcsm.ops._inputs import canonicalize
 from lcsm.ops.chunk import eos_chunk
+from lcsm.ops.decay import log_sigmoid_product, log_sigmoid_product_reference
 from lcsm.testing import RTOL, rel_rms
 
 Tensor = torch.Tensor
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "outer", "kxd",
-         "rotating", "fft", "gflops")
+CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "outer", "decay",
+         "kxd", "rotating", "fft", "gflops")
 # Scale of logsigmoid(x) in the log decays. "gla": GLA's normaliser 1/16 (a chunk of 64 decays
 # by ~e^-3, kept in lcsm's one-matmul-per-chunk path); "strong": unscaled (~e^-0.8 per step),
 # which sends a row decay through lcsm's sub-chunked path; the memory case measures both.
@@ -91,6 +98,7 @@ class Sizes:
     outer_D: int
     outer_T: Tuple[int, ...]         # sequence lengths of the separable-decay comparison
     kxd: Tuple[int, int, int, int]   # B, T, K, D of the K x D codes' comparison
+    decay: Tuple[int, int, int, int]  # B, T, K, D of codes 6-9's decay formation
     fft: Tuple[int, int, int]        # H, K, T of the time-invariant (S4D-shaped) comparison
     matmul_n: int
     repeats: int
@@ -100,11 +108,11 @@ class Sizes:
 FULL = Sizes(B=1, H=4, T=2048, K=64, D=64, C=64, T_long=16384,
              scaling=(1024, 2048, 4096, 8192, 16384, 32768, 65536), memory=(2048, 8192, 32768),
              mamba_K=16, mamba_D=256, mamba_T=2048, outer_K=64, outer_D=128, outer_T=(256, 2048),
-             kxd=(64, 64, 64, 128), fft=(128, 32, 1024), matmul_n=2048, repeats=5, warmup=1)
+             kxd=(64, 64, 64, 128), decay=(64, 256, 64, 128), fft=(128, 32, 1024), matmul_n=2048, repeats=5, warmup=1)
 # T must stay a multiple of 64: fla's naive_chunk_linear_attn hard-codes chunks of 64.
 QUICK = Sizes(B=1, H=2, T=128, K=16, D=16, C=32, T_long=256, scaling=(128, 256), memory=(256, 1024),
               mamba_K=4, mamba_D=16, mamba_T=128, outer_K=8, outer_D=16, outer_T=(64, 128),
-              kxd=(4, 16, 8, 16), fft=(4, 4, 128), matmul_n=256, repeats=2, warmup=1)
+              kxd=(4, 16, 8, 16), decay=(4, 16, 8, 16), fft=(4, 4, 128), matmul_n=256, repeats=2, warmup=1)
 
 
 # ----------------------------------------------------------------------------- records
@@ -566,6 +574,62 @@ class Bench:
                                     f"T={T}", f"{strong.median / fast.median:.2f}x"))
         x = inputs(min(z.outer_T))
         self.agreement("separable decay, elementwise kernel on the K x D sum", lambda: pair(x), lambda: summed(x))
+
+    def case_decay(self):
+        """LCSM o codes 6-9 build their [B, T, K, D] log decay as logsigmoid(a * b) / tau from a
+        data-dependent vector and a learned factor (the layer's shapes, tau 16, at the LCSM MQAR
+        cell of 256 tokens, d 128): the fused, cache-blocked op against the plain expressions."""
+        z = self.z
+        B, T, K, D = z.decay
+        shape = f"B={B} T={T} K={K} D={D}"
+        factors = {6: ((B, T, K, 1), (K, D)), 7: ((B, T, 1, D), (K, D)),
+                   8: ((K, 1), (B, T, 1, D)), 9: ((B, T, K, 1), (D,))}
+
+        def inputs(code):
+            # the data-dependent factor [B, T, ...] is a projection's output; the learned one is
+            # initialised randn * 0.1 as in the layer
+            g = _gen(8)
+            return [_leaf(torch.randn(*sh, generator=g) * (1.0 if len(sh) == 4 else 0.1)) for sh in factors[code]]
+
+        def build(code, fn):
+            def make():
+                a, b = inputs(code)
+                return (lambda: fn(a, b, 16.0)), [a, b]
+            return make
+
+        for code in factors:
+            fused = self.time(f"decay_fused_{code}", f"LCSM code 1-{code}-1-0 decay, lcsm.ops.decay.log_sigmoid_product",
+                              shape, B * T, build(code, log_sigmoid_product))
+            plain = self.time(f"decay_plain_{code}", f"LCSM code 1-{code}-1-0 decay, plain tensor expressions",
+                              shape, B * T, build(code, log_sigmoid_product_reference))
+            if fused is not None and plain is not None:
+                self.r.info.append((f"LCSM code 1-{code}-1-0 decay: plain / fused (speed-up), {shape}",
+                                    f"{plain.median / fused.median:.2f}x"))
+        a, b = inputs(8)
+        self.agreement("code 8's decay as plain tensor expressions", lambda: log_sigmoid_product(a, b, 16.0),
+                       lambda: log_sigmoid_product_reference(a, b, 16.0))
+
+        # What a training step sees: the whole layer (projections, decay, elementwise kernel, norm)
+        def build_layer(fn):
+            def make():
+                torch.manual_seed(8)
+                layer = LCSMFamily(D, code="1-8-1-0", expand=K)
+                x = _leaf(torch.randn(B, T, D, generator=_gen(9)))
+
+                def run():
+                    with mock.patch.object(lcsm_family, "log_sigmoid_product", fn):
+                        return layer(x)
+                return run, [x, *layer.parameters()]
+            return make
+
+        layer_shape = f"B={B} T={T} d_model={D} K={K}"
+        fused = self.time("decay_layer_fused", "LCSM 1-8-1-0 layer, fused decay", layer_shape, B * T,
+                          build_layer(log_sigmoid_product))
+        plain = self.time("decay_layer_plain", "LCSM 1-8-1-0 layer, decay as plain tensor expressions", layer_shape,
+                          B * T, build_layer(log_sigmoid_product_reference))
+        if fused is not None and plain is not None:
+            self.r.info.append((f"LCSM 1-8-1-0 layer: plain / fused decay (speed-up), {layer_shape}",
+                                f"{plain.median / fused.median:.2f}x"))
 
     def case_kxd(self):
         """LCSM's codes with a K x D state at the LCSM MQAR base's training shape (batch 64, 64
