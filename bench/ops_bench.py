@@ -598,8 +598,9 @@ class Bench:
             return make
 
         for code in factors:
-            fused = self.time(f"decay_fused_{code}", f"LCSM code 1-{code}-1-0 decay, lcsm.ops.decay.log_sigmoid_product",
-                              shape, B * T, build(code, log_sigmoid_product))
+            fused = self.time(f"decay_fused_{code}",
+                              f"LCSM code 1-{code}-1-0 decay, lcsm.ops.decay.log_sigmoid_product", shape, B * T,
+                              build(code, log_sigmoid_product))
             plain = self.time(f"decay_plain_{code}", f"LCSM code 1-{code}-1-0 decay, plain tensor expressions",
                               shape, B * T, build(code, log_sigmoid_product_reference))
             if fused is not None and plain is not None:

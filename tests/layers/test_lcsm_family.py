@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from lcsm import layers
+from lcsm.layers import lcsm_family
 from lcsm.layers.lcsm_family import (A_MEANING, DEFAULT_CODE, LCSMFamily, O_MEANING, alibi_decay_logits,
                                      alibi_slopes, rotary_theta)
-from lcsm.layers import lcsm_family
 from lcsm.ops import eos, explain
 from lcsm.ops.decay import log_sigmoid_product_reference
 from lcsm.testing import assert_close, assert_matches_reference, decode

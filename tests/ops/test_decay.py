@@ -78,10 +78,12 @@ def test_only_the_factors_that_need_it_get_a_gradient():
 
 
 @pytest.mark.parametrize("a,b,tau,error,match", [
-    (torch.randn(2, 3, 4, 1), torch.randn(5, 6), 16.0, ValueError, r"a, b: .*broadcast to \[B, T, K, D\].*\[2, 3, 4, 1\].*\[5, 6\]"),
+    (torch.randn(2, 3, 4, 1), torch.randn(5, 6), 16.0, ValueError,
+     r"a, b: .*broadcast to \[B, T, K, D\].*\[2, 3, 4, 1\].*\[5, 6\]"),
     (torch.randn(3, 4, 1), torch.randn(4, 5), 16.0, ValueError, r"4-dim \[B, T, K, D\].*broadcast \[3, 4, 5\]"),
     (torch.randn(1, 2, 3, 4, 1), torch.randn(5), 16.0, ValueError, r"4-dim"),
-    (torch.randn(2, 3, 4, 1, dtype=torch.complex64), torch.randn(4, 5), 16.0, TypeError, r"a: .*real floating-point.*complex64"),
+    (torch.randn(2, 3, 4, 1, dtype=torch.complex64), torch.randn(4, 5), 16.0, TypeError,
+     r"a: .*real floating-point.*complex64"),
     (torch.randn(2, 3, 4, 1), torch.ones(4, 5, dtype=torch.int64), 16.0, TypeError, r"b: .*int64 with shape \[4, 5\]"),
     (torch.randn(2, 3, 4, 1), torch.randn(4, 5), 0.0, ValueError, r"tau: expected a positive number.*0\.0"),
     (torch.randn(2, 3, 4, 1), torch.randn(4, 5), True, ValueError, r"tau: .*True"),
