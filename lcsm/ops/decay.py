@@ -38,7 +38,7 @@ def log_sigmoid_product_reference(a: Tensor, b: Tensor, tau: float) -> Tensor:
     return F.logsigmoid(a * b) / tau
 
 
-def _check(a: Tensor, b: Tensor, tau: float):
+def _check(a: Tensor, b: Tensor, tau: float) -> None:
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -54,10 +54,9 @@ def _check(a: Tensor, b: Tensor, tau: float):
     except RuntimeError:
         raise ValueError(f"a, b: expected shapes that broadcast to [B, T, K, D], got a {shape_str(a)} "
                          f"and b {shape_str(b)}") from None
-    if len(shape) != 4 or a.dim() > 4 or b.dim() > 4:
+    if len(shape) != 4:
         raise ValueError(f"a, b: expected shapes that broadcast to a 4-dim [B, T, K, D], got a {shape_str(a)} "
                          f"and b {shape_str(b)} (broadcast [{', '.join(map(str, shape))}])")
-    return shape
 
 
 def _four_dim(x: Tensor) -> Tensor:
