@@ -812,6 +812,7 @@ def python_loop(i: Tensor, e: Tensor, s: Tensor, log_o: Tensor) -> Tensor:
 # is allocator noise, and a ratio over it says nothing. The quick sizes' peaks fall in this range.
 MEMORY_RESOLUTION_BYTES = 1 << 20
 
+
 def memory_worker(spec: dict) -> dict:
     """Runs inside a fresh process: for each (gates, T) cell in turn, one forward + backward of
     the row-decay chunk form with the given backward; returns each run's peak resident set size above its own
