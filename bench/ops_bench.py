@@ -481,14 +481,9 @@ class Bench:
             if isinstance(peaks[m], str):
                 self.r.notes.append(f"peak memory, backward={m}: {peaks[m]}")
         for r in rows:
-            both = isinstance(r["custom"], int) and isinstance(r["autograd"], int)
-            resolved = both and r["autograd"] >= MEMORY_RESOLUTION_BYTES
-            why = ("worker failed" if not both else
-                   f"autograd peak {r['autograd'] / 2 ** 20:.1f} MiB is below the measurement resolution "
-                   f"({MEMORY_RESOLUTION_BYTES / 2 ** 20:g} MiB)")
+            ratio, why = memory_ratio(r)
             self.r.checks.append(Check(f"peak memory custom / autograd backward, {r['gates']} gates, T={r['T']}",
-                                       r["custom"] / r["autograd"] if resolved else None, "<=", 1.0,
-                                       "" if resolved else why))
+                                       ratio, "<=", 1.0, why))
         for mode in modes:
             good = [r for r in rows if r["gates"] == "gla" and isinstance(r[mode], int)
                     and r[mode] >= MEMORY_RESOLUTION_BYTES]
@@ -813,6 +808,17 @@ def python_loop(i: Tensor, e: Tensor, s: Tensor, log_o: Tensor) -> Tensor:
 MEMORY_RESOLUTION_BYTES = 1 << 20
 
 
+def memory_ratio(row: Dict) -> Tuple[Optional[float], str]:
+    """Custom / autograd peak of one memory cell, or None and the reason it has no ratio."""
+    c, a = row["custom"], row["autograd"]
+    if not (isinstance(c, int) and isinstance(a, int)):
+        return None, "worker failed"
+    if a < MEMORY_RESOLUTION_BYTES:
+        return None, (f"autograd peak {a / 2 ** 20:.1f} MiB is below the measurement resolution "
+                      f"({MEMORY_RESOLUTION_BYTES / 2 ** 20:g} MiB)")
+    return c / a, ""
+
+
 def memory_worker(spec: dict) -> dict:
     """Runs inside a fresh process: for each (gates, T) cell in turn, one forward + backward of
     the row-decay chunk form with the given backward; returns each run's peak resident set size above its own
@@ -903,7 +909,8 @@ def render(r: Report, z: Sizes, header: Dict[str, str], selected: Sequence[str])
         for row in r.memory:
             c, a = row["custom"], row["autograd"]
             mib = lambda v: f"{v / 2 ** 20:.1f}" if isinstance(v, int) else "n/a"
-            ratio = f"{c / a:.3f}" if isinstance(c, int) and isinstance(a, int) and a else "n/a"
+            ratio, why = memory_ratio(row)
+            ratio = f"{ratio:.3f}" if ratio is not None else f"n/a ({why})"
             per_tok = f"{c / (z.B * row['T']):.0f}" if isinstance(c, int) else "n/a"
             lines.append(f"| {row['gates']} | {row['T']} | {mib(c)} | {mib(a)} | {ratio} | {per_tok} |")
         lines.append("")

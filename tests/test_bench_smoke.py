@@ -67,6 +67,11 @@ def test_memory_peaks_below_the_resolution_are_skipped_not_divided(monkeypatch):
     assert ratios[0].measured is None and "below the measurement resolution" in ratios[0].result
     assert [c.measured for c in ratios[1:]] == [0.5] * (cells - 1)
     assert all(c.result == "PASS" for c in ratios[1:])
+    table = ops_bench.render(bench.r, z, {}, ["memory"]).split("## Peak memory")[1].splitlines()
+    rows = [line for line in table if line.startswith("| ") and line.split("|")[2].strip().isdigit()]
+    assert len(rows) == cells
+    assert "n/a (autograd peak 0.0 MiB is below the measurement resolution" in rows[0]
+    assert all("| 0.500 |" in row for row in rows[1:])
 
 
 def test_flop_model_matches_the_counted_flops_without_sub_chunking():
