@@ -17,12 +17,19 @@ Canonical, head-major tensors (a size-1 dim means "broadcast"):
     g  [B|1, H, T|1, K|1, D|1] log oscillation (None: o = 1, or a separable pair below)
     g_outer  ([B|1, H, T|1, K, 1], [B|1, H, T|1, 1, D]) or None: a separable oscillation
                o = exp(g_row + g_col) = a (x) b, given as the pair (log_o[0], log_o[1])
+    g_product  ([B|1, H, T|1, K|1, D|1], [B|1, H, T|1, K|1, D|1]) or None: a full K x D log
+               oscillation given as the product of its two operands, log_o = a * b (``LogProduct``)
     m0 [B, H, K, D]            initial memory (None: zeros)
 
 A separable oscillation (LCSM Table 3, o code 1: o_t = a_t (x) b_t) is kept as its two factors
 so that the chunk kernel can apply them along K and along D without ever forming the K x D
 decay; ``EOSProblem.g_full`` materialises the sum for the plain forms (the recurrent reference,
 the parallel map, fft); the elementwise kernel applies the two factors one after the other.
+
+A log oscillation that is a product of two broadcast operands (Mamba's Delta_t A: a [B, T, 1, D]
+step size times a [K, D] matrix) is kept as its operands for the same reason: the elementwise
+kernel forms each step's exp(a * b) when the step runs, so the [B, T, K, D] log, its exp and its
+gradient are never formed; ``g_full`` materialises the product for the plain forms.
 """
 from __future__ import annotations
 
@@ -36,6 +43,23 @@ import torch
 Tensor = torch.Tensor
 
 MODES = ("auto", "recurrent", "parallel", "chunk", "fft")
+
+
+@dataclass(frozen=True)
+class LogProduct:
+    """A log oscillation given as the elementwise product of two operands, ``log_o = a * b``, each
+    data-dependent [B, T, H, K|1, D|1] or data-independent [H, K|1, D|1], together broadcasting to
+    the full [.., K, D] decay. Mamba's selective SSM is the case it is for (Gu & Dao 2023, section
+    3.4 / Algorithm 2: log A-bar_t = Delta_t A, a [B, T, 1, 1, d_inner] step size times the
+    [1, N, d_inner] matrix A): the chunk mode's elementwise kernel then forms exp(a * b) one block
+    of steps at a time, in cache, and reduces the decay's gradient to a and b there, where the
+    materialised [B, T, H, K, D] product would cost three full-size tensors (the log, its exp,
+    saved for the backward, and the log's gradient) and autograd's reduction of that gradient.
+    A product that does not span both K and D is no full decay: it is formed at once and runs
+    as the row, column or scalar decay it is."""
+
+    a: Tensor
+    b: Tensor
 
 
 def shape_str(x: Tensor) -> str:
@@ -136,6 +160,7 @@ class EOSProblem:
     s_dd: bool
     g_dd: bool
     g_outer: Optional[Tuple[Tensor, Tensor]] = None
+    g_product: Optional[Tuple[Tensor, Tensor]] = None
     # A real input of a complex computation, before its promotion ([B, H, T, D], a view of i): the
     # fft form convolves it with the kernel's real part when only Re(y) is asked for.
     v_real: Optional[Tensor] = None
@@ -155,18 +180,22 @@ class EOSProblem:
 
     @property
     def g_full(self) -> Optional[Tensor]:
-        """The log oscillation as one broadcastable tensor: ``g`` itself, or for a separable pair
-        the materialised sum g_row + g_col [B|1, H, T|1, K, D]."""
+        """The log oscillation as one broadcastable tensor: ``g`` itself, for a separable pair
+        the materialised sum g_row + g_col [B|1, H, T|1, K, D], for a product a * b."""
         if self.g_outer is not None:
             return self.g_outer[0] + self.g_outer[1]
+        if self.g_product is not None:
+            return self.g_product[0] * self.g_product[1]
         return self.g
 
     @property
     def decay_kind(self) -> str:
         """'none', 'scalar', 'row' (varies over K), 'col' (varies over D), 'outer' (a separable
-        pair, o = a (x) b) or 'full' (K x D)."""
+        pair, o = a (x) b), 'full' (K x D) or 'product' (a full K x D log given as a * b)."""
         if self.g_outer is not None:
             return "outer"
+        if self.g_product is not None:
+            return "product"
         if self.g is None:
             return "none"
         kg, dg = self.g.shape[-2], self.g.shape[-1]
@@ -227,10 +256,41 @@ def _pair_part(log_o: Tensor, index: int, B: int, T: int, H: int, K: int, D: int
     )
 
 
+def _decay_tensor(name: str, x: Tensor, B: int, T: int, H: int, K: int, D: int):
+    """Canonicalise a log oscillation tensor (log_o, or an operand of a ``LogProduct``) to
+    [B|1, H, T|1, K|1, D|1]; returns (tensor, is_dd)."""
+    if x.dim() == 5:
+        if tuple(x.shape[:3]) != (B, T, H):
+            raise ValueError(
+                f"{name}: data-dependent {name} must start with [B, T, H] = [{B}, {T}, {H}], got {shape_str(x)}"
+            )
+        xc, dd = x.permute(0, 2, 1, 3, 4), True
+    elif x.dim() == 3:
+        if x.shape[0] != H:
+            raise ValueError(f"{name}: data-independent {name} must be [H, K|1, D|1] with H = {H}, got {shape_str(x)}")
+        xc, dd = x[None, :, None], False
+    else:
+        forms = ["[B, T, H, K|1, D|1] (data-dependent)", "[H, K|1, D|1] (data-independent)"]
+        if name == "log_o":
+            forms += ["a separable pair (log_row, log_col)", "a LogProduct(a, b)"]
+        raise ValueError(f"{name}: expected {', '.join(forms[:-1])} or {forms[-1]}, "
+                         f"got {x.dim()}-d tensor {shape_str(x)}")
+    if xc.shape[-2] not in (1, K) or xc.shape[-1] not in (1, D):
+        raise ValueError(
+            f"{name}: last two dims must be (K or 1, D or 1) = ({K} or 1, {D} or 1), got {shape_str(x)}"
+        )
+    return xc, dd
+
+
 def _log_o_tensors(log_o) -> list:
-    """The tensors of log_o: [], [log_o] or the two factors of a separable pair (validated)."""
+    """The tensors of log_o: [], [log_o], the two factors of a separable pair or the two operands
+    of a product (validated)."""
     if log_o is None:
         return []
+    if isinstance(log_o, LogProduct):
+        check_floating("log_o.a", log_o.a)
+        check_floating("log_o.b", log_o.b)
+        return [log_o.a, log_o.b]
     if isinstance(log_o, (tuple, list)):
         if len(log_o) != 2:
             raise ValueError(
@@ -246,17 +306,21 @@ def _log_o_tensors(log_o) -> list:
 
 def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "initial_state") -> EOSProblem:
     """Validate the arguments of :func:`lcsm.ops.eos` and return the canonical problem.
-    ``log_o`` is None, one tensor, or a separable pair (log_row, log_col) meaning
-    o = exp(log_row + log_col). ``state_name``: the memory's argument name in errors
+    ``log_o`` is None, one tensor, a separable pair (log_row, log_col) meaning
+    o = exp(log_row + log_col), or a ``LogProduct(a, b)`` meaning o = exp(a * b). ``state_name``: the memory's argument name in errors
     (``eos_step`` calls it ``state``)."""
     check_floating("i", i)
     check_floating("e", e)
     check_floating("s", s)
     decays = _log_o_tensors(log_o)
     pair = isinstance(log_o, (tuple, list))
+    product = isinstance(log_o, LogProduct)
     if initial_state is not None:
         check_floating(state_name, initial_state)
-    decay_names = [f"log_o[{n}]" for n in range(len(decays))] if pair else ["log_o"] * len(decays)
+    if pair:
+        decay_names = [f"log_o[{n}]" for n in range(len(decays))]
+    else:
+        decay_names = ["log_o.a", "log_o.b"] if product else ["log_o"] * len(decays)
     check_same_device({"i": i, "e": e, "s": s, **dict(zip(decay_names, decays)), state_name: initial_state})
     if i.dim() != 4:
         raise ValueError(f"i: expected [B, T, H, D], got {i.dim()}-d tensor {shape_str(i)}")
@@ -271,31 +335,19 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
     if sc.shape[3] != K:
         raise ValueError(f"s: expand dimension K of s is {sc.shape[3]} but e has K = {K} (e {shape_str(e)}, s {shape_str(s)})")
 
-    gc, g_dd, pair_c = None, False, None
+    gc, g_dd, pair_c, product_c = None, False, None, None
     if pair:
         (row, row_dd), (col, col_dd) = (_pair_part(part, n, B, T, H, K, D) for n, part in enumerate(decays))
         pair_c, g_dd = (row, col), row_dd or col_dd
-    elif log_o is not None:
-        if log_o.dim() == 5:
-            if tuple(log_o.shape[:3]) != (B, T, H):
-                raise ValueError(
-                    f"log_o: data-dependent log_o must start with [B, T, H] = [{B}, {T}, {H}], got {shape_str(log_o)}"
-                )
-            gc, g_dd = log_o.permute(0, 2, 1, 3, 4), True
-        elif log_o.dim() == 3:
-            if log_o.shape[0] != H:
-                raise ValueError(f"log_o: data-independent log_o must be [H, K|1, D|1] with H = {H}, got {shape_str(log_o)}")
-            gc = log_o[None, :, None]
+    elif product:
+        (a, a_dd), (b, b_dd) = (_decay_tensor(f"log_o.{n}", x, B, T, H, K, D) for n, x in zip("ab", decays))
+        g_dd = a_dd or b_dd
+        if max(a.shape[-2], b.shape[-2]) == K > 1 and max(a.shape[-1], b.shape[-1]) == D > 1:
+            product_c = (a, b)
         else:
-            raise ValueError(
-                "log_o: expected [B, T, H, K|1, D|1] (data-dependent), [H, K|1, D|1] "
-                "(data-independent) or a separable pair (log_row, log_col), "
-                f"got {log_o.dim()}-d tensor {shape_str(log_o)}"
-            )
-        if gc.shape[-2] not in (1, K) or gc.shape[-1] not in (1, D):
-            raise ValueError(
-                f"log_o: last two dims must be (K or 1, D or 1) = ({K} or 1, {D} or 1), got {shape_str(log_o)}"
-            )
+            gc = a * b                          # no full K x D decay: formed at once (see LogProduct)
+    elif log_o is not None:
+        gc, g_dd = _decay_tensor("log_o", log_o, B, T, H, K, D)
 
     if initial_state is not None and tuple(initial_state.shape) != (B, H, K, D):
         raise ValueError(
@@ -320,6 +372,7 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
         out_dtype=out_dtype,
         e_dd=e_dd, s_dd=s_dd, g_dd=g_dd,
         g_outer=tuple(x.to(dtype) for x in pair_c) if pair_c is not None else None,
+        g_product=tuple(x.to(dtype) for x in product_c) if product_c is not None else None,
         v_real=i.permute(0, 2, 1, 3).to(dtype.to_real()) if dtype.is_complex and not i.is_complex() else None,
     )
     return p

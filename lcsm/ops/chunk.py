@@ -19,7 +19,8 @@ c x c diagonal blocks factorised or, if still too strong, split again the same w
 steps). Long sequences run in segments of SEGMENT tokens so time per token stays flat.
 
 ``elementwise`` -- anything else (a full K x D decay as in Mamba, K x D expand or shrink states;
-a separable decay there is applied factor by factor): per chunk, the recurrence
+a separable decay there is applied factor by factor, and a decay given as a product of operands,
+log_o = a * b, is formed one block of steps at a time): per chunk, the recurrence
 m_t = o_t * m_{t-1} + e_t (x) i_t step by step over [B, H, K, D] (exact for any decay), on a CPU
 in blocks of steps whose memories fit in BLOCK_BYTES (elsewhere a block is the chunk), each
 block's shrink one batched product while they are in cache. ``ELEMENTWISE_FORM = "cumulative"``
@@ -56,7 +57,7 @@ from typing import Optional
 
 import torch
 
-from ._inputs import EOSProblem
+from ._inputs import EOSProblem, LogProduct
 
 Tensor = torch.Tensor
 
@@ -85,8 +86,9 @@ MIN_CUMULATIVE = 4
 
 def kernel_for(p: EOSProblem) -> str:
     """``matmul`` when e and s are K-vectors and the decay is none, scalar, row, column or
-    separable ("outer"); ``elementwise`` otherwise (a separable decay then factor by factor)."""
-    if p.e_is_vector and p.s_is_vector and p.decay_kind != "full":
+    separable ("outer"); ``elementwise`` otherwise (a separable decay then factor by factor, a
+    product of operands block by block)."""
+    if p.e_is_vector and p.s_is_vector and p.decay_kind not in ("full", "product"):
         return "matmul"
     return "elementwise"
 
@@ -618,11 +620,44 @@ def _blocks(c: int, b: int):
     return [(a, min(a + b, c)) for a in range(0, c, b)]
 
 
+# The elementwise kernel's decay ``o`` is a list of factors [B|1, H, c|1, K|1, D|1] whose product
+# is o (none, one, or a separable pair's two), or a LogProduct of operands in that layout whose
+# product is log o, from which each block forms its own factor exp(a * b) in cache.
+
+def _operands(o) -> list:
+    """The tensors the decay's gradients are taken for: its factors, or a product's a and b."""
+    return [o.a, o.b] if isinstance(o, LogProduct) else list(o)
+
+
+def _decay_slice(o, start: int, stop: int):
+    """The decay of steps start..stop."""
+    if isinstance(o, LogProduct):
+        return LogProduct(_time_slice(o.a, start, stop), _time_slice(o.b, start, stop))
+    return [_time_slice(f, start, stop) for f in o]
+
+
+def _block_factors(o, start: int, stop: int) -> list:
+    """The factors of steps start..stop, a product's exp(a * b) formed for those steps alone."""
+    if isinstance(o, LogProduct):
+        return [torch.mul(_time_slice(o.a, start, stop), _time_slice(o.b, start, stop)).exp_()]
+    return _decay_slice(o, start, stop)
+
+
+def _decay_grads(o, start: int, stop: int, dG: Tensor):
+    """(index in ``_operands(o)``, gradient before reduction) for steps start..stop given
+    dG = dlog_o there: every factor's log takes dG (their logs add); a product's a takes
+    dG conj(b) and b takes dG conj(a) (PyTorch's convention for complex inputs)."""
+    if isinstance(o, LogProduct):
+        a, b = _time_slice(o.a, start, stop), _time_slice(o.b, start, stop)
+        return [(0, dG * b.conj()), (1, dG * a.conj())]
+    return [(j, dG) for j in range(len(o))]
+
+
 def scan_chunk(v, e, s, o, m):
     """One chunk of the elementwise kernel: v [B, H, c, D], e/s [B|1, H, c|1, K, D|1], o a list of
     decay factors [B|1, H, c|1, K|1, D|1] whose product is the decay (exp(log_o); two for a
-    separable pair, none for no decay), m [B, H, K, D] -> (y [B, H, c, D], the memory after the
-    chunk [B, H, K, D]).
+    separable pair, none for no decay) or a LogProduct of the log decay's operands, m [B, H, K, D]
+    -> (y [B, H, c, D], the memory after the chunk [B, H, K, D]).
 
     ``h_t = o_t * h_{t-1} + e_t (x) v_t`` step by step is the recurrence itself: exact for any
     decay, with no cumulative product to overflow or cancel. The steps run in blocks (on a CPU,
@@ -631,25 +666,29 @@ def scan_chunk(v, e, s, o, m):
     block is one step (the kernel is bound by memory traffic, and a chunk's [c, K, D] memories
     would make a round trip to main memory), with small memories a block is the whole chunk (few,
     large operations: the cost per operation then dominates). A separable decay stays two factors
-    (two in-place products a step) rather than a materialised [B, H, T, K, D] tensor. No
-    autograd: ``scan_chunk_backward`` is its adjoint.
+    (two in-place products a step) rather than a materialised [B, H, T, K, D] tensor; a product's
+    factor exp(a * b) is formed for each block as it runs. No autograd: ``scan_chunk_backward`` is
+    its adjoint.
     """
     B, H, c, D = v.shape
-    dtype = _promoted(m, e, v, *o)
+    dtype = _promoted(m, e, v, *_operands(o))
     b = _block_steps(B, H, e.shape[3], D, dtype, v.device, c)
     buffer = v.new_empty(B, H, b, e.shape[3], D, dtype=dtype)
     h, ys = m, []
     for a, z in _blocks(c, b):
-        h = _recur(v[:, :, a:z], _time_slice(e, a, z), [_time_slice(f, a, z) for f in o], h, buffer)
+        h = _recur(v[:, :, a:z], _time_slice(e, a, z), _block_factors(o, a, z), h, buffer)
         ys.append(_contract_k(_time_slice(s, a, z), buffer[:, :, :z - a]))
     return torch.cat(ys, 2), h.clone()
 
 
 def _memories(v, e, o, m):
-    """The memories h [B, H, c, K, D] after each step of a chunk, for its backward."""
+    """The memories h [B, H, c, K, D] after each step of a chunk, for its backward, in the
+    forward's blocks (a product's factors formed block by block)."""
     B, H, c, D = v.shape
-    hs = v.new_empty(B, H, c, e.shape[3], D, dtype=_promoted(m, e, v, *o))
-    _recur(v, e, o, m, hs)
+    hs = v.new_empty(B, H, c, e.shape[3], D, dtype=_promoted(m, e, v, *_operands(o)))
+    h = m
+    for a, z in _blocks(c, _block_steps(B, H, e.shape[3], D, hs.dtype, v.device, c)):
+        h = _recur(v[:, :, a:z], _time_slice(e, a, z), _block_factors(o, a, z), h, hs[:, :, a:z])
     return hs
 
 
@@ -695,26 +734,29 @@ def scan_chunk_backward(v, e, s, o, m, hs, dy, dm, out):
     reverse-time recurrence ``dh_t = conj(o_{t+1}) dh_{t+1} + conj(s_t) dy_t``; with it
     ``dlog_o_t = conj(o_t) dh_t conj(h_{t-1})`` (reduced to each factor's shape: the factors
     multiply, so their logs add), ``de_t = dh_t conj(v_t)``, ``dv_t = sum_k dh_t conj(e_t)`` and
-    ``ds_t = dy_t conj(h_t)`` (PyTorch's conjugate convention for complex inputs). The recurrence
+    ``ds_t = dy_t conj(h_t)`` (PyTorch's conjugate convention for complex inputs); a product's
+    operands then take dlog_o conj(b) and dlog_o conj(a) (``_decay_grads``). The recurrence
     runs step by step in the forward's blocks, from the last, and each block's gradients follow
     as batched products while its dh are in cache. hs are the chunk's memories (``_memories``);
-    ``out`` maps "v", "e", "s" and each factor's index to the chunk's slice of its gradient
-    buffer, None for a time-shared input. Returns (dv, de, ds, the factors' dlog_o, dm for the
-    chunk's start memory), a per-step input's gradient being its ``out`` slice."""
+    ``out`` maps "v", "e", "s" and each decay operand's index (``_operands``) to the chunk's slice
+    of its gradient buffer, None for a time-shared input. Returns (dv, de, ds, the operands'
+    gradients, dm for the chunk's start memory), a per-step input's gradient being its ``out``
+    slice."""
     B, H, c, D = v.shape
     K = e.shape[3]
     dY = dy.unsqueeze(-2)                                            # [B, H, c, 1, D]
     ec, sc, vc = e.conj(), s.conj(), v.conj()
-    oc = [factor.conj() for factor in o]
+    operands = _operands(o)
     grads = {"v": _BlockGrads(v, out["v"]), "e": _BlockGrads(e, out["e"]), "s": _BlockGrads(s, out["s"]),
-             **{j: _BlockGrads(factor, out[j]) for j, factor in enumerate(o)}}
+             **{j: _BlockGrads(x, out[j]) for j, x in enumerate(operands)}}
     # A real memory read by complex s or dy takes the real part of its adjoint (two ops a step).
     real_part = not hs.is_complex() and (sc.is_complex() or dy.is_complex())
     b = _block_steps(B, H, K, D, hs.dtype, hs.device, c)
     dH = hs.new_empty(B, H, b, K, D)
-    dC = hs.new_empty(B, H, b, K, D) if o else dH       # conj(o_t) dh_t, the carry into step t - 1
+    dC = hs.new_empty(B, H, b, K, D) if operands else dH   # conj(o_t) dh_t, the carry into step t - 1
     carry = dm
     for a, z in reversed(_blocks(c, b)):
+        oc = [factor.conj() for factor in _block_factors(o, a, z)]
         for j in reversed(range(z - a)):
             t = a + j
             if real_part:
@@ -723,27 +765,27 @@ def scan_chunk_backward(v, e, s, o, m, hs, dy, dm, out):
                 torch.addcmul(carry, dY[:, :, t], _at(sc, t), out=dH[:, :, j])
             carry = dC[:, :, j]
             for i, factor in enumerate(oc):
-                torch.mul(dH[:, :, j] if i == 0 else carry, _at(factor, t), out=carry)
+                torch.mul(dH[:, :, j] if i == 0 else carry, _at(factor, j), out=carry)
         n = z - a
         grads["v"].add(a, z, _contract_k(_time_slice(ec, a, z), dH[:, :, :n]))
         grads["e"].add(a, z, _grad_outer(e, dH[:, :, :n], vc[:, :, a:z]))
         grads["s"].add(a, z, _grad_outer(s, hs[:, :, a:z].conj(), dy[:, :, a:z]))
-        if o:
+        if operands:
             # A single factor's dlog_o goes straight into its buffer when it needs no reduction.
-            direct = grads[0].slot(a, z, dC[:, :, :n]) if len(o) == 1 else None
+            direct = grads[0].slot(a, z, dC[:, :, :n]) if not isinstance(o, LogProduct) and len(o) == 1 else None
             dG = direct if direct is not None else torch.empty_like(dC[:, :, :n])
             torch.mul(dC[:, :, 1:n], hs[:, :, a:z - 1].conj(), out=dG[:, :, 1:])
             torch.mul(dC[:, :, 0], (hs[:, :, a - 1] if a > 0 else m).conj(), out=dG[:, :, 0])
             if direct is None:
-                for j in range(len(o)):
-                    grads[j].add(a, z, dG)
-    dlog_o = [grads[j].result() for j in range(len(o))]
-    return grads["v"].result(), grads["e"].result(), grads["s"].result(), dlog_o, carry.clone()
+                for j, grad in _decay_grads(o, a, z, dG):
+                    grads[j].add(a, z, grad)
+    d_operands = [grads[j].result() for j in range(len(operands))]
+    return grads["v"].result(), grads["e"].result(), grads["s"].result(), d_operands, carry.clone()
 
 
 def chunk_elementwise(v, e, s, o, m0, C):
-    """The ``elementwise`` kernel over the whole sequence (o: the decay factors); returns y, m_T
-    and the chunks' start memories."""
+    """The ``elementwise`` kernel over the whole sequence (o: the decay factors, or a LogProduct
+    of the log decay's operands); returns y, m_T and the chunks' start memories."""
     B, H, T, D = v.shape
     K = e.shape[3]
     M = m0 if m0 is not None else v.new_zeros(B, H, K, D)
@@ -752,7 +794,7 @@ def chunk_elementwise(v, e, s, o, m0, C):
         stop = min(start + C, T)
         states.append(M)
         y_c, M = scan_chunk(v[:, :, start:stop], _time_slice(e, start, stop), _time_slice(s, start, stop),
-                            [_time_slice(factor, start, stop) for factor in o], M)
+                            _decay_slice(o, start, stop), M)
         ys.append(y_c)
     return torch.cat(ys, 2), M, states
 
@@ -918,14 +960,19 @@ class ChunkElementwiseFunction(torch.autograd.Function):
     """``chunk_elementwise`` (or ``chunk_cumulative``, see ``_elementwise_form``) whose backward
     recomputes one chunk at a time from its saved start memory and runs ``scan_chunk_backward``
     (``cumulative_backward``) over it, in reverse chunk order. The decay comes as up to two log
-    factors, g_a and g_b (a separable pair's row and column parts; g_b None otherwise), whose
-    exps multiply."""
+    tensors, g_a and g_b: a separable pair's row and column parts, whose exps multiply (g_b None
+    for a single log), or with ``product`` the operands of log_o = g_a * g_b, which only the step
+    form takes (``eos_chunk``) and which it saves as they are, forming exp(g_a * g_b) block by
+    block in the forward and again in the backward."""
 
     @staticmethod
-    def forward(ctx, v, e, s, g_a, g_b, m0, C):
+    def forward(ctx, v, e, s, g_a, g_b, m0, C, product):
         logs = [x for x in (g_a, g_b) if x is not None]
-        ctx.form = _elementwise_form()
-        if ctx.form == "step":
+        ctx.form = "step" if product else _elementwise_form()
+        if product:
+            decay = logs                     # saved as they are, formed again in the backward
+            y, m_T, states = chunk_elementwise(v, e, s, LogProduct(g_a, g_b), m0, C)
+        elif ctx.form == "step":
             # the factors exp(g), formed once and saved; the cumulative form saves the logs
             decay = [x.exp() for x in logs]
             y, m_T, states = chunk_elementwise(v, e, s, decay, m0, C)
@@ -933,20 +980,21 @@ class ChunkElementwiseFunction(torch.autograd.Function):
             decay = logs
             y, m_T, states, ctx.blocks = chunk_cumulative(v, e, s, logs, m0, C)
         ctx.save_for_backward(v, e, s, m0, *decay, *states)
-        ctx.C, ctx.factors = C, len(decay)
+        ctx.C, ctx.operands, ctx.product = C, len(decay), product
         return y, m_T
 
     @staticmethod
     def backward(ctx, dy, dm_T):
         v, e, s, m0, *saved = ctx.saved_tensors
-        # the decay factors exp(g) (step form) or their logs g (cumulative form)
-        o, states = saved[:ctx.factors], saved[ctx.factors:]
+        # the decay factors exp(g) (step form), their logs g (cumulative form) or a product's operands
+        operands, states = saved[:ctx.operands], saved[ctx.operands:]
         C = ctx.C
         T = v.shape[2]
         dM = torch.zeros_like(states[-1]) if dm_T is None else dm_T
         dy = torch.zeros_like(v) if dy is None else dy
-        # dlog_o has the shape of o = exp(log_o), factor by factor.
-        full = {"v": v, "e": e, "s": s, **dict(enumerate(o))}
+        # Each operand's gradient has its shape: dlog_o of o = exp(log_o), factor by factor, or a
+        # product's da and db.
+        full = {"v": v, "e": e, "s": s, **dict(enumerate(operands))}
         # A per-step input's gradient is written chunk by chunk into one buffer; a time-shared
         # input's (time dimension 1) is summed over the chunks.
         buffers = {name: None if name != "v" and x.shape[2] == 1 else torch.empty_like(x)
@@ -956,22 +1004,24 @@ class ChunkElementwiseFunction(torch.autograd.Function):
             start, stop = n * C, min(n * C + C, T)
             part = {name: _time_slice(x, start, stop) for name, x in full.items()}
             out = {name: _time_slice(buf, start, stop) for name, buf in buffers.items()}
-            factors = [part[j] for j in range(len(o))]
+            decay = [part[j] for j in range(len(operands))]
+            if ctx.product:
+                decay = LogProduct(*decay)
             if ctx.form == "step":
-                hs = _memories(part["v"], part["e"], factors, states[n])
-                dv, de, ds, dlog_o, dM = scan_chunk_backward(part["v"], part["e"], part["s"], factors, states[n],
-                                                             hs, dy[:, :, start:stop], dM, out)
+                hs = _memories(part["v"], part["e"], decay, states[n])
+                dv, de, ds, d_operands, dM = scan_chunk_backward(part["v"], part["e"], part["s"], decay, states[n],
+                                                                 hs, dy[:, :, start:stop], dM, out)
             else:
-                hs = cumulative_memories(part["v"], part["e"], factors, states[n], ctx.blocks[n])
-                dv, de, ds, dlog_o, dM = cumulative_backward(part["v"], part["e"], part["s"], factors, states[n],
-                                                             hs, dy[:, :, start:stop], dM, out, ctx.blocks[n])
-            for name, grad in zip(full, (dv, de, ds, *dlog_o)):
+                hs = cumulative_memories(part["v"], part["e"], decay, states[n], ctx.blocks[n])
+                dv, de, ds, d_operands, dM = cumulative_backward(part["v"], part["e"], part["s"], decay, states[n],
+                                                                 hs, dy[:, :, start:stop], dM, out, ctx.blocks[n])
+            for name, grad in zip(full, (dv, de, ds, *d_operands)):
                 if buffers[name] is None:
                     sums[name] = grad if sums[name] is None else sums[name] + grad
         grads = [sums[name] if buffers[name] is None else buffers[name] for name in full]
-        dg = grads[3:] + [None] * (2 - len(o))
+        dg = grads[3:] + [None] * (2 - len(operands))
         dm0 = None if m0 is None else _grad_for(m0, dM)
-        return (*grads[:3], *dg, dm0, None)
+        return (*grads[:3], *dg, dm0, None, None)
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -1014,5 +1064,11 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom"):
         raise ValueError(f"backward: the elementwise kernel (decay {p.decay_kind!r}, e {tuple(p.e.shape)}, "
                          f"s {tuple(p.s.shape)}) has only the 'custom' backward, got {backward!r}; "
                          "'autograd' is the matmul kernel's baseline")
+    if p.g_product is not None:
+        if _elementwise_form() == "cumulative":
+            # The cumulative form batches a block's [n, K, D] logs and exps in any case: it takes
+            # the product formed, its gradient reduced to a and b by autograd.
+            return ChunkElementwiseFunction.apply(p.v, p.e, p.s, p.g_full, None, p.m0, C, False)
+        return ChunkElementwiseFunction.apply(p.v, p.e, p.s, *p.g_product, p.m0, C, True)
     g_a, g_b = p.g_outer if p.g_outer is not None else (p.g, None)
-    return ChunkElementwiseFunction.apply(p.v, p.e, p.s, g_a, g_b, p.m0, C)
+    return ChunkElementwiseFunction.apply(p.v, p.e, p.s, g_a, g_b, p.m0, C, False)

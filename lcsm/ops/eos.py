@@ -2,8 +2,10 @@
 
     m_t = o_t * m_{t-1} + e_t (x) i_t,    y_t = sum_k s_t[k] * m_t[k, :],    o_t = exp(log_o_t)
 
-log_o is one tensor or a separable pair (log_row, log_col), o = exp(log_row + log_col) = a (x) b
-(LCSM Table 3, o code 1), which the chunk mode's matmul kernel applies factor by factor.
+log_o is one tensor, a separable pair (log_row, log_col), o = exp(log_row + log_col) = a (x) b
+(LCSM Table 3, o code 1), which the chunk mode's matmul kernel applies factor by factor, or a
+``LogProduct(a, b)``, o = exp(a * b) (Mamba's Delta_t A), which the elementwise kernel forms
+step by step.
 See docs/eos.md for the semantics, each mode's algorithm and the mapping of the papers' models.
 """
 from __future__ import annotations
@@ -15,14 +17,14 @@ import torch
 
 from lcsm._checks import check_bool
 
-from ._inputs import MODES, EOSProblem, canonicalize, check_chunk_size, finish, shape_str, without_autocast
+from ._inputs import MODES, EOSProblem, LogProduct, canonicalize, check_chunk_size, finish, shape_str, without_autocast
 from .chunk import eos_chunk, kernel_for
 from .fft import eos_fft
 from .parallel import eos_parallel
 from .reference import eos_recurrent, eos_step_state
 
 Tensor = torch.Tensor
-LogO = Union[None, Tensor, Tuple[Tensor, Tensor]]
+LogO = Union[None, Tensor, Tuple[Tensor, Tensor], LogProduct]
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ def _kernel_reason(p: EOSProblem) -> str:
     why = []
     if p.decay_kind == "full":
         why.append("a full K x D decay")
+    if p.decay_kind == "product":
+        why.append("a full K x D decay given as a product a * b (each block of steps forms its exp(a * b) "
+                   "when it runs, in cache)")
     if not (p.e_is_vector and p.s_is_vector):
         why.append("K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec))
     reason = "elementwise kernel: " + " and ".join(why)
@@ -96,11 +101,12 @@ def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chun
     """The plan ``eos`` follows for these arguments (validated exactly as ``eos`` does).
 
     Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent (both parts
-    of a separable pair) -> fft; otherwise chunk (kernel ``matmul`` when e and s are K-vectors and
-    the decay is none/scalar/row/column or a separable pair, else ``elementwise``, which applies a
-    separable pair factor by factor). ``parallel`` is never chosen automatically: it
-    is the O(T^2) attention-map form, for analysis and tests. The recurrent, parallel and fft modes
-    also take a separable pair as its materialised sum: they are the plain, obviously correct forms.
+    of a separable pair or a product) -> fft; otherwise chunk (kernel ``matmul`` when e and s are
+    K-vectors and the decay is none/scalar/row/column or a separable pair, else ``elementwise``,
+    which applies a separable pair factor by factor and forms a product's exp(a * b) block by
+    block). ``parallel`` is never chosen automatically: it is the O(T^2) attention-map form, for
+    analysis and tests. The recurrent, parallel and fft modes also take a separable pair as its
+    materialised sum and a product as a * b: they are the plain, obviously correct forms.
     """
     chunk_size = check_chunk_size(chunk_size)
     return _plan(canonicalize(i, e, s, log_o, initial_state), mode, chunk_size)
@@ -120,8 +126,9 @@ def eos(i: Tensor, e: Tensor, s: Tensor, log_o: LogO = None, *, mode: str = "aut
             [B, T, H, K|1, D|1] or data-independent [H, K|1, D|1]; or a separable pair
             (log_row, log_col) meaning o = exp(log_row + log_col) = a (x) b (LCSM Table 3, o code 1),
             log_row [B, T, H, K, 1] or [H, K, 1], log_col [B, T, H, 1, D] or [H, 1, D], each
-            data-dependent or not on its own. May be complex (log r + i theta) for rotations;
-            then y and the memory are complex.
+            data-dependent or not on its own; or ``LogProduct(a, b)`` meaning o = exp(a * b), a and b
+            each of log_o's shapes (Mamba: Delta_t [B, T, H, 1, D] times A [H, K, D]). May be
+            complex (log r + i theta) for rotations; then y and the memory are complex.
         mode: "auto", "recurrent", "parallel", "chunk" or "fft" (see ``explain``).
         initial_state: m_0 [B, H, K, D] (zeros when None).
         output_final_state: also return m_T [B, H, K, D].

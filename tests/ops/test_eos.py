@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn.functional import logsigmoid
 
-from lcsm.ops import eos, eos_step, explain
+from lcsm.ops import LogProduct, eos, eos_step, explain
 from lcsm.testing import assert_close
 
 B, H, K, D = 2, 2, 4, 3
@@ -19,8 +19,12 @@ NAMES = ("i", "e", "s", "log_o", "initial_state")
 
 def make_inputs(T, *, e="dd", s="dd", decay="row", dd_decay=True, complex_decay=False,
                 complex_es=False, initial=True, seed=0, strength=1.0):
-    """Random EOS inputs. decay in none/scalar/row/col/full/outer; e, s in dd/vec/mat.
-    "outer" is a separable pair (log_row, log_col); its dd_decay may be a pair (row dd, col dd)."""
+    """Random EOS inputs. decay in none/scalar/row/col/full/outer, or a LogProduct(a, b):
+    "product" (Mamba's shape: a step a [.., 1, D] >= 0 times b [.., K, D] < 0), "product-outer"
+    (a [.., K, 1] times b [.., 1, D]: each operand spans one of K and D) or "product-row" (a and b
+    both [.., K, 1]: no full decay); e, s in dd/vec/mat. "outer" is a separable pair (log_row,
+    log_col). For a pair or a product dd_decay may be a pair (first part dd, second part dd);
+    complex_decay makes a product's b complex."""
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
 
@@ -38,9 +42,18 @@ def make_inputs(T, *, e="dd", s="dd", decay="row", dd_decay=True, complex_decay=
             log_o = torch.complex(log_o, rnd(*lead, *tail))
         return log_o
 
+    dd_first, dd_second = dd_decay if isinstance(dd_decay, tuple) else (dd_decay, dd_decay)
     if decay == "outer":
-        dd_row, dd_col = dd_decay if isinstance(dd_decay, tuple) else (dd_decay, dd_decay)
-        out["log_o"] = (log_decay((K, 1), dd_row), log_decay((1, D), dd_col))
+        out["log_o"] = (log_decay((K, 1), dd_first), log_decay((1, D), dd_second))
+    elif decay.startswith("product"):
+        tails = {"product": ((1, D), (K, D)), "product-outer": ((K, 1), (1, D)),
+                 "product-row": ((K, 1), (K, 1))}[decay]
+        lead = lambda dd: (B, T, H) if dd else (H,)
+        a = strength * torch.nn.functional.softplus(rnd(*lead(dd_first), *tails[0]) - 1.0)
+        b = -torch.exp(rnd(*lead(dd_second), *tails[1]) / 2)
+        if complex_decay:
+            b = torch.complex(b, rnd(*b.shape))
+        out["log_o"] = LogProduct(a, b)
     elif decay != "none":
         tail = {"scalar": (1, 1), "row": (K, 1), "col": (1, D), "full": (K, D)}[decay]
         out["log_o"] = log_decay(tail, dd_decay)
@@ -52,10 +65,13 @@ def make_inputs(T, *, e="dd", s="dd", decay="row", dd_decay=True, complex_decay=
 
 
 def _leaf_items(leaves):
-    """(name, tensor) of every input tensor; a separable pair's parts as log_o[0] and log_o[1]."""
+    """(name, tensor) of every input tensor; a separable pair's parts as log_o[0] and log_o[1], a
+    product's operands as log_o.a and log_o.b."""
     for n in NAMES:
         x = leaves[n]
-        if isinstance(x, tuple):
+        if isinstance(x, LogProduct):
+            yield from ((f"{n}.a", x.a), (f"{n}.b", x.b))
+        elif isinstance(x, tuple):
             yield from ((f"{n}[{j}]", part) for j, part in enumerate(x))
         elif x is not None:
             yield n, x
@@ -69,6 +85,8 @@ def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1, real_output=Fals
     def cast(x):
         if x is None:
             return None
+        if isinstance(x, LogProduct):
+            return LogProduct(cast(x.a), cast(x.b))
         if isinstance(x, tuple):
             return tuple(cast(part) for part in x)
         target = {torch.float32: torch.complex64, torch.float64: torch.complex128}[dtype] if x.is_complex() else dtype
@@ -103,6 +121,8 @@ def _at(x, t):
     """Step t (an index or a slice) of an input in eos's layout: data-dependent tensors
     ([B, T, H, ...], 4 or 5 dims) are indexed in time, data-independent ones ([H, ...]) are the
     same at every step."""
+    if isinstance(x, LogProduct):
+        return LogProduct(_at(x.a, t), _at(x.b, t))
     if isinstance(x, tuple):
         return tuple(_at(part, t) for part in x)
     return x[:, t] if x is not None and x.dim() >= 4 else x
@@ -110,7 +130,8 @@ def _at(x, t):
 
 def _zero_memory(i, e, s, log_o):
     """m_0 = 0 [B, H, K, D] in the dtype the inputs promote to."""
-    parts = (i, e, s, *(log_o if isinstance(log_o, tuple) else (log_o,) if log_o is not None else ()))
+    decays = (log_o.a, log_o.b) if isinstance(log_o, LogProduct) else log_o
+    parts = (i, e, s, *(decays if isinstance(decays, tuple) else (decays,) if decays is not None else ()))
     dtype = functools.reduce(torch.promote_types, (x.dtype for x in parts))
     K_ = e.shape[1] if e.dim() == 3 else e.shape[-1]
     return torch.zeros(i.shape[0], i.shape[2], K_, i.shape[3], dtype=dtype)
@@ -120,13 +141,16 @@ def _loop(i, e, s, log_o, m0):
     """LCSM eq. 2-3 written out in eos's public layout, sharing no code with lcsm.ops (neither its
     input handling nor its reference): the recurrent mode, which every other mode is held to, is
     held to this. A [H, K, D] e or s acts elementwise on the memory; a K-vector as an outer
-    product (e) or a contraction over K (s); a separable pair decays by exp(row + col)."""
+    product (e) or a contraction over K (s); a separable pair decays by exp(row + col), a product
+    by exp(a * b)."""
     m = m0 if m0 is not None else _zero_memory(i, e, s, log_o)
     ys = []
     for t in range(i.shape[1]):
         i_t, e_t, s_t = i[:, t, :, None, :], _at(e, t), _at(s, t)
         if log_o is not None:
             g = _at(log_o, t)
+            if isinstance(g, LogProduct):
+                g = g.a * g.b
             m = (g[0] + g[1] if isinstance(g, tuple) else g).exp() * m
         m = m + (e_t if e.dim() == 3 else e_t[..., None]) * i_t
         ys.append(((s_t if s.dim() == 3 else s_t[..., None]) * m).sum(-2))
@@ -150,7 +174,9 @@ def check(inputs, mode, dtype, chunk_size=16, grads=True, context=""):
 
 DECAYS = [("none", True), ("scalar", True), ("row", True), ("col", True), ("full", True),
           ("scalar", False), ("row", False), ("col", False), ("full", False),
-          ("outer", True), ("outer", False), ("outer", (True, False)), ("outer", (False, True))]
+          ("outer", True), ("outer", False), ("outer", (True, False)), ("outer", (False, True)),
+          ("product", (True, False)), ("product", True), ("product", False), ("product", (False, True)),
+          ("product-outer", True), ("product-row", (True, False))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -188,7 +214,7 @@ def test_recurrent_mode_against_the_written_out_loop(decay, dd, e, s, dtype, ini
 
 COMPLEX_LOOP_CASES = [("none", True, False, True)] + [
     (decay, dd, complex_decay, complex_es)
-    for decay, dd in [("row", True), ("full", False), ("outer", (True, False))]
+    for decay, dd in [("row", True), ("full", False), ("outer", (True, False)), ("product", (True, False))]
     for complex_decay, complex_es in [(True, False), (False, True), (True, True)]]
 
 
@@ -217,7 +243,7 @@ def test_step_mode(decay, dd, initial, dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 257])
 @pytest.mark.parametrize("chunk_size", [7, 64])
-@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full", "outer"])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full", "outer", "product"])
 def test_lengths_and_chunk_sizes(T, chunk_size, decay, dtype):
     inputs = make_inputs(T, decay=decay, seed=T)
     check(inputs, "chunk", dtype, chunk_size=chunk_size, context=f"T={T} C={chunk_size} {decay}")
@@ -228,7 +254,7 @@ def test_lengths_and_chunk_sizes(T, chunk_size, decay, dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("e", ["dd", "vec", "mat"])
 @pytest.mark.parametrize("s", ["dd", "vec", "mat"])
-@pytest.mark.parametrize("decay", ["none", "row", "full", "outer"])
+@pytest.mark.parametrize("decay", ["none", "row", "full", "outer", "product"])
 def test_data_independent_expand_and_shrink(e, s, decay, dtype):
     inputs = make_inputs(33, e=e, s=s, decay=decay, seed=7)
     for mode in ("chunk", "parallel"):
@@ -237,7 +263,8 @@ def test_data_independent_expand_and_shrink(e, s, decay, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("decay,dd", [("scalar", True), ("row", True), ("col", True), ("full", True),
-                                      ("row", False), ("full", False), ("outer", True), ("outer", (False, True))])
+                                      ("row", False), ("full", False), ("outer", True), ("outer", (False, True)),
+                                      ("product", (True, False)), ("product-outer", True)])
 @pytest.mark.parametrize("complex_es", [False, True])
 def test_complex(decay, dd, complex_es, dtype):
     inputs = make_inputs(41, decay=decay, dd_decay=dd, complex_decay=True, complex_es=complex_es, seed=11)
@@ -257,7 +284,7 @@ def test_complex_without_decay(e, s, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("e,s", [("vec", "vec"), ("mat", "vec"), ("vec", "mat"), ("mat", "mat")])
-@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "full", "outer"])
+@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "full", "outer", "product"])
 @pytest.mark.parametrize("T", [1, 64, 257])
 def test_fft(e, s, decay, T, dtype):
     inputs = make_inputs(T, e=e, s=s, decay=decay, dd_decay=False, seed=T + 5)
@@ -301,7 +328,7 @@ def test_real_output_is_the_real_part(initial, mode, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full", "outer"])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full", "outer", "product"])
 def test_strong_decays_long_sequence(decay, dtype):
     """log_o down to -30 per step over T = 4096 (each factor of a separable one): no overflow from
     cumulative products, outputs, final state and every gradient as the recurrence's."""
@@ -311,9 +338,12 @@ def test_strong_decays_long_sequence(decay, dtype):
 
 
 def _uniform_decays(log_o, low, seed):
-    """log_o (or each part of a pair) redrawn uniformly in [low, 0]."""
+    """log_o (or each part of a pair; a product as a in [0, 1] times b in [low, 0]) redrawn
+    uniformly in [low, 0]."""
     g = torch.Generator().manual_seed(seed)
-    draw = lambda x: low * torch.rand(x.shape, generator=g, dtype=torch.float64)
+    draw = lambda x, bound=low: bound * torch.rand(x.shape, generator=g, dtype=torch.float64)
+    if isinstance(log_o, LogProduct):
+        return LogProduct(draw(log_o.a, 1.0), draw(log_o.b))
     return tuple(draw(x) for x in log_o) if isinstance(log_o, tuple) else draw(log_o)
 
 
@@ -325,7 +355,7 @@ def test_strong_decays_fft(dtype):
     check(inputs, "fft", dtype, context="strong fft")
 
 
-@pytest.mark.parametrize("decay", ["none", "row", "col", "full", "outer"])
+@pytest.mark.parametrize("decay", ["none", "row", "col", "full", "outer", "product"])
 @pytest.mark.parametrize("es", [("dd", "dd"), ("vec", "mat")])
 def test_carried_state(decay, es):
     """Two chunked calls with the first's final state passed in equal one call over the whole."""
@@ -340,14 +370,16 @@ def test_carried_state(decay, es):
     assert_close({"y": torch.cat([first, second], 1), "m_T": m2}, {"y": y, "m_T": m}, context="carried")
 
 
-@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "full", "outer"])
-def test_gradcheck_chunk(decay):
-    inputs = make_inputs(7, decay=decay, seed=19)
+@pytest.mark.parametrize("decay,dd", [(d, True) for d in ("none", "scalar", "row", "col", "full", "outer")]
+                         + [("product", (True, False))])
+def test_gradcheck_chunk(decay, dd):
+    inputs = make_inputs(7, decay=decay, dd_decay=dd, seed=19)
     leaves = [x.clone().requires_grad_() for _, x in _leaf_items(inputs)]
     n_decay = len(leaves) - 4
+    pack = LogProduct if isinstance(inputs["log_o"], LogProduct) else lambda *parts: parts
 
     def f(i, e, s, *rest):
-        log_o = None if n_decay == 0 else (rest[0] if n_decay == 1 else tuple(rest[:2]))
+        log_o = None if n_decay == 0 else (rest[0] if n_decay == 1 else pack(*rest[:2]))
         return eos(i, e, s, log_o, mode="chunk", chunk_size=3, initial_state=rest[-1], output_final_state=True)
 
     assert torch.autograd.gradcheck(f, leaves)
@@ -366,17 +398,20 @@ def test_gradcheck_fft(decay):
     assert torch.autograd.gradcheck(f, leaves)
 
 
-@pytest.mark.parametrize("decay", ["row", "outer", "full", "outer, K x D e"])
+@pytest.mark.parametrize("decay", ["row", "outer", "full", "outer, K x D e", "product"])
 def test_custom_backward_stores_no_per_step_memory(decay):
     """The chunk Functions save O(T (K + D) + (T / C) K D) numbers, not O(T K D); the elementwise
-    kernel keeps a separable decay as its two factors (a K x D e sends it there)."""
+    kernel keeps a separable decay as its two factors (a K x D e sends it there) and a product
+    (Mamba's Delta_t [T, 1, D] times A [K, D]) as its operands."""
     T, C, K_, D_ = 512, 64, 16, 16
     i = torch.randn(1, T, 1, D_, requires_grad=True)
     e = torch.randn(1, T, 1, K_, requires_grad=True) if decay != "outer, K x D e" else torch.randn(1, K_, D_)
     s = torch.randn(1, T, 1, K_, requires_grad=True)
     gate = lambda *tail: logsigmoid(torch.randn(1, T, 1, *tail)).requires_grad_()
     log_o = {"row": lambda: gate(K_, 1), "full": lambda: gate(K_, D_),
-             "outer": lambda: (gate(K_, 1), gate(1, D_))}[decay.split(",")[0]]()
+             "outer": lambda: (gate(K_, 1), gate(1, D_)),
+             "product": lambda: LogProduct(torch.rand(1, T, 1, 1, D_, requires_grad=True),
+                                           -torch.rand(1, K_, D_, requires_grad=True))}[decay.split(",")[0]]()
     assert explain(i, e, s, log_o, mode="chunk").kernel == ("matmul" if decay in ("row", "outer") else "elementwise")
     y, _ = eos(i, e, s, log_o, mode="chunk", chunk_size=C)
     node = y.grad_fn
@@ -471,6 +506,12 @@ def test_explain_rules():
     assert explain(*args(make_inputs(100, decay="full"))).kernel == "elementwise"
     assert explain(*args(make_inputs(1, decay="row"))).mode == "recurrent"
     assert "data-independent" in explain(*args(di)).reason
+    product = explain(*args(make_inputs(100, decay="product", dd_decay=(True, False))))
+    assert product.kernel == "elementwise" and "decay=product" in product.reason
+    assert explain(*args(make_inputs(100, e="vec", s="mat", decay="product", dd_decay=False))).mode == "fft"
+    # a product spanning only K is the row decay it is, for the matmul kernel
+    row = explain(*args(make_inputs(100, decay="product-row", dd_decay=(True, False))))
+    assert row.kernel == "matmul" and "decay=row" in row.reason
 
 
 def _bad(match, *args, **kwargs):
@@ -502,6 +543,17 @@ def test_errors_name_the_argument():
          i, e, s, torch.zeros(3, K, 1))
     _bad(r"log_o: expected \[B, T, H, K\|1, D\|1\] \(data-dependent\), .* got 4-d tensor \[2, 10, 2, 4\]",
          i, e, s, torch.zeros(B, 10, H, K))
+    p = make_inputs(10, decay="product", dd_decay=(True, False))["log_o"]
+    _bad(r"log_o.a: data-dependent log_o.a must start with \[B, T, H\] = \[2, 10, 2\], got \[2, 3, 2, 1, 3\]",
+         i, e, s, LogProduct(p.a[:, :3], p.b))
+    _bad(r"log_o.b: last two dims must be \(K or 1, D or 1\) = \(4 or 1, 3 or 1\), got \[2, 4, 5\]",
+         i, e, s, LogProduct(p.a, torch.zeros(H, K, 5, dtype=torch.float64)))
+    _bad(r"log_o.b: expected \[B, T, H, K\|1, D\|1\] \(data-dependent\) or \[H, K\|1, D\|1\] "
+         r"\(data-independent\), got 2-d tensor \[4, 3\]", i, e, s, LogProduct(p.a, p.b[0]))
+    _bad(r"log_o.b: expected a floating-point or complex tensor, got dtype torch.int64", i, e, s,
+         LogProduct(p.a, p.b.long()))
+    _bad(r"log_o.b: all inputs must be on one device, got .*log_o.a on cpu, log_o.b on meta", i, e, s,
+         LogProduct(p.a, torch.zeros(H, K, D, device="meta")))
     with pytest.raises(ValueError, match=r"^i_t: eos_step takes one token"):
         eos_step(i, e, s, g, torch.zeros(B, H, K, D, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"^state: eos_step needs the memory \[B, H, K, D\]"):
@@ -568,7 +620,8 @@ def test_segmented_long_sequences(decay, strength, dtype, monkeypatch):
 @pytest.mark.parametrize("block", [1, 3])
 @pytest.mark.parametrize("e,s,decay,complex_decay", [
     ("dd", "dd", "full", False), ("dd", "dd", "full", True), ("mat", "dd", "outer", False),
-    ("dd", "mat", "none", False), ("vec", "mat", "row", True), ("mat", "vec", "full", False)])
+    ("dd", "mat", "none", False), ("vec", "mat", "row", True), ("mat", "vec", "full", False),
+    ("dd", "dd", "product", False), ("dd", "dd", "product", True), ("mat", "vec", "product-outer", False)])
 def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatch):
     """On a CPU the elementwise kernel runs a chunk's steps in blocks of memories that fit
     BLOCK_BYTES: at these tiny sizes one block is the whole chunk, so shrink the budget to blocks
@@ -581,7 +634,8 @@ def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatc
     monkeypatch.setattr(chunk, "BLOCK_BYTES", block * B * H * K * D * torch.empty((), dtype=memory_dtype).element_size())
     assert chunk._block_steps(B, H, K, D, memory_dtype, torch.device("cpu"), 8) == block
     assert chunk._block_steps(B, H, K, D, memory_dtype, torch.device("cuda"), 8) == 8
-    inputs = make_inputs(29, e=e, s=s, decay=decay, dd_decay=s != "vec", complex_decay=complex_decay, seed=13)
+    dd = (s != "vec", False) if decay == "product" else s != "vec"
+    inputs = make_inputs(29, e=e, s=s, decay=decay, dd_decay=dd, complex_decay=complex_decay, seed=13)
     assert explain(*(inputs[n] for n in NAMES[:4]), mode="chunk").kernel == "elementwise"
     check(inputs, "chunk", dtype, chunk_size=8, context=f"block {block} e={e} s={s} {decay}")
 
@@ -590,12 +644,13 @@ def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatc
 @pytest.mark.parametrize("strength", [1.0, 8.0, 40.0])
 @pytest.mark.parametrize("e,s,decay,complex_decay", [
     ("dd", "dd", "full", False), ("dd", "dd", "full", True), ("mat", "dd", "outer", False),
-    ("dd", "mat", "none", False), ("vec", "mat", "row", True), ("mat", "vec", "full", False)])
+    ("dd", "mat", "none", False), ("vec", "mat", "row", True), ("mat", "vec", "full", False),
+    ("dd", "dd", "product", False)])
 def test_elementwise_cumulative_form(e, s, decay, complex_decay, strength, dtype, monkeypatch):
     """The elementwise kernel's cumulative form (meant for launch-bound devices): blocks of
     several steps at moderate decays, blocks and single steps mixed as a step's decay nears
     SAFE_SPAN, single steps beyond it; chunks of 8 not dividing T = 29, time-shared and per-step
-    e, s and decays, real and complex."""
+    e, s and decays, real and complex; a product formed before the kernel (``eos_chunk``)."""
     import lcsm.ops.chunk as chunk
 
     monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "cumulative")
