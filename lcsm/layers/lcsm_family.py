@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import eos, eos_rotating
+from ..ops import LogProduct, eos, eos_rotating
 from ..ops.decay import log_sigmoid_product
 from ..ops.eos import LogO
 from .base import EOSRow, Mixer, State, no_weight_decay, register
@@ -271,15 +271,18 @@ class LCSMFamily(Mixer):
         """The EOS states for x [B, T, d], in the shapes of :func:`lcsm.ops.eos` (H = 1):
         i [B, T, 1, D]; e, s data-dependent [B, T, 1, K] or data-independent [1, K, D] (after the
         activation); log_o [B, T, 1, K|1, D|1], [1, K|1, D|1] (complex i*theta for code 11),
-        the separable pair ([B, T, 1, K, 1], [B, T, 1, 1, D]) (code 1) or None (code 10)."""
+        the separable pair ([B, T, 1, K, 1], [B, T, 1, 1, D]) (code 1), None (code 10) or, for the
+        SSM, LogProduct(delta [B, T, 1, 1, D], A [1, K, D])."""
         B, T, _ = x.shape
         i = self.i_proj(x)
         if self.param == "ssm":
             delta = F.softplus(self.delta_proj(x))                      # [B, T, D]
             i = delta * i                                               # Mamba's delta * B * u
-            log_o = delta.unsqueeze(-2) * -torch.exp(self.A_log)        # [B, T, K, D]: log exp(delta A)
+            # log exp(delta A) as its operands [B, T, 1, 1, D] and [1, K, D], formed by the
+            # elementwise kernel a block of steps at a time (LogProduct; Mamba does the same)
+            log_o = LogProduct(delta[:, :, None, None, :], -torch.exp(self.A_log).unsqueeze(0))
             e, s = self.e_proj(x), self.s_proj(x)
-            return i.unsqueeze(2), e.unsqueeze(2), s.unsqueeze(2), log_o.unsqueeze(2)
+            return i.unsqueeze(2), e.unsqueeze(2), s.unsqueeze(2), log_o
 
         act = _ACTIVATIONS[self.a_type]
         e = act(self.e_proj(x)).unsqueeze(2) if self.e_type == 1 else act(self.e).unsqueeze(0)

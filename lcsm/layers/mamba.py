@@ -11,7 +11,8 @@ which is EOS (LCSM Table 1, row "Mamba") with one head (H = 1), K = N = d_state 
 D = d_inner columns:
 
     i_t = Delta_t * u_t   [B, T, 1, d_inner]     e_t = B_t [B, T, 1, N]     s_t = C_t [B, T, 1, N]
-    log o_t[n, d] = Delta_t[d] A[d, n]   [B, T, 1, N, d_inner]   (a full, data-dependent K x D decay)
+    log o_t[n, d] = Delta_t[d] A[d, n]   [B, T, 1, N, d_inner]   (a full, data-dependent K x D decay,
+                                                             passed as LogProduct(Delta_t, A^T))
 
 Around the scan (figure 3): in_proj to x and z (2 d_inner), a causal depthwise Conv1d of width
 d_conv on x, SiLU, x_proj -> (Delta low rank, B, C), dt_proj + softplus, the D skip, the SiLU(z)
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import eos
+from ..ops import LogProduct, eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
 Tensor = torch.Tensor
@@ -148,11 +149,12 @@ class Mamba(Mixer):
         xs, z = self.in_proj(x).chunk(2, dim=-1)
         u, conv_state = self.conv(xs, state.conv if state is not None else None)
         delta, Bt, Ct, A = self.ssm_inputs(u)
-        # A.t() made contiguous: with its transposed strides the product, and the gradient eos
-        # returns for it, would lie in memory as [.., d_inner, N], and autograd's reduction of that
-        # gradient to delta and A, reading across strides, made a layer's training step on the CPU
-        # 1.4x as long (B 32, T 256, d_model 128).
-        log_o = (delta.unsqueeze(-2) * A.t().contiguous()).unsqueeze(2)      # [B, T, 1, N, d_inner]
+        # log A-bar = Delta_t A passed as its two operands, Delta [B, T, 1, 1, d_inner] and A^T
+        # [1, N, d_inner]: the elementwise kernel forms exp(Delta_t A) one block of steps at a time
+        # and reduces its gradient to Delta and A there (LogProduct), where the formed
+        # [B, T, N, d_inner] log, its exp and their gradients made most of a layer's memory traffic.
+        # A.t() made contiguous so that each block's product reads both operands along d_inner.
+        log_o = LogProduct(delta[:, :, None, None, :], A.t().contiguous().unsqueeze(0))
         y, ssm = eos((delta * u).unsqueeze(2), Bt.unsqueeze(2), Ct.unsqueeze(2), log_o,
                      initial_state=state.ssm if state is not None else None,
                      output_final_state=return_state)

@@ -13,7 +13,7 @@ from lcsm import layers
 from lcsm.layers import lcsm_family
 from lcsm.layers.lcsm_family import (A_MEANING, DEFAULT_CODE, LCSMFamily, O_MEANING, alibi_decay_logits,
                                      alibi_slopes, rotary_theta)
-from lcsm.ops import eos, explain
+from lcsm.ops import LogProduct, eos, explain
 from lcsm.ops.decay import log_sigmoid_product_reference
 from lcsm.testing import assert_close, assert_matches_reference, decode
 
@@ -190,8 +190,9 @@ def test_ssm_parameterisation_is_mamba_like():
     i, e, s, log_o = m.eos_inputs(x)
     delta = F.softplus(m.delta_proj[1](m.delta_proj[0](x)))
     A = -torch.exp(m.A_log)  # [K, D]; its S4D-real init is checked in test_ssm_init_is_s4d_real
+    assert isinstance(log_o, LogProduct)
     assert_close(
-        {"i": i.squeeze(2), "e": e.squeeze(2), "s": s.squeeze(2), "o": log_o.squeeze(2).exp()},
+        {"i": i.squeeze(2), "e": e.squeeze(2), "s": s.squeeze(2), "o": (log_o.a * log_o.b).squeeze(2).exp()},
         {"i": delta * m.i_proj(x), "e": m.e_proj(x), "s": m.s_proj(x),
          "o": torch.exp(delta[:, :, None, :] * A)},
         context="ssm")
