@@ -13,7 +13,9 @@ Cases (select with ``--only``; see bench/README.md for the method and the target
     scaling    time per token of eos chunk (row decay) from T = 1K to 64K
     memory     peak memory of the custom backward vs autograd through the chunk form, measured
                in fresh subprocesses (peak resident set size above the pre-run baseline)
-    mamba      H=1, K=16, D=256 with a full data-dependent K x D decay vs a per-step Python loop
+    mamba      H=1, K=16, D=256 with a full data-dependent K x D decay vs a per-step Python loop; the
+               decay as LogProduct(dt, A) (formed block by block) vs dt * A formed first, for the
+               operator and for a whole Mamba layer at a training batch (B=64, T=256, d_model=128)
     outer      LCSM code 1's separable decay a_t (x) b_t (H=1, K=64, D=128): the matmul kernel on the
                pair vs the elementwise kernel on the materialised K x D sum, T = 256 and 2048
     decay      LCSM codes 6-9's full decay logsigmoid(a * b) / tau (B=64, T=256, K=64, D=128):
@@ -57,9 +59,10 @@ import torch.nn.functional as F
 
 from bench._common import Check, proc_status_kib as _proc_status_kib, provenance_header, write_out
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
-from lcsm.layers import lcsm_family
+from lcsm import layers
+from lcsm.layers import lcsm_family, mamba
 from lcsm.layers.lcsm_family import LCSMFamily
-from lcsm.ops import eos, eos_rotating
+from lcsm.ops import LogProduct, eos, eos_rotating
 from lcsm.ops._inputs import canonicalize
 from lcsm.ops.chunk import eos_chunk
 from lcsm.ops.decay import log_sigmoid_product, log_sigmoid_product_reference
@@ -94,6 +97,7 @@ class Sizes:
     mamba_K: int
     mamba_D: int
     mamba_T: int
+    mamba_layer: Tuple[int, int, int]  # B, T, d_model of the Mamba layer's comparison
     outer_K: int
     outer_D: int
     outer_T: Tuple[int, ...]         # sequence lengths of the separable-decay comparison
@@ -107,11 +111,11 @@ class Sizes:
 
 FULL = Sizes(B=1, H=4, T=2048, K=64, D=64, C=64, T_long=16384,
              scaling=(1024, 2048, 4096, 8192, 16384, 32768, 65536), memory=(2048, 8192, 32768),
-             mamba_K=16, mamba_D=256, mamba_T=2048, outer_K=64, outer_D=128, outer_T=(256, 2048),
+             mamba_K=16, mamba_D=256, mamba_T=2048, mamba_layer=(64, 256, 128), outer_K=64, outer_D=128, outer_T=(256, 2048),
              kxd=(64, 64, 64, 128), decay=(64, 256, 64, 128), fft=(128, 32, 1024), matmul_n=2048, repeats=5, warmup=1)
 # T must stay a multiple of 64: fla's naive_chunk_linear_attn hard-codes chunks of 64.
 QUICK = Sizes(B=1, H=2, T=128, K=16, D=16, C=32, T_long=256, scaling=(128, 256), memory=(256, 1024),
-              mamba_K=4, mamba_D=16, mamba_T=128, outer_K=8, outer_D=16, outer_T=(64, 128),
+              mamba_K=4, mamba_D=16, mamba_T=128, mamba_layer=(4, 16, 8), outer_K=8, outer_D=16, outer_T=(64, 128),
               kxd=(4, 16, 8, 16), decay=(4, 16, 8, 16), fft=(4, 4, 128), matmul_n=256, repeats=2, warmup=1)
 
 
@@ -500,23 +504,28 @@ class Bench:
 
         def inputs():
             g = _gen(5)
-            A = -torch.arange(1, K + 1, dtype=torch.float32)[:, None]          # S4D-real A = -(1..K)
-            dt = F.softplus(torch.randn(z.B, T, 1, 1, D, generator=g) - 4)    # Mamba's dt, ~0.02
+            A = -torch.arange(1, K + 1, dtype=torch.float32)[:, None].expand(K, D)   # S4D-real A = -(1..K)
+            dt = F.softplus(torch.randn(z.B, T, 1, 1, D, generator=g) - 4)          # Mamba's dt, ~0.02
             return {"i": _leaf(torch.randn(z.B, T, 1, D, generator=g)),
                     "e": _leaf(torch.randn(z.B, T, 1, K, generator=g)),
                     "s": _leaf(torch.randn(z.B, T, 1, K, generator=g)),
-                    "log_o": _leaf(dt * A)}
+                    "log_o": _leaf(dt * A), "dt": _leaf(dt), "A": _leaf(A.unsqueeze(0).contiguous())}
 
-        def build_chunk():
-            x = inputs()
-            return (lambda: eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0]), _leaves(x)
+        def build(log_o):
+            def make():
+                x = inputs()
+                names = ("i", "e", "s", "log_o") if log_o is None else ("i", "e", "s", "dt", "A")
+                decay = (lambda: x["log_o"]) if log_o is None else (lambda: log_o(x["dt"], x["A"]))
+                return (lambda: eos(x["i"], x["e"], x["s"], decay(), mode="chunk", chunk_size=z.C)[0]), \
+                    [x[n] for n in names]
+            return make
 
         def build_loop():
             x = inputs()
-            return (lambda: python_loop(x["i"], x["e"], x["s"], x["log_o"])), _leaves(x)
+            return (lambda: python_loop(x["i"], x["e"], x["s"], x["log_o"])), [x[n] for n in ("i", "e", "s", "log_o")]
 
         chunk = self.time(f"mamba_chunk@{T}", "lcsm eos chunk, full K x D decay (elementwise kernel)", shape,
-                          z.B * T, build_chunk)
+                          z.B * T, build(None))
         loop = self.time(f"mamba_loop@{T}", "per-step Python loop (unbind / stack)", shape, z.B * T, build_loop)
         x = inputs()
         self.agreement("per-step Python loop",
@@ -524,6 +533,43 @@ class Bench:
                        lambda: python_loop(x["i"], x["e"], x["s"], x["log_o"]))
         if chunk is not None and loop is not None:
             self.r.info.append((f"Mamba-shaped: chunk / per-step loop, T={T}", f"{chunk.median / loop.median:.3f}x"))
+
+        # The decay Delta_t A given as its operands, formed block by block in the kernel, against
+        # the product formed first (both timed with the product's backward to dt and A).
+        product = self.time(f"mamba_product@{T}", "lcsm eos chunk, log_o = LogProduct(dt, A)", shape, z.B * T,
+                            build(LogProduct))
+        formed = self.time(f"mamba_formed@{T}", "lcsm eos chunk, log_o = dt * A formed first", shape, z.B * T,
+                           build(lambda dt, A: dt * A))
+        self.agreement("the decay dt * A formed first",
+                       lambda: eos(x["i"], x["e"], x["s"], LogProduct(x["dt"], x["A"]), mode="chunk", chunk_size=z.C)[0],
+                       lambda: eos(x["i"], x["e"], x["s"], x["dt"] * x["A"], mode="chunk", chunk_size=z.C)[0])
+        if product is not None and formed is not None:
+            self.r.info.append((f"Mamba-shaped: dt * A formed / LogProduct (speed-up), T={T}",
+                                f"{formed.median / product.median:.2f}x"))
+
+        # What a training step sees: a whole Mamba layer at a training batch.
+        B, T, d_model = z.mamba_layer
+
+        def build_layer(log_product):
+            def make():
+                torch.manual_seed(5)
+                layer = layers.build("mamba", d_model)
+                x = _leaf(torch.randn(B, T, d_model, generator=_gen(6)))
+
+                def run():
+                    with mock.patch.object(mamba, "LogProduct", log_product):
+                        return layer(x)
+                return run, [x, *layer.parameters()]
+            return make
+
+        layer_shape = f"B={B} T={T} d_model={d_model} K=16 D={2 * d_model}"
+        product = self.time("mamba_layer_product", "Mamba layer, log_o = LogProduct(Delta, A)", layer_shape, B * T,
+                            build_layer(LogProduct))
+        formed = self.time("mamba_layer_formed", "Mamba layer, log_o = Delta * A formed first", layer_shape, B * T,
+                           build_layer(lambda delta, A: delta * A))
+        if product is not None and formed is not None:
+            self.r.info.append((f"Mamba layer: Delta * A formed / LogProduct (speed-up), {layer_shape}",
+                                f"{formed.median / product.median:.2f}x"))
 
     def case_outer(self):
         """LCSM o code 1, o_t = a_t (x) b_t with both factors logsigmoid(.) / 16 as the layer builds
