@@ -157,6 +157,23 @@ def _leaf(x: Tensor) -> Tensor:
     return x.detach().contiguous().requires_grad_()
 
 
+def patched_layer(make_layer: Callable[[], torch.nn.Module], x_shape: Tuple[int, ...], module, name: str,
+                  replacement, seed: int):
+    """A ``build`` for ``Runner.time``: a layer's forward on a random input with ``module.name``
+    replaced (a fast piece by its plain twin, or the piece itself), the input and the layer's
+    parameters as the leaves."""
+    def make():
+        torch.manual_seed(seed)
+        layer = make_layer()
+        x = _leaf(torch.randn(*x_shape, generator=_gen(seed + 1)))
+
+        def run():
+            with mock.patch.object(module, name, replacement):
+                return layer(x)
+        return run, [x, *layer.parameters()]
+    return make
+
+
 def gla_inputs(z: Sizes, T: int, decay: str, seed: int = 0, gates: str = "gla") -> Dict[str, Optional[Tensor]]:
     """EOS inputs in the public layout: i [B,T,H,D], e (keys) and s (queries) [B,T,H,K], log_o
     [B,T,H,K,1] ('row'), [B,T,H,1,1] ('scalar') or None ('none'). Gates (see GATES) are
@@ -551,16 +568,8 @@ class Bench:
         B, T, d_model = z.mamba_layer
 
         def build_layer(log_product):
-            def make():
-                torch.manual_seed(5)
-                layer = layers.build("mamba", d_model)
-                x = _leaf(torch.randn(B, T, d_model, generator=_gen(6)))
-
-                def run():
-                    with mock.patch.object(mamba, "LogProduct", log_product):
-                        return layer(x)
-                return run, [x, *layer.parameters()]
-            return make
+            return patched_layer(lambda: layers.build("mamba", d_model), (B, T, d_model), mamba, "LogProduct",
+                                 log_product, seed=5)
 
         layer_shape = f"B={B} T={T} d_model={d_model} K=16 D={2 * d_model}"
         product = self.time("mamba_layer_product", "Mamba layer, log_o = LogProduct(Delta, A)", layer_shape, B * T,
@@ -658,16 +667,8 @@ class Bench:
 
         # What a training step sees: the whole layer (projections, decay, elementwise kernel, norm)
         def build_layer(fn):
-            def make():
-                torch.manual_seed(8)
-                layer = LCSMFamily(D, code="1-8-1-0", expand=K)
-                x = _leaf(torch.randn(B, T, D, generator=_gen(9)))
-
-                def run():
-                    with mock.patch.object(lcsm_family, "log_sigmoid_product", fn):
-                        return layer(x)
-                return run, [x, *layer.parameters()]
-            return make
+            return patched_layer(lambda: LCSMFamily(D, code="1-8-1-0", expand=K), (B, T, D), lcsm_family,
+                                 "log_sigmoid_product", fn, seed=8)
 
         layer_shape = f"B={B} T={T} d_model={D} K={K}"
         fused = self.time("decay_layer_fused", "LCSM 1-8-1-0 layer, fused decay", layer_shape, B * T,
