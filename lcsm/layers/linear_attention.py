@@ -11,7 +11,7 @@ retnet (tnl)       lambda_h J, xPos rotation      log lambda_h + i theta_j, [H, 
 cosformer          exp(i theta_h) J               i theta_h, [H, 1, 1] complex
 lrpe               exp(i Theta) 1^T (learned)     i Theta_{h,k}, [H, K, 1] complex
 gla (gateloop)     g_t 1^T (data-dependent rows)  logsigmoid(.)/tau, [B, T, H, K, 1]
-dur (gfw)          g_t gbar_t^T (outer product)   log g_t[k] + log gbar_t[d], [B, T, H, K, D]
+dur (gfw)          g_t gbar_t^T (outer product)   (log g_t [B, T, H, K, 1], log gbar_t [B, T, H, 1, D])
 =================  =============================  =============================================
 
 Complex oscillations give a complex memory; e, s and i stay real (except RetNet's xPos, where q
@@ -603,7 +603,8 @@ class DUR(_QKVAttention):
         q = q_proj(x) * K^-1/2, k = k_proj(x), v = v_proj(x)     (no feature map, no biases)
         log g_t    = logsigmoid(gk_proj(x)) / tau     [B, T, H, K]
         log gbar_t = logsigmoid(gv_proj(x)) / tau     [B, T, H, D]
-        m_t = (g_t gbar_t^T) o m_{t-1} + k_t v_t^T    (log_o = log g[k] + log gbar[d], [B, T, H, K, D])
+        m_t = (g_t gbar_t^T) o m_{t-1} + k_t v_t^T    (log_o = log g[k] + log gbar[d], passed as the
+                                                       separable pair ([B, T, H, K, 1], [B, T, H, 1, D]))
         y_t = m_t^T q_t
         out = o_proj(concat_heads(y))
 
@@ -641,7 +642,10 @@ class DUR(_QKVAttention):
         k = self._split(self.k_proj(x))
         v = self._split(self.v_proj(x))
         log_g, log_gbar = self.gates(x)
-        return v, k, q, log_g.unsqueeze(-1) + log_gbar.unsqueeze(-2)
+        # The separable pair, not its [B, T, H, K, D] sum: eos's matmul kernel applies g along K and
+        # gbar along D (LCSM o code 1's form), where the sum would need the step-by-step
+        # elementwise kernel (4.98x slower at T 256, 11.66x at T 2048: docs/eos.md).
+        return v, k, q, (log_g.unsqueeze(-1), log_gbar.unsqueeze(-2))
 
     def _output(self, y, x):
         return self.o_proj(y.flatten(-2))
