@@ -307,8 +307,8 @@ def _log_o_tensors(log_o) -> list:
 def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "initial_state") -> EOSProblem:
     """Validate the arguments of :func:`lcsm.ops.eos` and return the canonical problem.
     ``log_o`` is None, one tensor, a separable pair (log_row, log_col) meaning
-    o = exp(log_row + log_col), or a ``LogProduct(a, b)`` meaning o = exp(a * b). ``state_name``: the memory's argument name in errors
-    (``eos_step`` calls it ``state``)."""
+    o = exp(log_row + log_col), or a ``LogProduct(a, b)`` meaning o = exp(a * b). ``state_name``:
+    the memory's argument name in errors (``eos_step`` calls it ``state``)."""
     check_floating("i", i)
     check_floating("e", e)
     check_floating("s", s)
