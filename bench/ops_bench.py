@@ -16,6 +16,7 @@ Cases (select with ``--only``; see bench/README.md for the method and the target
     mamba      H=1, K=16, D=256 with a full data-dependent K x D decay vs a per-step Python loop; the
                decay as LogProduct(dt, A) (formed block by block) vs dt * A formed first, for the
                operator and for a whole Mamba layer at a training batch (B=64, T=256, d_model=128)
+               and at MetaLA's hard MQAR batch (B=256, T=512)
     outer      LCSM code 1's separable decay a_t (x) b_t (H=1, K=64, D=128): the matmul kernel on the
                pair vs the elementwise kernel on the materialised K x D sum, T = 256 and 2048
     decay      LCSM codes 6-9's full decay logsigmoid(a * b) / tau (B=64, T=256, K=64, D=128):
@@ -97,7 +98,7 @@ class Sizes:
     mamba_K: int
     mamba_D: int
     mamba_T: int
-    mamba_layer: Tuple[int, int, int]  # B, T, d_model of the Mamba layer's comparison
+    mamba_layer: Tuple[Tuple[int, int, int], ...]  # (B, T, d_model) of each Mamba layer comparison
     outer_K: int
     outer_D: int
     outer_T: Tuple[int, ...]         # sequence lengths of the separable-decay comparison
@@ -111,12 +112,12 @@ class Sizes:
 
 FULL = Sizes(B=1, H=4, T=2048, K=64, D=64, C=64, T_long=16384,
              scaling=(1024, 2048, 4096, 8192, 16384, 32768, 65536), memory=(2048, 8192, 32768),
-             mamba_K=16, mamba_D=256, mamba_T=2048, mamba_layer=(64, 256, 128),
+             mamba_K=16, mamba_D=256, mamba_T=2048, mamba_layer=((64, 256, 128), (256, 512, 128)),
              outer_K=64, outer_D=128, outer_T=(256, 2048),
              kxd=(64, 64, 64, 128), decay=(64, 256, 64, 128), fft=(128, 32, 1024), matmul_n=2048, repeats=5, warmup=1)
 # T must stay a multiple of 64: fla's naive_chunk_linear_attn hard-codes chunks of 64.
 QUICK = Sizes(B=1, H=2, T=128, K=16, D=16, C=32, T_long=256, scaling=(128, 256), memory=(256, 1024),
-              mamba_K=4, mamba_D=16, mamba_T=128, mamba_layer=(4, 16, 8), outer_K=8, outer_D=16, outer_T=(64, 128),
+              mamba_K=4, mamba_D=16, mamba_T=128, mamba_layer=((4, 16, 8),), outer_K=8, outer_D=16, outer_T=(64, 128),
               kxd=(4, 16, 8, 16), decay=(4, 16, 8, 16), fft=(4, 4, 128), matmul_n=256, repeats=2, warmup=1)
 
 
@@ -565,21 +566,21 @@ class Bench:
             self.r.info.append((f"Mamba-shaped: dt * A formed / LogProduct (speed-up), T={T}",
                                 f"{formed.median / product.median:.2f}x"))
 
-        # What a training step sees: a whole Mamba layer at a training batch.
-        B, T, d_model = z.mamba_layer
+        # What a training step sees: a whole Mamba layer at a training batch, and at MetaLA's hard
+        # MQAR batch (256 x 512 tokens), where the formed decays are 2 GiB a tensor.
+        for B, T, d_model in z.mamba_layer:
+            def build_layer(log_product, B=B, T=T, d_model=d_model):
+                return patched_layer(lambda: layers.build("mamba", d_model), (B, T, d_model), mamba, "LogProduct",
+                                     log_product, seed=5)
 
-        def build_layer(log_product):
-            return patched_layer(lambda: layers.build("mamba", d_model), (B, T, d_model), mamba, "LogProduct",
-                                 log_product, seed=5)
-
-        layer_shape = f"B={B} T={T} d_model={d_model} K=16 D={2 * d_model}"
-        product = self.time("mamba_layer_product", "Mamba layer, log_o = LogProduct(Delta, A)", layer_shape, B * T,
-                            build_layer(LogProduct))
-        formed = self.time("mamba_layer_formed", "Mamba layer, log_o = Delta * A formed first", layer_shape, B * T,
-                           build_layer(lambda delta, A: delta * A))
-        if product is not None and formed is not None:
-            self.r.info.append((f"Mamba layer: Delta * A formed / LogProduct (speed-up), {layer_shape}",
-                                f"{formed.median / product.median:.2f}x"))
+            layer_shape = f"B={B} T={T} d_model={d_model} K=16 D={2 * d_model}"
+            product = self.time(f"mamba_layer_product@{B}x{T}", "Mamba layer, log_o = LogProduct(Delta, A)",
+                                layer_shape, B * T, build_layer(LogProduct))
+            formed = self.time(f"mamba_layer_formed@{B}x{T}", "Mamba layer, log_o = Delta * A formed first",
+                               layer_shape, B * T, build_layer(lambda delta, A: delta * A))
+            if product is not None and formed is not None:
+                self.r.info.append((f"Mamba layer: Delta * A formed / LogProduct (speed-up), {layer_shape}",
+                                    f"{formed.median / product.median:.2f}x"))
 
     def case_outer(self):
         """LCSM o code 1, o_t = a_t (x) b_t with both factors logsigmoid(.) / 16 as the layer builds
