@@ -636,8 +636,30 @@ def _decay_slice(o, start: int, stop: int):
     return [_time_slice(f, start, stop) for f in o]
 
 
+@dataclass(frozen=True)
+class _FormedProduct(LogProduct):
+    """One chunk's product with its factor exp(a * b) [B|1, H, c|1, K, D] formed (``_formed_once``)."""
+
+    factor: Tensor
+
+
+def _formed_once(o, v: Tensor, e: Tensor, m: Tensor):
+    """The decay the backward's two passes over a chunk read (``_memories``, then
+    ``scan_chunk_backward``): a product's factor formed once for both when the chunk is a single
+    block, where each pass would form all of it again (at batch 1 the exp is a large part of the
+    work); per block, in cache, otherwise."""
+    if not isinstance(o, LogProduct):
+        return o
+    B, H, c, D = v.shape
+    if _block_steps(B, H, e.shape[3], D, _promoted(m, e, v, o.a, o.b), v.device, c) < c:
+        return o
+    return _FormedProduct(o.a, o.b, _block_factors(o, 0, c)[0])
+
+
 def _block_factors(o, start: int, stop: int) -> list:
     """The factors of steps start..stop, a product's exp(a * b) formed for those steps alone."""
+    if isinstance(o, _FormedProduct):
+        return [_time_slice(o.factor, start, stop)]
     if isinstance(o, LogProduct):
         return [torch.mul(_time_slice(o.a, start, stop), _time_slice(o.b, start, stop)).exp_()]
     return _decay_slice(o, start, stop)
@@ -963,7 +985,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
     tensors, g_a and g_b: a separable pair's row and column parts, whose exps multiply (g_b None
     for a single log), or with ``product`` the operands of log_o = g_a * g_b, which only the step
     form takes (``eos_chunk``) and which it saves as they are, forming exp(g_a * g_b) block by
-    block in the forward and again in the backward."""
+    block in the forward and again in the backward (once a chunk there, ``_formed_once``)."""
 
     @staticmethod
     def forward(ctx, v, e, s, g_a, g_b, m0, C, product):
@@ -1006,7 +1028,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
             out = {name: _time_slice(buf, start, stop) for name, buf in buffers.items()}
             decay = [part[j] for j in range(len(operands))]
             if ctx.product:
-                decay = LogProduct(*decay)
+                decay = _formed_once(LogProduct(*decay), part["v"], part["e"], states[n])
             if ctx.form == "step":
                 hs = _memories(part["v"], part["e"], decay, states[n])
                 dv, de, ds, d_operands, dM = scan_chunk_backward(part["v"], part["e"], part["s"], decay, states[n],
