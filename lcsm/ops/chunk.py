@@ -985,7 +985,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
     tensors, g_a and g_b: a separable pair's row and column parts, whose exps multiply (g_b None
     for a single log), or with ``product`` the operands of log_o = g_a * g_b, which only the step
     form takes (``eos_chunk``) and which it saves as they are, forming exp(g_a * g_b) block by
-    block in the forward and again in the backward (once a chunk there, ``_formed_once``)."""
+    block in the forward and again in the backward (once for a chunk of one block, ``_formed_once``)."""
 
     @staticmethod
     def forward(ctx, v, e, s, g_a, g_b, m0, C, product):
