@@ -7,7 +7,8 @@ with different token mixers, side by side in one run, on the CPU (default) or a 
                fresh process; on CUDA the caching allocator's peak of allocated device memory
     decoding   per-token latency of one-step decoding (the call ``CausalLM.generate`` makes per
                token: recurrent state, or the KV cache for attention) after a prefill of length P,
-               on one thread, the streams of every (model, P) stepped in turns
+               on one thread, the streams of every (model, P) stepped in turns, in a new random order
+               each turn
 
 Host memory for the timed parts is kept as lcsm's training processes keep it (``--allocator``,
 ``train.host_allocator``); the memory workers use glibc's mmap for large blocks instead, so their
@@ -29,6 +30,7 @@ import argparse
 import gc
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -257,6 +259,10 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
     # 16K contexts of a model are timed interleaved, minutes apart at most, so a change in the
     # machine's load shifts both alike instead of bending the latency ratio. One thread: at batch 1
     # every op is tiny and OpenMP workers waiting on each other on a shared machine dominate.
+    # The order is shuffled every turn: in a fixed order a stream always follows the same
+    # neighbours, and the Transformer's P-sized KV cache read just before evicts more of the next
+    # streams' weights from the cache the larger P is, which made the linear mixers' latency
+    # seem to grow with P (1.03-1.24x from 1K to 16K in a fixed order, 0.89-1.10x shuffled).
     torch.set_num_threads(1)
     streams = {}
     for P in z.decode:
@@ -266,8 +272,10 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
                 streams[name, P].step(record=False)       # the first call at new shapes pays one-off costs
             except (RuntimeError, MemoryError) as exc:
                 r.notes.append(f"decoding {name} context {P} failed: {type(exc).__name__}: {exc}")
+    order, rng = list(streams.values()), random.Random(0)
     for _ in range(z.decode_steps // DECODE_BURST):
-        for stream in streams.values():
+        rng.shuffle(order)
+        for stream in order:
             for _ in range(DECODE_BURST):
                 stream.step()
     for (name, P), stream in streams.items():
@@ -349,8 +357,9 @@ def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
           f"(so tokens per batch = T). Training: forward + backward of the cross-entropy on random tokens, "
           f"median of {z.repeats} timed steps after an untimed one of each model at each length; no optimizer "
           f"step. Decoding: median of {z.decode_steps} one-token steps (after one warm-up step) following a "
-          f"prefill of P tokens, greedy, no gradients, 1 CPU thread; the streams of all (model, P) are stepped in turns, "
-          f"{DECODE_BURST} steps each, so that every latency ratio compares steps taken side by side.", "",
+          f"prefill of P tokens, greedy, no gradients, 1 CPU thread; the streams of all (model, P) are stepped "
+          f"in turns, {DECODE_BURST} steps each, in a new random order each turn, so that every latency ratio "
+          f"compares steps taken side by side.", "",
           "## Models", "", "| model | block | parameters |", "| --- | --- | ---: |"]
     L += [f"| {n} | {r.configs[n]} | {r.params[n]:,} |" for n in MODELS]
 
