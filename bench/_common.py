@@ -1,15 +1,22 @@
 """Pieces shared by the benchmarks of bench/: the provenance header of a results table, the
-PASS/FAIL target record and the /proc readings behind the peak-memory measurements (Linux only)."""
+PASS/FAIL target record, and the fresh worker process and /proc readings behind the peak-memory
+measurements (Linux only)."""
 from __future__ import annotations
 
 import datetime
+import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 from lcsm._provenance import git_commit, machine_info
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def provenance_header(prog: str, argv: Sequence[str], threads: int, out: Optional[str] = None) -> Dict[str, str]:
@@ -52,3 +59,20 @@ def proc_status_kib(field_name: str) -> int:
     """One ``kB`` field of /proc/self/status (VmRSS: resident set now, VmHWM: its peak)."""
     text = Path("/proc/self/status").read_text()
     return int(re.search(rf"^{field_name}:\s+(\d+) kB", text, re.M).group(1))
+
+
+def run_memory_worker(module: str, spec: Dict[str, Any], timeout: float) -> Union[Any, str]:
+    """Run ``python -m MODULE --memory-worker SPEC`` in a fresh process (so no earlier allocation
+    of this one counts in its peak) and return the ``peak_bytes`` of the JSON on the last line it
+    prints, or a string saying why not."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    # A fixed mmap threshold makes glibc serve every large tensor by mmap and return it to the OS
+    # when freed, so the resident set follows the live tensors instead of keeping freed heap pages.
+    env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 16)
+    proc = subprocess.run([sys.executable, "-m", module, "--memory-worker", json.dumps(spec)],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"worker failed (exit {proc.returncode}): {tail}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]

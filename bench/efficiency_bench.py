@@ -32,7 +32,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,13 +42,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from bench._common import Check, proc_status_kib, provenance_header, write_out
+from bench._common import Check, proc_status_kib, provenance_header, run_memory_worker, write_out
 from lcsm._provenance import device_name
 from lcsm.engine.distributed import resolve_device
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
 from lcsm.models import ModelConfig, build_model, preset
 
-REPO = Path(__file__).resolve().parents[1]
 BASELINE = "transformer"
 LINEAR = ("s4", "etsmlp", "gla", "mamba", "metala")
 MODELS = (BASELINE,) + LINEAR
@@ -197,18 +195,9 @@ def cuda_peak_memory(z: Sizes, name: str, T: int, device: torch.device):
 
 def peak_memory(z: Sizes, name: str, T: int, threads: int):
     """Bytes, or a string saying why not."""
-    spec = json.dumps({"sizes": asdict(z), "model": name, "T": T, "threads": threads})
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    # glibc then serves every large tensor by mmap and returns it on free, so the resident set
-    # follows the live tensors (as in bench/ops_bench.py's memory case).
-    env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 16)
-    proc = subprocess.run([sys.executable, "-m", "bench.efficiency_bench", "--memory-worker", spec],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"worker failed (exit {proc.returncode}): {tail}"
-    return int(json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"])
+    peak = run_memory_worker("bench.efficiency_bench",
+                             {"sizes": asdict(z), "model": name, "T": T, "threads": threads}, timeout=900)
+    return peak if isinstance(peak, str) else int(peak)
 
 
 # ----------------------------------------------------------------------------- the run

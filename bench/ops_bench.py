@@ -43,10 +43,8 @@ import argparse
 import gc
 import json
 import math
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,7 +56,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from bench._common import Check, proc_status_kib as _proc_status_kib, provenance_header, write_out
+from bench._common import Check, proc_status_kib as _proc_status_kib, provenance_header, run_memory_worker, write_out
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
 from lcsm import layers
 from lcsm.layers import lcsm_family, mamba
@@ -71,7 +69,6 @@ from lcsm.testing import RTOL, rel_rms
 
 Tensor = torch.Tensor
 
-REPO = Path(__file__).resolve().parents[1]
 CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "outer", "decay",
          "kxd", "rotating", "fft", "gflops")
 # Scale of logsigmoid(x) in the log decays. "gla": GLA's normaliser 1/16 (a chunk of 64 decays
@@ -872,7 +869,7 @@ def memory_worker(spec: dict) -> dict:
     """Runs inside a fresh process: for each (gates, T) cell in turn, one forward + backward of
     the row-decay chunk form with the given backward; returns each run's peak resident set size above its own
     pre-run baseline, in bytes. The peak counter is reset before every run, and with the fixed
-    mmap threshold (see ``peak_memory_subprocess``) freed tensors leave the resident set at once,
+    mmap threshold (see ``bench._common.run_memory_worker``) freed tensors leave the resident set at once,
     so earlier runs do not leak into later ones (checked: the same T measured again after a larger
     one, and in a process of its own, agrees within 1 MiB)."""
     z = Sizes(**{**spec["sizes"], **{name: tuple(spec["sizes"][name]) for name in ("scaling", "memory", "outer_T")}})
@@ -906,18 +903,9 @@ def peak_memory_subprocess(z: Sizes, mode: str, threads: int):
     measured in one fresh process for this backward; a list of ints, or a string saying why not."""
     sizes = {k: (list(v) if isinstance(v, tuple) else v) for k, v in z.__dict__.items()}
     cells = [(gates, T) for gates in GATES for T in z.memory]
-    spec = json.dumps({"sizes": sizes, "cells": cells, "backward": mode, "threads": threads})
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    # A fixed mmap threshold makes glibc return every large freed block to the OS at once, so the
-    # resident set follows the live tensors instead of keeping freed heap pages.
-    env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 16)
-    proc = subprocess.run([sys.executable, "-m", "bench.ops_bench", "--memory-worker", spec],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"worker failed (exit {proc.returncode}): {tail}"
-    return [int(v) for v in json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]]
+    peaks = run_memory_worker("bench.ops_bench",
+                              {"sizes": sizes, "cells": cells, "backward": mode, "threads": threads}, timeout=600)
+    return peaks if isinstance(peaks, str) else [int(v) for v in peaks]
 
 
 # ----------------------------------------------------------------------------- output
