@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 # `make demo MIXERS=gla,hgrn,mamba` sweeps other mixers than the demo's MetaLA, GLA and attention;
@@ -18,13 +18,15 @@ EXPERIMENT ?= mqar_demo
 install: $(STAMP)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -n 2 -q
 
 demo: $(STAMP)
 	$(VENV)/bin/lcsm sweep experiments/$(EXPERIMENT).yaml --report $(if $(MIXERS),--grid model.mixer=$(MIXERS))
 
 bench: $(STAMP)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
 	$(VENV)/bin/lcsm bench ops
 
 # The reports of docs/results/ regenerated from the cached runs there (no training): every

@@ -6,6 +6,7 @@ Rank 0 logs, evaluates and writes checkpoints; every rank takes part in the coll
 """
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any, List
 
@@ -58,8 +59,9 @@ class Distributed:
             # destroy_process_group, so its gloo threads outlive teardown and meet interpreter
             # shutdown, where a thread still dropping a work's tensor can abort the process (the
             # likely cause of a rare "terminate called without an active exception" at exit).
-            # Imported first, they hold None.
-            import torch.distributed.nn  # noqa: F401
+            # Imported first, they hold None. (importlib, not an import statement: a function-level
+            # ``import torch.distributed.nn`` would make ``torch`` a local name of this whole function.)
+            importlib.import_module("torch.distributed.nn")
 
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         return cls(device, dist.get_rank(), dist.get_world_size(), owns)

@@ -73,3 +73,24 @@ def test_teardown_leaves_no_gloo_threads(tmp_path):
     # one report file a rank: the ranks share stderr, where their lines interleave
     reports = {rank: (tmp_path / f"gloo-threads-rank{rank}").read_text() for rank in (0, 1)}
     assert reports == {0: "", 1: ""}, reports
+
+
+def test_setup_on_cuda_under_torchrun_reaches_the_process_group(monkeypatch):
+    """The cuda branch of Distributed.setup, on a CPU machine: device resolution and the CUDA and
+    process-group calls are mocked; the function itself runs as under torchrun on GPUs."""
+    import torch
+
+    from lcsm.engine import distributed
+
+    calls = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(distributed, "resolve_device", lambda option, name: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.setdefault("set_device", device))
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend: calls.setdefault("backend", backend))
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
+    d = distributed.Distributed.setup("cuda")
+    assert calls == {"set_device": torch.device("cuda", 1), "backend": "nccl"}
+    assert (d.device, d.rank, d.world) == (torch.device("cuda", 1), 1, 2)
