@@ -1,6 +1,7 @@
 """Pieces shared by the benchmarks of bench/: the provenance header of a results table, the
 PASS/FAIL target record, and the fresh worker process and /proc readings behind the peak-memory
 measurements (Linux only)."""
+
 from __future__ import annotations
 
 import datetime
@@ -25,8 +26,11 @@ def provenance_header(prog: str, argv: Sequence[str], threads: int, out: Optiona
     ``python -m bench.SUITE_bench`` runs the same code, and one spelling keeps tables comparable.
     The table's own file ``out`` is left out of the commit's "uncommitted changes" mark: rerunning
     a bench over its committed results rewrites that file before the next run reads the commit."""
-    header = {"command": shlex.join([*prog.split(), *argv]), "git commit": git_commit(ignore=[out] if out else ()),
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    header = {
+        "command": shlex.join([*prog.split(), *argv]),
+        "git commit": git_commit(ignore=[out] if out else ()),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
     header.update({f"machine {k}": v for k, v in machine_info(threads).items()})
     return header
 
@@ -42,8 +46,8 @@ def write_out(text: str, out: Optional[str], log: Callable[[str], None]) -> None
 @dataclass
 class Check:
     name: str
-    measured: Optional[float]        # None when a side was skipped
-    op: str                          # "<=" or ">="
+    measured: Optional[float]  # None when a side was skipped
+    op: str  # "<=" or ">="
     target: float
     note: str = ""
 
@@ -70,8 +74,14 @@ def run_memory_worker(module: str, spec: Dict[str, Any], timeout: float) -> Unio
     # A fixed mmap threshold makes glibc serve every large tensor by mmap and return it to the OS
     # when freed, so the resident set follows the live tensors instead of keeping freed heap pages.
     env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 16)
-    proc = subprocess.run([sys.executable, "-m", module, "--memory-worker", json.dumps(spec)],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--memory-worker", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return f"worker failed (exit {proc.returncode}): {tail}"

@@ -24,6 +24,7 @@ Run from the repository root:
 
 On CUDA every timer waits for the device (``torch.cuda.synchronize``) before it starts and stops.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ DECODE_GROWTH = 1.2
 # block 2 * d * 6d = 12 d^2 weights, those of an attention + SwiGLU block (4 d^2 + 3 * d * 8d/3),
 # so the models are of comparable size, as in ETSMLP Fig. 3 (both about 30M parameters there).
 ETSMLP_HIDDEN = 6
-DECODE_BURST = 4                  # decoding steps per stream per turn (see run)
+DECODE_BURST = 4  # decoding steps per stream per turn (see run)
 
 
 @dataclass(frozen=True)
@@ -66,25 +67,34 @@ class Sizes:
     d_model: int
     n_layers: int
     vocab: int
-    train: Tuple[int, ...]        # sequence lengths of the training and memory sweeps
+    train: Tuple[int, ...]  # sequence lengths of the training and memory sweeps
     memory: Tuple[int, ...]
-    decode: Tuple[int, ...]       # prefill (context) lengths of the decoding sweep
-    decode_steps: int             # timed one-token steps per context, a multiple of DECODE_BURST
-    repeats: int                  # timed training steps per (model, T)
+    decode: Tuple[int, ...]  # prefill (context) lengths of the decoding sweep
+    decode_steps: int  # timed one-token steps per context, a multiple of DECODE_BURST
+    repeats: int  # timed training steps per (model, T)
 
 
-FULL = Sizes(d_model=128, n_layers=2, vocab=256, train=(512, 1024, 2048, 4096, 8192, 16384),
-             memory=(512, 1024, 2048, 4096, 8192, 16384), decode=(1024, 2048, 4096, 8192, 16384),
-             decode_steps=64, repeats=3)
-QUICK = Sizes(d_model=32, n_layers=1, vocab=64, train=(64, 128), memory=(128,), decode=(64, 128),
-              decode_steps=4, repeats=1)
+FULL = Sizes(
+    d_model=128,
+    n_layers=2,
+    vocab=256,
+    train=(512, 1024, 2048, 4096, 8192, 16384),
+    memory=(512, 1024, 2048, 4096, 8192, 16384),
+    decode=(1024, 2048, 4096, 8192, 16384),
+    decode_steps=64,
+    repeats=3,
+)
+QUICK = Sizes(
+    d_model=32, n_layers=1, vocab=64, train=(64, 128), memory=(128,), decode=(64, 128), decode_steps=4, repeats=1
+)
 
 
 def model_config(name: str, z: Sizes) -> ModelConfig:
     common = dict(d_model=z.d_model, n_layers=z.n_layers, vocab_size=z.vocab, head="lm")
     if name == "transformer":
-        return ModelConfig(mixer="attention", mixer_options=dict(heads=max(1, z.d_model // 64), positions="rotary"),
-                           **common)
+        return ModelConfig(
+            mixer="attention", mixer_options=dict(heads=max(1, z.d_model // 64), positions="rotary"), **common
+        )
     if name == "etsmlp":
         return ModelConfig(mixer="ces", mixer_hidden=ETSMLP_HIDDEN * z.d_model, channel_mixer="none", **common)
     if name == "metala":
@@ -138,12 +148,14 @@ class Decoder:
 
         def prefill() -> None:
             self.logits, self.state = model(prompt, return_state=True)
+
         self.prefill = timed(prefill, device)
         self.times: List[float] = []
 
     def _next(self) -> None:
-        self.logits, self.state = self.model(self.logits[:, -1].argmax(-1, keepdim=True), state=self.state,
-                                             return_state=True)
+        self.logits, self.state = self.model(
+            self.logits[:, -1].argmax(-1, keepdim=True), state=self.state, return_state=True
+        )
 
     @torch.no_grad()
     def step(self, record: bool = True) -> None:
@@ -153,6 +165,7 @@ class Decoder:
 
 
 # ----------------------------------------------------------------------------- peak memory
+
 
 def primed_step(z: Sizes, name: str, T: int, device: torch.device):
     """(model, ids) for measuring one training step's memory: a small step first allocates the
@@ -172,7 +185,7 @@ def memory_worker(spec: dict) -> dict:
     model, ids = primed_step(z, spec["model"], spec["T"], torch.device("cpu"))
     gc.collect()
     base = proc_status_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")   # resets VmHWM (the peak RSS) to the current RSS
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (the peak RSS) to the current RSS
     train_step(model, ids)
     return {"peak_bytes": (proc_status_kib("VmHWM") - base) * 1024}
 
@@ -189,27 +202,29 @@ def cuda_peak_memory(z: Sizes, name: str, T: int, device: torch.device):
         train_step(model, ids)
         sync(device)
         return torch.cuda.max_memory_allocated(device) - base
-    except RuntimeError as exc:             # torch.cuda.OutOfMemoryError among them: a note, not an abort
+    except RuntimeError as exc:  # torch.cuda.OutOfMemoryError among them: a note, not an abort
         return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 def peak_memory(z: Sizes, name: str, T: int, threads: int):
     """Bytes, or a string saying why not."""
-    peak = run_memory_worker("bench.efficiency_bench",
-                             {"sizes": asdict(z), "model": name, "T": T, "threads": threads}, timeout=900)
+    peak = run_memory_worker(
+        "bench.efficiency_bench", {"sizes": asdict(z), "model": name, "T": T, "threads": threads}, timeout=900
+    )
     return peak if isinstance(peak, str) else int(peak)
 
 
 # ----------------------------------------------------------------------------- the run
 
+
 @dataclass
 class Results:
     params: Dict[str, int]
     configs: Dict[str, str]
-    train: Dict[Tuple[str, int], List[float]]          # step seconds
-    memory: Dict[Tuple[str, int], object]              # bytes or a reason
+    train: Dict[Tuple[str, int], List[float]]  # step seconds
+    memory: Dict[Tuple[str, int], object]  # bytes or a reason
     prefill: Dict[Tuple[str, int], float]
-    decode: Dict[Tuple[str, int], float]               # seconds per token
+    decode: Dict[Tuple[str, int], float]  # seconds per token
     notes: List[str]
     device: torch.device
 
@@ -236,9 +251,8 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
                 # one untimed step at each length: a model's first step at a new length pays for
                 # new allocation sizes and page faults (GLA: 20-30% slower than the next ones)
                 train_step(models[name], ids)
-                r.train[name, T] = [timed(lambda: train_step(models[name], ids), device)
-                                    for _ in range(z.repeats)]
-            except (RuntimeError, MemoryError) as exc:       # torch.cuda.OutOfMemoryError is a RuntimeError
+                r.train[name, T] = [timed(lambda: train_step(models[name], ids), device) for _ in range(z.repeats)]
+            except (RuntimeError, MemoryError) as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
                 r.notes.append(f"training {name} T={T} failed: {type(exc).__name__}: {exc}")
                 continue
             log(f"train {name:11s} T={T:6d}: {T / statistics.median(r.train[name, T]):9.0f} tokens/s")
@@ -258,7 +272,7 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
         for name in MODELS:
             try:
                 streams[name, P] = Decoder(models[name], P, z.vocab, device)
-                streams[name, P].step(record=False)       # the first call at new shapes pays one-off costs
+                streams[name, P].step(record=False)  # the first call at new shapes pays one-off costs
             except (RuntimeError, MemoryError) as exc:
                 r.notes.append(f"decoding {name} context {P} failed: {type(exc).__name__}: {exc}")
     order, rng = list(streams.values()), random.Random(0)
@@ -287,7 +301,7 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
     with ThreadPoolExecutor(workers) as pool:
         for (name, T), value in zip(cells, pool.map(measure, cells)):
             r.memory[name, T] = value
-            shown = f"{value / 2 ** 20:.1f} MiB" if isinstance(value, int) else value
+            shown = f"{value / 2**20:.1f} MiB" if isinstance(value, int) else value
             log(f"memory {name:11s} T={T:6d}: {shown}")
     return r
 
@@ -300,6 +314,7 @@ def models_grad_free(models) -> None:
 
 
 # ----------------------------------------------------------------------------- checks and output
+
 
 def tps(r: Results, name: str, T: int) -> Optional[float]:
     times = r.train.get((name, T))
@@ -316,21 +331,33 @@ def checks(r: Results, z: Sizes) -> List[Check]:
     speedups = {n: ratio(tps(r, n, T), tps(r, BASELINE, T)) for n in LINEAR}
     growth = {n: ratio(r.decode.get((n, P1)), r.decode.get((n, P0))) for n in MODELS}
     for n in LINEAR:
-        out.append(Check(f"{n} / transformer training tokens/s, T={T}", speedups[n], ">=", TRAIN_SPEEDUP,
-                         "not measured"))
+        out.append(
+            Check(f"{n} / transformer training tokens/s, T={T}", speedups[n], ">=", TRAIN_SPEEDUP, "not measured")
+        )
     for n in LINEAR:
-        out.append(Check(f"{n} decoding latency, context {P1} / {P0}", growth[n], "<=", DECODE_GROWTH,
-                         "not measured"))
+        out.append(Check(f"{n} decoding latency, context {P1} / {P0}", growth[n], "<=", DECODE_GROWTH, "not measured"))
     measured = {n: v for n, v in speedups.items() if v is not None}
     if measured:
         best = max(measured, key=measured.get)
-        out.append(Check(f"must-show: best linear mixer ({best}) / transformer training tokens/s, T={T}",
-                         measured[best], ">=", TRAIN_SPEEDUP))
+        out.append(
+            Check(
+                f"must-show: best linear mixer ({best}) / transformer training tokens/s, T={T}",
+                measured[best],
+                ">=",
+                TRAIN_SPEEDUP,
+            )
+        )
         flat = [n for n in LINEAR if growth[n] is not None]
         if flat:
             worst = max(flat, key=growth.get)
-            out.append(Check(f"must-show: decoding latency growth {P0} -> {P1}, worst linear mixer ({worst})",
-                             growth[worst], "<=", DECODE_GROWTH))
+            out.append(
+                Check(
+                    f"must-show: decoding latency growth {P0} -> {P1}, worst linear mixer ({worst})",
+                    growth[worst],
+                    "<=",
+                    DECODE_GROWTH,
+                )
+            )
     return out
 
 
@@ -341,15 +368,22 @@ def _f(x: Optional[float], fmt: str) -> str:
 def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
     L = ["# lcsm efficiency benchmark (training throughput, peak memory, decoding latency)", ""]
     L += [f"- {k}: {v}" for k, v in header.items()]
-    L += ["", f"Causal LMs, d_model {z.d_model}, {z.n_layers} layers, vocabulary {z.vocab}, float32, batch 1, "
-          f"on {r.device} "
-          f"(so tokens per batch = T). Training: forward + backward of the cross-entropy on random tokens, "
-          f"median of {z.repeats} timed steps after an untimed one of each model at each length; no optimizer "
-          f"step. Decoding: median of {z.decode_steps} one-token steps (after one warm-up step) following a "
-          f"prefill of P tokens, greedy, no gradients, 1 CPU thread; the streams of all (model, P) are stepped "
-          f"in turns, {DECODE_BURST} steps each, in a new random order each turn, so that every latency ratio "
-          f"compares steps taken side by side.", "",
-          "## Models", "", "| model | block | parameters |", "| --- | --- | ---: |"]
+    L += [
+        "",
+        f"Causal LMs, d_model {z.d_model}, {z.n_layers} layers, vocabulary {z.vocab}, float32, batch 1, "
+        f"on {r.device} "
+        f"(so tokens per batch = T). Training: forward + backward of the cross-entropy on random tokens, "
+        f"median of {z.repeats} timed steps after an untimed one of each model at each length; no optimizer "
+        f"step. Decoding: median of {z.decode_steps} one-token steps (after one warm-up step) following a "
+        f"prefill of P tokens, greedy, no gradients, 1 CPU thread; the streams of all (model, P) are stepped "
+        f"in turns, {DECODE_BURST} steps each, in a new random order each turn, so that every latency ratio "
+        f"compares steps taken side by side.",
+        "",
+        "## Models",
+        "",
+        "| model | block | parameters |",
+        "| --- | --- | ---: |",
+    ]
     L += [f"| {n} | {r.configs[n]} | {r.params[n]:,} |" for n in MODELS]
 
     L += ["", "## Checks", ""]
@@ -363,20 +397,41 @@ def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
     L += ["", "## Training throughput (tokens/s, forward + backward)", "", f"| model | {cols} |", bar]
     L += [f"| {n} | " + " | ".join(_f(tps(r, n, T), ".0f") for T in z.train) + " |" for n in MODELS]
     L += ["", "Ratio to the Transformer at the same T (> 1: faster):", "", f"| model | {cols} |", bar]
-    L += [f"| {n} | " + " | ".join(_f(ratio(tps(r, n, T), tps(r, BASELINE, T)), ".2f") for T in z.train) + " |"
-          for n in LINEAR]
+    L += [
+        f"| {n} | " + " | ".join(_f(ratio(tps(r, n, T), tps(r, BASELINE, T)), ".2f") for T in z.train) + " |"
+        for n in LINEAR
+    ]
     L += ["", "Spread of the timed steps, (max - min) / median, in % (a noise gauge):", "", f"| model | {cols} |", bar]
-    L += [f"| {n} | " + " | ".join(
-        _f(100 * (max(r.train[n, T]) - min(r.train[n, T])) / statistics.median(r.train[n, T])
-           if (n, T) in r.train else None, ".0f") for T in z.train) + " |" for n in MODELS]
+    L += [
+        f"| {n} | "
+        + " | ".join(
+            _f(
+                100 * (max(r.train[n, T]) - min(r.train[n, T])) / statistics.median(r.train[n, T])
+                if (n, T) in r.train
+                else None,
+                ".0f",
+            )
+            for T in z.train
+        )
+        + " |"
+        for n in MODELS
+    ]
 
     mcols = " | ".join(f"T={T}" for T in z.memory)
     mbar = "| --- |" + " ---: |" * len(z.memory)
-    mib = lambda v: f"{v / 2 ** 20:.1f}" if isinstance(v, int) else "n/a"
-    how = ("above the pre-step allocation, the CUDA caching allocator's peak" if r.device.type == "cuda" else
-           "above the pre-step resident set; fresh process per cell, 1 thread")
-    L += ["", f"## Peak memory of one training step (MiB {how})",
-          "", f"| model | {mcols} | bytes / token at T={z.memory[-1]} |", mbar + " ---: |"]
+    mib = lambda v: f"{v / 2**20:.1f}" if isinstance(v, int) else "n/a"
+    how = (
+        "above the pre-step allocation, the CUDA caching allocator's peak"
+        if r.device.type == "cuda"
+        else "above the pre-step resident set; fresh process per cell, 1 thread"
+    )
+    L += [
+        "",
+        f"## Peak memory of one training step (MiB {how})",
+        "",
+        f"| model | {mcols} | bytes / token at T={z.memory[-1]} |",
+        mbar + " ---: |",
+    ]
     for n in MODELS:
         last = r.memory.get((n, z.memory[-1]))
         per_tok = f"{last / z.memory[-1]:.0f}" if isinstance(last, int) else "n/a"
@@ -386,12 +441,20 @@ def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
     dcols = " | ".join(f"P={P}" for P in z.decode)
     dbar = "| --- |" + " ---: |" * len(z.decode)
     P0, P1 = z.decode[0], z.decode[-1]
-    L += ["", "## Decoding (ms per token after a prefill of P tokens; tokens/s = 1000 / ms at batch 1)", "",
-          f"| model | {dcols} | latency P={P1} / P={P0} | tokens/s at P={P1} |", dbar + " ---: | ---: |"]
+    L += [
+        "",
+        "## Decoding (ms per token after a prefill of P tokens; tokens/s = 1000 / ms at batch 1)",
+        "",
+        f"| model | {dcols} | latency P={P1} / P={P0} | tokens/s at P={P1} |",
+        dbar + " ---: | ---: |",
+    ]
     for n in MODELS:
         lat = [r.decode.get((n, P)) for P in z.decode]
-        L.append(f"| {n} | " + " | ".join(_f(x and x * 1e3, ".2f") for x in lat) +
-                 f" | {_f(ratio(lat[-1], lat[0]), '.2f')}x | {_f(lat[-1] and 1 / lat[-1], '.0f')} |")
+        L.append(
+            f"| {n} | "
+            + " | ".join(_f(x and x * 1e3, ".2f") for x in lat)
+            + f" | {_f(ratio(lat[-1], lat[0]), '.2f')}x | {_f(lat[-1] and 1 / lat[-1], '.0f')} |"
+        )
     L += ["", "Prefill (one forward with state, seconds):", "", f"| model | {dcols} |", dbar]
     L += [f"| {n} | " + " | ".join(_f(r.prefill.get((n, P)), ".3f") for P in z.decode) + " |" for n in MODELS]
     if r.notes:
@@ -408,14 +471,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="lcsm bench efficiency", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (the smoke test)")
     p.add_argument("--repeats", type=int, default=None, help="timed training steps per cell (default 3)")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for training (default 2; decoding runs on 1)")
+    p.add_argument(
+        "--threads", type=int, default=2, help="torch.set_num_threads for training (default 2; decoding runs on 1)"
+    )
     p.add_argument("--out", default=None, help="also write the markdown report to this file")
-    p.add_argument("--allocator", choices=HOST_ALLOCATORS, default="retain",
-                   help="host memory of the timed runs, as train.host_allocator: retain (default, what lcsm's training "
-                        "processes use: no page faults on reused memory) or system (glibc's own mmap rules)")
-    p.add_argument("--device", default="cpu",
-                   help="cpu (default), cuda, cuda:N or auto; on CUDA every timer synchronises with the device and "
-                        "peak memory is the caching allocator's")
+    p.add_argument(
+        "--allocator",
+        choices=HOST_ALLOCATORS,
+        default="retain",
+        help="host memory of the timed runs, as train.host_allocator: retain (default, what lcsm's training "
+        "processes use: no page faults on reused memory) or system (glibc's own mmap rules)",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default), cuda, cuda:N or auto; on CUDA every timer synchronises with the device and "
+        "peak memory is the caching allocator's",
+    )
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_worker is not None:

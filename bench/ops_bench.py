@@ -37,6 +37,7 @@ Shape glossary: B batch, T time, H heads, K expand width (keys), D input width (
 C chunk size. Inputs of eos are in its public layout [B, T, H, *]; each peer gets its own native
 layout (built before timing, so layout changes inside an operator are part of its time).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,22 @@ from lcsm.testing import RTOL, rel_rms
 
 Tensor = torch.Tensor
 
-CASES = ("matmul", "row_decay", "no_decay", "delta", "sdpa", "scaling", "memory", "mamba", "outer", "decay",
-         "kxd", "rotating", "fft", "gflops")
+CASES = (
+    "matmul",
+    "row_decay",
+    "no_decay",
+    "delta",
+    "sdpa",
+    "scaling",
+    "memory",
+    "mamba",
+    "outer",
+    "decay",
+    "kxd",
+    "rotating",
+    "fft",
+    "gflops",
+)
 # Scale of logsigmoid(x) in the log decays. "gla": GLA's normaliser 1/16 (a chunk of 64 decays
 # by ~e^-3, kept in lcsm's one-matmul-per-chunk path); "strong": unscaled (~e^-0.8 per step),
 # which sends a row decay through lcsm's sub-chunked path; the memory case measures both.
@@ -89,36 +104,77 @@ class Sizes:
     K: int
     D: int
     C: int
-    T_long: int                      # the second SDPA comparison point
-    scaling: Tuple[int, ...]         # sequence lengths of the time-per-token sweep
-    memory: Tuple[int, ...]          # sequence lengths of the peak-memory sweep
+    T_long: int  # the second SDPA comparison point
+    scaling: Tuple[int, ...]  # sequence lengths of the time-per-token sweep
+    memory: Tuple[int, ...]  # sequence lengths of the peak-memory sweep
     mamba_K: int
     mamba_D: int
     mamba_T: int
     mamba_layer: Tuple[Tuple[int, int, int], ...]  # (B, T, d_model) of each Mamba layer comparison
     outer_K: int
     outer_D: int
-    outer_T: Tuple[int, ...]         # sequence lengths of the separable-decay comparison
-    kxd: Tuple[int, int, int, int]   # B, T, K, D of the K x D codes' comparison
+    outer_T: Tuple[int, ...]  # sequence lengths of the separable-decay comparison
+    kxd: Tuple[int, int, int, int]  # B, T, K, D of the K x D codes' comparison
     decay: Tuple[int, int, int, int]  # B, T, K, D of codes 6-9's decay formation
-    fft: Tuple[int, int, int]        # H, K, T of the time-invariant (S4D-shaped) comparison
+    fft: Tuple[int, int, int]  # H, K, T of the time-invariant (S4D-shaped) comparison
     matmul_n: int
     repeats: int
     warmup: int
 
 
-FULL = Sizes(B=1, H=4, T=2048, K=64, D=64, C=64, T_long=16384,
-             scaling=(1024, 2048, 4096, 8192, 16384, 32768, 65536), memory=(2048, 8192, 32768),
-             mamba_K=16, mamba_D=256, mamba_T=2048, mamba_layer=((64, 256, 128), (256, 512, 128)),
-             outer_K=64, outer_D=128, outer_T=(256, 2048),
-             kxd=(64, 64, 64, 128), decay=(64, 256, 64, 128), fft=(128, 32, 1024), matmul_n=2048, repeats=5, warmup=1)
+FULL = Sizes(
+    B=1,
+    H=4,
+    T=2048,
+    K=64,
+    D=64,
+    C=64,
+    T_long=16384,
+    scaling=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
+    memory=(2048, 8192, 32768),
+    mamba_K=16,
+    mamba_D=256,
+    mamba_T=2048,
+    mamba_layer=((64, 256, 128), (256, 512, 128)),
+    outer_K=64,
+    outer_D=128,
+    outer_T=(256, 2048),
+    kxd=(64, 64, 64, 128),
+    decay=(64, 256, 64, 128),
+    fft=(128, 32, 1024),
+    matmul_n=2048,
+    repeats=5,
+    warmup=1,
+)
 # T must stay a multiple of 64: fla's naive_chunk_linear_attn hard-codes chunks of 64.
-QUICK = Sizes(B=1, H=2, T=128, K=16, D=16, C=32, T_long=256, scaling=(128, 256), memory=(256, 1024),
-              mamba_K=4, mamba_D=16, mamba_T=128, mamba_layer=((4, 16, 8),), outer_K=8, outer_D=16, outer_T=(64, 128),
-              kxd=(4, 16, 8, 16), decay=(4, 16, 8, 16), fft=(4, 4, 128), matmul_n=256, repeats=2, warmup=1)
+QUICK = Sizes(
+    B=1,
+    H=2,
+    T=128,
+    K=16,
+    D=16,
+    C=32,
+    T_long=256,
+    scaling=(128, 256),
+    memory=(256, 1024),
+    mamba_K=4,
+    mamba_D=16,
+    mamba_T=128,
+    mamba_layer=((4, 16, 8),),
+    outer_K=8,
+    outer_D=16,
+    outer_T=(64, 128),
+    kxd=(4, 16, 8, 16),
+    decay=(4, 16, 8, 16),
+    fft=(4, 4, 128),
+    matmul_n=256,
+    repeats=2,
+    warmup=1,
+)
 
 
 # ----------------------------------------------------------------------------- records
+
 
 @dataclass
 class Timing:
@@ -127,9 +183,9 @@ class Timing:
     shape: str
     tokens: int
     times: List[float]
-    faults: int = 0          # minor page faults over the timed runs: fresh pages the OS had to map
-    sys_s: float = 0.0       # system (kernel) CPU seconds over the timed runs, all threads
-    cpu_s: float = 0.0       # user + system CPU seconds over the timed runs, all threads
+    faults: int = 0  # minor page faults over the timed runs: fresh pages the OS had to map
+    sys_s: float = 0.0  # system (kernel) CPU seconds over the timed runs, all threads
+    cpu_s: float = 0.0  # user + system CPU seconds over the timed runs, all threads
 
     @property
     def median(self) -> float:
@@ -140,13 +196,14 @@ class Timing:
 class Report:
     timings: Dict[str, Timing] = field(default_factory=dict)
     checks: List[Check] = field(default_factory=list)
-    info: List[Tuple[str, str]] = field(default_factory=list)     # (what, value) rows without target
+    info: List[Tuple[str, str]] = field(default_factory=list)  # (what, value) rows without target
     memory: List[dict] = field(default_factory=list)
     throughput: List[dict] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- helpers
+
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
@@ -156,11 +213,13 @@ def _leaf(x: Tensor) -> Tensor:
     return x.detach().contiguous().requires_grad_()
 
 
-def patched_layer(make_layer: Callable[[], torch.nn.Module], x_shape: Tuple[int, ...], module, name: str,
-                  replacement, seed: int):
+def patched_layer(
+    make_layer: Callable[[], torch.nn.Module], x_shape: Tuple[int, ...], module, name: str, replacement, seed: int
+):
     """A ``build`` for ``Runner.time``: a layer's forward on a random input with ``module.name``
     replaced (a fast piece by its plain twin, or the piece itself), the input and the layer's
     parameters as the leaves."""
+
     def make():
         torch.manual_seed(seed)
         layer = make_layer()
@@ -169,7 +228,9 @@ def patched_layer(make_layer: Callable[[], torch.nn.Module], x_shape: Tuple[int,
         def run():
             with mock.patch.object(module, name, replacement):
                 return layer(x)
+
         return run, [x, *layer.parameters()]
+
     return make
 
 
@@ -195,8 +256,9 @@ def _leaves(d: Dict[str, Optional[Tensor]]) -> List[Tensor]:
     return [v for v in d.values() if v is not None]
 
 
-def time_fwd_bwd(fn: Callable[[], Tensor], leaves: Sequence[Tensor], repeats: int,
-                 warmup: int) -> Tuple[List[float], Dict[str, float]]:
+def time_fwd_bwd(
+    fn: Callable[[], Tensor], leaves: Sequence[Tensor], repeats: int, warmup: int
+) -> Tuple[List[float], Dict[str, float]]:
     """Wall-clock seconds of forward + backward, one entry per timed run (warm-up runs dropped),
     and this process's resource use summed over the timed runs (``faults``, ``sys_s``, ``cpu_s``).
     The first (warm-up) run also checks that the output and every gradient are finite."""
@@ -215,8 +277,11 @@ def time_fwd_bwd(fn: Callable[[], Tensor], leaves: Sequence[Tensor], repeats: in
         elapsed = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_SELF)
         if r == 0:
-            bad = [n for n, x in [("output", y)] + [(f"grad {j}", x.grad) for j, x in enumerate(leaves)]
-                   if x is None or not torch.isfinite(x).all()]
+            bad = [
+                n
+                for n, x in [("output", y)] + [(f"grad {j}", x.grad) for j, x in enumerate(leaves)]
+                if x is None or not torch.isfinite(x).all()
+            ]
             if bad:
                 raise FloatingPointError(f"non-finite or missing {', '.join(bad)}")
         if r >= warmup:
@@ -236,9 +301,16 @@ def _fla():
         from fla.ops.simple_gla.naive import naive_chunk_simple_gla
     except ImportError as exc:
         return None, FLA_MISSING, f"{FLA_MISSING} ({exc}); {FLA_HINT}"
-    return {"naive_chunk_simple_gla": naive_chunk_simple_gla, "naive_recurrent_gla": naive_recurrent_gla,
+    return (
+        {
+            "naive_chunk_simple_gla": naive_chunk_simple_gla,
+            "naive_recurrent_gla": naive_recurrent_gla,
             "naive_chunk_linear_attn": naive_chunk_linear_attn,
-            "delta_rule_chunkwise": delta_rule_chunkwise}, "", ""
+            "delta_rule_chunkwise": delta_rule_chunkwise,
+        },
+        "",
+        "",
+    )
 
 
 def _eos_delta():
@@ -250,6 +322,7 @@ def _eos_delta():
 
 
 # ----------------------------------------------------------------------------- the harness
+
 
 class Bench:
     def __init__(self, sizes: Sizes, threads: int, log: Callable[[str], None]):
@@ -277,8 +350,14 @@ class Bench:
                 self.r.notes.append(long)
         return self._delta_cache
 
-    def time(self, key: str, label: str, shape: str, tokens: int,
-             build: Callable[[], Tuple[Callable[[], Tensor], List[Tensor]]]) -> Optional[Timing]:
+    def time(
+        self,
+        key: str,
+        label: str,
+        shape: str,
+        tokens: int,
+        build: Callable[[], Tuple[Callable[[], Tensor], List[Tensor]]],
+    ) -> Optional[Timing]:
         """Time ``build()``'s (fn, leaves) once per key; a failure becomes a note, not a crash."""
         if key in self.r.timings:
             return self.r.timings[key]
@@ -295,8 +374,9 @@ class Bench:
         self.log(f"  median {t.median * 1e3:.2f} ms over {len(times)} runs")
         return t
 
-    def ratio_check(self, name: str, num: Optional[Timing], den: Optional[Timing], op: str, target: float,
-                    skip_note: str = ""):
+    def ratio_check(
+        self, name: str, num: Optional[Timing], den: Optional[Timing], op: str, target: float, skip_note: str = ""
+    ):
         measured = num.median / den.median if (num is not None and den is not None) else None
         self.r.checks.append(Check(name, measured, op, target, skip_note if measured is None else ""))
 
@@ -306,8 +386,9 @@ class Bench:
         with torch.no_grad():
             err = rel_rms(mine(), peer())
         verdict = "agrees" if err <= RTOL[torch.float32] else "DISAGREES"
-        self.r.notes.append(f"{what}: {verdict} with lcsm (relative RMS {err:.1e}, float32 tolerance "
-                            f"{RTOL[torch.float32]:.0e})")
+        self.r.notes.append(
+            f"{what}: {verdict} with lcsm (relative RMS {err:.1e}, float32 tolerance {RTOL[torch.float32]:.0e})"
+        )
 
     # ---- shared measurements
 
@@ -342,7 +423,7 @@ class Bench:
                 times.append(time.perf_counter() - t0)
         t = Timing("matmul", "torch.mm fp32 (forward only)", f"{n} x {n} @ {n} x {n}", 0, times)
         self.r.timings["matmul"] = t
-        self.r.info.append(("fp32 matmul throughput (peak reference)", f"{2 * n ** 3 / t.median / 1e9:.1f} GFLOP/s"))
+        self.r.info.append(("fp32 matmul throughput (peak reference)", f"{2 * n**3 / t.median / 1e9:.1f} GFLOP/s"))
         return t
 
     def case_row_decay(self):
@@ -352,35 +433,46 @@ class Bench:
         fla, why = self.fla()
         simple = recurrent = None
         if fla is not None:
+
             def build_simple():
                 x = gla_inputs(z, T, "scalar")
                 q, k, v = _leaf(x["s"]), _leaf(x["e"]), _leaf(x["i"])
-                gate = _leaf(x["log_o"][..., 0, 0])                       # [B, T, H]
+                gate = _leaf(x["log_o"][..., 0, 0])  # [B, T, H]
                 return (lambda: fla["naive_chunk_simple_gla"](q, k, v, gate, chunk_size=z.C)[0]), [q, k, v, gate]
 
             def build_recurrent():
                 x = gla_inputs(z, T, "row")
                 q, k, v = _leaf(x["s"]), _leaf(x["e"]), _leaf(x["i"])
-                gk = _leaf(x["log_o"][..., 0])                            # [B, T, H, K]
+                gk = _leaf(x["log_o"][..., 0])  # [B, T, H, K]
                 return (lambda: fla["naive_recurrent_gla"](q, k, v, gk)[0]), [q, k, v, gk]
 
-            simple = self.time(f"fla_simple_gla@{T}", "fla naive_chunk_simple_gla (scalar decay)",
-                               self.shape(T), z.B * T, build_simple)
-            recurrent = self.time(f"fla_recurrent_gla@{T}", "fla naive_recurrent_gla (row decay, loop)",
-                                  self.shape(T), z.B * T, build_recurrent)
+            simple = self.time(
+                f"fla_simple_gla@{T}", "fla naive_chunk_simple_gla (scalar decay)", self.shape(T), z.B * T, build_simple
+            )
+            recurrent = self.time(
+                f"fla_recurrent_gla@{T}",
+                "fla naive_recurrent_gla (row decay, loop)",
+                self.shape(T),
+                z.B * T,
+                build_recurrent,
+            )
             Ts = min(T, 256)
             x, xr = gla_inputs(z, Ts, "scalar"), gla_inputs(z, Ts, "row")
-            scale = z.K ** -0.5                                            # fla scales q by K^-1/2 inside
-            self.agreement("fla naive_chunk_simple_gla",
-                           lambda: eos(x["i"], x["e"], x["s"] * scale, x["log_o"], mode="chunk", chunk_size=z.C)[0],
-                           lambda: fla["naive_chunk_simple_gla"](x["s"], x["e"], x["i"], x["log_o"][..., 0, 0],
-                                                                 chunk_size=z.C)[0])
-            self.agreement("fla naive_recurrent_gla",
-                           lambda: eos(xr["i"], xr["e"], xr["s"] * scale, xr["log_o"], mode="chunk", chunk_size=z.C)[0],
-                           lambda: fla["naive_recurrent_gla"](xr["s"], xr["e"], xr["i"], xr["log_o"][..., 0])[0])
+            scale = z.K**-0.5  # fla scales q by K^-1/2 inside
+            self.agreement(
+                "fla naive_chunk_simple_gla",
+                lambda: eos(x["i"], x["e"], x["s"] * scale, x["log_o"], mode="chunk", chunk_size=z.C)[0],
+                lambda: fla["naive_chunk_simple_gla"](x["s"], x["e"], x["i"], x["log_o"][..., 0, 0], chunk_size=z.C)[0],
+            )
+            self.agreement(
+                "fla naive_recurrent_gla",
+                lambda: eos(xr["i"], xr["e"], xr["s"] * scale, xr["log_o"], mode="chunk", chunk_size=z.C)[0],
+                lambda: fla["naive_recurrent_gla"](xr["s"], xr["e"], xr["i"], xr["log_o"][..., 0])[0],
+            )
         self.ratio_check(f"row-decay chunk / fla naive_chunk_simple_gla, T={T}", row, simple, "<=", 1.0, why)
-        self.ratio_check(f"fla naive_recurrent_gla / row-decay chunk (speed-up), T={T}", recurrent, row,
-                         ">=", 30.0, why)
+        self.ratio_check(
+            f"fla naive_recurrent_gla / row-decay chunk (speed-up), T={T}", recurrent, row, ">=", 30.0, why
+        )
 
     def case_no_decay(self):
         z, T = self.z, self.z.T
@@ -388,17 +480,21 @@ class Bench:
         fla, why = self.fla()
         peer = None
         if fla is not None:
+
             def build():
                 x = gla_inputs(z, T, "none")
                 q, k, v = _leaf(x["s"]), _leaf(x["e"]), _leaf(x["i"])
                 return (lambda: fla["naive_chunk_linear_attn"](q, k, v)), [q, k, v]
 
-            peer = self.time(f"fla_linear_attn@{T}", "fla naive_chunk_linear_attn (chunk 64)", self.shape(T),
-                             z.B * T, build)
+            peer = self.time(
+                f"fla_linear_attn@{T}", "fla naive_chunk_linear_attn (chunk 64)", self.shape(T), z.B * T, build
+            )
             x = gla_inputs(z, min(T, 256), "none")
-            self.agreement("fla naive_chunk_linear_attn",
-                           lambda: eos(x["i"], x["e"], x["s"] * z.K ** -0.5, None, mode="chunk", chunk_size=z.C)[0],
-                           lambda: fla["naive_chunk_linear_attn"](x["s"], x["e"], x["i"]))
+            self.agreement(
+                "fla naive_chunk_linear_attn",
+                lambda: eos(x["i"], x["e"], x["s"] * z.K**-0.5, None, mode="chunk", chunk_size=z.C)[0],
+                lambda: fla["naive_chunk_linear_attn"](x["s"], x["e"], x["i"]),
+            )
         self.ratio_check(f"no-decay chunk / fla naive_chunk_linear_attn, T={T}", mine, peer, "<=", 1.0, why)
 
     def delta_inputs(self, T: int):
@@ -415,32 +511,43 @@ class Bench:
         eos_delta, why_mine = self.eos_delta()
         mine = peer = None
         if eos_delta is not None:
+
             def build_mine():
                 q, k, v, beta = (_leaf(x) for x in self.delta_inputs(T))
 
                 def fn():
-                    bk = beta.unsqueeze(-1) * k                             # DeltaNet: e = a = beta k, b = k
+                    bk = beta.unsqueeze(-1) * k  # DeltaNet: e = a = beta k, b = k
                     return eos_delta(v, bk, q, bk, k, mode="chunk", chunk_size=z.C)[0]
+
                 return fn, [q, k, v, beta]
 
             mine = self.time(f"eos_delta@{T}", f"lcsm eos_delta chunk (C={z.C})", self.shape(T), z.B * T, build_mine)
         fla, why_fla = self.fla()
         if fla is not None:
+
             def build_peer():
-                q, k, v, beta = (_leaf(x.transpose(1, 2)) for x in self.delta_inputs(T))   # head-major
+                q, k, v, beta = (_leaf(x.transpose(1, 2)) for x in self.delta_inputs(T))  # head-major
                 return (lambda: fla["delta_rule_chunkwise"](q, k, v, beta)[0]), [q, k, v, beta]
 
-            peer = self.time(f"fla_delta@{T}", "fla delta_rule_chunkwise (chunk 32)", self.shape(T), z.B * T,
-                             build_peer)
+            peer = self.time(
+                f"fla_delta@{T}", "fla delta_rule_chunkwise (chunk 32)", self.shape(T), z.B * T, build_peer
+            )
         if eos_delta is not None and fla is not None:
             q, k, v, beta = self.delta_inputs(min(T, 256))
             bk = beta.unsqueeze(-1) * k
-            self.agreement("fla delta_rule_chunkwise",
-                           lambda: eos_delta(v, bk, q * z.K ** -0.5, bk, k, mode="chunk", chunk_size=z.C)[0],
-                           lambda: fla["delta_rule_chunkwise"](*(t.transpose(1, 2) for t in (q, k, v, beta)))[0]
-                           .transpose(1, 2))
-        self.ratio_check(f"delta chunk / fla delta_rule_chunkwise, T={T}", mine, peer, "<=", 1.0,
-                         "; ".join(w for w in (why_mine, why_fla) if w))
+            self.agreement(
+                "fla delta_rule_chunkwise",
+                lambda: eos_delta(v, bk, q * z.K**-0.5, bk, k, mode="chunk", chunk_size=z.C)[0],
+                lambda: fla["delta_rule_chunkwise"](*(t.transpose(1, 2) for t in (q, k, v, beta)))[0].transpose(1, 2),
+            )
+        self.ratio_check(
+            f"delta chunk / fla delta_rule_chunkwise, T={T}",
+            mine,
+            peer,
+            "<=",
+            1.0,
+            "; ".join(w for w in (why_mine, why_fla) if w),
+        )
 
     def sdpa_time(self, T: int) -> Optional[Timing]:
         z = self.z
@@ -467,8 +574,15 @@ class Bench:
                 per_token[T] = t.median / (self.z.B * T)
         first, last = Ts[0], Ts[-1]
         measured = per_token[last] / per_token[first] if first in per_token and last in per_token else None
-        self.r.checks.append(Check(f"time per token growth, row-decay chunk, T={first} -> {last}", measured, "<=",
-                                   1.3, "" if measured is not None else "a run failed"))
+        self.r.checks.append(
+            Check(
+                f"time per token growth, row-decay chunk, T={first} -> {last}",
+                measured,
+                "<=",
+                1.3,
+                "" if measured is not None else "a run failed",
+            )
+        )
 
     def case_memory(self):
         z = self.z
@@ -479,39 +593,63 @@ class Bench:
             p = lambda: canonicalize(x["i"], x["e"], x["s"], x["log_o"])
             return (lambda: eos_chunk(p(), z.C, backward="autograd")[0]), _leaves(x)
 
-        autograd = self.time(f"eos_row_autograd@{z.T}", "lcsm chunk, row decay, autograd backward (y head-major)",
-                             self.shape(z.T), z.B * z.T, build_autograd)
+        autograd = self.time(
+            f"eos_row_autograd@{z.T}",
+            "lcsm chunk, row decay, autograd backward (y head-major)",
+            self.shape(z.T),
+            z.B * z.T,
+            build_autograd,
+        )
         if custom is not None and autograd is not None:
-            self.r.info.append((f"time of custom / autograd backward (row decay), T={z.T}",
-                                f"{custom.median / autograd.median:.3f}x"))
+            self.r.info.append(
+                (f"time of custom / autograd backward (row decay), T={z.T}", f"{custom.median / autograd.median:.3f}x")
+            )
         modes = ("custom", "autograd")
-        self.log(f"peak memory at T = {', '.join(map(str, z.memory))}, gates {' and '.join(GATES)}: "
-                 "one fresh subprocess per backward, both at once")
+        self.log(
+            f"peak memory at T = {', '.join(map(str, z.memory))}, gates {' and '.join(GATES)}: "
+            "one fresh subprocess per backward, both at once"
+        )
         # Peak RSS is per process, so the two concurrent workers do not disturb each other's numbers.
         with ThreadPoolExecutor(max_workers=len(modes)) as pool:
             peaks = dict(zip(modes, pool.map(lambda m: peak_memory_subprocess(z, m, self.threads), modes)))
         cells = [(gates, T) for gates in GATES for T in z.memory]
-        rows = [{"gates": gates, "T": T, **{m: (peaks[m][j] if isinstance(peaks[m], list) else peaks[m])
-                                            for m in modes}} for j, (gates, T) in enumerate(cells)]
+        rows = [
+            {"gates": gates, "T": T, **{m: (peaks[m][j] if isinstance(peaks[m], list) else peaks[m]) for m in modes}}
+            for j, (gates, T) in enumerate(cells)
+        ]
         for row in rows:
-            self.log(f"  gates {row['gates']}, T={row['T']}: " + ", ".join(
-                f"{m} " + (f"{row[m] / 2 ** 20:.1f} MiB" if isinstance(row[m], int) else row[m]) for m in modes))
+            self.log(
+                f"  gates {row['gates']}, T={row['T']}: "
+                + ", ".join(
+                    f"{m} " + (f"{row[m] / 2**20:.1f} MiB" if isinstance(row[m], int) else row[m]) for m in modes
+                )
+            )
         self.r.memory = rows
         for m in modes:
             if isinstance(peaks[m], str):
                 self.r.notes.append(f"peak memory, backward={m}: {peaks[m]}")
         for r in rows:
             ratio, why = memory_ratio(r)
-            self.r.checks.append(Check(f"peak memory custom / autograd backward, {r['gates']} gates, T={r['T']}",
-                                       ratio, "<=", 1.0, why))
+            self.r.checks.append(
+                Check(f"peak memory custom / autograd backward, {r['gates']} gates, T={r['T']}", ratio, "<=", 1.0, why)
+            )
         for mode in modes:
-            good = [r for r in rows if r["gates"] == "gla" and isinstance(r[mode], int)
-                    and r[mode] >= MEMORY_RESOLUTION_BYTES]
+            good = [
+                r
+                for r in rows
+                if r["gates"] == "gla" and isinstance(r[mode], int) and r[mode] >= MEMORY_RESOLUTION_BYTES
+            ]
             if len(good) >= 2:
                 lo, hi = good[0], good[-1]
                 growth = (hi[mode] / hi["T"]) / (lo[mode] / lo["T"])
-                self.r.checks.append(Check(f"peak memory per token growth ({mode} backward), gla gates, "
-                                           f"T={lo['T']} -> {hi['T']}", growth, "<=", 1.3))
+                self.r.checks.append(
+                    Check(
+                        f"peak memory per token growth ({mode} backward), gla gates, T={lo['T']} -> {hi['T']}",
+                        growth,
+                        "<=",
+                        1.3,
+                    )
+                )
 
     def case_mamba(self):
         z = self.z
@@ -520,64 +658,102 @@ class Bench:
 
         def inputs():
             g = _gen(5)
-            A = -torch.arange(1, K + 1, dtype=torch.float32)[:, None].expand(K, D)   # S4D-real A = -(1..K)
-            dt = F.softplus(torch.randn(z.B, T, 1, 1, D, generator=g) - 4)          # Mamba's dt, ~0.02
-            return {"i": _leaf(torch.randn(z.B, T, 1, D, generator=g)),
-                    "e": _leaf(torch.randn(z.B, T, 1, K, generator=g)),
-                    "s": _leaf(torch.randn(z.B, T, 1, K, generator=g)),
-                    "log_o": _leaf(dt * A), "dt": _leaf(dt), "A": _leaf(A.unsqueeze(0).contiguous())}
+            A = -torch.arange(1, K + 1, dtype=torch.float32)[:, None].expand(K, D)  # S4D-real A = -(1..K)
+            dt = F.softplus(torch.randn(z.B, T, 1, 1, D, generator=g) - 4)  # Mamba's dt, ~0.02
+            return {
+                "i": _leaf(torch.randn(z.B, T, 1, D, generator=g)),
+                "e": _leaf(torch.randn(z.B, T, 1, K, generator=g)),
+                "s": _leaf(torch.randn(z.B, T, 1, K, generator=g)),
+                "log_o": _leaf(dt * A),
+                "dt": _leaf(dt),
+                "A": _leaf(A.unsqueeze(0).contiguous()),
+            }
 
         def build(log_o):
             def make():
                 x = inputs()
                 names = ("i", "e", "s", "log_o") if log_o is None else ("i", "e", "s", "dt", "A")
                 decay = (lambda: x["log_o"]) if log_o is None else (lambda: log_o(x["dt"], x["A"]))
-                return (lambda: eos(x["i"], x["e"], x["s"], decay(), mode="chunk", chunk_size=z.C)[0]), \
-                    [x[n] for n in names]
+                return (lambda: eos(x["i"], x["e"], x["s"], decay(), mode="chunk", chunk_size=z.C)[0]), [
+                    x[n] for n in names
+                ]
+
             return make
 
         def build_loop():
             x = inputs()
             return (lambda: python_loop(x["i"], x["e"], x["s"], x["log_o"])), [x[n] for n in ("i", "e", "s", "log_o")]
 
-        chunk = self.time(f"mamba_chunk@{T}", "lcsm eos chunk, full K x D decay (elementwise kernel)", shape,
-                          z.B * T, build(None))
+        chunk = self.time(
+            f"mamba_chunk@{T}", "lcsm eos chunk, full K x D decay (elementwise kernel)", shape, z.B * T, build(None)
+        )
         loop = self.time(f"mamba_loop@{T}", "per-step Python loop (unbind / stack)", shape, z.B * T, build_loop)
         x = inputs()
-        self.agreement("per-step Python loop",
-                       lambda: eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0],
-                       lambda: python_loop(x["i"], x["e"], x["s"], x["log_o"]))
+        self.agreement(
+            "per-step Python loop",
+            lambda: eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0],
+            lambda: python_loop(x["i"], x["e"], x["s"], x["log_o"]),
+        )
         if chunk is not None and loop is not None:
             self.r.info.append((f"Mamba-shaped: chunk / per-step loop, T={T}", f"{chunk.median / loop.median:.3f}x"))
 
         # The decay Delta_t A given as its operands, formed block by block in the kernel, against
         # the product formed first (both timed with the product's backward to dt and A).
-        product = self.time(f"mamba_product@{T}", "lcsm eos chunk, log_o = LogProduct(dt, A)", shape, z.B * T,
-                            build(LogProduct))
-        formed = self.time(f"mamba_formed@{T}", "lcsm eos chunk, log_o = dt * A formed first", shape, z.B * T,
-                           build(lambda dt, A: dt * A))
+        product = self.time(
+            f"mamba_product@{T}", "lcsm eos chunk, log_o = LogProduct(dt, A)", shape, z.B * T, build(LogProduct)
+        )
+        formed = self.time(
+            f"mamba_formed@{T}",
+            "lcsm eos chunk, log_o = dt * A formed first",
+            shape,
+            z.B * T,
+            build(lambda dt, A: dt * A),
+        )
         with_decay = lambda log_o: eos(x["i"], x["e"], x["s"], log_o, mode="chunk", chunk_size=z.C)[0]
-        self.agreement("the decay dt * A formed first", lambda: with_decay(LogProduct(x["dt"], x["A"])),
-                       lambda: with_decay(x["dt"] * x["A"]))
+        self.agreement(
+            "the decay dt * A formed first",
+            lambda: with_decay(LogProduct(x["dt"], x["A"])),
+            lambda: with_decay(x["dt"] * x["A"]),
+        )
         if product is not None and formed is not None:
-            self.r.info.append((f"Mamba-shaped: dt * A formed / LogProduct (speed-up), T={T}",
-                                f"{formed.median / product.median:.2f}x"))
+            self.r.info.append(
+                (
+                    f"Mamba-shaped: dt * A formed / LogProduct (speed-up), T={T}",
+                    f"{formed.median / product.median:.2f}x",
+                )
+            )
 
         # What a training step sees: a whole Mamba layer at a training batch, and at MetaLA's hard
         # MQAR batch (256 x 512 tokens), where the formed decays are 2 GiB a tensor.
         for B, T, d_model in z.mamba_layer:
+
             def build_layer(log_product, B=B, T=T, d_model=d_model):
-                return patched_layer(lambda: layers.build("mamba", d_model), (B, T, d_model), mamba, "LogProduct",
-                                     log_product, seed=5)
+                return patched_layer(
+                    lambda: layers.build("mamba", d_model), (B, T, d_model), mamba, "LogProduct", log_product, seed=5
+                )
 
             layer_shape = f"B={B} T={T} d_model={d_model} K=16 D={2 * d_model}"
-            product = self.time(f"mamba_layer_product@{B}x{T}", "Mamba layer, log_o = LogProduct(Delta, A)",
-                                layer_shape, B * T, build_layer(LogProduct))
-            formed = self.time(f"mamba_layer_formed@{B}x{T}", "Mamba layer, log_o = Delta * A formed first",
-                               layer_shape, B * T, build_layer(lambda delta, A: delta * A))
+            product = self.time(
+                f"mamba_layer_product@{B}x{T}",
+                "Mamba layer, log_o = LogProduct(Delta, A)",
+                layer_shape,
+                B * T,
+                build_layer(LogProduct),
+            )
+            formed = self.time(
+                f"mamba_layer_formed@{B}x{T}",
+                "Mamba layer, log_o = Delta * A formed first",
+                layer_shape,
+                B * T,
+                build_layer(lambda delta, A: delta * A),
+            )
             if product is not None and formed is not None:
-                self.r.info.append((f"Mamba layer: Delta * A formed / LogProduct (speed-up), {layer_shape}",
-                                    f"{formed.median / product.median:.2f}x"))
+                self.r.info.append(
+                    (
+                        f"Mamba layer: Delta * A formed / LogProduct (speed-up), {layer_shape}",
+                        f"{formed.median / product.median:.2f}x",
+                    )
+                )
 
     def case_outer(self):
         """LCSM o code 1, o_t = a_t (x) b_t with both factors logsigmoid(.) / 16 as the layer builds
@@ -591,11 +767,13 @@ class Bench:
 
         def inputs(T, scale=GATES["gla"], spread=1.0):
             g = _gen(6)
-            return {"i": _leaf(torch.randn(z.B, T, 1, D, generator=g)),
-                    "e": _leaf(torch.randn(z.B, T, 1, K, generator=g) / math.sqrt(K)),
-                    "s": _leaf(torch.randn(z.B, T, 1, K, generator=g) / math.sqrt(K)),
-                    "log_row": _leaf(F.logsigmoid(spread * torch.randn(z.B, T, 1, K, 1, generator=g)) * scale),
-                    "log_col": _leaf(F.logsigmoid(spread * torch.randn(z.B, T, 1, 1, D, generator=g)) * scale)}
+            return {
+                "i": _leaf(torch.randn(z.B, T, 1, D, generator=g)),
+                "e": _leaf(torch.randn(z.B, T, 1, K, generator=g) / math.sqrt(K)),
+                "s": _leaf(torch.randn(z.B, T, 1, K, generator=g) / math.sqrt(K)),
+                "log_row": _leaf(F.logsigmoid(spread * torch.randn(z.B, T, 1, K, 1, generator=g)) * scale),
+                "log_col": _leaf(F.logsigmoid(spread * torch.randn(z.B, T, 1, 1, D, generator=g)) * scale),
+            }
 
         def pair(x):
             return eos(x["i"], x["e"], x["s"], (x["log_row"], x["log_col"]), mode="chunk", chunk_size=z.C)[0]
@@ -610,22 +788,40 @@ class Bench:
                 def make():
                     x = inputs(T, **gates)
                     return (lambda: fn(x)), _leaves(x)
+
                 return make
 
-            fast = self.time(f"outer_matmul@{T}", "lcsm eos chunk, separable decay pair (matmul kernel)",
-                             shape, z.B * T, build(pair))
-            slow = self.time(f"outer_elementwise@{T}",
-                             "lcsm eos chunk, the same decay as a K x D sum (elementwise kernel)",
-                             shape, z.B * T, build(summed))
-            strong = self.time(f"outer_matmul_strong@{T}",
-                               "lcsm eos chunk, separable decay pair, tau 1 gates on logits of std 2 (sub-chunked)",
-                               shape, z.B * T, build(pair, scale=GATES["strong"], spread=2.0))
+            fast = self.time(
+                f"outer_matmul@{T}", "lcsm eos chunk, separable decay pair (matmul kernel)", shape, z.B * T, build(pair)
+            )
+            slow = self.time(
+                f"outer_elementwise@{T}",
+                "lcsm eos chunk, the same decay as a K x D sum (elementwise kernel)",
+                shape,
+                z.B * T,
+                build(summed),
+            )
+            strong = self.time(
+                f"outer_matmul_strong@{T}",
+                "lcsm eos chunk, separable decay pair, tau 1 gates on logits of std 2 (sub-chunked)",
+                shape,
+                z.B * T,
+                build(pair, scale=GATES["strong"], spread=2.0),
+            )
             if fast is not None and slow is not None:
-                self.r.info.append((f"separable decay (LCSM code 1): elementwise / matmul kernel (speed-up), "
-                                    f"T={T}", f"{slow.median / fast.median:.2f}x"))
+                self.r.info.append(
+                    (
+                        f"separable decay (LCSM code 1): elementwise / matmul kernel (speed-up), T={T}",
+                        f"{slow.median / fast.median:.2f}x",
+                    )
+                )
             if fast is not None and strong is not None:
-                self.r.info.append((f"separable decay (LCSM code 1): tau-1 gates / GLA gates (sub-chunking's cost), "
-                                    f"T={T}", f"{strong.median / fast.median:.2f}x"))
+                self.r.info.append(
+                    (
+                        f"separable decay (LCSM code 1): tau-1 gates / GLA gates (sub-chunking's cost), T={T}",
+                        f"{strong.median / fast.median:.2f}x",
+                    )
+                )
         x = inputs(min(z.outer_T))
         self.agreement("separable decay, elementwise kernel on the K x D sum", lambda: pair(x), lambda: summed(x))
 
@@ -636,8 +832,12 @@ class Bench:
         z = self.z
         B, T, K, D = z.decay
         shape = f"B={B} T={T} K={K} D={D}"
-        factors = {6: ((B, T, K, 1), (K, D)), 7: ((B, T, 1, D), (K, D)),
-                   8: ((K, 1), (B, T, 1, D)), 9: ((B, T, K, 1), (D,))}
+        factors = {
+            6: ((B, T, K, 1), (K, D)),
+            7: ((B, T, 1, D), (K, D)),
+            8: ((K, 1), (B, T, 1, D)),
+            9: ((B, T, K, 1), (D,)),
+        }
 
         def inputs(code):
             # the data-dependent factor [B, T, ...] is a projection's output; the learned one is
@@ -649,34 +849,67 @@ class Bench:
             def make():
                 a, b = inputs(code)
                 return (lambda: fn(a, b, 16.0)), [a, b]
+
             return make
 
         for code in factors:
-            fused = self.time(f"decay_fused_{code}",
-                              f"LCSM code 1-{code}-1-0 decay, lcsm.ops.decay.log_sigmoid_product", shape, B * T,
-                              build(code, log_sigmoid_product))
-            plain = self.time(f"decay_plain_{code}", f"LCSM code 1-{code}-1-0 decay, plain tensor expressions",
-                              shape, B * T, build(code, log_sigmoid_product_reference))
+            fused = self.time(
+                f"decay_fused_{code}",
+                f"LCSM code 1-{code}-1-0 decay, lcsm.ops.decay.log_sigmoid_product",
+                shape,
+                B * T,
+                build(code, log_sigmoid_product),
+            )
+            plain = self.time(
+                f"decay_plain_{code}",
+                f"LCSM code 1-{code}-1-0 decay, plain tensor expressions",
+                shape,
+                B * T,
+                build(code, log_sigmoid_product_reference),
+            )
             if fused is not None and plain is not None:
-                self.r.info.append((f"LCSM code 1-{code}-1-0 decay: plain / fused (speed-up), {shape}",
-                                    f"{plain.median / fused.median:.2f}x"))
+                self.r.info.append(
+                    (
+                        f"LCSM code 1-{code}-1-0 decay: plain / fused (speed-up), {shape}",
+                        f"{plain.median / fused.median:.2f}x",
+                    )
+                )
         a, b = inputs(8)
-        self.agreement("code 8's decay as plain tensor expressions", lambda: log_sigmoid_product(a, b, 16.0),
-                       lambda: log_sigmoid_product_reference(a, b, 16.0))
+        self.agreement(
+            "code 8's decay as plain tensor expressions",
+            lambda: log_sigmoid_product(a, b, 16.0),
+            lambda: log_sigmoid_product_reference(a, b, 16.0),
+        )
 
         # What a training step sees: the whole layer (projections, decay, elementwise kernel, norm)
         def build_layer(fn):
-            return patched_layer(lambda: LCSMFamily(D, code="1-8-1-0", expand=K), (B, T, D), lcsm_family,
-                                 "log_sigmoid_product", fn, seed=8)
+            return patched_layer(
+                lambda: LCSMFamily(D, code="1-8-1-0", expand=K),
+                (B, T, D),
+                lcsm_family,
+                "log_sigmoid_product",
+                fn,
+                seed=8,
+            )
 
         layer_shape = f"B={B} T={T} d_model={D} K={K}"
-        fused = self.time("decay_layer_fused", "LCSM 1-8-1-0 layer, fused decay", layer_shape, B * T,
-                          build_layer(log_sigmoid_product))
-        plain = self.time("decay_layer_plain", "LCSM 1-8-1-0 layer, decay as plain tensor expressions", layer_shape,
-                          B * T, build_layer(log_sigmoid_product_reference))
+        fused = self.time(
+            "decay_layer_fused", "LCSM 1-8-1-0 layer, fused decay", layer_shape, B * T, build_layer(log_sigmoid_product)
+        )
+        plain = self.time(
+            "decay_layer_plain",
+            "LCSM 1-8-1-0 layer, decay as plain tensor expressions",
+            layer_shape,
+            B * T,
+            build_layer(log_sigmoid_product_reference),
+        )
         if fused is not None and plain is not None:
-            self.r.info.append((f"LCSM 1-8-1-0 layer: plain / fused decay (speed-up), {layer_shape}",
-                                f"{plain.median / fused.median:.2f}x"))
+            self.r.info.append(
+                (
+                    f"LCSM 1-8-1-0 layer: plain / fused decay (speed-up), {layer_shape}",
+                    f"{plain.median / fused.median:.2f}x",
+                )
+            )
 
     def case_kxd(self):
         """LCSM's codes with a K x D state at the LCSM MQAR base's training shape (batch 64, 64
@@ -694,8 +927,12 @@ class Bench:
             x = {"i": _leaf(torch.randn(B, T, 1, D, generator=g)), "e": vec(), "s": vec()}
             if code == "0-1-1-0":
                 x["e"] = _leaf(torch.randn(1, K, D, generator=g) / math.sqrt(K))
-            x["log_o"] = {"1-1-1-0": pair, "0-1-1-0": pair, "1-0-1-0": lambda: gate(1, K, D, g=g),
-                          "1-9-1-0": lambda: gate(B, T, 1, K, D, g=g)}[code]()
+            x["log_o"] = {
+                "1-1-1-0": pair,
+                "0-1-1-0": pair,
+                "1-0-1-0": lambda: gate(1, K, D, g=g),
+                "1-9-1-0": lambda: gate(B, T, 1, K, D, g=g),
+            }[code]()
             return x
 
         def build(code):
@@ -704,12 +941,15 @@ class Bench:
                 run = lambda: eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0]
                 leaves = _leaves({k: v for k, v in x.items() if k != "log_o"})
                 return run, leaves + list(x["log_o"] if isinstance(x["log_o"], tuple) else [x["log_o"]])
+
             return make
 
-        what = {"1-1-1-0": "vector e and s, separable decay (matmul kernel)",
-                "0-1-1-0": "K x D e, separable decay (elementwise kernel)",
-                "1-0-1-0": "time-invariant K x D decay (elementwise kernel)",
-                "1-9-1-0": "per-step K x D decay (elementwise kernel)"}
+        what = {
+            "1-1-1-0": "vector e and s, separable decay (matmul kernel)",
+            "0-1-1-0": "K x D e, separable decay (elementwise kernel)",
+            "1-0-1-0": "time-invariant K x D decay (elementwise kernel)",
+            "1-9-1-0": "per-step K x D decay (elementwise kernel)",
+        }
         base = self.time("kxd_1-1-1-0", f"LCSM code 1-1-1-0: {what['1-1-1-0']}", shape, B * T, build("1-1-1-0"))
         for code in ("0-1-1-0", "1-0-1-0", "1-9-1-0"):
             t = self.time(f"kxd_{code}", f"LCSM code {code}: {what[code]}", shape, B * T, build(code))
@@ -738,19 +978,30 @@ class Bench:
             def make():
                 x = inputs(decay)
                 return (lambda: run(x, form)), _leaves(x)
+
             return make
 
         for decay, words in (("none", "rotation"), ("row", "rotation and row decay")):
             label = f"lcsm eos chunk, {words}"
-            cplx = self.time(f"rot_complex_{decay}@{T}", f"{label}: complex kernel", self.shape(T), z.B * T,
-                             build(decay, "complex"))
-            frame = self.time(f"rot_frame_{decay}@{T}", f"lcsm eos_rotating, {words}: rotating frame", self.shape(T),
-                              z.B * T, build(decay, "rotating"))
+            cplx = self.time(
+                f"rot_complex_{decay}@{T}", f"{label}: complex kernel", self.shape(T), z.B * T, build(decay, "complex")
+            )
+            frame = self.time(
+                f"rot_frame_{decay}@{T}",
+                f"lcsm eos_rotating, {words}: rotating frame",
+                self.shape(T),
+                z.B * T,
+                build(decay, "rotating"),
+            )
             x = inputs(decay, min(T, 256))
             self.agreement(f"eos_rotating ({words})", lambda: run(x, "rotating"), lambda: run(x, "complex"))
             if cplx is not None and frame is not None:
-                self.r.info.append((f"{words}: complex kernel / rotating frame (speed-up), T={T}",
-                                    f"{cplx.median / frame.median:.2f}x"))
+                self.r.info.append(
+                    (
+                        f"{words}: complex kernel / rotating frame (speed-up), T={T}",
+                        f"{cplx.median / frame.median:.2f}x",
+                    )
+                )
 
     def case_fft(self):
         """S4D's system (ZOH-discretised complex modes: decay e^(-0.5 dt), rotation pi n dt) through
@@ -764,8 +1015,12 @@ class Bench:
             dt = torch.exp(torch.rand(H, 1, 1, generator=g) * math.log(100) + math.log(1e-3))
             n = torch.arange(K, dtype=torch.float32).view(1, K, 1)
             cplx = lambda *shape: torch.complex(torch.randn(*shape, generator=g), torch.randn(*shape, generator=g))
-            return {"i": _leaf(torch.randn(z.B, T, H, 1, generator=g)), "e": _leaf(cplx(H, K) / math.sqrt(K)),
-                    "s": _leaf(cplx(H, K) / math.sqrt(K)), "log_o": _leaf(torch.complex(-0.5 * dt, math.pi * n * dt))}
+            return {
+                "i": _leaf(torch.randn(z.B, T, H, 1, generator=g)),
+                "e": _leaf(cplx(H, K) / math.sqrt(K)),
+                "s": _leaf(cplx(H, K) / math.sqrt(K)),
+                "log_o": _leaf(torch.complex(-0.5 * dt, math.pi * n * dt)),
+            }
 
         def run(x, mode):
             return eos(x["i"], x["e"], x["s"], x["log_o"], mode=mode, chunk_size=z.C, real_output=True)[0]
@@ -774,6 +1029,7 @@ class Bench:
             def make():
                 x = inputs()
                 return (lambda: run(x, mode)), _leaves(x)
+
             return make
 
         fft = self.time(f"fft@{T}", "lcsm eos fft (time-invariant, real FFTs)", shape, z.B * T, build("fft"))
@@ -781,26 +1037,38 @@ class Bench:
         x = inputs()
         self.agreement("eos chunk on the S4D-shaped system", lambda: run(x, "fft"), lambda: run(x, "chunk"))
         if fft is not None and chunk is not None:
-            self.r.info.append((f"S4D-shaped time-invariant system: chunk / fft (speed-up), T={T}",
-                                f"{chunk.median / fft.median:.2f}x"))
+            self.r.info.append(
+                (
+                    f"S4D-shaped time-invariant system: chunk / fft (speed-up), T={T}",
+                    f"{chunk.median / fft.median:.2f}x",
+                )
+            )
 
     def case_gflops(self):
         z = self.z
         peak_t = self.case_matmul()
-        peak = 2 * z.matmul_n ** 3 / peak_t.median
+        peak = 2 * z.matmul_n**3 / peak_t.median
         for decay in ("row", "none"):
             t = self.eos_chunk_time(decay, z.T)
             if t is None:
                 continue
             analytic = chunk_fwd_bwd_flops(z.B, z.H, z.T, z.K, z.D, z.C, decay != "none")
             counted = counted_matmul_flops(z, decay, z.T)
-            self.r.throughput.append({
-                "label": t.label, "shape": t.shape, "ms": t.median * 1e3, "analytic": analytic,
-                "counted": counted, "gflops": analytic / t.median / 1e9, "peak": peak / 1e9,
-            })
+            self.r.throughput.append(
+                {
+                    "label": t.label,
+                    "shape": t.shape,
+                    "ms": t.median * 1e3,
+                    "analytic": analytic,
+                    "counted": counted,
+                    "gflops": analytic / t.median / 1e9,
+                    "peak": peak / 1e9,
+                }
+            )
 
 
 # ----------------------------------------------------------------------------- FLOP model
+
 
 def chunk_fwd_bwd_flops(B: int, H: int, T: int, K: int, D: int, C: int, decay: bool = True) -> int:
     """Matmul FLOPs (2 per multiply-add) of the chunkwise algorithm, forward + custom backward,
@@ -824,6 +1092,7 @@ def chunk_fwd_bwd_flops(B: int, H: int, T: int, K: int, D: int, C: int, decay: b
 def counted_matmul_flops(z: Sizes, decay: str, T: int) -> int:
     """The same quantity counted by torch's FlopCounterMode over one real forward + backward."""
     from torch.utils.flop_counter import FlopCounterMode
+
     x = gla_inputs(z, T, decay)
     with FlopCounterMode(display=False) as counter:
         y = eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0]
@@ -832,6 +1101,7 @@ def counted_matmul_flops(z: Sizes, decay: str, T: int) -> int:
 
 
 # ----------------------------------------------------------------------------- Mamba-shaped loop
+
 
 def python_loop(i: Tensor, e: Tensor, s: Tensor, log_o: Tensor) -> Tensor:
     """The EOS recurrence one step at a time (i [B,T,H,D], e/s [B,T,H,K], log_o [B,T,H,K,D]).
@@ -860,8 +1130,10 @@ def memory_ratio(row: Dict) -> Tuple[Optional[float], str]:
     if not (isinstance(c, int) and isinstance(a, int)):
         return None, "worker failed"
     if a < MEMORY_RESOLUTION_BYTES:
-        return None, (f"autograd peak {a / 2 ** 20:.1f} MiB is below the measurement resolution "
-                      f"({MEMORY_RESOLUTION_BYTES / 2 ** 20:g} MiB)")
+        return None, (
+            f"autograd peak {a / 2**20:.1f} MiB is below the measurement resolution "
+            f"({MEMORY_RESOLUTION_BYTES / 2**20:g} MiB)"
+        )
     return c / a, ""
 
 
@@ -884,7 +1156,7 @@ def memory_worker(spec: dict) -> dict:
     def inputs(T, gates):
         return gla_inputs(z, T, "row", gates=gates), torch.randn(z.B, z.H, T, z.D, generator=_gen(1))
 
-    for gates in GATES:                          # load lazily initialised kernels before any baseline
+    for gates in GATES:  # load lazily initialised kernels before any baseline
         fwd_bwd(*inputs(2 * z.C, gates))
     peaks = []
     for gates, T in spec["cells"]:
@@ -903,12 +1175,14 @@ def peak_memory_subprocess(z: Sizes, mode: str, threads: int):
     measured in one fresh process for this backward; a list of ints, or a string saying why not."""
     sizes = {k: (list(v) if isinstance(v, tuple) else v) for k, v in z.__dict__.items()}
     cells = [(gates, T) for gates in GATES for T in z.memory]
-    peaks = run_memory_worker("bench.ops_bench",
-                              {"sizes": sizes, "cells": cells, "backward": mode, "threads": threads}, timeout=600)
+    peaks = run_memory_worker(
+        "bench.ops_bench", {"sizes": sizes, "cells": cells, "backward": mode, "threads": threads}, timeout=600
+    )
     return peaks if isinstance(peaks, str) else [int(v) for v in peaks]
 
 
 # ----------------------------------------------------------------------------- output
+
 
 def _fmt_ratio(x: Optional[float]) -> str:
     return "—" if x is None else f"{x:.3f}x"
@@ -918,8 +1192,12 @@ def render(r: Report, z: Sizes, header: Dict[str, str], selected: Sequence[str])
     lines = ["# lcsm operator benchmark", ""]
     for k, v in header.items():
         lines.append(f"- {k}: {v}")
-    lines += ["", f"Forward + backward, float32, median of {z.repeats} runs after {z.warmup} warm-up run(s). "
-              f"Cases: {', '.join(selected)}.", ""]
+    lines += [
+        "",
+        f"Forward + backward, float32, median of {z.repeats} runs after {z.warmup} warm-up run(s). "
+        f"Cases: {', '.join(selected)}.",
+        "",
+    ]
     if r.checks or r.info:
         lines += ["## Targets", "", "| check | measured | target | result |", "| --- | --- | --- | --- |"]
         for c in r.checks:
@@ -929,35 +1207,51 @@ def render(r: Report, z: Sizes, header: Dict[str, str], selected: Sequence[str])
         lines.append("")
     timed = [t for t in r.timings.values() if t.tokens]
     if timed:
-        lines += ["## Timings", "", "Page faults: minor faults per token and run (fresh memory the OS maps and "
-                  "zeroes); sys: the kernel's share of the process's CPU time over the timed runs.", "",
-                  "| operator | shape | median ms | min ms | µs / token | page faults / token | sys % |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "## Timings",
+            "",
+            "Page faults: minor faults per token and run (fresh memory the OS maps and "
+            "zeroes); sys: the kernel's share of the process's CPU time over the timed runs.",
+            "",
+            "| operator | shape | median ms | min ms | µs / token | page faults / token | sys % |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for t in timed:
             runs = len(t.times)
             sys_share = f"{100 * t.sys_s / t.cpu_s:.0f}" if t.cpu_s > 0 else "—"
-            lines.append(f"| {t.label} | {t.shape} | {t.median * 1e3:.2f} | {min(t.times) * 1e3:.2f} | "
-                         f"{t.median / t.tokens * 1e6:.3f} | {t.faults / (runs * t.tokens):.2f} | {sys_share} |")
+            lines.append(
+                f"| {t.label} | {t.shape} | {t.median * 1e3:.2f} | {min(t.times) * 1e3:.2f} | "
+                f"{t.median / t.tokens * 1e6:.3f} | {t.faults / (runs * t.tokens):.2f} | {sys_share} |"
+            )
         lines.append("")
     if r.memory:
-        lines += ["## Peak memory (row decay; peak RSS above the pre-run baseline, one fresh process per backward)", "",
-                  "| gates | T | custom backward MiB | autograd backward MiB | custom / autograd | custom bytes / token |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "## Peak memory (row decay; peak RSS above the pre-run baseline, one fresh process per backward)",
+            "",
+            "| gates | T | custom backward MiB | autograd backward MiB | custom / autograd | custom bytes / token |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for row in r.memory:
             c, a = row["custom"], row["autograd"]
-            mib = lambda v: f"{v / 2 ** 20:.1f}" if isinstance(v, int) else "n/a"
+            mib = lambda v: f"{v / 2**20:.1f}" if isinstance(v, int) else "n/a"
             ratio, why = memory_ratio(row)
             ratio = f"{ratio:.3f}" if ratio is not None else f"n/a ({why})"
             per_tok = f"{c / (z.B * row['T']):.0f}" if isinstance(c, int) else "n/a"
             lines.append(f"| {row['gates']} | {row['T']} | {mib(c)} | {mib(a)} | {ratio} | {per_tok} |")
         lines.append("")
     if r.throughput:
-        lines += ["## Throughput (matmul FLOPs of the chunk kernel, forward + custom backward)", "",
-                  "| operator | shape | median ms | analytic GFLOP | counted GFLOP | achieved GFLOP/s | "
-                  "% of fp32 matmul peak |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "## Throughput (matmul FLOPs of the chunk kernel, forward + custom backward)",
+            "",
+            "| operator | shape | median ms | analytic GFLOP | counted GFLOP | achieved GFLOP/s | "
+            "% of fp32 matmul peak |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for t in r.throughput:
-            lines.append(f"| {t['label']} | {t['shape']} | {t['ms']:.2f} | {t['analytic'] / 1e9:.3f} | "
-                         f"{t['counted'] / 1e9:.3f} | {t['gflops']:.1f} | {100 * t['gflops'] / t['peak']:.1f}% |")
+            lines.append(
+                f"| {t['label']} | {t['shape']} | {t['ms']:.2f} | {t['analytic'] / 1e9:.3f} | "
+                f"{t['counted'] / 1e9:.3f} | {t['gflops']:.1f} | {100 * t['gflops'] / t['peak']:.1f}% |"
+            )
         lines.append("")
     if r.notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in r.notes] + [""]
@@ -966,19 +1260,26 @@ def render(r: Report, z: Sizes, header: Dict[str, str], selected: Sequence[str])
 
 # ----------------------------------------------------------------------------- entry point
 
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lcsm bench ops",
-                                description="Benchmark lcsm's EOS operator against its peers (CPU, fp32, "
-                                            "forward + backward). Writes a markdown report to stdout.")
+    p = argparse.ArgumentParser(
+        prog="lcsm bench ops",
+        description="Benchmark lcsm's EOS operator against its peers (CPU, fp32, "
+        "forward + backward). Writes a markdown report to stdout.",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes and 2 repeats (smoke test)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (default 5, quick 2)")
     p.add_argument("--only", default=None, help=f"comma-separated cases out of: {', '.join(CASES)}")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     p.add_argument("--out", default=None, help="also write the report to this file")
-    p.add_argument("--allocator", choices=HOST_ALLOCATORS, default="retain",
-                   help="host memory, as train.host_allocator: retain (default, what lcsm's training processes use: "
-                        "freed blocks stay in glibc's heap for reuse) or system (glibc's defaults, whose adaptive mmap "
-                        "threshold makes timings depend on the order of the cases; bench/README.md, Noise)")
+    p.add_argument(
+        "--allocator",
+        choices=HOST_ALLOCATORS,
+        default="retain",
+        help="host memory, as train.host_allocator: retain (default, what lcsm's training processes use: "
+        "freed blocks stay in glibc's heap for reuse) or system (glibc's defaults, whose adaptive mmap "
+        "threshold makes timings depend on the order of the cases; bench/README.md, Noise)",
+    )
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     return p
 
@@ -999,8 +1300,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         selected = [c.strip() for c in args.only.split(",") if c.strip()]
         unknown = [c for c in selected if c not in CASES]
         if unknown or not selected:
-            parser.error(f"--only: unknown case(s) {', '.join(unknown) or '(none given)'}; "
-                         f"expected names out of {', '.join(CASES)}")
+            parser.error(
+                f"--only: unknown case(s) {', '.join(unknown) or '(none given)'}; "
+                f"expected names out of {', '.join(CASES)}"
+            )
     sizes = QUICK if args.quick else FULL
     if args.repeats is not None:
         sizes = replace(sizes, repeats=args.repeats)

@@ -11,6 +11,7 @@ variant's ratio to the first, and a run of ``train.max_steps`` steps extrapolate
 
 A variant is ``label=key=value[,key=value...]``; without ``--variant`` the config is timed alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,14 +41,17 @@ def parse_variant(text: str) -> Tuple[str, List[str]]:
     return label.strip(), overrides
 
 
-def time_steps(config_path: str, common: Sequence[str], variants: Sequence[Tuple[str, List[str]]],
-               steps: int, log) -> List[Dict[str, object]]:
+def time_steps(
+    config_path: str, common: Sequence[str], variants: Sequence[Tuple[str, List[str]]], steps: int, log
+) -> List[Dict[str, object]]:
     """Median seconds per step of each variant, measured round-robin after one warm-up step each."""
     configs = [load_config(config_path, [*common, *overrides]) for _, overrides in variants]
     allocators = {c.train.host_allocator for c in configs}
     if len(allocators) > 1:
-        raise ValueError(f"--variant: train.host_allocator acts on the whole process, so variants timed side by "
-                         f"side must share it; got {', '.join(sorted(allocators))} (time each in its own run)")
+        raise ValueError(
+            f"--variant: train.host_allocator acts on the whole process, so variants timed side by "
+            f"side must share it; got {', '.join(sorted(allocators))} (time each in its own run)"
+        )
     trainers = []
     with tempfile.TemporaryDirectory(prefix="lcsm-step-bench-") as tmp:
         for n, ((label, overrides), config) in enumerate(zip(variants, configs)):
@@ -67,21 +71,36 @@ def time_steps(config_path: str, common: Sequence[str], variants: Sequence[Tuple
     rows = []
     for label, overrides, config, trainer, _ in trainers:
         median = statistics.median(times[label])
-        rows.append({"label": label, "overrides": " ".join(overrides) or "(none)", "s_step": median,
-                     "batch": config.train.batch_size, "params": sum(p.numel() for p in trainer.model.parameters()),
-                     "max_steps": config.train.max_steps, "host_allocator": trainer.host_allocator})
+        rows.append(
+            {
+                "label": label,
+                "overrides": " ".join(overrides) or "(none)",
+                "s_step": median,
+                "batch": config.train.batch_size,
+                "params": sum(p.numel() for p in trainer.model.parameters()),
+                "max_steps": config.train.max_steps,
+                "host_allocator": trainer.host_allocator,
+            }
+        )
     return rows
 
 
 def render(rows: List[Dict[str, object]], header: Dict[str, str]) -> str:
     first = rows[0]["s_step"]
-    lines = ["# Seconds per training step", "", *[f"- {k}: {v}" for k, v in header.items()], "",
-             "| variant | overrides | params | batch | s / step (median) | ratio to first | run of max_steps |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Seconds per training step",
+        "",
+        *[f"- {k}: {v}" for k, v in header.items()],
+        "",
+        "| variant | overrides | params | batch | s / step (median) | ratio to first | run of max_steps |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         run = f"{r['s_step'] * r['max_steps'] / 60:.1f} min ({r['max_steps']} steps)" if r["max_steps"] else "—"
-        lines.append(f"| {r['label']} | {r['overrides']} | {r['params']:,} | {r['batch']} | {r['s_step']:.3f} | "
-                     f"{r['s_step'] / first:.2f}x | {run} |")
+        lines.append(
+            f"| {r['label']} | {r['overrides']} | {r['params']:,} | {r['batch']} | {r['s_step']:.3f} | "
+            f"{r['s_step'] / first:.2f}x | {run} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -90,8 +109,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="lcsm bench step", description=__doc__.splitlines()[0])
     p.add_argument("config", help="run config YAML (e.g. an experiment's base.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
-    p.add_argument("--variant", action="append", default=[], metavar="LABEL=KEY=VALUE[,...]",
-                   help="a variant with its own overrides (repeatable; the first is the reference)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=KEY=VALUE[,...]",
+        help="a variant with its own overrides (repeatable; the first is the reference)",
+    )
     p.add_argument("--steps", type=int, default=3, help="measured steps per variant (default 3)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as a sweep's run)")
     p.add_argument("--out", help="also write the markdown table to this file")

@@ -6,6 +6,7 @@ head; batch 32, AdamW), extrapolated from the median of a few measured steps. Ru
 
     python -m bench.tasks_bench [--out bench/results/tasks.md] [--only lm,listops] [--steps 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,11 +41,18 @@ def measure(name: str, steps: int) -> dict:
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - start)
-    step = statistics.median(times[1:] or times)         # the first step pays one-off costs
+    step = statistics.median(times[1:] or times)  # the first step pays one-off costs
     length = max(seg.inputs.shape[1] for seg in train.segments)
-    return {"task": name, "head": task.default_head, "sizes": " / ".join(str(len(d)) for d in data.values()),
-            "length": length, "prepare_s": prepare, "step_s": step, "steps": len(batches),
-            "epoch_s": step * len(batches)}
+    return {
+        "task": name,
+        "head": task.default_head,
+        "sizes": " / ".join(str(len(d)) for d in data.values()),
+        "length": length,
+        "prepare_s": prepare,
+        "step_s": step,
+        "steps": len(batches),
+        "epoch_s": step * len(batches),
+    }
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -62,14 +70,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"[tasks bench] {name}", file=sys.stderr, flush=True)
         rows.append(measure(name, args.steps))
     header["wall time"] = f"{time.perf_counter() - start:.0f} s"
-    lines = ["# Tasks: data and one training epoch at default options", "",
-             *[f"- {k}: {v}" for k, v in header.items()],
-             f"- model: GLA, d_model 64, 2 layers, the task's head; batch {BATCH}; epoch time = median step "
-             f"time x full batches of the training split", "",
-             "| task | head | examples (splits) | length | data s (make or read) | s / step | steps / epoch | s / epoch |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['task']} | {r['head']} | {r['sizes']} | {r['length']} | {r['prepare_s']:.1f} | "
-              f"{r['step_s']:.3f} | {r['steps']} | {r['epoch_s']:.0f} |" for r in rows]
+    lines = [
+        "# Tasks: data and one training epoch at default options",
+        "",
+        *[f"- {k}: {v}" for k, v in header.items()],
+        f"- model: GLA, d_model 64, 2 layers, the task's head; batch {BATCH}; epoch time = median step "
+        f"time x full batches of the training split",
+        "",
+        "| task | head | examples (splits) | length | data s (make or read) | s / step | steps / epoch | s / epoch |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['task']} | {r['head']} | {r['sizes']} | {r['length']} | {r['prepare_s']:.1f} | "
+        f"{r['step_s']:.3f} | {r['steps']} | {r['epoch_s']:.0f} |"
+        for r in rows
+    ]
     text = "\n".join(lines)
     print(text)
     write_out(text + "\n", args.out, lambda msg: print(f"[tasks bench] {msg}", file=sys.stderr, flush=True))

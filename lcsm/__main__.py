@@ -1,4 +1,5 @@
 """``python -m lcsm`` is the ``lcsm`` command."""
+
 import sys
 
 from lcsm.cli import main

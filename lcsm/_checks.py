@@ -1,4 +1,5 @@
 """Argument checks shared by every layer of the package (ops, layers, models, tasks)."""
+
 from __future__ import annotations
 
 

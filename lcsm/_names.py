@@ -1,4 +1,5 @@
 """Error messages for unknown names and options, shared by every registry and config in lcsm."""
+
 from __future__ import annotations
 
 import difflib

@@ -8,6 +8,7 @@ compared against a tolerance that depends only on the dtype. Tests never loosen 
 a fast path that needs a looser bound is a bug in the fast path (or the test's problem is badly
 conditioned and should be rescaled, not the tolerance).
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -88,8 +89,9 @@ def gradients(outputs: Dict[str, torch.Tensor], wrt: Dict[str, torch.Tensor], se
         return (torch.complex(draw(), draw()) if y.is_complex() else draw()).to(y.dtype)
 
     names = list(outputs)
-    grads = torch.autograd.grad([outputs[n] for n in names], list(wrt.values()),
-                                [cotangent(outputs[n]) for n in names], allow_unused=True)
+    grads = torch.autograd.grad(
+        [outputs[n] for n in names], list(wrt.values()), [cotangent(outputs[n]) for n in names], allow_unused=True
+    )
     return {**outputs, **{f"d{k}": g for k, g in zip(wrt, grads)}}
 
 
@@ -101,8 +103,9 @@ def assert_matches_reference(module, x: torch.Tensor, reference, context: str = 
     x = x.detach().requires_grad_()
     wrt = {"x": x, **{n: p for n, p in module.named_parameters() if p.requires_grad}}
     named = lambda out: out if isinstance(out, dict) else {"y": out}
-    return assert_close(gradients(named((forward or module)(x)), wrt), gradients(named(reference(x)), wrt),
-                        context=context)
+    return assert_close(
+        gradients(named((forward or module)(x)), wrt), gradients(named(reference(x)), wrt), context=context
+    )
 
 
 def decode(mixer, x: torch.Tensor):

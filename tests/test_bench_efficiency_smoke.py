@@ -1,6 +1,7 @@
 """Smoke test of the efficiency benchmark (bench/efficiency_bench.py, ``lcsm bench efficiency``)
 in its tiny --quick configuration: it runs end to end and writes every table with one row per
 model. Timings are machine-dependent and not asserted."""
+
 import sys
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:        # bench/ lives at the repository root, outside the lcsm package
+if str(REPO) not in sys.path:  # bench/ lives at the repository root, outside the lcsm package
     sys.path.insert(0, str(REPO))
 
 from bench import efficiency_bench  # noqa: E402
@@ -24,7 +25,7 @@ def test_quick_run_writes_every_table(tmp_path, capsys):
     out = tmp_path / "efficiency.md"
     threads = torch.get_num_threads()
     assert cli_main(["bench", "efficiency", "--quick", "--threads", "1", "--out", str(out)]) == 0
-    assert torch.get_num_threads() == threads          # main() restores the process-wide setting
+    assert torch.get_num_threads() == threads  # main() restores the process-wide setting
     text = capsys.readouterr().out
     assert out.read_text() == text
     assert "- git commit: " in text and "- machine cpu: " in text and "- wall time: " in text
@@ -36,19 +37,21 @@ def test_quick_run_writes_every_table(tmp_path, capsys):
         for name in models:
             row = next((r for r in rows if r.startswith(f"| {name} |")), None)
             assert row is not None, (heading, name)
-            assert "n/a" not in row and "—" not in row, (heading, row)     # every cell was measured
+            assert "n/a" not in row and "—" not in row, (heading, row)  # every cell was measured
     checks = _section(text, "## Checks")[2:]
     assert len(checks) == 2 * len(efficiency_bench.LINEAR) + 2
     assert all(r.rstrip(" |").rsplit("|", 1)[-1].strip() in ("PASS", "FAIL") for r in checks), checks
     assert f"T={z.train[-1]}" in checks[0] and f"context {z.decode[-1]} / {z.decode[0]}" in checks[-3]
-    assert "## Notes" not in text                      # no measurement failed
-    assert "shown for comparison" not in text          # the targets are this CPU's
+    assert "## Notes" not in text  # no measurement failed
+    assert "shown for comparison" not in text  # the targets are this CPU's
 
 
 def test_models_are_of_comparable_size():
     z = efficiency_bench.FULL
-    counts = {n: efficiency_bench.build_model(efficiency_bench.model_config(n, z), verbose=False).num_parameters()
-              for n in efficiency_bench.MODELS}
+    counts = {
+        n: efficiency_bench.build_model(efficiency_bench.model_config(n, z), verbose=False).num_parameters()
+        for n in efficiency_bench.MODELS
+    }
     base = counts[efficiency_bench.BASELINE]
     assert all(0.8 <= c / base <= 1.3 for c in counts.values()), counts
 

@@ -3,6 +3,7 @@
 It checks that every case runs end to end and renders its tables, not the timings themselves
 (those depend on the machine). Peers that are not installed must show up as SKIP, not crash.
 """
+
 import shlex
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from lcsm.ops import eos
 from lcsm.testing import assert_close
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:        # bench/ lives at the repository root, outside the lcsm package
+if str(REPO) not in sys.path:  # bench/ lives at the repository root, outside the lcsm package
     sys.path.insert(0, str(REPO))
 
 from bench import ops_bench  # noqa: E402
@@ -26,7 +27,7 @@ def test_quick_run_prints_every_table(tmp_path, capsys):
     try:
         assert ops_bench.main(["--quick", "--threads", "1", "--out", str(out)]) == 0
     finally:
-        torch.set_num_threads(threads)      # main() sets it process-wide; leave other tests as they were
+        torch.set_num_threads(threads)  # main() sets it process-wide; leave other tests as they were
     text = capsys.readouterr().out
     assert out.read_text().strip() == text.strip()
     for heading in ("## Targets", "## Timings", "## Peak memory", "## Throughput"):
@@ -42,10 +43,16 @@ def test_quick_run_prints_every_table(tmp_path, capsys):
     assert "PASS" in verdicts or "FAIL" in verdicts
     assert "failed:" not in text and "DISAGREES" not in text
     # The lcsm side of every timed case ran; fla rows are present exactly when fla is importable.
-    for label in ("lcsm eos chunk, row decay", "lcsm eos chunk, no decay", "causal scaled_dot_product_attention",
-                  "per-step Python loop", "LCSM code 1-9-1-0: per-step K x D decay",
-                  "lcsm eos fft (time-invariant, real FFTs)", "lcsm eos chunk on the same system",
-                  "lcsm eos_rotating, rotation: rotating frame"):
+    for label in (
+        "lcsm eos chunk, row decay",
+        "lcsm eos chunk, no decay",
+        "causal scaled_dot_product_attention",
+        "per-step Python loop",
+        "LCSM code 1-9-1-0: per-step K x D decay",
+        "lcsm eos fft (time-invariant, real FFTs)",
+        "lcsm eos chunk on the same system",
+        "lcsm eos_rotating, rotation: rotating frame",
+    ):
         assert label in text, label
     fla_present = ops_bench._fla()[0] is not None
     assert ("SKIP (fla-core not installed)" in text) == (not fla_present)
@@ -87,8 +94,7 @@ def test_timing_counts_the_page_faults_of_fresh_memory():
     # allocator keeps (retain, which other tests may have set in this process, or glibc's mmap).
     x = torch.ones(1, requires_grad=True)
     sizes = iter(range(1, 4))
-    times, usage = ops_bench.time_fwd_bwd(lambda: (x * torch.ones(next(sizes) << 23)).sum(), [x], repeats=2,
-                                          warmup=1)
+    times, usage = ops_bench.time_fwd_bwd(lambda: (x * torch.ones(next(sizes) << 23)).sum(), [x], repeats=2, warmup=1)
     assert len(times) == 2
     assert usage["faults"] > 0 and 0 <= usage["sys_s"] <= usage["cpu_s"]
 

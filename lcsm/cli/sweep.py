@@ -1,4 +1,5 @@
 """``lcsm sweep`` and ``lcsm report``."""
+
 from __future__ import annotations
 
 import signal
@@ -14,13 +15,16 @@ def _experiment(target: str, args):
     if path.is_dir():
         copy = path / EXPERIMENT_COPY
         if not copy.is_file():
-            raise UsageError(f"{target}: a directory without {EXPERIMENT_COPY}; give an experiment file or a sweep "
-                             "directory that `lcsm sweep` wrote")
+            raise UsageError(
+                f"{target}: a directory without {EXPERIMENT_COPY}; give an experiment file or a sweep "
+                "directory that `lcsm sweep` wrote"
+            )
         return load_experiment(copy, out_dir=path)
     if not path.is_file():
         raise UsageError(f"{target}: no such experiment file or sweep directory")
-    return load_experiment(path, overrides=getattr(args, "set", None) or (), grid=getattr(args, "grid", None) or (),
-                           out_dir=args.out)
+    return load_experiment(
+        path, overrides=getattr(args, "set", None) or (), grid=getattr(args, "grid", None) or (), out_dir=args.out
+    )
 
 
 def cmd_sweep(args) -> int:
@@ -31,8 +35,10 @@ def cmd_sweep(args) -> int:
     try:
         rows, ok = sweep(exp, parallel=args.parallel, dry_run=args.dry_run, reuse_runs=not args.no_reuse)
     except KeyboardInterrupt as stop:
-        print(f"sweep {exp.name} interrupted: finished runs are cached and interrupted ones checkpointed; "
-              "run the same command again to continue")
+        print(
+            f"sweep {exp.name} interrupted: finished runs are cached and interrupted ones checkpointed; "
+            "run the same command again to continue"
+        )
         return 128 + (stop.signum if isinstance(stop, SweepStopped) else signal.SIGINT)
     if args.dry_run:
         return 0
@@ -58,7 +64,7 @@ def cmd_report(args) -> int:
         exp = _experiment(target, args)
         out = Path(args.out) / exp.name if args.out and len(args.targets) > 1 else args.out
         if out is not None and not Path(target).is_dir():
-            exp.out_dir = Path(out)          # an experiment file's results are read where its report goes
+            exp.out_dir = Path(out)  # an experiment file's results are read where its report goes
         jobs.append((target, exp, out))
     commit = git_commit(ignore=[Path(out) if out is not None else exp.out_dir for _, exp, out in jobs])
     written = 0
@@ -77,25 +83,38 @@ def cmd_report(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("sweep", help="run a grid of runs from an experiment file (cached, resumable)",
-                       description="Run every run of an experiment's grid that has no cached result (see "
-                                   "docs/sweeps.md); print the results table. Interrupted sweeps continue where "
-                                   "they stopped.")
+    p = sub.add_parser(
+        "sweep",
+        help="run a grid of runs from an experiment file (cached, resumable)",
+        description="Run every run of an experiment's grid that has no cached result (see "
+        "docs/sweeps.md); print the results table. Interrupted sweeps continue where "
+        "they stopped.",
+    )
     p.add_argument("experiment", help="experiment YAML file (or a sweep directory)")
     p.add_argument("--parallel", type=int, default=1, metavar="N", help="runs at a time (default 1)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of the base config")
-    p.add_argument("--grid", action="append", metavar="KEY=V1,V2",
-                   help="replace or add a grid axis, e.g. --grid model.mixer=gla,hgrn")
+    p.add_argument(
+        "--grid",
+        action="append",
+        metavar="KEY=V1,V2",
+        help="replace or add a grid axis, e.g. --grid model.mixer=gla,hgrn",
+    )
     p.add_argument("--out", help="sweep directory (default runs/<experiment name>)")
     p.add_argument("--dry-run", action="store_true", help="list the runs and which are cached; run nothing")
-    p.add_argument("--no-reuse", action="store_true",
-                   help="train every missing run, even one that a sweep beside this one (the sweep directory's "
-                        "siblings) finished with the same training config; by default such a run is copied")
+    p.add_argument(
+        "--no-reuse",
+        action="store_true",
+        help="train every missing run, even one that a sweep beside this one (the sweep directory's "
+        "siblings) finished with the same training config; by default such a run is copied",
+    )
     p.add_argument("--report", action="store_true", help="write the report (tables, plots) at the end")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="markdown tables and PNG plots from cached sweep results (no training)")
     p.add_argument("targets", nargs="+", metavar="EXPERIMENT", help="experiment files or sweep directories")
-    p.add_argument("--out", help="the sweep directory of an experiment file, where its report is written too "
-                                 "(several targets: <out>/<experiment name>); default: the sweep directory")
+    p.add_argument(
+        "--out",
+        help="the sweep directory of an experiment file, where its report is written too "
+        "(several targets: <out>/<experiment name>); default: the sweep directory",
+    )
     p.set_defaults(func=cmd_report)

@@ -1,4 +1,5 @@
 """``lcsm train``, ``lcsm eval`` and ``lcsm generate``."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ def cmd_train(args) -> int:
     config = load_config(args.config, args.set or [], out_dir=args.out)
     result = train(config, resume=True, restart=args.restart, quiet=args.quiet)
     if not args.quiet:
-        _print_metrics(f"final {result['eval_split']} metrics of {config.out_dir} (step {result['step']}):",
-                       result["metrics"])
+        _print_metrics(
+            f"final {result['eval_split']} metrics of {config.out_dir} (step {result['step']}):", result["metrics"]
+        )
     return 0
 
 
@@ -30,8 +32,9 @@ def cmd_eval(args) -> int:
 
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size: expected a positive integer, got {args.batch_size}")
-    config, task, model, path = load_run(args.checkpoint, which="best" if args.best else "last",
-                                         device=resolve_device(args.device, "--device"))
+    config, task, model, path = load_run(
+        args.checkpoint, which="best" if args.best else "last", device=resolve_device(args.device, "--device")
+    )
     split = args.split or ("validation" if "validation" in task.splits else "test")
     if split not in task.splits:
         raise UsageError(f"--split: task {task.registry_name!r} has splits {', '.join(task.splits)}, got {split!r}")
@@ -49,7 +52,9 @@ def _prompt_ids(task, args):
         try:
             ids = [int(tok) for tok in args.prompt_ids.replace(",", " ").split()]
         except ValueError:
-            raise UsageError(f"--prompt-ids: expected integers separated by spaces or commas, got {args.prompt_ids!r}") from None
+            raise UsageError(
+                f"--prompt-ids: expected integers separated by spaces or commas, got {args.prompt_ids!r}"
+            ) from None
     else:
         try:
             ids = task.encode(args.prompt)
@@ -72,16 +77,25 @@ def cmd_generate(args) -> int:
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UsageError("give exactly one of --prompt TEXT or --prompt-ids IDS")
-    config, task, model, path = load_run(args.checkpoint, which="best" if args.best else "last",
-                                         device=resolve_device(args.device, "--device"))
+    config, task, model, path = load_run(
+        args.checkpoint, which="best" if args.best else "last", device=resolve_device(args.device, "--device")
+    )
     if not isinstance(model, CausalLM):
-        raise UsageError(f"checkpoint {path} holds a {config.model_config(task).head!r} model; generation needs a "
-                         "language model (head 'lm')")
+        raise UsageError(
+            f"checkpoint {path} holds a {config.model_config(task).head!r} model; generation needs a "
+            "language model (head 'lm')"
+        )
     ids = _prompt_ids(task, args)
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
-    new = model.generate([ids], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, generator=generator,
-                         vocab_size=task.vocab_size)[0].tolist()
+    new = model.generate(
+        [ids],
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        generator=generator,
+        vocab_size=task.vocab_size,
+    )[0].tolist()
     try:
         print(task.decode(ids) + task.decode(new))
     except NotImplementedError:
@@ -90,13 +104,20 @@ def cmd_generate(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("train", help="train (or resume) a run from a YAML config",
-                       description="Train the run a YAML config describes (see docs/engine.md). Running the same "
-                                   "command again resumes from the newest checkpoint in out_dir. Under torchrun "
-                                   "every process runs this command (DistributedDataParallel).")
+    p = sub.add_parser(
+        "train",
+        help="train (or resume) a run from a YAML config",
+        description="Train the run a YAML config describes (see docs/engine.md). Running the same "
+        "command again resumes from the newest checkpoint in out_dir. Under torchrun "
+        "every process runs this command (DistributedDataParallel).",
+    )
     p.add_argument("config", help="YAML run config (sections task, model, optim, train)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set train.max_steps=200 --set model.mixer=gla (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set train.max_steps=200 --set model.mixer=gla (repeatable)",
+    )
     p.add_argument("--out", help="output directory (default: the config's out_dir, or runs/<config name>)")
     p.add_argument("--restart", action="store_true", help="discard the checkpoints and metrics already in out_dir")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -111,8 +132,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("generate", help="decode new tokens from a language-model checkpoint",
-                       description="Decode with the mixers' recurrent states (constant cost per new token).")
+    p = sub.add_parser(
+        "generate",
+        help="decode new tokens from a language-model checkpoint",
+        description="Decode with the mixers' recurrent states (constant cost per new token).",
+    )
     p.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its newest checkpoint)")
     p.add_argument("--prompt", help="prompt text (tasks with a text tokenizer)")
     p.add_argument("--prompt-ids", help="prompt as token ids, e.g. '5 17 3'")

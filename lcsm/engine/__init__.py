@@ -5,13 +5,40 @@
 
 See docs/engine.md.
 """
+
 from .checkpoint import latest_checkpoint, list_checkpoints, resolve_checkpoint
-from .config import (EarlyStopConfig, OptimConfig, RunConfig, TrainConfig, apply_overrides, load_config,
-                     parse_override, read_yaml)
+from .config import (
+    EarlyStopConfig,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+    apply_overrides,
+    load_config,
+    parse_override,
+    read_yaml,
+)
 from .distributed import Distributed
 from .optim import build_optimizer, lr_factor
 from .trainer import LoopState, Trainer, evaluate, load_run, train
 
-__all__ = ["Distributed", "EarlyStopConfig", "LoopState", "OptimConfig", "RunConfig", "TrainConfig", "Trainer",
-           "apply_overrides", "build_optimizer", "evaluate", "latest_checkpoint", "list_checkpoints", "load_config",
-           "load_run", "lr_factor", "parse_override", "read_yaml", "resolve_checkpoint", "train"]
+__all__ = [
+    "Distributed",
+    "EarlyStopConfig",
+    "LoopState",
+    "OptimConfig",
+    "RunConfig",
+    "TrainConfig",
+    "Trainer",
+    "apply_overrides",
+    "build_optimizer",
+    "evaluate",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_config",
+    "load_run",
+    "lr_factor",
+    "parse_override",
+    "read_yaml",
+    "resolve_checkpoint",
+    "train",
+]

@@ -11,6 +11,7 @@ A checkpoint is written into a hidden temporary directory next to its final plac
 flushed to disk, then renamed into place: a reader (or a resumed run after SIGKILL) sees a
 complete checkpoint or none. Directory renames are atomic on POSIX file systems.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,9 @@ def _remove(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def save_checkpoint(out_dir: Union[str, Path], name: str, model: torch.nn.Module, trainer: Dict[str, Any],
-                    info: Dict[str, Any]) -> Path:
+def save_checkpoint(
+    out_dir: Union[str, Path], name: str, model: torch.nn.Module, trainer: Dict[str, Any], info: Dict[str, Any]
+) -> Path:
     """Write checkpoint ``name`` ("step-00000200" or "best") atomically; an existing one of that name
     is replaced."""
     root = checkpoint_dir(out_dir)
@@ -115,13 +117,17 @@ def resolve_checkpoint(path: Union[str, Path], which: str = "last") -> Path:
     if which == "best":
         best = checkpoint_dir(path) / BEST
         if not best.is_dir():
-            raise ValueError(f"checkpoint: run {str(path)!r} has no best checkpoint ({best} missing; "
-                             "a run saves one at each evaluation that improves its early-stop metric)")
+            raise ValueError(
+                f"checkpoint: run {str(path)!r} has no best checkpoint ({best} missing; "
+                "a run saves one at each evaluation that improves its early-stop metric)"
+            )
         return best
     latest = latest_checkpoint(path)
     if latest is None:
-        raise ValueError(f"checkpoint: {str(path)!r} is neither a checkpoint directory (run.json + "
-                         f"model.safetensors) nor a run directory with checkpoints under {CHECKPOINTS}/")
+        raise ValueError(
+            f"checkpoint: {str(path)!r} is neither a checkpoint directory (run.json + "
+            f"model.safetensors) nor a run directory with checkpoints under {CHECKPOINTS}/"
+        )
     return latest
 
 
@@ -137,11 +143,15 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     try:
         missing, unexpected = load_model(model, str(checkpoint / "model.safetensors"), strict=False)
     except RuntimeError as err:
-        raise ValueError(f"checkpoint {str(checkpoint)!r}: weights do not fit the model its run.json "
-                         f"describes ({str(err).splitlines()[0]})") from None
+        raise ValueError(
+            f"checkpoint {str(checkpoint)!r}: weights do not fit the model its run.json "
+            f"describes ({str(err).splitlines()[0]})"
+        ) from None
     if missing or unexpected:
-        raise ValueError(f"checkpoint {str(checkpoint)!r}: weights do not fit the model (missing "
-                         f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
+        raise ValueError(
+            f"checkpoint {str(checkpoint)!r}: weights do not fit the model (missing "
+            f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
 
 
 def load_trainer(checkpoint: Path) -> Dict[str, Any]:

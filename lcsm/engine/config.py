@@ -13,6 +13,7 @@ n_classes: ``Task.model_fields``) are filled in from the task. Every section is 
 dataclass validated when built; an unknown key fails naming the closest valid ones.
 ``apply_overrides`` implements ``--set section.key=value`` (values parsed as YAML).
 """
+
 from __future__ import annotations
 
 import copy
@@ -51,12 +52,17 @@ def _int(name: str, value, minimum: int, allow_none: bool = False) -> None:
         raise ValueError(f"{name}: expected an integer >= {minimum}{' or null' if allow_none else ''}, got {value!r}")
 
 
-def _number(name: str, value, low: float, high: float = math.inf, low_open: bool = False,
-            allow_none: bool = False) -> None:
+def _number(
+    name: str, value, low: float, high: float = math.inf, low_open: bool = False, allow_none: bool = False
+) -> None:
     if value is None and allow_none:
         return
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and value <= high \
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and value <= high
         and (value > low if low_open else value >= low)
+    )
     if not ok:
         bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
         raise ValueError(f"{name}: expected a number {bound}{' or null' if allow_none else ''}, got {value!r}")
@@ -64,8 +70,9 @@ def _number(name: str, value, low: float, high: float = math.inf, low_open: bool
 
 def _choice(name: str, value, choices) -> None:
     if value not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}"
-                         f"{did_you_mean(str(value), choices)}")
+        raise ValueError(
+            f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}{did_you_mean(str(value), choices)}"
+        )
 
 
 def check_device(name: str, value) -> None:
@@ -82,10 +89,15 @@ def check_early_stop_metric(metric: str, task, dataset=None) -> None:
     names = task.evaluator().metric_names(dataset)
     if metric in names or (dataset is None and "/" in metric):
         return
-    per_data = "" if dataset is not None else (" (and, once its data is made, names with a '/' for its segments "
-                                               "and slices, e.g. accuracy/<segment>)")
-    raise ValueError(f"train.early_stop.metric: {metric!r} is not a metric of task {task.registry_name!r}; its "
-                     f"metrics: {', '.join(sorted(names))}{per_data}{did_you_mean(metric, names)}")
+    per_data = (
+        ""
+        if dataset is not None
+        else (" (and, once its data is made, names with a '/' for its segments and slices, e.g. accuracy/<segment>)")
+    )
+    raise ValueError(
+        f"train.early_stop.metric: {metric!r} is not a metric of task {task.registry_name!r}; its "
+        f"metrics: {', '.join(sorted(names))}{per_data}{did_you_mean(metric, names)}"
+    )
 
 
 class _Section:
@@ -142,8 +154,10 @@ class OptimConfig(_Section):
         _number("optim.min_lr_ratio", self.min_lr_ratio, 0, 1)
         _number("optim.grad_clip", self.grad_clip, 0, low_open=True, allow_none=True)
         if self.schedule == "inverse_sqrt" and self.warmup_steps == 0:
-            raise ValueError("optim.warmup_steps: schedule 'inverse_sqrt' decays as sqrt(warmup_steps / step) "
-                             "and needs warmup_steps >= 1, got 0")
+            raise ValueError(
+                "optim.warmup_steps: schedule 'inverse_sqrt' decays as sqrt(warmup_steps / step) "
+                "and needs warmup_steps >= 1, got 0"
+            )
 
 
 @dataclass
@@ -197,8 +211,7 @@ class TrainConfig(_Section):
     section = "train"
     # how the loop reports, keeps, places and runs its work, not what it computes: not part of a
     # run's training config (``RunConfig.training_dict``)
-    BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator",
-                   "elementwise_form")
+    BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator", "elementwise_form")
     max_steps: Optional[int] = None
     epochs: Optional[int] = None
     batch_size: int = 32
@@ -229,8 +242,10 @@ class TrainConfig(_Section):
 
     def __post_init__(self):
         if (self.max_steps is None) == (self.epochs is None):
-            raise ValueError(f"train.max_steps / train.epochs: expected exactly one, got max_steps={self.max_steps!r}, "
-                             f"epochs={self.epochs!r}")
+            raise ValueError(
+                f"train.max_steps / train.epochs: expected exactly one, got max_steps={self.max_steps!r}, "
+                f"epochs={self.epochs!r}"
+            )
         _int("train.max_steps", self.max_steps, 1, allow_none=True)
         _int("train.epochs", self.epochs, 1, allow_none=True)
         _int("train.batch_size", self.batch_size, 1)
@@ -284,9 +299,14 @@ class RunConfig:
         name = values.get("name")
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name: expected a string, got {name!r}")
-        config = cls(task=dict(task), model=copy.deepcopy(dict(values["model"])),
-                     optim=OptimConfig.from_dict(values.get("optim")), train=TrainConfig.from_dict(values["train"]),
-                     out_dir=out_dir, name=name)
+        config = cls(
+            task=dict(task),
+            model=copy.deepcopy(dict(values["model"])),
+            optim=OptimConfig.from_dict(values.get("optim")),
+            train=TrainConfig.from_dict(values["train"]),
+            out_dir=out_dir,
+            name=name,
+        )
         # Fail on a bad task option, model field or metric name now, not after the data is generated.
         task = config.build_task(use_cache=False)
         config.model_config(task)
@@ -294,8 +314,14 @@ class RunConfig:
         return config
 
     def to_dict(self) -> Dict[str, Any]:
-        out = {"name": self.name, "out_dir": self.out_dir, "task": copy.deepcopy(self.task),
-               "model": copy.deepcopy(self.model), "optim": self.optim.to_dict(), "train": self.train.to_dict()}
+        out = {
+            "name": self.name,
+            "out_dir": self.out_dir,
+            "task": copy.deepcopy(self.task),
+            "model": copy.deepcopy(self.model),
+            "optim": self.optim.to_dict(),
+            "train": self.train.to_dict(),
+        }
         out["optim"]["betas"] = list(out["optim"]["betas"])
         return out
 
@@ -314,8 +340,9 @@ class RunConfig:
         """The task (its data is made or read from the cache when first asked for)."""
         from lcsm import tasks
 
-        return tasks.build(self.task["name"], use_cache=use_cache,
-                           **{k: v for k, v in self.task.items() if k != "name"})
+        return tasks.build(
+            self.task["name"], use_cache=use_cache, **{k: v for k, v in self.task.items() if k != "name"}
+        )
 
     def model_keys(self) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         """(preset (if any) <- model keys, the model keys as given), before the task's fields."""
@@ -343,8 +370,10 @@ class RunConfig:
             # A larger vocabulary than the task's is harmless (padding rows); anything else the
             # task fixes must agree with it.
             if given != value and not (key == "vocab_size" and isinstance(given, int) and given > value):
-                raise ValueError(f"model.{key}: task {self.task['name']!r} fixes it to {value!r}, got {given!r} "
-                                 "(leave it out; the engine fills it in)")
+                raise ValueError(
+                    f"model.{key}: task {self.task['name']!r} fixes it to {value!r}, got {given!r} "
+                    "(leave it out; the engine fills it in)"
+                )
             merged[key] = given
         # The input kind comes from the task: a preset's token vocabulary gives way to features.
         merged.pop("input_dim" if "vocab_size" in fixed else "vocab_size", None)
@@ -352,6 +381,7 @@ class RunConfig:
 
 
 # ----------------------------------------------------------------------------- files and overrides
+
 
 class _Loader(yaml.SafeLoader):
     """YAML as people write configs: ``1e-3`` is a float (PyYAML's YAML 1.1 reads a string) and
@@ -365,9 +395,13 @@ _Loader.yaml_implicit_resolvers = {
 }
 _Loader.add_implicit_resolver(_INT, re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
 _Loader.add_implicit_resolver(
-    _FLOAT, re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?$"
-                       r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
-    list("-+0123456789."))
+    _FLOAT,
+    re.compile(
+        r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?$"
+        r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"
+    ),
+    list("-+0123456789."),
+)
 
 
 def yaml_load(text: str) -> Any:
@@ -411,7 +445,7 @@ def apply_overrides(values: Mapping[str, Any], overrides: Union[Mapping[str, Any
             if child is None:
                 child = node[part] = {}
             elif not isinstance(child, dict):
-                raise ValueError(f"--set {key}: {'.'.join(parts[:i + 1])} is {child!r}, not a section")
+                raise ValueError(f"--set {key}: {'.'.join(parts[: i + 1])} is {child!r}, not a section")
             node = child
         if isinstance(value, Mapping) and isinstance(node.get(parts[-1]), dict):
             _merge(node[parts[-1]], value)
@@ -433,8 +467,9 @@ def read_yaml(path: Union[str, Path]) -> Dict[str, Any]:
     return values
 
 
-def load_config(path: Union[str, Path], overrides: Union[Mapping[str, Any], Iterable[str]] = (), *,
-                out_dir: Optional[str] = None) -> RunConfig:
+def load_config(
+    path: Union[str, Path], overrides: Union[Mapping[str, Any], Iterable[str]] = (), *, out_dir: Optional[str] = None
+) -> RunConfig:
     """Read a YAML run config, apply overrides, validate. ``name`` defaults to the file's stem and
     ``out_dir`` to ``runs/<name>``; an ``out_dir`` given here (``lcsm train --out``) replaces the
     config's and is used as it is, a path, never parsed as YAML."""

@@ -4,6 +4,7 @@ Under ``torchrun`` (which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER
 runs DistributedDataParallel: gloo on CPU, nccl on CUDA (one GPU per process, ``cuda:LOCAL_RANK``).
 Rank 0 logs, evaluates and writes checkpoints; every rank takes part in the collectives.
 """
+
 from __future__ import annotations
 
 import importlib

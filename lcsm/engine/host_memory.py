@@ -13,6 +13,7 @@ what fragmentation keeps (about 20% in the measurement of ``docs/engine.md``). T
 for the rest of the process (glibc has no way back to its dynamic defaults). "system" leaves
 malloc as it is; so does "retain" where the C library is not glibc (macOS, musl), and says so.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -23,7 +24,7 @@ HOST_ALLOCATORS = ("retain", "system")
 # glibc's malloc.h
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-_INT_MAX = 2 ** 31 - 1
+_INT_MAX = 2**31 - 1
 
 _retained = False
 
@@ -40,7 +41,9 @@ def use_host_allocator(choice: str) -> str:
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _INT_MAX)):
-        raise OSError(f"train.host_allocator: glibc {version} refused mallopt (M_MMAP_MAX 0, M_TRIM_THRESHOLD "
-                      f"{_INT_MAX}); set train.host_allocator: system")
+        raise OSError(
+            f"train.host_allocator: glibc {version} refused mallopt (M_MMAP_MAX 0, M_TRIM_THRESHOLD "
+            f"{_INT_MAX}); set train.host_allocator: system"
+        )
     _retained = True
     return f"retain (glibc {version}: no mmap, no trim)"

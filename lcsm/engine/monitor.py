@@ -7,6 +7,7 @@
   from it. A resumed run first drops the records its checkpoint does not hold (``truncate_after``),
   so the files read as if the run had never stopped.
 """
+
 from __future__ import annotations
 
 import csv
@@ -36,8 +37,9 @@ def _rate(x: float) -> str:
 class Progress:
     """Training progress for humans (rank 0 only; ``enabled=False`` silences it)."""
 
-    def __init__(self, total: int, *, start: int = 0, log_every: int = 10, enabled: bool = True,
-                 stream: Optional[TextIO] = None):
+    def __init__(
+        self, total: int, *, start: int = 0, log_every: int = 10, enabled: bool = True, stream: Optional[TextIO] = None
+    ):
         self.total, self.start, self.log_every, self.enabled = total, start, log_every, enabled
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -50,8 +52,10 @@ class Progress:
         done = step - self.start
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / done * (self.total - step) if done else math.inf
-        text = (f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {_rate(tokens_per_s)} tok/s  "
-                f"elapsed {_duration(elapsed)}  eta {_duration(eta)}")
+        text = (
+            f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {_rate(tokens_per_s)} tok/s  "
+            f"elapsed {_duration(elapsed)}  eta {_duration(eta)}"
+        )
         if self.tty:
             width = 24
             filled = int(width * step / max(self.total, 1))
@@ -88,7 +92,9 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise ValueError("train.tensorboard: true needs the 'tensorboard' package (pip install tensorboard)") from None
+                raise ValueError(
+                    "train.tensorboard: true needs the 'tensorboard' package (pip install tensorboard)"
+                ) from None
             self._tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
 
     def truncate_after(self, step: int, eval_step: Optional[int]) -> None:

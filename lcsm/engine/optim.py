@@ -1,4 +1,5 @@
 """AdamW with the no-weight-decay groups, and the learning-rate schedules."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,9 @@ from .config import OptimConfig
 def build_optimizer(model, config: OptimConfig) -> torch.optim.AdamW:
     """AdamW over ``model.parameter_groups``: decayed parameters, then the ones tagged
     no-weight-decay by their mixers (decays, A_log, D, ...), norms and biases at weight decay 0."""
-    return torch.optim.AdamW(model.parameter_groups(config.weight_decay), lr=config.lr, betas=config.betas,
-                             eps=config.eps)
+    return torch.optim.AdamW(
+        model.parameter_groups(config.weight_decay), lr=config.lr, betas=config.betas, eps=config.eps
+    )
 
 
 def lr_factor(config: OptimConfig, total_steps: int) -> Callable[[int], float]:

@@ -24,6 +24,7 @@ The experiment's ``description``, ``paper`` (markdown: the paper's numbers for c
 ``reading`` (what the runs support or not, and why) are copied into the report. ``write_report``
 never trains: runs without a result show as missing.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -83,16 +84,19 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
         axis(f"{where}.axis", comp.get("axis"))
         metric(f"{where}.metric", comp.get("metric"))
         paper = comp.get("paper")
-        if not isinstance(paper, Mapping) or not paper or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in paper.values()):
+        if (
+            not isinstance(paper, Mapping)
+            or not paper
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in paper.values())
+        ):
             raise ValueError(f"{where}.paper: expected a mapping of axis label to the paper's number, got {paper!r}")
-        for key in (comp.get("where") or {}):
+        for key in comp.get("where") or {}:
             axis(f"{where}.where", key)
     for where, curve in entries("curves", ("y", "series", "where", "file", "title")):
         axis(f"{where}.series", curve.get("series"))
         metric(f"{where}.y", curve.get("y"))
         png(f"{where}.file", curve.get("file"))
-        for key in (curve.get("where") or {}):
+        for key in curve.get("where") or {}:
             axis(f"{where}.where", key)
 
 
@@ -117,8 +121,10 @@ def pivot(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
     for row in rows:
         cell = (row[r_key], row[c_key] if c_key else spec["value"])
         if cell in cells:
-            raise ValueError(f"report.table: several selected runs fall in the cell {cell}; put the other grid "
-                             "axes in select.over, or use them as rows/columns")
+            raise ValueError(
+                f"report.table: several selected runs fall in the cell {cell}; put the other grid "
+                "axes in select.over, or use them as rows/columns"
+            )
         if metric in row:
             cells[cell] = row[metric]
     r_labels = _ordered([row[r_key] for row in rows])
@@ -126,7 +132,9 @@ def pivot(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
     head = f"{r_key} \\ {c_key}" if c_key else r_key
     lines = [f"| {head} | " + " | ".join(c_labels) + " |", "|" + "---|" * (len(c_labels) + 1)]
     for r in r_labels:
-        lines.append(f"| {r} | " + " | ".join(f"{cells[(r, c)]:.4f}" if (r, c) in cells else "—" for c in c_labels) + " |")
+        lines.append(
+            f"| {r} | " + " | ".join(f"{cells[(r, c)]:.4f}" if (r, c) in cells else "—" for c in c_labels) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -167,12 +175,20 @@ def compare(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
     ours = {label: row[metric] for label, row in _matching(rows, spec, key, "compare").items() if metric in row}
     lines = [f"| {key} | ours: {spec['metric']} | paper |", "|---|---:|---:|"]
     for label in [*paper, *[k for k in _ordered(list(ours)) if k not in paper]]:
-        lines.append(f"| {label} | " + (f"{ours[label]:.4g}" if label in ours else "—") + " | "
-                     + (f"{paper[label]:g}" if label in paper else "—") + " |")
+        lines.append(
+            f"| {label} | "
+            + (f"{ours[label]:.4g}" if label in ours else "—")
+            + " | "
+            + (f"{paper[label]:g}" if label in paper else "—")
+            + " |"
+        )
     both = [k for k in paper if k in ours]
     rho = spearman([ours[k] for k in both], [paper[k] for k in both])
-    lines += ["", f"Spearman's rho between our ordering and the paper's over the {len(both)} labels both have: "
-              + (f"**{rho:+.2f}**" if rho is not None else "not defined (fewer than 3 labels, or a constant column)")]
+    lines += [
+        "",
+        f"Spearman's rho between our ordering and the paper's over the {len(both)} labels both have: "
+        + (f"**{rho:+.2f}**" if rho is not None else "not defined (fewer than 3 labels, or a constant column)"),
+    ]
     return "\n".join(lines)
 
 
@@ -205,8 +221,14 @@ def _legend_and_save(fig, axes: List[Any], series: Optional[str], path: Path) ->
             for handle, label in zip(*ax.get_legend_handles_labels()):
                 entries.setdefault(label, handle)
         # outside the axes: inside, the legend hid points wherever a series saturated near it
-        axes[-1].legend(list(entries.values()), list(entries), title=series, fontsize=8, loc="upper left",
-                        bbox_to_anchor=(1.02, 1.0))
+        axes[-1].legend(
+            list(entries.values()),
+            list(entries),
+            title=series,
+            fontsize=8,
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     _pyplot().close(fig)
@@ -219,8 +241,10 @@ def _matching(rows: List[Dict[str, Any]], spec: Mapping[str, Any], key: str, wha
         if not all(row.get(k) == str(v) for k, v in (spec.get("where") or {}).items()):
             continue
         if row[key] in chosen:
-            raise ValueError(f"report.{what}: several selected runs have {key} = {row[key]}; narrow them with "
-                             "'where' or put the other axes in select.over")
+            raise ValueError(
+                f"report.{what}: several selected runs have {key} = {row[key]}; narrow them with "
+                "'where' or put the other axes in select.over"
+            )
         chosen[row[key]] = row
     return chosen
 
@@ -238,8 +262,10 @@ def eval_curves(rows: List[Dict[str, Any]], spec: Mapping[str, Any], run_root: P
         with path.open(newline="") as f:
             reader = csv.DictReader(f)
             if spec["y"] not in (reader.fieldnames or []):
-                raise ValueError(f"report.curves: {path} has no column {spec['y']!r} (its columns: "
-                                 f"{', '.join(reader.fieldnames or [])})")
+                raise ValueError(
+                    f"report.curves: {path} has no column {spec['y']!r} (its columns: "
+                    f"{', '.join(reader.fieldnames or [])})"
+                )
             points = {int(r["step"]): float(r[spec["y"]]) for r in reader if r[spec["y"]]}
         if points:
             curves[label] = points
@@ -296,7 +322,9 @@ def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
             ys = [row[metric] for row in points]
             style = series_style(i)
             if numeric:
-                ax.plot([float(row[x_key]) for row in points], ys, color=style["color"], marker=style["marker"], label=s)
+                ax.plot(
+                    [float(row[x_key]) for row in points], ys, color=style["color"], marker=style["marker"], label=s
+                )
             else:
                 # categories (mixers, ...) have no order to draw a line along: grouped bars
                 width = 0.8 / len(names)
@@ -313,8 +341,7 @@ def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
     _legend_and_save(fig, list(axes[0]) if series else [], series, path)
 
 
-def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None,
-                 commit: Optional[str] = None) -> Path:
+def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None, commit: Optional[str] = None) -> Path:
     """``report.md`` and the PNG plots of ``exp`` from ``rows`` (``sweep.collect``); returns the
     report's path. ``commit``: the report's git commit, read once before a call that writes several
     reports; default: read now, changes inside ``out_dir`` (the report's own files) not counted."""
@@ -346,9 +373,17 @@ def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None
         "",
     ]
     if spec.get("table") and best:
-        lines += [f"## {spec['table']['value']}" + (" (best of " + ", ".join(exp.select.get("over", [])) + ")"
-                                                    if exp.select and exp.select.get("over") else ""), "",
-                  pivot(best, spec["table"]), ""]
+        lines += [
+            f"## {spec['table']['value']}"
+            + (
+                " (best of " + ", ".join(exp.select.get("over", [])) + ")"
+                if exp.select and exp.select.get("over")
+                else ""
+            ),
+            "",
+            pivot(best, spec["table"]),
+            "",
+        ]
     for p in spec.get("plots", []):
         plot(best, p, out_dir / p["file"], title)
         lines += [f"![{p['y']} against {p['x']}]({p['file']})", ""]
@@ -363,8 +398,12 @@ def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None
         else:
             lines += ["No selected run recorded an evaluation (eval.csv).", ""]
     if exp.select and exp.select.get("over"):
-        lines += [f"## Selected runs (best {main} over {', '.join(exp.select['over'])})", "",
-                  format_table(exp, best, metrics), ""]
+        lines += [
+            f"## Selected runs (best {main} over {', '.join(exp.select['over'])})",
+            "",
+            format_table(exp, best, metrics),
+            "",
+        ]
     lines += ["## Every run", "", format_table(exp, rows, metrics), ""]
     if exp.spec.get("paper"):
         lines += ["## The paper's numbers", "", str(exp.spec["paper"]).strip(), ""]

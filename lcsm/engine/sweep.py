@@ -25,6 +25,7 @@ has finished with that config (copied, ``Equivalents``); an interrupted run resu
 checkpoints; a sweep stopped with Ctrl-C or SIGTERM stops its runs cleanly (they checkpoint) and
 continues where it stopped when started again.
 """
+
 from __future__ import annotations
 
 import copy
@@ -59,7 +60,7 @@ EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", 
 
 @dataclass
 class Axis:
-    key: str                      # dotted config key
+    key: str  # dotted config key
     labels: List[str]
     values: List[Any]
 
@@ -67,8 +68,8 @@ class Axis:
 @dataclass
 class Run:
     id: str
-    labels: Dict[str, str]        # axis key -> label of this run's value
-    config: Dict[str, Any]        # the full run config (out_dir set)
+    labels: Dict[str, str]  # axis key -> label of this run's value
+    config: Dict[str, Any]  # the full run config (out_dir set)
 
     @property
     def out_dir(self) -> Path:
@@ -84,7 +85,7 @@ class Experiment:
     select: Optional[Dict[str, Any]]
     report: Dict[str, Any]
     out_dir: Path
-    spec: Dict[str, Any] = field(default_factory=dict)   # the file's content (for the report)
+    spec: Dict[str, Any] = field(default_factory=dict)  # the file's content (for the report)
 
     def runs(self) -> List[Run]:
         runs = []
@@ -137,15 +138,24 @@ def _equivalence_key(config: Mapping[str, Any]) -> Dict[str, Any]:
     merged, _ = run.model_keys()
     if isinstance(merged.get("mixer"), str):
         cls, implied = resolve(merged["mixer"])
-        defaults = {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()
-                    if name not in ("self", "d_model") and p.default is not inspect.Parameter.empty}
+        defaults = {
+            name: p.default
+            for name, p in inspect.signature(cls.__init__).parameters.items()
+            if name not in ("self", "d_model") and p.default is not inspect.Parameter.empty
+        }
         n_layers = merged.get("n_layers", ModelConfig.n_layers)
         native = bool(merged.get("bidirectional", ModelConfig.bidirectional)) and cls.registry_name == "ces"
         given = merged.get("mixer_options") or {}
         part["model"]["mixer"] = cls.registry_name
-        part["model"]["mixer_options"] = json.loads(json.dumps(
-            [{**defaults, **implied, **layer_options(cls.registry_name, given, k, n_layers, native)}
-             for k in range(n_layers)], default=repr))
+        part["model"]["mixer_options"] = json.loads(
+            json.dumps(
+                [
+                    {**defaults, **implied, **layer_options(cls.registry_name, given, k, n_layers, native)}
+                    for k in range(n_layers)
+                ],
+                default=repr,
+            )
+        )
     return part
 
 
@@ -161,10 +171,16 @@ def _label(value: Any) -> str:
 
 def _axis(key: str, spec: Any) -> Axis:
     if key.startswith("@"):
-        if not re.fullmatch(r"@[A-Za-z0-9_.-]+", key) or not isinstance(spec, Mapping) or not spec or not all(
-                isinstance(v, Mapping) and v for v in spec.values()):
-            raise ValueError(f"grid.{key}: an '@name' axis expects labelled values, each a mapping of dotted keys "
-                             f"to values (label: {{task.name: listops, model.d_model: 64}}), got {spec!r}")
+        if (
+            not re.fullmatch(r"@[A-Za-z0-9_.-]+", key)
+            or not isinstance(spec, Mapping)
+            or not spec
+            or not all(isinstance(v, Mapping) and v for v in spec.values())
+        ):
+            raise ValueError(
+                f"grid.{key}: an '@name' axis expects labelled values, each a mapping of dotted keys "
+                f"to values (label: {{task.name: listops, model.d_model: 64}}), got {spec!r}"
+            )
     if isinstance(spec, Mapping):
         if not spec:
             raise ValueError(f"grid.{key}: expected a non-empty list of values or mapping of label: value")
@@ -189,8 +205,13 @@ def parse_grid_override(text: str) -> Tuple[str, List[Any]]:
     return key, values
 
 
-def load_experiment(path: Union[str, Path], *, overrides: Sequence[str] = (), grid: Sequence[str] = (),
-                    out_dir: Optional[Union[str, Path]] = None) -> Experiment:
+def load_experiment(
+    path: Union[str, Path],
+    *,
+    overrides: Sequence[str] = (),
+    grid: Sequence[str] = (),
+    out_dir: Optional[Union[str, Path]] = None,
+) -> Experiment:
     """Read and validate an experiment file; ``overrides`` ("key=value") apply to the base config,
     ``grid`` ("key=v1,v2") replaces or adds an axis."""
     path = Path(path)
@@ -200,8 +221,10 @@ def load_experiment(path: Union[str, Path], *, overrides: Sequence[str] = (), gr
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"name: expected letters, digits, '_', '.' or '-', got {name!r}")
     if ("base" in spec) == ("config" in spec):
-        raise ValueError(f"experiment {str(path)!r}: expected exactly one of 'base' (a run config file) or "
-                         "'config' (an inline run config)")
+        raise ValueError(
+            f"experiment {str(path)!r}: expected exactly one of 'base' (a run config file) or "
+            "'config' (an inline run config)"
+        )
     if "base" in spec:
         base_path = (path.parent / spec["base"]) if not Path(spec["base"]).is_absolute() else Path(spec["base"])
         base = read_yaml(base_path)
@@ -225,8 +248,9 @@ def load_experiment(path: Union[str, Path], *, overrides: Sequence[str] = (), gr
             # runs keep their ids, so a part of a sweep can be run into the same directory.
             missing = [v for v in values if v not in labelled]
             if missing:
-                raise ValueError(f"--grid {key}: {missing} are not labels of the axis "
-                                 f"({', '.join(map(str, labelled))})")
+                raise ValueError(
+                    f"--grid {key}: {missing} are not labels of the axis ({', '.join(map(str, labelled))})"
+                )
             grid_spec[key] = {v: labelled[v] for v in values}
             continue
         if key in grid_spec:
@@ -260,9 +284,17 @@ def load_experiment(path: Union[str, Path], *, overrides: Sequence[str] = (), gr
     from .report import check_report_spec
 
     check_report_spec(report, [a.key for a in axes])
-    exp = Experiment(name, path, base, axes, select, dict(report),
-                     Path(out_dir) if out_dir is not None else Path("runs") / name, spec)
-    for run in exp.runs():                 # every run's config validates before anything runs
+    exp = Experiment(
+        name,
+        path,
+        base,
+        axes,
+        select,
+        dict(report),
+        Path(out_dir) if out_dir is not None else Path("runs") / name,
+        spec,
+    )
+    for run in exp.runs():  # every run's config validates before anything runs
         try:
             RunConfig.from_dict(run.config)
         except ValueError as err:
@@ -277,11 +309,15 @@ def _rename_axes(spec: Dict[str, Any], renamed: Mapping[str, str]) -> Dict[str, 
     if spec.get("select"):
         spec["select"]["over"] = [renamed.get(k, k) for k in spec["select"].get("over", [])]
     report = spec.get("report") or {}
-    parts = [report.get("table") or {}, *(report.get("plots") or []), *(report.get("compare") or []),
-             *(report.get("curves") or [])]
+    parts = [
+        report.get("table") or {},
+        *(report.get("plots") or []),
+        *(report.get("compare") or []),
+        *(report.get("curves") or []),
+    ]
     for part in parts:
         if not isinstance(part, dict):
-            continue                        # check_report_spec names the malformed entry
+            continue  # check_report_spec names the malformed entry
         for field_name in ("rows", "columns", "x", "series", "facet", "axis"):
             if part.get(field_name) in renamed:
                 part[field_name] = renamed[part[field_name]]
@@ -329,8 +365,9 @@ class Equivalents:
         train = TrainConfig.from_dict(config["train"]).to_dict()
         for key in TrainConfig.BOOKKEEPING:
             del train[key]
-        return json.loads(json.dumps([config["task"]["name"], OptimConfig.from_dict(config.get("optim")).to_dict(),
-                                      train]))
+        return json.loads(
+            json.dumps([config["task"]["name"], OptimConfig.from_dict(config.get("optim")).to_dict(), train])
+        )
 
     def _index(self) -> List[Dict[str, Any]]:
         if self._runs is None:
@@ -340,10 +377,10 @@ class Equivalents:
                     result = json.loads(path.read_text())
                     config = result["config"]
                     if stale_data(result):
-                        continue        # trained on other data than the same config gives now
+                        continue  # trained on other data than the same config gives now
                     self._runs.append({"dir": path.parent, "config": config, "typed": self._typed_sections(config)})
                 except (ValueError, KeyError, TypeError, OSError):
-                    continue            # unreadable, or from a config this version no longer reads
+                    continue  # unreadable, or from a config this version no longer reads
         return self._runs
 
     def find(self, run: Run) -> Optional[Path]:
@@ -375,7 +412,7 @@ def reuse(run: Run, source: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(source, staging)
     if run.out_dir.exists():
-        run.out_dir.rmdir()                                     # empty (``Equivalents.find``)
+        run.out_dir.rmdir()  # empty (``Equivalents.find``)
     staging.rename(run.out_dir)
 
 
@@ -389,7 +426,7 @@ def _train_command(run: Run) -> List[str]:
 def log_prefix(run_id: str, width: int = 48) -> str:
     """The tag of a run's lines in parallel output: ids share their leading labels (task, width, ...)
     and differ towards the end, so a long id keeps its tail (last labels and hash)."""
-    return run_id if len(run_id) <= width else "..." + run_id[-(width - 3):]
+    return run_id if len(run_id) <= width else "..." + run_id[-(width - 3) :]
 
 
 def _pump(stream, prefix: str, sink) -> None:
@@ -441,9 +478,17 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, i
                     proc = subprocess.Popen(_train_command(run), env=env)
                     pumps = []
                 else:
-                    proc = subprocess.Popen(_train_command(run), env=env, stdout=subprocess.PIPE,
-                                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-                    pumps = [threading.Thread(target=_pump, args=(proc.stdout, log_prefix(run.id), sys.stdout), daemon=True)]
+                    proc = subprocess.Popen(
+                        _train_command(run),
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        bufsize=1,
+                    )
+                    pumps = [
+                        threading.Thread(target=_pump, args=(proc.stdout, log_prefix(run.id), sys.stdout), daemon=True)
+                    ]
                     pumps[0].start()
                 active.append((run, proc, pumps))
             for item in list(active):
@@ -485,8 +530,14 @@ def collect(exp: Experiment) -> List[Dict[str, Any]]:
         if result is None:
             row["status"] = "missing"
         else:
-            row.update({"status": result["status"], "step": result["step"], "n_params": result["n_params"],
-                        "wall_time_s": result["wall_time_s"]})
+            row.update(
+                {
+                    "status": result["status"],
+                    "step": result["step"],
+                    "n_params": result["n_params"],
+                    "wall_time_s": result["wall_time_s"],
+                }
+            )
             row.update({f"metric:{k}": v for k, v in (result.get("metrics") or {}).items()})
             if result.get("test"):
                 row.update({f"metric:test/{k}": v for k, v in result["test"]["metrics"].items()})
@@ -503,6 +554,7 @@ def collect(exp: Experiment) -> List[Dict[str, Any]]:
 def machine_label(result: Dict[str, Any]) -> str:
     """Where a run trained: its machine, or its machines in order when it was resumed on another
     one (``trained_on`` in result.json, which also holds each one's steps)."""
+
     def name(m: Dict[str, Any]) -> str:
         return f"{m.get('device')}; {m.get('cpu')}; torch {m.get('torch')}"
 
@@ -527,8 +579,11 @@ def select_best(exp: Experiment, rows: List[Dict[str, Any]]) -> List[Dict[str, A
             continue
         key = tuple(row[a.key] for a in exp.axes if a.key not in over)
         best = groups.get(key)
-        if best is None or (math.isnan(best[metric]) and not math.isnan(row[metric])) \
-                or sign * row[metric] > sign * best[metric]:
+        if (
+            best is None
+            or (math.isnan(best[metric]) and not math.isnan(row[metric]))
+            or sign * row[metric] > sign * best[metric]
+        ):
             groups[key] = row
     return list(groups.values())
 
@@ -547,8 +602,7 @@ def write_results(exp: Experiment, rows: List[Dict[str, Any]]) -> None:
     # The experiment as run (base, overrides and grid options resolved), so ``lcsm report`` on the
     # sweep directory rebuilds the same runs without the original file.
     resolved = {k: v for k, v in exp.spec.items() if k not in ("base", "set", "grid")}
-    resolved.update(name=exp.name, config=exp.base,
-                    grid={a.key: dict(zip(a.labels, a.values)) for a in exp.axes})
+    resolved.update(name=exp.name, config=exp.base, grid={a.key: dict(zip(a.labels, a.values)) for a in exp.axes})
     (exp.out_dir / EXPERIMENT_COPY).write_text(yaml.safe_dump(resolved, sort_keys=False))
 
 
@@ -563,8 +617,11 @@ def format_table(exp: Experiment, rows: List[Dict[str, Any]], metrics: Sequence[
     for r in rows:
         values = [r.get(a.key, "") for a in exp.axes] + [r["status"]]
         values += [f"{r[f'metric:{m}']:.4f}" if f"metric:{m}" in r else "—" for m in metrics]
-        values += [r.get("step", "—"), f"{r['n_params']:,}" if "n_params" in r else "—",
-                   f"{r['wall_time_s']:.0f}" if "wall_time_s" in r else "—"]
+        values += [
+            r.get("step", "—"),
+            f"{r['n_params']:,}" if "n_params" in r else "—",
+            f"{r['wall_time_s']:.0f}" if "wall_time_s" in r else "—",
+        ]
         lines.append("| " + " | ".join(map(str, values)) + " |")
     return "\n".join(lines)
 
@@ -587,8 +644,9 @@ def check_buildable(runs: Sequence[Run]) -> None:
             raise ValueError(f"run {run.id}: {err}") from None
 
 
-def sweep(exp: Experiment, *, parallel: int = 1, dry_run: bool = False, reuse_runs: bool = True,
-          log=print) -> Tuple[List[Dict[str, Any]], bool]:
+def sweep(
+    exp: Experiment, *, parallel: int = 1, dry_run: bool = False, reuse_runs: bool = True, log=print
+) -> Tuple[List[Dict[str, Any]], bool]:
     """Run every run of ``exp`` that has no cached result; returns (result rows, all succeeded).
     With ``reuse_runs`` a run that a sweep beside this one has finished with the same training
     config (``Equivalents``) is copied, not trained. The runs to train are built first
@@ -603,14 +661,20 @@ def sweep(exp: Experiment, *, parallel: int = 1, dry_run: bool = False, reuse_ru
     reused = [r for r in missing if sources.get(r.id)]
     todo = [r for r in missing if not sources.get(r.id)]
     check_buildable(todo)
-    log(f"sweep {exp.name}: {len(runs)} runs in {exp.out_dir}/ ({len(runs) - len(missing)} cached, "
-        + (f"{len(reused)} to copy from equal runs beside it, " if reused else "") + f"{len(todo)} to run"
-        + (f", {parallel} at a time" if parallel > 1 and todo else "") + ")")
+    log(
+        f"sweep {exp.name}: {len(runs)} runs in {exp.out_dir}/ ({len(runs) - len(missing)} cached, "
+        + (f"{len(reused)} to copy from equal runs beside it, " if reused else "")
+        + f"{len(todo)} to run"
+        + (f", {parallel} at a time" if parallel > 1 and todo else "")
+        + ")"
+    )
     for r in runs:
         why = cached[r.id] and stale_data(cached[r.id])
         if why:
-            log(f"  note: cached {r.id} trained on {why}: its numbers stand for that data (train it again "
-                "into another --out with --no-reuse to compare)")
+            log(
+                f"  note: cached {r.id} trained on {why}: its numbers stand for that data (train it again "
+                "into another --out with --no-reuse to compare)"
+            )
     if dry_run:
         for r in runs:
             status = "to copy" if r in reused else "to run " if r in todo else "cached "

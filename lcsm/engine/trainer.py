@@ -25,6 +25,7 @@ Guarantees:
   Each stretch of steps records its device, CPU, torch and commit, and result.json lists them
   under ``trained_on``; ``machine`` and ``git_commit`` name where the run finished.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,14 +64,14 @@ Tensor = torch.Tensor
 class LoopState:
     """Where the loop is; saved in every checkpoint."""
 
-    step: int = 0                     # optimizer steps taken
-    epoch: int = 0                    # current pass over the training split
-    batch_in_epoch: int = 0           # global batches of this epoch already consumed
-    tokens: int = 0                   # input tokens trained on (all processes)
-    elapsed: float = 0.0              # training wall time so far (brought up to date at each save)
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # current pass over the training split
+    batch_in_epoch: int = 0  # global batches of this epoch already consumed
+    tokens: int = 0  # input tokens trained on (all processes)
+    elapsed: float = 0.0  # training wall time so far (brought up to date at each save)
     best_value: Optional[float] = None
     best_step: Optional[int] = None
-    bad_evals: int = 0                # evaluations since the best one
+    bad_evals: int = 0  # evaluations since the best one
     stopped_early: bool = False
     last_eval: Optional[Dict[str, float]] = None
     last_eval_step: Optional[int] = None
@@ -107,14 +108,17 @@ def autocast(device: torch.device, precision: str):
 def default_eval_split(task, option: Optional[str]) -> str:
     if option is not None:
         if option not in task.splits:
-            raise ValueError(f"train.eval_split: task {task.registry_name!r} has splits {list(task.splits)}, got {option!r}")
+            raise ValueError(
+                f"train.eval_split: task {task.registry_name!r} has splits {list(task.splits)}, got {option!r}"
+            )
         return option
     return "validation" if "validation" in task.splits else "test"
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, task, split: str, batch_size: int, device: torch.device,
-             precision: str = "fp32") -> Dict[str, float]:
+def evaluate(
+    model: torch.nn.Module, task, split: str, batch_size: int, device: torch.device, precision: str = "fp32"
+) -> Dict[str, float]:
     """The task's metrics of ``model`` over a whole split (eval mode; the mode is restored)."""
     was_training = model.training
     model.eval()
@@ -201,14 +205,18 @@ class Trainer:
 
         per_step = self.dist.world * t.grad_accum
         if t.batch_size % per_step:
-            raise ValueError(f"train.batch_size: {t.batch_size} examples per step must split evenly over "
-                             f"{self.dist.world} process(es) x grad_accum {t.grad_accum} = {per_step}")
+            raise ValueError(
+                f"train.batch_size: {t.batch_size} examples per step must split evenly over "
+                f"{self.dist.world} process(es) x grad_accum {t.grad_accum} = {per_step}"
+            )
         self.micro = t.batch_size // per_step
         self.sampler = SegmentBatchSampler(self.train_set, t.batch_size, shuffle=True, seed=t.seed, drop_last=True)
         self.steps_per_epoch = len(self.sampler)
         if self.steps_per_epoch == 0:
-            raise ValueError(f"train.batch_size: {t.batch_size} is larger than every segment of the training split "
-                             f"({self.train_set.segment_sizes()}); no full batch can be formed")
+            raise ValueError(
+                f"train.batch_size: {t.batch_size} is larger than every segment of the training split "
+                f"({self.train_set.segment_sizes()}); no full batch can be formed"
+            )
         self.total_steps = t.max_steps if t.max_steps is not None else t.epochs * self.steps_per_epoch
 
         torch.manual_seed(t.seed)
@@ -219,8 +227,11 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.optim, self.total_steps))
         self.state = LoopState()
         self._clock = time.perf_counter()
-        self.net = (DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
-                    if self.dist.enabled else self.model)
+        self.net = (
+            DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+            if self.dist.enabled
+            else self.model
+        )
         self.log = MetricsLog(self.out_dir, enabled=self.dist.is_main, tensorboard=t.tensorboard)
         self.progress = Progress(self.total_steps, log_every=t.log_every, enabled=self.dist.is_main and not quiet)
 
@@ -229,11 +240,19 @@ class Trainer:
     def _info(self) -> Dict[str, Any]:
         from lcsm import __version__
 
-        return {"format": "lcsm-run", "step": self.state.step, "config": self.config.to_dict(),
-                "training_config": _json_canonical(self.config.training_dict()),
-                "model_config": self.model_config.to_dict(), "n_params": self.n_params,
-                "world_size": self.dist.world, "lcsm_version": __version__, "torch_version": torch.__version__,
-                "metrics": self.state.last_eval, "task_data": self.task_data()}
+        return {
+            "format": "lcsm-run",
+            "step": self.state.step,
+            "config": self.config.to_dict(),
+            "training_config": _json_canonical(self.config.training_dict()),
+            "model_config": self.model_config.to_dict(),
+            "n_params": self.n_params,
+            "world_size": self.dist.world,
+            "lcsm_version": __version__,
+            "torch_version": torch.__version__,
+            "metrics": self.state.last_eval,
+            "task_data": self.task_data(),
+        }
 
     def task_data(self) -> Dict[str, Any]:
         """Which data the run trains on beyond its config: the task's generator version (bumped
@@ -256,8 +275,12 @@ class Trainer:
         rng = self.dist.gather(self._rng_state())
         path = None
         if self.dist.is_main:
-            trainer = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                       "rng": rng, "state": dataclasses.asdict(self.state)}
+            trainer = {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "rng": rng,
+                "state": dataclasses.asdict(self.state),
+            }
             name = name or f"step-{self.state.step:08d}"
             path = ckpt.save_checkpoint(self.out_dir, name, self.model, trainer, self._info())
             if name != ckpt.BEST:
@@ -270,32 +293,40 @@ class Trainer:
         if path is None:
             return None
         if not resume:
-            raise ValueError(f"out_dir: {str(self.out_dir)!r} already holds checkpoints of a run; resume it, "
-                             "or start over with --restart (deletes them) or another --out")
+            raise ValueError(
+                f"out_dir: {str(self.out_dir)!r} already holds checkpoints of a run; resume it, "
+                "or start over with --restart (deletes them) or another --out"
+            )
         info = ckpt.read_info(path)
         mine = _json_canonical(self.config.training_dict())
         theirs = info.get("training_config")
         if theirs != mine:
             changed = sorted(_diff_keys(theirs or {}, mine))
-            raise ValueError(f"out_dir: {str(self.out_dir)!r} holds a run with a different training config "
-                             f"(differs in {', '.join(changed) or 'format'}); resuming would not continue it. "
-                             "Use another --out, or --restart to discard it")
+            raise ValueError(
+                f"out_dir: {str(self.out_dir)!r} holds a run with a different training config "
+                f"(differs in {', '.join(changed) or 'format'}); resuming would not continue it. "
+                "Use another --out, or --restart to discard it"
+            )
         then, now = recorded_task_data(info, self.task.registry_name), self.task_data()
         if then != now:
-            raise ValueError(f"out_dir: {str(self.out_dir)!r} holds a run trained on the data of task "
-                             f"{then['task']!r}, generator version {then['generator_version']}, but this lcsm "
-                             f"makes version {now['generator_version']} for the same options; resuming would "
-                             "continue on other data. Finish it with the lcsm it started with (trained_on in its "
-                             "checkpoint names the commit), or start over with --restart or another --out")
+            raise ValueError(
+                f"out_dir: {str(self.out_dir)!r} holds a run trained on the data of task "
+                f"{then['task']!r}, generator version {then['generator_version']}, but this lcsm "
+                f"makes version {now['generator_version']} for the same options; resuming would "
+                "continue on other data. Finish it with the lcsm it started with (trained_on in its "
+                "checkpoint names the commit), or start over with --restart or another --out"
+            )
         ckpt.load_weights(self.model, path)
         trainer = ckpt.load_trainer(path)
         try:
             self.optimizer.load_state_dict(trainer["optimizer"])
-        except ValueError as exc:           # torch: the parameter groups differ in size
-            raise ValueError(f"out_dir: {str(self.out_dir)!r} holds a run whose optimizer groups differ from the ones "
-                             "this lcsm makes for its config (a parameter's weight-decay tag changed since it "
-                             f"started: {exc}); resuming would not continue it. Finish it with the lcsm it started "
-                             "with, or start over with --restart or another --out") from None
+        except ValueError as exc:  # torch: the parameter groups differ in size
+            raise ValueError(
+                f"out_dir: {str(self.out_dir)!r} holds a run whose optimizer groups differ from the ones "
+                "this lcsm makes for its config (a parameter's weight-decay tag changed since it "
+                f"started: {exc}); resuming would not continue it. Finish it with the lcsm it started "
+                "with, or start over with --restart or another --out"
+            ) from None
         self.scheduler.load_state_dict(trainer["scheduler"])
         rng = trainer["rng"]
         mine_rng = rng[self.dist.rank] if len(rng) == self.dist.world else rng[0]
@@ -304,8 +335,10 @@ class Trainer:
             torch.cuda.set_rng_state(mine_rng["cuda"], self.device)
         self.state = LoopState(**trainer["state"])
         if len(rng) != self.dist.world:
-            self.progress.message(f"note: resuming a {len(rng)}-process run with {self.dist.world} process(es): "
-                                  "training continues, but not bit-identically to the original run")
+            self.progress.message(
+                f"note: resuming a {len(rng)}-process run with {self.dist.world} process(es): "
+                "training continues, but not bit-identically to the original run"
+            )
         return path
 
     # ------------------------------------------------------------------ steps
@@ -346,8 +379,14 @@ class Trainer:
         if self.dist.is_main:
             t = self.config.train
             with use_elementwise_form(t.elementwise_form):
-                metrics = evaluate(self.model, self.task, split or self.eval_split, t.eval_batch_size or t.batch_size,
-                                   self.device, t.precision)
+                metrics = evaluate(
+                    self.model,
+                    self.task,
+                    split or self.eval_split,
+                    t.eval_batch_size or t.batch_size,
+                    self.device,
+                    t.precision,
+                )
         return self.dist.broadcast(metrics)
 
     def after_eval(self, metrics: Dict[str, float]) -> None:
@@ -372,9 +411,11 @@ class Trainer:
         self.log.write("eval", s.step, {"split": self.eval_split, **metrics})
         self.log.write_csv()
         shown = {k: v for k, v in metrics.items() if "/" not in k}
-        self.progress.message(f"eval @ step {s.step} ({self.eval_split}): "
-                              + "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
-                              + (f"  [early stop: no {es.metric} gain in {s.bad_evals} evals]" if s.stopped_early else ""))
+        self.progress.message(
+            f"eval @ step {s.step} ({self.eval_split}): "
+            + "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
+            + (f"  [early stop: no {es.metric} gain in {s.bad_evals} evals]" if s.stopped_early else "")
+        )
 
     # ------------------------------------------------------------------ the loop
 
@@ -383,8 +424,12 @@ class Trainer:
         code continues the last stretch). Checkpoints older than this record have no stretches."""
         info = machine_info()
         # str(): torch.__version__ is a TorchVersion, which the weights-only load of trainer.pt refuses
-        here = {"device": device_name(self.device), "cpu": info["cpu"], "torch": str(info["torch"]),
-                "git_commit": self.git_commit}
+        here = {
+            "device": device_name(self.device),
+            "cpu": info["cpu"],
+            "torch": str(info["torch"]),
+            "git_commit": self.git_commit,
+        }
         stretches, step = self.state.trained_on, self.state.step
         last = stretches[-1] if stretches else None
         if last is not None and last["to_step"] == step and all(last[k] == v for k, v in here.items()):
@@ -404,7 +449,8 @@ class Trainer:
                 f"{self.task.registry_name}, {self.model_config.n_layers} x {self.model_config.mixer}, "
                 f"d_model {self.model_config.d_model}, {self.n_params:,} parameters, {self.total_steps} steps "
                 f"({self.steps_per_epoch} per epoch), batch {t.batch_size}, {self.dist.world} process(es) on "
-                f"{self.device}" + (f", from {restored}" if restored else ""))
+                f"{self.device}" + (f", from {restored}" if restored else "")
+            )
         self.progress.start = self.state.step
         finished = self.state.step >= self.total_steps or self.state.stopped_early
         if not finished:
@@ -423,8 +469,14 @@ class Trainer:
                     now = time.perf_counter()
                     rate = (s.tokens - last_tokens) / max(now - last_time, 1e-9)
                     self.progress.update(s.step, loss, lr, rate)
-                    record = {"loss": loss, "lr": lr, "grad_norm": norm, "tokens": s.tokens, "tokens_per_s": rate,
-                              "epoch": s.epoch}
+                    record = {
+                        "loss": loss,
+                        "lr": lr,
+                        "grad_norm": norm,
+                        "tokens": s.tokens,
+                        "tokens_per_s": rate,
+                        "epoch": s.epoch,
+                    }
                     logged = bool(t.log_every) and s.step % t.log_every == 0
                     if logged:
                         self.log.write("train", s.step, record)
@@ -444,8 +496,9 @@ class Trainer:
                     self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
             if interrupted:
                 path = self.save()
-                self.progress.message(f"interrupted at step {self.state.step}: checkpoint {path}; "
-                                      "run the same command again to resume")
+                self.progress.message(
+                    f"interrupted at step {self.state.step}: checkpoint {path}; run the same command again to resume"
+                )
                 raise KeyboardInterrupt
         self.progress.close()
         return self.finish(result_path)
@@ -462,10 +515,14 @@ class Trainer:
             ckpt.load_weights(self.model, best)
             which = "best"
         metrics = self.evaluate("test")
-        self.progress.message("test (" + which + " weights): " + "  ".join(
-            f"{k} {v:.4f}" for k, v in metrics.items() if "/" not in k))
-        return {"checkpoint": which, "step": self.state.best_step if which == "best" else self.state.step,
-                "metrics": metrics}
+        self.progress.message(
+            "test (" + which + " weights): " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "/" not in k)
+        )
+        return {
+            "checkpoint": which,
+            "step": self.state.best_step if which == "best" else self.state.step,
+            "metrics": metrics,
+        }
 
     def finish(self, result_path: Path) -> Dict[str, Any]:
         s = self.state
@@ -478,21 +535,35 @@ class Trainer:
         if s.last_eval_step != s.step:
             self.after_eval(self.evaluate())
         s.elapsed += time.perf_counter() - self._clock
-        result = {"status": "early_stopped" if s.stopped_early else "completed", "step": s.step, "epoch": s.epoch,
-                  "metrics": s.last_eval, "eval_split": self.eval_split,
-                  "best": ({"step": s.best_step, "metric": self.config.train.early_stop.metric, "value": s.best_value}
-                           if s.best_step is not None else None),
-                  "wall_time_s": round(s.elapsed, 3), "tokens": s.tokens, "n_params": self.n_params,
-                  "test": self.final_test(), "machine": {**machine_info(), "device": device_name(self.device),
-                                                         "host_allocator": self.host_allocator},
-                  "git_commit": self.git_commit, "trained_on": s.trained_on, "task_data": self.task_data(),
-                  "config": self.config.to_dict()}
+        result = {
+            "status": "early_stopped" if s.stopped_early else "completed",
+            "step": s.step,
+            "epoch": s.epoch,
+            "metrics": s.last_eval,
+            "eval_split": self.eval_split,
+            "best": (
+                {"step": s.best_step, "metric": self.config.train.early_stop.metric, "value": s.best_value}
+                if s.best_step is not None
+                else None
+            ),
+            "wall_time_s": round(s.elapsed, 3),
+            "tokens": s.tokens,
+            "n_params": self.n_params,
+            "test": self.final_test(),
+            "machine": {**machine_info(), "device": device_name(self.device), "host_allocator": self.host_allocator},
+            "git_commit": self.git_commit,
+            "trained_on": s.trained_on,
+            "task_data": self.task_data(),
+            "config": self.config.to_dict(),
+        }
         if self.dist.is_main:
             _write_atomic(result_path, json.dumps(result, indent=2))
             self.log.write_csv()
             self.log.close()
-            self.progress.message(f"done: {result['status']} at step {s.step}; checkpoints in "
-                                  f"{ckpt.checkpoint_dir(self.out_dir)}; result {result_path}")
+            self.progress.message(
+                f"done: {result['status']} at step {s.step}; checkpoints in "
+                f"{ckpt.checkpoint_dir(self.out_dir)}; result {result_path}"
+            )
         return result
 
 

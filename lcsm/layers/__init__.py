@@ -3,6 +3,7 @@
 Every module of this package registers its mixers when imported; importing the package imports
 them all, so ``available()`` lists everything without a hand-kept index.
 """
+
 import importlib
 import pkgutil
 

@@ -20,6 +20,7 @@ embedding). ``positions`` adds them here instead:
 
 Shape glossary: B batch, T new tokens, P cached tokens, H heads, D head width.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -73,22 +74,29 @@ class KVCache(State):
         """The cache with k, v [B, H, T, D] appended: (keys, values [B, H, P + T, D], their buffer,
         None where they were concatenated)."""
         P, T = self.keys.shape[2], k.shape[2]
-        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad or self.keys.requires_grad
-                                        or self.values.requires_grad):
+        if torch.is_grad_enabled() and (
+            k.requires_grad or v.requires_grad or self.keys.requires_grad or self.values.requires_grad
+        ):
             return torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2), None
         buf = self.buffer
-        if not (buf is not None and buf.filled == P and P + T <= buf.keys.shape[2]
-                and buf.keys.dtype == k.dtype and buf.keys.device == k.device
-                and self.keys.data_ptr() == buf.keys.data_ptr() and self.values.data_ptr() == buf.values.data_ptr()):
+        if not (
+            buf is not None
+            and buf.filled == P
+            and P + T <= buf.keys.shape[2]
+            and buf.keys.dtype == k.dtype
+            and buf.keys.device == k.device
+            and self.keys.data_ptr() == buf.keys.data_ptr()
+            and self.values.data_ptr() == buf.values.data_ptr()
+        ):
             B, H, _, D = k.shape
             capacity = max(2 * (P + T), 16)
             buf = _Buffer(k.new_empty(B, H, capacity, D), v.new_empty(B, H, capacity, D), P)
             buf.keys[:, :, :P] = self.keys
             buf.values[:, :, :P] = self.values
-        buf.keys[:, :, P:P + T] = k
-        buf.values[:, :, P:P + T] = v
+        buf.keys[:, :, P : P + T] = k
+        buf.values[:, :, P : P + T] = v
         buf.filled = P + T
-        return buf.keys[:, :, :P + T], buf.values[:, :, :P + T], buf
+        return buf.keys[:, :, : P + T], buf.values[:, :, : P + T], buf
 
 
 def rotate(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
@@ -98,7 +106,7 @@ def rotate(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
     half = D // 2
     real = x.real.dtype if x.is_complex() else x.dtype
     inv_freq = base ** (-torch.arange(half, device=x.device, dtype=real) * 2 / D)
-    angle = positions.to(real).unsqueeze(-1) * inv_freq                    # [T, D/2]
+    angle = positions.to(real).unsqueeze(-1) * inv_freq  # [T, D/2]
     cos, sin = angle.cos(), angle.sin()
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -116,8 +124,9 @@ class Attention(Mixer):
         max_len: number of positions of the learned table (required for "learned" only).
     """
 
-    def __init__(self, d_model: int, heads: int = 1, bias: bool = True, positions: str = "none",
-                 max_len: Optional[int] = None):
+    def __init__(
+        self, d_model: int, heads: int = 1, bias: bool = True, positions: str = "none", max_len: Optional[int] = None
+    ):
         super().__init__(d_model)
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or d_model % heads:
             raise ValueError(f"heads: expected a positive divisor of d_model={d_model}, got {heads!r}")
@@ -129,8 +138,9 @@ class Attention(Mixer):
             if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
                 raise ValueError(f"max_len: positions='learned' needs a positive integer max_len, got {max_len!r}")
         elif max_len is not None:
-            raise ValueError(f"max_len: only used with positions='learned', got max_len={max_len!r} "
-                             f"with positions={positions!r}")
+            raise ValueError(
+                f"max_len: only used with positions='learned', got max_len={max_len!r} with positions={positions!r}"
+            )
         self.heads = heads
         self.head_dim = d_model // heads
         if positions == "rotary" and self.head_dim % 2:
@@ -149,7 +159,7 @@ class Attention(Mixer):
 
     def _split(self, t: Tensor) -> Tensor:
         B, T, _ = t.shape
-        return t.view(B, T, self.heads, self.head_dim).transpose(1, 2)           # [B, H, T, D]
+        return t.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
 
     def forward(self, x: Tensor, state: Optional[KVCache] = None, return_state: bool = False):
         """x [B, T, d_model] -> y [B, T, d_model]; with ``state`` the new tokens attend to the cache too."""
@@ -166,7 +176,7 @@ class Attention(Mixer):
         if self.positions == "learned":
             if P + T > self.max_len:
                 raise ValueError(f"x: positions up to {P + T - 1} exceed the learned table (max_len={self.max_len})")
-            x = x + self.position_embedding[P:P + T]
+            x = x + self.position_embedding[P : P + T]
         q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
         if self.positions == "rotary":
             q, k = rotate(q, positions), rotate(k, positions)
@@ -177,7 +187,7 @@ class Attention(Mixer):
         if P == 0:
             o = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
         elif T == 1:
-            o = F.scaled_dot_product_attention(q, keys, values)    # one query sees every key
+            o = F.scaled_dot_product_attention(q, keys, values)  # one query sees every key
         else:
             # Query t (absolute P + t) sees keys 0..P + t: a causal mask shifted by the cache length
             # (is_causal would align the mask to the top-left corner instead).
@@ -191,8 +201,9 @@ class Attention(Mixer):
     def init_state(self, batch_size: int) -> KVCache:
         p = self._param_like()
         empty = p.new_zeros(batch_size, self.heads, 0, self.head_dim)
-        return KVCache(keys=empty, values=empty.clone(),
-                       position=torch.zeros(batch_size, dtype=torch.long, device=p.device))
+        return KVCache(
+            keys=empty, values=empty.clone(), position=torch.zeros(batch_size, dtype=torch.long, device=p.device)
+        )
 
     def state_size(self, seq_len: int) -> int:
         """Keys and values of every token seen (2 T d_model) plus the position counter."""

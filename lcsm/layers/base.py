@@ -6,6 +6,7 @@ state in and out (recurrentgemma style), and can describe itself as a row of LCS
 Shape glossary: B batch, T time, H heads, K expand (memory rows), D memory columns per head,
 d_model model width.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,16 +58,28 @@ class EOSRow:
     expand: str
     oscillation: str
     shrink: str
-    memory: str          # e.g. "K x D = 64 x 64"
-    psi: str             # "elementwise" or "matrix"
+    memory: str  # e.g. "K x D = 64 x 64"
+    psi: str  # "elementwise" or "matrix"
     input_dd: bool
     expand_dd: bool
     oscillation_dd: bool
     shrink_dd: bool
     paper: str
 
-    FIELDS = ("name", "input", "expand", "oscillation", "shrink", "memory", "psi",
-              "input_dd", "expand_dd", "oscillation_dd", "shrink_dd", "paper")
+    FIELDS = (
+        "name",
+        "input",
+        "expand",
+        "oscillation",
+        "shrink",
+        "memory",
+        "psi",
+        "input_dd",
+        "expand_dd",
+        "oscillation_dd",
+        "shrink_dd",
+        "paper",
+    )
 
     def as_dict(self) -> Dict[str, object]:
         return {f: getattr(self, f) for f in self.FIELDS}
@@ -119,8 +132,13 @@ class Mixer(nn.Module):
         half precision (converted from the originals, not from their rounded copies)."""
         if not self.float32_parameters:
             return super()._apply(fn, recurse)
-        keep = {id(t) for name, p in self.named_parameters() if self.keeps_float32(name)
-                for t in (p, p.grad) if t is not None}
+        keep = {
+            id(t)
+            for name, p in self.named_parameters()
+            if self.keeps_float32(name)
+            for t in (p, p.grad)
+            if t is not None
+        }
 
         def convert(t: Tensor) -> Tensor:
             out = fn(t)
@@ -230,5 +248,7 @@ def check_implied(name: str, options: Mapping[str, Any]) -> None:
     implied = resolve(name)[1]
     clash = {k: v for k, v in options.items() if k in implied and v != implied[k]}
     if clash:
-        raise ValueError(f"mixer_options: mixer {name!r} sets {', '.join(f'{k}={implied[k]!r}' for k in clash)}, "
-                         f"got {', '.join(f'{k}={v!r}' for k, v in clash.items())}; give the option once")
+        raise ValueError(
+            f"mixer_options: mixer {name!r} sets {', '.join(f'{k}={implied[k]!r}' for k in clash)}, "
+            f"got {', '.join(f'{k}={v!r}' for k, v in clash.items())}; give the option once"
+        )

@@ -41,6 +41,7 @@ Departures, and why:
 Shape glossary: B batch, T time, d = d_model channels, C kernel channels (d, or 2d when
 bidirectional).
 """
+
 from __future__ import annotations
 
 import math
@@ -97,11 +98,23 @@ class CES(Mixer):
 
     float32_parameters = ("log_delta", "alpha", "beta")
 
-    def __init__(self, d_model: int, field: str = "complex", use_alpha: bool = True, use_beta: bool = True,
-                 use_omega: bool = True, init: str = "ring", r_min: float = 0.6, r_max: float = 0.9,
-                 max_phase: float = 2 * math.pi, fixed_point: Tuple[float, float] = (0.5, 0.0),
-                 dt_min: float = 1e-3, dt_max: float = 1e-1, max_lambda: float = 0.9999,
-                 bidirectional: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        field: str = "complex",
+        use_alpha: bool = True,
+        use_beta: bool = True,
+        use_omega: bool = True,
+        init: str = "ring",
+        r_min: float = 0.6,
+        r_max: float = 0.9,
+        max_phase: float = 2 * math.pi,
+        fixed_point: Tuple[float, float] = (0.5, 0.0),
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        max_lambda: float = 0.9999,
+        bidirectional: bool = False,
+    ):
         super().__init__(d_model)
         if field not in FIELDS:
             raise ValueError(f"field: expected one of {', '.join(FIELDS)}, got {field!r}")
@@ -124,8 +137,11 @@ class CES(Mixer):
         if dt_min > dt_max:
             raise ValueError(f"dt_min: expected dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
         self.max_lambda = _check_float("max_lambda", max_lambda, 0.0, 1.0)
-        if (not isinstance(fixed_point, (tuple, list)) or len(fixed_point) != 2
-                or not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in fixed_point)):
+        if (
+            not isinstance(fixed_point, (tuple, list))
+            or len(fixed_point) != 2
+            or not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in fixed_point)
+        ):
             raise ValueError(f"fixed_point: expected (re, im) of lambda, got {fixed_point!r}")
         fixed = complex(fixed_point[0], fixed_point[1])
         if init == "fixed" and not 0 < abs(fixed) < 1:
@@ -137,12 +153,12 @@ class CES(Mixer):
         self.kernel_channels = C
         pair = (C, 2) if self.complex else (C,)
         with torch.no_grad():
-            log_lambda = self._init_log_lambda(C, r_min, r_max, max_phase, fixed)    # complex [C]
+            log_lambda = self._init_log_lambda(C, r_min, r_max, max_phase, fixed)  # complex [C]
             if self.complex:
                 # lambda' = log(log lambda) on the principal branch, as the official code stores it.
                 log_delta = torch.view_as_real(log_lambda.log())
             else:
-                log_delta = (-log_lambda.real).log()                                  # log(-log lambda)
+                log_delta = (-log_lambda.real).log()  # log(-log lambda)
             self.log_delta = no_weight_decay(nn.Parameter(log_delta.to(torch.get_default_dtype()).contiguous()))
             if self.use_alpha:
                 log_dt = math.log(dt_min) + torch.rand(C) * (math.log(dt_max) - math.log(dt_min))
@@ -161,7 +177,7 @@ class CES(Mixer):
         u1 = torch.rand(C, dtype=torch.float64)
         u2 = torch.rand(C, dtype=torch.float64)
         # |lambda|^2 uniform on [r_min^2, r_max^2]: uniform over the ring's area (LRU, lemma 3.2).
-        log_r = 0.5 * torch.log(u1 * (r_max ** 2 - r_min ** 2) + r_min ** 2)
+        log_r = 0.5 * torch.log(u1 * (r_max**2 - r_min**2) + r_min**2)
         theta = max_phase * u2 if self.complex else torch.zeros_like(u2)
         return torch.complex(log_r, theta)
 
@@ -192,7 +208,7 @@ class CES(Mixer):
         """(e [C, 1], s [C, 1], log_o [C, 1, 1]) for ``lcsm.ops.eos`` with one head per kernel channel,
         so that the EOS kernel sum_k s o^j e is k_j = e^beta (1 - e^q) e^{j q} (before Re)."""
         q = self.log_decay()
-        e = -torch.expm1(q)                                          # 1 - e^q
+        e = -torch.expm1(q)  # 1 - e^q
         s = self.scale()
         if s is None:
             s = torch.ones_like(e)
@@ -216,8 +232,9 @@ class CES(Mixer):
             "has no recurrent state and cannot decode step by step; use bidirectional=False"
         )
 
-    def forward(self, x: Tensor, state: Optional[CESState] = None, return_state: bool = False,
-                lengths: Optional[Tensor] = None):
+    def forward(
+        self, x: Tensor, state: Optional[CESState] = None, return_state: bool = False, lengths: Optional[Tensor] = None
+    ):
         """x [B, T, d] -> y [B, T, d] (and the final CESState when asked; causal mode only).
         ``lengths`` [B]: right-padded sequences; the positions past each length enter the kernel
         as zeros, as the official ``CETS`` masks its input before the FFT, so that the backward
@@ -231,21 +248,27 @@ class CES(Mixer):
         if lengths is not None:
             if lengths.shape != (x.shape[0],):
                 raise ValueError(f"lengths: expected [B] = [{x.shape[0]}], got {list(lengths.shape)}")
-            valid = torch.arange(x.shape[1], device=x.device) < lengths.to(x.device)[:, None]     # [B, T]
+            valid = torch.arange(x.shape[1], device=x.device) < lengths.to(x.device)[:, None]  # [B, T]
             u = x * valid.unsqueeze(-1).to(x.dtype)
         if self.bidirectional:
             # Backward direction: y_t += sum_{s>t} k2_{s-t-1} x_s is a causal convolution of the
             # time-reversed input delayed by one step.
             back = F.pad(u.flip(1), (0, 0, 1, 0))[:, : u.shape[1]]
-            i = torch.cat([u, back], dim=2).unsqueeze(-1)              # [B, T, 2d, 1]
+            i = torch.cat([u, back], dim=2).unsqueeze(-1)  # [B, T, 2d, 1]
             y, _ = eos(i, e, s, log_o, real_output=True)
             d = self.d_model
             y = y[:, :, :d, 0] + y[:, :, d:, 0].flip(1)
             memory = None
         else:
-            y, memory = eos(u.unsqueeze(-1), e, s, log_o,
-                            initial_state=state.memory if state is not None else None,
-                            output_final_state=return_state, real_output=True)
+            y, memory = eos(
+                u.unsqueeze(-1),
+                e,
+                s,
+                log_o,
+                initial_state=state.memory if state is not None else None,
+                output_final_state=return_state,
+                real_output=True,
+            )
             y = y[..., 0]
         if self.use_omega:
             y = y + self.omega * x
@@ -262,8 +285,11 @@ class CES(Mixer):
     def init_state(self, batch_size: int) -> CESState:
         if self.bidirectional:
             self._no_state("init_state")
-        return CESState(memory=torch.zeros(batch_size, self.d_model, 1, 1, dtype=self._memory_dtype(self.complex),
-                                           device=self.log_delta.device))
+        return CESState(
+            memory=torch.zeros(
+                batch_size, self.d_model, 1, 1, dtype=self._memory_dtype(self.complex), device=self.log_delta.device
+            )
+        )
 
     def state_size(self, seq_len: int) -> int:
         if self.bidirectional:

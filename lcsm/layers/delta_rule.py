@@ -13,6 +13,7 @@ cannot express); m3 is diagonal and runs on :func:`lcsm.ops.eos`. See docs/zoo/d
 Shape glossary: B batch, T time, H heads, K key width per head (memory rows), D value width per
 head (memory columns) = d_model / H, d_model model width.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,8 +56,15 @@ class _DeltaBase(Mixer):
 
     modes = DELTA_MODES
 
-    def __init__(self, d_model: int, heads: int = 4, expand_k: float = 1.0, output_norm: bool = True,
-                 mode: str = "auto", chunk_size: int = 64):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int = 4,
+        expand_k: float = 1.0,
+        output_norm: bool = True,
+        mode: str = "auto",
+        chunk_size: int = 64,
+    ):
         super().__init__(d_model)
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or d_model % heads:
             raise ValueError(f"heads: expected a positive integer dividing d_model={d_model}, got {heads!r}")
@@ -105,8 +113,9 @@ class _DeltaBase(Mixer):
 
     def init_state(self, batch_size: int) -> DeltaState:
         p = self._param_like()
-        return DeltaState(memory=p.new_zeros(batch_size, self.heads, self.head_k, self.head_v,
-                                             dtype=self._memory_dtype()))
+        return DeltaState(
+            memory=p.new_zeros(batch_size, self.heads, self.head_k, self.head_v, dtype=self._memory_dtype())
+        )
 
     def _memory_str(self) -> str:
         return f"K x D = {self.head_k} x {self.head_v} per head, {self.heads} heads"
@@ -125,8 +134,9 @@ class _DeltaBase(Mixer):
     def _mix(self, x: Tensor, m0: Optional[Tensor], return_state: bool):
         """x [B, T, d_model] -> (y [B, T, H, D], m_T [B, H, K, D] or None)."""
         e, s, a, b, i = self._delta_states(x)
-        return eos_delta(i, e, s, a, b, mode=self.mode, initial_state=m0, output_final_state=return_state,
-                         chunk_size=self.chunk_size)
+        return eos_delta(
+            i, e, s, a, b, mode=self.mode, initial_state=m0, output_final_state=return_state, chunk_size=self.chunk_size
+        )
 
     def forward(self, x: Tensor, state: Optional[DeltaState] = None, return_state: bool = False):
         self.check_input(x)
@@ -152,8 +162,15 @@ class FastWeightProgrammer(_DeltaBase):
     ||k||_2 <= 1; Yang et al. found SiLU + L2 to train better.)
     """
 
-    def __init__(self, d_model: int, heads: int = 4, expand_k: float = 1.0, output_norm: bool = True,
-                 mode: str = "auto", chunk_size: int = 64):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int = 4,
+        expand_k: float = 1.0,
+        output_norm: bool = True,
+        mode: str = "auto",
+        chunk_size: int = 64,
+    ):
         super().__init__(d_model, heads, expand_k, output_norm, mode, chunk_size)
         self.beta_proj = nn.Linear(d_model, heads, bias=False)
 
@@ -165,11 +182,19 @@ class FastWeightProgrammer(_DeltaBase):
 
     def describe(self) -> EOSRow:
         return EOSRow(
-            name="FWP / DeltaNet", input="v_t", expand="beta_t k_t", oscillation="I_k - beta_t k_t k_t^T",
-            shrink="q_t", memory=self._memory_str(), psi="matrix",
-            input_dd=True, expand_dd=True, oscillation_dd=True, shrink_dd=True,
+            name="FWP / DeltaNet",
+            input="v_t",
+            expand="beta_t k_t",
+            oscillation="I_k - beta_t k_t k_t^T",
+            shrink="q_t",
+            memory=self._memory_str(),
+            psi="matrix",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=True,
+            shrink_dd=True,
             paper="Schlag et al. 2021 (Linear Transformers Are Secretly Fast Weight Programmers); "
-                  "Yang et al. 2024 (DeltaNet, parallel delta rule); LCSM Table 7, eq. 13",
+            "Yang et al. 2024 (DeltaNet, parallel delta rule); LCSM Table 7, eq. 13",
         )
 
 
@@ -189,9 +214,17 @@ class DeltaM1(_DeltaBase):
 
     def describe(self) -> EOSRow:
         return EOSRow(
-            name="M1", input="v_t", expand="k_t", oscillation="I_k - k_t k_t^T", shrink="q_t",
-            memory=self._memory_str(), psi="matrix",
-            input_dd=True, expand_dd=True, oscillation_dd=True, shrink_dd=True,
+            name="M1",
+            input="v_t",
+            expand="k_t",
+            oscillation="I_k - k_t k_t^T",
+            shrink="q_t",
+            memory=self._memory_str(),
+            psi="matrix",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=True,
+            shrink_dd=True,
             paper="LCSM (Qin et al. 2024), appendix 5.2, Table 7 (proposed, untested in the paper)",
         )
 
@@ -211,8 +244,15 @@ class DeltaM2(_DeltaBase):
     amplified) along k as in M1, and kbar only tilts which component of the memory is read out.
     """
 
-    def __init__(self, d_model: int, heads: int = 4, expand_k: float = 1.0, output_norm: bool = True,
-                 mode: str = "auto", chunk_size: int = 64):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int = 4,
+        expand_k: float = 1.0,
+        output_norm: bool = True,
+        mode: str = "auto",
+        chunk_size: int = 64,
+    ):
         super().__init__(d_model, heads, expand_k, output_norm, mode, chunk_size)
         self.kbar_proj = nn.Linear(d_model, heads * self.head_k, bias=False)
 
@@ -224,9 +264,17 @@ class DeltaM2(_DeltaBase):
 
     def describe(self) -> EOSRow:
         return EOSRow(
-            name="M2", input="v_t", expand="k_t", oscillation="I_k - k_t kbar_t^T", shrink="q_t",
-            memory=self._memory_str(), psi="matrix",
-            input_dd=True, expand_dd=True, oscillation_dd=True, shrink_dd=True,
+            name="M2",
+            input="v_t",
+            expand="k_t",
+            oscillation="I_k - k_t kbar_t^T",
+            shrink="q_t",
+            memory=self._memory_str(),
+            psi="matrix",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=True,
+            shrink_dd=True,
             paper="LCSM (Qin et al. 2024), appendix 5.2, Table 7 (proposed, untested in the paper)",
         )
 
@@ -249,16 +297,32 @@ class DeltaM3(_DeltaBase):
     def _mix(self, x: Tensor, m0: Optional[Tensor], return_state: bool):
         z = self._heads(self.k_proj(x), self.head_k)
         k = torch.sigmoid(z)
-        log_o = F.logsigmoid(-z).unsqueeze(-1)                     # log(1 - k) [B, T, H, K, 1]
+        log_o = F.logsigmoid(-z).unsqueeze(-1)  # log(1 - k) [B, T, H, K, 1]
         q = self._heads(self.q_proj(x), self.head_k)
         v = self._heads(self.v_proj(x), self.head_v)
-        return eos(v, k, q, log_o, mode=self.mode, initial_state=m0, output_final_state=return_state,
-                   chunk_size=self.chunk_size)
+        return eos(
+            v,
+            k,
+            q,
+            log_o,
+            mode=self.mode,
+            initial_state=m0,
+            output_final_state=return_state,
+            chunk_size=self.chunk_size,
+        )
 
     def describe(self) -> EOSRow:
         return EOSRow(
-            name="M3", input="v_t", expand="k_t", oscillation="I_k - Diag{k_t}", shrink="q_t",
-            memory=self._memory_str(), psi="elementwise",
-            input_dd=True, expand_dd=True, oscillation_dd=True, shrink_dd=True,
+            name="M3",
+            input="v_t",
+            expand="k_t",
+            oscillation="I_k - Diag{k_t}",
+            shrink="q_t",
+            memory=self._memory_str(),
+            psi="elementwise",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=True,
+            shrink_dd=True,
             paper="LCSM (Qin et al. 2024), appendix 5.2, Table 7 (proposed, untested in the paper)",
         )

@@ -29,6 +29,7 @@ float (0 = no bound, the first layer's value).
 
 Shape glossary: B batch, T time, d_model model width (= memory columns D of the EOS call).
 """
+
 from __future__ import annotations
 
 import math
@@ -99,14 +100,19 @@ class HGRN(Mixer):
         # Half precisions run the recurrence in complex64 (there is no usable complex32).
         rdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
         c = F.silu(self.input_proj(x)).unflatten(-1, (d, 2)).to(rdt)
-        c = torch.complex(c[..., 0], c[..., 1])                                  # [B, T, d]
+        c = torch.complex(c[..., 0], c[..., 1])  # [B, T, d]
         log_lam, one_minus = (t.to(rdt) for t in self.log_forget(x))
         log_o = torch.complex(log_lam, self.theta.to(rdt).expand_as(log_lam))
         ones = one_minus.new_ones(1, 1)
-        y, memory = eos((one_minus * c).unsqueeze(2), ones, ones, log_o[:, :, None, None, :],
-                        initial_state=state.memory if state is not None else None,
-                        output_final_state=return_state)
-        h = y.squeeze(2)                                                         # [B, T, d] complex
+        y, memory = eos(
+            (one_minus * c).unsqueeze(2),
+            ones,
+            ones,
+            log_o[:, :, None, None, :],
+            initial_state=state.memory if state is not None else None,
+            output_final_state=return_state,
+        )
+        h = y.squeeze(2)  # [B, T, d] complex
         feature = torch.cat([h.real, h.imag], dim=-1).to(x.dtype) * torch.sigmoid(self.gate(x))
         out = self.out_proj(self.norm(feature))
         if return_state:
@@ -114,8 +120,11 @@ class HGRN(Mixer):
         return out
 
     def init_state(self, batch_size: int) -> HGRNState:
-        return HGRNState(memory=torch.zeros(batch_size, 1, 1, self.d_model, dtype=self._memory_dtype(True),
-                                            device=self._param_like().device))
+        return HGRNState(
+            memory=torch.zeros(
+                batch_size, 1, 1, self.d_model, dtype=self._memory_dtype(True), device=self._param_like().device
+            )
+        )
 
     def describe(self) -> EOSRow:
         return EOSRow(
@@ -126,7 +135,10 @@ class HGRN(Mixer):
             shrink="o_t (output gate on [Re h_t, Im h_t], then LayerNorm)",
             memory=f"1 x 1 per channel (complex), {self.d_model} channels",
             psi="elementwise",
-            input_dd=True, expand_dd=True, oscillation_dd=True, shrink_dd=True,
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=True,
+            shrink_dd=True,
             paper="Qin et al. 2023, Hierarchically Gated Recurrent Neural Network for Sequence Modeling "
-                  "(NeurIPS 2023, arXiv:2311.04823), section 3",
+            "(NeurIPS 2023, arXiv:2311.04823), section 3",
         )

@@ -20,6 +20,7 @@ the full code table and every departure from the official code.
 Shape glossary: B batch, T time, H = 1 head (the official layer has one), K = ``expand`` (memory
 rows; code 11 keeps K complex rows), D = d_model (memory columns), d = d_model.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,16 @@ SSM_RANK = 16  # the official ``ssm_dim``: delta = softplus(Linear(16 -> d)(Line
 
 E_MEANING = {0: "data-independent K x D matrix", 1: "data-dependent Linear(d -> K)(x_t)"}
 S_MEANING = E_MEANING
-A_MEANING = {0: "x", 1: "relu(x)", 2: "sigmoid(x)", 3: "1 + elu(x)", 4: "silu(x)", 5: "elu(x)",
-             6: "relu(x)^2", 7: "x^2"}
+A_MEANING = {
+    0: "x",
+    1: "relu(x)",
+    2: "sigmoid(x)",
+    3: "1 + elu(x)",
+    4: "silu(x)",
+    5: "elu(x)",
+    6: "relu(x)^2",
+    7: "x^2",
+}
 # Table 3, with data dependence read from the official code (reference-notes section 1).
 O_MEANING = {
     0: "k d: learned K x D decay (data-independent)",
@@ -72,7 +81,7 @@ _ACTIVATIONS = {
     4: F.silu,
     5: F.elu,
     6: lambda x: F.relu(x) ** 2,
-    7: lambda x: x ** 2,
+    7: lambda x: x**2,
 }
 
 
@@ -83,8 +92,9 @@ def _table(meanings: Dict[int, str]) -> str:
 def parse_code(code: str) -> Tuple[int, int, int, int]:
     """``"e-o-s-a"`` -> (e, o, s, a), each field range-checked (LCSM section 2.5)."""
     if not isinstance(code, str):
-        raise ValueError(f"code: expected a model code string 'e-o-s-a' such as {DEFAULT_CODE!r}, "
-                         f"got {type(code).__name__} {code!r}")
+        raise ValueError(
+            f"code: expected a model code string 'e-o-s-a' such as {DEFAULT_CODE!r}, got {type(code).__name__} {code!r}"
+        )
     match = _CODE_RE.match(code)
     if match is None:
         raise ValueError(
@@ -184,8 +194,9 @@ class LCSMFamily(Mixer):
     K x D e or s has no rotating-frame form and takes the complex kernel.
     """
 
-    def __init__(self, d_model: int, code: Optional[str] = None, param: str = "linear",
-                 tau: float = 16.0, expand: int = 64):
+    def __init__(
+        self, d_model: int, code: Optional[str] = None, param: str = "linear", tau: float = 16.0, expand: int = 64
+    ):
         super().__init__(d_model)
         if param not in ("linear", "ssm"):
             raise ValueError(f"param: expected 'linear' or 'ssm' (LCSM section 2.4, Table 5), got {param!r}")
@@ -210,8 +221,14 @@ class LCSMFamily(Mixer):
             self.e_type, self.o_type, self.s_type, self.a_type = 1, None, 1, 0
             self.delta_proj = nn.Sequential(nn.Linear(d, SSM_RANK, bias=False), nn.Linear(SSM_RANK, d, bias=False))
             # S4D-real: A[k, :] = -(k + 1), stored as P = log(1..K) repeated over the D columns.
-            self.A_log = no_weight_decay(nn.Parameter(
-                torch.log(torch.arange(1, K + 1, dtype=torch.float64)).unsqueeze(1).repeat(1, d).to(torch.get_default_dtype())))
+            self.A_log = no_weight_decay(
+                nn.Parameter(
+                    torch.log(torch.arange(1, K + 1, dtype=torch.float64))
+                    .unsqueeze(1)
+                    .repeat(1, d)
+                    .to(torch.get_default_dtype())
+                )
+            )
             self.e_proj = nn.Linear(d, K, bias=False)
             self.s_proj = nn.Linear(d, K, bias=False)
         else:
@@ -276,8 +293,8 @@ class LCSMFamily(Mixer):
         B, T, _ = x.shape
         i = self.i_proj(x)
         if self.param == "ssm":
-            delta = F.softplus(self.delta_proj(x))                      # [B, T, D]
-            i = delta * i                                               # Mamba's delta * B * u
+            delta = F.softplus(self.delta_proj(x))  # [B, T, D]
+            i = delta * i  # Mamba's delta * B * u
             # log exp(delta A) as its operands [B, T, 1, 1, D] and [1, K, D], formed by the
             # elementwise kernel a block of steps at a time (LogProduct; Mamba does the same)
             log_o = LogProduct(delta[:, :, None, None, :], -torch.exp(self.A_log).unsqueeze(0))
@@ -292,39 +309,40 @@ class LCSMFamily(Mixer):
     def _log_oscillation(self, x: Tensor) -> LogO:
         o, tau = self.o_type, self.tau
         if o == 0:
-            return F.logsigmoid(self.o_logit).unsqueeze(0) / tau                        # [1, K, D]
+            return F.logsigmoid(self.o_logit).unsqueeze(0) / tau  # [1, K, D]
         if o == 4:
-            return F.logsigmoid(self.o_logit)[None, :, None] / tau                      # [1, K, 1]
+            return F.logsigmoid(self.o_logit)[None, :, None] / tau  # [1, K, 1]
         if o == 5:
-            return F.logsigmoid(self.o_logit)[None, None, :] / tau                      # [1, 1, D]
+            return F.logsigmoid(self.o_logit)[None, None, :] / tau  # [1, 1, D]
         if o == 1:
             # o = a (x) b is passed as its two log factors, not their [B, T, 1, K, D] sum, so that
             # eos applies them along K and along D in its matmul kernel (the same decay; the full
             # K x D form would need the step-by-step elementwise kernel)
             log_k = F.logsigmoid(self.o_k_proj(x)) / tau
             log_d = F.logsigmoid(self.o_d_proj(x)) / tau
-            return log_k[:, :, None, :, None], log_d[:, :, None, None, :]   # [B, T, 1, K, 1], [B, T, 1, 1, D]
+            return log_k[:, :, None, :, None], log_d[:, :, None, None, :]  # [B, T, 1, K, 1], [B, T, 1, 1, D]
         if o == 2:
-            return (F.logsigmoid(self.o_proj(x)) / tau)[:, :, None, None, :]            # [B, T, 1, 1, D]
+            return (F.logsigmoid(self.o_proj(x)) / tau)[:, :, None, None, :]  # [B, T, 1, 1, D]
         if o == 3:
-            return (F.logsigmoid(self.o_proj(x)) / tau)[:, :, None, :, None]            # [B, T, 1, K, 1]
+            return (F.logsigmoid(self.o_proj(x)) / tau)[:, :, None, :, None]  # [B, T, 1, K, 1]
         if o in (6, 7, 8, 9):
             # logsigmoid(a * b) / tau by the fused op: formed as tensor expressions, this [B, T, K, D]
             # decay cost more than the recurrence itself (lcsm/ops/decay.py)
             z = self.o_proj(x)
-            if o in (6, 9):   # k_t, k d -> k d; k_t, d -> k d
+            if o in (6, 9):  # k_t, k d -> k d; k_t, d -> k d
                 a, b = z.unsqueeze(-1), self.o_factor
-            elif o == 7:      # d_t, k d -> k d
+            elif o == 7:  # d_t, k d -> k d
                 a, b = z.unsqueeze(-2), self.o_factor
-            else:             # d_t, k -> k d
+            else:  # d_t, k -> k d
                 a, b = self.o_factor.unsqueeze(-1), z.unsqueeze(-2)
-            return log_sigmoid_product(a, b, tau).unsqueeze(2)                          # [B, T, 1, K, D]
+            return log_sigmoid_product(a, b, tau).unsqueeze(2)  # [B, T, 1, K, D]
         if o == 10:
             return None
         # at least float32: there is no complex bfloat16
-        theta = rotary_theta(self.expand, self.d_model, dtype=torch.promote_types(x.dtype, torch.float32),
-                             device=x.device)
-        return torch.complex(torch.zeros_like(theta), theta)[None, :, None]              # [1, K, 1]
+        theta = rotary_theta(
+            self.expand, self.d_model, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device
+        )
+        return torch.complex(torch.zeros_like(theta), theta)[None, :, None]  # [1, K, 1]
 
     # ------------------------------------------------------------------ Mixer interface
 
@@ -341,15 +359,22 @@ class LCSMFamily(Mixer):
             # official [cos, sin] realisation computes, by the rotating frame's real kernels.
             y, m_T = eos_rotating(i, e, s, log_o.imag[..., 0], initial_state=m0, output_final_state=return_state)
         else:
-            y, m_T = eos(i, e, s, log_o, initial_state=m0, output_final_state=return_state,
-                         real_output=self.is_complex)
+            y, m_T = eos(i, e, s, log_o, initial_state=m0, output_final_state=return_state, real_output=self.is_complex)
         # A carried float32 state (a half-precision layer's) promotes the operator's output.
         y = self.out_proj(self.norm(y.squeeze(2).to(x.dtype)))
         return (y, LCSMState(memory=m_T)) if return_state else y
 
     def init_state(self, batch_size: int) -> LCSMState:
-        return LCSMState(memory=torch.zeros(batch_size, 1, self.expand, self.d_model,
-                                            dtype=self._memory_dtype(self.is_complex), device=self._param_like().device))
+        return LCSMState(
+            memory=torch.zeros(
+                batch_size,
+                1,
+                self.expand,
+                self.d_model,
+                dtype=self._memory_dtype(self.is_complex),
+                device=self._param_like().device,
+            )
+        )
 
     def describe(self) -> EOSRow:
         K, D = self.expand, self.d_model
@@ -357,11 +382,20 @@ class LCSMFamily(Mixer):
         paper = "LCSM (Qin et al. 2024) sec. 2.4-2.5, Tables 2-3, 5; official EOS layer"
         if self.param == "ssm":
             return EOSRow(
-                name="LCSM ssm (code 0)", input="delta_t * i_t", expand="B_t = Linear(x_t)",
-                oscillation="exp(delta_t A), A = -exp(P) (S4D-real)", shrink="C_t = Linear(x_t)",
-                memory=memory, psi="elementwise", input_dd=True, expand_dd=True,
-                oscillation_dd=True, shrink_dd=True, paper=paper,
+                name="LCSM ssm (code 0)",
+                input="delta_t * i_t",
+                expand="B_t = Linear(x_t)",
+                oscillation="exp(delta_t A), A = -exp(P) (S4D-real)",
+                shrink="C_t = Linear(x_t)",
+                memory=memory,
+                psi="elementwise",
+                input_dd=True,
+                expand_dd=True,
+                oscillation_dd=True,
+                shrink_dd=True,
+                paper=paper,
             )
+
         def state(name: str, dd: bool) -> str:
             what = f"{name}_t = Linear(x_t) in R^K" if dd else f"{name} in R^(K x D), learned"
             if self.a_type == 0:
@@ -371,10 +405,18 @@ class LCSMFamily(Mixer):
 
         expand, shrink = state("e", self.e_type == 1), state("s", self.s_type == 1)
         return EOSRow(
-            name=f"LCSM {self.code}", input="i_t", expand=expand,
-            oscillation=f"o code {self.o_type}: {O_MEANING[self.o_type]}", shrink=shrink,
-            memory=memory, psi="elementwise", input_dd=True, expand_dd=self.e_type == 1,
-            oscillation_dd=self.o_type in O_DATA_DEPENDENT, shrink_dd=self.s_type == 1, paper=paper,
+            name=f"LCSM {self.code}",
+            input="i_t",
+            expand=expand,
+            oscillation=f"o code {self.o_type}: {O_MEANING[self.o_type]}",
+            shrink=shrink,
+            memory=memory,
+            psi="elementwise",
+            input_dd=True,
+            expand_dd=self.e_type == 1,
+            oscillation_dd=self.o_type in O_DATA_DEPENDENT,
+            shrink_dd=self.s_type == 1,
+            paper=paper,
         )
 
     def extra_repr(self) -> str:

@@ -31,6 +31,7 @@ memory. Tests use them to compare the EOS part alone.
 Init: RetNet follows torchscale's layer init (Xavier-uniform, gain 2^-2.5 on q/k/v/g); the others
 use PyTorch's default ``nn.Linear`` init (model-level init schemes belong to the training engine).
 """
+
 from __future__ import annotations
 
 import math
@@ -63,6 +64,7 @@ class LinearAttentionState(State):
 
 
 # ----------------------------------------------------------------------------- option checks
+
 
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -119,6 +121,7 @@ def _head_norm(y: Tensor, kind: str, eps: float, weight: Optional[Tensor] = None
 
 
 # ----------------------------------------------------------------------------- shared machinery
+
 
 class _QKVAttention(Mixer):
     """Shared body: q/k/v projections, one EOS call, an output stage.
@@ -215,6 +218,7 @@ class _QKVAttention(Mixer):
 
 # ----------------------------------------------------------------------------- linear attention
 
+
 @register("linear_attention")
 class LinearAttention(_QKVAttention):
     """Linear attention, Katharopoulos et al. 2020 ("Transformers are RNNs"), section 3.2 and the
@@ -241,8 +245,17 @@ class LinearAttention(_QKVAttention):
         bias: biases on the four projections (True: fast-transformers uses nn.Linear defaults).
     """
 
-    def __init__(self, d_model: int, num_heads: int = 4, expand_k: float = 1.0, expand_v: float = 1.0,
-                 feature_map: str = "1+elu", normalize: bool = True, eps: float = 1e-6, bias: bool = True):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int = 4,
+        expand_k: float = 1.0,
+        expand_v: float = 1.0,
+        feature_map: str = "1+elu",
+        normalize: bool = True,
+        eps: float = 1e-6,
+        bias: bool = True,
+    ):
         super().__init__(d_model)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
@@ -272,14 +285,22 @@ class LinearAttention(_QKVAttention):
     def describe(self) -> EOSRow:
         return EOSRow(
             name="Linear Attention" + ("" if self.normalize else " (no denominator, LCSM Table 1 form)"),
-            input="v_t", expand="k_t", oscillation="J^(kd)", shrink="q_t",
-            memory=self._memory_str(), psi="elementwise",
-            input_dd=True, expand_dd=True, oscillation_dd=False, shrink_dd=True,
+            input="v_t",
+            expand="k_t",
+            oscillation="J^(kd)",
+            shrink="q_t",
+            memory=self._memory_str(),
+            psi="elementwise",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=False,
+            shrink_dd=True,
             paper="Katharopoulos et al. 2020, Transformers are RNNs, sec. 3.2, 3.4; LCSM Table 1",
         )
 
 
 # ----------------------------------------------------------------------------- RetNet
+
 
 @register("retnet", "tnl")
 class RetNet(_QKVAttention):
@@ -320,8 +341,16 @@ class RetNet(_QKVAttention):
         norm_eps: norm eps (torchscale's layernorm_eps, 1e-6).
     """
 
-    def __init__(self, d_model: int, num_heads: int = 4, expand_k: float = 1.0, expand_v: float = 2.0,
-                 xpos: bool = True, norm: str = "layernorm", norm_eps: float = 1e-6):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int = 4,
+        expand_k: float = 1.0,
+        expand_v: float = 2.0,
+        xpos: bool = True,
+        norm: str = "layernorm",
+        norm_eps: float = 1e-6,
+    ):
         super().__init__(d_model)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
@@ -336,7 +365,7 @@ class RetNet(_QKVAttention):
         self._make_qkv(d_model, bias=False)
         self.g_proj = nn.Linear(d_model, self.num_heads * self.head_v, bias=False)
         for lin in (self.q_proj, self.k_proj, self.v_proj, self.g_proj):
-            nn.init.xavier_uniform_(lin.weight, gain=2 ** -2.5)
+            nn.init.xavier_uniform_(lin.weight, gain=2**-2.5)
         nn.init.xavier_uniform_(self.o_proj.weight)
         # Fixed constants are rebuilt in the input's dtype at every call rather than stored as
         # buffers: a buffer created in float32 and later cast to float64 would keep float32 values.
@@ -356,7 +385,7 @@ class RetNet(_QKVAttention):
 
     def _qkv(self, x):
         q = self._split(self.q_proj(x))
-        k = self._split(self.k_proj(x)) * self.head_k ** -0.5
+        k = self._split(self.k_proj(x)) * self.head_k**-0.5
         return q, k, self._split(self.v_proj(x)), self.log_gamma(q).view(self.num_heads, 1, 1)
 
     def eos_inputs(self, x):
@@ -379,14 +408,23 @@ class RetNet(_QKVAttention):
     def describe(self) -> EOSRow:
         osc = "lambda exp(i theta) 1_d^T (xPos folded in; Table 1: lambda J)" if self.xpos else "lambda J^(kd)"
         return EOSRow(
-            name="RetNet (multi-scale retention)", input="v_t", expand="k_t", oscillation=osc, shrink="q_t",
-            memory=self._memory_str(), psi="elementwise",
-            input_dd=True, expand_dd=True, oscillation_dd=False, shrink_dd=True,
+            name="RetNet (multi-scale retention)",
+            input="v_t",
+            expand="k_t",
+            oscillation=osc,
+            shrink="q_t",
+            memory=self._memory_str(),
+            psi="elementwise",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=False,
+            shrink_dd=True,
             paper="Sun et al. 2023, Retentive Network, sec. 2.1-2.2; LCSM Table 1 (TNL/RetNet)",
         )
 
 
 # ----------------------------------------------------------------------------- cosFormer
+
 
 @register("cosformer")
 class Cosformer(_QKVAttention):
@@ -415,15 +453,24 @@ class Cosformer(_QKVAttention):
         eps: clamp floor of the denominator (1e-6, as the official code).
     """
 
-    def __init__(self, d_model: int, num_heads: int = 4, theta: Union[float, Sequence[float]] = math.pi / (2 * 512),
-                 normalize: bool = True, eps: float = 1e-6):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int = 4,
+        theta: Union[float, Sequence[float]] = math.pi / (2 * 512),
+        normalize: bool = True,
+        eps: float = 1e-6,
+    ):
         super().__init__(d_model)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.head_k = self.head_v = _split_width(d_model, self.num_heads)
         if isinstance(theta, Real) and not isinstance(theta, bool):
             thetas = [float(theta)] * num_heads
-        elif isinstance(theta, (list, tuple)) and len(theta) == num_heads and all(
-                isinstance(t, Real) and not isinstance(t, bool) for t in theta):
+        elif (
+            isinstance(theta, (list, tuple))
+            and len(theta) == num_heads
+            and all(isinstance(t, Real) and not isinstance(t, bool) for t in theta)
+        ):
             thetas = [float(t) for t in theta]
         else:
             raise ValueError(f"theta: expected a float or a sequence of num_heads = {num_heads} floats, got {theta!r}")
@@ -453,14 +500,22 @@ class Cosformer(_QKVAttention):
     def describe(self) -> EOSRow:
         return EOSRow(
             name="cosFormer" + ("" if self.normalize else " (no denominator, LCSM Table 1 form)"),
-            input="v_t", expand="k_t", oscillation="exp(i theta) J^(kd)", shrink="q_t",
-            memory=self._memory_str(), psi="elementwise",
-            input_dd=True, expand_dd=True, oscillation_dd=False, shrink_dd=True,
+            input="v_t",
+            expand="k_t",
+            oscillation="exp(i theta) J^(kd)",
+            shrink="q_t",
+            memory=self._memory_str(),
+            psi="elementwise",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=False,
+            shrink_dd=True,
             paper="Qin et al. 2022, cosFormer, sec. 3; LCSM Table 1 and appendix 5.3 eq. 14",
         )
 
 
 # ----------------------------------------------------------------------------- LRPE
+
 
 @register("lrpe")
 class LRPE(_QKVAttention):
@@ -515,14 +570,23 @@ class LRPE(_QKVAttention):
 
     def describe(self) -> EOSRow:
         return EOSRow(
-            name="LRPE (linear attention)", input="v_t", expand="k_t", oscillation="exp(i Theta) 1^(d)T",
-            shrink="q_t", memory=self._memory_str(), psi="elementwise",
-            input_dd=True, expand_dd=True, oscillation_dd=False, shrink_dd=True,
+            name="LRPE (linear attention)",
+            input="v_t",
+            expand="k_t",
+            oscillation="exp(i Theta) 1^(d)T",
+            shrink="q_t",
+            memory=self._memory_str(),
+            psi="elementwise",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=False,
+            shrink_dd=True,
             paper="Qin et al. 2023c, Linearized Relative Positional Encoding; LCSM eq. 10, appendix 5.3 eq. 15",
         )
 
 
 # ----------------------------------------------------------------------------- GLA
+
 
 @register("gla", "gateloop")
 class GLA(_QKVAttention):
@@ -551,9 +615,17 @@ class GLA(_QKVAttention):
         norm_eps: 1e-5 (fla).
     """
 
-    def __init__(self, d_model: int, num_heads: int = 4, expand_k: float = 0.5, expand_v: float = 1.0,
-                 gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, norm: str = "layernorm",
-                 norm_eps: float = 1e-5):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int = 4,
+        expand_k: float = 0.5,
+        expand_v: float = 1.0,
+        gate_low_rank_dim: int = 16,
+        gate_logit_normalizer: float = 16.0,
+        norm: str = "layernorm",
+        norm_eps: float = 1e-5,
+    ):
         super().__init__(d_model)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
@@ -563,15 +635,16 @@ class GLA(_QKVAttention):
         self.norm = _choice("norm", norm, ("layernorm", "rmsnorm"))
         self.norm_eps = _positive_float("norm_eps", norm_eps)
         self._make_qkv(d_model, bias=False)
-        self.gk_proj = nn.Sequential(nn.Linear(d_model, rank, bias=False),
-                                     nn.Linear(rank, self.num_heads * self.head_k, bias=True))
+        self.gk_proj = nn.Sequential(
+            nn.Linear(d_model, rank, bias=False), nn.Linear(rank, self.num_heads * self.head_k, bias=True)
+        )
         no_weight_decay(self.gk_proj[1].bias)
         self.g_proj = nn.Linear(d_model, self.num_heads * self.head_v, bias=True)
         no_weight_decay(self.g_proj.bias)
         self.norm_weight = no_weight_decay(nn.Parameter(torch.ones(self.head_v)))
 
     def eos_inputs(self, x):
-        q = self._split(self.q_proj(x)) * self.head_k ** -0.5
+        q = self._split(self.q_proj(x)) * self.head_k**-0.5
         k = self._split(self.k_proj(x))
         v = self._split(self.v_proj(x))
         log_alpha = F.logsigmoid(self._split(self.gk_proj(x))) / self.tau
@@ -584,14 +657,23 @@ class GLA(_QKVAttention):
 
     def describe(self) -> EOSRow:
         return EOSRow(
-            name="GLA", input="v_t", expand="k_t", oscillation="g_t 1_d^T", shrink="q_t",
-            memory=self._memory_str(), psi="elementwise",
-            input_dd=True, expand_dd=True, oscillation_dd=True, shrink_dd=True,
+            name="GLA",
+            input="v_t",
+            expand="k_t",
+            oscillation="g_t 1_d^T",
+            shrink="q_t",
+            memory=self._memory_str(),
+            psi="elementwise",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=True,
+            shrink_dd=True,
             paper="Yang et al. 2023, Gated Linear Attention, sec. 4; LCSM Table 1 (GLA/GateLoop)",
         )
 
 
 # ----------------------------------------------------------------------------- DUR / GFW
+
 
 @register("dur", "gfw")
 class DUR(_QKVAttention):
@@ -619,8 +701,14 @@ class DUR(_QKVAttention):
         gate_logit_normalizer: tau (16).
     """
 
-    def __init__(self, d_model: int, num_heads: int = 4, expand_k: float = 1.0, expand_v: float = 1.0,
-                 gate_logit_normalizer: float = 16.0):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int = 4,
+        expand_k: float = 1.0,
+        expand_v: float = 1.0,
+        gate_logit_normalizer: float = 16.0,
+    ):
         super().__init__(d_model)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
@@ -634,11 +722,13 @@ class DUR(_QKVAttention):
 
     def gates(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """log g [B, T, H, K] and log gbar [B, T, H, D]."""
-        return (F.logsigmoid(self._split(self.gk_proj(x))) / self.tau,
-                F.logsigmoid(self._split(self.gv_proj(x))) / self.tau)
+        return (
+            F.logsigmoid(self._split(self.gk_proj(x))) / self.tau,
+            F.logsigmoid(self._split(self.gv_proj(x))) / self.tau,
+        )
 
     def eos_inputs(self, x):
-        q = self._split(self.q_proj(x)) * self.head_k ** -0.5
+        q = self._split(self.q_proj(x)) * self.head_k**-0.5
         k = self._split(self.k_proj(x))
         v = self._split(self.v_proj(x))
         log_g, log_gbar = self.gates(x)
@@ -652,8 +742,16 @@ class DUR(_QKVAttention):
 
     def describe(self) -> EOSRow:
         return EOSRow(
-            name="DUR/GFW", input="v_t", expand="k_t", oscillation="g_t gbar_t^T", shrink="q_t",
-            memory=self._memory_str(), psi="elementwise",
-            input_dd=True, expand_dd=True, oscillation_dd=True, shrink_dd=True,
+            name="DUR/GFW",
+            input="v_t",
+            expand="k_t",
+            oscillation="g_t gbar_t^T",
+            shrink="q_t",
+            memory=self._memory_str(),
+            psi="elementwise",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=True,
+            shrink_dd=True,
             paper="Mao 2022, Decaying Fast Weights; Schlag & Schmidhuber 2018; LCSM Table 1 (DUR/GFW)",
         )

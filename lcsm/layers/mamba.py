@@ -21,6 +21,7 @@ gate and out_proj.
 Shape glossary: B batch, T time, d_model model width, d_inner = expand * d_model, N = d_state,
 R = dt_rank, W = d_conv.
 """
+
 from __future__ import annotations
 
 import math
@@ -76,8 +77,16 @@ class Mamba(Mixer):
     # dt_proj.bias.float(); stored float32 here, the bias is not rounded to bfloat16 first.
     float32_parameters = ("A_log", "D", "dt_proj.bias")
 
-    def __init__(self, d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2,
-                 dt_rank: Union[int, str] = "auto", dt_min: float = 1e-3, dt_max: float = 1e-1):
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 16,
+        d_conv: int = 4,
+        expand: int = 2,
+        dt_rank: Union[int, str] = "auto",
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+    ):
         super().__init__(d_model)
         self.d_state = _positive_int("d_state", d_state)
         self.d_conv = _positive_int("d_conv", d_conv)
@@ -107,10 +116,11 @@ class Mamba(Mixer):
         # term O(1); the bias is softplus^-1 of dt ~ LogUniform[dt_min, dt_max], so that
         # softplus(bias) -- Delta for a zero input -- starts in that range (official code; section 3.6).
         with torch.no_grad():
-            bound = R ** -0.5
+            bound = R**-0.5
             self.dt_proj.weight.uniform_(-bound, bound)
-            dt = torch.exp(torch.rand(d_inner) * (math.log(self.dt_max) - math.log(self.dt_min))
-                           + math.log(self.dt_min)).clamp(min=DT_INIT_FLOOR)
+            dt = torch.exp(
+                torch.rand(d_inner) * (math.log(self.dt_max) - math.log(self.dt_min)) + math.log(self.dt_min)
+            ).clamp(min=DT_INIT_FLOOR)
             # inverse softplus: dt + log(1 - exp(-dt)), written with expm1 for small dt.
             self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
         no_weight_decay(self.dt_proj.bias)
@@ -128,9 +138,9 @@ class Mamba(Mixer):
         B, T, _ = x.shape
         if conv_state is None:
             conv_state = x.new_zeros(B, self.d_conv - 1, self.d_inner)
-        full = torch.cat([conv_state.to(x.dtype), x], dim=1)                 # [B, W - 1 + T, d_inner]
+        full = torch.cat([conv_state.to(x.dtype), x], dim=1)  # [B, W - 1 + T, d_inner]
         u = F.conv1d(full.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)
-        return F.silu(u.transpose(1, 2)), full[:, full.shape[1] - (self.d_conv - 1):]
+        return F.silu(u.transpose(1, 2)), full[:, full.shape[1] - (self.d_conv - 1) :]
 
     def ssm_inputs(self, u: Tensor):
         """u [B, T, d_inner] -> (Delta [B, T, d_inner], B_t [B, T, N], C_t [B, T, N], A [d_inner, N])."""
@@ -157,9 +167,14 @@ class Mamba(Mixer):
         # forward and backward (torch.profiler, B 64, T 512, d_model 128, one thread).
         # A.t() made contiguous so that each block's product reads both operands along d_inner.
         log_o = LogProduct(delta[:, :, None, None, :], A.t().contiguous().unsqueeze(0))
-        y, ssm = eos((delta * u).unsqueeze(2), Bt.unsqueeze(2), Ct.unsqueeze(2), log_o,
-                     initial_state=state.ssm if state is not None else None,
-                     output_final_state=return_state)
+        y, ssm = eos(
+            (delta * u).unsqueeze(2),
+            Bt.unsqueeze(2),
+            Ct.unsqueeze(2),
+            log_o,
+            initial_state=state.ssm if state is not None else None,
+            output_final_state=return_state,
+        )
         # float32 Delta, D and carried state (half-precision models) promote y; gated in that
         # precision, as the official kernel does, then back to the model dtype
         y = ((y.squeeze(2) + self.D * u) * F.silu(z)).to(u.dtype)
@@ -169,7 +184,7 @@ class Mamba(Mixer):
         return out
 
     def init_state(self, batch_size: int) -> MambaState:
-        p = self.in_proj.weight                                   # the conv buffer holds its outputs
+        p = self.in_proj.weight  # the conv buffer holds its outputs
         return MambaState(
             conv=torch.zeros(batch_size, self.d_conv - 1, self.d_inner, dtype=p.dtype, device=p.device),
             ssm=torch.zeros(batch_size, 1, self.d_state, self.d_inner, dtype=self._memory_dtype(), device=p.device),
@@ -184,7 +199,10 @@ class Mamba(Mixer):
             shrink="C_t",
             memory=f"K x D = {self.d_state} x {self.d_inner}",
             psi="elementwise",
-            input_dd=True, expand_dd=True, oscillation_dd=True, shrink_dd=True,
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=True,
+            shrink_dd=True,
             paper="Gu & Dao 2023, Mamba: Linear-Time Sequence Modeling with Selective State Spaces "
-                  "(arXiv:2312.00752), section 3, Algorithm 2",
+            "(arXiv:2312.00752), section 3, Algorithm 2",
         )

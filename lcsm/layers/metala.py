@@ -24,6 +24,7 @@ is silent or differs:
 Shape glossary: B batch, T time, H heads, K = d_model / (2H) query/decay width per head,
 D = d_model / H value width per head, W = conv_size.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,8 +72,15 @@ class MetaLA(Mixer):
 
     TAU = 16.0  # decay temperature: alpha = sigmoid(.)^(1/tau), tau = 16 (section A3.1)
 
-    def __init__(self, d_model: int, heads: int = 4, conv_size: int = 4, self_augmentation: bool = True,
-                 conv: bool = True, use_key: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int = 4,
+        conv_size: int = 4,
+        self_augmentation: bool = True,
+        conv: bool = True,
+        use_key: bool = False,
+    ):
         super().__init__(d_model)
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
             raise ValueError(f"heads: expected a positive integer, got {heads!r}")
@@ -105,8 +113,8 @@ class MetaLA(Mixer):
             self.w_aug = nn.Parameter(torch.zeros(d_k))
         # The official layer's own init (post_init): small xavier for the query and decay maps.
         # Its bias-carrying gate is zero-initialised by both official model-level inits.
-        nn.init.xavier_uniform_(self.q_proj.weight, gain=2 ** -2.5)
-        nn.init.xavier_uniform_(self.decay_proj.weight, gain=2 ** -2.5)
+        nn.init.xavier_uniform_(self.q_proj.weight, gain=2**-2.5)
+        nn.init.xavier_uniform_(self.decay_proj.weight, gain=2**-2.5)
         nn.init.zeros_(self.g_proj.bias)
         no_weight_decay(self.g_proj.bias)
 
@@ -119,9 +127,9 @@ class MetaLA(Mixer):
         w = self.conv_size
         if buffer is None:
             buffer = x.new_zeros(B, d, w - 1)
-        seq = torch.cat([buffer, x.transpose(1, 2)], dim=2)          # [B, d, W - 1 + T]
-        out = F.conv1d(seq, self.conv1d.weight, groups=d)              # [B, d, T]
-        return F.silu(out).transpose(1, 2), seq[:, :, seq.shape[2] - (w - 1):]
+        seq = torch.cat([buffer, x.transpose(1, 2)], dim=2)  # [B, d, W - 1 + T]
+        out = F.conv1d(seq, self.conv1d.weight, groups=d)  # [B, d, T]
+        return F.silu(out).transpose(1, 2), seq[:, :, seq.shape[2] - (w - 1) :]
 
     def _heads(self, t: Tensor, width: int) -> Tensor:
         return t.reshape(t.shape[0], t.shape[1], self.heads, width)
@@ -139,14 +147,13 @@ class MetaLA(Mixer):
         if self.use_conv:
             h, conv_buffer = self._short_conv(x, state.conv if state is not None else None)
 
-        q = self._heads(self.q_proj(h), K)                            # [B, T, H, K]
+        q = self._heads(self.q_proj(h), K)  # [B, T, H, K]
         log_alpha = F.logsigmoid(self._heads(self.decay_proj(h), K)) / self.TAU
-        v = self._heads(self.v_proj(h), D)                            # [B, T, H, D]
+        v = self._heads(self.v_proj(h), D)  # [B, T, H, D]
         # 1 - alpha as -expm1(log alpha): exact for alpha close to 1, where the decays live.
         k = self._heads(self.k_proj(h), K) if self.use_key else -torch.expm1(log_alpha)
 
-        o, memory = eos(v, k, q * K ** -0.5, log_alpha.unsqueeze(-1),
-                        initial_state=memory, output_final_state=True)
+        o, memory = eos(v, k, q * K**-0.5, log_alpha.unsqueeze(-1), initial_state=memory, output_final_state=True)
         # The augmentation's sigmoid, its sum with o and the norm in float32 at least:
         # sigmoid(aug v) is about 1/2 (w_aug starts at 0) where o is small (k = 1 - alpha), and a
         # bfloat16 sum would keep two or three bits of o, which the norm then scales up (about 0.2-0.3
@@ -154,7 +161,7 @@ class MetaLA(Mixer):
         wide = torch.promote_types(o.dtype, torch.float32)
         o = o.to(wide)
         if self.self_augmentation:
-            aug = (q * k * self.w_aug.view(H, K)).sum(-1, keepdim=True)   # [B, T, H, 1]
+            aug = (q * k * self.w_aug.view(H, K)).sum(-1, keepdim=True)  # [B, T, H, 1]
             o = o + torch.sigmoid(aug.to(wide) * v.to(wide))
         o = F.layer_norm(o, (D,), eps=1e-5).reshape(B, T, d).to(x.dtype)
         y = self.out_proj(F.silu(self.g_proj(h)) * o)

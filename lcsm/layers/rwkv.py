@@ -45,6 +45,7 @@ o_0 = -inf, as the CUDA kernel's -1e38, so zeros are a valid initial state.
 
 Shape glossary: B batch, T time, d_model = C channels (2 C memory columns in the EOS call).
 """
+
 from __future__ import annotations
 
 import math
@@ -122,14 +123,14 @@ class RWKV4(Mixer):
         kernel's -1e38 start."""
         with torch.no_grad():
             B, T, C = k.shape
-            t = torch.arange(T + 1, dtype=torch.float64, device=k.device).unsqueeze(-1)   # [T + 1, 1]
+            t = torch.arange(T + 1, dtype=torch.float64, device=k.device).unsqueeze(-1)  # [T + 1, 1]
             w64 = w.detach().double()
-            a = k.detach().double() + t[1:] * w64                                          # k_s + s w
+            a = k.detach().double() + t[1:] * w64  # k_s + s w
             start = torch.full((B, 1, C), -math.inf, dtype=torch.float64, device=k.device)
             if state is not None:
-                empty = (state.memory[:, 0, 0, C:] == 0).unsqueeze(1)                      # [B, 1, C]
+                empty = (state.memory[:, 0, 0, C:] == 0).unsqueeze(1)  # [B, 1, C]
                 start = torch.where(empty, start, state.scale.detach().double().unsqueeze(1))
-            M = torch.cummax(torch.cat([start, a], dim=1), dim=1).values                    # [B, T + 1, C]
+            M = torch.cummax(torch.cat([start, a], dim=1), dim=1).values  # [B, T + 1, C]
             return (M - t * w64).to(k.dtype)
 
     def forward(self, x: Tensor, state: Optional[RWKV4State] = None, return_state: bool = False):
@@ -138,7 +139,7 @@ class RWKV4(Mixer):
         if T == 0:
             raise ValueError("x: RWKV-4 time mixing needs at least one token, got T = 0")
         prev = state.shift.unsqueeze(1) if state is not None else x.new_zeros(B, 1, C)
-        xx = torch.cat([prev.to(x.dtype), x[:, :-1]], dim=1)                                # x_{t-1}
+        xx = torch.cat([prev.to(x.dtype), x[:, :-1]], dim=1)  # x_{t-1}
         k = self.key(x * self.time_mix_k + xx * (1 - self.time_mix_k))
         v = self.value(x * self.time_mix_v + xx * (1 - self.time_mix_v))
         r = self.receptance(x * self.time_mix_r + xx * (1 - self.time_mix_r))
@@ -151,20 +152,25 @@ class RWKV4(Mixer):
         # a_{t-1} = sum_{s<t} e^{-(t-1-s) w + k_s} [v_s, 1], the past part of wkv_t (step 1 adds
         # nothing: the carried memory already holds token 0). Recovering a_{t-1} from a_t instead
         # would divide by e^{-w} and amplify rounding by up to e^w.
-        o = self._scale(k, w, state)                                                        # o_0..o_T
+        o = self._scale(k, w, state)  # o_0..o_T
         # An empty memory's o_0 = -inf only enters as the decay of that (zero) memory: any
         # finite value is exact there, and -inf would poison the op's cumulative log decays.
         o_dec = torch.cat([torch.where(torch.isinf(o[:, :1]), o[:, 1:2], o[:, :1]), o[:, 1:]], dim=1)
         zero = k.new_zeros(B, 1, C)
-        e = torch.cat([zero, torch.exp(k[:, :-1] - o[:, 1:T])], dim=1)                      # <= 1
+        e = torch.cat([zero, torch.exp(k[:, :-1] - o[:, 1:T])], dim=1)  # <= 1
         v_prev = torch.cat([zero, v[:, :-1]], dim=1)
-        log_o = torch.cat([zero, (o_dec[:, :T - 1] - o_dec[:, 1:T]) - w], dim=1)            # <= -w
+        log_o = torch.cat([zero, (o_dec[:, : T - 1] - o_dec[:, 1:T]) - w], dim=1)  # <= -w
         ones = k.new_ones(1, 1)
         memory0 = state.memory.to(wdt) if state is not None else None
-        past, memory = eos(torch.cat([e * v_prev, e], -1).unsqueeze(2), ones, ones,
-                           torch.cat([log_o, log_o], -1)[:, :, None, None, :],
-                           initial_state=memory0, output_final_state=return_state)
-        past = past.squeeze(2)                                                              # [B, T, 2 C]
+        past, memory = eos(
+            torch.cat([e * v_prev, e], -1).unsqueeze(2),
+            ones,
+            ones,
+            torch.cat([log_o, log_o], -1)[:, :, None, None, :],
+            initial_state=memory0,
+            output_final_state=return_state,
+        )
+        past = past.squeeze(2)  # [B, T, 2 C]
 
         # wkv_t = (a_{t-1} + e^{u + k_t} v_t) / (b_{t-1} + e^{u + k_t}), both terms rescaled by
         # e^{-p_t}, p_t = max(o_{t-1}, u + k_t) (as the CUDA kernel), so one of them is exactly 1.
@@ -180,16 +186,24 @@ class RWKV4(Mixer):
         # The last token is not in the scan's memory yet: one more EOS step adds it.
         e_T = torch.exp(k[:, -1:] - o[:, -1:])
         log_o_T = (o_dec[:, -2:-1] - o_dec[:, -1:]) - w
-        _, memory = eos_step(torch.cat([e_T * v[:, -1:], e_T], -1).unsqueeze(2), ones, ones,
-                             torch.cat([log_o_T, log_o_T], -1)[:, :, None, None, :], memory)
+        _, memory = eos_step(
+            torch.cat([e_T * v[:, -1:], e_T], -1).unsqueeze(2),
+            ones,
+            ones,
+            torch.cat([log_o_T, log_o_T], -1)[:, :, None, None, :],
+            memory,
+        )
         return out, RWKV4State(shift=x[:, -1], memory=memory, scale=o[:, -1])
 
     def init_state(self, batch_size: int) -> RWKV4State:
         p = self._param_like()
         zeros = lambda *shape, dtype=p.dtype: torch.zeros(*shape, dtype=dtype, device=p.device)
         C, wdt = self.d_model, self._memory_dtype()
-        return RWKV4State(shift=zeros(batch_size, C), memory=zeros(batch_size, 1, 1, 2 * C, dtype=wdt),
-                          scale=zeros(batch_size, C, dtype=wdt))
+        return RWKV4State(
+            shift=zeros(batch_size, C),
+            memory=zeros(batch_size, 1, 1, 2 * C, dtype=wdt),
+            scale=zeros(batch_size, C, dtype=wdt),
+        )
 
     def describe(self) -> EOSRow:
         return EOSRow(
@@ -200,7 +214,10 @@ class RWKV4(Mixer):
             shrink="R_t = sigmoid(r_t), applied to the ratio wkv_t",
             memory=f"1 x 1 per channel, x2 (numerator, denominator), {self.d_model} channels",
             psi="elementwise",
-            input_dd=True, expand_dd=True, oscillation_dd=False, shrink_dd=True,
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=False,
+            shrink_dd=True,
             paper="Peng et al. 2023, RWKV: Reinventing RNNs for the Transformer Era "
-                  "(arXiv:2305.13048), section 3.1-3.2, eq. 11-17",
+            "(arXiv:2305.13048), section 3.1-3.2, eq. 11-17",
         )

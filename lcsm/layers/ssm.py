@@ -24,6 +24,7 @@ modes and takes Re(.) with no factor 2, as its official code does.
 Shape glossary: B batch, T time, H = d_model channels, N = d_state, N2 = N // 2 complex modes,
 P = S5 state size (d_state), P2 = P // 2.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,6 +63,7 @@ class S4State(State):
 
 # ----------------------------------------------------------------------------- option checks
 
+
 def _check_int(name: str, value, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
@@ -91,6 +93,7 @@ def _check_mode(value, allowed) -> str:
 
 
 # ----------------------------------------------------------------------------- shared pieces
+
 
 def log_dt_init(shape, dt_min: float, dt_max: float) -> Tensor:
     """log Delta ~ Uniform[log dt_min, log dt_max] (S4, S4D, DSS, S5 all use this)."""
@@ -133,7 +136,7 @@ def hippo_normal_eig(N: int) -> Tuple[Tensor, Tensor]:
     A, _, P = hippo_legs(N)
     S = A + P[:, None] * P[None, :]
     K = S - torch.diag(torch.diagonal(S))
-    omega, V = torch.linalg.eigh(-1j * K.to(torch.complex128))    # -iK is Hermitian: K v = i omega v
+    omega, V = torch.linalg.eigh(-1j * K.to(torch.complex128))  # -iK is Hermitian: K v = i omega v
     Lam = torch.complex(torch.diagonal(S).mean().expand(N), omega)
     return Lam, V
 
@@ -156,13 +159,24 @@ class _DiagonalSISO(Mixer):
     def ssm(self, u: Tensor, memory: Optional[Tensor] = None, return_state: bool = False):
         """The SSM convolution with the D skip: u [B, T, H] -> (y [B, T, H], memory [B, H, K, 1] or None)."""
         e, s, log_o = self.eos_parameters()
-        y, m = eos(u.unsqueeze(-1), e, s, log_o, mode=self.mode, initial_state=memory,
-                   output_final_state=return_state, real_output=True)
+        y, m = eos(
+            u.unsqueeze(-1),
+            e,
+            s,
+            log_o,
+            mode=self.mode,
+            initial_state=memory,
+            output_final_state=return_state,
+            real_output=True,
+        )
         return (self.real_factor * y[..., 0] + self.D * u).to(u.dtype), m
 
     def init_state(self, batch_size: int) -> SSMState:
-        return SSMState(memory=torch.zeros(batch_size, self.d_model, self.modes, 1, dtype=self._memory_dtype(True),
-                                           device=self.log_dt.device))
+        return SSMState(
+            memory=torch.zeros(
+                batch_size, self.d_model, self.modes, 1, dtype=self._memory_dtype(True), device=self.log_dt.device
+            )
+        )
 
     def _run(self, x: Tensor, state: Optional[SSMState], return_state: bool):
         self.check_input(x)
@@ -170,6 +184,7 @@ class _DiagonalSISO(Mixer):
 
 
 # ----------------------------------------------------------------------------- S4D
+
 
 @register("s4d")
 class S4D(_DiagonalSISO):
@@ -197,8 +212,15 @@ class S4D(_DiagonalSISO):
 
     float32_parameters = ("log_dt", "log_A_real", "A_imag", "B", "C")
 
-    def __init__(self, d_model: int, d_state: int = 64, init: str = "lin", dt_min: float = 1e-3,
-                 dt_max: float = 1e-1, mode: str = "auto"):
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        init: str = "lin",
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        mode: str = "auto",
+    ):
         super().__init__(d_model)
         self.d_state = _check_even("d_state", d_state)
         self.modes = d_state // 2
@@ -230,7 +252,7 @@ class S4D(_DiagonalSISO):
     def eos_parameters(self):
         A = self.A()
         dtA = self.log_dt.exp().unsqueeze(-1) * A
-        B_bar = as_complex(self.B) * torch.expm1(dtA) / A            # ZOH
+        B_bar = as_complex(self.B) * torch.expm1(dtA) / A  # ZOH
         return B_bar, as_complex(self.C), dtA.unsqueeze(-1)
 
     def forward(self, x: Tensor, state: Optional[SSMState] = None, return_state: bool = False):
@@ -248,12 +270,16 @@ class S4D(_DiagonalSISO):
             shrink="C, 2 Re(.) kept",
             memory=f"K x D = {self.d_state // 2} x 1 complex per channel, {self.d_model} channels",
             psi="elementwise",
-            input_dd=True, expand_dd=False, oscillation_dd=False, shrink_dd=False,
+            input_dd=True,
+            expand_dd=False,
+            oscillation_dd=False,
+            shrink_dd=False,
             paper="S4D (Gu et al., 2022), section 3-4; LCSM Table 1 row S4 with a diagonal A (eq. 9)",
         )
 
 
 # ----------------------------------------------------------------------------- DSS
+
 
 @register("dss")
 class DSS(_DiagonalSISO):
@@ -299,8 +325,16 @@ class DSS(_DiagonalSISO):
     real_factor = 1.0
     float32_parameters = ("Lambda", "log_dt", "W")
 
-    def __init__(self, d_model: int, d_state: int = 64, l_max: int = 1024, dt_min: float = 1e-3,
-                 dt_max: float = 1e-1, epsilon: float = 1e-7, mode: str = "auto"):
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        l_max: int = 1024,
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        epsilon: float = 1e-7,
+        mode: str = "auto",
+    ):
         super().__init__(d_model)
         self.d_state = self.modes = _check_int("d_state", d_state, 1)
         self.l_max = _check_int("l_max", l_max, 1)
@@ -312,9 +346,9 @@ class DSS(_DiagonalSISO):
         H, N = d_model, d_state
         Lam = hippo_skew_pos_imag(N)
         self.Lambda = no_weight_decay(complex_param(Lam))
-        log_dt = log_dt_init(H, dt_min, dt_max).unsqueeze(-1).repeat(1, 2)       # [H, (re, im)]
+        log_dt = log_dt_init(H, dt_min, dt_max).unsqueeze(-1).repeat(1, 2)  # [H, (re, im)]
         self.log_dt = no_weight_decay(nn.Parameter(log_dt.to(_dtype())))
-        self.W = no_weight_decay(nn.Parameter(torch.randn(H, N, 2)))     # official: wd 0 on W
+        self.W = no_weight_decay(nn.Parameter(torch.randn(H, N, 2)))  # official: wd 0 on W
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
         self.output_linear = nn.Linear(H, H)
 
@@ -332,7 +366,7 @@ class DSS(_DiagonalSISO):
         xs = torch.where(positive, -x, x)
         num = torch.expm1(xs)
         den = torch.expm1(L * xs) * Lam
-        inv = den.conj() / (den.real ** 2 + den.imag ** 2 + self.epsilon)
+        inv = den.conj() / (den.real**2 + den.imag**2 + self.epsilon)
         shift = torch.where(positive, (-(L - 1) * x).exp(), torch.ones_like(x))
         e = num * inv * shift
         return e, as_complex(self.W), x.unsqueeze(-1)
@@ -352,7 +386,10 @@ class DSS(_DiagonalSISO):
             shrink="W, Re(.) kept",
             memory=f"K x D = {self.d_state} x 1 complex per channel, {self.d_model} channels",
             psi="elementwise",
-            input_dd=True, expand_dd=False, oscillation_dd=False, shrink_dd=False,
+            input_dd=True,
+            expand_dd=False,
+            oscillation_dd=False,
+            shrink_dd=False,
             paper="DSS (Gupta et al., 2022), section 3 Prop. 1 (DSS-softmax); LCSM Table 1 row DSS",
         )
 
@@ -368,6 +405,7 @@ def hippo_skew_pos_imag(N: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- S5
+
 
 def _lecun_trunc_normal(shape, fan_in: int) -> Tensor:
     """JAX's lecun_normal: truncated normal on [-2, 2] std units, rescaled to variance 1/fan_in."""
@@ -406,28 +444,36 @@ class S5(Mixer):
 
     float32_parameters = ("Lambda_re", "Lambda_im", "log_dt", "B", "C")
 
-    def __init__(self, d_model: int, d_state: int = 64, blocks: int = 1, dt_min: float = 1e-3,
-                 dt_max: float = 1e-1, mode: str = "auto"):
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        blocks: int = 1,
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        mode: str = "auto",
+    ):
         super().__init__(d_model)
         self.d_state = _check_even("d_state", d_state)
         self.blocks = _check_int("blocks", blocks, 1)
         if d_state % blocks or (d_state // blocks) % 2:
-            raise ValueError(f"blocks: d_state / blocks must be an even integer, got d_state={d_state}, "
-                             f"blocks={blocks!r}")
+            raise ValueError(
+                f"blocks: d_state / blocks must be an even integer, got d_state={d_state}, blocks={blocks!r}"
+            )
         dt_min, dt_max = _check_dt(dt_min, dt_max)
         self.mode = _check_mode(mode, MODES)
         H, P = d_model, d_state
         size = P // blocks
         Lam, V = hippo_normal_eig(size)
         Lam, V = Lam[: size // 2], V[:, : size // 2]
-        Lam = Lam.repeat(blocks)                                        # [P/2]
-        V = torch.block_diag(*([V] * blocks))                           # [P, P/2]
+        Lam = Lam.repeat(blocks)  # [P/2]
+        V = torch.block_diag(*([V] * blocks))  # [P, P/2]
         B = _lecun_trunc_normal((P, H), fan_in=P).to(torch.complex128)
         C = torch.complex(_lecun_trunc_normal((H, P), fan_in=P), _lecun_trunc_normal((H, P), fan_in=P))
         self.Lambda_re = no_weight_decay(nn.Parameter(Lam.real.to(_dtype()).contiguous()))
         self.Lambda_im = no_weight_decay(nn.Parameter(Lam.imag.to(_dtype()).contiguous()))
-        self.B = no_weight_decay(complex_param(V.conj().t() @ B))       # [P/2, H]
-        self.C = complex_param(C @ V)                                   # [H, P/2]
+        self.B = no_weight_decay(complex_param(V.conj().t() @ B))  # [P/2, H]
+        self.C = complex_param(C @ V)  # [H, P/2]
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
         self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(P // 2, dt_min, dt_max).to(_dtype())))
         self.out2 = nn.Linear(H, H)
@@ -441,10 +487,11 @@ class S5(Mixer):
     def ssm(self, u: Tensor, memory: Optional[Tensor] = None, return_state: bool = False):
         """u [B, T, H] -> (2 Re(C~ x_t) + D u_t [B, T, H], state memory [B, 1, 1, P/2] or None)."""
         dtL, B_bar = self.discretize()
-        i = torch.einsum("bth,ph->btp", u.to(B_bar.dtype), B_bar).unsqueeze(2)   # [B, T, 1, P/2]
+        i = torch.einsum("bth,ph->btp", u.to(B_bar.dtype), B_bar).unsqueeze(2)  # [B, T, 1, P/2]
         ones = torch.ones(1, 1, dtype=u.dtype, device=u.device)
-        x, m = eos(i, ones, ones, dtL.view(1, 1, -1), mode=self.mode, initial_state=memory,
-                   output_final_state=return_state)
+        x, m = eos(
+            i, ones, ones, dtL.view(1, 1, -1), mode=self.mode, initial_state=memory, output_final_state=return_state
+        )
         y = 2 * torch.einsum("btp,hp->bth", x[:, :, 0], as_complex(self.C)).real
         return (y + self.D * u).to(u.dtype), m
 
@@ -457,8 +504,11 @@ class S5(Mixer):
         return (y, SSMState(memory=m)) if return_state else y
 
     def init_state(self, batch_size: int) -> SSMState:
-        return SSMState(memory=torch.zeros(batch_size, 1, 1, self.d_state // 2, dtype=self._memory_dtype(True),
-                                           device=self.Lambda_re.device))
+        return SSMState(
+            memory=torch.zeros(
+                batch_size, 1, 1, self.d_state // 2, dtype=self._memory_dtype(True), device=self.Lambda_re.device
+            )
+        )
 
     def describe(self) -> EOSRow:
         return EOSRow(
@@ -469,12 +519,16 @@ class S5(Mixer):
             shrink="1, then y_t = 2 Re(C~ m_t) + D u_t",
             memory=f"K x D = 1 x {self.d_state // 2} complex (the MIMO state)",
             psi="elementwise",
-            input_dd=True, expand_dd=False, oscillation_dd=False, shrink_dd=False,
+            input_dd=True,
+            expand_dd=False,
+            oscillation_dd=False,
+            shrink_dd=False,
             paper="S5 (Smith et al., 2023), section 3-4; LCSM Table 1 row S5 with a diagonal A (eq. 9)",
         )
 
 
 # ----------------------------------------------------------------------------- S4 (NPLR)
+
 
 def krylov(v: Tensor, M: Tensor, length: int) -> Tensor:
     """Rows v M^j for j < length by repeated doubling: v [H, N], M [H, N, N] -> [H, length, N]."""
@@ -488,7 +542,7 @@ def krylov(v: Tensor, M: Tensor, length: int) -> Tensor:
 # Entries of the [H, rows, N2] matrix that cauchy_conj forms at a time: a few MB, so that a block's
 # temporaries stay in cache (S4 kernel, H 128, N 64, 16K tokens, forward and backward on one CPU
 # core: 2.7 s at 2^19, 3.2 s at 2^21, 6.4 s at 2^23).
-CAUCHY_BLOCK = 2 ** 19
+CAUCHY_BLOCK = 2**19
 
 
 def _row_blocks(g: Tensor, n2: int, *others: Tensor):
@@ -518,18 +572,18 @@ class _CauchyConj(torch.autograd.Function):
     def backward(ctx, grad_S: Tensor):
         g, a, s, W = ctx.saved_tensors
         Wc = W.to(g.dtype)
-        ones_a = torch.stack([torch.ones_like(a), a], dim=-1).to(g.dtype)             # [H, N2, 2]
+        ones_a = torch.stack([torch.ones_like(a), a], dim=-1).to(g.dtype)  # [H, N2, 2]
         grad_g, grad_as, grad_W = [], 0, 0
         for gb, Sb in _row_blocks(g, a.shape[1], grad_S):
             q = _pair_inverse(gb, a, s)
             grad_W = grad_W + (q.conj().transpose(1, 2) @ Sb).real
             # Through q = 1 / D: the cotangent of D is -grad_q conj(q)^2, with D holomorphic in g
             # (dD/dg = 2 g - 2 a) and real-affine in a (dD/da = -2 g) and s (dD/ds = 1).
-            t = -(Sb @ Wc.transpose(1, 2)) * q.conj().square()                         # [H, c, N2]
-            u = t @ ones_a                                                              # [H, c, 2]
+            t = -(Sb @ Wc.transpose(1, 2)) * q.conj().square()  # [H, c, N2]
+            u = t @ ones_a  # [H, c, 2]
             grad_g.append(2 * (gb.conj() * u[..., 0] - u[..., 1]))
-            lhs = torch.stack([-2 * gb.conj(), torch.ones_like(gb)], dim=1)             # [H, 2, c]
-            grad_as = grad_as + (lhs @ t).real                                          # [H, 2, N2]
+            lhs = torch.stack([-2 * gb.conj(), torch.ones_like(gb)], dim=1)  # [H, 2, c]
+            grad_as = grad_as + (lhs @ t).real  # [H, 2, N2]
         return torch.cat(grad_g, dim=1), grad_as[:, 0], grad_as[:, 1], grad_W
 
 
@@ -583,8 +637,7 @@ class S4(Mixer):
 
     float32_parameters = ("log_A_real", "A_imag", "P", "B", "C", "log_dt")
 
-    def __init__(self, d_model: int, d_state: int = 64, dt_min: float = 1e-3, dt_max: float = 1e-1,
-                 mode: str = "auto"):
+    def __init__(self, d_model: int, d_state: int = 64, dt_min: float = 1e-3, dt_max: float = 1e-1, mode: str = "auto"):
         super().__init__(d_model)
         self.d_state = _check_even("d_state", d_state)
         dt_min, dt_max = _check_dt(dt_min, dt_max)
@@ -633,8 +686,9 @@ class S4(Mixer):
         cached = self._discretized
         # The key holds each parameter's storage, so a pointer seen again is the same storage.
         if cached is None or not all(
-                d.data_ptr() == p.data_ptr() and d.dtype == p.dtype and d.device == p.device and v == p._version
-                for (d, v), p in zip(cached[0], params)):
+            d.data_ptr() == p.data_ptr() and d.dtype == p.dtype and d.device == p.device and v == p._version
+            for (d, v), p in zip(cached[0], params)
+        ):
             cached = self._discretized = ([(p.data, p._version) for p in params], self._discretize())
         return cached[1]
 
@@ -658,7 +712,7 @@ class S4(Mixer):
         at short lengths this power and its gradient are most of S4's kernel."""
         N2 = C.shape[-1]
         A11, A12 = A_bar[:, :N2, :N2], A_bar[:, :N2, N2:]
-        S, D = A11 + A12, A11 - A12                 # x' = S Re x + i D Im x
+        S, D = A11 + A12, A11 - A12  # x' = S Re x + i D Im x
         A_real = torch.cat([torch.cat([S.real, -D.imag], -1), torch.cat([S.imag, D.real], -1)], -2)
         # C x + conj(C x) = [Re C, -Im C] . 2 [Re x, Im x], so C A_bar^M has halves (rho_1 - i rho_2).
         rho = torch.einsum("hn,hnm->hm", torch.cat([C.real, -C.imag], -1), torch.linalg.matrix_power(A_real, M))
@@ -667,19 +721,19 @@ class S4(Mixer):
     def _kernel(self, length: int, A_bar: Tensor) -> Tensor:
         lam, Ph, Bh, C = self.half_system()
         M = length if length % 2 else length + 1
-        dt = self.log_dt.exp().unsqueeze(-1)                                # [H, 1]
+        dt = self.log_dt.exp().unsqueeze(-1)  # [H, 1]
         C_t = self._truncated_C(C, A_bar, M)
         k = torch.arange(M, device=lam.device, dtype=dt.dtype)
-        z = torch.exp(-2j * math.pi * k / M)                                # [M]
-        g = (2 / dt) * (1 - z) / (1 + z)                                    # [H, M]
+        z = torch.exp(-2j * math.pi * k / M)  # [M]
+        g = (2 / dt) * (1 - z) / (1 + z)  # [H, M]
         # The four Cauchy sums sum_n a_n b_n / (g - Lambda_n) run over conjugate pairs (the official
         # cauchy_conj): v / (g - lam) + conj(v) / (g - conj(lam)) = (2 Re(v) g - 2 Re(v conj(lam)))
         # / ((g - lam)(g - conj(lam))), so one [H, M, N/2] matrix serves all four sums.
-        v = torch.stack([C_t * Bh, C_t * Ph, Ph.conj() * Bh, Ph.conj() * Ph], dim=-1)     # [H, N/2, 4]
-        W = 2 * torch.cat([v.real, (v * lam.conj().unsqueeze(-1)).real], dim=-1)          # [H, N/2, 8]
-        S = cauchy_conj(W, g, lam)                                          # [H, M, 8]
+        v = torch.stack([C_t * Bh, C_t * Ph, Ph.conj() * Bh, Ph.conj() * Ph], dim=-1)  # [H, N/2, 4]
+        W = 2 * torch.cat([v.real, (v * lam.conj().unsqueeze(-1)).real], dim=-1)  # [H, N/2, 8]
+        S = cauchy_conj(W, g, lam)  # [H, M, 8]
         k00, k01, k10, k11 = (g.unsqueeze(-1) * S[..., :4] - S[..., 4:]).unbind(-1)
-        K_hat = 2 / (1 + z) * (k00 - k01 * k10 / (1 + k11))                 # (g - Lambda + P P^*)^-1
+        K_hat = 2 / (1 + z) * (k00 - k01 * k10 / (1 + k11))  # (g - Lambda + P P^*)^-1
         return torch.fft.ifft(K_hat, n=M, dim=-1)[..., :length].real
 
     # -- the two forms
@@ -687,7 +741,7 @@ class S4(Mixer):
     def _fft(self, u: Tensor, x0: Optional[Tensor], return_state: bool):
         T = u.shape[1]
         A_bar, B_bar = self.discretize()
-        K = self._kernel(T, A_bar)                                          # [H, T]
+        K = self._kernel(T, A_bar)  # [H, T]
         n = 2 * T
         uf = torch.fft.rfft(u.transpose(1, 2), n=n)
         y = torch.fft.irfft(uf * torch.fft.rfft(K, n=n), n=n)[..., :T].transpose(1, 2)
@@ -708,7 +762,7 @@ class S4(Mixer):
 
         if x_full is not None:
             # y_t += Re(C A_bar^(t+1) x_0) with t = c L + j: rows C A_bar^(j+1) times A_bar^(c L) x_0.
-            rows = krylov(torch.einsum("hn,hnm->hm", C, A_bar), A_bar, L)      # [H, L, N]
+            rows = krylov(torch.einsum("hn,hnm->hm", C, A_bar), A_bar, L)  # [H, L, N]
             starts = [x_full]
             for _ in range(n - 1):
                 starts.append(advance(starts[-1]))
@@ -719,7 +773,7 @@ class S4(Mixer):
             # x_T = sum_j A_bar^j B_bar u_(T-1-j) + A_bar^T x_0 with j = c L + i: the chunk sums
             # s_c = sum_i A_bar^i B_bar u_(T-1-cL-i) (columns A_bar^i B_bar as rows of the
             # transpose), then sum_c A_L^c s_c by Horner's rule.
-            cols = krylov(B_bar, A_bar.transpose(-1, -2), L)                 # [H, L, N]
+            cols = krylov(B_bar, A_bar.transpose(-1, -2), L)  # [H, L, N]
             u_back = F.pad(u.flip(1), (0, 0, 0, n * L - T)).view(Bsz, n, L, H)
             sums = torch.einsum("hin,bcih->cbhn", cols, u_back.to(cols.dtype))
             x_T = sums[-1]
@@ -740,8 +794,11 @@ class S4(Mixer):
         x = x0 if x0 is not None else u.new_zeros(u.shape[0], u.shape[2], N2, dtype=A_bar.dtype)
         ys = []
         for u_t in u.unbind(1):
-            x = (torch.einsum("hnm,bhm->bhn", A11, x) + torch.einsum("hnm,bhm->bhn", A12, x.conj())
-                 + Bh * u_t.unsqueeze(-1))
+            x = (
+                torch.einsum("hnm,bhm->bhn", A11, x)
+                + torch.einsum("hnm,bhm->bhn", A12, x.conj())
+                + Bh * u_t.unsqueeze(-1)
+            )
             ys.append(2 * (x * C).sum(-1).real)
         return torch.stack(ys, 1), x
 
@@ -768,8 +825,11 @@ class S4(Mixer):
         return (y, S4State(x=s)) if return_state else y
 
     def init_state(self, batch_size: int) -> S4State:
-        return S4State(x=torch.zeros(batch_size, self.d_model, self.d_state // 2, dtype=self._memory_dtype(True),
-                                     device=self.log_dt.device))
+        return S4State(
+            x=torch.zeros(
+                batch_size, self.d_model, self.d_state // 2, dtype=self._memory_dtype(True), device=self.log_dt.device
+            )
+        )
 
     def describe(self) -> EOSRow:
         return EOSRow(
@@ -779,8 +839,11 @@ class S4(Mixer):
             oscillation="A_bar = (I - Delta/2 A)^-1 (I + Delta/2 A), A = Lambda - P P^* (dense N x N)",
             shrink="C (y = 2 Re(C x_t) + D u_t)",
             memory=f"K x D = {self.d_state} x 1 per channel (real; stored as {self.d_state // 2} complex), "
-                   f"{self.d_model} channels",
+            f"{self.d_model} channels",
             psi="matrix",
-            input_dd=True, expand_dd=False, oscillation_dd=False, shrink_dd=False,
+            input_dd=True,
+            expand_dd=False,
+            oscillation_dd=False,
+            shrink_dd=False,
             paper="S4 (Gu et al., 2022a), section 3.3 Algorithm 1, eq. 3; LCSM Table 1 row S4 (psi = x, eq. 7)",
         )

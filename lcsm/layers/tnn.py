@@ -36,6 +36,7 @@ the RPE cheap at small widths (an option).
 
 Shape glossary: B batch, T time, d = d_model, d1 = expand_ratio * d, n = l_max (SSM modes), r = rpe_dim.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,8 +81,8 @@ def etsc(t: Tensor, gamma: float):
     sum_k b[k, c] lambda_k^j = gamma^j t[j, c] for j < n."""
     n = t.shape[0]
     m = n + 1
-    padded = torch.cat([t, -t.sum(0, keepdim=True)], dim=0)            # the DFT's k = 0 term is 0
-    b = torch.fft.ifft(padded, dim=0)[1:]                               # [n, C]
+    padded = torch.cat([t, -t.sum(0, keepdim=True)], dim=0)  # the DFT's k = 0 term is 0
+    b = torch.fft.ifft(padded, dim=0)[1:]  # [n, C]
     k = torch.arange(1, m, dtype=t.dtype, device=t.device)
     log_lam = torch.complex(torch.full_like(k, math.log(gamma)), -2 * math.pi * k / m)
     return b, log_lam
@@ -103,8 +104,16 @@ class TNN(Mixer):
 
     float32_parameters = ("rpe.",)
 
-    def __init__(self, d_model: int, expand_ratio: int = 3, rpe_dim: int = 64, rpe_layers: int = 3,
-                 gamma: float = 0.99, l_max: int = 512, mode: str = "auto"):
+    def __init__(
+        self,
+        d_model: int,
+        expand_ratio: int = 3,
+        rpe_dim: int = 64,
+        rpe_layers: int = 3,
+        gamma: float = 0.99,
+        l_max: int = 512,
+        mode: str = "auto",
+    ):
         super().__init__(d_model)
         self.expand_ratio = _check_int("expand_ratio", expand_ratio, 1)
         self.rpe_dim = _check_int("rpe_dim", rpe_dim, 1)
@@ -128,7 +137,7 @@ class TNN(Mixer):
 
     def eos_parameters(self):
         """(e = B [1, n, d1], s = 1 [1, n], log_o = log lambda [1, n, 1]) for ``lcsm.ops.eos``."""
-        b, log_lam = etsc(self.toeplitz_kernel(), self.gamma)           # [n, d1], [n]
+        b, log_lam = etsc(self.toeplitz_kernel(), self.gamma)  # [n, d1], [n]
         ones = torch.ones(1, self.l_max, dtype=b.real.dtype, device=b.device)
         return b.unsqueeze(0), ones, log_lam.view(1, -1, 1)
 
@@ -141,15 +150,25 @@ class TNN(Mixer):
         # has no bfloat16 form (and would lose the kernel's tail to its rounding).
         with autocast_off(x.device):
             e, s, log_o = self.eos_parameters()
-        y, m = eos(v.unsqueeze(2), e, s, log_o, mode=self.mode,
-                   initial_state=state.memory if state is not None else None, output_final_state=return_state,
-                   real_output=True)
+        y, m = eos(
+            v.unsqueeze(2),
+            e,
+            s,
+            log_o,
+            mode=self.mode,
+            initial_state=state.memory if state is not None else None,
+            output_final_state=return_state,
+            real_output=True,
+        )
         out = self.o(u * y[:, :, 0].to(u.dtype))
         return (out, SSMState(memory=m)) if return_state else out
 
     def init_state(self, batch_size: int) -> SSMState:
-        return SSMState(memory=torch.zeros(batch_size, 1, self.l_max, self.d_inner, dtype=self._memory_dtype(True),
-                                           device=self.o.weight.device))
+        return SSMState(
+            memory=torch.zeros(
+                batch_size, 1, self.l_max, self.d_inner, dtype=self._memory_dtype(True), device=self.o.weight.device
+            )
+        )
 
     def describe(self) -> EOSRow:
         return EOSRow(
@@ -160,6 +179,9 @@ class TNN(Mixer):
             shrink="C = J (ones), Re(.) kept",
             memory=f"K x D = {self.l_max} x {self.d_inner} complex (n = l_max modes, d1 channels)",
             psi="elementwise",
-            input_dd=True, expand_dd=False, oscillation_dd=False, shrink_dd=False,
+            input_dd=True,
+            expand_dd=False,
+            oscillation_dd=False,
+            shrink_dd=False,
             paper="TNN (Qin et al., 2023a) section 3; ETSC (Qin & Zhong, 2023); LCSM section 2.3, Table 1 row TNN",
         )

@@ -12,6 +12,7 @@ Block (pre-norm residual; the token branch is optionally wrapped in an element-w
 Shape glossary: B batch, T time, d = d_model, H = mixer width (d or ``mixer_hidden``),
 F = channel-mixer hidden width.
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Mapping, Optional
@@ -86,7 +87,7 @@ def reverse_valid(x: Tensor, lengths: Optional[Tensor]) -> Tensor:
     T = x.shape[1]
     t = torch.arange(T, device=x.device)
     lengths = lengths.to(x.device)
-    idx = torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)                 # [B, T]
+    idx = torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)  # [B, T]
     idx = idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand_as(x)
     return torch.gather(x, 1, idx)
 
@@ -126,12 +127,12 @@ def layer_mixer_options(config: ModelConfig, layer: int) -> dict:
       version couples the layers' parameters, which the mixer interface does not carry.
     * ces: ``bidirectional`` from the model (native two-sided kernel).
     """
-    return layer_options(config.mixer_class.registry_name, config.mixer_options, layer, config.n_layers,
-                         config.native_bidirectional)
+    return layer_options(
+        config.mixer_class.registry_name, config.mixer_options, layer, config.n_layers, config.native_bidirectional
+    )
 
 
-def layer_options(name: str, options: Mapping[str, Any], layer: int, n_layers: int,
-                  native_bidirectional: bool) -> dict:
+def layer_options(name: str, options: Mapping[str, Any], layer: int, n_layers: int, native_bidirectional: bool) -> dict:
     """``layer_mixer_options`` from the parts of the model config it reads (mixer ``name`` as
     registered): what sweeps compare to tell whether two configs build the same layers."""
     options = dict(options)
@@ -174,8 +175,9 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.wrapped = config.mixer_hidden is not None
 
-    def forward(self, x: Tensor, state: Optional[State] = None, return_state: bool = False,
-                lengths: Optional[Tensor] = None):
+    def forward(
+        self, x: Tensor, state: Optional[State] = None, return_state: bool = False, lengths: Optional[Tensor] = None
+    ):
         """x [B, T, d] -> [B, T, d] (and the mixer's State when ``return_state``)."""
         u = self.norm1(x)
         z = self.mixer_in(u) if self.wrapped else u

@@ -6,6 +6,7 @@ head are fields. ``ModelConfig.from_dict`` rejects unknown keys naming the close
 ``__post_init__`` validates every value (and the mixer's option names against its signature),
 so a bad config fails before any weight is allocated.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,7 +42,9 @@ def _positive_int(name: str, value, allow_none: bool = False) -> None:
 
 def _choice(name: str, value, choices) -> None:
     if value not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}{did_you_mean(str(value), choices)}")
+        raise ValueError(
+            f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}{did_you_mean(str(value), choices)}"
+        )
 
 
 @dataclass
@@ -162,27 +165,33 @@ class ModelConfig:
     def validate(self) -> None:
         if not isinstance(self.mixer, str):
             raise ValueError(f"mixer: expected a registered mixer name (str), got {self.mixer!r}")
-        cls = resolve(self.mixer)[0]          # unknown names raise with the closest valid ones
+        cls = resolve(self.mixer)[0]  # unknown names raise with the closest valid ones
         if not isinstance(self.mixer_options, Mapping):
             raise ValueError(f"mixer_options: expected a mapping of option names to values, got {self.mixer_options!r}")
         valid = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "d_model")]
         unknown = [k for k in self.mixer_options if k not in valid]
         if unknown:
             hints = ", ".join(f"{k!r}{did_you_mean(str(k), valid)}" for k in unknown)
-            raise ValueError(f"mixer_options: mixer {self.mixer!r} has no option(s) {hints}. "
-                             f"Valid options: {', '.join(valid) or 'none'}")
+            raise ValueError(
+                f"mixer_options: mixer {self.mixer!r} has no option(s) {hints}. "
+                f"Valid options: {', '.join(valid) or 'none'}"
+            )
         check_implied(self.mixer, self.mixer_options)
         owned = [k for k in MODEL_OWNED_OPTIONS.get(cls.registry_name, ()) if k in self.mixer_options]
         if owned:
-            raise ValueError(f"mixer_options: {', '.join(owned)} of mixer {cls.registry_name!r} are set by the model "
-                             "per layer (layer position / the model's 'bidirectional' field); remove them")
+            raise ValueError(
+                f"mixer_options: {', '.join(owned)} of mixer {cls.registry_name!r} are set by the model "
+                "per layer (layer position / the model's 'bidirectional' field); remove them"
+            )
         _positive_int("d_model", self.d_model)
         _positive_int("n_layers", self.n_layers)
         _positive_int("vocab_size", self.vocab_size, allow_none=True)
         _positive_int("input_dim", self.input_dim, allow_none=True)
         if (self.vocab_size is None) == (self.input_dim is None):
-            raise ValueError(f"vocab_size / input_dim: expected exactly one (token or continuous inputs), "
-                             f"got vocab_size={self.vocab_size!r}, input_dim={self.input_dim!r}")
+            raise ValueError(
+                f"vocab_size / input_dim: expected exactly one (token or continuous inputs), "
+                f"got vocab_size={self.vocab_size!r}, input_dim={self.input_dim!r}"
+            )
         _choice("head", self.head, HEADS)
         check_bool("tie_embeddings", self.tie_embeddings)
         check_bool("bidirectional", self.bidirectional)
@@ -204,8 +213,12 @@ class ModelConfig:
             _positive_int("n_classes", self.n_classes)
         _choice("pooling", self.pooling, POOLINGS)
         _choice("dual_combine", self.dual_combine, DUAL_COMBINES)
-        if isinstance(self.head_hidden, bool) or not isinstance(self.head_hidden, int) or self.head_hidden < 0 \
-                or self.head_hidden == 1:
+        if (
+            isinstance(self.head_hidden, bool)
+            or not isinstance(self.head_hidden, int)
+            or self.head_hidden < 0
+            or self.head_hidden == 1
+        ):
             raise ValueError(f"head_hidden: expected 0 (linear head) or an integer >= 2, got {self.head_hidden!r}")
         _choice("channel_mixer", self.channel_mixer, CHANNEL_MIXERS)
         _positive_int("channel_hidden", self.channel_hidden, allow_none=True)
@@ -214,8 +227,10 @@ class ModelConfig:
         _positive_int("mixer_hidden", self.mixer_hidden, allow_none=True)
         _choice("mixer_activation", self.mixer_activation, ACTIVATIONS)
         if self.mixer_hidden is None and self.mixer_activation != "relu":
-            raise ValueError(f"mixer_activation: acts between the mixer_hidden projections, got "
-                             f"{self.mixer_activation!r} with mixer_hidden=None")
+            raise ValueError(
+                f"mixer_activation: acts between the mixer_hidden projections, got "
+                f"{self.mixer_activation!r} with mixer_hidden=None"
+            )
         _choice("norm", self.norm, NORMS)
         if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
             raise ValueError(f"norm_eps: expected a positive number, got {self.norm_eps!r}")

@@ -12,6 +12,7 @@
 Shape glossary: B batch, T time, d d_model, V vocab_size, C n_classes. Model state: a list with
 one mixer ``State`` per layer (tensors only), as the mixers' own ``forward(x, state, return_state)``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,22 +63,39 @@ class Backbone(nn.Module):
         self.norm = make_norm(config.norm, d, config.norm_eps) if config.final_norm else nn.Identity()
         owned = [self.embedding if config.vocab_size is not None else self.encoder]
         for block in self.blocks:
-            owned += [m for m in (getattr(block, "mixer_in", None), getattr(block, "mixer_out", None),
-                                  block.gate, block.channel) if m is not None]
+            owned += [
+                m
+                for m in (
+                    getattr(block, "mixer_in", None),
+                    getattr(block, "mixer_out", None),
+                    block.gate,
+                    block.channel,
+                )
+                if m is not None
+            ]
         init_model_weights(owned, config.init_std)
 
     def embed(self, inputs: Tensor) -> Tensor:
         if self.config.vocab_size is not None:
             if inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
-                raise ValueError(f"input_ids: expected integer token ids [B, T], got {inputs.dtype} {list(inputs.shape)}")
+                raise ValueError(
+                    f"input_ids: expected integer token ids [B, T], got {inputs.dtype} {list(inputs.shape)}"
+                )
             return self.embedding(inputs)
         if inputs.dim() != 3 or inputs.shape[-1] != self.config.input_dim or not inputs.is_floating_point():
-            raise ValueError(f"inputs: expected float features [B, T, input_dim={self.config.input_dim}], "
-                             f"got {inputs.dtype} {list(inputs.shape)}")
+            raise ValueError(
+                f"inputs: expected float features [B, T, input_dim={self.config.input_dim}], "
+                f"got {inputs.dtype} {list(inputs.shape)}"
+            )
         return self.encoder(inputs.to(self.encoder.weight.dtype))
 
-    def forward(self, inputs: Tensor, state: Optional[List[State]] = None, return_state: bool = False,
-                lengths: Optional[Tensor] = None):
+    def forward(
+        self,
+        inputs: Tensor,
+        state: Optional[List[State]] = None,
+        return_state: bool = False,
+        lengths: Optional[Tensor] = None,
+    ):
         """inputs [B, T] ids (or [B, T, input_dim]) -> hidden [B, T, d] (and the per-layer states)."""
         x = self.dropout(self.embed(inputs))
         if state is not None and len(state) != len(self.blocks):
@@ -121,15 +139,22 @@ class Model(nn.Module):
         """The two AdamW groups: decayed parameters, then the ``no_weight_decay_parameters``."""
         skip = {id(p) for p in self.no_weight_decay_parameters()}
         decay = [p for p in self.parameters() if id(p) not in skip]
-        return [{"params": decay, "weight_decay": weight_decay},
-                {"params": [p for p in self.parameters() if id(p) in skip], "weight_decay": 0.0}]
+        return [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": [p for p in self.parameters() if id(p) in skip], "weight_decay": 0.0},
+        ]
 
 
 # ----------------------------------------------------------------------------- language model
 
 
-def sample_next(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
-                top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    generator: Optional[torch.Generator] = None,
+) -> Tensor:
     """One token per row of logits [B, V]: greedy when temperature == 0, else a sample from
     softmax(logits / temperature) restricted to the top_k tokens and to the smallest set whose
     probability reaches top_p (nucleus sampling, Holtzman et al. 2020)."""
@@ -191,10 +216,17 @@ class CausalLM(Model):
         return self.backbone.init_state(batch_size)
 
     @torch.no_grad()
-    def generate(self, input_ids: Union[Tensor, Sequence[Sequence[int]]], max_new_tokens: int,
-                 temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 lengths: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,
-                 vocab_size: Optional[int] = None) -> Tensor:
+    def generate(
+        self,
+        input_ids: Union[Tensor, Sequence[Sequence[int]]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        lengths: Optional[Tensor] = None,
+        generator: Optional[torch.Generator] = None,
+        vocab_size: Optional[int] = None,
+    ) -> Tensor:
         """Decode ``max_new_tokens`` tokens after each prompt; returns the new tokens [B, max_new_tokens].
 
         Prompts: a [B, T] tensor (all of length T, or right-padded with ``lengths`` [B]) or a list of
@@ -210,10 +242,12 @@ class CausalLM(Model):
         """
         _check_sampling(max_new_tokens, temperature, top_k, top_p)
         n_ids = self.config.vocab_size
-        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
-                                       or not 1 <= vocab_size <= n_ids):
-            raise ValueError(f"vocab_size: expected None or an integer in [1, {n_ids}] (the model's vocabulary), "
-                             f"got {vocab_size!r}")
+        if vocab_size is not None and (
+            isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= n_ids
+        ):
+            raise ValueError(
+                f"vocab_size: expected None or an integer in [1, {n_ids}] (the model's vocabulary), got {vocab_size!r}"
+            )
         device = self.backbone.embedding.weight.device
         prompts = _prompt_list(input_ids, lengths)
         B = len(prompts)
@@ -255,9 +289,15 @@ def _prompt_list(input_ids, lengths) -> List[Tensor]:
         if lengths is None:
             return list(input_ids.long())
         lengths = torch.as_tensor(lengths)
-        if lengths.shape != (input_ids.shape[0],) or bool((lengths < 1).any()) or bool((lengths > input_ids.shape[1]).any()):
-            raise ValueError(f"lengths: expected [B] = [{input_ids.shape[0]}] values in [1, {input_ids.shape[1]}], "
-                             f"got {lengths.tolist()}")
+        if (
+            lengths.shape != (input_ids.shape[0],)
+            or bool((lengths < 1).any())
+            or bool((lengths > input_ids.shape[1]).any())
+        ):
+            raise ValueError(
+                f"lengths: expected [B] = [{input_ids.shape[0]}] values in [1, {input_ids.shape[1]}], "
+                f"got {lengths.tolist()}"
+            )
         return [row[: int(n)].long() for row, n in zip(input_ids, lengths)]
     if lengths is not None:
         raise ValueError("lengths: only for a right-padded [B, T] tensor; a list of prompts carries its own lengths")
@@ -343,9 +383,15 @@ class DualClassifier(PooledClassifierBase):
             return torch.cat([u, v], dim=-1)
         return torch.cat([u, v, u * v, u - v], dim=-1)
 
-    def forward(self, inputs1: Tensor, inputs2: Tensor, mask1: Optional[Tensor] = None,
-                mask2: Optional[Tensor] = None, lengths1: Optional[Tensor] = None,
-                lengths2: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self,
+        inputs1: Tensor,
+        inputs2: Tensor,
+        mask1: Optional[Tensor] = None,
+        mask2: Optional[Tensor] = None,
+        lengths1: Optional[Tensor] = None,
+        lengths2: Optional[Tensor] = None,
+    ) -> Tensor:
         u = self.encode(inputs1, mask=mask1, lengths=lengths1)
         v = self.encode(inputs2, mask=mask2, lengths=lengths2)
         return self.head(self.combine(u, v))
@@ -361,6 +407,12 @@ def build_model(config: Union[ModelConfig, Mapping], verbose: bool = True) -> Mo
         config = ModelConfig.from_dict(config)
     model = HEAD_CLASSES[config.head](config)
     if verbose:
-        log.info("built %s (%s, %d layers, d_model %d): %s parameters", type(model).__name__, config.mixer,
-                 config.n_layers, config.d_model, f"{model.num_parameters():,}")
+        log.info(
+            "built %s (%s, %d layers, d_model %d): %s parameters",
+            type(model).__name__,
+            config.mixer,
+            config.n_layers,
+            config.d_model,
+            f"{model.num_parameters():,}",
+        )
     return model

@@ -12,6 +12,7 @@
 Any field can be overridden: ``preset("etsmlp", task="text", d_model=32, n_layers=2)``.
 ``LCSM_LM_RECIPE`` holds the Table 8 training recipe for the training engine.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,16 +35,19 @@ LRA_INPUTS = {
 # ETSMLP LRA configurations (official configs, reference-notes section 2): embedding d, MLP
 # hidden H, layers, ring r_min-r_max, max phase, norm (batch norm for the image tasks).
 ETSMLP_LRA = {
-    "listops": dict(d_model=160, mixer_hidden=160, n_layers=12, r_min=0.6, r_max=0.9, max_phase=2 * math.pi,
-                    norm="layernorm"),
-    "text": dict(d_model=160, mixer_hidden=160, n_layers=4, r_min=0.9, r_max=0.999, max_phase=0.314,
-                 norm="layernorm"),
-    "retrieval": dict(d_model=160, mixer_hidden=160, n_layers=6, r_min=0.1, r_max=0.9, max_phase=math.pi,
-                      norm="layernorm"),
-    "image": dict(d_model=128, mixer_hidden=256, n_layers=8, r_min=0.9, r_max=0.99, max_phase=math.pi,
-                  norm="batchnorm"),
-    "pathfinder": dict(d_model=128, mixer_hidden=256, n_layers=6, r_min=0.9, r_max=0.9999, max_phase=0.314,
-                       norm="batchnorm"),
+    "listops": dict(
+        d_model=160, mixer_hidden=160, n_layers=12, r_min=0.6, r_max=0.9, max_phase=2 * math.pi, norm="layernorm"
+    ),
+    "text": dict(d_model=160, mixer_hidden=160, n_layers=4, r_min=0.9, r_max=0.999, max_phase=0.314, norm="layernorm"),
+    "retrieval": dict(
+        d_model=160, mixer_hidden=160, n_layers=6, r_min=0.1, r_max=0.9, max_phase=math.pi, norm="layernorm"
+    ),
+    "image": dict(
+        d_model=128, mixer_hidden=256, n_layers=8, r_min=0.9, r_max=0.99, max_phase=math.pi, norm="batchnorm"
+    ),
+    "pathfinder": dict(
+        d_model=128, mixer_hidden=256, n_layers=6, r_min=0.9, r_max=0.9999, max_phase=0.314, norm="batchnorm"
+    ),
 }
 
 # MetaLA LRA configurations (MetaLA Table A4): depth, d (d1 = d/2 is the mixer's query/decay
@@ -58,9 +62,20 @@ METALA_LRA = {
 
 # LCSM Table 8 (WikiText-103 LM recipe), for the training engine.
 LCSM_LM_RECIPE: Dict[str, Any] = dict(
-    dataset="wikitext-103", tokenizer="bpe", vocab_size=50265, seq_len=512, batch_size=128,
-    updates=50_000, warmup=4_000, lr=5e-4, schedule="inverse_sqrt", optimizer="adam",
-    adam_eps=1e-8, adam_betas=(0.9, 0.98), weight_decay=0.1, grad_clip=None,
+    dataset="wikitext-103",
+    tokenizer="bpe",
+    vocab_size=50265,
+    seq_len=512,
+    batch_size=128,
+    updates=50_000,
+    warmup=4_000,
+    lr=5e-4,
+    schedule="inverse_sqrt",
+    optimizer="adam",
+    adam_eps=1e-8,
+    adam_betas=(0.9, 0.98),
+    weight_decay=0.1,
+    grad_clip=None,
 )
 
 
@@ -80,9 +95,19 @@ def etsmlp(task: str = "listops", gate: bool = False, **overrides) -> ModelConfi
     (reference-notes section 2)."""
     cfg = _task(task, ETSMLP_LRA)
     ring = {k: cfg.pop(k) for k in ("r_min", "r_max", "max_phase")}
-    values = dict(mixer="ces", mixer_options=dict(init="ring", **ring), mixer_activation="relu",
-                  channel_mixer="none", gate=gate, bidirectional=True, pooling="mean", dropout=0.1,
-                  dual_combine="concat", **cfg, **LRA_INPUTS[task])
+    values = dict(
+        mixer="ces",
+        mixer_options=dict(init="ring", **ring),
+        mixer_activation="relu",
+        channel_mixer="none",
+        gate=gate,
+        bidirectional=True,
+        pooling="mean",
+        dropout=0.1,
+        dual_combine="concat",
+        **cfg,
+        **LRA_INPUTS[task],
+    )
     values.update(overrides)
     return ModelConfig.from_dict(values)
 
@@ -103,13 +128,30 @@ def metala_transformer(task: Optional[str] = None, **overrides) -> ModelConfig:
     Table A4 LRA configuration, a bidirectional encoder (two causal MetaLA maps) with mean pooling.
     """
     if task is None:
-        values = dict(mixer="metala", mixer_options=dict(heads=8, conv_size=4), d_model=1024, n_layers=24,
-                      vocab_size=50277, head="lm", tie_embeddings=False, channel_mixer="glu", norm="layernorm")
+        values = dict(
+            mixer="metala",
+            mixer_options=dict(heads=8, conv_size=4),
+            d_model=1024,
+            n_layers=24,
+            vocab_size=50277,
+            head="lm",
+            tie_embeddings=False,
+            channel_mixer="glu",
+            norm="layernorm",
+        )
     else:
         cfg = _task(task, METALA_LRA)
         # Table A4 gives no head count: 2 heads as in the paper's own MQAR setup (appendix A4).
-        values = dict(mixer="metala", mixer_options=dict(heads=2, conv_size=4), channel_mixer="glu",
-                      norm="layernorm", bidirectional=True, pooling="mean", **cfg, **LRA_INPUTS[task])
+        values = dict(
+            mixer="metala",
+            mixer_options=dict(heads=2, conv_size=4),
+            channel_mixer="glu",
+            norm="layernorm",
+            bidirectional=True,
+            pooling="mean",
+            **cfg,
+            **LRA_INPUTS[task],
+        )
     values.update(overrides)
     return ModelConfig.from_dict(values)
 
@@ -121,9 +163,18 @@ def lcsm_lm(**overrides) -> ModelConfig:
     d = 512 with a GLU channel mixer and tied embeddings over the 50265-token BPE vocabulary.
     With the best code 1-9-1-0, expand K = 64 and a GLU of width 3d this gives 43.6M parameters,
     within 0.5% of the paper's count; the exact block is not public (reference-notes section 1)."""
-    values = dict(mixer="lcsm", mixer_options=dict(code="1-9-1-0", expand=64), d_model=512, n_layers=6,
-                  vocab_size=50265, head="lm", tie_embeddings=True, channel_mixer="glu", channel_hidden=1536,
-                  norm="layernorm")
+    values = dict(
+        mixer="lcsm",
+        mixer_options=dict(code="1-9-1-0", expand=64),
+        d_model=512,
+        n_layers=6,
+        vocab_size=50265,
+        head="lm",
+        tie_embeddings=True,
+        channel_mixer="glu",
+        channel_hidden=1536,
+        norm="layernorm",
+    )
     values.update(overrides)
     return ModelConfig.from_dict(values)
 
@@ -135,8 +186,16 @@ def lra_encoder(task: str = "listops", mixer: str = "s4d", **overrides) -> Model
     inputs. The papers' baselines each have their own LRA recipe (S4's, the LRA paper's
     Transformer); this is one common shape, so that a table compares mixers at equal width and
     depth. ``task`` takes the LRA inputs, the mixer and any field come from ``overrides``."""
-    values = dict(mixer=mixer, channel_mixer="glu", norm="layernorm", bidirectional=True, pooling="mean",
-                  d_model=128, n_layers=4, **_task(task, LRA_INPUTS))
+    values = dict(
+        mixer=mixer,
+        channel_mixer="glu",
+        norm="layernorm",
+        bidirectional=True,
+        pooling="mean",
+        d_model=128,
+        n_layers=4,
+        **_task(task, LRA_INPUTS),
+    )
     values.update(overrides)
     return ModelConfig.from_dict(values)
 
@@ -153,6 +212,7 @@ PRESETS: Dict[str, Callable[..., ModelConfig]] = {
 def preset(name: str, **kwargs) -> ModelConfig:
     """The config of a named preset, with ``kwargs`` (``task`` and/or any ModelConfig field) applied."""
     if name not in PRESETS:
-        raise ValueError(f"preset: unknown name {name!r}{did_you_mean(name, PRESETS)}. "
-                         f"Valid presets: {', '.join(PRESETS)}")
+        raise ValueError(
+            f"preset: unknown name {name!r}{did_you_mean(name, PRESETS)}. Valid presets: {', '.join(PRESETS)}"
+        )
     return PRESETS[name](**kwargs)

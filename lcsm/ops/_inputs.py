@@ -31,6 +31,7 @@ step size times a [K, D] matrix) is kept as its operands for the same reason: th
 kernel forms each step's exp(a * b) when the step runs, so the [B, T, K, D] log, its exp and its
 gradient are never formed; ``g_full`` materialises the product for the plain forms.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,8 +72,7 @@ def check_floating(name: str, x: Tensor) -> None:
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if not (x.is_floating_point() or x.is_complex()):
         raise TypeError(
-            f"{name}: expected a floating-point or complex tensor, got dtype {x.dtype} "
-            f"with shape {shape_str(x)}"
+            f"{name}: expected a floating-point or complex tensor, got dtype {x.dtype} with shape {shape_str(x)}"
         )
 
 
@@ -123,6 +123,7 @@ def without_autocast(fn):
     decay factors span up to e^{+-30} inside a chunk, would lose what the lift kept. Backward
     passes run outside autocast, as PyTorch recommends (the engine's trainer does), and then in
     the float32 of the forward."""
+
     @functools.wraps(fn)
     def run(*args, **kwargs):
         if _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():
@@ -132,6 +133,7 @@ def without_autocast(fn):
             return fn(*args, **kwargs)
         with autocast_off(device):
             return fn(*args, **kwargs)
+
     return run
 
 
@@ -273,12 +275,11 @@ def _decay_tensor(name: str, x: Tensor, B: int, T: int, H: int, K: int, D: int):
         forms = ["[B, T, H, K|1, D|1] (data-dependent)", "[H, K|1, D|1] (data-independent)"]
         if name == "log_o":
             forms += ["a separable pair (log_row, log_col)", "a LogProduct(a, b)"]
-        raise ValueError(f"{name}: expected {', '.join(forms[:-1])} or {forms[-1]}, "
-                         f"got {x.dim()}-d tensor {shape_str(x)}")
-    if xc.shape[-2] not in (1, K) or xc.shape[-1] not in (1, D):
         raise ValueError(
-            f"{name}: last two dims must be (K or 1, D or 1) = ({K} or 1, {D} or 1), got {shape_str(x)}"
+            f"{name}: expected {', '.join(forms[:-1])} or {forms[-1]}, got {x.dim()}-d tensor {shape_str(x)}"
         )
+    if xc.shape[-2] not in (1, K) or xc.shape[-1] not in (1, D):
+        raise ValueError(f"{name}: last two dims must be (K or 1, D or 1) = ({K} or 1, {D} or 1), got {shape_str(x)}")
     return xc, dd
 
 
@@ -327,13 +328,13 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
     B, T, H, D = i.shape
     K = e.shape[-1] if e.dim() in (2, 4) else (e.shape[1] if e.dim() == 3 else None)
     if K is None:
-        raise ValueError(
-            f"e: expected [B, T, H, K], [H, K] or [H, K, D], got {e.dim()}-d tensor {shape_str(e)}"
-        )
+        raise ValueError(f"e: expected [B, T, H, K], [H, K] or [H, K, D], got {e.dim()}-d tensor {shape_str(e)}")
     ec, e_dd = _state_shape(i, "e", e, K, D)
     sc, s_dd = _state_shape(i, "s", s, K, D)
     if sc.shape[3] != K:
-        raise ValueError(f"s: expand dimension K of s is {sc.shape[3]} but e has K = {K} (e {shape_str(e)}, s {shape_str(s)})")
+        raise ValueError(
+            f"s: expand dimension K of s is {sc.shape[3]} but e has K = {K} (e {shape_str(e)}, s {shape_str(s)})"
+        )
 
     gc, g_dd, pair_c, product_c = None, False, None, None
     if pair:
@@ -345,14 +346,12 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
         if max(a.shape[-2], b.shape[-2]) == K > 1 and max(a.shape[-1], b.shape[-1]) == D > 1:
             product_c = (a, b)
         else:
-            gc = a * b                          # no full K x D decay: formed at once (see LogProduct)
+            gc = a * b  # no full K x D decay: formed at once (see LogProduct)
     elif log_o is not None:
         gc, g_dd = _decay_tensor("log_o", log_o, B, T, H, K, D)
 
     if initial_state is not None and tuple(initial_state.shape) != (B, H, K, D):
-        raise ValueError(
-            f"{state_name}: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}"
-        )
+        raise ValueError(f"{state_name}: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}")
 
     out_dtype = torch.promote_types(torch.promote_types(i.dtype, e.dtype), s.dtype)
     for x in decays:
@@ -368,9 +367,15 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
         s=sc.to(dtype),
         g=gc.to(dtype) if gc is not None else None,
         m0=initial_state.to(dtype) if initial_state is not None else None,
-        B=B, T=T, H=H, K=K, D=D,
+        B=B,
+        T=T,
+        H=H,
+        K=K,
+        D=D,
         out_dtype=out_dtype,
-        e_dd=e_dd, s_dd=s_dd, g_dd=g_dd,
+        e_dd=e_dd,
+        s_dd=s_dd,
+        g_dd=g_dd,
         g_outer=tuple(x.to(dtype) for x in pair_c) if pair_c is not None else None,
         g_product=tuple(x.to(dtype) for x in product_c) if product_c is not None else None,
         v_real=i.permute(0, 2, 1, 3).to(dtype.to_real()) if dtype.is_complex and not i.is_complex() else None,
@@ -378,8 +383,7 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
     return p
 
 
-def finish(p: EOSProblem, y_bhtd: Tensor, m_T: Optional[Tensor], output_final_state: bool,
-           real_output: bool = False):
+def finish(p: EOSProblem, y_bhtd: Tensor, m_T: Optional[Tensor], output_final_state: bool, real_output: bool = False):
     """Back to the public layout [B, T, H, D] and dtype (y's real part when real_output); final
     state only when asked for."""
     if real_output and y_bhtd.is_complex():

@@ -48,6 +48,7 @@ blocks (``scan_chunk_backward``; ``cumulative_backward`` for the cumulative form
 sum dm_t = exp(-conj L_t) sum_{j >= t} exp(conj L_j) conj(s_j) dy_j in reverse). Either way
 memory is O(T (K + D) + (T / C) K D), not O(T K D).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -180,12 +181,12 @@ def _intra_subchunked(q, k, v, G, kind, strict, at_most: int = SUBCHUNK):
     sub = lambda x: x.reshape(*lead, ns, c, x.shape[-1])
     qs, ks, vs, Gs = sub(q), sub(k), sub(v), sub(G)
     if c == 1 or _is_moderate(Gs, q.dtype):
-        y = _single_reference(qs, ks, vs, Gs, kind, strict)                    # [.., ns, c, D]
+        y = _single_reference(qs, ks, vs, Gs, kind, strict)  # [.., ns, c, D]
     else:
         y = _intra_subchunked(qs, ks, vs, Gs, kind, strict, max(1, c // 4))
     blocks = [y[..., 0, :, :]]
     for I in range(1, ns):
-        ref = G[..., I * c - 1: I * c, :]                              # Gamma just before sub-chunk I
+        ref = G[..., I * c - 1 : I * c, :]  # Gamma just before sub-chunk I
         q_I, G_I = qs[..., I, :, :], Gs[..., I, :, :]
         k_prev, v_prev, G_prev = k[..., : I * c, :], v[..., : I * c, :], G[..., : I * c, :]
         if kind == "row":
@@ -204,8 +205,9 @@ def _intra_subchunked(q, k, v, G, kind, strict, at_most: int = SUBCHUNK):
     return torch.cat(blocks, -2)
 
 
-def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str,
-                 m0: Optional[Tensor], C: int, strict: bool = False):
+def chunk_matmul(
+    q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str, m0: Optional[Tensor], C: int, strict: bool = False
+):
     """The ``matmul`` kernel (arguments as in ``_chunk_matmul_segment``), run over segments of
     about SEGMENT tokens with the memory carried between them. Segmenting changes nothing
     numerically; it keeps the working set and the temporaries of one call at a fixed size, so time
@@ -216,8 +218,9 @@ def chunk_matmul(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str
         return _chunk_matmul_segment(q, k, v, g, kind, m0, C, strict)
     ys, M = [], m0
     for part in parts:
-        y, M = _chunk_matmul_segment(q[:, :, part], k[:, :, part], v[:, :, part],
-                                     None if g is None else g[:, :, part], kind, M, C, strict)
+        y, M = _chunk_matmul_segment(
+            q[:, :, part], k[:, :, part], v[:, :, part], None if g is None else g[:, :, part], kind, M, C, strict
+        )
         ys.append(y)
     return torch.cat(ys, 2), M
 
@@ -228,11 +231,11 @@ class _Decay:
     EOS problem over the same decays (the forward one and its transposes in the backward) shares
     them whatever the roles of q, k and v."""
 
-    G: Optional[Tensor] = None          # [B, H, N, C, X] cumulative logs from each chunk start (double)
-    e_G: Optional[Tensor] = None        # exp(Gamma_t) <= 1
-    e_last: Optional[Tensor] = None     # exp(Gamma_C) per chunk, [B, H, N, 1, X]
-    e_neg: Optional[Tensor] = None      # exp(-Gamma_s), only when moderate
-    to_end: Optional[Tensor] = None     # exp(Gamma_C - Gamma_s)
+    G: Optional[Tensor] = None  # [B, H, N, C, X] cumulative logs from each chunk start (double)
+    e_G: Optional[Tensor] = None  # exp(Gamma_t) <= 1
+    e_last: Optional[Tensor] = None  # exp(Gamma_C) per chunk, [B, H, N, 1, X]
+    e_neg: Optional[Tensor] = None  # exp(-Gamma_s), only when moderate
+    to_end: Optional[Tensor] = None  # exp(Gamma_C - Gamma_s)
     moderate: bool = True
 
 
@@ -279,14 +282,14 @@ def _chunk_states(k: Tensor, v: Tensor, f: _Decay, kind: str, m0: Optional[Tenso
         return S, S[:, :, -1] + U[:, :, -1]
     if kind == "col":
         U = k.transpose(-1, -2) @ (v * f.to_end)
-        decay = f.e_last                                               # [B, H, N, 1, D]
+        decay = f.e_last  # [B, H, N, 1, D]
     elif kind in OUTER:
         (a_end, b_end), (a_last, b_last) = _halves(f.to_end, kind, K), _halves(f.e_last, kind, K)
         U = (k * a_end).transpose(-1, -2) @ (v * b_end)
-        decay = a_last.transpose(-1, -2) * b_last                      # [B, H, N, K, D]
+        decay = a_last.transpose(-1, -2) * b_last  # [B, H, N, K, D]
     else:
         U = (k * f.to_end).transpose(-1, -2) @ v
-        decay = f.e_last.transpose(-1, -2)                             # [B, H, N, K|1, 1]
+        decay = f.e_last.transpose(-1, -2)  # [B, H, N, K|1, 1]
     states = []
     for n in range(N):
         states.append(M)
@@ -325,8 +328,9 @@ def _chunk_outputs(q: Tensor, k: Tensor, v: Tensor, f: _Decay, S: Tensor, kind: 
     return (q @ S) * f.e_G + intra
 
 
-def _chunk_matmul_segment(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str,
-                          m0: Optional[Tensor], C: int, strict: bool = False):
+def _chunk_matmul_segment(
+    q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str, m0: Optional[Tensor], C: int, strict: bool = False
+):
     """The ``matmul`` kernel on one segment. q, k [B, H, T, K]; v [B, H, T, D]; g None (kind 'none') or
     [B, H, T, 1] ('scalar'), [B, H, T, K] ('row'), [B, H, T, D] ('col'), [B, H, T, K + D] ('outer':
     the row part, then the column part); m0 [B, H, K, D] or None.
@@ -373,7 +377,7 @@ def _no_decay_backward(q: Tensor, k: Tensor, v: Tensor, dy: Tensor, S: Tensor, d
     N = qc.shape[2]
     A = (qc @ kc.transpose(-1, -2)).tril_()
     G = (dyc @ vc.transpose(-1, -2)).tril_()
-    P = qc.transpose(-1, -2) @ dyc                                            # [B, H, N, K, D]
+    P = qc.transpose(-1, -2) @ dyc  # [B, H, N, K, D]
     B, H, _, K, D = P.shape
     later = torch.ones(N, N, dtype=P.dtype, device=P.device).triu(1)
     dA = (later @ P.reshape(B, H, N, K * D)).reshape(B, H, N, K, D) + dM.unsqueeze(2)
@@ -455,7 +459,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dm_T):
-        q, k, v, g, m0, y_strict, m_T, *starts = ctx.saved_tensors    # m_T: o_T * m_{T-1} when g is set
+        q, k, v, g, m0, y_strict, m_T, *starts = ctx.saved_tensors  # m_T: o_T * m_{T-1} when g is set
         kind, C = ctx.kind, ctx.C
         tkind = TRANSPOSED[kind]
         T = q.shape[2]
@@ -476,8 +480,9 @@ class ChunkMatmulFunction(torch.autograd.Function):
         if kind == "none" and not q.is_complex():
             for j in reversed(range(len(parts))):
                 part = parts[j]
-                dq, dk, dv, dM = _no_decay_backward(q[:, :, part], k[:, :, part], v[:, :, part], dy[:, :, part],
-                                                    starts[j], dM, C)
+                dq, dk, dv, dM = _no_decay_backward(
+                    q[:, :, part], k[:, :, part], v[:, :, part], dy[:, :, part], starts[j], dM, C
+                )
                 for name, grad in (("q", dq), ("k", dk), ("v", dv)):
                     grads[name].append(grad)
             cat = lambda name: _cat(grads[name][::-1])
@@ -490,14 +495,15 @@ class ChunkMatmulFunction(torch.autograd.Function):
             if g is not None:
                 gc = g[:, :, part].conj()
                 # the adjoint at step t decays by o_{t+1}; past the last step of the sequence o = 1
-                after = g[:, :, part.stop: part.stop + 1].conj() if part.stop < T else torch.zeros_like(gc[:, :, :1])
+                after = g[:, :, part.stop : part.stop + 1].conj() if part.stop < T else torch.zeros_like(gc[:, :, :1])
                 g_rev = torch.cat([gc[:, :, 1:], after], 2).flip(2)
 
             # ds: the forward problem transposed (memory conj(m)^T), from the saved memories
             S_fwd = starts[j].conj().transpose(-1, -2)
             f_fwd = _decay_factors(gc, C, q.dtype)
-            dq = _unchunk(_chunk_outputs(_chunked(dy_j, C), _chunked(vc, C), _chunked(kc, C), f_fwd,
-                                         S_fwd, tkind, True), L)
+            dq = _unchunk(
+                _chunk_outputs(_chunked(dy_j, C), _chunked(vc, C), _chunked(kc, C), f_fwd, S_fwd, tkind, True), L
+            )
             del f_fwd, S_fwd  # released before the adjoint pass: the backward's peak is one segment's temporaries
 
             # di and de: the reverse-time adjoint problem (input dy, expand conj(s), shrink conj(e)
@@ -507,19 +513,23 @@ class ChunkMatmulFunction(torch.autograd.Function):
             S_rev, dM_start = _chunk_states(q_r, dy_r, f_rev, kind, dM)
             dv = _unchunk(_chunk_outputs(k_r, q_r, dy_r, f_rev, S_rev, kind, True), L).flip(2)
             del k_r
-            dk = _unchunk(_chunk_outputs(v_r, dy_r, q_r, f_rev, S_rev.transpose(-1, -2), tkind, True),
-                          L).flip(2)
+            dk = _unchunk(_chunk_outputs(v_r, dy_r, q_r, f_rev, S_rev.transpose(-1, -2), tkind, True), L).flip(2)
             del q_r, v_r, dy_r, f_rev, S_rev
 
             if g is not None:
-                last = part.stop == T          # the boundary term already left out the last input
+                last = part.stop == T  # the boundary term already left out the last input
                 if kind == "col":
                     term = dy_j * y_strict[:, :, part].conj() - _input_part(vc * dv, last)
                 elif kind == "outer":
                     # a separable decay's gradient is both marginals of dlog_o at once: the row
                     # identity over its K entries, the column identity over its D entries
-                    term = torch.cat([qc * dq - _input_part(kc * dk, last),
-                                      dy_j * y_strict[:, :, part].conj() - _input_part(vc * dv, last)], -1)
+                    term = torch.cat(
+                        [
+                            qc * dq - _input_part(kc * dk, last),
+                            dy_j * y_strict[:, :, part].conj() - _input_part(vc * dv, last),
+                        ],
+                        -1,
+                    )
                 else:
                     term = qc * dq - _input_part(kc * dk, last)
                     if kind == "scalar":
@@ -527,7 +537,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 dg = term.flip(2).cumsum(2).flip(2) + carry
                 carry = dg[:, :, :1]
                 grads["g"].append(dg)
-            v_dy = (vc * dy_j).sum(-1, keepdim=True)                    # own-step terms share i . dy
+            v_dy = (vc * dy_j).sum(-1, keepdim=True)  # own-step terms share i . dy
             grads["q"].append(dq.addcmul_(v_dy, kc))
             grads["k"].append(dk.addcmul_(v_dy, qc))
             grads["v"].append(dv.add_(_own_step(qc, kc, dy_j)))
@@ -547,6 +557,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------- elementwise kernel
+
 
 def _time_slice(x: Optional[Tensor], start: int, stop: int) -> Optional[Tensor]:
     if x is None or x.shape[2] == 1:
@@ -624,6 +635,7 @@ def _blocks(c: int, b: int):
 # is o (none, one, or a separable pair's two), or a LogProduct of operands in that layout whose
 # product is log o, from which each block forms its own factor exp(a * b) in cache.
 
+
 def _operands(o) -> list:
     """The tensors the decay's gradients are taken for: its factors, or a product's a and b."""
     return [o.a, o.b] if isinstance(o, LogProduct) else list(o)
@@ -699,7 +711,7 @@ def scan_chunk(v, e, s, o, m):
     h, ys = m, []
     for a, z in _blocks(c, b):
         h = _recur(v[:, :, a:z], _time_slice(e, a, z), _block_factors(o, a, z), h, buffer)
-        ys.append(_contract_k(_time_slice(s, a, z), buffer[:, :, :z - a]))
+        ys.append(_contract_k(_time_slice(s, a, z), buffer[:, :, : z - a]))
     return torch.cat(ys, 2), h.clone()
 
 
@@ -766,16 +778,20 @@ def scan_chunk_backward(v, e, s, o, m, hs, dy, dm, out):
     slice."""
     B, H, c, D = v.shape
     K = e.shape[3]
-    dY = dy.unsqueeze(-2)                                            # [B, H, c, 1, D]
+    dY = dy.unsqueeze(-2)  # [B, H, c, 1, D]
     ec, sc, vc = e.conj(), s.conj(), v.conj()
     operands = _operands(o)
-    grads = {"v": _BlockGrads(v, out["v"]), "e": _BlockGrads(e, out["e"]), "s": _BlockGrads(s, out["s"]),
-             **{j: _BlockGrads(x, out[j]) for j, x in enumerate(operands)}}
+    grads = {
+        "v": _BlockGrads(v, out["v"]),
+        "e": _BlockGrads(e, out["e"]),
+        "s": _BlockGrads(s, out["s"]),
+        **{j: _BlockGrads(x, out[j]) for j, x in enumerate(operands)},
+    }
     # A real memory read by complex s or dy takes the real part of its adjoint (two ops a step).
     real_part = not hs.is_complex() and (sc.is_complex() or dy.is_complex())
     b = _block_steps(B, H, K, D, hs.dtype, hs.device, c)
     dH = hs.new_empty(B, H, b, K, D)
-    dC = hs.new_empty(B, H, b, K, D) if operands else dH   # conj(o_t) dh_t, the carry into step t - 1
+    dC = hs.new_empty(B, H, b, K, D) if operands else dH  # conj(o_t) dh_t, the carry into step t - 1
     carry = dm
     for a, z in reversed(_blocks(c, b)):
         oc = [factor.conj() for factor in _block_factors(o, a, z)]
@@ -796,7 +812,7 @@ def scan_chunk_backward(v, e, s, o, m, hs, dy, dm, out):
             # A single factor's dlog_o goes straight into its buffer when it needs no reduction.
             direct = grads[0].slot(a, z, dC[:, :, :n]) if not isinstance(o, LogProduct) and len(o) == 1 else None
             dG = direct if direct is not None else torch.empty_like(dC[:, :, :n])
-            torch.mul(dC[:, :, 1:n], hs[:, :, a:z - 1].conj(), out=dG[:, :, 1:])
+            torch.mul(dC[:, :, 1:n], hs[:, :, a : z - 1].conj(), out=dG[:, :, 1:])
             torch.mul(dC[:, :, 0], (hs[:, :, a - 1] if a > 0 else m).conj(), out=dG[:, :, 0])
             if direct is None:
                 for j, grad in _decay_grads(o, a, z, dG):
@@ -815,8 +831,13 @@ def chunk_elementwise(v, e, s, o, m0, C):
     for start in range(0, T, C):
         stop = min(start + C, T)
         states.append(M)
-        y_c, M = scan_chunk(v[:, :, start:stop], _time_slice(e, start, stop), _time_slice(s, start, stop),
-                            _decay_slice(o, start, stop), M)
+        y_c, M = scan_chunk(
+            v[:, :, start:stop],
+            _time_slice(e, start, stop),
+            _time_slice(s, start, stop),
+            _decay_slice(o, start, stop),
+            M,
+        )
         ys.append(y_c)
     return torch.cat(ys, 2), M, states
 
@@ -928,8 +949,9 @@ def chunk_cumulative(v, e, s, g, m0, C):
     for n, start in enumerate(range(0, T, C)):
         stop = min(start + C, T)
         states.append(M)
-        hs = cumulative_memories(v[:, :, start:stop], _time_slice(e, start, stop),
-                                 [_time_slice(x, start, stop) for x in g], M, chunks[n])
+        hs = cumulative_memories(
+            v[:, :, start:stop], _time_slice(e, start, stop), [_time_slice(x, start, stop) for x in g], M, chunks[n]
+        )
         ys.append(_contract_k(_time_slice(s, start, stop), hs))
         M = hs[:, :, -1].clone()
     return torch.cat(ys, 2), M, states, chunks
@@ -964,8 +986,12 @@ def cumulative_backward(v, e, s, g, m, hs, dy, dm, out, blocks):
             torch.mul(_exp(-L.conj(), hs.dtype), R, out=dH[:, :, a:z])
         carry = dH[:, :, a] if oc is None else _at(oc, a) * dH[:, :, a]
     c = v.shape[2]
-    grads = {"v": _BlockGrads(v, out["v"]), "e": _BlockGrads(e, out["e"]), "s": _BlockGrads(s, out["s"]),
-             **{j: _BlockGrads(x, out[j]) for j, x in enumerate(g)}}
+    grads = {
+        "v": _BlockGrads(v, out["v"]),
+        "e": _BlockGrads(e, out["e"]),
+        "s": _BlockGrads(s, out["s"]),
+        **{j: _BlockGrads(x, out[j]) for j, x in enumerate(g)},
+    }
     grads["v"].add(0, c, _contract_k(ec, dH))
     grads["e"].add(0, c, _grad_outer(e, dH, vc))
     grads["s"].add(0, c, _grad_outer(s, hs.conj(), dy))
@@ -974,8 +1000,13 @@ def cumulative_backward(v, e, s, g, m, hs, dy, dm, out, blocks):
         dG = torch.cat([dC[:, :, :1] * m.conj().unsqueeze(2), dC[:, :, 1:] * hs[:, :, :-1].conj()], 2)
         for j in range(len(g)):
             grads[j].add(0, c, dG)
-    return (grads["v"].result(), grads["e"].result(), grads["s"].result(), [grads[j].result() for j in range(len(g))],
-            carry.clone())
+    return (
+        grads["v"].result(),
+        grads["e"].result(),
+        grads["s"].result(),
+        [grads[j].result() for j in range(len(g))],
+        carry.clone(),
+    )
 
 
 class ChunkElementwiseFunction(torch.autograd.Function):
@@ -992,7 +1023,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
         logs = [x for x in (g_a, g_b) if x is not None]
         ctx.form = "step" if product else _elementwise_form()
         if product:
-            decay = logs                     # saved as they are, formed again in the backward
+            decay = logs  # saved as they are, formed again in the backward
             y, m_T, states = chunk_elementwise(v, e, s, LogProduct(g_a, g_b), m0, C)
         elif ctx.form == "step":
             # the factors exp(g), formed once and saved; the cumulative form saves the logs
@@ -1009,7 +1040,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
     def backward(ctx, dy, dm_T):
         v, e, s, m0, *saved = ctx.saved_tensors
         # the decay factors exp(g) (step form), their logs g (cumulative form) or a product's operands
-        operands, states = saved[:ctx.operands], saved[ctx.operands:]
+        operands, states = saved[: ctx.operands], saved[ctx.operands :]
         C = ctx.C
         T = v.shape[2]
         dM = torch.zeros_like(states[-1]) if dm_T is None else dm_T
@@ -1019,8 +1050,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
         full = {"v": v, "e": e, "s": s, **dict(enumerate(operands))}
         # A per-step input's gradient is written chunk by chunk into one buffer; a time-shared
         # input's (time dimension 1) is summed over the chunks.
-        buffers = {name: None if name != "v" and x.shape[2] == 1 else torch.empty_like(x)
-                   for name, x in full.items()}
+        buffers = {name: None if name != "v" and x.shape[2] == 1 else torch.empty_like(x) for name, x in full.items()}
         sums = dict.fromkeys(full)
         for n in reversed(range(len(states))):
             start, stop = n * C, min(n * C + C, T)
@@ -1031,12 +1061,14 @@ class ChunkElementwiseFunction(torch.autograd.Function):
                 decay = _formed_once(LogProduct(*decay), part["v"], part["e"], states[n])
             if ctx.form == "step":
                 hs = _memories(part["v"], part["e"], decay, states[n])
-                dv, de, ds, d_operands, dM = scan_chunk_backward(part["v"], part["e"], part["s"], decay, states[n],
-                                                                 hs, dy[:, :, start:stop], dM, out)
+                dv, de, ds, d_operands, dM = scan_chunk_backward(
+                    part["v"], part["e"], part["s"], decay, states[n], hs, dy[:, :, start:stop], dM, out
+                )
             else:
                 hs = cumulative_memories(part["v"], part["e"], decay, states[n], ctx.blocks[n])
-                dv, de, ds, d_operands, dM = cumulative_backward(part["v"], part["e"], part["s"], decay, states[n],
-                                                                 hs, dy[:, :, start:stop], dM, out, ctx.blocks[n])
+                dv, de, ds, d_operands, dM = cumulative_backward(
+                    part["v"], part["e"], part["s"], decay, states[n], hs, dy[:, :, start:stop], dM, out, ctx.blocks[n]
+                )
             for name, grad in zip(full, (dv, de, ds, *d_operands)):
                 if buffers[name] is None:
                     sums[name] = grad if sums[name] is None else sums[name] + grad
@@ -1047,6 +1079,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------- entry point
+
 
 def _matmul_operands(p: EOSProblem):
     """Canonical problem -> (q, k, v, g, kind) for the matmul kernel. The unit dims go by squeeze,
@@ -1083,9 +1116,11 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom"):
             return ChunkMatmulFunction.apply(q, k, v, g, p.m0, kind, C)
         return chunk_matmul(q, k, v, g, kind, p.m0, C)
     if backward != "custom":
-        raise ValueError(f"backward: the elementwise kernel (decay {p.decay_kind!r}, e {tuple(p.e.shape)}, "
-                         f"s {tuple(p.s.shape)}) has only the 'custom' backward, got {backward!r}; "
-                         "'autograd' is the matmul kernel's baseline")
+        raise ValueError(
+            f"backward: the elementwise kernel (decay {p.decay_kind!r}, e {tuple(p.e.shape)}, "
+            f"s {tuple(p.s.shape)}) has only the 'custom' backward, got {backward!r}; "
+            "'autograd' is the matmul kernel's baseline"
+        )
     if p.g_product is not None:
         if _elementwise_form() == "cumulative":
             # The cumulative form batches a block's [n, K, D] logs and exps in any case: it takes

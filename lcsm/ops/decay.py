@@ -26,6 +26,7 @@ faulting, as they rarely are in training.
 
 Shape glossary: B batch, T time, K memory rows, D memory columns; a size-1 dim broadcasts.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,9 @@ def _check(a: Tensor, b: Tensor, tau: float) -> None:
         if not isinstance(x, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if not x.is_floating_point():
-            raise TypeError(f"{name}: expected a real floating-point tensor, got dtype {x.dtype} "
-                            f"with shape {shape_str(x)}")
+            raise TypeError(
+                f"{name}: expected a real floating-point tensor, got dtype {x.dtype} with shape {shape_str(x)}"
+            )
     if a.device != b.device:
         raise ValueError(f"a, b: expected one device, got a on {a.device} and b on {b.device}")
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0:
@@ -57,11 +59,14 @@ def _check(a: Tensor, b: Tensor, tau: float) -> None:
     try:
         shape = torch.broadcast_shapes(a.shape, b.shape)
     except RuntimeError:
-        raise ValueError(f"a, b: expected shapes that broadcast to [B, T, K, D], got a {shape_str(a)} "
-                         f"and b {shape_str(b)}") from None
+        raise ValueError(
+            f"a, b: expected shapes that broadcast to [B, T, K, D], got a {shape_str(a)} and b {shape_str(b)}"
+        ) from None
     if len(shape) != 4:
-        raise ValueError(f"a, b: expected shapes that broadcast to a 4-dim [B, T, K, D], got a {shape_str(a)} "
-                         f"and b {shape_str(b)} (broadcast [{', '.join(map(str, shape))}])")
+        raise ValueError(
+            f"a, b: expected shapes that broadcast to a 4-dim [B, T, K, D], got a {shape_str(a)} "
+            f"and b {shape_str(b)} (broadcast [{', '.join(map(str, shape))}])"
+        )
 
 
 def _four_dim(x: Tensor) -> Tensor:
@@ -84,7 +89,7 @@ class _LogSigmoidProduct(torch.autograd.Function):
         work = torch.empty((B, n, K, D), dtype=dtype, device=a.device)
         for start in range(0, T, n):
             stop = min(start + n, T)
-            z, y = work[:, :stop - start], out[:, start:stop]
+            z, y = work[:, : stop - start], out[:, start:stop]
             torch.mul(_steps(a, start, stop), _steps(b, start, stop), out=z)
             # logsigmoid(z) = min(z, 0) - log1p(exp(-|z|)): exp never overflows
             torch.clamp(z, max=0, out=y)
@@ -102,18 +107,20 @@ class _LogSigmoidProduct(torch.autograd.Function):
         term = grad.new_empty(B, n, K, D)
         factors = (a, b)
         # a time-shared factor's gradient sums over the blocks; a per-step one is written block by block
-        grads = [None if not ctx.needs_input_grad[j] else
-                 x.new_zeros(x.shape) if x.shape[1] == 1 else torch.empty_like(x) for j, x in enumerate(factors)]
+        grads = [
+            None if not ctx.needs_input_grad[j] else x.new_zeros(x.shape) if x.shape[1] == 1 else torch.empty_like(x)
+            for j, x in enumerate(factors)
+        ]
         for start in range(0, T, n):
             stop = min(start + n, T)
-            g = dz[:, :stop - start]
+            g = dz[:, : stop - start]
             torch.mul(_steps(a, start, stop), _steps(b, start, stop), out=g)
             # d logsigmoid(z) / dz = sigmoid(-z)
             torch.sigmoid(g.neg_(), out=g).mul_(grad[:, start:stop]).div_(ctx.tau)
             for j, x in enumerate(factors):
                 if grads[j] is None:
                     continue
-                t = term[:, :stop - start]
+                t = term[:, : stop - start]
                 torch.mul(g, _steps(factors[1 - j], start, stop), out=t)
                 part = t.sum_to_size(_steps(x, start, stop).shape)
                 if x.shape[1] == 1:

@@ -23,6 +23,7 @@ Modes (see docs/eos_delta.md for the algebra):
 Shape glossary: B batch, T time, H heads, K memory rows (key width), D memory columns (value
 width), C chunk size, N = ceil(T / C) chunks. Internally tensors are head-major [B, H, T, .].
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -40,6 +41,7 @@ DELTA_MODES = ("auto", "recurrent", "chunk")
 
 
 # ----------------------------------------------------------------------------- validation
+
 
 def _canonicalize(i, e, s, a, b, log_o, initial_state):
     """Validate ``eos_delta``'s arguments; return head-major tensors in the compute dtype."""
@@ -80,9 +82,7 @@ def _canonicalize(i, e, s, a, b, log_o, initial_state):
                 f"got {log_o.dim()}-d tensor {shape_str(log_o)}"
             )
     if initial_state is not None and tuple(initial_state.shape) != (B, H, K, D):
-        raise ValueError(
-            f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}"
-        )
+        raise ValueError(f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}")
     tensors = [i, e, s, a, b, log_o, initial_state]
     out_dtype = tensors[0].dtype
     for t in tensors[1:]:
@@ -102,6 +102,7 @@ def _canonicalize(i, e, s, a, b, log_o, initial_state):
 
 
 # ----------------------------------------------------------------------------- recurrent form
+
 
 def _step(m: Tensor, v: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, gamma: Optional[Tensor]):
     """One step on [B, H, .] tensors: m [B, H, K, D] -> (y [B, H, D], m_new)."""
@@ -130,7 +131,8 @@ class _DeltaRecurrent(torch.autograd.Function):
         checkpoints = []
         ys = []
         for t, (v_t, e_t, s_t, a_t, b_t, gm_t) in enumerate(
-                zip(v.unbind(2), e.unbind(2), s.unbind(2), a.unbind(2), b.unbind(2), gammas)):
+            zip(v.unbind(2), e.unbind(2), s.unbind(2), a.unbind(2), b.unbind(2), gammas)
+        ):
             if t % chunk_size == 0:
                 checkpoints.append(m)
             y_t, m = _step(m, v_t, e_t, s_t, a_t, b_t, gm_t)
@@ -158,7 +160,7 @@ class _DeltaRecurrent(torch.autograd.Function):
         dg: List[Tensor] = [None] * T
         for n in range(len(checkpoints) - 1, -1, -1):
             t0, t1 = n * C, min((n + 1) * C, T)
-            prev = [checkpoints[n]]          # prev[j] = m_{t0 + j}, the memory before step t0 + j
+            prev = [checkpoints[n]]  # prev[j] = m_{t0 + j}, the memory before step t0 + j
             for t in range(t0, t1):
                 prev.append(_step(prev[-1], vs[t], es[t], ss[t], as_[t], bs[t], gammas[t])[1])
             for t in range(t1 - 1, t0 - 1, -1):
@@ -171,8 +173,8 @@ class _DeltaRecurrent(torch.autograd.Function):
                 # G is now dL/dm_t (all paths). Gradients of m_t = F_t m_{t-1} + e_t v_t^T:
                 de[t] = torch.einsum("bhkd,bhd->bhk", G, vs[t])
                 dv[t] = torch.einsum("bhkd,bhk->bhd", G, es[t])
-                u = torch.einsum("bhk,bhkd->bhd", bs[t], m_prev)        # b^T m_{t-1}
-                w = torch.einsum("bhk,bhkd->bhd", as_[t], G)            # a^T G
+                u = torch.einsum("bhk,bhkd->bhd", bs[t], m_prev)  # b^T m_{t-1}
+                w = torch.einsum("bhk,bhkd->bhd", as_[t], G)  # a^T G
                 # dF_t = G m_{t-1}^T; F = gamma (I - a b^T) gives da = -gamma dF b, db = -gamma dF^T a,
                 # dlog_o = gamma <dF, I - a b^T> = <G, m_t - e v^T>.
                 gm = gammas[t]
@@ -189,11 +191,20 @@ class _DeltaRecurrent(torch.autograd.Function):
                     G = gm[..., None, None] * G
         dg_out = torch.stack(dg, 2) if g is not None else None
         dm0 = G if ctx.has_m0 else None
-        return (torch.stack(dv, 2), torch.stack(de, 2), torch.stack(ds, 2), torch.stack(da, 2),
-                torch.stack(db, 2), dg_out, dm0, None)
+        return (
+            torch.stack(dv, 2),
+            torch.stack(de, 2),
+            torch.stack(ds, 2),
+            torch.stack(da, 2),
+            torch.stack(db, 2),
+            dg_out,
+            dm0,
+            None,
+        )
 
 
 # ----------------------------------------------------------------------------- chunk form
+
 
 class _UnitLowerInverse(torch.autograd.Function):
     """(I + L)^{-1} for strictly lower-triangular L [..., C, C].
@@ -243,9 +254,9 @@ def _delta_chunk(v, e, s, a, b, g, m0, chunk_size, a_is_e=False):
     incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
     if g is not None:
         g = g.reshape(Bn, H, N, C)
-        c = g.cumsum(-1)                                  # c_t
-        c_prev = c - g                                    # c_{t-1}
-        a = a * g.exp().unsqueeze(-1)                     # a'_t = gamma_t a_t
+        c = g.cumsum(-1)  # c_t
+        c_prev = c - g  # c_{t-1}
+        a = a * g.exp().unsqueeze(-1)  # a'_t = gamma_t a_t
         # Differences are masked before exp so the (discarded) upper triangle can never overflow.
         dec_b = (c_prev.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~strict, float("-inf")).exp()
         dec_s = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~incl, float("-inf")).exp()
@@ -266,7 +277,7 @@ def _delta_chunk(v, e, s, a, b, g, m0, chunk_size, a_is_e=False):
         col = g.exp().unsqueeze(-2) if g is not None else None
         L, Psa = (Le, Pse) if col is None else (Le * col, Pse * col)
     else:
-        ae = torch.cat([a, e], -2).transpose(-1, -2)     # [K, 2C]: a' and e side by side
+        ae = torch.cat([a, e], -2).transpose(-1, -2)  # [K, 2C]: a' and e side by side
         L, Le = ((b @ ae) * torch.cat([dec_b, dec_b], -1)).split(C, -1)  # b_t . a'_j, b_t . e_j
         Psa, Pse = ((s @ ae) * torch.cat([dec_s, dec_s], -1)).split(C, -1)
     inv = _UnitLowerInverse.apply(L)
@@ -276,13 +287,13 @@ def _delta_chunk(v, e, s, a, b, g, m0, chunk_size, a_is_e=False):
         W, inv_v = (inv @ torch.cat([b, v], -1)).split([K, D], -1)
         SW, R = (Pse @ torch.cat([W, inv_v], -1)).split([K, D], -1)
         EW, Psi = (e.transpose(-1, -2) @ torch.cat([W, inv_v], -1)).split([K, D], -1)
-        Q, Phi = s - SW, m_decay - EW                     # y = Q M + R,  M' = Phi M + Psi
+        Q, Phi = s - SW, m_decay - EW  # y = Q M + R,  M' = Phi M + Psi
     else:
-        sol = inv @ torch.cat([b_scaled, Le @ v], -1)     # [W, U0]: U = W M + U0
+        sol = inv @ torch.cat([b_scaled, Le @ v], -1)  # [W, U0]: U = W M + U0
         SW, SU = (Psa @ sol).split([K, D], -1)
-        Q, R = s_scaled - SW, Pse @ v - SU                # y = Q M + R
+        Q, R = s_scaled - SW, Pse @ v - SU  # y = Q M + R
         AW, AU = (a_end.transpose(-1, -2) @ sol).split([K, D], -1)
-        Phi, Psi = m_decay - AW, e_end.transpose(-1, -2) @ v - AU   # M' = Phi M + Psi
+        Phi, Psi = m_decay - AW, e_end.transpose(-1, -2) @ v - AU  # M' = Phi M + Psi
 
     M = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
     starts = []
@@ -291,17 +302,28 @@ def _delta_chunk(v, e, s, a, b, g, m0, chunk_size, a_is_e=False):
     for Phi_n, Psi_n in zip(Phis, Psis):
         starts.append(M)
         M = Phi_n @ M + Psi_n
-    y = Q @ torch.stack(starts, 2) + R                    # [B, H, N, C, D]
+    y = Q @ torch.stack(starts, 2) + R  # [B, H, N, C, D]
     y = y.reshape(Bn, H, N * C, D)[:, :, :T]
     return y, M
 
 
 # ----------------------------------------------------------------------------- public API
 
+
 @without_autocast
-def eos_delta(i: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, log_o: Optional[Tensor] = None, *,
-              mode: str = "auto", initial_state: Optional[Tensor] = None, output_final_state: bool = False,
-              chunk_size: int = 64) -> Tuple[Tensor, Optional[Tensor]]:
+def eos_delta(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    a: Tensor,
+    b: Tensor,
+    log_o: Optional[Tensor] = None,
+    *,
+    mode: str = "auto",
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> Tuple[Tensor, Optional[Tensor]]:
     """EOS with the matrix oscillation o_t = exp(log_o_t) (I - a_t b_t^T) (LCSM 5.2, Table 7).
 
         m_t = exp(log_o_t) (I - a_t b_t^T) m_{t-1} + e_t i_t^T,    y_t = m_t^T s_t

@@ -8,6 +8,7 @@ log_o is one tensor, a separable pair (log_row, log_col), o = exp(log_row + log_
 step by step.
 See docs/eos.md for the semantics, each mode's algorithm and the mapping of the papers' models.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,7 @@ _DECAY_WORDS = {
     "scalar": "a scalar decay",
     "row": "a row decay (varies over K)",
     "col": "a column decay (varies over D)",
-    "outer": "a separable decay o = a (x) b, applied as a along K and b along D without forming the "
-             "K x D decay",
+    "outer": "a separable decay o = a (x) b, applied as a along K and b along D without forming the K x D decay",
 }
 
 
@@ -57,8 +57,10 @@ def _kernel_reason(p: EOSProblem) -> str:
     if p.decay_kind == "full":
         why.append("a full K x D decay")
     if p.decay_kind == "product":
-        why.append("a full K x D decay given as a product a * b (each block of steps forms its exp(a * b) "
-                   "when it runs, in cache)")
+        why.append(
+            "a full K x D decay given as a product a * b (each block of steps forms its exp(a * b) "
+            "when it runs, in cache)"
+        )
     if not (p.e_is_vector and p.s_is_vector):
         why.append("K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec))
     reason = "elementwise kernel: " + " and ".join(why)
@@ -70,8 +72,9 @@ def _kernel_reason(p: EOSProblem) -> str:
 def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
-    structure = (f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, "
-                 f"s={'vector' if p.s_is_vector else 'K x D'}")
+    structure = (
+        f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, s={'vector' if p.s_is_vector else 'K x D'}"
+    )
     if mode == "fft" and not p.data_independent:
         dd = [n for n, f in (("e", p.e_dd), ("s", p.s_dd), ("log_o", p.g_dd)) if f]
         raise ValueError(
@@ -90,11 +93,17 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
     if p.T <= 1:
         return Plan("recurrent", "loop", "T <= 1: one recurrent step is cheapest (decoding)")
     if p.data_independent:
-        return Plan("fft", "long-convolution",
-                    "e, s and log_o are data-independent: a time-invariant system, computed as an "
-                    "O(T log T) convolution with an O(T K D) kernel")
-    return Plan("chunk", kernel_for(p),
-                f"linear-time chunkwise form with C={max(1, min(chunk_size, p.T))} ({structure}); {_kernel_reason(p)}")
+        return Plan(
+            "fft",
+            "long-convolution",
+            "e, s and log_o are data-independent: a time-invariant system, computed as an "
+            "O(T log T) convolution with an O(T K D) kernel",
+        )
+    return Plan(
+        "chunk",
+        kernel_for(p),
+        f"linear-time chunkwise form with C={max(1, min(chunk_size, p.T))} ({structure}); {_kernel_reason(p)}",
+    )
 
 
 def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chunk_size: int = 64) -> Plan:
@@ -113,9 +122,18 @@ def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chun
 
 
 @without_autocast
-def eos(i: Tensor, e: Tensor, s: Tensor, log_o: LogO = None, *, mode: str = "auto",
-        initial_state: Optional[Tensor] = None, output_final_state: bool = False,
-        chunk_size: int = 64, real_output: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+def eos(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    log_o: LogO = None,
+    *,
+    mode: str = "auto",
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    real_output: bool = False,
+) -> Tuple[Tensor, Optional[Tensor]]:
     """Run the EOS recurrence over a sequence.
 
     Args:

@@ -7,6 +7,7 @@ When e, s and o do not depend on t, the recurrence is a causal long convolution:
 The kernel costs O(T K D) to build; the convolution is O(T log T) per channel by FFT on length
 2T (zero padding makes the circular convolution causal and exact).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,14 +25,14 @@ def _powers(p: EOSProblem, start: int, stop: int) -> torch.Tensor:
     two exps and a product away from exact, with no power accumulated step by step."""
     n = stop - start
     dtype = p.v.real.dtype if p.v.is_complex() else p.v.dtype
-    g = p.g_full                                  # a separable pair as its [1, H, 1, K, D] sum
+    g = p.g_full  # a separable pair as its [1, H, 1, K, D] sum
     if g is None:
         return torch.ones(1, p.H, n, 1, 1, dtype=p.v.dtype, device=p.v.device)
     S = max(1, math.isqrt(n))
     a = torch.arange(-(-n // S), device=p.v.device, dtype=dtype) * S + start
     b = torch.arange(S, device=p.v.device, dtype=dtype)
-    coarse = (g * a.view(1, 1, -1, 1, 1)).exp().unsqueeze(3)      # [1, H, A, 1, Kg, Dg]
-    fine = (g * b.view(1, 1, -1, 1, 1)).exp().unsqueeze(2)        # [1, H, 1, S, Kg, Dg]
+    coarse = (g * a.view(1, 1, -1, 1, 1)).exp().unsqueeze(3)  # [1, H, A, 1, Kg, Dg]
+    fine = (g * b.view(1, 1, -1, 1, 1)).exp().unsqueeze(2)  # [1, H, 1, S, Kg, Dg]
     return (coarse * fine).flatten(2, 3)[:, :, :n]
 
 
@@ -50,7 +51,7 @@ def eos_fft(p: EOSProblem, real_output: bool = False, final_state: bool = True):
     """y and m_T (None unless final_state). With real_output and a real input, y is the real part
     only, Re(k * v) = Re(k) * v: a real convolution, half the work of the complex one."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
-    powers = _powers(p, 0, T)                                    # [1, H, T, Kg, Dg]
+    powers = _powers(p, 0, T)  # [1, H, T, Kg, Dg]
     kernel = _over_k(powers, (p.s * p.e)[:, :, 0]).expand(1, H, T, D)
     v = p.v
     if real_output and p.v_real is not None:
@@ -74,7 +75,7 @@ def eos_fft(p: EOSProblem, real_output: bool = False, final_state: bool = True):
             m_T = (back * p.e * p.v.unsqueeze(-2)).sum(2)
         m_T = m_T.expand(B, H, K, D)
     if p.m0 is not None:
-        from_start = _powers(p, 1, T + 1)                        # o^t, t = 1..T
+        from_start = _powers(p, 1, T + 1)  # o^t, t = 1..T
         y = y + _over_k(from_start, p.s[:, :, 0] * p.m0)
         if final_state:
             m_T = m_T + from_start[:, :, -1] * p.m0

@@ -9,6 +9,7 @@ When e and s are K-vectors and the decay does not vary over D this is a masked a
 A[t, s] = sum_k s_t[k] e_s[k] exp(Gamma_t - Gamma_s)[k] followed by y = A i; otherwise the map
 carries a D axis (A[t, s, d]). The exponent is masked *before* exp so that s > t never overflows.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,13 +33,13 @@ def eos_parallel(p: EOSProblem):
     dtype = p.v.dtype
     causal = torch.ones(T, T, dtype=torch.bool, device=p.v.device).tril()
     e, s = p.e, p.s
-    g = p.g_full                    # a separable pair as its K x D sum: this form is the plain twin
+    g = p.g_full  # a separable pair as its K x D sum: this form is the plain twin
     if g is None:
         gamma = None
         w = causal.to(dtype).view(1, 1, T, T, 1, 1)
     else:
-        gamma = _cumulative_log(g, T)                                  # [B|1, H, T, Kg, Dg]
-        diff = gamma.unsqueeze(3) - gamma.unsqueeze(2)                   # [.., t, s, Kg, Dg]
+        gamma = _cumulative_log(g, T)  # [B|1, H, T, Kg, Dg]
+        diff = gamma.unsqueeze(3) - gamma.unsqueeze(2)  # [.., t, s, Kg, Dg]
         mask = causal.view(1, 1, T, T, 1, 1)
         w = torch.where(mask, diff, torch.zeros((), dtype=diff.dtype, device=diff.device)).exp()
         w = torch.where(mask, w, torch.zeros((), dtype=w.dtype, device=w.device)).to(dtype)
@@ -47,14 +48,14 @@ def eos_parallel(p: EOSProblem):
         a = (s[..., 0].unsqueeze(3) * e[..., 0].unsqueeze(2) * w[..., 0]).sum(-1)
         y = a @ p.v
     else:
-        a = (s.unsqueeze(3) * e.unsqueeze(2) * w).sum(-2)               # [.., t, s, D]
+        a = (s.unsqueeze(3) * e.unsqueeze(2) * w).sum(-2)  # [.., t, s, D]
         y = (a * p.v.unsqueeze(2)).sum(3)
     if g is None:
         decay_to_end = torch.ones((), dtype=dtype, device=p.v.device)
         from_start = decay_to_end
     else:
-        decay_to_end = (gamma[:, :, -1:] - gamma).exp().to(dtype)        # exp(Gamma_T - Gamma_s)
-        from_start = gamma.exp().to(dtype)                               # exp(Gamma_t)
+        decay_to_end = (gamma[:, :, -1:] - gamma).exp().to(dtype)  # exp(Gamma_T - Gamma_s)
+        from_start = gamma.exp().to(dtype)  # exp(Gamma_t)
     m_T = (decay_to_end * e * p.v.unsqueeze(-2)).sum(2).expand(B, H, K, D)
     if p.m0 is not None:
         y = y + (s * from_start * p.m0.unsqueeze(2)).sum(-2)

@@ -10,6 +10,7 @@ oscillation (a pair of log factors) is applied as its materialised K x D sum. Th
 ``unbind``/``stack`` rather than slicing ``x[:, t]``: slicing inside the loop makes autograd write
 a full-size gradient per step, i.e. an O(T^2) backward (reference-notes section 5).
 """
+
 from __future__ import annotations
 
 import torch

@@ -26,6 +26,7 @@ it through the rotations. This is the official real form of LRPE and LCSM's code
 e sin]), made exact for carried states and decays. Angles t * theta are formed in float64: in
 float32 an angle near t = 65536 would be off by about 0.004 rad.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -44,15 +45,19 @@ ROTATING_MODES = ("auto", "recurrent", "parallel", "chunk")
 
 def _check_real(name: str, x: Optional[Tensor], why: str) -> None:
     if x is not None and x.is_complex():
-        raise TypeError(f"{name}: eos_rotating takes a real {name} ({why}), got dtype {x.dtype} with shape {shape_str(x)}")
+        raise TypeError(
+            f"{name}: eos_rotating takes a real {name} ({why}), got dtype {x.dtype} with shape {shape_str(x)}"
+        )
 
 
 def _rows_twice(name: str, log_o: Tensor, K: int) -> Tensor:
     """A real log oscillation for the 2K rows of the rotating frame: its K rows repeated (a decay
     shared by the rows, K-dim 1, stays as it is). log_o has its ``eos`` shape, rows at dim -2."""
     if log_o.dim() < 3 or log_o.shape[-2] not in (1, K):
-        raise ValueError(f"{name}: expected the rows of a log oscillation at dim -2, K = {K} or 1, as eos takes it "
-                         f"([B, T, H, K|1, D|1] or [H, K|1, D|1]), got {shape_str(log_o)}")
+        raise ValueError(
+            f"{name}: expected the rows of a log oscillation at dim -2, K = {K} or 1, as eos takes it "
+            f"([B, T, H, K|1, D|1] or [H, K|1, D|1]), got {shape_str(log_o)}"
+        )
     return torch.cat([log_o, log_o], -2) if log_o.shape[-2] == K > 1 else log_o
 
 
@@ -63,8 +68,10 @@ def _expand_vector(name: str, x: Tensor, B: int, T: int, H: int) -> Tensor:
     if x.dim() == 2 and x.shape[0] == H:
         return x[None, None].expand(1, T, H, x.shape[-1])
     why = f" (a K x D {name} has no rotating-frame form; use eos with a complex log_o)" if x.dim() == 3 else ""
-    raise ValueError(f"{name}: eos_rotating takes a K-vector {name}, [B, T, H, K] = [{B}, {T}, {H}, K] or "
-                     f"[H, K] = [{H}, K], got {shape_str(x)}{why}")
+    raise ValueError(
+        f"{name}: eos_rotating takes a K-vector {name}, [B, T, H, K] = [{B}, {T}, {H}, K] or "
+        f"[H, K] = [{H}, K], got {shape_str(x)}{why}"
+    )
 
 
 def _halves(x: Tensor, cos: Tensor, sin: Tensor, conj: bool) -> Tensor:
@@ -78,9 +85,18 @@ def _halves(x: Tensor, cos: Tensor, sin: Tensor, conj: bool) -> Tensor:
     return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
 
 
-def eos_rotating(i: Tensor, e: Tensor, s: Tensor, theta: Tensor, log_o: LogO = None, *, mode: str = "auto",
-                 initial_state: Optional[Tensor] = None, output_final_state: bool = False,
-                 chunk_size: int = 64) -> Tuple[Tensor, Optional[Tensor]]:
+def eos_rotating(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    theta: Tensor,
+    log_o: LogO = None,
+    *,
+    mode: str = "auto",
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+) -> Tuple[Tensor, Optional[Tensor]]:
     """Re(y) of the EOS system with oscillation exp(log_o_t + i theta), by the rotating frame.
 
     The same result (up to rounding) as ``eos(i, e, s, log_o + 1j * theta[..., None],
@@ -104,9 +120,15 @@ def eos_rotating(i: Tensor, e: Tensor, s: Tensor, theta: Tensor, log_o: LogO = N
         Re(y) [B, T, H, D] and m_T (or None).
     """
     if mode not in ROTATING_MODES:
-        raise ValueError(f"mode: eos_rotating expects one of {', '.join(ROTATING_MODES)}, got {mode!r}"
-                         + ("; the rotating frame is time-dependent, use eos(..., mode='fft') with a complex "
-                            "log_o for a time-invariant rotation" if mode == "fft" else ""))
+        raise ValueError(
+            f"mode: eos_rotating expects one of {', '.join(ROTATING_MODES)}, got {mode!r}"
+            + (
+                "; the rotating frame is time-dependent, use eos(..., mode='fft') with a complex "
+                "log_o for a time-invariant rotation"
+                if mode == "fft"
+                else ""
+            )
+        )
     output_final_state = check_bool("output_final_state", output_final_state)
     for name, x in (("i", i), ("e", e), ("s", s), ("theta", theta)):
         check_floating(name, x)
@@ -130,7 +152,7 @@ def eos_rotating(i: Tensor, e: Tensor, s: Tensor, theta: Tensor, log_o: LogO = N
     if real in (torch.float16, torch.bfloat16):
         real = torch.float32
     steps = torch.arange(1, T + 1, dtype=torch.float64, device=i.device)
-    angle = steps[:, None, None] * theta.to(torch.float64).expand(H, K)      # [T, H, K]
+    angle = steps[:, None, None] * theta.to(torch.float64).expand(H, K)  # [T, H, K]
     cos, sin = angle.cos().to(real), angle.sin().to(real)
     e2 = _halves(e, cos, sin, conj=True).expand(B, T, H, 2 * K)
     s2 = _halves(s, cos, sin, conj=False).expand(B, T, H, 2 * K)
@@ -143,11 +165,16 @@ def eos_rotating(i: Tensor, e: Tensor, s: Tensor, theta: Tensor, log_o: LogO = N
         check_floating("initial_state", initial_state)
         if tuple(initial_state.shape) != (B, H, K, D):
             raise ValueError(
-                f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}")
-        m0 = (torch.cat([initial_state.real, -initial_state.imag], -2) if initial_state.is_complex()
-              else torch.cat([initial_state, torch.zeros_like(initial_state)], -2))
-    y, n_T = eos(i, e2, s2, log_o2, mode=mode, initial_state=m0, output_final_state=output_final_state,
-                 chunk_size=chunk_size)
+                f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+            )
+        m0 = (
+            torch.cat([initial_state.real, -initial_state.imag], -2)
+            if initial_state.is_complex()
+            else torch.cat([initial_state, torch.zeros_like(initial_state)], -2)
+        )
+    y, n_T = eos(
+        i, e2, s2, log_o2, mode=mode, initial_state=m0, output_final_state=output_final_state, chunk_size=chunk_size
+    )
     if not output_final_state:
         return y, None
     turn = T * theta.to(torch.float64).expand(H, K)

@@ -26,6 +26,7 @@ second sequence of a dual task); ``Task.logits`` feeds them to the model.
 
 Shape glossary: B batch, T sequence length (input tokens), V vocabulary size, N examples.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -64,6 +65,7 @@ def default_cache_dir() -> Path:
 
 
 # ----------------------------------------------------------------------------- configuration
+
 
 @dataclass(frozen=True)
 class TaskConfig:
@@ -123,6 +125,7 @@ class Uniforms:
 
 # ----------------------------------------------------------------------------- data
 
+
 @dataclass
 class Segment:
     """A block of equal-length examples generated with one setting.
@@ -144,11 +147,17 @@ class Segment:
     def __post_init__(self):
         reserved = {"input_ids", "labels", "segment", *self.meta}
         for key, value in self.extras.items():
-            if key in reserved or not isinstance(value, Tensor) or value.dim() < 1 \
-                    or value.shape[0] != self.inputs.shape[0]:
-                raise ValueError(f"segment {self.name!r}: extra {key!r} must be a tensor [N={self.inputs.shape[0]}, ...] "
-                                 f"under a name other than {sorted(reserved)}, got "
-                                 f"{list(value.shape) if isinstance(value, Tensor) else type(value).__name__}")
+            if (
+                key in reserved
+                or not isinstance(value, Tensor)
+                or value.dim() < 1
+                or value.shape[0] != self.inputs.shape[0]
+            ):
+                raise ValueError(
+                    f"segment {self.name!r}: extra {key!r} must be a tensor [N={self.inputs.shape[0]}, ...] "
+                    f"under a name other than {sorted(reserved)}, got "
+                    f"{list(value.shape) if isinstance(value, Tensor) else type(value).__name__}"
+                )
         per_token = self.labels.dim() == 2 and self.labels.shape == self.inputs.shape[:2]
         per_sequence = self.labels.dim() == 1 and self.labels.shape[0] == self.inputs.shape[0]
         if self.inputs.dim() < 2 or not (per_token or per_sequence):
@@ -193,8 +202,13 @@ class SegmentedDataset(Dataset):
         s = self.segments[seg]
         x = s.inputs[row]
         extras = {k: (v[row] if v[row].is_floating_point() else v[row].long()) for k, v in s.extras.items()}
-        return {"input_ids": x if x.is_floating_point() else x.long(), "labels": s.labels[row].long(),
-                "segment": s.name, **s.meta, **extras}
+        return {
+            "input_ids": x if x.is_floating_point() else x.long(),
+            "labels": s.labels[row].long(),
+            "segment": s.name,
+            **s.meta,
+            **extras,
+        }
 
     def __getitems__(self, indices: Sequence[int]) -> Dict[str, object]:
         """The batch of ``indices`` (all from one segment), gathered at once: what ``loader`` and
@@ -208,8 +222,11 @@ class SegmentedDataset(Dataset):
         def widen(t: Tensor) -> Tensor:
             return t if t.is_floating_point() else t.long()
 
-        batch: Dict[str, object] = {"input_ids": widen(s.inputs[rows]), "labels": s.labels[rows].long(),
-                                    "segment": [s.name] * len(rows)}
+        batch: Dict[str, object] = {
+            "input_ids": widen(s.inputs[rows]),
+            "labels": s.labels[rows].long(),
+            "segment": [s.name] * len(rows),
+        }
         batch.update({k: torch.full((len(rows),), v, dtype=torch.long) for k, v in s.meta.items()})
         batch.update({k: widen(v[rows]) for k, v in s.extras.items()})
         return batch
@@ -217,8 +234,16 @@ class SegmentedDataset(Dataset):
     def segment_sizes(self) -> Dict[str, int]:
         return {s.name: len(s) for s in self.segments}
 
-    def loader(self, batch_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
-               drop_last: bool = False, **dataloader_options) -> DataLoader:
+    def loader(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        epoch: int = 0,
+        drop_last: bool = False,
+        **dataloader_options,
+    ) -> DataLoader:
         """A DataLoader whose batches each come from one segment (see ``SegmentBatchSampler``)."""
         sampler = SegmentBatchSampler(self, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
         sampler.set_epoch(epoch)
@@ -238,8 +263,15 @@ class SegmentBatchSampler(Sampler[List[int]]):
     order, from a torch.Generator seeded with (seed, epoch) so every epoch is reproducible.
     """
 
-    def __init__(self, dataset: SegmentedDataset, batch_size: int, *, shuffle: bool = False,
-                 seed: int = 0, drop_last: bool = False):
+    def __init__(
+        self,
+        dataset: SegmentedDataset,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
         self.dataset = dataset
         self.batch_size = check_int("batch_size", batch_size, 1)
         self.shuffle = check_bool("shuffle", shuffle)
@@ -258,7 +290,7 @@ class SegmentBatchSampler(Sampler[List[int]]):
             n = len(seg)
             order = torch.randperm(n, generator=gen) if self.shuffle else torch.arange(n)
             for start in range(0, n, self.batch_size):
-                rows = order[start:start + self.batch_size]
+                rows = order[start : start + self.batch_size]
                 if self.drop_last and len(rows) < self.batch_size:
                     continue
                 batches.append((rows + off).tolist())
@@ -276,6 +308,7 @@ class SegmentBatchSampler(Sampler[List[int]]):
 
 
 # ----------------------------------------------------------------------------- cache
+
 
 def compact(t: Tensor) -> Tensor:
     """The smallest of int16 / int32 / int64 that holds ``t`` exactly: token ids stay compact in
@@ -297,8 +330,7 @@ def files_fingerprint(paths: Sequence[Path]) -> str:
     entries = []
     for path in paths:
         files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
-        entries += [[str(f), f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else [str(f), None]
-                    for f in files]
+        entries += [[str(f), f.stat().st_size, f.stat().st_mtime_ns] if f.exists() else [str(f), None] for f in files]
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
 
 
@@ -323,9 +355,10 @@ def _save(path: Path, key: str, segments: Sequence[Segment]) -> None:
         "format": _CACHE_FORMAT,
         "key": key,
         "digest": _digest(segments),
-        "segments": [{"name": s.name, "meta": dict(s.meta), "inputs": s.inputs, "labels": s.labels,
-                      "extras": dict(s.extras)}
-                     for s in segments],
+        "segments": [
+            {"name": s.name, "meta": dict(s.meta), "inputs": s.inputs, "labels": s.labels, "extras": dict(s.extras)}
+            for s in segments
+        ],
     }
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -351,17 +384,24 @@ def _load(path: Path, key: str) -> Optional[List[Segment]]:
             raise ValueError("unknown cache format")
         if payload.get("key") != key:
             raise ValueError("cache key mismatch")
-        segments = [Segment(d["name"], d["inputs"], d["labels"], dict(d["meta"]), dict(d["extras"])) for d in payload["segments"]]
+        segments = [
+            Segment(d["name"], d["inputs"], d["labels"], dict(d["meta"]), dict(d["extras"]))
+            for d in payload["segments"]
+        ]
         if _digest(segments) != payload.get("digest"):
             raise ValueError("checksum mismatch")
     except Exception as exc:  # any unreadable or inconsistent file is regenerated, never trusted
-        warnings.warn(f"ignoring corrupt task cache file {path} ({type(exc).__name__}: {exc}); regenerating it",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"ignoring corrupt task cache file {path} ({type(exc).__name__}: {exc}); regenerating it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
     return segments
 
 
 # ----------------------------------------------------------------------------- metrics
+
 
 class Evaluator:
     """Streams metrics over batches: ``update`` per batch, ``compute`` once at the end.
@@ -391,8 +431,10 @@ class Evaluator:
         """logits [B, T, V] (or [B, V]), labels [B, T] (or [B]); batch_meta: the batch dict (its
         ``"segment"`` names and slice keys; None gives the overall metrics only)."""
         if logits.shape[:-1] != labels.shape:
-            raise ValueError(f"logits/labels: expected logits [*labels.shape, V], got {list(logits.shape)} "
-                             f"and labels {list(labels.shape)}")
+            raise ValueError(
+                f"logits/labels: expected logits [*labels.shape, V], got {list(logits.shape)} "
+                f"and labels {list(labels.shape)}"
+            )
         logits = logits.detach()
         labels = labels.to(logits.device)
         mask = labels != IGNORE_INDEX
@@ -410,8 +452,9 @@ class Evaluator:
                 groups.setdefault(f"accuracy/{name}", []).append(i)
         for key in self.slice_keys if batch_meta is not None else ():
             if key not in batch_meta:
-                raise ValueError(f"batch_meta: expected slice key {key!r} (per-example values), "
-                                 f"got keys {sorted(batch_meta)}")
+                raise ValueError(
+                    f"batch_meta: expected slice key {key!r} (per-example values), got keys {sorted(batch_meta)}"
+                )
             for i, value in enumerate(torch.as_tensor(batch_meta[key]).tolist()):
                 groups.setdefault(f"accuracy/{key}={value}", []).append(i)
         for key, rows in groups.items():
@@ -440,8 +483,10 @@ class Evaluator:
                 elif key in s.extras:
                     values = s.extras[key] if s.extras[key].is_floating_point() else s.extras[key].long()
                 else:
-                    raise ValueError(f"segment {s.name!r}: expected slice key {key!r} among its meta and extras, "
-                                     f"got {sorted([*s.meta, *s.extras])}")
+                    raise ValueError(
+                        f"segment {s.name!r}: expected slice key {key!r} among its meta and extras, "
+                        f"got {sorted([*s.meta, *s.extras])}"
+                    )
                 found.update(dict.fromkeys(f"{key}={v}" for v in values.tolist()))
         return list(found)
 
@@ -454,6 +499,7 @@ class Evaluator:
 
 # ----------------------------------------------------------------------------- task
 
+
 class Task:
     """Base class of tasks. Subclasses set ``Config`` (a ``TaskConfig`` dataclass),
     ``default_head``, ``generator_version`` and implement ``generate(split)``, ``vocab_size``,
@@ -465,13 +511,14 @@ class Task:
 
     registry_name: str = ""
     Config: Type[TaskConfig] = TaskConfig
-    default_head: str = ""      # an lcsm.models head: "lm" (next-token logits), "classifier" or "dual"
+    default_head: str = ""  # an lcsm.models head: "lm" (next-token logits), "classifier" or "dual"
     splits: Tuple[str, ...] = ("train", "test")
     slice_keys: Tuple[str, ...] = ()
     generator_version: int = 1
 
-    def __init__(self, config: Optional[TaskConfig] = None, *, cache_dir: Union[str, Path, None] = None,
-                 use_cache: bool = True):
+    def __init__(
+        self, config: Optional[TaskConfig] = None, *, cache_dir: Union[str, Path, None] = None, use_cache: bool = True
+    ):
         if config is None:
             config = self.Config()
         if not isinstance(config, self.Config):
@@ -540,8 +587,12 @@ class Task:
         """Hash of everything that determines the data of ``split``: task, generator version,
         config and, for local sources, their ``files_fingerprint``."""
         self._check_split(split)
-        key = {"task": self.registry_name, "generator_version": self.generator_version, "split": split,
-               "config": self.config.to_dict()}
+        key = {
+            "task": self.registry_name,
+            "generator_version": self.generator_version,
+            "split": split,
+            "config": self.config.to_dict(),
+        }
         sources = self.local_sources()
         if sources:
             key["sources"] = files_fingerprint(sources)
@@ -559,9 +610,15 @@ class Task:
             if self.use_cache:
                 segments = _load(self.cache_path(split), self.cache_key(split))
             if segments is None:
-                segments = [dataclasses.replace(s, inputs=compact(s.inputs), labels=compact(s.labels),
-                                                extras={k: compact(v) for k, v in s.extras.items()})
-                            for s in self.generate(split)]
+                segments = [
+                    dataclasses.replace(
+                        s,
+                        inputs=compact(s.inputs),
+                        labels=compact(s.labels),
+                        extras={k: compact(v) for k, v in s.extras.items()},
+                    )
+                    for s in self.generate(split)
+                ]
                 if self.use_cache:
                     _save(self.cache_path(split), self.cache_key(split), segments)
             self._datasets[split] = SegmentedDataset(segments)
@@ -577,8 +634,9 @@ class Task:
         if head == "classifier":
             return model(batch["input_ids"], lengths=batch.get("lengths"))
         if head == "dual":
-            return model(batch["input_ids"], batch["input_ids2"], lengths1=batch.get("lengths"),
-                         lengths2=batch.get("lengths2"))
+            return model(
+                batch["input_ids"], batch["input_ids2"], lengths1=batch.get("lengths"), lengths2=batch.get("lengths2")
+            )
         raise ValueError(f"default_head: expected 'lm', 'classifier' or 'dual', got {head!r}")
 
     def loss(self, logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
@@ -590,18 +648,25 @@ class Task:
         has no defined mean loss (NaN), as with ``torch.nn.CrossEntropyLoss``.
         """
         if logits.shape[:-1] != labels.shape:
-            raise ValueError(f"logits/labels: expected logits [*labels.shape, V], got {list(logits.shape)} "
-                             f"and labels {list(labels.shape)}")
+            raise ValueError(
+                f"logits/labels: expected logits [*labels.shape, V], got {list(logits.shape)} "
+                f"and labels {list(labels.shape)}"
+            )
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction: expected 'mean' or 'sum', got {reduction!r}")
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                               ignore_index=IGNORE_INDEX, reduction=reduction)
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction=reduction,
+        )
 
     def evaluator(self) -> Evaluator:
         return Evaluator(self.slice_keys)
 
-    def metrics(self, logits: Tensor, labels: Tensor, batch_meta: Optional[Mapping[str, object]] = None
-                ) -> Dict[str, float]:
+    def metrics(
+        self, logits: Tensor, labels: Tensor, batch_meta: Optional[Mapping[str, object]] = None
+    ) -> Dict[str, float]:
         """Metrics of one batch (see ``Evaluator``; use ``evaluator()`` to accumulate over many)."""
         ev = self.evaluator()
         ev.update(logits, labels, batch_meta)
@@ -646,9 +711,23 @@ def resolve(name: str) -> Type[Task]:
 # Each task's generator version before runs recorded theirs (``task_data`` in checkpoints and
 # result.json, from commit 6ef4f9e): what a run without that record trained on.
 VERSIONS_BEFORE_RECORDS = {
-    "bbc_news": 2, "image": 1, "listops": 1, "lm": 2, "mad_compression": 1, "mad_fuzzy_recall": 1,
-    "mad_in_context_recall": 1, "mad_memorization": 2, "mad_noisy_recall": 1, "mad_selective_copying": 1,
-    "mqar": 1, "niah": 1, "pathfinder": 1, "retrieval": 2, "rotten_tomatoes": 2, "spam": 2, "text": 2,
+    "bbc_news": 2,
+    "image": 1,
+    "listops": 1,
+    "lm": 2,
+    "mad_compression": 1,
+    "mad_fuzzy_recall": 1,
+    "mad_in_context_recall": 1,
+    "mad_memorization": 2,
+    "mad_noisy_recall": 1,
+    "mad_selective_copying": 1,
+    "mqar": 1,
+    "niah": 1,
+    "pathfinder": 1,
+    "retrieval": 2,
+    "rotten_tomatoes": 2,
+    "spam": 2,
+    "text": 2,
 }
 
 

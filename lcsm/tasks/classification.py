@@ -26,6 +26,7 @@ punctuation marks; the ``vocab_size`` - 2 most frequent, then <pad> = 0, <unk> =
 Sequences are right-padded (pad 0) with ``extras["lengths"]``; byte tasks shift bytes by one so
 that 0 stays the pad.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -49,7 +50,7 @@ from lcsm._checks import check_bool
 from .base import Segment, Task, TaskConfig, check_int, register
 
 SPLITS = ("train", "validation", "test")
-Document = Tuple[str, int]          # (text, label)
+Document = Tuple[str, int]  # (text, label)
 WORD = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
 
 
@@ -62,8 +63,11 @@ def bbc_news_documents(root: Path) -> Tuple[List[Document], List[str]]:
     topics = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
     if not topics:
         raise ValueError(f"bbc_news: no topic folders under {base}")
-    docs = [(f.read_text(encoding="utf-8", errors="replace"), i)
-            for i, t in enumerate(topics) for f in sorted((base / t).glob("*.txt"))]
+    docs = [
+        (f.read_text(encoding="utf-8", errors="replace"), i)
+        for i, t in enumerate(topics)
+        for f in sorted((base / t).glob("*.txt"))
+    ]
     return docs, topics
 
 
@@ -88,8 +92,9 @@ def rotten_tomatoes_documents(root: Path) -> Tuple[List[Document], List[str]]:
         raise ValueError(f"rotten_tomatoes: {path} not found")
     classes = ["rotten", "fresh"]
     with io.TextIOWrapper(bz2.open(path), encoding="utf-8") as f:
-        docs = [(row["text"], classes.index(row["category"])) for row in csv.DictReader(f)
-                if row["category"] in classes]
+        docs = [
+            (row["text"], classes.index(row["category"])) for row in csv.DictReader(f) if row["category"] in classes
+        ]
     return docs, classes
 
 
@@ -101,17 +106,15 @@ def read_idx(path: Path) -> np.ndarray:
     magic = int.from_bytes(data[:4], "big")
     if magic >> 8 != 0x08 or magic & 0xFF not in (1, 3):
         raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {magic:#010x})")
-    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(magic & 0xFF)]
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(magic & 0xFF)]
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * len(dims))
     if body.size != int(np.prod(dims)):
         raise ValueError(f"{path}: {body.size} values, header says {dims}")
     return body.reshape(dims)
 
 
-
-
 def _unit(text: str) -> float:
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8", errors="replace")).digest()[:8], "big") / 2 ** 64
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", errors="replace")).digest()[:8], "big") / 2**64
 
 
 def split_of(text: str) -> str:
@@ -136,14 +139,14 @@ def story_groups(texts: Sequence[str]) -> List[int]:
     if not texts:
         return []
     vocab: Dict[str, int] = {}
-    weights = np.random.default_rng(0).integers(1, 2 ** 63, PASSAGE_WORDS, dtype=np.uint64) | np.uint64(1)
+    weights = np.random.default_rng(0).integers(1, 2**63, PASSAGE_WORDS, dtype=np.uint64) | np.uint64(1)
     hashes, owners, sizes = [], [], []
     for i, text in enumerate(texts):
         ids = np.array([vocab.setdefault(w, len(vocab) + 1) for w in words(text)] or [0], dtype=np.uint64)
         if len(ids) < PASSAGE_WORDS:
             ids = np.concatenate([ids, np.zeros(PASSAGE_WORDS - len(ids), dtype=np.uint64)])
         windows = np.lib.stride_tricks.sliding_window_view(ids, PASSAGE_WORDS)
-        h = np.unique((windows * weights).sum(axis=1))          # uint64 arithmetic wraps: a hash mod 2^64
+        h = np.unique((windows * weights).sum(axis=1))  # uint64 arithmetic wraps: a hash mod 2^64
         hashes.append(h)
         owners.append(np.full(len(h), i, dtype=np.int64))
         sizes.append(len(h))
@@ -155,7 +158,7 @@ def story_groups(texts: Sequence[str]) -> List[int]:
     shared: collections.Counter = collections.Counter()
     keep = (counts > 1) & (counts <= BOILERPLATE)
     for s, n in zip(starts[keep], counts[keep]):
-        shared.update(itertools.combinations(owner[s:s + n].tolist(), 2))
+        shared.update(itertools.combinations(owner[s : s + n].tolist(), 2))
     parent = list(range(len(texts)))
 
     def root(i: int) -> int:
@@ -219,7 +222,7 @@ def byte_ids(text: str) -> List[int]:
 
 class _RealDataTask(Task):
     splits = SPLITS
-    source = ""            # the lcsm.data source
+    source = ""  # the lcsm.data source
 
     def source_dir(self) -> Path:
         if self.config.data_dir is not None:
@@ -322,14 +325,19 @@ class _DocumentTask(_RealDataTask):
         docs = self.examples(split)
         ids, lengths = _padded([self.ids(t) for t, _ in docs], self.config.max_length)
         labels = torch.tensor([label for _, label in docs])
-        return [Segment(f"L{self.config.max_length}", ids, labels, {"max_length": self.config.max_length},
-                        {"lengths": lengths})]
+        return [
+            Segment(
+                f"L{self.config.max_length}", ids, labels, {"max_length": self.config.max_length}, {"lengths": lengths}
+            )
+        ]
 
     def describe(self) -> str:
         c = self.config
         kind = "bytes" if self.byte_level else f"words (vocabulary {c.vocab_size} from the training split)"
-        return (f"{self.registry_name}: {type(self).__doc__.strip().splitlines()[0]}\n"
-                f"  classes {self.classes}; up to {c.max_length} {kind}; splits 80/10/10 by text hash; accuracy")
+        return (
+            f"{self.registry_name}: {type(self).__doc__.strip().splitlines()[0]}\n"
+            f"  classes {self.classes}; up to {c.max_length} {kind}; splits 80/10/10 by text hash; accuracy"
+        )
 
 
 @register("text")
@@ -422,22 +430,31 @@ class LRARetrieval(_DocumentTask):
             a = int(rng.integers(len(docs)))
             match = k % 2 == 0
             pool = by_label[docs[a][1]] if match else [i for i in range(len(docs)) if docs[i][1] != docs[a][1]]
-            if match and c.distinct_pairs:        # a pair of one article twice is matched by comparing bytes
+            if match and c.distinct_pairs:  # a pair of one article twice is matched by comparing bytes
                 pool = [i for i in pool if i != a]
                 if not pool:
                     kept = f" of the {len(docs)} that max_examples keeps" if c.max_examples else ""
-                    raise ValueError(f"distinct_pairs: the {split} split holds one document of topic "
-                                     f"{self.classes[docs[a][1]]!r}{kept}, so no matching pair of two distinct "
-                                     f"documents starts from it; expected at least 2 per topic; "
-                                     f"{'raise max_examples or ' if c.max_examples else ''}set distinct_pairs false")
+                    raise ValueError(
+                        f"distinct_pairs: the {split} split holds one document of topic "
+                        f"{self.classes[docs[a][1]]!r}{kept}, so no matching pair of two distinct "
+                        f"documents starts from it; expected at least 2 per topic; "
+                        f"{'raise max_examples or ' if c.max_examples else ''}set distinct_pairs false"
+                    )
             b = pool[int(rng.integers(len(pool)))]
             first.append(byte_ids(docs[a][0]))
             second.append(byte_ids(docs[b][0]))
             labels.append(int(match))
         ids1, len1 = _padded(first, c.max_length)
         ids2, len2 = _padded(second, c.max_length)
-        return [Segment(f"L{c.max_length}", ids1, torch.tensor(labels), {"max_length": c.max_length},
-                        {"lengths": len1, "input_ids2": ids2, "lengths2": len2})]
+        return [
+            Segment(
+                f"L{c.max_length}",
+                ids1,
+                torch.tensor(labels),
+                {"max_length": c.max_length},
+                {"lengths": len1, "input_ids2": ids2, "lengths2": len2},
+            )
+        ]
 
 
 @dataclass(frozen=True)
@@ -484,7 +501,7 @@ class LRAImage(_RealDataTask):
         labels = read_idx(base / f"{prefix}-labels-idx1-ubyte.gz")
         if split != "test":
             order = np.random.Generator(np.random.PCG64(self.config.seed)).permutation(len(images))
-            rows = order[: self.HELD_OUT] if split == "validation" else order[self.HELD_OUT:]
+            rows = order[: self.HELD_OUT] if split == "validation" else order[self.HELD_OUT :]
             images, labels = images[np.sort(rows)], labels[np.sort(rows)]
         if self.config.max_examples:
             images, labels = images[: self.config.max_examples], labels[: self.config.max_examples]
@@ -492,5 +509,7 @@ class LRAImage(_RealDataTask):
         return [Segment("L784", ids, torch.from_numpy(labels.astype(np.int64)), {"max_length": 784})]
 
     def describe(self) -> str:
-        return ("image: sequential Fashion-MNIST (LRA image substitute), 784 pixel tokens, 10 classes; "
-                "official test set, 5,000 training images held out for validation; accuracy")
+        return (
+            "image: sequential Fashion-MNIST (LRA image substitute), 784 pixel tokens, 10 classes; "
+            "official test set, 5,000 training images held out for validation; accuracy"
+        )

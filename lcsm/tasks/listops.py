@@ -24,6 +24,7 @@ input pipeline (a tfds text tokenizer that keeps alphanumeric tokens) drops the 
 "]" included, so its models see no nesting; its maintainers call that a bug
 (google-research/long-range-arena issues 6 and 14). We keep "]", the task as intended. Sequences are right-padded to max_length with ``extras["lengths"]``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,7 +40,7 @@ PAD, CLOSE = 0, 15
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 VOCAB = ["<pad>"] + [str(d) for d in range(10)] + list(OPERATORS) + ["]"]
 TOKEN = {t: i for i, t in enumerate(VOCAB)}
-LEAF_PROBABILITY = 0.75           # LRA's VALUE_P = 0.25 is the probability of an operator node
+LEAF_PROBABILITY = 0.75  # LRA's VALUE_P = 0.25 is the probability of an operator node
 SPLIT_SHARES = (("train", 0.8), ("validation", 0.1), ("test", 0.1))
 
 
@@ -77,7 +78,7 @@ def draw(u: Uniforms, depth: int, max_depth: int, max_args: int, out: List[str],
 
 
 def split_of(tokens: Sequence[str]) -> str:
-    u = int.from_bytes(hashlib.sha256(" ".join(tokens).encode()).digest()[:8], "big") / 2 ** 64
+    u = int.from_bytes(hashlib.sha256(" ".join(tokens).encode()).digest()[:8], "big") / 2**64
     for split, share in SPLIT_SHARES:
         if u < share:
             return split
@@ -140,9 +141,11 @@ class ListOps(Task):
         while len(out) < n:
             attempts += 1
             if attempts > 10_000 + 1_000 * n:
-                raise ValueError(f"min_length / max_length: [{c.min_length}, {c.max_length}] is rarely hit by "
-                                 f"expressions of depth <= {c.max_depth} with <= {c.max_args} arguments; "
-                                 f"found {len(out)} of {n} in {attempts} draws")
+                raise ValueError(
+                    f"min_length / max_length: [{c.min_length}, {c.max_length}] is rarely hit by "
+                    f"expressions of depth <= {c.max_depth} with <= {c.max_args} arguments; "
+                    f"found {len(out)} of {n} in {attempts} draws"
+                )
             tokens: List[str] = []
             try:
                 value = draw(u, 1, c.max_depth, c.max_args, tokens, c.max_length)
@@ -167,9 +170,11 @@ class ListOps(Task):
 
     def describe(self) -> str:
         c = self.config
-        return "\n".join([
-            "listops: ListOps (Nangia & Bowman 2018) as in LRA (Tay et al. 2020): MIN MAX MED SM over digits",
-            f"  depth <= {c.max_depth}, <= {c.max_args} arguments, {c.min_length}-{c.max_length} tokens; "
-            f"{c.train_examples} / {c.validation_examples} / {c.test_examples} train / validation / test; seed {c.seed}",
-            "  head classifier (10 classes); accuracy",
-        ])
+        return "\n".join(
+            [
+                "listops: ListOps (Nangia & Bowman 2018) as in LRA (Tay et al. 2020): MIN MAX MED SM over digits",
+                f"  depth <= {c.max_depth}, <= {c.max_args} arguments, {c.min_length}-{c.max_length} tokens; "
+                f"{c.train_examples} / {c.validation_examples} / {c.test_examples} train / validation / test; seed {c.seed}",
+                "  head classifier (10 classes); accuracy",
+            ]
+        )

@@ -22,6 +22,7 @@ Tokenizers: "byte" (the 256 byte values plus end-of-document: vocab 257) or "bpe
 BPE (the GPT-2 scheme) trained with the ``tokenizers`` library on the training split only, of
 ``bpe_vocab`` tokens, cached on disk next to the task data.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,7 +38,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .base import (Evaluator, Segment, Task, TaskConfig, check_int, check_positive_float, register)
+from .base import Evaluator, Segment, Task, TaskConfig, check_int, check_positive_float, register
 
 SPLITS = ("train", "validation", "test")
 BUILTIN = ("default", "sotu", "moby_dick", "wikitext-103", "wikitext-2")
@@ -47,7 +48,7 @@ EOD = "<|endoftext|>"
 # vocabulary size; without this each of them trained the tokenizer again (3 s each on the default
 # corpus), so loading a 16-run LM experiment took a minute.
 _TRAINED_BPE: Dict[str, "BPETokenizer"] = {}
-Document = Tuple[str, str]          # (id, text)
+Document = Tuple[str, str]  # (id, text)
 
 
 # ----------------------------------------------------------------------------- corpora
@@ -111,8 +112,10 @@ def load_wikitext(name: str) -> Dict[str, List[Document]]:
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"corpus {name!r}: needs the Hugging Face 'datasets' package (pip install datasets) "
-                         "and internet access; offline, use corpus 'default' or 'path:...'") from None
+        raise ValueError(
+            f"corpus {name!r}: needs the Hugging Face 'datasets' package (pip install datasets) "
+            "and internet access; offline, use corpus 'default' or 'path:...'"
+        ) from None
     config = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}[name]
     data = datasets.load_dataset("wikitext", config)
     return {split: wikitext_documents(data[split]) for split in SPLITS}
@@ -120,7 +123,7 @@ def load_wikitext(name: str) -> Dict[str, List[Document]]:
 
 def split_of(doc_id: str, seed: int, validation: float, test: float) -> str:
     """Stable split of one document: a uniform number from a hash of (seed, id)."""
-    u = int.from_bytes(hashlib.sha256(f"{seed}:{doc_id}".encode()).digest()[:8], "big") / 2 ** 64
+    u = int.from_bytes(hashlib.sha256(f"{seed}:{doc_id}".encode()).digest()[:8], "big") / 2**64
     return "test" if u < test else "validation" if u < test + validation else "train"
 
 
@@ -155,8 +158,12 @@ class BPETokenizer:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD], show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[EOD],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
         tok.train_from_iterator(texts, trainer)
         return cls(tok)
 
@@ -211,8 +218,9 @@ class LMConfig(TaskConfig):
 
     def __post_init__(self):
         if not isinstance(self.corpus, str) or not (self.corpus in BUILTIN or self.corpus.startswith("path:")):
-            raise ValueError(f"corpus: expected one of {', '.join(BUILTIN)} or 'path:<file or directory>', "
-                             f"got {self.corpus!r}")
+            raise ValueError(
+                f"corpus: expected one of {', '.join(BUILTIN)} or 'path:<file or directory>', got {self.corpus!r}"
+            )
         if self.tokenizer not in ("byte", "bpe"):
             raise ValueError(f"tokenizer: expected 'byte' or 'bpe', got {self.tokenizer!r}")
         check_int("bpe_vocab", self.bpe_vocab, 300)
@@ -241,8 +249,9 @@ class LMEvaluator(Evaluator):
     def compute(self) -> Dict[str, float]:
         out = super().compute()
         loss = out["loss"]
-        out["perplexity"] = (float("nan") if math.isnan(loss) else
-                             math.exp(loss) if loss < _LOG_FLOAT_MAX else float("inf"))
+        out["perplexity"] = (
+            float("nan") if math.isnan(loss) else math.exp(loss) if loss < _LOG_FLOAT_MAX else float("inf")
+        )
         return out
 
 
@@ -269,8 +278,10 @@ class LanguageModelling(Task):
         if self.config.data_dir is not None:
             path = Path(self.config.data_dir).expanduser() / name
             if not path.is_dir():
-                raise ValueError(f"data_dir: expected the source directory {str(path)!r} (as `lcsm data prepare "
-                                 f"{name}` lays it out), but it does not exist")
+                raise ValueError(
+                    f"data_dir: expected the source directory {str(path)!r} (as `lcsm data prepare "
+                    f"{name}` lays it out), but it does not exist"
+                )
             return path
         from lcsm.data import fetch
 
@@ -284,7 +295,7 @@ class LanguageModelling(Task):
                 self._documents = load_wikitext(c.corpus)
             else:
                 if c.corpus.startswith("path:"):
-                    docs = path_documents(Path(c.corpus[len("path:"):]).expanduser())
+                    docs = path_documents(Path(c.corpus[len("path:") :]).expanduser())
                 else:
                     readers = {"sotu": sotu_documents, "moby_dick": moby_dick_documents}
                     docs = [d for n in self._source_names() for d in readers[n](self._source_dir(n))]
@@ -293,15 +304,17 @@ class LanguageModelling(Task):
                     by_split[split_of(doc[0], c.seed, c.validation_fraction, c.test_fraction)].append(doc)
                 empty = [s for s, d in by_split.items() if not d]
                 if empty:
-                    raise ValueError(f"corpus {c.corpus!r}: {len(docs)} document(s) leave split(s) {empty} empty; "
-                                     "give more documents or larger validation/test fractions")
+                    raise ValueError(
+                        f"corpus {c.corpus!r}: {len(docs)} document(s) leave split(s) {empty} empty; "
+                        "give more documents or larger validation/test fractions"
+                    )
                 self._documents = by_split
         return self._documents
 
     def local_sources(self) -> List[Path]:
         c = self.config
         if c.corpus.startswith("path:"):
-            return [Path(c.corpus[len("path:"):]).expanduser()]
+            return [Path(c.corpus[len("path:") :]).expanduser()]
         if c.data_dir is None or c.corpus.startswith("wikitext"):
             return []
         return [Path(c.data_dir).expanduser() / n for n in self._source_names()]
@@ -346,7 +359,7 @@ class LanguageModelling(Task):
         tok = self.tokenizer
         texts = [t for _, t in self.documents()[split]]
         encoded = tok.encode_batch(texts) if hasattr(tok, "encode_batch") else [tok.encode(t) for t in texts]
-        dtype = np.int16 if tok.vocab_size <= 2 ** 15 else np.int32
+        dtype = np.int16 if tok.vocab_size <= 2**15 else np.int32
         parts = [np.asarray(ids + [tok.eod], dtype=dtype) for ids in encoded]
         stream = np.concatenate(parts)
         return stream[: self.config.max_tokens] if self.config.max_tokens else stream
@@ -356,8 +369,9 @@ class LanguageModelling(Task):
         stream = torch.from_numpy(self.stream(split).astype(np.int64))
         n = (len(stream) - 1) // L
         if n < 1:
-            raise ValueError(f"seq_len: the {split} split has {len(stream)} tokens, fewer than one window of "
-                             f"{L + 1}; lower seq_len")
+            raise ValueError(
+                f"seq_len: the {split} split has {len(stream)} tokens, fewer than one window of {L + 1}; lower seq_len"
+            )
         windows = stream[: n * L + 1].unfold(0, L + 1, L)
         return [Segment(f"L{L}", windows[:, :-1].contiguous(), windows[:, 1:].contiguous(), {"seq_len": L})]
 
@@ -366,10 +380,12 @@ class LanguageModelling(Task):
 
     def describe(self) -> str:
         c = self.config
-        return "\n".join([
-            f"lm: causal language modelling on corpus {c.corpus!r}, {c.tokenizer} tokens"
-            + (f" (BPE vocabulary {c.bpe_vocab})" if c.tokenizer == "bpe" else " (vocabulary 257)"),
-            f"  windows of {c.seq_len} tokens; documents split train / validation / test by hash "
-            f"({1 - c.validation_fraction - c.test_fraction:.0%} / {c.validation_fraction:.0%} / {c.test_fraction:.0%}, seed {c.seed})",
-            "  metrics: loss (token cross-entropy), perplexity, next-token accuracy",
-        ])
+        return "\n".join(
+            [
+                f"lm: causal language modelling on corpus {c.corpus!r}, {c.tokenizer} tokens"
+                + (f" (BPE vocabulary {c.bpe_vocab})" if c.tokenizer == "bpe" else " (vocabulary 257)"),
+                f"  windows of {c.seq_len} tokens; documents split train / validation / test by hash "
+                f"({1 - c.validation_fraction - c.test_fraction:.0%} / {c.validation_fraction:.0%} / {c.test_fraction:.0%}, seed {c.seed})",
+                "  metrics: loss (token cross-entropy), perplexity, next-token accuracy",
+            ]
+        )

@@ -35,6 +35,7 @@ Mapping onto lcsm heads:
 Splits: test examples that also occur in the training set are dropped and redrawn (MAD only
 warns above 0.1% overlap), so train and test are disjoint.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,13 +58,13 @@ def recall_instance(u: Uniforms, c, train: bool) -> Instance:
     """(Noisy) in-context recall, MAD ``generate_in_context_recall_instance``."""
     copy_prefix = c.vocab_size - 1
     plain = (c.vocab_size if c.multi_query else c.vocab_size - 1) - c.noise_vocab_size
-    half = plain // 2                 # keys [0, half), values [half, plain), noise after them
+    half = plain // 2  # keys [0, half), values [half, plain), noise after them
     inputs: List[int] = []
     targets: List[int] = []
     kv: Dict[int, int] = {}
     presented: Dict[int, int] = {}
     pairs = c.seq_len // 2
-    keep = u.below(pairs)             # at least one pair is not noise
+    keep = u.below(pairs)  # at least one pair is not noise
     for i in range(pairs - 1):
         if c.frac_noise > 0 and i != keep and u() < c.frac_noise:
             inputs += [plain + u.below(c.noise_vocab_size) for _ in range(2)]
@@ -136,7 +137,9 @@ def fuzzy_recall_instance(u: Uniforms, c, train: bool) -> Instance:
                 kv[k] = _motif(u, half, plain, v_size)
             v = kv[k]
         inputs += list(k) + list(v)
-        targets += [IGNORE_INDEX] * len(k) + (list(v) if (k in presented and c.multi_query) else [IGNORE_INDEX] * len(v))
+        targets += [IGNORE_INDEX] * len(k) + (
+            list(v) if (k in presented and c.multi_query) else [IGNORE_INDEX] * len(v)
+        )
         presented.add(k)
     if not c.multi_query:
         inputs.append(copy_prefix)
@@ -247,8 +250,11 @@ class MADConfig(TaskConfig):
     def __post_init__(self):
         check_int("vocab_size", self.vocab_size, 4)
         check_int("seq_len", self.seq_len, 4)
-        if isinstance(self.frac_noise, bool) or not isinstance(self.frac_noise, (int, float)) \
-                or not 0 <= self.frac_noise < 1:
+        if (
+            isinstance(self.frac_noise, bool)
+            or not isinstance(self.frac_noise, (int, float))
+            or not 0 <= self.frac_noise < 1
+        ):
             raise ValueError(f"frac_noise: expected a fraction in [0, 1), got {self.frac_noise!r}")
         check_int("noise_vocab_size", self.noise_vocab_size, 0)
         if self.frac_noise > 0 and self.noise_vocab_size == 0:
@@ -261,8 +267,10 @@ class MADConfig(TaskConfig):
         check_int("test_examples", self.test_examples, 1)
         check_int("seed", self.seed, 0)
         if self.vocab_size - 2 - self.noise_vocab_size < 2:
-            raise ValueError(f"vocab_size: {self.vocab_size} leaves fewer than 2 ordinary tokens after "
-                             f"{self.noise_vocab_size} noise tokens and the special tokens")
+            raise ValueError(
+                f"vocab_size: {self.vocab_size} leaves fewer than 2 ordinary tokens after "
+                f"{self.noise_vocab_size} noise tokens and the special tokens"
+            )
 
 
 @dataclass(frozen=True)
@@ -270,7 +278,9 @@ class RecallConfig(MADConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.seq_len % 2:
-            raise ValueError(f"seq_len: recall sequences are key-value pairs, expected an even length, got {self.seq_len}")
+            raise ValueError(
+                f"seq_len: recall sequences are key-value pairs, expected an even length, got {self.seq_len}"
+            )
 
 
 @dataclass(frozen=True)
@@ -289,9 +299,11 @@ class FuzzyRecallConfig(MADConfig):
         super().__post_init__()
         plain = (self.vocab_size - 1 if self.multi_query else self.vocab_size - 2) - self.noise_vocab_size
         if plain // 2 < self.k_motif_size or plain - plain // 2 < self.v_motif_size:
-            raise ValueError(f"k_motif_size / v_motif_size: motifs of distinct tokens need at least "
-                             f"{self.k_motif_size} key and {self.v_motif_size} value tokens, vocab_size "
-                             f"{self.vocab_size} gives {plain // 2} and {plain - plain // 2}")
+            raise ValueError(
+                f"k_motif_size / v_motif_size: motifs of distinct tokens need at least "
+                f"{self.k_motif_size} key and {self.v_motif_size} value tokens, vocab_size "
+                f"{self.vocab_size} gives {plain // 2} and {plain - plain // 2}"
+            )
         if self.seq_len < 4 * (self.k_motif_size + self.v_motif_size):
             raise ValueError(f"seq_len: expected >= 4 x (k_motif_size + v_motif_size), got {self.seq_len}")
 
@@ -304,12 +316,16 @@ class CopyingConfig(MADConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.num_tokens_to_copy < 1 or self.seq_len <= 2 * self.num_tokens_to_copy + 1:
-            raise ValueError(f"num_tokens_to_copy: expected 1 <= n with seq_len > 2n + 1, got n = "
-                             f"{self.num_tokens_to_copy}, seq_len = {self.seq_len}")
+            raise ValueError(
+                f"num_tokens_to_copy: expected 1 <= n with seq_len > 2n + 1, got n = "
+                f"{self.num_tokens_to_copy}, seq_len = {self.seq_len}"
+            )
         if self.frac_noise or self.noise_vocab_size:
-            raise ValueError(f"frac_noise / noise_vocab_size: selective copying has no noise tokens (MAD's "
-                             f"generator takes none), expected 0 and 0, got {self.frac_noise!r} and "
-                             f"{self.noise_vocab_size!r}")
+            raise ValueError(
+                f"frac_noise / noise_vocab_size: selective copying has no noise tokens (MAD's "
+                f"generator takes none), expected 0 and 0, got {self.frac_noise!r} and "
+                f"{self.noise_vocab_size!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -338,7 +354,7 @@ class MADTask(Task):
 
     default_head = "lm"
     generator_version = 1
-    instance = None      # (rng, config, train) -> (inputs, targets)
+    instance = None  # (rng, config, train) -> (inputs, targets)
 
     @property
     def vocab_size(self) -> int:
@@ -349,14 +365,18 @@ class MADTask(Task):
         return self.config.seq_len
 
     def _draw(self, split: str, n: int, exclude: Optional[set] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        u = Uniforms(np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.config.seed, _SPLIT_CODE[split]]))))
+        u = Uniforms(
+            np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.config.seed, _SPLIT_CODE[split]])))
+        )
         inputs, targets = [], []
         attempts = 0
         while len(inputs) < n:
             attempts += 1
             if attempts > 20 * n + 1000:
-                raise ValueError(f"test_examples: only {len(inputs)} of {n} test examples differ from every "
-                                 "training example; this setting has too few distinct sequences")
+                raise ValueError(
+                    f"test_examples: only {len(inputs)} of {n} test examples differ from every "
+                    "training example; this setting has too few distinct sequences"
+                )
             x, y = type(self).instance(u, self.config, split == "train")
             if exclude is not None and tuple(x) in exclude:
                 continue
@@ -375,9 +395,11 @@ class MADTask(Task):
 
     def describe(self) -> str:
         c = self.config
-        return (f"{self.registry_name}: MAD (Poli et al. 2024) {type(self).__doc__.strip().splitlines()[0]}\n"
-                f"  vocab {c.vocab_size}, length {c.seq_len}, {c.train_examples} train / {c.test_examples} test "
-                f"examples; seed {c.seed}; accuracy over target positions")
+        return (
+            f"{self.registry_name}: MAD (Poli et al. 2024) {type(self).__doc__.strip().splitlines()[0]}\n"
+            f"  vocab {c.vocab_size}, length {c.seq_len}, {c.train_examples} train / {c.test_examples} test "
+            f"examples; seed {c.seed}; accuracy over target positions"
+        )
 
 
 @register("mad_in_context_recall")
@@ -417,7 +439,7 @@ class Memorization(MADTask):
     """Memorization: a fixed key-value map learned across examples."""
 
     Config = MemorizationConfig
-    generator_version = 2   # 2: frac_noise inserts noise pairs (version 1 ignored it)
+    generator_version = 2  # 2: frac_noise inserts noise pairs (version 1 ignored it)
     instance = staticmethod(memorization_instance)
 
 

@@ -32,6 +32,7 @@ stable across platforms, so the same config gives the same tensors on any machin
 ``np.random.choice`` (global legacy state); the distributions here are the same (see
 ``_distinct`` and ``_power_law_gaps``), the exact draws are not.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,8 +41,7 @@ from typing import List, Tuple
 import numpy as np
 import torch
 
-from .base import (IGNORE_INDEX, Segment, Task, TaskConfig, check_bool, check_int, check_positive_float,
-                   register)
+from .base import IGNORE_INDEX, Segment, Task, TaskConfig, check_bool, check_int, check_positive_float, register
 
 Grid = Tuple[Tuple[int, int], ...]
 
@@ -59,8 +59,9 @@ def parse_grid(name: str, value) -> Grid:
         for item in value.replace(" ", "").split(","):
             parts = item.split(":")
             if len(parts) != 2 or not all(p.isdigit() for p in parts):
-                raise ValueError(f"{name}: expected 'seq_len:kv_pairs' pairs separated by commas, e.g. "
-                                 f"'64:4,128:8', got {value!r}")
+                raise ValueError(
+                    f"{name}: expected 'seq_len:kv_pairs' pairs separated by commas, e.g. '64:4,128:8', got {value!r}"
+                )
             pairs.append((int(parts[0]), int(parts[1])))
         value = pairs
     try:
@@ -77,8 +78,10 @@ def parse_grid(name: str, value) -> Grid:
             raise ValueError(f"{name}: seq_len must be even, got ({seq_len}, {kv})")
         if 4 * kv > seq_len:
             # kv distinct gaps must fit in space = (seq_len - 2 kv) // 2, i.e. 4 kv <= seq_len.
-            raise ValueError(f"{name}: kv_pairs must satisfy 4 * kv_pairs <= seq_len (kv distinct query "
-                             f"slots), got ({seq_len}, {kv})")
+            raise ValueError(
+                f"{name}: kv_pairs must satisfy 4 * kv_pairs <= seq_len (kv distinct query "
+                f"slots), got ({seq_len}, {kv})"
+            )
     if len(set(pairs)) != len(pairs):
         raise ValueError(f"{name}: duplicate (seq_len, kv_pairs) pairs in {pairs}")
     return tuple(pairs)
@@ -119,8 +122,10 @@ class MQARConfig(TaskConfig):
         n_keys, n_values = self.vocab_size // 2 - 1, self.vocab_size - self.vocab_size // 2
         most = max(kv for _, kv in self.train_grid + self.test_grid)
         if most > n_keys:
-            raise ValueError(f"vocab_size: {self.vocab_size} gives {n_keys} keys ([1, {self.vocab_size // 2})) "
-                             f"and {n_values} values, fewer than the {most} distinct keys a sequence needs")
+            raise ValueError(
+                f"vocab_size: {self.vocab_size} gives {n_keys} keys ([1, {self.vocab_size // 2})) "
+                f"and {n_values} values, fewer than the {most} distinct keys a sequence needs"
+            )
 
 
 def power_law(space: int, power_a: float) -> np.ndarray:
@@ -152,9 +157,16 @@ def _power_law_gaps(rng: np.random.Generator, p: np.ndarray, rows: int, k: int) 
     return np.argsort(race, axis=1, kind="stable")[:, :k]
 
 
-def mqar_segment(rng: np.random.Generator, *, vocab_size: int, seq_len: int, kv_pairs: int,
-                 num_examples: int, power_a: float = 0.01, random_non_queries: bool = False
-                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+def mqar_segment(
+    rng: np.random.Generator,
+    *,
+    vocab_size: int,
+    seq_len: int,
+    kv_pairs: int,
+    num_examples: int,
+    power_a: float = 0.01,
+    random_non_queries: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """One (seq_len, kv_pairs) block: (inputs, labels), both [num_examples, seq_len] int64."""
     ctx = 2 * kv_pairs
     half = vocab_size // 2
@@ -215,10 +227,18 @@ class MQAR(Task):
         n = c.train_examples if split == "train" else c.test_examples
         segments = []
         for seq_len, kv in self.grid(split):
-            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([c.seed, _SPLIT_CODE[split], seq_len, kv])))
-            inputs, labels = mqar_segment(rng, vocab_size=c.vocab_size, seq_len=seq_len, kv_pairs=kv,
-                                          num_examples=n, power_a=c.power_a,
-                                          random_non_queries=c.random_non_queries)
+            rng = np.random.Generator(
+                np.random.PCG64(np.random.SeedSequence([c.seed, _SPLIT_CODE[split], seq_len, kv]))
+            )
+            inputs, labels = mqar_segment(
+                rng,
+                vocab_size=c.vocab_size,
+                seq_len=seq_len,
+                kv_pairs=kv,
+                num_examples=n,
+                power_a=c.power_a,
+                random_non_queries=c.random_non_queries,
+            )
             segments.append(Segment(segment_name(seq_len, kv), inputs, labels, {"seq_len": seq_len, "kv_pairs": kv}))
         return segments
 
@@ -229,13 +249,15 @@ class MQAR(Task):
         def grid(g: Grid, n: int) -> str:
             return ", ".join(segment_name(L, kv) for L, kv in g) + f" ({n} examples each)"
 
-        return "\n".join([
-            "mqar: multi-query associative recall, Zoology protocol (Arora et al. 2023)",
-            f"  vocab {c.vocab_size}: keys [1, {half}), values [{half}, {c.vocab_size}); "
-            f"query gaps ~ power law a={c.power_a:g}; non-query tokens "
-            + ("uniform random" if c.random_non_queries else "0"),
-            f"  train: {grid(c.train_grid, c.train_examples)}",
-            f"  test:  {grid(c.test_grid, c.test_examples)}",
-            f"  seed {c.seed}; head {self.default_head}; loss: cross-entropy over query positions; "
-            "accuracy: mean over examples of accuracy over query positions, overall / per segment / per kv_pairs",
-        ])
+        return "\n".join(
+            [
+                "mqar: multi-query associative recall, Zoology protocol (Arora et al. 2023)",
+                f"  vocab {c.vocab_size}: keys [1, {half}), values [{half}, {c.vocab_size}); "
+                f"query gaps ~ power law a={c.power_a:g}; non-query tokens "
+                + ("uniform random" if c.random_non_queries else "0"),
+                f"  train: {grid(c.train_grid, c.train_examples)}",
+                f"  test:  {grid(c.test_grid, c.test_examples)}",
+                f"  seed {c.seed}; head {self.default_head}; loss: cross-entropy over query positions; "
+                "accuracy: mean over examples of accuracy over query positions, overall / per segment / per kv_pairs",
+            ]
+        )

@@ -16,6 +16,7 @@ length and per depth, so the report reads as MetaLA Table A8 (accuracy by contex
 haystacks of the train and test splits come from the ``lm`` corpus's train and test documents,
 so no test haystack text is seen in training; needle numbers are drawn per example.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,12 +73,14 @@ class NIAHConfig(TaskConfig):
             raise ValueError(f"contexts: expected distinct lengths, got {contexts!r}")
         percents = [int(round(d * 100)) for d in self.depths]
         if len(set(percents)) != len(percents):
-            raise ValueError(f"depths: segments are named and seeded by whole percents, so depths must differ "
-                             f"after rounding to 0.01; got {depths!r} ({percents})")
+            raise ValueError(
+                f"depths: segments are named and seeded by whole percents, so depths must differ "
+                f"after rounding to 0.01; got {depths!r} ({percents})"
+            )
         check_int("train_examples", self.train_examples, 1)
         check_int("test_examples", self.test_examples, 1)
         check_int("seed", self.seed, 0)
-        lm.LMConfig(corpus=self.corpus, data_dir=self.data_dir)     # validates the corpus options
+        lm.LMConfig(corpus=self.corpus, data_dir=self.data_dir)  # validates the corpus options
 
 
 class NIAHEvaluator(Evaluator):
@@ -130,8 +133,11 @@ class NeedleInAHaystack(Task):
         return max(self.config.contexts)
 
     def _haystack(self) -> lm.LanguageModelling:
-        return lm.LanguageModelling(lm.LMConfig(corpus=self.config.corpus, data_dir=self.config.data_dir),
-                                    cache_dir=self.cache_dir, use_cache=self.use_cache)
+        return lm.LanguageModelling(
+            lm.LMConfig(corpus=self.config.corpus, data_dir=self.config.data_dir),
+            cache_dir=self.cache_dir,
+            use_cache=self.use_cache,
+        )
 
     def local_sources(self) -> List[Path]:
         return self._haystack().local_sources()
@@ -160,22 +166,30 @@ class NeedleInAHaystack(Task):
                     # L + 1 tokens: inputs are the first L, labels the last L (next-token targets)
                     hay_len = L + 1 - len(needle) - len(question) - len(answer)
                     if len(stream) < hay_len:
-                        raise ValueError(f"contexts: the {split} haystack corpus has {len(stream)} tokens, fewer "
-                                         f"than a context of {L}")
+                        raise ValueError(
+                            f"contexts: the {split} haystack corpus has {len(stream)} tokens, fewer "
+                            f"than a context of {L}"
+                        )
                     start = int(rng.integers(0, len(stream) - hay_len + 1))
-                    hay = stream[start:start + hay_len].tolist()
+                    hay = stream[start : start + hay_len].tolist()
                     at = int(round(depth * hay_len))
                     # between words, as the needle is a sentence of its own (within SNAP bytes)
-                    gap = next((i for i, t in enumerate(hay[at:at + SNAP]) if t in (10, 32)), None)
+                    gap = next((i for i, t in enumerate(hay[at : at + SNAP]) if t in (10, 32)), None)
                     at = at + gap + 1 if gap is not None and at + gap + 1 < hay_len else at
                     seq = hay[:at] + needle + hay[at:] + question + answer
                     inputs[row] = seq[:-1]
                     target = np.asarray(seq[1:])
-                    labels[row, L - len(answer):] = target[L - len(answer):]
+                    labels[row, L - len(answer) :] = target[L - len(answer) :]
                     positions[row] = at
-                segments.append(Segment(f"L{L}-d{pct}", torch.from_numpy(inputs), torch.from_numpy(labels),
-                                        {"context": L, "depth_pct": pct},
-                                        {"needle_position": torch.from_numpy(positions)}))
+                segments.append(
+                    Segment(
+                        f"L{L}-d{pct}",
+                        torch.from_numpy(inputs),
+                        torch.from_numpy(labels),
+                        {"context": L, "depth_pct": pct},
+                        {"needle_position": torch.from_numpy(positions)},
+                    )
+                )
         return segments
 
     def evaluator(self) -> NIAHEvaluator:
@@ -189,9 +203,11 @@ class NeedleInAHaystack(Task):
 
     def describe(self) -> str:
         c = self.config
-        return "\n".join([
-            "niah: needle in a haystack over real prose (MetaLA Table A8 style, trained), byte tokens",
-            f"  contexts {list(c.contexts)} x depths {list(c.depths)}; {c.digits}-digit needle numbers; corpus {c.corpus!r}",
-            f"  {c.train_examples} train / {c.test_examples} test examples per cell; seed {c.seed}",
-            "  metrics: accuracy (answer digits), exact (whole answer), per context and per depth",
-        ])
+        return "\n".join(
+            [
+                "niah: needle in a haystack over real prose (MetaLA Table A8 style, trained), byte tokens",
+                f"  contexts {list(c.contexts)} x depths {list(c.depths)}; {c.digits}-digit needle numbers; corpus {c.corpus!r}",
+                f"  {c.train_examples} train / {c.test_examples} test examples per cell; seed {c.seed}",
+                "  metrics: accuracy (answer digits), exact (whole answer), per context and per depth",
+            ]
+        )

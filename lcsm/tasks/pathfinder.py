@@ -32,6 +32,7 @@ data of the committed LRA results (docs/results/etsmlp_lra) bit for bit (tested)
 Pixels are 0 (background) or 255 (ink); the image is flattened row-major into S * S tokens of a
 256-symbol vocabulary, as LRA feeds it.
 """
+
 from __future__ import annotations
 
 import math
@@ -120,7 +121,7 @@ def _forbid(mask: np.ndarray, pixels: np.ndarray, distance: int) -> None:
     """Mark every pixel within Chebyshev ``distance`` - 1 of ``pixels`` in ``mask``."""
     d = distance - 1
     for r, col in pixels.tolist():
-        mask[max(r - d, 0):r + d + 1, max(col - d, 0):col + d + 1] = True
+        mask[max(r - d, 0) : r + d + 1, max(col - d, 0) : col + d + 1] = True
 
 
 def render(u: Uniforms, c: "PathfinderConfig", positive: bool) -> Tuple[np.ndarray, np.ndarray, List[Point]]:
@@ -142,12 +143,12 @@ def render(u: Uniforms, c: "PathfinderConfig", positive: bool) -> Tuple[np.ndarr
             far = np.zeros((c.side, c.side), dtype=bool)
             for k in range(c.contours):
                 for attempt in range(200):
-                    if attempt % 20 == 0:             # a new shape, then 20 positions for it
+                    if attempt % 20 == 0:  # a new shape, then 20 positions for it
                         shape = _shape(u, c.contour_length, c.max_turn)
                         while np.abs(shape[-1] - shape[0]).max() < min_span:
                             shape = _shape(u, c.contour_length, c.max_turn)
                     try:
-                        if aim and k == 1:            # the second dot goes on this contour's end
+                        if aim and k == 1:  # the second dot goes on this contour's end
                             path = _aim(u, shape, paths[0][0], reference, c.side)
                         else:
                             path = _place(u, shape, c.side)
@@ -167,21 +168,25 @@ def render(u: Uniforms, c: "PathfinderConfig", positive: bool) -> Tuple[np.ndarr
             continue
     else:
         if aim:
-            raise ValueError(f"match_distance: cannot place {c.contours} contours of {c.contour_length} steps "
-                             f"{c.gap + 2} pixels apart in a {c.side}x{c.side} image with a negative's dots "
-                             f"{reference:.1f} pixels apart (a positive's distance) in 100 x 200 tries; "
-                             f"lower contours / contour_length, enlarge side or set match_distance false")
-        raise ValueError(f"contours / contour_length: cannot place {c.contours} contours of {c.contour_length} "
-                         f"steps {c.gap + 2} pixels apart in a {c.side}x{c.side} image; lower them or enlarge side")
+            raise ValueError(
+                f"match_distance: cannot place {c.contours} contours of {c.contour_length} steps "
+                f"{c.gap + 2} pixels apart in a {c.side}x{c.side} image with a negative's dots "
+                f"{reference:.1f} pixels apart (a positive's distance) in 100 x 200 tries; "
+                f"lower contours / contour_length, enlarge side or set match_distance false"
+            )
+        raise ValueError(
+            f"contours / contour_length: cannot place {c.contours} contours of {c.contour_length} "
+            f"steps {c.gap + 2} pixels apart in a {c.side}x{c.side} image; lower them or enlarge side"
+        )
     image = np.zeros((c.side, c.side), dtype=np.uint8)
     ids = np.full((c.side, c.side), -1, dtype=np.int8)
     for k, path in enumerate(paths):
-        for (r, col) in _dashed(path.tolist(), c.dash, c.gap):
+        for r, col in _dashed(path.tolist(), c.dash, c.gap):
             image[r, col], ids[r, col] = INK, k
     dots = [tuple(paths[0][0]), tuple(paths[0][-1])] if positive else [tuple(paths[0][0]), tuple(paths[1][-1])]
     for k, (r, col) in zip((0, 0 if positive else 1), dots):
-        image[r - 1:r + 2, col - 1:col + 2] = INK
-        ids[r - 1:r + 2, col - 1:col + 2] = k
+        image[r - 1 : r + 2, col - 1 : col + 2] = INK
+        ids[r - 1 : r + 2, col - 1 : col + 2] = k
     return image, ids, dots
 
 
@@ -230,7 +235,11 @@ class PathfinderConfig(TaskConfig):
         check_int("contours", self.contours, 2)
         check_int("dash", self.dash, 1)
         check_int("gap", self.gap, 0)
-        if isinstance(self.max_turn, bool) or not isinstance(self.max_turn, (int, float)) or not 0 <= self.max_turn <= 90:
+        if (
+            isinstance(self.max_turn, bool)
+            or not isinstance(self.max_turn, (int, float))
+            or not 0 <= self.max_turn <= 90
+        ):
             raise ValueError(f"max_turn: expected degrees in [0, 90], got {self.max_turn!r}")
         for name in ("train_examples", "validation_examples", "test_examples"):
             check_int(name, getattr(self, name), 1)
@@ -257,7 +266,7 @@ class Pathfinder(Task):
 
     @property
     def max_len(self) -> int:
-        return self.config.side ** 2
+        return self.config.side**2
 
     def _draw(self, split: str):
         """(image, contour id map, the two dot centres, label) of each example of ``split``."""
@@ -288,10 +297,12 @@ class Pathfinder(Task):
 
     def describe(self) -> str:
         c = self.config
-        return "\n".join([
-            "pathfinder: are the two dots joined by one dashed contour? (Linsley et al. 2018; LRA)",
-            f"  {c.side}x{c.side} images as {c.side ** 2} pixel tokens; {c.contours} contours of {c.contour_length} steps, "
-            f"dash {c.dash} / gap {c.gap}, turn <= {c.max_turn:g} degrees; balanced classes"
-            + ("; negatives' dots as far apart as positives' (match_distance)" if c.match_distance else ""),
-            f"  {c.train_examples} / {c.validation_examples} / {c.test_examples} train / validation / test; seed {c.seed}",
-        ])
+        return "\n".join(
+            [
+                "pathfinder: are the two dots joined by one dashed contour? (Linsley et al. 2018; LRA)",
+                f"  {c.side}x{c.side} images as {c.side**2} pixel tokens; {c.contours} contours of {c.contour_length} steps, "
+                f"dash {c.dash} / gap {c.gap}, turn <= {c.max_turn:g} degrees; balanced classes"
+                + ("; negatives' dots as far apart as positives' (match_distance)" if c.match_distance else ""),
+                f"  {c.train_examples} / {c.validation_examples} / {c.test_examples} train / validation / test; seed {c.seed}",
+            ]
+        )

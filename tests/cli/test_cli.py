@@ -1,4 +1,5 @@
 """The command line: valid input exits 0, user errors exit non-zero with one clear message."""
+
 import subprocess
 import sys
 

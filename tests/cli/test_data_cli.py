@@ -1,4 +1,5 @@
 """lcsm data list / prepare (served from a local file:// artefact, no network)."""
+
 import dataclasses
 import hashlib
 import io
@@ -16,8 +17,13 @@ def test_list_and_prepare(tmp_path, monkeypatch, capsys):
         tar.addfile(info, io.BytesIO(b"{}"))
     path = tmp_path / "x-1.0.tgz"
     path.write_bytes(buf.getvalue())
-    fake = dataclasses.replace(registry.SOURCES["sotu"], name="fake", url=path.as_uri(),
-                               sha256=hashlib.sha256(buf.getvalue()).hexdigest(), size=len(buf.getvalue()))
+    fake = dataclasses.replace(
+        registry.SOURCES["sotu"],
+        name="fake",
+        url=path.as_uri(),
+        sha256=hashlib.sha256(buf.getvalue()).hexdigest(),
+        size=len(buf.getvalue()),
+    )
     monkeypatch.setitem(registry.SOURCES, "fake", fake)
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
     assert main(["data", "list"]) == 0

@@ -1,4 +1,5 @@
 """lcsm train / eval / generate: exit 0 on valid input, one clear line and exit 2 on bad input."""
+
 import json
 
 import pytest
@@ -8,8 +9,14 @@ import yaml
 from lcsm.cli import main
 
 TINY = {
-    "task": {"name": "mqar", "vocab_size": 32, "train_grid": "16:2", "test_grid": "16:2",
-             "train_examples": 64, "test_examples": 16},
+    "task": {
+        "name": "mqar",
+        "vocab_size": 32,
+        "train_grid": "16:2",
+        "test_grid": "16:2",
+        "train_examples": 64,
+        "test_examples": 16,
+    },
     "model": {"mixer": "gla", "d_model": 16, "n_layers": 1},
     "train": {"max_steps": 4, "batch_size": 8, "log_every": 2, "threads": 1},
 }
@@ -33,24 +40,32 @@ def test_train_eval_generate(run_dir, capsys):
     assert record["split"] == "test" and set(record["metrics"]) >= {"loss", "accuracy"}
     assert main(["eval", str(run_dir), "--best"]) == 0
     assert "accuracy" in capsys.readouterr().out
-    assert main(["generate", str(run_dir), "--prompt-ids", "3 20 5", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+    assert (
+        main(["generate", str(run_dir), "--prompt-ids", "3 20 5", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+    )
     tokens = capsys.readouterr().out.split()
     assert len(tokens) == 4 and all(0 <= int(t) < 32 for t in tokens)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["eval", "/nonexistent/run"], "no such file or directory"),
-    (["generate", "{run}", "--prompt", "hello"], "has no text tokenizer"),
-    (["generate", "{run}", "--prompt-ids", "3 x"], "--prompt-ids: expected integers"),
-    (["generate", "{run}", "--prompt-ids", "99"], "ids must lie in [0, 32)"),
-    (["generate", "{run}"], "exactly one of --prompt"),
-    (["eval", "{run}", "--split", "dev"], "--split: task 'mqar' has splits"),
-    (["eval", "{run}", "--device", "gpu"], "--device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
-    (["generate", "{run}", "--prompt-ids", "3", "--device", "gpu"], "--device: expected 'auto', 'cpu', 'cuda'"),
-    pytest.param(["eval", "{run}", "--device", "cuda"], "--device: 'cuda' requested but CUDA is not available",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")),
-    (["eval", "{run}", "--batch-size", "0"], "--batch-size: expected a positive integer, got 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["eval", "/nonexistent/run"], "no such file or directory"),
+        (["generate", "{run}", "--prompt", "hello"], "has no text tokenizer"),
+        (["generate", "{run}", "--prompt-ids", "3 x"], "--prompt-ids: expected integers"),
+        (["generate", "{run}", "--prompt-ids", "99"], "ids must lie in [0, 32)"),
+        (["generate", "{run}"], "exactly one of --prompt"),
+        (["eval", "{run}", "--split", "dev"], "--split: task 'mqar' has splits"),
+        (["eval", "{run}", "--device", "gpu"], "--device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+        (["generate", "{run}", "--prompt-ids", "3", "--device", "gpu"], "--device: expected 'auto', 'cpu', 'cuda'"),
+        pytest.param(
+            ["eval", "{run}", "--device", "cuda"],
+            "--device: 'cuda' requested but CUDA is not available",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"),
+        ),
+        (["eval", "{run}", "--batch-size", "0"], "--batch-size: expected a positive integer, got 0"),
+    ],
+)
 def test_user_errors_are_one_line(run_dir, capsys, args, message):
     assert main([a.replace("{run}", str(run_dir)) for a in args]) == 2
     err = capsys.readouterr().err
@@ -66,13 +81,16 @@ def test_incompatible_checkpoint(run_dir, capsys):
     assert "weights do not fit the model" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "no such file"),
-    ("task: [unclosed", "not valid YAML"),
-    ("- a list", "expected a mapping at the top level"),
-    (yaml.safe_dump({**TINY, "modle": {}}), "unknown key(s) 'modle' (did you mean 'model'?)"),
-    (yaml.safe_dump({**TINY, "model": {"mixer": "glaa"}}), "unknown mixer 'glaa'. Did you mean gla?"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        ("task: [unclosed", "not valid YAML"),
+        ("- a list", "expected a mapping at the top level"),
+        (yaml.safe_dump({**TINY, "modle": {}}), "unknown key(s) 'modle' (did you mean 'model'?)"),
+        (yaml.safe_dump({**TINY, "model": {"mixer": "glaa"}}), "unknown mixer 'glaa'. Did you mean gla?"),
+    ],
+)
 def test_bad_configs(tmp_path, capsys, content, message):
     cfg = tmp_path / "bad.yaml"
     if content is not None:

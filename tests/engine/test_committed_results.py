@@ -4,6 +4,7 @@ file <name> with the training config that file gives it, and each report counts 
 Issue 6 asks that every number in docs/results/ come from a run whose config is committed. A run
 left behind by a changed grid or base, or a report not regenerated after new runs, fails here.
 """
+
 import json
 import re
 from pathlib import Path
@@ -17,8 +18,9 @@ from lcsm.tasks.lm import LanguageModelling
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results"
 # The paper experiments, as the Makefile's `reports` target lists them.
-EXPERIMENTS = sorted(p for p in REPO.glob("experiments/*/*.yaml")
-                     if p.parent.name != "configs" and not p.name.endswith("base.yaml"))
+EXPERIMENTS = sorted(
+    p for p in REPO.glob("experiments/*/*.yaml") if p.parent.name != "configs" and not p.name.endswith("base.yaml")
+)
 
 
 @pytest.fixture
@@ -27,8 +29,11 @@ def offline_lm_vocabulary(monkeypatch, tmp_path):
     and the corpus is downloaded; the vocabulary is not part of a run's training config (the model
     section is compared as written), so its upper bound stands in here."""
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(LanguageModelling, "vocab_size",
-                        property(lambda self: 257 if self.config.tokenizer == "byte" else self.config.bpe_vocab))
+    monkeypatch.setattr(
+        LanguageModelling,
+        "vocab_size",
+        property(lambda self: 257 if self.config.tokenizer == "byte" else self.config.bpe_vocab),
+    )
 
 
 def test_every_paper_experiment_is_found():
@@ -57,4 +62,5 @@ def test_committed_runs_are_runs_of_the_committed_experiment(path, offline_lm_vo
     assert (int(counted[1]), int(counted[2])) == (len(committed), len(runs)), (
         f"docs/results/{name}/report.md counts {counted[1]} of {counted[2]} runs, the directory holds "
         f"{len(committed)} of {len(runs)}: regenerate it with `lcsm report {path.relative_to(REPO)} --out "
-        f"docs/results/{name}`")
+        f"docs/results/{name}`"
+    )

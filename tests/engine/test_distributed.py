@@ -1,5 +1,6 @@
 """torchrun with 2 CPU processes (gloo) trains like 1 process with the same global batch, and leaves
 no gloo thread behind."""
+
 import json
 import os
 import subprocess
@@ -13,8 +14,10 @@ from lcsm.testing import assert_close
 
 from .conftest import TINY, write_config
 
-DDP = apply_overrides(TINY, {"train.max_steps": 10, "train.batch_size": 16, "train.log_every": 1,
-                             "train.eval_every": 5, "train.save_every": 5})
+DDP = apply_overrides(
+    TINY,
+    {"train.max_steps": 10, "train.batch_size": 16, "train.log_every": 1, "train.eval_every": 5, "train.save_every": 5},
+)
 
 
 def losses(run):
@@ -25,12 +28,34 @@ def losses(run):
 def test_two_processes_match_one(tmp_path):
     cfg = write_config(tmp_path / "ddp.yaml", DDP)
     env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "lcsm", "train", str(cfg), "--out", str(tmp_path / "one")],
-                         env=env, capture_output=True, text=True, timeout=300)
+    one = subprocess.run(
+        [sys.executable, "-m", "lcsm", "train", str(cfg), "--out", str(tmp_path / "one")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "lcsm", "train", str(cfg), "--out", str(tmp_path / "two")],
-                         env=env, capture_output=True, text=True, timeout=300)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "lcsm",
+            "train",
+            str(cfg),
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stderr
     # Rank 0 alone writes: one metrics file, one line per step.
@@ -66,9 +91,24 @@ def test_teardown_leaves_no_gloo_threads(tmp_path):
     script = tmp_path / "train_and_list_threads.py"
     script.write_text(GLOO_THREADS)
     env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(script), str(cfg), str(tmp_path / "run"), str(tmp_path)],
-                         env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(cfg),
+            str(tmp_path / "run"),
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     # one report file a rank: the ranks share stderr, where their lines interleave
     reports = {rank: (tmp_path / f"gloo-threads-rank{rank}").read_text() for rank in (0, 1)}

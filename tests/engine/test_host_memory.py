@@ -1,5 +1,6 @@
 """train.host_allocator: "retain" keeps freed host memory for reuse; it is validated, recorded and
 not part of the training config."""
+
 import json
 import os
 import platform
@@ -26,8 +27,14 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def page_faults(choice):
-    done = subprocess.run([sys.executable, "-c", FAULTS, choice], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", FAULTS, choice],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=True,
+    )
     record, faults = done.stdout.split("\n")[:2]
     return record, int(faults)
 
@@ -39,8 +46,8 @@ def test_retain_reuses_freed_pages_that_system_faults_in_again():
     system_record, system = page_faults("system")
     assert system_record == "system"
     block_pages = 64 * 2**20 // 4096
-    assert system > 8 * block_pages               # every block paged in afresh
-    assert retained < 3 * block_pages             # the first blocks' pages, then reused
+    assert system > 8 * block_pages  # every block paged in afresh
+    assert retained < 3 * block_pages  # the first blocks' pages, then reused
 
 
 def test_host_allocator_is_checked_and_leaves_the_training_config_alone(tmp_path):
@@ -48,7 +55,7 @@ def test_host_allocator_is_checked_and_leaves_the_training_config_alone(tmp_path
     default = RunConfig.from_dict(values)
     assert default.train.host_allocator == "retain"
     system = RunConfig.from_dict(apply_overrides(values, {"train.host_allocator": "system"}))
-    assert system.training_dict() == default.training_dict()       # same run id, resumable either way
+    assert system.training_dict() == default.training_dict()  # same run id, resumable either way
     with pytest.raises(ValueError, match=r"train.host_allocator: expected one of 'retain', 'system', got 'jemalloc'"):
         RunConfig.from_dict(apply_overrides(values, {"train.host_allocator": "jemalloc"}))
 
@@ -59,8 +66,18 @@ def test_retain_changes_no_number(cache_env):
     config = write_config(cache_env / "tiny.yaml", {**TINY, "model": {**TINY["model"], "mixer": "lcsm:1-1-1-0"}})
     results = {}
     for choice in ("system", "retain"):
-        done = run_cli(["train", str(config), "--quiet", "--out", str(cache_env / choice),
-                        "--set", f"train.host_allocator={choice}"], cache_env)
+        done = run_cli(
+            [
+                "train",
+                str(config),
+                "--quiet",
+                "--out",
+                str(cache_env / choice),
+                "--set",
+                f"train.host_allocator={choice}",
+            ],
+            cache_env,
+        )
         assert done.returncode == 0, done.stderr
         result = json.loads((cache_env / choice / "result.json").read_text())
         applied = choice if platform.libc_ver()[0] == "glibc" else "system"

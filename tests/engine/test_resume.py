@@ -1,5 +1,6 @@
 """Checkpoint / resume: a run interrupted anywhere (SIGINT, SIGTERM, SIGKILL, a lost tail of
 checkpoints) and resumed ends with bit-identical weights to the uninterrupted run."""
+
 import json
 import shutil
 import signal
@@ -18,8 +19,17 @@ from lcsm.engine.trainer import Trainer
 from .conftest import TINY, write_config
 
 # Dropout makes the RNG state part of what a checkpoint must restore.
-LONG = apply_overrides(TINY, {"model.dropout": 0.1, "train.max_steps": 240, "train.save_every": 10,
-                              "train.eval_every": 80, "train.keep_last": 3, "train.log_every": 10})
+LONG = apply_overrides(
+    TINY,
+    {
+        "model.dropout": 0.1,
+        "train.max_steps": 240,
+        "train.save_every": 10,
+        "train.eval_every": 80,
+        "train.keep_last": 3,
+        "train.log_every": 10,
+    },
+)
 
 
 def final_weights(run_dir):
@@ -76,10 +86,14 @@ def test_a_run_resumed_on_another_machine_records_both(cache_env):
     torch.save(trainer, saved)
     result = train(RunConfig.from_dict({**values, "out_dir": str(run)}), quiet=True)
     assert [(m["device"], m["from_step"], m["to_step"]) for m in result["trained_on"]] == [
-        ("cuda:0 NVIDIA H200", 0, 4), ("cpu", 4, 12)]
+        ("cuda:0 NVIDIA H200", 0, 4),
+        ("cpu", 4, 12),
+    ]
     assert result["machine"]["device"] == "cpu"
-    assert machine_label(result) == (f"cuda:0 NVIDIA H200; {result['machine']['cpu']}; torch {torch.__version__} then "
-                                     f"cpu; {result['machine']['cpu']}; torch {torch.__version__}")
+    assert machine_label(result) == (
+        f"cuda:0 NVIDIA H200; {result['machine']['cpu']}; torch {torch.__version__} then "
+        f"cpu; {result['machine']['cpu']}; torch {torch.__version__}"
+    )
 
 
 def test_a_finished_run_is_not_retrained(cache_env):
@@ -89,7 +103,7 @@ def test_a_finished_run_is_not_retrained(cache_env):
     rows = metric_rows(cache_env / "a")
     again = train(cfg, quiet=True)
     assert again["metrics"] == first["metrics"] and again["step"] == 12
-    assert metric_rows(cache_env / "a") == rows     # the final evaluation, redone, is recorded once
+    assert metric_rows(cache_env / "a") == rows  # the final evaluation, redone, is recorded once
     assert (cache_env / "a" / "checkpoints" / "step-00000012" / "model.safetensors").stat().st_mtime_ns == stamp
 
 
@@ -113,7 +127,11 @@ def test_a_failed_final_evaluation_loses_no_training(cache_env, monkeypatch):
     monkeypatch.undo()
     result = train(cfg, quiet=True)
     assert (last / "model.safetensors").stat().st_mtime_ns == stamp
-    assert (result["status"], result["metrics"], result["best"]) == ("completed", reference["metrics"], reference["best"])
+    assert (result["status"], result["metrics"], result["best"]) == (
+        "completed",
+        reference["metrics"],
+        reference["best"],
+    )
     assert metric_rows(cache_env / "a") == metric_rows(cache_env / "reference")
     assert_identical(final_weights(cache_env / "a"), final_weights(cache_env / "reference"))
 
@@ -131,13 +149,13 @@ def test_resume_refuses_other_task_data(cache_env, monkeypatch):
     """A task whose generator changed its data for the same options (a new generator_version)
     would continue a checkpoint on other data."""
     from lcsm.tasks import resolve
+
     config = RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a")})
     result = train(config, quiet=True)
     mqar = resolve("mqar")
     assert result["task_data"] == {"task": "mqar", "generator_version": mqar.generator_version}
     monkeypatch.setattr(mqar, "generator_version", mqar.generator_version + 1)
-    with pytest.raises(ValueError,
-                       match="task 'mqar', generator version 1, but this lcsm makes version 2.*other data"):
+    with pytest.raises(ValueError, match="task 'mqar', generator version 1, but this lcsm makes version 2.*other data"):
         train(config, quiet=True)
     assert train(config, restart=True, quiet=True)["task_data"]["generator_version"] == 2
 
@@ -146,8 +164,10 @@ def test_a_checkpoint_without_task_data_is_of_the_versions_before_records(cache_
     """Checkpoints from before runs recorded their task data trained on the generator versions of
     that time (VERSIONS_BEFORE_RECORDS), which resuming compares like a recorded one."""
     from lcsm.tasks import base
-    config = RunConfig.from_dict({**apply_overrides(TINY, {"train.max_steps": 4, "train.save_every": 2}),
-                                  "out_dir": str(cache_env / "a")})
+
+    config = RunConfig.from_dict(
+        {**apply_overrides(TINY, {"train.max_steps": 4, "train.save_every": 2}), "out_dir": str(cache_env / "a")}
+    )
     train(config, quiet=True)
     for info_path in (cache_env / "a" / "checkpoints").glob("*/run.json"):
         info = json.loads(info_path.read_text())
@@ -160,6 +180,7 @@ def test_a_checkpoint_without_task_data_is_of_the_versions_before_records(cache_
 
 def _cli_env(tmp_path):
     import os
+
     return {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
 
 
@@ -207,8 +228,10 @@ def test_resume_refuses_other_optimizer_groups(cache_env, monkeypatch):
     """A parameter whose weight-decay tag changed since the run started (DSS's W did) changes the
     optimizer's groups; torch's own error does not say what to do."""
     from lcsm.engine import trainer
-    config = RunConfig.from_dict({**apply_overrides(TINY, {"train.max_steps": 4, "train.save_every": 2}),
-                                  "out_dir": str(cache_env / "a")})
+
+    config = RunConfig.from_dict(
+        {**apply_overrides(TINY, {"train.max_steps": 4, "train.save_every": 2}), "out_dir": str(cache_env / "a")}
+    )
     train(config, quiet=True)
     monkeypatch.setattr(trainer, "build_optimizer", lambda model, cfg: torch.optim.AdamW(model.parameters()))
     with pytest.raises(ValueError, match="optimizer groups differ.*weight-decay tag"):

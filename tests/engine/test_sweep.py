@@ -1,4 +1,5 @@
 """Sweeps: grid expansion, cached runs not redone, interrupted sweeps resumed, select, report."""
+
 import json
 import math
 import os
@@ -25,12 +26,17 @@ SWEEP_BASE = {**TINY, "train": {**TINY["train"], "max_steps": 4, "eval_every": 0
 
 def experiment(tmp_path, **extra):
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(SWEEP_BASE))
-    spec = {"name": "tiny", "base": "base.yaml",
-            "grid": {"model.mixer": ["gla", "hgrn"], "optim.lr": [1e-3, 1e-2]},
-            "select": {"metric": "accuracy", "mode": "max", "over": ["optim.lr"]},
-            "report": {"table": {"rows": "model.mixer", "value": "accuracy"},
-                       "plots": [{"x": "optim.lr", "y": "loss", "series": "model.mixer", "file": "loss.png"}]},
-            **extra}
+    spec = {
+        "name": "tiny",
+        "base": "base.yaml",
+        "grid": {"model.mixer": ["gla", "hgrn"], "optim.lr": [1e-3, 1e-2]},
+        "select": {"metric": "accuracy", "mode": "max", "over": ["optim.lr"]},
+        "report": {
+            "table": {"rows": "model.mixer", "value": "accuracy"},
+            "plots": [{"x": "optim.lr", "y": "loss", "series": "model.mixer", "file": "loss.png"}],
+        },
+        **extra,
+    }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -38,37 +44,49 @@ def experiment(tmp_path, **extra):
 
 def fake_train(calls):
     """Stands in for the subprocess: writes the result a finished run leaves, loss from the lr."""
+
     def execute(runs, parallel=1, log=print):
         for run in runs:
             calls.append(run.id)
             run.out_dir.mkdir(parents=True, exist_ok=True)
             lr = run.config["optim"]["lr"]
-            result = {"status": "completed", "step": 4, "n_params": 100, "wall_time_s": 1.0, "config": run.config,
-                      "metrics": {"loss": 1 + lr, "accuracy": lr * (2 if run.config["model"]["mixer"] == "gla" else 1)}}
+            result = {
+                "status": "completed",
+                "step": 4,
+                "n_params": 100,
+                "wall_time_s": 1.0,
+                "config": run.config,
+                "metrics": {"loss": 1 + lr, "accuracy": lr * (2 if run.config["model"]["mixer"] == "gla" else 1)},
+            }
             (run.out_dir / "result.json").write_text(json.dumps(result))
         return {r.id: 0 for r in runs}
+
     return execute
 
 
 def test_grid_runs_cache_and_select(tmp_path, monkeypatch):
     exp = load_experiment(experiment(tmp_path), out_dir=tmp_path / "out")
     runs = exp.runs()
-    assert [r.labels for r in runs] == [{"model.mixer": m, "optim.lr": lr} for m in ("gla", "hgrn")
-                                        for lr in ("0.001", "0.01")]
+    assert [r.labels for r in runs] == [
+        {"model.mixer": m, "optim.lr": lr} for m in ("gla", "hgrn") for lr in ("0.001", "0.01")
+    ]
     assert runs[0].id.startswith("mixer=gla,lr=0.001-") and len({r.id for r in runs}) == 4
     calls = []
     monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
     rows, ok = sweep(exp, log=lambda *_: None)
     assert ok and len(calls) == 4 and all(r["status"] == "completed" for r in rows)
     rows, ok = sweep(exp, log=lambda *_: None)
-    assert len(calls) == 4                         # nothing redone
+    assert len(calls) == 4  # nothing redone
     best = select_best(exp, rows)
     assert sorted((r["model.mixer"], r["optim.lr"]) for r in best) == [("gla", "0.01"), ("hgrn", "0.01")]
-    tied = [{**r, "metric:accuracy": 1.0} for r in rows]     # of runs that tie, the first in the grid
+    tied = [{**r, "metric:accuracy": 1.0} for r in rows]  # of runs that tie, the first in the grid
     assert [(r["model.mixer"], r["optim.lr"]) for r in select_best(exp, tied)] == [("gla", "0.001"), ("hgrn", "0.001")]
     # a nan metric (a diverged run) loses to any number, also when it comes first in the grid
     nan_first = [{**r, "metric:accuracy": math.nan if r["optim.lr"] == "0.001" else 0.5} for r in rows]
-    assert [(r["model.mixer"], r["optim.lr"]) for r in select_best(exp, nan_first)] == [("gla", "0.01"), ("hgrn", "0.01")]
+    assert [(r["model.mixer"], r["optim.lr"]) for r in select_best(exp, nan_first)] == [
+        ("gla", "0.01"),
+        ("hgrn", "0.01"),
+    ]
     assert (tmp_path / "out" / "results.csv").read_text().startswith("run,model.mixer,optim.lr,status")
     # a changed base config is a different run: not taken from the cache
     changed = load_experiment(experiment(tmp_path), overrides=["train.max_steps=5"], out_dir=tmp_path / "out")
@@ -76,19 +94,20 @@ def test_grid_runs_cache_and_select(tmp_path, monkeypatch):
 
 
 def test_report_from_cached_results(tmp_path, monkeypatch):
-    exp = load_experiment(experiment(tmp_path, paper="| model | acc |\n|---|---|\n| gla | 0.5 |"),
-                          out_dir=tmp_path / "out")
+    exp = load_experiment(
+        experiment(tmp_path, paper="| model | acc |\n|---|---|\n| gla | 0.5 |"), out_dir=tmp_path / "out"
+    )
     monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
     rows, _ = sweep(exp, log=lambda *_: None)
     monkeypatch.setattr(sweep_mod, "execute", lambda *a, **k: pytest.fail("report must not train"))
     assert main(["report", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "loss.png").stat().st_size > 1000
-    assert "| gla | 0.0200 |" in text and "| hgrn | 0.0100 |" in text       # the pivot of the best runs
+    assert "| gla | 0.0200 |" in text and "| hgrn | 0.0100 |" in text  # the pivot of the best runs
     assert "report's git commit:" in text and "report written on, cpu:" in text and "The paper's numbers" in text
-    assert "- runs ran on: not recorded (4 runs)" in text      # the fake results name no machine
+    assert "- runs ran on: not recorded (4 runs)" in text  # the fake results name no machine
     assert "- runs' git commit: not recorded (4 runs)" in text
-    assert text.count("| completed |") == 4 + 2    # every run, then the selected ones
+    assert text.count("| completed |") == 4 + 2  # every run, then the selected ones
 
 
 def test_report_compares_with_the_paper(tmp_path, monkeypatch):
@@ -97,8 +116,14 @@ def test_report_compares_with_the_paper(tmp_path, monkeypatch):
     rho over two labels (undefined) and one with a third label reverses it."""
     from lcsm.engine.report import spearman
 
-    compare = [{"axis": "model.mixer", "metric": "accuracy", "paper": {"hgrn": 0.9, "gla": 0.5, "mamba": 0.7},
-                "title": "Paper table"}]
+    compare = [
+        {
+            "axis": "model.mixer",
+            "metric": "accuracy",
+            "paper": {"hgrn": 0.9, "gla": 0.5, "mamba": 0.7},
+            "title": "Paper table",
+        }
+    ]
     exp = load_experiment(experiment(tmp_path, report={"compare": compare}), out_dir=tmp_path / "out")
     monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
     sweep(exp, log=lambda *_: None)
@@ -116,8 +141,10 @@ def test_report_compares_with_the_paper(tmp_path, monkeypatch):
 def test_plot_series_stay_distinct_past_the_colour_cycle(tmp_path, monkeypatch):
     """Twelve series (the o-types figure's codes) get twelve distinct colour-marker pairs, though
     matplotlib's colour cycle has ten colours."""
-    rows = [{"status": "completed", "model": f"1-{i}-1-0", "model.d_model": "64", "metric:accuracy": i / 12}
-            for i in range(12)]
+    rows = [
+        {"status": "completed", "model": f"1-{i}-1-0", "model.d_model": "64", "metric:accuracy": i / 12}
+        for i in range(12)
+    ]
     drawn = {}
     monkeypatch.setattr(report_mod, "_legend_and_save", lambda fig, axes, series, path: drawn.update(ax=axes[-1]))
     plot(rows, {"x": "model.d_model", "y": "accuracy", "series": "model"}, tmp_path / "a.png", "o types")
@@ -129,11 +156,17 @@ def test_plot_series_stay_distinct_past_the_colour_cycle(tmp_path, monkeypatch):
 def test_plot_facets_share_series_styles_and_one_legend(tmp_path, monkeypatch):
     """A facet that lacks some series (the o-types figure's 128-token cell, run for four codes of
     twelve) draws each series in the style it has in the others, and the legend names them all."""
-    rows = [{"status": "completed", "task": task, "model": f"1-{i}-1-0", "model.d_model": "64",
-             "metric:accuracy": i / 12} for task, codes in (("L64", range(6)), ("L128", (3, 4))) for i in codes]
+    rows = [
+        {"status": "completed", "task": task, "model": f"1-{i}-1-0", "model.d_model": "64", "metric:accuracy": i / 12}
+        for task, codes in (("L64", range(6)), ("L128", (3, 4)))
+        for i in codes
+    ]
     drawn, save = {}, report_mod._legend_and_save
-    monkeypatch.setattr(report_mod, "_legend_and_save",
-                        lambda fig, axes, series, path: (drawn.update(axes=axes), save(fig, axes, series, path)))
+    monkeypatch.setattr(
+        report_mod,
+        "_legend_and_save",
+        lambda fig, axes, series, path: (drawn.update(axes=axes), save(fig, axes, series, path)),
+    )
     plot(rows, {"x": "model.d_model", "y": "accuracy", "series": "model", "facet": "task"}, tmp_path / "a.png", "o")
     every, some = drawn["axes"]
     style = {line.get_label(): (line.get_color(), line.get_marker()) for line in every.get_lines()}
@@ -159,11 +192,15 @@ def test_report_curves_from_each_selected_runs_evaluations(tmp_path, monkeypatch
     assert "## Learning" in text and "| model.mixer \\ step (accuracy) | 2 | 4 |" in text
     assert "| gla | 0.0025 | 0.0100 |" in text and "| hgrn |" not in text.split("## Learning")[1].split("##")[0]
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
-    typo = load_experiment(experiment(tmp_path, report={"curves": [{**curves[0], "y": "acc"}]}), out_dir=tmp_path / "out")
+    typo = load_experiment(
+        experiment(tmp_path, report={"curves": [{**curves[0], "y": "acc"}]}), out_dir=tmp_path / "out"
+    )
     with pytest.raises(ValueError, match=r"eval.csv has no column 'acc' \(its columns: step, split, loss, accuracy\)"):
         write_report(typo, collect(typo))
-    hgrn = load_experiment(experiment(tmp_path, report={"curves": [{**curves[0], "where": {"model.mixer": "hgrn"}}]}),
-                           out_dir=tmp_path / "out")
+    hgrn = load_experiment(
+        experiment(tmp_path, report={"curves": [{**curves[0], "where": {"model.mixer": "hgrn"}}]}),
+        out_dir=tmp_path / "out",
+    )
     assert "No selected run recorded an evaluation" in write_report(hgrn, collect(hgrn)).read_text()
     exp = load_experiment(experiment(tmp_path, select=None, report={"curves": curves}), out_dir=tmp_path / "out")
     with pytest.raises(ValueError, match="report.curves: several selected runs have model.mixer = gla"):
@@ -179,8 +216,9 @@ def test_grid_override_replaces_overlapping_axes(tmp_path):
     exp = load_experiment(experiment(tmp_path), grid=["optim.lr=0.1"])
     assert len(exp.runs()) == 2
     # the comparisons and curves of a replaced axis follow it too (committed: MetaLA Table A7's)
-    hard = load_experiment(Path(__file__).parents[2] / "experiments" / "metala" / "mqar_hard.yaml",
-                           grid=["model.mixer=gla,metala"])
+    hard = load_experiment(
+        Path(__file__).parents[2] / "experiments" / "metala" / "mqar_hard.yaml", grid=["model.mixer=gla,metala"]
+    )
     assert [c["axis"] for c in hard.report["compare"]] == ["model.mixer"] * len(hard.report["compare"])
     curves = {"y": "accuracy", "series": "model.mixer", "where": {"model.mixer": "gla"}, "file": "c.png"}
     exp = load_experiment(experiment(tmp_path, report={"curves": [curves]}), grid=["model=[{mixer: gla}]"])
@@ -201,8 +239,9 @@ def test_grid_labels_pick_part_of_a_labelled_axis(tmp_path):
 def test_grid_override_of_an_existing_axis_keeps_the_axes_it_overlaps(tmp_path):
     """--grid model.d_model=8 beside a labelled `model` axis narrows the d_model axis only."""
     models = {"gla": {"mixer": "gla"}, "hgrn": {"mixer": "hgrn"}}
-    path = experiment(tmp_path, grid={"model": models, "model.d_model": [8, 16], "optim.lr": [1e-3, 1e-2]},
-                      select=None, report={})
+    path = experiment(
+        tmp_path, grid={"model": models, "model.d_model": [8, 16], "optim.lr": [1e-3, 1e-2]}, select=None, report={}
+    )
     full = {r.id for r in load_experiment(path).runs()}
     part = load_experiment(path, grid=["model.d_model=8"])
     assert [a.key for a in part.axes] == ["model", "model.d_model", "optim.lr"]
@@ -210,15 +249,24 @@ def test_grid_override_of_an_existing_axis_keeps_the_axes_it_overlaps(tmp_path):
     assert len(runs) == 4 and {r.config["model"]["d_model"] for r in runs} == {8} and {r.id for r in runs} < full
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"grdi": {}}, "unknown key(s) 'grdi' (did you mean 'grid'?)"),
-    ({"grid": {"model.mixer": []}}, "grid.model.mixer: expected a non-empty list"),
-    ({"grid": {"model.mixer": ["glaa"], "optim.lr": [1e-3]}}, "unknown mixer 'glaa'"),
-    ({"select": {"metric": "accuracy", "over": ["optim.beta"]}}, "select.over: ['optim.beta'] are not grid axes"),
-    ({"report": {"plots": [{"x": "model.d_model", "y": "loss", "file": "a.png"}]}}, "report.plots[0].x: expected a grid axis"),
-    ({"report": {"table": {"rows": "model.mixer", "value": "accuracy", "cols": "x"}}}, "'cols' (did you mean 'columns'?)"),
-    ({"set": {"train.early_stop.metric": "acc"}}, "train.early_stop.metric: 'acc' is not a metric of task 'mqar'"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"grdi": {}}, "unknown key(s) 'grdi' (did you mean 'grid'?)"),
+        ({"grid": {"model.mixer": []}}, "grid.model.mixer: expected a non-empty list"),
+        ({"grid": {"model.mixer": ["glaa"], "optim.lr": [1e-3]}}, "unknown mixer 'glaa'"),
+        ({"select": {"metric": "accuracy", "over": ["optim.beta"]}}, "select.over: ['optim.beta'] are not grid axes"),
+        (
+            {"report": {"plots": [{"x": "model.d_model", "y": "loss", "file": "a.png"}]}},
+            "report.plots[0].x: expected a grid axis",
+        ),
+        (
+            {"report": {"table": {"rows": "model.mixer", "value": "accuracy", "cols": "x"}}},
+            "'cols' (did you mean 'columns'?)",
+        ),
+        ({"set": {"train.early_stop.metric": "acc"}}, "train.early_stop.metric: 'acc' is not a metric of task 'mqar'"),
+    ],
+)
 def test_bad_experiment_files(tmp_path, extra, message):
     with pytest.raises(ValueError) as err:
         load_experiment(experiment(tmp_path, **extra))
@@ -228,9 +276,17 @@ def test_bad_experiment_files(tmp_path, extra, message):
 def test_sweep_builds_every_run_before_running_any(tmp_path, monkeypatch):
     """A clash only a mixer's constructor sees (lcsm:ssm fixes e, o and s and takes no model code)
     stops the sweep, dry run included, before a single run starts; it names the run."""
-    path = experiment(tmp_path, grid={"model": {"linear": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0"}},
-                                                "ssm": {"mixer": "lcsm:ssm", "mixer_options": {"code": "1-1-1-0"}}}},
-                      select=None, report={})
+    path = experiment(
+        tmp_path,
+        grid={
+            "model": {
+                "linear": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0"}},
+                "ssm": {"mixer": "lcsm:ssm", "mixer_options": {"code": "1-1-1-0"}},
+            }
+        },
+        select=None,
+        report={},
+    )
     exp = load_experiment(path, out_dir=tmp_path / "out")
     calls = []
     monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
@@ -256,8 +312,15 @@ def test_real_sweep_is_resumable_after_interruption(tmp_path, stop):
     cmd = [sys.executable, "-m", "lcsm", "sweep", str(spec), "--out", str(tmp_path / "out")]
     # Started with SIGINT ignored, as a shell's background job is (`lcsm sweep ... &`): Ctrl-C to
     # the group must still stop the sweep, not only its current run.
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     deadline = time.time() + 120
     while not list((tmp_path / "out").glob("*/checkpoints/step-*")) and time.time() < deadline:
         time.sleep(0.02)
@@ -284,11 +347,17 @@ def test_a_run_finished_by_a_sweep_beside_it_is_copied_not_trained(tmp_path, mon
     mixer's code, a default written out, 16 against 16.0) are equal for the cache; a missing run
     equal to a finished one of a sibling sweep directory is copied whole, unless it has started
     here (it resumes) or reuse is off. Run ids still hash the config as written."""
+
     def lcsm_experiment(name, models):
         return experiment(tmp_path, name=name, grid={"model": models}, select=None, report={})
 
-    tau = lcsm_experiment("tau", {"tau16": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0", "tau": 16}},
-                                  "tau4": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0", "tau": 4}}})
+    tau = lcsm_experiment(
+        "tau",
+        {
+            "tau16": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0", "tau": 16}},
+            "tau4": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0", "tau": 4}},
+        },
+    )
     calls = []
     monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
     sweep(load_experiment(tau, out_dir=tmp_path / "results" / "tau"), log=lambda *_: None)
@@ -296,13 +365,18 @@ def test_a_run_finished_by_a_sweep_beside_it_is_copied_not_trained(tmp_path, mon
     source = next((tmp_path / "results" / "tau").glob("model=tau16-*"))
     (source / "train.csv").write_text("step\n1\n")
 
-    codes = lcsm_experiment("codes", {"named": {"mixer": "lcsm:1-1-1-0", "mixer_options": {"tau": 16.0}},
-                                      "written": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0"}},
-                                      "other": {"mixer": "lcsm", "mixer_options": {"code": "1-3-1-0"}},
-                                      "started": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0", "expand": 64}}})
+    codes = lcsm_experiment(
+        "codes",
+        {
+            "named": {"mixer": "lcsm:1-1-1-0", "mixer_options": {"tau": 16.0}},
+            "written": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0"}},
+            "other": {"mixer": "lcsm", "mixer_options": {"code": "1-3-1-0"}},
+            "started": {"mixer": "lcsm", "mixer_options": {"code": "1-1-1-0", "expand": 64}},
+        },
+    )
     exp = load_experiment(codes, out_dir=tmp_path / "results" / "codes")
     runs = {r.labels["model"]: r for r in exp.runs()}
-    assert runs["named"].id.split("-")[-1] != runs["written"].id.split("-")[-1]       # ids as written
+    assert runs["named"].id.split("-")[-1] != runs["written"].id.split("-")[-1]  # ids as written
     runs["started"].out_dir.mkdir(parents=True)
     (runs["started"].out_dir / "config.yaml").write_text("an interrupted run's files")
     log = []
@@ -320,7 +394,7 @@ def test_a_run_finished_by_a_sweep_beside_it_is_copied_not_trained(tmp_path, mon
     assert not list((tmp_path / "results" / "codes").glob("*.reusing"))
     del calls[:]
     sweep(exp, log=lambda *_: None)
-    assert calls == []                                                          # all cached now
+    assert calls == []  # all cached now
 
     assert main(["sweep", str(codes), "--out", str(tmp_path / "results" / "fresh"), "--no-reuse"]) == 0
     assert len(calls) == 4
@@ -331,6 +405,7 @@ def test_runs_on_other_task_data_are_noted_and_never_copied(tmp_path, monkeypatc
     generator version changed; a result.json without task_data is of the versions before runs
     recorded it) stays cached with a note, and is not copied into another sweep as an equal run."""
     from lcsm.tasks import resolve
+
     path = experiment(tmp_path, select=None, report={})
     calls = []
     monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
@@ -352,9 +427,13 @@ def test_equal_runs_are_compared_layer_by_layer():
     """HGRN without a lower bound gets k / n_layers in layer k from the model; with
     ``lower_bound: 0.0`` it gets 0 in every layer: different weights, so not equal runs (a sweep
     copied one for the other)."""
+
     def config(**options):
-        return {"task": {"name": "mqar"}, "model": {"mixer": "hgrn", "n_layers": 2, "mixer_options": options},
-                "train": {"max_steps": 4}}
+        return {
+            "task": {"name": "mqar"},
+            "model": {"mixer": "hgrn", "n_layers": 2, "mixer_options": options},
+            "train": {"max_steps": 4},
+        }
 
     key = sweep_mod._equivalence_key
     assert key(config()) != key(config(lower_bound=0.0))
@@ -363,8 +442,9 @@ def test_equal_runs_are_compared_layer_by_layer():
 
 
 def test_at_axis_sets_several_keys_together(tmp_path):
-    grid = {"@size": {"small": {"model.d_model": 8, "train.max_steps": 3},
-                      "big": {"model.d_model": 16, "optim.lr": 0.5}}}
+    grid = {
+        "@size": {"small": {"model.d_model": 8, "train.max_steps": 3}, "big": {"model.d_model": 16, "optim.lr": 0.5}}
+    }
     exp = load_experiment(experiment(tmp_path, grid=grid, select=None, report={}))
     runs = {r.labels["@size"]: r for r in exp.runs()}
     small, big = runs.pop("small"), runs.pop("big")
@@ -376,8 +456,11 @@ def test_at_axis_sets_several_keys_together(tmp_path):
 
 
 def test_parallel_output_tags_tell_runs_with_long_shared_labels_apart(tmp_path):
-    grid = {"@setting": {"a-long-label-shared-by-every-run-of-the-grid": {"model.d_model": 8}},
-            "model.mixer": ["gla", "hgrn"], "optim.lr": [1e-3]}
+    grid = {
+        "@setting": {"a-long-label-shared-by-every-run-of-the-grid": {"model.d_model": 8}},
+        "model.mixer": ["gla", "hgrn"],
+        "optim.lr": [1e-3],
+    }
     ids = [r.id for r in load_experiment(experiment(tmp_path, grid=grid, select=None, report={})).runs()]
     assert len(ids[0]) > 48
     tags = [sweep_mod.log_prefix(i) for i in ids]

@@ -1,4 +1,5 @@
 """The training loop: loss falls, no-decay groups, schedules, accumulation, early stopping."""
+
 import copy
 import dataclasses
 import io
@@ -37,11 +38,24 @@ def weights(run_dir):
 def test_tiny_models_learn_mqar(cache_env, mixer):
     """The loss falls well below its start (about ln 32 = 3.47, uniform; predicting some value
     of the right half of the vocabulary gives ln 16 = 2.77)."""
-    cfg = config(cache_env, **{"model.mixer": mixer, "optim.lr": 1e-2, "train.batch_size": 16, "train.max_steps": 80,
-                               "train.eval_every": 0, "train.save_every": 0, "train.log_every": 1})
+    cfg = config(
+        cache_env,
+        **{
+            "model.mixer": mixer,
+            "optim.lr": 1e-2,
+            "train.batch_size": 16,
+            "train.max_steps": 80,
+            "train.eval_every": 0,
+            "train.save_every": 0,
+            "train.log_every": 1,
+        },
+    )
     result = train(cfg, quiet=True)
-    losses = [r["loss"] for r in map(json.loads, (cache_env / "run" / "metrics.jsonl").read_text().splitlines())
-              if r["kind"] == "train"]
+    losses = [
+        r["loss"]
+        for r in map(json.loads, (cache_env / "run" / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    ]
     assert result["status"] == "completed" and result["step"] == 80 and len(losses) == 80
     assert all(math.isfinite(v) for v in losses)
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
@@ -57,8 +71,9 @@ def test_no_weight_decay_tags_are_honoured():
     names = {id(p): n for n, p in model.named_parameters()}
     exempt_names = {names[id(p)] for p in exempt["params"]}
     assert any(n.endswith("A_log") for n in exempt_names) and any(n.endswith(".D") for n in exempt_names)
-    assert all(n.endswith(("A_log", ".D", "bias")) or ".norm" in n or "norm" in n.split(".")[-2]
-               for n in exempt_names), exempt_names
+    assert all(
+        n.endswith(("A_log", ".D", "bias")) or ".norm" in n or "norm" in n.split(".")[-2] for n in exempt_names
+    ), exempt_names
     assert not any(n.endswith("A_log") for n in (names[id(p)] for p in decayed["params"]))
     # Behaviour, not just bookkeeping: with zero gradients only weight decay moves a parameter.
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -100,24 +115,40 @@ def test_gradient_accumulation_matches_one_big_batch(cache_env):
     train(config(cache_env, "one", **common), quiet=True)
     train(config(cache_env, "four", **common, **{"train.grad_accum": 4}), quiet=True)
     assert_close(weights(cache_env / "four"), weights(cache_env / "one"), context="grad_accum 4 vs 1")
-    assert_close({k: train_log(cache_env / "four", k) for k in ("loss", "grad_norm")},
-                 {k: train_log(cache_env / "one", k) for k in ("loss", "grad_norm")}, context="grad_accum 4 vs 1 logs")
+    assert_close(
+        {k: train_log(cache_env / "four", k) for k in ("loss", "grad_norm")},
+        {k: train_log(cache_env / "one", k) for k in ("loss", "grad_norm")},
+        context="grad_accum 4 vs 1 logs",
+    )
 
 
 def test_gradient_clipping_bounds_the_update(cache_env):
     """grad_clip rescales the gradient to that norm before AdamW: with betas (0, 0) and eps large
     against the gradient, Adam's step is about lr * g / eps, so the first update's size follows the
     clipped norm (one tenth of it at grad_clip = norm / 10); the logged norm is the one before."""
-    common = {"train.max_steps": 1, "train.eval_every": 0, "train.save_every": 1, "train.log_every": 1,
-              "optim.warmup_steps": 0, "optim.weight_decay": 0.0, "optim.betas": [0.0, 0.0], "optim.eps": 1e3,
-              "optim.grad_clip": None}
-    start = {n: p.detach().clone() for n, p in Trainer(config(cache_env, "init", **common), quiet=True).model.state_dict().items()}
+    common = {
+        "train.max_steps": 1,
+        "train.eval_every": 0,
+        "train.save_every": 1,
+        "train.log_every": 1,
+        "optim.warmup_steps": 0,
+        "optim.weight_decay": 0.0,
+        "optim.betas": [0.0, 0.0],
+        "optim.eps": 1e3,
+        "optim.grad_clip": None,
+    }
+    start = {
+        n: p.detach().clone()
+        for n, p in Trainer(config(cache_env, "init", **common), quiet=True).model.state_dict().items()
+    }
     train(config(cache_env, "free", **common), quiet=True)
     norm = float(train_log(cache_env / "free", "grad_norm")[0])
     train(config(cache_env, "clipped", **{**common, "optim.grad_clip": norm / 10}), quiet=True)
     assert float(train_log(cache_env / "clipped", "grad_norm")[0]) == pytest.approx(norm, rel=1e-6)
-    step = {run: torch.cat([(w - start[n]).flatten() for n, w in weights(cache_env / run).items()]).norm()
-            for run in ("free", "clipped")}
+    step = {
+        run: torch.cat([(w - start[n]).flatten() for n, w in weights(cache_env / run).items()]).norm()
+        for run in ("free", "clipped")
+    }
     assert float(step["clipped"] / step["free"]) == pytest.approx(0.1, rel=1e-2)
 
 
@@ -144,36 +175,51 @@ def test_every_epoch_draws_its_own_batch_order(cache_env, monkeypatch):
 
 
 def test_early_stopping_and_best_checkpoint(cache_env):
-    cfg = config(cache_env, **{"optim.lr": 1e-9, "optim.warmup_steps": 0, "train.max_steps": 60, "train.eval_every": 2,
-                               "train.early_stop": {"metric": "accuracy", "mode": "max", "patience": 2,
-                                                    "min_delta": 0.5}})
+    cfg = config(
+        cache_env,
+        **{
+            "optim.lr": 1e-9,
+            "optim.warmup_steps": 0,
+            "train.max_steps": 60,
+            "train.eval_every": 2,
+            "train.early_stop": {"metric": "accuracy", "mode": "max", "patience": 2, "min_delta": 0.5},
+        },
+    )
     result = train(cfg, quiet=True)
     assert result["status"] == "early_stopped"
-    assert result["step"] == 6                      # best at step 2, no gain at 4 and 6
+    assert result["step"] == 6  # best at step 2, no gain at 4 and 6
     assert result["best"]["step"] == 2 and result["best"]["metric"] == "accuracy"
     best = json.loads((cache_env / "run" / "checkpoints" / "best" / "run.json").read_text())
     assert best["step"] == 2
 
 
 def test_patience_running_out_at_the_last_step_is_a_completed_run(cache_env):
-    patient = {"metric": "loss", "patience": 1, "min_delta": 1.0}     # no evaluation after the first gains 1.0
+    patient = {"metric": "loss", "patience": 1, "min_delta": 1.0}  # no evaluation after the first gains 1.0
     result = train(config(cache_env, **{"train.eval_every": 6, "train.early_stop": patient}), quiet=True)
     assert (result["status"], result["step"], result["best"]["step"]) == ("completed", 12, 6)
-    longer = train(config(cache_env, "longer", **{"train.max_steps": 18, "train.eval_every": 6,
-                                                  "train.early_stop": patient}), quiet=True)
+    longer = train(
+        config(cache_env, "longer", **{"train.max_steps": 18, "train.eval_every": 6, "train.early_stop": patient}),
+        quiet=True,
+    )
     assert (longer["status"], longer["step"]) == ("early_stopped", 12)
 
 
 def test_early_stop_metric_is_checked_before_training(cache_env):
     """A name any data gives is checked with the config, before any data is made; a segment's or a
     slice's once the evaluation data exists, before the first step."""
-    with pytest.raises(ValueError, match=r"train.early_stop.metric: 'acuracy' is not a metric of task 'mqar'; "
-                                         r"its metrics: accuracy, loss \(.*\(did you mean 'accuracy'\?\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"train.early_stop.metric: 'acuracy' is not a metric of task 'mqar'; "
+        r"its metrics: accuracy, loss \(.*\(did you mean 'accuracy'\?\)",
+    ):
         config(cache_env, **{"train.early_stop": {"metric": "acuracy", "mode": "max"}})
     assert not (cache_env / "cache").exists()
     cfg = config(cache_env, **{"train.early_stop": {"metric": "accuracy/L16-kv3", "mode": "max"}})
-    with pytest.raises(ValueError, match=r"'accuracy/L16-kv3' is not a metric of task 'mqar'; its metrics: "
-                                         r"accuracy, accuracy/L16-kv2, accuracy/kv_pairs=2, loss"):
+    with pytest.raises(
+        ValueError,
+        match=r"'accuracy/L16-kv3' is not a metric of task 'mqar'; its metrics: "
+        r"accuracy, accuracy/L16-kv2, accuracy/kv_pairs=2, loss",
+    ):
         train(cfg, quiet=True)
     assert not (cache_env / "run" / "metrics.jsonl").exists()
     for name in ("accuracy/L16-kv2", "accuracy/kv_pairs=2"):
@@ -199,14 +245,21 @@ def test_metrics_files(cache_env):
 
 def test_log_every_0_logs_the_last_step_only(cache_env):
     """0 means at the end only (TrainConfig), where the run ends: max_steps or an early stop."""
+
     def train_steps(name, **overrides):
         train(config(cache_env, name, **{"train.log_every": 0, **overrides}), quiet=True)
         records = map(json.loads, (cache_env / name / "metrics.jsonl").read_text().splitlines())
         return [r["step"] for r in records if r["kind"] == "train"]
 
     assert train_steps("full") == [12]
-    assert train_steps("stopped", **{"optim.lr": 1e-9, "train.eval_every": 2, "train.early_stop": {
-        "metric": "accuracy", "mode": "max", "patience": 2, "min_delta": 0.5}}) == [6]
+    assert train_steps(
+        "stopped",
+        **{
+            "optim.lr": 1e-9,
+            "train.eval_every": 2,
+            "train.early_stop": {"metric": "accuracy", "mode": "max", "patience": 2, "min_delta": 0.5},
+        },
+    ) == [6]
     lines = io.StringIO()
     progress = Progress(3, log_every=0, stream=lines)
     for step in (1, 2, 3):
@@ -246,11 +299,12 @@ def test_engine_docs_config_example_loads(tmp_path):
 
 
 def test_overrides_parse_yaml_values():
-    out = apply_overrides(TINY, ["train.max_steps=7", "optim.betas=[0.8, 0.9]", "model.mixer_options.heads=2",
-                                 "task.train_grid=16:2"])
+    out = apply_overrides(
+        TINY, ["train.max_steps=7", "optim.betas=[0.8, 0.9]", "model.mixer_options.heads=2", "task.train_grid=16:2"]
+    )
     assert out["train"]["max_steps"] == 7 and out["optim"]["betas"] == [0.8, 0.9]
     assert out["model"]["mixer_options"] == {"heads": 2} and out["task"]["train_grid"] == "16:2"
-    assert TINY["train"]["max_steps"] == 12          # a copy, the input is untouched
+    assert TINY["train"]["max_steps"] == 12  # a copy, the input is untouched
     with pytest.raises(ValueError, match="expected 'section.key=value'"):
         apply_overrides(TINY, ["train.max_steps"])
     with pytest.raises(ValueError, match="train.max_steps is 12, not a section"):
@@ -265,8 +319,9 @@ def test_mapping_overrides_merge():
 @pytest.mark.parametrize("mixer", ["gla", "s4", "tnn"])
 def test_bfloat16_autocast_trains(cache_env, mixer):
     """S4's and TNN's kernels are computed outside autocast (inside it they raised)."""
-    result = train(config(cache_env, **{"train.precision": "bf16", "train.eval_every": 0, "model.mixer": mixer}),
-                   quiet=True)
+    result = train(
+        config(cache_env, **{"train.precision": "bf16", "train.eval_every": 0, "model.mixer": mixer}), quiet=True
+    )
     assert result["status"] == "completed" and math.isfinite(result["metrics"]["loss"])
 
 
@@ -287,9 +342,18 @@ def test_final_test_uses_the_best_checkpoint(cache_env):
     from lcsm.engine import load_run
     from lcsm.engine.trainer import evaluate
 
-    values = {**copy.deepcopy(TINY), "out_dir": str(cache_env / "run"),
-              "task": {"name": "listops", "max_length": 24, "min_length": 8, "train_examples": 64,
-                       "validation_examples": 16, "test_examples": 16}}
+    values = {
+        **copy.deepcopy(TINY),
+        "out_dir": str(cache_env / "run"),
+        "task": {
+            "name": "listops",
+            "max_length": 24,
+            "min_length": 8,
+            "train_examples": 64,
+            "validation_examples": 16,
+            "test_examples": 16,
+        },
+    }
     values["train"]["early_stop"] = {"metric": "accuracy", "mode": "max"}
     cfg = RunConfig.from_dict(values)
     result = train(cfg, quiet=True)

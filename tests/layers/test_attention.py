@@ -1,5 +1,6 @@
 """Softmax attention baseline: an explicit softmax reference, cached decoding against the full
 forward for every ``positions`` option, and a state that grows linearly with T."""
+
 import math
 
 import pytest
@@ -10,8 +11,12 @@ from lcsm.layers.attention import rotate
 from lcsm.testing import assert_close, assert_matches_reference, decode
 
 D_MODEL = 16
-POSITIONS = [{"positions": "none"}, {"positions": "learned", "max_len": 32}, {"positions": "rotary"},
-             {"positions": "rotary", "heads": 4, "bias": False}]
+POSITIONS = [
+    {"positions": "none"},
+    {"positions": "learned", "max_len": 32},
+    {"positions": "rotary"},
+    {"positions": "rotary", "heads": 4, "bias": False},
+]
 
 
 def make(**options):
@@ -37,7 +42,7 @@ def reference(m, x):
         turn = torch.polar(torch.ones(T, D // 2, dtype=torch.float64), torch.arange(T).double()[:, None] * freq)
 
         def rot(z):
-            c = torch.complex(z[..., : D // 2], z[..., D // 2:]) * turn[:, None]
+            c = torch.complex(z[..., : D // 2], z[..., D // 2 :]) * turn[:, None]
             return torch.cat([c.real, c.imag], -1)
 
         q, k = rot(q), rot(k)
@@ -73,8 +78,9 @@ def test_cached_decoding_equals_full_forward(options):
     y1, s = m(x[:, :5], return_state=True)
     y2, s = m(x[:, 5:8], state=s, return_state=True)
     y3, s = m(x[:, 8:], state=s, return_state=True)
-    assert_close({"steps": y_steps, "chunks": torch.cat([y1, y2, y3], 1)},
-                 {"steps": y, "chunks": y}, context=case_id(options))
+    assert_close(
+        {"steps": y_steps, "chunks": torch.cat([y1, y2, y3], 1)}, {"steps": y, "chunks": y}, context=case_id(options)
+    )
     assert_close({"keys": s.keys, "values": s.values}, {"keys": state.keys, "values": state.values})
     assert s.position.tolist() == [13, 13]
 
@@ -90,11 +96,11 @@ def test_cache_appends_in_place_and_branches_copy():
     _, s = m(x[:, :4], return_state=True)
     states = [s]
     for t in range(4, 8):
-        states.append(m(x[:, t:t + 1], state=states[-1], return_state=True)[1])
+        states.append(m(x[:, t : t + 1], state=states[-1], return_state=True)[1])
     assert len({st.keys.untyped_storage().data_ptr() for st in states}) == 1
     other = torch.randn_like(x[:, 8:9])
     y_a, s_a = m(x[:, 8:9], state=states[-1], return_state=True)
-    y_b, s_b = m(other, state=states[-1], return_state=True)       # the same state again
+    y_b, s_b = m(other, state=states[-1], return_state=True)  # the same state again
     y_a2 = m(x[:, 8:9], state=states[-1])
     assert s_b.keys.untyped_storage().data_ptr() != s_a.keys.untyped_storage().data_ptr()
     assert_close({"a": y_a, "again": y_a2}, {"a": y_full[:, 8:9], "again": y_full[:, 8:9]})
@@ -125,7 +131,7 @@ def test_rotary_scores_depend_on_relative_position_only():
     s0 = rotate(q, torch.arange(6)) @ rotate(k, torch.arange(6)).transpose(-1, -2)
     s7 = rotate(q, torch.arange(7, 13)) @ rotate(k, torch.arange(7, 13)).transpose(-1, -2)
     assert_close({"scores": s7}, {"scores": s0})
-    assert (s0 - q @ k.transpose(-1, -2)).abs().max() > 1e-3      # the rotation does act
+    assert (s0 - q @ k.transpose(-1, -2)).abs().max() > 1e-3  # the rotation does act
 
 
 def test_state_grows_linearly():
@@ -138,8 +144,9 @@ def test_state_grows_linearly():
         sizes.append(m.state_size(T))
     assert m.state_size(0) == m.init_state(3).numel_per_sequence() == 1
     # Constant increment per token: 2 d_model scalars (one key and one value).
-    assert all((b - a) == 2 * D_MODEL * (t1 - t0) for (a, t0), (b, t1) in zip(zip(sizes, (1, 2, 5)),
-                                                                            zip(sizes[1:], (2, 5, 9))))
+    assert all(
+        (b - a) == 2 * D_MODEL * (t1 - t0) for (a, t0), (b, t1) in zip(zip(sizes, (1, 2, 5)), zip(sizes[1:], (2, 5, 9)))
+    )
 
 
 def test_learned_positions_need_and_respect_max_len():
@@ -153,12 +160,15 @@ def test_learned_positions_need_and_respect_max_len():
         m(inputs(T=3), state=s)
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"heads": 3}, "^heads:"),
-    ({"positions": "alibi"}, "^positions:"),
-    ({"positions": "rotary", "heads": 16}, "^positions: 'rotary' needs an even head width"),
-    ({"bias": 0}, "^bias:"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"heads": 3}, "^heads:"),
+        ({"positions": "alibi"}, "^positions:"),
+        ({"positions": "rotary", "heads": 16}, "^positions: 'rotary' needs an even head width"),
+        ({"bias": 0}, "^bias:"),
+    ],
+)
 def test_bad_options_are_clear_errors(options, match):
     with pytest.raises(ValueError, match=match):
         layers.build("attention", D_MODEL, **options)

@@ -1,5 +1,6 @@
 """CES (ETSMLP section 3.1): FFT kernel path vs the recurrence, the kernel's closed form, the
 max-lambda constraint, the ablation options and the bidirectional two-sided convolution."""
+
 import cmath
 import math
 
@@ -59,23 +60,25 @@ def test_kernel_equals_closed_form():
     C, L = D_MODEL, 40
     g = torch.Generator().manual_seed(3)
     radius = 0.5 + 0.45 * torch.rand(C, generator=g, dtype=torch.float64)
-    phase = torch.rand(C, generator=g, dtype=torch.float64)                # principal branch
+    phase = torch.rand(C, generator=g, dtype=torch.float64)  # principal branch
     lam = [cmath.rect(r, p) for r, p in zip(radius.tolist(), phase.tolist())]
     alpha = [complex(0.3 + 0.1 * c, 0.05 * (c % 5 + 1)) for c in range(C)]
     beta = [complex(1.0 + 0.1 * c, -0.2 + 0.05 * c) for c in range(C)]
     set_parameters(m, lam, alpha, beta)
     expected = torch.empty(C, L, dtype=torch.float64)
     for c in range(C):
-        z = lam[c] ** alpha[c]                                         # Python's complex power
-        assert abs(z) < m.max_lambda                                   # the constraint stays inactive
+        z = lam[c] ** alpha[c]  # Python's complex power
+        assert abs(z) < m.max_lambda  # the constraint stays inactive
         for j in range(L):
-            expected[c, j] = (beta[c] * (1 - z) * z ** j).real
+            expected[c, j] = (beta[c] * (1 - z) * z**j).real
     impulse = torch.zeros(1, L, C, 1, dtype=torch.float64)
     impulse[:, 0] = 1.0
     e, s, log_o = m.eos_parameters()
     response, _ = eos(impulse, e, s, log_o, mode="fft")
-    assert_close({"kernel": m.kernel(L), "eos_fft_impulse": response.real[0, :, :, 0].T},
-                 {"kernel": expected, "eos_fft_impulse": expected})
+    assert_close(
+        {"kernel": m.kernel(L), "eos_fft_impulse": response.real[0, :, :, 0].T},
+        {"kernel": expected, "eos_fft_impulse": expected},
+    )
 
 
 @pytest.mark.parametrize("field", ["complex", "real"])
@@ -121,8 +124,12 @@ def test_ring_init_and_dt_init():
 
 def test_parameters_are_excluded_from_weight_decay():
     m = make()
-    assert {n for n, p in m.named_parameters() if getattr(p, "_no_weight_decay", False)} == \
-        {"log_delta", "alpha", "beta", "omega"}
+    assert {n for n, p in m.named_parameters() if getattr(p, "_no_weight_decay", False)} == {
+        "log_delta",
+        "alpha",
+        "beta",
+        "omega",
+    }
 
 
 ABLATIONS = [
@@ -131,8 +138,7 @@ ABLATIONS = [
     ({"use_beta": False}, {"log_delta": (16, 2), "alpha": (16, 2), "omega": (16,)}),
     ({"use_omega": False}, {"log_delta": (16, 2), "alpha": (16, 2), "beta": (16, 2)}),
     ({"init": "fixed"}, {"log_delta": (16, 2), "alpha": (16, 2), "beta": (16, 2), "omega": (16,)}),
-    ({"field": "real", "init": "fixed", "use_beta": False},
-     {"log_delta": (16,), "alpha": (16,), "omega": (16,)}),
+    ({"field": "real", "init": "fixed", "use_beta": False}, {"log_delta": (16,), "alpha": (16,), "omega": (16,)}),
     ({"bidirectional": True}, {"log_delta": (32, 2), "alpha": (32, 2), "beta": (32, 2), "omega": (16,)}),
 ]
 
@@ -150,8 +156,8 @@ def test_ablation_builds_and_runs(options, shapes):
 def test_real_field_kernel_closed_form():
     m = make(field="real", use_omega=False)
     L = 30
-    lam = torch.exp(-m.log_delta.exp())                               # lambda in (0, 1)
-    z = lam ** m.alpha.exp()                                           # lambda^alpha
+    lam = torch.exp(-m.log_delta.exp())  # lambda in (0, 1)
+    z = lam ** m.alpha.exp()  # lambda^alpha
     j = torch.arange(L, dtype=torch.float64)
     expected = m.beta.exp().unsqueeze(-1) * (1 - z).unsqueeze(-1) * z.unsqueeze(-1) ** j
     assert_close({"kernel": m.kernel(L)}, {"kernel": expected.detach()})
@@ -203,21 +209,28 @@ def test_lengths_zero_the_padded_inputs(bidirectional):
 def test_bidirectional_has_no_state():
     m = make(bidirectional=True)
     x = inputs()
-    for call in (lambda: m.init_state(2), lambda: m(x, return_state=True), lambda: m.state_size(4),
-                 lambda: m.step(x[:, 0], None)):
+    for call in (
+        lambda: m.init_state(2),
+        lambda: m(x, return_state=True),
+        lambda: m.state_size(4),
+        lambda: m.step(x[:, 0], None),
+    ):
         with pytest.raises(ValueError, match="non-causal"):
             call()
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"field": "quaternion"}, "field"),
-    ({"init": "hippo"}, "init"),
-    ({"r_min": 0.9, "r_max": 0.5}, "r_min"),
-    ({"max_lambda": 1.5}, "max_lambda"),
-    ({"init": "fixed", "fixed_point": (1.5, 0.0)}, "fixed_point"),
-    ({"field": "real", "init": "fixed", "fixed_point": (0.5, 0.1)}, "fixed_point"),
-    ({"use_beta": "no"}, "use_beta"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"field": "quaternion"}, "field"),
+        ({"init": "hippo"}, "init"),
+        ({"r_min": 0.9, "r_max": 0.5}, "r_min"),
+        ({"max_lambda": 1.5}, "max_lambda"),
+        ({"init": "fixed", "fixed_point": (1.5, 0.0)}, "fixed_point"),
+        ({"field": "real", "init": "fixed", "fixed_point": (0.5, 0.1)}, "fixed_point"),
+        ({"use_beta": "no"}, "use_beta"),
+    ],
+)
 def test_bad_options_are_clear_errors(options, match):
     with pytest.raises(ValueError, match=f"^{match}:"):
         layers.build("ces", D_MODEL, **options)

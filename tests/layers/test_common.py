@@ -1,4 +1,5 @@
 """Contract tests run for every registered mixer: adding a mixer to the registry covers it here."""
+
 import copy
 
 import pytest
@@ -56,8 +57,11 @@ def test_every_parameter_gets_gradient(name):
     mixer, x = make(name), inputs()
     y = mixer(x)
     (y * torch.randn_like(y)).sum().backward()
-    dead = [n for n, p in mixer.named_parameters()
-            if p.grad is None or not torch.isfinite(p.grad).all() or not (p.grad != 0).any()]
+    dead = [
+        n
+        for n, p in mixer.named_parameters()
+        if p.grad is None or not torch.isfinite(p.grad).all() or not (p.grad != 0).any()
+    ]
     assert not dead, f"{name}: parameters with missing, non-finite or all-zero gradient: {dead}"
 
 
@@ -111,8 +115,12 @@ def test_parameters_take_the_default_dtype(name):
 # The bfloat16 tests run every mixer with its defaults and these options besides: the complex and
 # real variants, and the parameterisations the defaults do not reach.
 BFLOAT16_CASES = [(name, {}) for name in NAMES] + [
-    ("lcsm", {"code": "1-11-1-0"}), ("lcsm", {"param": "ssm"}), ("lcsm", {"code": "1-1-1-0"}),
-    ("ces", {"field": "real"}), ("s4d", {"init": "real"}), ("metala", {"use_key": True}),
+    ("lcsm", {"code": "1-11-1-0"}),
+    ("lcsm", {"param": "ssm"}),
+    ("lcsm", {"code": "1-1-1-0"}),
+    ("ces", {"field": "real"}),
+    ("s4d", {"init": "real"}),
+    ("metala", {"use_key": True}),
 ]
 
 
@@ -186,7 +194,11 @@ def test_bfloat16_layer_matches_float64(case):
     y_next_ref, _ = twin(x[:, -1:].double(), state=state_ref, return_state=True)
     assert y.dtype == y_next.dtype == torch.bfloat16
     init = {k: t.dtype for k, t in mixer.init_state(2).tensors().items()}
-    assert {k: t.dtype for k, t in state.tensors().items()} == init == {k: t.dtype for k, t in state_next.tensors().items()}
+    assert (
+        {k: t.dtype for k, t in state.tensors().items()}
+        == init
+        == {k: t.dtype for k, t in state_next.tensors().items()}
+    )
     names = [n for n, _ in mixer.named_parameters()]
     kept = {n for n, p in mixer.named_parameters() if p.dtype == torch.float32}
     assert kept == {n for n in names if mixer.keeps_float32(n)}, (kept, mixer.float32_parameters)
@@ -194,8 +206,12 @@ def test_bfloat16_layer_matches_float64(case):
     if not case[1]:  # an option may drop a declared parameter (CES without alpha); the defaults do not
         for declared in mixer.float32_parameters:
             assert any(mixer.entry_matches(declared, n) for n in names), declared
-    assert_close({"y": y, "y_next": y_next, **state.tensors()}, {"y": y_ref, "y_next": y_next_ref, **state_ref.tensors()},
-                 dtype=torch.bfloat16, context=name)
+    assert_close(
+        {"y": y, "y_next": y_next, **state.tensors()},
+        {"y": y_ref, "y_next": y_next_ref, **state_ref.tensors()},
+        dtype=torch.bfloat16,
+        context=name,
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -5,6 +5,7 @@ y_t = W_t^T q_t, with the projections, normalisations and read-out recomputed fr
 weights, so the whole layer (not just the operator) is checked. m1, m2: the same with their
 Table 7 oscillations; m3: the elementwise recurrence m_t = (1 - k_t) * m_{t-1} + k_t v_t^T.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,20 +48,20 @@ def explicit_delta(mixer, x, W0, kind):
     k = unit(F.silu(heads(x @ mixer.k_proj.weight.T, mixer)))
     v = heads(x @ mixer.v_proj.weight.T, mixer)
     if kind == "fwp":
-        beta = torch.sigmoid(x @ mixer.beta_proj.weight.T)                      # [B, T, H]
+        beta = torch.sigmoid(x @ mixer.beta_proj.weight.T)  # [B, T, H]
     if kind == "m2":
         delta = heads(x @ mixer.kbar_proj.weight.T, mixer)
         kbar = unit(k + delta / (1 + delta.norm(dim=-1, keepdim=True)))
     W, ys = W0, []
     for t in range(x.shape[1]):
         k_t, v_t, q_t = k[:, t], v[:, t], q[:, t]
-        read = torch.einsum("bhk,bhkd->bhd", k_t, W)                            # W_{t-1}^T k_t
+        read = torch.einsum("bhk,bhkd->bhd", k_t, W)  # W_{t-1}^T k_t
         if kind == "fwp":
             W = W + beta[:, t, :, None, None] * k_t[..., None] * (v_t - read)[..., None, :]
         elif kind == "m1":
             W = W - k_t[..., None] * read[..., None, :] + k_t[..., None] * v_t[..., None, :]
         else:
-            read_bar = torch.einsum("bhk,bhkd->bhd", kbar[:, t], W)              # kbar^T W_{t-1}
+            read_bar = torch.einsum("bhk,bhkd->bhd", kbar[:, t], W)  # kbar^T W_{t-1}
             W = W - k_t[..., None] * read_bar[..., None, :] + k_t[..., None] * v_t[..., None, :]
         ys.append(torch.einsum("bhk,bhkd->bhd", q_t, W))
     return readout(mixer, torch.stack(ys, 1)), W
@@ -84,25 +85,31 @@ def test_delta_mixers_equal_their_recurrence(name, kind, mode, chunk_size):
     chunk sizes 4 (T = 13 leaves a partial chunk) and 64 (> T), plus the custom-backward loop:
     outputs, final memory, and the gradients of the input, the initial memory and every parameter."""
     mixer, x = make(name, mode=mode, chunk_size=chunk_size), inputs().requires_grad_()
-    W0 = torch.randn(2, HEADS, mixer.head_k, mixer.head_v, dtype=torch.float64,
-                     generator=torch.Generator().manual_seed(5)).requires_grad_()
+    W0 = torch.randn(
+        2, HEADS, mixer.head_k, mixer.head_v, dtype=torch.float64, generator=torch.Generator().manual_seed(5)
+    ).requires_grad_()
     wrt = {"x": x, "W0": W0, **dict(mixer.named_parameters())}
     y, state = mixer(x, state=DeltaState(memory=W0), return_state=True)
     y_ref, W_ref = explicit_delta(mixer, x, W0, kind)
-    assert_close(gradients({"y": y, "memory": state.memory}, wrt), gradients({"y": y_ref, "memory": W_ref}, wrt),
-                 context=f"{name} {mode}")
+    assert_close(
+        gradients({"y": y, "memory": state.memory}, wrt),
+        gradients({"y": y_ref, "memory": W_ref}, wrt),
+        context=f"{name} {mode}",
+    )
 
 
 @pytest.mark.parametrize("mode", ["chunk", "recurrent", "parallel", "auto"])
 def test_m3_equals_its_elementwise_recurrence(mode):
     mixer, x = make("m3", mode=mode, chunk_size=4), inputs().requires_grad_()
-    m0 = torch.randn(2, HEADS, mixer.head_k, mixer.head_v, dtype=torch.float64,
-                     generator=torch.Generator().manual_seed(5)).requires_grad_()
+    m0 = torch.randn(
+        2, HEADS, mixer.head_k, mixer.head_v, dtype=torch.float64, generator=torch.Generator().manual_seed(5)
+    ).requires_grad_()
     wrt = {"x": x, "m0": m0, **dict(mixer.named_parameters())}
     y, state = mixer(x, state=DeltaState(memory=m0), return_state=True)
     y_ref, m_ref = explicit_m3(mixer, x, m0)
-    assert_close(gradients({"y": y, "memory": state.memory}, wrt), gradients({"y": y_ref, "memory": m_ref}, wrt),
-                 context=mode)
+    assert_close(
+        gradients({"y": y, "memory": state.memory}, wrt), gradients({"y": y_ref, "memory": m_ref}, wrt), context=mode
+    )
 
 
 @pytest.mark.parametrize("name", ["fwp", "m1", "m2"])
@@ -136,15 +143,18 @@ def test_describe_rows():
     assert layers.resolve("deltanet")[0] is layers.resolve("fwp")[0]
 
 
-@pytest.mark.parametrize("option,value,pattern", [
-    ("heads", 3, "heads: expected a positive integer dividing d_model=16, got 3"),
-    ("heads", 0, "heads: expected"),
-    ("expand_k", 0.3, "expand_k: expected a positive number"),
-    ("expand_k", -1.0, "expand_k: expected a positive number"),
-    ("mode", "fft", "mode: expected one of auto, recurrent, chunk, got 'fft'"),
-    ("chunk_size", 0, "chunk_size: expected an integer >= 1, got 0"),
-    ("output_norm", "yes", "output_norm: expected True or False, got 'yes'"),
-])
+@pytest.mark.parametrize(
+    "option,value,pattern",
+    [
+        ("heads", 3, "heads: expected a positive integer dividing d_model=16, got 3"),
+        ("heads", 0, "heads: expected"),
+        ("expand_k", 0.3, "expand_k: expected a positive number"),
+        ("expand_k", -1.0, "expand_k: expected a positive number"),
+        ("mode", "fft", "mode: expected one of auto, recurrent, chunk, got 'fft'"),
+        ("chunk_size", 0, "chunk_size: expected an integer >= 1, got 0"),
+        ("output_norm", "yes", "output_norm: expected True or False, got 'yes'"),
+    ],
+)
 def test_bad_options(option, value, pattern):
     with pytest.raises(ValueError, match=pattern):
         layers.build("fwp", D_MODEL, **{option: value})
@@ -155,8 +165,11 @@ def test_without_output_norm(name):
     """output_norm=False: the read-out is the output projection of the raw per-head y."""
     mixer, x = make(name, output_norm=False), inputs(T=5)
     assert mixer.o_norm is None
-    y_ref, _ = (explicit_delta(mixer, x, torch.zeros(2, HEADS, 4, 4, dtype=torch.float64), "fwp")
-                if name == "fwp" else explicit_m3(mixer, x, torch.zeros(2, HEADS, 4, 4, dtype=torch.float64)))
+    y_ref, _ = (
+        explicit_delta(mixer, x, torch.zeros(2, HEADS, 4, 4, dtype=torch.float64), "fwp")
+        if name == "fwp"
+        else explicit_m3(mixer, x, torch.zeros(2, HEADS, 4, 4, dtype=torch.float64))
+    )
     assert_close({"y": mixer(x)}, {"y": y_ref})
 
 

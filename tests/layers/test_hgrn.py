@@ -1,5 +1,6 @@
 """HGRN-1 against its explicit complex elementwise recurrence (Qin et al. 2023, section 3,
 h_t = lambda_t e^{i theta} h_{t-1} + (1 - lambda_t) c_t), and the forget-gate lower bound."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ def make(lower_bound=0.0, seed=0):
     with torch.no_grad():
         for p in mixer.parameters():
             p.add_(0.3 * torch.randn_like(p))
-        mixer.theta.mul_(5.0)            # rotations large enough that a sign slip would show
+        mixer.theta.mul_(5.0)  # rotations large enough that a sign slip would show
     return mixer
 
 
@@ -30,7 +31,7 @@ def reference(mixer, x):
     outs = []
     for t in range(T):
         xt = x[:, t]
-        c = F.silu(mixer.input_proj(xt)).reshape(B, d, 2)        # real / imaginary interleaved
+        c = F.silu(mixer.input_proj(xt)).reshape(B, d, 2)  # real / imaginary interleaved
         c = c[..., 0] + 1j * c[..., 1]
         lam = gamma + (1 - gamma) * torch.sigmoid(mixer.lambda_proj(xt))
         h = lam * rot * h + (1 - lam) * c
@@ -53,7 +54,7 @@ def test_lower_bound_is_respected():
     mixer = make(gamma)
     x = torch.randn(2, 16, D_MODEL, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        mixer.lambda_proj.bias.fill_(-60.0)                      # forget gate mu_t -> 0
+        mixer.lambda_proj.bias.fill_(-60.0)  # forget gate mu_t -> 0
         log_lam, one_minus = mixer.log_forget(x)
     lam = log_lam.exp()
     assert (lam >= gamma * (1 - 1e-12)).all(), lam.min()

@@ -2,6 +2,7 @@
 with the right EOS shapes and table row, decoding equals the full forward on a representative
 subset, each oscillation code computes the official formula, ALiBi decays lie in (0, 1], code 11
 equals the official doubled [cos, sin] realisation, and linear attention is code 1-10-1-0."""
+
 import itertools
 import math
 
@@ -11,13 +12,20 @@ import torch.nn.functional as F
 
 from lcsm import layers
 from lcsm.layers import lcsm_family
-from lcsm.layers.lcsm_family import (A_MEANING, DEFAULT_CODE, LCSMFamily, O_MEANING, alibi_decay_logits,
-                                     alibi_slopes, rotary_theta)
+from lcsm.layers.lcsm_family import (
+    A_MEANING,
+    DEFAULT_CODE,
+    LCSMFamily,
+    O_MEANING,
+    alibi_decay_logits,
+    alibi_slopes,
+    rotary_theta,
+)
 from lcsm.ops import LogProduct, eos, explain
 from lcsm.ops.decay import log_sigmoid_product_reference
 from lcsm.testing import assert_close, assert_matches_reference, decode
 
-D, K = 8, 4          # tiny: the family is large and CPUs are shared
+D, K = 8, 4  # tiny: the family is large and CPUs are shared
 ALL_CODES = [f"{e}-{o}-{s}-{a}" for e, o, s, a in itertools.product(range(2), range(12), range(2), range(8))]
 DD_O = {1, 2, 3, 6, 7, 8, 9}
 
@@ -35,9 +43,20 @@ def inputs(B=2, T=9, d=D, seed=1):
 
 def expected_log_o_shape(o, B, T, k, d):
     """log_o's shape per o code; code 1 is a separable pair (log_row, log_col)."""
-    return {0: (1, k, d), 1: ((B, T, 1, k, 1), (B, T, 1, 1, d)), 2: (B, T, 1, 1, d), 3: (B, T, 1, k, 1), 4: (1, k, 1),
-            5: (1, 1, d), 6: (B, T, 1, k, d), 7: (B, T, 1, k, d), 8: (B, T, 1, k, d), 9: (B, T, 1, k, d),
-            10: None, 11: (1, k, 1)}[o]
+    return {
+        0: (1, k, d),
+        1: ((B, T, 1, k, 1), (B, T, 1, 1, d)),
+        2: (B, T, 1, 1, d),
+        3: (B, T, 1, k, 1),
+        4: (1, k, 1),
+        5: (1, 1, d),
+        6: (B, T, 1, k, d),
+        7: (B, T, 1, k, d),
+        8: (B, T, 1, k, d),
+        9: (B, T, 1, k, d),
+        10: None,
+        11: (1, k, 1),
+    }[o]
 
 
 def test_default_code_is_the_papers_best():
@@ -75,13 +94,17 @@ def test_every_linear_code_builds_with_its_shapes_and_row():
 def _assert_step_loop_equals_forward(m, x, context):
     y, final = m(x, return_state=True)
     y_steps, state = decode(m, x)
-    assert_close({"y": y_steps, "memory": state.memory},
-                 {"y": y, "memory": final.memory}, dtype=torch.float64, context=context)
+    assert_close(
+        {"y": y_steps, "memory": state.memory}, {"y": y, "memory": final.memory}, dtype=torch.float64, context=context
+    )
     return y
 
 
-SUBSET = sorted({f"{e}-{o}-{s}-{a}" for o in range(12) for (e, s, a) in ((1, 1, 4), (0, 1, 2), (1, 0, 6))}
-                | {f"1-9-1-{a}" for a in range(8)} | {f"0-0-0-{a}" for a in range(8)})
+SUBSET = sorted(
+    {f"{e}-{o}-{s}-{a}" for o in range(12) for (e, s, a) in ((1, 1, 4), (0, 1, 2), (1, 0, 6))}
+    | {f"1-9-1-{a}" for a in range(8)}
+    | {f"0-0-0-{a}" for a in range(8)}
+)
 
 
 @pytest.mark.parametrize("code", SUBSET)
@@ -89,8 +112,11 @@ def test_decoding_equals_forward_and_all_parameters_learn(code):
     m, x = make(code=code), inputs()
     y = _assert_step_loop_equals_forward(m, x, code)
     (y * torch.randn_like(y)).sum().backward()
-    dead = [n for n, p in m.named_parameters()
-            if p.grad is None or not torch.isfinite(p.grad).all() or not (p.grad != 0).any()]
+    dead = [
+        n
+        for n, p in m.named_parameters()
+        if p.grad is None or not torch.isfinite(p.grad).all() or not (p.grad != 0).any()
+    ]
     assert not dead, f"{code}: parameters without a finite non-zero gradient: {dead}"
 
 
@@ -136,7 +162,7 @@ def _official_decay(m, x):
 def test_oscillation_codes_compute_the_official_formulas(o):
     m, x = make(code=f"1-{o}-1-0"), inputs(T=5)
     log_o = m.eos_inputs(x)[3]
-    if isinstance(log_o, tuple):        # code 1: the separable pair, o = exp(log_row + log_col)
+    if isinstance(log_o, tuple):  # code 1: the separable pair, o = exp(log_row + log_col)
         log_o = log_o[0] + log_o[1]
     if log_o.dim() == 3:
         log_o = log_o.unsqueeze(0).unsqueeze(0)
@@ -172,16 +198,27 @@ def test_code_1_passes_a_separable_pair_to_the_matmul_kernel(e, s):
     assert "decay=outer" in plan.reason
     y_ref, m_ref = eos(i, e_, s_, log_o[0] + log_o[1], mode="recurrent", output_final_state=True)
     y, state = m(x, return_state=True)
-    assert_close({"out": y, "memory": state.memory},
-                 {"out": m.out_proj(m.norm(y_ref.squeeze(2))), "memory": m_ref}, context=f"code {e}-1-{s}-0")
+    assert_close(
+        {"out": y, "memory": state.memory},
+        {"out": m.out_proj(m.norm(y_ref.squeeze(2))), "memory": m_ref},
+        context=f"code {e}-1-{s}-0",
+    )
 
 
 @pytest.mark.parametrize("a", range(8))
 def test_activation_codes_apply_to_e_and_s(a):
     m, x = make(code=f"1-9-0-{a}"), inputs(T=4)
     _, e, s, _ = m.eos_inputs(x)
-    fn = {0: lambda z: z, 1: torch.relu, 2: torch.sigmoid, 3: lambda z: 1 + F.elu(z), 4: F.silu,
-          5: F.elu, 6: lambda z: torch.relu(z).pow(2), 7: lambda z: z * z}[a]
+    fn = {
+        0: lambda z: z,
+        1: torch.relu,
+        2: torch.sigmoid,
+        3: lambda z: 1 + F.elu(z),
+        4: F.silu,
+        5: F.elu,
+        6: lambda z: torch.relu(z).pow(2),
+        7: lambda z: z * z,
+    }[a]
     assert_close({"e": e.squeeze(2), "s": s.squeeze(0)}, {"e": fn(m.e_proj(x)), "s": fn(m.s)}, context=f"a={a}")
 
 
@@ -193,9 +230,9 @@ def test_ssm_parameterisation_is_mamba_like():
     assert isinstance(log_o, LogProduct)
     assert_close(
         {"i": i.squeeze(2), "e": e.squeeze(2), "s": s.squeeze(2), "o": (log_o.a * log_o.b).squeeze(2).exp()},
-        {"i": delta * m.i_proj(x), "e": m.e_proj(x), "s": m.s_proj(x),
-         "o": torch.exp(delta[:, :, None, :] * A)},
-        context="ssm")
+        {"i": delta * m.i_proj(x), "e": m.e_proj(x), "s": m.s_proj(x), "o": torch.exp(delta[:, :, None, :] * A)},
+        context="ssm",
+    )
     assert m.delta_proj[0].out_features == 16 and m.describe().oscillation_dd
 
 
@@ -223,8 +260,9 @@ def test_data_independent_decays_are_alibi_and_in_unit_interval(d, k, tau):
         assert bool((decay > 0).all() and (decay <= 1).all()), f"{code}: decays outside (0, 1]"
         n = {0: k * d, 4: k, 5: d}[o]
         want = torch.exp(-torch.tensor(alibi_slopes(n), dtype=torch.float64))
-        assert_close({"decay": decay.reshape(-1)}, {"decay": want}, dtype=torch.float32,
-                     context=f"{code} d={d} K={k} tau={tau}")
+        assert_close(
+            {"decay": decay.reshape(-1)}, {"decay": want}, dtype=torch.float32, context=f"{code} d={d} K={k} tau={tau}"
+        )
     assert torch.isfinite(alibi_decay_logits(1024, 1e4)).all()
 
 
@@ -243,7 +281,7 @@ def test_code_11_equals_the_official_doubled_realisation():
     y_complex, _ = eos(*m.eos_inputs(x), mode="recurrent")
     assert_close({"y": y_complex.real}, {"y": official(x)}, context="code 11")
     assert_matches_reference(m, x, lambda x: m.out_proj(m.norm(official(x).squeeze(2))), context="code 11 layer")
-    assert rotary_theta(3, 8).tolist() == pytest.approx([1.0, 10000 ** -0.25, 10000 ** -0.5])
+    assert rotary_theta(3, 8).tolist() == pytest.approx([1.0, 10000**-0.25, 10000**-0.5])
 
 
 def test_linear_attention_is_code_1_10_1_0():
@@ -270,12 +308,20 @@ def test_linear_attention_mixer_equals_code_1_10_1_a(a, feature_map):
     # projections copied (v <- i, k <- e, q <- s, o <- out). The wrappers differ only in LCSM's
     # LayerNorm before the output projection, so that is applied to the attention read-out.
     m, x = make(code=f"1-10-1-{a}"), inputs(T=10)
-    attn = layers.build("linear_attention", D, num_heads=1, expand_k=K / D, expand_v=1.0,
-                        feature_map=feature_map, normalize=False, bias=False).double()
+    attn = layers.build(
+        "linear_attention",
+        D,
+        num_heads=1,
+        expand_k=K / D,
+        expand_v=1.0,
+        feature_map=feature_map,
+        normalize=False,
+        bias=False,
+    ).double()
     with torch.no_grad():
         for dst, src in (("v_proj", "i_proj"), ("k_proj", "e_proj"), ("q_proj", "s_proj"), ("o_proj", "out_proj")):
             getattr(attn, dst).weight.copy_(getattr(m, src).weight)
-    y_attn, _ = attn.eos_readout(x)                                            # [B, T, 1, D]
+    y_attn, _ = attn.eos_readout(x)  # [B, T, 1, D]
     y_eos, _ = eos(*m.eos_inputs(x))
     assert_close({"y": y_eos}, {"y": y_attn}, context=f"1-10-1-{a} vs linear_attention({feature_map})")
     assert_close({"out": m(x)}, {"out": attn.o_proj(m.norm(y_attn.squeeze(2)))}, context="layer")
@@ -295,15 +341,18 @@ def test_invalid_spec_lists_valid_forms(spec):
         layers.build(f"lcsm:{spec}", D)
 
 
-@pytest.mark.parametrize("code,match", [
-    ("2-9-1-0", r"e \(expand type\) of '2-9-1-0' must be in 0-1, got 2.*data-dependent Linear"),
-    ("1-12-1-0", r"o \(oscillation type\).*0-11, got 12.*10 = J \(all ones\)"),
-    ("1-9-3-0", r"s \(shrink type\).*0-1, got 3"),
-    ("1-9-1-8", r"a \(activation type\).*0-7, got 8.*7 = x\^2"),
-    ("1-9-1", r"expected 'e-o-s-a'"),
-    ("a-b-c-d", r"expected 'e-o-s-a'"),
-    (1910, r"expected a model code string"),
-])
+@pytest.mark.parametrize(
+    "code,match",
+    [
+        ("2-9-1-0", r"e \(expand type\) of '2-9-1-0' must be in 0-1, got 2.*data-dependent Linear"),
+        ("1-12-1-0", r"o \(oscillation type\).*0-11, got 12.*10 = J \(all ones\)"),
+        ("1-9-3-0", r"s \(shrink type\).*0-1, got 3"),
+        ("1-9-1-8", r"a \(activation type\).*0-7, got 8.*7 = x\^2"),
+        ("1-9-1", r"expected 'e-o-s-a'"),
+        ("a-b-c-d", r"expected 'e-o-s-a'"),
+        (1910, r"expected a model code string"),
+    ],
+)
 def test_invalid_codes_are_clear_errors(code, match):
     with pytest.raises(ValueError, match=match):
         LCSMFamily(D, code=code, expand=K)
@@ -312,13 +361,16 @@ def test_invalid_codes_are_clear_errors(code, match):
             layers.build(f"lcsm:{code}", D)
 
 
-@pytest.mark.parametrize("options,match", [
-    ({"param": "mamba"}, r"param: expected 'linear' or 'ssm'"),
-    ({"param": "ssm", "code": "1-1-1-0"}, r"code: param='ssm'.*takes no 'e-o-s-a' code"),
-    ({"tau": 0}, r"tau: expected a positive finite number"),
-    ({"tau": float("nan")}, r"tau: expected a positive finite number"),
-    ({"expand": 0}, r"expand: expected a positive integer"),
-])
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"param": "mamba"}, r"param: expected 'linear' or 'ssm'"),
+        ({"param": "ssm", "code": "1-1-1-0"}, r"code: param='ssm'.*takes no 'e-o-s-a' code"),
+        ({"tau": 0}, r"tau: expected a positive finite number"),
+        ({"tau": float("nan")}, r"tau: expected a positive finite number"),
+        ({"expand": 0}, r"expand: expected a positive integer"),
+    ],
+)
 def test_invalid_options_are_clear_errors(options, match):
     with pytest.raises(ValueError, match=match):
         layers.build("lcsm", D, **options)
@@ -327,13 +379,16 @@ def test_invalid_options_are_clear_errors(options, match):
             layers.build("lcsm:ssm", D, code="1-1-1-0")
 
 
-@pytest.mark.parametrize("name,tagged", [
-    ("lcsm:0-0-0-0", {"o_logit", "norm.weight", "norm.bias"}),
-    ("lcsm:1-4-1-0", {"o_logit", "norm.weight", "norm.bias"}),
-    ("lcsm:1-9-1-0", {"o_factor", "norm.weight", "norm.bias"}),
-    ("lcsm:1-3-1-0", {"norm.weight", "norm.bias"}),
-    ("lcsm:ssm", {"A_log", "norm.weight", "norm.bias"}),
-])
+@pytest.mark.parametrize(
+    "name,tagged",
+    [
+        ("lcsm:0-0-0-0", {"o_logit", "norm.weight", "norm.bias"}),
+        ("lcsm:1-4-1-0", {"o_logit", "norm.weight", "norm.bias"}),
+        ("lcsm:1-9-1-0", {"o_factor", "norm.weight", "norm.bias"}),
+        ("lcsm:1-3-1-0", {"norm.weight", "norm.bias"}),
+        ("lcsm:ssm", {"A_log", "norm.weight", "norm.bias"}),
+    ],
+)
 def test_no_weight_decay_tags(name, tagged):
     m = layers.build(name, D, expand=K)
     assert {n for n, p in m.named_parameters() if getattr(p, "_no_weight_decay", False)} == tagged

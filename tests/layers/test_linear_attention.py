@@ -5,6 +5,7 @@ explicit loop), computing q, k, v from the mixer's weights with ``F.linear``, an
 EOS-based mixer computes the same thing: outputs, and the gradients of the input and of every
 parameter.
 """
+
 import math
 
 import pytest
@@ -51,6 +52,7 @@ def lags(T):
 
 # ----------------------------------------------------------------------------- linear attention
 
+
 @pytest.mark.parametrize("normalize", [True, False])
 def test_linear_attention_equals_explicit_causal_attention(normalize):
     """Katharopoulos et al. 2020, sec. 3.2-3.4: V'_t = phi(Q_t)^T sum_{s<=t} phi(K_s) V_s^T /
@@ -70,6 +72,7 @@ def test_linear_attention_equals_explicit_causal_attention(normalize):
 
 # ----------------------------------------------------------------------------- RetNet / GLA
 
+
 def test_retnet_equals_gla_with_constant_decay():
     """LCSM Table 1: RetNet's oscillation lambda J is GLA's g_t 1^T with g_t = lambda. Give GLA
     RetNet's weights and a decay projection whose output is the constant logit(lambda_h^tau)
@@ -87,7 +90,7 @@ def test_retnet_equals_gla_with_constant_decay():
             getattr(gla, name).weight.copy_(getattr(retnet, name).weight)
         gla.g_proj.bias.zero_()
         gla.gk_proj[1].weight.zero_()
-        lam_tau = (retnet.log_gamma(x) * gla.tau).exp()                     # lambda_h^tau
+        lam_tau = (retnet.log_gamma(x) * gla.tau).exp()  # lambda_h^tau
         gla.gk_proj[1].bias.copy_(torch.logit(lam_tau).repeat_interleave(K))
     assert_close({"out": gla(x)}, {"out": retnet(x)}, context="retnet vs gla(constant decay)")
     # Not vacuous: the decays must matter (a GLA decay of 1 gives another output).
@@ -115,7 +118,7 @@ def test_retnet_xpos_equals_rotated_retention():
     def expected(x):
         T = x.shape[1]
         q = proj(m.q_proj, x, H)
-        k = proj(m.k_proj, x, H) * K ** -0.5
+        k = proj(m.k_proj, x, H) * K**-0.5
         v = proj(m.v_proj, x, H)
         theta = 10000.0 ** -torch.linspace(0, 1, K // 2, dtype=torch.float64)
         angle = torch.arange(T, dtype=torch.float64)[:, None] * theta
@@ -128,6 +131,7 @@ def test_retnet_xpos_equals_rotated_retention():
 
 
 # ----------------------------------------------------------------------------- cosFormer / LRPE
+
 
 def test_cosformer_equals_original_decomposition():
     """cosFormer (sec. 3) as its authors' code computes it: q' = [q sin(pi i / 2M), q cos(pi i / 2M)],
@@ -181,8 +185,9 @@ def test_lrpe_equals_per_channel_cos_reweighting():
     assert_matches_reference(m, inputs(), expected, context="lrpe", forward=lambda x: m.eos_readout(x)[0])
 
 
-@pytest.mark.parametrize("name,options", [("retnet", {}), ("cosformer", {}), ("cosformer", {"normalize": False}),
-                                          ("lrpe", {})])
+@pytest.mark.parametrize(
+    "name,options", [("retnet", {}), ("cosformer", {}), ("cosformer", {"normalize": False}), ("lrpe", {})]
+)
 def test_rotating_frame_equals_the_complex_system(name, options):
     """The complex-memory mixers run in the rotating frame (lcsm.ops.eos_rotating, real kernels):
     the same read-out and final memory as the complex system eos(*eos_inputs(x)) itself, from a
@@ -204,6 +209,7 @@ def test_rotating_frame_equals_the_complex_system(name, options):
 
 # ----------------------------------------------------------------------------- DUR
 
+
 def test_dur_outer_product_decay_equals_elementwise_recurrence():
     """LCSM Table 1 DUR/GFW: [kv]_t = (g_t gbar_t^T) o [kv]_{t-1} + k_t v_t^T, y_t = [kv]_t^T q_t,
     run as an explicit loop over t with the gates computed from the mixer's weights."""
@@ -211,7 +217,7 @@ def test_dur_outer_product_decay_equals_elementwise_recurrence():
     H, K = m.num_heads, m.head_k
 
     def expected(x):
-        q = proj(m.q_proj, x, H) * K ** -0.5
+        q = proj(m.q_proj, x, H) * K**-0.5
         k, v = proj(m.k_proj, x, H), proj(m.v_proj, x, H)
         g = torch.sigmoid(proj(m.gk_proj, x, H)) ** (1 / 16)
         gbar = torch.sigmoid(proj(m.gv_proj, x, H)) ** (1 / 16)
@@ -258,26 +264,35 @@ def test_aliases_build_the_same_layers():
     assert type(layers.build("gfw", D_MODEL)) is type(layers.build("dur", D_MODEL))
 
 
-@pytest.mark.parametrize("name, options, arg", [
-    ("linear_attention", {"num_heads": 3}, "expand_k"),
-    ("linear_attention", {"feature_map": "softmax"}, "feature_map"),
-    ("linear_attention", {"normalize": 1}, "normalize"),
-    ("retnet", {"num_heads": 0}, "num_heads"),
-    ("retnet", {"expand_k": 0.25, "num_heads": 4}, "xpos"),
-    ("cosformer", {"theta": (0.1, 0.2)}, "theta"),
-    ("cosformer", {"theta": float("nan")}, "theta"),
-    ("cosformer", {"num_heads": 5}, "num_heads"),
-    ("gla", {"norm": "batchnorm"}, "norm"),
-    ("dur", {"gate_logit_normalizer": 0}, "gate_logit_normalizer"),
-])
+@pytest.mark.parametrize(
+    "name, options, arg",
+    [
+        ("linear_attention", {"num_heads": 3}, "expand_k"),
+        ("linear_attention", {"feature_map": "softmax"}, "feature_map"),
+        ("linear_attention", {"normalize": 1}, "normalize"),
+        ("retnet", {"num_heads": 0}, "num_heads"),
+        ("retnet", {"expand_k": 0.25, "num_heads": 4}, "xpos"),
+        ("cosformer", {"theta": (0.1, 0.2)}, "theta"),
+        ("cosformer", {"theta": float("nan")}, "theta"),
+        ("cosformer", {"num_heads": 5}, "num_heads"),
+        ("gla", {"norm": "batchnorm"}, "norm"),
+        ("dur", {"gate_logit_normalizer": 0}, "gate_logit_normalizer"),
+    ],
+)
 def test_bad_options_name_the_argument(name, options, arg):
     with pytest.raises(ValueError, match=f"^{arg}:"):
         layers.build(name, D_MODEL, **options)
 
 
-@pytest.mark.parametrize("name,options", [
-    ("linear_attention", {"normalize": False}), ("retnet", {"xpos": False}), ("cosformer", {"normalize": False}),
-    ("cosformer", {"theta": (0.05, 0.2, 0.7, 1.3)})])
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("linear_attention", {"normalize": False}),
+        ("retnet", {"xpos": False}),
+        ("cosformer", {"normalize": False}),
+        ("cosformer", {"theta": (0.05, 0.2, 0.7, 1.3)}),
+    ],
+)
 def test_non_default_options_decode_and_carry_state(name, options):
     """The contract tests (test_common) build every mixer with its defaults; these options change
     the memory (no normaliser column, a real decay instead of a rotation, one angle per head)."""
@@ -286,10 +301,11 @@ def test_non_default_options_decode_and_carry_state(name, options):
     y_steps, state = decode(m, x)
     y1, s1 = m(x[:, :6], return_state=True)
     y2, s2 = m(x[:, 6:], state=s1, return_state=True)
-    assert_close({"steps": y_steps, "chunks": torch.cat([y1, y2], 1), "m_steps": state.memory,
-                  "m_chunks": s2.memory},
-                 {"steps": y, "chunks": y, "m_steps": final.memory, "m_chunks": final.memory},
-                 context=f"{name} {options}")
+    assert_close(
+        {"steps": y_steps, "chunks": torch.cat([y1, y2], 1), "m_steps": state.memory, "m_chunks": s2.memory},
+        {"steps": y, "chunks": y, "m_steps": final.memory, "m_chunks": final.memory},
+        context=f"{name} {options}",
+    )
 
 
 def test_wrong_state_type_is_a_clear_error():

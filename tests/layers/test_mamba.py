@@ -4,6 +4,7 @@ The reference follows Gu & Dao 2023, Algorithm 2 and eq. 2a-2b, 4, with the disc
 official ``selective_scan_ref``: A_bar = exp(Delta A) (zero-order hold) and B_bar = Delta B (a
 simplification of ZOH's (Delta A)^-1 (exp(Delta A) - I) Delta B that the official code makes).
 """
+
 import math
 
 import pytest
@@ -30,8 +31,8 @@ def reference(mixer, x):
     """Per-step Mamba block: in_proj, causal depthwise conv + SiLU, selective SSM, gate, out_proj."""
     B, T, _ = x.shape
     d_inner, N, W, R = mixer.d_inner, mixer.d_state, mixer.d_conv, mixer.dt_rank
-    A = -torch.exp(mixer.A_log)                                   # [d_inner, N]
-    conv_w = mixer.conv1d.weight[:, 0, :]                         # [d_inner, W]
+    A = -torch.exp(mixer.A_log)  # [d_inner, N]
+    conv_w = mixer.conv1d.weight[:, 0, :]  # [d_inner, W]
     h = x.new_zeros(B, d_inner, N)
     window = [x.new_zeros(B, d_inner) for _ in range(W - 1)]
     ys = []
@@ -39,13 +40,13 @@ def reference(mixer, x):
         xz = x[:, t] @ mixer.in_proj.weight.t()
         xt, z = xz[:, :d_inner], xz[:, d_inner:]
         window.append(xt)
-        recent = window[len(window) - W:]                         # oldest first
+        recent = window[len(window) - W :]  # oldest first
         u = mixer.conv1d.bias + sum(conv_w[:, j] * recent[j] for j in range(W))
         u = u * torch.sigmoid(u)
         dbc = u @ mixer.x_proj.weight.t()
-        dt, Bt, Ct = dbc[:, :R], dbc[:, R:R + N], dbc[:, R + N:]
-        delta = F.softplus(dt @ mixer.dt_proj.weight.t() + mixer.dt_proj.bias)   # [B, d_inner]
-        A_bar = torch.exp(delta[:, :, None] * A)                  # [B, d_inner, N]
+        dt, Bt, Ct = dbc[:, :R], dbc[:, R : R + N], dbc[:, R + N :]
+        delta = F.softplus(dt @ mixer.dt_proj.weight.t() + mixer.dt_proj.bias)  # [B, d_inner]
+        A_bar = torch.exp(delta[:, :, None] * A)  # [B, d_inner, N]
         B_bar = delta[:, :, None] * Bt[:, None, :]
         h = A_bar * h + B_bar * u[:, :, None]
         y = (h * Ct[:, None, :]).sum(-1) + mixer.D * u
@@ -85,14 +86,14 @@ def test_conv_is_causal_and_carries_its_window():
 
 def test_dt_A_D_init_and_weight_decay_tags():
     torch.manual_seed(0)
-    mixer = layers.build("mamba", 64)                             # d_inner = 128 samples of dt
+    mixer = layers.build("mamba", 64)  # d_inner = 128 samples of dt
     R = mixer.dt_rank
     assert R == math.ceil(64 / 16)
     dt = F.softplus(mixer.dt_proj.bias.detach().double())
     assert dt.min() >= 1e-3 * (1 - 1e-5) and dt.max() <= 1e-1 * (1 + 1e-5), (dt.min(), dt.max())
     # log-uniform over two decades: both ends are populated
     assert dt.min() < 3e-3 and dt.max() > 3e-2, (dt.min(), dt.max())
-    assert mixer.dt_proj.weight.abs().max() <= R ** -0.5
+    assert mixer.dt_proj.weight.abs().max() <= R**-0.5
     expected_A = torch.arange(1, 17, dtype=torch.float32).repeat(mixer.d_inner, 1)
     assert_close({"A": -torch.exp(mixer.A_log.detach())}, {"A": -expected_A}, dtype=torch.float32)
     assert torch.equal(mixer.D.detach(), torch.ones(mixer.d_inner))
@@ -112,10 +113,16 @@ def test_bfloat16_layer_keeps_the_official_float32_parts():
     assert delta.dtype == A.dtype == torch.float32 and Bt.dtype == Ct.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("options, name", [
-    ({"d_state": 0}, "d_state"), ({"d_conv": 1.5}, "d_conv"), ({"expand": 0}, "expand"),
-    ({"dt_rank": "full"}, "dt_rank"), ({"dt_min": 0.2, "dt_max": 0.1}, "dt_min, dt_max"),
-])
+@pytest.mark.parametrize(
+    "options, name",
+    [
+        ({"d_state": 0}, "d_state"),
+        ({"d_conv": 1.5}, "d_conv"),
+        ({"expand": 0}, "expand"),
+        ({"dt_rank": "full"}, "dt_rank"),
+        ({"dt_min": 0.2, "dt_max": 0.1}, "dt_min, dt_max"),
+    ],
+)
 def test_bad_options_name_the_argument(options, name):
     with pytest.raises(ValueError, match=f"^{name}:"):
         layers.build("mamba", 8, **options)

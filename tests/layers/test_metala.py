@@ -1,5 +1,6 @@
 """MetaLA: the explicit parallel form (appendix A3, eq. A28-A30 and A38) against the recurrent
 mixer, and the ablation options' parameter sets."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -48,11 +49,11 @@ def parallel_form(m, x):
     b = (xc @ m.k_proj.weight.T).view(B_, T, H, K) if m.use_key else 1 - alpha
     v = (xc @ m.v_proj.weight.T).view(B_, T, H, D)
     A = torch.cumprod(alpha, dim=1)
-    att = torch.einsum("bthk,bshk->bhts", q * A * K ** -0.5, b / A)
-    att = att * torch.ones(T, T, dtype=torch.bool).tril()           # M: s <= t
+    att = torch.einsum("bthk,bshk->bhts", q * A * K**-0.5, b / A)
+    att = att * torch.ones(T, T, dtype=torch.bool).tril()  # M: s <= t
     o = torch.einsum("bhts,bshd->bthd", att, v)
     if m.self_augmentation:
-        diag = (q * b * m.w_aug.view(H, K)).sum(-1)                   # [B, T, H]
+        diag = (q * b * m.w_aug.view(H, K)).sum(-1)  # [B, T, H]
         o = o + torch.sigmoid(diag.unsqueeze(-1) * v)
     o = F.layer_norm(o, (D,)).reshape(B_, T, d)
     gate = F.silu(xc @ m.g_proj.weight.T + m.g_proj.bias)
@@ -117,12 +118,15 @@ def test_recurrence_is_gla_row_decay_with_key_free_expand():
     assert_close({"memory": state.memory}, {"memory": (1 - alpha).unsqueeze(-1) * v.unsqueeze(-2)})
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"heads": 3}, "heads"),
-    ({"conv_size": 0}, "conv_size"),
-    ({"conv": "yes"}, "conv"),
-    ({"use_key": 1}, "use_key"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"heads": 3}, "heads"),
+        ({"conv_size": 0}, "conv_size"),
+        ({"conv": "yes"}, "conv"),
+        ({"use_key": 1}, "use_key"),
+    ],
+)
 def test_bad_options_are_clear_errors(options, match):
     with pytest.raises(ValueError, match=f"^{match}:"):
         layers.build("metala", D_MODEL, **options)

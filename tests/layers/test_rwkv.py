@@ -1,5 +1,6 @@
 """RWKV-4 time mixing against the WKV formula written out with its full sums (Peng et al. 2023,
 eq. 14 / section 3.2), including keys large enough to overflow exp in float32."""
+
 import math
 
 import pytest
@@ -113,19 +114,27 @@ def test_strong_decay_and_negative_bonus_in_float32():
     assert torch.isfinite(y).all()
     assert_close({"y": y}, {"y": expected.float()}, context="rwkv4 float32, strong decay")
     y1, s1 = mixer(x[:, :5], return_state=True)
-    assert_close({"y": torch.cat([y1, mixer(x[:, 5:], state=s1)], 1)}, {"y": expected.float()},
-                 context="rwkv4 float32, strong decay, carried state")
+    assert_close(
+        {"y": torch.cat([y1, mixer(x[:, 5:], state=s1)], 1)},
+        {"y": expected.float()},
+        context="rwkv4 float32, strong decay, carried state",
+    )
 
 
 def test_official_init():
     torch.manual_seed(0)
-    mixer = layers.build("rwkv4", 8, layer_id=1, n_layers=3)       # ratio_0_to_1 = 1/2, ratio_1_to_almost0 = 2/3
+    mixer = layers.build("rwkv4", 8, layer_id=1, n_layers=3)  # ratio_0_to_1 = 1/2, ratio_1_to_almost0 = 2/3
     h = torch.arange(8, dtype=torch.float64)
     decay = -5 + 8 * (h / 7) ** (0.7 + 1.3 * 0.5)
     first = math.log(0.3) + ((h + 1) % 3 - 1) * 0.5
     ddd = h / 8
-    expected = {"time_decay": decay, "time_first": first, "time_mix_k": ddd ** (2 / 3),
-                "time_mix_v": ddd ** (2 / 3) + 0.15, "time_mix_r": ddd ** (1 / 3)}
+    expected = {
+        "time_decay": decay,
+        "time_first": first,
+        "time_mix_k": ddd ** (2 / 3),
+        "time_mix_v": ddd ** (2 / 3) + 0.15,
+        "time_mix_r": ddd ** (1 / 3),
+    }
     got = {n: getattr(mixer, n).detach() for n in expected}
     assert_close(got, {n: t.float() for n, t in expected.items()}, dtype=torch.float32, context="rwkv4 init")
     for n in expected:

@@ -1,5 +1,6 @@
 """S4, S4D, S5, DSS and TNN: convolution (FFT) path against the recurrence, and one defining
 property of each model against a formula written here from its paper."""
+
 import contextlib
 import math
 
@@ -61,6 +62,7 @@ def impulse_response(mixer, T):
 
 # ----------------------------------------------------------------------------- FFT == recurrence
 
+
 @pytest.mark.parametrize("name", ["s4", "s4d", "s5", "dss", "tnn"])
 def test_fft_path_equals_recurrence(name):
     """From a non-zero carried state: outputs, final state, and the gradients of the input and of
@@ -77,6 +79,7 @@ def test_fft_path_equals_recurrence(name):
             finally:
                 mixer.mode = "fft"
             return {"y": y, **final.tensors()}
+
         return forward
 
     assert_matches_reference(mixer, randn(2, 23, D_MODEL), run("recurrent"), context=name, forward=run("fft"))
@@ -105,12 +108,14 @@ def test_s4_fft_gradients_equal_recurrence_gradients(carried, dtype):
         y, state = mixer(x, state=type(rec.init_state(2))(x=x0), return_state=True)
         w_state = torch.complex(randn(*x0.shape, seed=4), randn(*x0.shape, seed=5)).to(x0.dtype)
         ((y * w).sum() + torch.view_as_real(state.x * w_state.conj()).sum()).backward()
-        results.append({"y": y, "x_T": state.x, "x": x.grad, "x0": x0.grad,
-                        **{n: p.grad for n, p in mixer.named_parameters()}})
+        results.append(
+            {"y": y, "x_T": state.x, "x": x.grad, "x0": x0.grad, **{n: p.grad for n, p in mixer.named_parameters()}}
+        )
     assert_close(results[0], results[1], dtype=dtype, context=f"s4 {dtype} carried={carried}")
 
 
 # ----------------------------------------------------------------------------- S4
+
 
 def test_hippo_legs_entries_and_normal_part():
     N = 6
@@ -124,8 +129,10 @@ def test_hippo_legs_entries_and_normal_part():
     # Normal part: -1/2 I plus a skew-symmetric matrix (S4 section 3.3).
     assert_close({"S + S^T": S + S.t()}, {"S + S^T": -torch.eye(N, dtype=torch.float64)})
     Lam, V = hippo_normal_eig(N)
-    assert_close({"V Lam V^*": V @ torch.diag(Lam) @ V.conj().t(), "V^* V": V.conj().t() @ V},
-                 {"V Lam V^*": S.to(torch.complex128), "V^* V": torch.eye(N, dtype=torch.complex128)})
+    assert_close(
+        {"V Lam V^*": V @ torch.diag(Lam) @ V.conj().t(), "V^* V": V.conj().t() @ V},
+        {"V Lam V^*": S.to(torch.complex128), "V^* V": torch.eye(N, dtype=torch.complex128)},
+    )
 
 
 def test_s4_init_realises_hippo_legs():
@@ -135,8 +142,11 @@ def test_s4_init_realises_hippo_legs():
     mixer = make("s4", perturb=False, exact_init=True, d_state=N)
     A_f = mixer.continuous_A()[0]
     _, P_f, B_f, _ = (v[0] for v in mixer.full_system())
-    A, B, P = (torch.zeros(N, N, dtype=torch.float64), torch.zeros(N, dtype=torch.float64),
-               torch.zeros(N, dtype=torch.float64))
+    A, B, P = (
+        torch.zeros(N, N, dtype=torch.float64),
+        torch.zeros(N, dtype=torch.float64),
+        torch.zeros(N, dtype=torch.float64),
+    )
     for n in range(N):
         B[n], P[n] = math.sqrt(2 * n + 1), math.sqrt(n + 0.5)
         A[n, n] = -(n + 1)
@@ -149,8 +159,9 @@ def test_s4_init_realises_hippo_legs():
         got[f"P*A^{k}B"], want[f"P*A^{k}B"] = P_f.conj() @ Ak_f @ B_f, (P @ Ak @ B).to(torch.complex128)
         Ak_f, Ak = Ak_f @ A_f, Ak @ A
     got["trace A^k"] = torch.stack([torch.linalg.matrix_power(A_f, k).trace() for k in range(1, N + 1)])
-    want["trace A^k"] = torch.stack([torch.linalg.matrix_power(A, k).trace()
-                                     for k in range(1, N + 1)]).to(torch.complex128)
+    want["trace A^k"] = torch.stack([torch.linalg.matrix_power(A, k).trace() for k in range(1, N + 1)]).to(
+        torch.complex128
+    )
     assert_close(got, want)
 
 
@@ -181,8 +192,12 @@ def test_cauchy_conj_blocks_equal_the_full_sum(monkeypatch, dtype):
     want_grads = torch.autograd.grad(torch.view_as_real(want * cot.conj()).sum(), exact)
     got_grads = torch.autograd.grad(torch.view_as_real(got * cot.conj().to(got.dtype)).sum(), inputs)
     names = ("S", "dW", "dg", "dlam")
-    assert_close(dict(zip(names, (got,) + got_grads)), dict(zip(names, (want,) + want_grads)), dtype=dtype,
-                 context=f"cauchy_conj {dtype}")
+    assert_close(
+        dict(zip(names, (got,) + got_grads)),
+        dict(zip(names, (want,) + want_grads)),
+        dtype=dtype,
+        context=f"cauchy_conj {dtype}",
+    )
 
 
 def test_cauchy_conj_gradcheck(monkeypatch):
@@ -243,20 +258,22 @@ def test_s4_kernel_algorithm_equals_powers(length):
         v = (A_bar @ v.unsqueeze(-1))[..., 0]
     direct = torch.stack(ks, -1)
     # The conjugate-symmetric system has a real kernel.
-    assert_close({"imag": direct.imag / direct.abs().max()}, {"imag": torch.zeros_like(direct.real)},
-                 dtype=torch.float64)
+    assert_close(
+        {"imag": direct.imag / direct.abs().max()}, {"imag": torch.zeros_like(direct.real)}, dtype=torch.float64
+    )
     assert_close({"K": mixer.kernel(length)}, {"K": direct.real})
     assert_close({"impulse": impulse_response(mixer, length)}, {"impulse": direct.real.t()})
 
 
 # ----------------------------------------------------------------------------- S4D
 
+
 @pytest.mark.parametrize("init", ["lin", "inv", "real"])
 def test_s4d_kernel_is_vandermonde_of_zoh(init):
     """K_j = 2 Re sum_n C_n A_bar_n^j B_bar_n with the ZOH pair (A_bar, B_bar) taken from the matrix
     exponential of the augmented system [[A, B], [0, 0]] Delta."""
     mixer = make("s4d", init=init)
-    A = torch.complex(-mixer.log_A_real.exp(), mixer.A_imag)                    # [H, N2]
+    A = torch.complex(-mixer.log_A_real.exp(), mixer.A_imag)  # [H, N2]
     Bc, C = torch.view_as_complex(mixer.B), torch.view_as_complex(mixer.C)
     dt = mixer.log_dt.exp().unsqueeze(-1).to(A.dtype)
     aug = torch.zeros(*A.shape, 2, 2, dtype=A.dtype)
@@ -264,7 +281,7 @@ def test_s4d_kernel_is_vandermonde_of_zoh(init):
     zoh = torch.linalg.matrix_exp(aug)
     A_bar, B_bar = zoh[..., 0, 0], zoh[..., 0, 1]
     T = 20
-    direct = torch.stack([2 * (C * A_bar ** j * B_bar).sum(-1).real for j in range(T)], 0)
+    direct = torch.stack([2 * (C * A_bar**j * B_bar).sum(-1).real for j in range(T)], 0)
     assert_close({"K": impulse_response(mixer, T)}, {"K": direct})
     if init == "lin":
         fresh = make("s4d", perturb=False, exact_init=True)
@@ -274,6 +291,7 @@ def test_s4d_kernel_is_vandermonde_of_zoh(init):
 
 # ----------------------------------------------------------------------------- S5
 
+
 def test_s5_zoh_mimo_recurrence_and_hippo_n_init():
     mixer = make("s5")
     Lam = torch.complex(mixer.Lambda_re, mixer.Lambda_im)
@@ -281,7 +299,7 @@ def test_s5_zoh_mimo_recurrence_and_hippo_n_init():
     aug = torch.zeros(Lam.shape[0], 2, 2, dtype=Lam.dtype)
     aug[:, 0, 0], aug[:, 0, 1] = Lam * dt, dt
     zoh = torch.linalg.matrix_exp(aug)
-    L_bar, B_bar = zoh[:, 0, 0], zoh[:, 0, 1:2] * torch.view_as_complex(mixer.B)   # [P2], [P2, H]
+    L_bar, B_bar = zoh[:, 0, 0], zoh[:, 0, 1:2] * torch.view_as_complex(mixer.B)  # [P2], [P2, H]
     C = torch.view_as_complex(mixer.C)
 
     def recurrence(u):
@@ -308,6 +326,7 @@ def test_s5_zoh_mimo_recurrence_and_hippo_n_init():
 
 # ----------------------------------------------------------------------------- DSS
 
+
 @pytest.mark.parametrize("positive_real", [False, True])
 def test_dss_kernel_is_softmax_formula(positive_real):
     """K_j = Re sum_n W_n / Lambda_n * exp(P_nj) / sum_(k < l_max) exp(P_nk), P_nj = Delta Lambda_n j
@@ -317,7 +336,7 @@ def test_dss_kernel_is_softmax_formula(positive_real):
         with torch.no_grad():
             mixer.Lambda[::2, 0] = 0.3
     Lam = torch.view_as_complex(mixer.Lambda)
-    dtL = torch.complex(mixer.log_dt[:, :1].exp() * Lam.real, mixer.log_dt[:, 1:].exp() * Lam.imag)   # [H, N]
+    dtL = torch.complex(mixer.log_dt[:, :1].exp() * Lam.real, mixer.log_dt[:, 1:].exp() * Lam.imag)  # [H, N]
     L = mixer.l_max
     P = dtL.unsqueeze(-1) * torch.arange(L, dtype=torch.float64)
     softmax = P.exp() / P.exp().sum(-1, keepdim=True)
@@ -339,6 +358,7 @@ def test_dss_init_is_hippo_skew_spectrum():
 
 # ----------------------------------------------------------------------------- TNN
 
+
 def test_tnn_equals_gated_toeplitz_unit():
     """ETSC is exact: the SSM form equals TNN's GTU with the explicit causal Toeplitz matrix
     T_ts = gamma^(t-s) RPE(t-s) (s <= t), up to T = l_max."""
@@ -347,9 +367,9 @@ def test_tnn_equals_gated_toeplitz_unit():
 
     def gtu(x):
         lags = torch.arange(T, dtype=torch.float64)
-        k = mixer.gamma ** lags.unsqueeze(-1) * mixer.rpe(lags)                 # [T, d1]
+        k = mixer.gamma ** lags.unsqueeze(-1) * mixer.rpe(lags)  # [T, d1]
         diff = torch.arange(T).unsqueeze(1) - torch.arange(T).unsqueeze(0)
-        toeplitz = torch.where((diff >= 0).unsqueeze(-1), k[diff.clamp(min=0)], torch.zeros(()))   # [t, s, d1]
+        toeplitz = torch.where((diff >= 0).unsqueeze(-1), k[diff.clamp(min=0)], torch.zeros(()))  # [t, s, d1]
         u = F.silu(mixer.u_proj(x))
         v = F.silu(mixer.v_proj(x))
         return mixer.o(u * torch.einsum("tsc,bsc->btc", toeplitz, v))
@@ -364,26 +384,33 @@ def test_tnn_equals_gated_toeplitz_unit():
 
 # ----------------------------------------------------------------------------- option checks
 
-@pytest.mark.parametrize("name,options,match", [
-    ("s4", {"d_state": 7}, r"^d_state: expected an even integer"),
-    ("s4d", {"dt_min": 0.2, "dt_max": 0.1}, r"^dt_min: expected dt_min <= dt_max, got dt_min=0.2, dt_max=0.1"),
-    ("s4", {"mode": "chunk"}, r"^mode: expected one of .*, got 'chunk'"),
-    ("s4d", {"init": "hippo"}, r"^init: expected one of .*, got 'hippo'"),
-    ("dss", {"epsilon": -1.0}, r"^epsilon: expected a number >= 0, got -1.0"),
-    ("s5", {"d_state": 8, "blocks": 3}, r"^blocks: d_state / blocks must be an even integer, got d_state=8"),
-    ("tnn", {"gamma": 1.5}, r"^gamma: expected a decay in \(0, 1\], got 1.5"),
-])
+
+@pytest.mark.parametrize(
+    "name,options,match",
+    [
+        ("s4", {"d_state": 7}, r"^d_state: expected an even integer"),
+        ("s4d", {"dt_min": 0.2, "dt_max": 0.1}, r"^dt_min: expected dt_min <= dt_max, got dt_min=0.2, dt_max=0.1"),
+        ("s4", {"mode": "chunk"}, r"^mode: expected one of .*, got 'chunk'"),
+        ("s4d", {"init": "hippo"}, r"^init: expected one of .*, got 'hippo'"),
+        ("dss", {"epsilon": -1.0}, r"^epsilon: expected a number >= 0, got -1.0"),
+        ("s5", {"d_state": 8, "blocks": 3}, r"^blocks: d_state / blocks must be an even integer, got d_state=8"),
+        ("tnn", {"gamma": 1.5}, r"^gamma: expected a decay in \(0, 1\], got 1.5"),
+    ],
+)
 def test_bad_options_name_the_argument(name, options, match):
     with pytest.raises(ValueError, match=match):
         layers.build(name, D_MODEL, **{**SMALL[name], **options})
 
 
-@pytest.mark.parametrize("name,exempt", [
-    ("s4", {"log_dt", "log_A_real", "A_imag", "P", "B", "D"}),
-    ("s4d", {"log_dt", "log_A_real", "A_imag", "D"}),
-    ("s5", {"Lambda_re", "Lambda_im", "log_dt", "B", "D"}),
-    ("dss", {"Lambda", "log_dt", "W", "D"}),
-])
+@pytest.mark.parametrize(
+    "name,exempt",
+    [
+        ("s4", {"log_dt", "log_A_real", "A_imag", "P", "B", "D"}),
+        ("s4d", {"log_dt", "log_A_real", "A_imag", "D"}),
+        ("s5", {"Lambda_re", "Lambda_im", "log_dt", "B", "D"}),
+        ("dss", {"Lambda", "log_dt", "W", "D"}),
+    ],
+)
 def test_weight_decay_tags_follow_the_official_groups(name, exempt):
     """docs/zoo/ssm.md: the official codes' parameters without weight decay (DSS's W among them),
     and D in every model (our choice)."""

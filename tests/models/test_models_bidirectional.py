@@ -1,5 +1,6 @@
 """The bidirectional encoder: non-causal, equal to the MNet sum of a forward prefix map and a
 backward suffix map evaluated position by position, and blind to right padding."""
+
 import pytest
 import torch
 
@@ -27,7 +28,7 @@ def test_bidirectional_equals_prefix_plus_suffix_maps(mixer):
     for m in range(T):
         prefix = f(x[:, : m + 1])[:, -1]
         # g reads a zero vector, then x_{T-1}, ..., x_{m+1} (the suffix after m, reversed).
-        suffix_seq = torch.cat([zero, x[:, m + 1:].flip(1)], dim=1)
+        suffix_seq = torch.cat([zero, x[:, m + 1 :].flip(1)], dim=1)
         rows.append(prefix + g(suffix_seq)[:, -1])
     assert_close({"y": y}, {"y": torch.stack(rows, 1)}, context=mixer)
 
@@ -52,11 +53,19 @@ def test_reverse_valid_keeps_padding_at_the_end():
 @pytest.mark.parametrize("mixer", ["gla", "ces"])
 def test_bidirectional_classifier_is_non_causal(mixer):
     torch.manual_seed(0)
-    cfg = ModelConfig(mixer=mixer, vocab_size=11, d_model=D, n_layers=2, head="classifier", n_classes=3,
-                      bidirectional=True, pooling="last")
+    cfg = ModelConfig(
+        mixer=mixer,
+        vocab_size=11,
+        d_model=D,
+        n_layers=2,
+        head="classifier",
+        n_classes=3,
+        bidirectional=True,
+        pooling="last",
+    )
     model = build_model(cfg, verbose=False).double()
     if mixer == "ces":
-        assert model.backbone.blocks[0].mixer.bidirectional          # the native two-sided kernel
+        assert model.backbone.blocks[0].mixer.bidirectional  # the native two-sided kernel
     ids = torch.randint(0, 11, (2, 9), generator=torch.Generator().manual_seed(1))
     hidden = model.backbone(ids)
     ids2 = ids.clone()
@@ -73,23 +82,32 @@ def test_bidirectional_classifier_ignores_right_padding(mixer, pooling):
     if mixer == "etsmlp preset":
         cfg = preset("etsmlp", task="text", vocab_size=11, d_model=D, mixer_hidden=D, n_layers=2, pooling=pooling)
     else:
-        cfg = ModelConfig(mixer=mixer, vocab_size=11, d_model=D, n_layers=2, head="classifier", n_classes=3,
-                          bidirectional=True, pooling=pooling)
+        cfg = ModelConfig(
+            mixer=mixer,
+            vocab_size=11,
+            d_model=D,
+            n_layers=2,
+            head="classifier",
+            n_classes=3,
+            bidirectional=True,
+            pooling=pooling,
+        )
     model = build_model(cfg, verbose=False).double().eval()
     seqs = [[1, 2, 3, 4, 5, 6], [7, 8, 9], [10, 1]]
     alone = torch.cat([model(torch.tensor([s])) for s in seqs])
     padded = torch.full((3, 6), 5)
     mask = torch.zeros(3, 6, dtype=torch.bool)
     for b, s in enumerate(seqs):
-        padded[b, :len(s)] = torch.tensor(s)
-        mask[b, :len(s)] = True
+        padded[b, : len(s)] = torch.tensor(s)
+        mask[b, : len(s)] = True
     assert_close({"logits": model(padded, mask=mask)}, {"logits": alone})
     assert_close({"logits": model(padded, lengths=mask.sum(1))}, {"logits": alone})
 
 
 def test_bidirectional_has_no_state():
-    cfg = ModelConfig(mixer="gla", vocab_size=11, d_model=D, n_layers=1, head="classifier", n_classes=2,
-                      bidirectional=True)
+    cfg = ModelConfig(
+        mixer="gla", vocab_size=11, d_model=D, n_layers=1, head="classifier", n_classes=2, bidirectional=True
+    )
     model = build_model(cfg, verbose=False)
     with pytest.raises(ValueError, match="no recurrent state"):
         model.backbone(torch.zeros(1, 3, dtype=torch.long), return_state=True)

@@ -1,4 +1,5 @@
 """Config validation, parameter counts, per-layer mixer options and the presets."""
+
 import pytest
 import torch
 
@@ -21,30 +22,35 @@ def test_unknown_mixer_and_mixer_options_name_the_closest():
         ModelConfig(**{**BASE, "mixer_options": {"num_head": 2}})
 
 
-@pytest.mark.parametrize("changes, match", [
-    (dict(d_model=0), "d_model"),
-    (dict(n_layers=2.5), "n_layers"),
-    (dict(norm="groupnorm"), "norm"),
-    (dict(channel_mixer="swiglu"), "channel_mixer"),
-    (dict(dropout=1.0), "dropout"),
-    (dict(head="seq2seq"), "head"),
-    (dict(head="classifier"), "n_classes"),
-    (dict(pooling="max", head="classifier", n_classes=2), "pooling"),
-    (dict(bidirectional=True), "bidirectional"),
-    (dict(input_dim=3), "vocab_size / input_dim"),
-    (dict(vocab_size=None, input_dim=3), "vocab_size"),          # lm needs tokens
-    (dict(channel_mixer="none", channel_hidden=8), "channel_hidden"),
-    (dict(head_hidden=1, head="classifier", n_classes=2), "head_hidden"),
-    (dict(mixer="rwkv4", mixer_options={"layer_id": 1}), "set by the model"),
-    (dict(mixer="ces", mixer_options={"bidirectional": True}), "set by the model"),
-    (dict(head_hidden=64), r"head_hidden: only for the classifier heads, got 64 with head='lm'"),
-    (dict(pooling="last"), r"pooling: only for the classifier heads, got 'last' with head='lm'"),
-    (dict(mixer_activation="gelu"), r"mixer_activation: acts between the mixer_hidden projections"),
-    (dict(mixer="lcsm:1-9-1-0", mixer_options={"code": "0-0-0-0"}),
-     r"mixer 'lcsm:1-9-1-0' sets code='1-9-1-0', got code='0-0-0-0'"),
-    (dict(tie_embeddings="yes"), "tie_embeddings"),
-    (dict(dual_combine="sum", head="dual", n_classes=2), "dual_combine"),
-])
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (dict(d_model=0), "d_model"),
+        (dict(n_layers=2.5), "n_layers"),
+        (dict(norm="groupnorm"), "norm"),
+        (dict(channel_mixer="swiglu"), "channel_mixer"),
+        (dict(dropout=1.0), "dropout"),
+        (dict(head="seq2seq"), "head"),
+        (dict(head="classifier"), "n_classes"),
+        (dict(pooling="max", head="classifier", n_classes=2), "pooling"),
+        (dict(bidirectional=True), "bidirectional"),
+        (dict(input_dim=3), "vocab_size / input_dim"),
+        (dict(vocab_size=None, input_dim=3), "vocab_size"),  # lm needs tokens
+        (dict(channel_mixer="none", channel_hidden=8), "channel_hidden"),
+        (dict(head_hidden=1, head="classifier", n_classes=2), "head_hidden"),
+        (dict(mixer="rwkv4", mixer_options={"layer_id": 1}), "set by the model"),
+        (dict(mixer="ces", mixer_options={"bidirectional": True}), "set by the model"),
+        (dict(head_hidden=64), r"head_hidden: only for the classifier heads, got 64 with head='lm'"),
+        (dict(pooling="last"), r"pooling: only for the classifier heads, got 'last' with head='lm'"),
+        (dict(mixer_activation="gelu"), r"mixer_activation: acts between the mixer_hidden projections"),
+        (
+            dict(mixer="lcsm:1-9-1-0", mixer_options={"code": "0-0-0-0"}),
+            r"mixer 'lcsm:1-9-1-0' sets code='1-9-1-0', got code='0-0-0-0'",
+        ),
+        (dict(tie_embeddings="yes"), "tie_embeddings"),
+        (dict(dual_combine="sum", head="dual", n_classes=2), "dual_combine"),
+    ],
+)
 def test_bad_values_fail_with_the_field_named(changes, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig(**{**BASE, **changes})
@@ -77,7 +83,7 @@ def test_parameter_count_is_the_sum_of_numel(tie, caplog):
     assert (model.lm_head is None) == tie
     untied_extra = 0 if tie else emb
     blocks = sum(p.numel() for p in model.backbone.blocks.parameters())
-    assert model.num_parameters() == emb + blocks + 2 * 16 + untied_extra      # + final LayerNorm
+    assert model.num_parameters() == emb + blocks + 2 * 16 + untied_extra  # + final LayerNorm
     assert f"{model.num_parameters():,} parameters" in caplog.text
 
 
@@ -93,7 +99,7 @@ def test_hgrn_gets_increasing_lower_bounds_and_rwkv_its_layer_position():
 def test_glu_default_width_and_model_owned_init():
     model = build_model(ModelConfig(**{**BASE, "d_model": 48}), verbose=False)
     glu = model.backbone.blocks[0].channel
-    assert glu.up_proj.out_features == 128                       # 8 * 48 / 3
+    assert glu.up_proj.out_features == 128  # 8 * 48 / 3
     torch.manual_seed(0)
     big = build_model(ModelConfig(mixer="gla", vocab_size=4000, d_model=64, n_layers=1), verbose=False)
     assert abs(big.backbone.embedding.weight.std().item() - 0.02) < 1e-3
@@ -102,16 +108,19 @@ def test_glu_default_width_and_model_owned_init():
 TINY = dict(d_model=16, n_layers=2)
 
 
-@pytest.mark.parametrize("name, task, kwargs", [
-    ("etsmlp", "listops", dict(mixer_hidden=24)),
-    ("etsmlp_gate", "retrieval", dict(mixer_hidden=24)),
-    ("etsmlp", "image", dict(mixer_hidden=24)),
-    ("metala_transformer", "text", dict(channel_hidden=32)),
-    ("metala_transformer", None, dict(vocab_size=50, mixer_options=dict(heads=2))),
-    ("lcsm_lm", None, dict(vocab_size=50, channel_hidden=32, mixer_options=dict(code="1-9-1-0", expand=8))),
-    ("lra_encoder", "listops", dict(mixer="s4d", mixer_options=dict(d_state=8))),
-    ("lra_encoder", "retrieval", dict(mixer="attention", mixer_options=dict(heads=2, positions="rotary"))),
-])
+@pytest.mark.parametrize(
+    "name, task, kwargs",
+    [
+        ("etsmlp", "listops", dict(mixer_hidden=24)),
+        ("etsmlp_gate", "retrieval", dict(mixer_hidden=24)),
+        ("etsmlp", "image", dict(mixer_hidden=24)),
+        ("metala_transformer", "text", dict(channel_hidden=32)),
+        ("metala_transformer", None, dict(vocab_size=50, mixer_options=dict(heads=2))),
+        ("lcsm_lm", None, dict(vocab_size=50, channel_hidden=32, mixer_options=dict(code="1-9-1-0", expand=8))),
+        ("lra_encoder", "listops", dict(mixer="s4d", mixer_options=dict(d_state=8))),
+        ("lra_encoder", "retrieval", dict(mixer="attention", mixer_options=dict(heads=2, positions="rotary"))),
+    ],
+)
 def test_presets_build_and_run_at_tiny_width(name, task, kwargs):
     torch.manual_seed(0)
     extra = {} if task is None else {"task": task}
@@ -134,8 +143,14 @@ def test_presets_build_and_run_at_tiny_width(name, task, kwargs):
 
 def test_preset_fields_follow_the_papers():
     ets = preset("etsmlp", task="listops")
-    assert (ets.mixer, ets.channel_mixer, ets.mixer_hidden, ets.n_layers, ets.gate, ets.bidirectional) == \
-        ("ces", "none", 160, 12, False, True)
+    assert (ets.mixer, ets.channel_mixer, ets.mixer_hidden, ets.n_layers, ets.gate, ets.bidirectional) == (
+        "ces",
+        "none",
+        160,
+        12,
+        False,
+        True,
+    )
     assert preset("etsmlp_gate", task="image").gate and preset("etsmlp", task="image").norm == "batchnorm"
     assert preset("etsmlp", task="retrieval").dual_combine == "concat"
     meta = preset("metala_transformer", task="retrieval")

@@ -1,5 +1,6 @@
 """Recurrent generation of the causal LM: prefill + steps == full forward, generate == greedy by
 full forward passes, ragged batches == one prompt at a time."""
+
 import pytest
 import torch
 
@@ -29,7 +30,7 @@ def greedy_by_full_forward(model, prompt, n):
     for _ in range(n):
         logits = model(torch.tensor([seq]))
         seq.append(int(logits[0, -1].argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -39,7 +40,7 @@ def test_prefill_then_steps_equals_full_forward(mixer):
     logits, state = model(x[:, :5], return_state=True)
     pieces = [logits]
     for t in range(5, 9):
-        logits, state = model(x[:, t:t + 1], state=state, return_state=True)
+        logits, state = model(x[:, t : t + 1], state=state, return_state=True)
         pieces.append(logits)
     assert_close({"logits": torch.cat(pieces, 1)}, {"logits": full}, context=mixer)
     # A carried state from init_state is the same as no state.
@@ -61,7 +62,7 @@ def test_generate_greedy_matches_full_forward_and_ragged_batch(mixer):
     # Right-padded tensor + lengths is the same request.
     padded = torch.full((3, 6), 12)
     for b, p in enumerate(prompts):
-        padded[b, :len(p)] = torch.tensor(p)
+        padded[b, : len(p)] = torch.tensor(p)
     assert model.generate(padded, n, temperature=0, lengths=torch.tensor([3, 2, 6])).tolist() == expected
 
 
@@ -101,12 +102,15 @@ def test_sampling_options():
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(max_new_tokens=2, temperature=-1.0), "temperature"),
-    (dict(max_new_tokens=2, top_k=0), "top_k"),
-    (dict(max_new_tokens=2, top_p=1.5), "top_p"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=2, temperature=-1.0), "temperature"),
+        (dict(max_new_tokens=2, top_k=0), "top_k"),
+        (dict(max_new_tokens=2, top_p=1.5), "top_p"),
+    ],
+)
 def test_generate_rejects_bad_arguments(kwargs, match):
     model = make_lm("gla")
     with pytest.raises(ValueError, match=match):
@@ -134,11 +138,13 @@ def test_vocab_size_keeps_samples_among_the_data_ids():
     model = build_model(ModelConfig(mixer="gla", vocab_size=VOCAB, d_model=16, n_layers=2), verbose=False).eval()
     g = torch.Generator().manual_seed(3)
     free = model.generate([[1, 2, 3]], 40, generator=g)
-    assert int(free.max()) >= 5                                  # unrestricted, it samples beyond
+    assert int(free.max()) >= 5  # unrestricted, it samples beyond
     kept = model.generate([[1, 2, 3]], 40, generator=g, vocab_size=5)
     assert int(kept.max()) < 5
-    assert model.generate([[1, 2, 3]], 4, temperature=0, vocab_size=VOCAB).tolist() == \
-        model.generate([[1, 2, 3]], 4, temperature=0).tolist()
+    assert (
+        model.generate([[1, 2, 3]], 4, temperature=0, vocab_size=VOCAB).tolist()
+        == model.generate([[1, 2, 3]], 4, temperature=0).tolist()
+    )
     for bad in (0, VOCAB + 1, 2.0, True):
         with pytest.raises(ValueError, match=rf"^vocab_size: expected None or an integer in \[1, {VOCAB}\]"):
             model.generate([[1]], 1, vocab_size=bad)

@@ -1,4 +1,5 @@
 """Heads, pooling, the ETSMLP block equations, weight-decay groups and the block options."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,8 +21,8 @@ def padded_batch(seqs, T, pad=7):
     ids = torch.full((len(seqs), T), pad)
     mask = torch.zeros(len(seqs), T, dtype=torch.bool)
     for b, s in enumerate(seqs):
-        ids[b, :len(s)] = torch.tensor(s)
-        mask[b, :len(s)] = True
+        ids[b, : len(s)] = torch.tensor(s)
+        mask[b, : len(s)] = True
     return ids, mask
 
 
@@ -46,7 +47,7 @@ def test_mean_and_last_pooling_are_what_they_say():
     hidden = model.backbone(ids)
     pooled = model.encode(ids, mask=mask)
     for b, s in enumerate(SEQS):
-        assert_close({"mean": pooled[b]}, {"mean": hidden[b, :len(s)].mean(0)})
+        assert_close({"mean": pooled[b]}, {"mean": hidden[b, : len(s)].mean(0)})
     last = classifier(pooling="last")
     pooled = last.encode(ids, mask=mask)
     hidden = last.backbone(ids)
@@ -88,8 +89,9 @@ def test_dual_classifier_combines_as_lra_retrieval():
 
 def test_dual_classifier_concat_combination():
     torch.manual_seed(0)
-    cfg = ModelConfig(mixer="gla", vocab_size=11, d_model=D, n_layers=1, head="dual", n_classes=2,
-                      dual_combine="concat")
+    cfg = ModelConfig(
+        mixer="gla", vocab_size=11, d_model=D, n_layers=1, head="dual", n_classes=2, dual_combine="concat"
+    )
     model = build_model(cfg, verbose=False).double()
     a, b = torch.randint(0, 11, (2, 5)), torch.randint(0, 11, (2, 7))
     u, v = model.encode(a), model.encode(b)
@@ -100,8 +102,18 @@ def test_dual_classifier_concat_combination():
 
 def test_continuous_inputs_and_batchnorm():
     torch.manual_seed(0)
-    cfg = ModelConfig(mixer="ces", input_dim=1, d_model=D, n_layers=2, head="classifier", n_classes=10,
-                      norm="batchnorm", mixer_hidden=24, channel_mixer="none", bidirectional=True)
+    cfg = ModelConfig(
+        mixer="ces",
+        input_dim=1,
+        d_model=D,
+        n_layers=2,
+        head="classifier",
+        n_classes=10,
+        norm="batchnorm",
+        mixer_hidden=24,
+        channel_mixer="none",
+        bidirectional=True,
+    )
     model = build_model(cfg, verbose=False)
     pixels = torch.rand(4, 20, 1)
     assert model(pixels).shape == (4, 10)
@@ -114,8 +126,16 @@ def test_continuous_inputs_and_batchnorm():
 def test_etsmlp_block_equations():
     """ETSMLP section 3.2: X = LN(X_i), Z = W_2 relu(CES(W_1 X)), X_{i+1} = X_i + sigmoid(W_g X) * Z."""
     torch.manual_seed(0)
-    cfg = ModelConfig(mixer="ces", vocab_size=11, d_model=D, n_layers=1, mixer_hidden=24, channel_mixer="none",
-                      gate=True, final_norm=False)
+    cfg = ModelConfig(
+        mixer="ces",
+        vocab_size=11,
+        d_model=D,
+        n_layers=1,
+        mixer_hidden=24,
+        channel_mixer="none",
+        gate=True,
+        final_norm=False,
+    )
     model = build_model(cfg, verbose=False).double()
     block = model.backbone.blocks[0]
     assert block.channel is None and block.norm2 is None
@@ -131,8 +151,9 @@ def test_etsmlp_block_equations():
 def test_glu_and_mlp_channel_mixers():
     torch.manual_seed(0)
     for kind in ("glu", "mlp"):
-        cfg = ModelConfig(mixer="gla", vocab_size=11, d_model=D, n_layers=1, channel_mixer=kind, channel_hidden=20,
-                          norm="rmsnorm")
+        cfg = ModelConfig(
+            mixer="gla", vocab_size=11, d_model=D, n_layers=1, channel_mixer=kind, channel_hidden=20, norm="rmsnorm"
+        )
         block = build_model(cfg, verbose=False).double().backbone.blocks[0]
         x = torch.randn(2, 5, D, dtype=torch.float64)
         h = x + block.mixer(block.norm1(x))
@@ -157,15 +178,21 @@ def test_dropout_is_applied_in_training_only():
 @pytest.mark.parametrize("mixer", ["gla", "mamba", "hgrn", "metala"])
 def test_no_weight_decay_is_tagged_plus_norms_plus_biases(mixer):
     torch.manual_seed(0)
-    model = build_model(ModelConfig(mixer=mixer, vocab_size=11, d_model=D, n_layers=2, tie_embeddings=False,
-                                    channel_mixer="mlp"), verbose=False)
+    model = build_model(
+        ModelConfig(mixer=mixer, vocab_size=11, d_model=D, n_layers=2, tie_embeddings=False, channel_mixer="mlp"),
+        verbose=False,
+    )
     names = {id(p): n for n, p in model.named_parameters()}
     got = {names[id(p)] for p in model.no_weight_decay_parameters()}
     expected = {n for n, p in model.named_parameters() if getattr(p, "_no_weight_decay", False)}
     expected |= {n for n in names.values() if n.endswith(".bias")}
     for i in range(2):
-        expected |= {f"backbone.blocks.{i}.norm1.weight", f"backbone.blocks.{i}.norm1.bias",
-                     f"backbone.blocks.{i}.norm2.weight", f"backbone.blocks.{i}.norm2.bias"}
+        expected |= {
+            f"backbone.blocks.{i}.norm1.weight",
+            f"backbone.blocks.{i}.norm1.bias",
+            f"backbone.blocks.{i}.norm2.weight",
+            f"backbone.blocks.{i}.norm2.bias",
+        }
     expected |= {"backbone.norm.weight", "backbone.norm.bias"}
     assert got == expected
     for decayed in ("backbone.embedding.weight", "lm_head.weight", "backbone.blocks.0.channel.fc1.weight"):
@@ -177,8 +204,15 @@ def test_no_weight_decay_is_tagged_plus_norms_plus_biases(mixer):
 
 def test_no_weight_decay_covers_untagged_mixer_norms():
     # RMSNorm weights of the block, and any LayerNorm inside a mixer, count as norms.
-    model = build_model(ModelConfig(mixer="lcsm", vocab_size=11, d_model=D, n_layers=1, norm="rmsnorm",
-                                    mixer_options=dict(expand=4)), verbose=False)
+    model = build_model(
+        ModelConfig(mixer="lcsm", vocab_size=11, d_model=D, n_layers=1, norm="rmsnorm", mixer_options=dict(expand=4)),
+        verbose=False,
+    )
     got = {n for n, p in model.named_parameters() if any(p is q for q in model.no_weight_decay_parameters())}
-    assert {"backbone.blocks.0.norm1.weight", "backbone.blocks.0.norm2.weight", "backbone.norm.weight",
-            "backbone.blocks.0.mixer.norm.weight", "backbone.blocks.0.mixer.norm.bias"} <= got
+    assert {
+        "backbone.blocks.0.norm1.weight",
+        "backbone.blocks.0.norm2.weight",
+        "backbone.norm.weight",
+        "backbone.blocks.0.mixer.norm.weight",
+        "backbone.blocks.0.mixer.norm.bias",
+    } <= got

@@ -2,6 +2,7 @@
 both factors under random cotangents, in float64 and float32, for the LCSM codes' factor shapes,
 odd lengths and blocks of time steps that do not divide them, logits far beyond logsigmoid's
 linear range, and clear errors for inputs it cannot serve."""
+
 import pytest
 import torch
 
@@ -24,8 +25,12 @@ SHAPES = {
 
 def factors(case, T, dtype, spread=1.0, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [(spread * torch.randn(*(T if n == "T" else n for n in shape), generator=g, dtype=torch.float64))
-            .to(dtype).requires_grad_() for shape in SHAPES[case]]
+    return [
+        (spread * torch.randn(*(T if n == "T" else n for n in shape), generator=g, dtype=torch.float64))
+        .to(dtype)
+        .requires_grad_()
+        for shape in SHAPES[case]
+    ]
 
 
 def compare(case, T, dtype, spread=1.0, tau=16.0):
@@ -41,7 +46,7 @@ def block_steps(request, monkeypatch):
     """The time block of ``log_sigmoid_product`` (``chunk._block_steps``, from BLOCK_BYTES): one
     step, three (not dividing the odd lengths) or the whole sequence."""
     if request.param is not None:
-        row = B * K * D * 8                          # one float64 step; a float32 block holds twice the steps
+        row = B * K * D * 8  # one float64 step; a float32 block holds twice the steps
         monkeypatch.setattr(chunk, "BLOCK_BYTES", request.param * row)
     return request.param
 
@@ -77,17 +82,36 @@ def test_only_the_factors_that_need_it_get_a_gradient():
     assert_close({"da": da}, {"da": ref})
 
 
-@pytest.mark.parametrize("a,b,tau,error,match", [
-    (torch.randn(2, 3, 4, 1), torch.randn(5, 6), 16.0, ValueError,
-     r"a, b: .*broadcast to \[B, T, K, D\].*\[2, 3, 4, 1\].*\[5, 6\]"),
-    (torch.randn(3, 4, 1), torch.randn(4, 5), 16.0, ValueError, r"4-dim \[B, T, K, D\].*broadcast \[3, 4, 5\]"),
-    (torch.randn(1, 2, 3, 4, 1), torch.randn(5), 16.0, ValueError, r"4-dim"),
-    (torch.randn(2, 3, 4, 1, dtype=torch.complex64), torch.randn(4, 5), 16.0, TypeError,
-     r"a: .*real floating-point.*complex64"),
-    (torch.randn(2, 3, 4, 1), torch.ones(4, 5, dtype=torch.int64), 16.0, TypeError, r"b: .*int64 with shape \[4, 5\]"),
-    (torch.randn(2, 3, 4, 1), torch.randn(4, 5), 0.0, ValueError, r"tau: expected a positive number.*0\.0"),
-    (torch.randn(2, 3, 4, 1), torch.randn(4, 5), True, ValueError, r"tau: .*True"),
-])
+@pytest.mark.parametrize(
+    "a,b,tau,error,match",
+    [
+        (
+            torch.randn(2, 3, 4, 1),
+            torch.randn(5, 6),
+            16.0,
+            ValueError,
+            r"a, b: .*broadcast to \[B, T, K, D\].*\[2, 3, 4, 1\].*\[5, 6\]",
+        ),
+        (torch.randn(3, 4, 1), torch.randn(4, 5), 16.0, ValueError, r"4-dim \[B, T, K, D\].*broadcast \[3, 4, 5\]"),
+        (torch.randn(1, 2, 3, 4, 1), torch.randn(5), 16.0, ValueError, r"4-dim"),
+        (
+            torch.randn(2, 3, 4, 1, dtype=torch.complex64),
+            torch.randn(4, 5),
+            16.0,
+            TypeError,
+            r"a: .*real floating-point.*complex64",
+        ),
+        (
+            torch.randn(2, 3, 4, 1),
+            torch.ones(4, 5, dtype=torch.int64),
+            16.0,
+            TypeError,
+            r"b: .*int64 with shape \[4, 5\]",
+        ),
+        (torch.randn(2, 3, 4, 1), torch.randn(4, 5), 0.0, ValueError, r"tau: expected a positive number.*0\.0"),
+        (torch.randn(2, 3, 4, 1), torch.randn(4, 5), True, ValueError, r"tau: .*True"),
+    ],
+)
 def test_clear_errors(a, b, tau, error, match):
     with pytest.raises(error, match=match):
         log_sigmoid_product(a, b, tau)

@@ -11,6 +11,7 @@ keeps a within a small angle of b: ||I - a b^T|| <= 1 + beta ||a_hat - b|| stays
 memory cannot grow geometrically. With raw Gaussian a, b the products of T rank-one updates blow up
 and a comparison would measure that blow-up, not the correctness of the algorithm.
 """
+
 import math
 
 import pytest
@@ -20,7 +21,7 @@ from torch.nn.functional import logsigmoid, normalize
 from lcsm.ops import eos_delta
 from lcsm.testing import assert_close
 
-B, H, K, D = 2, 2, 5, 4           # K != D so a transposed memory cannot pass
+B, H, K, D = 2, 2, 5, 4  # K != D so a transposed memory cannot pass
 NAMES = ("i", "e", "s", "a", "b", "log_o", "initial_state")
 
 
@@ -38,8 +39,15 @@ def make_inputs(T, *, gate="dd", initial=True, kind="general", seed=0, dims=(B, 
     else:
         a = beta * normalize(k + 0.3 * rnd(B, T, H, K), dim=-1)
         b, e = k, rnd(B, T, H, K) / math.sqrt(K)
-    out = {"i": rnd(B, T, H, D), "e": e, "s": normalize(rnd(B, T, H, K), dim=-1), "a": a, "b": b,
-           "log_o": None, "initial_state": rnd(B, H, K, D) if initial else None}
+    out = {
+        "i": rnd(B, T, H, D),
+        "e": e,
+        "s": normalize(rnd(B, T, H, K), dim=-1),
+        "a": a,
+        "b": b,
+        "log_o": None,
+        "initial_state": rnd(B, H, K, D) if initial else None,
+    }
     if gate == "dd":
         out["log_o"] = logsigmoid(rnd(B, T, H) + 2.0)
     elif gate == "head":
@@ -61,7 +69,7 @@ def reference(i, e, s, a, b, log_o, initial_state):
         gates = log_o.exp().unbind(1)
     ys = []
     for i_t, e_t, s_t, a_t, b_t, o_t in zip(i.unbind(1), e.unbind(1), s.unbind(1), a.unbind(1), b.unbind(1), gates):
-        f = torch.eye(K, dtype=m.dtype) - a_t.unsqueeze(-1) * b_t.unsqueeze(-2)       # [B, H, K, K]
+        f = torch.eye(K, dtype=m.dtype) - a_t.unsqueeze(-1) * b_t.unsqueeze(-2)  # [B, H, K, K]
         if o_t is not None:
             f = o_t[..., None, None] * f
         m = f @ m + e_t.unsqueeze(-1) * i_t.unsqueeze(-2)
@@ -79,8 +87,9 @@ def run(inputs, mode, dtype, chunk_size=16, seed=1, autocast=False):
         y, m = reference(*args, leaves["initial_state"])
     else:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            y, m = eos_delta(*args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True,
-                             chunk_size=chunk_size)
+            y, m = eos_delta(
+                *args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True, chunk_size=chunk_size
+            )
     gen = torch.Generator().manual_seed(seed)
     cot = lambda t: torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype)
     names = [n for n in NAMES if leaves[n] is not None]
@@ -123,8 +132,9 @@ def test_chunk_sizes(mode, chunk_size):
 def test_special_parameterisations(kind, initial):
     """The Table 7 rows the mixers use, where a, e (and b) are the same vector up to beta (here as
     separate tensors, so the general path; the shared-tensor fast path is tested below)."""
-    check(make_inputs(129, gate="none", initial=initial, kind=kind), "chunk", torch.float32, chunk_size=32,
-          context=kind)
+    check(
+        make_inputs(129, gate="none", initial=initial, kind=kind), "chunk", torch.float32, chunk_size=32, context=kind
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -135,14 +145,14 @@ def test_shared_a_and_e(dtype, gate):
     x = make_inputs(65, gate=gate, kind="deltanet")
 
     def go(mode, dt):
-        leaves = {n: (t.detach().to(dt).requires_grad_() if t is not None else None)
-                  for n, t in x.items() if n != "e"}
+        leaves = {n: (t.detach().to(dt).requires_grad_() if t is not None else None) for n, t in x.items() if n != "e"}
         args = (leaves["i"], leaves["a"], leaves["s"], leaves["a"], leaves["b"], leaves["log_o"])
         if mode == "reference":
             y, m = reference(*args, leaves["initial_state"])
         else:
-            y, m = eos_delta(*args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True,
-                             chunk_size=16)
+            y, m = eos_delta(
+                *args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True, chunk_size=16
+            )
         gen = torch.Generator().manual_seed(1)
         cots = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype) for t in (y, m)]
         names = [n for n, t in leaves.items() if t is not None]
@@ -158,10 +168,16 @@ def test_carried_state_equals_one_pass(mode):
     args = [x[n] for n in NAMES[:6]]
     y, m = eos_delta(*args, mode=mode, initial_state=x["initial_state"], output_final_state=True, chunk_size=16)
     cut = lambda t, sl: t[:, sl]
-    y1, m1 = eos_delta(*[cut(t, slice(0, 29)) for t in args], mode=mode, initial_state=x["initial_state"],
-                       output_final_state=True, chunk_size=16)
-    y2, m2 = eos_delta(*[cut(t, slice(29, None)) for t in args], mode=mode, initial_state=m1,
-                       output_final_state=True, chunk_size=16)
+    y1, m1 = eos_delta(
+        *[cut(t, slice(0, 29)) for t in args],
+        mode=mode,
+        initial_state=x["initial_state"],
+        output_final_state=True,
+        chunk_size=16,
+    )
+    y2, m2 = eos_delta(
+        *[cut(t, slice(29, None)) for t in args], mode=mode, initial_state=m1, output_final_state=True, chunk_size=16
+    )
     assert_close({"y": torch.cat([y1, y2], 1), "m_T": m2}, {"y": y, "m_T": m}, context=mode)
 
 
@@ -169,8 +185,7 @@ def test_carried_state_equals_one_pass(mode):
 @pytest.mark.parametrize("initial", [False, True])
 def test_empty_sequence(mode, initial):
     x = make_inputs(0, gate="dd", initial=initial)
-    y, m = eos_delta(*[x[n] for n in NAMES[:6]], mode=mode, initial_state=x["initial_state"],
-                     output_final_state=True)
+    y, m = eos_delta(*[x[n] for n in NAMES[:6]], mode=mode, initial_state=x["initial_state"], output_final_state=True)
     assert y.shape == (B, 0, H, D)
     expected = x["initial_state"] if initial else torch.zeros(B, H, K, D, dtype=torch.float64)
     assert_close({"m_T": m}, {"m_T": expected})
@@ -185,8 +200,13 @@ def test_no_final_state_unless_asked():
 def test_half_precision_computes_in_float32():
     x = make_inputs(20, gate="dd")
     half = {n: t.to(torch.bfloat16) for n, t in x.items()}
-    y, m = eos_delta(*[half[n] for n in NAMES[:6]], initial_state=half["initial_state"],
-                     output_final_state=True, mode="chunk", chunk_size=8)
+    y, m = eos_delta(
+        *[half[n] for n in NAMES[:6]],
+        initial_state=half["initial_state"],
+        output_final_state=True,
+        mode="chunk",
+        chunk_size=8,
+    )
     assert y.dtype == torch.bfloat16 and m.dtype == torch.float32
     y_ref, m_ref = reference(*[half[n].to(torch.float64) for n in NAMES])
     assert_close({"y": y}, {"y": y_ref}, dtype=torch.bfloat16)
@@ -219,6 +239,7 @@ def test_gradcheck(mode):
 
 # ----------------------------------------------------------------------------- errors
 
+
 def _args(**override):
     x = make_inputs(4)
     x.update(override)
@@ -229,18 +250,21 @@ def _call(x, **kw):
     return eos_delta(*[x[n] for n in NAMES[:6]], initial_state=x["initial_state"], **kw)
 
 
-@pytest.mark.parametrize("name,shape,pattern", [
-    ("i", (B, 4, H), r"i: expected \[B, T, H, D\]"),
-    ("e", (B, 4, H, K, 1), r"e: expected \[B, T, H, K\]"),
-    ("s", (B, 5, H, K), r"s: expected \[B, T, H, K\] = \[2, 4, 2, 5\].*got \[2, 5, 2, 5\]"),
-    ("a", (B, 4, H + 1, K), r"a: expected \[B, T, H, K\] = \[2, 4, 2, 5\].*got \[2, 4, 3, 5\]"),
-    ("b", (B, 4, H, K + 1), r"b: expected \[B, T, H, K\] = \[2, 4, 2, 5\].*got \[2, 4, 2, 6\]"),
-    ("s", (B + 1, 4, H, K), r"s: expected \[B, T, H, K\] = \[2, 4, 2, 5\].*got \[3, 4, 2, 5\]"),
-    ("log_o", (B, 4, H, 1), r"log_o: expected a scalar gate .* got 4-d tensor \[2, 4, 2, 1\]"),
-    ("log_o", (B, 3, H), r"log_o: expected \[B, T, H\] = \[2, 4, 2\] or \[H\] = \[2\], got \[2, 3, 2\]"),
-    ("log_o", (H + 1,), r"log_o: expected .* got \[3\]"),
-    ("initial_state", (B, H, D, K), r"initial_state: expected \[B, H, K, D\] = \[2, 2, 5, 4\], got \[2, 2, 4, 5\]"),
-])
+@pytest.mark.parametrize(
+    "name,shape,pattern",
+    [
+        ("i", (B, 4, H), r"i: expected \[B, T, H, D\]"),
+        ("e", (B, 4, H, K, 1), r"e: expected \[B, T, H, K\]"),
+        ("s", (B, 5, H, K), r"s: expected \[B, T, H, K\] = \[2, 4, 2, 5\].*got \[2, 5, 2, 5\]"),
+        ("a", (B, 4, H + 1, K), r"a: expected \[B, T, H, K\] = \[2, 4, 2, 5\].*got \[2, 4, 3, 5\]"),
+        ("b", (B, 4, H, K + 1), r"b: expected \[B, T, H, K\] = \[2, 4, 2, 5\].*got \[2, 4, 2, 6\]"),
+        ("s", (B + 1, 4, H, K), r"s: expected \[B, T, H, K\] = \[2, 4, 2, 5\].*got \[3, 4, 2, 5\]"),
+        ("log_o", (B, 4, H, 1), r"log_o: expected a scalar gate .* got 4-d tensor \[2, 4, 2, 1\]"),
+        ("log_o", (B, 3, H), r"log_o: expected \[B, T, H\] = \[2, 4, 2\] or \[H\] = \[2\], got \[2, 3, 2\]"),
+        ("log_o", (H + 1,), r"log_o: expected .* got \[3\]"),
+        ("initial_state", (B, H, D, K), r"initial_state: expected \[B, H, K, D\] = \[2, 2, 5, 4\], got \[2, 2, 4, 5\]"),
+    ],
+)
 def test_shape_errors(name, shape, pattern):
     with pytest.raises(ValueError, match=pattern):
         _call(_args(**{name: torch.randn(*shape, dtype=torch.float64)}))

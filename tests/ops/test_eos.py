@@ -3,6 +3,7 @@
 Fast modes run in the dtype under test; the reference runs in double precision on the same
 values, so float32 results are judged against the exact answer, not against another float32 run.
 """
+
 import functools
 import math
 
@@ -17,8 +18,19 @@ B, H, K, D = 2, 2, 4, 3
 NAMES = ("i", "e", "s", "log_o", "initial_state")
 
 
-def make_inputs(T, *, e="dd", s="dd", decay="row", dd_decay=True, complex_decay=False,
-                complex_es=False, initial=True, seed=0, strength=1.0):
+def make_inputs(
+    T,
+    *,
+    e="dd",
+    s="dd",
+    decay="row",
+    dd_decay=True,
+    complex_decay=False,
+    complex_es=False,
+    initial=True,
+    seed=0,
+    strength=1.0,
+):
     """Random EOS inputs. decay in none/scalar/row/col/full/outer, or a LogProduct(a, b):
     "product" (Mamba's shape: a step a [.., 1, D] >= 0 times b [.., K, D] < 0), "product-outer"
     (a [.., K, 1] times b [.., 1, D]: each operand spans one of K and D) or "product-row" (a and b
@@ -35,6 +47,7 @@ def make_inputs(T, *, e="dd", s="dd", decay="row", dd_decay=True, complex_decay=
         return x / math.sqrt(K)
 
     out = {"i": rnd(B, T, H, D), "e": state(e), "s": state(s), "log_o": None, "initial_state": None}
+
     def log_decay(tail, dd):
         lead = (B, T, H) if dd else (H,)
         log_o = strength * logsigmoid(rnd(*lead, *tail) + 1.0)
@@ -46,8 +59,7 @@ def make_inputs(T, *, e="dd", s="dd", decay="row", dd_decay=True, complex_decay=
     if decay == "outer":
         out["log_o"] = (log_decay((K, 1), dd_first), log_decay((1, D), dd_second))
     elif decay.startswith("product"):
-        tails = {"product": ((1, D), (K, D)), "product-outer": ((K, 1), (1, D)),
-                 "product-row": ((K, 1), (K, 1))}[decay]
+        tails = {"product": ((1, D), (K, D)), "product-outer": ((K, 1), (1, D)), "product-row": ((K, 1), (K, 1))}[decay]
         lead = lambda dd: (B, T, H) if dd else (H,)
         a = strength * torch.nn.functional.softplus(rnd(*lead(dd_first), *tails[0]) - 1.0)
         b = -torch.exp(rnd(*lead(dd_second), *tails[1]) / 2)
@@ -77,11 +89,11 @@ def _leaf_items(leaves):
             yield n, x
 
 
-def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1, real_output=False, take_real=False,
-        autocast=False):
+def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1, real_output=False, take_real=False, autocast=False):
     """y, m_T and the gradients of every input under random cotangents on both outputs (y's real
     part taken inside eos with real_output, after it with take_real); with autocast the forward
     runs under bfloat16 autocast, the backward outside it."""
+
     def cast(x):
         if x is None:
             return None
@@ -99,17 +111,30 @@ def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1, real_output=Fals
         elif mode == "step":
             y, m = _step_loop(*(leaves[n] for n in NAMES))
         else:
-            y, m = eos(leaves["i"], leaves["e"], leaves["s"], leaves["log_o"], mode=mode,
-                       initial_state=leaves["initial_state"], output_final_state=True, chunk_size=chunk_size,
-                       real_output=real_output)
+            y, m = eos(
+                leaves["i"],
+                leaves["e"],
+                leaves["s"],
+                leaves["log_o"],
+                mode=mode,
+                initial_state=leaves["initial_state"],
+                output_final_state=True,
+                chunk_size=chunk_size,
+                real_output=real_output,
+            )
     if take_real:
         y = y.real
     out = {"y": y, "m_T": m}
     if grads:
         g = torch.Generator().manual_seed(seed)
-        cot = lambda t: (torch.complex(torch.randn(t.shape, generator=g, dtype=torch.float64),
-                                       torch.randn(t.shape, generator=g, dtype=torch.float64))
-                         if t.is_complex() else torch.randn(t.shape, generator=g, dtype=torch.float64)).to(t.dtype)
+        cot = lambda t: (
+            torch.complex(
+                torch.randn(t.shape, generator=g, dtype=torch.float64),
+                torch.randn(t.shape, generator=g, dtype=torch.float64),
+            )
+            if t.is_complex()
+            else torch.randn(t.shape, generator=g, dtype=torch.float64)
+        ).to(t.dtype)
         names, xs = zip(*_leaf_items(leaves))
         dys = (cot(y), cot(m))
         got = torch.autograd.grad((y, m), xs, dys)
@@ -172,11 +197,27 @@ def check(inputs, mode, dtype, chunk_size=16, grads=True, context=""):
     assert_close(actual, expected, dtype=dtype, context=f"{mode} {dtype} {context}")
 
 
-DECAYS = [("none", True), ("scalar", True), ("row", True), ("col", True), ("full", True),
-          ("scalar", False), ("row", False), ("col", False), ("full", False),
-          ("outer", True), ("outer", False), ("outer", (True, False)), ("outer", (False, True)),
-          ("product", (True, False)), ("product", True), ("product", False), ("product", (False, True)),
-          ("product-outer", True), ("product-row", (True, False))]
+DECAYS = [
+    ("none", True),
+    ("scalar", True),
+    ("row", True),
+    ("col", True),
+    ("full", True),
+    ("scalar", False),
+    ("row", False),
+    ("col", False),
+    ("full", False),
+    ("outer", True),
+    ("outer", False),
+    ("outer", (True, False)),
+    ("outer", (False, True)),
+    ("product", (True, False)),
+    ("product", True),
+    ("product", False),
+    ("product", (False, True)),
+    ("product-outer", True),
+    ("product-row", (True, False)),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -190,16 +231,22 @@ def test_every_decay_shape(decay, dd, mode, dtype):
 @pytest.mark.parametrize("decay,dd", DECAYS)
 def test_chunk_from_zero_memory(decay, dd, dtype):
     """initial_state=None, as in training: the kernels' zero-memory branches, gradients included."""
-    check(make_inputs(65, decay=decay, dd_decay=dd, initial=False), "chunk", dtype, chunk_size=16,
-          context=f"no m0 {decay} dd={dd}")
+    check(
+        make_inputs(65, decay=decay, dd_decay=dd, initial=False),
+        "chunk",
+        dtype,
+        chunk_size=16,
+        context=f"no m0 {decay} dd={dd}",
+    )
 
 
 ES = [("dd", "dd"), ("vec", "mat"), ("mat", "vec"), ("mat", "mat")]
 
 
 # float32 is read the same way for every e and s, so one pair of them covers it
-LOOP_CASES = [(e, s, torch.float64, initial) for e, s in ES for initial in (True, False)] + \
-    [("dd", "dd", torch.float32, True)]
+LOOP_CASES = [(e, s, torch.float64, initial) for e, s in ES for initial in (True, False)] + [
+    ("dd", "dd", torch.float32, True)
+]
 
 
 @pytest.mark.parametrize("e,s,dtype,initial", LOOP_CASES)
@@ -208,23 +255,33 @@ def test_recurrent_mode_against_the_written_out_loop(decay, dd, e, s, dtype, ini
     """The reference itself, with eos's input handling (layouts, broadcasting of data-independent
     inputs, the separable pair, dtypes, the zero initial state), against ``_loop``."""
     inputs = make_inputs(9, e=e, s=s, decay=decay, dd_decay=dd, initial=initial, seed=3)
-    assert_close(run(inputs, "recurrent", dtype), run(inputs, "loop", torch.float64), dtype=dtype,
-                 context=f"recurrent {dtype} {decay} dd={dd} e={e} s={s} initial={initial}")
+    assert_close(
+        run(inputs, "recurrent", dtype),
+        run(inputs, "loop", torch.float64),
+        dtype=dtype,
+        context=f"recurrent {dtype} {decay} dd={dd} e={e} s={s} initial={initial}",
+    )
 
 
 COMPLEX_LOOP_CASES = [("none", True, False, True)] + [
     (decay, dd, complex_decay, complex_es)
     for decay, dd in [("row", True), ("full", False), ("outer", (True, False)), ("product", (True, False))]
-    for complex_decay, complex_es in [(True, False), (False, True), (True, True)]]
+    for complex_decay, complex_es in [(True, False), (False, True), (True, True)]
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("decay,dd,complex_decay,complex_es", COMPLEX_LOOP_CASES)
 def test_complex_recurrent_mode_against_the_written_out_loop(decay, dd, complex_decay, complex_es, dtype):
-    inputs = make_inputs(9, e="vec", s="dd", decay=decay, dd_decay=dd, complex_decay=complex_decay,
-                         complex_es=complex_es, seed=5)
-    assert_close(run(inputs, "recurrent", dtype), run(inputs, "loop", torch.float64), dtype=dtype,
-                 context=f"complex recurrent {dtype} {decay} dd={dd} decay={complex_decay} es={complex_es}")
+    inputs = make_inputs(
+        9, e="vec", s="dd", decay=decay, dd_decay=dd, complex_decay=complex_decay, complex_es=complex_es, seed=5
+    )
+    assert_close(
+        run(inputs, "recurrent", dtype),
+        run(inputs, "loop", torch.float64),
+        dtype=dtype,
+        context=f"complex recurrent {dtype} {decay} dd={dd} decay={complex_decay} es={complex_es}",
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -235,8 +292,16 @@ def test_step_mode(decay, dd, initial, dtype):
     every gradient against the reference, data-dependent and time-shared decays, K-vector and
     K x D e and s, complex rotations."""
     rotation = dd == "complex"
-    inputs = make_inputs(20, e="dd" if dd is True else "vec", s="dd" if dd is True else "mat", decay=decay,
-                         dd_decay=True if rotation else dd, complex_decay=rotation, initial=initial, seed=17)
+    inputs = make_inputs(
+        20,
+        e="dd" if dd is True else "vec",
+        s="dd" if dd is True else "mat",
+        decay=decay,
+        dd_decay=True if rotation else dd,
+        complex_decay=rotation,
+        initial=initial,
+        seed=17,
+    )
     check(inputs, "step", dtype, context=f"{decay} dd={dd} initial={initial}")
 
 
@@ -262,9 +327,21 @@ def test_data_independent_expand_and_shrink(e, s, decay, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("decay,dd", [("scalar", True), ("row", True), ("col", True), ("full", True),
-                                      ("row", False), ("full", False), ("outer", True), ("outer", (False, True)),
-                                      ("product", (True, False)), ("product-outer", True)])
+@pytest.mark.parametrize(
+    "decay,dd",
+    [
+        ("scalar", True),
+        ("row", True),
+        ("col", True),
+        ("full", True),
+        ("row", False),
+        ("full", False),
+        ("outer", True),
+        ("outer", (False, True)),
+        ("product", (True, False)),
+        ("product-outer", True),
+    ],
+)
 @pytest.mark.parametrize("complex_es", [False, True])
 def test_complex(decay, dd, complex_es, dtype):
     inputs = make_inputs(41, decay=decay, dd_decay=dd, complex_decay=True, complex_es=complex_es, seed=11)
@@ -296,8 +373,9 @@ def test_fft(e, s, decay, T, dtype):
 def test_fft_complex(decay, dtype):
     """Complex systems by FFT (the diagonal SSMs, DSS, S5, CES and TNN take this path under
     "auto"): complex e and s, a complex oscillation where there is one, at T = 100."""
-    inputs = make_inputs(100, e="vec", s="mat", decay=decay, dd_decay=False, complex_decay=decay != "none",
-                         complex_es=True, seed=2)
+    inputs = make_inputs(
+        100, e="vec", s="mat", decay=decay, dd_decay=False, complex_decay=decay != "none", complex_es=True, seed=2
+    )
     check(inputs, "fft", dtype, context=f"{decay} {dtype}")
 
 
@@ -305,11 +383,13 @@ def test_fft_complex_long_float32():
     """float32 FFT of a long complex diagonal system (S4D's and DSS's shape) with fast rotations
     (about 3 rad a step): the FFT's rounding grows with T, so its accuracy is checked where the
     models run it, T = 4096, outputs, final state and every gradient."""
-    inputs = make_inputs(4096, e="vec", s="vec", decay="row", dd_decay=False, complex_decay=True,
-                         complex_es=True, seed=2)
+    inputs = make_inputs(
+        4096, e="vec", s="vec", decay="row", dd_decay=False, complex_decay=True, complex_es=True, seed=2
+    )
     log_o = inputs["log_o"]
-    inputs["log_o"] = torch.complex(log_o.real, 3.0 * torch.randn(log_o.shape, generator=torch.Generator().manual_seed(8),
-                                                                   dtype=torch.float64))
+    inputs["log_o"] = torch.complex(
+        log_o.real, 3.0 * torch.randn(log_o.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    )
     check(inputs, "fft", torch.float32, context="long")
 
 
@@ -319,8 +399,9 @@ def test_fft_complex_long_float32():
 def test_real_output_is_the_real_part(initial, mode, dtype):
     """real_output=True against Re(y) of the reference, the way the diagonal SSMs and CES use it
     (complex e, s and decay, real input): real y, the same complex memory, every gradient."""
-    inputs = make_inputs(37, e="vec", s="vec", decay="row", dd_decay=False, complex_decay=True,
-                         complex_es=True, initial=initial, seed=21)
+    inputs = make_inputs(
+        37, e="vec", s="vec", decay="row", dd_decay=False, complex_decay=True, complex_es=True, initial=initial, seed=21
+    )
     expected = run(inputs, "recurrent", torch.float64, take_real=True)
     actual = run(inputs, mode, dtype, real_output=True)
     assert actual["y"].dtype == dtype and actual["m_T"].is_complex()
@@ -350,8 +431,9 @@ def _uniform_decays(log_o, low, seed):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_strong_decays_fft(dtype):
     inputs = make_inputs(4096, e="vec", s="vec", decay="row", dd_decay=False, seed=4, initial=True)
-    inputs["log_o"] = -30.0 * torch.rand(inputs["log_o"].shape, generator=torch.Generator().manual_seed(0),
-                                         dtype=torch.float64)
+    inputs["log_o"] = -30.0 * torch.rand(
+        inputs["log_o"].shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )
     check(inputs, "fft", dtype, context="strong fft")
 
 
@@ -360,18 +442,28 @@ def test_strong_decays_fft(dtype):
 def test_carried_state(decay, es):
     """Two chunked calls with the first's final state passed in equal one call over the whole."""
     inputs = make_inputs(20, e=es[0], s=es[1], decay=decay, seed=17)
-    y, m = eos(inputs["i"], inputs["e"], inputs["s"], inputs["log_o"], mode="chunk", chunk_size=8,
-               initial_state=inputs["initial_state"], output_final_state=True)
+    y, m = eos(
+        inputs["i"],
+        inputs["e"],
+        inputs["s"],
+        inputs["log_o"],
+        mode="chunk",
+        chunk_size=8,
+        initial_state=inputs["initial_state"],
+        output_final_state=True,
+    )
 
     part = lambda t0, t1: (_at(inputs[n], slice(t0, t1)) for n in ("i", "e", "s", "log_o"))
-    first, m1 = eos(*part(0, 9), mode="chunk", chunk_size=4, initial_state=inputs["initial_state"],
-                    output_final_state=True)
+    first, m1 = eos(
+        *part(0, 9), mode="chunk", chunk_size=4, initial_state=inputs["initial_state"], output_final_state=True
+    )
     second, m2 = eos(*part(9, 20), mode="chunk", chunk_size=4, initial_state=m1, output_final_state=True)
     assert_close({"y": torch.cat([first, second], 1), "m_T": m2}, {"y": y, "m_T": m}, context="carried")
 
 
-@pytest.mark.parametrize("decay,dd", [(d, True) for d in ("none", "scalar", "row", "col", "full", "outer")]
-                         + [("product", (True, False))])
+@pytest.mark.parametrize(
+    "decay,dd", [(d, True) for d in ("none", "scalar", "row", "col", "full", "outer")] + [("product", (True, False))]
+)
 def test_gradcheck_chunk(decay, dd):
     inputs = make_inputs(7, decay=decay, dd_decay=dd, seed=19)
     leaves = [x.clone().requires_grad_() for _, x in _leaf_items(inputs)]
@@ -408,10 +500,14 @@ def test_custom_backward_stores_no_per_step_memory(decay):
     e = torch.randn(1, T, 1, K_, requires_grad=True) if decay != "outer, K x D e" else torch.randn(1, K_, D_)
     s = torch.randn(1, T, 1, K_, requires_grad=True)
     gate = lambda *tail: logsigmoid(torch.randn(1, T, 1, *tail)).requires_grad_()
-    log_o = {"row": lambda: gate(K_, 1), "full": lambda: gate(K_, D_),
-             "outer": lambda: (gate(K_, 1), gate(1, D_)),
-             "product": lambda: LogProduct(torch.rand(1, T, 1, 1, D_, requires_grad=True),
-                                           -torch.rand(1, K_, D_, requires_grad=True))}[decay.split(",")[0]]()
+    log_o = {
+        "row": lambda: gate(K_, 1),
+        "full": lambda: gate(K_, D_),
+        "outer": lambda: (gate(K_, 1), gate(1, D_)),
+        "product": lambda: LogProduct(
+            torch.rand(1, T, 1, 1, D_, requires_grad=True), -torch.rand(1, K_, D_, requires_grad=True)
+        ),
+    }[decay.split(",")[0]]()
     assert explain(i, e, s, log_o, mode="chunk").kernel == ("matmul" if decay in ("row", "outer") else "elementwise")
     y, _ = eos(i, e, s, log_o, mode="chunk", chunk_size=C)
     node = y.grad_fn
@@ -439,8 +535,14 @@ def test_a_chunk_longer_than_the_sequence_runs_as_the_sequence(monkeypatch):
 
 def test_empty_sequence_returns_initial_state():
     inputs = make_inputs(0, decay="row")
-    y, m = eos(inputs["i"], inputs["e"], inputs["s"], inputs["log_o"],
-               initial_state=inputs["initial_state"], output_final_state=True)
+    y, m = eos(
+        inputs["i"],
+        inputs["e"],
+        inputs["s"],
+        inputs["log_o"],
+        initial_state=inputs["initial_state"],
+        output_final_state=True,
+    )
     assert y.shape == (B, 0, H, D)
     assert torch.equal(m, inputs["initial_state"])
 
@@ -464,8 +566,12 @@ def test_half_precision_computes_in_float32():
     args = [inputs[n].to(torch.bfloat16) for n in ("i", "e", "s", "log_o")]
     y, m = eos(*args, mode="chunk", chunk_size=8, output_final_state=True)
     assert y.dtype == torch.bfloat16 and m.dtype == torch.float32
-    ref = run({**inputs, **dict(zip(("i", "e", "s", "log_o"), [a.double() for a in args]))}, "recurrent",
-              torch.float64, grads=False)
+    ref = run(
+        {**inputs, **dict(zip(("i", "e", "s", "log_o"), [a.double() for a in args]))},
+        "recurrent",
+        torch.float64,
+        grads=False,
+    )
     assert_close({"y": y}, {"y": ref["y"]}, dtype=torch.bfloat16)
     # the memory is returned in float32, so it is held to float32's tolerance (bfloat16's would
     # pass a memory rounded to bfloat16)
@@ -480,8 +586,14 @@ def test_autocast_leaves_the_operator_in_float32(decay, mode):
     the outputs and in the gradients of the backward that follows), far outside float32's
     tolerance."""
     time_invariant = mode == "fft"
-    inputs = make_inputs(45, e="vec" if time_invariant else "dd", s="mat" if time_invariant else "dd",
-                         decay=decay, dd_decay=not time_invariant, seed=4)
+    inputs = make_inputs(
+        45,
+        e="vec" if time_invariant else "dd",
+        s="mat" if time_invariant else "dd",
+        decay=decay,
+        dd_decay=not time_invariant,
+        seed=4,
+    )
     expected = run(inputs, "recurrent", torch.float64)
     actual = run(inputs, mode, torch.float32, autocast=True)
     assert_close(actual, expected, dtype=torch.float32, context=f"{mode} {decay}")
@@ -539,21 +651,57 @@ def test_errors_name_the_argument():
     _bad(r"e: expected \[B, T, H, K\], \[H, K\] or \[H, K, D\]", i, torch.zeros(K), s)
     _bad(r"e: data-independent e must be \[H, K\] with H = 2, got \[3, 4\]", i, torch.zeros(3, K), s)
     _bad(r"s: data-independent matrix s must be \[H, K, D\] = \[2, K, 3\], got \[2, 4, 5\]", i, e, torch.zeros(H, K, 5))
-    _bad(r"log_o: data-independent log_o must be \[H, K\|1, D\|1\] with H = 2, got \[3, 4, 1\]",
-         i, e, s, torch.zeros(3, K, 1))
-    _bad(r"log_o: expected \[B, T, H, K\|1, D\|1\] \(data-dependent\), .* got 4-d tensor \[2, 10, 2, 4\]",
-         i, e, s, torch.zeros(B, 10, H, K))
+    _bad(
+        r"log_o: data-independent log_o must be \[H, K\|1, D\|1\] with H = 2, got \[3, 4, 1\]",
+        i,
+        e,
+        s,
+        torch.zeros(3, K, 1),
+    )
+    _bad(
+        r"log_o: expected \[B, T, H, K\|1, D\|1\] \(data-dependent\), .* got 4-d tensor \[2, 10, 2, 4\]",
+        i,
+        e,
+        s,
+        torch.zeros(B, 10, H, K),
+    )
     p = make_inputs(10, decay="product", dd_decay=(True, False))["log_o"]
-    _bad(r"log_o.a: data-dependent log_o.a must start with \[B, T, H\] = \[2, 10, 2\], got \[2, 3, 2, 1, 3\]",
-         i, e, s, LogProduct(p.a[:, :3], p.b))
-    _bad(r"log_o.b: last two dims must be \(K or 1, D or 1\) = \(4 or 1, 3 or 1\), got \[2, 4, 5\]",
-         i, e, s, LogProduct(p.a, torch.zeros(H, K, 5, dtype=torch.float64)))
-    _bad(r"log_o.b: expected \[B, T, H, K\|1, D\|1\] \(data-dependent\) or \[H, K\|1, D\|1\] "
-         r"\(data-independent\), got 2-d tensor \[4, 3\]", i, e, s, LogProduct(p.a, p.b[0]))
-    _bad(r"log_o.b: expected a floating-point or complex tensor, got dtype torch.int64", i, e, s,
-         LogProduct(p.a, p.b.long()))
-    _bad(r"log_o.b: all inputs must be on one device, got .*log_o.a on cpu, log_o.b on meta", i, e, s,
-         LogProduct(p.a, torch.zeros(H, K, D, device="meta")))
+    _bad(
+        r"log_o.a: data-dependent log_o.a must start with \[B, T, H\] = \[2, 10, 2\], got \[2, 3, 2, 1, 3\]",
+        i,
+        e,
+        s,
+        LogProduct(p.a[:, :3], p.b),
+    )
+    _bad(
+        r"log_o.b: last two dims must be \(K or 1, D or 1\) = \(4 or 1, 3 or 1\), got \[2, 4, 5\]",
+        i,
+        e,
+        s,
+        LogProduct(p.a, torch.zeros(H, K, 5, dtype=torch.float64)),
+    )
+    _bad(
+        r"log_o.b: expected \[B, T, H, K\|1, D\|1\] \(data-dependent\) or \[H, K\|1, D\|1\] "
+        r"\(data-independent\), got 2-d tensor \[4, 3\]",
+        i,
+        e,
+        s,
+        LogProduct(p.a, p.b[0]),
+    )
+    _bad(
+        r"log_o.b: expected a floating-point or complex tensor, got dtype torch.int64",
+        i,
+        e,
+        s,
+        LogProduct(p.a, p.b.long()),
+    )
+    _bad(
+        r"log_o.b: all inputs must be on one device, got .*log_o.a on cpu, log_o.b on meta",
+        i,
+        e,
+        s,
+        LogProduct(p.a, torch.zeros(H, K, D, device="meta")),
+    )
     with pytest.raises(ValueError, match=r"^i_t: eos_step takes one token"):
         eos_step(i, e, s, g, torch.zeros(B, H, K, D, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"^state: eos_step needs the memory \[B, H, K, D\]"):
@@ -572,8 +720,13 @@ def test_strong_decay_branches_with_gradients(decay, strength, dtype, chunk_size
     """Decays strong enough that chunks (and, at 80, sub-chunks of 16 and of 4 steps) exceed the
     single-reference span, so every level of the matmul kernel's sub-chunking is exercised (down to
     single steps in float32), gradients included."""
-    check(make_inputs(130, decay=decay, strength=strength, seed=29), "chunk", dtype,
-          chunk_size=chunk_size, context=f"strength={strength}")
+    check(
+        make_inputs(130, decay=decay, strength=strength, seed=29),
+        "chunk",
+        dtype,
+        chunk_size=chunk_size,
+        context=f"strength={strength}",
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -582,8 +735,13 @@ def test_single_steps_beyond_the_safe_span(dtype):
     with A up to K): one step alone exceeds SAFE_SPAN in both dtypes, which a factorised
     (cumulative-product) form could not survive; the elementwise kernel's stepwise recurrence keeps
     outputs, state and every gradient finite and exact."""
-    check(make_inputs(37, decay="full", strength=500.0, seed=41), "chunk", dtype, chunk_size=16,
-          context="full strength=500")
+    check(
+        make_inputs(37, decay="full", strength=500.0, seed=41),
+        "chunk",
+        dtype,
+        chunk_size=16,
+        context="full strength=500",
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -597,13 +755,20 @@ def test_matmul_kernel_decay_gradient_beyond_the_safe_span(decay, dtype):
     that o itself is as strong as the others: at 500 per factor d initial_state = dm_1 conj(o_1)
     is below float32's smallest denormal."""
     strength = 250.0 if decay == "outer" else 500.0
-    check(make_inputs(37, decay=decay, strength=strength, seed=41), "chunk", dtype, chunk_size=16,
-          context=f"{decay} strength={strength}")
+    check(
+        make_inputs(37, decay=decay, strength=strength, seed=41),
+        "chunk",
+        dtype,
+        chunk_size=16,
+        context=f"{decay} strength={strength}",
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("decay,strength", [("none", 1.0)] + [
-    (decay, strength) for decay in ("scalar", "row", "col", "outer") for strength in (1.0, 40.0)])
+@pytest.mark.parametrize(
+    "decay,strength",
+    [("none", 1.0)] + [(decay, strength) for decay in ("scalar", "row", "col", "outer") for strength in (1.0, 40.0)],
+)
 def test_segmented_long_sequences(decay, strength, dtype, monkeypatch):
     """The matmul kernel runs long sequences in segments with the memory carried across (and,
     backward, the adjoint memory and the decay gradient's running sum carried back); shrink the
@@ -612,16 +777,31 @@ def test_segmented_long_sequences(decay, strength, dtype, monkeypatch):
     import lcsm.ops.chunk as chunk
 
     monkeypatch.setattr(chunk, "SEGMENT", 20)
-    check(make_inputs(61, decay=decay, seed=31, strength=strength), "chunk", dtype, chunk_size=8,
-          context=f"{decay} strength={strength}")
+    check(
+        make_inputs(61, decay=decay, seed=31, strength=strength),
+        "chunk",
+        dtype,
+        chunk_size=8,
+        context=f"{decay} strength={strength}",
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("block", [1, 3])
-@pytest.mark.parametrize("e,s,decay,complex_decay", [
-    ("dd", "dd", "full", False), ("dd", "dd", "full", True), ("mat", "dd", "outer", False),
-    ("dd", "mat", "none", False), ("vec", "mat", "row", True), ("mat", "vec", "full", False),
-    ("dd", "dd", "product", False), ("dd", "dd", "product", True), ("mat", "vec", "product-outer", False)])
+@pytest.mark.parametrize(
+    "e,s,decay,complex_decay",
+    [
+        ("dd", "dd", "full", False),
+        ("dd", "dd", "full", True),
+        ("mat", "dd", "outer", False),
+        ("dd", "mat", "none", False),
+        ("vec", "mat", "row", True),
+        ("mat", "vec", "full", False),
+        ("dd", "dd", "product", False),
+        ("dd", "dd", "product", True),
+        ("mat", "vec", "product-outer", False),
+    ],
+)
 def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatch):
     """On a CPU the elementwise kernel runs a chunk's steps in blocks of memories that fit
     BLOCK_BYTES: at these tiny sizes one block is the whole chunk, so shrink the budget to blocks
@@ -631,7 +811,9 @@ def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatc
     import lcsm.ops.chunk as chunk
 
     memory_dtype = {torch.float64: torch.complex128, torch.float32: torch.complex64}[dtype] if complex_decay else dtype
-    monkeypatch.setattr(chunk, "BLOCK_BYTES", block * B * H * K * D * torch.empty((), dtype=memory_dtype).element_size())
+    monkeypatch.setattr(
+        chunk, "BLOCK_BYTES", block * B * H * K * D * torch.empty((), dtype=memory_dtype).element_size()
+    )
     assert chunk._block_steps(B, H, K, D, memory_dtype, torch.device("cpu"), 8) == block
     assert chunk._block_steps(B, H, K, D, memory_dtype, torch.device("cuda"), 8) == 8
     dd = (s != "vec", False) if decay == "product" else s != "vec"
@@ -642,10 +824,18 @@ def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatc
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("strength", [1.0, 8.0, 40.0])
-@pytest.mark.parametrize("e,s,decay,complex_decay", [
-    ("dd", "dd", "full", False), ("dd", "dd", "full", True), ("mat", "dd", "outer", False),
-    ("dd", "mat", "none", False), ("vec", "mat", "row", True), ("mat", "vec", "full", False),
-    ("dd", "dd", "product", False)])
+@pytest.mark.parametrize(
+    "e,s,decay,complex_decay",
+    [
+        ("dd", "dd", "full", False),
+        ("dd", "dd", "full", True),
+        ("mat", "dd", "outer", False),
+        ("dd", "mat", "none", False),
+        ("vec", "mat", "row", True),
+        ("mat", "vec", "full", False),
+        ("dd", "dd", "product", False),
+    ],
+)
 def test_elementwise_cumulative_form(e, s, decay, complex_decay, strength, dtype, monkeypatch):
     """The elementwise kernel's cumulative form (meant for launch-bound devices): blocks of
     several steps at moderate decays, blocks and single steps mixed as a step's decay nears
@@ -654,8 +844,9 @@ def test_elementwise_cumulative_form(e, s, decay, complex_decay, strength, dtype
     import lcsm.ops.chunk as chunk
 
     monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "cumulative")
-    inputs = make_inputs(29, e=e, s=s, decay=decay, dd_decay=s != "vec", complex_decay=complex_decay, seed=13,
-                         strength=strength)
+    inputs = make_inputs(
+        29, e=e, s=s, decay=decay, dd_decay=s != "vec", complex_decay=complex_decay, seed=13, strength=strength
+    )
     assert explain(*(inputs[n] for n in NAMES[:4]), mode="chunk").kernel == "elementwise"
     check(inputs, "chunk", dtype, chunk_size=8, context=f"cumulative strength={strength} e={e} s={s} {decay}")
 
@@ -668,14 +859,17 @@ def test_cumulative_blocks_stay_within_the_safe_span(monkeypatch):
 
     per_step = torch.tensor([1.0, 2.0, 25.0, 3.0, 40.0, 0.5, 0.5, 29.0, 1.0, 1.0], dtype=torch.float64)
     log_o = -per_step.view(1, 1, 10, 1, 1).expand(2, 1, 10, 3, 2).clone()
-    log_o[0, 0, :, 1, 1] = -0.1           # the largest entry of each step decides
+    log_o[0, 0, :, 1, 1] = -0.1  # the largest entry of each step decides
     monkeypatch.setattr(chunk, "MIN_CUMULATIVE", 2)
-    assert chunk._span_blocks([log_o], 10, 8, torch.float32) == \
-        [[(0, 3, True), (3, 5, False), (5, 8, True)], [(0, 2, True)]]
+    assert chunk._span_blocks([log_o], 10, 8, torch.float32) == [
+        [(0, 3, True), (3, 5, False), (5, 8, True)],
+        [(0, 2, True)],
+    ]
     assert chunk._span_blocks([log_o], 10, 8, torch.float64) == [[(0, 8, True)], [(0, 2, True)]]
     half = log_o / 2
-    assert chunk._span_blocks([half[..., :1], half[..., :1, :]], 10, 8, torch.float32) == \
-        chunk._span_blocks([log_o], 10, 8, torch.float32)
+    assert chunk._span_blocks([half[..., :1], half[..., :1, :]], 10, 8, torch.float32) == chunk._span_blocks(
+        [log_o], 10, 8, torch.float32
+    )
     assert chunk._span_blocks([], 10, 8, torch.float32) == [[(0, 8, True)], [(0, 2, True)]]
     monkeypatch.setattr(chunk, "MIN_CUMULATIVE", 4)
     assert chunk._span_blocks([log_o], 10, 8, torch.float32) == [[(0, 8, False)], [(0, 2, False)]]
@@ -733,6 +927,7 @@ def test_chunk_backward_option_is_checked():
 
 # ----------------------------------------------------------------------------- separable decays
 
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("dd", [(True, False), (False, True)])
 @pytest.mark.parametrize("strength", [20.0, 80.0])
@@ -740,8 +935,13 @@ def test_outer_strong_decays_with_mixed_parts(dd, strength, dtype):
     """A separable decay whose parts differ in data dependence, strong enough for the sub-chunked
     branches (and, at 80, diagonal blocks cut again), chunk size 48 (sub-chunks of 16) not
     dividing T = 130, gradients of both parts included."""
-    check(make_inputs(130, decay="outer", dd_decay=dd, strength=strength, seed=43), "chunk", dtype,
-          chunk_size=48, context=f"outer dd={dd} strength={strength}")
+    check(
+        make_inputs(130, decay="outer", dd_decay=dd, strength=strength, seed=43),
+        "chunk",
+        dtype,
+        chunk_size=48,
+        context=f"outer dd={dd} strength={strength}",
+    )
 
 
 def test_outer_explain_names_the_kernel():
@@ -761,16 +961,43 @@ def test_outer_explain_names_the_kernel():
 def test_outer_pair_errors_name_the_part():
     x = make_inputs(10, decay="outer")
     i, e, s, (row, col) = x["i"], x["e"], x["s"], x["log_o"]
-    _bad(r"log_o\[0\]: data-dependent row decay must be \[B, T, H, K, 1\] = \[2, 10, 2, 4, 1\], "
-         r"got \[2, 10, 2, 1, 3\]", i, e, s, (col, col))
-    _bad(r"log_o\[1\]: data-dependent column decay must be \[B, T, H, 1, D\] = \[2, 10, 2, 1, 3\], "
-         r"got \[2, 9, 2, 1, 3\]", i, e, s, (row, col[:, :9]))
-    _bad(r"log_o\[0\]: data-independent row decay must be \[H, K, 1\] = \[2, 4, 1\], got \[2, 4, 3\]",
-         i, e, s, (torch.zeros(H, K, D, dtype=torch.float64), col))
-    _bad(r"log_o\[1\]: data-independent column decay must be \[H, 1, D\] = \[2, 1, 3\], got \[2, 3, 1\]",
-         i, e, s, (row, torch.zeros(H, D, 1, dtype=torch.float64)))
-    _bad(r"log_o\[1\]: the column factor of a separable log_o must be .* got 2-d tensor \[1, 3\]",
-         i, e, s, (row, torch.zeros(1, D, dtype=torch.float64)))
+    _bad(
+        r"log_o\[0\]: data-dependent row decay must be \[B, T, H, K, 1\] = \[2, 10, 2, 4, 1\], "
+        r"got \[2, 10, 2, 1, 3\]",
+        i,
+        e,
+        s,
+        (col, col),
+    )
+    _bad(
+        r"log_o\[1\]: data-dependent column decay must be \[B, T, H, 1, D\] = \[2, 10, 2, 1, 3\], "
+        r"got \[2, 9, 2, 1, 3\]",
+        i,
+        e,
+        s,
+        (row, col[:, :9]),
+    )
+    _bad(
+        r"log_o\[0\]: data-independent row decay must be \[H, K, 1\] = \[2, 4, 1\], got \[2, 4, 3\]",
+        i,
+        e,
+        s,
+        (torch.zeros(H, K, D, dtype=torch.float64), col),
+    )
+    _bad(
+        r"log_o\[1\]: data-independent column decay must be \[H, 1, D\] = \[2, 1, 3\], got \[2, 3, 1\]",
+        i,
+        e,
+        s,
+        (row, torch.zeros(H, D, 1, dtype=torch.float64)),
+    )
+    _bad(
+        r"log_o\[1\]: the column factor of a separable log_o must be .* got 2-d tensor \[1, 3\]",
+        i,
+        e,
+        s,
+        (row, torch.zeros(1, D, dtype=torch.float64)),
+    )
     _bad(r"log_o: a separable oscillation is a pair .* got a tuple of length 3", i, e, s, (row, col, col))
     _bad(r"log_o\[1\]: expected a floating-point or complex tensor, got dtype torch.int64", i, e, s, (row, col.long()))
     _bad(r"log_o\[0\]: all inputs must be on one device", i, e, s, (row.to("meta"), col))

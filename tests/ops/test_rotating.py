@@ -1,6 +1,7 @@
 """The rotating frame (``eos_rotating``) against the complex system it stands for, computed by the
 recurrent reference of ``eos`` in float64: outputs, final states and every gradient, including
 theta's, under random cotangents on both outputs."""
+
 import math
 import re
 
@@ -19,21 +20,39 @@ def make_inputs(T, *, decay="none", es="dd", theta_rows=K, initial="complex", se
     rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
 
     def state():
-        x = {"dd": lambda: rnd(B, T, H, K), "complex": lambda: torch.complex(rnd(B, T, H, K), rnd(B, T, H, K)),
-             "vec": lambda: rnd(H, K)}[es]()
+        x = {
+            "dd": lambda: rnd(B, T, H, K),
+            "complex": lambda: torch.complex(rnd(B, T, H, K), rnd(B, T, H, K)),
+            "vec": lambda: rnd(H, K),
+        }[es]()
         return x / math.sqrt(K)
 
-    decays = {"none": None, "scalar": (B, T, H, 1, 1), "row": (B, T, H, K, 1), "row_di": (H, K, 1),
-              "col": (B, T, H, 1, D), "full": (B, T, H, K, D), "pair": None}
+    decays = {
+        "none": None,
+        "scalar": (B, T, H, 1, 1),
+        "row": (B, T, H, K, 1),
+        "row_di": (H, K, 1),
+        "col": (B, T, H, 1, D),
+        "full": (B, T, H, K, D),
+        "pair": None,
+    }
     log_o = decays[decay] and logsigmoid(rnd(*decays[decay]) + 1.0)
     if decay == "pair":
         log_o = (logsigmoid(rnd(B, T, H, K, 1) + 1.0), logsigmoid(rnd(B, T, H, 1, D) + 2.0))
-    m0 = {"complex": lambda: torch.complex(rnd(B, H, K, D), rnd(B, H, K, D)), "real": lambda: rnd(B, H, K, D),
-          "none": lambda: None}[initial]()
+    m0 = {
+        "complex": lambda: torch.complex(rnd(B, H, K, D), rnd(B, H, K, D)),
+        "real": lambda: rnd(B, H, K, D),
+        "none": lambda: None,
+    }[initial]()
     # Angles up to 3 rad: several turns over the sequence, so a sign or frame error cannot hide.
-    return {"i": rnd(B, T, H, D), "e": state(), "s": state(), "theta": 3 * torch.rand(H, theta_rows, generator=g,
-                                                                                         dtype=torch.float64),
-            "log_o": log_o, "initial_state": m0}
+    return {
+        "i": rnd(B, T, H, D),
+        "e": state(),
+        "s": state(),
+        "theta": 3 * torch.rand(H, theta_rows, generator=g, dtype=torch.float64),
+        "log_o": log_o,
+        "initial_state": m0,
+    }
 
 
 def _cast(x, dtype):
@@ -56,7 +75,7 @@ def _leaves(x):
 def run(inputs, dtype, mode, chunk_size=8, reference=False):
     x = {k: _cast(v, dtype) for k, v in inputs.items()}
     if reference:
-        rotation = 1j * x["theta"][..., None]                                   # [H, K|1, 1]
+        rotation = 1j * x["theta"][..., None]  # [H, K|1, 1]
         log_o = x["log_o"]
         if log_o is None:
             log_o = rotation
@@ -64,11 +83,28 @@ def run(inputs, dtype, mode, chunk_size=8, reference=False):
             log_o = (log_o[0] + rotation, log_o[1])
         else:
             log_o = log_o + rotation
-        y, m = eos(x["i"], x["e"], x["s"], log_o, mode="recurrent", initial_state=x["initial_state"],
-                   output_final_state=True, real_output=True)
+        y, m = eos(
+            x["i"],
+            x["e"],
+            x["s"],
+            log_o,
+            mode="recurrent",
+            initial_state=x["initial_state"],
+            output_final_state=True,
+            real_output=True,
+        )
     else:
-        y, m = eos_rotating(x["i"], x["e"], x["s"], x["theta"], x["log_o"], mode=mode,
-                            initial_state=x["initial_state"], output_final_state=True, chunk_size=chunk_size)
+        y, m = eos_rotating(
+            x["i"],
+            x["e"],
+            x["s"],
+            x["theta"],
+            x["log_o"],
+            mode=mode,
+            initial_state=x["initial_state"],
+            output_final_state=True,
+            chunk_size=chunk_size,
+        )
     g = torch.Generator().manual_seed(1)
     rnd = lambda t: torch.randn(t.shape, generator=g, dtype=torch.float64)
     cot = lambda t: (torch.complex(rnd(t), rnd(t)) if t.is_complex() else rnd(t)).to(t.dtype)
@@ -107,8 +143,9 @@ def test_lengths(T):
 
 def test_an_empty_sequence_returns_the_initial_state():
     x = make_inputs(0, decay="scalar")
-    y, m = eos_rotating(x["i"], x["e"], x["s"], x["theta"], x["log_o"], initial_state=x["initial_state"],
-                        output_final_state=True)
+    y, m = eos_rotating(
+        x["i"], x["e"], x["s"], x["theta"], x["log_o"], initial_state=x["initial_state"], output_final_state=True
+    )
     assert y.shape == (B, 0, H, D)
     assert torch.equal(m, x["initial_state"])
 
@@ -118,22 +155,40 @@ def test_float32_angles_stay_exact_over_long_sequences():
     # inputs are rounded to float32 first, so the float64 reference solves the same problem (a
     # rounded theta alone moves the angle t * theta by up to t * theta * 6e-8).
     x = make_inputs(8192, decay="none", seed=9)
-    x = {k: (v[:1, :, :1] if k in ("i", "e", "s") else v[:1, :1] if k == "initial_state" else v[:1])
-         for k, v in x.items() if v is not None}
+    x = {
+        k: (v[:1, :, :1] if k in ("i", "e", "s") else v[:1, :1] if k == "initial_state" else v[:1])
+        for k, v in x.items()
+        if v is not None
+    }
     x = {k: v.to(torch.complex64 if v.is_complex() else torch.float32).to(v.dtype) for k, v in x.items()}
     check({**x, "log_o": None}, torch.float32, "chunk", chunk_size=64, context="T=8192")
 
 
 def test_a_state_carries_across_calls():
     x = make_inputs(30, decay="row", seed=4)
-    y, m = eos_rotating(x["i"], x["e"], x["s"], x["theta"], x["log_o"], initial_state=x["initial_state"],
-                        output_final_state=True)
+    y, m = eos_rotating(
+        x["i"], x["e"], x["s"], x["theta"], x["log_o"], initial_state=x["initial_state"], output_final_state=True
+    )
     cut = 13
     part = lambda t, a, b: t[:, a:b]
-    y1, m1 = eos_rotating(part(x["i"], 0, cut), part(x["e"], 0, cut), part(x["s"], 0, cut), x["theta"],
-                          part(x["log_o"], 0, cut), initial_state=x["initial_state"], output_final_state=True)
-    y2, m2 = eos_rotating(part(x["i"], cut, 30), part(x["e"], cut, 30), part(x["s"], cut, 30), x["theta"],
-                          part(x["log_o"], cut, 30), initial_state=m1, output_final_state=True)
+    y1, m1 = eos_rotating(
+        part(x["i"], 0, cut),
+        part(x["e"], 0, cut),
+        part(x["s"], 0, cut),
+        x["theta"],
+        part(x["log_o"], 0, cut),
+        initial_state=x["initial_state"],
+        output_final_state=True,
+    )
+    y2, m2 = eos_rotating(
+        part(x["i"], cut, 30),
+        part(x["e"], cut, 30),
+        part(x["s"], cut, 30),
+        x["theta"],
+        part(x["log_o"], cut, 30),
+        initial_state=m1,
+        output_final_state=True,
+    )
     assert_close({"y": torch.cat([y1, y2], 1), "m_T": m2}, {"y": y, "m_T": m}, context="two calls")
 
 
@@ -146,14 +201,20 @@ def test_bad_arguments_name_what_they_expected():
         (dict(i=torch.complex(x["i"], x["i"])), TypeError, "i: eos_rotating takes a real i"),
         (dict(i=x["i"][0]), ValueError, f"i: expected [B, T, H, D], got 3-d tensor [5, {H}, {D}]"),
         (dict(theta=torch.complex(x["theta"], x["theta"])), TypeError, "theta: eos_rotating takes a real theta"),
-        (dict(log_o=torch.complex(x["log_o"], x["log_o"])), TypeError,
-         "log_o: eos_rotating takes a real log_o (the decay; the rotation goes in theta)"),
+        (
+            dict(log_o=torch.complex(x["log_o"], x["log_o"])),
+            TypeError,
+            "log_o: eos_rotating takes a real log_o (the decay; the rotation goes in theta)",
+        ),
         (dict(log_o=(torch.complex(x["log_o"], x["log_o"]), column)), TypeError, "log_o[0]: eos_rotating takes a real"),
         (dict(log_o=(x["log_o"], torch.complex(column, column))), TypeError, "log_o[1]: eos_rotating takes a real"),
         (dict(theta=x["theta"][:, :3]), ValueError, f"theta: expected [H, K] = [{H}, {K}]"),
-        (dict(e=torch.randn(H, K, D, dtype=torch.float64)), ValueError,
-         f"e: eos_rotating takes a K-vector e, [B, T, H, K] = [{B}, 5, {H}, K] or [H, K] = [{H}, K], "
-         f"got [{H}, {K}, {D}] (a K x D e has no rotating-frame form"),
+        (
+            dict(e=torch.randn(H, K, D, dtype=torch.float64)),
+            ValueError,
+            f"e: eos_rotating takes a K-vector e, [B, T, H, K] = [{B}, 5, {H}, K] or [H, K] = [{H}, K], "
+            f"got [{H}, {K}, {D}] (a K x D e has no rotating-frame form",
+        ),
         (dict(s=x["s"][..., :3]), ValueError, "s: expected K = 4"),
         (dict(e=x["e"][:, :4]), ValueError, f"e: eos_rotating takes a K-vector e, [B, T, H, K] = [{B}, 5, {H}, K]"),
         (dict(log_o=x["log_o"][..., :3, :]), ValueError, "log_o: expected the rows"),

@@ -1,4 +1,5 @@
 """Shared fixtures of the task tests."""
+
 import pytest
 
 WORDS = "the sea was calm and the ship sailed on through the long night while the crew slept".split()
@@ -28,10 +29,18 @@ def train_tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "lcsm"))
 
     def run(task, steps, batch_size, lr=3e-3, d_model=32):
-        result = train(RunConfig.from_dict({
-            "out_dir": str(tmp_path / "run"), "task": task, "model": {"mixer": "gla", "d_model": d_model, "n_layers": 1},
-            "optim": {"lr": lr}, "train": {"max_steps": steps, "batch_size": batch_size, "log_every": 1, "threads": 1}}),
-            quiet=True)
+        result = train(
+            RunConfig.from_dict(
+                {
+                    "out_dir": str(tmp_path / "run"),
+                    "task": task,
+                    "model": {"mixer": "gla", "d_model": d_model, "n_layers": 1},
+                    "optim": {"lr": lr},
+                    "train": {"max_steps": steps, "batch_size": batch_size, "log_every": 1, "threads": 1},
+                }
+            ),
+            quiet=True,
+        )
         records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         return result, [r["loss"] for r in records if r["kind"] == "train"]
 

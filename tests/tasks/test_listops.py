@@ -1,4 +1,5 @@
 """ListOps: labels equal an independent evaluator, LRA's limits hold, splits are disjoint."""
+
 import statistics
 
 import pytest
@@ -16,6 +17,7 @@ def task(tmp_path_factory):
 
 def evaluate(tokens):
     """A recursive-descent evaluator written from the task's definition, independent of the generator."""
+
     def node(i):
         tok = tokens[i]
         if tok.isdigit():
@@ -26,9 +28,11 @@ def evaluate(tokens):
             args.append(value)
             depth = max(depth, d)
         assert len(args) >= 2
-        result = {"[MIN": min, "[MAX": max, "[SM": lambda a: sum(a) % 10,
-                  "[MED": lambda a: int(statistics.median(a))}[tok](args)
+        result = {"[MIN": min, "[MAX": max, "[SM": lambda a: sum(a) % 10, "[MED": lambda a: int(statistics.median(a))}[
+            tok
+        ](args)
         return result, i + 1, depth + 1
+
     value, end, depth = node(0)
     assert end == len(tokens)
     return value, depth
@@ -63,10 +67,12 @@ def test_deterministic_and_errors(tmp_path, task):
     with pytest.raises(ValueError, match="max_args: expected an integer >= 2"):
         tasks.build("listops", max_args=1)
     with pytest.raises(ValueError, match="rarely hit"):
-        tasks.build("listops", use_cache=False, max_depth=2, min_length=50, max_length=60, train_examples=5).dataset("train")
+        tasks.build("listops", use_cache=False, max_depth=2, min_length=50, max_length=60, train_examples=5).dataset(
+            "train"
+        )
 
 
 def test_trains_end_to_end(train_tiny):
     result, losses = train_tiny({"name": "listops", **SMALL}, steps=30, batch_size=20)
     assert result["eval_split"] == "validation" and all(l == l for l in losses)
-    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5        # learns the label prior at least
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5  # learns the label prior at least

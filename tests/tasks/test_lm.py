@@ -1,4 +1,5 @@
 """The lm task: corpora readers, document splits, token windows, tokenizers, perplexity, training."""
+
 import json
 import math
 
@@ -6,8 +7,8 @@ import pytest
 import torch
 
 from lcsm import tasks
-from lcsm.tasks.lm import (ByteTokenizer, LMEvaluator, moby_dick_documents, sotu_documents, split_of,
-                           wikitext_documents)
+from lcsm.tasks.lm import ByteTokenizer, LMEvaluator, moby_dick_documents, sotu_documents, split_of, wikitext_documents
+
 
 @pytest.fixture
 def corpus(tmp_path, make_corpus):
@@ -15,8 +16,15 @@ def corpus(tmp_path, make_corpus):
 
 
 def build(tmp_path, corpus, **options):
-    return tasks.build("lm", cache_dir=tmp_path / "cache", corpus=f"path:{corpus}", seq_len=32,
-                       validation_fraction=0.2, test_fraction=0.2, **options)
+    return tasks.build(
+        "lm",
+        cache_dir=tmp_path / "cache",
+        corpus=f"path:{corpus}",
+        seq_len=32,
+        validation_fraction=0.2,
+        test_fraction=0.2,
+        **options,
+    )
 
 
 def test_documents_split_disjointly_and_stably(tmp_path, corpus):
@@ -100,9 +108,15 @@ def test_stdlib_corpus_layouts(tmp_path):
 
 
 def test_wikitext_records_group_into_articles():
-    records = [{"text": ""}, {"text": " = Valkyria = \n"}, {"text": " Senjō no Valkyria \n"},
-               {"text": " = = Gameplay = = \n"}, {"text": " text \n"}, {"text": " = Tower Building = \n"},
-               {"text": " built \n"}]
+    records = [
+        {"text": ""},
+        {"text": " = Valkyria = \n"},
+        {"text": " Senjō no Valkyria \n"},
+        {"text": " = = Gameplay = = \n"},
+        {"text": " text \n"},
+        {"text": " = Tower Building = \n"},
+        {"text": " built \n"},
+    ]
     docs = wikitext_documents(records)
     assert len(docs) == 2 and docs[0][1].count("Gameplay") == 1 and docs[1][1].startswith(" = Tower")
 
@@ -130,14 +144,14 @@ def test_perplexity_is_exp_loss():
 def test_perplexity_of_a_diverged_model_is_inf():
     ev = LMEvaluator()
     logits = torch.zeros(1, 4, 3)
-    logits[..., 0] = 1000.0                      # every token wrong by a margin of 1000 nats
+    logits[..., 0] = 1000.0  # every token wrong by a margin of 1000 nats
     ev.update(logits, torch.ones(1, 4, dtype=torch.long))
     out = ev.compute()
     assert out["loss"] == pytest.approx(1000.0) and out["perplexity"] == math.inf
 
 
 def test_metric_names_are_known_without_evaluating(tmp_path, corpus, check_metric_names):
-    check_metric_names(build(tmp_path, corpus))     # perplexity besides the base metrics
+    check_metric_names(build(tmp_path, corpus))  # perplexity besides the base metrics
 
 
 def test_cache_follows_the_corpus_files(tmp_path, corpus):
@@ -153,10 +167,19 @@ def test_cache_follows_the_data_dir_files(tmp_path):
     moby = tmp_path / "moby_dick" / "package" / "data"
     moby.mkdir(parents=True)
     for i in range(30):
-        (moby / f"chapter_{i}.json").write_text(json.dumps({"chapter": str(i), "title": "T.", "text": "Call me. " * 50}))
+        (moby / f"chapter_{i}.json").write_text(
+            json.dumps({"chapter": str(i), "title": "T.", "text": "Call me. " * 50})
+        )
     (moby / "file_list.json").write_text(json.dumps([f"chapter_{i}" for i in range(30)]))
-    build = lambda: tasks.build("lm", cache_dir=tmp_path / "cache", data_dir=str(tmp_path), corpus="moby_dick",
-                                seq_len=32, validation_fraction=0.2, test_fraction=0.2)
+    build = lambda: tasks.build(
+        "lm",
+        cache_dir=tmp_path / "cache",
+        data_dir=str(tmp_path),
+        corpus="moby_dick",
+        seq_len=32,
+        validation_fraction=0.2,
+        test_fraction=0.2,
+    )
     before = build()
     key, n = before.cache_key("train"), sum(len(before.dataset(s)) for s in before.splits)
     (moby / "chapter_0.json").write_text(json.dumps({"chapter": "0", "title": "T.", "text": "Call me. " * 500}))
@@ -166,10 +189,14 @@ def test_cache_follows_the_data_dir_files(tmp_path):
 
 
 def test_trains_end_to_end(corpus, train_tiny):
-    result, losses = train_tiny({"name": "lm", "corpus": f"path:{corpus}", "seq_len": 32, "validation_fraction": 0.2,
-                                 "test_fraction": 0.2}, steps=40, batch_size=8, lr=1e-2)
+    result, losses = train_tiny(
+        {"name": "lm", "corpus": f"path:{corpus}", "seq_len": 32, "validation_fraction": 0.2, "test_fraction": 0.2},
+        steps=40,
+        batch_size=8,
+        lr=1e-2,
+    )
     assert result["eval_split"] == "validation" and "perplexity" in result["metrics"]
-    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0     # from ln 257 = 5.55 towards the word structure
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0  # from ln 257 = 5.55 towards the word structure
     assert result["metrics"]["perplexity"] < 60
 
 

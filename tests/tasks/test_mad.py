@@ -1,4 +1,5 @@
 """MAD suite: every answer is derivable from its inputs by a direct solver, splits are disjoint."""
+
 import pytest
 import torch
 
@@ -22,16 +23,16 @@ def test_recall_answers_are_earlier_values(tmp_path, name):
     c = task.config
     plain = c.vocab_size - c.noise_vocab_size
     for x, y in labelled(task.dataset("train").segments[0]):
-        assert y[:-1] == x[1:]                                  # trained as a language model
+        assert y[:-1] == x[1:]  # trained as a language model
     n_probes, n_noise = 0, 0
     for x, y in labelled(task.dataset("test").segments[0]):
         for t, target in enumerate(y):
             if target == -100:
                 continue
             key = x[t]
-            assert t % 2 == 0 and key < plain // 2             # a key position
+            assert t % 2 == 0 and key < plain // 2  # a key position
             earlier = [x[i + 1] for i in range(0, t, 2) if x[i] == key]
-            assert earlier and all(v == target for v in earlier)   # solved by looking back
+            assert earlier and all(v == target for v in earlier)  # solved by looking back
             n_probes += 1
         n_noise += sum(tok >= plain for tok in x)
     assert n_probes > 50
@@ -55,10 +56,14 @@ def test_fuzzy_recall_values_follow_earlier_keys(tmp_path):
             t += 1
         assert runs and len(x) == task.config.seq_len
         for n, (a, b) in enumerate(runs):
-            key = x[a + 1 - k: a + 1]                           # the value y[a:b] follows this key
-            hits = [i for i in range(0, a + 1 - k) if x[i:i + k] == key and x[i + k: i + k + b - a] == y[a:b]]
-            if not hits and n == len(runs) - 1 and b == len(y) \
-                    and not any(x[i:i + k] == key for i in range(0, a + 1 - k)):
+            key = x[a + 1 - k : a + 1]  # the value y[a:b] follows this key
+            hits = [i for i in range(0, a + 1 - k) if x[i : i + k] == key and x[i + k : i + k + b - a] == y[a:b]]
+            if (
+                not hits
+                and n == len(runs) - 1
+                and b == len(y)
+                and not any(x[i : i + k] == key for i in range(0, a + 1 - k))
+            ):
                 unreached += 1
                 continue
             assert hits, (key, y[a:b])
@@ -74,7 +79,7 @@ def test_selective_copying_copies_the_tokens_in_order(tmp_path):
         tokens = [t for t in x[:cut] if t != blank]
         assert len(tokens) == c.num_tokens_to_copy and len(x) == c.seq_len
         assert [t for t in y if t != -100] == tokens
-        assert all(t == -100 for t in y[:cut + 1]) and x[cut + 1:] == [blank] * c.num_tokens_to_copy
+        assert all(t == -100 for t in y[: cut + 1]) and x[cut + 1 :] == [blank] * c.num_tokens_to_copy
 
 
 def test_compression_targets_are_the_inputs(tmp_path):
@@ -93,7 +98,7 @@ def test_memorization_noise_replaces_pairs(tmp_path):
         asked = 0
         for t in range(1, len(x), 2):
             pairs += 1
-            if x[t - 1] >= plain:                               # a noise pair: two noise tokens, no target
+            if x[t - 1] >= plain:  # a noise pair: two noise tokens, no target
                 assert plain <= x[t] < insert and y[t - 1] == y[t] == -100
                 noise_pairs += 1
             else:
@@ -115,8 +120,17 @@ def test_memorization_map_is_consistent(tmp_path):
     assert len(seen) > 50
 
 
-@pytest.mark.parametrize("name", ["mad_in_context_recall", "mad_noisy_recall", "mad_fuzzy_recall",
-                                  "mad_selective_copying", "mad_compression", "mad_memorization"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mad_in_context_recall",
+        "mad_noisy_recall",
+        "mad_fuzzy_recall",
+        "mad_selective_copying",
+        "mad_compression",
+        "mad_memorization",
+    ],
+)
 def test_splits_disjoint_and_deterministic(tmp_path, name):
     task = build(name, tmp_path)
     train = {tuple(r) for r in task.dataset("train").segments[0].inputs.tolist()}
@@ -126,21 +140,33 @@ def test_splits_disjoint_and_deterministic(tmp_path, name):
     assert torch.equal(again.dataset("test").segments[0].inputs, task.dataset("test").segments[0].inputs)
 
 
-@pytest.mark.parametrize("name, options, message", [
-    ("mad_noisy_recall", {"noise_vocab_size": 0}, "frac_noise > 0 needs noise tokens"),
-    ("mad_in_context_recall", {"seq_len": 127}, "expected an even length"),
-    ("mad_selective_copying", {"num_tokens_to_copy": 200}, "seq_len > 2n \\+ 1"),
-    ("mad_fuzzy_recall", {"vocab_size": 6}, "motifs of distinct tokens"),
-    ("mad_selective_copying", {"frac_noise": 0.1, "noise_vocab_size": 4}, "selective copying has no noise"),
-    ("mad_compression", {"frac_nosie": 0.1}, "did you mean 'frac_noise'"),
-])
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("mad_noisy_recall", {"noise_vocab_size": 0}, "frac_noise > 0 needs noise tokens"),
+        ("mad_in_context_recall", {"seq_len": 127}, "expected an even length"),
+        ("mad_selective_copying", {"num_tokens_to_copy": 200}, "seq_len > 2n \\+ 1"),
+        ("mad_fuzzy_recall", {"vocab_size": 6}, "motifs of distinct tokens"),
+        ("mad_selective_copying", {"frac_noise": 0.1, "noise_vocab_size": 4}, "selective copying has no noise"),
+        ("mad_compression", {"frac_nosie": 0.1}, "did you mean 'frac_noise'"),
+    ],
+)
 def test_config_errors(name, options, message):
     with pytest.raises(ValueError, match=message):
         tasks.build(name, **options)
 
 
-@pytest.mark.parametrize("name", ["mad_in_context_recall", "mad_noisy_recall", "mad_fuzzy_recall",
-                                  "mad_selective_copying", "mad_compression", "mad_memorization"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mad_in_context_recall",
+        "mad_noisy_recall",
+        "mad_fuzzy_recall",
+        "mad_selective_copying",
+        "mad_compression",
+        "mad_memorization",
+    ],
+)
 def test_trains_end_to_end(train_tiny, name):
     task = {"name": name, "seq_len": 64, **SMALL, **({"vocab_size": 16} if name == "mad_memorization" else {})}
     result, losses = train_tiny(task, steps=30, batch_size=20)

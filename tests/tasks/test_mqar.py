@@ -1,5 +1,6 @@
 """MQAR (Zoology protocol): generator invariants, power-law gaps, determinism, the disk cache,
 batching and metrics."""
+
 import hashlib
 import math
 import os
@@ -64,7 +65,7 @@ def test_random_non_queries_only_changes_the_filler():
     x0, y0 = mqar_segment(_rng(3), **kw)
     x1, y1 = mqar_segment(_rng(3), random_non_queries=True, **kw)
     assert torch.equal(y0, y1)
-    keep = (x0 != 0)
+    keep = x0 != 0
     assert torch.equal(x1[keep], x0[keep])
     filler = x1[~keep].double()
     # uniform over [0, V): mean V/2 - 1/2, std V/sqrt(12); 4 standard errors
@@ -73,6 +74,7 @@ def test_random_non_queries_only_changes_the_filler():
 
 
 # ----------------------------------------------------------------------------- gap distribution
+
 
 def _chi2_critical(dof, z=3.0902):
     """0.999 quantile of chi-square (Wilson-Hilferty)."""
@@ -131,8 +133,10 @@ SMALL = dict(train_grid="16:2,32:4", test_grid="32:4,64:8", train_examples=40, t
 
 
 def _same(a, b):
-    return all(torch.equal(sa.inputs, sb.inputs) and torch.equal(sa.labels, sb.labels) and sa.name == sb.name
-               for sa, sb in zip(a.segments, b.segments)) and len(a.segments) == len(b.segments)
+    return all(
+        torch.equal(sa.inputs, sb.inputs) and torch.equal(sa.labels, sb.labels) and sa.name == sb.name
+        for sa, sb in zip(a.segments, b.segments)
+    ) and len(a.segments) == len(b.segments)
 
 
 def test_task_segments_follow_the_grids(tmp_path):
@@ -243,6 +247,7 @@ def test_default_cache_dir_follows_lcsm_cache(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- batching
 
+
 def test_batches_stay_in_one_segment_and_cover_the_split():
     ds = tasks.build("mqar", use_cache=False, **SMALL).dataset("train")
     seen = []
@@ -266,6 +271,7 @@ def test_batches_stay_in_one_segment_and_cover_the_split():
 
 # ----------------------------------------------------------------------------- loss and metrics
 
+
 def _one_hot_logits(labels, vocab):
     """Logits whose argmax is the label at labelled positions and a wrong token elsewhere."""
     logits = torch.zeros(*labels.shape, vocab)
@@ -282,15 +288,22 @@ def test_perfect_logits_score_one_everywhere():
         ev.update(logits, batch["labels"], batch)
         assert task.loss(logits, batch["labels"]).item() < 1e-6
     m = ev.compute()
-    assert set(m) == {"loss", "accuracy", "accuracy/L32-kv4", "accuracy/L64-kv8", "accuracy/kv_pairs=4",
-                      "accuracy/kv_pairs=8"}
+    assert set(m) == {
+        "loss",
+        "accuracy",
+        "accuracy/L32-kv4",
+        "accuracy/L64-kv8",
+        "accuracy/kv_pairs=4",
+        "accuracy/kv_pairs=8",
+    }
     assert all(m[k] == 1.0 for k in m if k != "loss")
 
 
 def test_random_logits_score_one_over_vocab():
     vocab = 64
-    task = tasks.build("mqar", use_cache=False, vocab_size=vocab, train_grid="16:2", test_grid="32:4,64:8",
-                       test_examples=600)
+    task = tasks.build(
+        "mqar", use_cache=False, vocab_size=vocab, train_grid="16:2", test_grid="32:4,64:8", test_examples=600
+    )
     gen = torch.Generator().manual_seed(0)
     ev = task.evaluator()
     labelled = 0
@@ -308,15 +321,15 @@ def test_random_logits_score_one_over_vocab():
 def test_accuracy_is_a_mean_over_examples_not_over_tokens():
     # Zoology: per-example accuracy over its labelled positions, then the mean over examples.
     labels = torch.full((2, 8), IGNORE_INDEX)
-    labels[0, [1, 3, 5, 7]] = torch.tensor([1, 2, 3, 4])   # 4 queries, 1 right
-    labels[1, [2]] = 5                                       # 1 query, right
+    labels[0, [1, 3, 5, 7]] = torch.tensor([1, 2, 3, 4])  # 4 queries, 1 right
+    labels[1, [2]] = 5  # 1 query, right
     preds = torch.zeros(2, 8, dtype=torch.long)
     preds[0, 1] = 1
     preds[1, 2] = 5
     logits = torch.nn.functional.one_hot(preds, 8).float()
     meta = {"segment": ["a", "b"], "kv_pairs": torch.tensor([4, 1])}
     m = tasks.build("mqar", use_cache=False).metrics(logits, labels, meta)
-    assert m["accuracy"] == pytest.approx((1 / 4 + 1) / 2)     # token mean would be 2/5
+    assert m["accuracy"] == pytest.approx((1 / 4 + 1) / 2)  # token mean would be 2/5
     assert m["accuracy/a"] == 0.25 and m["accuracy/b"] == 1.0
     assert m["accuracy/kv_pairs=4"] == 0.25 and m["accuracy/kv_pairs=1"] == 1.0
     overall = tasks.build("mqar", use_cache=False).metrics(logits, labels)
@@ -324,8 +337,7 @@ def test_accuracy_is_a_mean_over_examples_not_over_tokens():
 
 
 def test_loss_counts_only_labelled_positions():
-    task = tasks.build("mqar", use_cache=False, vocab_size=16, train_grid="16:2", test_grid="16:2",
-                       test_examples=4)
+    task = tasks.build("mqar", use_cache=False, vocab_size=16, train_grid="16:2", test_grid="16:2", test_examples=4)
     batch = next(iter(task.dataset("test").loader(batch_size=4)))
     labels = batch["labels"]
     logits = torch.randn(*labels.shape, 16, generator=torch.Generator().manual_seed(1))
@@ -342,11 +354,23 @@ def test_loss_counts_only_labelled_positions():
 
 def test_metric_names_are_known_without_evaluating(tmp_path, check_metric_names):
     """Per segment and per kv_pairs slice (two segments share kv_pairs 4)."""
-    task = tasks.build("mqar", cache_dir=tmp_path, vocab_size=64, train_grid="16:2,32:4", test_grid="16:4,32:4",
-                       train_examples=32, test_examples=16)
+    task = tasks.build(
+        "mqar",
+        cache_dir=tmp_path,
+        vocab_size=64,
+        train_grid="16:2,32:4",
+        test_grid="16:4,32:4",
+        train_examples=32,
+        test_examples=16,
+    )
     check_metric_names(task)
     assert sorted(task.evaluator().metric_names(task.dataset("test"))) == [
-        "accuracy", "accuracy/L16-kv4", "accuracy/L32-kv4", "accuracy/kv_pairs=4", "loss"]
+        "accuracy",
+        "accuracy/L16-kv4",
+        "accuracy/L32-kv4",
+        "accuracy/kv_pairs=4",
+        "loss",
+    ]
 
 
 def test_metric_names_of_slices_held_per_example():
@@ -358,5 +382,8 @@ def test_metric_names_of_slices_held_per_example():
     evaluator = Evaluator(("depth", "n"))
     for batch in ds.loader(2):
         evaluator.update(torch.randn(len(batch["segment"]), 4, 8), batch["labels"], batch)
-    assert sorted(Evaluator(("depth", "n")).metric_names(ds)) == sorted(evaluator.compute()) == [
-        "accuracy", "accuracy/a", "accuracy/depth=0.25", "accuracy/depth=0.5", "accuracy/n=7", "loss"]
+    assert (
+        sorted(Evaluator(("depth", "n")).metric_names(ds))
+        == sorted(evaluator.compute())
+        == ["accuracy", "accuracy/a", "accuracy/depth=0.25", "accuracy/depth=0.5", "accuracy/n=7", "loss"]
+    )

@@ -1,4 +1,5 @@
 """niah: the needle sits at the stated depth, the answer is the needle's number, splits disjoint."""
+
 import re
 
 import pytest
@@ -11,12 +12,19 @@ from lcsm.tasks.niah import QUESTION, SNAP, NIAHEvaluator
 @pytest.fixture
 def task(tmp_path, make_corpus):
     corpus = make_corpus(tmp_path / "corpus", n_docs=60, words=200)
-    return tasks.build("niah", cache_dir=tmp_path / "cache", corpus=f"path:{corpus}", contexts=[160, 320],
-                       depths=[0.0, 0.5, 1.0], train_examples=20, test_examples=10)
+    return tasks.build(
+        "niah",
+        cache_dir=tmp_path / "cache",
+        corpus=f"path:{corpus}",
+        contexts=[160, 320],
+        depths=[0.0, 0.5, 1.0],
+        train_examples=20,
+        test_examples=10,
+    )
 
 
 def _find(seq, sub):
-    return next(i for i in range(len(seq) - len(sub) + 1) if seq[i:i + len(sub)] == sub)
+    return next(i for i in range(len(seq) - len(sub) + 1) if seq[i : i + len(sub)] == sub)
 
 
 def test_needle_at_depth_and_answer_derivable(task):
@@ -28,11 +36,11 @@ def test_needle_at_depth_and_answer_derivable(task):
                 ids = seg.inputs[row].long().tolist()
                 labels = seg.labels[row].long()
                 at = _find(ids, prefix)
-                number = ids[at + len(prefix): at + len(prefix) + 4]
-                assert ids[at + len(prefix) + 4: at + len(prefix) + 6] == task.encode(". ")
+                number = ids[at + len(prefix) : at + len(prefix) + 4]
+                assert ids[at + len(prefix) + 4 : at + len(prefix) + 6] == task.encode(". ")
                 answer = labels[labels != -100].tolist()
-                assert answer == number                               # derivable from the input alone
-                assert ids[-len(question) - 3:] == question + answer[:3]
+                assert answer == number  # derivable from the input alone
+                assert ids[-len(question) - 3 :] == question + answer[:3]
                 haystack = L + 1 - len(task.encode(" The special magic number is 0000. ")) - len(question) - 4
                 assert at == int(seg.extras["needle_position"][row])
                 assert round(depth * haystack) <= at <= round(depth * haystack) + SNAP + 1
@@ -46,6 +54,7 @@ def test_train_and_test_haystacks_are_disjoint(task):
             for row in seg.inputs:
                 found |= set(re.findall(r"\[doc (\d+)\]", task.decode(row.long().tolist())))
         return found
+
     train, test = docs("train"), docs("test")
     assert train and test and not train & test
 
@@ -55,8 +64,8 @@ def test_exact_metric_and_slices():
     labels = torch.full((2, 6), -100)
     labels[:, -2:] = torch.tensor([[49, 50], [51, 52]])
     logits = torch.zeros(2, 6, 257)
-    logits[0, -2, 49] = logits[0, -1, 50] = 1.0     # example 0: both digits right
-    logits[1, -2, 51] = 1.0                 # example 1: one digit right
+    logits[0, -2, 49] = logits[0, -1, 50] = 1.0  # example 0: both digits right
+    logits[1, -2, 51] = 1.0  # example 1: one digit right
     ev.update(logits, labels, {"context": torch.tensor([8, 8]), "depth_pct": torch.tensor([0, 50])})
     out = ev.compute()
     assert out["exact"] == 0.5 and out["accuracy"] == 0.75
@@ -64,7 +73,7 @@ def test_exact_metric_and_slices():
 
 
 def test_metric_names_are_known_without_evaluating(task, check_metric_names):
-    check_metric_names(task)                        # exact and its slices besides the base metrics
+    check_metric_names(task)  # exact and its slices besides the base metrics
 
 
 def test_deterministic_and_config_errors(tmp_path, task):
@@ -89,8 +98,19 @@ def test_cache_follows_the_corpus_files(tmp_path, task):
 
 def test_trains_end_to_end(tmp_path, make_corpus, train_tiny):
     corpus = make_corpus(tmp_path / "corpus", n_docs=40, words=200)
-    result, losses = train_tiny({"name": "niah", "corpus": f"path:{corpus}", "contexts": [128], "depths": [0.5],
-                                 "train_examples": 64, "test_examples": 16}, steps=30, batch_size=16, lr=1e-2)
+    result, losses = train_tiny(
+        {
+            "name": "niah",
+            "corpus": f"path:{corpus}",
+            "contexts": [128],
+            "depths": [0.5],
+            "train_examples": 64,
+            "test_examples": 16,
+        },
+        steps=30,
+        batch_size=16,
+        lr=1e-2,
+    )
     # from ln 257 = 5.55 (uniform bytes) to the ten digits (ln 10 = 2.30) at least
     assert losses[0] > 5 and sum(losses[-5:]) / 5 < 3.0
     assert {"exact", "exact/context=128", "accuracy/depth_pct=50"} <= set(result["metrics"])

@@ -1,4 +1,5 @@
 """Pathfinder: the label is what a flood fill of the drawn image says; classes balanced."""
+
 import hashlib
 from collections import deque
 
@@ -35,8 +36,17 @@ def connected(image, a, b, reach):
 def dots(image):
     """Centres of the 3x3 blocks of ink (the two markers)."""
     lit = image > 0
-    full = lit[:-2, :-2] & lit[1:-1, :-2] & lit[2:, :-2] & lit[:-2, 1:-1] & lit[1:-1, 1:-1] & lit[2:, 1:-1] \
-        & lit[:-2, 2:] & lit[1:-1, 2:] & lit[2:, 2:]
+    full = (
+        lit[:-2, :-2]
+        & lit[1:-1, :-2]
+        & lit[2:, :-2]
+        & lit[:-2, 1:-1]
+        & lit[1:-1, 1:-1]
+        & lit[2:, 1:-1]
+        & lit[:-2, 2:]
+        & lit[1:-1, 2:]
+        & lit[2:, 2:]
+    )
     return [(int(r) + 1, int(c) + 1) for r, c in zip(*np.nonzero(full))]
 
 
@@ -68,7 +78,9 @@ def test_config_errors():
     with pytest.raises(ValueError, match="max_turn: expected degrees in \\[0, 90\\]"):
         tasks.build("pathfinder", max_turn=120)
     with pytest.raises(ValueError, match="^contours / contour_length: cannot place 6 contours"):
-        tasks.build("pathfinder", use_cache=False, side=16, contour_length=12, contours=6, train_examples=2).dataset("train")
+        tasks.build("pathfinder", use_cache=False, side=16, contour_length=12, contours=6, train_examples=2).dataset(
+            "train"
+        )
     with pytest.raises(ValueError, match="match_distance: expected True or False, got 'yes'"):
         tasks.build("pathfinder", match_distance="yes")
     u = Uniforms(np.random.Generator(np.random.PCG64(0)))
@@ -82,11 +94,10 @@ def test_match_distance_removes_the_dot_distance_cue():
     # distance, fitted on the training split, labels most test images. With it, negatives' dots
     # are as far apart as positives' and the same rule is no better than chance.
     for match, low, high in ((False, 0.65, 1.0), (True, 0.0, 0.6)):
-        task = tasks.build("pathfinder", use_cache=False, match_distance=match,
-                           train_examples=300, test_examples=300)
+        task = tasks.build("pathfinder", use_cache=False, match_distance=match, train_examples=300, test_examples=300)
         train, test = task.dot_distances("train"), task.dot_distances("test")
         assert low < distance_rule_accuracy(distance_rule(*train), *test) < high
-        assert low < distance_rule(*test)[0] < high         # even fitted to the test split itself
+        assert low < distance_rule(*test)[0] < high  # even fitted to the test split itself
 
 
 def test_default_data_is_pinned():
@@ -99,7 +110,11 @@ def test_default_data_is_pinned():
 
 
 def test_trains_end_to_end(train_tiny):
-    result, losses = train_tiny({"name": "pathfinder", "side": 24, "contour_length": 10, "contours": 2, **SMALL},
-                                steps=10, batch_size=20, d_model=16)
+    result, losses = train_tiny(
+        {"name": "pathfinder", "side": 24, "contour_length": 10, "contours": 2, **SMALL},
+        steps=10,
+        batch_size=20,
+        d_model=16,
+    )
     assert len(losses) == 10 and all(np.isfinite(losses))
     assert result["metrics"]["accuracy"] in [i / 40 for i in range(41)]

@@ -1,4 +1,5 @@
 """The task registry and typed configs: names, options, validation errors, the Task interface."""
+
 import dataclasses
 
 import pytest
@@ -35,26 +36,29 @@ def test_unknown_option_suggests_the_closest():
         tasks.build("mqar", zzz=1)
 
 
-@pytest.mark.parametrize("options,match", [
-    (dict(vocab_size=0), r"vocab_size: expected an integer >= 4, got 0"),
-    (dict(vocab_size=8192.0), r"vocab_size: expected an integer"),
-    (dict(train_examples=0), r"train_examples: expected an integer >= 1"),
-    (dict(test_examples=True), r"test_examples: expected an integer"),
-    (dict(seed=-1), r"seed: expected an integer >= 0"),
-    (dict(power_a=0), r"power_a: expected a positive finite number, got 0"),
-    (dict(power_a=float("nan")), r"power_a: expected a positive finite number"),
-    (dict(power_a=float("inf")), r"power_a: expected a positive finite number"),
-    (dict(random_non_queries="yes"), r"random_non_queries: expected True or False"),
-    (dict(train_grid=[(63, 4)]), r"train_grid: seq_len must be even"),
-    (dict(test_grid=[(64, 17)]), r"test_grid: kv_pairs must satisfy 4 \* kv_pairs <= seq_len"),
-    (dict(train_grid=[(64, 4), (64, 4)]), r"train_grid: duplicate"),
-    (dict(train_grid=[]), r"train_grid: expected a non-empty sequence"),
-    (dict(train_grid=[(64, 4, 1)]), r"train_grid: expected a non-empty sequence of \(seq_len, kv_pairs\)"),
-    (dict(train_grid=5), r"train_grid: expected a sequence"),
-    (dict(train_grid="64x4"), r"train_grid: expected 'seq_len:kv_pairs' pairs"),
-    (dict(train_grid=[(64, 0)]), r"train_grid kv_pairs: expected an integer >= 1"),
-    (dict(vocab_size=100, train_grid="64:4", test_grid="256:64"), r"vocab_size: 100 gives 49 keys"),
-])
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        (dict(vocab_size=0), r"vocab_size: expected an integer >= 4, got 0"),
+        (dict(vocab_size=8192.0), r"vocab_size: expected an integer"),
+        (dict(train_examples=0), r"train_examples: expected an integer >= 1"),
+        (dict(test_examples=True), r"test_examples: expected an integer"),
+        (dict(seed=-1), r"seed: expected an integer >= 0"),
+        (dict(power_a=0), r"power_a: expected a positive finite number, got 0"),
+        (dict(power_a=float("nan")), r"power_a: expected a positive finite number"),
+        (dict(power_a=float("inf")), r"power_a: expected a positive finite number"),
+        (dict(random_non_queries="yes"), r"random_non_queries: expected True or False"),
+        (dict(train_grid=[(63, 4)]), r"train_grid: seq_len must be even"),
+        (dict(test_grid=[(64, 17)]), r"test_grid: kv_pairs must satisfy 4 \* kv_pairs <= seq_len"),
+        (dict(train_grid=[(64, 4), (64, 4)]), r"train_grid: duplicate"),
+        (dict(train_grid=[]), r"train_grid: expected a non-empty sequence"),
+        (dict(train_grid=[(64, 4, 1)]), r"train_grid: expected a non-empty sequence of \(seq_len, kv_pairs\)"),
+        (dict(train_grid=5), r"train_grid: expected a sequence"),
+        (dict(train_grid="64x4"), r"train_grid: expected 'seq_len:kv_pairs' pairs"),
+        (dict(train_grid=[(64, 0)]), r"train_grid kv_pairs: expected an integer >= 1"),
+        (dict(vocab_size=100, train_grid="64:4", test_grid="256:64"), r"vocab_size: 100 gives 49 keys"),
+    ],
+)
 def test_bad_options_name_the_argument(options, match):
     with pytest.raises(ValueError, match=match):
         tasks.build("mqar", **options)
@@ -101,6 +105,7 @@ def test_a_new_task_registers_and_builds_generically():
             base.check_int("n", self.n, 1)
 
     try:
+
         @tasks.register("toy-test-only")
         class Toy(tasks.Task):
             Config = ToyConfig
@@ -135,8 +140,7 @@ def test_segments_and_datasets_reject_inconsistent_shapes():
 
 
 def test_compact_storage_is_lossless():
-    for values, dtype in [([-100, 0, 32767], torch.int16), ([-100, 40000], torch.int32),
-                          ([0, 2 ** 40], torch.int64)]:
+    for values, dtype in [([-100, 0, 32767], torch.int16), ([-100, 40000], torch.int32), ([0, 2**40], torch.int64)]:
         t = torch.tensor(values)
         c = base.compact(t)
         assert c.dtype == dtype and torch.equal(c.long(), t)
