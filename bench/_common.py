@@ -11,16 +11,17 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any
 
 from lcsm._provenance import git_commit, machine_info
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def provenance_header(prog: str, argv: Sequence[str], threads: int, out: Optional[str] = None) -> Dict[str, str]:
+def provenance_header(prog: str, argv: Sequence[str], threads: int, out: str | None = None) -> dict[str, str]:
     """Command, commit, date and machine: the first lines of every results table. The command is
     the suite's ``lcsm bench SUITE`` form (``prog``) with its options, however it was started:
     ``python -m bench.SUITE_bench`` runs the same code, and one spelling keeps tables comparable.
@@ -35,7 +36,7 @@ def provenance_header(prog: str, argv: Sequence[str], threads: int, out: Optiona
     return header
 
 
-def write_out(text: str, out: Optional[str], log: Callable[[str], None]) -> None:
+def write_out(text: str, out: str | None, log: Callable[[str], None]) -> None:
     """Write a rendered table to ``out`` (``--out``), creating its folder; nothing when it is None."""
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +47,7 @@ def write_out(text: str, out: Optional[str], log: Callable[[str], None]) -> None
 @dataclass
 class Check:
     name: str
-    measured: Optional[float]  # None when a side was skipped
+    measured: float | None  # None when a side was skipped
     op: str  # "<=" or ">="
     target: float
     note: str = ""
@@ -65,7 +66,7 @@ def proc_status_kib(field_name: str) -> int:
     return int(re.search(rf"^{field_name}:\s+(\d+) kB", text, re.M).group(1))
 
 
-def run_memory_worker(module: str, spec: Dict[str, Any], timeout: float) -> Union[Any, str]:
+def run_memory_worker(module: str, spec: dict[str, Any], timeout: float) -> Any | str:
     """Run ``python -m MODULE --memory-worker SPEC`` in a fresh process (so no earlier allocation
     of this one counts in its peak) and return the ``peak_bytes`` of the JSON on the last line it
     prints, or a string saying why not."""

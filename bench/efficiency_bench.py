@@ -35,10 +35,11 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -67,9 +68,9 @@ class Sizes:
     d_model: int
     n_layers: int
     vocab: int
-    train: Tuple[int, ...]  # sequence lengths of the training and memory sweeps
-    memory: Tuple[int, ...]
-    decode: Tuple[int, ...]  # prefill (context) lengths of the decoding sweep
+    train: tuple[int, ...]  # sequence lengths of the training and memory sweeps
+    memory: tuple[int, ...]
+    decode: tuple[int, ...]  # prefill (context) lengths of the decoding sweep
     decode_steps: int  # timed one-token steps per context, a multiple of DECODE_BURST
     repeats: int  # timed training steps per (model, T)
 
@@ -150,7 +151,7 @@ class Decoder:
             self.logits, self.state = model(prompt, return_state=True)
 
         self.prefill = timed(prefill, device)
-        self.times: List[float] = []
+        self.times: list[float] = []
 
     def _next(self) -> None:
         self.logits, self.state = self.model(
@@ -219,13 +220,13 @@ def peak_memory(z: Sizes, name: str, T: int, threads: int):
 
 @dataclass
 class Results:
-    params: Dict[str, int]
-    configs: Dict[str, str]
-    train: Dict[Tuple[str, int], List[float]]  # step seconds
-    memory: Dict[Tuple[str, int], object]  # bytes or a reason
-    prefill: Dict[Tuple[str, int], float]
-    decode: Dict[Tuple[str, int], float]  # seconds per token
-    notes: List[str]
+    params: dict[str, int]
+    configs: dict[str, str]
+    train: dict[tuple[str, int], list[float]]  # step seconds
+    memory: dict[tuple[str, int], object]  # bytes or a reason
+    prefill: dict[tuple[str, int], float]
+    decode: dict[tuple[str, int], float]  # seconds per token
+    notes: list[str]
     device: torch.device
 
 
@@ -250,8 +251,9 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
             try:
                 # one untimed step at each length: a model's first step at a new length pays for
                 # new allocation sizes and page faults (GLA: 20-30% slower than the next ones)
-                train_step(models[name], ids)
-                r.train[name, T] = [timed(lambda: train_step(models[name], ids), device) for _ in range(z.repeats)]
+                model = models[name]
+                train_step(model, ids)
+                r.train[name, T] = [timed(partial(train_step, model, ids), device) for _ in range(z.repeats)]
             except (RuntimeError, MemoryError) as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
                 r.notes.append(f"training {name} T={T} failed: {type(exc).__name__}: {exc}")
                 continue
@@ -299,7 +301,7 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
         # each other's numbers, and nothing is being timed any more.
         measure, workers = (lambda c: peak_memory(z, c[0], c[1], 1)), 2
     with ThreadPoolExecutor(workers) as pool:
-        for (name, T), value in zip(cells, pool.map(measure, cells)):
+        for (name, T), value in zip(cells, pool.map(measure, cells), strict=False):
             r.memory[name, T] = value
             shown = f"{value / 2**20:.1f} MiB" if isinstance(value, int) else value
             log(f"memory {name:11s} T={T:6d}: {shown}")
@@ -316,16 +318,16 @@ def models_grad_free(models) -> None:
 # ----------------------------------------------------------------------------- checks and output
 
 
-def tps(r: Results, name: str, T: int) -> Optional[float]:
+def tps(r: Results, name: str, T: int) -> float | None:
     times = r.train.get((name, T))
     return T / statistics.median(times) if times else None
 
 
-def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def checks(r: Results, z: Sizes) -> List[Check]:
+def checks(r: Results, z: Sizes) -> list[Check]:
     T, P0, P1 = z.train[-1], z.decode[0], z.decode[-1]
     out = []
     speedups = {n: ratio(tps(r, n, T), tps(r, BASELINE, T)) for n in LINEAR}
@@ -361,11 +363,11 @@ def checks(r: Results, z: Sizes) -> List[Check]:
     return out
 
 
-def _f(x: Optional[float], fmt: str) -> str:
+def _f(x: float | None, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
 
-def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
+def render(r: Results, z: Sizes, header: dict[str, str]) -> str:
     L = ["# lcsm efficiency benchmark (training throughput, peak memory, decoding latency)", ""]
     L += [f"- {k}: {v}" for k, v in header.items()]
     L += [
@@ -419,7 +421,10 @@ def render(r: Results, z: Sizes, header: Dict[str, str]) -> str:
 
     mcols = " | ".join(f"T={T}" for T in z.memory)
     mbar = "| --- |" + " ---: |" * len(z.memory)
-    mib = lambda v: f"{v / 2**20:.1f}" if isinstance(v, int) else "n/a"
+
+    def mib(v):
+        return f"{v / 2**20:.1f}" if isinstance(v, int) else "n/a"
+
     how = (
         "above the pre-step allocation, the CUDA caching allocator's peak"
         if r.device.type == "cuda"
@@ -466,7 +471,7 @@ def _load() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="lcsm bench efficiency", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (the smoke test)")
@@ -511,7 +516,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     allocator = use_host_allocator(args.allocator)
     start = time.perf_counter()
-    log = lambda msg: print(f"[efficiency {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    def log(msg):
+        return print(f"[efficiency {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
     header = provenance_header(p.prog, argv, args.threads, out=args.out)
     header["allocator"] = allocator
     header["device"] = device_name(device)

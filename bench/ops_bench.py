@@ -48,18 +48,20 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
-from bench._common import Check, proc_status_kib as _proc_status_kib, provenance_header, run_memory_worker, write_out
-from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
+from bench._common import Check, provenance_header, run_memory_worker, write_out
+from bench._common import proc_status_kib as _proc_status_kib
 from lcsm import layers
+from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
 from lcsm.layers import lcsm_family, mamba
 from lcsm.layers.lcsm_family import LCSMFamily
 from lcsm.ops import LogProduct, eos, eos_rotating
@@ -105,18 +107,18 @@ class Sizes:
     D: int
     C: int
     T_long: int  # the second SDPA comparison point
-    scaling: Tuple[int, ...]  # sequence lengths of the time-per-token sweep
-    memory: Tuple[int, ...]  # sequence lengths of the peak-memory sweep
+    scaling: tuple[int, ...]  # sequence lengths of the time-per-token sweep
+    memory: tuple[int, ...]  # sequence lengths of the peak-memory sweep
     mamba_K: int
     mamba_D: int
     mamba_T: int
-    mamba_layer: Tuple[Tuple[int, int, int], ...]  # (B, T, d_model) of each Mamba layer comparison
+    mamba_layer: tuple[tuple[int, int, int], ...]  # (B, T, d_model) of each Mamba layer comparison
     outer_K: int
     outer_D: int
-    outer_T: Tuple[int, ...]  # sequence lengths of the separable-decay comparison
-    kxd: Tuple[int, int, int, int]  # B, T, K, D of the K x D codes' comparison
-    decay: Tuple[int, int, int, int]  # B, T, K, D of codes 6-9's decay formation
-    fft: Tuple[int, int, int]  # H, K, T of the time-invariant (S4D-shaped) comparison
+    outer_T: tuple[int, ...]  # sequence lengths of the separable-decay comparison
+    kxd: tuple[int, int, int, int]  # B, T, K, D of the K x D codes' comparison
+    decay: tuple[int, int, int, int]  # B, T, K, D of codes 6-9's decay formation
+    fft: tuple[int, int, int]  # H, K, T of the time-invariant (S4D-shaped) comparison
     matmul_n: int
     repeats: int
     warmup: int
@@ -182,7 +184,7 @@ class Timing:
     label: str
     shape: str
     tokens: int
-    times: List[float]
+    times: list[float]
     faults: int = 0  # minor page faults over the timed runs: fresh pages the OS had to map
     sys_s: float = 0.0  # system (kernel) CPU seconds over the timed runs, all threads
     cpu_s: float = 0.0  # user + system CPU seconds over the timed runs, all threads
@@ -194,12 +196,12 @@ class Timing:
 
 @dataclass
 class Report:
-    timings: Dict[str, Timing] = field(default_factory=dict)
-    checks: List[Check] = field(default_factory=list)
-    info: List[Tuple[str, str]] = field(default_factory=list)  # (what, value) rows without target
-    memory: List[dict] = field(default_factory=list)
-    throughput: List[dict] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)
+    timings: dict[str, Timing] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    info: list[tuple[str, str]] = field(default_factory=list)  # (what, value) rows without target
+    memory: list[dict] = field(default_factory=list)
+    throughput: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -214,7 +216,7 @@ def _leaf(x: Tensor) -> Tensor:
 
 
 def patched_layer(
-    make_layer: Callable[[], torch.nn.Module], x_shape: Tuple[int, ...], module, name: str, replacement, seed: int
+    make_layer: Callable[[], torch.nn.Module], x_shape: tuple[int, ...], module, name: str, replacement, seed: int
 ):
     """A ``build`` for ``Runner.time``: a layer's forward on a random input with ``module.name``
     replaced (a fast piece by its plain twin, or the piece itself), the input and the layer's
@@ -234,7 +236,7 @@ def patched_layer(
     return make
 
 
-def gla_inputs(z: Sizes, T: int, decay: str, seed: int = 0, gates: str = "gla") -> Dict[str, Optional[Tensor]]:
+def gla_inputs(z: Sizes, T: int, decay: str, seed: int = 0, gates: str = "gla") -> dict[str, Tensor | None]:
     """EOS inputs in the public layout: i [B,T,H,D], e (keys) and s (queries) [B,T,H,K], log_o
     [B,T,H,K,1] ('row'), [B,T,H,1,1] ('scalar') or None ('none'). Gates (see GATES) are
     logsigmoid(x) / 16 as in GLA by default, so cumulative decays stay far from float32 denormals."""
@@ -252,13 +254,13 @@ def gla_inputs(z: Sizes, T: int, decay: str, seed: int = 0, gates: str = "gla") 
     return {k: (_leaf(v) if v is not None else None) for k, v in out.items()}
 
 
-def _leaves(d: Dict[str, Optional[Tensor]]) -> List[Tensor]:
+def _leaves(d: dict[str, Tensor | None]) -> list[Tensor]:
     return [v for v in d.values() if v is not None]
 
 
 def time_fwd_bwd(
     fn: Callable[[], Tensor], leaves: Sequence[Tensor], repeats: int, warmup: int
-) -> Tuple[List[float], Dict[str, float]]:
+) -> tuple[list[float], dict[str, float]]:
     """Wall-clock seconds of forward + backward, one entry per timed run (warm-up runs dropped),
     and this process's resource use summed over the timed runs (``faults``, ``sys_s``, ``cpu_s``).
     The first (warm-up) run also checks that the output and every gradient are finite."""
@@ -356,8 +358,8 @@ class Bench:
         label: str,
         shape: str,
         tokens: int,
-        build: Callable[[], Tuple[Callable[[], Tensor], List[Tensor]]],
-    ) -> Optional[Timing]:
+        build: Callable[[], tuple[Callable[[], Tensor], list[Tensor]]],
+    ) -> Timing | None:
         """Time ``build()``'s (fn, leaves) once per key; a failure becomes a note, not a crash."""
         if key in self.r.timings:
             return self.r.timings[key]
@@ -375,7 +377,7 @@ class Bench:
         return t
 
     def ratio_check(
-        self, name: str, num: Optional[Timing], den: Optional[Timing], op: str, target: float, skip_note: str = ""
+        self, name: str, num: Timing | None, den: Timing | None, op: str, target: float, skip_note: str = ""
     ):
         measured = num.median / den.median if (num is not None and den is not None) else None
         self.r.checks.append(Check(name, measured, op, target, skip_note if measured is None else ""))
@@ -392,7 +394,7 @@ class Bench:
 
     # ---- shared measurements
 
-    def eos_chunk_time(self, decay: str, T: int) -> Optional[Timing]:
+    def eos_chunk_time(self, decay: str, T: int) -> Timing | None:
         z = self.z
         name = {"row": "row decay [B,T,H,K,1]", "scalar": "scalar decay [B,T,H,1,1]", "none": "no decay"}[decay]
 
@@ -402,7 +404,7 @@ class Bench:
 
         return self.time(f"eos_{decay}@{T}", f"lcsm eos chunk, {name}", self.shape(T), z.B * T, build)
 
-    def shape(self, T: int, D: Optional[int] = None) -> str:
+    def shape(self, T: int, D: int | None = None) -> str:
         z = self.z
         return f"B={z.B} T={T} H={z.H} K={z.K} D={D or z.D}"
 
@@ -549,7 +551,7 @@ class Bench:
             "; ".join(w for w in (why_mine, why_fla) if w),
         )
 
-    def sdpa_time(self, T: int) -> Optional[Timing]:
+    def sdpa_time(self, T: int) -> Timing | None:
         z = self.z
 
         def build():
@@ -590,7 +592,10 @@ class Bench:
 
         def build_autograd():
             x = gla_inputs(z, z.T, "row")
-            p = lambda: canonicalize(x["i"], x["e"], x["s"], x["log_o"])
+
+            def p():
+                return canonicalize(x["i"], x["e"], x["s"], x["log_o"])
+
             return (lambda: eos_chunk(p(), z.C, backward="autograd")[0]), _leaves(x)
 
         autograd = self.time(
@@ -611,7 +616,9 @@ class Bench:
         )
         # Peak RSS is per process, so the two concurrent workers do not disturb each other's numbers.
         with ThreadPoolExecutor(max_workers=len(modes)) as pool:
-            peaks = dict(zip(modes, pool.map(lambda m: peak_memory_subprocess(z, m, self.threads), modes)))
+            peaks = dict(
+                zip(modes, pool.map(lambda m: peak_memory_subprocess(z, m, self.threads), modes), strict=False)
+            )
         cells = [(gates, T) for gates in GATES for T in z.memory]
         rows = [
             {"gates": gates, "T": T, **{m: (peaks[m][j] if isinstance(peaks[m], list) else peaks[m]) for m in modes}}
@@ -709,7 +716,10 @@ class Bench:
             z.B * T,
             build(lambda dt, A: dt * A),
         )
-        with_decay = lambda log_o: eos(x["i"], x["e"], x["s"], log_o, mode="chunk", chunk_size=z.C)[0]
+
+        def with_decay(log_o):
+            return eos(x["i"], x["e"], x["s"], log_o, mode="chunk", chunk_size=z.C)[0]
+
         self.agreement(
             "the decay dt * A formed first",
             lambda: with_decay(LogProduct(x["dt"], x["A"])),
@@ -784,7 +794,7 @@ class Bench:
         for T in z.outer_T:
             shape = f"B={z.B} T={T} H=1 K={K} D={D}"
 
-            def build(fn, **gates):
+            def build(fn, T=T, **gates):
                 def make():
                     x = inputs(T, **gates)
                     return (lambda: fn(x)), _leaves(x)
@@ -918,12 +928,19 @@ class Bench:
         z = self.z
         B, T, K, D = z.kxd
         shape = f"B={B} T={T} H=1 K={K} D={D}"
-        gate = lambda *tail, g: _leaf(F.logsigmoid(torch.randn(*tail, generator=g)) / 16)
+
+        def gate(*tail, g):
+            return _leaf(F.logsigmoid(torch.randn(*tail, generator=g)) / 16)
 
         def inputs(code):
             g = _gen(7)
-            vec = lambda: _leaf(torch.randn(B, T, 1, K, generator=g) / math.sqrt(K))
-            pair = lambda: (gate(B, T, 1, K, 1, g=g), gate(B, T, 1, 1, D, g=g))
+
+            def vec():
+                return _leaf(torch.randn(B, T, 1, K, generator=g) / math.sqrt(K))
+
+            def pair():
+                return (gate(B, T, 1, K, 1, g=g), gate(B, T, 1, 1, D, g=g))
+
             x = {"i": _leaf(torch.randn(B, T, 1, D, generator=g)), "e": vec(), "s": vec()}
             if code == "0-1-1-0":
                 x["e"] = _leaf(torch.randn(1, K, D, generator=g) / math.sqrt(K))
@@ -938,7 +955,10 @@ class Bench:
         def build(code):
             def make():
                 x = inputs(code)
-                run = lambda: eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0]
+
+                def run():
+                    return eos(x["i"], x["e"], x["s"], x["log_o"], mode="chunk", chunk_size=z.C)[0]
+
                 leaves = _leaves({k: v for k, v in x.items() if k != "log_o"})
                 return run, leaves + list(x["log_o"] if isinstance(x["log_o"], tuple) else [x["log_o"]])
 
@@ -994,7 +1014,7 @@ class Bench:
                 build(decay, "rotating"),
             )
             x = inputs(decay, min(T, 256))
-            self.agreement(f"eos_rotating ({words})", lambda: run(x, "rotating"), lambda: run(x, "complex"))
+            self.agreement(f"eos_rotating ({words})", partial(run, x, "rotating"), partial(run, x, "complex"))
             if cplx is not None and frame is not None:
                 self.r.info.append(
                     (
@@ -1014,7 +1034,10 @@ class Bench:
             g = _gen(8)
             dt = torch.exp(torch.rand(H, 1, 1, generator=g) * math.log(100) + math.log(1e-3))
             n = torch.arange(K, dtype=torch.float32).view(1, K, 1)
-            cplx = lambda *shape: torch.complex(torch.randn(*shape, generator=g), torch.randn(*shape, generator=g))
+
+            def cplx(*shape):
+                return torch.complex(torch.randn(*shape, generator=g), torch.randn(*shape, generator=g))
+
             return {
                 "i": _leaf(torch.randn(z.B, T, H, 1, generator=g)),
                 "e": _leaf(cplx(H, K) / math.sqrt(K)),
@@ -1111,7 +1134,7 @@ def python_loop(i: Tensor, e: Tensor, s: Tensor, log_o: Tensor) -> Tensor:
     K = e.shape[-1]
     m = i.new_zeros(B, H, K, D)
     ys = []
-    for i_t, e_t, s_t, o_t in zip(i.unbind(1), e.unbind(1), s.unbind(1), log_o.exp().unbind(1)):
+    for i_t, e_t, s_t, o_t in zip(i.unbind(1), e.unbind(1), s.unbind(1), log_o.exp().unbind(1), strict=False):
         m = o_t * m + e_t.unsqueeze(-1) * i_t.unsqueeze(-2)
         ys.append((s_t.unsqueeze(-1) * m).sum(-2))
     return torch.stack(ys, 1)
@@ -1124,7 +1147,7 @@ def python_loop(i: Tensor, e: Tensor, s: Tensor, log_o: Tensor) -> Tensor:
 MEMORY_RESOLUTION_BYTES = 1 << 20
 
 
-def memory_ratio(row: Dict) -> Tuple[Optional[float], str]:
+def memory_ratio(row: dict) -> tuple[float | None, str]:
     """Custom / autograd peak of one memory cell, or None and the reason it has no ratio."""
     c, a = row["custom"], row["autograd"]
     if not (isinstance(c, int) and isinstance(a, int)):
@@ -1184,11 +1207,11 @@ def peak_memory_subprocess(z: Sizes, mode: str, threads: int):
 # ----------------------------------------------------------------------------- output
 
 
-def _fmt_ratio(x: Optional[float]) -> str:
+def _fmt_ratio(x: float | None) -> str:
     return "—" if x is None else f"{x:.3f}x"
 
 
-def render(r: Report, z: Sizes, header: Dict[str, str], selected: Sequence[str]) -> str:
+def render(r: Report, z: Sizes, header: dict[str, str], selected: Sequence[str]) -> str:
     lines = ["# lcsm operator benchmark", ""]
     for k, v in header.items():
         lines.append(f"- {k}: {v}")
@@ -1233,7 +1256,10 @@ def render(r: Report, z: Sizes, header: Dict[str, str], selected: Sequence[str])
         ]
         for row in r.memory:
             c, a = row["custom"], row["autograd"]
-            mib = lambda v: f"{v / 2**20:.1f}" if isinstance(v, int) else "n/a"
+
+            def mib(v):
+                return f"{v / 2**20:.1f}" if isinstance(v, int) else "n/a"
+
             ratio, why = memory_ratio(row)
             ratio = f"{ratio:.3f}" if ratio is not None else f"n/a ({why})"
             per_tok = f"{c / (z.B * row['T']):.0f}" if isinstance(c, int) else "n/a"
@@ -1284,7 +1310,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -1311,7 +1337,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     allocator = use_host_allocator(args.allocator)
     start = time.perf_counter()
-    log = lambda msg: print(f"[bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    def log(msg):
+        return print(f"[bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
     header = provenance_header(parser.prog, argv, args.threads, out=args.out)
     header["allocator"] = allocator
     bench = Bench(sizes, args.threads, log)

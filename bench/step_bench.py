@@ -20,8 +20,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -30,7 +30,7 @@ from lcsm.engine.config import load_config, parse_override
 from lcsm.engine.trainer import Trainer
 
 
-def parse_variant(text: str) -> Tuple[str, List[str]]:
+def parse_variant(text: str) -> tuple[str, list[str]]:
     """``label=key=value[,key=value...]`` -> (label, ["key=value", ...])."""
     label, sep, rest = text.partition("=")
     overrides = [part.strip() for part in rest.split(",") if part.strip()]
@@ -42,8 +42,8 @@ def parse_variant(text: str) -> Tuple[str, List[str]]:
 
 
 def time_steps(
-    config_path: str, common: Sequence[str], variants: Sequence[Tuple[str, List[str]]], steps: int, log
-) -> List[Dict[str, object]]:
+    config_path: str, common: Sequence[str], variants: Sequence[tuple[str, list[str]]], steps: int, log
+) -> list[dict[str, object]]:
     """Median seconds per step of each variant, measured round-robin after one warm-up step each."""
     configs = [load_config(config_path, [*common, *overrides]) for _, overrides in variants]
     allocators = {c.train.host_allocator for c in configs}
@@ -54,14 +54,14 @@ def time_steps(
         )
     trainers = []
     with tempfile.TemporaryDirectory(prefix="lcsm-step-bench-") as tmp:
-        for n, ((label, overrides), config) in enumerate(zip(variants, configs)):
+        for n, ((label, overrides), config) in enumerate(zip(variants, configs, strict=False)):
             config = dataclasses.replace(config, out_dir=str(Path(tmp) / str(n)))
             log(f"building {label}")
             trainer = Trainer(config, quiet=True)
             batch = list(range(config.train.batch_size))
             trainer.train_step(batch)
             trainers.append((label, overrides, config, trainer, batch))
-        times: Dict[str, List[float]] = {label: [] for label, *_ in trainers}
+        times: dict[str, list[float]] = {label: [] for label, *_ in trainers}
         for step in range(steps):
             for label, _, _, trainer, batch in trainers:
                 start = time.perf_counter()
@@ -85,7 +85,7 @@ def time_steps(
     return rows
 
 
-def render(rows: List[Dict[str, object]], header: Dict[str, str]) -> str:
+def render(rows: list[dict[str, object]], header: dict[str, str]) -> str:
     first = rows[0]["s_step"]
     lines = [
         "# Seconds per training step",
@@ -104,7 +104,7 @@ def render(rows: List[Dict[str, object]], header: Dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="lcsm bench step", description=__doc__.splitlines()[0])
     p.add_argument("config", help="run config YAML (e.g. an experiment's base.yaml)")
@@ -137,7 +137,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    log = lambda msg: print(f"[step bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    def log(msg):
+        return print(f"[step bench {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
     header = provenance_header(p.prog, argv, args.threads, out=args.out)
     try:
         rows = time_steps(args.config, args.set, variants, args.steps, log)

@@ -13,7 +13,6 @@ import argparse
 import statistics
 import sys
 import time
-from typing import List, Optional
 
 import torch
 
@@ -55,7 +54,7 @@ def measure(name: str, steps: int) -> dict:
     }
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="lcsm bench tasks", description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated task names (default: every registered task)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 
 def did_you_mean(name: object, valid: Iterable[str]) -> str:

@@ -6,15 +6,15 @@ import os
 import platform
 import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, Optional, Sequence
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def machine_info(threads: Optional[int] = None) -> Dict[str, str]:
+def machine_info(threads: int | None = None) -> dict[str, str]:
     cpu = platform.processor() or "unknown"
     try:
         m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)

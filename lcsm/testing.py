@@ -11,8 +11,6 @@ conditioned and should be rescaled, not the tolerance).
 
 from __future__ import annotations
 
-from typing import Dict, Optional
-
 import torch
 
 # float64 checks are "tight": algebraically equal forms agree to ~1e-12 relative RMS.
@@ -46,17 +44,17 @@ def tolerance(dtype: torch.dtype) -> float:
 
 
 def assert_close(
-    actual: Dict[str, Optional[torch.Tensor]],
-    expected: Dict[str, Optional[torch.Tensor]],
-    dtype: Optional[torch.dtype] = None,
+    actual: dict[str, torch.Tensor | None],
+    expected: dict[str, torch.Tensor | None],
+    dtype: torch.dtype | None = None,
     context: str = "",
-) -> Dict[str, float]:
+) -> dict[str, float]:
     """Compare dicts of named tensors; fail with the relative RMS error of every name.
 
     ``dtype`` selects the tolerance (default: the dtype of the first expected tensor).
     Entries that are None in both dicts are skipped; None in only one is a failure.
     """
-    errors: Dict[str, float] = {}
+    errors: dict[str, float] = {}
     missing = []
     for name, ref in expected.items():
         got = actual.get(name)
@@ -77,7 +75,7 @@ def assert_close(
     return errors
 
 
-def gradients(outputs: Dict[str, torch.Tensor], wrt: Dict[str, torch.Tensor], seed: int = 2) -> Dict[str, torch.Tensor]:
+def gradients(outputs: dict[str, torch.Tensor], wrt: dict[str, torch.Tensor], seed: int = 2) -> dict[str, torch.Tensor]:
     """``outputs`` and the gradients of sum_k <outputs[k], c_k> with respect to every tensor of
     ``wrt`` (named "d" + its key; None where an input does not reach the outputs), one dict for
     ``assert_close``. The cotangents c_k are random, drawn from ``seed`` in the order of the
@@ -85,24 +83,29 @@ def gradients(outputs: Dict[str, torch.Tensor], wrt: Dict[str, torch.Tensor], se
     gen = torch.Generator().manual_seed(seed)
 
     def cotangent(y: torch.Tensor) -> torch.Tensor:
-        draw = lambda: torch.randn(y.shape, generator=gen, dtype=torch.float64)
+        def draw():
+            return torch.randn(y.shape, generator=gen, dtype=torch.float64)
+
         return (torch.complex(draw(), draw()) if y.is_complex() else draw()).to(y.dtype)
 
     names = list(outputs)
     grads = torch.autograd.grad(
         [outputs[n] for n in names], list(wrt.values()), [cotangent(outputs[n]) for n in names], allow_unused=True
     )
-    return {**outputs, **{f"d{k}": g for k, g in zip(wrt, grads)}}
+    return {**outputs, **{f"d{k}": g for k, g in zip(wrt, grads, strict=False)}}
 
 
-def assert_matches_reference(module, x: torch.Tensor, reference, context: str = "", forward=None) -> Dict[str, float]:
+def assert_matches_reference(module, x: torch.Tensor, reference, context: str = "", forward=None) -> dict[str, float]:
     """``forward(x)`` (default ``module(x)``) against ``reference(x)``, a written-out form computed
     from the module's own parameters: the outputs (a tensor, or a dict of named tensors), and the
     gradients of the input and of every trainable parameter of ``module`` under random
     cotangents, so that a detached or misrouted input shows even where the outputs agree."""
     x = x.detach().requires_grad_()
     wrt = {"x": x, **{n: p for n, p in module.named_parameters() if p.requires_grad}}
-    named = lambda out: out if isinstance(out, dict) else {"y": out}
+
+    def named(out):
+        return out if isinstance(out, dict) else {"y": out}
+
     return assert_close(
         gradients(named((forward or module)(x)), wrt), gradients(named(reference(x)), wrt), context=context
     )

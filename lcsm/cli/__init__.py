@@ -12,7 +12,6 @@ import argparse
 import importlib
 import pkgutil
 import sys
-from typing import List, Optional
 
 from ._common import UsageError
 
@@ -36,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -26,9 +26,9 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional, Union
 
 from lcsm._names import did_you_mean
 
@@ -51,7 +51,7 @@ class Source:
     homepage: str
 
 
-SOURCES: Dict[str, Source] = {
+SOURCES: dict[str, Source] = {
     s.name: s
     for s in (
         Source(
@@ -133,7 +133,7 @@ SOURCES: Dict[str, Source] = {
 }
 
 
-def sources() -> Dict[str, Source]:
+def sources() -> dict[str, Source]:
     return dict(SOURCES)
 
 
@@ -149,7 +149,7 @@ def resolve_source(name: str) -> Source:
     return SOURCES[name]
 
 
-def is_cached(name: str, root: Optional[Union[str, Path]] = None) -> bool:
+def is_cached(name: str, root: str | Path | None = None) -> bool:
     return ((Path(root) if root else data_root()) / name / "SOURCE.json").is_file()
 
 
@@ -205,7 +205,7 @@ def download(source: Source, target: Path, progress: bool = True, opener=urllib.
         )
 
 
-def _read_ar(blob: bytes) -> Dict[str, bytes]:
+def _read_ar(blob: bytes) -> dict[str, bytes]:
     """Members of a System V ``ar`` archive (the container of a .deb)."""
     if not blob.startswith(b"!<arch>\n"):
         raise ValueError("not an ar archive")
@@ -254,9 +254,7 @@ def unpack(artefact: Path, dest: Path) -> None:
         raise ValueError(f"{name}: unknown archive type")
 
 
-def fetch(
-    name: str, *, root: Optional[Union[str, Path]] = None, progress: bool = True, opener=urllib.request.urlopen
-) -> Path:
+def fetch(name: str, *, root: str | Path | None = None, progress: bool = True, opener=urllib.request.urlopen) -> Path:
     """The directory holding source ``name``'s unpacked files, fetching it first if needed."""
     source = resolve_source(name)
     root = Path(root) if root is not None else data_root()

@@ -20,7 +20,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any
 
 import torch
 from safetensors.torch import load_model, save_model
@@ -30,11 +30,11 @@ BEST = "best"
 _STEP = re.compile(r"^step-(\d{8})$")
 
 
-def checkpoint_dir(out_dir: Union[str, Path]) -> Path:
+def checkpoint_dir(out_dir: str | Path) -> Path:
     return Path(out_dir) / CHECKPOINTS
 
 
-def list_checkpoints(out_dir: Union[str, Path]) -> List[Tuple[int, Path]]:
+def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
     """Complete step checkpoints of a run, oldest first."""
     root = checkpoint_dir(out_dir)
     if not root.is_dir():
@@ -43,7 +43,7 @@ def list_checkpoints(out_dir: Union[str, Path]) -> List[Tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(out_dir: Union[str, Path]) -> Optional[Path]:
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
     found = list_checkpoints(out_dir)
     return found[-1][1] if found else None
 
@@ -70,7 +70,7 @@ def _remove(path: Path) -> None:
 
 
 def save_checkpoint(
-    out_dir: Union[str, Path], name: str, model: torch.nn.Module, trainer: Dict[str, Any], info: Dict[str, Any]
+    out_dir: str | Path, name: str, model: torch.nn.Module, trainer: dict[str, Any], info: dict[str, Any]
 ) -> Path:
     """Write checkpoint ``name`` ("step-00000200" or "best") atomically; an existing one of that name
     is replaced."""
@@ -95,7 +95,7 @@ def save_checkpoint(
     return final
 
 
-def prune(out_dir: Union[str, Path], keep_last: int) -> None:
+def prune(out_dir: str | Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` step checkpoints, and leftovers of interrupted writes."""
     for _, path in list_checkpoints(out_dir)[:-keep_last]:
         _remove(path)
@@ -106,7 +106,7 @@ def prune(out_dir: Union[str, Path], keep_last: int) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def resolve_checkpoint(path: Union[str, Path], which: str = "last") -> Path:
+def resolve_checkpoint(path: str | Path, which: str = "last") -> Path:
     """A checkpoint directory from a checkpoint directory or a run directory (its newest step
     checkpoint, or its ``best`` one with ``which="best"``)."""
     path = Path(path)
@@ -131,7 +131,7 @@ def resolve_checkpoint(path: Union[str, Path], which: str = "last") -> Path:
     return latest
 
 
-def read_info(checkpoint: Path) -> Dict[str, Any]:
+def read_info(checkpoint: Path) -> dict[str, Any]:
     try:
         return json.loads((checkpoint / "run.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -154,5 +154,5 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
         )
 
 
-def load_trainer(checkpoint: Path) -> Dict[str, Any]:
+def load_trainer(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)

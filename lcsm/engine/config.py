@@ -20,9 +20,10 @@ import copy
 import dataclasses
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
+from typing import Any
 
 import yaml
 
@@ -106,12 +107,12 @@ class _Section:
     section = ""
 
     @classmethod
-    def from_dict(cls, values: Optional[Mapping[str, Any]]):
+    def from_dict(cls, values: Mapping[str, Any] | None):
         values = {} if values is None else values
         _check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
         return cls(**values)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -133,12 +134,12 @@ class OptimConfig(_Section):
     section = "optim"
     lr: float = 1e-3
     weight_decay: float = 0.1
-    betas: Tuple[float, float] = (0.9, 0.98)
+    betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-8
     schedule: str = "cosine"
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
-    grad_clip: Optional[float] = 1.0
+    grad_clip: float | None = 1.0
 
     def __post_init__(self):
         _number("optim.lr", self.lr, 0, low_open=True)
@@ -212,22 +213,22 @@ class TrainConfig(_Section):
     # how the loop reports, keeps, places and runs its work, not what it computes: not part of a
     # run's training config (``RunConfig.training_dict``)
     BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator", "elementwise_form")
-    max_steps: Optional[int] = None
-    epochs: Optional[int] = None
+    max_steps: int | None = None
+    epochs: int | None = None
     batch_size: int = 32
     grad_accum: int = 1
     precision: str = "fp32"
     seed: int = 0
     device: str = "auto"
     eval_every: int = 0
-    eval_batch_size: Optional[int] = None
-    eval_split: Optional[str] = None
+    eval_batch_size: int | None = None
+    eval_split: str | None = None
     save_every: int = 0
     log_every: int = 10
     keep_last: int = 2
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     tensorboard: bool = False
-    threads: Optional[int] = None
+    threads: int | None = None
     host_allocator: str = "retain"
     elementwise_form: str = "step"
 
@@ -273,17 +274,17 @@ class RunConfig:
     """A whole run: ``task`` and ``model`` stay plain mappings (validated by the task's Config and
     by ``ModelConfig`` when the run is built, see ``build_task`` / ``model_config``)."""
 
-    task: Dict[str, Any]
-    model: Dict[str, Any]
+    task: dict[str, Any]
+    model: dict[str, Any]
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
     out_dir: str = "runs/run"
-    name: Optional[str] = None
+    name: str | None = None
 
     KEYS = ("name", "out_dir", "task", "model", "optim", "train")
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "RunConfig":
+    def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
         _check_keys("run config", values, cls.KEYS)
         for required in ("task", "model", "train"):
             if required not in values:
@@ -313,7 +314,7 @@ class RunConfig:
         check_early_stop_metric(config.train.early_stop.metric, task)
         return config
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         out = {
             "name": self.name,
             "out_dir": self.out_dir,
@@ -325,7 +326,7 @@ class RunConfig:
         out["optim"]["betas"] = list(out["optim"]["betas"])
         return out
 
-    def training_dict(self) -> Dict[str, Any]:
+    def training_dict(self) -> dict[str, Any]:
         """Everything that determines the trained weights (a resumed run must match it): the
         config without ``name``, ``out_dir`` and the loop's bookkeeping intervals."""
         out = self.to_dict()
@@ -344,7 +345,7 @@ class RunConfig:
             self.task["name"], use_cache=use_cache, **{k: v for k, v in self.task.items() if k != "name"}
         )
 
-    def model_keys(self) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    def model_keys(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(preset (if any) <- model keys, the model keys as given), before the task's fields."""
         from lcsm.models import preset
 
@@ -408,7 +409,7 @@ def yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
-def parse_override(text: str) -> Tuple[str, Any]:
+def parse_override(text: str) -> tuple[str, Any]:
     """``"train.max_steps=100"`` -> ("train.max_steps", 100) (the value parsed as YAML)."""
     if not isinstance(text, str) or "=" not in text or text.startswith("="):
         raise ValueError(f"--set: expected 'section.key=value', got {text!r}")
@@ -420,7 +421,7 @@ def parse_override(text: str) -> Tuple[str, Any]:
     return key.strip(), value
 
 
-def _merge(base: Dict[str, Any], update: Mapping[str, Any]) -> None:
+def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> None:
     for key, value in update.items():
         if isinstance(value, Mapping) and isinstance(base.get(key), dict):
             _merge(base[key], value)
@@ -428,7 +429,7 @@ def _merge(base: Dict[str, Any], update: Mapping[str, Any]) -> None:
             base[key] = copy.deepcopy(value)
 
 
-def apply_overrides(values: Mapping[str, Any], overrides: Union[Mapping[str, Any], Iterable[str]]) -> Dict[str, Any]:
+def apply_overrides(values: Mapping[str, Any], overrides: Mapping[str, Any] | Iterable[str]) -> dict[str, Any]:
     """A deep copy of ``values`` with dotted-key overrides applied (``{"train.max_steps": 100}`` or
     ``["train.max_steps=100"]``); intermediate mappings are created as needed. A mapping value is
     merged into the mapping it overrides (``model={mixer: attention, mixer_options: {heads: 2}}``
@@ -454,7 +455,7 @@ def apply_overrides(values: Mapping[str, Any], overrides: Union[Mapping[str, Any
     return out
 
 
-def read_yaml(path: Union[str, Path]) -> Dict[str, Any]:
+def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config: no such file {str(path)!r}")
@@ -468,7 +469,7 @@ def read_yaml(path: Union[str, Path]) -> Dict[str, Any]:
 
 
 def load_config(
-    path: Union[str, Path], overrides: Union[Mapping[str, Any], Iterable[str]] = (), *, out_dir: Optional[str] = None
+    path: str | Path, overrides: Mapping[str, Any] | Iterable[str] = (), *, out_dir: str | None = None
 ) -> RunConfig:
     """Read a YAML run config, apply overrides, validate. ``name`` defaults to the file's stem and
     ``out_dir`` to ``runs/<name>``; an ``out_dir`` given here (``lcsm train --out``) replaces the

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, List
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,7 +44,7 @@ class Distributed:
         return self.rank == 0
 
     @classmethod
-    def setup(cls, device_option: str) -> "Distributed":
+    def setup(cls, device_option: str) -> Distributed:
         device = resolve_device(device_option, "train.device")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
@@ -86,11 +86,11 @@ class Distributed:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def gather(self, obj: Any) -> List[Any]:
+    def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
         if not self.enabled:
             return [obj]
-        out: List[Any] = [None] * self.world
+        out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
 

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, TextIO
 
 
 def _duration(seconds: float) -> str:
@@ -38,7 +38,7 @@ class Progress:
     """Training progress for humans (rank 0 only; ``enabled=False`` silences it)."""
 
     def __init__(
-        self, total: int, *, start: int = 0, log_every: int = 10, enabled: bool = True, stream: Optional[TextIO] = None
+        self, total: int, *, start: int = 0, log_every: int = 10, enabled: bool = True, stream: TextIO | None = None
     ):
         self.total, self.start, self.log_every, self.enabled = total, start, log_every, enabled
         self.stream = stream if stream is not None else sys.stderr
@@ -97,14 +97,14 @@ class MetricsLog:
                 ) from None
             self._tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
 
-    def truncate_after(self, step: int, eval_step: Optional[int]) -> None:
+    def truncate_after(self, step: int, eval_step: int | None) -> None:
         """Drop the records of work a run resumed from a checkpoint redoes: training past its
         ``step``, evaluations past its ``eval_step`` (the last evaluation it holds, None: none; a
         run's final evaluation comes after its final checkpoint)."""
         if not self.enabled or not self.path.exists():
             return
 
-        def keep(record: Dict[str, Any]) -> bool:
+        def keep(record: dict[str, Any]) -> bool:
             last = eval_step if record.get("kind") == "eval" else step
             return last is not None and record.get("step", 0) <= last
 
@@ -113,7 +113,7 @@ class MetricsLog:
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, self.path)
 
-    def write(self, kind: str, step: int, values: Dict[str, Any]) -> None:
+    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
             return
         record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
@@ -125,7 +125,7 @@ class MetricsLog:
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self._tb.add_scalar(f"{kind}/{key}", value, step)
 
-    def records(self, kind: Optional[str] = None) -> List[Dict[str, Any]]:
+    def records(self, kind: str | None = None) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
         rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
@@ -139,7 +139,7 @@ class MetricsLog:
             rows = self.records(kind)
             if not rows:
                 continue
-            columns: Dict[str, None] = {}
+            columns: dict[str, None] = {}
             for row in rows:
                 columns.update(dict.fromkeys(k for k in row if k != "kind"))
             buf = io.StringIO()

@@ -31,8 +31,9 @@ import datetime
 import shlex
 import sys
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any
 
 from .config import _check_keys
 
@@ -100,14 +101,14 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
             axis(f"{where}.where", key)
 
 
-def _number(label: str) -> Optional[float]:
+def _number(label: str) -> float | None:
     try:
         return float(label)
     except ValueError:
         return None
 
 
-def _ordered(labels: Sequence[str]) -> List[str]:
+def _ordered(labels: Sequence[str]) -> list[str]:
     """Distinct labels, numerically when all are numbers, else in order of first appearance."""
     distinct = list(dict.fromkeys(labels))
     if all(_number(x) is not None for x in distinct):
@@ -115,9 +116,9 @@ def _ordered(labels: Sequence[str]) -> List[str]:
     return distinct
 
 
-def pivot(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
+def pivot(rows: list[dict[str, Any]], spec: Mapping[str, Any]) -> str:
     r_key, c_key, metric = spec["rows"], spec.get("columns"), f"metric:{spec['value']}"
-    cells: Dict[tuple, float] = {}
+    cells: dict[tuple, float] = {}
     for row in rows:
         cell = (row[r_key], row[c_key] if c_key else spec["value"])
         if cell in cells:
@@ -138,7 +139,7 @@ def pivot(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def ranks(values: Sequence[float]) -> List[float]:
+def ranks(values: Sequence[float]) -> list[float]:
     """Ranks from 1, ties sharing their mean rank."""
     order = sorted(range(len(values)), key=lambda i: values[i])
     out = [0.0] * len(values)
@@ -153,7 +154,7 @@ def ranks(values: Sequence[float]) -> List[float]:
     return out
 
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
+def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
     """Spearman's rank correlation (Pearson's on the ranks); None for fewer than 3 pairs or a
     constant side."""
     if len(a) != len(b):
@@ -162,12 +163,12 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
         return None
     ra, rb = ranks(a), ranks(b)
     ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=False))
     va, vb = sum((x - ma) ** 2 for x in ra), sum((y - mb) ** 2 for y in rb)
     return None if va == 0 or vb == 0 else cov / (va * vb) ** 0.5
 
 
-def compare(rows: List[Dict[str, Any]], spec: Mapping[str, Any]) -> str:
+def compare(rows: list[dict[str, Any]], spec: Mapping[str, Any]) -> str:
     """Markdown: per label of ``spec['axis']``, our metric beside the paper's, then Spearman's rho
     over the labels both have."""
     key, metric = spec["axis"], f"metric:{spec['metric']}"
@@ -206,19 +207,19 @@ def _pyplot():
 _VARIANTS = [("o", ""), ("s", "//"), ("D", ".."), ("^", "xx")]
 
 
-def series_style(i: int) -> Dict[str, Any]:
+def series_style(i: int) -> dict[str, Any]:
     """Colour, marker and bar hatch of the i-th series of a plot: distinct for 40 series."""
     marker, hatch = _VARIANTS[(i // 10) % len(_VARIANTS)]
     return {"color": f"C{i % 10}", "marker": marker, "hatch": hatch}
 
 
-def _legend_and_save(fig, axes: List[Any], series: Optional[str], path: Path) -> None:
+def _legend_and_save(fig, axes: list[Any], series: str | None, path: Path) -> None:
     """One legend, beside the last of ``axes``, naming every series drawn on any of them (a facet
     may lack some); no legend when ``axes`` is empty."""
     if axes:
-        entries: Dict[str, Any] = {}
+        entries: dict[str, Any] = {}
         for ax in axes:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=False):
                 entries.setdefault(label, handle)
         # outside the axes: inside, the legend hid points wherever a series saturated near it
         axes[-1].legend(
@@ -234,9 +235,9 @@ def _legend_and_save(fig, axes: List[Any], series: Optional[str], path: Path) ->
     _pyplot().close(fig)
 
 
-def _matching(rows: List[Dict[str, Any]], spec: Mapping[str, Any], key: str, what: str) -> Dict[str, Dict[str, Any]]:
+def _matching(rows: list[dict[str, Any]], spec: Mapping[str, Any], key: str, what: str) -> dict[str, dict[str, Any]]:
     """The rows matching ``spec['where']``, by their label of ``key`` (one row per label)."""
-    chosen: Dict[str, Dict[str, Any]] = {}
+    chosen: dict[str, dict[str, Any]] = {}
     for row in rows:
         if not all(row.get(k) == str(v) for k, v in (spec.get("where") or {}).items()):
             continue
@@ -249,12 +250,12 @@ def _matching(rows: List[Dict[str, Any]], spec: Mapping[str, Any], key: str, wha
     return chosen
 
 
-def eval_curves(rows: List[Dict[str, Any]], spec: Mapping[str, Any], run_root: Path) -> Dict[str, Dict[int, float]]:
+def eval_curves(rows: list[dict[str, Any]], spec: Mapping[str, Any], run_root: Path) -> dict[str, dict[int, float]]:
     """Per label of ``spec['series']``: step -> ``spec['y']`` at every evaluation of that selected run,
     read from ``run_root/<run>/eval.csv`` (a run without one has no curve)."""
     import csv
 
-    curves: Dict[str, Dict[int, float]] = {}
+    curves: dict[str, dict[int, float]] = {}
     for label, row in _matching(rows, spec, spec["series"], "curves").items():
         path = run_root / row["run"] / "eval.csv"
         if not path.exists():
@@ -272,7 +273,7 @@ def eval_curves(rows: List[Dict[str, Any]], spec: Mapping[str, Any], run_root: P
     return curves
 
 
-def curve_table(curves: Dict[str, Dict[int, float]], series: str, y: str) -> str:
+def curve_table(curves: dict[str, dict[int, float]], series: str, y: str) -> str:
     steps = sorted({step for points in curves.values() for step in points})
     lines = [f"| {series} \\ step ({y}) | " + " | ".join(map(str, steps)) + " |", "|" + "---|" * (len(steps) + 1)]
     for label in _ordered(list(curves)):
@@ -281,7 +282,7 @@ def curve_table(curves: Dict[str, Dict[int, float]], series: str, y: str) -> str
     return "\n".join(lines)
 
 
-def plot_curves(curves: Dict[str, Dict[int, float]], spec: Mapping[str, Any], path: Path, title: str) -> None:
+def plot_curves(curves: dict[str, dict[int, float]], spec: Mapping[str, Any], path: Path, title: str) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.4))
     for i, label in enumerate(_ordered(list(curves))):
@@ -295,13 +296,13 @@ def plot_curves(curves: Dict[str, Dict[int, float]], spec: Mapping[str, Any], pa
     _legend_and_save(fig, [ax], spec["series"], path)
 
 
-def provenance(rows: List[Dict[str, Any]], key: str) -> List[str]:
+def provenance(rows: list[dict[str, Any]], key: str) -> list[str]:
     """The distinct values of ``key`` (the machine, the commit) over the finished runs, with run counts."""
     counts = Counter(row.get(key, "not recorded") for row in rows if row["status"] != "missing")
     return [f"{name} ({n} run{'' if n == 1 else 's'})" for name, n in counts.items()]
 
 
-def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title: str) -> None:
+def plot(rows: list[dict[str, Any]], spec: Mapping[str, Any], path: Path, title: str) -> None:
     plt = _pyplot()
     x_key, y, series, facet = spec["x"], spec["y"], spec.get("series"), spec.get("facet")
     metric = f"metric:{y}"
@@ -312,7 +313,7 @@ def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
     measured = [row for row in rows if metric in row]
     # series named over every facet, so that a series keeps its style in facets that lack others
     names = _ordered([row[series] for row in measured]) if series else [None]
-    for ax, f in zip(axes[0], facets):
+    for ax, f in zip(axes[0], facets, strict=False):
         chosen = [row for row in measured if f is None or row[facet] == f]
         for i, s in enumerate(names):
             points = [row for row in chosen if s is None or row[series] == s]
@@ -341,7 +342,7 @@ def plot(rows: List[Dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
     _legend_and_save(fig, list(axes[0]) if series else [], series, path)
 
 
-def write_report(exp, rows: List[Dict[str, Any]], out_dir: Optional[Path] = None, commit: Optional[str] = None) -> Path:
+def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, commit: str | None = None) -> Path:
     """``report.md`` and the PNG plots of ``exp`` from ``rows`` (``sweep.collect``); returns the
     report's path. ``commit``: the report's git commit, read once before a call that writes several
     reports; default: read now, changes inside ``out_dir`` (the report's own files) not counted."""

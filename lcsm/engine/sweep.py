@@ -44,9 +44,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import yaml
 
@@ -61,15 +62,15 @@ EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", 
 @dataclass
 class Axis:
     key: str  # dotted config key
-    labels: List[str]
-    values: List[Any]
+    labels: list[str]
+    values: list[Any]
 
 
 @dataclass
 class Run:
     id: str
-    labels: Dict[str, str]  # axis key -> label of this run's value
-    config: Dict[str, Any]  # the full run config (out_dir set)
+    labels: dict[str, str]  # axis key -> label of this run's value
+    config: dict[str, Any]  # the full run config (out_dir set)
 
     @property
     def out_dir(self) -> Path:
@@ -79,22 +80,22 @@ class Run:
 @dataclass
 class Experiment:
     name: str
-    path: Optional[Path]
-    base: Dict[str, Any]
-    axes: List[Axis]
-    select: Optional[Dict[str, Any]]
-    report: Dict[str, Any]
+    path: Path | None
+    base: dict[str, Any]
+    axes: list[Axis]
+    select: dict[str, Any] | None
+    report: dict[str, Any]
     out_dir: Path
-    spec: Dict[str, Any] = field(default_factory=dict)  # the file's content (for the report)
+    spec: dict[str, Any] = field(default_factory=dict)  # the file's content (for the report)
 
-    def runs(self) -> List[Run]:
+    def runs(self) -> list[Run]:
         runs = []
-        for combo in itertools.product(*[list(zip(a.labels, a.values)) for a in self.axes]):
-            overrides: Dict[str, Any] = {}
-            for a, (_, value) in zip(self.axes, combo):
+        for combo in itertools.product(*[list(zip(a.labels, a.values, strict=False)) for a in self.axes]):
+            overrides: dict[str, Any] = {}
+            for a, (_, value) in zip(self.axes, combo, strict=False):
                 # An "@name" axis sets several keys together (a task and the model options that go with it).
                 overrides.update(value if a.key.startswith("@") else {a.key: value})
-            labels = {a.key: label for a, (label, _) in zip(self.axes, combo)}
+            labels = {a.key: label for a, (label, _) in zip(self.axes, combo, strict=False)}
             config = apply_overrides(self.base, overrides)
             config.pop("out_dir", None)
             config["name"] = f"{self.name}/" + (",".join(f"{k}={v}" for k, v in labels.items()) or "base")
@@ -114,12 +115,12 @@ def _run_config(config: Mapping[str, Any]) -> RunConfig:
     return RunConfig.from_dict({**config, "out_dir": "x"})
 
 
-def _training_part(config: Mapping[str, Any]) -> Dict[str, Any]:
+def _training_part(config: Mapping[str, Any]) -> dict[str, Any]:
     """What determines a run's weights (as ``RunConfig.training_dict``), canonical JSON."""
     return json.loads(json.dumps(_run_config(config).training_dict()))
 
 
-def _equivalence_key(config: Mapping[str, Any]) -> Dict[str, Any]:
+def _equivalence_key(config: Mapping[str, Any]) -> dict[str, Any]:
     """The training part with the mixer's options resolved, layer by layer: its registered name,
     and per layer every option of its constructor, with the defaults, the options a
     ``family:spec`` name implies and those the model sets by the layer's position (HGRN's lower
@@ -170,17 +171,16 @@ def _label(value: Any) -> str:
 
 
 def _axis(key: str, spec: Any) -> Axis:
-    if key.startswith("@"):
-        if (
-            not re.fullmatch(r"@[A-Za-z0-9_.-]+", key)
-            or not isinstance(spec, Mapping)
-            or not spec
-            or not all(isinstance(v, Mapping) and v for v in spec.values())
-        ):
-            raise ValueError(
-                f"grid.{key}: an '@name' axis expects labelled values, each a mapping of dotted keys "
-                f"to values (label: {{task.name: listops, model.d_model: 64}}), got {spec!r}"
-            )
+    if key.startswith("@") and (
+        not re.fullmatch(r"@[A-Za-z0-9_.-]+", key)
+        or not isinstance(spec, Mapping)
+        or not spec
+        or not all(isinstance(v, Mapping) and v for v in spec.values())
+    ):
+        raise ValueError(
+            f"grid.{key}: an '@name' axis expects labelled values, each a mapping of dotted keys "
+            f"to values (label: {{task.name: listops, model.d_model: 64}}), got {spec!r}"
+        )
     if isinstance(spec, Mapping):
         if not spec:
             raise ValueError(f"grid.{key}: expected a non-empty list of values or mapping of label: value")
@@ -193,7 +193,7 @@ def _axis(key: str, spec: Any) -> Axis:
     return Axis(key, labels, list(spec))
 
 
-def parse_grid_override(text: str) -> Tuple[str, List[Any]]:
+def parse_grid_override(text: str) -> tuple[str, list[Any]]:
     """``"model.mixer=gla,hgrn"`` -> ("model.mixer", ["gla", "hgrn"]); ``"k=[[1, 2], [3]]"`` for values
     that contain commas (each value parsed as YAML)."""
     if "=" not in text or text.startswith("="):
@@ -206,11 +206,7 @@ def parse_grid_override(text: str) -> Tuple[str, List[Any]]:
 
 
 def load_experiment(
-    path: Union[str, Path],
-    *,
-    overrides: Sequence[str] = (),
-    grid: Sequence[str] = (),
-    out_dir: Optional[Union[str, Path]] = None,
+    path: str | Path, *, overrides: Sequence[str] = (), grid: Sequence[str] = (), out_dir: str | Path | None = None
 ) -> Experiment:
     """Read and validate an experiment file; ``overrides`` ("key=value") apply to the base config,
     ``grid`` ("key=v1,v2") replaces or adds an axis."""
@@ -237,7 +233,7 @@ def load_experiment(
         raise ValueError(f"set: expected a mapping of dotted keys to values, got {sets!r}")
     base = apply_overrides(apply_overrides(base, sets), list(overrides))
     grid_spec = dict(spec.get("grid") or {})
-    renamed: Dict[str, str] = {}
+    renamed: dict[str, str] = {}
     if not isinstance(spec.get("grid") or {}, Mapping):
         raise ValueError(f"grid: expected a mapping of dotted keys to value lists, got {spec.get('grid')!r}")
     for text in grid:
@@ -302,7 +298,7 @@ def load_experiment(
     return exp
 
 
-def _rename_axes(spec: Dict[str, Any], renamed: Mapping[str, str]) -> Dict[str, Any]:
+def _rename_axes(spec: dict[str, Any], renamed: Mapping[str, str]) -> dict[str, Any]:
     if not renamed:
         return spec
     spec = copy.deepcopy(spec)
@@ -326,7 +322,7 @@ def _rename_axes(spec: Dict[str, Any], renamed: Mapping[str, str]) -> Dict[str, 
     return spec
 
 
-def stale_data(result: Mapping[str, Any]) -> Optional[str]:
+def stale_data(result: Mapping[str, Any]) -> str | None:
     """How a finished run's task data differ from what this lcsm makes for its config, or None."""
     name = result["config"]["task"]["name"]
     then, now = recorded_task_data(result, name), task_data(name)
@@ -335,7 +331,7 @@ def stale_data(result: Mapping[str, Any]) -> Optional[str]:
     return f"task {name!r} data of generator version {then['generator_version']}, now {now['generator_version']}"
 
 
-def cached_result(run: Run) -> Optional[Dict[str, Any]]:
+def cached_result(run: Run) -> dict[str, Any] | None:
     """The run's result if it finished with exactly this training config."""
     path = run.out_dir / "result.json"
     if not path.is_file():
@@ -356,7 +352,7 @@ class Equivalents:
 
     def __init__(self, sweep_dir: Path):
         self.root = Path(sweep_dir).resolve().parent
-        self._runs: Optional[List[Dict[str, Any]]] = None
+        self._runs: list[dict[str, Any]] | None = None
 
     @staticmethod
     def _typed_sections(config: Mapping[str, Any]) -> Any:
@@ -369,7 +365,7 @@ class Equivalents:
             json.dumps([config["task"]["name"], OptimConfig.from_dict(config.get("optim")).to_dict(), train])
         )
 
-    def _index(self) -> List[Dict[str, Any]]:
+    def _index(self) -> list[dict[str, Any]]:
         if self._runs is None:
             self._runs = []
             for path in sorted(self.root.glob("*/*/result.json")):
@@ -383,7 +379,7 @@ class Equivalents:
                     continue  # unreadable, or from a config this version no longer reads
         return self._runs
 
-    def find(self, run: Run) -> Optional[Path]:
+    def find(self, run: Run) -> Path | None:
         """The directory of a finished run with ``run``'s training config, or None. Only for a run
         that has not started here: an interrupted run resumes from its own checkpoints instead."""
         if run.out_dir.exists() and any(run.out_dir.iterdir()):
@@ -419,7 +415,7 @@ def reuse(run: Run, source: Path) -> None:
 # ----------------------------------------------------------------------------- running
 
 
-def _train_command(run: Run) -> List[str]:
+def _train_command(run: Run) -> list[str]:
     return [sys.executable, "-m", "lcsm", "train", str(run.out_dir / "config.yaml")]
 
 
@@ -449,14 +445,14 @@ def _raise_stopped(signum, frame):
     raise SweepStopped(signum)
 
 
-def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, int]:
+def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> dict[str, int]:
     """Run ``runs`` (N at a time), each ``lcsm train`` in a subprocess; returns exit codes by id.
     With N > 1 each run gets cores / N torch threads and its output is prefixed with its id."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // parallel)
-    codes: Dict[str, int] = {}
+    codes: dict[str, int] = {}
     pending = list(runs)
-    active: List[Tuple[Run, subprocess.Popen, List[threading.Thread]]] = []
+    active: list[tuple[Run, subprocess.Popen, list[threading.Thread]]] = []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     # SIGINT and SIGTERM stop the sweep as they stop each run (the trainer takes both whatever it
     # inherited): a shell's background job starts with SIGINT ignored, and the sweep would go on to
@@ -520,13 +516,13 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> Dict[str, i
 # ----------------------------------------------------------------------------- results
 
 
-def collect(exp: Experiment) -> List[Dict[str, Any]]:
+def collect(exp: Experiment) -> list[dict[str, Any]]:
     """One row per run of the grid: its labels, status and final metrics (missing runs: status
     "missing")."""
     rows = []
     for run in exp.runs():
         result = cached_result(run)
-        row: Dict[str, Any] = {"run": run.id, **run.labels}
+        row: dict[str, Any] = {"run": run.id, **run.labels}
         if result is None:
             row["status"] = "missing"
         else:
@@ -551,21 +547,21 @@ def collect(exp: Experiment) -> List[Dict[str, Any]]:
     return rows
 
 
-def machine_label(result: Dict[str, Any]) -> str:
+def machine_label(result: dict[str, Any]) -> str:
     """Where a run trained: its machine, or its machines in order when it was resumed on another
     one (``trained_on`` in result.json, which also holds each one's steps)."""
 
-    def name(m: Dict[str, Any]) -> str:
+    def name(m: dict[str, Any]) -> str:
         return f"{m.get('device')}; {m.get('cpu')}; torch {m.get('torch')}"
 
-    names: List[str] = []
+    names: list[str] = []
     for stretch in result.get("trained_on") or []:
         if not names or names[-1] != name(stretch):
             names.append(name(stretch))
     return " then ".join(names) if len(names) > 1 else name(result["machine"])
 
 
-def select_best(exp: Experiment, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def select_best(exp: Experiment, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per combination of the axes not in ``select.over``, the finished row with the best metric
     (a nan metric, a diverged run's perplexity, loses to any number; of ties, the first row)."""
     if not exp.select:
@@ -573,7 +569,7 @@ def select_best(exp: Experiment, rows: List[Dict[str, Any]]) -> List[Dict[str, A
     metric = f"metric:{exp.select['metric']}"
     sign = 1 if exp.select.get("mode", "max") == "max" else -1
     over = set(exp.select.get("over", []))
-    groups: Dict[Tuple, Dict[str, Any]] = {}
+    groups: dict[tuple, dict[str, Any]] = {}
     for row in rows:
         if row["status"] == "missing" or metric not in row:
             continue
@@ -588,10 +584,10 @@ def select_best(exp: Experiment, rows: List[Dict[str, Any]]) -> List[Dict[str, A
     return list(groups.values())
 
 
-def write_results(exp: Experiment, rows: List[Dict[str, Any]]) -> None:
+def write_results(exp: Experiment, rows: list[dict[str, Any]]) -> None:
     exp.out_dir.mkdir(parents=True, exist_ok=True)
     (exp.out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    columns: Dict[str, None] = {}
+    columns: dict[str, None] = {}
     for r in rows:
         columns.update(dict.fromkeys(r))
     buf = io.StringIO()
@@ -602,7 +598,9 @@ def write_results(exp: Experiment, rows: List[Dict[str, Any]]) -> None:
     # The experiment as run (base, overrides and grid options resolved), so ``lcsm report`` on the
     # sweep directory rebuilds the same runs without the original file.
     resolved = {k: v for k, v in exp.spec.items() if k not in ("base", "set", "grid")}
-    resolved.update(name=exp.name, config=exp.base, grid={a.key: dict(zip(a.labels, a.values)) for a in exp.axes})
+    resolved.update(
+        name=exp.name, config=exp.base, grid={a.key: dict(zip(a.labels, a.values, strict=False)) for a in exp.axes}
+    )
     (exp.out_dir / EXPERIMENT_COPY).write_text(yaml.safe_dump(resolved, sort_keys=False))
 
 
@@ -610,7 +608,7 @@ def main_metric(exp: Experiment) -> str:
     return exp.select["metric"] if exp.select else exp.report.get("metric", "accuracy")
 
 
-def format_table(exp: Experiment, rows: List[Dict[str, Any]], metrics: Sequence[str]) -> str:
+def format_table(exp: Experiment, rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
     """A markdown table: the grid labels, status, the given metrics, steps and wall time."""
     header = [a.key for a in exp.axes] + ["status"] + list(metrics) + ["step", "params", "wall s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -646,7 +644,7 @@ def check_buildable(runs: Sequence[Run]) -> None:
 
 def sweep(
     exp: Experiment, *, parallel: int = 1, dry_run: bool = False, reuse_runs: bool = True, log=print
-) -> Tuple[List[Dict[str, Any]], bool]:
+) -> tuple[list[dict[str, Any]], bool]:
     """Run every run of ``exp`` that has no cached result; returns (result rows, all succeeded).
     With ``reuse_runs`` a run that a sweep beside this one has finished with the same training
     config (``Equivalents``) is copied, not trained. The runs to train are built first

@@ -39,7 +39,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any
 
 import torch
 import yaml
@@ -69,14 +69,14 @@ class LoopState:
     batch_in_epoch: int = 0  # global batches of this epoch already consumed
     tokens: int = 0  # input tokens trained on (all processes)
     elapsed: float = 0.0  # training wall time so far (brought up to date at each save)
-    best_value: Optional[float] = None
-    best_step: Optional[int] = None
+    best_value: float | None = None
+    best_step: int | None = None
     bad_evals: int = 0  # evaluations since the best one
     stopped_early: bool = False
-    last_eval: Optional[Dict[str, float]] = None
-    last_eval_step: Optional[int] = None
+    last_eval: dict[str, float] | None = None
+    last_eval_step: int | None = None
     # stretches of steps each trained on one machine: {device, cpu, torch, git_commit, from_step, to_step}
-    trained_on: List[Dict[str, Any]] = field(default_factory=list)
+    trained_on: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _json_canonical(obj: Any) -> Any:
@@ -89,15 +89,15 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _to_device(batch: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
+def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
 
-def _rows(batch: Dict[str, Any], start: int, stop: int) -> Dict[str, Any]:
+def _rows(batch: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
     return {k: v[start:stop] for k, v in batch.items()}
 
 
-def _tokens(batch: Dict[str, Any]) -> int:
+def _tokens(batch: dict[str, Any]) -> int:
     return sum(int(batch[k].shape[0] * batch[k].shape[1]) for k in ("input_ids", "input_ids2") if k in batch)
 
 
@@ -105,7 +105,7 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-def default_eval_split(task, option: Optional[str]) -> str:
+def default_eval_split(task, option: str | None) -> str:
     if option is not None:
         if option not in task.splits:
             raise ValueError(
@@ -118,7 +118,7 @@ def default_eval_split(task, option: Optional[str]) -> str:
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module, task, split: str, batch_size: int, device: torch.device, precision: str = "fp32"
-) -> Dict[str, float]:
+) -> dict[str, float]:
     """The task's metrics of ``model`` over a whole split (eval mode; the mode is restored)."""
     was_training = model.training
     model.eval()
@@ -134,7 +134,7 @@ def evaluate(
     return evaluator.compute()
 
 
-def load_run(checkpoint_path, *, which: str = "last", device: Union[str, torch.device] = "cpu"):
+def load_run(checkpoint_path, *, which: str = "last", device: str | torch.device = "cpu"):
     """(run config, task, model with the checkpoint's weights, checkpoint dir) from a checkpoint or
     run directory. The model is in eval mode on ``device`` (a torch.device, or an option of
     ``resolve_device``)."""
@@ -181,7 +181,7 @@ class _StopRequest:
 class Trainer:
     """One run. ``Trainer(config).run()`` trains or resumes; see the module docstring."""
 
-    def __init__(self, config: RunConfig, dist: Optional[Distributed] = None, *, quiet: bool = False):
+    def __init__(self, config: RunConfig, dist: Distributed | None = None, *, quiet: bool = False):
         self.config = config
         t = config.train
         self.dist = dist if dist is not None else Distributed.setup(t.device)
@@ -237,7 +237,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _info(self) -> Dict[str, Any]:
+    def _info(self) -> dict[str, Any]:
         from lcsm import __version__
 
         return {
@@ -254,18 +254,18 @@ class Trainer:
             "task_data": self.task_data(),
         }
 
-    def task_data(self) -> Dict[str, Any]:
+    def task_data(self) -> dict[str, Any]:
         """Which data the run trains on beyond its config: the task's generator version (bumped
         whenever a task's data change for the same options)."""
         return task_data(self.task.registry_name)
 
-    def _rng_state(self) -> Dict[str, Any]:
+    def _rng_state(self) -> dict[str, Any]:
         state = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             state["cuda"] = torch.cuda.get_rng_state(self.device)
         return state
 
-    def save(self, name: Optional[str] = None) -> Optional[Path]:
+    def save(self, name: str | None = None) -> Path | None:
         """A checkpoint of this very moment (every rank must call: RNG states are gathered)."""
         now = time.perf_counter()
         self.state.elapsed += now - self._clock
@@ -288,7 +288,7 @@ class Trainer:
         self.dist.barrier()
         return path
 
-    def restore(self, resume: bool) -> Optional[Path]:
+    def restore(self, resume: bool) -> Path | None:
         path = ckpt.latest_checkpoint(self.out_dir)
         if path is None:
             return None
@@ -343,7 +343,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
 
-    def train_step(self, indices: List[int]) -> Tuple[float, int, float, float]:
+    def train_step(self, indices: list[int]) -> tuple[float, int, float, float]:
         """One optimizer step on a global batch: (mean loss over its labelled positions, input
         tokens of the global batch, gradient norm before clipping, learning rate of the step)."""
         t = self.config.train
@@ -372,7 +372,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return float(self.dist.sum(loss_sum)), _tokens(batch), float(norm), lr
 
-    def evaluate(self, split: Optional[str] = None) -> Dict[str, float]:
+    def evaluate(self, split: str | None = None) -> dict[str, float]:
         """Rank 0 evaluates the unwrapped model on ``split`` (default the eval split); every rank
         gets the metrics."""
         metrics = None
@@ -389,7 +389,7 @@ class Trainer:
                 )
         return self.dist.broadcast(metrics)
 
-    def after_eval(self, metrics: Dict[str, float]) -> None:
+    def after_eval(self, metrics: dict[str, float]) -> None:
         es = self.config.train.early_stop
         s = self.state
         s.last_eval, s.last_eval_step = metrics, s.step
@@ -436,7 +436,7 @@ class Trainer:
             return
         stretches.append({**here, "from_step": step, "to_step": step})
 
-    def run(self, resume: bool = True) -> Dict[str, Any]:
+    def run(self, resume: bool = True) -> dict[str, Any]:
         t = self.config.train
         restored = self.restore(resume)
         result_path = self.out_dir / "result.json"
@@ -503,7 +503,7 @@ class Trainer:
         self.progress.close()
         return self.finish(result_path)
 
-    def final_test(self) -> Optional[Dict[str, Any]]:
+    def final_test(self) -> dict[str, Any] | None:
         """The test split's metrics of the best checkpoint (the last weights without one), when the
         run selected on another split: the papers report test numbers of the model chosen on
         validation (LCSM Tables 4-9, ETSMLP Table 1). None when the run evaluated on test itself."""
@@ -524,7 +524,7 @@ class Trainer:
             "metrics": metrics,
         }
 
-    def finish(self, result_path: Path) -> Dict[str, Any]:
+    def finish(self, result_path: Path) -> dict[str, Any]:
         s = self.state
         # The last weights are saved before the final evaluation (the loop leaves the last step's to
         # this), so that nothing going wrong there (an error, Ctrl-C) loses trained steps: run again,
@@ -567,7 +567,7 @@ class Trainer:
         return result
 
 
-def _diff_keys(a: Dict[str, Any], b: Dict[str, Any], prefix: str = "") -> List[str]:
+def _diff_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
     keys = []
     for k in set(a) | set(b):
         va, vb = a.get(k), b.get(k)
@@ -586,7 +586,7 @@ def discard_run(out_dir: Path) -> None:
         (out_dir / name).unlink(missing_ok=True)
 
 
-def train(config: RunConfig, *, resume: bool = True, restart: bool = False, quiet: bool = False) -> Dict[str, Any]:
+def train(config: RunConfig, *, resume: bool = True, restart: bool = False, quiet: bool = False) -> dict[str, Any]:
     """Train the run ``config`` describes, resuming from the newest checkpoint in its out_dir
     (``resume=False``: fail if there is one; ``restart=True``: discard it first). Returns the
     result, also written to ``<out_dir>/result.json``. Under torchrun every process calls this."""

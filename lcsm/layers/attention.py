@@ -23,8 +23,8 @@ Shape glossary: B batch, T new tokens, P cached tokens, H heads, D head width.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -61,16 +61,16 @@ class KVCache(State):
     keys: Tensor
     values: Tensor
     position: Tensor
-    buffer: Optional[_Buffer] = field(default=None, repr=False, compare=False)
+    buffer: _Buffer | None = field(default=None, repr=False, compare=False)
 
-    def tensors(self) -> Dict[str, Tensor]:
+    def tensors(self) -> dict[str, Tensor]:
         return {"keys": self.keys, "values": self.values, "position": self.position}
 
-    def map(self, fn: Callable[[Tensor], Tensor]) -> "KVCache":
+    def map(self, fn: Callable[[Tensor], Tensor]) -> KVCache:
         # fn makes new tensors (another device, a subset of the batch): the buffer is not theirs
         return KVCache(**{k: fn(v) for k, v in self.tensors().items()})
 
-    def append(self, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Optional[_Buffer]]:
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, _Buffer | None]:
         """The cache with k, v [B, H, T, D] appended: (keys, values [B, H, P + T, D], their buffer,
         None where they were concatenated)."""
         P, T = self.keys.shape[2], k.shape[2]
@@ -82,7 +82,7 @@ class KVCache(State):
         if not (
             buf is not None
             and buf.filled == P
-            and P + T <= buf.keys.shape[2]
+            and buf.keys.shape[2] >= P + T
             and buf.keys.dtype == k.dtype
             and buf.keys.device == k.device
             and self.keys.data_ptr() == buf.keys.data_ptr()
@@ -125,7 +125,7 @@ class Attention(Mixer):
     """
 
     def __init__(
-        self, d_model: int, heads: int = 1, bias: bool = True, positions: str = "none", max_len: Optional[int] = None
+        self, d_model: int, heads: int = 1, bias: bool = True, positions: str = "none", max_len: int | None = None
     ):
         super().__init__(d_model)
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or d_model % heads:
@@ -161,7 +161,7 @@ class Attention(Mixer):
         B, T, _ = t.shape
         return t.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
 
-    def forward(self, x: Tensor, state: Optional[KVCache] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: KVCache | None = None, return_state: bool = False):
         """x [B, T, d_model] -> y [B, T, d_model]; with ``state`` the new tokens attend to the cache too."""
         self.check_input(x)
         B, T, d = x.shape
@@ -174,7 +174,7 @@ class Attention(Mixer):
             )
         positions = torch.arange(P, P + T, device=x.device)
         if self.positions == "learned":
-            if P + T > self.max_len:
+            if self.max_len < P + T:
                 raise ValueError(f"x: positions up to {P + T - 1} exceed the learned table (max_len={self.max_len})")
             x = x + self.position_embedding[P : P + T]
         q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))

@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Type
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,7 +31,7 @@ class State:
     Subclasses add their fields, e.g. ``memory: Tensor`` [B, H, K, D] or ``conv: Tensor``.
     """
 
-    def tensors(self) -> Dict[str, Tensor]:
+    def tensors(self) -> dict[str, Tensor]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
     def numel_per_sequence(self) -> int:
@@ -41,7 +42,7 @@ class State:
             total += per * (2 if t.is_complex() else 1)
         return total
 
-    def map(self, fn: Callable[[Tensor], Tensor]) -> "State":
+    def map(self, fn: Callable[[Tensor], Tensor]) -> State:
         return dataclasses.replace(self, **{k: fn(v) for k, v in self.tensors().items()})
 
 
@@ -81,7 +82,7 @@ class EOSRow:
         "paper",
     )
 
-    def as_dict(self) -> Dict[str, object]:
+    def as_dict(self) -> dict[str, object]:
         return {f: getattr(self, f) for f in self.FIELDS}
 
 
@@ -100,7 +101,7 @@ class Mixer(nn.Module):
     # resolve (it would round S4D-Lin's frequencies, pi n up to ~100, to steps of 0.5), and there
     # is no complex bfloat16 and no bfloat16 FFT. Their forwards lift half inputs to float32 and
     # cast outputs back.
-    float32_parameters: Tuple[str, ...] = ()
+    float32_parameters: tuple[str, ...] = ()
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -108,7 +109,7 @@ class Mixer(nn.Module):
             raise ValueError(f"d_model: expected a positive integer, got {d_model!r}")
         self.d_model = d_model
 
-    def forward(self, x: Tensor, state: Optional[State] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: State | None = None, return_state: bool = False):
         raise NotImplementedError
 
     def init_state(self, batch_size: int) -> State:
@@ -117,7 +118,7 @@ class Mixer(nn.Module):
     def describe(self) -> EOSRow:
         raise NotImplementedError
 
-    def step(self, x_t: Tensor, state: State) -> Tuple[Tensor, State]:
+    def step(self, x_t: Tensor, state: State) -> tuple[Tensor, State]:
         if x_t.dim() != 2 or x_t.shape[-1] != self.d_model:
             raise ValueError(f"x_t: expected [B, d_model] = [B, {self.d_model}], got {list(x_t.shape)}")
         y, state = self(x_t.unsqueeze(1), state=state, return_state=True)
@@ -184,14 +185,14 @@ def no_weight_decay(param: nn.Parameter) -> nn.Parameter:
 
 # ----------------------------------------------------------------------------- registry
 
-_REGISTRY: Dict[str, Type[Mixer]] = {}
-_ALIASES: Dict[str, str] = {}
+_REGISTRY: dict[str, type[Mixer]] = {}
+_ALIASES: dict[str, str] = {}
 
 
 def register(name: str, *aliases: str):
     """Class decorator: ``@register("retnet", "tnl")``."""
 
-    def deco(cls: Type[Mixer]) -> Type[Mixer]:
+    def deco(cls: type[Mixer]) -> type[Mixer]:
         for n in (name, *aliases):
             if n in _REGISTRY or n in _ALIASES:
                 raise ValueError(f"mixer name {n!r} registered twice")
@@ -204,16 +205,16 @@ def register(name: str, *aliases: str):
     return deco
 
 
-def available() -> List[str]:
+def available() -> list[str]:
     """Sorted canonical names of the registered mixers (aliases excluded)."""
     return sorted(_REGISTRY)
 
 
-def aliases() -> Dict[str, str]:
+def aliases() -> dict[str, str]:
     return dict(_ALIASES)
 
 
-def resolve(name: str) -> Tuple[Type[Mixer], Dict[str, object]]:
+def resolve(name: str) -> tuple[type[Mixer], dict[str, object]]:
     """Name -> (class, options implied by the name). ``family:spec`` names call ``cls.from_spec``."""
     if not isinstance(name, str):
         raise TypeError(f"name: expected a mixer name (str), got {type(name).__name__}")

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -109,7 +108,7 @@ class CES(Mixer):
         r_min: float = 0.6,
         r_max: float = 0.9,
         max_phase: float = 2 * math.pi,
-        fixed_point: Tuple[float, float] = (0.5, 0.0),
+        fixed_point: tuple[float, float] = (0.5, 0.0),
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
         max_lambda: float = 0.9999,
@@ -154,11 +153,9 @@ class CES(Mixer):
         pair = (C, 2) if self.complex else (C,)
         with torch.no_grad():
             log_lambda = self._init_log_lambda(C, r_min, r_max, max_phase, fixed)  # complex [C]
-            if self.complex:
-                # lambda' = log(log lambda) on the principal branch, as the official code stores it.
-                log_delta = torch.view_as_real(log_lambda.log())
-            else:
-                log_delta = (-log_lambda.real).log()  # log(-log lambda)
+            # complex: lambda' = log(log lambda) on the principal branch, as the official code stores
+            # it; real: log(-log lambda)
+            log_delta = torch.view_as_real(log_lambda.log()) if self.complex else (-log_lambda.real).log()
             self.log_delta = no_weight_decay(nn.Parameter(log_delta.to(torch.get_default_dtype()).contiguous()))
             if self.use_alpha:
                 log_dt = math.log(dt_min) + torch.rand(C) * (math.log(dt_max) - math.log(dt_min))
@@ -198,13 +195,13 @@ class CES(Mixer):
             q = q * self.alpha.exp()
         return torch.clamp(q, max=math.log(self.max_lambda))
 
-    def scale(self) -> Optional[Tensor]:
+    def scale(self) -> Tensor | None:
         """e^beta per kernel channel [C] (None without beta)."""
         if not self.use_beta:
             return None
         return torch.view_as_complex(self.beta).exp() if self.complex else self.beta.exp()
 
-    def eos_parameters(self) -> Tuple[Tensor, Tensor, Tensor]:
+    def eos_parameters(self) -> tuple[Tensor, Tensor, Tensor]:
         """(e [C, 1], s [C, 1], log_o [C, 1, 1]) for ``lcsm.ops.eos`` with one head per kernel channel,
         so that the EOS kernel sum_k s o^j e is k_j = e^beta (1 - e^q) e^{j q} (before Re)."""
         q = self.log_decay()
@@ -233,7 +230,7 @@ class CES(Mixer):
         )
 
     def forward(
-        self, x: Tensor, state: Optional[CESState] = None, return_state: bool = False, lengths: Optional[Tensor] = None
+        self, x: Tensor, state: CESState | None = None, return_state: bool = False, lengths: Tensor | None = None
     ):
         """x [B, T, d] -> y [B, T, d] (and the final CESState when asked; causal mode only).
         ``lengths`` [B]: right-padded sequences; the positions past each length enter the kernel

@@ -17,7 +17,6 @@ head (memory columns) = d_model / H, d_model model width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -101,7 +100,7 @@ class _DeltaBase(Mixer):
             y = F.rms_norm(y, (self.head_v,), self.o_norm, eps=1e-5)
         return self.o_proj(y.reshape(y.shape[0], y.shape[1], self.d_model))
 
-    def _initial(self, state: Optional[DeltaState], batch: int) -> Optional[Tensor]:
+    def _initial(self, state: DeltaState | None, batch: int) -> Tensor | None:
         if state is None:
             return None
         if not isinstance(state, DeltaState):
@@ -131,14 +130,14 @@ class _DeltaBase(Mixer):
         """Returns (e, s, a, b) [B, T, H, K] and i [B, T, H, D] of eos_delta."""
         raise NotImplementedError
 
-    def _mix(self, x: Tensor, m0: Optional[Tensor], return_state: bool):
+    def _mix(self, x: Tensor, m0: Tensor | None, return_state: bool):
         """x [B, T, d_model] -> (y [B, T, H, D], m_T [B, H, K, D] or None)."""
         e, s, a, b, i = self._delta_states(x)
         return eos_delta(
             i, e, s, a, b, mode=self.mode, initial_state=m0, output_final_state=return_state, chunk_size=self.chunk_size
         )
 
-    def forward(self, x: Tensor, state: Optional[DeltaState] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: DeltaState | None = None, return_state: bool = False):
         self.check_input(x)
         y, m = self._mix(x, self._initial(state, x.shape[0]), return_state)
         # A carried float32 state (a half-precision layer's) promotes the operator's output.
@@ -294,7 +293,7 @@ class DeltaM3(_DeltaBase):
 
     modes = _EOS_MODES
 
-    def _mix(self, x: Tensor, m0: Optional[Tensor], return_state: bool):
+    def _mix(self, x: Tensor, m0: Tensor | None, return_state: bool):
         z = self._heads(self.k_proj(x), self.head_k)
         k = torch.sigmoid(z)
         log_o = F.logsigmoid(-z).unsqueeze(-1)  # log(1 - k) [B, T, H, K, 1]

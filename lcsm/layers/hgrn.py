@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -94,7 +93,7 @@ class HGRN(Mixer):
         log_lam = torch.logaddexp(torch.full_like(f, math.log(gamma)), math.log1p(-gamma) + F.logsigmoid(f))
         return log_lam, one_minus
 
-    def forward(self, x: Tensor, state: Optional[HGRNState] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: HGRNState | None = None, return_state: bool = False):
         self.check_input(x)
         d = self.d_model
         # Half precisions run the recurrence in complex64 (there is no usable complex32).
@@ -131,7 +130,8 @@ class HGRN(Mixer):
             name="hgrn",
             input="i_t = SiLU(W_cr x_t) + i SiLU(W_ci x_t) (complex)",
             expand="1 - lambda_t",
-            oscillation=f"lambda_t exp(i theta), lambda_t = gamma + (1 - gamma) sigmoid(f_t), gamma = {self.lower_bound:g}",
+            oscillation="lambda_t exp(i theta), lambda_t = gamma + (1 - gamma) sigmoid(f_t), "
+            f"gamma = {self.lower_bound:g}",
             shrink="o_t (output gate on [Re h_t, Im h_t], then LayerNorm)",
             memory=f"1 x 1 per channel (complex), {self.d_model} channels",
             psi="elementwise",

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -85,11 +84,11 @@ _ACTIVATIONS = {
 }
 
 
-def _table(meanings: Dict[int, str]) -> str:
+def _table(meanings: dict[int, str]) -> str:
     return "; ".join(f"{k} = {v}" for k, v in meanings.items())
 
 
-def parse_code(code: str) -> Tuple[int, int, int, int]:
+def parse_code(code: str) -> tuple[int, int, int, int]:
     """``"e-o-s-a"`` -> (e, o, s, a), each field range-checked (LCSM section 2.5)."""
     if not isinstance(code, str):
         raise ValueError(
@@ -117,7 +116,7 @@ def parse_code(code: str) -> Tuple[int, int, int, int]:
     return e, o, s, a
 
 
-def alibi_slopes(n: int) -> List[float]:
+def alibi_slopes(n: int) -> list[float]:
     """ALiBi head slopes (Press et al. 2022) for n "heads", as the official LCSM code builds them.
 
     For n a power of two: start = 2^(-8/n) and slope_i = start^(i+1), i = 0..n-1. Otherwise the
@@ -126,7 +125,7 @@ def alibi_slopes(n: int) -> List[float]:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n: expected a positive integer, got {n!r}")
 
-    def power_of_two(m: int) -> List[float]:
+    def power_of_two(m: int) -> list[float]:
         start = 2.0 ** (-8.0 / m)
         return [start ** (i + 1) for i in range(m)]
 
@@ -195,7 +194,7 @@ class LCSMFamily(Mixer):
     """
 
     def __init__(
-        self, d_model: int, code: Optional[str] = None, param: str = "linear", tau: float = 16.0, expand: int = 64
+        self, d_model: int, code: str | None = None, param: str = "linear", tau: float = 16.0, expand: int = 64
     ):
         super().__init__(d_model)
         if param not in ("linear", "ssm"):
@@ -270,7 +269,7 @@ class LCSMFamily(Mixer):
         # o == 10: o = 1 (no parameters); o == 11: fixed frequencies, computed in eos_inputs.
 
     @classmethod
-    def from_spec(cls, spec: str) -> Dict[str, object]:
+    def from_spec(cls, spec: str) -> dict[str, object]:
         """``"lcsm:<e>-<o>-<s>-<a>"`` -> {"code": ...}; ``"lcsm:ssm"`` -> {"param": "ssm"}."""
         if spec.strip() == "ssm":
             return {"param": "ssm"}
@@ -284,7 +283,7 @@ class LCSMFamily(Mixer):
 
     # ------------------------------------------------------------------ the EOS states
 
-    def eos_inputs(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, LogO]:
+    def eos_inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, LogO]:
         """The EOS states for x [B, T, d], in the shapes of :func:`lcsm.ops.eos` (H = 1):
         i [B, T, 1, D]; e, s data-dependent [B, T, 1, K] or data-independent [1, K, D] (after the
         activation); log_o [B, T, 1, K|1, D|1], [1, K|1, D|1] (complex i*theta for code 11),
@@ -350,7 +349,7 @@ class LCSMFamily(Mixer):
     def is_complex(self) -> bool:
         return self.o_type == 11
 
-    def forward(self, x: Tensor, state: Optional[LCSMState] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: LCSMState | None = None, return_state: bool = False):
         self.check_input(x)
         i, e, s, log_o = self.eos_inputs(x)
         m0 = state.memory if state is not None else None

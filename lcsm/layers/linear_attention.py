@@ -35,9 +35,9 @@ use PyTorch's default ``nn.Linear`` init (model-level init schemes belong to the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
-from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -111,7 +111,7 @@ def _complex(real: Tensor, imag: Tensor) -> Tensor:
     return torch.complex(real, imag)
 
 
-def _head_norm(y: Tensor, kind: str, eps: float, weight: Optional[Tensor] = None) -> Tensor:
+def _head_norm(y: Tensor, kind: str, eps: float, weight: Tensor | None = None) -> Tensor:
     """Normalise each head's D channels of y [B, T, H, D]: LayerNorm (RetNet's GroupNorm with one
     group per head) or RMSNorm (fla's GLA), optionally with a per-channel weight shared by heads."""
     if kind == "layernorm":
@@ -170,7 +170,7 @@ class _QKVAttention(Mixer):
         """1 / denominator from the normaliser column z [..., 1]; only mixers with ``normalize``."""
         raise NotImplementedError
 
-    def eos_readout(self, x: Tensor, state: Optional[LinearAttentionState] = None) -> Tuple[Tensor, Tensor]:
+    def eos_readout(self, x: Tensor, state: LinearAttentionState | None = None) -> tuple[Tensor, Tensor]:
         """x [B, T, d_model] -> (read-out [B, T, H, D] (real), final memory [B, H, K, D'])."""
         self.check_input(x)
         m0 = None
@@ -197,7 +197,7 @@ class _QKVAttention(Mixer):
         # eos promotes to the state's dtype (float32 for half-precision inputs): back to x's.
         return y.to(x.dtype), m
 
-    def forward(self, x: Tensor, state: Optional[LinearAttentionState] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: LinearAttentionState | None = None, return_state: bool = False):
         y, m = self.eos_readout(x, state)
         out = self._output(y, x)
         return (out, LinearAttentionState(memory=m)) if return_state else out
@@ -457,7 +457,7 @@ class Cosformer(_QKVAttention):
         self,
         d_model: int,
         num_heads: int = 4,
-        theta: Union[float, Sequence[float]] = math.pi / (2 * 512),
+        theta: float | Sequence[float] = math.pi / (2 * 512),
         normalize: bool = True,
         eps: float = 1e-6,
     ):
@@ -720,7 +720,7 @@ class DUR(_QKVAttention):
         no_weight_decay(self.gk_proj.bias)
         no_weight_decay(self.gv_proj.bias)
 
-    def gates(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+    def gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """log g [B, T, H, K] and log gbar [B, T, H, D]."""
         return (
             F.logsigmoid(self._split(self.gk_proj(x))) / self.tau,

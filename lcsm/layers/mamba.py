@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +82,7 @@ class Mamba(Mixer):
         d_state: int = 16,
         d_conv: int = 4,
         expand: int = 2,
-        dt_rank: Union[int, str] = "auto",
+        dt_rank: int | str = "auto",
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
     ):
@@ -132,7 +131,7 @@ class Mamba(Mixer):
 
     # ------------------------------------------------------------------ pieces (used by tests)
 
-    def conv(self, x: Tensor, conv_state: Optional[Tensor]):
+    def conv(self, x: Tensor, conv_state: Tensor | None):
         """Causal depthwise conv + SiLU. x [B, T, d_inner]; conv_state [B, W - 1, d_inner] (the
         previous inputs, zeros at the start of a sequence). Returns (u [B, T, d_inner], new state)."""
         B, T, _ = x.shape
@@ -154,7 +153,7 @@ class Mamba(Mixer):
 
     # ------------------------------------------------------------------ mixer interface
 
-    def forward(self, x: Tensor, state: Optional[MambaState] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: MambaState | None = None, return_state: bool = False):
         self.check_input(x)
         xs, z = self.in_proj(x).chunk(2, dim=-1)
         u, conv_state = self.conv(xs, state.conv if state is not None else None)

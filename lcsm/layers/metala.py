@@ -28,7 +28,6 @@ D = d_model / H value width per head, W = conv_size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +47,7 @@ class MetaLAState(State):
     (None when ``conv=False``)."""
 
     memory: Tensor
-    conv: Optional[Tensor] = None
+    conv: Tensor | None = None
 
 
 @register("metala")
@@ -120,7 +119,7 @@ class MetaLA(Mixer):
 
     # ------------------------------------------------------------------ pieces
 
-    def _short_conv(self, x: Tensor, buffer: Optional[Tensor]):
+    def _short_conv(self, x: Tensor, buffer: Tensor | None):
         """Causal depthwise conv + SiLU over x [B, T, d] continuing from ``buffer`` [B, d, W-1]
         (the previous raw inputs; zeros at the start). Returns (x~ [B, T, d], new buffer)."""
         B, T, d = x.shape
@@ -136,7 +135,7 @@ class MetaLA(Mixer):
 
     # ------------------------------------------------------------------ interface
 
-    def forward(self, x: Tensor, state: Optional[MetaLAState] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: MetaLAState | None = None, return_state: bool = False):
         """x [B, T, d_model] -> y [B, T, d_model] (and the final MetaLAState when asked)."""
         self.check_input(x)
         B, T, d = x.shape

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import nn
@@ -116,7 +115,7 @@ class RWKV4(Mixer):
         self.receptance = nn.Linear(C, C, bias=False)
         self.output = nn.Linear(C, C, bias=False)
 
-    def _scale(self, k: Tensor, w: Tensor, state: Optional[RWKV4State]) -> Tensor:
+    def _scale(self, k: Tensor, w: Tensor, state: RWKV4State | None) -> Tensor:
         """Log-scales o_0..o_T [B, T + 1, C] (no gradient; see the module docstring). o_0 is the
         carried scale, or -inf where the memory is empty (its denominator exactly 0): then
         o_t = max(o_{t-1} - w, k_t) is exactly the largest exponent of the memory, like the CUDA
@@ -133,7 +132,7 @@ class RWKV4(Mixer):
             M = torch.cummax(torch.cat([start, a], dim=1), dim=1).values  # [B, T + 1, C]
             return (M - t * w64).to(k.dtype)
 
-    def forward(self, x: Tensor, state: Optional[RWKV4State] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: RWKV4State | None = None, return_state: bool = False):
         self.check_input(x)
         B, T, C = x.shape
         if T == 0:
@@ -197,7 +196,10 @@ class RWKV4(Mixer):
 
     def init_state(self, batch_size: int) -> RWKV4State:
         p = self._param_like()
-        zeros = lambda *shape, dtype=p.dtype: torch.zeros(*shape, dtype=dtype, device=p.device)
+
+        def zeros(*shape, dtype=p.dtype):
+            return torch.zeros(*shape, dtype=dtype, device=p.device)
+
         C, wdt = self.d_model, self._memory_dtype()
         return RWKV4State(
             shift=zeros(batch_size, C),

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -77,7 +76,7 @@ def _check_even(name: str, value) -> int:
     return value
 
 
-def _check_dt(dt_min, dt_max) -> Tuple[float, float]:
+def _check_dt(dt_min, dt_max) -> tuple[float, float]:
     for name, v in (("dt_min", dt_min), ("dt_max", dt_max)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ValueError(f"{name}: expected a positive number, got {v!r}")
@@ -115,7 +114,7 @@ def as_complex(p: Tensor) -> Tensor:
     return torch.view_as_complex(p)
 
 
-def hippo_legs(N: int) -> Tuple[Tensor, Tensor, Tensor]:
+def hippo_legs(N: int) -> tuple[Tensor, Tensor, Tensor]:
     """HiPPO-LegS (S4 paper eq. 2, sign included) in float64: A [N, N], B [N], and the rank-1
     correction P [N] with A + P P^T normal (S4 section 3.3, Theorem 1).
 
@@ -128,7 +127,7 @@ def hippo_legs(N: int) -> Tuple[Tensor, Tensor, Tensor]:
     return A, r.clone(), (n + 0.5).sqrt()
 
 
-def hippo_normal_eig(N: int) -> Tuple[Tensor, Tensor]:
+def hippo_normal_eig(N: int) -> tuple[Tensor, Tensor]:
     """Eigen-decomposition of the normal part S = A + P P^T of HiPPO-LegS ("HiPPO-N", S5 section 4.1):
     S = -1/2 I + K with K skew-symmetric, so S = V diag(Lambda) V^* with Lambda = -1/2 + i omega and V
     unitary. Returns (Lambda [N] complex128, V [N, N]) ordered by ascending omega, so that the
@@ -153,10 +152,10 @@ class _DiagonalSISO(Mixer):
 
     real_factor = 2.0
 
-    def eos_parameters(self) -> Tuple[Tensor, Tensor, Tensor]:
+    def eos_parameters(self) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
 
-    def ssm(self, u: Tensor, memory: Optional[Tensor] = None, return_state: bool = False):
+    def ssm(self, u: Tensor, memory: Tensor | None = None, return_state: bool = False):
         """The SSM convolution with the D skip: u [B, T, H] -> (y [B, T, H], memory [B, H, K, 1] or None)."""
         e, s, log_o = self.eos_parameters()
         y, m = eos(
@@ -178,7 +177,7 @@ class _DiagonalSISO(Mixer):
             )
         )
 
-    def _run(self, x: Tensor, state: Optional[SSMState], return_state: bool):
+    def _run(self, x: Tensor, state: SSMState | None, return_state: bool):
         self.check_input(x)
         return self.ssm(x, state.memory if state is not None else None, return_state)
 
@@ -255,7 +254,7 @@ class S4D(_DiagonalSISO):
         B_bar = as_complex(self.B) * torch.expm1(dtA) / A  # ZOH
         return B_bar, as_complex(self.C), dtA.unsqueeze(-1)
 
-    def forward(self, x: Tensor, state: Optional[SSMState] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: SSMState | None = None, return_state: bool = False):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
         y, m = self._run(x, state, return_state)
         y = _gelu_glu(y, self.output_linear)
@@ -371,7 +370,7 @@ class DSS(_DiagonalSISO):
         e = num * inv * shift
         return e, as_complex(self.W), x.unsqueeze(-1)
 
-    def forward(self, x: Tensor, state: Optional[SSMState] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: SSMState | None = None, return_state: bool = False):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
         y, m = self._run(x, state, return_state)
         y = self.output_linear(F.gelu(y))
@@ -478,13 +477,13 @@ class S5(Mixer):
         self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(P // 2, dt_min, dt_max).to(_dtype())))
         self.out2 = nn.Linear(H, H)
 
-    def discretize(self) -> Tuple[Tensor, Tensor]:
+    def discretize(self) -> tuple[Tensor, Tensor]:
         """ZOH: (Lambda Delta [P/2] complex, B_bar [P/2, H] complex)."""
         Lam = torch.complex(self.Lambda_re, self.Lambda_im)
         dtL = Lam * self.log_dt.exp()
         return dtL, (torch.expm1(dtL) / Lam).unsqueeze(-1) * as_complex(self.B)
 
-    def ssm(self, u: Tensor, memory: Optional[Tensor] = None, return_state: bool = False):
+    def ssm(self, u: Tensor, memory: Tensor | None = None, return_state: bool = False):
         """u [B, T, H] -> (2 Re(C~ x_t) + D u_t [B, T, H], state memory [B, 1, 1, P/2] or None)."""
         dtL, B_bar = self.discretize()
         i = torch.einsum("bth,ph->btp", u.to(B_bar.dtype), B_bar).unsqueeze(2)  # [B, T, 1, P/2]
@@ -495,7 +494,7 @@ class S5(Mixer):
         y = 2 * torch.einsum("btp,hp->bth", x[:, :, 0], as_complex(self.C)).real
         return (y + self.D * u).to(u.dtype), m
 
-    def forward(self, x: Tensor, state: Optional[SSMState] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: SSMState | None = None, return_state: bool = False):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
         self.check_input(x)
         y, m = self.ssm(x, state.memory if state is not None else None, return_state)
@@ -547,7 +546,7 @@ CAUCHY_BLOCK = 2**19
 
 def _row_blocks(g: Tensor, n2: int, *others: Tensor):
     rows = max(1, CAUCHY_BLOCK // (g.shape[0] * n2))
-    return zip(*(x.split(rows, dim=1) for x in (g,) + others))
+    return zip(*(x.split(rows, dim=1) for x in (g,) + others), strict=False)
 
 
 def _pair_inverse(g: Tensor, a: Tensor, s: Tensor) -> Tensor:
@@ -660,12 +659,12 @@ class S4(Mixer):
 
     # -- the system
 
-    def half_system(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    def half_system(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(Lambda, P, B, C), one mode of each conjugate pair, each [H, N/2] complex."""
         Lam = torch.complex(-self.log_A_real.exp(), self.A_imag)
         return Lam, as_complex(self.P), as_complex(self.B), as_complex(self.C)
 
-    def full_system(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    def full_system(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(Lambda, P, B, C) of the full conjugate-symmetric system, each [H, N] complex."""
         return tuple(torch.cat([v, v.conj()], dim=-1) for v in self.half_system())
 
@@ -674,7 +673,7 @@ class S4(Mixer):
         Lam, P, _, _ = self.full_system()
         return torch.diag_embed(Lam) - P.unsqueeze(-1) * P.conj().unsqueeze(-2)
 
-    def discretize(self) -> Tuple[Tensor, Tensor]:
+    def discretize(self) -> tuple[Tensor, Tensor]:
         """Bilinear: (A_bar [H, N, N], B_bar [H, N]) of the full system.
 
         With autograd off (decoding, evaluation) the result is kept until a parameter it depends on
@@ -687,12 +686,12 @@ class S4(Mixer):
         # The key holds each parameter's storage, so a pointer seen again is the same storage.
         if cached is None or not all(
             d.data_ptr() == p.data_ptr() and d.dtype == p.dtype and d.device == p.device and v == p._version
-            for (d, v), p in zip(cached[0], params)
+            for (d, v), p in zip(cached[0], params, strict=False)
         ):
             cached = self._discretized = ([(p.data, p._version) for p in params], self._discretize())
         return cached[1]
 
-    def _discretize(self) -> Tuple[Tensor, Tensor]:
+    def _discretize(self) -> tuple[Tensor, Tensor]:
         _, _, B, _ = self.full_system()
         A = self.continuous_A()
         dt = self.log_dt.exp().to(A.dtype).view(-1, 1, 1)
@@ -738,7 +737,7 @@ class S4(Mixer):
 
     # -- the two forms
 
-    def _fft(self, u: Tensor, x0: Optional[Tensor], return_state: bool):
+    def _fft(self, u: Tensor, x0: Tensor | None, return_state: bool):
         T = u.shape[1]
         A_bar, B_bar = self.discretize()
         K = self._kernel(T, A_bar)  # [H, T]
@@ -784,7 +783,7 @@ class S4(Mixer):
             x_T = x_T[..., :N2]
         return y, x_T
 
-    def _recurrent(self, u: Tensor, x0: Optional[Tensor]):
+    def _recurrent(self, u: Tensor, x0: Tensor | None):
         A_bar, B_bar = self.discretize()
         N2 = self.d_state // 2
         # The half state evolves as x' = A11 x + A12 conj(x) + B_bar_h u: the top rows of A_bar
@@ -802,7 +801,7 @@ class S4(Mixer):
             ys.append(2 * (x * C).sum(-1).real)
         return torch.stack(ys, 1), x
 
-    def ssm(self, u: Tensor, state: Optional[Tensor] = None, return_state: bool = False):
+    def ssm(self, u: Tensor, state: Tensor | None = None, return_state: bool = False):
         """The SSM with the D skip: u [B, T, H] -> (y [B, T, H], half state [B, H, N/2] or None).
         The system runs in its parameters' precision, outside autocast (whose bfloat16 matmuls
         would round A_bar's powers and the Cauchy sums)."""
@@ -817,7 +816,7 @@ class S4(Mixer):
                 y, x = self._recurrent(v, state)
         return (y + self.D * v).to(u.dtype), (x if return_state else None)
 
-    def forward(self, x: Tensor, state: Optional[S4State] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: S4State | None = None, return_state: bool = False):
         """x [B, T, H] -> y [B, T, H] (and the final S4State when asked)."""
         self.check_input(x)
         y, s = self.ssm(x, state.x if state is not None else None, return_state)

@@ -40,7 +40,6 @@ Shape glossary: B batch, T time, d = d_model, d1 = expand_ratio * d, n = l_max (
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -141,7 +140,7 @@ class TNN(Mixer):
         ones = torch.ones(1, self.l_max, dtype=b.real.dtype, device=b.device)
         return b.unsqueeze(0), ones, log_lam.view(1, -1, 1)
 
-    def forward(self, x: Tensor, state: Optional[SSMState] = None, return_state: bool = False):
+    def forward(self, x: Tensor, state: SSMState | None = None, return_state: bool = False):
         """x [B, T, d] -> y [B, T, d] (and the final SSMState when asked)."""
         self.check_input(x)
         u = F.silu(self.u_proj(x))

@@ -15,7 +15,8 @@ F = channel-mixer hidden width.
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +79,7 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-def reverse_valid(x: Tensor, lengths: Optional[Tensor]) -> Tensor:
+def reverse_valid(x: Tensor, lengths: Tensor | None) -> Tensor:
     """Reverse each sequence of x [B, T, ...] within its own length (padding stays at the end).
 
     The map is an involution, so it also undoes itself. Without ``lengths`` it is a plain flip."""
@@ -110,7 +111,7 @@ class Bidirectional(nn.Module):
         self.forward_map = forward_map
         self.backward_map = backward_map
 
-    def forward(self, x: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, lengths: Tensor | None = None) -> Tensor:
         rev = reverse_valid(x, lengths)
         rev = F.pad(rev, (0, 0, 1, 0))[:, : x.shape[1]]
         return self.forward_map(x) + reverse_valid(self.backward_map(rev), lengths)
@@ -175,9 +176,7 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.wrapped = config.mixer_hidden is not None
 
-    def forward(
-        self, x: Tensor, state: Optional[State] = None, return_state: bool = False, lengths: Optional[Tensor] = None
-    ):
+    def forward(self, x: Tensor, state: State | None = None, return_state: bool = False, lengths: Tensor | None = None):
         """x [B, T, d] -> [B, T, d] (and the mixer's State when ``return_state``)."""
         u = self.norm1(x)
         z = self.mixer_in(u) if self.wrapped else u
@@ -207,7 +206,7 @@ class Block(nn.Module):
         return self.mixer.init_state(batch_size)
 
 
-def init_model_weights(modules: List[nn.Module], std: float) -> None:
+def init_model_weights(modules: list[nn.Module], std: float) -> None:
     """normal(0, std) for the weights of the model's own Linear and Embedding layers, zero biases
     (GPT-2 / Zoology init, std 0.02). The mixers keep their own papers' inits."""
     for module in modules:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any
 
 from lcsm._checks import check_bool
 from lcsm._names import did_you_mean
@@ -87,21 +88,21 @@ class ModelConfig:
     """
 
     mixer: str = "gla"
-    mixer_options: Dict[str, Any] = field(default_factory=dict)
+    mixer_options: dict[str, Any] = field(default_factory=dict)
     d_model: int = 64
     n_layers: int = 2
-    vocab_size: Optional[int] = None
-    input_dim: Optional[int] = None
+    vocab_size: int | None = None
+    input_dim: int | None = None
     head: str = "lm"
     tie_embeddings: bool = True
-    n_classes: Optional[int] = None
+    n_classes: int | None = None
     pooling: str = "mean"
     head_hidden: int = 0
     dual_combine: str = "nli"
     bidirectional: bool = False
     channel_mixer: str = "glu"
-    channel_hidden: Optional[int] = None
-    mixer_hidden: Optional[int] = None
+    channel_hidden: int | None = None
+    mixer_hidden: int | None = None
     mixer_activation: str = "relu"
     gate: bool = False
     norm: str = "layernorm"
@@ -120,7 +121,7 @@ class ModelConfig:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
+    def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
         """Build from a plain mapping (a YAML/JSON config); unknown keys name the closest valid ones."""
         if not isinstance(values, Mapping):
             raise ValueError(f"model config: expected a mapping of field names to values, got {type(values).__name__}")
@@ -131,10 +132,10 @@ class ModelConfig:
             raise ValueError(f"model config: unknown key(s) {hints}. Valid keys: {', '.join(valid)}")
         return cls(**dict(values))
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         """A copy with ``changes`` applied (validated like ``from_dict``)."""
         return type(self).from_dict({**self.to_dict(), **changes})
 

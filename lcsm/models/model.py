@@ -16,7 +16,7 @@ one mixer ``State`` per layer (tensors only), as the mixers' own ``forward(x, st
 from __future__ import annotations
 
 import logging
-from typing import List, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,7 @@ Tensor = torch.Tensor
 log = logging.getLogger(__name__)
 
 
-def lengths_from_mask(mask: Optional[Tensor], batch: int, T: int, device) -> Optional[Tensor]:
+def lengths_from_mask(mask: Tensor | None, batch: int, T: int, device) -> Tensor | None:
     """Valid lengths [B] from a right-padding mask [B, T] (True / 1 = token)."""
     if mask is None:
         return None
@@ -92,9 +92,9 @@ class Backbone(nn.Module):
     def forward(
         self,
         inputs: Tensor,
-        state: Optional[List[State]] = None,
+        state: list[State] | None = None,
         return_state: bool = False,
-        lengths: Optional[Tensor] = None,
+        lengths: Tensor | None = None,
     ):
         """inputs [B, T] ids (or [B, T, input_dim]) -> hidden [B, T, d] (and the per-layer states)."""
         x = self.dropout(self.embed(inputs))
@@ -110,7 +110,7 @@ class Backbone(nn.Module):
         x = self.norm(x)
         return (x, states) if return_state else x
 
-    def init_state(self, batch_size: int) -> List[State]:
+    def init_state(self, batch_size: int) -> list[State]:
         return [block.init_state(batch_size) for block in self.blocks]
 
 
@@ -123,7 +123,7 @@ class Model(nn.Module):
         """Distinct trainable parameters (a tied matrix counts once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def no_weight_decay_parameters(self) -> List[nn.Parameter]:
+    def no_weight_decay_parameters(self) -> list[nn.Parameter]:
         """Parameters the engine's AdamW should not decay: every parameter tagged by
         ``lcsm.layers.no_weight_decay`` (decays, A_log, skips, ...), every norm parameter and every
         bias. Embedding matrices are decayed, as in nanoGPT and Zoology (2-D parameters are
@@ -135,7 +135,7 @@ class Model(nn.Module):
                     chosen[id(p)] = p
         return list(chosen.values())
 
-    def parameter_groups(self, weight_decay: float) -> List[dict]:
+    def parameter_groups(self, weight_decay: float) -> list[dict]:
         """The two AdamW groups: decayed parameters, then the ``no_weight_decay_parameters``."""
         skip = {id(p) for p in self.no_weight_decay_parameters()}
         decay = [p for p in self.parameters() if id(p) not in skip]
@@ -151,9 +151,9 @@ class Model(nn.Module):
 def sample_next(
     logits: Tensor,
     temperature: float = 1.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    generator: Optional[torch.Generator] = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     """One token per row of logits [B, V]: greedy when temperature == 0, else a sample from
     softmax(logits / temperature) restricted to the top_k tokens and to the smallest set whose
@@ -205,27 +205,27 @@ class CausalLM(Model):
             return F.linear(hidden, self.backbone.embedding.weight)
         return self.lm_head(hidden)
 
-    def forward(self, input_ids: Tensor, state: Optional[List[State]] = None, return_state: bool = False):
+    def forward(self, input_ids: Tensor, state: list[State] | None = None, return_state: bool = False):
         """input_ids [B, T] -> logits [B, T, V] (and the per-layer states after the last token)."""
         if state is not None or return_state:
             hidden, states = self.backbone(input_ids, state=state, return_state=True)
             return self.logits(hidden), states
         return self.logits(self.backbone(input_ids))
 
-    def init_state(self, batch_size: int) -> List[State]:
+    def init_state(self, batch_size: int) -> list[State]:
         return self.backbone.init_state(batch_size)
 
     @torch.no_grad()
     def generate(
         self,
-        input_ids: Union[Tensor, Sequence[Sequence[int]]],
+        input_ids: Tensor | Sequence[Sequence[int]],
         max_new_tokens: int,
         temperature: float = 1.0,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        lengths: Optional[Tensor] = None,
-        generator: Optional[torch.Generator] = None,
-        vocab_size: Optional[int] = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        lengths: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        vocab_size: int | None = None,
     ) -> Tensor:
         """Decode ``max_new_tokens`` tokens after each prompt; returns the new tokens [B, max_new_tokens].
 
@@ -280,7 +280,7 @@ class CausalLM(Model):
         return out
 
 
-def _prompt_list(input_ids, lengths) -> List[Tensor]:
+def _prompt_list(input_ids, lengths) -> list[Tensor]:
     if isinstance(input_ids, Tensor):
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"input_ids: expected integer ids [B, T], got {input_ids.dtype} {list(input_ids.shape)}")
@@ -298,7 +298,7 @@ def _prompt_list(input_ids, lengths) -> List[Tensor]:
                 f"lengths: expected [B] = [{input_ids.shape[0]}] values in [1, {input_ids.shape[1]}], "
                 f"got {lengths.tolist()}"
             )
-        return [row[: int(n)].long() for row, n in zip(input_ids, lengths)]
+        return [row[: int(n)].long() for row, n in zip(input_ids, lengths, strict=False)]
     if lengths is not None:
         raise ValueError("lengths: only for a right-padded [B, T] tensor; a list of prompts carries its own lengths")
     prompts = [torch.as_tensor(p, dtype=torch.long) for p in input_ids]
@@ -318,7 +318,7 @@ class PooledClassifierBase(Model):
         self.config = config
         self.backbone = Backbone(config)
 
-    def encode(self, inputs: Tensor, mask: Optional[Tensor] = None, lengths: Optional[Tensor] = None) -> Tensor:
+    def encode(self, inputs: Tensor, mask: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
         """inputs [B, T] (or [B, T, input_dim]) -> pooled features [B, d]. Padding (``mask`` [B, T]
         or ``lengths`` [B], right padding) is excluded from the pooling and, for the two-map
         bidirectional encoder, from both directions."""
@@ -340,7 +340,7 @@ class PooledClassifierBase(Model):
 
 
 def _mlp_head(d_in: int, hidden: Sequence[int], n_classes: int) -> nn.Module:
-    layers: List[nn.Module] = []
+    layers: list[nn.Module] = []
     for h in hidden:
         layers += [nn.Linear(d_in, h), nn.ReLU()]
         d_in = h
@@ -359,7 +359,7 @@ class SequenceClassifier(PooledClassifierBase):
         self.head = _mlp_head(config.d_model, hidden, config.n_classes)
         init_model_weights([self.head], config.init_std)
 
-    def forward(self, inputs: Tensor, mask: Optional[Tensor] = None, lengths: Optional[Tensor] = None) -> Tensor:
+    def forward(self, inputs: Tensor, mask: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
         return self.head(self.encode(inputs, mask=mask, lengths=lengths))
 
 
@@ -387,10 +387,10 @@ class DualClassifier(PooledClassifierBase):
         self,
         inputs1: Tensor,
         inputs2: Tensor,
-        mask1: Optional[Tensor] = None,
-        mask2: Optional[Tensor] = None,
-        lengths1: Optional[Tensor] = None,
-        lengths2: Optional[Tensor] = None,
+        mask1: Tensor | None = None,
+        mask2: Tensor | None = None,
+        lengths1: Tensor | None = None,
+        lengths2: Tensor | None = None,
     ) -> Tensor:
         u = self.encode(inputs1, mask=mask1, lengths=lengths1)
         v = self.encode(inputs2, mask=mask2, lengths=lengths2)
@@ -400,7 +400,7 @@ class DualClassifier(PooledClassifierBase):
 HEAD_CLASSES = {"lm": CausalLM, "classifier": SequenceClassifier, "dual": DualClassifier}
 
 
-def build_model(config: Union[ModelConfig, Mapping], verbose: bool = True) -> Model:
+def build_model(config: ModelConfig | Mapping, verbose: bool = True) -> Model:
     """Build the model a config describes (a ModelConfig or a plain mapping, validated) and report
     its parameter count on the ``lcsm.models`` logger (INFO)."""
     if not isinstance(config, ModelConfig):

@@ -16,7 +16,8 @@ Any field can be overridden: ``preset("etsmlp", task="text", d_model=32, n_layer
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Optional
+from collections.abc import Callable
+from typing import Any
 
 from lcsm._names import did_you_mean
 
@@ -61,7 +62,7 @@ METALA_LRA = {
 }
 
 # LCSM Table 8 (WikiText-103 LM recipe), for the training engine.
-LCSM_LM_RECIPE: Dict[str, Any] = dict(
+LCSM_LM_RECIPE: dict[str, Any] = dict(
     dataset="wikitext-103",
     tokenizer="bpe",
     vocab_size=50265,
@@ -117,7 +118,7 @@ def etsmlp_gate(task: str = "listops", **overrides) -> ModelConfig:
     return etsmlp(task, gate=True, **overrides)
 
 
-def metala_transformer(task: Optional[str] = None, **overrides) -> ModelConfig:
+def metala_transformer(task: str | None = None, **overrides) -> ModelConfig:
     """MetaLA Transformer (MetaLA appendix A3.3, eq. A40-A43, Figure A1): pre-norm blocks of the
     MetaLA token mixer (eq. A31-A37) and a GLU channel mixer (eq. A41), XNorm = LayerNorm.
 
@@ -200,7 +201,7 @@ def lra_encoder(task: str = "listops", mixer: str = "s4d", **overrides) -> Model
     return ModelConfig.from_dict(values)
 
 
-PRESETS: Dict[str, Callable[..., ModelConfig]] = {
+PRESETS: dict[str, Callable[..., ModelConfig]] = {
     "etsmlp": etsmlp,
     "etsmlp_gate": etsmlp_gate,
     "metala_transformer": metala_transformer,

@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import torch
 
@@ -150,8 +149,8 @@ class EOSProblem:
     v: Tensor
     e: Tensor
     s: Tensor
-    g: Optional[Tensor]
-    m0: Optional[Tensor]
+    g: Tensor | None
+    m0: Tensor | None
     B: int
     T: int
     H: int
@@ -161,11 +160,11 @@ class EOSProblem:
     e_dd: bool
     s_dd: bool
     g_dd: bool
-    g_outer: Optional[Tuple[Tensor, Tensor]] = None
-    g_product: Optional[Tuple[Tensor, Tensor]] = None
+    g_outer: tuple[Tensor, Tensor] | None = None
+    g_product: tuple[Tensor, Tensor] | None = None
     # A real input of a complex computation, before its promotion ([B, H, T, D], a view of i): the
     # fft form convolves it with the kernel's real part when only Re(y) is asked for.
-    v_real: Optional[Tensor] = None
+    v_real: Tensor | None = None
 
     @property
     def e_is_vector(self) -> bool:
@@ -181,7 +180,7 @@ class EOSProblem:
         return not (self.e_dd or self.s_dd or self.g_dd)
 
     @property
-    def g_full(self) -> Optional[Tensor]:
+    def g_full(self) -> Tensor | None:
         """The log oscillation as one broadcastable tensor: ``g`` itself, for a separable pair
         the materialised sum g_row + g_col [B|1, H, T|1, K, D], for a product a * b."""
         if self.g_outer is not None:
@@ -322,7 +321,9 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
         decay_names = [f"log_o[{n}]" for n in range(len(decays))]
     else:
         decay_names = ["log_o.a", "log_o.b"] if product else ["log_o"] * len(decays)
-    check_same_device({"i": i, "e": e, "s": s, **dict(zip(decay_names, decays)), state_name: initial_state})
+    check_same_device(
+        {"i": i, "e": e, "s": s, **dict(zip(decay_names, decays, strict=False)), state_name: initial_state}
+    )
     if i.dim() != 4:
         raise ValueError(f"i: expected [B, T, H, D], got {i.dim()}-d tensor {shape_str(i)}")
     B, T, H, D = i.shape
@@ -341,7 +342,9 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
         (row, row_dd), (col, col_dd) = (_pair_part(part, n, B, T, H, K, D) for n, part in enumerate(decays))
         pair_c, g_dd = (row, col), row_dd or col_dd
     elif product:
-        (a, a_dd), (b, b_dd) = (_decay_tensor(f"log_o.{n}", x, B, T, H, K, D) for n, x in zip("ab", decays))
+        (a, a_dd), (b, b_dd) = (
+            _decay_tensor(f"log_o.{n}", x, B, T, H, K, D) for n, x in zip("ab", decays, strict=False)
+        )
         g_dd = a_dd or b_dd
         if max(a.shape[-2], b.shape[-2]) == K > 1 and max(a.shape[-1], b.shape[-1]) == D > 1:
             product_c = (a, b)
@@ -383,7 +386,7 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
     return p
 
 
-def finish(p: EOSProblem, y_bhtd: Tensor, m_T: Optional[Tensor], output_final_state: bool, real_output: bool = False):
+def finish(p: EOSProblem, y_bhtd: Tensor, m_T: Tensor | None, output_final_state: bool, real_output: bool = False):
     """Back to the public layout [B, T, H, D] and dtype (y's real part when real_output); final
     state only when asked for."""
     if real_output and y_bhtd.is_complex():

@@ -54,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -178,17 +177,20 @@ def _intra_subchunked(q, k, v, G, kind, strict, at_most: int = SUBCHUNK):
     c = _subchunk(C, at_most)
     ns = C // c
     lead = q.shape[:-2]
-    sub = lambda x: x.reshape(*lead, ns, c, x.shape[-1])
+
+    def sub(x):
+        return x.reshape(*lead, ns, c, x.shape[-1])
+
     qs, ks, vs, Gs = sub(q), sub(k), sub(v), sub(G)
     if c == 1 or _is_moderate(Gs, q.dtype):
         y = _single_reference(qs, ks, vs, Gs, kind, strict)  # [.., ns, c, D]
     else:
         y = _intra_subchunked(qs, ks, vs, Gs, kind, strict, max(1, c // 4))
     blocks = [y[..., 0, :, :]]
-    for I in range(1, ns):
-        ref = G[..., I * c - 1 : I * c, :]  # Gamma just before sub-chunk I
-        q_I, G_I = qs[..., I, :, :], Gs[..., I, :, :]
-        k_prev, v_prev, G_prev = k[..., : I * c, :], v[..., : I * c, :], G[..., : I * c, :]
+    for j in range(1, ns):
+        ref = G[..., j * c - 1 : j * c, :]  # Gamma just before sub-chunk j
+        q_I, G_I = qs[..., j, :, :], Gs[..., j, :, :]
+        k_prev, v_prev, G_prev = k[..., : j * c, :], v[..., : j * c, :], G[..., : j * c, :]
         if kind == "row":
             a_off = (q_I * _exp(G_I - ref, q.dtype)) @ (k_prev * _exp(ref - G_prev, q.dtype)).transpose(-1, -2)
             off = a_off @ v_prev
@@ -201,12 +203,12 @@ def _intra_subchunked(q, k, v, G, kind, strict, at_most: int = SUBCHUNK):
         else:
             a_off = q_I @ k_prev.transpose(-1, -2)
             off = _exp(G_I - ref, q.dtype) * (a_off @ (v_prev * _exp(ref - G_prev, q.dtype)))
-        blocks.append(y[..., I, :, :] + off)
+        blocks.append(y[..., j, :, :] + off)
     return torch.cat(blocks, -2)
 
 
 def chunk_matmul(
-    q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str, m0: Optional[Tensor], C: int, strict: bool = False
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, kind: str, m0: Tensor | None, C: int, strict: bool = False
 ):
     """The ``matmul`` kernel (arguments as in ``_chunk_matmul_segment``), run over segments of
     about SEGMENT tokens with the memory carried between them. Segmenting changes nothing
@@ -231,11 +233,11 @@ class _Decay:
     EOS problem over the same decays (the forward one and its transposes in the backward) shares
     them whatever the roles of q, k and v."""
 
-    G: Optional[Tensor] = None  # [B, H, N, C, X] cumulative logs from each chunk start (double)
-    e_G: Optional[Tensor] = None  # exp(Gamma_t) <= 1
-    e_last: Optional[Tensor] = None  # exp(Gamma_C) per chunk, [B, H, N, 1, X]
-    e_neg: Optional[Tensor] = None  # exp(-Gamma_s), only when moderate
-    to_end: Optional[Tensor] = None  # exp(Gamma_C - Gamma_s)
+    G: Tensor | None = None  # [B, H, N, C, X] cumulative logs from each chunk start (double)
+    e_G: Tensor | None = None  # exp(Gamma_t) <= 1
+    e_last: Tensor | None = None  # exp(Gamma_C) per chunk, [B, H, N, 1, X]
+    e_neg: Tensor | None = None  # exp(-Gamma_s), only when moderate
+    to_end: Tensor | None = None  # exp(Gamma_C - Gamma_s)
     moderate: bool = True
 
 
@@ -249,7 +251,7 @@ def _chunked(x: Tensor, C: int) -> Tensor:
     return x.reshape(B, H, N, C, X).contiguous()
 
 
-def _decay_factors(g: Optional[Tensor], C: int, dt: torch.dtype) -> _Decay:
+def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
     if g is None:
         return _Decay()
     # Cumulative logs in double precision: their differences over short spans must stay accurate
@@ -267,7 +269,7 @@ def _decay_factors(g: Optional[Tensor], C: int, dt: torch.dtype) -> _Decay:
     return _Decay(G, _exp(G, dt), e_last, e_neg, to_end, moderate)
 
 
-def _chunk_states(k: Tensor, v: Tensor, f: _Decay, kind: str, m0: Optional[Tensor]):
+def _chunk_states(k: Tensor, v: Tensor, f: _Decay, kind: str, m0: Tensor | None):
     """Memories at every chunk start, S [B, H, N, K, D], and after the last chunk.
     k [B, H, N, C, K] and v [B, H, N, C, D] are chunked."""
     B, H, N, _, K = k.shape
@@ -329,7 +331,7 @@ def _chunk_outputs(q: Tensor, k: Tensor, v: Tensor, f: _Decay, S: Tensor, kind: 
 
 
 def _chunk_matmul_segment(
-    q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], kind: str, m0: Optional[Tensor], C: int, strict: bool = False
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, kind: str, m0: Tensor | None, C: int, strict: bool = False
 ):
     """The ``matmul`` kernel on one segment. q, k [B, H, T, K]; v [B, H, T, D]; g None (kind 'none') or
     [B, H, T, 1] ('scalar'), [B, H, T, K] ('row'), [B, H, T, D] ('col'), [B, H, T, K + D] ('outer':
@@ -485,7 +487,10 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 )
                 for name, grad in (("q", dq), ("k", dk), ("v", dv)):
                     grads[name].append(grad)
-            cat = lambda name: _cat(grads[name][::-1])
+
+            def cat(name):
+                return _cat(grads[name][::-1])
+
             return cat("q"), cat("k"), cat("v"), None, dM if m0 is not None else None, None, None
         for j in reversed(range(len(parts))):
             part, L = parts[j], parts[j].stop - parts[j].start
@@ -552,14 +557,17 @@ class ChunkMatmulFunction(torch.autograd.Function):
                     dm0 = dM * (first_a.unsqueeze(-1) * first_b.unsqueeze(-2))
                 else:
                     dm0 = dM * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
-        cat = lambda name: torch.cat(grads[name][::-1], 2) if grads[name] else None
+
+        def cat(name):
+            return torch.cat(grads[name][::-1], 2) if grads[name] else None
+
         return cat("q"), cat("k"), cat("v"), cat("g"), dm0, None, None
 
 
 # ----------------------------------------------------------------------------- elementwise kernel
 
 
-def _time_slice(x: Optional[Tensor], start: int, stop: int) -> Optional[Tensor]:
+def _time_slice(x: Tensor | None, start: int, stop: int) -> Tensor | None:
     if x is None or x.shape[2] == 1:
         return x
     return x[:, :, start:stop]
@@ -590,7 +598,7 @@ def _contract_k(a: Tensor, h: Tensor) -> Tensor:
     return (a * h).sum(-2)
 
 
-def _promoted(*xs: Optional[Tensor]) -> torch.dtype:
+def _promoted(*xs: Tensor | None) -> torch.dtype:
     dt = xs[0].dtype
     for x in xs[1:]:
         if x is not None:
@@ -741,10 +749,10 @@ class _BlockGrads:
     is the chunk's slice of a per-step x's gradient buffer, written in place; None for a
     time-shared x, whose blocks are summed."""
 
-    def __init__(self, x: Tensor, out: Optional[Tensor]):
+    def __init__(self, x: Tensor, out: Tensor | None):
         self.x, self.out, self.total = x, out, None
 
-    def slot(self, a: int, z: int, like: Tensor) -> Optional[Tensor]:
+    def slot(self, a: int, z: int, like: Tensor) -> Tensor | None:
         """The buffer's slice for steps a..z when a gradient shaped and typed like ``like`` can be
         written there as it is (no reduction, no real part); else None."""
         if self.out is None or self.out.dtype != like.dtype or self.out[:, :, a:z].shape != like.shape:
@@ -890,16 +898,16 @@ def _span_blocks(g, T: int, C: int, dtype: torch.dtype):
                 a, total = t, 0.0
             total += per_step[start + t]
         blocks = []
-        for a, z in runs + [(a, stop - start)]:
-            cumulative = z - a >= MIN_CUMULATIVE
+        for first, z in [*runs, (a, stop - start)]:
+            cumulative = z - first >= MIN_CUMULATIVE
             if not cumulative and blocks and not blocks[-1][2]:
-                a = blocks.pop()[0]
-            blocks.append((a, z, cumulative))
+                first = blocks.pop()[0]
+            blocks.append((first, z, cumulative))
         chunks.append(blocks)
     return chunks
 
 
-def _cumulative_log(g, a: int, z: int) -> Optional[Tensor]:
+def _cumulative_log(g, a: int, z: int) -> Tensor | None:
     """L_t = sum_{a <= i <= t} log o_i over steps a..z of a chunk, [B|1, H, z - a, K|1, D|1], in
     double precision (None without a decay)."""
     total = None
@@ -1069,7 +1077,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
                 dv, de, ds, d_operands, dM = cumulative_backward(
                     part["v"], part["e"], part["s"], decay, states[n], hs, dy[:, :, start:stop], dM, out, ctx.blocks[n]
                 )
-            for name, grad in zip(full, (dv, de, ds, *d_operands)):
+            for name, grad in zip(full, (dv, de, ds, *d_operands), strict=False):
                 if buffers[name] is None:
                     sums[name] = grad if sums[name] is None else sums[name] + grad
         grads = [sums[name] if buffers[name] is None else buffers[name] for name in full]

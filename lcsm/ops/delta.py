@@ -26,8 +26,6 @@ width), C chunk size, N = ceil(T / C) chunks. Internally tensors are head-major 
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
-
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -104,7 +102,7 @@ def _canonicalize(i, e, s, a, b, log_o, initial_state):
 # ----------------------------------------------------------------------------- recurrent form
 
 
-def _step(m: Tensor, v: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, gamma: Optional[Tensor]):
+def _step(m: Tensor, v: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, gamma: Tensor | None):
     """One step on [B, H, .] tensors: m [B, H, K, D] -> (y [B, H, D], m_new)."""
     u = torch.einsum("bhk,bhkd->bhd", b, m)
     m = m - a.unsqueeze(-1) * u.unsqueeze(-2)
@@ -131,7 +129,7 @@ class _DeltaRecurrent(torch.autograd.Function):
         checkpoints = []
         ys = []
         for t, (v_t, e_t, s_t, a_t, b_t, gm_t) in enumerate(
-            zip(v.unbind(2), e.unbind(2), s.unbind(2), a.unbind(2), b.unbind(2), gammas)
+            zip(v.unbind(2), e.unbind(2), s.unbind(2), a.unbind(2), b.unbind(2), gammas, strict=False)
         ):
             if t % chunk_size == 0:
                 checkpoints.append(m)
@@ -152,12 +150,12 @@ class _DeltaRecurrent(torch.autograd.Function):
         gammas = g.exp().unbind(2) if g is not None else [None] * T
         dys = dy.unbind(2) if dy is not None else [None] * T
         G = dm_T.clone() if dm_T is not None else torch.zeros_like(checkpoints[0])
-        dv: List[Tensor] = [None] * T
-        de: List[Tensor] = [None] * T
-        ds: List[Tensor] = [None] * T
-        da: List[Tensor] = [None] * T
-        db: List[Tensor] = [None] * T
-        dg: List[Tensor] = [None] * T
+        dv: list[Tensor] = [None] * T
+        de: list[Tensor] = [None] * T
+        ds: list[Tensor] = [None] * T
+        da: list[Tensor] = [None] * T
+        db: list[Tensor] = [None] * T
+        dg: list[Tensor] = [None] * T
         for n in range(len(checkpoints) - 1, -1, -1):
             t0, t1 = n * C, min((n + 1) * C, T)
             prev = [checkpoints[n]]  # prev[j] = m_{t0 + j}, the memory before step t0 + j
@@ -299,7 +297,7 @@ def _delta_chunk(v, e, s, a, b, g, m0, chunk_size, a_is_e=False):
     starts = []
     # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
     Phis, Psis = (x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi))
-    for Phi_n, Psi_n in zip(Phis, Psis):
+    for Phi_n, Psi_n in zip(Phis, Psis, strict=False):
         starts.append(M)
         M = Phi_n @ M + Psi_n
     y = Q @ torch.stack(starts, 2) + R  # [B, H, N, C, D]
@@ -317,13 +315,13 @@ def eos_delta(
     s: Tensor,
     a: Tensor,
     b: Tensor,
-    log_o: Optional[Tensor] = None,
+    log_o: Tensor | None = None,
     *,
     mode: str = "auto",
-    initial_state: Optional[Tensor] = None,
+    initial_state: Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
-) -> Tuple[Tensor, Optional[Tensor]]:
+) -> tuple[Tensor, Tensor | None]:
     """EOS with the matrix oscillation o_t = exp(log_o_t) (I - a_t b_t^T) (LCSM 5.2, Table 7).
 
         m_t = exp(log_o_t) (I - a_t b_t^T) m_{t-1} + e_t i_t^T,    y_t = m_t^T s_t

@@ -12,7 +12,6 @@ See docs/eos.md for the semantics, each mode's algorithm and the mapping of the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
 
 import torch
 
@@ -25,7 +24,7 @@ from .parallel import eos_parallel
 from .reference import eos_recurrent, eos_step_state
 
 Tensor = torch.Tensor
-LogO = Union[None, Tensor, Tuple[Tensor, Tensor], LogProduct]
+LogO = None | Tensor | tuple[Tensor, Tensor] | LogProduct
 
 
 @dataclass(frozen=True)
@@ -129,11 +128,11 @@ def eos(
     log_o: LogO = None,
     *,
     mode: str = "auto",
-    initial_state: Optional[Tensor] = None,
+    initial_state: Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
     real_output: bool = False,
-) -> Tuple[Tensor, Optional[Tensor]]:
+) -> tuple[Tensor, Tensor | None]:
     """Run the EOS recurrence over a sequence.
 
     Args:

@@ -32,7 +32,7 @@ def eos_recurrent(p: EOSProblem):
     g = p.g_full
     os = _steps(g.exp(), p.T) if g is not None else [None] * p.T
     ys = []
-    for v_t, e_t, s_t, o_t in zip(p.v.unbind(2), es, ss, os):
+    for v_t, e_t, s_t, o_t in zip(p.v.unbind(2), es, ss, os, strict=False):
         y_t, m = eos_step_state(v_t, e_t, s_t, o_t, m)
         ys.append(y_t)
     y = torch.stack(ys, 2) if ys else p.v.new_zeros(p.B, p.H, 0, p.D)

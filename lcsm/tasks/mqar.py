@@ -36,14 +36,13 @@ stable across platforms, so the same config gives the same tensors on any machin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
 
 import numpy as np
 import torch
 
 from .base import IGNORE_INDEX, Segment, Task, TaskConfig, check_bool, check_int, check_positive_float, register
 
-Grid = Tuple[Tuple[int, int], ...]
+Grid = tuple[tuple[int, int], ...]
 
 STANDARD_GRID: Grid = ((64, 4), (128, 8), (256, 16), (512, 64))
 """(seq_len, kv_pairs) of Zoology Figure 2 (reference notes §4)."""
@@ -166,7 +165,7 @@ def mqar_segment(
     num_examples: int,
     power_a: float = 0.01,
     random_non_queries: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One (seq_len, kv_pairs) block: (inputs, labels), both [num_examples, seq_len] int64."""
     ctx = 2 * kv_pairs
     half = vocab_size // 2
@@ -222,7 +221,7 @@ class MQAR(Task):
         self._check_split(split)
         return self.config.train_grid if split == "train" else self.config.test_grid
 
-    def generate(self, split: str) -> List[Segment]:
+    def generate(self, split: str) -> list[Segment]:
         c = self.config
         n = c.train_examples if split == "train" else c.test_examples
         segments = []

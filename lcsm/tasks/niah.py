@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -49,8 +48,8 @@ class NIAHConfig(TaskConfig):
     seed: haystack windows and needle numbers.
     """
 
-    contexts: Tuple[int, ...] = (256, 512, 1024)
-    depths: Tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    contexts: tuple[int, ...] = (256, 512, 1024)
+    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     digits: int = 4
     train_examples: int = 400
     test_examples: int = 50
@@ -89,7 +88,7 @@ class NIAHEvaluator(Evaluator):
 
     def __init__(self, slice_keys=()):
         super().__init__(slice_keys)
-        self._exact: Dict[str, List[float]] = {}
+        self._exact: dict[str, list[float]] = {}
 
     def update(self, logits, labels, batch_meta=None):
         super().update(logits, labels, batch_meta)
@@ -139,13 +138,13 @@ class NeedleInAHaystack(Task):
             use_cache=self.use_cache,
         )
 
-    def local_sources(self) -> List[Path]:
+    def local_sources(self) -> list[Path]:
         return self._haystack().local_sources()
 
     def _haystack_stream(self, split: str) -> np.ndarray:
         return self._haystack().stream(split).astype(np.int64)
 
-    def generate(self, split: str) -> List[Segment]:
+    def generate(self, split: str) -> list[Segment]:
         c = self.config
         tok = lm.ByteTokenizer()
         stream = self._haystack_stream(split)
@@ -195,7 +194,7 @@ class NeedleInAHaystack(Task):
     def evaluator(self) -> NIAHEvaluator:
         return NIAHEvaluator(self.slice_keys)
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str) -> list[int]:
         return lm.ByteTokenizer().encode(text)
 
     def decode(self, ids) -> str:
@@ -206,7 +205,8 @@ class NeedleInAHaystack(Task):
         return "\n".join(
             [
                 "niah: needle in a haystack over real prose (MetaLA Table A8 style, trained), byte tokens",
-                f"  contexts {list(c.contexts)} x depths {list(c.depths)}; {c.digits}-digit needle numbers; corpus {c.corpus!r}",
+                f"  contexts {list(c.contexts)} x depths {list(c.depths)}; {c.digits}-digit needle numbers; "
+                f"corpus {c.corpus!r}",
                 f"  {c.train_examples} train / {c.test_examples} test examples per cell; seed {c.seed}",
                 "  metrics: accuracy (answer digits), exact (whole answer), per context and per depth",
             ]

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -48,7 +47,7 @@ from .base import Segment, Task, TaskConfig, Uniforms, check_int, register
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 INK = 255
-Point = Tuple[int, int]
+Point = tuple[int, int]
 MATCH_TOLERANCE = 0.5
 """Pixels by which a negative's dot distance may differ from its reference under ``match_distance``."""
 
@@ -102,7 +101,7 @@ def _aim(u: Uniforms, shape: np.ndarray, dot: np.ndarray, distance: float, side:
     return _distinct_steps(pixels)
 
 
-def _reference_distance(u: Uniforms, c: "PathfinderConfig", min_span: int) -> float:
+def _reference_distance(u: Uniforms, c: PathfinderConfig, min_span: int) -> float:
     """The distance between the two dots of a positive drawn afresh: the pixel ends of a new
     contour shape (drawn as ``render`` draws one) at a uniform sub-pixel offset, as ``_place``
     rounds them. A negative under ``match_distance`` puts its dots this far apart."""
@@ -113,7 +112,7 @@ def _reference_distance(u: Uniforms, c: "PathfinderConfig", min_span: int) -> fl
     return float(math.hypot(*(ends[1] - ends[0])))
 
 
-def _dashed(points: List[Point], dash: int, gap: int) -> List[Point]:
+def _dashed(points: list[Point], dash: int, gap: int) -> list[Point]:
     return [p for i, p in enumerate(points) if i % (dash + gap) < dash]
 
 
@@ -124,7 +123,7 @@ def _forbid(mask: np.ndarray, pixels: np.ndarray, distance: int) -> None:
         mask[max(r - d, 0) : r + d + 1, max(col - d, 0) : col + d + 1] = True
 
 
-def render(u: Uniforms, c: "PathfinderConfig", positive: bool) -> Tuple[np.ndarray, np.ndarray, List[Point]]:
+def render(u: Uniforms, c: PathfinderConfig, positive: bool) -> tuple[np.ndarray, np.ndarray, list[Point]]:
     """(image [S, S] uint8, contour id map [S, S] int8 (-1 = background), the two dot centres)."""
     # A shape whose ends are closer than min_span (Chebyshev) is redrawn: curled up, it would hide
     # its dots. Under match_distance the bound is gap + 4, the least distance the placement rules
@@ -136,7 +135,7 @@ def render(u: Uniforms, c: "PathfinderConfig", positive: bool) -> Tuple[np.ndarr
         reference = _reference_distance(u, c, min_span)
     for _ in range(100):
         try:
-            paths: List[np.ndarray] = []
+            paths: list[np.ndarray] = []
             # near: within gap + 2 of a placed contour or within gap + 4 of its ends (a dot may go
             # there); far: within gap + 4 of a placed contour (a new contour's ends stay out)
             near = np.zeros((c.side, c.side), dtype=bool)
@@ -184,13 +183,13 @@ def render(u: Uniforms, c: "PathfinderConfig", positive: bool) -> Tuple[np.ndarr
         for r, col in _dashed(path.tolist(), c.dash, c.gap):
             image[r, col], ids[r, col] = INK, k
     dots = [tuple(paths[0][0]), tuple(paths[0][-1])] if positive else [tuple(paths[0][0]), tuple(paths[1][-1])]
-    for k, (r, col) in zip((0, 0 if positive else 1), dots):
+    for k, (r, col) in zip((0, 0 if positive else 1), dots, strict=False):
         image[r - 1 : r + 2, col - 1 : col + 2] = INK
         ids[r - 1 : r + 2, col - 1 : col + 2] = k
     return image, ids, dots
 
 
-def distance_rule(distances: np.ndarray, labels: np.ndarray) -> Tuple[float, float, bool]:
+def distance_rule(distances: np.ndarray, labels: np.ndarray) -> tuple[float, float, bool]:
     """The threshold rule on the dots' distance that best fits ``labels``: (its accuracy,
     threshold, below), the rule being "positive iff distance <= threshold" when ``below``, else
     "positive iff distance > threshold"; thresholds tried: every distance present. Its accuracy on
@@ -203,7 +202,7 @@ def distance_rule(distances: np.ndarray, labels: np.ndarray) -> Tuple[float, flo
     return best
 
 
-def distance_rule_accuracy(rule: Tuple[float, float, bool], distances: np.ndarray, labels: np.ndarray) -> float:
+def distance_rule_accuracy(rule: tuple[float, float, bool], distances: np.ndarray, labels: np.ndarray) -> float:
     """Accuracy on (``distances``, ``labels``) of a rule from ``distance_rule``."""
     _, threshold, below = rule
     predicted = (np.asarray(distances) <= threshold) == below
@@ -280,17 +279,17 @@ class Pathfinder(Task):
 
     def images(self, split: str, with_ids: bool = False):
         """(images [N, S, S] uint8, labels [N]) and, with ``with_ids``, the contour id maps."""
-        images, ids, _, labels = zip(*self._draw(split))
+        images, ids, _, labels = zip(*self._draw(split), strict=False)
         out = (np.stack(images), np.array(labels))
         return out + (np.stack(ids),) if with_ids else out
 
-    def dot_distances(self, split: str) -> Tuple[np.ndarray, np.ndarray]:
+    def dot_distances(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(Euclidean distance in pixels between the two dots' centres [N], labels [N]) of
         ``split`` (drawn afresh, not from the cache): the cue ``match_distance`` removes."""
-        _, _, dots, labels = zip(*self._draw(split))
+        _, _, dots, labels = zip(*self._draw(split), strict=False)
         return np.array([math.dist(a, b) for a, b in dots]), np.array(labels)
 
-    def generate(self, split: str) -> List[Segment]:
+    def generate(self, split: str) -> list[Segment]:
         images, labels = self.images(split)
         flat = torch.from_numpy(images.reshape(len(images), -1).astype(np.int64))
         return [Segment(f"S{self.config.side}", flat, torch.from_numpy(labels), {"side": self.config.side})]
@@ -300,9 +299,11 @@ class Pathfinder(Task):
         return "\n".join(
             [
                 "pathfinder: are the two dots joined by one dashed contour? (Linsley et al. 2018; LRA)",
-                f"  {c.side}x{c.side} images as {c.side**2} pixel tokens; {c.contours} contours of {c.contour_length} steps, "
+                f"  {c.side}x{c.side} images as {c.side**2} pixel tokens; {c.contours} contours of "
+                f"{c.contour_length} steps, "
                 f"dash {c.dash} / gap {c.gap}, turn <= {c.max_turn:g} degrees; balanced classes"
                 + ("; negatives' dots as far apart as positives' (match_distance)" if c.match_distance else ""),
-                f"  {c.train_examples} / {c.validation_examples} / {c.test_examples} train / validation / test; seed {c.seed}",
+                f"  {c.train_examples} / {c.validation_examples} / {c.test_examples} train / validation / test; "
+                f"seed {c.seed}",
             ]
         )

@@ -12,8 +12,8 @@ import zipfile
 
 import pytest
 
-from lcsm.data import registry as src
 from lcsm.data import SourceUnavailable, fetch
+from lcsm.data import registry as src
 
 
 def _tar_bytes(files, compression=""):

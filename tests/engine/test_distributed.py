@@ -61,10 +61,10 @@ def test_two_processes_match_one(tmp_path):
     # Rank 0 alone writes: one metrics file, one line per step.
     (loss1, eval1), (loss2, eval2) = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(loss1) == len(loss2) == 10
-    for a, b in zip(loss1, loss2):
+    for a, b in zip(loss1, loss2, strict=False):
         assert abs(a - b) <= 1e-5 * abs(a), (loss1, loss2)
     assert [e["step"] for e in eval2] == [5, 10]
-    for e1, e2 in zip(eval1, eval2):
+    for e1, e2 in zip(eval1, eval2, strict=False):
         assert abs(e1["loss"] - e2["loss"]) <= 1e-5 * e1["loss"]
     w1 = load_file(str(tmp_path / "one" / "checkpoints" / "step-00000010" / "model.safetensors"))
     w2 = load_file(str(tmp_path / "two" / "checkpoints" / "step-00000010" / "model.safetensors"))

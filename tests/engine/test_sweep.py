@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from lcsm.cli import main
-from lcsm.engine import sweep as sweep_mod
 from lcsm.engine import report as report_mod
+from lcsm.engine import sweep as sweep_mod
 from lcsm.engine.report import plot, write_report
 from lcsm.engine.sweep import collect, load_experiment, select_best, sweep
 
@@ -465,7 +465,7 @@ def test_parallel_output_tags_tell_runs_with_long_shared_labels_apart(tmp_path):
     assert len(ids[0]) > 48
     tags = [sweep_mod.log_prefix(i) for i in ids]
     assert len(set(tags)) == len(ids) and all(len(t) <= 48 for t in tags)
-    assert all(t.endswith(i[-20:]) for t, i in zip(tags, ids))
+    assert all(t.endswith(i[-20:]) for t, i in zip(tags, ids, strict=False))
     assert sweep_mod.log_prefix("short-1234") == "short-1234"
 
 

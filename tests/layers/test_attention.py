@@ -145,7 +145,10 @@ def test_state_grows_linearly():
     assert m.state_size(0) == m.init_state(3).numel_per_sequence() == 1
     # Constant increment per token: 2 d_model scalars (one key and one value).
     assert all(
-        (b - a) == 2 * D_MODEL * (t1 - t0) for (a, t0), (b, t1) in zip(zip(sizes, (1, 2, 5)), zip(sizes[1:], (2, 5, 9)))
+        (b - a) == 2 * D_MODEL * (t1 - t0)
+        for (a, t0), (b, t1) in zip(
+            zip(sizes, (1, 2, 5), strict=False), zip(sizes[1:], (2, 5, 9), strict=False), strict=False
+        )
     )
 
 

@@ -61,7 +61,7 @@ def test_kernel_equals_closed_form():
     g = torch.Generator().manual_seed(3)
     radius = 0.5 + 0.45 * torch.rand(C, generator=g, dtype=torch.float64)
     phase = torch.rand(C, generator=g, dtype=torch.float64)  # principal branch
-    lam = [cmath.rect(r, p) for r, p in zip(radius.tolist(), phase.tolist())]
+    lam = [cmath.rect(r, p) for r, p in zip(radius.tolist(), phase.tolist(), strict=False)]
     alpha = [complex(0.3 + 0.1 * c, 0.05 * (c % 5 + 1)) for c in range(C)]
     beta = [complex(1.0 + 0.1 * c, -0.2 + 0.05 * c) for c in range(C)]
     set_parameters(m, lam, alpha, beta)

@@ -15,8 +15,8 @@ from lcsm.layers import lcsm_family
 from lcsm.layers.lcsm_family import (
     A_MEANING,
     DEFAULT_CODE,
-    LCSMFamily,
     O_MEANING,
+    LCSMFamily,
     alibi_decay_logits,
     alibi_slopes,
     rotary_theta,

@@ -59,7 +59,9 @@ def test_linear_attention_equals_explicit_causal_attention(normalize):
     phi(Q_t)^T sum_{s<=t} phi(K_s) — the masked phi(Q) phi(K)^T attention."""
     m = build("linear_attention", normalize=normalize)
     H = m.num_heads
-    phi = lambda z: F.elu(z) + 1
+
+    def phi(z):
+        return F.elu(z) + 1
 
     def expected(x):
         q, k, v = phi(proj(m.q_proj, x, H)), phi(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)
@@ -175,7 +177,9 @@ def test_lrpe_equals_per_channel_cos_reweighting():
     with torch.no_grad():
         m.theta.copy_(torch.rand(m.theta.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2)
     H = m.num_heads
-    phi = lambda z: F.elu(z) + 1
+
+    def phi(z):
+        return F.elu(z) + 1
 
     def expected(x):
         q, k, v = phi(proj(m.q_proj, x, H)), phi(proj(m.k_proj, x, H)), proj(m.v_proj, x, H)

@@ -88,7 +88,7 @@ def test_dt_A_D_init_and_weight_decay_tags():
     torch.manual_seed(0)
     mixer = layers.build("mamba", 64)  # d_inner = 128 samples of dt
     R = mixer.dt_rank
-    assert R == math.ceil(64 / 16)
+    assert math.ceil(64 / 16) == R
     dt = F.softplus(mixer.dt_proj.bias.detach().double())
     assert dt.min() >= 1e-3 * (1 - 1e-5) and dt.max() <= 1e-1 * (1 + 1e-5), (dt.min(), dt.max())
     # log-uniform over two decades: both ends are populated

@@ -32,7 +32,10 @@ def reference(mixer, x):
 def wkv_formula(p, x):
     """``reference`` on a dict of parameters (autograd flows through it when they require grad)."""
     xx = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
-    mix = lambda mu: x * mu + xx * (1 - mu)
+
+    def mix(mu):
+        return x * mu + xx * (1 - mu)
+
     k = mix(p["time_mix_k"]) @ p["key.weight"].t()
     v = mix(p["time_mix_v"]) @ p["value.weight"].t()
     r = mix(p["time_mix_r"]) @ p["receptance.weight"].t()

@@ -4,8 +4,8 @@ backward suffix map evaluated position by position, and blind to right padding."
 import pytest
 import torch
 
-from lcsm.models import Bidirectional, ModelConfig, build_model, preset, reverse_valid
 from lcsm.layers import build
+from lcsm.models import Bidirectional, ModelConfig, build_model, preset, reverse_valid
 from lcsm.testing import assert_close
 
 D = 16

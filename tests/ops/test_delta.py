@@ -29,7 +29,10 @@ def make_inputs(T, *, gate="dd", initial=True, kind="general", seed=0, dims=(B, 
     """gate: none / dd ([B, T, H]) / head ([H]); kind: general (a != b != e), deltanet, m1."""
     B, H, K, D = dims
     g = torch.Generator().manual_seed(seed)
-    rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
     k = normalize(rnd(B, T, H, K), dim=-1)
     beta = torch.sigmoid(rnd(B, T, H, 1))
     if kind == "deltanet":
@@ -68,7 +71,9 @@ def reference(i, e, s, a, b, log_o, initial_state):
     else:
         gates = log_o.exp().unbind(1)
     ys = []
-    for i_t, e_t, s_t, a_t, b_t, o_t in zip(i.unbind(1), e.unbind(1), s.unbind(1), a.unbind(1), b.unbind(1), gates):
+    for i_t, e_t, s_t, a_t, b_t, o_t in zip(
+        i.unbind(1), e.unbind(1), s.unbind(1), a.unbind(1), b.unbind(1), gates, strict=False
+    ):
         f = torch.eye(K, dtype=m.dtype) - a_t.unsqueeze(-1) * b_t.unsqueeze(-2)  # [B, H, K, K]
         if o_t is not None:
             f = o_t[..., None, None] * f
@@ -91,10 +96,13 @@ def run(inputs, mode, dtype, chunk_size=16, seed=1, autocast=False):
                 *args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True, chunk_size=chunk_size
             )
     gen = torch.Generator().manual_seed(seed)
-    cot = lambda t: torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype)
+
+    def cot(t):
+        return torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype)
+
     names = [n for n in NAMES if leaves[n] is not None]
     grads = torch.autograd.grad((y, m), [leaves[n] for n in names], (cot(y), cot(m)))
-    return {"y": y, "m_T": m, **{f"d{n}": gr for n, gr in zip(names, grads)}}
+    return {"y": y, "m_T": m, **{f"d{n}": gr for n, gr in zip(names, grads, strict=False)}}
 
 
 def check(inputs, mode, dtype, chunk_size=16, context=""):
@@ -157,7 +165,7 @@ def test_shared_a_and_e(dtype, gate):
         cots = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype) for t in (y, m)]
         names = [n for n, t in leaves.items() if t is not None]
         grads = torch.autograd.grad((y, m), [leaves[n] for n in names], cots)
-        return {"y": y, "m_T": m, **{f"d{n}": gr for n, gr in zip(names, grads)}}
+        return {"y": y, "m_T": m, **{f"d{n}": gr for n, gr in zip(names, grads, strict=False)}}
 
     assert_close(go("chunk", dtype), go("reference", torch.float64), dtype=dtype, context=f"shared a=e {gate}")
 
@@ -167,7 +175,10 @@ def test_carried_state_equals_one_pass(mode):
     x = make_inputs(70, gate="dd", initial=True)
     args = [x[n] for n in NAMES[:6]]
     y, m = eos_delta(*args, mode=mode, initial_state=x["initial_state"], output_final_state=True, chunk_size=16)
-    cut = lambda t, sl: t[:, sl]
+
+    def cut(t, sl):
+        return t[:, sl]
+
     y1, m1 = eos_delta(
         *[cut(t, slice(0, 29)) for t in args],
         mode=mode,

@@ -38,7 +38,9 @@ def make_inputs(
     log_col). For a pair or a product dd_decay may be a pair (first part dd, second part dd);
     complex_decay makes a product's b complex."""
     g = torch.Generator().manual_seed(seed)
-    rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
 
     def state(kind):
         x = {"dd": lambda: rnd(B, T, H, K), "vec": lambda: rnd(H, K), "mat": lambda: rnd(H, K, D)}[kind]()
@@ -60,7 +62,10 @@ def make_inputs(
         out["log_o"] = (log_decay((K, 1), dd_first), log_decay((1, D), dd_second))
     elif decay.startswith("product"):
         tails = {"product": ((1, D), (K, D)), "product-outer": ((K, 1), (1, D)), "product-row": ((K, 1), (K, 1))}[decay]
-        lead = lambda dd: (B, T, H) if dd else (H,)
+
+        def lead(dd):
+            return (B, T, H) if dd else (H,)
+
         a = strength * torch.nn.functional.softplus(rnd(*lead(dd_first), *tails[0]) - 1.0)
         b = -torch.exp(rnd(*lead(dd_second), *tails[1]) / 2)
         if complex_decay:
@@ -127,18 +132,21 @@ def run(inputs, mode, dtype, chunk_size=16, grads=True, seed=1, real_output=Fals
     out = {"y": y, "m_T": m}
     if grads:
         g = torch.Generator().manual_seed(seed)
-        cot = lambda t: (
-            torch.complex(
-                torch.randn(t.shape, generator=g, dtype=torch.float64),
-                torch.randn(t.shape, generator=g, dtype=torch.float64),
-            )
-            if t.is_complex()
-            else torch.randn(t.shape, generator=g, dtype=torch.float64)
-        ).to(t.dtype)
-        names, xs = zip(*_leaf_items(leaves))
+
+        def cot(t):
+            return (
+                torch.complex(
+                    torch.randn(t.shape, generator=g, dtype=torch.float64),
+                    torch.randn(t.shape, generator=g, dtype=torch.float64),
+                )
+                if t.is_complex()
+                else torch.randn(t.shape, generator=g, dtype=torch.float64)
+            ).to(t.dtype)
+
+        names, xs = zip(*_leaf_items(leaves), strict=False)
         dys = (cot(y), cot(m))
         got = torch.autograd.grad((y, m), xs, dys)
-        out.update({f"d{n}": gr for n, gr in zip(names, got)})
+        out.update({f"d{n}": gr for n, gr in zip(names, got, strict=False)})
     return out
 
 
@@ -422,7 +430,10 @@ def _uniform_decays(log_o, low, seed):
     """log_o (or each part of a pair; a product as a in [0, 1] times b in [low, 0]) redrawn
     uniformly in [low, 0]."""
     g = torch.Generator().manual_seed(seed)
-    draw = lambda x, bound=low: bound * torch.rand(x.shape, generator=g, dtype=torch.float64)
+
+    def draw(x, bound=low):
+        return bound * torch.rand(x.shape, generator=g, dtype=torch.float64)
+
     if isinstance(log_o, LogProduct):
         return LogProduct(draw(log_o.a, 1.0), draw(log_o.b))
     return tuple(draw(x) for x in log_o) if isinstance(log_o, tuple) else draw(log_o)
@@ -453,7 +464,9 @@ def test_carried_state(decay, es):
         output_final_state=True,
     )
 
-    part = lambda t0, t1: (_at(inputs[n], slice(t0, t1)) for n in ("i", "e", "s", "log_o"))
+    def part(t0, t1):
+        return (_at(inputs[n], slice(t0, t1)) for n in ("i", "e", "s", "log_o"))
+
     first, m1 = eos(
         *part(0, 9), mode="chunk", chunk_size=4, initial_state=inputs["initial_state"], output_final_state=True
     )
@@ -499,7 +512,10 @@ def test_custom_backward_stores_no_per_step_memory(decay):
     i = torch.randn(1, T, 1, D_, requires_grad=True)
     e = torch.randn(1, T, 1, K_, requires_grad=True) if decay != "outer, K x D e" else torch.randn(1, K_, D_)
     s = torch.randn(1, T, 1, K_, requires_grad=True)
-    gate = lambda *tail: logsigmoid(torch.randn(1, T, 1, *tail)).requires_grad_()
+
+    def gate(*tail):
+        return logsigmoid(torch.randn(1, T, 1, *tail)).requires_grad_()
+
     log_o = {
         "row": lambda: gate(K_, 1),
         "full": lambda: gate(K_, D_),
@@ -567,7 +583,7 @@ def test_half_precision_computes_in_float32():
     y, m = eos(*args, mode="chunk", chunk_size=8, output_final_state=True)
     assert y.dtype == torch.bfloat16 and m.dtype == torch.float32
     ref = run(
-        {**inputs, **dict(zip(("i", "e", "s", "log_o"), [a.double() for a in args]))},
+        {**inputs, **dict(zip(("i", "e", "s", "log_o"), [a.double() for a in args], strict=False))},
         "recurrent",
         torch.float64,
         grads=False,
@@ -611,7 +627,10 @@ def test_autocast_with_keyword_arguments():
 def test_explain_rules():
     dd = make_inputs(100, decay="row")
     di = make_inputs(100, e="vec", s="mat", decay="full", dd_decay=False)
-    args = lambda x: (x["i"], x["e"], x["s"], x["log_o"])
+
+    def args(x):
+        return (x["i"], x["e"], x["s"], x["log_o"])
+
     assert explain(*args(dd)).mode == "chunk" and explain(*args(dd)).kernel == "matmul"
     assert explain(*args(di)).mode == "fft"
     assert explain(*args(make_inputs(100, e="vec", s="vec", decay="row", dd_decay=True))).mode == "chunk"
@@ -884,9 +903,11 @@ def test_elementwise_form_setting_is_checked(monkeypatch):
     with chunk.use_elementwise_form("cumulative"):
         assert chunk._elementwise_form() == "cumulative"
     assert chunk._elementwise_form() == "step"
-    with pytest.raises(ValueError, match=r"form: expected 'step' or 'cumulative', got 'scan'"):
-        with chunk.use_elementwise_form("scan"):
-            pass
+    with (
+        pytest.raises(ValueError, match=r"form: expected 'step' or 'cumulative', got 'scan'"),
+        chunk.use_elementwise_form("scan"),
+    ):
+        pass
     assert chunk._elementwise_form() == "step"
     monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "stepwise")
     with pytest.raises(ValueError, match=r"ELEMENTWISE_FORM: expected 'step' or 'cumulative', got 'stepwise'"):
@@ -945,7 +966,9 @@ def test_outer_strong_decays_with_mixed_parts(dd, strength, dtype):
 
 
 def test_outer_explain_names_the_kernel():
-    args = lambda x: (x["i"], x["e"], x["s"], x["log_o"])
+    def args(x):
+        return (x["i"], x["e"], x["s"], x["log_o"])
+
     vec = make_inputs(100, decay="outer", dd_decay=(True, False))
     for mode in ("auto", "chunk"):
         plan = explain(*args(vec), mode=mode)

@@ -17,7 +17,9 @@ B, H, K, D = 2, 2, 4, 3
 
 def make_inputs(T, *, decay="none", es="dd", theta_rows=K, initial="complex", seed=0):
     g = torch.Generator().manual_seed(seed)
-    rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
 
     def state():
         x = {
@@ -106,11 +108,16 @@ def run(inputs, dtype, mode, chunk_size=8, reference=False):
             chunk_size=chunk_size,
         )
     g = torch.Generator().manual_seed(1)
-    rnd = lambda t: torch.randn(t.shape, generator=g, dtype=torch.float64)
-    cot = lambda t: (torch.complex(rnd(t), rnd(t)) if t.is_complex() else rnd(t)).to(t.dtype)
-    names, xs = zip(*_leaves(x))
+
+    def rnd(t):
+        return torch.randn(t.shape, generator=g, dtype=torch.float64)
+
+    def cot(t):
+        return (torch.complex(rnd(t), rnd(t)) if t.is_complex() else rnd(t)).to(t.dtype)
+
+    names, xs = zip(*_leaves(x), strict=False)
     grads = torch.autograd.grad((y, m), xs, (cot(y), cot(m)))
-    return {"y": y, "m_T": m, **{f"d{n}": gr for n, gr in zip(names, grads)}}
+    return {"y": y, "m_T": m, **{f"d{n}": gr for n, gr in zip(names, grads, strict=False)}}
 
 
 def check(inputs, dtype, mode, chunk_size=8, context=""):
@@ -170,7 +177,10 @@ def test_a_state_carries_across_calls():
         x["i"], x["e"], x["s"], x["theta"], x["log_o"], initial_state=x["initial_state"], output_final_state=True
     )
     cut = 13
-    part = lambda t, a, b: t[:, a:b]
+
+    def part(t, a, b):
+        return t[:, a:b]
+
     y1, m1 = eos_rotating(
         part(x["i"], 0, cut),
         part(x["e"], 0, cut),
@@ -194,7 +204,10 @@ def test_a_state_carries_across_calls():
 
 def test_bad_arguments_name_what_they_expected():
     x = make_inputs(5, decay="row")
-    args = lambda **kw: {**{k: x[k] for k in ("i", "e", "s", "theta", "log_o")}, **kw}
+
+    def args(**kw):
+        return {**{k: x[k] for k in ("i", "e", "s", "theta", "log_o")}, **kw}
+
     column = torch.zeros(B, 5, H, 1, D, dtype=torch.float64)
     cases = [
         (dict(mode="fft"), ValueError, "mode: eos_rotating expects one of"),

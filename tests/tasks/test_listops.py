@@ -74,5 +74,5 @@ def test_deterministic_and_errors(tmp_path, task):
 
 def test_trains_end_to_end(train_tiny):
     result, losses = train_tiny({"name": "listops", **SMALL}, steps=30, batch_size=20)
-    assert result["eval_split"] == "validation" and all(l == l for l in losses)
+    assert result["eval_split"] == "validation" and all(loss == loss for loss in losses)
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5  # learns the label prior at least

@@ -171,15 +171,18 @@ def test_cache_follows_the_data_dir_files(tmp_path):
             json.dumps({"chapter": str(i), "title": "T.", "text": "Call me. " * 50})
         )
     (moby / "file_list.json").write_text(json.dumps([f"chapter_{i}" for i in range(30)]))
-    build = lambda: tasks.build(
-        "lm",
-        cache_dir=tmp_path / "cache",
-        data_dir=str(tmp_path),
-        corpus="moby_dick",
-        seq_len=32,
-        validation_fraction=0.2,
-        test_fraction=0.2,
-    )
+
+    def build():
+        return tasks.build(
+            "lm",
+            cache_dir=tmp_path / "cache",
+            data_dir=str(tmp_path),
+            corpus="moby_dick",
+            seq_len=32,
+            validation_fraction=0.2,
+            test_fraction=0.2,
+        )
+
     before = build()
     key, n = before.cache_key("train"), sum(len(before.dataset(s)) for s in before.splits)
     (moby / "chapter_0.json").write_text(json.dumps({"chapter": "0", "title": "T.", "text": "Call me. " * 500}))

@@ -28,7 +28,7 @@ def _check_example(x, y, seq_len, kv, vocab):
     assert ((keys >= 1) & (keys < vocab // 2)).all(), keys
     assert ((values >= vocab // 2) & (values < vocab)).all(), values
     assert len(set(keys.tolist())) == kv and len(set(values.tolist())) == kv
-    value_of = dict(zip(keys.tolist(), values.tolist()))
+    value_of = dict(zip(keys.tolist(), values.tolist(), strict=False))
     assert (y[:ctx] == IGNORE_INDEX).all()
     region = x[ctx:]
     query_offsets = np.nonzero(region)[0]
@@ -47,14 +47,14 @@ def test_generator_invariants(seq_len, kv):
     n = 64 if seq_len == 512 else 200
     x, y = mqar_segment(_rng(seq_len + kv), vocab_size=V, seq_len=seq_len, kv_pairs=kv, num_examples=n)
     assert x.dtype == y.dtype == torch.int64 and x.shape == (n, seq_len)
-    for xi, yi in zip(x.numpy(), y.numpy()):
+    for xi, yi in zip(x.numpy(), y.numpy(), strict=False):
         _check_example(xi, yi, seq_len, kv, V)
 
 
 def test_small_vocab_uses_every_key_and_value_range_edge():
     # vocab 12 (Zoology's docstring example): keys {1..5}, values {6..11}; 5 keys of 5 -> all used.
     x, y = mqar_segment(_rng(1), vocab_size=12, seq_len=20, kv_pairs=5, num_examples=50)
-    for xi, yi in zip(x.numpy(), y.numpy()):
+    for xi, yi in zip(x.numpy(), y.numpy(), strict=False):
         _check_example(xi, yi, 20, 5, 12)
         assert sorted(xi[0:10:2].tolist()) == [1, 2, 3, 4, 5]
     assert set(x[:, 1:10:2].flatten().tolist()) == set(range(6, 12))
@@ -135,7 +135,7 @@ SMALL = dict(train_grid="16:2,32:4", test_grid="32:4,64:8", train_examples=40, t
 def _same(a, b):
     return all(
         torch.equal(sa.inputs, sb.inputs) and torch.equal(sa.labels, sb.labels) and sa.name == sb.name
-        for sa, sb in zip(a.segments, b.segments)
+        for sa, sb in zip(a.segments, b.segments, strict=False)
     ) and len(a.segments) == len(b.segments)
 
 
@@ -148,7 +148,7 @@ def test_task_segments_follow_the_grids(tmp_path):
     for seg in train.segments + test.segments:
         L, kv = seg.meta["seq_len"], seg.meta["kv_pairs"]
         assert seg.inputs.shape == (len(seg), L)
-        for xi, yi in zip(seg.inputs.numpy(), seg.labels.numpy()):
+        for xi, yi in zip(seg.inputs.numpy(), seg.labels.numpy(), strict=False):
             _check_example(xi, yi, L, kv, V)
     # stored compactly, served as int64
     assert train.segments[0].inputs.dtype == torch.int16
@@ -165,7 +165,7 @@ def test_same_seed_same_data_other_seed_other_data():
     b = tasks.build("mqar", use_cache=False, **SMALL).dataset("train")
     c = tasks.build("mqar", use_cache=False, seed=1, **SMALL).dataset("train")
     assert _same(a, b)
-    assert not any(torch.equal(sa.inputs, sc.inputs) for sa, sc in zip(a.segments, c.segments))
+    assert not any(torch.equal(sa.inputs, sc.inputs) for sa, sc in zip(a.segments, c.segments, strict=False))
 
 
 def test_data_is_pinned_across_machines():

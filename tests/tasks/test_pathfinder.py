@@ -47,7 +47,7 @@ def dots(image):
         & lit[1:-1, 2:]
         & lit[2:, 2:]
     )
-    return [(int(r) + 1, int(c) + 1) for r, c in zip(*np.nonzero(full))]
+    return [(int(r) + 1, int(c) + 1) for r, c in zip(*np.nonzero(full), strict=False)]
 
 
 @pytest.mark.parametrize("match_distance", [False, True])
@@ -58,7 +58,7 @@ def test_labels_equal_a_flood_fill_of_the_image(tmp_path, options, match_distanc
     for split in task.splits:
         seg = task.dataset(split).segments[0]
         images = seg.inputs.long().reshape(-1, c.side, c.side).numpy()
-        for image, label in zip(images, seg.labels.tolist()):
+        for image, label in zip(images, seg.labels.tolist(), strict=False):
             assert set(np.unique(image)) <= {0, 255}
             marks = dots(image)
             assert len(marks) == 2, marks
