@@ -81,6 +81,7 @@ class Backbone(nn.Module):
                 raise ValueError(
                     f"input_ids: expected integer token ids [B, T], got {inputs.dtype} {list(inputs.shape)}"
                 )
+            _check_ids(inputs, self.config.vocab_size)
             return self.embedding(inputs)
         if inputs.dim() != 3 or inputs.shape[-1] != self.config.input_dim or not inputs.is_floating_point():
             raise ValueError(
@@ -250,6 +251,8 @@ class CausalLM(Model):
             )
         device = self.backbone.embedding.weight.device
         prompts = _prompt_list(input_ids, lengths)
+        for p in prompts:
+            _check_ids(p, n_ids)
         B = len(prompts)
         lens = torch.tensor([len(p) for p in prompts], device=device)
         L_min, L_max = int(lens.min()), int(lens.max())
@@ -278,6 +281,17 @@ class CausalLM(Model):
         finally:
             self.train(was_training)
         return out
+
+
+def _check_ids(ids: Tensor, vocab_size: int) -> None:
+    # nn.Embedding's own failure is an IndexError without the id or the vocabulary (and a device
+    # assert on CUDA); one reduction here names both.
+    bad = (ids < 0) | (ids >= vocab_size)
+    if ids.numel() and bool(bad.any()):
+        raise ValueError(
+            f"input_ids: token ids must lie in [0, vocab_size={vocab_size}), got {int(ids[bad][0])} "
+            f"(min {int(ids.min())}, max {int(ids.max())})"
+        )
 
 
 def _prompt_list(input_ids, lengths) -> list[Tensor]:

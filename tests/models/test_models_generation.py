@@ -125,6 +125,17 @@ def test_generate_rejects_bad_prompts():
         model.generate(torch.tensor([[1, 2]]), 2, lengths=torch.tensor([3]))
 
 
+def test_token_ids_outside_the_vocabulary_are_named():
+    model = make_lm("gla")
+    V = model.config.vocab_size
+    with pytest.raises(ValueError, match=rf"input_ids: token ids must lie in \[0, vocab_size={V}\), got {V + 3}"):
+        model(torch.tensor([[1, 2, V + 3]]))
+    with pytest.raises(ValueError, match=r"got -1"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match=rf"vocab_size={V}\), got {V}"):
+        model.generate([[1, V]], 2)
+
+
 def test_attention_learned_positions_through_mixer_options():
     model = make_lm("attention", mixer_options=dict(positions="learned", max_len=12))
     prompts = [[1, 2, 3], [4, 5]]
