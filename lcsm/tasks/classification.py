@@ -47,7 +47,9 @@ import torch
 
 from lcsm._checks import check_bool
 
-from .base import Segment, Task, TaskConfig, check_int, register
+from .base import Task, register
+from .config import TaskConfig, check_int
+from .data import Segment
 
 SPLITS = ("train", "validation", "test")
 Document = tuple[str, int]  # (text, label)

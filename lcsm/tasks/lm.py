@@ -38,7 +38,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import Evaluator, Segment, Task, TaskConfig, check_int, check_positive_float, register
+from .base import Task, register
+from .config import TaskConfig, check_int, check_positive_float
+from .data import Segment
+from .metrics import Evaluator
 
 SPLITS = ("train", "validation", "test")
 BUILTIN = ("default", "sotu", "moby_dick", "wikitext-103", "wikitext-2")

@@ -44,7 +44,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import IGNORE_INDEX, Segment, Task, TaskConfig, Uniforms, check_bool, check_int, register
+from lcsm._checks import check_bool
+
+from .base import Task, register
+from .config import TaskConfig, check_int
+from .data import IGNORE_INDEX, Segment, Uniforms
 
 _SPLIT_CODE = {"train": 0, "test": 1}
 Instance = tuple[list[int], list[int]]

@@ -40,7 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import IGNORE_INDEX, Segment, Task, TaskConfig, check_bool, check_int, check_positive_float, register
+from lcsm._checks import check_bool
+
+from .base import Task, register
+from .config import TaskConfig, check_int, check_positive_float
+from .data import IGNORE_INDEX, Segment
 
 Grid = tuple[tuple[int, int], ...]
 

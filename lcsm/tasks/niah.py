@@ -26,7 +26,10 @@ import numpy as np
 import torch
 
 from . import lm
-from .base import IGNORE_INDEX, Evaluator, Segment, Task, TaskConfig, check_int, register
+from .base import Task, register
+from .config import TaskConfig, check_int
+from .data import IGNORE_INDEX, Segment
+from .metrics import Evaluator
 
 _SPLIT_CODE = {"train": 0, "test": 1}
 SNAP = 32
