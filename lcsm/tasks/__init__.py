@@ -1,8 +1,9 @@
 """Tasks: datasets (deterministic, cached on disk), loss, metrics and default head, by name.
 
-Every task module of this package registers its tasks when imported; importing the package imports
-every module (``base``, ``config``, ``data``, ``cache`` and ``metrics`` are the machinery they share),
-so ``available()`` lists everything without a hand-kept index.
+Every task module of this package (and of its ``lra`` package) registers its tasks when imported;
+importing the package imports every module, so ``available()`` lists everything without a
+hand-kept index. ``base``, ``config``, ``data``, ``cache`` and ``metrics`` are the machinery the
+tasks share.
 """
 
 import importlib

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import Task, register
-from .config import TaskConfig, check_int
-from .data import Segment, Uniforms
+from ..base import Task, register
+from ..config import TaskConfig, check_int
+from ..data import Segment, Uniforms
 
 PAD, CLOSE = 0, 15
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")

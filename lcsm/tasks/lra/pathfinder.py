@@ -43,9 +43,9 @@ import torch
 
 from lcsm._checks import check_bool
 
-from .base import Task, register
-from .config import TaskConfig, check_int
-from .data import Segment, Uniforms
+from ..base import Task, register
+from ..config import TaskConfig, check_int
+from ..data import Segment, Uniforms
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 INK = 255
