@@ -9,7 +9,7 @@ tasks share.
 import importlib
 import pkgutil
 
-from .base import Task, available, build, recorded_task_data, register, resolve, task_data
+from .base import Task, available, build, config_model_fields, recorded_task_data, register, resolve, task_data
 from .cache import default_cache_dir
 from .config import TaskConfig
 from .data import IGNORE_INDEX, Segment, SegmentBatchSampler, SegmentedDataset
@@ -29,6 +29,7 @@ __all__ = [
     "TaskConfig",
     "available",
     "build",
+    "config_model_fields",
     "default_cache_dir",
     "recorded_task_data",
     "register",

@@ -199,6 +199,9 @@ class _DocumentTask(_RealDataTask):
     generator_version = 4
     byte_level = False
     reader = staticmethod(bbc_news_documents)
+    # The classes of the source as fetched: what a run config is checked against before the
+    # documents are read (``n_classes`` counts those the documents have, a data_dir's included).
+    source_classes = 5
 
     def documents(self) -> dict[str, list[Document]]:
         if not hasattr(self, "_docs"):
@@ -210,6 +213,11 @@ class _DocumentTask(_RealDataTask):
     def classes(self) -> list[str]:
         self.documents()
         return self._classes
+
+    @classmethod
+    def config_model_fields(cls, config: TextConfig) -> dict[str, object]:
+        vocab = 257 if cls.byte_level else config.vocab_size
+        return {"head": cls.default_head, "vocab_size": vocab, "n_classes": cls.source_classes}
 
     @property
     def n_classes(self) -> int:
@@ -225,10 +233,6 @@ class _DocumentTask(_RealDataTask):
             ranked = sorted(counts, key=lambda w: (-counts[w], w))[: self.config.vocab_size - 2]
             self._vocab = {w: i + 2 for i, w in enumerate(ranked)}
         return self._vocab
-
-    @property
-    def vocab_size(self) -> int:
-        return 257 if self.byte_level else self.config.vocab_size
 
     def ids(self, text: str) -> list[int]:
         if self.byte_level:

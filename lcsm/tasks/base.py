@@ -41,8 +41,8 @@ from .metrics import Evaluator
 
 class Task:
     """Base class of tasks. Subclasses set ``Config`` (a ``TaskConfig`` dataclass),
-    ``default_head``, ``generator_version`` and implement ``generate(split)``, ``vocab_size``,
-    ``max_len`` and ``describe``.
+    ``default_head``, ``generator_version`` and implement ``generate(split)``,
+    ``config_model_fields``, ``max_len`` and ``describe``.
 
     ``generator_version`` is part of the cache key: bump it whenever ``generate`` changes the data
     it makes for an unchanged config, so stale cache files are not reused.
@@ -68,9 +68,20 @@ class Task:
         self._datasets: dict[str, SegmentedDataset] = {}
 
     # --- what subclasses provide
-    @property
-    def vocab_size(self) -> int:
+    @classmethod
+    def config_model_fields(cls, config: TaskConfig) -> dict[str, object]:
+        """The ``lcsm.models.ModelConfig`` fields the task fixes, from its ``config`` alone: the
+        head, the input kind (``vocab_size`` or ``input_dim``), ``n_classes`` and any other field
+        its data needs. A run config is checked against them before the task is built, so they are
+        read off the config without reading any data. Where the data decides a value, the one the
+        task is made to have stands in (an LM's ``bpe_vocab`` for its trained vocabulary, the
+        fetched source's classes for a corpus's); ``model_fields`` has the data's own."""
         raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token vocabulary (None: continuous inputs, see ``input_dim``)."""
+        return self.config_model_fields(self.config).get("vocab_size")
 
     @property
     def max_len(self) -> int:
@@ -80,23 +91,21 @@ class Task:
     @property
     def n_classes(self) -> int | None:
         """Classes of a "classifier" or "dual" task (None for "lm" tasks)."""
-        return None
+        return self.config_model_fields(self.config).get("n_classes")
 
     @property
     def input_dim(self) -> int | None:
         """Features per step of a task with continuous inputs [T, C] (None: token ids)."""
-        return None
+        return self.config_model_fields(self.config).get("input_dim")
 
     def model_fields(self) -> dict[str, object]:
-        """The ``lcsm.models.ModelConfig`` fields the task's data fixes: the head, the input kind
-        (``vocab_size`` or ``input_dim``) and ``n_classes``. The engine fills them in."""
-        fields: dict[str, object] = {"head": self.default_head}
-        if self.input_dim is not None:
-            fields["input_dim"] = self.input_dim
-        else:
-            fields["vocab_size"] = self.vocab_size
-        if self.default_head != "lm":
-            fields["n_classes"] = self.n_classes
+        """The ``lcsm.models.ModelConfig`` fields the built task fixes (the engine fills them in):
+        ``config_model_fields``, with ``vocab_size``, ``input_dim`` and ``n_classes`` read from the
+        task's properties, which a task whose data decides one overrides (an LM's trained vocabulary)."""
+        fields = self.config_model_fields(self.config)
+        for key in ("vocab_size", "input_dim", "n_classes"):
+            if key in fields:
+                fields[key] = getattr(self, key)
         return fields
 
     def encode(self, text: str) -> list[int]:
@@ -200,8 +209,11 @@ class Task:
             reduction=reduction,
         )
 
-    def evaluator(self) -> Evaluator:
-        return Evaluator(self.slice_keys)
+    @classmethod
+    def evaluator(cls) -> Evaluator:
+        """A fresh evaluator (a class method: a run config's metric names are checked without
+        building the task)."""
+        return Evaluator(cls.slice_keys)
 
     def metrics(
         self, logits: Tensor, labels: Tensor, batch_meta: Mapping[str, object] | None = None
@@ -283,6 +295,13 @@ def recorded_task_data(record: Mapping[str, Any], name: str) -> dict[str, Any]:
     if "task_data" in record:
         return record["task_data"]
     return {"task": name, "generator_version": VERSIONS_BEFORE_RECORDS.get(name, resolve(name).generator_version)}
+
+
+def config_model_fields(name: str, **options) -> dict[str, object]:
+    """The model fields task ``name`` fixes with ``options`` (see ``Task.config_model_fields``):
+    the options are checked as ``build`` checks them, but no task is built and no data read."""
+    cls = resolve(name)
+    return cls.config_model_fields(cls.Config.from_options(name, **options))
 
 
 def build(name: str, *, cache_dir: str | Path | None = None, use_cache: bool = True, **options) -> Task:

@@ -213,9 +213,9 @@ class MQAR(Task):
     slice_keys = ("kv_pairs",)
     generator_version = 1
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
+    @classmethod
+    def config_model_fields(cls, config: MQARConfig) -> dict[str, object]:
+        return {"head": cls.default_head, "vocab_size": config.vocab_size}
 
     @property
     def max_len(self) -> int:

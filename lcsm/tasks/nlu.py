@@ -80,6 +80,7 @@ class RottenTomatoes(_DocumentTask):
 
     Config = SnippetConfig
     source = "rotten_tomatoes"
+    source_classes = 2
     reader = staticmethod(rotten_tomatoes_documents)
 
 
@@ -89,4 +90,5 @@ class Spam(_DocumentTask):
 
     Config = WordConfig
     source = "spam_assassin"
+    source_classes = 2
     reader = staticmethod(spam_documents)

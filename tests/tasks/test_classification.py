@@ -282,3 +282,10 @@ def test_trains_end_to_end(train_tiny, bbc, fashion, spam, rotten, name):
     result, losses = train_tiny({"name": name, "data_dir": str(data), **options}, steps=25, batch_size=16, d_model=16)
     assert all(np.isfinite(losses)) and sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
     assert result["eval_split"] == "validation" and 0 <= result["metrics"]["accuracy"] <= 1
+
+
+def test_the_fields_a_config_promises_are_those_of_the_data(bbc, spam, rotten, fashion):
+    roots = {"text": bbc, "bbc_news": bbc, "retrieval": bbc, "spam": spam, "rotten_tomatoes": rotten, "image": fashion}
+    for name, root in roots.items():
+        task = tasks.build(name, use_cache=False, data_dir=str(root))
+        assert task.model_fields() == tasks.config_model_fields(name, data_dir=str(root)), name

@@ -88,6 +88,16 @@ def test_bad_split_and_config_type():
         tasks.build("mqar", use_cache="no")
 
 
+REAL_DATA = {"text", "bbc_news", "retrieval", "spam", "rotten_tomatoes", "image"}  # see test_classification
+
+
+@pytest.mark.parametrize("name", sorted(set(tasks.available()) - REAL_DATA))
+def test_the_fields_a_config_fixes_are_those_of_the_built_task(name):
+    task = tasks.build(name, use_cache=False)
+    assert task.model_fields() == tasks.config_model_fields(name)
+    assert task.vocab_size == task.model_fields()["vocab_size"]
+
+
 def test_register_rejects_duplicates_and_non_tasks():
     with pytest.raises(ValueError, match="registered twice"):
         tasks.register("mqar")(type("Other", (tasks.Task,), {}))

@@ -58,13 +58,9 @@ class LRAImage(_RealDataTask):
     generator_version = 1
     HELD_OUT = 5000
 
-    @property
-    def vocab_size(self) -> int:
-        return 256
-
-    @property
-    def n_classes(self) -> int:
-        return 10
+    @classmethod
+    def config_model_fields(cls, config: ImageConfig) -> dict[str, object]:
+        return {"head": cls.default_head, "vocab_size": 256, "n_classes": 10}
 
     @property
     def max_len(self) -> int:

@@ -121,13 +121,9 @@ class ListOps(Task):
     splits = ("train", "validation", "test")
     generator_version = 1
 
-    @property
-    def vocab_size(self) -> int:
-        return len(VOCAB)
-
-    @property
-    def n_classes(self) -> int:
-        return 10
+    @classmethod
+    def config_model_fields(cls, config: ListOpsConfig) -> dict[str, object]:
+        return {"head": cls.default_head, "vocab_size": len(VOCAB), "n_classes": 10}
 
     @property
     def max_len(self) -> int:

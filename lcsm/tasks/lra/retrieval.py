@@ -58,8 +58,12 @@ class LRARetrieval(_DocumentTask):
     source = "bbc_news"
     byte_level = True
 
+    @classmethod
+    def config_model_fields(cls, config: RetrievalConfig) -> dict[str, object]:
+        return {**super().config_model_fields(config), "n_classes": 2}
+
     @property
-    def n_classes(self) -> int:
+    def n_classes(self) -> int:  # match or not, whatever the topics: not read from the documents
         return 2
 
     def generate(self, split: str) -> list[Segment]:
