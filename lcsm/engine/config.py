@@ -83,10 +83,11 @@ def check_device(name: str, value) -> None:
 
 
 def check_early_stop_metric(metric: str, task, dataset=None) -> None:
-    """``train.early_stop.metric`` must be a metric of ``task``'s evaluator. Without ``dataset``
-    (the config, before any data is made) only the names any data gives are known, so a name with
-    a '/' (a segment's or a slice's) waits for the check with the evaluation split's data, which
-    the trainer makes before its first step."""
+    """``train.early_stop.metric`` must be a metric of ``task``'s evaluator (``task``: a task, or
+    its class when no task is built yet). Without ``dataset`` (the config, before any data is
+    made) only the names any data gives are known, so a name with a '/' (a segment's or a slice's)
+    waits for the check with the evaluation split's data, which the trainer makes before its first
+    step."""
     names = task.evaluator().metric_names(dataset)
     if metric in names or (dataset is None and "/" in metric):
         return
@@ -308,10 +309,13 @@ class RunConfig:
             out_dir=out_dir,
             name=name,
         )
-        # Fail on a bad task option, model field or metric name now, not after the data is generated.
-        task = config.build_task(use_cache=False)
-        config.model_config(task)
-        check_early_stop_metric(config.train.early_stop.metric, task)
+        # Fail on a bad task option, model field or metric name now, not after the data is generated,
+        # and from the configs alone: the task is built (an LM's corpus read to train its tokenizer)
+        # only to train or evaluate, where model_config checks the fields its data decides.
+        from lcsm import tasks
+
+        config.model_config_with(tasks.config_model_fields(config.task["name"], **config.task_options()))
+        check_early_stop_metric(config.train.early_stop.metric, tasks.resolve(config.task["name"]))
         return config
 
     def to_dict(self) -> dict[str, Any]:
@@ -341,9 +345,11 @@ class RunConfig:
         """The task (its data is made or read from the cache when first asked for)."""
         from lcsm import tasks
 
-        return tasks.build(
-            self.task["name"], use_cache=use_cache, **{k: v for k, v in self.task.items() if k != "name"}
-        )
+        return tasks.build(self.task["name"], use_cache=use_cache, **self.task_options())
+
+    def task_options(self) -> dict[str, Any]:
+        """The task section without its name: the options of the task's Config."""
+        return {k: v for k, v in self.task.items() if k != "name"}
 
     def model_keys(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(preset (if any) <- model keys, the model keys as given), before the task's fields."""
@@ -361,11 +367,14 @@ class RunConfig:
         return {**base, **values}, values
 
     def model_config(self, task):
-        """The ModelConfig: preset (if any) <- model keys <- the fields the task fixes."""
+        """The ModelConfig: preset (if any) <- model keys <- the fields the built ``task`` fixes."""
+        return self.model_config_with(task.model_fields())
+
+    def model_config_with(self, fixed: Mapping[str, Any]):
+        """The ModelConfig: preset (if any) <- model keys <- ``fixed``, the fields a task fixes."""
         from lcsm.models import ModelConfig
 
         merged, values = self.model_keys()
-        fixed = task.model_fields()
         for key, value in fixed.items():
             given = values.get(key, value)
             # A larger vocabulary than the task's is harmless (padding rows); anything else the

@@ -38,7 +38,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import Evaluator, Segment, Task, TaskConfig, check_int, check_positive_float, register
+from .base import Task, register
+from .config import TaskConfig, check_int, check_positive_float
+from .data import Segment
+from .metrics import Evaluator
 
 SPLITS = ("train", "validation", "test")
 BUILTIN = ("default", "sotu", "moby_dick", "wikitext-103", "wikitext-2")
@@ -340,6 +343,13 @@ class LanguageModelling(Task):
         return self._tokenizer
 
     # --- the Task interface
+    @classmethod
+    def config_model_fields(cls, config: LMConfig) -> dict[str, object]:
+        # The tokenizer trained on the corpus has bpe_vocab tokens (fewer only on a corpus too small
+        # to merge that many times); ``vocab_size`` has the trained one.
+        vocab = ByteTokenizer.vocab_size if config.tokenizer == "byte" else config.bpe_vocab
+        return {"head": cls.default_head, "vocab_size": vocab}
+
     @property
     def vocab_size(self) -> int:
         return ByteTokenizer.vocab_size if self.config.tokenizer == "byte" else self.tokenizer.vocab_size
@@ -375,8 +385,9 @@ class LanguageModelling(Task):
         windows = stream[: n * L + 1].unfold(0, L + 1, L)
         return [Segment(f"L{L}", windows[:, :-1].contiguous(), windows[:, 1:].contiguous(), {"seq_len": L})]
 
-    def evaluator(self) -> LMEvaluator:
-        return LMEvaluator(self.slice_keys)
+    @classmethod
+    def evaluator(cls) -> LMEvaluator:
+        return LMEvaluator(cls.slice_keys)
 
     def describe(self) -> str:
         c = self.config

@@ -44,7 +44,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import IGNORE_INDEX, Segment, Task, TaskConfig, Uniforms, check_bool, check_int, register
+from lcsm._checks import check_bool
+
+from .base import Task, register
+from .config import TaskConfig, check_int
+from .data import IGNORE_INDEX, Segment, Uniforms
 
 _SPLIT_CODE = {"train": 0, "test": 1}
 Instance = tuple[list[int], list[int]]
@@ -355,9 +359,9 @@ class MADTask(Task):
     generator_version = 1
     instance = None  # (rng, config, train) -> (inputs, targets)
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
+    @classmethod
+    def config_model_fields(cls, config: MADConfig) -> dict[str, object]:
+        return {"head": cls.default_head, "vocab_size": config.vocab_size}
 
     @property
     def max_len(self) -> int:
@@ -450,14 +454,15 @@ class Compression(MADTask):
     default_head = "classifier"
     instance = staticmethod(compression_instance)
 
-    @property
-    def n_classes(self) -> int:
-        return self.config.seq_len * self.config.vocab_size
-
-    def model_fields(self):
+    @classmethod
+    def config_model_fields(cls, config: CompressionConfig) -> dict[str, object]:
         # MAD's bottleneck is the encoder's last position (global_pool "last"); model.head_hidden
         # (e.g. = d_model) adds the hidden layer of its decoder MLP
-        return {**super().model_fields(), "pooling": "last"}
+        return {
+            **super().config_model_fields(config),
+            "n_classes": config.seq_len * config.vocab_size,
+            "pooling": "last",
+        }
 
     def logits(self, model, batch):
         flat = model(batch["input_ids"])

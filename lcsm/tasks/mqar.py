@@ -40,7 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import IGNORE_INDEX, Segment, Task, TaskConfig, check_bool, check_int, check_positive_float, register
+from lcsm._checks import check_bool
+
+from .base import Task, register
+from .config import TaskConfig, check_int, check_positive_float
+from .data import IGNORE_INDEX, Segment
 
 Grid = tuple[tuple[int, int], ...]
 
@@ -209,9 +213,9 @@ class MQAR(Task):
     slice_keys = ("kv_pairs",)
     generator_version = 1
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
+    @classmethod
+    def config_model_fields(cls, config: MQARConfig) -> dict[str, object]:
+        return {"head": cls.default_head, "vocab_size": config.vocab_size}
 
     @property
     def max_len(self) -> int:

@@ -26,7 +26,10 @@ import numpy as np
 import torch
 
 from . import lm
-from .base import IGNORE_INDEX, Evaluator, Segment, Task, TaskConfig, check_int, register
+from .base import Task, register
+from .config import TaskConfig, check_int
+from .data import IGNORE_INDEX, Segment
+from .metrics import Evaluator
 
 _SPLIT_CODE = {"train": 0, "test": 1}
 SNAP = 32
@@ -123,9 +126,9 @@ class NeedleInAHaystack(Task):
     slice_keys = ("context", "depth_pct")
     generator_version = 1
 
-    @property
-    def vocab_size(self) -> int:
-        return lm.ByteTokenizer.vocab_size
+    @classmethod
+    def config_model_fields(cls, config: NIAHConfig) -> dict[str, object]:
+        return {"head": cls.default_head, "vocab_size": lm.ByteTokenizer.vocab_size}
 
     @property
     def max_len(self) -> int:
@@ -191,8 +194,9 @@ class NeedleInAHaystack(Task):
                 )
         return segments
 
-    def evaluator(self) -> NIAHEvaluator:
-        return NIAHEvaluator(self.slice_keys)
+    @classmethod
+    def evaluator(cls) -> NIAHEvaluator:
+        return NIAHEvaluator(cls.slice_keys)
 
     def encode(self, text: str) -> list[int]:
         return lm.ByteTokenizer().encode(text)

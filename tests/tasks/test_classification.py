@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from lcsm import tasks
-from lcsm.tasks import classification
-from lcsm.tasks.classification import byte_ids, read_idx
+from lcsm.tasks._real_data import byte_ids, split_documents, story_groups
+from lcsm.tasks.lra.image import read_idx
 
 TOPICS = ["business", "entertainment", "politics", "sports", "tech"]
 
@@ -105,7 +105,7 @@ def test_story_groups_join_versions_not_shared_quotes():
         c + " " + a[: len(a) // 2],
     ]  # c carries half of a
     texts += [_article(rng, 20) + " " + footer for _ in range(25)]  # one footer in 25 mails
-    groups = classification.story_groups(texts)
+    groups = story_groups(texts)
     assert groups[:4] == [0, 0, 2, 0]
     assert groups[4:] == list(range(4, 29))  # a footer in > BOILERPLATE texts is no story
 
@@ -141,7 +141,7 @@ def test_stories_of_several_versions_are_not_biased_to_a_split():
     for i in range(400):
         body = _article(rng)
         docs += [(f"Headline {i}\n\n{body}", i % 5), (f"Other headline {i}\n\n{body} More.", i % 5)]
-    splits = classification.split_documents(docs)
+    splits = split_documents(docs)
     stories = {s: len(d) // 2 for s, d in splits.items()}
     assert all(len(d) % 2 == 0 for d in splits.values())
     assert 0.74 <= stories["train"] / 400 <= 0.86 and stories["test"] >= 24, stories
@@ -282,3 +282,10 @@ def test_trains_end_to_end(train_tiny, bbc, fashion, spam, rotten, name):
     result, losses = train_tiny({"name": name, "data_dir": str(data), **options}, steps=25, batch_size=16, d_model=16)
     assert all(np.isfinite(losses)) and sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
     assert result["eval_split"] == "validation" and 0 <= result["metrics"]["accuracy"] <= 1
+
+
+def test_the_fields_a_config_promises_are_those_of_the_data(bbc, spam, rotten, fashion):
+    roots = {"text": bbc, "bbc_news": bbc, "retrieval": bbc, "spam": spam, "rotten_tomatoes": rotten, "image": fashion}
+    for name, root in roots.items():
+        task = tasks.build(name, use_cache=False, data_dir=str(root))
+        assert task.model_fields() == tasks.config_model_fields(name, data_dir=str(root)), name

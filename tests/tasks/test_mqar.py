@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lcsm import tasks
-from lcsm.tasks.base import IGNORE_INDEX
+from lcsm.tasks import IGNORE_INDEX
 from lcsm.tasks.mqar import mqar_segment, power_law
 
 V = 8192
@@ -375,7 +375,7 @@ def test_metric_names_are_known_without_evaluating(tmp_path, check_metric_names)
 
 def test_metric_names_of_slices_held_per_example():
     """A slice key may be a per-example extra (float values too), not only a segment's meta."""
-    from lcsm.tasks.base import Evaluator, Segment, SegmentedDataset
+    from lcsm.tasks import Evaluator, Segment, SegmentedDataset
 
     ids = torch.zeros(3, 4, dtype=torch.long)
     ds = SegmentedDataset([Segment("a", ids, ids, {"n": 7}, {"depth": torch.tensor([0.5, 0.25, 0.5])})])

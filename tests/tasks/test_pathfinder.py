@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lcsm import tasks
-from lcsm.tasks.base import Uniforms
-from lcsm.tasks.pathfinder import PathfinderConfig, distance_rule, distance_rule_accuracy, render
+from lcsm.tasks.data import Uniforms
+from lcsm.tasks.lra.pathfinder import PathfinderConfig, distance_rule, distance_rule_accuracy, render
 
 SMALL = dict(train_examples=120, validation_examples=40, test_examples=40)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lcsm import tasks
-from lcsm.tasks import base
+from lcsm.tasks import base, cache, config
 from lcsm.tasks.mqar import STANDARD_GRID, MQARConfig
 
 
@@ -83,9 +83,19 @@ def test_bad_split_and_config_type():
     with pytest.raises(ValueError, match=r"split: expected one of train, test, got 'valid'"):
         task.dataset("valid")
     with pytest.raises(ValueError, match=r"config: expected a MQARConfig"):
-        type(task)(base.TaskConfig())
+        type(task)(config.TaskConfig())
     with pytest.raises(ValueError, match=r"use_cache: expected True or False"):
         tasks.build("mqar", use_cache="no")
+
+
+REAL_DATA = {"text", "bbc_news", "retrieval", "spam", "rotten_tomatoes", "image"}  # see test_classification
+
+
+@pytest.mark.parametrize("name", sorted(set(tasks.available()) - REAL_DATA))
+def test_the_fields_a_config_fixes_are_those_of_the_built_task(name):
+    task = tasks.build(name, use_cache=False)
+    assert task.model_fields() == tasks.config_model_fields(name)
+    assert task.vocab_size == task.model_fields()["vocab_size"]
 
 
 def test_register_rejects_duplicates_and_non_tasks():
@@ -102,7 +112,7 @@ def test_a_new_task_registers_and_builds_generically():
         n: int = 3
 
         def __post_init__(self):
-            base.check_int("n", self.n, 1)
+            config.check_int("n", self.n, 1)
 
     try:
 
@@ -125,10 +135,10 @@ def test_a_new_task_registers_and_builds_generically():
 def test_segments_and_datasets_reject_inconsistent_shapes():
     x = torch.zeros(4, 8, dtype=torch.long)
     with pytest.raises(ValueError, match=r"segment 's': expected inputs \[N, T, \.\.\.\]"):
-        base.Segment("s", x, torch.zeros(4, 7, dtype=torch.long), {})
+        tasks.Segment("s", x, torch.zeros(4, 7, dtype=torch.long), {})
     with pytest.raises(ValueError, match=r"segment 's'"):
-        base.Segment("s", x, torch.zeros(3, dtype=torch.long), {})
-    ok = base.Segment("s", x, torch.zeros(4, dtype=torch.long), {})  # one label per sequence
+        tasks.Segment("s", x, torch.zeros(3, dtype=torch.long), {})
+    ok = tasks.Segment("s", x, torch.zeros(4, dtype=torch.long), {})  # one label per sequence
     with pytest.raises(ValueError, match="names must be unique"):
         tasks.SegmentedDataset([ok, ok])
     with pytest.raises(ValueError, match="at least one segment"):
@@ -142,16 +152,16 @@ def test_segments_and_datasets_reject_inconsistent_shapes():
 def test_compact_storage_is_lossless():
     for values, dtype in [([-100, 0, 32767], torch.int16), ([-100, 40000], torch.int32), ([0, 2**40], torch.int64)]:
         t = torch.tensor(values)
-        c = base.compact(t)
+        c = cache.compact(t)
         assert c.dtype == dtype and torch.equal(c.long(), t)
     f = torch.tensor([0.5, 1.5])
-    assert base.compact(f) is f
+    assert cache.compact(f) is f
 
 
 def test_per_sequence_labels_give_classification_metrics():
     logits = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
     labels = torch.tensor([0, 0, 0])
-    ev = base.Evaluator()
+    ev = tasks.Evaluator()
     ev.update(logits, labels, {"segment": ["a", "a", "b"]})
     m = ev.compute()
     assert m["accuracy"] == pytest.approx(2 / 3) and m["accuracy/a"] == 0.5 and m["accuracy/b"] == 1.0

@@ -35,7 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import Segment, Task, TaskConfig, Uniforms, check_int, register
+from ..base import Task, register
+from ..config import TaskConfig, check_int
+from ..data import Segment, Uniforms
 
 PAD, CLOSE = 0, 15
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -119,13 +121,9 @@ class ListOps(Task):
     splits = ("train", "validation", "test")
     generator_version = 1
 
-    @property
-    def vocab_size(self) -> int:
-        return len(VOCAB)
-
-    @property
-    def n_classes(self) -> int:
-        return 10
+    @classmethod
+    def config_model_fields(cls, config: ListOpsConfig) -> dict[str, object]:
+        return {"head": cls.default_head, "vocab_size": len(VOCAB), "n_classes": 10}
 
     @property
     def max_len(self) -> int:

@@ -43,7 +43,9 @@ import torch
 
 from lcsm._checks import check_bool
 
-from .base import Segment, Task, TaskConfig, Uniforms, check_int, register
+from ..base import Task, register
+from ..config import TaskConfig, check_int
+from ..data import Segment, Uniforms
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 INK = 255
@@ -255,13 +257,9 @@ class Pathfinder(Task):
     splits = ("train", "validation", "test")
     generator_version = 1
 
-    @property
-    def vocab_size(self) -> int:
-        return 256
-
-    @property
-    def n_classes(self) -> int:
-        return 2
+    @classmethod
+    def config_model_fields(cls, config: PathfinderConfig) -> dict[str, object]:
+        return {"head": cls.default_head, "vocab_size": 256, "n_classes": 2}
 
     @property
     def max_len(self) -> int:
