@@ -51,9 +51,10 @@ from typing import Any
 
 import yaml
 
+from lcsm._checks import check_choice, check_keys
 from lcsm.tasks import recorded_task_data, task_data
 
-from .config import OptimConfig, RunConfig, TrainConfig, _check_keys, _choice, apply_overrides, read_yaml, yaml_load
+from .config import OptimConfig, RunConfig, TrainConfig, apply_overrides, read_yaml, yaml_load
 
 EXPERIMENT_COPY = "experiment.yaml"
 EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", "description", "paper", "reading")
@@ -212,7 +213,7 @@ def load_experiment(
     ``grid`` ("key=v1,v2") replaces or adds an axis."""
     path = Path(path)
     spec = read_yaml(path)
-    _check_keys(f"experiment {str(path)!r}", spec, EXPERIMENT_KEYS)
+    check_keys(f"experiment {str(path)!r}", spec, EXPERIMENT_KEYS)
     name = spec.get("name", path.stem)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"name: expected letters, digits, '_', '.' or '-', got {name!r}")
@@ -266,10 +267,10 @@ def load_experiment(
     spec = _rename_axes(spec, renamed)
     select = spec.get("select")
     if select is not None:
-        _check_keys("select", select, ("metric", "mode", "over"))
+        check_keys("select", select, ("metric", "mode", "over"))
         if not isinstance(select.get("metric"), str):
             raise ValueError(f"select.metric: expected a metric name, got {select.get('metric')!r}")
-        _choice("select.mode", select.get("mode", "max"), ("max", "min"))
+        check_choice("select.mode", select.get("mode", "max"), ("max", "min"))
         over = select.get("over", [])
         unknown = [k for k in over if k not in grid_spec]
         if unknown:

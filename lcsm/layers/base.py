@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lcsm._names import check_options
+from lcsm._checks import check_keys
 
 Tensor = torch.Tensor
 
@@ -235,12 +235,18 @@ def resolve(name: str) -> tuple[type[Mixer], dict[str, object]]:
 
 def build(name: str, d_model: int, **options) -> Mixer:
     """Build a registered mixer; unknown options fail with the valid ones listed."""
+    check_options(name, options)
     cls, implied = resolve(name)
-    params = inspect.signature(cls.__init__).parameters
-    valid = [p for p in params if p not in ("self", "d_model")]
-    check_options(f"mixer {name!r}", options, valid)
-    check_implied(name, options)
     return cls(d_model, **{**implied, **options})
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+    """The one check of a mixer's options (``build`` and ``ModelConfig`` both call it): each must be
+    a keyword of the mixer's constructor, and none may contradict its ``family:spec`` name."""
+    cls = resolve(name)[0]
+    valid = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "d_model")]
+    check_keys("mixer_options", options, valid, kind="option", unknown=f"mixer {name!r} has no option(s)")
+    check_implied(name, options)
 
 
 def check_implied(name: str, options: Mapping[str, Any]) -> None:

@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lcsm._checks import check_choice, check_float, check_int
+
 from ..ops import eos, eos_rotating
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
@@ -66,27 +68,9 @@ class LinearAttentionState(State):
 # ----------------------------------------------------------------------------- option checks
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return value
-
-
-def _positive_float(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _choice(name: str, value, choices) -> str:
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
-    return value
-
-
 def _head_width(name: str, d_model: int, expand, num_heads: int) -> int:
     """Per-head width of a projection of size expand * d_model split over num_heads heads."""
-    expand = _positive_float(name, expand)
+    expand = check_float(name, expand, 0, low_open=True)
     total = d_model * expand
     if abs(total - round(total)) > 1e-9 or round(total) % num_heads != 0:
         raise ValueError(
@@ -257,16 +241,16 @@ class LinearAttention(_QKVAttention):
         bias: bool = True,
     ):
         super().__init__(d_model)
-        self.num_heads = _positive_int("num_heads", num_heads)
+        self.num_heads = check_int("num_heads", num_heads, 1)
         self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
         self.head_v = _head_width("expand_v", d_model, expand_v, num_heads)
-        self.feature_map = _choice("feature_map", feature_map, tuple(FEATURE_MAPS))
+        self.feature_map = check_choice("feature_map", feature_map, tuple(FEATURE_MAPS))
         if not isinstance(normalize, bool):
             raise ValueError(f"normalize: expected a bool, got {normalize!r}")
         if not isinstance(bias, bool):
             raise ValueError(f"bias: expected a bool, got {bias!r}")
         self.normalize = normalize
-        self.eps = _positive_float("eps", eps)
+        self.eps = check_float("eps", eps, 0, low_open=True)
         self._make_qkv(d_model, bias)
 
     def eos_inputs(self, x):
@@ -352,7 +336,7 @@ class RetNet(_QKVAttention):
         norm_eps: float = 1e-6,
     ):
         super().__init__(d_model)
-        self.num_heads = _positive_int("num_heads", num_heads)
+        self.num_heads = check_int("num_heads", num_heads, 1)
         self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
         self.head_v = _head_width("expand_v", d_model, expand_v, num_heads)
         if not isinstance(xpos, bool):
@@ -360,8 +344,8 @@ class RetNet(_QKVAttention):
         if xpos and self.head_k % 2:
             raise ValueError(f"xpos: needs an even key width per head to pair channels, got {self.head_k}")
         self.xpos = xpos
-        self.norm = _choice("norm", norm, ("layernorm", "rmsnorm"))
-        self.norm_eps = _positive_float("norm_eps", norm_eps)
+        self.norm = check_choice("norm", norm, ("layernorm", "rmsnorm"))
+        self.norm_eps = check_float("norm_eps", norm_eps, 0, low_open=True)
         self._make_qkv(d_model, bias=False)
         self.g_proj = nn.Linear(d_model, self.num_heads * self.head_v, bias=False)
         for lin in (self.q_proj, self.k_proj, self.v_proj, self.g_proj):
@@ -462,7 +446,7 @@ class Cosformer(_QKVAttention):
         eps: float = 1e-6,
     ):
         super().__init__(d_model)
-        self.num_heads = _positive_int("num_heads", num_heads)
+        self.num_heads = check_int("num_heads", num_heads, 1)
         self.head_k = self.head_v = _split_width(d_model, self.num_heads)
         if isinstance(theta, Real) and not isinstance(theta, bool):
             thetas = [float(theta)] * num_heads
@@ -479,7 +463,7 @@ class Cosformer(_QKVAttention):
         if not isinstance(normalize, bool):
             raise ValueError(f"normalize: expected a bool, got {normalize!r}")
         self.normalize = normalize
-        self.eps = _positive_float("eps", eps)
+        self.eps = check_float("eps", eps, 0, low_open=True)
         self._make_qkv(d_model, bias=True)
         # Python floats, not a buffer, for the reason given in RetNet.__init__.
         self.thetas = tuple(thetas)
@@ -547,9 +531,9 @@ class LRPE(_QKVAttention):
 
     def __init__(self, d_model: int, num_heads: int = 4, feature_map: str = "1+elu", bias: bool = True):
         super().__init__(d_model)
-        self.num_heads = _positive_int("num_heads", num_heads)
+        self.num_heads = check_int("num_heads", num_heads, 1)
         self.head_k = self.head_v = _split_width(d_model, self.num_heads)
-        self.feature_map = _choice("feature_map", feature_map, tuple(FEATURE_MAPS))
+        self.feature_map = check_choice("feature_map", feature_map, tuple(FEATURE_MAPS))
         if not isinstance(bias, bool):
             raise ValueError(f"bias: expected a bool, got {bias!r}")
         self._make_qkv(d_model, bias)
@@ -627,13 +611,13 @@ class GLA(_QKVAttention):
         norm_eps: float = 1e-5,
     ):
         super().__init__(d_model)
-        self.num_heads = _positive_int("num_heads", num_heads)
+        self.num_heads = check_int("num_heads", num_heads, 1)
         self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
         self.head_v = _head_width("expand_v", d_model, expand_v, num_heads)
-        rank = _positive_int("gate_low_rank_dim", gate_low_rank_dim)
-        self.tau = _positive_float("gate_logit_normalizer", gate_logit_normalizer)
-        self.norm = _choice("norm", norm, ("layernorm", "rmsnorm"))
-        self.norm_eps = _positive_float("norm_eps", norm_eps)
+        rank = check_int("gate_low_rank_dim", gate_low_rank_dim, 1)
+        self.tau = check_float("gate_logit_normalizer", gate_logit_normalizer, 0, low_open=True)
+        self.norm = check_choice("norm", norm, ("layernorm", "rmsnorm"))
+        self.norm_eps = check_float("norm_eps", norm_eps, 0, low_open=True)
         self._make_qkv(d_model, bias=False)
         self.gk_proj = nn.Sequential(
             nn.Linear(d_model, rank, bias=False), nn.Linear(rank, self.num_heads * self.head_k, bias=True)
@@ -710,10 +694,10 @@ class DUR(_QKVAttention):
         gate_logit_normalizer: float = 16.0,
     ):
         super().__init__(d_model)
-        self.num_heads = _positive_int("num_heads", num_heads)
+        self.num_heads = check_int("num_heads", num_heads, 1)
         self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
         self.head_v = _head_width("expand_v", d_model, expand_v, num_heads)
-        self.tau = _positive_float("gate_logit_normalizer", gate_logit_normalizer)
+        self.tau = check_float("gate_logit_normalizer", gate_logit_normalizer, 0, low_open=True)
         self._make_qkv(d_model, bias=False)
         self.gk_proj = nn.Linear(d_model, self.num_heads * self.head_k, bias=True)
         self.gv_proj = nn.Linear(d_model, self.num_heads * self.head_v, bias=True)

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lcsm._checks import check_choice, check_float, check_int
 from lcsm.ops import eos
 from lcsm.ops._inputs import MODES, autocast_off
 
@@ -63,32 +64,19 @@ class S4State(State):
 # ----------------------------------------------------------------------------- option checks
 
 
-def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
-    return value
-
-
 def _check_even(name: str, value) -> int:
-    _check_int(name, value, 2)
+    check_int(name, value, 2)
     if value % 2:
         raise ValueError(f"{name}: expected an even integer (modes come in conjugate pairs), got {value!r}")
     return value
 
 
 def _check_dt(dt_min, dt_max) -> tuple[float, float]:
-    for name, v in (("dt_min", dt_min), ("dt_max", dt_max)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"{name}: expected a positive number, got {v!r}")
+    check_float("dt_min", dt_min, 0, low_open=True)
+    check_float("dt_max", dt_max, 0, low_open=True)
     if dt_min > dt_max:
         raise ValueError(f"dt_min: expected dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
     return float(dt_min), float(dt_max)
-
-
-def _check_mode(value, allowed) -> str:
-    if value not in allowed:
-        raise ValueError(f"mode: expected one of {', '.join(allowed)}, got {value!r}")
-    return value
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -227,7 +215,7 @@ class S4D(_DiagonalSISO):
             raise ValueError(f"init: expected one of {', '.join(S4D_INITS)}, got {init!r}")
         self.init = init
         dt_min, dt_max = _check_dt(dt_min, dt_max)
-        self.mode = _check_mode(mode, MODES)
+        self.mode = check_choice("mode", mode, MODES)
         H, N, N2 = d_model, d_state, d_state // 2
         n = torch.arange(N2, dtype=torch.float64).expand(H, N2)
         if init == "lin":
@@ -335,13 +323,13 @@ class DSS(_DiagonalSISO):
         mode: str = "auto",
     ):
         super().__init__(d_model)
-        self.d_state = self.modes = _check_int("d_state", d_state, 1)
-        self.l_max = _check_int("l_max", l_max, 1)
+        self.d_state = self.modes = check_int("d_state", d_state, 1)
+        self.l_max = check_int("l_max", l_max, 1)
         dt_min, dt_max = _check_dt(dt_min, dt_max)
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or epsilon < 0:
             raise ValueError(f"epsilon: expected a number >= 0, got {epsilon!r}")
         self.epsilon = float(epsilon)
-        self.mode = _check_mode(mode, MODES)
+        self.mode = check_choice("mode", mode, MODES)
         H, N = d_model, d_state
         Lam = hippo_skew_pos_imag(N)
         self.Lambda = no_weight_decay(complex_param(Lam))
@@ -454,13 +442,13 @@ class S5(Mixer):
     ):
         super().__init__(d_model)
         self.d_state = _check_even("d_state", d_state)
-        self.blocks = _check_int("blocks", blocks, 1)
+        self.blocks = check_int("blocks", blocks, 1)
         if d_state % blocks or (d_state // blocks) % 2:
             raise ValueError(
                 f"blocks: d_state / blocks must be an even integer, got d_state={d_state}, blocks={blocks!r}"
             )
         dt_min, dt_max = _check_dt(dt_min, dt_max)
-        self.mode = _check_mode(mode, MODES)
+        self.mode = check_choice("mode", mode, MODES)
         H, P = d_model, d_state
         size = P // blocks
         Lam, V = hippo_normal_eig(size)
@@ -640,7 +628,7 @@ class S4(Mixer):
         super().__init__(d_model)
         self.d_state = _check_even("d_state", d_state)
         dt_min, dt_max = _check_dt(dt_min, dt_max)
-        self.mode = _check_mode(mode, S4_MODES)
+        self.mode = check_choice("mode", mode, S4_MODES)
         H, N, N2 = d_model, d_state, d_state // 2
         Lam, V = hippo_normal_eig(N)
         # Columns with omega > 0: one of each pair; the others are their conjugates.

@@ -45,9 +45,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lcsm._checks import check_bool
+from lcsm._checks import check_bool, check_int
 
-from .base import Segment, Task, TaskConfig, check_int, register
+from .base import Segment, Task, TaskConfig, register
 
 SPLITS = ("train", "validation", "test")
 Document = tuple[str, int]  # (text, label)

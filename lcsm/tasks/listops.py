@@ -35,7 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import Segment, Task, TaskConfig, Uniforms, check_int, register
+from lcsm._checks import check_int
+
+from .base import Segment, Task, TaskConfig, Uniforms, register
 
 PAD, CLOSE = 0, 15
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")

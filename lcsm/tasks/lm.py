@@ -38,7 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import Evaluator, Segment, Task, TaskConfig, check_int, check_positive_float, register
+from lcsm._checks import check_float, check_int
+
+from .base import Evaluator, Segment, Task, TaskConfig, register
 
 SPLITS = ("train", "validation", "test")
 BUILTIN = ("default", "sotu", "moby_dick", "wikitext-103", "wikitext-2")
@@ -226,7 +228,7 @@ class LMConfig(TaskConfig):
         check_int("bpe_vocab", self.bpe_vocab, 300)
         check_int("seq_len", self.seq_len, 2)
         for name in ("validation_fraction", "test_fraction"):
-            value = check_positive_float(name, getattr(self, name))
+            value = check_float(name, getattr(self, name), 0, low_open=True)
             if value >= 0.5:
                 raise ValueError(f"{name}: expected a fraction in (0, 0.5), got {value!r}")
         if self.max_tokens is not None:

@@ -44,7 +44,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import IGNORE_INDEX, Segment, Task, TaskConfig, Uniforms, check_bool, check_int, register
+from lcsm._checks import check_bool, check_int
+
+from .base import IGNORE_INDEX, Segment, Task, TaskConfig, Uniforms, register
 
 _SPLIT_CODE = {"train": 0, "test": 1}
 Instance = tuple[list[int], list[int]]

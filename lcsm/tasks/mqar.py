@@ -40,7 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import IGNORE_INDEX, Segment, Task, TaskConfig, check_bool, check_int, check_positive_float, register
+from lcsm._checks import check_bool, check_float, check_int
+
+from .base import IGNORE_INDEX, Segment, Task, TaskConfig, register
 
 Grid = tuple[tuple[int, int], ...]
 
@@ -115,7 +117,7 @@ class MQARConfig(TaskConfig):
         object.__setattr__(self, "test_grid", parse_grid("test_grid", self.test_grid))
         check_int("train_examples", self.train_examples, 1)
         check_int("test_examples", self.test_examples, 1)
-        object.__setattr__(self, "power_a", check_positive_float("power_a", self.power_a))
+        object.__setattr__(self, "power_a", check_float("power_a", self.power_a, 0, low_open=True))
         check_bool("random_non_queries", self.random_non_queries)
         check_int("seed", self.seed, 0)
         n_keys, n_values = self.vocab_size // 2 - 1, self.vocab_size - self.vocab_size // 2

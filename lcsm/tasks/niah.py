@@ -25,8 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lcsm._checks import check_int
+
 from . import lm
-from .base import IGNORE_INDEX, Evaluator, Segment, Task, TaskConfig, check_int, register
+from .base import IGNORE_INDEX, Evaluator, Segment, Task, TaskConfig, register
 
 _SPLIT_CODE = {"train": 0, "test": 1}
 SNAP = 32

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lcsm._checks import check_bool
+from lcsm._checks import check_bool, check_int
 
-from .base import Segment, Task, TaskConfig, Uniforms, check_int, register
+from .base import Segment, Task, TaskConfig, Uniforms, register
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 INK = 255
