@@ -125,7 +125,7 @@ def _equivalence_key(config: Mapping[str, Any]) -> dict[str, Any]:
     """The training part with the mixer's options resolved, layer by layer: its registered name,
     and per layer every option of its constructor, with the defaults, the options a
     ``family:spec`` name implies and those the model sets by the layer's position (HGRN's lower
-    bound k / n_layers unless one is given, ``layer_options``) filled in. Two configs with equal
+    bound k / n_layers unless one is given, ``Mixer.layer_options``) filled in. Two configs with equal
     keys train the same weights however they were written (``lcsm:1-1-1-0`` or ``lcsm`` with
     ``code: 1-1-1-0``; ``tau: 16`` written out or left to its default), and HGRN without a bound
     differs from HGRN with ``lower_bound: 0.0`` (0 in every layer). Run ids keep hashing the config
@@ -146,13 +146,13 @@ def _equivalence_key(config: Mapping[str, Any]) -> dict[str, Any]:
             if name not in ("self", "d_model") and p.default is not inspect.Parameter.empty
         }
         n_layers = merged.get("n_layers", ModelConfig.n_layers)
-        native = bool(merged.get("bidirectional", ModelConfig.bidirectional)) and cls.registry_name == "ces"
+        bidirectional = bool(merged.get("bidirectional", ModelConfig.bidirectional))
         given = merged.get("mixer_options") or {}
         part["model"]["mixer"] = cls.registry_name
         part["model"]["mixer_options"] = json.loads(
             json.dumps(
                 [
-                    {**defaults, **implied, **layer_options(cls.registry_name, given, k, n_layers, native)}
+                    {**defaults, **implied, **layer_options(cls, given, k, n_layers, bidirectional)}
                     for k in range(n_layers)
                 ],
                 default=repr,

@@ -102,6 +102,20 @@ class Mixer(nn.Module):
     # is no complex bfloat16 and no bfloat16 FFT. Their forwards lift half inputs to float32 and
     # cast outputs back.
     float32_parameters: tuple[str, ...] = ()
+    # A mixer that reads both directions itself: it takes a ``bidirectional`` option and its
+    # forward a ``lengths`` keyword (right padding). A bidirectional model passes it
+    # bidirectional=True instead of wrapping two causal copies (``lcsm.models.Bidirectional``).
+    native_bidirectional: bool = False
+    # Options the model sets (``layer_options``, and ``bidirectional`` of a native_bidirectional
+    # mixer): a user's value would be silently overridden, so ModelConfig refuses them.
+    model_owned_options: tuple[str, ...] = ()
+
+    @classmethod
+    def layer_options(cls, options: Mapping[str, Any], layer: int, n_layers: int) -> dict[str, Any]:
+        """The options of layer ``layer`` (0-based) of ``n_layers``, from the model's
+        ``mixer_options``: a hook for mixers whose options depend on the layer's position (an
+        init by depth, a bound per layer). The default is the options unchanged."""
+        return dict(options)
 
     def __init__(self, d_model: int):
         super().__init__()

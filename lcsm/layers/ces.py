@@ -83,10 +83,14 @@ class CES(Mixer):
         fixed_point: (re, im) of lambda for the "fixed" init (Table 4's best "Stable(0.5, 0)").
         dt_min, dt_max: range of the log-uniform dt that initialises alpha.
         max_lambda: bound of |lambda^alpha| enforced by the constraint function (eq. 12).
-        bidirectional: two-sided kernel (non-causal; no recurrent state or decoding).
+        bidirectional: two-sided kernel (non-causal; no recurrent state or decoding); a model sets
+            it from its own ``bidirectional`` field.
     """
 
     float32_parameters = ("log_delta", "alpha", "beta")
+    # ETSMLP eq. 14: one two-sided kernel rather than two causal maps.
+    native_bidirectional = True
+    model_owned_options = ("bidirectional",)
 
     def __init__(
         self,

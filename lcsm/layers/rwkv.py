@@ -79,8 +79,15 @@ class RWKV4(Mixer):
     Args:
         d_model: model width C (the official attention size equals n_embd).
         layer_id, n_layers: position of the layer in the stack, used only by the official
-            layer-dependent init of time_decay, time_first and the token-shift mixes.
+            layer-dependent init of time_decay, time_first and the token-shift mixes; a model
+            sets them per layer (``layer_options``).
     """
+
+    model_owned_options = ("layer_id", "n_layers")
+
+    @classmethod
+    def layer_options(cls, options, layer: int, n_layers: int) -> dict:
+        return {**options, "layer_id": layer, "n_layers": n_layers}
 
     def __init__(self, d_model: int, layer_id: int = 0, n_layers: int = 1):
         super().__init__(d_model)

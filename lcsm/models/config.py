@@ -24,13 +24,6 @@ POOLINGS = ("mean", "last")
 DUAL_COMBINES = ("nli", "concat")
 ACTIVATIONS = ("relu", "gelu", "silu", "identity")
 
-# Options the model sets per layer (they depend on the layer's position in the stack or on the
-# model's own fields); a user value would be silently overridden, so it is refused instead.
-MODEL_OWNED_OPTIONS = {
-    "rwkv4": ("layer_id", "n_layers"),
-    "ces": ("bidirectional",),
-}
-
 
 @dataclass
 class ModelConfig:
@@ -125,8 +118,9 @@ class ModelConfig:
 
     @property
     def native_bidirectional(self) -> bool:
-        """CES has its own two-sided kernel (ETSMLP eq. 14); other mixers get two causal maps."""
-        return self.bidirectional and self.mixer_class.registry_name == "ces"
+        """Whether the mixer reads both directions itself (CES's two-sided kernel, ETSMLP eq. 14);
+        other mixers of a bidirectional model get two causal maps."""
+        return self.bidirectional and self.mixer_class.native_bidirectional
 
     @property
     def mixer_class(self):
@@ -146,7 +140,7 @@ class ModelConfig:
             raise ValueError(f"mixer: expected a registered mixer name (str), got {self.mixer!r}")
         cls = resolve(self.mixer)[0]  # unknown names raise with the closest valid ones
         check_options(self.mixer, self.mixer_options)
-        owned = [k for k in MODEL_OWNED_OPTIONS.get(cls.registry_name, ()) if k in self.mixer_options]
+        owned = [k for k in cls.model_owned_options if k in self.mixer_options]
         if owned:
             raise ValueError(
                 f"mixer_options: {', '.join(owned)} of mixer {cls.registry_name!r} are set by the model "
