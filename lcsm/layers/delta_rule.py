@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import eos, eos_delta
-from ..ops.delta import DELTA_MODES
+from ..ops import DELTA_MODES, eos, eos_delta
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
 Tensor = torch.Tensor

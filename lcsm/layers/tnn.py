@@ -46,8 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_choice, check_int
-from lcsm.ops import eos
-from lcsm.ops._inputs import MODES, autocast_off
+from lcsm.ops import MODES, autocast_off, eos
 
 from .base import EOSRow, Mixer, register
 from .ssm import SSMState

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lcsm.models import LCSM_LM_RECIPE, ModelConfig, build_model, preset
+from lcsm.models import ModelConfig, build_model, preset
 
 BASE = dict(mixer="gla", vocab_size=11, d_model=16, n_layers=2)
 
@@ -182,7 +182,6 @@ def test_preset_fields_follow_the_papers():
     assert preset("etsmlp", task="retrieval").dual_combine == "concat"
     meta = preset("metala_transformer", task="retrieval")
     assert (meta.n_layers, meta.d_model, meta.channel_hidden, meta.dropout, meta.head) == (2, 256, 512, 0.1, "dual")
-    assert LCSM_LM_RECIPE["lr"] == 5e-4 and LCSM_LM_RECIPE["seq_len"] == 512
     with pytest.raises(ValueError, match="did you mean 'etsmlp'"):
         preset("etsmpl")
     with pytest.raises(ValueError, match="did you mean 'text'"):
