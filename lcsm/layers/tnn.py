@@ -48,8 +48,8 @@ from torch import nn
 from lcsm._checks import check_choice, check_int
 from lcsm.ops import MODES, autocast_off, eos
 
+from ._ssm import SSMState
 from .base import EOSRow, Mixer, register
-from .ssm import SSMState
 
 Tensor = torch.Tensor
 
