@@ -1,5 +1,8 @@
 """Delta-rule mixers: the matrix-oscillation rows of LCSM Table 7 (appendix 5.2).
 
+This module holds their shared base (``_DeltaBase``) and state; each mixer is in the file named
+by its registry name (``fwp.py``, ``m1.py``, ``m2.py``, ``m3.py``).
+
     m_t = o_t m_{t-1} + e_t v_t^T,   y_t = m_t^T q_t
 
     fwp / deltanet  o_t = I - beta_t k_t k_t^T,   e_t = beta_t k_t   (Schlag et al. 2021, LCSM eq. 13)

@@ -1,5 +1,8 @@
 """The linear-attention family of LCSM Table 1: q/k/v projections feeding one EOS recurrence.
 
+This module holds what the family shares (the state, the option helpers, ``_QKVAttention``); each
+mixer is in the file named by its registry name (``linear_attention.py``, ``retnet.py``, ...).
+
 Every mixer here is ``i = v_t``, ``e = k_t``, ``s = q_t`` and differs only in the oscillation
 (LCSM section 2.3, Table 1, appendix 5.3):
 

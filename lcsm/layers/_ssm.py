@@ -1,5 +1,9 @@
 """Linear time-invariant state-space mixers: S4 (NPLR), S4D, S5 and DSS (LCSM Table 1, section 2.3).
 
+This module holds what they share (the state, the option checks, the dt init, complex parameters,
+the diagonal SISO base); each mixer is in the file named by its registry name (``s4.py``,
+``s4d.py``, ``s5.py``, ``dss.py``), the HiPPO matrices in ``_hippo.py``.
+
 Each is a continuous SSM x'(t) = A x(t) + B u(t), y = C x + D u, discretised with step Delta and
 run as the discrete recurrence x_t = A_bar x_{t-1} + B_bar u_t, y_t = C x_t + D u_t. Because the
 system does not depend on the input, the same map is the causal long convolution y = K * u + D u
@@ -9,7 +13,7 @@ The diagonal ones (S4D, S5, DSS) are EOS recurrences with a complex, data-indepe
 and are evaluated by ``lcsm.ops.eos``: mode "auto" takes the FFT path for any T > 1 and the
 recurrence for one token (decoding). S4 proper keeps the dense (diagonal plus low-rank) A of
 HiPPO-LegS; its bilinear A_bar is a dense N x N matrix, a psi = "x" (matrix) oscillation that the
-elementwise EOS operator cannot express, so this module implements both of its forms itself: the
+elementwise EOS operator cannot express, so ``s4.py`` implements both of its forms itself: the
 S4 kernel algorithm (Cauchy kernel + Woodbury identity at roots of unity, then an inverse FFT) and
 the dense step loop x_t = A_bar x_{t-1} + B_bar u_t.
 
