@@ -1,6 +1,6 @@
 """Delta-rule mixers: the matrix-oscillation rows of LCSM Table 7 (appendix 5.2).
 
-This module holds their shared base (``_DeltaBase``) and state; each mixer is in the file named
+This module holds their shared base (``DeltaBase``) and state; each mixer is in the file named
 by its registry name (``fwp.py``, ``m1.py``, ``m2.py``, ``m3.py``).
 
     m_t = o_t m_{t-1} + e_t v_t^T,   y_t = m_t^T q_t
@@ -42,11 +42,11 @@ class DeltaState(State):
     memory: Tensor
 
 
-def _l2norm(x: Tensor) -> Tensor:
+def l2norm(x: Tensor) -> Tensor:
     return F.normalize(x, dim=-1, eps=_L2_EPS)
 
 
-class _DeltaBase(Mixer):
+class DeltaBase(Mixer):
     """Shared layout: q, k, v projections into H heads, a K x D memory per head, a per-head
     RMSNorm on the read-out and an output projection.
 
@@ -124,8 +124,8 @@ class _DeltaBase(Mixer):
     # -- the recurrence ----------------------------------------------------------------------------
     def _qkv(self, x: Tensor):
         """q, k [B, T, H, K] (SiLU then L2-normalised per head, as in DeltaNet) and v [B, T, H, D]."""
-        q = _l2norm(F.silu(self._heads(self.q_proj(x), self.head_k)))
-        k = _l2norm(F.silu(self._heads(self.k_proj(x), self.head_k)))
+        q = l2norm(F.silu(self._heads(self.q_proj(x), self.head_k)))
+        k = l2norm(F.silu(self._heads(self.k_proj(x), self.head_k)))
         return q, k, self._heads(self.v_proj(x), self.head_v)
 
     def _delta_states(self, x: Tensor):

@@ -1,6 +1,6 @@
 """The linear-attention family of LCSM Table 1: q/k/v projections feeding one EOS recurrence.
 
-This module holds what the family shares (the state, the option helpers, ``_QKVAttention``); each
+This module holds what the family shares (the state, the option helpers, ``QKVAttention``); each
 mixer is in the file named by its registry name (``linear_attention.py``, ``retnet.py``, ...).
 
 Every mixer here is ``i = v_t``, ``e = k_t``, ``s = q_t`` and differs only in the oscillation
@@ -69,7 +69,7 @@ class LinearAttentionState(State):
 # ----------------------------------------------------------------------------- option checks
 
 
-def _head_width(name: str, d_model: int, expand, num_heads: int) -> int:
+def head_width(name: str, d_model: int, expand, num_heads: int) -> int:
     """Per-head width of a projection of size expand * d_model split over num_heads heads."""
     expand = check_float(name, expand, 0, low_open=True)
     total = d_model * expand
@@ -81,14 +81,14 @@ def _head_width(name: str, d_model: int, expand, num_heads: int) -> int:
     return round(total) // num_heads
 
 
-def _split_width(d_model: int, num_heads: int) -> int:
+def split_width(d_model: int, num_heads: int) -> int:
     """Per-head width when d_model is split over the heads (q, k and v all d_model wide)."""
     if d_model % num_heads:
         raise ValueError(f"num_heads: d_model = {d_model} must be divisible by num_heads, got {num_heads}")
     return d_model // num_heads
 
 
-def _complex(real: Tensor, imag: Tensor) -> Tensor:
+def half_safe_complex(real: Tensor, imag: Tensor) -> Tensor:
     """torch.complex, with half precisions lifted to float32 (there is no complex bfloat16; the
     EOS op computes half-precision inputs in float32 anyway)."""
     if real.dtype in (torch.float16, torch.bfloat16):
@@ -96,7 +96,7 @@ def _complex(real: Tensor, imag: Tensor) -> Tensor:
     return torch.complex(real, imag)
 
 
-def _head_norm(y: Tensor, kind: str, eps: float, weight: Tensor | None = None) -> Tensor:
+def head_norm(y: Tensor, kind: str, eps: float, weight: Tensor | None = None) -> Tensor:
     """Normalise each head's D channels of y [B, T, H, D]: LayerNorm (RetNet's GroupNorm with one
     group per head) or RMSNorm (fla's GLA), optionally with a per-channel weight shared by heads."""
     if kind == "layernorm":
@@ -108,7 +108,7 @@ def _head_norm(y: Tensor, kind: str, eps: float, weight: Tensor | None = None) -
 # ----------------------------------------------------------------------------- shared machinery
 
 
-class _QKVAttention(Mixer):
+class QKVAttention(Mixer):
     """Shared body: q/k/v projections, one EOS call, an output stage.
 
     Subclasses set ``num_heads``, ``head_k``, ``head_v``, ``normalize`` and implement
@@ -140,7 +140,7 @@ class _QKVAttention(Mixer):
         if not self.complex_memory:
             raise NotImplementedError
         i, e, s, log_decay, theta = self.rotating_inputs(x)
-        rotation = _complex(torch.zeros_like(theta), theta).unsqueeze(-1)
+        rotation = half_safe_complex(torch.zeros_like(theta), theta).unsqueeze(-1)
         return i, e, s, rotation if log_decay is None else log_decay + rotation
 
     def rotating_inputs(self, x: Tensor):

@@ -56,14 +56,14 @@ class SSMState(State):
 # ----------------------------------------------------------------------------- option checks
 
 
-def _check_even(name: str, value) -> int:
+def check_even(name: str, value) -> int:
     check_int(name, value, 2)
     if value % 2:
         raise ValueError(f"{name}: expected an even integer (modes come in conjugate pairs), got {value!r}")
     return value
 
 
-def _check_dt(dt_min, dt_max) -> tuple[float, float]:
+def check_dt(dt_min, dt_max) -> tuple[float, float]:
     check_float("dt_min", dt_min, 0, low_open=True)
     check_float("dt_max", dt_max, 0, low_open=True)
     if dt_min > dt_max:
@@ -79,7 +79,7 @@ def log_dt_init(shape, dt_min: float, dt_max: float) -> Tensor:
     return math.log(dt_min) + torch.rand(shape, dtype=torch.float64) * (math.log(dt_max) - math.log(dt_min))
 
 
-def _dtype() -> torch.dtype:
+def param_dtype() -> torch.dtype:
     """Parameters are built in float64 and stored in the default dtype (as nn.Linear is)."""
     return torch.get_default_dtype()
 
@@ -87,19 +87,19 @@ def _dtype() -> torch.dtype:
 def complex_param(z: Tensor) -> nn.Parameter:
     """A complex tensor stored as real (re, im) pairs [..., 2] in the default dtype, as the official
     codes do (Adam's moments are then per real component)."""
-    return nn.Parameter(torch.view_as_real(z.to(torch.promote_types(_dtype(), torch.complex64))).contiguous())
+    return nn.Parameter(torch.view_as_real(z.to(torch.promote_types(param_dtype(), torch.complex64))).contiguous())
 
 
 def as_complex(p: Tensor) -> Tensor:
     return torch.view_as_complex(p)
 
 
-def _gelu_glu(y: Tensor, linear: nn.Linear) -> Tensor:
+def gelu_glu(y: Tensor, linear: nn.Linear) -> Tensor:
     """The S4 layer's output: GELU, then a position-wise Linear(H, 2H) and a GLU."""
     return F.glu(linear(F.gelu(y)), dim=-1)
 
 
-class _DiagonalSISO(Mixer):
+class DiagonalSISO(Mixer):
     """A bank of H single-input single-output diagonal SSMs on EOS: one head per channel
     (H = d_model heads, D = 1, K = ``self.modes`` complex modes). Subclasses give e (= B_bar),
     s (= C) and log_o (= log A_bar) per head and the factor on the real part."""

@@ -15,12 +15,12 @@ import torch.nn.functional as F
 
 from lcsm._checks import check_float, check_int
 
-from ._qkv import _QKVAttention, _split_width
+from ._qkv import QKVAttention, split_width
 from .base import EOSRow, register
 
 
 @register("cosformer")
-class Cosformer(_QKVAttention):
+class Cosformer(QKVAttention):
     """cosFormer, Qin et al. 2022 ("cosFormer: Rethinking Softmax in Attention"), section 3
     (relu features, cos-based re-weighting); official code OpenNLPLab/cosFormer; LCSM section 2.3
     and appendix 5.3 eq. 14.
@@ -56,7 +56,7 @@ class Cosformer(_QKVAttention):
     ):
         super().__init__(d_model)
         self.num_heads = check_int("num_heads", num_heads, 1)
-        self.head_k = self.head_v = _split_width(d_model, self.num_heads)
+        self.head_k = self.head_v = split_width(d_model, self.num_heads)
         if isinstance(theta, Real) and not isinstance(theta, bool):
             thetas = [float(theta)] * num_heads
         elif (

@@ -14,14 +14,14 @@ from lcsm._checks import check_choice, check_int
 from lcsm.ops import MODES
 
 from ._hippo import hippo_skew_pos_imag
-from ._ssm import SSMState, _check_dt, _DiagonalSISO, _dtype, as_complex, complex_param, log_dt_init
+from ._ssm import DiagonalSISO, SSMState, as_complex, check_dt, complex_param, log_dt_init, param_dtype
 from .base import EOSRow, no_weight_decay, register
 
 Tensor = torch.Tensor
 
 
 @register("dss")
-class DSS(_DiagonalSISO):
+class DSS(DiagonalSISO):
     """DSS-softmax (Gupta, Gu & Berant 2022, "Diagonal State Spaces are as Effective as Structured
     State Spaces", section 3, Proposition 1(b)): per channel h, with P_{n,j} = Delta Lambda_n j,
 
@@ -77,7 +77,7 @@ class DSS(_DiagonalSISO):
         super().__init__(d_model)
         self.d_state = self.modes = check_int("d_state", d_state, 1)
         self.l_max = check_int("l_max", l_max, 1)
-        dt_min, dt_max = _check_dt(dt_min, dt_max)
+        dt_min, dt_max = check_dt(dt_min, dt_max)
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or epsilon < 0:
             raise ValueError(f"epsilon: expected a number >= 0, got {epsilon!r}")
         self.epsilon = float(epsilon)
@@ -86,7 +86,7 @@ class DSS(_DiagonalSISO):
         Lam = hippo_skew_pos_imag(N)
         self.Lambda = no_weight_decay(complex_param(Lam))
         log_dt = log_dt_init(H, dt_min, dt_max).unsqueeze(-1).repeat(1, 2)  # [H, (re, im)]
-        self.log_dt = no_weight_decay(nn.Parameter(log_dt.to(_dtype())))
+        self.log_dt = no_weight_decay(nn.Parameter(log_dt.to(param_dtype())))
         self.W = no_weight_decay(nn.Parameter(torch.randn(H, N, 2)))  # official: wd 0 on W
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
         self.output_linear = nn.Linear(H, H)

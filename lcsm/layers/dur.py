@@ -13,14 +13,14 @@ from torch import nn
 
 from lcsm._checks import check_float, check_int
 
-from ._qkv import _head_width, _QKVAttention
+from ._qkv import QKVAttention, head_width
 from .base import EOSRow, no_weight_decay, register
 
 Tensor = torch.Tensor
 
 
 @register("dur", "gfw")
-class DUR(_QKVAttention):
+class DUR(QKVAttention):
     """Decaying fast weights with an outer-product gate, Mao 2022 (decay update rule, DUR) and
     Schlag & Schmidhuber 2018 (gated fast weights, GFW); LCSM Table 1 row "DUR/GFW".
 
@@ -55,8 +55,8 @@ class DUR(_QKVAttention):
     ):
         super().__init__(d_model)
         self.num_heads = check_int("num_heads", num_heads, 1)
-        self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
-        self.head_v = _head_width("expand_v", d_model, expand_v, num_heads)
+        self.head_k = head_width("expand_k", d_model, expand_k, num_heads)
+        self.head_v = head_width("expand_v", d_model, expand_v, num_heads)
         self.tau = check_float("gate_logit_normalizer", gate_logit_normalizer, 0, low_open=True)
         self._make_qkv(d_model, bias=False)
         self.gk_proj = nn.Linear(d_model, self.num_heads * self.head_k, bias=True)

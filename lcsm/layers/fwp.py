@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._delta import _DeltaBase
+from ._delta import DeltaBase
 from .base import EOSRow, register
 
 
 @register("fwp", "deltanet")
-class FastWeightProgrammer(_DeltaBase):
+class FastWeightProgrammer(DeltaBase):
     """Fast weight programmer with the delta rule (Schlag et al. 2021 sec. 4.2, eq. 13 of LCSM; DeltaNet,
     Yang et al. 2024)::
 

@@ -12,12 +12,12 @@ from torch import nn
 
 from lcsm._checks import check_choice, check_float, check_int
 
-from ._qkv import _head_norm, _head_width, _QKVAttention
+from ._qkv import QKVAttention, head_norm, head_width
 from .base import EOSRow, no_weight_decay, register
 
 
 @register("gla", "gateloop")
-class GLA(_QKVAttention):
+class GLA(QKVAttention):
     """Gated linear attention, Yang et al. 2023 (GLA), section 4 (the gated recurrence and the GLA
     Transformer layer); official code fla ``GatedLinearAttention``; LCSM Table 1 row "GLA/GateLoop".
 
@@ -56,8 +56,8 @@ class GLA(_QKVAttention):
     ):
         super().__init__(d_model)
         self.num_heads = check_int("num_heads", num_heads, 1)
-        self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
-        self.head_v = _head_width("expand_v", d_model, expand_v, num_heads)
+        self.head_k = head_width("expand_k", d_model, expand_k, num_heads)
+        self.head_v = head_width("expand_v", d_model, expand_v, num_heads)
         rank = check_int("gate_low_rank_dim", gate_low_rank_dim, 1)
         self.tau = check_float("gate_logit_normalizer", gate_logit_normalizer, 0, low_open=True)
         self.norm = check_choice("norm", norm, ("layernorm", "rmsnorm"))
@@ -79,7 +79,7 @@ class GLA(_QKVAttention):
         return v, k, q, log_alpha.unsqueeze(-1)
 
     def _output(self, y, x):
-        y = _head_norm(y, self.norm, self.norm_eps, self.norm_weight)
+        y = head_norm(y, self.norm, self.norm_eps, self.norm_weight)
         g = self._split(self.g_proj(x))
         return self.o_proj((F.silu(g) * y).flatten(-2))
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from lcsm._checks import check_choice, check_float, check_int
 
-from ._qkv import FEATURE_MAPS, _head_width, _QKVAttention
+from ._qkv import FEATURE_MAPS, QKVAttention, head_width
 from .base import EOSRow, register
 
 
 @register("linear_attention")
-class LinearAttention(_QKVAttention):
+class LinearAttention(QKVAttention):
     """Linear attention, Katharopoulos et al. 2020 ("Transformers are RNNs"), section 3.2 and the
     causal recurrence of section 3.4; LCSM Table 1 row "Linear Attention".
 
@@ -51,8 +51,8 @@ class LinearAttention(_QKVAttention):
     ):
         super().__init__(d_model)
         self.num_heads = check_int("num_heads", num_heads, 1)
-        self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
-        self.head_v = _head_width("expand_v", d_model, expand_v, num_heads)
+        self.head_k = head_width("expand_k", d_model, expand_k, num_heads)
+        self.head_v = head_width("expand_v", d_model, expand_v, num_heads)
         self.feature_map = check_choice("feature_map", feature_map, tuple(FEATURE_MAPS))
         if not isinstance(normalize, bool):
             raise ValueError(f"normalize: expected a bool, got {normalize!r}")

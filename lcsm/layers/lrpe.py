@@ -11,12 +11,12 @@ from torch import nn
 
 from lcsm._checks import check_choice, check_int
 
-from ._qkv import FEATURE_MAPS, _QKVAttention, _split_width
+from ._qkv import FEATURE_MAPS, QKVAttention, split_width
 from .base import EOSRow, no_weight_decay, register
 
 
 @register("lrpe")
-class LRPE(_QKVAttention):
+class LRPE(QKVAttention):
     """Linearized relative positional encoding, Qin et al. 2023c (LRPE), unitary family with a
     learnable per-channel angle; LCSM eq. 10 and appendix 5.3 eq. 15.
 
@@ -46,7 +46,7 @@ class LRPE(_QKVAttention):
     def __init__(self, d_model: int, num_heads: int = 4, feature_map: str = "1+elu", bias: bool = True):
         super().__init__(d_model)
         self.num_heads = check_int("num_heads", num_heads, 1)
-        self.head_k = self.head_v = _split_width(d_model, self.num_heads)
+        self.head_k = self.head_v = split_width(d_model, self.num_heads)
         self.feature_map = check_choice("feature_map", feature_map, tuple(FEATURE_MAPS))
         if not isinstance(bias, bool):
             raise ValueError(f"bias: expected a bool, got {bias!r}")

@@ -6,12 +6,12 @@ are in ``_delta.py``; docs/zoo/delta_rule.md.
 
 from __future__ import annotations
 
-from ._delta import _DeltaBase
+from ._delta import DeltaBase
 from .base import EOSRow, register
 
 
 @register("m1")
-class DeltaM1(_DeltaBase):
+class DeltaM1(DeltaBase):
     """LCSM Table 7 row M1: o_t = I - k_t k_t^T, e_t = k_t, s_t = q_t.
 
     k is L2-normalised (after SiLU, as in fwp): then I - k k^T is the orthogonal projector that

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from ._delta import _DeltaBase, _l2norm
+from ._delta import DeltaBase, l2norm
 from .base import EOSRow, register
 
 
 @register("m2")
-class DeltaM2(_DeltaBase):
+class DeltaM2(DeltaBase):
     """LCSM Table 7 row M2: o_t = I - k_t kbar_t^T with a second key kbar_t, e_t = k_t, s_t = q_t.
 
     The paper leaves kbar open. Independent unit k and kbar make the product of the oscillations
@@ -42,7 +42,7 @@ class DeltaM2(_DeltaBase):
     def _delta_states(self, x):
         q, k, v = self._qkv(x)
         delta = self._heads(self.kbar_proj(x), self.head_k)
-        kbar = _l2norm(k + delta / (1 + delta.norm(dim=-1, keepdim=True)))
+        kbar = l2norm(k + delta / (1 + delta.norm(dim=-1, keepdim=True)))
         return k, q, k, kbar, v
 
     def describe(self) -> EOSRow:

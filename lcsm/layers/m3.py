@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import eos
-from ._delta import _DeltaBase
+from ._delta import DeltaBase
 from .base import EOSRow, register
 
 Tensor = torch.Tensor
@@ -20,7 +20,7 @@ _EOS_MODES = ("auto", "recurrent", "parallel", "chunk")
 
 
 @register("m3")
-class DeltaM3(_DeltaBase):
+class DeltaM3(DeltaBase):
     """LCSM Table 7 row M3: o_t = I - Diag{k_t}, e_t = k_t, s_t = q_t.
 
     A diagonal oscillation is psi = elementwise, so this runs on :func:`lcsm.ops.eos` with the row

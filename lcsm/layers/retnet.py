@@ -12,14 +12,14 @@ from torch import nn
 
 from lcsm._checks import check_choice, check_float, check_int
 
-from ._qkv import _complex, _head_norm, _head_width, _QKVAttention
+from ._qkv import QKVAttention, half_safe_complex, head_norm, head_width
 from .base import EOSRow, register
 
 Tensor = torch.Tensor
 
 
 @register("retnet", "tnl")
-class RetNet(_QKVAttention):
+class RetNet(QKVAttention):
     """Multi-scale retention, Sun et al. 2023 (RetNet) sections 2.1-2.2; official code torchscale
     ``MultiScaleRetention``; LCSM Table 1 row "TNL/RetNet".
 
@@ -69,8 +69,8 @@ class RetNet(_QKVAttention):
     ):
         super().__init__(d_model)
         self.num_heads = check_int("num_heads", num_heads, 1)
-        self.head_k = _head_width("expand_k", d_model, expand_k, num_heads)
-        self.head_v = _head_width("expand_v", d_model, expand_v, num_heads)
+        self.head_k = head_width("expand_k", d_model, expand_k, num_heads)
+        self.head_v = head_width("expand_v", d_model, expand_v, num_heads)
         if not isinstance(xpos, bool):
             raise ValueError(f"xpos: expected a bool, got {xpos!r}")
         if xpos and self.head_k % 2:
@@ -112,12 +112,12 @@ class RetNet(_QKVAttention):
 
     def rotating_inputs(self, x):
         q, k, v, log_gamma = self._qkv(x)
-        qc = _complex(q[..., 0::2], q[..., 1::2])
-        kc = _complex(k[..., 0::2], k[..., 1::2])
+        qc = half_safe_complex(q[..., 0::2], q[..., 1::2])
+        kc = half_safe_complex(k[..., 0::2], k[..., 1::2])
         return v, kc.conj(), qc, log_gamma, self.xpos_theta(q).expand(self.num_heads, -1)
 
     def _output(self, y, x):
-        y = _head_norm(y, self.norm, self.norm_eps)
+        y = head_norm(y, self.norm, self.norm_eps)
         g = self._split(self.g_proj(x))
         return self.o_proj((F.silu(g) * y).flatten(-2))
 

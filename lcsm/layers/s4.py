@@ -18,7 +18,7 @@ from lcsm._checks import check_choice
 from lcsm.ops import autocast_off
 
 from ._hippo import hippo_legs, hippo_normal_eig
-from ._ssm import _check_dt, _check_even, _dtype, _gelu_glu, as_complex, complex_param, log_dt_init
+from ._ssm import as_complex, check_dt, check_even, complex_param, gelu_glu, log_dt_init, param_dtype
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
 Tensor = torch.Tensor
@@ -144,8 +144,8 @@ class S4(Mixer):
 
     def __init__(self, d_model: int, d_state: int = 64, dt_min: float = 1e-3, dt_max: float = 1e-1, mode: str = "auto"):
         super().__init__(d_model)
-        self.d_state = _check_even("d_state", d_state)
-        dt_min, dt_max = _check_dt(dt_min, dt_max)
+        self.d_state = check_even("d_state", d_state)
+        dt_min, dt_max = check_dt(dt_min, dt_max)
         self.mode = check_choice("mode", mode, S4_MODES)
         H, N, N2 = d_model, d_state, d_state // 2
         Lam, V = hippo_normal_eig(N)
@@ -153,12 +153,12 @@ class S4(Mixer):
         Lam, V = Lam[N2:], V[:, N2:]
         _, B, P = hippo_legs(N)
         Vh = V.conj().t()
-        self.log_A_real = no_weight_decay(nn.Parameter((-Lam.real).log().expand(H, N2).to(_dtype()).contiguous()))
-        self.A_imag = no_weight_decay(nn.Parameter(Lam.imag.expand(H, N2).to(_dtype()).contiguous()))
+        self.log_A_real = no_weight_decay(nn.Parameter((-Lam.real).log().expand(H, N2).to(param_dtype()).contiguous()))
+        self.A_imag = no_weight_decay(nn.Parameter(Lam.imag.expand(H, N2).to(param_dtype()).contiguous()))
         self.P = no_weight_decay(complex_param((Vh @ P.to(torch.complex128)).expand(H, N2)))
         self.B = no_weight_decay(complex_param((Vh @ B.to(torch.complex128)).expand(H, N2)))
         self.C = complex_param(torch.randn(H, N2, dtype=torch.complex128))
-        self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(H, dt_min, dt_max).to(_dtype())))
+        self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(H, dt_min, dt_max).to(param_dtype())))
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
         self.output_linear = nn.Linear(H, 2 * H)
         self._discretized = None
@@ -326,7 +326,7 @@ class S4(Mixer):
         """x [B, T, H] -> y [B, T, H] (and the final S4State when asked)."""
         self.check_input(x)
         y, s = self.ssm(x, state.x if state is not None else None, return_state)
-        y = _gelu_glu(y, self.output_linear)
+        y = gelu_glu(y, self.output_linear)
         return (y, S4State(x=s)) if return_state else y
 
     def init_state(self, batch_size: int) -> S4State:

@@ -15,15 +15,15 @@ from lcsm._checks import check_choice
 from lcsm.ops import MODES
 
 from ._ssm import (
+    DiagonalSISO,
     SSMState,
-    _check_dt,
-    _check_even,
-    _DiagonalSISO,
-    _dtype,
-    _gelu_glu,
     as_complex,
+    check_dt,
+    check_even,
     complex_param,
+    gelu_glu,
     log_dt_init,
+    param_dtype,
 )
 from .base import EOSRow, no_weight_decay, register
 
@@ -34,7 +34,7 @@ S4D_INITS = ("lin", "inv", "real")
 
 
 @register("s4d")
-class S4D(_DiagonalSISO):
+class S4D(DiagonalSISO):
     """S4D (Gu, Gupta, Goel & Re 2022, "On the Parameterization and Initialization of Diagonal
     State Space Models"): a bank of d_model SISO diagonal SSMs, ZOH discretisation (section 3.1):
 
@@ -69,12 +69,12 @@ class S4D(_DiagonalSISO):
         mode: str = "auto",
     ):
         super().__init__(d_model)
-        self.d_state = _check_even("d_state", d_state)
+        self.d_state = check_even("d_state", d_state)
         self.modes = d_state // 2
         if init not in S4D_INITS:
             raise ValueError(f"init: expected one of {', '.join(S4D_INITS)}, got {init!r}")
         self.init = init
-        dt_min, dt_max = _check_dt(dt_min, dt_max)
+        dt_min, dt_max = check_dt(dt_min, dt_max)
         self.mode = check_choice("mode", mode, MODES)
         H, N, N2 = d_model, d_state, d_state // 2
         n = torch.arange(N2, dtype=torch.float64).expand(H, N2)
@@ -84,9 +84,9 @@ class S4D(_DiagonalSISO):
             re, im = torch.full_like(n, 0.5), (N / math.pi) * (N / (2 * n + 1) - 1)
         else:
             re, im = n + 1, torch.zeros_like(n)
-        self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(H, dt_min, dt_max).to(_dtype())))
-        self.log_A_real = no_weight_decay(nn.Parameter(re.log().to(_dtype()).contiguous()))
-        self.A_imag = no_weight_decay(nn.Parameter(im.to(_dtype()).contiguous()))
+        self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(H, dt_min, dt_max).to(param_dtype())))
+        self.log_A_real = no_weight_decay(nn.Parameter(re.log().to(param_dtype()).contiguous()))
+        self.A_imag = no_weight_decay(nn.Parameter(im.to(param_dtype()).contiguous()))
         self.B = complex_param(torch.ones(H, N2, dtype=torch.complex128))
         self.C = complex_param(torch.randn(H, N2, dtype=torch.complex128))
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
@@ -105,7 +105,7 @@ class S4D(_DiagonalSISO):
     def forward(self, x: Tensor, state: SSMState | None = None, return_state: bool = False):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
         y, m = self._run(x, state, return_state)
-        y = _gelu_glu(y, self.output_linear)
+        y = gelu_glu(y, self.output_linear)
         return (y, SSMState(memory=m)) if return_state else y
 
     def describe(self) -> EOSRow:

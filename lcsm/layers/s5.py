@@ -16,7 +16,7 @@ from lcsm._checks import check_choice, check_int
 from lcsm.ops import MODES, eos
 
 from ._hippo import hippo_normal_eig
-from ._ssm import SSMState, _check_dt, _check_even, _dtype, as_complex, complex_param, log_dt_init
+from ._ssm import SSMState, as_complex, check_dt, check_even, complex_param, log_dt_init, param_dtype
 from .base import EOSRow, Mixer, no_weight_decay, register
 
 Tensor = torch.Tensor
@@ -69,13 +69,13 @@ class S5(Mixer):
         mode: str = "auto",
     ):
         super().__init__(d_model)
-        self.d_state = _check_even("d_state", d_state)
+        self.d_state = check_even("d_state", d_state)
         self.blocks = check_int("blocks", blocks, 1)
         if d_state % blocks or (d_state // blocks) % 2:
             raise ValueError(
                 f"blocks: d_state / blocks must be an even integer, got d_state={d_state}, blocks={blocks!r}"
             )
-        dt_min, dt_max = _check_dt(dt_min, dt_max)
+        dt_min, dt_max = check_dt(dt_min, dt_max)
         self.mode = check_choice("mode", mode, MODES)
         H, P = d_model, d_state
         size = P // blocks
@@ -85,12 +85,12 @@ class S5(Mixer):
         V = torch.block_diag(*([V] * blocks))  # [P, P/2]
         B = _lecun_trunc_normal((P, H), fan_in=P).to(torch.complex128)
         C = torch.complex(_lecun_trunc_normal((H, P), fan_in=P), _lecun_trunc_normal((H, P), fan_in=P))
-        self.Lambda_re = no_weight_decay(nn.Parameter(Lam.real.to(_dtype()).contiguous()))
-        self.Lambda_im = no_weight_decay(nn.Parameter(Lam.imag.to(_dtype()).contiguous()))
+        self.Lambda_re = no_weight_decay(nn.Parameter(Lam.real.to(param_dtype()).contiguous()))
+        self.Lambda_im = no_weight_decay(nn.Parameter(Lam.imag.to(param_dtype()).contiguous()))
         self.B = no_weight_decay(complex_param(V.conj().t() @ B))  # [P/2, H]
         self.C = complex_param(C @ V)  # [H, P/2]
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
-        self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(P // 2, dt_min, dt_max).to(_dtype())))
+        self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(P // 2, dt_min, dt_max).to(param_dtype())))
         self.out2 = nn.Linear(H, H)
 
     def discretize(self) -> tuple[Tensor, Tensor]:
