@@ -54,6 +54,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lcsm._checks import check_int
+
 from ..ops import eos, eos_step
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
@@ -91,8 +93,7 @@ class RWKV4(Mixer):
 
     def __init__(self, d_model: int, layer_id: int = 0, n_layers: int = 1):
         super().__init__(d_model)
-        if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
-            raise ValueError(f"n_layers: expected an integer >= 1, got {n_layers!r}")
+        check_int("n_layers", n_layers, 1)
         if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not 0 <= layer_id < n_layers:
             raise ValueError(f"layer_id: expected an integer in [0, n_layers) = [0, {n_layers}), got {layer_id!r}")
         self.layer_id, self.n_layers = layer_id, n_layers
