@@ -62,8 +62,9 @@ from bench._common import Check, provenance_header, run_memory_worker, write_out
 from bench._common import proc_status_kib as _proc_status_kib
 from lcsm import layers
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
-from lcsm.layers import lcsm_family, mamba
-from lcsm.layers.lcsm_family import LCSMFamily
+from lcsm.layers import lcsm as lcsm_module
+from lcsm.layers import mamba
+from lcsm.layers.lcsm import LCSMFamily
 from lcsm.ops import LogProduct, eos, eos_rotating
 from lcsm.ops._inputs import canonicalize
 from lcsm.ops.chunk import eos_chunk
@@ -896,7 +897,7 @@ class Bench:
             return patched_layer(
                 lambda: LCSMFamily(D, code="1-8-1-0", expand=K),
                 (B, T, D),
-                lcsm_family,
+                lcsm_module,
                 "log_sigmoid_product",
                 fn,
                 seed=8,

@@ -3,13 +3,37 @@
 from __future__ import annotations
 
 
+def _source(cls: type) -> str:
+    """The file that defines ``cls``, relative to the checkout (or site-packages) holding lcsm, so
+    that ``lcsm list | grep gla`` says where GLA's math is; absolute for a mixer from elsewhere."""
+    import inspect
+    from pathlib import Path
+
+    import lcsm
+
+    path = Path(inspect.getsourcefile(cls)).resolve()
+    root = Path(lcsm.__file__).resolve().parent.parent
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
 def _mixer_table(d_model: int) -> str:
     from lcsm import layers
 
     by_target = {}
     for alias, target in layers.aliases().items():
         by_target.setdefault(target, []).append(alias)
-    header = ["mixer", "aliases", "input", "expand", "oscillation", "shrink", "memory", "psi", "data-dependent"]
+    header = [
+        "mixer",
+        "aliases",
+        "source",
+        "input",
+        "expand",
+        "oscillation",
+        "shrink",
+        "memory",
+        "psi",
+        "data-dependent",
+    ]
     rows = []
     for name in layers.available():
         row = layers.build(name, d_model).describe()
@@ -22,6 +46,7 @@ def _mixer_table(d_model: int) -> str:
             [
                 name,
                 ", ".join(sorted(by_target.get(name, []))) or "-",
+                _source(layers.resolve(name)[0]),
                 row.input,
                 row.expand,
                 row.oscillation,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from lcsm._checks import check_choice, check_float, check_int, check_keys
 from lcsm._names import did_you_mean
 from lcsm.engine.host_memory import HOST_ALLOCATORS
 from lcsm.ops.chunk import ELEMENTWISE_FORMS
@@ -34,46 +34,6 @@ from lcsm.ops.chunk import ELEMENTWISE_FORMS
 SCHEDULES = ("cosine", "inverse_sqrt", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")
 MODES = ("max", "min")
-
-
-def _check_keys(section: str, values: Mapping[str, Any], valid: Iterable[str]) -> None:
-    valid = list(valid)
-    if not isinstance(values, Mapping):
-        raise ValueError(f"{section}: expected a mapping of keys to values, got {type(values).__name__}")
-    unknown = [k for k in values if k not in valid]
-    if unknown:
-        hints = ", ".join(f"{k!r}{did_you_mean(str(k), valid)}" for k in unknown)
-        raise ValueError(f"{section}: unknown key(s) {hints}. Valid keys: {', '.join(valid)}")
-
-
-def _int(name: str, value, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}{' or null' if allow_none else ''}, got {value!r}")
-
-
-def _number(
-    name: str, value, low: float, high: float = math.inf, low_open: bool = False, allow_none: bool = False
-) -> None:
-    if value is None and allow_none:
-        return
-    ok = (
-        not isinstance(value, bool)
-        and isinstance(value, (int, float))
-        and value <= high
-        and (value > low if low_open else value >= low)
-    )
-    if not ok:
-        bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
-        raise ValueError(f"{name}: expected a number {bound}{' or null' if allow_none else ''}, got {value!r}")
-
-
-def _choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(
-            f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}{did_you_mean(str(value), choices)}"
-        )
 
 
 def check_device(name: str, value) -> None:
@@ -110,7 +70,7 @@ class _Section:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None):
         values = {} if values is None else values
-        _check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
+        check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,18 +103,18 @@ class OptimConfig(_Section):
     grad_clip: float | None = 1.0
 
     def __post_init__(self):
-        _number("optim.lr", self.lr, 0, low_open=True)
-        _number("optim.weight_decay", self.weight_decay, 0)
+        check_float("optim.lr", self.lr, 0, low_open=True)
+        check_float("optim.weight_decay", self.weight_decay, 0)
         if not isinstance(self.betas, (list, tuple)) or len(self.betas) != 2:
             raise ValueError(f"optim.betas: expected two numbers in [0, 1), got {self.betas!r}")
         for b in self.betas:
-            _number("optim.betas", b, 0, 1 - 1e-12)
+            check_float("optim.betas", b, 0, 1, high_open=True)
         self.betas = tuple(float(b) for b in self.betas)
-        _number("optim.eps", self.eps, 0, low_open=True)
-        _choice("optim.schedule", self.schedule, SCHEDULES)
-        _int("optim.warmup_steps", self.warmup_steps, 0)
-        _number("optim.min_lr_ratio", self.min_lr_ratio, 0, 1)
-        _number("optim.grad_clip", self.grad_clip, 0, low_open=True, allow_none=True)
+        check_float("optim.eps", self.eps, 0, low_open=True)
+        check_choice("optim.schedule", self.schedule, SCHEDULES)
+        check_int("optim.warmup_steps", self.warmup_steps, 0)
+        check_float("optim.min_lr_ratio", self.min_lr_ratio, 0, 1)
+        check_float("optim.grad_clip", self.grad_clip, 0, low_open=True, allow_none=True)
         if self.schedule == "inverse_sqrt" and self.warmup_steps == 0:
             raise ValueError(
                 "optim.warmup_steps: schedule 'inverse_sqrt' decays as sqrt(warmup_steps / step) "
@@ -177,9 +137,9 @@ class EarlyStopConfig(_Section):
     def __post_init__(self):
         if not isinstance(self.metric, str) or not self.metric:
             raise ValueError(f"train.early_stop.metric: expected a metric name (e.g. 'accuracy'), got {self.metric!r}")
-        _choice("train.early_stop.mode", self.mode, MODES)
-        _int("train.early_stop.patience", self.patience, 0)
-        _number("train.early_stop.min_delta", self.min_delta, 0)
+        check_choice("train.early_stop.mode", self.mode, MODES)
+        check_int("train.early_stop.patience", self.patience, 0)
+        check_float("train.early_stop.min_delta", self.min_delta, 0)
 
 
 @dataclass
@@ -236,7 +196,7 @@ class TrainConfig(_Section):
     @classmethod
     def from_dict(cls, values):
         values = {} if values is None else values
-        _check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
+        check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
         values = dict(values)
         if "early_stop" in values and not isinstance(values["early_stop"], EarlyStopConfig):
             values["early_stop"] = EarlyStopConfig.from_dict(values["early_stop"])
@@ -248,26 +208,26 @@ class TrainConfig(_Section):
                 f"train.max_steps / train.epochs: expected exactly one, got max_steps={self.max_steps!r}, "
                 f"epochs={self.epochs!r}"
             )
-        _int("train.max_steps", self.max_steps, 1, allow_none=True)
-        _int("train.epochs", self.epochs, 1, allow_none=True)
-        _int("train.batch_size", self.batch_size, 1)
-        _int("train.grad_accum", self.grad_accum, 1)
-        _choice("train.precision", self.precision, PRECISIONS)
-        _int("train.seed", self.seed, 0)
+        check_int("train.max_steps", self.max_steps, 1, allow_none=True)
+        check_int("train.epochs", self.epochs, 1, allow_none=True)
+        check_int("train.batch_size", self.batch_size, 1)
+        check_int("train.grad_accum", self.grad_accum, 1)
+        check_choice("train.precision", self.precision, PRECISIONS)
+        check_int("train.seed", self.seed, 0)
         check_device("train.device", self.device)
         for name in ("eval_every", "save_every", "log_every"):
-            _int(f"train.{name}", getattr(self, name), 0)
-        _int("train.eval_batch_size", self.eval_batch_size, 1, allow_none=True)
+            check_int(f"train.{name}", getattr(self, name), 0)
+        check_int("train.eval_batch_size", self.eval_batch_size, 1, allow_none=True)
         if self.eval_split is not None and not isinstance(self.eval_split, str):
             raise ValueError(f"train.eval_split: expected a split name or null, got {self.eval_split!r}")
-        _int("train.keep_last", self.keep_last, 1)
+        check_int("train.keep_last", self.keep_last, 1)
         if not isinstance(self.early_stop, EarlyStopConfig):
             raise ValueError(f"train.early_stop: expected a mapping, got {self.early_stop!r}")
         if not isinstance(self.tensorboard, bool):
             raise ValueError(f"train.tensorboard: expected true or false, got {self.tensorboard!r}")
-        _int("train.threads", self.threads, 1, allow_none=True)
-        _choice("train.host_allocator", self.host_allocator, HOST_ALLOCATORS)
-        _choice("train.elementwise_form", self.elementwise_form, ELEMENTWISE_FORMS)
+        check_int("train.threads", self.threads, 1, allow_none=True)
+        check_choice("train.host_allocator", self.host_allocator, HOST_ALLOCATORS)
+        check_choice("train.elementwise_form", self.elementwise_form, ELEMENTWISE_FORMS)
 
 
 @dataclass
@@ -286,7 +246,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
-        _check_keys("run config", values, cls.KEYS)
+        check_keys("run config", values, cls.KEYS)
         for required in ("task", "model", "train"):
             if required not in values:
                 raise ValueError(f"run config: missing section {required!r} (sections: {', '.join(cls.KEYS[2:])})")

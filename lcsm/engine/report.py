@@ -35,13 +35,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import _check_keys
+from lcsm._checks import check_keys
 
 REPORT_KEYS = ("title", "metrics", "table", "plots", "compare", "curves")
 
 
 def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
-    _check_keys("report", report, REPORT_KEYS)
+    check_keys("report", report, REPORT_KEYS)
     metrics = report.get("metrics", [])
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
         raise ValueError(f"report.metrics: expected a list of metric names, got {metrics!r}")
@@ -66,12 +66,12 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
         if not isinstance(items, list):
             raise ValueError(f"report.{section}: expected a list, got {items!r}")
         for i, item in enumerate(items):
-            _check_keys(f"report.{section}[{i}]", item, keys)
+            check_keys(f"report.{section}[{i}]", item, keys)
             yield f"report.{section}[{i}]", item
 
     table = report.get("table")
     if table is not None:
-        _check_keys("report.table", table, ("rows", "columns", "value"))
+        check_keys("report.table", table, ("rows", "columns", "value"))
         axis("report.table.rows", table.get("rows"))
         axis("report.table.columns", table.get("columns"), optional=True)
         metric("report.table.value", table.get("value"))

@@ -51,9 +51,10 @@ from typing import Any
 
 import yaml
 
+from lcsm._checks import check_choice, check_keys
 from lcsm.tasks import recorded_task_data, task_data
 
-from .config import OptimConfig, RunConfig, TrainConfig, _check_keys, _choice, apply_overrides, read_yaml, yaml_load
+from .config import OptimConfig, RunConfig, TrainConfig, apply_overrides, read_yaml, yaml_load
 
 EXPERIMENT_COPY = "experiment.yaml"
 EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", "description", "paper", "reading")
@@ -124,7 +125,7 @@ def _equivalence_key(config: Mapping[str, Any]) -> dict[str, Any]:
     """The training part with the mixer's options resolved, layer by layer: its registered name,
     and per layer every option of its constructor, with the defaults, the options a
     ``family:spec`` name implies and those the model sets by the layer's position (HGRN's lower
-    bound k / n_layers unless one is given, ``layer_options``) filled in. Two configs with equal
+    bound k / n_layers unless one is given, ``Mixer.layer_options``) filled in. Two configs with equal
     keys train the same weights however they were written (``lcsm:1-1-1-0`` or ``lcsm`` with
     ``code: 1-1-1-0``; ``tau: 16`` written out or left to its default), and HGRN without a bound
     differs from HGRN with ``lower_bound: 0.0`` (0 in every layer). Run ids keep hashing the config
@@ -145,13 +146,13 @@ def _equivalence_key(config: Mapping[str, Any]) -> dict[str, Any]:
             if name not in ("self", "d_model") and p.default is not inspect.Parameter.empty
         }
         n_layers = merged.get("n_layers", ModelConfig.n_layers)
-        native = bool(merged.get("bidirectional", ModelConfig.bidirectional)) and cls.registry_name == "ces"
+        bidirectional = bool(merged.get("bidirectional", ModelConfig.bidirectional))
         given = merged.get("mixer_options") or {}
         part["model"]["mixer"] = cls.registry_name
         part["model"]["mixer_options"] = json.loads(
             json.dumps(
                 [
-                    {**defaults, **implied, **layer_options(cls.registry_name, given, k, n_layers, native)}
+                    {**defaults, **implied, **layer_options(cls, given, k, n_layers, bidirectional)}
                     for k in range(n_layers)
                 ],
                 default=repr,
@@ -212,7 +213,7 @@ def load_experiment(
     ``grid`` ("key=v1,v2") replaces or adds an axis."""
     path = Path(path)
     spec = read_yaml(path)
-    _check_keys(f"experiment {str(path)!r}", spec, EXPERIMENT_KEYS)
+    check_keys(f"experiment {str(path)!r}", spec, EXPERIMENT_KEYS)
     name = spec.get("name", path.stem)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"name: expected letters, digits, '_', '.' or '-', got {name!r}")
@@ -266,10 +267,10 @@ def load_experiment(
     spec = _rename_axes(spec, renamed)
     select = spec.get("select")
     if select is not None:
-        _check_keys("select", select, ("metric", "mode", "over"))
+        check_keys("select", select, ("metric", "mode", "over"))
         if not isinstance(select.get("metric"), str):
             raise ValueError(f"select.metric: expected a metric name, got {select.get('metric')!r}")
-        _choice("select.mode", select.get("mode", "max"), ("max", "min"))
+        check_choice("select.mode", select.get("mode", "max"), ("max", "min"))
         over = select.get("over", [])
         unknown = [k for k in over if k not in grid_spec]
         if unknown:

@@ -1,7 +1,9 @@
 """Token mixers of the papers, each a configuration of the EOS operator (``lcsm.ops``).
 
-Every module of this package registers its mixers when imported; importing the package imports
-them all, so ``available()`` lists everything without a hand-kept index.
+Each mixer lives in the module named by its registry name (``gla.py`` registers "gla") and
+registers itself when imported; importing the package imports them all, so ``available()`` lists
+everything without a hand-kept index. Private modules (``_qkv.py``, ``_ssm.py``, ...) hold bodies
+that several mixers share.
 """
 
 import importlib

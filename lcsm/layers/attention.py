@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lcsm._checks import check_bool, check_choice
+
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
 Tensor = torch.Tensor
@@ -130,10 +132,8 @@ class Attention(Mixer):
         super().__init__(d_model)
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or d_model % heads:
             raise ValueError(f"heads: expected a positive divisor of d_model={d_model}, got {heads!r}")
-        if not isinstance(bias, bool):
-            raise ValueError(f"bias: expected True or False, got {bias!r}")
-        if positions not in POSITIONS:
-            raise ValueError(f"positions: expected one of {', '.join(POSITIONS)}, got {positions!r}")
+        check_bool("bias", bias)
+        check_choice("positions", positions, POSITIONS)
         if positions == "learned":
             if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
                 raise ValueError(f"max_len: positions='learned' needs a positive integer max_len, got {max_len!r}")

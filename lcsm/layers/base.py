@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lcsm._names import check_options
+from lcsm._checks import check_keys
 
 Tensor = torch.Tensor
 
@@ -102,6 +102,20 @@ class Mixer(nn.Module):
     # is no complex bfloat16 and no bfloat16 FFT. Their forwards lift half inputs to float32 and
     # cast outputs back.
     float32_parameters: tuple[str, ...] = ()
+    # A mixer that reads both directions itself: it takes a ``bidirectional`` option and its
+    # forward a ``lengths`` keyword (right padding). A bidirectional model passes it
+    # bidirectional=True instead of wrapping two causal copies (``lcsm.models.Bidirectional``).
+    native_bidirectional: bool = False
+    # Options the model sets (``layer_options``, and ``bidirectional`` of a native_bidirectional
+    # mixer): a user's value would be silently overridden, so ModelConfig refuses them.
+    model_owned_options: tuple[str, ...] = ()
+
+    @classmethod
+    def layer_options(cls, options: Mapping[str, Any], layer: int, n_layers: int) -> dict[str, Any]:
+        """The options of layer ``layer`` (0-based) of ``n_layers``, from the model's
+        ``mixer_options``: a hook for mixers whose options depend on the layer's position (an
+        init by depth, a bound per layer). The default is the options unchanged."""
+        return dict(options)
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -235,12 +249,18 @@ def resolve(name: str) -> tuple[type[Mixer], dict[str, object]]:
 
 def build(name: str, d_model: int, **options) -> Mixer:
     """Build a registered mixer; unknown options fail with the valid ones listed."""
+    check_options(name, options)
     cls, implied = resolve(name)
-    params = inspect.signature(cls.__init__).parameters
-    valid = [p for p in params if p not in ("self", "d_model")]
-    check_options(f"mixer {name!r}", options, valid)
-    check_implied(name, options)
     return cls(d_model, **{**implied, **options})
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+    """The one check of a mixer's options (``build`` and ``ModelConfig`` both call it): each must be
+    a keyword of the mixer's constructor, and none may contradict its ``family:spec`` name."""
+    cls = resolve(name)[0]
+    valid = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "d_model")]
+    check_keys("mixer_options", options, valid, kind="option", unknown=f"mixer {name!r} has no option(s)")
+    check_implied(name, options)
 
 
 def check_implied(name: str, options: Mapping[str, Any]) -> None:

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm._checks import check_bool
+from lcsm._checks import check_bool, check_choice, check_float
 from lcsm.ops import eos
 
 from .base import EOSRow, Mixer, State, no_weight_decay, register
@@ -69,15 +69,6 @@ class CESState(State):
     memory: Tensor
 
 
-def _check_float(name: str, value, low: float, high: float, low_open: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}: expected a number, got {value!r}")
-    ok = (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        raise ValueError(f"{name}: expected a value in {'(' if low_open else '['}{low}, {high}], got {value!r}")
-    return float(value)
-
-
 @register("ces", "etsmlp_ces")
 class CES(Mixer):
     """ETSMLP's complex exponential smoothing token mixer (the CES module only, no MLP).
@@ -92,10 +83,14 @@ class CES(Mixer):
         fixed_point: (re, im) of lambda for the "fixed" init (Table 4's best "Stable(0.5, 0)").
         dt_min, dt_max: range of the log-uniform dt that initialises alpha.
         max_lambda: bound of |lambda^alpha| enforced by the constraint function (eq. 12).
-        bidirectional: two-sided kernel (non-causal; no recurrent state or decoding).
+        bidirectional: two-sided kernel (non-causal; no recurrent state or decoding); a model sets
+            it from its own ``bidirectional`` field.
     """
 
     float32_parameters = ("log_delta", "alpha", "beta")
+    # ETSMLP eq. 14: one two-sided kernel rather than two causal maps.
+    native_bidirectional = True
+    model_owned_options = ("bidirectional",)
 
     def __init__(
         self,
@@ -115,27 +110,23 @@ class CES(Mixer):
         bidirectional: bool = False,
     ):
         super().__init__(d_model)
-        if field not in FIELDS:
-            raise ValueError(f"field: expected one of {', '.join(FIELDS)}, got {field!r}")
-        if init not in INITS:
-            raise ValueError(f"init: expected one of {', '.join(INITS)}, got {init!r}")
-        self.field = field
+        self.field = check_choice("field", field, FIELDS)
         self.complex = field == "complex"
         self.use_alpha = check_bool("use_alpha", use_alpha)
         self.use_beta = check_bool("use_beta", use_beta)
         self.use_omega = check_bool("use_omega", use_omega)
         self.bidirectional = check_bool("bidirectional", bidirectional)
-        self.init = init
-        r_min = _check_float("r_min", r_min, 0.0, 1.0)
-        r_max = _check_float("r_max", r_max, 0.0, 1.0)
+        self.init = check_choice("init", init, INITS)
+        r_min = check_float("r_min", r_min, 0, 1, low_open=True)
+        r_max = check_float("r_max", r_max, 0, 1, low_open=True)
         if r_min > r_max:
             raise ValueError(f"r_min: expected r_min <= r_max, got r_min={r_min}, r_max={r_max}")
-        max_phase = _check_float("max_phase", max_phase, 0.0, 2 * math.pi, low_open=False)
-        dt_min = _check_float("dt_min", dt_min, 0.0, math.inf)
-        dt_max = _check_float("dt_max", dt_max, 0.0, math.inf)
+        max_phase = check_float("max_phase", max_phase, 0, 2 * math.pi)
+        dt_min = check_float("dt_min", dt_min, 0, low_open=True)
+        dt_max = check_float("dt_max", dt_max, 0, low_open=True)
         if dt_min > dt_max:
             raise ValueError(f"dt_min: expected dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
-        self.max_lambda = _check_float("max_lambda", max_lambda, 0.0, 1.0)
+        self.max_lambda = check_float("max_lambda", max_lambda, 0, 1, low_open=True)
         if (
             not isinstance(fixed_point, (tuple, list))
             or len(fixed_point) != 2

@@ -24,8 +24,8 @@ express, so it is applied after the scan.
 
 The lower bound. In the paper gamma^k is the k-th entry of cumsum(softmax(Gamma)) over layers
 (Gamma a learned [n_layers, d_model] parameter), so deeper layers are forced to remember longer.
-It couples layers, so the model (issue 4) owns it; this mixer takes ``lower_bound`` as a fixed
-float (0 = no bound, the first layer's value).
+It couples layers, so the model owns it; this mixer takes ``lower_bound`` as a fixed float
+(0 = no bound, the first layer's value) and sets k / n_layers per layer (``HGRN.layer_options``).
 
 Shape glossary: B batch, T time, d_model model width (= memory columns D of the EOS call).
 """
@@ -59,7 +59,17 @@ class HGRN(Mixer):
     Args:
         d_model: model width.
         lower_bound: gamma in [0, 1), the lower bound of the forget gate lambda_t (|o_t| >= gamma).
+            In a model, k / n_layers in layer k unless given (``layer_options``).
     """
+
+    @classmethod
+    def layer_options(cls, options, layer: int, n_layers: int) -> dict:
+        """gamma_k = k / n_layers unless the options fix a bound. The paper (section 3.2) learns
+        gamma = cumsum(softmax(Gamma)) over layers, shifted so that the first layer is 0 (official
+        code); with the official init Gamma = 1 this is exactly k / n_layers. The schedule stays
+        fixed here because the mixer takes a float bound; the learned version couples the layers'
+        parameters, which the mixer interface does not carry."""
+        return dict(options) if "lower_bound" in options else {**options, "lower_bound": layer / n_layers}
 
     def __init__(self, d_model: int, lower_bound: float = 0.0):
         super().__init__(d_model)

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lcsm._checks import check_float, check_int
+
 from ..ops import LogProduct, eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
@@ -47,12 +49,6 @@ class MambaState(State):
 
     conv: Tensor
     ssm: Tensor
-
-
-def _positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return value
 
 
 @register("mamba")
@@ -87,17 +83,16 @@ class Mamba(Mixer):
         dt_max: float = 1e-1,
     ):
         super().__init__(d_model)
-        self.d_state = _positive_int("d_state", d_state)
-        self.d_conv = _positive_int("d_conv", d_conv)
-        self.expand = _positive_int("expand", expand)
+        self.d_state = check_int("d_state", d_state, 1)
+        self.d_conv = check_int("d_conv", d_conv, 1)
+        self.expand = check_int("expand", expand, 1)
         if dt_rank == "auto":
             dt_rank = math.ceil(d_model / 16)
         elif isinstance(dt_rank, bool) or not isinstance(dt_rank, int) or dt_rank < 1:
             raise ValueError(f"dt_rank: expected 'auto' or an integer >= 1, got {dt_rank!r}")
         self.dt_rank = dt_rank
-        for name, value in (("dt_min", dt_min), ("dt_max", dt_max)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name}: expected a positive float, got {value!r}")
+        check_float("dt_min", dt_min, 0, low_open=True)
+        check_float("dt_max", dt_max, 0, low_open=True)
         if not dt_min <= dt_max:
             raise ValueError(f"dt_min, dt_max: expected dt_min <= dt_max, got {dt_min!r} > {dt_max!r}")
         self.dt_min, self.dt_max = float(dt_min), float(dt_max)

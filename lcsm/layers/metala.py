@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm._checks import check_bool
+from lcsm._checks import check_bool, check_int
 from lcsm.ops import eos
 
 from .base import EOSRow, Mixer, State, no_weight_decay, register
@@ -81,17 +81,14 @@ class MetaLA(Mixer):
         use_key: bool = False,
     ):
         super().__init__(d_model)
-        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
-            raise ValueError(f"heads: expected a positive integer, got {heads!r}")
+        check_int("heads", heads, 1)
         if d_model % 2 or (d_model // 2) % heads:
             raise ValueError(
                 f"heads: d_model / 2 (the query/decay width) must be divisible by heads, got d_model={d_model}, "
                 f"heads={heads}"
             )
-        if isinstance(conv_size, bool) or not isinstance(conv_size, int) or conv_size < 1:
-            raise ValueError(f"conv_size: expected an integer >= 1, got {conv_size!r}")
         self.heads = heads
-        self.conv_size = conv_size
+        self.conv_size = check_int("conv_size", conv_size, 1)
         self.self_augmentation = check_bool("self_augmentation", self_augmentation)
         self.use_conv = check_bool("conv", conv)
         self.use_key = check_bool("use_key", use_key)

@@ -45,11 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm.ops import eos
-from lcsm.ops._inputs import MODES, autocast_off
+from lcsm._checks import check_choice, check_int
+from lcsm.ops import MODES, autocast_off, eos
 
+from ._ssm import SSMState
 from .base import EOSRow, Mixer, register
-from .ssm import SSMState, _check_int, _check_mode
 
 Tensor = torch.Tensor
 
@@ -114,14 +114,14 @@ class TNN(Mixer):
         mode: str = "auto",
     ):
         super().__init__(d_model)
-        self.expand_ratio = _check_int("expand_ratio", expand_ratio, 1)
-        self.rpe_dim = _check_int("rpe_dim", rpe_dim, 1)
-        self.rpe_layers = _check_int("rpe_layers", rpe_layers, 0)
+        self.expand_ratio = check_int("expand_ratio", expand_ratio, 1)
+        self.rpe_dim = check_int("rpe_dim", rpe_dim, 1)
+        self.rpe_layers = check_int("rpe_layers", rpe_layers, 0)
         if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 < gamma <= 1:
             raise ValueError(f"gamma: expected a decay in (0, 1], got {gamma!r}")
         self.gamma = float(gamma)
-        self.l_max = _check_int("l_max", l_max, 1)
-        self.mode = _check_mode(mode, MODES)
+        self.l_max = check_int("l_max", l_max, 1)
+        self.mode = check_choice("mode", mode, MODES)
         d1 = self.d_inner = expand_ratio * d_model
         self.u_proj = nn.Linear(d_model, d1)
         self.v_proj = nn.Linear(d_model, d1)

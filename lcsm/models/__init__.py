@@ -10,14 +10,13 @@ See docs/models.md.
 from .blocks import Bidirectional, Block, reverse_valid
 from .config import ModelConfig
 from .model import CausalLM, DualClassifier, Model, SequenceClassifier, build_model, sample_next
-from .presets import LCSM_LM_RECIPE, PRESETS, preset
+from .presets import PRESETS, preset
 
 __all__ = [
     "Bidirectional",
     "Block",
     "CausalLM",
     "DualClassifier",
-    "LCSM_LM_RECIPE",
     "Model",
     "ModelConfig",
     "PRESETS",

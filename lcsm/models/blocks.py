@@ -118,31 +118,21 @@ class Bidirectional(nn.Module):
 
 
 def layer_mixer_options(config: ModelConfig, layer: int) -> dict:
-    """The mixer options of layer ``layer``: the config's, plus what depends on the layer's position.
-
-    * rwkv4: ``layer_id`` / ``n_layers`` (its official depth-dependent init).
-    * hgrn: the forget-gate lower bound gamma_k = k / n_layers, unless the config fixes one. The
-      HGRN paper (section 3.2) learns gamma = cumsum(softmax(Gamma)) over layers, shifted so that
-      the first layer is 0 (official code); with the official init Gamma = 1 this is exactly
-      k / n_layers. We keep that schedule fixed because the mixer takes a float bound; the learned
-      version couples the layers' parameters, which the mixer interface does not carry.
-    * ces: ``bidirectional`` from the model (native two-sided kernel).
-    """
-    return layer_options(
-        config.mixer_class.registry_name, config.mixer_options, layer, config.n_layers, config.native_bidirectional
-    )
+    """The mixer options of layer ``layer``: the config's, plus what the model sets (see
+    ``layer_options``)."""
+    return layer_options(config.mixer_class, config.mixer_options, layer, config.n_layers, config.bidirectional)
 
 
-def layer_options(name: str, options: Mapping[str, Any], layer: int, n_layers: int, native_bidirectional: bool) -> dict:
-    """``layer_mixer_options`` from the parts of the model config it reads (mixer ``name`` as
-    registered): what sweeps compare to tell whether two configs build the same layers."""
-    options = dict(options)
-    if name == "rwkv4":
-        options.update(layer_id=layer, n_layers=n_layers)
-    elif name == "hgrn" and "lower_bound" not in options:
-        options["lower_bound"] = layer / n_layers
-    elif name == "ces":
-        options["bidirectional"] = native_bidirectional
+def layer_options(
+    mixer: type[Mixer], options: Mapping[str, Any], layer: int, n_layers: int, bidirectional: bool
+) -> dict:
+    """``layer_mixer_options`` from the parts of the model config it reads: the mixer's per-layer
+    options (``Mixer.layer_options``, e.g. RWKV-4's depth-dependent init), and ``bidirectional``
+    for a mixer that reads both directions itself (``Mixer.native_bidirectional``). Sweeps compare
+    these to tell whether two configs build the same layers."""
+    options = mixer.layer_options(options, layer, n_layers)
+    if mixer.native_bidirectional:
+        options["bidirectional"] = bidirectional
     return options
 
 

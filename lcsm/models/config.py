@@ -10,14 +10,12 @@ so a bad config fails before any weight is allocated.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lcsm._checks import check_bool
-from lcsm._names import did_you_mean
-from lcsm.layers.base import check_implied, resolve
+from lcsm._checks import check_bool, check_choice, check_float, check_int, check_keys
+from lcsm.layers.base import check_options, resolve
 
 HEADS = ("lm", "classifier", "dual")
 CHANNEL_MIXERS = ("glu", "mlp", "none")
@@ -25,27 +23,6 @@ NORMS = ("layernorm", "rmsnorm", "batchnorm")
 POOLINGS = ("mean", "last")
 DUAL_COMBINES = ("nli", "concat")
 ACTIVATIONS = ("relu", "gelu", "silu", "identity")
-
-# Options the model sets per layer (they depend on the layer's position in the stack or on the
-# model's own fields); a user value would be silently overridden, so it is refused instead.
-MODEL_OWNED_OPTIONS = {
-    "rwkv4": ("layer_id", "n_layers"),
-    "ces": ("bidirectional",),
-}
-
-
-def _positive_int(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer{' or None' if allow_none else ''}, got {value!r}")
-
-
-def _choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(
-            f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}{did_you_mean(str(value), choices)}"
-        )
 
 
 @dataclass
@@ -123,13 +100,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
         """Build from a plain mapping (a YAML/JSON config); unknown keys name the closest valid ones."""
-        if not isinstance(values, Mapping):
-            raise ValueError(f"model config: expected a mapping of field names to values, got {type(values).__name__}")
-        valid = cls.field_names()
-        unknown = [k for k in values if k not in valid]
-        if unknown:
-            hints = ", ".join(f"{k!r}{did_you_mean(str(k), valid)}" for k in unknown)
-            raise ValueError(f"model config: unknown key(s) {hints}. Valid keys: {', '.join(valid)}")
+        check_keys("model config", values, cls.field_names())
         return cls(**dict(values))
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,8 +118,9 @@ class ModelConfig:
 
     @property
     def native_bidirectional(self) -> bool:
-        """CES has its own two-sided kernel (ETSMLP eq. 14); other mixers get two causal maps."""
-        return self.bidirectional and self.mixer_class.registry_name == "ces"
+        """Whether the mixer reads both directions itself (CES's two-sided kernel, ETSMLP eq. 14);
+        other mixers of a bidirectional model get two causal maps."""
+        return self.bidirectional and self.mixer_class.native_bidirectional
 
     @property
     def mixer_class(self):
@@ -167,33 +139,23 @@ class ModelConfig:
         if not isinstance(self.mixer, str):
             raise ValueError(f"mixer: expected a registered mixer name (str), got {self.mixer!r}")
         cls = resolve(self.mixer)[0]  # unknown names raise with the closest valid ones
-        if not isinstance(self.mixer_options, Mapping):
-            raise ValueError(f"mixer_options: expected a mapping of option names to values, got {self.mixer_options!r}")
-        valid = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "d_model")]
-        unknown = [k for k in self.mixer_options if k not in valid]
-        if unknown:
-            hints = ", ".join(f"{k!r}{did_you_mean(str(k), valid)}" for k in unknown)
-            raise ValueError(
-                f"mixer_options: mixer {self.mixer!r} has no option(s) {hints}. "
-                f"Valid options: {', '.join(valid) or 'none'}"
-            )
-        check_implied(self.mixer, self.mixer_options)
-        owned = [k for k in MODEL_OWNED_OPTIONS.get(cls.registry_name, ()) if k in self.mixer_options]
+        check_options(self.mixer, self.mixer_options)
+        owned = [k for k in cls.model_owned_options if k in self.mixer_options]
         if owned:
             raise ValueError(
                 f"mixer_options: {', '.join(owned)} of mixer {cls.registry_name!r} are set by the model "
                 "per layer (layer position / the model's 'bidirectional' field); remove them"
             )
-        _positive_int("d_model", self.d_model)
-        _positive_int("n_layers", self.n_layers)
-        _positive_int("vocab_size", self.vocab_size, allow_none=True)
-        _positive_int("input_dim", self.input_dim, allow_none=True)
+        check_int("d_model", self.d_model, 1)
+        check_int("n_layers", self.n_layers, 1)
+        check_int("vocab_size", self.vocab_size, 1, allow_none=True)
+        check_int("input_dim", self.input_dim, 1, allow_none=True)
         if (self.vocab_size is None) == (self.input_dim is None):
             raise ValueError(
                 f"vocab_size / input_dim: expected exactly one (token or continuous inputs), "
                 f"got vocab_size={self.vocab_size!r}, input_dim={self.input_dim!r}"
             )
-        _choice("head", self.head, HEADS)
+        check_choice("head", self.head, HEADS)
         check_bool("tie_embeddings", self.tie_embeddings)
         check_bool("bidirectional", self.bidirectional)
         check_bool("gate", self.gate)
@@ -211,9 +173,9 @@ class ModelConfig:
             if self.pooling != "mean":
                 raise ValueError(f"pooling: only for the classifier heads, got {self.pooling!r} with head='lm'")
         else:
-            _positive_int("n_classes", self.n_classes)
-        _choice("pooling", self.pooling, POOLINGS)
-        _choice("dual_combine", self.dual_combine, DUAL_COMBINES)
+            check_int("n_classes", self.n_classes, 1)
+        check_choice("pooling", self.pooling, POOLINGS)
+        check_choice("dual_combine", self.dual_combine, DUAL_COMBINES)
         if (
             isinstance(self.head_hidden, bool)
             or not isinstance(self.head_hidden, int)
@@ -221,21 +183,18 @@ class ModelConfig:
             or self.head_hidden == 1
         ):
             raise ValueError(f"head_hidden: expected 0 (linear head) or an integer >= 2, got {self.head_hidden!r}")
-        _choice("channel_mixer", self.channel_mixer, CHANNEL_MIXERS)
-        _positive_int("channel_hidden", self.channel_hidden, allow_none=True)
+        check_choice("channel_mixer", self.channel_mixer, CHANNEL_MIXERS)
+        check_int("channel_hidden", self.channel_hidden, 1, allow_none=True)
         if self.channel_mixer == "none" and self.channel_hidden is not None:
             raise ValueError(f"channel_hidden: channel_mixer='none' has no hidden width, got {self.channel_hidden!r}")
-        _positive_int("mixer_hidden", self.mixer_hidden, allow_none=True)
-        _choice("mixer_activation", self.mixer_activation, ACTIVATIONS)
+        check_int("mixer_hidden", self.mixer_hidden, 1, allow_none=True)
+        check_choice("mixer_activation", self.mixer_activation, ACTIVATIONS)
         if self.mixer_hidden is None and self.mixer_activation != "relu":
             raise ValueError(
                 f"mixer_activation: acts between the mixer_hidden projections, got "
                 f"{self.mixer_activation!r} with mixer_hidden=None"
             )
-        _choice("norm", self.norm, NORMS)
-        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not self.norm_eps > 0:
-            raise ValueError(f"norm_eps: expected a positive number, got {self.norm_eps!r}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout: expected a probability in [0, 1), got {self.dropout!r}")
-        if isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float)) or not self.init_std > 0:
-            raise ValueError(f"init_std: expected a positive number, got {self.init_std!r}")
+        check_choice("norm", self.norm, NORMS)
+        check_float("norm_eps", self.norm_eps, 0, low_open=True)
+        check_float("dropout", self.dropout, 0, 1, high_open=True)
+        check_float("init_std", self.init_std, 0, low_open=True)

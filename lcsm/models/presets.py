@@ -10,14 +10,13 @@
            mixer="s4d")                     Table 1): bidirectional, mean-pooled, pre-norm + GLU
 
 Any field can be overridden: ``preset("etsmlp", task="text", d_model=32, n_layers=2)``.
-``LCSM_LM_RECIPE`` holds the Table 8 training recipe for the training engine.
+Training recipes are run configs (``experiments/``), not presets.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 from lcsm._names import did_you_mean
 
@@ -60,24 +59,6 @@ METALA_LRA = {
     "image": dict(n_layers=6, d_model=512, channel_hidden=512, dropout=0.0),
     "pathfinder": dict(n_layers=6, d_model=128, channel_hidden=128, dropout=0.0),
 }
-
-# LCSM Table 8 (WikiText-103 LM recipe), for the training engine.
-LCSM_LM_RECIPE: dict[str, Any] = dict(
-    dataset="wikitext-103",
-    tokenizer="bpe",
-    vocab_size=50265,
-    seq_len=512,
-    batch_size=128,
-    updates=50_000,
-    warmup=4_000,
-    lr=5e-4,
-    schedule="inverse_sqrt",
-    optimizer="adam",
-    adam_eps=1e-8,
-    adam_betas=(0.9, 0.98),
-    weight_decay=0.1,
-    grad_clip=None,
-)
 
 
 def _task(task: str, table: dict) -> dict:
@@ -158,10 +139,11 @@ def metala_transformer(task: str | None = None, **overrides) -> ModelConfig:
 
 
 def lcsm_lm(**overrides) -> ModelConfig:
-    """The LCSM language model of the WikiText-103 experiments (LCSM section 3, Table 8 recipe in
-    ``LCSM_LM_RECIPE``). The paper gives only the recipe and the parameter count (43.45M in
-    Tables 4-9); it follows Qin et al. 2023a (TNN), whose WikiText-103 decoders have 6 layers at
-    d = 512 with a GLU channel mixer and tied embeddings over the 50265-token BPE vocabulary.
+    """The LCSM language model of the WikiText-103 experiments (LCSM section 3; the Table 8
+    training recipe heads ``experiments/lcsm_lm/base.yaml``). The paper gives only the recipe and
+    the parameter count (43.45M in Tables 4-9); it follows Qin et al. 2023a (TNN), whose
+    WikiText-103 decoders have 6 layers at d = 512 with a GLU channel mixer and tied embeddings over
+    the 50265-token BPE vocabulary.
     With the best code 1-9-1-0, expand K = 64 and a GLU of width 3d this gives 43.6M parameters,
     within 0.5% of the paper's count; the exact block is not public (reference-notes section 1)."""
     values = dict(

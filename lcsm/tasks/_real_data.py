@@ -24,8 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lcsm._checks import check_int
+
 from .base import Task
-from .config import TaskConfig, check_int
+from .config import TaskConfig
 from .data import Segment
 
 SPLITS = ("train", "validation", "test")

@@ -1,13 +1,12 @@
-"""Task configuration: the base of every task's typed options, and the checks they share."""
+"""Task configuration: the base of every task's typed options."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 
-from lcsm._names import check_options
+from lcsm._checks import check_keys
 
 
 @dataclass(frozen=True)
@@ -26,22 +25,9 @@ class TaskConfig:
     @classmethod
     def from_options(cls, task_name: str, **options) -> TaskConfig:
         """Build from keyword options; unknown names fail with the closest valid ones."""
-        check_options(f"task {task_name!r}", options, cls.option_names())
+        check_keys(f"task {task_name!r}", options, cls.option_names(), kind="option")
         return cls(**options)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready view (tuples become lists)."""
         return json.loads(json.dumps(dataclasses.asdict(self)))
-
-
-def check_int(name: str, value, minimum: int) -> int:
-    """``value`` as an int >= ``minimum``, else a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def check_positive_float(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{name}: expected a positive finite number, got {value!r}")
-    return float(value)

@@ -25,9 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from lcsm._checks import check_bool
-
-from .config import check_int
+from lcsm._checks import check_bool, check_int
 
 Tensor = torch.Tensor
 

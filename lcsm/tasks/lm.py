@@ -38,8 +38,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lcsm._checks import check_float, check_int
+
 from .base import Task, register
-from .config import TaskConfig, check_int, check_positive_float
+from .config import TaskConfig
 from .data import Segment
 from .metrics import Evaluator
 
@@ -229,7 +231,7 @@ class LMConfig(TaskConfig):
         check_int("bpe_vocab", self.bpe_vocab, 300)
         check_int("seq_len", self.seq_len, 2)
         for name in ("validation_fraction", "test_fraction"):
-            value = check_positive_float(name, getattr(self, name))
+            value = check_float(name, getattr(self, name), 0, low_open=True)
             if value >= 0.5:
                 raise ValueError(f"{name}: expected a fraction in (0, 0.5), got {value!r}")
         if self.max_tokens is not None:

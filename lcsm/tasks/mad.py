@@ -44,10 +44,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lcsm._checks import check_bool
+from lcsm._checks import check_bool, check_int
 
 from .base import Task, register
-from .config import TaskConfig, check_int
+from .config import TaskConfig
 from .data import IGNORE_INDEX, Segment, Uniforms
 
 _SPLIT_CODE = {"train": 0, "test": 1}

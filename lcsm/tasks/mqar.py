@@ -40,10 +40,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lcsm._checks import check_bool
+from lcsm._checks import check_bool, check_float, check_int
 
 from .base import Task, register
-from .config import TaskConfig, check_int, check_positive_float
+from .config import TaskConfig
 from .data import IGNORE_INDEX, Segment
 
 Grid = tuple[tuple[int, int], ...]
@@ -119,7 +119,7 @@ class MQARConfig(TaskConfig):
         object.__setattr__(self, "test_grid", parse_grid("test_grid", self.test_grid))
         check_int("train_examples", self.train_examples, 1)
         check_int("test_examples", self.test_examples, 1)
-        object.__setattr__(self, "power_a", check_positive_float("power_a", self.power_a))
+        object.__setattr__(self, "power_a", check_float("power_a", self.power_a, 0, low_open=True))
         check_bool("random_non_queries", self.random_non_queries)
         check_int("seed", self.seed, 0)
         n_keys, n_values = self.vocab_size // 2 - 1, self.vocab_size - self.vocab_size // 2

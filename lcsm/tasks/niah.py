@@ -25,9 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lcsm._checks import check_int
+
 from . import lm
 from .base import Task, register
-from .config import TaskConfig, check_int
+from .config import TaskConfig
 from .data import IGNORE_INDEX, Segment
 from .metrics import Evaluator
 

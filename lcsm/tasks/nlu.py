@@ -17,9 +17,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from lcsm._checks import check_int
+
 from ._real_data import Document, TextConfig, _DocumentTask
 from .base import register
-from .config import check_int
 
 
 def spam_documents(root: Path) -> tuple[list[Document], list[str]]:

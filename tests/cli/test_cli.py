@@ -1,8 +1,11 @@
 """The command line: valid input exits 0, user errors exit non-zero with one clear message."""
 
+import inspect
 import subprocess
 import sys
+from pathlib import Path
 
+import lcsm
 from lcsm import layers
 from lcsm.cli import main
 
@@ -12,6 +15,20 @@ def test_list_prints_every_mixer(capsys):
     out = capsys.readouterr().out
     for name in layers.available():
         assert f"| {name} |" in out
+
+
+def test_list_names_the_file_of_each_mixer(capsys):
+    """The source column holds the path, from the checkout's root, of the file whose ``@register``
+    defines the mixer."""
+    assert main(["list", "--d-model", "32"]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    header, table = rows[0], {row[0].lstrip("| "): row for row in rows[1:]}
+    assert header[:3] == ["| mixer", "aliases", "source"]
+    root = Path(lcsm.__file__).resolve().parent.parent
+    for name in layers.available():
+        source = table[name][2]
+        assert source.startswith("lcsm/layers/") and source.endswith(".py"), (name, source)
+        assert Path(inspect.getsourcefile(layers.resolve(name)[0])).resolve() == root / source
 
 
 def test_unknown_command_is_a_usage_error():

@@ -1,6 +1,8 @@
 """Contract tests run for every registered mixer: adding a mixer to the registry covers it here."""
 
 import copy
+import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,13 @@ def make(name):
 def inputs(B=2, T=11, seed=1):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(B, T, D_MODEL, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_mixer_lives_in_the_file_named_by_its_registry_name(name):
+    """One mixer, one file: ``lcsm/layers/<name>.py`` (shared bodies go in private ``_*.py``)."""
+    source = Path(inspect.getsourcefile(layers.resolve(name)[0]))
+    assert (source.parent.name, source.name) == ("layers", f"{name}.py")
 
 
 @pytest.mark.parametrize("name", NAMES)

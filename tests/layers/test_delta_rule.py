@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from lcsm import layers
-from lcsm.layers.delta_rule import DeltaState
+from lcsm.layers._delta import DeltaState
 from lcsm.testing import assert_close, decode, gradients
 
 D_MODEL, HEADS = 16, 4

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from lcsm import layers
-from lcsm.layers import lcsm_family
-from lcsm.layers.lcsm_family import (
+from lcsm.layers import lcsm as lcsm_module
+from lcsm.layers.lcsm import (
     A_MEANING,
     DEFAULT_CODE,
     O_MEANING,
@@ -179,7 +179,7 @@ def test_mixed_codes_fused_decay_equals_the_plain_expressions(o, dtype, monkeypa
 
     def plain(x):
         with monkeypatch.context() as patch:
-            patch.setattr(lcsm_family, "log_sigmoid_product", log_sigmoid_product_reference)
+            patch.setattr(lcsm_module, "log_sigmoid_product", log_sigmoid_product_reference)
             return m(x)
 
     assert_matches_reference(m, x, plain, context=f"o code {o}, {dtype}")

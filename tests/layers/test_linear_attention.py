@@ -1,4 +1,4 @@
-"""Paper identities of the linear-attention family (lcsm/layers/linear_attention.py).
+"""Paper identities of the linear-attention family (lcsm/layers/_qkv.py and one file per mixer).
 
 Each test writes the model the way its paper does (an explicit, quadratic, masked attention or an
 explicit loop), computing q, k, v from the mixer's weights with ``F.linear``, and checks that the

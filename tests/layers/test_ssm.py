@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from lcsm import layers
-from lcsm.layers import ssm
-from lcsm.layers.ssm import cauchy_conj, hippo_legs, hippo_normal_eig, hippo_skew_pos_imag
+from lcsm.layers import s4
+from lcsm.layers._hippo import hippo_legs, hippo_normal_eig, hippo_skew_pos_imag
+from lcsm.layers.s4 import cauchy_conj
 from lcsm.testing import assert_close, assert_matches_reference
 
 D_MODEL = 6
@@ -181,7 +182,7 @@ def test_cauchy_conj_blocks_equal_the_full_sum(monkeypatch, dtype):
     """The blocked form with its own backward pass against the definition differentiated by autograd,
     outputs and gradients, with blocks of 2 rows that do not divide M = 17; float32 judged against
     the float64 answer."""
-    monkeypatch.setattr(ssm, "CAUCHY_BLOCK", 2 * 3 * 5)
+    monkeypatch.setattr(s4, "CAUCHY_BLOCK", 2 * 3 * 5)
     exact = [x.requires_grad_() for x in cauchy_inputs()]
     inputs = [x.detach().clone().requires_grad_() for x in cauchy_inputs(dtype=dtype)]
     W, g, lam = exact
@@ -201,7 +202,7 @@ def test_cauchy_conj_blocks_equal_the_full_sum(monkeypatch, dtype):
 
 
 def test_cauchy_conj_gradcheck(monkeypatch):
-    monkeypatch.setattr(ssm, "CAUCHY_BLOCK", 2 * 3 * 5)
+    monkeypatch.setattr(s4, "CAUCHY_BLOCK", 2 * 3 * 5)
     W, g, lam = (x.requires_grad_() for x in cauchy_inputs(M=7))
     assert torch.autograd.gradcheck(cauchy_conj, (W, g, lam))
 

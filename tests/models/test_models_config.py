@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lcsm.models import LCSM_LM_RECIPE, ModelConfig, build_model, preset
+from lcsm.models import ModelConfig, build_model, preset
 
 BASE = dict(mixer="gla", vocab_size=11, d_model=16, n_layers=2)
 
@@ -96,6 +96,33 @@ def test_hgrn_gets_increasing_lower_bounds_and_rwkv_its_layer_position():
     assert [(b.mixer.layer_id, b.mixer.n_layers) for b in rwkv.backbone.blocks] == [(0, 3), (1, 3), (2, 3)]
 
 
+@pytest.fixture
+def per_layer_mixer():
+    """A mixer registered for one test only, whose options depend on its layer through the Mixer
+    hooks alone: the model must honour them without naming it."""
+    from lcsm.layers import base, register
+
+    hgrn = base.resolve("hgrn")[0]
+
+    class EveryOtherBound(hgrn):
+        model_owned_options = ("lower_bound",)
+
+        @classmethod
+        def layer_options(cls, options, layer, n_layers):
+            return {**options, "lower_bound": 0.5 * (layer % 2)}
+
+    register("every-other-bound-test-only")(EveryOtherBound)
+    yield "every-other-bound-test-only"
+    del base._REGISTRY["every-other-bound-test-only"]
+
+
+def test_a_new_mixer_sets_per_layer_options_through_the_hooks_alone(per_layer_mixer):
+    model = build_model(ModelConfig(**{**BASE, "mixer": per_layer_mixer, "n_layers": 3}), verbose=False)
+    assert [b.mixer.lower_bound for b in model.backbone.blocks] == [0.0, 0.5, 0.0]
+    with pytest.raises(ValueError, match="mixer_options: lower_bound of mixer 'every-other-bound-test-only' are set"):
+        ModelConfig(**{**BASE, "mixer": per_layer_mixer, "mixer_options": {"lower_bound": 0.1}})
+
+
 def test_glu_default_width_and_model_owned_init():
     model = build_model(ModelConfig(**{**BASE, "d_model": 48}), verbose=False)
     glu = model.backbone.blocks[0].channel
@@ -155,7 +182,6 @@ def test_preset_fields_follow_the_papers():
     assert preset("etsmlp", task="retrieval").dual_combine == "concat"
     meta = preset("metala_transformer", task="retrieval")
     assert (meta.n_layers, meta.d_model, meta.channel_hidden, meta.dropout, meta.head) == (2, 256, 512, 0.1, "dual")
-    assert LCSM_LM_RECIPE["lr"] == 5e-4 and LCSM_LM_RECIPE["seq_len"] == 512
     with pytest.raises(ValueError, match="did you mean 'etsmlp'"):
         preset("etsmpl")
     with pytest.raises(ValueError, match="did you mean 'text'"):

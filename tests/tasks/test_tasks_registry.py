@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lcsm import tasks
+from lcsm._checks import check_int
 from lcsm.tasks import base, cache, config
 from lcsm.tasks.mqar import STANDARD_GRID, MQARConfig
 
@@ -112,7 +113,7 @@ def test_a_new_task_registers_and_builds_generically():
         n: int = 3
 
         def __post_init__(self):
-            config.check_int("n", self.n, 1)
+            check_int("n", self.n, 1)
 
     try:
 

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lcsm._checks import check_int
+
 from .._real_data import _RealDataTask
 from ..base import register
-from ..config import TaskConfig, check_int
+from ..config import TaskConfig
 from ..data import Segment
 
 

@@ -35,8 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lcsm._checks import check_int
+
 from ..base import Task, register
-from ..config import TaskConfig, check_int
+from ..config import TaskConfig
 from ..data import Segment, Uniforms
 
 PAD, CLOSE = 0, 15

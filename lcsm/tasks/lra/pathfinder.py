@@ -41,10 +41,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lcsm._checks import check_bool
+from lcsm._checks import check_bool, check_int
 
 from ..base import Task, register
-from ..config import TaskConfig, check_int
+from ..config import TaskConfig
 from ..data import Segment, Uniforms
 
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}

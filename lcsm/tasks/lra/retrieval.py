@@ -10,11 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lcsm._checks import check_bool
+from lcsm._checks import check_bool, check_int
 
 from .._real_data import SPLITS, TextConfig, _DocumentTask, _padded, byte_ids
 from ..base import register
-from ..config import check_int
 from ..data import Segment
 
 

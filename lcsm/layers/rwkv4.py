@@ -54,6 +54,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lcsm._checks import check_int
+
 from ..ops import eos, eos_step
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
@@ -79,13 +81,19 @@ class RWKV4(Mixer):
     Args:
         d_model: model width C (the official attention size equals n_embd).
         layer_id, n_layers: position of the layer in the stack, used only by the official
-            layer-dependent init of time_decay, time_first and the token-shift mixes.
+            layer-dependent init of time_decay, time_first and the token-shift mixes; a model
+            sets them per layer (``layer_options``).
     """
+
+    model_owned_options = ("layer_id", "n_layers")
+
+    @classmethod
+    def layer_options(cls, options, layer: int, n_layers: int) -> dict:
+        return {**options, "layer_id": layer, "n_layers": n_layers}
 
     def __init__(self, d_model: int, layer_id: int = 0, n_layers: int = 1):
         super().__init__(d_model)
-        if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
-            raise ValueError(f"n_layers: expected an integer >= 1, got {n_layers!r}")
+        check_int("n_layers", n_layers, 1)
         if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not 0 <= layer_id < n_layers:
             raise ValueError(f"layer_id: expected an integer in [0, n_layers) = [0, {n_layers}), got {layer_id!r}")
         self.layer_id, self.n_layers = layer_id, n_layers

@@ -31,9 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import LogProduct, eos, eos_rotating
-from ..ops.decay import log_sigmoid_product
-from ..ops.eos import LogO
+from ..ops import LogO, LogProduct, eos, eos_rotating, log_sigmoid_product
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
 Tensor = torch.Tensor

@@ -1,0 +1,354 @@
+"""``s4``: S4 (Gu, Goel & Re 2022), HiPPO-LegS in normal plus low-rank form; the Cauchy kernel
+algorithm and the dense step loop.
+
+A linear time-invariant state-space mixer: the family's shared pieces and shape glossary are in
+``_ssm.py``, the HiPPO matrices in ``_hippo.py``; docs/zoo/ssm.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lcsm._checks import check_choice
+from lcsm.ops import autocast_off
+
+from ._hippo import hippo_legs, hippo_normal_eig
+from ._ssm import as_complex, check_dt, check_even, complex_param, gelu_glu, log_dt_init, param_dtype
+from .base import EOSRow, Mixer, State, no_weight_decay, register
+
+Tensor = torch.Tensor
+
+
+S4_MODES = ("auto", "fft", "recurrent")
+
+
+@dataclass
+class S4State(State):
+    """x: one half of the conjugate-symmetric S4 state [B, H, N/2] (complex); the other half is its
+    conjugate, so these N real scalars per channel are the whole state."""
+
+    x: Tensor
+
+
+def krylov(v: Tensor, M: Tensor, length: int) -> Tensor:
+    """Rows v M^j for j < length by repeated doubling: v [H, N], M [H, N, N] -> [H, length, N]."""
+    rows, power = v.unsqueeze(1), M
+    while rows.shape[1] < length:
+        rows = torch.cat([rows, rows @ power], dim=1)
+        power = power @ power
+    return rows[:, :length]
+
+
+# Entries of the [H, rows, N2] matrix that cauchy_conj forms at a time: a few MB, so that a block's
+# temporaries stay in cache (S4 kernel, H 128, N 64, 16K tokens, forward and backward on one CPU
+# core: 2.7 s at 2^19, 3.2 s at 2^21, 6.4 s at 2^23).
+CAUCHY_BLOCK = 2**19
+
+
+def _row_blocks(g: Tensor, n2: int, *others: Tensor):
+    rows = max(1, CAUCHY_BLOCK // (g.shape[0] * n2))
+    return zip(*(x.split(rows, dim=1) for x in (g,) + others), strict=False)
+
+
+def _pair_inverse(g: Tensor, a: Tensor, s: Tensor) -> Tensor:
+    """1 / ((g - lam)(g - conj(lam))) = 1 / (g (g - 2 Re lam) + |lam|^2): g [H, M], a = Re lam and
+    s = |lam|^2 [H, N2] -> [H, M, N2]."""
+    g = g.unsqueeze(-1)
+    return 1 / (g * (g - 2 * a.unsqueeze(1)) + s.unsqueeze(1))
+
+
+class _CauchyConj(torch.autograd.Function):
+    """S = q @ W with q = _pair_inverse(g, a, s), computed and differentiated a block of rows (roots
+    of unity) at a time, recomputing q in the backward pass: autograd would keep several [H, M, N2]
+    complex intermediates (gigabytes at 16K tokens) and spend most of S4's step on them."""
+
+    @staticmethod
+    def forward(ctx, g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
+        ctx.save_for_backward(g, a, s, W)
+        Wc = W.to(g.dtype)
+        return torch.cat([_pair_inverse(gb, a, s) @ Wc for (gb,) in _row_blocks(g, a.shape[1])], dim=1)
+
+    @staticmethod
+    def backward(ctx, grad_S: Tensor):
+        g, a, s, W = ctx.saved_tensors
+        Wc = W.to(g.dtype)
+        ones_a = torch.stack([torch.ones_like(a), a], dim=-1).to(g.dtype)  # [H, N2, 2]
+        grad_g, grad_as, grad_W = [], 0, 0
+        for gb, Sb in _row_blocks(g, a.shape[1], grad_S):
+            q = _pair_inverse(gb, a, s)
+            grad_W = grad_W + (q.conj().transpose(1, 2) @ Sb).real
+            # Through q = 1 / D: the cotangent of D is -grad_q conj(q)^2, with D holomorphic in g
+            # (dD/dg = 2 g - 2 a) and real-affine in a (dD/da = -2 g) and s (dD/ds = 1).
+            t = -(Sb @ Wc.transpose(1, 2)) * q.conj().square()  # [H, c, N2]
+            u = t @ ones_a  # [H, c, 2]
+            grad_g.append(2 * (gb.conj() * u[..., 0] - u[..., 1]))
+            lhs = torch.stack([-2 * gb.conj(), torch.ones_like(gb)], dim=1)  # [H, 2, c]
+            grad_as = grad_as + (lhs @ t).real  # [H, 2, N2]
+        return torch.cat(grad_g, dim=1), grad_as[:, 0], grad_as[:, 1], grad_W
+
+
+def cauchy_conj(W: Tensor, g: Tensor, lam: Tensor) -> Tensor:
+    """Cauchy sums over conjugate pairs, S[h, m, k] = sum_n W[h, n, k] / ((g[h, m] - lam[h, n])
+    (g[h, m] - conj(lam[h, n]))): W [H, N2, K] real, g [H, M] and lam [H, N2] complex -> [H, M, K]."""
+    return _CauchyConj.apply(g, lam.real, lam.real.square() + lam.imag.square(), W)
+
+
+@register("s4")
+class S4(Mixer):
+    """S4 (Gu, Goel & Re 2022, "Efficiently Modeling Long Sequences with Structured State Spaces"):
+    a bank of d_model SISO SSMs whose A is HiPPO-LegS in normal plus low-rank (NPLR/DPLR) form,
+
+        A = Lambda - P P^*  (diagonal Lambda, rank 1, in the eigenbasis of the normal part),
+        A_bar = (I - Delta/2 A)^-1 (I + Delta/2 A),  B_bar = (I - Delta/2 A)^-1 Delta B   (bilinear, eq. 3)
+
+    A_bar is dense, so S4 is LCSM's psi = "x" system (eq. 7): o = A_bar multiplies the memory as a
+    matrix, which ``lcsm.ops.eos`` (psi = elementwise) cannot express. Both forms live here:
+
+    * kernel (mode "fft"): the S4 algorithm (section 3.3, Algorithm 1). The truncated generating
+      function sum_{j<M} K_j z^j = C~ (I - A_bar z)^-1 B_bar with C~ = C (I - A_bar^M) is evaluated at
+      the M-th roots of unity as 2/(1+z) C~ (g(z) - A)^-1 B, g(z) = 2/Delta (1-z)/(1+z) (Lemma C.3),
+      by the Woodbury identity over the diagonal Lambda (four Cauchy sums, Lemma C.2, each taken
+      over conjugate pairs by ``cauchy_conj``), then an inverse FFT gives K. M = T rounded up to an
+      odd number so that z = -1 (a pole of 2/(1+z)) is never a root of unity. y = K * u by FFT on
+      length 2T.
+    * recurrence (mode "recurrent"): x_t = A_bar x_{t-1} + B_bar u_t, y_t = C x_t + D u_t with the
+      dense A_bar, one step at a time.
+
+    Conjugate symmetry (official convention): parameters hold one mode of each conjugate pair
+    (N/2 of Lambda, P, B, C); the full N-dim system uses [v, conj(v)] for each, which keeps
+    A similar to the real HiPPO matrix, K real and the state [x, conj(x)]. The state carried is the
+    half x [B, H, N/2]; y = Re(C_full x_full) = 2 Re(C x).
+
+    Init (official "legs"): Lambda, P, B from HiPPO-LegS: Lambda_n = -1/2 + i omega_n, P = V^* sqrt(n+1/2),
+    B = V^* sqrt(2n+1) with V the eigenvectors of the normal part; one copy per channel; C ~ complex
+    normal (variance 1); D ~ N(0, 1); log Delta ~ U[log dt_min, log dt_max]. Re Lambda is stored as
+    log(-Re Lambda). Output: GELU -> Linear(H, 2H) -> GLU (official layer's "glu" post-activation).
+
+    Departure: the official code stores C~ = C (I - A_bar^L) for a fixed L as the parameter (saving
+    A_bar^L per call) and converts it back to C for stepping. We store C and form C~ for the length
+    at hand, so the model does not depend on a maximum length and its recurrence is exact at any T.
+
+    Args:
+        d_model: channels H.
+        d_state: N (even); N/2 parameters per conjugate pair. Default 64 (the paper's).
+        dt_min, dt_max: range of the log-uniform Delta init.
+        mode: "auto" (recurrent when T = 1, else fft), "fft" or "recurrent".
+    """
+
+    float32_parameters = ("log_A_real", "A_imag", "P", "B", "C", "log_dt")
+
+    def __init__(self, d_model: int, d_state: int = 64, dt_min: float = 1e-3, dt_max: float = 1e-1, mode: str = "auto"):
+        super().__init__(d_model)
+        self.d_state = check_even("d_state", d_state)
+        dt_min, dt_max = check_dt(dt_min, dt_max)
+        self.mode = check_choice("mode", mode, S4_MODES)
+        H, N, N2 = d_model, d_state, d_state // 2
+        Lam, V = hippo_normal_eig(N)
+        # Columns with omega > 0: one of each pair; the others are their conjugates.
+        Lam, V = Lam[N2:], V[:, N2:]
+        _, B, P = hippo_legs(N)
+        Vh = V.conj().t()
+        self.log_A_real = no_weight_decay(nn.Parameter((-Lam.real).log().expand(H, N2).to(param_dtype()).contiguous()))
+        self.A_imag = no_weight_decay(nn.Parameter(Lam.imag.expand(H, N2).to(param_dtype()).contiguous()))
+        self.P = no_weight_decay(complex_param((Vh @ P.to(torch.complex128)).expand(H, N2)))
+        self.B = no_weight_decay(complex_param((Vh @ B.to(torch.complex128)).expand(H, N2)))
+        self.C = complex_param(torch.randn(H, N2, dtype=torch.complex128))
+        self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(H, dt_min, dt_max).to(param_dtype())))
+        self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
+        self.output_linear = nn.Linear(H, 2 * H)
+        self._discretized = None
+
+    # -- the system
+
+    def half_system(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(Lambda, P, B, C), one mode of each conjugate pair, each [H, N/2] complex."""
+        Lam = torch.complex(-self.log_A_real.exp(), self.A_imag)
+        return Lam, as_complex(self.P), as_complex(self.B), as_complex(self.C)
+
+    def full_system(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(Lambda, P, B, C) of the full conjugate-symmetric system, each [H, N] complex."""
+        return tuple(torch.cat([v, v.conj()], dim=-1) for v in self.half_system())
+
+    def continuous_A(self) -> Tensor:
+        """A = diag(Lambda) - P P^* [H, N, N] (complex)."""
+        Lam, P, _, _ = self.full_system()
+        return torch.diag_embed(Lam) - P.unsqueeze(-1) * P.conj().unsqueeze(-2)
+
+    def discretize(self) -> tuple[Tensor, Tensor]:
+        """Bilinear: (A_bar [H, N, N], B_bar [H, N]) of the full system.
+
+        With autograd off (decoding, evaluation) the result is kept until a parameter it depends on
+        changes (in place, as an optimizer step does, or by a new dtype, device or tensor): decoding
+        steps one token at a time, and the N x N solve costs more than the step itself."""
+        if torch.is_grad_enabled():
+            return self._discretize()
+        params = (self.log_A_real, self.A_imag, self.P, self.B, self.log_dt)
+        cached = self._discretized
+        # The key holds each parameter's storage, so a pointer seen again is the same storage.
+        if cached is None or not all(
+            d.data_ptr() == p.data_ptr() and d.dtype == p.dtype and d.device == p.device and v == p._version
+            for (d, v), p in zip(cached[0], params, strict=False)
+        ):
+            cached = self._discretized = ([(p.data, p._version) for p in params], self._discretize())
+        return cached[1]
+
+    def _discretize(self) -> tuple[Tensor, Tensor]:
+        _, _, B, _ = self.full_system()
+        A = self.continuous_A()
+        dt = self.log_dt.exp().to(A.dtype).view(-1, 1, 1)
+        eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+        # One solve for both right-hand sides [I + Delta/2 A | Delta B].
+        X = torch.linalg.solve(eye - dt / 2 * A, torch.cat([eye + dt / 2 * A, dt * B.unsqueeze(-1)], dim=-1))
+        return X[..., :-1], X[..., -1]
+
+    def kernel(self, length: int) -> Tensor:
+        """K_j = Re(C A_bar^j B_bar), j < length, by the S4 algorithm (Cauchy + Woodbury): [H, length]."""
+        return self._kernel(length, self.discretize()[0])
+
+    def _truncated_C(self, C: Tensor, A_bar: Tensor, M: int) -> Tensor:
+        """C~ = C (I - A_bar^M) for one mode of each conjugate pair (C~ is conjugate-symmetric, as C
+        is): C [H, N/2] -> [H, N/2]. The power is taken in the real coordinates [Re x, Im x] of the
+        state [x, conj(x)], where A_bar is a real N x N matrix, at a quarter of the complex cost;
+        at short lengths this power and its gradient are most of S4's kernel."""
+        N2 = C.shape[-1]
+        A11, A12 = A_bar[:, :N2, :N2], A_bar[:, :N2, N2:]
+        S, D = A11 + A12, A11 - A12  # x' = S Re x + i D Im x
+        A_real = torch.cat([torch.cat([S.real, -D.imag], -1), torch.cat([S.imag, D.real], -1)], -2)
+        # C x + conj(C x) = [Re C, -Im C] . 2 [Re x, Im x], so C A_bar^M has halves (rho_1 - i rho_2).
+        rho = torch.einsum("hn,hnm->hm", torch.cat([C.real, -C.imag], -1), torch.linalg.matrix_power(A_real, M))
+        return C - torch.complex(rho[:, :N2], -rho[:, N2:])
+
+    def _kernel(self, length: int, A_bar: Tensor) -> Tensor:
+        lam, Ph, Bh, C = self.half_system()
+        M = length if length % 2 else length + 1
+        dt = self.log_dt.exp().unsqueeze(-1)  # [H, 1]
+        C_t = self._truncated_C(C, A_bar, M)
+        k = torch.arange(M, device=lam.device, dtype=dt.dtype)
+        z = torch.exp(-2j * math.pi * k / M)  # [M]
+        g = (2 / dt) * (1 - z) / (1 + z)  # [H, M]
+        # The four Cauchy sums sum_n a_n b_n / (g - Lambda_n) run over conjugate pairs (the official
+        # cauchy_conj): v / (g - lam) + conj(v) / (g - conj(lam)) = (2 Re(v) g - 2 Re(v conj(lam)))
+        # / ((g - lam)(g - conj(lam))), so one [H, M, N/2] matrix serves all four sums.
+        v = torch.stack([C_t * Bh, C_t * Ph, Ph.conj() * Bh, Ph.conj() * Ph], dim=-1)  # [H, N/2, 4]
+        W = 2 * torch.cat([v.real, (v * lam.conj().unsqueeze(-1)).real], dim=-1)  # [H, N/2, 8]
+        S = cauchy_conj(W, g, lam)  # [H, M, 8]
+        k00, k01, k10, k11 = (g.unsqueeze(-1) * S[..., :4] - S[..., 4:]).unbind(-1)
+        K_hat = 2 / (1 + z) * (k00 - k01 * k10 / (1 + k11))  # (g - Lambda + P P^*)^-1
+        return torch.fft.ifft(K_hat, n=M, dim=-1)[..., :length].real
+
+    # -- the two forms
+
+    def _fft(self, u: Tensor, x0: Tensor | None, return_state: bool):
+        T = u.shape[1]
+        A_bar, B_bar = self.discretize()
+        K = self._kernel(T, A_bar)  # [H, T]
+        n = 2 * T
+        uf = torch.fft.rfft(u.transpose(1, 2), n=n)
+        y = torch.fft.irfft(uf * torch.fft.rfft(K, n=n), n=n)[..., :T].transpose(1, 2)
+        N2 = self.d_state // 2
+        _, _, _, C = self.full_system()
+        x_full = torch.cat([x0, x0.conj()], dim=-1) if x0 is not None else None
+        if x_full is None and not return_state:
+            return y, None
+        # The state terms in chunks of L steps: L Krylov rows and one step by A_bar^L per chunk, not
+        # T rows ([H, T, N], gigabytes at 16K tokens); L ~ sqrt(B T) balances the two costs.
+        Bsz, H = u.shape[0], u.shape[2]
+        L = min(T, math.isqrt(Bsz * T))
+        n = -(-T // L)
+        A_L = torch.linalg.matrix_power(A_bar, L)
+
+        def advance(x):
+            return torch.einsum("hnm,bhm->bhn", A_L, x)
+
+        if x_full is not None:
+            # y_t += Re(C A_bar^(t+1) x_0) with t = c L + j: rows C A_bar^(j+1) times A_bar^(c L) x_0.
+            rows = krylov(torch.einsum("hn,hnm->hm", C, A_bar), A_bar, L)  # [H, L, N]
+            starts = [x_full]
+            for _ in range(n - 1):
+                starts.append(advance(starts[-1]))
+            y0 = torch.einsum("hjn,cbhn->bcjh", rows, torch.stack(starts)).real
+            y = y + y0.reshape(Bsz, n * L, H)[:, :T]
+        x_T = None
+        if return_state:
+            # x_T = sum_j A_bar^j B_bar u_(T-1-j) + A_bar^T x_0 with j = c L + i: the chunk sums
+            # s_c = sum_i A_bar^i B_bar u_(T-1-cL-i) (columns A_bar^i B_bar as rows of the
+            # transpose), then sum_c A_L^c s_c by Horner's rule.
+            cols = krylov(B_bar, A_bar.transpose(-1, -2), L)  # [H, L, N]
+            u_back = F.pad(u.flip(1), (0, 0, 0, n * L - T)).view(Bsz, n, L, H)
+            sums = torch.einsum("hin,bcih->cbhn", cols, u_back.to(cols.dtype))
+            x_T = sums[-1]
+            for c in range(n - 2, -1, -1):
+                x_T = advance(x_T) + sums[c]
+            if x_full is not None:
+                x_T = x_T + torch.einsum("hnm,bhm->bhn", torch.linalg.matrix_power(A_bar, T), x_full)
+            x_T = x_T[..., :N2]
+        return y, x_T
+
+    def _recurrent(self, u: Tensor, x0: Tensor | None):
+        A_bar, B_bar = self.discretize()
+        N2 = self.d_state // 2
+        # The half state evolves as x' = A11 x + A12 conj(x) + B_bar_h u: the top rows of A_bar
+        # acting on [x, conj(x)].
+        A11, A12, Bh = A_bar[:, :N2, :N2], A_bar[:, :N2, N2:], B_bar[:, :N2]
+        C = as_complex(self.C)
+        x = x0 if x0 is not None else u.new_zeros(u.shape[0], u.shape[2], N2, dtype=A_bar.dtype)
+        ys = []
+        for u_t in u.unbind(1):
+            x = (
+                torch.einsum("hnm,bhm->bhn", A11, x)
+                + torch.einsum("hnm,bhm->bhn", A12, x.conj())
+                + Bh * u_t.unsqueeze(-1)
+            )
+            ys.append(2 * (x * C).sum(-1).real)
+        return torch.stack(ys, 1), x
+
+    def ssm(self, u: Tensor, state: Tensor | None = None, return_state: bool = False):
+        """The SSM with the D skip: u [B, T, H] -> (y [B, T, H], half state [B, H, N/2] or None).
+        The system runs in its parameters' precision, outside autocast (whose bfloat16 matmuls
+        would round A_bar's powers and the Cauchy sums)."""
+        mode = self.mode
+        if mode == "auto":
+            mode = "recurrent" if u.shape[1] <= 1 else "fft"
+        with autocast_off(u.device):
+            v = u.to(torch.promote_types(u.dtype, self.log_dt.dtype))
+            if mode == "fft":
+                y, x = self._fft(v, state, return_state)
+            else:
+                y, x = self._recurrent(v, state)
+        return (y + self.D * v).to(u.dtype), (x if return_state else None)
+
+    def forward(self, x: Tensor, state: S4State | None = None, return_state: bool = False):
+        """x [B, T, H] -> y [B, T, H] (and the final S4State when asked)."""
+        self.check_input(x)
+        y, s = self.ssm(x, state.x if state is not None else None, return_state)
+        y = gelu_glu(y, self.output_linear)
+        return (y, S4State(x=s)) if return_state else y
+
+    def init_state(self, batch_size: int) -> S4State:
+        return S4State(
+            x=torch.zeros(
+                batch_size, self.d_model, self.d_state // 2, dtype=self._memory_dtype(True), device=self.log_dt.device
+            )
+        )
+
+    def describe(self) -> EOSRow:
+        return EOSRow(
+            name="S4 (HiPPO-LegS NPLR)",
+            input="u_t",
+            expand="B_bar = (I - Delta/2 A)^-1 Delta B (bilinear)",
+            oscillation="A_bar = (I - Delta/2 A)^-1 (I + Delta/2 A), A = Lambda - P P^* (dense N x N)",
+            shrink="C (y = 2 Re(C x_t) + D u_t)",
+            memory=f"K x D = {self.d_state} x 1 per channel (real; stored as {self.d_state // 2} complex), "
+            f"{self.d_model} channels",
+            psi="matrix",
+            input_dd=True,
+            expand_dd=False,
+            oscillation_dd=False,
+            shrink_dd=False,
+            paper="S4 (Gu et al., 2022a), section 3.3 Algorithm 1, eq. 3; LCSM Table 1 row S4 (psi = x, eq. 7)",
+        )
