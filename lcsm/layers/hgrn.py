@@ -24,8 +24,13 @@ express, so it is applied after the scan.
 
 The lower bound. In the paper gamma^k is the k-th entry of cumsum(softmax(Gamma)) over layers
 (Gamma a learned [n_layers, d_model] parameter), so deeper layers are forced to remember longer.
-It couples layers, so the model (issue 4) owns it; this mixer takes ``lower_bound`` as a fixed
-float (0 = no bound, the first layer's value).
+It couples layers, so the model owns it (``lcsm.models.blocks.layer_options``); this mixer takes
+``lower_bound`` as a fixed float (0 = no bound, the first layer's value).
+
+The output gate follows the paper and hgru-pytorch's ``Hgru1dV3.forward`` (sigmoid, before the
+norm). The official repository's v1 ``Hgru1d`` (Doraemonzzz/hgru-pytorch ``hgru/hgru1d.py``)
+gates after the norm with SiLU, ``W_o (LayerNorm([Re h, Im h]) * SiLU(W_g x))``: on the same
+weights its output differs from this layer's by 0.9-1.4 relative RMS (docs/zoo/gated_rnn.md).
 
 Shape glossary: B batch, T time, d_model model width (= memory columns D of the EOS call).
 """
