@@ -334,8 +334,8 @@ class RetNet(_QKVAttention):
     ``parallel_forward``). Each multiplies a (t, head) read-out by a positive scalar that the
     per-head norm would remove but for its eps; lcsm omits both (the |sum| has no recurrent
     form). At torchscale's init the read-out is small against eps = 1e-6, so the omission is not
-    negligible: the layer output differs from torchscale's formula on the same weights by 3.4-3.5 %
-    relative RMS (d 64-1024, T 128-512, norm "rmsnorm"); with q/k/v/g at gain 1 it is under 1e-4
+    negligible: the layer output differs from torchscale's formula on the same weights by 3.3-3.6 %
+    relative RMS (d 64-1024, T 128-512, either norm); with q/k/v/g at gain 1 it is under 1e-4
     (docs/zoo/linear_attention.md has the script).
 
     Options:
