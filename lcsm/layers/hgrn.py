@@ -27,6 +27,11 @@ The lower bound. In the paper gamma^k is the k-th entry of cumsum(softmax(Gamma)
 It couples layers, so the model owns it; this mixer takes ``lower_bound`` as a fixed float
 (0 = no bound, the first layer's value) and sets k / n_layers per layer (``HGRN.layer_options``).
 
+The output gate follows the paper and hgru-pytorch's ``Hgru1dV3.forward`` (sigmoid, before the
+norm). The official repository's v1 ``Hgru1d`` (Doraemonzzz/hgru-pytorch ``hgru/hgru1d.py``)
+gates after the norm with SiLU, ``W_o (LayerNorm([Re h, Im h]) * SiLU(W_g x))``: on the same
+weights its output differs from this layer's by 0.9-1.4 relative RMS (docs/zoo/gated_rnn.md).
+
 Shape glossary: B batch, T time, d_model model width (= memory columns D of the EOS call).
 """
 

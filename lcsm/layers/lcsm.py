@@ -8,10 +8,13 @@ model code ``"e-o-s-a"`` chooses how the Expand, Oscillation and Shrink states a
 
 Model code (section 2.5): ``e`` and ``s`` are 0 (data-independent, a learned K x D matrix used
 elementwise) or 1 (data-dependent, Linear(d -> K)(x_t)); ``o`` (0-11) picks the oscillation
-construction of Table 3 (read from the official code, reference-notes section 1, because the
-paper's colour legend for data dependence was lost); ``a`` (0-7) is the activation of Table 2,
+construction of Table 3 (read from the official code, GitHub ``Doraemonzzz/Lcsm``
+``mnet_pytorch/modules/lcsm.py`` class ``EOS``, because the paper's colour legend for data
+dependence was lost); ``a`` (0-7) is the activation of Table 2,
 applied to both e and s. ``param="ssm"`` is the paper's separate code "0" (Table 5): a Mamba-like
-parameterisation without convolution or gate, which fixes e, o and s and takes no code.
+parameterisation without convolution or gate, which fixes e, o and s and takes no code. Its
+Delta starts in [1e-3, 1e-1] through a bias, as Mamba's (``delta_bias``; the official code has
+no bias, see docs/zoo/lcsm_family.md).
 
 Every data-dependent decay is ``sigmoid(z)^(1/tau)``, computed in log space as
 ``log_o = logsigmoid(z) / tau`` (section 2.4, "Data Dependency"). See docs/zoo/lcsm_family.md for
@@ -31,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import check_bool
 from ..ops import LogO, LogProduct, eos, eos_rotating, log_sigmoid_product
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 
@@ -38,6 +42,8 @@ Tensor = torch.Tensor
 
 DEFAULT_CODE = "1-9-1-0"  # the best code of the paper's O-types test (Table 4, WikiText-103)
 SSM_RANK = 16  # the official ``ssm_dim``: delta = softplus(Linear(16 -> d)(Linear(d -> 16)(x)))
+# Mamba's Delta init range (mamba_simple.Mamba dt_min, dt_max, dt_init_floor), used by delta_bias.
+SSM_DT_MIN, SSM_DT_MAX, SSM_DT_FLOOR = 1e-3, 1e-1, 1e-4
 
 E_MEANING = {0: "data-independent K x D matrix", 1: "data-dependent Linear(d -> K)(x_t)"}
 S_MEANING = E_MEANING
@@ -51,7 +57,7 @@ A_MEANING = {
     6: "relu(x)^2",
     7: "x^2",
 }
-# Table 3, with data dependence read from the official code (reference-notes section 1).
+# Table 3, with data dependence read from the official code (Doraemonzzz/Lcsm, class EOS).
 O_MEANING = {
     0: "k d: learned K x D decay (data-independent)",
     1: "k_t, d_t -> k d: outer product of two data-dependent decays",
@@ -176,6 +182,12 @@ class LCSMFamily(Mixer):
             paper. Codes 10 and 11 and ``param="ssm"`` have no sigmoid decay.
         expand: K, the memory rows. The paper uses 128 for MQAR; the official MQAR configs use
             128 or 64 depending on the version, the official layer default is 8. Default 64.
+        delta_bias: ``param="ssm"`` only. True (default): Delta's second projection has a bias
+            initialised as Mamba's (softplus^-1 of Delta ~ LogUniform[1e-3, 1e-1], weight
+            U(-16^-1/2, 16^-1/2)), so Delta starts in [1e-3, 1e-1]. False: the official LCSM code
+            (no bias, PyTorch's default init): Delta ~ softplus(0) = 0.69 at init, and with
+            A = -(1..K) no memory row keeps half its content for one token. Runs made before this
+            option existed used False.
 
     Shapes: x [B, T, d] -> y [B, T, d]; memory [B, 1, K, D] (complex for code 11).
 
@@ -192,7 +204,13 @@ class LCSMFamily(Mixer):
     """
 
     def __init__(
-        self, d_model: int, code: str | None = None, param: str = "linear", tau: float = 16.0, expand: int = 64
+        self,
+        d_model: int,
+        code: str | None = None,
+        param: str = "linear",
+        tau: float = 16.0,
+        expand: int = 64,
+        delta_bias: bool = True,
     ):
         super().__init__(d_model)
         if param not in ("linear", "ssm"):
@@ -201,6 +219,7 @@ class LCSMFamily(Mixer):
             raise ValueError(f"tau: expected a positive finite number (decay sigmoid(z)^(1/tau)), got {tau!r}")
         if isinstance(expand, bool) or not isinstance(expand, int) or expand < 1:
             raise ValueError(f"expand: expected a positive integer K (memory rows), got {expand!r}")
+        check_bool("delta_bias", delta_bias)
         if param == "ssm" and code is not None:
             raise ValueError(
                 f"code: param='ssm' (the paper's code '0') fixes e, o and s (data-dependent e, s; "
@@ -216,7 +235,9 @@ class LCSMFamily(Mixer):
         if param == "ssm":
             self.code = None
             self.e_type, self.o_type, self.s_type, self.a_type = 1, None, 1, 0
-            self.delta_proj = nn.Sequential(nn.Linear(d, SSM_RANK, bias=False), nn.Linear(SSM_RANK, d, bias=False))
+            self.delta_proj = nn.Sequential(nn.Linear(d, SSM_RANK, bias=False), nn.Linear(SSM_RANK, d, bias=delta_bias))
+            if delta_bias:
+                self._init_delta_bias(self.delta_proj[1])
             # S4D-real: A[k, :] = -(k + 1), stored as P = log(1..K) repeated over the D columns.
             self.A_log = no_weight_decay(
                 nn.Parameter(
@@ -246,6 +267,24 @@ class LCSMFamily(Mixer):
         self.out_proj = nn.Linear(d, d, bias=False)
 
     # ------------------------------------------------------------------ construction
+
+    @staticmethod
+    def _init_delta_bias(proj: nn.Linear) -> None:
+        """Mamba's Delta init (state-spaces/mamba ``mamba_ssm/modules/mamba_simple.py``, Mamba.__init__,
+        dt_init="random", dt_scale 1): weight ~ U(-R^-1/2, R^-1/2) with R the rank, and the bias
+        softplus^-1 of Delta ~ LogUniform[1e-3, 1e-1] floored at 1e-4, so that softplus(bias), Delta
+        for a zero input, starts in that range. The official LCSM code has no bias: its Delta starts
+        at softplus(~0) = 0.69, which with A = -(1..K) forgets every row within a token."""
+        with torch.no_grad():
+            bound = SSM_RANK**-0.5
+            proj.weight.uniform_(-bound, bound)
+            dt = torch.exp(
+                torch.rand(proj.out_features, dtype=torch.float64) * (math.log(SSM_DT_MAX) - math.log(SSM_DT_MIN))
+                + math.log(SSM_DT_MIN)
+            ).clamp(min=SSM_DT_FLOOR)
+            # inverse softplus: dt + log(1 - exp(-dt)), written with expm1 for small dt
+            proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        no_weight_decay(proj.bias)
 
     def _build_oscillation(self, o: int, K: int, d: int) -> None:
         """Parameters of oscillation code o (official init: projections default, learned factors

@@ -29,12 +29,21 @@ class LRPE(QKVAttention):
 
     Theta [H, K] is learned. Init: one RoPE spectrum over all H * K channels,
     Theta[h, k] = 10000^(-2 (h K + k) / (H K)) in [1e-8, 1], so heads cover different frequency
-    bands, as the LRPE authors' own "cosformer style" Lrpe module (xmixers, lrpe_type 3) does.
+    bands, as the LRPE authors' own "cosformer style" Lrpe module does (Doraemonzzz/xmixers
+    ``xmixers/modules/pes/_legacy/lrpe.py``, lrpe_type 3; moved there on 2025-01-16, and the new
+    ``pes/lrpe.py`` numbers its types differently).
     Equivalent to LRPE's real form, which doubles q and k into [q cos(t theta), q sin(t theta)]:
     the complex memory holds the same 2 x K x D reals.
 
     No denominator (LCSM's row): with cos re-weights of both signs the kernel sum can vanish, so a
     normaliser would be ill-defined.
+
+    Departure: this is LCSM's row on a plain linear attention, not the authors' layer. Their
+    xmixers ``LinearAttention`` (``token_mixers/linear_attention/linear_attention.py``) uses SiLU
+    features, no biases, and a per-head RMSNorm fused with a sigmoid output gate from a low-rank
+    Linear(d -> head_dim -> d). The norm and gate have no counterpart here; the features alone
+    (1+elu against SiLU on the same weights) change the output's RMS 45-85x and leave a cosine of
+    0.33-0.47 (docs/zoo/linear_attention.md).
 
     Options:
         num_heads: H.

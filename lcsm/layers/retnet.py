@@ -35,18 +35,24 @@ class RetNet(QKVAttention):
         y = GroupNorm_h(y)  (per head over D, no affine: option ``norm``, eps = norm_eps)
         out = o_proj(swish(g) * y)
 
-    Init as torchscale's ``MultiScaleRetention.reset_parameters``: Xavier-uniform with gain
-    2^-2.5 for q/k/v/g, gain 1 for the output projection.
+    Init as torchscale's ``MultiScaleRetention.reset_parameters``
+    (``torchscale/component/multiscale_retention.py``): Xavier-uniform with gain 2^-2.5 for
+    q/k/v/g and 2^-1 for the output projection (torchscale commit ff7c1f2, 2023-11-24; gain 1
+    before it).
 
     gamma_h = 1 - 2^(-5-h), h = 0..H-1: RetNet's fixed per-head decays (sec. 2.2, "gamma =
     1 - 2^{-5-arange(0, h)}"), constants, not learned. The alias ``tnl`` builds this same layer:
     TNL (TransNormerLLM, Qin et al. 2023b) instead uses ALiBi-like, layer-dependent slopes, LRPE
     rather than xPos and SRMSNorm; those are not reproduced here (see docs/zoo/linear_attention.md).
 
-    Departure: torchscale's parallel form rescales the retention scores by their row |sum|
-    (clamped to >= 1; its recurrent and chunk forms carry matching scales). That multiplies each
-    (t, head) read-out by a positive scalar, which the per-head norm removes (up to its eps), so
-    it is omitted here.
+    Departure: torchscale divides the decay mask by the square root of its row sum and the
+    retention scores by their row |sum| (clamped to [1, 5e4]) (``RetNetRelPos``,
+    ``parallel_forward``). Each multiplies a (t, head) read-out by a positive scalar that the
+    per-head norm would remove but for its eps; lcsm omits both (the |sum| has no recurrent
+    form). At torchscale's init the read-out is small against eps = 1e-6, so the omission is not
+    negligible: the layer output differs from torchscale's formula on the same weights by 3.3-3.6 %
+    relative RMS (d 64-1024, T 128-512, either norm); with q/k/v/g at gain 1 it is under 1e-4
+    (docs/zoo/linear_attention.md has the script).
 
     Options:
         num_heads: H (the decays depend on the head index).
@@ -82,7 +88,7 @@ class RetNet(QKVAttention):
         self.g_proj = nn.Linear(d_model, self.num_heads * self.head_v, bias=False)
         for lin in (self.q_proj, self.k_proj, self.v_proj, self.g_proj):
             nn.init.xavier_uniform_(lin.weight, gain=2**-2.5)
-        nn.init.xavier_uniform_(self.o_proj.weight)
+        nn.init.xavier_uniform_(self.o_proj.weight, gain=2**-1)
         # Fixed constants are rebuilt in the input's dtype at every call rather than stored as
         # buffers: a buffer created in float32 and later cast to float64 would keep float32 values.
         self.gammas = tuple(1.0 - 2.0 ** (-5 - h) for h in range(self.num_heads))

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm._checks import check_choice
+from lcsm._checks import check_choice, check_float
 from lcsm.ops import autocast_off
 
 from ._hippo import hippo_legs, hippo_normal_eig
@@ -125,9 +125,13 @@ class S4(Mixer):
     half x [B, H, N/2]; y = Re(C_full x_full) = 2 Re(C x).
 
     Init (official "legs"): Lambda, P, B from HiPPO-LegS: Lambda_n = -1/2 + i omega_n, P = V^* sqrt(n+1/2),
-    B = V^* sqrt(2n+1) with V the eigenvectors of the normal part; one copy per channel; C ~ complex
-    normal (variance 1); D ~ N(0, 1); log Delta ~ U[log dt_min, log dt_max]. Re Lambda is stored as
-    log(-Re Lambda). Output: GELU -> Linear(H, 2H) -> GLU (official layer's "glu" post-activation).
+    B = V^* sqrt(2n+1) with V the eigenvectors of the normal part, then Im B clipped to
+    [-b_clip, b_clip] (state-spaces/s4 ``models/s4/s4.py``, ``nplr(..., B_clip=2.0)``: "can help with
+    stability"; at N = 64 it changes 11 of the 32 modes, at N = 8 one of 4); one copy per channel;
+    C ~ complex normal (variance 1); D ~ N(0, 1); log Delta ~ U[log dt_min, log dt_max]. Re Lambda is
+    stored as log(-Re Lambda). Output: GELU -> Linear(H, 2H) -> GLU (official layer's "glu"
+    post-activation). The clip is symmetric, so it touches the same modes whatever phase the
+    eigensolver gives each eigenvector (ours and the official's differ by signs).
 
     Departure: the official code stores C~ = C (I - A_bar^L) for a fixed L as the parameter (saving
     A_bar^L per call) and converts it back to C for stepping. We store C and form C~ for the length
@@ -138,14 +142,24 @@ class S4(Mixer):
         d_state: N (even); N/2 parameters per conjugate pair. Default 64 (the paper's).
         dt_min, dt_max: range of the log-uniform Delta init.
         mode: "auto" (recurrent when T = 1, else fft), "fft" or "recurrent".
+        b_clip: bound on |Im B| at init (official 2.0); None keeps the exact HiPPO-LegS B.
     """
 
     float32_parameters = ("log_A_real", "A_imag", "P", "B", "C", "log_dt")
 
-    def __init__(self, d_model: int, d_state: int = 64, dt_min: float = 1e-3, dt_max: float = 1e-1, mode: str = "auto"):
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
+        mode: str = "auto",
+        b_clip: float | None = 2.0,
+    ):
         super().__init__(d_model)
         self.d_state = check_even("d_state", d_state)
         dt_min, dt_max = check_dt(dt_min, dt_max)
+        check_float("b_clip", b_clip, 0, low_open=True, allow_none=True)
         self.mode = check_choice("mode", mode, S4_MODES)
         H, N, N2 = d_model, d_state, d_state // 2
         Lam, V = hippo_normal_eig(N)
@@ -153,10 +167,13 @@ class S4(Mixer):
         Lam, V = Lam[N2:], V[:, N2:]
         _, B, P = hippo_legs(N)
         Vh = V.conj().t()
+        B = Vh @ B.to(torch.complex128)
+        if b_clip is not None:
+            B = torch.complex(B.real, B.imag.clamp(-b_clip, b_clip))
         self.log_A_real = no_weight_decay(nn.Parameter((-Lam.real).log().expand(H, N2).to(param_dtype()).contiguous()))
         self.A_imag = no_weight_decay(nn.Parameter(Lam.imag.expand(H, N2).to(param_dtype()).contiguous()))
         self.P = no_weight_decay(complex_param((Vh @ P.to(torch.complex128)).expand(H, N2)))
-        self.B = no_weight_decay(complex_param((Vh @ B.to(torch.complex128)).expand(H, N2)))
+        self.B = no_weight_decay(complex_param(B.expand(H, N2)))
         self.C = complex_param(torch.randn(H, N2, dtype=torch.complex128))
         self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(H, dt_min, dt_max).to(param_dtype())))
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))

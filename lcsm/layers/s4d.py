@@ -87,7 +87,9 @@ class S4D(DiagonalSISO):
         self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(H, dt_min, dt_max).to(param_dtype())))
         self.log_A_real = no_weight_decay(nn.Parameter(re.log().to(param_dtype()).contiguous()))
         self.A_imag = no_weight_decay(nn.Parameter(im.to(param_dtype()).contiguous()))
-        self.B = complex_param(torch.ones(H, N2, dtype=torch.complex128))
+        # No weight decay on B, as on A and Delta: the official S4D kernel (state-spaces/s4
+        # models/s4/s4.py, SSMKernelDiag.register_params) registers B with wd_dict["B"] = 0.0; C decays.
+        self.B = no_weight_decay(complex_param(torch.ones(H, N2, dtype=torch.complex128)))
         self.C = complex_param(torch.randn(H, N2, dtype=torch.complex128))
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
         self.output_linear = nn.Linear(H, 2 * H)

@@ -47,7 +47,9 @@ class S5(Mixer):
     of HiPPO-LegS, for each of ``blocks`` blocks of size P/blocks (block-diagonal V);
     B~ = V^-1 B with B lecun-normal [P, H]; C~ = C V with C's real and imaginary parts lecun-normal
     [H, P] ("trunc_standard_normal"); D ~ N(0, 1); log Delta [P/2] ~ U[log dt_min, log dt_max].
-    Output ("half_glu1", the official default activation): g = GELU(y), g * sigmoid(Linear(g)).
+    Output ("half_glu1", the official default activation): g = GELU(y), g * sigmoid(Linear(g)), with
+    flax's ``nn.gelu`` as the official ``s5/layers.py`` (SequenceLayer) calls it: its default is the
+    tanh approximation (``approximate=True``), which differs from the exact GELU by up to 4.7e-4.
 
     Args:
         d_model: channels H.
@@ -114,7 +116,7 @@ class S5(Mixer):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
         self.check_input(x)
         y, m = self.ssm(x, state.memory if state is not None else None, return_state)
-        g = F.gelu(y)
+        g = F.gelu(y, approximate="tanh")  # flax nn.gelu's default (the official s5/layers.py)
         y = g * torch.sigmoid(self.out2(g))
         return (y, SSMState(memory=m)) if return_state else y
 

@@ -21,6 +21,7 @@ HEADS = ("lm", "classifier", "dual")
 CHANNEL_MIXERS = ("glu", "mlp", "none")
 NORMS = ("layernorm", "rmsnorm", "batchnorm")
 POOLINGS = ("mean", "last")
+HEAD_MLPS = ("lra", "etsmlp")
 DUAL_COMBINES = ("nli", "concat")
 ACTIVATIONS = ("relu", "gelu", "silu", "identity")
 
@@ -48,6 +49,8 @@ class ModelConfig:
         norm_eps: epsilon of every norm of the model.
         final_norm: a norm after the last block.
         dropout: dropout on the embedding and on every residual branch (default 0).
+        embed_norm: a norm (of kind ``norm``) on the embeddings before dropout and the first block
+            (the official ETSMLP encoder's ``emb_layer_norm``, ``module/smlp_encoder.py``).
     Input and head:
         vocab_size: token inputs (an embedding table); input_dim: continuous inputs [B, T, input_dim]
             through a Linear encoder (pixels of the image tasks). Exactly one of them.
@@ -61,6 +64,9 @@ class ModelConfig:
         head_hidden: 0: a Linear classifier on the pooled features; > 0: the LRA MLP head
             (classifier: Linear(h) -> ReLU -> Linear(classes); dual: Linear(h) -> ReLU ->
             Linear(h // 2) -> ReLU -> Linear(classes), Tay et al. 2020 code).
+        head_mlp: "lra": the heads above. "etsmlp": the official ETSMLP classifier
+            (``architectures/LRA_model.py``, LRAModel): head_hidden h > 0 gives one hidden
+            Linear(h) -> GELU for either head, and the output Linear(classes) has no bias.
         init_std: std of the normal init of the model's own embeddings and linears (0.02).
     """
 
@@ -87,6 +93,8 @@ class ModelConfig:
     final_norm: bool = True
     dropout: float = 0.0
     init_std: float = 0.02
+    embed_norm: bool = False
+    head_mlp: str = "lra"
 
     def __post_init__(self):
         self.validate()
@@ -160,6 +168,8 @@ class ModelConfig:
         check_bool("bidirectional", self.bidirectional)
         check_bool("gate", self.gate)
         check_bool("final_norm", self.final_norm)
+        check_bool("embed_norm", self.embed_norm)
+        check_choice("head_mlp", self.head_mlp, HEAD_MLPS)
         if self.head == "lm":
             if self.vocab_size is None:
                 raise ValueError("vocab_size: head='lm' predicts tokens and needs a vocab_size, got None")
@@ -172,6 +182,8 @@ class ModelConfig:
                 raise ValueError(f"head_hidden: only for the classifier heads, got {self.head_hidden!r} with head='lm'")
             if self.pooling != "mean":
                 raise ValueError(f"pooling: only for the classifier heads, got {self.pooling!r} with head='lm'")
+            if self.head_mlp != "lra":
+                raise ValueError(f"head_mlp: only for the classifier heads, got {self.head_mlp!r} with head='lm'")
         else:
             check_int("n_classes", self.n_classes, 1)
         check_choice("pooling", self.pooling, POOLINGS)

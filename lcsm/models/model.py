@@ -48,7 +48,8 @@ def lengths_from_mask(mask: Tensor | None, batch: int, T: int, device) -> Tensor
 
 
 class Backbone(nn.Module):
-    """Input encoder (embedding or Linear) -> dropout -> n_layers Blocks -> final norm."""
+    """Input encoder (embedding or Linear) -> embedding norm (``embed_norm``) -> dropout -> n_layers
+    Blocks -> final norm."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -58,6 +59,7 @@ class Backbone(nn.Module):
             self.embedding = nn.Embedding(config.vocab_size, d)
         else:
             self.encoder = nn.Linear(config.input_dim, d)
+        self.embed_norm = make_norm(config.norm, d, config.norm_eps) if config.embed_norm else nn.Identity()
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.norm = make_norm(config.norm, d, config.norm_eps) if config.final_norm else nn.Identity()
@@ -98,7 +100,7 @@ class Backbone(nn.Module):
         lengths: Tensor | None = None,
     ):
         """inputs [B, T] ids (or [B, T, input_dim]) -> hidden [B, T, d] (and the per-layer states)."""
-        x = self.dropout(self.embed(inputs))
+        x = self.dropout(self.embed_norm(self.embed(inputs)))
         if state is not None and len(state) != len(self.blocks):
             raise ValueError(f"state: expected one State per layer ({len(self.blocks)}), got {len(state)}")
         states = []
@@ -353,12 +355,15 @@ class PooledClassifierBase(Model):
         return (hidden * valid[..., None]).sum(1) / lengths[:, None].to(hidden.dtype)
 
 
-def _mlp_head(d_in: int, hidden: Sequence[int], n_classes: int) -> nn.Module:
+def _mlp_head(d_in: int, hidden: Sequence[int], n_classes: int, style: str = "lra") -> nn.Module:
+    """Linear(h) -> act per hidden width, then Linear(classes). "lra": ReLU (Tay et al. 2020);
+    "etsmlp": GELU and an output Linear without bias (official ETSMLP ``architectures/LRA_model.py``:
+    classifier_activation_fn "gelu", ``sentence_projection_layer`` with bias=False)."""
     layers: list[nn.Module] = []
     for h in hidden:
-        layers += [nn.Linear(d_in, h), nn.ReLU()]
+        layers += [nn.Linear(d_in, h), nn.GELU() if style == "etsmlp" else nn.ReLU()]
         d_in = h
-    layers.append(nn.Linear(d_in, n_classes))
+    layers.append(nn.Linear(d_in, n_classes, bias=style != "etsmlp"))
     return nn.Sequential(*layers)
 
 
@@ -370,7 +375,7 @@ class SequenceClassifier(PooledClassifierBase):
             raise ValueError(f"head: SequenceClassifier needs head='classifier', got {config.head!r}")
         super().__init__(config)
         hidden = [config.head_hidden] if config.head_hidden else []
-        self.head = _mlp_head(config.d_model, hidden, config.n_classes)
+        self.head = _mlp_head(config.d_model, hidden, config.n_classes, config.head_mlp)
         init_model_weights([self.head], config.init_std)
 
     def forward(self, inputs: Tensor, mask: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
@@ -381,15 +386,21 @@ class DualClassifier(PooledClassifierBase):
     """Two sequences, one shared encoder -> class logits [B, C] from [u, v, u * v, u - v]
     (LRA retrieval, Tay et al. 2020: the "NLI" interaction of their dual classifier head, followed
     by Linear(h) -> ReLU -> Linear(h // 2) -> ReLU -> Linear(C) when head_hidden = h), or from
-    [u, v] with ``dual_combine="concat"`` (the official ETSMLP retrieval head)."""
+    [u, v] with ``dual_combine="concat"`` (the official ETSMLP retrieval head, which with
+    ``head_mlp="etsmlp"`` is Linear(h) -> GELU -> Linear(C, no bias))."""
 
     def __init__(self, config: ModelConfig):
         if config.head != "dual":
             raise ValueError(f"head: DualClassifier needs head='dual', got {config.head!r}")
         super().__init__(config)
-        hidden = [config.head_hidden, config.head_hidden // 2] if config.head_hidden else []
+        if not config.head_hidden:
+            hidden = []
+        elif config.head_mlp == "etsmlp":
+            hidden = [config.head_hidden]  # official ETSMLP retrieval: classifier_layers 1
+        else:
+            hidden = [config.head_hidden, config.head_hidden // 2]
         width = 4 * config.d_model if config.dual_combine == "nli" else 2 * config.d_model
-        self.head = _mlp_head(width, hidden, config.n_classes)
+        self.head = _mlp_head(width, hidden, config.n_classes, config.head_mlp)
         init_model_weights([self.head], config.init_std)
 
     def combine(self, u: Tensor, v: Tensor) -> Tensor:

@@ -32,7 +32,8 @@ LRA_INPUTS = {
     "pathfinder": dict(vocab_size=256, n_classes=2, head="classifier"),
 }
 
-# ETSMLP LRA configurations (official configs, reference-notes section 2): embedding d, MLP
+# ETSMLP LRA configurations (official configs, PKUAI-LINGroup/ETSMLP architectures/LRA_model.py,
+# the smlp_*_complex architectures): embedding d, MLP
 # hidden H, layers, ring r_min-r_max, max phase, norm (batch norm for the image tasks).
 ETSMLP_LRA = {
     "listops": dict(
@@ -71,10 +72,14 @@ def etsmlp(task: str = "listops", gate: bool = False, **overrides) -> ModelConfi
     """ETSMLP (ETSMLP section 3.2, Figure 2): per block, X = LayerNorm(X_i), Z = W_2 relu(CES(W_1 X)),
     X_{i+1} = X_i + Z (gate: X_{i+1} = X_i + sigmoid(W_g X) * Z). No separate channel mixer.
     Encoder with CES's native bidirectional kernel (eq. 14). From the official code
-    (``architectures/LRA_model.py``, the complex "smlp" configs): mean pooling ("mp"), no hidden
-    classifier layer (classifier_layers 0), dropout 0.1, no position embeddings, and for retrieval
-    the two pooled vectors concatenated, [u, v]. ``task`` picks the official LRA configuration
-    (reference-notes section 2)."""
+    (PKUAI-LINGroup/ETSMLP ``architectures/LRA_model.py``, the complex "smlp" configs, and
+    ``module/smlp_encoder.py``): a norm of the task's kind on the embeddings before the first
+    block (``emb_layer_norm``), mean pooling ("mp"), dropout 0.1, no position embeddings, an output
+    Linear without bias; no hidden classifier layer (classifier_layers 0) except for retrieval,
+    whose two pooled vectors are concatenated, [u, v], and go through Linear(2d -> d) -> GELU
+    (classifier_layers 1, classifier_out_dim = the embedding width 160). ``task`` picks the
+    official LRA configuration. Runs made before ``embed_norm`` and ``head_mlp`` existed had
+    neither (``embed_norm=False, head_mlp="lra"`` and no ``head_hidden`` rebuild them)."""
     cfg = _task(task, ETSMLP_LRA)
     ring = {k: cfg.pop(k) for k in ("r_min", "r_max", "max_phase")}
     values = dict(
@@ -87,10 +92,14 @@ def etsmlp(task: str = "listops", gate: bool = False, **overrides) -> ModelConfi
         pooling="mean",
         dropout=0.1,
         dual_combine="concat",
+        embed_norm=True,
+        head_mlp="etsmlp",
         **cfg,
         **LRA_INPUTS[task],
     )
     values.update(overrides)
+    if task == "retrieval" and "head_hidden" not in overrides:
+        values["head_hidden"] = values["d_model"]
     return ModelConfig.from_dict(values)
 
 
@@ -104,7 +113,7 @@ def metala_transformer(task: str | None = None, **overrides) -> ModelConfig:
     MetaLA token mixer (eq. A31-A37) and a GLU channel mixer (eq. A41), XNorm = LayerNorm.
 
     task None: the causal LM at the official LM width (d = 1024, 8 heads of value width 128,
-    conv 4; reference-notes section 3) with 24 layers and the GPT-NeoX vocabulary (50277), the
+    conv 4; BICLab/MetaLA metala/modeling_metala.py) with 24 layers and the GPT-NeoX vocabulary (50277), the
     Pile setup of section 4; the paper does not state the depth of its 360M model, 24 layers at
     d = 1024 is the Pythia-410M shape it is compared with. task "listops" ... "pathfinder": the
     Table A4 LRA configuration, a bidirectional encoder (two causal MetaLA maps) with mean pooling.
@@ -145,7 +154,7 @@ def lcsm_lm(**overrides) -> ModelConfig:
     WikiText-103 decoders have 6 layers at d = 512 with a GLU channel mixer and tied embeddings over
     the 50265-token BPE vocabulary.
     With the best code 1-9-1-0, expand K = 64 and a GLU of width 3d this gives 43.6M parameters,
-    within 0.5% of the paper's count; the exact block is not public (reference-notes section 1)."""
+    within 0.5% of the paper's count; the exact block is not public (Doraemonzzz/Lcsm has the layer only)."""
     values = dict(
         mixer="lcsm",
         mixer_options=dict(code="1-9-1-0", expand=64),

@@ -1,9 +1,10 @@
 """The delta-rule mixers against their papers' recurrences, written out step by step here.
 
 fwp: LCSM eq. 13 / Schlag et al. 2021, W_t = W_{t-1} + beta_t k_t (v_t - W_{t-1}^T k_t)^T,
-y_t = W_t^T q_t, with the projections, normalisations and read-out recomputed from the mixer's
-weights, so the whole layer (not just the operator) is checked. m1, m2: the same with their
-Table 7 oscillations; m3: the elementwise recurrence m_t = (1 - k_t) * m_{t-1} + k_t v_t^T.
+y_t = W_t^T q_t K^-1/2 (DeltaNet's query scale, as fla), with the projections, normalisations and
+read-out recomputed from the mixer's weights, so the whole layer (not just the operator) is
+checked. m1, m2: the same with their Table 7 oscillations; m3: the elementwise recurrence
+m_t = (1 - k_t) * m_{t-1} + k_t v_t^T.
 """
 
 import pytest
@@ -49,6 +50,7 @@ def explicit_delta(mixer, x, W0, kind):
     v = heads(x @ mixer.v_proj.weight.T, mixer)
     if kind == "fwp":
         beta = torch.sigmoid(x @ mixer.beta_proj.weight.T)  # [B, T, H]
+        q = q * mixer.head_k**-0.5  # DeltaNet's query scale (fla chunk_delta_rule, scale K^-1/2)
     if kind == "m2":
         delta = heads(x @ mixer.kbar_proj.weight.T, mixer)
         kbar = unit(k + delta / (1 + delta.norm(dim=-1, keepdim=True)))

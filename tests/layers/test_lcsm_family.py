@@ -386,13 +386,28 @@ def test_invalid_options_are_clear_errors(options, match):
         ("lcsm:1-4-1-0", {"o_logit", "norm.weight", "norm.bias"}),
         ("lcsm:1-9-1-0", {"o_factor", "norm.weight", "norm.bias"}),
         ("lcsm:1-3-1-0", {"norm.weight", "norm.bias"}),
-        ("lcsm:ssm", {"A_log", "norm.weight", "norm.bias"}),
+        ("lcsm:ssm", {"A_log", "delta_proj.1.bias", "norm.weight", "norm.bias"}),
     ],
 )
 def test_no_weight_decay_tags(name, tagged):
     m = layers.build(name, D, expand=K)
     assert {n for n, p in m.named_parameters() if getattr(p, "_no_weight_decay", False)} == tagged
     assert not any(n.endswith("bias") and n not in tagged for n, _ in m.named_parameters())
+
+
+def test_ssm_delta_starts_in_mambas_range():
+    """Delta for a zero input is softplus(bias) ~ LogUniform[1e-3, 1e-1], as Mamba's dt_proj
+    (mamba_simple.py); with the official bias-free projection it is softplus(0) = 0.69 and every
+    memory row (A = -(1..K)) keeps less than half its content after one token."""
+    m = layers.build("lcsm:ssm", 256, expand=K)
+    delta = F.softplus(m.delta_proj(torch.zeros(1, 256))).detach().double()
+    assert float(delta.min()) >= 1e-3 * (1 - 1e-6) and float(delta.max()) <= 1e-1 * (1 + 1e-6)
+    # log-uniform: about half the channels below the geometric midpoint 1e-2
+    assert 0.35 < float((delta < 1e-2).double().mean()) < 0.65
+    # the slowest row's half-life ln 2 / Delta is then over 6 tokens everywhere
+    assert float((math.log(2) / delta).min()) > 6
+    official = layers.build("lcsm:ssm", D, expand=K, delta_bias=False)
+    assert official.delta_proj[1].bias is None
 
 
 def test_ssm_init_is_s4d_real():

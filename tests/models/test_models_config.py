@@ -49,6 +49,9 @@ def test_unknown_mixer_and_mixer_options_name_the_closest():
         ),
         (dict(tie_embeddings="yes"), "tie_embeddings"),
         (dict(dual_combine="sum", head="dual", n_classes=2), "dual_combine"),
+        (dict(embed_norm="yes"), "embed_norm"),
+        (dict(head_mlp="mlp", head="classifier", n_classes=2), "head_mlp"),
+        (dict(head_mlp="etsmlp"), r"head_mlp: only for the classifier heads, got 'etsmlp' with head='lm'"),
     ],
 )
 def test_bad_values_fail_with_the_field_named(changes, match):

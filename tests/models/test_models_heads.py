@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lcsm.models import DualClassifier, ModelConfig, build_model
+from lcsm.models import DualClassifier, ModelConfig, build_model, preset
 from lcsm.testing import assert_close
 
 D = 16
@@ -216,3 +216,38 @@ def test_no_weight_decay_covers_untagged_mixer_norms():
         "backbone.blocks.0.mixer.norm.weight",
         "backbone.blocks.0.mixer.norm.bias",
     } <= got
+
+
+def test_etsmlp_preset_norms_the_embeddings_and_has_the_official_retrieval_head():
+    """The official ETSMLP (PKUAI-LINGroup/ETSMLP): ``module/smlp_encoder.py`` applies
+    ``emb_layer_norm`` (the task's norm kind) to the embeddings before the first layer, and
+    ``architectures/LRA_model.py``'s retrieval classifier (smlp_lra_aan_complex: classifier_layers
+    1, classifier_activation_fn gelu, classifier_out_dim = the embedding width) is
+    Linear(2d -> d) -> GELU -> a projection without bias, on the concatenated pooled vectors."""
+    torch.manual_seed(0)
+    cfg = preset("etsmlp", task="retrieval", vocab_size=11, d_model=D, mixer_hidden=D, n_layers=1)
+    model = build_model(cfg, verbose=False).double().eval()
+    with torch.no_grad():
+        for p in model.backbone.embed_norm.parameters():  # off the (1, 0) init
+            p.add_(0.1 * torch.randn_like(p))
+    ids1, ids2 = torch.randint(0, 11, (2, 6)), torch.randint(0, 11, (2, 6))
+    seen = []
+    model.backbone.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    logits = model(ids1, ids2)
+    norm = model.backbone.embed_norm
+    emb = model.backbone.embedding(ids1)
+    first, last = model.head[0], model.head[-1]
+    assert len(model.head) == 3 and first.out_features == D and last.bias is None
+    uv = torch.cat([model.encode(ids1), model.encode(ids2)], -1)
+    assert_close(
+        {"first block input": seen[0], "logits": logits},
+        {
+            "first block input": F.layer_norm(emb, (D,), norm.weight, norm.bias, cfg.norm_eps),
+            "logits": F.linear(F.gelu(first(uv)), last.weight),
+        },
+    )
+    # The other tasks keep the official linear classifier (classifier_layers 0), without bias.
+    listops = build_model(preset("etsmlp", task="listops", d_model=D, mixer_hidden=D, n_layers=1), verbose=False)
+    assert len(listops.head) == 1 and listops.head[0].bias is None
+    image = preset("etsmlp", task="image", d_model=D, mixer_hidden=D, n_layers=1)
+    assert image.embed_norm and image.norm == "batchnorm"
