@@ -1,7 +1,7 @@
-"""The committed results: every run under docs/results/<name>/ is a run of the committed experiment
+"""The committed results: every run under results/<name>/ is a run of the committed experiment
 file <name> with the training config that file gives it, and each report counts the runs there.
 
-Issue 6 asks that every number in docs/results/ come from a run whose config is committed. A run
+Issue 6 asks that every number in results/ come from a run whose config is committed. A run
 left behind by a changed grid or base, or a report not regenerated after new runs, fails here.
 """
 
@@ -16,7 +16,7 @@ from lcsm.engine.sweep import cached_result, load_experiment
 from lcsm.tasks.lm import LanguageModelling
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "docs" / "results"
+RESULTS = REPO / "results"
 # The paper experiments, as the Makefile's `reports` target lists them.
 EXPERIMENTS = sorted(
     p for p in REPO.glob("experiments/*/*.yaml") if p.parent.name != "configs" and not p.name.endswith("base.yaml")
@@ -44,23 +44,23 @@ def test_every_paper_experiment_is_found():
 def test_committed_runs_are_runs_of_the_committed_experiment(path, offline_lm_vocabulary):
     name = read_yaml(path).get("name", path.stem)
     out = RESULTS / name
-    assert out.is_dir(), f"{path.relative_to(REPO)}: no results directory docs/results/{name}/"
+    assert out.is_dir(), f"{path.relative_to(REPO)}: no results directory results/{name}/"
     exp = load_experiment(path, out_dir=out)
     runs = {run.id: run for run in exp.runs()}
     committed = sorted(p.parent.name for p in out.glob("*/result.json"))
     stray = [d for d in committed if d not in runs]
-    assert not stray, f"docs/results/{name}/: run directories not in the grid of {path.name}: {stray}"
+    assert not stray, f"results/{name}/: run directories not in the grid of {path.name}: {stray}"
     changed = [d for d in committed if cached_result(runs[d]) is None]
-    assert not changed, f"docs/results/{name}/: runs whose training config is not what {path.name} gives: {changed}"
+    assert not changed, f"results/{name}/: runs whose training config is not what {path.name} gives: {changed}"
     for d in committed:
         result = json.loads((out / d / "result.json").read_text())
         assert result["status"] in ("completed", "early_stopped") and (out / d / "config.yaml").is_file(), f"{name}/{d}"
 
     report = (out / "report.md").read_text()
     counted = re.search(r"^- runs: (\d+) of (\d+) finished", report, re.M)
-    assert counted, f"docs/results/{name}/report.md: no '- runs: N of M finished' line"
+    assert counted, f"results/{name}/report.md: no '- runs: N of M finished' line"
     assert (int(counted[1]), int(counted[2])) == (len(committed), len(runs)), (
-        f"docs/results/{name}/report.md counts {counted[1]} of {counted[2]} runs, the directory holds "
+        f"results/{name}/report.md counts {counted[1]} of {counted[2]} runs, the directory holds "
         f"{len(committed)} of {len(runs)}: regenerate it with `lcsm report {path.relative_to(REPO)} --out "
-        f"docs/results/{name}`"
+        f"results/{name}`"
     )
