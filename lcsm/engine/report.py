@@ -552,7 +552,7 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
         f"- runs: {len(done)} of {len(rows)} finished; total training wall time "
         f"{sum(r.get('wall_time_s', 0) for r in done):.0f} s",
         *[f"- runs ran on: {m}" for m in provenance(rows, "machine")],
-        *[f"- runs' git commit: {c}" for c in provenance(rows, "git_commit")],
+        "- runs' git commit: " + (", ".join(provenance(rows, "git_commit")) or "—"),
         f"- where, when and at which commit each run trained: [{RUNLOG_FILE}]({RUNLOG_FILE})",
         *[f"- report written on, {k}: {v}" for k, v in machine_info().items()],
         "",
