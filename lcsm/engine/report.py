@@ -424,8 +424,10 @@ def report_command(exp, out_dir: Path) -> str:
         except ValueError:
             return str(path)
 
-    if exp.path is None or Path(exp.path).resolve().parent == Path(out_dir).resolve():
-        return shlex.join(["lcsm", "report", shown(out_dir)])  # a sweep directory, its experiment copy inside
+    if exp.path is None or Path(exp.path).resolve().parent == Path(exp.out_dir).resolve():
+        # a sweep directory (its experiment copy inside), the report written there or elsewhere
+        elsewhere = Path(out_dir).resolve() != Path(exp.out_dir).resolve()
+        return shlex.join(["lcsm", "report", shown(exp.out_dir), *(["--out", shown(out_dir)] if elsewhere else [])])
     return shlex.join(["lcsm", "report", shown(exp.path), "--out", shown(out_dir)])
 
 

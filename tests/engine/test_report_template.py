@@ -62,10 +62,11 @@ def test_each_report_of_a_multi_file_call_names_its_own_command(tmp_path, monkey
     command that writes it alone (reliability review A16), and a sweep's report its own command."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["lcsm", "report", "exp/a.yaml", "exp/b.yaml", "--out", "results"])
-    b = SimpleNamespace(path=Path("exp/b.yaml"))
+    b = SimpleNamespace(path=Path("exp/b.yaml"), out_dir=Path("results/b"))
     assert report_command(b, Path("results/b")) == "lcsm report exp/b.yaml --out results/b"
-    sweep_dir = SimpleNamespace(path=Path("runs/b/experiment.yaml"))
+    sweep_dir = SimpleNamespace(path=Path("runs/b/experiment.yaml"), out_dir=Path("runs/b"))
     assert report_command(sweep_dir, Path("runs/b")) == "lcsm report runs/b"
+    assert report_command(sweep_dir, Path("results/b")) == "lcsm report runs/b --out results/b"
     monkeypatch.setattr(sys, "argv", ["lcsm", "sweep", "exp/b.yaml", "--grid", "model.mixer=gla", "--report"])
     assert report_command(b, Path("runs/b")) == "lcsm sweep exp/b.yaml --grid model.mixer=gla --report"
 
