@@ -29,9 +29,9 @@ bench: $(STAMP)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
 	$(VENV)/bin/lcsm bench ops
 
-# The reports of docs/results/ regenerated from the cached runs there (no training): every
-# experiment file of the paper experiments, each read from docs/results/<experiment name>/.
+# The reports of results/ regenerated from the cached runs there (no training): every experiment
+# file of the paper experiments, each read from and written to results/<experiment name>/.
 PAPER_EXPERIMENTS := $(filter-out experiments/configs/% %base.yaml,$(wildcard experiments/*/*.yaml))
 
 reports: $(STAMP)
-	$(VENV)/bin/lcsm report $(PAPER_EXPERIMENTS) --out docs/results
+	$(VENV)/bin/lcsm report $(PAPER_EXPERIMENTS) --out results

@@ -20,14 +20,23 @@ matching ``where``), our metric and the paper's, and the Spearman rank correlati
 ``curves`` entry tabulates and plots a metric at every evaluation of each selected run (its
 ``eval.csv``): where final numbers saturate, how soon each model got there still tells them apart.
 Tables and plots use the runs ``select`` keeps (best of its grid), the full table lists every run.
-The experiment's ``description``, ``paper`` (markdown: the paper's numbers for comparison) and
-``reading`` (what the runs support or not, and why) are copied into the report. ``write_report``
-never trains: runs without a result show as missing.
+
+A report reads top down: a verdict box (the paper's claim, ours, and whether ours supports it),
+the experiment's ``description``, the hand-written verdict, the tables and plots, every run, then a
+generated provenance footer (the command that writes this report, commits, dates, machines, wall
+time). The claim is the experiment's ``paper`` (at most 5 lines); ours, the status and the verdict's
+bullets are hand-written in ``VERDICT.md`` in the report's directory (``read_verdict``), so they
+survive regeneration. Beside the report, ``write_report`` generates ``RUNLOG.md``: where, when and
+at which commit each run trained, from the runs' own records (``result.json``, ``train.csv``).
+An experiment's older ``reading`` (prose) still closes its report. ``write_report`` never trains:
+runs without a result show as missing.
 """
 
 from __future__ import annotations
 
+import csv
 import datetime
+import json
 import shlex
 import sys
 from collections import Counter
@@ -36,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from lcsm._checks import check_keys
+
+from .results import format_table, main_metric, select_best
 
 REPORT_KEYS = ("title", "metrics", "table", "plots", "compare", "curves")
 
@@ -253,8 +264,6 @@ def _matching(rows: list[dict[str, Any]], spec: Mapping[str, Any], key: str, wha
 def eval_curves(rows: list[dict[str, Any]], spec: Mapping[str, Any], run_root: Path) -> dict[str, dict[int, float]]:
     """Per label of ``spec['series']``: step -> ``spec['y']`` at every evaluation of that selected run,
     read from ``run_root/<run>/eval.csv`` (a run without one has no curve)."""
-    import csv
-
     curves: dict[str, dict[int, float]] = {}
     for label, row in _matching(rows, spec, spec["series"], "curves").items():
         path = run_root / row["run"] / "eval.csv"
@@ -342,13 +351,147 @@ def plot(rows: list[dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
     _legend_and_save(fig, list(axes[0]) if series else [], series, path)
 
 
-def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, commit: str | None = None) -> Path:
-    """``report.md`` and the PNG plots of ``exp`` from ``rows`` (``sweep.collect``); returns the
-    report's path. ``commit``: the report's git commit, read once before a call that writes several
-    reports; default: read now, changes inside ``out_dir`` (the report's own files) not counted."""
-    from lcsm._provenance import git_commit, machine_info
+VERDICT_FILE = "VERDICT.md"
+RUNLOG_FILE = "RUNLOG.md"
+VERDICTS = ("supported", "partly supported", "contradicted", "open")
+MAX_CLAIM_LINES, MAX_VERDICT_BULLETS = 5, 10
 
-    from .sweep import format_table, main_metric, select_best
+
+def read_verdict(path: Path) -> dict[str, Any] | None:
+    """The hand-written verdict ``path`` (``VERDICT.md``), or None when there is none::
+
+        ours: what our runs show, in one line
+        verdict: open                       # supported, partly supported, contradicted or open
+
+        - at most 10 bullets, each a finding with its numbers
+        - ...
+
+    Returns ``{"ours": ..., "verdict": ..., "bullets": [...]}`` (bullets as markdown lines)."""
+    if not path.is_file():
+        return None
+    head, _, body = path.read_text().strip().partition("\n\n")
+    fields = {}
+    for line in head.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep or key.strip() not in ("ours", "verdict"):
+            raise ValueError(f"{path}: expected 'ours: ...' and 'verdict: ...' lines first, got {line!r}")
+        fields[key.strip()] = value.strip()
+    if set(fields) != {"ours", "verdict"} or fields["verdict"] not in VERDICTS:
+        raise ValueError(f"{path}: expected an 'ours:' line and 'verdict:' one of {', '.join(VERDICTS)}, got {fields}")
+    bullets = [line for line in body.splitlines() if line.strip()]
+    if sum(line.startswith("- ") for line in bullets) > MAX_VERDICT_BULLETS or (
+        bullets and not bullets[0].startswith("- ")
+    ):
+        raise ValueError(f"{path}: expected at most {MAX_VERDICT_BULLETS} bullets ('- ...') after the blank line")
+    return {**fields, "bullets": bullets}
+
+
+def _short_claim(claim: Any) -> bool:
+    """Whether the experiment's ``paper`` is a claim that fits the verdict box: at most
+    MAX_CLAIM_LINES lines and no table. A longer one (the paper's numbers) gets its own section."""
+    lines = str(claim or "").strip().splitlines()
+    return len(lines) <= MAX_CLAIM_LINES and not any(line.lstrip().startswith("|") for line in lines)
+
+
+def verdict_box(claim: Any, verdict: Mapping[str, Any] | None) -> list[str]:
+    """The report's opening table, three lines: the paper's claim, ours, and the verdict."""
+    if not claim and not verdict:
+        return []
+
+    def cell(text: str) -> str:
+        return " ".join(str(text).split()).replace("|", "\\|") or "—"
+
+    claimed = cell(claim or "") if _short_claim(claim) else "the paper's numbers: below"
+    return [
+        "| the paper's claim | our runs | verdict |",
+        "|---|---|---|",
+        f"| {claimed} | {cell(verdict['ours'] if verdict else '')} | "
+        + (f"**{verdict['verdict']}** |" if verdict else f"— (no {VERDICT_FILE}) |"),
+        "",
+    ]
+
+
+def report_command(exp, out_dir: Path) -> str:
+    """The command that writes this report: a sweep's own command line (``lcsm sweep ... --report``
+    writes one report), else ``lcsm report`` of this experiment alone, even when one call wrote
+    several reports."""
+    argv = sys.argv[1:]
+    if argv[:1] == ["sweep"]:
+        return shlex.join(["lcsm", *argv])
+
+    def shown(path: Path) -> str:
+        try:
+            return str(Path(path).resolve().relative_to(Path.cwd()))
+        except ValueError:
+            return str(path)
+
+    if exp.path is None or Path(exp.path).resolve().parent == Path(exp.out_dir).resolve():
+        # a sweep directory (its experiment copy inside), the report written there or elsewhere
+        elsewhere = Path(out_dir).resolve() != Path(exp.out_dir).resolve()
+        return shlex.join(["lcsm", "report", shown(exp.out_dir), *(["--out", shown(out_dir)] if elsewhere else [])])
+    return shlex.join(["lcsm", "report", shown(exp.path), "--out", shown(out_dir)])
+
+
+def _machine(m: Mapping[str, Any]) -> str:
+    return f"{m.get('device')}; {m.get('cpu')}; torch {m.get('torch')}"
+
+
+def _utc(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def run_log(exp, rows: list[dict[str, Any]]) -> str:
+    """``RUNLOG.md``: per run, where (machine, steps on each), when (the times of its first and last
+    logged training step, ``train.csv``), at which commit, and the experiment it was copied from
+    when another one trained it (a copy keeps that one's run name), all from the run's own files."""
+    lines = [
+        f"# Run log: {exp.name}",
+        "",
+        "Generated by `lcsm report` from each run's `result.json` (`trained_on`, `git_commit`, "
+        "`wall_time_s`; `config.name` names the experiment a copied run came from) and `train.csv` "
+        "(the time of its first and last logged step, pauses included); do not edit.",
+        "",
+        "| run | status | steps | wall s | first - last logged step (UTC) | trained on (steps) | commit "
+        "| copied from |",
+        "|---|---|---:|---:|---|---|---|---|",
+    ]
+    machines: Counter = Counter()
+    for row in rows:
+        path = exp.out_dir / row["run"]
+        if row["status"] == "missing" or not (path / "result.json").is_file():
+            lines.append(f"| {row['run']} | missing | — | — | — | — | — | — |")
+            continue
+        result = json.loads((path / "result.json").read_text())
+        stretches = result.get("trained_on") or [
+            {**(result.get("machine") or {}), "git_commit": result.get("git_commit"), "to_step": result.get("step")}
+        ]
+        where = " then ".join(f"{_machine(s)} ({s.get('from_step', 0)}-{s.get('to_step', '?')})" for s in stretches)
+        machines.update(_machine(s) for s in stretches[-1:])
+        commits = " then ".join(dict.fromkeys(str(s.get("git_commit") or "not recorded") for s in stretches))
+        when = "—"
+        if (path / "train.csv").is_file():
+            with (path / "train.csv").open(newline="") as f:
+                times = [float(r["time"]) for r in csv.DictReader(f) if r.get("time")]
+            if times:
+                when = f"{_utc(min(times))} - {_utc(max(times))}"
+        source = str((result.get("config") or {}).get("name", "")).split("/")[0]
+        copied = source if source and source != exp.name else ""
+        lines.append(
+            f"| {row['run']} | {result['status']} | {result.get('step', '—')} | "
+            f"{result.get('wall_time_s', 0):.0f} | {when} | {where} | {commits} | {copied} |"
+        )
+    done = sum(r["status"] != "missing" for r in rows)
+    summary = ", ".join(f"{m} ({n})" for m, n in machines.most_common())
+    lines[4:4] = [f"{done} of {len(rows)} runs finished; the machine each finished on: {summary or 'none'}.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, commit: str | None = None) -> Path:
+    """``report.md``, ``RUNLOG.md`` and the PNG plots of ``exp`` from ``rows`` (``sweep.collect``);
+    returns the report's path. ``commit``: the report's git commit, read once before a call that
+    writes several reports; default: read now, changes inside ``out_dir`` (the report's own files)
+    not counted. The verdict is read from ``out_dir/VERDICT.md`` (``read_verdict``)."""
+    from lcsm._provenance import git_commit, machine_info
 
     out_dir = Path(out_dir) if out_dir is not None else exp.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -358,21 +501,12 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
     best = select_best(exp, rows)
     done = [r for r in rows if r["status"] != "missing"]
     title = spec.get("title", f"Experiment {exp.name}")
-    lines = [f"# {title}", ""]
+    verdict = read_verdict(out_dir / VERDICT_FILE)
+    lines = [f"# {title}", "", *verdict_box(exp.spec.get("paper"), verdict)]
     if exp.spec.get("description"):
         lines += [str(exp.spec["description"]).strip(), ""]
-    lines += [
-        f"- command: `{' '.join(shlex.quote(a) for a in ['lcsm', *sys.argv[1:]])}`",
-        f"- experiment: `{exp.path}`",
-        f"- report's git commit: {commit or git_commit(ignore=[out_dir])}",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        *[f"- runs ran on: {m}" for m in provenance(rows, "machine")],
-        *[f"- runs' git commit: {c}" for c in provenance(rows, "git_commit")],
-        *[f"- report written on, {k}: {v}" for k, v in machine_info().items()],
-        f"- runs: {len(done)} of {len(rows)} finished; total training wall time "
-        f"{sum(r.get('wall_time_s', 0) for r in done):.0f} s",
-        "",
-    ]
+    if verdict and verdict["bullets"]:
+        lines += [f"## Verdict (hand-written, {VERDICT_FILE})", "", *verdict["bullets"], ""]
     if spec.get("table") and best:
         lines += [
             f"## {spec['table']['value']}"
@@ -406,10 +540,26 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
             "",
         ]
     lines += ["## Every run", "", format_table(exp, rows, metrics), ""]
-    if exp.spec.get("paper"):
+    if exp.spec.get("paper") and not _short_claim(exp.spec["paper"]):
         lines += ["## The paper's numbers", "", str(exp.spec["paper"]).strip(), ""]
     if exp.spec.get("reading"):
         lines += ["## Reading", "", str(exp.spec["reading"]).strip(), ""]
+    (out_dir / RUNLOG_FILE).write_text(run_log(exp, rows))
+    lines += [
+        "## Provenance (generated)",
+        "",
+        f"- command: `{report_command(exp, out_dir)}`",
+        f"- experiment: `{exp.path}`",
+        f"- report's git commit: {commit or git_commit(ignore=[out_dir])}",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- runs: {len(done)} of {len(rows)} finished; total training wall time "
+        f"{sum(r.get('wall_time_s', 0) for r in done):.0f} s",
+        *[f"- runs ran on: {m}" for m in provenance(rows, "machine")],
+        "- runs' git commit: " + (", ".join(provenance(rows, "git_commit")) or "—"),
+        f"- where, when and at which commit each run trained: [{RUNLOG_FILE}]({RUNLOG_FILE})",
+        *[f"- report written on, {k}: {v}" for k, v in machine_info().items()],
+        "",
+    ]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -35,7 +35,6 @@ import inspect
 import io
 import itertools
 import json
-import math
 import os
 import re
 import shutil
@@ -55,6 +54,7 @@ from lcsm._checks import check_choice, check_keys
 from lcsm.tasks import recorded_task_data, task_data
 
 from .config import OptimConfig, RunConfig, TrainConfig, apply_overrides, read_yaml, yaml_load
+from .results import format_table, machine_label, main_metric, select_best  # noqa: F401 (the last three: re-exported)
 
 EXPERIMENT_COPY = "experiment.yaml"
 EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", "description", "paper", "reading")
@@ -548,43 +548,6 @@ def collect(exp: Experiment) -> list[dict[str, Any]]:
     return rows
 
 
-def machine_label(result: dict[str, Any]) -> str:
-    """Where a run trained: its machine, or its machines in order when it was resumed on another
-    one (``trained_on`` in result.json, which also holds each one's steps)."""
-
-    def name(m: dict[str, Any]) -> str:
-        return f"{m.get('device')}; {m.get('cpu')}; torch {m.get('torch')}"
-
-    names: list[str] = []
-    for stretch in result.get("trained_on") or []:
-        if not names or names[-1] != name(stretch):
-            names.append(name(stretch))
-    return " then ".join(names) if len(names) > 1 else name(result["machine"])
-
-
-def select_best(exp: Experiment, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per combination of the axes not in ``select.over``, the finished row with the best metric
-    (a nan metric, a diverged run's perplexity, loses to any number; of ties, the first row)."""
-    if not exp.select:
-        return [r for r in rows if r["status"] != "missing"]
-    metric = f"metric:{exp.select['metric']}"
-    sign = 1 if exp.select.get("mode", "max") == "max" else -1
-    over = set(exp.select.get("over", []))
-    groups: dict[tuple, dict[str, Any]] = {}
-    for row in rows:
-        if row["status"] == "missing" or metric not in row:
-            continue
-        key = tuple(row[a.key] for a in exp.axes if a.key not in over)
-        best = groups.get(key)
-        if (
-            best is None
-            or (math.isnan(best[metric]) and not math.isnan(row[metric]))
-            or sign * row[metric] > sign * best[metric]
-        ):
-            groups[key] = row
-    return list(groups.values())
-
-
 def write_results(exp: Experiment, rows: list[dict[str, Any]]) -> None:
     exp.out_dir.mkdir(parents=True, exist_ok=True)
     (exp.out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -603,26 +566,6 @@ def write_results(exp: Experiment, rows: list[dict[str, Any]]) -> None:
         name=exp.name, config=exp.base, grid={a.key: dict(zip(a.labels, a.values, strict=False)) for a in exp.axes}
     )
     (exp.out_dir / EXPERIMENT_COPY).write_text(yaml.safe_dump(resolved, sort_keys=False))
-
-
-def main_metric(exp: Experiment) -> str:
-    return exp.select["metric"] if exp.select else exp.report.get("metric", "accuracy")
-
-
-def format_table(exp: Experiment, rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
-    """A markdown table: the grid labels, status, the given metrics, steps and wall time."""
-    header = [a.key for a in exp.axes] + ["status"] + list(metrics) + ["step", "params", "wall s"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        values = [r.get(a.key, "") for a in exp.axes] + [r["status"]]
-        values += [f"{r[f'metric:{m}']:.4f}" if f"metric:{m}" in r else "—" for m in metrics]
-        values += [
-            r.get("step", "—"),
-            f"{r['n_params']:,}" if "n_params" in r else "—",
-            f"{r['wall_time_s']:.0f}" if "wall_time_s" in r else "—",
-        ]
-        lines.append("| " + " | ".join(map(str, values)) + " |")
-    return "\n".join(lines)
 
 
 def check_buildable(runs: Sequence[Run]) -> None:
