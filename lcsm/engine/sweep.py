@@ -54,6 +54,7 @@ import yaml
 from lcsm.tasks import recorded_task_data, task_data
 
 from .config import OptimConfig, RunConfig, TrainConfig, _check_keys, _choice, apply_overrides, read_yaml, yaml_load
+from .lock import DirectoryLock
 
 EXPERIMENT_COPY = "experiment.yaml"
 EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", "description", "paper", "reading")
@@ -516,6 +517,10 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> dict[str, i
 # ----------------------------------------------------------------------------- results
 
 
+def _number(value: Any) -> Any:
+    return math.nan if value is None else value
+
+
 def collect(exp: Experiment) -> list[dict[str, Any]]:
     """One row per run of the grid: its labels, status and final metrics (missing runs: status
     "missing")."""
@@ -534,9 +539,10 @@ def collect(exp: Experiment) -> list[dict[str, Any]]:
                     "wall_time_s": result["wall_time_s"],
                 }
             )
-            row.update({f"metric:{k}": v for k, v in (result.get("metrics") or {}).items()})
+            # result.json writes a nan or infinite metric as null (JSON has no such numbers)
+            row.update({f"metric:{k}": _number(v) for k, v in (result.get("metrics") or {}).items()})
             if result.get("test"):
-                row.update({f"metric:test/{k}": v for k, v in result["test"]["metrics"].items()})
+                row.update({f"metric:test/{k}": _number(v) for k, v in result["test"]["metrics"].items()})
             if result.get("machine"):
                 row["machine"] = machine_label(result)
             if result.get("git_commit"):
@@ -678,10 +684,12 @@ def sweep(
             status = "to copy" if r in reused else "to run " if r in todo else "cached "
             log(f"  {status} {r.id}" + (f" (from {sources[r.id]})" if r in reused else ""))
         return collect(exp), True
-    for r in reused:
-        reuse(r, sources[r.id])
-        log(f"--- run {r.id}: copied from {sources[r.id]} (the same training config)")
-    codes = execute(todo, parallel=parallel, log=log) if todo else {}
-    rows = collect(exp)
-    write_results(exp, rows)
+    # Two sweeps on one directory would start the same runs twice (each run also locks its own).
+    with DirectoryLock(exp.out_dir, "lcsm sweep", note=log):
+        for r in reused:
+            reuse(r, sources[r.id])
+            log(f"--- run {r.id}: copied from {sources[r.id]} (the same training config)")
+        codes = execute(todo, parallel=parallel, log=log) if todo else {}
+        rows = collect(exp)
+        write_results(exp, rows)
     return rows, all(c == 0 for c in codes.values())

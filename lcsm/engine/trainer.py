@@ -54,7 +54,8 @@ from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler, recorded_task_data, ta
 from . import checkpoint as ckpt
 from .config import RunConfig, check_early_stop_metric
 from .distributed import Distributed
-from .monitor import MetricsLog, Progress
+from .lock import DirectoryLock, environment_error
+from .monitor import MetricsLog, Progress, json_safe
 from .optim import build_optimizer, lr_factor
 
 Tensor = torch.Tensor
@@ -85,8 +86,12 @@ def _json_canonical(obj: Any) -> Any:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise environment_error(path, err) from None
 
 
 def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -289,7 +294,7 @@ class Trainer:
         return path
 
     def restore(self, resume: bool) -> Path | None:
-        path = ckpt.latest_checkpoint(self.out_dir)
+        path = ckpt.latest_checkpoint(self.out_dir, note=ckpt.warn if self.dist.is_main else None)
         if path is None:
             return None
         if not resume:
@@ -512,8 +517,12 @@ class Trainer:
         best = ckpt.checkpoint_dir(self.out_dir) / ckpt.BEST
         which = "last"
         if self.state.best_step is not None and best.is_dir():
-            ckpt.load_weights(self.model, best)
-            which = "best"
+            problem = ckpt.damage(best, trainer=False)
+            if problem is None:
+                ckpt.load_weights(self.model, best)
+                which = "best"
+            elif self.dist.is_main:
+                ckpt.warn(f"warning: checkpoint {best} is damaged: {problem}; testing the last weights instead")
         metrics = self.evaluate("test")
         self.progress.message(
             "test (" + which + " weights): " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "/" not in k)
@@ -530,7 +539,8 @@ class Trainer:
         # this), so that nothing going wrong there (an error, Ctrl-C) loses trained steps: run again,
         # the run evaluates afresh from this checkpoint.
         saved = ckpt.list_checkpoints(self.out_dir)
-        if not saved or saved[-1][0] != s.step:
+        # A damaged checkpoint of this step (the run resumed from an older one) is replaced.
+        if not saved or saved[-1][0] != s.step or ckpt.damage(saved[-1][1]):
             self.save()
         if s.last_eval_step != s.step:
             self.after_eval(self.evaluate())
@@ -557,7 +567,7 @@ class Trainer:
             "config": self.config.to_dict(),
         }
         if self.dist.is_main:
-            _write_atomic(result_path, json.dumps(result, indent=2))
+            _write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
             self.log.write_csv()
             self.log.close()
             self.progress.message(
@@ -594,7 +604,20 @@ def train(config: RunConfig, *, resume: bool = True, restart: bool = False, quie
     threads = torch.get_num_threads()
     if config.train.threads is not None:
         torch.set_num_threads(config.train.threads)
+    # Rank 0 alone writes the directory, so it alone holds it; taken before any data or model is
+    # built, so a directory in use or not writable fails at once.
+    lock = DirectoryLock(config.out_dir, "lcsm train") if dist.is_main else None
     try:
+        refused = None
+        if lock is not None:
+            try:
+                lock.acquire()
+            except (ValueError, OSError) as err:
+                refused = err
+        # Every rank stops with rank 0's refusal (the others would wait for it in the next collective).
+        refused = dist.broadcast(refused)
+        if refused is not None:
+            raise refused
         if restart:
             if dist.is_main:
                 discard_run(Path(config.out_dir))
@@ -605,5 +628,7 @@ def train(config: RunConfig, *, resume: bool = True, restart: bool = False, quie
         dist.barrier()
         return result
     finally:
+        if lock is not None:
+            lock.release()
         torch.set_num_threads(threads)
         dist.teardown()
