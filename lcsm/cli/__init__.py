@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (UsageError, ValueError) as err:
         print(f"lcsm {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return getattr(err, "exit_status", 2)
     except OSError as err:
         # The machine, not the input (a read-only or full disk, a file where a directory should be):
         # one line naming the path, status 1.

@@ -34,6 +34,7 @@ from lcsm.ops.chunk import ELEMENTWISE_FORMS
 SCHEDULES = ("cosine", "inverse_sqrt", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")
 MODES = ("max", "min")
+NONFINITE = ("stop", "skip")
 
 
 def _check_keys(section: str, values: Mapping[str, Any], valid: Iterable[str]) -> None:
@@ -61,6 +62,7 @@ def _number(
     ok = (
         not isinstance(value, bool)
         and isinstance(value, (int, float))
+        and math.isfinite(value)
         and value <= high
         and (value > low if low_open else value >= low)
     )
@@ -202,6 +204,9 @@ class TrainConfig(_Section):
     early_stop: see ``EarlyStopConfig``.
     tensorboard: also log to TensorBoard (needs the ``tensorboard`` package).
     threads: torch CPU threads per process (null: torch's default).
+    on_nonfinite: a step whose loss or gradient norm is nan or infinite "stop"s the run (default:
+        status "diverged", no checkpoint of it) or is "skip"ped (weights and AdamW state untouched,
+        counted in result.json's skipped_steps). A run without such a step trains the same either way.
     host_allocator: "retain" (default: glibc's malloc keeps freed memory for the next step instead
         of page-faulting it in afresh; see ``lcsm.engine.host_memory``) or "system".
     elementwise_form: how ``eos`` runs its elementwise kernel (K x D decays: Mamba, LCSM's o codes
@@ -213,6 +218,9 @@ class TrainConfig(_Section):
     # how the loop reports, keeps, places and runs its work, not what it computes: not part of a
     # run's training config (``RunConfig.training_dict``)
     BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator", "elementwise_form")
+    # A run that met no non-finite step trained the same under either policy, so a stopped run can
+    # go on with "skip"; and run ids, hashed from the training config, stay as they were.
+    BOOKKEEPING += ("on_nonfinite",)
     max_steps: int | None = None
     epochs: int | None = None
     batch_size: int = 32
@@ -229,6 +237,7 @@ class TrainConfig(_Section):
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     tensorboard: bool = False
     threads: int | None = None
+    on_nonfinite: str = "stop"
     host_allocator: str = "retain"
     elementwise_form: str = "step"
 
@@ -265,6 +274,7 @@ class TrainConfig(_Section):
         if not isinstance(self.tensorboard, bool):
             raise ValueError(f"train.tensorboard: expected true or false, got {self.tensorboard!r}")
         _int("train.threads", self.threads, 1, allow_none=True)
+        _choice("train.on_nonfinite", self.on_nonfinite, NONFINITE)
         _choice("train.host_allocator", self.host_allocator, HOST_ALLOCATORS)
         _choice("train.elementwise_form", self.elementwise_form, ELEMENTWISE_FORMS)
 

@@ -517,7 +517,7 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> dict[str, i
 # ----------------------------------------------------------------------------- results
 
 
-def _number(value: Any) -> Any:
+def _metric_value(value: Any) -> Any:
     return math.nan if value is None else value
 
 
@@ -540,9 +540,9 @@ def collect(exp: Experiment) -> list[dict[str, Any]]:
                 }
             )
             # result.json writes a nan or infinite metric as null (JSON has no such numbers)
-            row.update({f"metric:{k}": _number(v) for k, v in (result.get("metrics") or {}).items()})
+            row.update({f"metric:{k}": _metric_value(v) for k, v in (result.get("metrics") or {}).items()})
             if result.get("test"):
-                row.update({f"metric:test/{k}": _number(v) for k, v in result["test"]["metrics"].items()})
+                row.update({f"metric:test/{k}": _metric_value(v) for k, v in result["test"]["metrics"].items()})
             if result.get("machine"):
                 row["machine"] = machine_label(result)
             if result.get("git_commit"):

@@ -78,6 +78,13 @@ class LoopState:
     last_eval_step: int | None = None
     # stretches of steps each trained on one machine: {device, cpu, torch, git_commit, from_step, to_step}
     trained_on: list[dict[str, Any]] = field(default_factory=list)
+    skipped_steps: int = 0  # steps with a non-finite loss or gradient norm, skipped (train.on_nonfinite)
+
+
+class TrainingDiverged(ValueError):
+    """A step's loss or gradient norm was not finite and ``train.on_nonfinite`` is "stop"."""
+
+    exit_status = 1
 
 
 def _json_canonical(obj: Any) -> Any:
@@ -370,12 +377,16 @@ class Trainer:
                 (loss * self.dist.world).backward()
             loss_sum += loss.detach().double()
         clip = self.config.optim.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip is not None else math.inf)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip is not None else math.inf))
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        loss = float(self.dist.sum(loss_sum))
+        # Every process sees the same global loss and (synchronised) gradient norm, so all agree.
+        # A non-finite one would make the weights and AdamW's moments nan for good: no update.
+        if math.isfinite(loss) and math.isfinite(norm):
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(self.dist.sum(loss_sum)), _tokens(batch), float(norm), lr
+        return loss, _tokens(batch), norm, lr
 
     def evaluate(self, split: str | None = None) -> dict[str, float]:
         """Rank 0 evaluates the unwrapped model on ``split`` (default the eval split); every rank
@@ -470,6 +481,8 @@ class Trainer:
                 while self.state.batch_in_epoch < len(batches) and not (finished or interrupted):
                     loss, tokens, norm, lr = self.train_step(batches[self.state.batch_in_epoch])
                     s = self.state
+                    if not (math.isfinite(loss) and math.isfinite(norm)):
+                        self._nonfinite(s.step + 1, loss, norm, lr, result_path)
                     s.step, s.batch_in_epoch, s.tokens = s.step + 1, s.batch_in_epoch + 1, s.tokens + tokens
                     now = time.perf_counter()
                     rate = (s.tokens - last_tokens) / max(now - last_time, 1e-9)
@@ -482,6 +495,8 @@ class Trainer:
                         "tokens_per_s": rate,
                         "epoch": s.epoch,
                     }
+                    if s.skipped_steps:
+                        record["skipped_steps"] = s.skipped_steps
                     logged = bool(t.log_every) and s.step % t.log_every == 0
                     if logged:
                         self.log.write("train", s.step, record)
@@ -507,6 +522,29 @@ class Trainer:
                 raise KeyboardInterrupt
         self.progress.close()
         return self.finish(result_path)
+
+    def _nonfinite(self, step: int, loss: float, norm: float, lr: float, result_path: Path) -> None:
+        """A step whose loss or gradient norm is nan or infinite (its update was not applied):
+        skipped and counted, or the run stops as diverged, its last checkpoint the last good one."""
+        s = self.state
+        what = f"step {step}: loss {loss}, gradient norm {norm}"
+        if self.config.train.on_nonfinite == "skip":
+            s.skipped_steps += 1
+            if self.dist.is_main:
+                ckpt.warn(f"warning: {what}: not finite, step skipped ({s.skipped_steps} so far)")
+            return
+        self.progress.close()
+        s.elapsed += time.perf_counter() - self._clock
+        if self.dist.is_main:
+            self.log.write("train", step, {"loss": loss, "lr": lr, "grad_norm": norm, "tokens": s.tokens})
+            self.log.write_csv()
+            result = {**self._result("diverged", None), "diverged_at_step": step}
+            _write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
+        raise TrainingDiverged(
+            f"{what}: not finite, the run diverged and stopped (result.json status 'diverged'; its "
+            f"newest checkpoint is of step {s.step} or before). Lower optim.lr or set optim.grad_clip, or "
+            "set train.on_nonfinite: skip to skip such steps"
+        )
 
     def final_test(self) -> dict[str, Any] | None:
         """The test split's metrics of the best checkpoint (the last weights without one), when the
@@ -545,8 +583,21 @@ class Trainer:
         if s.last_eval_step != s.step:
             self.after_eval(self.evaluate())
         s.elapsed += time.perf_counter() - self._clock
-        result = {
-            "status": "early_stopped" if s.stopped_early else "completed",
+        result = self._result("early_stopped" if s.stopped_early else "completed", self.final_test())
+        if self.dist.is_main:
+            _write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
+            self.log.write_csv()
+            self.log.close()
+            self.progress.message(
+                f"done: {result['status']} at step {s.step}; checkpoints in "
+                f"{ckpt.checkpoint_dir(self.out_dir)}; result {result_path}"
+            )
+        return result
+
+    def _result(self, status: str, test: dict[str, Any] | None) -> dict[str, Any]:
+        s = self.state
+        return {
+            "status": status,
             "step": s.step,
             "epoch": s.epoch,
             "metrics": s.last_eval,
@@ -559,22 +610,14 @@ class Trainer:
             "wall_time_s": round(s.elapsed, 3),
             "tokens": s.tokens,
             "n_params": self.n_params,
-            "test": self.final_test(),
+            "test": test,
+            "skipped_steps": s.skipped_steps,
             "machine": {**machine_info(), "device": device_name(self.device), "host_allocator": self.host_allocator},
             "git_commit": self.git_commit,
             "trained_on": s.trained_on,
             "task_data": self.task_data(),
             "config": self.config.to_dict(),
         }
-        if self.dist.is_main:
-            _write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
-            self.log.write_csv()
-            self.log.close()
-            self.progress.message(
-                f"done: {result['status']} at step {s.step}; checkpoints in "
-                f"{ckpt.checkpoint_dir(self.out_dir)}; result {result_path}"
-            )
-        return result
 
 
 def _diff_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
