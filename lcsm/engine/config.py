@@ -221,6 +221,9 @@ class TrainConfig(_Section):
     # A run that met no non-finite step trained the same under either policy, so a stopped run can
     # go on with "skip"; and run ids, hashed from the training config, stay as they were.
     BOOKKEEPING += ("on_nonfinite",)
+    # Part of a run's training config (and its id) but free to change when it is resumed: neither
+    # changes a trained weight (eval_batch_size may move evaluation metrics by rounding alone).
+    RESUMABLE = ("save_every", "eval_batch_size")
     max_steps: int | None = None
     epochs: int | None = None
     batch_size: int = 32

@@ -19,8 +19,8 @@ Guarantees:
   stop (a second SIGINT stops at once). Running the same command again resumes.
 - Exact resume: a checkpoint holds weights, optimizer and scheduler state, every process's RNG
   state and the position in the data (epoch, batch); the resumed run takes exactly the steps the
-  uninterrupted run would have, so both end with bit-identical weights on the same machine
-  (tested, including after SIGKILL).
+  uninterrupted run would have, so both end with bit-identical weights on the same machine and
+  CPU thread count (tested, including after SIGKILL; another thread count is noted on resume).
 - Provenance across machines: a run may be resumed elsewhere (begun on a GPU, finished on a CPU).
   Each stretch of steps records its device, CPU, torch and commit, and result.json lists them
   under ``trained_on``; ``machine`` and ``git_commit`` name where the run finished.
@@ -52,7 +52,7 @@ from lcsm.ops.chunk import use_elementwise_form
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler, recorded_task_data, task_data
 
 from . import checkpoint as ckpt
-from .config import RunConfig, check_early_stop_metric
+from .config import RunConfig, TrainConfig, check_early_stop_metric
 from .distributed import Distributed
 from .lock import DirectoryLock, environment_error
 from .monitor import MetricsLog, Progress, json_safe
@@ -260,6 +260,8 @@ class Trainer:
             "model_config": self.model_config.to_dict(),
             "n_params": self.n_params,
             "world_size": self.dist.world,
+            # CPU kernels split their sums by thread count: another count continues, not bit-identically
+            "threads": torch.get_num_threads(),
             "lcsm_version": __version__,
             "torch_version": torch.__version__,
             "metrics": self.state.last_eval,
@@ -310,14 +312,15 @@ class Trainer:
                 "or start over with --restart (deletes them) or another --out"
             )
         info = ckpt.read_info(path)
-        mine = _json_canonical(self.config.training_dict())
-        theirs = info.get("training_config")
+        mine = _resumable(_json_canonical(self.config.training_dict()))
+        theirs = _resumable(info.get("training_config"))
         if theirs != mine:
             changed = sorted(_diff_keys(theirs or {}, mine))
             raise ValueError(
                 f"out_dir: {str(self.out_dir)!r} holds a run with a different training config "
                 f"(differs in {', '.join(changed) or 'format'}); resuming would not continue it. "
-                "Use another --out, or --restart to discard it"
+                "Resume it with its own config (its config.yaml), or train this one into another --out, "
+                "or start over with --restart (deletes the run)"
             )
         then, now = recorded_task_data(info, self.task.registry_name), self.task_data()
         if then != now:
@@ -350,6 +353,13 @@ class Trainer:
             self.progress.message(
                 f"note: resuming a {len(rng)}-process run with {self.dist.world} process(es): "
                 "training continues, but not bit-identically to the original run"
+            )
+        threads = info.get("threads")
+        if self.device.type == "cpu" and threads is not None and threads != torch.get_num_threads():
+            self.progress.message(
+                f"note: resuming a run trained with {threads} CPU thread(s) per process with "
+                f"{torch.get_num_threads()}: training continues, but not bit-identically to the original run "
+                f"(train.threads: {threads} keeps it exact)"
             )
         return path
 
@@ -618,6 +628,14 @@ class Trainer:
             "task_data": self.task_data(),
             "config": self.config.to_dict(),
         }
+
+
+def _resumable(training: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A training config without the keys a resumed run may change (``TrainConfig.RESUMABLE``)."""
+    if not isinstance(training, dict) or not isinstance(training.get("train"), dict):
+        return training
+    train = {k: v for k, v in training["train"].items() if k not in TrainConfig.RESUMABLE}
+    return {**training, "train": train}
 
 
 def _diff_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
