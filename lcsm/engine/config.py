@@ -207,8 +207,9 @@ class TrainConfig(_Section):
     on_nonfinite: a step whose loss or gradient norm is nan or infinite "stop"s the run (default:
         status "diverged", no checkpoint of it) or is "skip"ped (weights and AdamW state untouched,
         counted in result.json's skipped_steps). A run without such a step trains the same either way.
-    host_allocator: "retain" (default: glibc's malloc keeps freed memory for the next step instead
-        of page-faulting it in afresh; see ``lcsm.engine.host_memory``) or "system".
+    host_allocator: "system" (the library's default: malloc as the process has it) or "retain"
+        (``lcsm train``'s default: glibc's malloc keeps freed memory for the next step instead of
+        page-faulting it in afresh, for the rest of the process; see ``lcsm.engine.host_memory``).
     elementwise_form: how ``eos`` runs its elementwise kernel (K x D decays: Mamba, LCSM's o codes
         0 and 6-9 and its SSM code): "step" (default) or "cumulative", fewer and larger operations
         for launch-bound GPUs (``lcsm.ops.chunk._elementwise_form``); the numbers agree to rounding.
@@ -241,7 +242,7 @@ class TrainConfig(_Section):
     tensorboard: bool = False
     threads: int | None = None
     on_nonfinite: str = "stop"
-    host_allocator: str = "retain"
+    host_allocator: str = "system"
     elementwise_form: str = "step"
 
     @classmethod
@@ -482,12 +483,24 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(
-    path: str | Path, overrides: Mapping[str, Any] | Iterable[str] = (), *, out_dir: str | None = None
+    path: str | Path,
+    overrides: Mapping[str, Any] | Iterable[str] = (),
+    *,
+    out_dir: str | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """Read a YAML run config, apply overrides, validate. ``name`` defaults to the file's stem and
     ``out_dir`` to ``runs/<name>``; an ``out_dir`` given here (``lcsm train --out``) replaces the
-    config's and is used as it is, a path, never parsed as YAML."""
+    config's and is used as it is, a path, never parsed as YAML. ``defaults``: dotted keys set
+    where neither the file nor the overrides set them (a command's own defaults)."""
     values = apply_overrides(read_yaml(path), overrides)
+    for key, value in (defaults or {}).items():
+        *sections, last = key.split(".")
+        node = values
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last not in node:
+            node[last] = copy.deepcopy(value)
     if out_dir is not None:
         values["out_dir"] = out_dir
     values.setdefault("name", Path(path).stem)
