@@ -109,7 +109,8 @@ class DirectoryLock:
                 self._take_over(holder)
             raise ValueError(f"{self.directory}: could not take its lock file {self.path} (it keeps changing)")
         except OSError as err:
-            raise environment_error(err.filename or self.directory, err) from None
+            # the directory, not the lock's temporary file: what the user named and must fix
+            raise environment_error(self.directory, err) from None
         finally:
             tmp.unlink(missing_ok=True)
 

@@ -4,6 +4,7 @@ directory or disk that cannot take the run's files fails in one line, losing not
 import errno
 import json
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -130,18 +131,31 @@ def test_an_out_dir_that_is_or_is_under_a_file_fails_in_one_line_before_the_data
     assert not (tmp_path / "cache").exists()
 
 
-def test_a_read_only_out_dir_fails_in_one_line_before_the_data(cfg, tmp_path, capsys, monkeypatch):
-    real_mkdir = os.mkdir
+@pytest.mark.parametrize("exists", [False, True], ids=["new", "existing"])
+def test_a_read_only_out_dir_fails_in_one_line_before_the_data(cfg, tmp_path, capsys, monkeypatch, exists):
+    """(As root, chmod would not stop the writes: the file system calls refuse instead.)"""
+    read_only = tmp_path / "ro"
+    out = read_only / "run"
+    if exists:
+        out.mkdir(parents=True)
+    real_mkdir, real_write_text = os.mkdir, pathlib.Path.write_text
 
-    def read_only(path, *args, **kwargs):
-        if str(path).startswith(str(tmp_path / "ro")):
+    def refuse(path):
+        if str(path).startswith(str(read_only)):
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    def mkdir(path, *args, **kwargs):
+        refuse(path)
         return real_mkdir(path, *args, **kwargs)
 
-    monkeypatch.setattr(os, "mkdir", read_only)
-    out = tmp_path / "ro" / "run"
+    def write_text(self, *args, **kwargs):
+        refuse(self)
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(pathlib.Path, "write_text", write_text)
     assert main(["train", str(cfg), "--out", str(out)]) == 1
-    one_line_error(capsys, "lcsm train: error: ", "ro", "Read-only file system")
+    one_line_error(capsys, f"lcsm train: error: {out}: Read-only file system")
     assert not (tmp_path / "cache").exists()
 
 
