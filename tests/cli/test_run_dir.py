@@ -5,9 +5,11 @@ import errno
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -202,3 +204,26 @@ def test_a_full_disk_during_a_metrics_append_leaves_no_cut_off_line(cfg, tmp_pat
     assert text.endswith("\n") and [json.loads(line)["step"] for line in text.splitlines()] == [2]
     monkeypatch.setattr(os, "write", real_write)
     assert main(args) == 0
+
+
+def test_two_real_trainers_on_one_out_dir(cfg, tmp_path, capsys):
+    """The review's case D18: the second of two lcsm train on one --out stops at once."""
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen(
+        [sys.executable, "-m", "lcsm", "train", str(cfg), "--out", str(run), "--quiet"]
+        + ["--set", "train.max_steps=100000"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not (run / "metrics.jsonl").exists() and first.poll() is None:
+            time.sleep(0.05)
+        assert main(["train", str(cfg), "--out", str(run), "--quiet", "--set", "train.max_steps=100000"]) == 2
+        one_line_error(capsys, f"pid {first.pid}", "in use by lcsm train")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    assert first.returncode == 130, err
+    assert not (run / LOCK_NAME).exists()
