@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from bench._common import provenance_header, write_out
+from lcsm.cli.train import TRAIN_DEFAULTS
 from lcsm.engine.config import load_config, parse_override
 from lcsm.engine.trainer import Trainer
 
@@ -45,7 +46,7 @@ def time_steps(
     config_path: str, common: Sequence[str], variants: Sequence[tuple[str, list[str]]], steps: int, log
 ) -> list[dict[str, object]]:
     """Median seconds per step of each variant, measured round-robin after one warm-up step each."""
-    configs = [load_config(config_path, [*common, *overrides]) for _, overrides in variants]
+    configs = [load_config(config_path, [*common, *overrides], defaults=TRAIN_DEFAULTS) for _, overrides in variants]
     allocators = {c.train.host_allocator for c in configs}
     if len(allocators) > 1:
         raise ValueError(

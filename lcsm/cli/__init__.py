@@ -3,12 +3,14 @@
 Every module of this package that defines ``add_parsers(subparsers)`` contributes its commands
 (``catalog``: list; ``bench``; ``train``: train / eval / generate; ``sweep``: sweep / report;
 ``data``: data prepare). Errors a user can cause end in one clear message on stderr and exit
-status 2, not a traceback.
+status 2, not a traceback; a problem of the machine (a read-only or full disk) in one line
+``<path>: <cause>`` and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import pkgutil
 import sys
@@ -41,7 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (UsageError, ValueError) as err:
         print(f"lcsm {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return getattr(err, "exit_status", 2)
+    except OSError as err:
+        # The machine, not the input (a read-only or full disk, a file where a directory should be):
+        # one line naming the path, status 1.
+        cause = "disk full" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"lcsm {args.command}: error: {where}{cause}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"lcsm {args.command}: interrupted", file=sys.stderr)
         return 130

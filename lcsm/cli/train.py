@@ -6,6 +6,11 @@ import json
 
 from ._common import UsageError
 
+# What ``lcsm train`` sets where the config does not, unlike the library: a training process may
+# keep freed host memory for good (see lcsm.engine.host_memory); a caller of lcsm's Python API keeps
+# its malloc as it is unless it asks.
+TRAIN_DEFAULTS = {"train.host_allocator": "retain"}
+
 
 def _print_metrics(title: str, metrics) -> None:
     print(title)
@@ -17,7 +22,7 @@ def _print_metrics(title: str, metrics) -> None:
 def cmd_train(args) -> int:
     from lcsm.engine import load_config, train
 
-    config = load_config(args.config, args.set or [], out_dir=args.out)
+    config = load_config(args.config, args.set or [], out_dir=args.out, defaults=TRAIN_DEFAULTS)
     result = train(config, resume=True, restart=args.restart, quiet=args.quiet)
     if not args.quiet:
         _print_metrics(

@@ -10,24 +10,45 @@
 A checkpoint is written into a hidden temporary directory next to its final place, every file
 flushed to disk, then renamed into place: a reader (or a resumed run after SIGKILL) sees a
 complete checkpoint or none. Directory renames are atomic on POSIX file systems.
+
+Files damaged afterwards (a disk error, a copy cut short, a file deleted by hand) are found by
+``damage`` without loading them whole; resume, ``lcsm eval`` and ``lcsm generate`` then take the
+newest intact checkpoint and say which one they passed over (``latest_checkpoint``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
+
+from .lock import environment_error
+from .monitor import json_safe
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"
 _STEP = re.compile(r"^step-(\d{8})$")
+FILES = ("model.safetensors", "trainer.pt", "run.json")
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint whose files are missing, empty, cut off or unreadable."""
+
+
+def warn(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -43,9 +64,55 @@ def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    found = list_checkpoints(out_dir)
-    return found[-1][1] if found else None
+def damage(checkpoint: Path, *, trainer: bool = True) -> str | None:
+    """What is wrong with the files of ``checkpoint`` (None: nothing found), cheaply: every file
+    present and not empty, run.json parsed, the safetensors header read (it must cover the whole
+    file: a cut-off file fails), trainer.pt's zip directory (at its end) found. ``trainer=False``:
+    the weights alone (evaluation and generation do not read trainer.pt)."""
+    for name in FILES:
+        if name == "trainer.pt" and not trainer:
+            continue
+        f = checkpoint / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size == 0:
+            return f"{name} is empty"
+    try:
+        json.loads((checkpoint / "run.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"run.json is unreadable ({err})"
+    try:
+        with safe_open(str(checkpoint / "model.safetensors"), "pt"):
+            pass
+    except (SafetensorError, OSError) as err:
+        return f"model.safetensors is unreadable ({str(err).splitlines()[0]})"
+    if trainer and not zipfile.is_zipfile(checkpoint / "trainer.pt"):
+        return "trainer.pt is cut off or not a torch file"
+    return None
+
+
+def latest_checkpoint(
+    out_dir: str | Path, *, trainer: bool = True, note: Callable[[str], None] | None = warn
+) -> Path | None:
+    """The newest intact step checkpoint (``damage``; ``trainer=False``: its weights intact), or
+    None when there is none at all. Each newer damaged one is reported through ``note``; damaged
+    ones alone raise DamagedCheckpoint."""
+    passed = []
+    for _, path in reversed(list_checkpoints(out_dir)):
+        problem = damage(path, trainer=trainer)
+        if problem is None:
+            if note is not None:
+                for older in passed:
+                    note(f"warning: checkpoint {older}; using the older {path} instead")
+            return path
+        passed.append(f"{path} is damaged: {problem}")
+    if passed:
+        raise DamagedCheckpoint(
+            f"checkpoint: no intact checkpoint in {checkpoint_dir(out_dir)} ({'; '.join(passed)}); move the "
+            "damaged ones elsewhere to start the run from scratch (or --restart, which deletes them), or "
+            "restore them from a copy"
+        )
+    return None
 
 
 def _fsync_file(path: Path) -> None:
@@ -76,11 +143,15 @@ def save_checkpoint(
     is replaced."""
     root = checkpoint_dir(out_dir)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
+    except OSError as err:
+        raise environment_error(root, err) from None
     try:
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "lcsm", "step": str(info.get("step"))})
         torch.save(trainer, tmp / "trainer.pt")
-        (tmp / "run.json").write_text(json.dumps(info, indent=2, sort_keys=True))
+        (tmp / "run.json").write_text(json.dumps(json_safe(info), indent=2, sort_keys=True, allow_nan=False))
         for f in tmp.iterdir():
             _fsync_file(f)
         _fsync_dir(tmp)
@@ -89,10 +160,35 @@ def save_checkpoint(
             _remove(final)
         os.replace(tmp, final)
         _fsync_dir(root)
-    except BaseException:
+    except BaseException as err:
+        problem = _write_problem(err, root)
         shutil.rmtree(tmp, ignore_errors=True)
+        if problem is not None:
+            raise environment_error(root / name, problem) from None
         raise
     return final
+
+
+def _free_bytes(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _write_problem(err: BaseException, root: Path) -> OSError | None:
+    """The OSError behind a failed checkpoint write, or None for anything else. torch's writer does
+    not pass on the OSError of a full disk: it reports a short write (``unexpected pos``, ``file
+    write failed``), and safetensors' writer gives the OS error as text."""
+    if isinstance(err, OSError):
+        return err
+    text = str(err)
+    if isinstance(err, RuntimeError) and ("unexpected pos" in text or "file write failed" in text):
+        if _free_bytes(root) < 2**20:
+            return OSError(errno.ENOSPC, "disk full")
+        return OSError(errno.EIO, f"torch could not write the checkpoint ({text.splitlines()[0]})")
+    if isinstance(err, SafetensorError) and "os error" in text:
+        full = "os error 28" in text
+        return OSError(errno.ENOSPC if full else errno.EIO, "disk full" if full else text.splitlines()[0])
+    return None
 
 
 def prune(out_dir: str | Path, keep_last: int) -> None:
@@ -110,8 +206,8 @@ def resolve_checkpoint(path: str | Path, which: str = "last") -> Path:
     """A checkpoint directory from a checkpoint directory or a run directory (its newest step
     checkpoint, or its ``best`` one with ``which="best"``)."""
     path = Path(path)
-    if (path / "run.json").is_file() and (path / "model.safetensors").is_file():
-        return path
+    if any((path / name).is_file() for name in FILES):
+        return _intact(path)
     if not path.exists():
         raise ValueError(f"checkpoint: no such file or directory {str(path)!r}")
     if which == "best":
@@ -121,14 +217,21 @@ def resolve_checkpoint(path: str | Path, which: str = "last") -> Path:
                 f"checkpoint: run {str(path)!r} has no best checkpoint ({best} missing; "
                 "a run saves one at each evaluation that improves its early-stop metric)"
             )
-        return best
-    latest = latest_checkpoint(path)
+        return _intact(best, " (leave out --best for the run's newest intact checkpoint)")
+    latest = latest_checkpoint(path, trainer=False)
     if latest is None:
         raise ValueError(
             f"checkpoint: {str(path)!r} is neither a checkpoint directory (run.json + "
             f"model.safetensors) nor a run directory with checkpoints under {CHECKPOINTS}/"
         )
     return latest
+
+
+def _intact(checkpoint: Path, hint: str = "") -> Path:
+    problem = damage(checkpoint, trainer=False)
+    if problem is not None:
+        raise DamagedCheckpoint(f"checkpoint {str(checkpoint)!r} is damaged: {problem}{hint}")
+    return checkpoint
 
 
 def read_info(checkpoint: Path) -> dict[str, Any]:
@@ -147,6 +250,10 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
             f"checkpoint {str(checkpoint)!r}: weights do not fit the model its run.json "
             f"describes ({str(err).splitlines()[0]})"
         ) from None
+    except (SafetensorError, OSError) as err:
+        raise DamagedCheckpoint(
+            f"checkpoint {str(checkpoint)!r}: model.safetensors is unreadable ({str(err).splitlines()[0]})"
+        ) from None
     if missing or unexpected:
         raise ValueError(
             f"checkpoint {str(checkpoint)!r}: weights do not fit the model (missing "
@@ -155,4 +262,9 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
 
 
 def load_trainer(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
+    try:
+        return torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError) as err:
+        raise DamagedCheckpoint(
+            f"checkpoint {str(checkpoint)!r}: trainer.pt is unreadable ({str(err).splitlines()[0]})"
+        ) from None

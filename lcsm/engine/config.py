@@ -34,6 +34,7 @@ from lcsm.ops.chunk import ELEMENTWISE_FORMS
 SCHEDULES = ("cosine", "inverse_sqrt", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")
 MODES = ("max", "min")
+NONFINITE = ("stop", "skip")
 
 
 def check_device(name: str, value) -> None:
@@ -163,8 +164,12 @@ class TrainConfig(_Section):
     early_stop: see ``EarlyStopConfig``.
     tensorboard: also log to TensorBoard (needs the ``tensorboard`` package).
     threads: torch CPU threads per process (null: torch's default).
-    host_allocator: "retain" (default: glibc's malloc keeps freed memory for the next step instead
-        of page-faulting it in afresh; see ``lcsm.engine.host_memory``) or "system".
+    on_nonfinite: a step whose loss or gradient norm is nan or infinite "stop"s the run (default:
+        status "diverged", no checkpoint of it) or is "skip"ped (weights and AdamW state untouched,
+        counted in result.json's skipped_steps). A run without such a step trains the same either way.
+    host_allocator: "system" (the library's default: malloc as the process has it) or "retain"
+        (``lcsm train``'s default: glibc's malloc keeps freed memory for the next step instead of
+        page-faulting it in afresh, for the rest of the process; see ``lcsm.engine.host_memory``).
     elementwise_form: how ``eos`` runs its elementwise kernel (K x D decays: Mamba, LCSM's o codes
         0 and 6-9 and its SSM code): "step" (default) or "cumulative", fewer and larger operations
         for launch-bound GPUs (``lcsm.ops.chunk._elementwise_form``); the numbers agree to rounding.
@@ -174,6 +179,12 @@ class TrainConfig(_Section):
     # how the loop reports, keeps, places and runs its work, not what it computes: not part of a
     # run's training config (``RunConfig.training_dict``)
     BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator", "elementwise_form")
+    # A run that met no non-finite step trained the same under either policy, so a stopped run can
+    # go on with "skip"; and run ids, hashed from the training config, stay as they were.
+    BOOKKEEPING += ("on_nonfinite",)
+    # Part of a run's training config (and its id) but free to change when it is resumed: neither
+    # changes a trained weight (eval_batch_size may move evaluation metrics by rounding alone).
+    RESUMABLE = ("save_every", "eval_batch_size")
     max_steps: int | None = None
     epochs: int | None = None
     batch_size: int = 32
@@ -190,7 +201,8 @@ class TrainConfig(_Section):
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     tensorboard: bool = False
     threads: int | None = None
-    host_allocator: str = "retain"
+    on_nonfinite: str = "stop"
+    host_allocator: str = "system"
     elementwise_form: str = "step"
 
     @classmethod
@@ -226,6 +238,7 @@ class TrainConfig(_Section):
         if not isinstance(self.tensorboard, bool):
             raise ValueError(f"train.tensorboard: expected true or false, got {self.tensorboard!r}")
         check_int("train.threads", self.threads, 1, allow_none=True)
+        check_choice("train.on_nonfinite", self.on_nonfinite, NONFINITE)
         check_choice("train.host_allocator", self.host_allocator, HOST_ALLOCATORS)
         check_choice("train.elementwise_form", self.elementwise_form, ELEMENTWISE_FORMS)
 
@@ -438,12 +451,24 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(
-    path: str | Path, overrides: Mapping[str, Any] | Iterable[str] = (), *, out_dir: str | None = None
+    path: str | Path,
+    overrides: Mapping[str, Any] | Iterable[str] = (),
+    *,
+    out_dir: str | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """Read a YAML run config, apply overrides, validate. ``name`` defaults to the file's stem and
     ``out_dir`` to ``runs/<name>``; an ``out_dir`` given here (``lcsm train --out``) replaces the
-    config's and is used as it is, a path, never parsed as YAML."""
+    config's and is used as it is, a path, never parsed as YAML. ``defaults``: dotted keys set
+    where neither the file nor the overrides set them (a command's own defaults)."""
     values = apply_overrides(read_yaml(path), overrides)
+    for key, value in (defaults or {}).items():
+        *sections, last = key.split(".")
+        node = values
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last not in node:
+            node[last] = copy.deepcopy(value)
     if out_dir is not None:
         values["out_dir"] = out_dir
     values.setdefault("name", Path(path).stem)

@@ -10,8 +10,9 @@ training runs of ``experiments/lcsm_lm/base.yaml`` spent 55% of their CPU time i
 freed memory back (``M_TRIM_THRESHOLD`` at its maximum), so the next step reuses the pages it
 already touched. It changes no number, only where the bytes live; peak resident memory grows by
 what fragmentation keeps (about 20% in the measurement of ``docs/engine.md``). The setting holds
-for the rest of the process (glibc has no way back to its dynamic defaults). "system" leaves
-malloc as it is; so does "retain" where the C library is not glibc (macOS, musl), and says so.
+for the rest of the process (glibc has no way back to its dynamic defaults), which is why it is
+``lcsm train``'s default and not the library's: a Python caller's process is its own. "system"
+leaves malloc as it is; so does "retain" where the C library is not glibc (macOS, musl), and says so.
 """
 
 from __future__ import annotations

@@ -5,11 +5,13 @@
 - ``MetricsLog``: ``metrics.jsonl`` (one JSON object per record: ``{"kind": "train" | "eval",
   "step": ..., ...}``) is the record of truth; ``train.csv`` and ``eval.csv`` are regenerated
   from it. A resumed run first drops the records its checkpoint does not hold (``truncate_after``),
-  so the files read as if the run had never stopped.
+  so the files read as if the run had never stopped. A last line cut off by a kill or a full
+  disk is dropped then (with a warning), and an append that fails takes back what it wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -19,6 +21,20 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
+
+from .lock import environment_error
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None: JSON has no such numbers (Python
+    would write bare NaN / Infinity, which strict parsers refuse)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def _duration(seconds: float) -> str:
@@ -108,18 +124,62 @@ class MetricsLog:
             last = eval_step if record.get("kind") == "eval" else step
             return last is not None and record.get("step", 0) <= last
 
-        kept = [line for line in self.path.read_text().splitlines() if line.strip() and keep(json.loads(line))]
+        kept = [json.dumps(record) for record in self._read(warn=True) if keep(record)]
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise environment_error(self.path, err) from None
+
+    def _read(self, warn: bool = False) -> list[dict[str, Any]]:
+        """The records; a cut-off last line (a write interrupted by a kill or a full disk) is left
+        out, with a warning when ``warn``. A bad line anywhere else is an error naming it."""
+        lines = self.path.read_text().splitlines()
+        while lines and not lines[-1].strip():
+            lines.pop()
+        records = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError as err:
+                if number < len(lines):
+                    raise ValueError(
+                        f"{self.path}: line {number} is not a JSON record ({err}); repair or delete that line"
+                    ) from None
+                if warn:
+                    print(
+                        f"warning: {self.path}: dropped its cut-off last line {line[:60]!r} (an interrupted write)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        return records
 
     def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
             return
         record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        data = (json.dumps(record) + "\n").encode()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError as err:
+            raise environment_error(self.path, err) from None
+        try:
+            size = os.fstat(fd).st_size
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as err:
+            # A record cut off by a full disk would end the file in half a line: take it back out.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise environment_error(self.path, err) from None
+        finally:
+            os.close(fd)
         if self._tb is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
@@ -128,8 +188,7 @@ class MetricsLog:
     def records(self, kind: str | None = None) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        return [r for r in rows if kind is None or r["kind"] == kind]
+        return [r for r in self._read() if kind is None or r["kind"] == kind]
 
     def write_csv(self) -> None:
         """``train.csv`` and ``eval.csv`` from the JSONL (columns: the union of keys, in order seen)."""
@@ -148,8 +207,12 @@ class MetricsLog:
             writer.writerows(rows)
             target = self.path.parent / f"{kind}.csv"
             tmp = target.with_suffix(".tmp")
-            tmp.write_text(buf.getvalue())
-            os.replace(tmp, target)
+            try:
+                tmp.write_text(buf.getvalue())
+                os.replace(tmp, target)
+            except OSError as err:
+                tmp.unlink(missing_ok=True)
+                raise environment_error(target, err) from None
 
     def close(self) -> None:
         if self._tb is not None:

@@ -35,6 +35,7 @@ import inspect
 import io
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -54,6 +55,7 @@ from lcsm._checks import check_choice, check_keys
 from lcsm.tasks import recorded_task_data, task_data
 
 from .config import OptimConfig, RunConfig, TrainConfig, apply_overrides, read_yaml, yaml_load
+from .lock import DirectoryLock
 from .results import format_table, machine_label, main_metric, select_best  # noqa: F401 (the last three: re-exported)
 
 EXPERIMENT_COPY = "experiment.yaml"
@@ -517,6 +519,10 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> dict[str, i
 # ----------------------------------------------------------------------------- results
 
 
+def _metric_value(value: Any) -> Any:
+    return math.nan if value is None else value
+
+
 def collect(exp: Experiment) -> list[dict[str, Any]]:
     """One row per run of the grid: its labels, status and final metrics (missing runs: status
     "missing")."""
@@ -535,9 +541,10 @@ def collect(exp: Experiment) -> list[dict[str, Any]]:
                     "wall_time_s": result["wall_time_s"],
                 }
             )
-            row.update({f"metric:{k}": v for k, v in (result.get("metrics") or {}).items()})
+            # result.json writes a nan or infinite metric as null (JSON has no such numbers)
+            row.update({f"metric:{k}": _metric_value(v) for k, v in (result.get("metrics") or {}).items()})
             if result.get("test"):
-                row.update({f"metric:test/{k}": v for k, v in result["test"]["metrics"].items()})
+                row.update({f"metric:test/{k}": _metric_value(v) for k, v in result["test"]["metrics"].items()})
             if result.get("machine"):
                 row["machine"] = machine_label(result)
             if result.get("git_commit"):
@@ -622,10 +629,12 @@ def sweep(
             status = "to copy" if r in reused else "to run " if r in todo else "cached "
             log(f"  {status} {r.id}" + (f" (from {sources[r.id]})" if r in reused else ""))
         return collect(exp), True
-    for r in reused:
-        reuse(r, sources[r.id])
-        log(f"--- run {r.id}: copied from {sources[r.id]} (the same training config)")
-    codes = execute(todo, parallel=parallel, log=log) if todo else {}
-    rows = collect(exp)
-    write_results(exp, rows)
+    # Two sweeps on one directory would start the same runs twice (each run also locks its own).
+    with DirectoryLock(exp.out_dir, "lcsm sweep", note=log):
+        for r in reused:
+            reuse(r, sources[r.id])
+            log(f"--- run {r.id}: copied from {sources[r.id]} (the same training config)")
+        codes = execute(todo, parallel=parallel, log=log) if todo else {}
+        rows = collect(exp)
+        write_results(exp, rows)
     return rows, all(c == 0 for c in codes.values())

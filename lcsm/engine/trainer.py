@@ -19,8 +19,8 @@ Guarantees:
   stop (a second SIGINT stops at once). Running the same command again resumes.
 - Exact resume: a checkpoint holds weights, optimizer and scheduler state, every process's RNG
   state and the position in the data (epoch, batch); the resumed run takes exactly the steps the
-  uninterrupted run would have, so both end with bit-identical weights on the same machine
-  (tested, including after SIGKILL).
+  uninterrupted run would have, so both end with bit-identical weights on the same machine and
+  CPU thread count (tested, including after SIGKILL; another thread count is noted on resume).
 - Provenance across machines: a run may be resumed elsewhere (begun on a GPU, finished on a CPU).
   Each stretch of steps records its device, CPU, torch and commit, and result.json lists them
   under ``trained_on``; ``machine`` and ``git_commit`` name where the run finished.
@@ -52,9 +52,10 @@ from lcsm.ops.chunk import use_elementwise_form
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler, recorded_task_data, task_data
 
 from . import checkpoint as ckpt
-from .config import RunConfig, check_early_stop_metric
+from .config import RunConfig, TrainConfig, check_early_stop_metric
 from .distributed import Distributed
-from .monitor import MetricsLog, Progress
+from .lock import DirectoryLock, environment_error
+from .monitor import MetricsLog, Progress, json_safe
 from .optim import build_optimizer, lr_factor
 
 Tensor = torch.Tensor
@@ -77,6 +78,13 @@ class LoopState:
     last_eval_step: int | None = None
     # stretches of steps each trained on one machine: {device, cpu, torch, git_commit, from_step, to_step}
     trained_on: list[dict[str, Any]] = field(default_factory=list)
+    skipped_steps: int = 0  # steps with a non-finite loss or gradient norm, skipped (train.on_nonfinite)
+
+
+class TrainingDiverged(ValueError):
+    """A step's loss or gradient norm was not finite and ``train.on_nonfinite`` is "stop"."""
+
+    exit_status = 1
 
 
 def _json_canonical(obj: Any) -> Any:
@@ -85,8 +93,12 @@ def _json_canonical(obj: Any) -> Any:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise environment_error(path, err) from None
 
 
 def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -248,6 +260,8 @@ class Trainer:
             "model_config": self.model_config.to_dict(),
             "n_params": self.n_params,
             "world_size": self.dist.world,
+            # CPU kernels split their sums by thread count: another count continues, not bit-identically
+            "threads": torch.get_num_threads(),
             "lcsm_version": __version__,
             "torch_version": torch.__version__,
             "metrics": self.state.last_eval,
@@ -289,7 +303,7 @@ class Trainer:
         return path
 
     def restore(self, resume: bool) -> Path | None:
-        path = ckpt.latest_checkpoint(self.out_dir)
+        path = ckpt.latest_checkpoint(self.out_dir, note=ckpt.warn if self.dist.is_main else None)
         if path is None:
             return None
         if not resume:
@@ -298,14 +312,15 @@ class Trainer:
                 "or start over with --restart (deletes them) or another --out"
             )
         info = ckpt.read_info(path)
-        mine = _json_canonical(self.config.training_dict())
-        theirs = info.get("training_config")
+        mine = _resumable(_json_canonical(self.config.training_dict()))
+        theirs = _resumable(info.get("training_config"))
         if theirs != mine:
             changed = sorted(_diff_keys(theirs or {}, mine))
             raise ValueError(
                 f"out_dir: {str(self.out_dir)!r} holds a run with a different training config "
                 f"(differs in {', '.join(changed) or 'format'}); resuming would not continue it. "
-                "Use another --out, or --restart to discard it"
+                "Resume it with its own config (its config.yaml), or train this one into another --out, "
+                "or start over with --restart (deletes the run)"
             )
         then, now = recorded_task_data(info, self.task.registry_name), self.task_data()
         if then != now:
@@ -339,6 +354,13 @@ class Trainer:
                 f"note: resuming a {len(rng)}-process run with {self.dist.world} process(es): "
                 "training continues, but not bit-identically to the original run"
             )
+        threads = info.get("threads")
+        if self.device.type == "cpu" and threads is not None and threads != torch.get_num_threads():
+            self.progress.message(
+                f"note: resuming a run trained with {threads} CPU thread(s) per process with "
+                f"{torch.get_num_threads()}: training continues, but not bit-identically to the original run "
+                f"(train.threads: {threads} keeps it exact)"
+            )
         return path
 
     # ------------------------------------------------------------------ steps
@@ -365,12 +387,16 @@ class Trainer:
                 (loss * self.dist.world).backward()
             loss_sum += loss.detach().double()
         clip = self.config.optim.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip is not None else math.inf)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip is not None else math.inf))
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        loss = float(self.dist.sum(loss_sum))
+        # Every process sees the same global loss and (synchronised) gradient norm, so all agree.
+        # A non-finite one would make the weights and AdamW's moments nan for good: no update.
+        if math.isfinite(loss) and math.isfinite(norm):
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(self.dist.sum(loss_sum)), _tokens(batch), float(norm), lr
+        return loss, _tokens(batch), norm, lr
 
     def evaluate(self, split: str | None = None) -> dict[str, float]:
         """Rank 0 evaluates the unwrapped model on ``split`` (default the eval split); every rank
@@ -465,6 +491,8 @@ class Trainer:
                 while self.state.batch_in_epoch < len(batches) and not (finished or interrupted):
                     loss, tokens, norm, lr = self.train_step(batches[self.state.batch_in_epoch])
                     s = self.state
+                    if not (math.isfinite(loss) and math.isfinite(norm)):
+                        self._nonfinite(s.step + 1, loss, norm, lr, result_path)
                     s.step, s.batch_in_epoch, s.tokens = s.step + 1, s.batch_in_epoch + 1, s.tokens + tokens
                     now = time.perf_counter()
                     rate = (s.tokens - last_tokens) / max(now - last_time, 1e-9)
@@ -477,6 +505,8 @@ class Trainer:
                         "tokens_per_s": rate,
                         "epoch": s.epoch,
                     }
+                    if s.skipped_steps:
+                        record["skipped_steps"] = s.skipped_steps
                     logged = bool(t.log_every) and s.step % t.log_every == 0
                     if logged:
                         self.log.write("train", s.step, record)
@@ -503,6 +533,29 @@ class Trainer:
         self.progress.close()
         return self.finish(result_path)
 
+    def _nonfinite(self, step: int, loss: float, norm: float, lr: float, result_path: Path) -> None:
+        """A step whose loss or gradient norm is nan or infinite (its update was not applied):
+        skipped and counted, or the run stops as diverged, its last checkpoint the last good one."""
+        s = self.state
+        what = f"step {step}: loss {loss}, gradient norm {norm}"
+        if self.config.train.on_nonfinite == "skip":
+            s.skipped_steps += 1
+            if self.dist.is_main:
+                ckpt.warn(f"warning: {what}: not finite, step skipped ({s.skipped_steps} so far)")
+            return
+        self.progress.close()
+        s.elapsed += time.perf_counter() - self._clock
+        if self.dist.is_main:
+            self.log.write("train", step, {"loss": loss, "lr": lr, "grad_norm": norm, "tokens": s.tokens})
+            self.log.write_csv()
+            result = {**self._result("diverged", None), "diverged_at_step": step}
+            _write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
+        raise TrainingDiverged(
+            f"{what}: not finite, the run diverged and stopped (result.json status 'diverged'; its "
+            f"newest checkpoint is of step {s.step} or before). Lower optim.lr or set optim.grad_clip, or "
+            "set train.on_nonfinite: skip to skip such steps"
+        )
+
     def final_test(self) -> dict[str, Any] | None:
         """The test split's metrics of the best checkpoint (the last weights without one), when the
         run selected on another split: the papers report test numbers of the model chosen on
@@ -512,8 +565,12 @@ class Trainer:
         best = ckpt.checkpoint_dir(self.out_dir) / ckpt.BEST
         which = "last"
         if self.state.best_step is not None and best.is_dir():
-            ckpt.load_weights(self.model, best)
-            which = "best"
+            problem = ckpt.damage(best, trainer=False)
+            if problem is None:
+                ckpt.load_weights(self.model, best)
+                which = "best"
+            elif self.dist.is_main:
+                ckpt.warn(f"warning: checkpoint {best} is damaged: {problem}; testing the last weights instead")
         metrics = self.evaluate("test")
         self.progress.message(
             "test (" + which + " weights): " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "/" not in k)
@@ -530,13 +587,27 @@ class Trainer:
         # this), so that nothing going wrong there (an error, Ctrl-C) loses trained steps: run again,
         # the run evaluates afresh from this checkpoint.
         saved = ckpt.list_checkpoints(self.out_dir)
-        if not saved or saved[-1][0] != s.step:
+        # A damaged checkpoint of this step (the run resumed from an older one) is replaced.
+        if not saved or saved[-1][0] != s.step or ckpt.damage(saved[-1][1]):
             self.save()
         if s.last_eval_step != s.step:
             self.after_eval(self.evaluate())
         s.elapsed += time.perf_counter() - self._clock
-        result = {
-            "status": "early_stopped" if s.stopped_early else "completed",
+        result = self._result("early_stopped" if s.stopped_early else "completed", self.final_test())
+        if self.dist.is_main:
+            _write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
+            self.log.write_csv()
+            self.log.close()
+            self.progress.message(
+                f"done: {result['status']} at step {s.step}; checkpoints in "
+                f"{ckpt.checkpoint_dir(self.out_dir)}; result {result_path}"
+            )
+        return result
+
+    def _result(self, status: str, test: dict[str, Any] | None) -> dict[str, Any]:
+        s = self.state
+        return {
+            "status": status,
             "step": s.step,
             "epoch": s.epoch,
             "metrics": s.last_eval,
@@ -549,22 +620,22 @@ class Trainer:
             "wall_time_s": round(s.elapsed, 3),
             "tokens": s.tokens,
             "n_params": self.n_params,
-            "test": self.final_test(),
+            "test": test,
+            "skipped_steps": s.skipped_steps,
             "machine": {**machine_info(), "device": device_name(self.device), "host_allocator": self.host_allocator},
             "git_commit": self.git_commit,
             "trained_on": s.trained_on,
             "task_data": self.task_data(),
             "config": self.config.to_dict(),
         }
-        if self.dist.is_main:
-            _write_atomic(result_path, json.dumps(result, indent=2))
-            self.log.write_csv()
-            self.log.close()
-            self.progress.message(
-                f"done: {result['status']} at step {s.step}; checkpoints in "
-                f"{ckpt.checkpoint_dir(self.out_dir)}; result {result_path}"
-            )
-        return result
+
+
+def _resumable(training: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A training config without the keys a resumed run may change (``TrainConfig.RESUMABLE``)."""
+    if not isinstance(training, dict) or not isinstance(training.get("train"), dict):
+        return training
+    train = {k: v for k, v in training["train"].items() if k not in TrainConfig.RESUMABLE}
+    return {**training, "train": train}
 
 
 def _diff_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
@@ -594,7 +665,20 @@ def train(config: RunConfig, *, resume: bool = True, restart: bool = False, quie
     threads = torch.get_num_threads()
     if config.train.threads is not None:
         torch.set_num_threads(config.train.threads)
+    # Rank 0 alone writes the directory, so it alone holds it; taken before any data or model is
+    # built, so a directory in use or not writable fails at once.
+    lock = DirectoryLock(config.out_dir, "lcsm train") if dist.is_main else None
     try:
+        refused = None
+        if lock is not None:
+            try:
+                lock.acquire()
+            except (ValueError, OSError) as err:
+                refused = err
+        # Every rank stops with rank 0's refusal (the others would wait for it in the next collective).
+        refused = dist.broadcast(refused)
+        if refused is not None:
+            raise refused
         if restart:
             if dist.is_main:
                 discard_run(Path(config.out_dir))
@@ -605,5 +689,7 @@ def train(config: RunConfig, *, resume: bool = True, restart: bool = False, quie
         dist.barrier()
         return result
     finally:
+        if lock is not None:
+            lock.release()
         torch.set_num_threads(threads)
         dist.teardown()

@@ -270,6 +270,11 @@ class CausalLM(Model):
             rows = torch.arange(B, device=device)
             # Position p is the token being predicted; sequence b emits generated token p - len_b.
             for p in range(L_min, L_max + max_new_tokens):
+                if not bool(torch.isfinite(last[:, :vocab_size]).all()):
+                    raise ValueError(
+                        f"generate: the model's logits for position {p} are not finite (nan or inf); its "
+                        "weights are likely those of a diverged run"
+                    )
                 token = sample_next(last[:, :vocab_size], temperature, top_k, top_p, generator)
                 k = p - lens
                 emit = (k >= 0) & (k < max_new_tokens)

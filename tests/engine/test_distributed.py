@@ -1,5 +1,5 @@
-"""torchrun with 2 CPU processes (gloo) trains like 1 process with the same global batch, and leaves
-no gloo thread behind."""
+"""torchrun with 2 CPU processes (gloo) trains like 1 process with the same global batch (bit for bit
+like 1 process with grad_accum 2), and leaves no gloo thread behind."""
 
 import json
 import os
@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from lcsm.engine import apply_overrides
@@ -69,6 +70,22 @@ def test_two_processes_match_one(tmp_path):
     w1 = load_file(str(tmp_path / "one" / "checkpoints" / "step-00000010" / "model.safetensors"))
     w2 = load_file(str(tmp_path / "two" / "checkpoints" / "step-00000010" / "model.safetensors"))
     assert_close(w2, w1, context="2 processes vs 1")
+    # Bit for bit, 2 processes are 1 process accumulating the same 2 micro-batches: each rank's
+    # gradient is scaled by 2 and DDP halves the sum, both exact. Against grad_accum 1 (above) the
+    # summation order differs, and AdamW amplifies the rounding over a longer run (docs/engine.md).
+    accum = subprocess.run(
+        [sys.executable, "-m", "lcsm", "train", str(cfg), "--out", str(tmp_path / "accum")]
+        + ["--set", "train.grad_accum=2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert accum.returncode == 0, accum.stderr
+    loss_accum, eval_accum = losses(tmp_path / "accum")
+    assert loss_accum == loss2 and [e["loss"] for e in eval_accum] == [e["loss"] for e in eval2]
+    w_accum = load_file(str(tmp_path / "accum" / "checkpoints" / "step-00000010" / "model.safetensors"))
+    assert all(torch.equal(w_accum[k], w2[k]) for k in w2)
 
 
 GLOO_THREADS = """

@@ -1,5 +1,5 @@
 """train.host_allocator: "retain" keeps freed host memory for reuse; it is validated, recorded and
-not part of the training config."""
+not part of the training config. lcsm train retains by default, the library only when asked."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lcsm.engine import RunConfig, apply_overrides
+from lcsm.engine import RunConfig, apply_overrides, host_memory, load_config, train
 
 from .conftest import TINY, run_cli, write_config
 
@@ -53,7 +53,7 @@ def test_retain_reuses_freed_pages_that_system_faults_in_again():
 def test_host_allocator_is_checked_and_leaves_the_training_config_alone(tmp_path):
     values = apply_overrides(TINY, {"out_dir": str(tmp_path / "run")})
     default = RunConfig.from_dict(values)
-    assert default.train.host_allocator == "retain"
+    assert default.train.host_allocator == "system"  # the library's; lcsm train's is retain
     system = RunConfig.from_dict(apply_overrides(values, {"train.host_allocator": "system"}))
     assert system.training_dict() == default.training_dict()  # same run id, resumable either way
     with pytest.raises(ValueError, match=r"train.host_allocator: expected one of 'retain', 'system', got 'jemalloc'"):
@@ -92,3 +92,37 @@ def test_system_after_retain_says_the_process_keeps_retain():
 
     assert use_host_allocator("retain").startswith("retain (glibc")
     assert use_host_allocator("system") == "retain (set earlier in this process, which keeps it)"
+
+
+def test_the_library_leaves_the_callers_malloc_alone_unless_asked(cache_env, monkeypatch):
+    """A notebook that imports lcsm and trains keeps its malloc: mallopt holds for the rest of the
+    process, which is the caller's, not lcsm's."""
+    calls = []
+
+    class NoCtypes:
+        c_int = int
+
+        @staticmethod
+        def CDLL(*args, **kwargs):
+            calls.append(args)
+            raise AssertionError("mallopt reached")
+
+    monkeypatch.setattr(host_memory, "ctypes", NoCtypes)
+    train(RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "run")}), quiet=True)
+    assert calls == []
+
+
+def test_lcsm_train_retains_by_default_and_the_config_has_the_last_word(cache_env):
+    from lcsm.cli.train import TRAIN_DEFAULTS
+
+    config = write_config(cache_env / "tiny.yaml", apply_overrides(TINY, {"train.max_steps": 1}))
+    assert load_config(config, defaults=TRAIN_DEFAULTS).train.host_allocator == "retain"
+    assert load_config(config, ["train.host_allocator=system"], defaults=TRAIN_DEFAULTS).train.host_allocator == (
+        "system"
+    )
+    own = write_config(cache_env / "own.yaml", apply_overrides(TINY, {"train.host_allocator": "system"}))
+    assert load_config(own, defaults=TRAIN_DEFAULTS).train.host_allocator == "system"
+    done = run_cli(["train", str(config), "--quiet", "--out", str(cache_env / "run")], cache_env)
+    assert done.returncode == 0, done.stderr
+    applied = json.loads((cache_env / "run" / "result.json").read_text())["machine"]["host_allocator"]
+    assert applied.split()[0] == ("retain" if platform.libc_ver()[0] == "glibc" else "system")

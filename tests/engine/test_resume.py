@@ -236,3 +236,37 @@ def test_resume_refuses_other_optimizer_groups(cache_env, monkeypatch):
     monkeypatch.setattr(trainer, "build_optimizer", lambda model, cfg: torch.optim.AdamW(model.parameters()))
     with pytest.raises(ValueError, match="optimizer groups differ.*weight-decay tag"):
         train(config, quiet=True)
+
+
+def test_resume_with_another_thread_count_says_it_is_not_bit_exact(cache_env, capsys):
+    """CPU kernels split their sums by thread count: the resumed run drifts from the original (review
+    D20: weights 0.19 apart), so it must say so, as it does for another process count."""
+    run, values = cache_env / "a", apply_overrides(TINY, {"train.keep_last": 10})
+    train(RunConfig.from_dict({**values, "out_dir": str(run)}), quiet=True)  # threads 1
+    died_after_step(run)
+    capsys.readouterr()
+    train(RunConfig.from_dict({**values, "out_dir": str(run)}))
+    assert "CPU thread(s)" not in capsys.readouterr().err
+    died_after_step(run)
+    train(RunConfig.from_dict({**apply_overrides(values, {"train.threads": 2}), "out_dir": str(run)}))
+    assert (
+        "note: resuming a run trained with 1 CPU thread(s) per process with 2: training continues, but not "
+        "bit-identically to the original run (train.threads: 1 keeps it exact)"
+    ) in capsys.readouterr().err
+
+
+def test_resume_accepts_changes_that_train_the_same_weights(cache_env):
+    """How often to save, the evaluation batch, logging and pruning change no trained weight."""
+    values = apply_overrides(TINY, {"train.keep_last": 10})
+    reference = cache_env / "reference"
+    train(RunConfig.from_dict({**values, "out_dir": str(reference)}), quiet=True)
+    run = cache_env / "a"
+    train(RunConfig.from_dict({**values, "out_dir": str(run)}), quiet=True)
+    died_after_step(run)
+    changed = apply_overrides(
+        values, {"train.save_every": 3, "train.eval_batch_size": 4, "train.log_every": 1, "train.keep_last": 5}
+    )
+    result = train(RunConfig.from_dict({**changed, "out_dir": str(run)}), quiet=True)
+    assert result["step"] == 12 and result["trained_on"][0]["from_step"] == 0
+    assert [p.name for p in sorted((run / "checkpoints").glob("step-*"))][:2] == ["step-00000004", "step-00000006"]
+    assert_identical(final_weights(reference), final_weights(run))

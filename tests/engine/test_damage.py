@@ -1,0 +1,121 @@
+"""Damaged files never strand a run: a cut-off last metrics line is dropped (and the file repaired),
+a damaged newest checkpoint is reported by its path and resume, eval and generate fall back to the
+newest intact one."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lcsm.cli import main
+from lcsm.engine import RunConfig, apply_overrides, train
+
+from .conftest import TINY
+
+VALUES = apply_overrides(TINY, {"train.keep_last": 3})
+
+
+def run_config(out):
+    return RunConfig.from_dict({**VALUES, "out_dir": str(out)})
+
+
+@pytest.fixture
+def finished(cache_env):
+    """A finished run (checkpoints at steps 4, 8 and 12) and its final weights."""
+    run = cache_env / "reference"
+    train(run_config(run), quiet=True)
+    return run, load_file(str(run / "checkpoints" / "step-00000012" / "model.safetensors"))
+
+
+def test_a_cut_off_last_metrics_line_is_dropped_and_repaired(finished, cache_env, capsys):
+    reference, _ = finished
+    run = cache_env / "run"
+    shutil.copytree(reference, run)
+    shutil.rmtree(run / "checkpoints" / "step-00000012")
+    (run / "result.json").unlink()
+    metrics = run / "metrics.jsonl"
+    with open(metrics, "a") as f:
+        f.write('{"kind": "train", "step": 99')
+    capsys.readouterr()
+    result = train(run_config(run), quiet=True)
+    assert result["step"] == 12
+    err = capsys.readouterr().err
+    assert f"warning: {metrics}: dropped its cut-off last line" in err
+    # every line a record again, the same records as the uninterrupted run's
+    steps = [(r["kind"], r["step"]) for r in map(json.loads, metrics.read_text().splitlines())]
+    assert steps == [(r["kind"], r["step"]) for r in map(json.loads, (reference / "metrics.jsonl").open())]
+
+
+def test_a_bad_metrics_line_before_the_last_is_an_error_naming_the_file(finished, cache_env):
+    run = cache_env / "run"
+    shutil.copytree(finished[0], run)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:10]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=f"{run / 'metrics.jsonl'}: line 2 is not a JSON record"):
+        train(run_config(run), quiet=True)
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {
+    "truncated-weights": lambda ck: truncate(ck / "model.safetensors"),
+    "empty-weights": lambda ck: (ck / "model.safetensors").write_bytes(b""),
+    "missing-weights": lambda ck: (ck / "model.safetensors").unlink(),
+    "truncated-trainer": lambda ck: truncate(ck / "trainer.pt"),
+    "missing-run-json": lambda ck: (ck / "run.json").unlink(),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_resume_falls_back_past_a_damaged_newest_checkpoint(finished, cache_env, capsys, damage):
+    reference, weights = finished
+    run = cache_env / "run"
+    shutil.copytree(reference, run)
+    (run / "result.json").unlink()
+    newest = run / "checkpoints" / "step-00000012"
+    DAMAGE[damage](newest)
+    capsys.readouterr()
+    result = train(run_config(run), quiet=True)
+    err = capsys.readouterr().err
+    assert f"warning: checkpoint {newest} is damaged: " in err
+    assert f"using the older {run / 'checkpoints' / 'step-00000008'} instead" in err
+    # the steps after the older checkpoint are redone, exactly, and the damaged one replaced
+    assert result["step"] == 12
+    redone = load_file(str(newest / "model.safetensors"))
+    assert all(torch.equal(redone[k], weights[k]) for k in weights)
+
+
+@pytest.mark.parametrize("damage", ["truncated-weights", "empty-weights", "missing-weights"])
+def test_eval_and_generate_fall_back_past_a_damaged_newest_checkpoint(finished, cache_env, capsys, damage):
+    run = cache_env / "run"
+    shutil.copytree(finished[0], run)
+    newest = run / "checkpoints" / "step-00000012"
+    DAMAGE[damage](newest)
+    capsys.readouterr()
+    assert main(["eval", str(run), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["checkpoint"] == str(run / "checkpoints" / "step-00000008")
+    assert f"warning: checkpoint {newest} is damaged" in err and "Traceback" not in err
+    assert main(["generate", str(run), "--prompt-ids", "3 20 5", "--max-new-tokens", "2", "--temperature", "0"]) == 0
+    assert f"using the older {run / 'checkpoints' / 'step-00000008'}" in capsys.readouterr().err
+    # the damaged checkpoint named directly: one line naming it, no traceback
+    assert main(["eval", str(newest)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lcsm eval: error: checkpoint '{newest}' is damaged: model.safetensors")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_only_damaged_checkpoints_is_an_error_that_offers_more_than_restart(finished, cache_env, capsys):
+    run = cache_env / "run"
+    shutil.copytree(finished[0], run)
+    for ck in (run / "checkpoints").glob("step-*"):
+        truncate(ck / "model.safetensors")
+    assert main(["train", str(run / "config.yaml"), "--out", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "lcsm train: error: checkpoint: no intact checkpoint in" in err and "Traceback" not in err
+    assert "move the damaged ones elsewhere" in err
