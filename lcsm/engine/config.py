@@ -339,6 +339,13 @@ class RunConfig:
             base = {}
         return {**base, **values}, values
 
+    def model_revisions(self) -> dict[str, int]:
+        """The revisions of the mixer and preset this config builds (``lcsm.models.model_revisions``)."""
+        from lcsm.models import model_revisions
+
+        merged, _ = self.model_keys()
+        return model_revisions(merged, self.model.get("preset"))
+
     def model_config(self, task):
         """The ModelConfig: preset (if any) <- model keys <- the fields the built ``task`` fixes."""
         return self.model_config_with(task.model_fields())

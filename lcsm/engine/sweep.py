@@ -334,6 +334,17 @@ def stale_data(result: Mapping[str, Any]) -> str | None:
     return f"task {name!r} data of generator version {then['generator_version']}, now {now['generator_version']}"
 
 
+def stale_model(result: Mapping[str, Any]) -> str | None:
+    """Why a finished run's model is not the one its config builds today (a mixer or preset whose
+    revision was bumped since), or None. A record without revisions predates them: revision 1."""
+    then = result.get("model_revisions") or {}
+    now = _run_config(result["config"]).model_revisions()
+    changed = [
+        f"{name} revision {then.get(name, 1)}, now {rev}" for name, rev in now.items() if then.get(name, 1) != rev
+    ]
+    return "; ".join(changed) or None
+
+
 def cached_result(run: Run) -> dict[str, Any] | None:
     """The run's result if it finished with exactly this training config."""
     path = run.out_dir / "result.json"
@@ -375,8 +386,8 @@ class Equivalents:
                 try:
                     result = json.loads(path.read_text())
                     config = result["config"]
-                    if stale_data(result):
-                        continue  # trained on other data than the same config gives now
+                    if stale_data(result) or stale_model(result):
+                        continue  # trained on other data, or another model, than the same config gives now
                     self._runs.append({"dir": path.parent, "config": config, "typed": self._typed_sections(config)})
                 except (ValueError, KeyError, TypeError, OSError):
                     continue  # unreadable, or from a config this version no longer reads
@@ -623,6 +634,12 @@ def sweep(
             log(
                 f"  note: cached {r.id} trained on {why}: its numbers stand for that data (train it again "
                 "into another --out with --no-reuse to compare)"
+            )
+        why = cached[r.id] and stale_model(cached[r.id])
+        if why:
+            log(
+                f"  note: cached {r.id} trained an earlier model ({why}): its numbers stand for that model "
+                "(train it again into another --out with --no-reuse to compare)"
             )
     if dry_run:
         for r in runs:

@@ -266,6 +266,7 @@ class Trainer:
             "torch_version": torch.__version__,
             "metrics": self.state.last_eval,
             "task_data": self.task_data(),
+            "model_revisions": self.config.model_revisions(),
         }
 
     def task_data(self) -> dict[str, Any]:
@@ -626,6 +627,7 @@ class Trainer:
             "git_commit": self.git_commit,
             "trained_on": s.trained_on,
             "task_data": self.task_data(),
+            "model_revisions": self.config.model_revisions(),
             "config": self.config.to_dict(),
         }
 

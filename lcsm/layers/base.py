@@ -109,6 +109,16 @@ class Mixer(nn.Module):
     # Options the model sets (``layer_options``, and ``bidirectional`` of a native_bidirectional
     # mixer): a user's value would be silently overridden, so ModelConfig refuses them.
     model_owned_options: tuple[str, ...] = ()
+    # Bumped whenever the same options come to build another function or init (a fix that follows
+    # the official code): runs record it, and a sweep does not take a run of an older revision for
+    # today's model (``lcsm.models.model_revisions``).
+    revision: int = 1
+
+    @classmethod
+    def revision_for(cls, options: Mapping[str, Any]) -> int:
+        """The revision of what ``options`` (implied and given, before ``layer_options``) build; a
+        hook for a mixer whose change touched only some of its options. Default: ``revision``."""
+        return cls.revision
 
     @classmethod
     def layer_options(cls, options: Mapping[str, Any], layer: int, n_layers: int) -> dict[str, Any]:

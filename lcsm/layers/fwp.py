@@ -33,6 +33,8 @@ class FastWeightProgrammer(DeltaBase):
     1.2-3.2 % relative RMS at init (docs/zoo/delta_rule.md).
     """
 
+    revision = 2  # 2: query scaled by K^-1/2, as fla
+
     def __init__(
         self,
         d_model: int,

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -202,6 +204,12 @@ class LCSMFamily(Mixer):
     on real kernels; an MQAR training step about 2x faster than through the complex kernel); a
     K x D e or s has no rotating-frame form and takes the complex kernel.
     """
+
+    @classmethod
+    def revision_for(cls, options: Mapping[str, Any]) -> int:
+        # 2: param="ssm" starts Delta in Mamba's range (delta_bias); the linear codes are unchanged.
+        ssm = options.get("param") == "ssm" and options.get("delta_bias", True)
+        return 2 if ssm else 1
 
     def __init__(
         self,

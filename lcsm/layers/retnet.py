@@ -63,6 +63,8 @@ class RetNet(QKVAttention):
         norm_eps: norm eps (torchscale's layernorm_eps, 1e-6).
     """
 
+    revision = 2  # 2: output projection at torchscale's gain 2^-1
+
     def __init__(
         self,
         d_model: int,

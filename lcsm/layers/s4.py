@@ -145,6 +145,8 @@ class S4(Mixer):
         b_clip: bound on |Im B| at init (official 2.0); None keeps the exact HiPPO-LegS B.
     """
 
+    revision = 2  # 2: Im B clipped to [-2, 2] at init, as the official nplr
+
     float32_parameters = ("log_A_real", "A_imag", "P", "B", "C", "log_dt")
 
     def __init__(

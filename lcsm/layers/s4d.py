@@ -57,6 +57,8 @@ class S4D(DiagonalSISO):
         mode: the ``lcsm.ops.eos`` mode ("auto" picks fft for T > 1, recurrent for T = 1).
     """
 
+    revision = 2  # 2: B without weight decay
+
     float32_parameters = ("log_dt", "log_A_real", "A_imag", "B", "C")
 
     def __init__(

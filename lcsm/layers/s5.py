@@ -59,6 +59,8 @@ class S5(Mixer):
         mode: the ``lcsm.ops.eos`` mode.
     """
 
+    revision = 2  # 2: the tanh GELU of flax
+
     float32_parameters = ("Lambda_re", "Lambda_im", "log_dt", "B", "C")
 
     def __init__(

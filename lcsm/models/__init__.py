@@ -10,7 +10,7 @@ See docs/models.md.
 from .blocks import Bidirectional, Block, reverse_valid
 from .config import ModelConfig
 from .model import CausalLM, DualClassifier, Model, SequenceClassifier, build_model, sample_next
-from .presets import PRESETS, preset
+from .presets import PRESET_REVISIONS, PRESETS, model_revisions, preset
 
 __all__ = [
     "Bidirectional",
@@ -20,8 +20,10 @@ __all__ = [
     "Model",
     "ModelConfig",
     "PRESETS",
+    "PRESET_REVISIONS",
     "SequenceClassifier",
     "build_model",
+    "model_revisions",
     "preset",
     "reverse_valid",
     "sample_next",

@@ -16,7 +16,8 @@ Training recipes are run configs (``experiments/``), not presets.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from lcsm._names import did_you_mean
 
@@ -190,6 +191,27 @@ def lra_encoder(task: str = "listops", mixer: str = "s4d", **overrides) -> Model
     )
     values.update(overrides)
     return ModelConfig.from_dict(values)
+
+
+# Bumped when a preset comes to build another model for the same arguments (as Mixer.revision).
+# etsmlp 2: the official embedding norm and LRA classifier (embed_norm, head_mlp="etsmlp").
+PRESET_REVISIONS: dict[str, int] = {"etsmlp": 2, "etsmlp_gate": 2}
+
+
+def model_revisions(model: Mapping[str, Any], preset_name: str | None = None) -> dict[str, int]:
+    """The revisions of what a model config builds: ``{"mixer:<name>": n}`` for its mixer (with the
+    options its name implies) and ``{"preset:<name>": n}`` for its preset. ``model`` is the merged
+    model keys (preset fields, then the given ones) as ``RunConfig.model_keys`` returns them."""
+    from lcsm.layers.base import resolve
+
+    revisions = {}
+    mixer = model.get("mixer", ModelConfig.mixer)
+    if isinstance(mixer, str):
+        cls, implied = resolve(mixer)
+        revisions[f"mixer:{cls.registry_name}"] = cls.revision_for({**implied, **(model.get("mixer_options") or {})})
+    if preset_name is not None:
+        revisions[f"preset:{preset_name}"] = PRESET_REVISIONS.get(preset_name, 1)
+    return revisions
 
 
 PRESETS: dict[str, Callable[..., ModelConfig]] = {

@@ -501,3 +501,41 @@ def test_reports_of_one_call_record_the_commit_read_before_the_first(tmp_path, m
     assert ignored == [[tmp_path / "results" / "tiny", tmp_path / "results" / "other"]]
     for name in ("tiny", "other"):
         assert "- report's git commit: abc1234\n" in (tmp_path / "results" / name / "report.md").read_text()
+
+
+def test_a_run_of_an_earlier_mixer_revision_is_noted_and_never_copied(tmp_path, monkeypatch):
+    """A finished run records the revisions of its mixer and preset; one that predates a revision
+    bump (here S4D's, whose B lost its weight decay; the fake results record none, as runs before
+    the records) stays cached with a note, and a sweep beside it trains its own rather than copy it."""
+    models = {"s4d": {"mixer": "s4d"}, "gla": {"mixer": "gla"}}
+    first = experiment(tmp_path, name="first", grid={"model": models}, select=None, report={})
+    calls = []
+    monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
+    sweep(load_experiment(first, out_dir=tmp_path / "results" / "first"), log=lambda *_: None)
+    log = []
+    sweep(load_experiment(first, out_dir=tmp_path / "results" / "first"), dry_run=True, log=log.append)
+    notes = [line for line in log if "earlier model" in line]
+    assert len(notes) == 1 and "model=s4d" in notes[0] and "mixer:s4d revision 1, now 2" in notes[0]
+
+    second = experiment(tmp_path, name="second", grid={"model": models}, select=None, report={})
+    log = []
+    sweep(load_experiment(second, out_dir=tmp_path / "results" / "second"), dry_run=True, log=log.append)
+    assert "(0 cached, 1 to copy from equal runs beside it, 1 to run)" in log[0]
+    assert any("to copy" in line and "model=gla" in line for line in log)
+    assert any("to run" in line and "model=s4d" in line for line in log)
+
+
+def test_model_revisions_name_the_mixer_and_preset_a_config_builds():
+    from lcsm.engine.config import RunConfig
+    from lcsm.engine.sweep import stale_model
+
+    def revisions(model):
+        return RunConfig.from_dict({**TINY, "model": model}).model_revisions()
+
+    assert revisions({"mixer": "gla", "d_model": 16}) == {"mixer:gla": 1}
+    assert revisions({"mixer": "lcsm:ssm", "d_model": 16}) == {"mixer:lcsm": 2}
+    assert revisions({"mixer": "lcsm:ssm", "d_model": 16, "mixer_options": {"delta_bias": False}}) == {"mixer:lcsm": 1}
+    assert revisions({"mixer": "lcsm:1-9-1-0", "d_model": 16}) == {"mixer:lcsm": 1}
+    config = {**TINY, "model": {"mixer": "deltanet", "d_model": 16}}
+    assert stale_model({"config": config}) == "mixer:fwp revision 1, now 2"
+    assert stale_model({"config": config, "model_revisions": {"mixer:fwp": 2}}) is None

@@ -239,6 +239,7 @@ def test_metrics_files(cache_env):
     assert [r["step"] for r in records if r["kind"] == "eval"] == [6, 12]
     assert (run / "train.csv").read_text().splitlines()[0].startswith("step,")
     assert json.loads((run / "result.json").read_text())["metrics"] == result["metrics"]
+    assert json.loads((run / "result.json").read_text())["model_revisions"] == {"mixer:gla": 1}
     # keep_last 2: steps 8 and 12 remain (4 was pruned), plus the best evaluation's.
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best", "step-00000008", "step-00000012"]
 
