@@ -44,6 +44,15 @@ Tensor = torch.Tensor
 
 MODES = ("auto", "recurrent", "parallel", "chunk", "fft")
 
+# The least log oscillation the forms built on cumulative logs (parallel, fft, the chunk mode's
+# matmul kernel, eos_delta's chunk form) compute with, per real compute dtype. A decay of exactly 0,
+# log_o = -inf (log(sigmoid(x)) for x <= -104 in float32), would make -inf - (-inf) and -inf * 0
+# there, NaN from that step on. exp of these values is exactly 0 in their dtype (the smallest
+# denormals are e^-103.3 in float32 and e^-744.4 in float64), so raising log_o to them changes no o
+# and no gradient (the recurrence's dlog_o = o * ... is 0 there too); they are far from the dtypes'
+# most negative floats so that cumulative sums of them lose nothing to their magnitude.
+LOG_ZERO = {torch.float32: -128.0, torch.float64: -1024.0}
+
 
 @dataclass(frozen=True)
 class LogProduct:
@@ -73,6 +82,16 @@ def check_floating(name: str, x: Tensor) -> None:
         raise TypeError(
             f"{name}: expected a floating-point or complex tensor, got dtype {x.dtype} with shape {shape_str(x)}"
         )
+
+
+def finite_log(g: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """g with its real part raised to at least ``LOG_ZERO`` of ``dtype`` (default g's dtype), the
+    dtype whose exp must give 0: -inf and every log below the value become it, the rest is
+    unchanged; a complex g keeps its imaginary part. Differentiable (0 gradient where raised)."""
+    floor = LOG_ZERO[(dtype or g.dtype).to_real()]
+    if g.is_complex():
+        return torch.complex(g.real.clamp(min=floor), g.imag)
+    return g.clamp(min=floor)
 
 
 def check_chunk_size(chunk_size) -> int:

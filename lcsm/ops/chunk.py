@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._inputs import EOSProblem, LogProduct
+from ._inputs import EOSProblem, LogProduct, finite_log
 
 Tensor = torch.Tensor
 
@@ -256,8 +256,10 @@ def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
         return _Decay()
     # Cumulative logs in double precision: their differences over short spans must stay accurate
     # even when |Gamma| grows large under strong decays.
+    # o = 0 (log_o = -inf) is raised to a log whose exp is still 0 in the compute dtype, so that
+    # differences of cumulative logs never meet -inf - (-inf).
     wide = torch.complex128 if g.is_complex() else torch.float64
-    G = _chunked(g, C).to(wide).cumsum(-2)
+    G = finite_log(_chunked(g, C).to(wide), dt).cumsum(-2)
     G_last = G[..., -1:, :]
     # Moderate decays (the usual case, e.g. GLA's logsigmoid / 16): everything factorises through
     # the chunk start, exp(Gamma_t - Gamma_s) = exp(Gamma_t) * exp(-Gamma_s), with every factor

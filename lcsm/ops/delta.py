@@ -31,7 +31,15 @@ from torch.autograd.function import once_differentiable
 
 from lcsm._checks import check_bool
 
-from ._inputs import check_chunk_size, check_floating, check_same_device, compute_dtype, shape_str, without_autocast
+from ._inputs import (
+    check_chunk_size,
+    check_floating,
+    check_same_device,
+    compute_dtype,
+    finite_log,
+    shape_str,
+    without_autocast,
+)
 
 Tensor = torch.Tensor
 
@@ -251,7 +259,8 @@ def _delta_chunk(v, e, s, a, b, g, m0, chunk_size, a_is_e=False):
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
     incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
     if g is not None:
-        g = g.reshape(Bn, H, N, C)
+        # a gate of exactly 0 (log_o = -inf) would make c_t - g_t = -inf - (-inf)
+        g = finite_log(g.reshape(Bn, H, N, C))
         c = g.cumsum(-1)  # c_t
         c_prev = c - g  # c_{t-1}
         a = a * g.exp().unsqueeze(-1)  # a'_t = gamma_t a_t

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ._inputs import EOSProblem
+from ._inputs import EOSProblem, finite_log
 
 
 def _powers(p: EOSProblem, start: int, stop: int) -> torch.Tensor:
@@ -28,6 +28,7 @@ def _powers(p: EOSProblem, start: int, stop: int) -> torch.Tensor:
     g = p.g_full  # a separable pair as its [1, H, 1, K, D] sum
     if g is None:
         return torch.ones(1, p.H, n, 1, 1, dtype=p.v.dtype, device=p.v.device)
+    g = finite_log(g)  # o = 0 (log_o = -inf) would make o^0 = exp(-inf * 0)
     S = max(1, math.isqrt(n))
     a = torch.arange(-(-n // S), device=p.v.device, dtype=dtype) * S + start
     b = torch.arange(S, device=p.v.device, dtype=dtype)

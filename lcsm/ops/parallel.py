@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._inputs import EOSProblem
+from ._inputs import EOSProblem, finite_log
 
 
 def _cumulative_log(g: torch.Tensor, T: int) -> torch.Tensor:
@@ -34,6 +34,8 @@ def eos_parallel(p: EOSProblem):
     causal = torch.ones(T, T, dtype=torch.bool, device=p.v.device).tril()
     e, s = p.e, p.s
     g = p.g_full  # a separable pair as its K x D sum: this form is the plain twin
+    if g is not None:
+        g = finite_log(g)  # o = 0 (log_o = -inf) would make Gamma_t - Gamma_s = -inf - (-inf)
     if g is None:
         gamma = None
         w = causal.to(dtype).view(1, 1, T, T, 1, 1)

@@ -1026,3 +1026,103 @@ def test_outer_pair_errors_name_the_part():
     _bad(r"log_o\[0\]: all inputs must be on one device", i, e, s, (row.to("meta"), col))
     with pytest.raises(ValueError, match=r"log_o\[0\]: data-dependent row decay"):
         eos_step(i[:, :1], e[:, :1], s[:, :1], (row, col[:, :1]), torch.zeros(B, H, K, D, dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------- a decay of exactly 0
+
+
+def _zero_decay(log_o, where):
+    """log_o with o = 0 exactly, log_o = -inf (as log(sigmoid(x)) gives for x <= -104 in float32):
+    at one step t of a per-step decay (one K row of a time-shared one), or everywhere (where
+    "all"). A separable pair takes it in its row part; a product a * b (a > 0 > b) in b, or as
+    a = +inf where only a is per-step."""
+    inf = float("inf")
+
+    def put(x, value):
+        x = x.clone()
+        if where == "all":
+            x.fill_(value)
+        elif x.dim() == 5:
+            x[:, where] = value
+        else:
+            x[:, :1] = value
+        return x
+
+    if isinstance(log_o, LogProduct):
+        if where != "all" and log_o.b.dim() != 5 and log_o.a.dim() == 5:
+            return LogProduct(put(log_o.a, inf), log_o.b)
+        return LogProduct(log_o.a, put(log_o.b, -inf))
+    if isinstance(log_o, tuple):
+        return (put(log_o[0], -inf), log_o[1])
+    return put(log_o, -inf)
+
+
+def check_zero_decay(inputs, mode, dtype, chunk_size=16, context=""):
+    """``check`` for inputs with some o = 0: y, m_T and the gradients of i, e, s and m_0 finite and
+    the recurrence's. A product's operand takes dlog_o times the other operand, 0 * inf where that
+    is infinite: NaN in the reference, and the same entries must be non-finite here; every other
+    entry is compared as usual."""
+    expected = run(inputs, "recurrent", torch.float64)
+    actual = run(inputs, mode, dtype, chunk_size=chunk_size)
+    for name in ("y", "m_T", "di", "de", "ds", "dinitial_state"):
+        if expected.get(name) is not None:
+            assert bool(torch.isfinite(actual[name]).all()), f"{mode} {dtype} {context}: {name} is not finite"
+    finite = {n: torch.isfinite(x) for n, x in expected.items() if x is not None}
+    for name, mask in finite.items():
+        same = torch.equal(torch.isfinite(actual[name]), mask)
+        assert same, f"{mode} {dtype} {context}: {name} is finite where the reference's is not, or the reverse"
+    assert_close(
+        {n: torch.where(mask, actual[n].to(expected[n].dtype), 0) for n, mask in finite.items()},
+        {n: torch.where(mask, expected[n], 0) for n, mask in finite.items()},
+        dtype=dtype,
+        context=f"zero decay {mode} {dtype} {context}",
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode", ["auto", "parallel", "chunk", "step"])
+@pytest.mark.parametrize("where", [30, "all"])
+@pytest.mark.parametrize("decay,dd", [(decay, dd) for decay, dd in DECAYS if decay != "none"])
+def test_a_decay_of_exactly_zero(decay, dd, where, mode, dtype):
+    """log_o = -inf (o = 0: the memory is forgotten) at step 30 of 65 (or in one row of a
+    time-shared decay), or everywhere: every mode as the recurrence, no NaN from -inf - (-inf) or
+    -inf * 0 in cumulative log decays; dlog_o is the recurrence's (0 where o = 0)."""
+    inputs = make_inputs(65, decay=decay, dd_decay=dd)
+    inputs["log_o"] = _zero_decay(inputs["log_o"], where)
+    check_zero_decay(inputs, mode, dtype, context=f"{decay} dd={dd} -inf at {where}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("where", [0, 30, "all"])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full", "outer", "product"])
+def test_a_decay_of_exactly_zero_fft(decay, where, dtype):
+    """Time-invariant systems (fft, auto's pick): o = 0 in one row (o^0 = 1 must not become
+    exp(-inf * 0)) or everywhere."""
+    dd = False if decay != "product" else (False, False)
+    inputs = make_inputs(65, e="vec", s="vec", decay=decay, dd_decay=dd)
+    inputs["log_o"] = _zero_decay(inputs["log_o"], where)
+    for mode in ("fft", "auto"):
+        check_zero_decay(inputs, mode, dtype, context=f"{decay} -inf at {where}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("t", [0, 15, 16, 64])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "outer", "full"])
+def test_a_decay_of_exactly_zero_at_chunk_boundaries(decay, t, dtype):
+    """o = 0 at the first step (m_0's gradient), at a chunk's last and first steps, and at the
+    sequence's last step (the matmul kernel's final-memory term), from zero and non-zero m_0."""
+    for initial in (True, False):
+        inputs = make_inputs(65, decay=decay, initial=initial, seed=7)
+        inputs["log_o"] = _zero_decay(inputs["log_o"], t)
+        check_zero_decay(inputs, "chunk", dtype, context=f"{decay} -inf at {t} m0={initial}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_decay_of_exactly_zero_complex(dtype):
+    """A complex log oscillation -inf + i theta is o = 0 as well."""
+    inputs = make_inputs(65, decay="row", complex_decay=True)
+    log_o = inputs["log_o"].clone()
+    log_o.real[:, 30] = -float("inf")
+    inputs["log_o"] = log_o
+    for mode in ("auto", "parallel"):
+        check_zero_decay(inputs, mode, dtype, context="complex -inf at 30")
