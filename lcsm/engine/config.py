@@ -29,7 +29,7 @@ import yaml
 
 from lcsm._names import did_you_mean
 from lcsm.engine.host_memory import HOST_ALLOCATORS
-from lcsm.ops.chunk import ELEMENTWISE_FORMS
+from lcsm.ops.chunk_scan import ELEMENTWISE_FORMS
 
 SCHEDULES = ("cosine", "inverse_sqrt", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")
@@ -206,7 +206,7 @@ class TrainConfig(_Section):
         of page-faulting it in afresh; see ``lcsm.engine.host_memory``) or "system".
     elementwise_form: how ``eos`` runs its elementwise kernel (K x D decays: Mamba, LCSM's o codes
         0 and 6-9 and its SSM code): "step" (default) or "cumulative", fewer and larger operations
-        for launch-bound GPUs (``lcsm.ops.chunk._elementwise_form``); the numbers agree to rounding.
+        for launch-bound GPUs (``lcsm.ops.chunk_scan._elementwise_form``); the numbers agree to rounding.
     """
 
     section = "train"

@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lcsm._provenance import device_name, git_commit, machine_info
 from lcsm.engine.host_memory import use_host_allocator
 from lcsm.models import build_model
-from lcsm.ops.chunk import use_elementwise_form
+from lcsm.ops.chunk_scan import use_elementwise_form
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler, recorded_task_data, task_data
 
 from . import checkpoint as ckpt

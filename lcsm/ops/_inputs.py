@@ -11,7 +11,7 @@ Shape glossary (used throughout ``lcsm.ops``)::
 
 Canonical, head-major tensors (a size-1 dim means "broadcast"):
 
-    v  [B, H, T, D]            the input state i
+    i  [B, H, T, D]            the input state
     e  [B|1, H, T|1, K, D|1]   expand state: a K-vector (last dim 1) or a K x D matrix
     s  [B|1, H, T|1, K, D|1]   shrink state, same convention
     g  [B|1, H, T|1, K|1, D|1] log oscillation (None: o = 1, or a separable pair below)
@@ -165,7 +165,7 @@ _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 class EOSProblem:
     """Canonical head-major form of one call of :func:`lcsm.ops.eos` (see the module glossary)."""
 
-    v: Tensor
+    i: Tensor
     e: Tensor
     s: Tensor
     g: Tensor | None
@@ -183,7 +183,7 @@ class EOSProblem:
     g_product: tuple[Tensor, Tensor] | None = None
     # A real input of a complex computation, before its promotion ([B, H, T, D], a view of i): the
     # fft form convolves it with the kernel's real part when only Re(y) is asked for.
-    v_real: Tensor | None = None
+    i_real: Tensor | None = None
 
     @property
     def e_is_vector(self) -> bool:
@@ -382,9 +382,8 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
         out_dtype = torch.promote_types(out_dtype, initial_state.dtype)
     dtype = compute_dtype([i, e, s, *decays, initial_state])
 
-    v = i.permute(0, 2, 1, 3).to(dtype)
     p = EOSProblem(
-        v=v,
+        i=i.permute(0, 2, 1, 3).to(dtype),
         e=ec.to(dtype),
         s=sc.to(dtype),
         g=gc.to(dtype) if gc is not None else None,
@@ -400,7 +399,7 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
         g_dd=g_dd,
         g_outer=tuple(x.to(dtype) for x in pair_c) if pair_c is not None else None,
         g_product=tuple(x.to(dtype) for x in product_c) if product_c is not None else None,
-        v_real=i.permute(0, 2, 1, 3).to(dtype.to_real()) if dtype.is_complex and not i.is_complex() else None,
+        i_real=i.permute(0, 2, 1, 3).to(dtype.to_real()) if dtype.is_complex and not i.is_complex() else None,
     )
     return p
 
@@ -413,5 +412,5 @@ def finish(p: EOSProblem, y_bhtd: Tensor, m_T: Tensor | None, output_final_state
     y = y_bhtd.permute(0, 2, 1, 3).to(p.out_dtype.to_real() if real_output else p.out_dtype)
     if not output_final_state:
         return y, None
-    state_dtype = p.v.dtype if p.out_dtype in (torch.float16, torch.bfloat16) else p.out_dtype
+    state_dtype = p.i.dtype if p.out_dtype in (torch.float16, torch.bfloat16) else p.out_dtype
     return y, m_T.to(state_dtype)

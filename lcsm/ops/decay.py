@@ -14,7 +14,7 @@ product, logsigmoid's output and its saved buffer, the quotient) and the backwar
 each a round trip to main memory (537 MB each in float32 at B 64, T 256, K 64, D 128, the LCSM
 MQAR cell of 256 tokens at d_model 128). ``log_sigmoid_product`` computes the same numbers in
 blocks of time steps that fit in the cache (the elementwise kernel's blocks,
-``chunk._block_steps``), writes only the output, saves only a and b, and recomputes the product
+``_blocks.block_steps``), writes only the output, saves only a and b, and recomputes the product
 in the backward. Measured at that cell (2026-12-02, 2 CPU threads): a training run of 1-8-1-0 at
 4.0k tokens/s before, 6.5k with this op (the sweep's progress lines, 30 steps each, the same
 command). bench/ops_bench.py, case ``decay``, times the op alone and in one layer: in the full
@@ -32,8 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._blocks import block_steps
 from ._inputs import shape_str
-from .chunk import _block_steps
 
 Tensor = torch.Tensor
 
@@ -84,7 +84,7 @@ class _LogSigmoidProduct(torch.autograd.Function):
         shape = torch.broadcast_shapes(a.shape, b.shape)
         B, T, K, D = shape
         dtype = torch.promote_types(a.dtype, b.dtype)
-        n = _block_steps(B, 1, K, D, dtype, a.device, T)
+        n = block_steps(B, 1, K, D, dtype, a.device, T)
         out = torch.empty(shape, dtype=dtype, device=a.device)
         work = torch.empty((B, n, K, D), dtype=dtype, device=a.device)
         for start in range(0, T, n):
@@ -102,7 +102,7 @@ class _LogSigmoidProduct(torch.autograd.Function):
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         B, T, K, D = grad.shape
-        n = _block_steps(B, 1, K, D, grad.dtype, grad.device, T)
+        n = block_steps(B, 1, K, D, grad.dtype, grad.device, T)
         dz = grad.new_empty(B, n, K, D)
         term = grad.new_empty(B, n, K, D)
         factors = (a, b)

@@ -163,8 +163,8 @@ def eos(
     p = canonicalize(i, e, s, log_o, initial_state)
     plan = _plan(p, mode, chunk_size)
     if p.T == 0:
-        m = p.m0 if p.m0 is not None else p.v.new_zeros(p.B, p.H, p.K, p.D)
-        return finish(p, p.v.new_zeros(p.B, p.H, 0, p.D), m, output_final_state, real_output)
+        m = p.m0 if p.m0 is not None else p.i.new_zeros(p.B, p.H, p.K, p.D)
+        return finish(p, p.i.new_zeros(p.B, p.H, 0, p.D), m, output_final_state, real_output)
     # An empty batch, head or state dimension: every form gives the same empty (or, for K = 0,
     # zero) output; the step loop computes it without the fast forms' block and FFT sizing.
     if plan.mode == "recurrent" or p.B * p.H * p.K * p.D == 0:
@@ -190,5 +190,5 @@ def eos_step(i_t: Tensor, e_t: Tensor, s_t: Tensor, log_o_t: LogO, state: Tensor
     p = canonicalize(i_t, e_t, s_t, log_o_t, state, state_name="state")
     g = p.g_full
     o = g[:, :, 0].exp() if g is not None else None
-    y, m = eos_step_state(p.v[:, :, 0], p.e[:, :, 0], p.s[:, :, 0], o, p.m0)
+    y, m = eos_step_state(p.i[:, :, 0], p.e[:, :, 0], p.s[:, :, 0], o, p.m0)
     return finish(p, y.unsqueeze(2), m, True)

@@ -30,8 +30,8 @@ def _cumulative_log(g: torch.Tensor, T: int) -> torch.Tensor:
 
 def eos_parallel(p: EOSProblem):
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
-    dtype = p.v.dtype
-    causal = torch.ones(T, T, dtype=torch.bool, device=p.v.device).tril()
+    dtype = p.i.dtype
+    causal = torch.ones(T, T, dtype=torch.bool, device=p.i.device).tril()
     e, s = p.e, p.s
     g = p.g_full  # a separable pair as its K x D sum: this form is the plain twin
     if g is not None:
@@ -48,17 +48,17 @@ def eos_parallel(p: EOSProblem):
     if p.e_is_vector and p.s_is_vector and w.shape[-1] == 1:
         # A[t, s] = sum_k s_t[k] e_s[k] w[t, s, k]
         a = (s[..., 0].unsqueeze(3) * e[..., 0].unsqueeze(2) * w[..., 0]).sum(-1)
-        y = a @ p.v
+        y = a @ p.i
     else:
         a = (s.unsqueeze(3) * e.unsqueeze(2) * w).sum(-2)  # [.., t, s, D]
-        y = (a * p.v.unsqueeze(2)).sum(3)
+        y = (a * p.i.unsqueeze(2)).sum(3)
     if g is None:
-        decay_to_end = torch.ones((), dtype=dtype, device=p.v.device)
+        decay_to_end = torch.ones((), dtype=dtype, device=p.i.device)
         from_start = decay_to_end
     else:
         decay_to_end = (gamma[:, :, -1:] - gamma).exp().to(dtype)  # exp(Gamma_T - Gamma_s)
         from_start = gamma.exp().to(dtype)  # exp(Gamma_t)
-    m_T = (decay_to_end * e * p.v.unsqueeze(-2)).sum(2).expand(B, H, K, D)
+    m_T = (decay_to_end * e * p.i.unsqueeze(-2)).sum(2).expand(B, H, K, D)
     if p.m0 is not None:
         y = y + (s * from_start * p.m0.unsqueeze(2)).sum(-2)
         last = from_start[:, :, -1] if g is not None else from_start

@@ -27,19 +27,19 @@ def _steps(x: torch.Tensor, T: int):
 
 def eos_recurrent(p: EOSProblem):
     """Returns y [B, H, T, D] and the final memory [B, H, K, D]."""
-    m = p.m0 if p.m0 is not None else p.v.new_zeros(p.B, p.H, p.K, p.D)
+    m = p.m0 if p.m0 is not None else p.i.new_zeros(p.B, p.H, p.K, p.D)
     es, ss = _steps(p.e, p.T), _steps(p.s, p.T)
     g = p.g_full
     os = _steps(g.exp(), p.T) if g is not None else [None] * p.T
     ys = []
-    for v_t, e_t, s_t, o_t in zip(p.v.unbind(2), es, ss, os, strict=False):
-        y_t, m = eos_step_state(v_t, e_t, s_t, o_t, m)
+    for i_t, e_t, s_t, o_t in zip(p.i.unbind(2), es, ss, os, strict=False):
+        y_t, m = eos_step_state(i_t, e_t, s_t, o_t, m)
         ys.append(y_t)
-    y = torch.stack(ys, 2) if ys else p.v.new_zeros(p.B, p.H, 0, p.D)
+    y = torch.stack(ys, 2) if ys else p.i.new_zeros(p.B, p.H, 0, p.D)
     return y, m
 
 
-def eos_step_state(v_t, e_t, s_t, o_t, m):
+def eos_step_state(i_t, e_t, s_t, o_t, m):
     """One decoding step on canonical per-step tensors (no time dim); O(K * D) work."""
-    m = (m if o_t is None else o_t * m) + e_t * v_t.unsqueeze(-2)
+    m = (m if o_t is None else o_t * m) + e_t * i_t.unsqueeze(-2)
     return (s_t * m).sum(-2), m

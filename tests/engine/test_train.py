@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import lcsm.ops.chunk as chunk
+import lcsm.ops.chunk_scan as chunk
 from lcsm.engine import RunConfig, apply_overrides, build_optimizer, lr_factor, train
 from lcsm.engine.config import OptimConfig, load_config
 from lcsm.engine.monitor import Progress

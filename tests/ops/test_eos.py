@@ -537,7 +537,7 @@ def test_custom_backward_stores_no_per_step_memory(decay):
 
 def test_a_chunk_longer_than_the_sequence_runs_as_the_sequence(monkeypatch):
     """C > T would only pad the sequence (the C x C intra-chunk map grows with C): C = T runs."""
-    import lcsm.ops.chunk as chunk_mod
+    import lcsm.ops.chunk_matmul as chunk_mod
 
     sizes = []
     chunked = chunk_mod._chunked
@@ -793,9 +793,9 @@ def test_segmented_long_sequences(decay, strength, dtype, monkeypatch):
     backward, the adjoint memory and the decay gradient's running sum carried back); shrink the
     segment so a short test crosses several boundaries (including one that is not a multiple of
     the chunk), at moderate decays and at decays strong enough for the sub-chunked branches."""
-    import lcsm.ops.chunk as chunk
+    import lcsm.ops.chunk_matmul as chunk_matmul
 
-    monkeypatch.setattr(chunk, "SEGMENT", 20)
+    monkeypatch.setattr(chunk_matmul, "SEGMENT", 20)
     check(
         make_inputs(61, decay=decay, seed=31, strength=strength),
         "chunk",
@@ -827,14 +827,14 @@ def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatc
     of one step (the large-batch case) and of three (blocks that do not divide the chunk of 8,
     itself not dividing T), with time-shared and per-step e, s and decays. (On other devices a
     block is the whole chunk, the path every other test takes.)"""
-    import lcsm.ops.chunk as chunk
+    import lcsm.ops._blocks as blocks
 
     memory_dtype = {torch.float64: torch.complex128, torch.float32: torch.complex64}[dtype] if complex_decay else dtype
     monkeypatch.setattr(
-        chunk, "BLOCK_BYTES", block * B * H * K * D * torch.empty((), dtype=memory_dtype).element_size()
+        blocks, "BLOCK_BYTES", block * B * H * K * D * torch.empty((), dtype=memory_dtype).element_size()
     )
-    assert chunk._block_steps(B, H, K, D, memory_dtype, torch.device("cpu"), 8) == block
-    assert chunk._block_steps(B, H, K, D, memory_dtype, torch.device("cuda"), 8) == 8
+    assert blocks.block_steps(B, H, K, D, memory_dtype, torch.device("cpu"), 8) == block
+    assert blocks.block_steps(B, H, K, D, memory_dtype, torch.device("cuda"), 8) == 8
     dd = (s != "vec", False) if decay == "product" else s != "vec"
     inputs = make_inputs(29, e=e, s=s, decay=decay, dd_decay=dd, complex_decay=complex_decay, seed=13)
     assert explain(*(inputs[n] for n in NAMES[:4]), mode="chunk").kernel == "elementwise"
@@ -860,7 +860,7 @@ def test_elementwise_cumulative_form(e, s, decay, complex_decay, strength, dtype
     several steps at moderate decays, blocks and single steps mixed as a step's decay nears
     SAFE_SPAN, single steps beyond it; chunks of 8 not dividing T = 29, time-shared and per-step
     e, s and decays, real and complex; a product formed before the kernel (``eos_chunk``)."""
-    import lcsm.ops.chunk as chunk
+    import lcsm.ops.chunk_scan as chunk
 
     monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "cumulative")
     inputs = make_inputs(
@@ -874,7 +874,7 @@ def test_cumulative_blocks_stay_within_the_safe_span(monkeypatch):
     """A cumulative block's summed largest |log o| stays within SAFE_SPAN (30 in float32, 200 in
     float64); runs shorter than MIN_CUMULATIVE (a step beyond the span is a run of one) merge into
     stepwise blocks; the blocks tile each chunk. Two factors' maxima add."""
-    import lcsm.ops.chunk as chunk
+    import lcsm.ops.chunk_scan as chunk
 
     per_step = torch.tensor([1.0, 2.0, 25.0, 3.0, 40.0, 0.5, 0.5, 29.0, 1.0, 1.0], dtype=torch.float64)
     log_o = -per_step.view(1, 1, 10, 1, 1).expand(2, 1, 10, 3, 2).clone()
@@ -897,7 +897,7 @@ def test_cumulative_blocks_stay_within_the_safe_span(monkeypatch):
 def test_elementwise_form_setting_is_checked(monkeypatch):
     """The stepwise form is the default; ``use_elementwise_form`` sets a form for a block and
     restores the last; a setting other than the two forms is refused, naming it."""
-    import lcsm.ops.chunk as chunk
+    import lcsm.ops.chunk_scan as chunk
 
     assert chunk._elementwise_form() == "step"
     with chunk.use_elementwise_form("cumulative"):
@@ -922,12 +922,12 @@ def test_chunk_autograd_baseline(decay, dtype, monkeypatch):
     (shrunk so that the memory is carried across segment boundaries)."""
     import importlib
 
-    from lcsm.ops import chunk
+    from lcsm.ops import chunk, chunk_matmul
 
     # the package exports the function eos, which shadows its module of the same name
     eos_module = importlib.import_module("lcsm.ops.eos")
     monkeypatch.setattr(eos_module, "eos_chunk", functools.partial(chunk.eos_chunk, backward="autograd"))
-    monkeypatch.setattr(chunk, "SEGMENT", 20)
+    monkeypatch.setattr(chunk_matmul, "SEGMENT", 20)
     check(make_inputs(61, decay=decay), "chunk", dtype, chunk_size=8, context=f"autograd {decay}")
 
 
