@@ -29,7 +29,6 @@ import yaml
 
 from lcsm._names import did_you_mean
 from lcsm.engine.host_memory import HOST_ALLOCATORS
-from lcsm.ops.chunk_scan import ELEMENTWISE_FORMS
 
 SCHEDULES = ("cosine", "inverse_sqrt", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")
@@ -204,15 +203,14 @@ class TrainConfig(_Section):
     threads: torch CPU threads per process (null: torch's default).
     host_allocator: "retain" (default: glibc's malloc keeps freed memory for the next step instead
         of page-faulting it in afresh; see ``lcsm.engine.host_memory``) or "system".
-    elementwise_form: how ``eos`` runs its elementwise kernel (K x D decays: Mamba, LCSM's o codes
-        0 and 6-9 and its SSM code): "step" (default) or "cumulative", fewer and larger operations
-        for launch-bound GPUs (``lcsm.ops.chunk_scan._elementwise_form``); the numbers agree to rounding.
     """
 
     section = "train"
     # how the loop reports, keeps, places and runs its work, not what it computes: not part of a
     # run's training config (``RunConfig.training_dict``)
-    BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator", "elementwise_form")
+    BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator")
+    # Removed options that committed run configs (docs/results) still carry: read and ignored.
+    RETIRED = ("elementwise_form",)
     max_steps: int | None = None
     epochs: int | None = None
     batch_size: int = 32
@@ -230,13 +228,12 @@ class TrainConfig(_Section):
     tensorboard: bool = False
     threads: int | None = None
     host_allocator: str = "retain"
-    elementwise_form: str = "step"
 
     @classmethod
     def from_dict(cls, values):
         values = {} if values is None else values
+        values = {k: v for k, v in values.items() if k not in cls.RETIRED}
         _check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
-        values = dict(values)
         if "early_stop" in values and not isinstance(values["early_stop"], EarlyStopConfig):
             values["early_stop"] = EarlyStopConfig.from_dict(values["early_stop"])
         return cls(**values)
@@ -266,7 +263,6 @@ class TrainConfig(_Section):
             raise ValueError(f"train.tensorboard: expected true or false, got {self.tensorboard!r}")
         _int("train.threads", self.threads, 1, allow_none=True)
         _choice("train.host_allocator", self.host_allocator, HOST_ALLOCATORS)
-        _choice("train.elementwise_form", self.elementwise_form, ELEMENTWISE_FORMS)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import torch
 
 from ._inputs import EOSProblem
 from .chunk_matmul import ChunkMatmulFunction, chunk_matmul
-from .chunk_scan import ChunkElementwiseFunction, _elementwise_form
+from .chunk_scan import ChunkElementwiseFunction
 
 
 def kernel_for(p: EOSProblem) -> str:
@@ -70,10 +70,6 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom"):
             "'autograd' is the matmul kernel's baseline"
         )
     if p.g_product is not None:
-        if _elementwise_form() == "cumulative":
-            # The cumulative form batches a block's [n, K, D] logs and exps in any case: it takes
-            # the product formed, its gradient reduced to a and b by autograd.
-            return ChunkElementwiseFunction.apply(p.i, p.e, p.s, p.g_full, None, p.m0, C, False)
         return ChunkElementwiseFunction.apply(p.i, p.e, p.s, *p.g_product, p.m0, C, True)
     g_a, g_b = p.g_outer if p.g_outer is not None else (p.g, None)
     return ChunkElementwiseFunction.apply(p.i, p.e, p.s, g_a, g_b, p.m0, C, False)

@@ -5,15 +5,12 @@ shrink states, a separable decay applied factor by factor, and a decay given as 
 operands, log_o = a * b, formed one block of steps at a time. Per chunk, the recurrence
 m_t = o_t * m_{t-1} + e_t (x) i_t runs step by step over [B, H, K, D] (exact for any decay): on a
 CPU in blocks of steps whose memories fit in ``_blocks.BLOCK_BYTES`` (elsewhere a block is the
-chunk), each block's shrink one batched product while they are in cache. ``ELEMENTWISE_FORM =
-"cumulative"`` selects the form meant for launch-bound devices instead (``_elementwise_form``):
-the chunk is cut into blocks whose total decay stays within SAFE_SPAN, and in each the memories
-are m_t = exp(L_t) * (m_start + sum_{j <= t} exp(-L_j) e_j (x) i_j) with L the block's cumulative
-log decay, a few batched operations per block. Only the memory at chunk ends is kept.
+chunk), each block's shrink one batched product while they are in cache. Only the memory at chunk ends is
+kept.
 
 Backward: each chunk is recomputed from its saved start memory, in reverse chunk order, and the
 adjoint recurrence (LCSM appendix 5.1, Type 1) runs over that chunk alone, in the forward's
-blocks (``scan_chunk_backward``; ``cumulative_backward`` for the cumulative form). Memory:
+blocks (``scan_chunk_backward``). Memory:
 O(T (K + D) + (T / C) K D), not O(T K D).
 
 Names: i [B, H, c, D] the input, e and s [B|1, H, c|1, K, D|1] the expand and shrink states, o
@@ -22,25 +19,14 @@ the decay as factors exp(log_o) (or a ``LogProduct`` of log_o's operands), m the
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from ._blocks import block_steps
 from ._inputs import LogProduct
-from .chunk_matmul import SAFE_SPAN, _exp
 
 Tensor = torch.Tensor
-
-# How the elementwise kernel runs a chunk's steps: "step" (the recurrence, step by step) or
-# "cumulative" (a few batched operations per block of steps); see ``_elementwise_form``.
-ELEMENTWISE_FORMS = ("step", "cumulative")
-ELEMENTWISE_FORM = "step"
-# Fewest steps a block of the cumulative form takes in batched operations (about ten of them
-# against about three a step in the recurrence, forward and backward alike).
-MIN_CUMULATIVE = 4
-
 
 # ----------------------------------------------------------------------------- elementwise kernel
 
@@ -317,196 +303,23 @@ def chunk_elementwise(i, e, s, o, m0, C):
     return torch.cat(ys, 2), M, states
 
 
-def _elementwise_form() -> str:
-    """The form of the elementwise kernel, ``ELEMENTWISE_FORM``. "step" is the default on every
-    device. "cumulative" is meant for devices where each operation is a kernel launch and the
-    stepwise form's few small operations a step make a run launch-bound (a GPU): it issues 3.5x
-    fewer operations in a training step of Mamba and 6x fewer for LCSM codes 6-9 (aten calls
-    counted on a CPU, 256 tokens), but it has not been timed on a GPU yet, so it is not the
-    default there. On a CPU it is slower (2.9x for a Mamba layer's forward and backward, 7x for
-    code 1-6-1-0's, at B 16, T 256, d_model 128, one thread: its [n, K, D] temporaries leave the
-    cache)."""
-    if ELEMENTWISE_FORM not in ELEMENTWISE_FORMS:
-        raise ValueError(f"ELEMENTWISE_FORM: expected 'step' or 'cumulative', got {ELEMENTWISE_FORM!r}")
-    return ELEMENTWISE_FORM
-
-
-@contextlib.contextmanager
-def use_elementwise_form(form: str):
-    """``ELEMENTWISE_FORM`` = ``form`` inside the block (the trainer's ``train.elementwise_form``)."""
-    global ELEMENTWISE_FORM
-    if form not in ELEMENTWISE_FORMS:
-        raise ValueError(f"form: expected 'step' or 'cumulative', got {form!r}")
-    previous, ELEMENTWISE_FORM = ELEMENTWISE_FORM, form
-    try:
-        yield
-    finally:
-        ELEMENTWISE_FORM = previous
-
-
-def _span_blocks(g, T: int, C: int, dtype: torch.dtype):
-    """For each chunk of C steps, its blocks (a, z, cumulative) in the cumulative form: runs of
-    consecutive steps whose summed largest |Re log o| (over batch, heads, K and D; the factors'
-    maxima added) is at most SAFE_SPAN for the memory dtype, which bounds every exp(+-L) in the
-    block. A run shorter than MIN_CUMULATIVE steps (a step beyond SAFE_SPAN is a run of one) is
-    cheaper as recurrence steps: consecutive such runs make one stepwise block (cumulative False).
-    One host synchronisation for the whole sequence."""
-    limit = SAFE_SPAN[torch.empty((), dtype=dtype).real.dtype]
-    per_step = torch.zeros(T, dtype=torch.float64, device=g[0].device if g else None)
-    for x in g:
-        per_step = per_step + x.real.abs().amax(dim=(0, 1, 3, 4)).to(torch.float64)
-    per_step = per_step.tolist()
-    chunks = []
-    for start in range(0, T, C):
-        stop, runs, a, total = min(start + C, T), [], 0, 0.0
-        for t in range(stop - start):
-            if t > a and total + per_step[start + t] > limit:
-                runs.append((a, t))
-                a, total = t, 0.0
-            total += per_step[start + t]
-        blocks = []
-        for first, z in [*runs, (a, stop - start)]:
-            cumulative = z - first >= MIN_CUMULATIVE
-            if not cumulative and blocks and not blocks[-1][2]:
-                first = blocks.pop()[0]
-            blocks.append((first, z, cumulative))
-        chunks.append(blocks)
-    return chunks
-
-
-def _cumulative_log(g, a: int, z: int) -> Tensor | None:
-    """L_t = sum_{a <= i <= t} log o_i over steps a..z of a chunk, [B|1, H, z - a, K|1, D|1], in
-    double precision (None without a decay)."""
-    total = None
-    for x in g:
-        part = _time_slice(x, a, z)
-        part = part.to(torch.complex128 if part.is_complex() else torch.float64)
-        total = part if total is None else total + part
-    if total is None:
-        return None
-    if total.shape[2] == 1:
-        steps = torch.arange(1, z - a + 1, dtype=torch.float64, device=total.device)
-        return total * steps.view(1, 1, -1, 1, 1)
-    return total.cumsum(2)
-
-
-def cumulative_memories(i, e, g, m, blocks):
-    """The memories h [B, H, c, K, D] after each step of a chunk in the cumulative form: in a block
-    of steps a..z, h_t = exp(L_t) * (h_{a-1} + sum_{a <= j <= t} exp(-L_j) e_j (x) v_j) with L the
-    block's cumulative log decay (``_cumulative_log``); every factor lies within exp(+-SAFE_SPAN)
-    by the blocks' construction (``_span_blocks``); a stepwise block is the recurrence.
-    i [B, H, c, D], e [B|1, H, c|1, K, D|1], g the decay's log factors, m [B, H, K, D]."""
-    B, H, c, D = i.shape
-    dtype = _promoted(m, e, i, *g)
-    hs = i.new_empty(B, H, c, e.shape[3], D, dtype=dtype)
-    h = m
-    for a, z, cumulative in blocks:
-        if not cumulative:
-            h = _recur(i[:, :, a:z], _time_slice(e, a, z), [_time_slice(x, a, z).exp() for x in g], h, hs[:, :, a:z])
-            continue
-        L = _cumulative_log(g, a, z)
-        X = _time_slice(e, a, z) * i[:, :, a:z].unsqueeze(-2)
-        if L is None:
-            torch.add(X.cumsum(2), h.unsqueeze(2), out=hs[:, :, a:z])
-        else:
-            torch.mul(_exp(L, dtype), (_exp(-L, dtype) * X).cumsum(2) + h.unsqueeze(2), out=hs[:, :, a:z])
-        h = hs[:, :, z - 1]
-    return hs
-
-
-def chunk_cumulative(i, e, s, g, m0, C):
-    """The elementwise kernel in the cumulative form (g: the decay's log factors); returns y, m_T,
-    the chunks' start memories and their blocks."""
-    B, H, T, D = i.shape
-    M = m0 if m0 is not None else i.new_zeros(B, H, e.shape[3], D)
-    chunks = _span_blocks(g, T, C, _promoted(M, e, i, *g))
-    ys, states = [], []
-    for n, start in enumerate(range(0, T, C)):
-        stop = min(start + C, T)
-        states.append(M)
-        hs = cumulative_memories(
-            i[:, :, start:stop], _time_slice(e, start, stop), [_time_slice(x, start, stop) for x in g], M, chunks[n]
-        )
-        ys.append(_contract_k(_time_slice(s, start, stop), hs))
-        M = hs[:, :, -1].clone()
-    return torch.cat(ys, 2), M, states, chunks
-
-
-def cumulative_backward(i, e, s, g, m, hs, dy, dm, out, blocks):
-    """The adjoint of one chunk of the cumulative form, in its blocks from the last: with
-    Q_t = conj(s_t) dy_t, dh_t = exp(-conj L_t) (sum_{j >= t} exp(conj L_j) Q_j + exp(conj L_last)
-    dh_carry) within a cumulative block, the reverse recurrence dh_t = Q_t + conj(o_{t+1}) dh_{t+1}
-    in a stepwise one; then every gradient as in ``scan_chunk_backward``, over the whole chunk at
-    once. Same arguments and returns as ``scan_chunk_backward``, g being log factors."""
-    ec, sc, ic = e.conj(), s.conj(), i.conj()
-    Q = sc * dy.unsqueeze(-2)
-    if not hs.is_complex() and Q.is_complex():
-        Q = Q.real
-    # conj(o_t), each step's factor of the carry into step t - 1
-    oc = None if not g else (g[0] if len(g) == 1 else g[0] + g[1]).conj().exp()
-    dH = torch.empty_like(hs)
-    carry = dm
-    for a, z, cumulative in reversed(blocks):
-        if not cumulative:
-            for t in reversed(range(a, z)):
-                torch.add(carry, Q[:, :, t], out=dH[:, :, t])
-                carry = dH[:, :, t] if oc is None else _at(oc, t) * dH[:, :, t]
-            continue
-        L = _cumulative_log(g, a, z)
-        if L is None:
-            torch.add(Q[:, :, a:z].flip(2).cumsum(2).flip(2), carry.unsqueeze(2), out=dH[:, :, a:z])
-        else:
-            A = _exp(L.conj(), hs.dtype)
-            R = (A * Q[:, :, a:z]).flip(2).cumsum(2).flip(2) + A[:, :, -1:] * carry.unsqueeze(2)
-            torch.mul(_exp(-L.conj(), hs.dtype), R, out=dH[:, :, a:z])
-        carry = dH[:, :, a] if oc is None else _at(oc, a) * dH[:, :, a]
-    c = i.shape[2]
-    grads = {
-        "i": _BlockGrads(i, out["i"]),
-        "e": _BlockGrads(e, out["e"]),
-        "s": _BlockGrads(s, out["s"]),
-        **{j: _BlockGrads(x, out[j]) for j, x in enumerate(g)},
-    }
-    grads["i"].add(0, c, _contract_k(ec, dH))
-    grads["e"].add(0, c, _grad_outer(e, dH, ic))
-    grads["s"].add(0, c, _grad_outer(s, hs.conj(), dy))
-    if g:
-        dC = oc * dH
-        dG = torch.cat([dC[:, :, :1] * m.conj().unsqueeze(2), dC[:, :, 1:] * hs[:, :, :-1].conj()], 2)
-        for j in range(len(g)):
-            grads[j].add(0, c, dG)
-    return (
-        grads["i"].result(),
-        grads["e"].result(),
-        grads["s"].result(),
-        [grads[j].result() for j in range(len(g))],
-        carry.clone(),
-    )
-
-
 class ChunkElementwiseFunction(torch.autograd.Function):
-    """``chunk_elementwise`` (or ``chunk_cumulative``, see ``_elementwise_form``) whose backward
-    recomputes one chunk at a time from its saved start memory and runs ``scan_chunk_backward``
-    (``cumulative_backward``) over it, in reverse chunk order. The decay comes as up to two log
-    tensors, g_a and g_b: a separable pair's row and column parts, whose exps multiply (g_b None
-    for a single log), or with ``product`` the operands of log_o = g_a * g_b, which only the step
-    form takes (``eos_chunk``) and which it saves as they are, forming exp(g_a * g_b) block by
-    block in the forward and again in the backward (once for a chunk of one block, ``_formed_once``)."""
+    """``chunk_elementwise`` whose backward recomputes one chunk at a time from its saved start
+    memory and runs ``scan_chunk_backward`` over it, in reverse chunk order. The decay comes as up
+    to two log tensors, g_a and g_b: a separable pair's row and column parts, whose exps multiply
+    (g_b None for a single log), or with ``product`` the operands of log_o = g_a * g_b, saved as
+    they are, exp(g_a * g_b) formed block by block in the forward and again in the backward (once
+    for a chunk of one block, ``_formed_once``)."""
 
     @staticmethod
     def forward(ctx, i, e, s, g_a, g_b, m0, C, product):
         logs = [x for x in (g_a, g_b) if x is not None]
-        ctx.form = "step" if product else _elementwise_form()
         if product:
             decay = logs  # saved as they are, formed again in the backward
             y, m_T, states = chunk_elementwise(i, e, s, LogProduct(g_a, g_b), m0, C)
-        elif ctx.form == "step":
-            # the factors exp(g), formed once and saved; the cumulative form saves the logs
-            decay = [x.exp() for x in logs]
-            y, m_T, states = chunk_elementwise(i, e, s, decay, m0, C)
         else:
-            decay = logs
-            y, m_T, states, ctx.blocks = chunk_cumulative(i, e, s, logs, m0, C)
+            decay = [x.exp() for x in logs]  # the factors exp(g), formed once and saved
+            y, m_T, states = chunk_elementwise(i, e, s, decay, m0, C)
         ctx.save_for_backward(i, e, s, m0, *decay, *states)
         ctx.C, ctx.operands, ctx.product = C, len(decay), product
         return y, m_T
@@ -514,7 +327,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dm_T):
         i, e, s, m0, *saved = ctx.saved_tensors
-        # the decay factors exp(g) (step form), their logs g (cumulative form) or a product's operands
+        # the decay factors exp(g) or a product's operands
         operands, states = saved[: ctx.operands], saved[ctx.operands :]
         C = ctx.C
         T = i.shape[2]
@@ -534,16 +347,10 @@ class ChunkElementwiseFunction(torch.autograd.Function):
             decay = [part[j] for j in range(len(operands))]
             if ctx.product:
                 decay = _formed_once(LogProduct(*decay), part["i"], part["e"], states[n])
-            if ctx.form == "step":
-                hs = _memories(part["i"], part["e"], decay, states[n])
-                di, de, ds, d_operands, dM = scan_chunk_backward(
-                    part["i"], part["e"], part["s"], decay, states[n], hs, dy[:, :, start:stop], dM, out
-                )
-            else:
-                hs = cumulative_memories(part["i"], part["e"], decay, states[n], ctx.blocks[n])
-                di, de, ds, d_operands, dM = cumulative_backward(
-                    part["i"], part["e"], part["s"], decay, states[n], hs, dy[:, :, start:stop], dM, out, ctx.blocks[n]
-                )
+            hs = _memories(part["i"], part["e"], decay, states[n])
+            di, de, ds, d_operands, dM = scan_chunk_backward(
+                part["i"], part["e"], part["s"], decay, states[n], hs, dy[:, :, start:stop], dM, out
+            )
             for name, grad in zip(full, (di, de, ds, *d_operands), strict=False):
                 if buffers[name] is None:
                     sums[name] = grad if sums[name] is None else sums[name] + grad
