@@ -134,10 +134,9 @@ def _intra_subchunked(s, e, i, G, kind, strict, at_most: int = SUBCHUNK):
     (both factors <= 1); diagonal blocks are factorised when their own span is moderate and are
     otherwise cut again the same way, into sub-chunks of at most c / 4 steps, down to single steps
     (whose span is 0) if need be. All branches are exact; the choice only avoids overflow and
-    underflow. Cutting again replaced explicit [c, c, K|D] pairwise decay tensors for the diagonal
-    blocks, which made decays of about -1.4 per step 5-20x slower than GLA-like ones (eos forward
-    and backward on LCSM code-1 shapes at T 256 and 2048; docs/eos.md has the bench); a level of
-    cuts costs a few small matmuls.
+    underflow. Cutting again, rather than forming [c, c, K|D] pairwise decay tensors for the
+    diagonal blocks, keeps decays of about -1.4 per step within a small factor of GLA-like ones'
+    cost (bench/results/eos_kernels.md): a level of cuts costs a few small matmuls.
     """
     C = s.shape[-2]
     c = _subchunk(C, at_most)

@@ -8,7 +8,9 @@ LCSM eq. 2-3 with psi = elementwise (eq. 6)::
 This is the slow, obviously correct twin every other mode is tested against; a separable
 oscillation (a pair of log factors) is applied as its materialised K x D sum. The time loop uses
 ``unbind``/``stack`` rather than slicing ``x[:, t]``: slicing inside the loop makes autograd write
-a full-size gradient per step, i.e. an O(T^2) backward (reference-notes section 5).
+a full-size gradient per step, i.e. an O(T^2) backward (as flash-linear-attention's
+``naive_recurrent_gla``, fla/ops/gla/naive.py in https://github.com/fla-org/flash-linear-attention,
+slices per step).
 """
 
 from __future__ import annotations
