@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -71,6 +73,12 @@ class LogProduct:
     b: Tensor
 
 
+# log_o as ``eos`` takes it: None (o = 1), one tensor, a separable pair (log_row, log_col) or a
+# ``LogProduct(a, b)``.
+LogO = None | Tensor | tuple[Tensor, Tensor] | LogProduct
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
 def shape_str(x: Tensor) -> str:
     return "[" + ", ".join(str(n) for n in x.shape) + "]"
 
@@ -94,7 +102,7 @@ def finite_log(g: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     return g.clamp(min=floor)
 
 
-def check_chunk_size(chunk_size) -> int:
+def check_chunk_size(chunk_size: Any) -> int:
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
     return chunk_size
@@ -110,7 +118,7 @@ def check_same_device(named: dict) -> torch.device:
     return first
 
 
-def compute_dtype(tensors) -> torch.dtype:
+def compute_dtype(tensors: Sequence[Tensor | None]) -> torch.dtype:
     """Common dtype of the inputs; half precisions are computed in float32 (states stay float32,
     as in fla) and the output is cast back by the caller."""
     dtype = tensors[0].dtype
@@ -124,7 +132,7 @@ def compute_dtype(tensors) -> torch.dtype:
     return dtype
 
 
-def autocast_off(device: torch.device):
+def autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
     """A context with ``torch.autocast`` off on ``device``'s type (a no-op where it is off or where
     the device has no autocast, as the meta device)."""
     if not torch.amp.is_autocast_available(device.type) or not torch.is_autocast_enabled(device.type):
@@ -132,7 +140,7 @@ def autocast_off(device: torch.device):
     return torch.autocast(device.type, enabled=False)
 
 
-def without_autocast(fn):
+def without_autocast(fn: _Fn) -> _Fn:
     """Run ``fn`` with ``torch.autocast`` off on the device of its first tensor argument
     (positional or keyword).
 
@@ -143,7 +151,7 @@ def without_autocast(fn):
     the float32 of the forward."""
 
     @functools.wraps(fn)
-    def run(*args, **kwargs):
+    def run(*args: Any, **kwargs: Any) -> Any:
         if _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():
             return fn(*args, **kwargs)
         device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, Tensor)), None)
@@ -228,7 +236,7 @@ class EOSProblem:
         return "full"
 
 
-def _state_shape(i: Tensor, name: str, x: Tensor, K: int, D: int):
+def _state_shape(i: Tensor, name: str, x: Tensor, K: int, D: int) -> tuple[Tensor, bool]:
     """Canonicalise an expand or shrink state to [B|1, H, T|1, K, D|1]; returns (tensor, is_dd)."""
     B, T, H, _ = i.shape
     if x.dim() == 4:
@@ -254,7 +262,7 @@ def _state_shape(i: Tensor, name: str, x: Tensor, K: int, D: int):
     )
 
 
-def _pair_part(log_o: Tensor, index: int, B: int, T: int, H: int, K: int, D: int):
+def _pair_part(log_o: Tensor, index: int, B: int, T: int, H: int, K: int, D: int) -> tuple[Tensor, bool]:
     """Canonicalise one factor of a separable pair: log_o[0] (rows) to [B|1, H, T|1, K, 1],
     log_o[1] (columns) to [B|1, H, T|1, 1, D]; returns (tensor, is_dd)."""
     name = f"log_o[{index}]"
@@ -276,7 +284,7 @@ def _pair_part(log_o: Tensor, index: int, B: int, T: int, H: int, K: int, D: int
     )
 
 
-def _decay_tensor(name: str, x: Tensor, B: int, T: int, H: int, K: int, D: int):
+def _decay_tensor(name: str, x: Tensor, B: int, T: int, H: int, K: int, D: int) -> tuple[Tensor, bool]:
     """Canonicalise a log oscillation tensor (log_o, or an operand of a ``LogProduct``) to
     [B|1, H, T|1, K|1, D|1]; returns (tensor, is_dd)."""
     if x.dim() == 5:
@@ -301,7 +309,7 @@ def _decay_tensor(name: str, x: Tensor, B: int, T: int, H: int, K: int, D: int):
     return xc, dd
 
 
-def _log_o_tensors(log_o) -> list:
+def _log_o_tensors(log_o: LogO) -> list[Tensor]:
     """The tensors of log_o: [], [log_o], the two factors of a separable pair or the two operands
     of a product (validated)."""
     if log_o is None:
@@ -323,7 +331,14 @@ def _log_o_tensors(log_o) -> list:
     return [log_o]
 
 
-def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "initial_state") -> EOSProblem:
+def canonicalize(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    log_o: LogO = None,
+    initial_state: Tensor | None = None,
+    state_name: str = "initial_state",
+) -> EOSProblem:
     """Validate the arguments of :func:`lcsm.ops.eos` and return the canonical problem.
     ``log_o`` is None, one tensor, a separable pair (log_row, log_col) meaning
     o = exp(log_row + log_col), or a ``LogProduct(a, b)`` meaning o = exp(a * b). ``state_name``:
@@ -404,7 +419,9 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
     return p
 
 
-def finish(p: EOSProblem, y_bhtd: Tensor, m_T: Tensor | None, output_final_state: bool, real_output: bool = False):
+def finish(
+    p: EOSProblem, y_bhtd: Tensor, m_T: Tensor | None, output_final_state: bool, real_output: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """Back to the public layout [B, T, H, D] and dtype (y's real part when real_output); final
     state only when asked for."""
     if real_output and y_bhtd.is_complex():

@@ -14,6 +14,8 @@ from ._inputs import EOSProblem
 from .chunk_matmul import ChunkMatmulFunction, chunk_matmul
 from .chunk_scan import ChunkElementwiseFunction
 
+Tensor = torch.Tensor
+
 
 def kernel_for(p: EOSProblem) -> str:
     """``matmul`` when e and s are K-vectors and the decay is none, scalar, row, column or
@@ -27,7 +29,7 @@ def kernel_for(p: EOSProblem) -> str:
 # ----------------------------------------------------------------------------- entry point
 
 
-def _matmul_operands(p: EOSProblem):
+def _matmul_operands(p: EOSProblem) -> tuple[Tensor, Tensor, Tensor, Tensor | None, str]:
     """Canonical problem -> (s, e, i, g, kind) for the matmul kernel: s and e [B, H, T, K], i
     [B, H, T, D], g in the layout of ``kind`` (``chunk_matmul._chunk_matmul_segment``). The unit
     dims go by squeeze, not indexing: squeeze's backward is a view, where the backward of
@@ -50,8 +52,9 @@ def _matmul_operands(p: EOSProblem):
     return s, e, p.i, g, kind
 
 
-def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom"):
-    """Chunk mode. ``backward``: "custom" (the kernels' memory-light Functions) or "autograd"
+def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom") -> tuple[Tensor, Tensor]:
+    """Chunk mode: y [B, H, T, D] and m_T [B, H, K, D] for the canonical problem p, in chunks of
+    ``chunk_size`` steps. ``backward``: "custom" (the kernels' memory-light Functions) or "autograd"
     (autograd through the matmul kernel's forward; kept for the benchmark's memory comparison)."""
     if backward not in ("custom", "autograd"):
         raise ValueError(f"backward: expected 'custom' or 'autograd', got {backward!r}")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,7 +60,7 @@ SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
 SEGMENT = 2048
 
 
-def _halves(x: Tensor, kind: str, width: int):
+def _halves(x: Tensor, kind: str, width: int) -> tuple[Tensor, Tensor]:
     """(row part, column part) of a separable decay's [.., K + D] tensor, for a problem whose s and
     e have ``width`` entries (see OUTER)."""
     split = width if kind == "outer" else x.shape[-1] - width
@@ -78,7 +79,7 @@ def _masked_exp(diff: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, torch.where(mask, diff, zero).exp(), zero)
 
 
-def _causal_mask(L: int, strict: bool, device) -> Tensor:
+def _causal_mask(L: int, strict: bool, device: torch.device) -> Tensor:
     """j <= t (or j < t when strict) as an [L, L] boolean mask."""
     return torch.ones(L, L, dtype=torch.bool, device=device).tril(-1 if strict else 0)
 
@@ -110,7 +111,7 @@ def _is_moderate(G: Tensor, dtype: torch.dtype) -> bool:
     return span.numel() == 0 or span.max().item() <= SAFE_SPAN[real]
 
 
-def _single_reference(s, e, i, G, kind, strict):
+def _single_reference(s: Tensor, e: Tensor, i: Tensor, G: Tensor, kind: str, strict: bool) -> Tensor:
     """Blocks [.., L, *] factorised through the block's first step: exact, and safe when
     ``_is_moderate(G)`` because every factor then lies within exp(+-SAFE_SPAN)."""
     mask = _causal_mask(s.shape[-2], strict, s.device)
@@ -127,7 +128,9 @@ def _single_reference(s, e, i, G, kind, strict):
     return _exp(G - ref, s.dtype) * (a @ (i * _exp(ref - G, s.dtype)))
 
 
-def _intra_subchunked(s, e, i, G, kind, strict, at_most: int = SUBCHUNK):
+def _intra_subchunked(
+    s: Tensor, e: Tensor, i: Tensor, G: Tensor, kind: str, strict: bool, at_most: int = SUBCHUNK
+) -> Tensor:
     """Within-chunk outputs for row, column or separable decays too strong for one reference per
     chunk (s, e [.., C, K], i [.., C, D], G [.., C, X]). The chunk is cut into sub-chunks of
     c <= at_most steps; pairs of sub-chunks factorise through the reference point between them
@@ -143,7 +146,7 @@ def _intra_subchunked(s, e, i, G, kind, strict, at_most: int = SUBCHUNK):
     ns = C // c
     lead = s.shape[:-2]
 
-    def sub(x):
+    def sub(x: Tensor) -> Tensor:
         return x.reshape(*lead, ns, c, x.shape[-1])
 
     s_parts, e_parts, i_parts, G_parts = sub(s), sub(e), sub(i), sub(G)
@@ -174,7 +177,7 @@ def _intra_subchunked(s, e, i, G, kind, strict, at_most: int = SUBCHUNK):
 
 def chunk_matmul(
     s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, kind: str, m0: Tensor | None, C: int, strict: bool = False
-):
+) -> tuple[Tensor, Tensor]:
     """The ``matmul`` kernel (arguments as in ``_chunk_matmul_segment``), run over segments of
     about SEGMENT tokens with the memory carried between them. Segmenting changes nothing
     numerically; it keeps the working set and the temporaries of one call at a fixed size, so time
@@ -217,6 +220,8 @@ def _chunked(x: Tensor, C: int) -> Tensor:
 
 
 def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
+    """The chunked factors of a log decay g [B, H, T, X] (None: no decay) for chunks of C steps and
+    the compute dtype dt (see ``_Decay``)."""
     if g is None:
         return _Decay()
     # Cumulative logs in double precision: their differences over short spans must stay accurate
@@ -236,7 +241,7 @@ def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
     return _Decay(G, _exp(G, dt), exp_last, exp_neg, to_end, moderate)
 
 
-def _chunk_states(e: Tensor, i: Tensor, f: _Decay, kind: str, m0: Tensor | None):
+def _chunk_states(e: Tensor, i: Tensor, f: _Decay, kind: str, m0: Tensor | None) -> tuple[Tensor, Tensor]:
     """Memories at every chunk start, S [B, H, N, K, D], and after the last chunk.
     e [B, H, N, C, K] and i [B, H, N, C, D] are chunked."""
     B, H, N, _, K = e.shape
@@ -266,7 +271,7 @@ def _chunk_states(e: Tensor, i: Tensor, f: _Decay, kind: str, m0: Tensor | None)
     return torch.stack(states, 2), M
 
 
-def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: str, strict: bool):
+def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: str, strict: bool) -> Tensor:
     """y [B, H, N, C, D] from chunked s, e, i and the chunk-start memories S."""
     if kind == "none":
         return (s @ S).add_((s @ e.transpose(-1, -2)).tril_(-1 if strict else 0) @ i)
@@ -299,7 +304,7 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
 
 def _chunk_matmul_segment(
     s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, kind: str, m0: Tensor | None, C: int, strict: bool = False
-):
+) -> tuple[Tensor, Tensor]:
     """The ``matmul`` kernel on one segment. s, e [B, H, T, K]; i [B, H, T, D]; g None (kind 'none') or
     [B, H, T, 1] ('scalar'), [B, H, T, K] ('row'), [B, H, T, D] ('col'), [B, H, T, K + D] ('outer':
     the row part, then the column part); m0 [B, H, K, D] or None.
@@ -319,7 +324,8 @@ def _unchunk(y: Tensor, T: int) -> Tensor:
 
 
 def _own_step(s: Tensor, e: Tensor, i: Tensor) -> Tensor:
-    """Each step's own contribution (s_t . e_t) i_t, the part ``strict`` leaves out."""
+    """Each step's own contribution (s_t . e_t) i_t [B, H, T, D] (s, e [B, H, T, K]), the part
+    ``strict`` leaves out."""
     return (s * e).sum(-1, keepdim=True) * i
 
 
@@ -328,19 +334,22 @@ def _cat(parts: list) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
 
-def _segments(T: int, C: int):
+def _segments(T: int, C: int) -> list[slice]:
     seg = max(C, (SEGMENT // C) * C)
     return [slice(a, min(a + seg, T)) for a in range(0, T, seg)]
 
 
-def _no_decay_backward(s: Tensor, e: Tensor, i: Tensor, dy: Tensor, S: Tensor, dM: Tensor, C: int):
+def _no_decay_backward(
+    s: Tensor, e: Tensor, i: Tensor, dy: Tensor, S: Tensor, dM: Tensor, C: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The backward of one segment without decay (real inputs), in chunks:
     with A = tril(s e^T) and G = tril(dy i^T) per chunk, ds = G e + dy S^T, de = G^T s + i dA^T,
     di = A^T dy + e dA, where S is the memory at each chunk start (saved by the forward) and dA
     the adjoint memory after each chunk (a reverse exclusive prefix sum of s^T dy plus the
     adjoint carried in from later segments). No decay means no strict/own-step split is needed
     (that split only protects the decay gradient), so both intra-chunk maps take the diagonal.
-    Returns ds, de, di and the adjoint memory at the segment's start."""
+    s, e [B, H, L, K], i and dy [B, H, L, D], S [B, H, N, K, D], dM [B, H, K, D]; returns ds, de
+    [B, H, L, K], di [B, H, L, D] and the adjoint memory at the segment's start [B, H, K, D]."""
     L = s.shape[2]
     sc, ec, ic, dyc = (_chunked(x, C) for x in (s, e, i, dy))
     N = sc.shape[2]
@@ -401,7 +410,9 @@ class ChunkMatmulFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, s, e, i, g, m0, kind, C):
+    def forward(
+        ctx: Any, s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, m0: Tensor | None, kind: str, C: int
+    ) -> tuple[Tensor, Tensor]:
         B, H, T, K = s.shape
         M = m0 if m0 is not None else s.new_zeros(B, H, K, i.shape[-1])
         ys, stricts, starts = [], [], []
@@ -427,7 +438,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
         return _cat(ys), M
 
     @staticmethod
-    def backward(ctx, dy, dm_T):
+    def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
         s, e, i, g, m0, y_strict, m_T, *starts = ctx.saved_tensors  # m_T: o_T * m_{T-1} when g is set
         kind, C = ctx.kind, ctx.C
         tkind = TRANSPOSED[kind]
@@ -455,7 +466,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 for name, grad in (("s", ds), ("e", de), ("i", di)):
                     grads[name].append(grad)
 
-            def cat(name):
+            def cat(name: str) -> Tensor:
                 return _cat(grads[name][::-1])
 
             return cat("s"), cat("e"), cat("i"), None, dM if m0 is not None else None, None, None
@@ -525,7 +536,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 else:
                     dm0 = dM * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
 
-        def cat(name):
+        def cat(name: str) -> Tensor | None:
             return torch.cat(grads[name][::-1], 2) if grads[name] else None
 
         return cat("s"), cat("e"), cat("i"), cat("g"), dm0, None, None

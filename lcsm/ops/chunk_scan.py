@@ -20,6 +20,7 @@ the decay as factors exp(log_o) (or a ``LogProduct`` of log_o's operands), m the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,6 +33,7 @@ Tensor = torch.Tensor
 
 
 def _time_slice(x: Tensor | None, start: int, stop: int) -> Tensor | None:
+    """Steps start..stop of a [B|1, H, T|1, ...] tensor (a time-shared one serves every step)."""
     if x is None or x.shape[2] == 1:
         return x
     return x[:, :, start:stop]
@@ -70,7 +72,7 @@ def _promoted(*xs: Tensor | None) -> torch.dtype:
     return dt
 
 
-def _recur(i, e, o, h, out):
+def _recur(i: Tensor, e: Tensor, o: list[Tensor], h: Tensor, out: Tensor) -> Tensor:
     """``h_t = o_t * h_{t-1} + e_t (x) i_t`` for the n steps of i [B, H, n, D] (e and the decay
     factors o sliced alike) from the memory h, written into out[:, :, :n]; returns the last
     memory, a view of out. h may be out's last slot: each step reads only the slot before it."""
@@ -88,21 +90,22 @@ def _recur(i, e, o, h, out):
     return h
 
 
-def _block_ranges(c: int, b: int):
+def _block_ranges(c: int, b: int) -> list[tuple[int, int]]:
     return [(a, min(a + b, c)) for a in range(0, c, b)]
 
 
 # The elementwise kernel's decay ``o`` is a list of factors [B|1, H, c|1, K|1, D|1] whose product
 # is o (none, one, or a separable pair's two), or a LogProduct of operands in that layout whose
 # product is log o, from which each block forms its own factor exp(a * b) in cache.
+Decay = list[Tensor] | LogProduct
 
 
-def _operands(o) -> list:
+def _operands(o: Decay) -> list[Tensor]:
     """The tensors the decay's gradients are taken for: its factors, or a product's a and b."""
     return [o.a, o.b] if isinstance(o, LogProduct) else list(o)
 
 
-def _decay_slice(o, start: int, stop: int):
+def _decay_slice(o: Decay, start: int, stop: int) -> Decay:
     """The decay of steps start..stop."""
     if isinstance(o, LogProduct):
         return LogProduct(_time_slice(o.a, start, stop), _time_slice(o.b, start, stop))
@@ -116,7 +119,7 @@ class _FormedProduct(LogProduct):
     factor: Tensor
 
 
-def _formed_once(o, i: Tensor, e: Tensor, m: Tensor):
+def _formed_once(o: Decay, i: Tensor, e: Tensor, m: Tensor) -> Decay:
     """The decay the backward's two passes over a chunk read (``_memories``, then
     ``scan_chunk_backward``): a product's factor formed once for both when the chunk is a single
     block, where each pass would form all of it again (at batch 1 the exp is a large part of the
@@ -129,7 +132,7 @@ def _formed_once(o, i: Tensor, e: Tensor, m: Tensor):
     return _FormedProduct(o.a, o.b, _block_factors(o, 0, c)[0])
 
 
-def _block_factors(o, start: int, stop: int) -> list:
+def _block_factors(o: Decay, start: int, stop: int) -> list[Tensor]:
     """The factors of steps start..stop, a product's exp(a * b) formed for those steps alone."""
     if isinstance(o, _FormedProduct):
         return [_time_slice(o.factor, start, stop)]
@@ -138,7 +141,7 @@ def _block_factors(o, start: int, stop: int) -> list:
     return _decay_slice(o, start, stop)
 
 
-def _decay_grads(o, start: int, stop: int, dG: Tensor):
+def _decay_grads(o: Decay, start: int, stop: int, dG: Tensor) -> list[tuple[int, Tensor]]:
     """(index in ``_operands(o)``, gradient before reduction) for steps start..stop given
     dG = dlog_o there: every factor's log takes dG (their logs add); a product's a takes
     dG conj(b) and b takes dG conj(a) (PyTorch's convention for complex inputs)."""
@@ -148,7 +151,7 @@ def _decay_grads(o, start: int, stop: int, dG: Tensor):
     return [(j, dG) for j in range(len(o))]
 
 
-def scan_chunk(i, e, s, o, m):
+def scan_chunk(i: Tensor, e: Tensor, s: Tensor, o: Decay, m: Tensor) -> tuple[Tensor, Tensor]:
     """One chunk of the elementwise kernel: i [B, H, c, D], e/s [B|1, H, c|1, K, D|1], o a list of
     decay factors [B|1, H, c|1, K|1, D|1] whose product is the decay (exp(log_o); two for a
     separable pair, none for no decay) or a LogProduct of the log decay's operands, m [B, H, K, D]
@@ -176,7 +179,7 @@ def scan_chunk(i, e, s, o, m):
     return torch.cat(ys, 2), h.clone()
 
 
-def _memories(i, e, o, m):
+def _memories(i: Tensor, e: Tensor, o: Decay, m: Tensor) -> Tensor:
     """The memories h [B, H, c, K, D] after each step of a chunk, for its backward, in the
     forward's blocks (a product's factors formed block by block)."""
     B, H, c, D = i.shape
@@ -202,7 +205,7 @@ class _BlockGrads:
     is the chunk's slice of a per-step x's gradient buffer, written in place; None for a
     time-shared x, whose blocks are summed."""
 
-    def __init__(self, x: Tensor, out: Tensor | None):
+    def __init__(self, x: Tensor, out: Tensor | None) -> None:
         self.x, self.out, self.total = x, out, None
 
     def slot(self, a: int, z: int, like: Tensor) -> Tensor | None:
@@ -224,7 +227,17 @@ class _BlockGrads:
         return self.total if self.out is None else self.out
 
 
-def scan_chunk_backward(i, e, s, o, m, hs, dy, dm, out):
+def scan_chunk_backward(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    o: Decay,
+    m: Tensor,
+    hs: Tensor,
+    dy: Tensor,
+    dm: Tensor,
+    out: dict[str | int, Tensor | None],
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor], Tensor]:
     """The adjoint of ``scan_chunk`` (appendix 5.1, Type 1, restricted to one chunk), by the
     reverse-time recurrence ``dh_t = conj(o_{t+1}) dh_{t+1} + conj(s_t) dy_t``; with it
     ``dlog_o_t = conj(o_t) dh_t conj(h_{t-1})`` (reduced to each factor's shape: the factors
@@ -282,9 +295,13 @@ def scan_chunk_backward(i, e, s, o, m, hs, dy, dm, out):
     return grads["i"].result(), grads["e"].result(), grads["s"].result(), d_operands, carry.clone()
 
 
-def chunk_elementwise(i, e, s, o, m0, C):
-    """The ``elementwise`` kernel over the whole sequence (o: the decay factors, or a LogProduct
-    of the log decay's operands); returns y, m_T and the chunks' start memories."""
+def chunk_elementwise(
+    i: Tensor, e: Tensor, s: Tensor, o: Decay, m0: Tensor | None, C: int
+) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """The ``elementwise`` kernel over the whole sequence: i [B, H, T, D], e and s
+    [B|1, H, T|1, K, D|1], o the decay factors [B|1, H, T|1, K|1, D|1] or a LogProduct of the log
+    decay's operands, m0 [B, H, K, D] or None, chunks of C steps; returns y [B, H, T, D], m_T
+    [B, H, K, D] and the chunks' start memories (N of [B, H, K, D])."""
     B, H, T, D = i.shape
     K = e.shape[3]
     M = m0 if m0 is not None else i.new_zeros(B, H, K, D)
@@ -312,7 +329,17 @@ class ChunkElementwiseFunction(torch.autograd.Function):
     for a chunk of one block, ``_formed_once``)."""
 
     @staticmethod
-    def forward(ctx, i, e, s, g_a, g_b, m0, C, product):
+    def forward(
+        ctx: Any,
+        i: Tensor,
+        e: Tensor,
+        s: Tensor,
+        g_a: Tensor | None,
+        g_b: Tensor | None,
+        m0: Tensor | None,
+        C: int,
+        product: bool,
+    ) -> tuple[Tensor, Tensor]:
         logs = [x for x in (g_a, g_b) if x is not None]
         if product:
             decay = logs  # saved as they are, formed again in the backward
@@ -325,7 +352,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
         return y, m_T
 
     @staticmethod
-    def backward(ctx, dy, dm_T):
+    def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
         i, e, s, m0, *saved = ctx.saved_tensors
         # the decay factors exp(g) or a product's operands
         operands, states = saved[: ctx.operands], saved[ctx.operands :]

@@ -23,6 +23,8 @@ Shape glossary: B batch, T time, K memory rows, D memory columns; a size-1 dim b
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -74,7 +76,7 @@ def _steps(x: Tensor, start: int, stop: int) -> Tensor:
 
 class _LogSigmoidProduct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, tau):
+    def forward(ctx: Any, a: Tensor, b: Tensor, tau: float) -> Tensor:
         shape = torch.broadcast_shapes(a.shape, b.shape)
         B, T, K, D = shape
         dtype = torch.promote_types(a.dtype, b.dtype)
@@ -93,7 +95,7 @@ class _LogSigmoidProduct(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         a, b = ctx.saved_tensors
         B, T, K, D = grad.shape
         n = block_steps(B, 1, K, D, grad.dtype, grad.device, T)

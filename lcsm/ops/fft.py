@@ -48,9 +48,12 @@ def _over_k(powers: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (powers * x.unsqueeze(2)).sum(-2)
 
 
-def eos_fft(p: EOSProblem, real_output: bool = False, final_state: bool = True):
-    """y and m_T (None unless final_state). With real_output and a real input, y is the real part
-    only, Re(k * i) = Re(k) * i: a real convolution, half the work of the complex one."""
+def eos_fft(
+    p: EOSProblem, real_output: bool = False, final_state: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """y [B, H, T, D] and m_T [B, H, K, D] (None unless final_state). With real_output and a real
+    input, y is the real part only, Re(k * i) = Re(k) * i: a real convolution, half the work of the
+    complex one."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
     powers = _powers(p, 0, T)  # [1, H, T, Kg, Dg]
     kernel = _over_k(powers, (p.s * p.e)[:, :, 0]).expand(1, H, T, D)

@@ -18,7 +18,8 @@ from ._inputs import EOSProblem, finite_log
 
 
 def _cumulative_log(g: torch.Tensor, T: int) -> torch.Tensor:
-    """Gamma over the whole sequence, accumulated in double precision: differences of long
+    """Gamma [B|1, H, T, K|1, D|1] of a log decay g [B|1, H, T|1, K|1, D|1] over the whole
+    sequence, accumulated in double precision: differences of long
     float32 cumulative sums would lose the small exponents between nearby steps."""
     wide = torch.complex128 if g.is_complex() else torch.float64
     g = g.to(wide)
@@ -28,7 +29,8 @@ def _cumulative_log(g: torch.Tensor, T: int) -> torch.Tensor:
     return g.cumsum(2)
 
 
-def eos_parallel(p: EOSProblem):
+def eos_parallel(p: EOSProblem) -> tuple[torch.Tensor, torch.Tensor]:
+    """y [B, H, T, D] and the final memory [B, H, K, D] from the masked O(T^2) map."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
     dtype = p.i.dtype
     causal = torch.ones(T, T, dtype=torch.bool, device=p.i.device).tril()
