@@ -232,7 +232,8 @@ class TrainConfig(_Section):
     @classmethod
     def from_dict(cls, values):
         values = {} if values is None else values
-        values = {k: v for k, v in values.items() if k not in cls.RETIRED}
+        if isinstance(values, Mapping):
+            values = {k: v for k, v in values.items() if k not in cls.RETIRED}
         _check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
         if "early_stop" in values and not isinstance(values["early_stop"], EarlyStopConfig):
             values["early_stop"] = EarlyStopConfig.from_dict(values["early_stop"])
