@@ -1096,7 +1096,7 @@ class Bench:
 
 def chunk_fwd_bwd_flops(B: int, H: int, T: int, K: int, D: int, C: int, decay: bool = True) -> int:
     """Matmul FLOPs (2 per multiply-add) of the chunkwise algorithm, forward + custom backward,
-    T a multiple of C (ChunkMatmulFunction in lcsm/ops/chunk.py). Per token and head:
+    T a multiple of C (ChunkMatmulFunction in lcsm/ops/chunk_matmul.py). Per token and head:
         forward    chunk-start memories U = k^T v          2KD
                    inter-chunk q S_n                       2KD
                    intra-chunk (q k^T) and (scores) v      2C(K + D)

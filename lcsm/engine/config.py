@@ -29,7 +29,6 @@ import yaml
 from lcsm._checks import check_choice, check_float, check_int, check_keys
 from lcsm._names import did_you_mean
 from lcsm.engine.host_memory import HOST_ALLOCATORS
-from lcsm.ops.chunk import ELEMENTWISE_FORMS
 
 SCHEDULES = ("cosine", "inverse_sqrt", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")
@@ -170,21 +169,21 @@ class TrainConfig(_Section):
     host_allocator: "system" (the library's default: malloc as the process has it) or "retain"
         (``lcsm train``'s default: glibc's malloc keeps freed memory for the next step instead of
         page-faulting it in afresh, for the rest of the process; see ``lcsm.engine.host_memory``).
-    elementwise_form: how ``eos`` runs its elementwise kernel (K x D decays: Mamba, LCSM's o codes
-        0 and 6-9 and its SSM code): "step" (default) or "cumulative", fewer and larger operations
-        for launch-bound GPUs (``lcsm.ops.chunk._elementwise_form``); the numbers agree to rounding.
     """
 
     section = "train"
     # how the loop reports, keeps, places and runs its work, not what it computes: not part of a
     # run's training config (``RunConfig.training_dict``)
-    BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator", "elementwise_form")
+    BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator")
     # A run that met no non-finite step trained the same under either policy, so a stopped run can
     # go on with "skip"; and run ids, hashed from the training config, stay as they were.
     BOOKKEEPING += ("on_nonfinite",)
     # Part of a run's training config (and its id) but free to change when it is resumed: neither
     # changes a trained weight (eval_batch_size may move evaluation metrics by rounding alone).
     RESUMABLE = ("save_every", "eval_batch_size")
+    # Removed options that committed run configs still carry, with the one value that means what
+    # lcsm does today: read and dropped; any other value is refused.
+    RETIRED = {"elementwise_form": "step"}
     max_steps: int | None = None
     epochs: int | None = None
     batch_size: int = 32
@@ -203,11 +202,18 @@ class TrainConfig(_Section):
     threads: int | None = None
     on_nonfinite: str = "stop"
     host_allocator: str = "system"
-    elementwise_form: str = "step"
 
     @classmethod
     def from_dict(cls, values):
         values = {} if values is None else values
+        if isinstance(values, Mapping):
+            for key, kept in cls.RETIRED.items():
+                if key in values and values[key] != kept:
+                    raise ValueError(
+                        f"{cls.section}.{key}: this option was removed; only its old default {kept!r} "
+                        f"(what lcsm does now) is accepted, got {values[key]!r}"
+                    )
+            values = {k: v for k, v in values.items() if k not in cls.RETIRED}
         check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
         values = dict(values)
         if "early_stop" in values and not isinstance(values["early_stop"], EarlyStopConfig):
@@ -240,7 +246,6 @@ class TrainConfig(_Section):
         check_int("train.threads", self.threads, 1, allow_none=True)
         check_choice("train.on_nonfinite", self.on_nonfinite, NONFINITE)
         check_choice("train.host_allocator", self.host_allocator, HOST_ALLOCATORS)
-        check_choice("train.elementwise_form", self.elementwise_form, ELEMENTWISE_FORMS)
 
 
 @dataclass

@@ -48,7 +48,6 @@ from torch.nn.parallel import DistributedDataParallel
 from lcsm._provenance import device_name, git_commit, machine_info
 from lcsm.engine.host_memory import use_host_allocator
 from lcsm.models import build_model
-from lcsm.ops.chunk import use_elementwise_form
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler, recorded_task_data, task_data
 
 from . import checkpoint as ckpt
@@ -380,7 +379,7 @@ class Trainer:
             micro = _to_device(_rows(batch, start, start + self.micro), self.device)
             last = m == t.grad_accum - 1
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.net.no_sync()
-            with sync, use_elementwise_form(t.elementwise_form):
+            with sync:
                 with autocast(self.device, t.precision):
                     logits = self.task.logits(self.net, micro)
                 loss = self.task.loss(logits, micro["labels"], reduction="sum") / labelled
@@ -405,15 +404,14 @@ class Trainer:
         metrics = None
         if self.dist.is_main:
             t = self.config.train
-            with use_elementwise_form(t.elementwise_form):
-                metrics = evaluate(
-                    self.model,
-                    self.task,
-                    split or self.eval_split,
-                    t.eval_batch_size or t.batch_size,
-                    self.device,
-                    t.precision,
-                )
+            metrics = evaluate(
+                self.model,
+                self.task,
+                split or self.eval_split,
+                t.eval_batch_size or t.batch_size,
+                self.device,
+                t.precision,
+            )
         return self.dist.broadcast(metrics)
 
     def after_eval(self, metrics: dict[str, float]) -> None:

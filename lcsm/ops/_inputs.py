@@ -11,7 +11,7 @@ Shape glossary (used throughout ``lcsm.ops``)::
 
 Canonical, head-major tensors (a size-1 dim means "broadcast"):
 
-    v  [B, H, T, D]            the input state i
+    i  [B, H, T, D]            the input state
     e  [B|1, H, T|1, K, D|1]   expand state: a K-vector (last dim 1) or a K x D matrix
     s  [B|1, H, T|1, K, D|1]   shrink state, same convention
     g  [B|1, H, T|1, K|1, D|1] log oscillation (None: o = 1, or a separable pair below)
@@ -36,13 +36,24 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
 Tensor = torch.Tensor
 
 MODES = ("auto", "recurrent", "parallel", "chunk", "fft")
+
+# The least log oscillation the forms built on cumulative logs (parallel, fft, the chunk mode's
+# matmul kernel, eos_delta's chunk form) compute with, per real compute dtype. A decay of exactly 0,
+# log_o = -inf (log(sigmoid(x)) for x <= -104 in float32), would make -inf - (-inf) and -inf * 0
+# there, NaN from that step on. exp of these values is exactly 0 in their dtype (the smallest
+# denormals are e^-103.3 in float32 and e^-744.4 in float64), so raising log_o to them changes no o
+# and no gradient (the recurrence's dlog_o = o * ... is 0 there too); they are far from the dtypes'
+# most negative floats so that cumulative sums of them lose nothing to their magnitude.
+LOG_ZERO = {torch.float32: -128.0, torch.float64: -1024.0}
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,12 @@ class LogProduct:
     b: Tensor
 
 
+# log_o as ``eos`` takes it: None (o = 1), one tensor, a separable pair (log_row, log_col) or a
+# ``LogProduct(a, b)``.
+LogO = None | Tensor | tuple[Tensor, Tensor] | LogProduct
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
 def shape_str(x: Tensor) -> str:
     return "[" + ", ".join(str(n) for n in x.shape) + "]"
 
@@ -75,7 +92,17 @@ def check_floating(name: str, x: Tensor) -> None:
         )
 
 
-def check_chunk_size(chunk_size) -> int:
+def finite_log(g: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """g with its real part raised to at least ``LOG_ZERO`` of ``dtype`` (default g's dtype), the
+    dtype whose exp must give 0: -inf and every log below the value become it, the rest is
+    unchanged; a complex g keeps its imaginary part. Differentiable (0 gradient where raised)."""
+    floor = LOG_ZERO[(dtype or g.dtype).to_real()]
+    if g.is_complex():
+        return torch.complex(g.real.clamp(min=floor), g.imag)
+    return g.clamp(min=floor)
+
+
+def check_chunk_size(chunk_size: Any) -> int:
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
     return chunk_size
@@ -91,7 +118,7 @@ def check_same_device(named: dict) -> torch.device:
     return first
 
 
-def compute_dtype(tensors) -> torch.dtype:
+def compute_dtype(tensors: Sequence[Tensor | None]) -> torch.dtype:
     """Common dtype of the inputs; half precisions are computed in float32 (states stay float32,
     as in fla) and the output is cast back by the caller."""
     dtype = tensors[0].dtype
@@ -105,7 +132,7 @@ def compute_dtype(tensors) -> torch.dtype:
     return dtype
 
 
-def autocast_off(device: torch.device):
+def autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
     """A context with ``torch.autocast`` off on ``device``'s type (a no-op where it is off or where
     the device has no autocast, as the meta device)."""
     if not torch.amp.is_autocast_available(device.type) or not torch.is_autocast_enabled(device.type):
@@ -113,7 +140,7 @@ def autocast_off(device: torch.device):
     return torch.autocast(device.type, enabled=False)
 
 
-def without_autocast(fn):
+def without_autocast(fn: _Fn) -> _Fn:
     """Run ``fn`` with ``torch.autocast`` off on the device of its first tensor argument
     (positional or keyword).
 
@@ -124,7 +151,7 @@ def without_autocast(fn):
     the float32 of the forward."""
 
     @functools.wraps(fn)
-    def run(*args, **kwargs):
+    def run(*args: Any, **kwargs: Any) -> Any:
         if _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():
             return fn(*args, **kwargs)
         device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, Tensor)), None)
@@ -146,7 +173,7 @@ _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 class EOSProblem:
     """Canonical head-major form of one call of :func:`lcsm.ops.eos` (see the module glossary)."""
 
-    v: Tensor
+    i: Tensor
     e: Tensor
     s: Tensor
     g: Tensor | None
@@ -164,7 +191,7 @@ class EOSProblem:
     g_product: tuple[Tensor, Tensor] | None = None
     # A real input of a complex computation, before its promotion ([B, H, T, D], a view of i): the
     # fft form convolves it with the kernel's real part when only Re(y) is asked for.
-    v_real: Tensor | None = None
+    i_real: Tensor | None = None
 
     @property
     def e_is_vector(self) -> bool:
@@ -209,7 +236,7 @@ class EOSProblem:
         return "full"
 
 
-def _state_shape(i: Tensor, name: str, x: Tensor, K: int, D: int):
+def _state_shape(i: Tensor, name: str, x: Tensor, K: int, D: int) -> tuple[Tensor, bool]:
     """Canonicalise an expand or shrink state to [B|1, H, T|1, K, D|1]; returns (tensor, is_dd)."""
     B, T, H, _ = i.shape
     if x.dim() == 4:
@@ -235,7 +262,7 @@ def _state_shape(i: Tensor, name: str, x: Tensor, K: int, D: int):
     )
 
 
-def _pair_part(log_o: Tensor, index: int, B: int, T: int, H: int, K: int, D: int):
+def _pair_part(log_o: Tensor, index: int, B: int, T: int, H: int, K: int, D: int) -> tuple[Tensor, bool]:
     """Canonicalise one factor of a separable pair: log_o[0] (rows) to [B|1, H, T|1, K, 1],
     log_o[1] (columns) to [B|1, H, T|1, 1, D]; returns (tensor, is_dd)."""
     name = f"log_o[{index}]"
@@ -257,7 +284,7 @@ def _pair_part(log_o: Tensor, index: int, B: int, T: int, H: int, K: int, D: int
     )
 
 
-def _decay_tensor(name: str, x: Tensor, B: int, T: int, H: int, K: int, D: int):
+def _decay_tensor(name: str, x: Tensor, B: int, T: int, H: int, K: int, D: int) -> tuple[Tensor, bool]:
     """Canonicalise a log oscillation tensor (log_o, or an operand of a ``LogProduct``) to
     [B|1, H, T|1, K|1, D|1]; returns (tensor, is_dd)."""
     if x.dim() == 5:
@@ -282,7 +309,7 @@ def _decay_tensor(name: str, x: Tensor, B: int, T: int, H: int, K: int, D: int):
     return xc, dd
 
 
-def _log_o_tensors(log_o) -> list:
+def _log_o_tensors(log_o: LogO) -> list[Tensor]:
     """The tensors of log_o: [], [log_o], the two factors of a separable pair or the two operands
     of a product (validated)."""
     if log_o is None:
@@ -304,7 +331,14 @@ def _log_o_tensors(log_o) -> list:
     return [log_o]
 
 
-def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "initial_state") -> EOSProblem:
+def canonicalize(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    log_o: LogO = None,
+    initial_state: Tensor | None = None,
+    state_name: str = "initial_state",
+) -> EOSProblem:
     """Validate the arguments of :func:`lcsm.ops.eos` and return the canonical problem.
     ``log_o`` is None, one tensor, a separable pair (log_row, log_col) meaning
     o = exp(log_row + log_col), or a ``LogProduct(a, b)`` meaning o = exp(a * b). ``state_name``:
@@ -363,9 +397,8 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
         out_dtype = torch.promote_types(out_dtype, initial_state.dtype)
     dtype = compute_dtype([i, e, s, *decays, initial_state])
 
-    v = i.permute(0, 2, 1, 3).to(dtype)
     p = EOSProblem(
-        v=v,
+        i=i.permute(0, 2, 1, 3).to(dtype),
         e=ec.to(dtype),
         s=sc.to(dtype),
         g=gc.to(dtype) if gc is not None else None,
@@ -381,12 +414,14 @@ def canonicalize(i, e, s, log_o=None, initial_state=None, state_name: str = "ini
         g_dd=g_dd,
         g_outer=tuple(x.to(dtype) for x in pair_c) if pair_c is not None else None,
         g_product=tuple(x.to(dtype) for x in product_c) if product_c is not None else None,
-        v_real=i.permute(0, 2, 1, 3).to(dtype.to_real()) if dtype.is_complex and not i.is_complex() else None,
+        i_real=i.permute(0, 2, 1, 3).to(dtype.to_real()) if dtype.is_complex and not i.is_complex() else None,
     )
     return p
 
 
-def finish(p: EOSProblem, y_bhtd: Tensor, m_T: Tensor | None, output_final_state: bool, real_output: bool = False):
+def finish(
+    p: EOSProblem, y_bhtd: Tensor, m_T: Tensor | None, output_final_state: bool, real_output: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """Back to the public layout [B, T, H, D] and dtype (y's real part when real_output); final
     state only when asked for."""
     if real_output and y_bhtd.is_complex():
@@ -394,5 +429,5 @@ def finish(p: EOSProblem, y_bhtd: Tensor, m_T: Tensor | None, output_final_state
     y = y_bhtd.permute(0, 2, 1, 3).to(p.out_dtype.to_real() if real_output else p.out_dtype)
     if not output_final_state:
         return y, None
-    state_dtype = p.v.dtype if p.out_dtype in (torch.float16, torch.bfloat16) else p.out_dtype
+    state_dtype = p.i.dtype if p.out_dtype in (torch.float16, torch.bfloat16) else p.out_dtype
     return y, m_T.to(state_dtype)

@@ -14,26 +14,22 @@ product, logsigmoid's output and its saved buffer, the quotient) and the backwar
 each a round trip to main memory (537 MB each in float32 at B 64, T 256, K 64, D 128, the LCSM
 MQAR cell of 256 tokens at d_model 128). ``log_sigmoid_product`` computes the same numbers in
 blocks of time steps that fit in the cache (the elementwise kernel's blocks,
-``chunk._block_steps``), writes only the output, saves only a and b, and recomputes the product
-in the backward. Measured at that cell (2026-12-02, 2 CPU threads): a training run of 1-8-1-0 at
-4.0k tokens/s before, 6.5k with this op (the sweep's progress lines, 30 steps each, the same
-command). bench/ops_bench.py, case ``decay``, times the op alone and in one layer: in the full
-runs of bench/results/ops.md at b71ec0b, 15cc861 and a9364d0 the op is 1.4-5.7x faster than the
-expressions and a 1-8-1-0 layer's forward and backward 1.16x, 1.98x and 0.97x, less than in the
-run and as variable as the expressions' page faults (37 a token at 15cc861, none at a9364d0): the
-benchmark repeats one call in a warm heap, where those large temporaries can be reused without
-faulting, as they rarely are in training.
+``_blocks.block_steps``), writes only the output, saves only a and b, and recomputes the product
+in the backward. bench/ops_bench.py, case ``decay``, times it against the expressions, alone and
+in one layer (measurements: bench/results/eos_kernels.md).
 
 Shape glossary: B batch, T time, K memory rows, D memory columns; a size-1 dim broadcasts.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
+from ._blocks import block_steps
 from ._inputs import shape_str
-from .chunk import _block_steps
 
 Tensor = torch.Tensor
 
@@ -80,11 +76,11 @@ def _steps(x: Tensor, start: int, stop: int) -> Tensor:
 
 class _LogSigmoidProduct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, tau):
+    def forward(ctx: Any, a: Tensor, b: Tensor, tau: float) -> Tensor:
         shape = torch.broadcast_shapes(a.shape, b.shape)
         B, T, K, D = shape
         dtype = torch.promote_types(a.dtype, b.dtype)
-        n = _block_steps(B, 1, K, D, dtype, a.device, T)
+        n = block_steps(B, 1, K, D, dtype, a.device, T)
         out = torch.empty(shape, dtype=dtype, device=a.device)
         work = torch.empty((B, n, K, D), dtype=dtype, device=a.device)
         for start in range(0, T, n):
@@ -99,10 +95,10 @@ class _LogSigmoidProduct(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         a, b = ctx.saved_tensors
         B, T, K, D = grad.shape
-        n = _block_steps(B, 1, K, D, grad.dtype, grad.device, T)
+        n = block_steps(B, 1, K, D, grad.dtype, grad.device, T)
         dz = grad.new_empty(B, n, K, D)
         term = grad.new_empty(B, n, K, D)
         factors = (a, b)

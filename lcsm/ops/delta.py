@@ -26,12 +26,22 @@ width), C chunk size, N = ceil(T / C) chunks. Internally tensors are head-major 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.autograd.function import once_differentiable
 
 from lcsm._checks import check_bool
 
-from ._inputs import check_chunk_size, check_floating, check_same_device, compute_dtype, shape_str, without_autocast
+from ._inputs import (
+    check_chunk_size,
+    check_floating,
+    check_same_device,
+    compute_dtype,
+    finite_log,
+    shape_str,
+    without_autocast,
+)
 
 Tensor = torch.Tensor
 
@@ -41,8 +51,18 @@ DELTA_MODES = ("auto", "recurrent", "chunk")
 # ----------------------------------------------------------------------------- validation
 
 
-def _canonicalize(i, e, s, a, b, log_o, initial_state):
-    """Validate ``eos_delta``'s arguments; return head-major tensors in the compute dtype."""
+def _canonicalize(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    a: Tensor,
+    b: Tensor,
+    log_o: Tensor | None,
+    initial_state: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None, torch.dtype]:
+    """Validate ``eos_delta``'s arguments; return head-major tensors in the compute dtype: i, e, s,
+    a, b [B, H, T, D|K], the gate log g [B, H, T] (or None), m0 [B, H, K, D] (or None) and the
+    output dtype."""
     named = {"i": i, "e": e, "s": s, "a": a, "b": b, "log_o": log_o, "initial_state": initial_state}
     for name, x in named.items():
         if x is None and name in ("log_o", "initial_state"):
@@ -88,7 +108,7 @@ def _canonicalize(i, e, s, a, b, log_o, initial_state):
             out_dtype = torch.promote_types(out_dtype, t.dtype)
     dtype = compute_dtype(tensors)
 
-    def hm(x):
+    def hm(x: Tensor) -> Tensor:
         return x.permute(0, 2, 1, 3).to(dtype)
 
     g = None
@@ -102,7 +122,9 @@ def _canonicalize(i, e, s, a, b, log_o, initial_state):
 # ----------------------------------------------------------------------------- recurrent form
 
 
-def _step(m: Tensor, v: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, gamma: Tensor | None):
+def _step(
+    m: Tensor, v: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, gamma: Tensor | None
+) -> tuple[Tensor, Tensor]:
     """One step on [B, H, .] tensors: m [B, H, K, D] -> (y [B, H, D], m_new)."""
     u = torch.einsum("bhk,bhkd->bhd", b, m)
     m = m - a.unsqueeze(-1) * u.unsqueeze(-2)
@@ -121,7 +143,17 @@ class _DeltaRecurrent(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, v, e, s, a, b, g, m0, chunk_size):
+    def forward(
+        ctx: Any,
+        v: Tensor,
+        e: Tensor,
+        s: Tensor,
+        a: Tensor,
+        b: Tensor,
+        g: Tensor | None,
+        m0: Tensor | None,
+        chunk_size: int,
+    ) -> tuple[Tensor, Tensor]:
         Bn, H, T, D = v.shape
         K = e.shape[-1]
         m = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
@@ -142,7 +174,7 @@ class _DeltaRecurrent(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dy, dm_T):
+    def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
         v, e, s, a, b, g, *checkpoints = ctx.saved_tensors
         C = ctx.chunk_size
         T = v.shape[2]
@@ -212,7 +244,7 @@ class _UnitLowerInverse(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, L):
+    def forward(ctx: Any, L: Tensor) -> Tensor:
         C = L.shape[-1]
         eye = torch.eye(C, dtype=L.dtype, device=L.device)
         inv = torch.linalg.solve_triangular(L + eye, eye.expand_as(L), upper=False, unitriangular=True)
@@ -221,13 +253,23 @@ class _UnitLowerInverse(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         (inv,) = ctx.saved_tensors
         inv_t = inv.transpose(-1, -2)
         return -(inv_t @ grad @ inv_t).tril(-1)
 
 
-def _delta_chunk(v, e, s, a, b, g, m0, chunk_size, a_is_e=False):
+def _delta_chunk(
+    v: Tensor,
+    e: Tensor,
+    s: Tensor,
+    a: Tensor,
+    b: Tensor,
+    g: Tensor | None,
+    m0: Tensor | None,
+    chunk_size: int,
+    a_is_e: bool = False,
+) -> tuple[Tensor, Tensor]:
     """Chunkwise (WY / UT) form. All inputs head-major [B, H, T, .]; returns (y, m_T).
 
     Per chunk, with local cumulative log gate c_t = sum_{l<=t} g_l and a'_t = gamma_t a_t:
@@ -251,7 +293,8 @@ def _delta_chunk(v, e, s, a, b, g, m0, chunk_size, a_is_e=False):
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
     incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
     if g is not None:
-        g = g.reshape(Bn, H, N, C)
+        # a gate of exactly 0 (log_o = -inf) would make c_t - g_t = -inf - (-inf)
+        g = finite_log(g.reshape(Bn, H, N, C))
         c = g.cumsum(-1)  # c_t
         c_prev = c - g  # c_{t-1}
         a = a * g.exp().unsqueeze(-1)  # a'_t = gamma_t a_t

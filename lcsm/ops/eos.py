@@ -17,14 +17,22 @@ import torch
 
 from lcsm._checks import check_bool
 
-from ._inputs import MODES, EOSProblem, LogProduct, canonicalize, check_chunk_size, finish, shape_str, without_autocast
+from ._inputs import (
+    MODES,
+    EOSProblem,
+    LogO,
+    canonicalize,
+    check_chunk_size,
+    finish,
+    shape_str,
+    without_autocast,
+)
 from .chunk import eos_chunk, kernel_for
 from .fft import eos_fft
 from .parallel import eos_parallel
 from .reference import eos_recurrent, eos_step_state
 
 Tensor = torch.Tensor
-LogO = None | Tensor | tuple[Tensor, Tensor] | LogProduct
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,16 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
     )
 
 
-def explain(i, e, s, log_o=None, *, mode: str = "auto", initial_state=None, chunk_size: int = 64) -> Plan:
+def explain(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    log_o: LogO = None,
+    *,
+    mode: str = "auto",
+    initial_state: Tensor | None = None,
+    chunk_size: int = 64,
+) -> Plan:
     """The plan ``eos`` follows for these arguments (validated exactly as ``eos`` does).
 
     Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent (both parts
@@ -163,8 +180,8 @@ def eos(
     p = canonicalize(i, e, s, log_o, initial_state)
     plan = _plan(p, mode, chunk_size)
     if p.T == 0:
-        m = p.m0 if p.m0 is not None else p.v.new_zeros(p.B, p.H, p.K, p.D)
-        return finish(p, p.v.new_zeros(p.B, p.H, 0, p.D), m, output_final_state, real_output)
+        m = p.m0 if p.m0 is not None else p.i.new_zeros(p.B, p.H, p.K, p.D)
+        return finish(p, p.i.new_zeros(p.B, p.H, 0, p.D), m, output_final_state, real_output)
     # An empty batch, head or state dimension: every form gives the same empty (or, for K = 0,
     # zero) output; the step loop computes it without the fast forms' block and FFT sizing.
     if plan.mode == "recurrent" or p.B * p.H * p.K * p.D == 0:
@@ -178,7 +195,7 @@ def eos(
     return finish(p, y, m_T, output_final_state, real_output)
 
 
-def eos_step(i_t: Tensor, e_t: Tensor, s_t: Tensor, log_o_t: LogO, state: Tensor):
+def eos_step(i_t: Tensor, e_t: Tensor, s_t: Tensor, log_o_t: LogO, state: Tensor) -> tuple[Tensor, Tensor]:
     """One decoding step, O(K * D). Arguments have their ``eos`` shapes with T = 1
     (i_t [B, 1, H, D], data-dependent e_t [B, 1, H, K], data-independent ones unchanged; log_o_t
     a tensor, a separable pair or None); state [B, H, K, D].
@@ -190,5 +207,5 @@ def eos_step(i_t: Tensor, e_t: Tensor, s_t: Tensor, log_o_t: LogO, state: Tensor
     p = canonicalize(i_t, e_t, s_t, log_o_t, state, state_name="state")
     g = p.g_full
     o = g[:, :, 0].exp() if g is not None else None
-    y, m = eos_step_state(p.v[:, :, 0], p.e[:, :, 0], p.s[:, :, 0], o, p.m0)
+    y, m = eos_step_state(p.i[:, :, 0], p.e[:, :, 0], p.s[:, :, 0], o, p.m0)
     return finish(p, y.unsqueeze(2), m, True)

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ._inputs import EOSProblem
+from ._inputs import EOSProblem, finite_log
 
 
 def _powers(p: EOSProblem, start: int, stop: int) -> torch.Tensor:
@@ -24,13 +24,14 @@ def _powers(p: EOSProblem, start: int, stop: int) -> torch.Tensor:
     entry, since an exp (complex above all) costs several times a product; each entry is still
     two exps and a product away from exact, with no power accumulated step by step."""
     n = stop - start
-    dtype = p.v.real.dtype if p.v.is_complex() else p.v.dtype
+    dtype = p.i.real.dtype if p.i.is_complex() else p.i.dtype
     g = p.g_full  # a separable pair as its [1, H, 1, K, D] sum
     if g is None:
-        return torch.ones(1, p.H, n, 1, 1, dtype=p.v.dtype, device=p.v.device)
+        return torch.ones(1, p.H, n, 1, 1, dtype=p.i.dtype, device=p.i.device)
+    g = finite_log(g)  # o = 0 (log_o = -inf) would make o^0 = exp(-inf * 0)
     S = max(1, math.isqrt(n))
-    a = torch.arange(-(-n // S), device=p.v.device, dtype=dtype) * S + start
-    b = torch.arange(S, device=p.v.device, dtype=dtype)
+    a = torch.arange(-(-n // S), device=p.i.device, dtype=dtype) * S + start
+    b = torch.arange(S, device=p.i.device, dtype=dtype)
     coarse = (g * a.view(1, 1, -1, 1, 1)).exp().unsqueeze(3)  # [1, H, A, 1, Kg, Dg]
     fine = (g * b.view(1, 1, -1, 1, 1)).exp().unsqueeze(2)  # [1, H, 1, S, Kg, Dg]
     return (coarse * fine).flatten(2, 3)[:, :, :n]
@@ -47,32 +48,35 @@ def _over_k(powers: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (powers * x.unsqueeze(2)).sum(-2)
 
 
-def eos_fft(p: EOSProblem, real_output: bool = False, final_state: bool = True):
-    """y and m_T (None unless final_state). With real_output and a real input, y is the real part
-    only, Re(k * v) = Re(k) * v: a real convolution, half the work of the complex one."""
+def eos_fft(
+    p: EOSProblem, real_output: bool = False, final_state: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """y [B, H, T, D] and m_T [B, H, K, D] (None unless final_state). With real_output and a real
+    input, y is the real part only, Re(k * i) = Re(k) * i: a real convolution, half the work of the
+    complex one."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
     powers = _powers(p, 0, T)  # [1, H, T, Kg, Dg]
     kernel = _over_k(powers, (p.s * p.e)[:, :, 0]).expand(1, H, T, D)
-    v = p.v
-    if real_output and p.v_real is not None:
-        kernel, v = kernel.real, p.v_real
+    i = p.i
+    if real_output and p.i_real is not None:
+        kernel, i = kernel.real, p.i_real
     n = 2 * T
-    if kernel.is_complex() or v.is_complex():
+    if kernel.is_complex() or i.is_complex():
         kf = torch.fft.fft(kernel, n=n, dim=2)
-        vf = torch.fft.fft(v, n=n, dim=2)
-        y = torch.fft.ifft(kf * vf, n=n, dim=2)[:, :, :T]
+        i_f = torch.fft.fft(i, n=n, dim=2)
+        y = torch.fft.ifft(kf * i_f, n=n, dim=2)[:, :, :T]
     else:
         kf = torch.fft.rfft(kernel, n=n, dim=2)
-        vf = torch.fft.rfft(v, n=n, dim=2)
-        y = torch.fft.irfft(kf * vf, n=n, dim=2)[:, :, :T]
+        i_f = torch.fft.rfft(i, n=n, dim=2)
+        y = torch.fft.irfft(kf * i_f, n=n, dim=2)[:, :, :T]
     m_T = None
     if final_state:
         # m_T = o^T m_0 + sum_s o^(T-s) e i_s; the powers o^(T-s) are powers[T-s] reversed.
         back = powers.flip(2)
         if back.shape[-1] == 1:
-            m_T = p.e[:, :, 0] * torch.einsum("htk,bhtd->bhkd", back[0, ..., 0], p.v)
+            m_T = p.e[:, :, 0] * torch.einsum("htk,bhtd->bhkd", back[0, ..., 0], p.i)
         else:
-            m_T = (back * p.e * p.v.unsqueeze(-2)).sum(2)
+            m_T = (back * p.e * p.i.unsqueeze(-2)).sum(2)
         m_T = m_T.expand(B, H, K, D)
     if p.m0 is not None:
         from_start = _powers(p, 1, T + 1)  # o^t, t = 1..T

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from ._inputs import EOSProblem
+from ._inputs import EOSProblem, finite_log
 
 
 def _cumulative_log(g: torch.Tensor, T: int) -> torch.Tensor:
-    """Gamma over the whole sequence, accumulated in double precision: differences of long
+    """Gamma [B|1, H, T, K|1, D|1] of a log decay g [B|1, H, T|1, K|1, D|1] over the whole
+    sequence, accumulated in double precision: differences of long
     float32 cumulative sums would lose the small exponents between nearby steps."""
     wide = torch.complex128 if g.is_complex() else torch.float64
     g = g.to(wide)
@@ -28,12 +29,15 @@ def _cumulative_log(g: torch.Tensor, T: int) -> torch.Tensor:
     return g.cumsum(2)
 
 
-def eos_parallel(p: EOSProblem):
+def eos_parallel(p: EOSProblem) -> tuple[torch.Tensor, torch.Tensor]:
+    """y [B, H, T, D] and the final memory [B, H, K, D] from the masked O(T^2) map."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
-    dtype = p.v.dtype
-    causal = torch.ones(T, T, dtype=torch.bool, device=p.v.device).tril()
+    dtype = p.i.dtype
+    causal = torch.ones(T, T, dtype=torch.bool, device=p.i.device).tril()
     e, s = p.e, p.s
     g = p.g_full  # a separable pair as its K x D sum: this form is the plain twin
+    if g is not None:
+        g = finite_log(g)  # o = 0 (log_o = -inf) would make Gamma_t - Gamma_s = -inf - (-inf)
     if g is None:
         gamma = None
         w = causal.to(dtype).view(1, 1, T, T, 1, 1)
@@ -46,17 +50,17 @@ def eos_parallel(p: EOSProblem):
     if p.e_is_vector and p.s_is_vector and w.shape[-1] == 1:
         # A[t, s] = sum_k s_t[k] e_s[k] w[t, s, k]
         a = (s[..., 0].unsqueeze(3) * e[..., 0].unsqueeze(2) * w[..., 0]).sum(-1)
-        y = a @ p.v
+        y = a @ p.i
     else:
         a = (s.unsqueeze(3) * e.unsqueeze(2) * w).sum(-2)  # [.., t, s, D]
-        y = (a * p.v.unsqueeze(2)).sum(3)
+        y = (a * p.i.unsqueeze(2)).sum(3)
     if g is None:
-        decay_to_end = torch.ones((), dtype=dtype, device=p.v.device)
+        decay_to_end = torch.ones((), dtype=dtype, device=p.i.device)
         from_start = decay_to_end
     else:
         decay_to_end = (gamma[:, :, -1:] - gamma).exp().to(dtype)  # exp(Gamma_T - Gamma_s)
         from_start = gamma.exp().to(dtype)  # exp(Gamma_t)
-    m_T = (decay_to_end * e * p.v.unsqueeze(-2)).sum(2).expand(B, H, K, D)
+    m_T = (decay_to_end * e * p.i.unsqueeze(-2)).sum(2).expand(B, H, K, D)
     if p.m0 is not None:
         y = y + (s * from_start * p.m0.unsqueeze(2)).sum(-2)
         last = from_start[:, :, -1] if g is not None else from_start

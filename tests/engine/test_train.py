@@ -1,7 +1,6 @@
 """The training loop: loss falls, no-decay groups, schedules, accumulation, early stopping."""
 
 import copy
-import dataclasses
 import io
 import json
 import math
@@ -12,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import lcsm.ops.chunk as chunk
 from lcsm.engine import RunConfig, apply_overrides, build_optimizer, lr_factor, train
 from lcsm.engine.config import OptimConfig, load_config
 from lcsm.engine.monitor import Progress
@@ -371,28 +369,13 @@ def test_no_final_test_when_the_run_evaluates_on_test(cache_env):
     assert train(config(cache_env), quiet=True)["test"] is None
 
 
-def test_elementwise_form_is_checked_applied_and_leaves_the_training_config_alone(cache_env, monkeypatch):
-    """train.elementwise_form picks the form of eos's elementwise kernel for the run's steps (a
-    Mamba model takes it): the same loss to rounding either way, the same training config (a run
-    id does not change with it), a bad value refused by name, the process's setting restored."""
-    values = apply_overrides(TINY, {"out_dir": str(cache_env / "run"), "model.mixer": "mamba"})
+def test_the_removed_elementwise_form_option_is_read_and_ignored(cache_env):
+    """train.elementwise_form chose a since-removed form of eos's elementwise kernel; run configs
+    committed under results/ carry its default, "step", which is read and dropped; the removed
+    "cumulative" is refused rather than silently run as "step"."""
+    values = apply_overrides(TINY, {"out_dir": str(cache_env / "run")})
     default = RunConfig.from_dict(values)
-    assert default.train.elementwise_form == "step"
-    cumulative = RunConfig.from_dict(apply_overrides(values, {"train.elementwise_form": "cumulative"}))
-    assert cumulative.training_dict() == default.training_dict()
-    with pytest.raises(ValueError, match=r"train.elementwise_form: expected one of 'step', 'cumulative', got 'scan'"):
-        RunConfig.from_dict(apply_overrides(values, {"train.elementwise_form": "scan"}))
-
-    calls = []
-    blocks = chunk.cumulative_memories
-    monkeypatch.setattr(chunk, "cumulative_memories", lambda *args: calls.append(1) or blocks(*args))
-    losses, counts = {}, {}
-    for config in (default, cumulative):
-        form = config.train.elementwise_form
-        trainer = Trainer(dataclasses.replace(config, out_dir=str(cache_env / form)), quiet=True)
-        calls.clear()
-        losses[form] = trainer.train_step(list(range(config.train.batch_size)))[0]
-        counts[form] = len(calls)
-        assert chunk.ELEMENTWISE_FORM == "step"
-    assert counts["step"] == 0 and counts["cumulative"] > 0
-    assert losses["cumulative"] == pytest.approx(losses["step"], rel=1e-5)
+    old = RunConfig.from_dict(apply_overrides(values, {"train.elementwise_form": "step"}))
+    assert old == default and not hasattr(old.train, "elementwise_form")
+    with pytest.raises(ValueError, match=r"train.elementwise_form: this option was removed.*got 'cumulative'"):
+        RunConfig.from_dict(apply_overrides(values, {"train.elementwise_form": "cumulative"}))

@@ -6,7 +6,7 @@ linear range, and clear errors for inputs it cannot serve."""
 import pytest
 import torch
 
-from lcsm.ops import chunk
+from lcsm.ops import _blocks
 from lcsm.ops.decay import log_sigmoid_product, log_sigmoid_product_reference
 from lcsm.testing import assert_close, gradients
 
@@ -43,11 +43,11 @@ def compare(case, T, dtype, spread=1.0, tau=16.0):
 
 @pytest.fixture(params=[1, 3, None], ids=["blocks of 1 step", "blocks of 3 steps", "one block"])
 def block_steps(request, monkeypatch):
-    """The time block of ``log_sigmoid_product`` (``chunk._block_steps``, from BLOCK_BYTES): one
+    """The time block of ``log_sigmoid_product`` (``_blocks.block_steps``, from BLOCK_BYTES): one
     step, three (not dividing the odd lengths) or the whole sequence."""
     if request.param is not None:
         row = B * K * D * 8  # one float64 step; a float32 block holds twice the steps
-        monkeypatch.setattr(chunk, "BLOCK_BYTES", request.param * row)
+        monkeypatch.setattr(_blocks, "BLOCK_BYTES", request.param * row)
     return request.param
 
 

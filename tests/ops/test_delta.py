@@ -314,3 +314,23 @@ def test_output_final_state_is_a_bool():
 def test_unknown_mode():
     with pytest.raises(ValueError, match="mode: expected one of auto, recurrent, chunk, got 'fft'"):
         _call(_args(), mode="fft")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode", ["chunk", "recurrent", "auto"])
+@pytest.mark.parametrize("gate,where", [("dd", 0), ("dd", 30), ("dd", 64), ("dd", "all"), ("head", 0), ("head", "all")])
+def test_a_gate_of_exactly_zero(gate, where, mode, dtype):
+    """log_o = -inf (the gate is exactly 0, as log(sigmoid(x)) gives for x <= -104 in float32) at
+    one step (first, inside a chunk, last), in one head of a per-head gate, or everywhere: no NaN
+    from -inf - (-inf) in the chunk form's cumulative gates; y, m_T and every gradient the
+    definition's (dlog_o 0 there)."""
+    inputs = make_inputs(65, gate=gate, initial=True, seed=3)
+    log_o = inputs["log_o"].clone()
+    if where == "all":
+        log_o.fill_(-math.inf)
+    elif gate == "head":
+        log_o[0] = -math.inf
+    else:
+        log_o[:, where] = -math.inf
+    inputs["log_o"] = log_o
+    check(inputs, mode, dtype, context=f"gate {gate} -inf at {where}")

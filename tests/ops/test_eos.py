@@ -537,7 +537,7 @@ def test_custom_backward_stores_no_per_step_memory(decay):
 
 def test_a_chunk_longer_than_the_sequence_runs_as_the_sequence(monkeypatch):
     """C > T would only pad the sequence (the C x C intra-chunk map grows with C): C = T runs."""
-    import lcsm.ops.chunk as chunk_mod
+    import lcsm.ops.chunk_matmul as chunk_mod
 
     sizes = []
     chunked = chunk_mod._chunked
@@ -793,9 +793,9 @@ def test_segmented_long_sequences(decay, strength, dtype, monkeypatch):
     backward, the adjoint memory and the decay gradient's running sum carried back); shrink the
     segment so a short test crosses several boundaries (including one that is not a multiple of
     the chunk), at moderate decays and at decays strong enough for the sub-chunked branches."""
-    import lcsm.ops.chunk as chunk
+    import lcsm.ops.chunk_matmul as chunk_matmul
 
-    monkeypatch.setattr(chunk, "SEGMENT", 20)
+    monkeypatch.setattr(chunk_matmul, "SEGMENT", 20)
     check(
         make_inputs(61, decay=decay, seed=31, strength=strength),
         "chunk",
@@ -827,91 +827,18 @@ def test_elementwise_blocks(e, s, decay, complex_decay, block, dtype, monkeypatc
     of one step (the large-batch case) and of three (blocks that do not divide the chunk of 8,
     itself not dividing T), with time-shared and per-step e, s and decays. (On other devices a
     block is the whole chunk, the path every other test takes.)"""
-    import lcsm.ops.chunk as chunk
+    import lcsm.ops._blocks as blocks
 
     memory_dtype = {torch.float64: torch.complex128, torch.float32: torch.complex64}[dtype] if complex_decay else dtype
     monkeypatch.setattr(
-        chunk, "BLOCK_BYTES", block * B * H * K * D * torch.empty((), dtype=memory_dtype).element_size()
+        blocks, "BLOCK_BYTES", block * B * H * K * D * torch.empty((), dtype=memory_dtype).element_size()
     )
-    assert chunk._block_steps(B, H, K, D, memory_dtype, torch.device("cpu"), 8) == block
-    assert chunk._block_steps(B, H, K, D, memory_dtype, torch.device("cuda"), 8) == 8
+    assert blocks.block_steps(B, H, K, D, memory_dtype, torch.device("cpu"), 8) == block
+    assert blocks.block_steps(B, H, K, D, memory_dtype, torch.device("cuda"), 8) == 8
     dd = (s != "vec", False) if decay == "product" else s != "vec"
     inputs = make_inputs(29, e=e, s=s, decay=decay, dd_decay=dd, complex_decay=complex_decay, seed=13)
     assert explain(*(inputs[n] for n in NAMES[:4]), mode="chunk").kernel == "elementwise"
     check(inputs, "chunk", dtype, chunk_size=8, context=f"block {block} e={e} s={s} {decay}")
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("strength", [1.0, 8.0, 40.0])
-@pytest.mark.parametrize(
-    "e,s,decay,complex_decay",
-    [
-        ("dd", "dd", "full", False),
-        ("dd", "dd", "full", True),
-        ("mat", "dd", "outer", False),
-        ("dd", "mat", "none", False),
-        ("vec", "mat", "row", True),
-        ("mat", "vec", "full", False),
-        ("dd", "dd", "product", False),
-    ],
-)
-def test_elementwise_cumulative_form(e, s, decay, complex_decay, strength, dtype, monkeypatch):
-    """The elementwise kernel's cumulative form (meant for launch-bound devices): blocks of
-    several steps at moderate decays, blocks and single steps mixed as a step's decay nears
-    SAFE_SPAN, single steps beyond it; chunks of 8 not dividing T = 29, time-shared and per-step
-    e, s and decays, real and complex; a product formed before the kernel (``eos_chunk``)."""
-    import lcsm.ops.chunk as chunk
-
-    monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "cumulative")
-    inputs = make_inputs(
-        29, e=e, s=s, decay=decay, dd_decay=s != "vec", complex_decay=complex_decay, seed=13, strength=strength
-    )
-    assert explain(*(inputs[n] for n in NAMES[:4]), mode="chunk").kernel == "elementwise"
-    check(inputs, "chunk", dtype, chunk_size=8, context=f"cumulative strength={strength} e={e} s={s} {decay}")
-
-
-def test_cumulative_blocks_stay_within_the_safe_span(monkeypatch):
-    """A cumulative block's summed largest |log o| stays within SAFE_SPAN (30 in float32, 200 in
-    float64); runs shorter than MIN_CUMULATIVE (a step beyond the span is a run of one) merge into
-    stepwise blocks; the blocks tile each chunk. Two factors' maxima add."""
-    import lcsm.ops.chunk as chunk
-
-    per_step = torch.tensor([1.0, 2.0, 25.0, 3.0, 40.0, 0.5, 0.5, 29.0, 1.0, 1.0], dtype=torch.float64)
-    log_o = -per_step.view(1, 1, 10, 1, 1).expand(2, 1, 10, 3, 2).clone()
-    log_o[0, 0, :, 1, 1] = -0.1  # the largest entry of each step decides
-    monkeypatch.setattr(chunk, "MIN_CUMULATIVE", 2)
-    assert chunk._span_blocks([log_o], 10, 8, torch.float32) == [
-        [(0, 3, True), (3, 5, False), (5, 8, True)],
-        [(0, 2, True)],
-    ]
-    assert chunk._span_blocks([log_o], 10, 8, torch.float64) == [[(0, 8, True)], [(0, 2, True)]]
-    half = log_o / 2
-    assert chunk._span_blocks([half[..., :1], half[..., :1, :]], 10, 8, torch.float32) == chunk._span_blocks(
-        [log_o], 10, 8, torch.float32
-    )
-    assert chunk._span_blocks([], 10, 8, torch.float32) == [[(0, 8, True)], [(0, 2, True)]]
-    monkeypatch.setattr(chunk, "MIN_CUMULATIVE", 4)
-    assert chunk._span_blocks([log_o], 10, 8, torch.float32) == [[(0, 8, False)], [(0, 2, False)]]
-
-
-def test_elementwise_form_setting_is_checked(monkeypatch):
-    """The stepwise form is the default; ``use_elementwise_form`` sets a form for a block and
-    restores the last; a setting other than the two forms is refused, naming it."""
-    import lcsm.ops.chunk as chunk
-
-    assert chunk._elementwise_form() == "step"
-    with chunk.use_elementwise_form("cumulative"):
-        assert chunk._elementwise_form() == "cumulative"
-    assert chunk._elementwise_form() == "step"
-    with (
-        pytest.raises(ValueError, match=r"form: expected 'step' or 'cumulative', got 'scan'"),
-        chunk.use_elementwise_form("scan"),
-    ):
-        pass
-    assert chunk._elementwise_form() == "step"
-    monkeypatch.setattr(chunk, "ELEMENTWISE_FORM", "stepwise")
-    with pytest.raises(ValueError, match=r"ELEMENTWISE_FORM: expected 'step' or 'cumulative', got 'stepwise'"):
-        chunk._elementwise_form()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -922,12 +849,12 @@ def test_chunk_autograd_baseline(decay, dtype, monkeypatch):
     (shrunk so that the memory is carried across segment boundaries)."""
     import importlib
 
-    from lcsm.ops import chunk
+    from lcsm.ops import chunk, chunk_matmul
 
     # the package exports the function eos, which shadows its module of the same name
     eos_module = importlib.import_module("lcsm.ops.eos")
     monkeypatch.setattr(eos_module, "eos_chunk", functools.partial(chunk.eos_chunk, backward="autograd"))
-    monkeypatch.setattr(chunk, "SEGMENT", 20)
+    monkeypatch.setattr(chunk_matmul, "SEGMENT", 20)
     check(make_inputs(61, decay=decay), "chunk", dtype, chunk_size=8, context=f"autograd {decay}")
 
 
@@ -1026,3 +953,103 @@ def test_outer_pair_errors_name_the_part():
     _bad(r"log_o\[0\]: all inputs must be on one device", i, e, s, (row.to("meta"), col))
     with pytest.raises(ValueError, match=r"log_o\[0\]: data-dependent row decay"):
         eos_step(i[:, :1], e[:, :1], s[:, :1], (row, col[:, :1]), torch.zeros(B, H, K, D, dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------- a decay of exactly 0
+
+
+def _zero_decay(log_o, where):
+    """log_o with o = 0 exactly, log_o = -inf (as log(sigmoid(x)) gives for x <= -104 in float32):
+    at one step t of a per-step decay (one K row of a time-shared one), or everywhere (where
+    "all"). A separable pair takes it in its row part; a product a * b (a > 0 > b) in b, or as
+    a = +inf where only a is per-step."""
+    inf = float("inf")
+
+    def put(x, value):
+        x = x.clone()
+        if where == "all":
+            x.fill_(value)
+        elif x.dim() == 5:
+            x[:, where] = value
+        else:
+            x[:, :1] = value
+        return x
+
+    if isinstance(log_o, LogProduct):
+        if where != "all" and log_o.b.dim() != 5 and log_o.a.dim() == 5:
+            return LogProduct(put(log_o.a, inf), log_o.b)
+        return LogProduct(log_o.a, put(log_o.b, -inf))
+    if isinstance(log_o, tuple):
+        return (put(log_o[0], -inf), log_o[1])
+    return put(log_o, -inf)
+
+
+def check_zero_decay(inputs, mode, dtype, chunk_size=16, context=""):
+    """``check`` for inputs with some o = 0: y, m_T and the gradients of i, e, s and m_0 finite and
+    the recurrence's. A product's operand takes dlog_o times the other operand, 0 * inf where that
+    is infinite: NaN in the reference, and the same entries must be non-finite here; every other
+    entry is compared as usual."""
+    expected = run(inputs, "recurrent", torch.float64)
+    actual = run(inputs, mode, dtype, chunk_size=chunk_size)
+    for name in ("y", "m_T", "di", "de", "ds", "dinitial_state"):
+        if expected.get(name) is not None:
+            assert bool(torch.isfinite(actual[name]).all()), f"{mode} {dtype} {context}: {name} is not finite"
+    finite = {n: torch.isfinite(x) for n, x in expected.items() if x is not None}
+    for name, mask in finite.items():
+        same = torch.equal(torch.isfinite(actual[name]), mask)
+        assert same, f"{mode} {dtype} {context}: {name} is finite where the reference's is not, or the reverse"
+    assert_close(
+        {n: torch.where(mask, actual[n].to(expected[n].dtype), 0) for n, mask in finite.items()},
+        {n: torch.where(mask, expected[n], 0) for n, mask in finite.items()},
+        dtype=dtype,
+        context=f"zero decay {mode} {dtype} {context}",
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode", ["auto", "parallel", "chunk", "step"])
+@pytest.mark.parametrize("where", [30, "all"])
+@pytest.mark.parametrize("decay,dd", [(decay, dd) for decay, dd in DECAYS if decay != "none"])
+def test_a_decay_of_exactly_zero(decay, dd, where, mode, dtype):
+    """log_o = -inf (o = 0: the memory is forgotten) at step 30 of 65 (or in one row of a
+    time-shared decay), or everywhere: every mode as the recurrence, no NaN from -inf - (-inf) or
+    -inf * 0 in cumulative log decays; dlog_o is the recurrence's (0 where o = 0)."""
+    inputs = make_inputs(65, decay=decay, dd_decay=dd)
+    inputs["log_o"] = _zero_decay(inputs["log_o"], where)
+    check_zero_decay(inputs, mode, dtype, context=f"{decay} dd={dd} -inf at {where}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("where", [0, 30, "all"])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full", "outer", "product"])
+def test_a_decay_of_exactly_zero_fft(decay, where, dtype):
+    """Time-invariant systems (fft, auto's pick): o = 0 in one row (o^0 = 1 must not become
+    exp(-inf * 0)) or everywhere."""
+    dd = False if decay != "product" else (False, False)
+    inputs = make_inputs(65, e="vec", s="vec", decay=decay, dd_decay=dd)
+    inputs["log_o"] = _zero_decay(inputs["log_o"], where)
+    for mode in ("fft", "auto"):
+        check_zero_decay(inputs, mode, dtype, context=f"{decay} -inf at {where}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("t", [0, 15, 16, 64])
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "outer", "full"])
+def test_a_decay_of_exactly_zero_at_chunk_boundaries(decay, t, dtype):
+    """o = 0 at the first step (m_0's gradient), at a chunk's last and first steps, and at the
+    sequence's last step (the matmul kernel's final-memory term), from zero and non-zero m_0."""
+    for initial in (True, False):
+        inputs = make_inputs(65, decay=decay, initial=initial, seed=7)
+        inputs["log_o"] = _zero_decay(inputs["log_o"], t)
+        check_zero_decay(inputs, "chunk", dtype, context=f"{decay} -inf at {t} m0={initial}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_decay_of_exactly_zero_complex(dtype):
+    """A complex log oscillation -inf + i theta is o = 0 as well."""
+    inputs = make_inputs(65, decay="row", complex_decay=True)
+    log_o = inputs["log_o"].clone()
+    log_o.real[:, 30] = -float("inf")
+    inputs["log_o"] = log_o
+    for mode in ("auto", "parallel"):
+        check_zero_decay(inputs, mode, dtype, context="complex -inf at 30")

@@ -241,3 +241,27 @@ def test_bad_arguments_name_what_they_expected():
         eos_rotating(x["i"], x["e"], x["s"], x["theta"], initial_state=torch.zeros(B, H, K, D + 1))
     with pytest.raises(ValueError, match=r"^output_final_state: expected True or False, got 'no'"):
         eos_rotating(x["i"], x["e"], x["s"], x["theta"], output_final_state="no")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode", ["auto", "chunk", "parallel", "recurrent"])
+@pytest.mark.parametrize("where", [5, "all"])
+@pytest.mark.parametrize("decay", ["scalar", "row", "row_di", "full", "pair"])
+def test_a_decay_of_exactly_zero(decay, where, mode, dtype):
+    """log_o = -inf (o = 0) at one step (one row of a time-shared decay) or everywhere: the rotating
+    frame as the complex system, outputs, final states and every gradient (dlog_o 0 there)."""
+    inputs = make_inputs(21, decay=decay)
+
+    def put(x):
+        x = x.clone()
+        if where == "all":
+            x.fill_(-math.inf)
+        elif x.dim() == 5:
+            x[:, where] = -math.inf
+        else:
+            x[:, :1] = -math.inf
+        return x
+
+    log_o = inputs["log_o"]
+    inputs["log_o"] = (put(log_o[0]), log_o[1]) if isinstance(log_o, tuple) else put(log_o)
+    check(inputs, dtype, mode, context=f"{decay} -inf at {where}")

@@ -1,0 +1,542 @@
+"""The chunk mode's ``matmul`` kernel, with the appendix-5.1 backward (linear in T).
+
+For e and s that are K-vectors and a decay that is none, a scalar, a row decay (varies over K,
+GLA-like), a column decay (varies over D) or separable, o_t = a_t (x) b_t (kind "outer", LCSM
+Table 3 o code 1). The sequence is cut into chunks of C steps: within a chunk everything is matrix
+products (an attention map); across chunks only the K x D memory at chunk starts is carried, by
+a loop over N = T / C chunks. Cumulative log decays Gamma are taken from each chunk start, in
+double precision, and nothing is ever divided by a cumulative product. When a chunk's total decay
+is moderate (at most SAFE_SPAN, e.g. GLA's logsigmoid / 16 gates) exp(Gamma_t - Gamma_j)
+factorises through the chunk start with every factor within exp(+-SAFE_SPAN); stronger decays
+split the chunk into sub-chunks of c <= SUBCHUNK steps whose pairs factorise through the point
+between them (factors <= 1), the c x c diagonal blocks factorised or, if still too strong, split
+again the same way (down to single steps). A separable decay factorises into exp(Ga_t - Ga_j)
+along K, carried by s and e, and exp(Gb_t - Gb_j) along D, carried by i and y; chunk to chunk the
+memory decays by exp(Ga_C) (x) exp(Gb_C). Long sequences run in segments of SEGMENT tokens so that
+time per token stays flat.
+
+Backward (LCSM appendix 5.1, Type 1; corrected in docs/eos.md): itself EOS problems over the
+same decays, so it stores no per-step memory:
+
+    ds_t = conj(m_t) dy_t                the forward problem on the transposed memory m^T
+    di_t = dm_t^T conj(e_t)              a reverse-time EOS on dm (input dy, expand conj(s))
+    de_t = dm_t conj(i_t)                the same reverse-time EOS read through dm^T
+    dg_t = sum_{tau >= t} (conj(s) ds - conj(e) de)_tau + sum_d dm_T * conj(m_T)   (row decay)
+    dg_t = sum_{tau >= t} (dy conj(y) - conj(i) di)_tau + sum_k dm_T * conj(m_T)   (column decay)
+
+where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. The two are the marginals of dlog_o over
+D and over K for any decay, so a separable decay takes both, one for each factor. Row and column
+roles swap under transposition, which is why the kernel supports both (and "outer" becomes
+"outer_t"). Memory: O(T (K + D) + (T / C) K D), not O(T K D).
+
+Names: a problem is (s, e, i, g) in the roles of y_t = sum_k s_t[k] m_t[k, :] and
+m_t = exp(g_t) * m_{t-1} + e_t (x) i_t: shrink s and expand e [B, H, T, K], input i [B, H, T, D],
+log decay g (log_o, in the layout of ``kind``). The backward passes other tensors in these roles
+(for ds: shrink dy, expand conj(i), input conj(e), on the transposed memory).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._inputs import finite_log
+
+Tensor = torch.Tensor
+
+TRANSPOSED = {"none": "none", "scalar": "scalar", "row": "col", "col": "row", "outer": "outer_t", "outer_t": "outer"}
+# A separable decay travels as one [.., K + D] log tensor, [log a | log b], so that the chunked
+# factors (``_decay_factors``) are computed once for both parts. "outer" reads the first K entries
+# (the width of s and e) as the row part; "outer_t" is the same tensor in a transposed problem
+# (memory m^T, s and e of width D), where the last D entries vary over the rows.
+OUTER = ("outer", "outer_t")
+SUBCHUNK = 16
+# Largest exponent magnitude a single-reference factorisation may produce: e^30 ~ 1e13 leaves
+# float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
+SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
+SEGMENT = 2048
+
+
+def _halves(x: Tensor, kind: str, width: int) -> tuple[Tensor, Tensor]:
+    """(row part, column part) of a separable decay's [.., K + D] tensor, for a problem whose s and
+    e have ``width`` entries (see OUTER)."""
+    split = width if kind == "outer" else x.shape[-1] - width
+    first, last = x[..., :split], x[..., split:]
+    return (first, last) if kind == "outer" else (last, first)
+
+
+def _subchunk(C: int, at_most: int) -> int:
+    """Largest divisor of C that is at most ``at_most``."""
+    return max(c for c in range(1, min(C, at_most) + 1) if C % c == 0)
+
+
+def _masked_exp(diff: Tensor, mask: Tensor) -> Tensor:
+    """exp(diff) where mask, else 0, without ever evaluating exp of a masked (possibly huge) value."""
+    zero = torch.zeros((), dtype=diff.dtype, device=diff.device)
+    return torch.where(mask, torch.where(mask, diff, zero).exp(), zero)
+
+
+def _causal_mask(L: int, strict: bool, device: torch.device) -> Tensor:
+    """j <= t (or j < t when strict) as an [L, L] boolean mask."""
+    return torch.ones(L, L, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+
+
+def _pairwise(G: Tensor, strict: bool, dtype: torch.dtype) -> Tensor:
+    """[..., c, X] cumulative logs -> [..., c, c, X] masked exp(G_t - G_j) for j <= t (j < t)."""
+    mask = _causal_mask(G.shape[-2], strict, G.device).unsqueeze(-1)
+    return _masked_exp((G.unsqueeze(-2) - G.unsqueeze(-3)).to(dtype), mask)
+
+
+def _exp(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """exp of a difference of (double-precision) cumulative logs, in the compute dtype.
+
+    Complex values go through polar form: the angle is reduced modulo 2 pi while still in double
+    precision (a cumulative rotation can reach thousands of radians, which float32 would resolve
+    only to ~1e-4), and polar(exp(re), im) is also several times faster than complex exp on CPU.
+    """
+    if x.is_complex():
+        real = torch.empty((), dtype=dtype).real.dtype
+        return torch.polar(x.real.to(real).exp(), torch.remainder(x.imag, 2 * math.pi).to(real))
+    return x.to(dtype).exp()
+
+
+def _is_moderate(G: Tensor, dtype: torch.dtype) -> bool:
+    """True when no block's total decay |Gamma_first - Gamma_last| exceeds SAFE_SPAN for the
+    compute dtype (G itself is kept in double precision)."""
+    span = (G[..., :1, :] - G[..., -1:, :]).real
+    real = torch.empty((), dtype=dtype).real.dtype
+    return span.numel() == 0 or span.max().item() <= SAFE_SPAN[real]
+
+
+def _single_reference(s: Tensor, e: Tensor, i: Tensor, G: Tensor, kind: str, strict: bool) -> Tensor:
+    """Blocks [.., L, *] factorised through the block's first step: exact, and safe when
+    ``_is_moderate(G)`` because every factor then lies within exp(+-SAFE_SPAN)."""
+    mask = _causal_mask(s.shape[-2], strict, s.device)
+    zero = torch.zeros((), dtype=s.dtype, device=s.device)
+    ref = G[..., :1, :]
+    if kind == "row":
+        a = (s * _exp(G - ref, s.dtype)) @ (e * _exp(ref - G, s.dtype)).transpose(-1, -2)
+        return torch.where(mask, a, zero) @ i
+    if kind in OUTER:
+        (Ga, Gb), (ra, rb) = _halves(G, kind, s.shape[-1]), _halves(ref, kind, s.shape[-1])
+        a = (s * _exp(Ga - ra, s.dtype)) @ (e * _exp(ra - Ga, s.dtype)).transpose(-1, -2)
+        return _exp(Gb - rb, s.dtype) * (torch.where(mask, a, zero) @ (i * _exp(rb - Gb, s.dtype)))
+    a = torch.where(mask, s @ e.transpose(-1, -2), zero)
+    return _exp(G - ref, s.dtype) * (a @ (i * _exp(ref - G, s.dtype)))
+
+
+def _intra_subchunked(
+    s: Tensor, e: Tensor, i: Tensor, G: Tensor, kind: str, strict: bool, at_most: int = SUBCHUNK
+) -> Tensor:
+    """Within-chunk outputs for row, column or separable decays too strong for one reference per
+    chunk (s, e [.., C, K], i [.., C, D], G [.., C, X]). The chunk is cut into sub-chunks of
+    c <= at_most steps; pairs of sub-chunks factorise through the reference point between them
+    (both factors <= 1); diagonal blocks are factorised when their own span is moderate and are
+    otherwise cut again the same way, into sub-chunks of at most c / 4 steps, down to single steps
+    (whose span is 0) if need be. All branches are exact; the choice only avoids overflow and
+    underflow. Cutting again, rather than forming [c, c, K|D] pairwise decay tensors for the
+    diagonal blocks, keeps decays of about -1.4 per step within a small factor of GLA-like ones'
+    cost (bench/results/eos_kernels.md): a level of cuts costs a few small matmuls.
+    """
+    C = s.shape[-2]
+    c = _subchunk(C, at_most)
+    ns = C // c
+    lead = s.shape[:-2]
+
+    def sub(x: Tensor) -> Tensor:
+        return x.reshape(*lead, ns, c, x.shape[-1])
+
+    s_parts, e_parts, i_parts, G_parts = sub(s), sub(e), sub(i), sub(G)
+    if c == 1 or _is_moderate(G_parts, s.dtype):
+        y = _single_reference(s_parts, e_parts, i_parts, G_parts, kind, strict)  # [.., ns, c, D]
+    else:
+        y = _intra_subchunked(s_parts, e_parts, i_parts, G_parts, kind, strict, max(1, c // 4))
+    blocks = [y[..., 0, :, :]]
+    for j in range(1, ns):
+        ref = G[..., j * c - 1 : j * c, :]  # Gamma just before sub-chunk j
+        s_I, G_I = s_parts[..., j, :, :], G_parts[..., j, :, :]
+        e_prev, i_prev, G_prev = e[..., : j * c, :], i[..., : j * c, :], G[..., : j * c, :]
+        if kind == "row":
+            a_off = (s_I * _exp(G_I - ref, s.dtype)) @ (e_prev * _exp(ref - G_prev, s.dtype)).transpose(-1, -2)
+            off = a_off @ i_prev
+        elif kind in OUTER:
+            width = s.shape[-1]
+            (Ga_I, Gb_I), (ra, rb) = _halves(G_I, kind, width), _halves(ref, kind, width)
+            Ga_prev, Gb_prev = _halves(G_prev, kind, width)
+            a_off = (s_I * _exp(Ga_I - ra, s.dtype)) @ (e_prev * _exp(ra - Ga_prev, s.dtype)).transpose(-1, -2)
+            off = _exp(Gb_I - rb, s.dtype) * (a_off @ (i_prev * _exp(rb - Gb_prev, s.dtype)))
+        else:
+            a_off = s_I @ e_prev.transpose(-1, -2)
+            off = _exp(G_I - ref, s.dtype) * (a_off @ (i_prev * _exp(ref - G_prev, s.dtype)))
+        blocks.append(y[..., j, :, :] + off)
+    return torch.cat(blocks, -2)
+
+
+def chunk_matmul(
+    s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, kind: str, m0: Tensor | None, C: int, strict: bool = False
+) -> tuple[Tensor, Tensor]:
+    """The ``matmul`` kernel (arguments as in ``_chunk_matmul_segment``), run over segments of
+    about SEGMENT tokens with the memory carried between them. Segmenting changes nothing
+    numerically; it keeps the working set and the temporaries of one call at a fixed size, so time
+    per token stays flat as T grows (whole-sequence temporaries at T = 32K ran ~3x slower per token,
+    from cache misses and fresh page faults on every large allocation)."""
+    parts = _segments(s.shape[2], C)
+    if len(parts) == 1:
+        return _chunk_matmul_segment(s, e, i, g, kind, m0, C, strict)
+    ys, M = [], m0
+    for part in parts:
+        y, M = _chunk_matmul_segment(
+            s[:, :, part], e[:, :, part], i[:, :, part], None if g is None else g[:, :, part], kind, M, C, strict
+        )
+        ys.append(y)
+    return torch.cat(ys, 2), M
+
+
+@dataclass
+class _Decay:
+    """Chunked factors of one log-oscillation sequence. They depend only on the decays, so every
+    EOS problem over the same decays (the forward one and its transposes in the backward) shares
+    them whatever the roles of s, e and i."""
+
+    G: Tensor | None = None  # [B, H, N, C, X] cumulative logs from each chunk start (double)
+    exp_G: Tensor | None = None  # exp(Gamma_t) <= 1
+    exp_last: Tensor | None = None  # exp(Gamma_C) per chunk, [B, H, N, 1, X]
+    exp_neg: Tensor | None = None  # exp(-Gamma_j), only when moderate
+    to_end: Tensor | None = None  # exp(Gamma_C - Gamma_j)
+    moderate: bool = True
+
+
+def _chunked(x: Tensor, C: int) -> Tensor:
+    """[B, H, T, X] -> [B, H, N, C, X], zero-padded at the end. Contiguous once here: the operands
+    arrive as head-major views of [B, T, H, *], and every batched matmul would copy them again."""
+    B, H, T, X = x.shape
+    N = max(1, math.ceil(T / C))
+    if N * C != T:
+        x = torch.nn.functional.pad(x, (0, 0, 0, N * C - T))
+    return x.reshape(B, H, N, C, X).contiguous()
+
+
+def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
+    """The chunked factors of a log decay g [B, H, T, X] (None: no decay) for chunks of C steps and
+    the compute dtype dt (see ``_Decay``)."""
+    if g is None:
+        return _Decay()
+    # Cumulative logs in double precision: their differences over short spans must stay accurate
+    # even when |Gamma| grows large under strong decays.
+    # o = 0 (log_o = -inf) is raised to a log whose exp is still 0 in the compute dtype, so that
+    # differences of cumulative logs never meet -inf - (-inf).
+    wide = torch.complex128 if g.is_complex() else torch.float64
+    G = finite_log(_chunked(g, C).to(wide), dt).cumsum(-2)
+    G_last = G[..., -1:, :]
+    # Moderate decays (the usual case, e.g. GLA's logsigmoid / 16): everything factorises through
+    # the chunk start, exp(Gamma_t - Gamma_j) = exp(Gamma_t) * exp(-Gamma_j), with every factor
+    # within exp(+-SAFE_SPAN). Stronger decays take the sub-chunk scheme.
+    moderate = _is_moderate(torch.nn.functional.pad(G, (0, 0, 1, 0)), dt)
+    exp_last = _exp(G_last, dt)
+    exp_neg = _exp(-G, dt) if moderate else None
+    to_end = exp_last * exp_neg if moderate else _exp(G_last - G, dt)
+    return _Decay(G, _exp(G, dt), exp_last, exp_neg, to_end, moderate)
+
+
+def _chunk_states(e: Tensor, i: Tensor, f: _Decay, kind: str, m0: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Memories at every chunk start, S [B, H, N, K, D], and after the last chunk.
+    e [B, H, N, C, K] and i [B, H, N, C, D] are chunked."""
+    B, H, N, _, K = e.shape
+    D = i.shape[-1]
+    M = m0 if m0 is not None else e.new_zeros(B, H, K, D)
+    if kind == "none":
+        U = e.transpose(-1, -2) @ i
+        # without decay the chunk-start memories are an exclusive prefix sum of the contributions,
+        # one small matmul with a strictly lower-triangular matrix of ones
+        before = torch.ones(N, N, dtype=U.dtype, device=U.device).tril(-1)
+        S = (before @ U.reshape(B, H, N, K * D)).reshape(B, H, N, K, D) + M.unsqueeze(2)
+        return S, S[:, :, -1] + U[:, :, -1]
+    if kind == "col":
+        U = e.transpose(-1, -2) @ (i * f.to_end)
+        decay = f.exp_last  # [B, H, N, 1, D]
+    elif kind in OUTER:
+        (a_end, b_end), (a_last, b_last) = _halves(f.to_end, kind, K), _halves(f.exp_last, kind, K)
+        U = (e * a_end).transpose(-1, -2) @ (i * b_end)
+        decay = a_last.transpose(-1, -2) * b_last  # [B, H, N, K, D]
+    else:
+        U = (e * f.to_end).transpose(-1, -2) @ i
+        decay = f.exp_last.transpose(-1, -2)  # [B, H, N, K|1, 1]
+    states = []
+    for n in range(N):
+        states.append(M)
+        M = torch.addcmul(U[:, :, n], decay[:, :, n], M)
+    return torch.stack(states, 2), M
+
+
+def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: str, strict: bool) -> Tensor:
+    """y [B, H, N, C, D] from chunked s, e, i and the chunk-start memories S."""
+    if kind == "none":
+        return (s @ S).add_((s @ e.transpose(-1, -2)).tril_(-1 if strict else 0) @ i)
+    mask = _causal_mask(s.shape[-2], strict, s.device)
+    zero = torch.zeros((), dtype=s.dtype, device=s.device)
+    if kind == "scalar":
+        w = f.exp_G * f.exp_neg.transpose(-1, -2) if f.moderate else _pairwise(f.G, False, s.dtype)[..., 0]
+        return (s @ S) * f.exp_G + torch.where(mask, (s @ e.transpose(-1, -2)) * w, zero) @ i
+    if kind == "row":
+        if f.moderate:
+            intra = torch.where(mask, (s * f.exp_G) @ (e * f.exp_neg).transpose(-1, -2), zero) @ i
+        else:
+            intra = _intra_subchunked(s, e, i, f.G, "row", strict)
+        return (s * f.exp_G) @ S + intra
+    if kind in OUTER:
+        exp_a, exp_b = _halves(f.exp_G, kind, s.shape[-1])
+        s_a = s * exp_a
+        if f.moderate:
+            neg_a, neg_b = _halves(f.exp_neg, kind, s.shape[-1])
+            intra = exp_b * (torch.where(mask, s_a @ (e * neg_a).transpose(-1, -2), zero) @ (i * neg_b))
+        else:
+            intra = _intra_subchunked(s, e, i, f.G, kind, strict)
+        return (s_a @ S) * exp_b + intra
+    if f.moderate:
+        intra = f.exp_G * (torch.where(mask, s @ e.transpose(-1, -2), zero) @ (i * f.exp_neg))
+    else:
+        intra = _intra_subchunked(s, e, i, f.G, "col", strict)
+    return (s @ S) * f.exp_G + intra
+
+
+def _chunk_matmul_segment(
+    s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, kind: str, m0: Tensor | None, C: int, strict: bool = False
+) -> tuple[Tensor, Tensor]:
+    """The ``matmul`` kernel on one segment. s, e [B, H, T, K]; i [B, H, T, D]; g None (kind 'none') or
+    [B, H, T, 1] ('scalar'), [B, H, T, K] ('row'), [B, H, T, D] ('col'), [B, H, T, K + D] ('outer':
+    the row part, then the column part); m0 [B, H, K, D] or None.
+    Returns y [B, H, T, D] and m_T [B, H, K, D]. Differentiable by autograd as written.
+    ``strict`` leaves out each step's own contribution (j = t) from y (not from m_T); see
+    ``ChunkMatmulFunction`` for why the backward wants that."""
+    f = _decay_factors(g, C, s.dtype)
+    sc, ec, ic = _chunked(s, C), _chunked(e, C), _chunked(i, C)
+    S, M = _chunk_states(ec, ic, f, kind, m0)
+    return _unchunk(_chunk_outputs(sc, ec, ic, f, S, kind, strict), s.shape[2]), M
+
+
+def _unchunk(y: Tensor, T: int) -> Tensor:
+    """[B, H, N, C, D] -> [B, H, T, D], dropping the padding."""
+    B, H, N, C, D = y.shape
+    return y.reshape(B, H, N * C, D)[:, :, :T]
+
+
+def _own_step(s: Tensor, e: Tensor, i: Tensor) -> Tensor:
+    """Each step's own contribution (s_t . e_t) i_t [B, H, T, D] (s, e [B, H, T, K]), the part
+    ``strict`` leaves out."""
+    return (s * e).sum(-1, keepdim=True) * i
+
+
+def _cat(parts: list) -> Tensor:
+    """Segments joined along time; a single segment is returned as it is (torch.cat would copy it)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+
+
+def _segments(T: int, C: int) -> list[slice]:
+    seg = max(C, (SEGMENT // C) * C)
+    return [slice(a, min(a + seg, T)) for a in range(0, T, seg)]
+
+
+def _no_decay_backward(
+    s: Tensor, e: Tensor, i: Tensor, dy: Tensor, S: Tensor, dM: Tensor, C: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward of one segment without decay (real inputs), in chunks:
+    with A = tril(s e^T) and G = tril(dy i^T) per chunk, ds = G e + dy S^T, de = G^T s + i dA^T,
+    di = A^T dy + e dA, where S is the memory at each chunk start (saved by the forward) and dA
+    the adjoint memory after each chunk (a reverse exclusive prefix sum of s^T dy plus the
+    adjoint carried in from later segments). No decay means no strict/own-step split is needed
+    (that split only protects the decay gradient), so both intra-chunk maps take the diagonal.
+    s, e [B, H, L, K], i and dy [B, H, L, D], S [B, H, N, K, D], dM [B, H, K, D]; returns ds, de
+    [B, H, L, K], di [B, H, L, D] and the adjoint memory at the segment's start [B, H, K, D]."""
+    L = s.shape[2]
+    sc, ec, ic, dyc = (_chunked(x, C) for x in (s, e, i, dy))
+    N = sc.shape[2]
+    A = (sc @ ec.transpose(-1, -2)).tril_()
+    G = (dyc @ ic.transpose(-1, -2)).tril_()
+    P = sc.transpose(-1, -2) @ dyc  # [B, H, N, K, D]
+    B, H, _, K, D = P.shape
+    later = torch.ones(N, N, dtype=P.dtype, device=P.device).triu(1)
+    dA = (later @ P.reshape(B, H, N, K * D)).reshape(B, H, N, K, D) + dM.unsqueeze(2)
+    ds = (G @ ec).add_(dyc @ S.transpose(-1, -2))
+    de = (G.transpose(-1, -2) @ sc).add_(ic @ dA.transpose(-1, -2))
+    di = (A.transpose(-1, -2) @ dyc).add_(ec @ dA)
+    return _unchunk(ds, L), _unchunk(de, L), _unchunk(di, L), dA[:, :, 0] + P[:, :, 0]
+
+
+def _final_memory_strict(ec: Tensor, ic: Tensor, f: _Decay, kind: str, S: Tensor, j: int) -> Tensor:
+    """o_T * m_{T-1}: the final memory without the last step's own input e_T i_T^T, from the last
+    chunk's start memory S[:, :, -1] and its steps before j (the last step's index in the chunk;
+    padded steps after it have no input and decay 1). Computed directly, because m_T - e_T i_T^T
+    would keep m_T's O(1) rounding error in an O(o) result."""
+    e = ec[:, :, -1:].clone()
+    e[:, :, :, j] = 0
+    last_chunk = _Decay(exp_last=f.exp_last[:, :, -1:], to_end=f.to_end[:, :, -1:])
+    return _chunk_states(e, ic[:, :, -1:], last_chunk, kind, S[:, :, -1])[1]
+
+
+def _input_part(x: Tensor, last_segment: bool) -> Tensor:
+    """conj(e) de (or conj(i) di) of a segment, for the decay gradient. In the sequence's last
+    segment its last step is left out: there it is exactly the dM part that the boundary term
+    leaves out too (``ChunkMatmulFunction``)."""
+    if last_segment:
+        x[:, :, -1] = 0
+    return x
+
+
+class ChunkMatmulFunction(torch.autograd.Function):
+    """``chunk_matmul`` with the appendix-5.1 backward expressed as three more EOS problems.
+
+    The three share work: ds is the forward problem transposed, so it reuses the forward's
+    chunk-start memories (saved: O((T / C) K D)); di and de are one reverse-time problem read out
+    two ways (its memory is dm for di and dm^T for de), so its chunk-start memories are computed
+    once. Forward and backward walk the sequence in segments (see ``chunk_matmul``); the backward
+    visits them last to first, carrying the adjoint memory and the decay gradient's reverse
+    cumulative sum back across segment boundaries.
+
+    Without decay (real inputs) a specialised backward (``_no_decay_backward``) takes the place of
+    the three problems: with nothing to protect it needs no strict split and no time reversal,
+    and the intra-chunk maps tril(s e^T) and tril(dy i^T) each serve two gradients.
+
+    Every output is computed ``strict`` and each step's own term added afterwards: the decay
+    gradient is a reverse cumulative sum of conj(s) ds - conj(e) de, in which the own-step parts of
+    ds and de are equal and cancel exactly. Left in, they are O(1) while the true dg is O(o) -- with
+    strong decays float32 would lose dg to cancellation. The boundary term has the same trap:
+    sum dM * conj(m_T) is O(1) and, at the last step, cancels against the part of e_T . de_T
+    (i_T . di_T) that the final cotangent dM feeds in, exactly dM conj(i_T) (dM^T conj(e_T)). So the
+    forward saves o_T * m_{T-1} (the final memory without the last input, computed directly, not as
+    a difference) for the boundary term, and the backward leaves out that last-step part.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, m0: Tensor | None, kind: str, C: int
+    ) -> tuple[Tensor, Tensor]:
+        B, H, T, K = s.shape
+        M = m0 if m0 is not None else s.new_zeros(B, H, K, i.shape[-1])
+        ys, stricts, starts = [], [], []
+        for part in _segments(T, C):
+            f = _decay_factors(None if g is None else g[:, :, part], C, s.dtype)
+            sc, ec, ic = (_chunked(x[:, :, part], C) for x in (s, e, i))
+            S, M = _chunk_states(ec, ic, f, kind, M)
+            if g is not None and part.stop == T:
+                M_strict = _final_memory_strict(ec, ic, f, kind, S, (part.stop - part.start - 1) % C)
+            y_strict = _unchunk(_chunk_outputs(sc, ec, ic, f, S, kind, True), part.stop - part.start)
+            # whole-sequence temporaries are avoided: at long T every large allocation costs
+            # fresh page faults, so the own-step term is added segment by segment
+            ys.append(y_strict + _own_step(s[:, :, part], e[:, :, part], i[:, :, part]))
+            stricts.append(y_strict)
+            starts.append(S)
+        # only the column-decay gradient (of a column or a separable decay) needs the strict output
+        y_strict = _cat(stricts) if kind in ("col", "outer") else None
+        # the backward reads the final memory only in the decay gradient's boundary term; it visits
+        # the chunk-start memories segment by segment, so they are saved as they are, not joined
+        # into one whole-sequence tensor (a copy and a fresh allocation of O((T / C) K D))
+        ctx.save_for_backward(s, e, i, g, m0, y_strict, M if g is None else M_strict, *starts)
+        ctx.kind, ctx.C = kind, C
+        return _cat(ys), M
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
+        s, e, i, g, m0, y_strict, m_T, *starts = ctx.saved_tensors  # m_T: o_T * m_{T-1} when g is set
+        kind, C = ctx.kind, ctx.C
+        tkind = TRANSPOSED[kind]
+        T = s.shape[2]
+        dy = torch.zeros(*s.shape[:3], i.shape[-1], dtype=i.dtype, device=i.device) if dy is None else dy
+        dM = torch.zeros_like(m_T) if dm_T is None else dm_T
+        carry = None
+        if g is not None:
+            mm = dM * m_T.conj()
+            if kind == "outer":
+                carry = torch.cat([mm.sum(-1), mm.sum(-2)], -1)
+            else:
+                carry = mm.sum(-2) if kind == "col" else mm.sum(-1)
+            if kind == "scalar":
+                carry = carry.sum(-1, keepdim=True)
+            carry = carry.unsqueeze(2)
+        grads = {"s": [], "e": [], "i": [], "g": []}
+        parts = _segments(T, C)
+        if kind == "none" and not s.is_complex():
+            for j in reversed(range(len(parts))):
+                part = parts[j]
+                ds, de, di, dM = _no_decay_backward(
+                    s[:, :, part], e[:, :, part], i[:, :, part], dy[:, :, part], starts[j], dM, C
+                )
+                for name, grad in (("s", ds), ("e", de), ("i", di)):
+                    grads[name].append(grad)
+
+            def cat(name: str) -> Tensor:
+                return _cat(grads[name][::-1])
+
+            return cat("s"), cat("e"), cat("i"), None, dM if m0 is not None else None, None, None
+        for j in reversed(range(len(parts))):
+            part, L = parts[j], parts[j].stop - parts[j].start
+            sc, ec, ic = s[:, :, part].conj(), e[:, :, part].conj(), i[:, :, part].conj()
+            dy_j = dy[:, :, part]
+            gc = g_rev = None
+            if g is not None:
+                gc = g[:, :, part].conj()
+                # the adjoint at step t decays by o_{t+1}; past the last step of the sequence o = 1
+                after = g[:, :, part.stop : part.stop + 1].conj() if part.stop < T else torch.zeros_like(gc[:, :, :1])
+                g_rev = torch.cat([gc[:, :, 1:], after], 2).flip(2)
+
+            # ds: the forward problem transposed (memory conj(m)^T), from the saved memories
+            S_fwd = starts[j].conj().transpose(-1, -2)
+            f_fwd = _decay_factors(gc, C, s.dtype)
+            ds = _unchunk(
+                _chunk_outputs(_chunked(dy_j, C), _chunked(ic, C), _chunked(ec, C), f_fwd, S_fwd, tkind, True), L
+            )
+            del f_fwd, S_fwd  # released before the adjoint pass: the backward's peak is one segment's temporaries
+
+            # di and de: the reverse-time adjoint problem (input dy, expand conj(s), shrink conj(e)
+            # for di; its transpose for de), one set of chunk-start memories for both
+            f_rev = _decay_factors(g_rev, C, s.dtype)
+            s_r, e_r, i_r, dy_r = (_chunked(x.flip(2), C) for x in (sc, ec, ic, dy_j))
+            S_rev, dM_start = _chunk_states(s_r, dy_r, f_rev, kind, dM)
+            di = _unchunk(_chunk_outputs(e_r, s_r, dy_r, f_rev, S_rev, kind, True), L).flip(2)
+            del e_r
+            de = _unchunk(_chunk_outputs(i_r, dy_r, s_r, f_rev, S_rev.transpose(-1, -2), tkind, True), L).flip(2)
+            del s_r, i_r, dy_r, f_rev, S_rev
+
+            if g is not None:
+                last = part.stop == T  # the boundary term already left out the last input
+                if kind == "col":
+                    term = dy_j * y_strict[:, :, part].conj() - _input_part(ic * di, last)
+                elif kind == "outer":
+                    # a separable decay's gradient is both marginals of dlog_o at once: the row
+                    # identity over its K entries, the column identity over its D entries
+                    term = torch.cat(
+                        [
+                            sc * ds - _input_part(ec * de, last),
+                            dy_j * y_strict[:, :, part].conj() - _input_part(ic * di, last),
+                        ],
+                        -1,
+                    )
+                else:
+                    term = sc * ds - _input_part(ec * de, last)
+                    if kind == "scalar":
+                        term = term.sum(-1, keepdim=True)
+                dg = term.flip(2).cumsum(2).flip(2) + carry
+                carry = dg[:, :, :1]
+                grads["g"].append(dg)
+            i_dy = (ic * dy_j).sum(-1, keepdim=True)  # own-step terms share i . dy
+            grads["s"].append(ds.addcmul_(i_dy, ec))
+            grads["e"].append(de.addcmul_(i_dy, sc))
+            grads["i"].append(di.add_(_own_step(sc, ec, dy_j)))
+            dM = dM_start
+        dm0 = None
+        if m0 is not None:
+            dm0 = dM
+            if g is not None:
+                first = g[:, :, 0].conj().exp()
+                if kind == "outer":
+                    first_a, first_b = _halves(first, kind, s.shape[-1])
+                    dm0 = dM * (first_a.unsqueeze(-1) * first_b.unsqueeze(-2))
+                else:
+                    dm0 = dM * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
+
+        def cat(name: str) -> Tensor | None:
+            return torch.cat(grads[name][::-1], 2) if grads[name] else None
+
+        return cat("s"), cat("e"), cat("i"), cat("g"), dm0, None, None
