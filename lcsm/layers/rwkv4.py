@@ -117,7 +117,7 @@ class RWKV4(Mixer):
         # The official model zero-initialises key, receptance and output (scale_init = 0) in its
         # global init pass. A standalone layer keeps PyTorch's default init: with a zero output
         # projection every other parameter would get an exactly zero gradient at step 0, and
-        # global init is the model's job (issue 4).
+        # global init is the model's job.
         self.key = nn.Linear(C, C, bias=False)
         self.value = nn.Linear(C, C, bias=False)
         self.receptance = nn.Linear(C, C, bias=False)
