@@ -267,9 +267,9 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
     # machine's load shifts both alike instead of bending the latency ratio. One thread: at batch 1
     # every op is tiny and OpenMP workers waiting on each other on a shared machine dominate.
     # The order is shuffled every turn: in a fixed order a stream always follows the same
-    # neighbours, and the linear mixers' latency seemed to grow with P (1.03-1.24x from 1K to 16K,
-    # 0.89-1.10x shuffled; docs/results/efficiency.md), likely because the Transformer's P-sized
-    # KV cache, read a few streams before, leaves less of their weights in the CPU cache.
+    # neighbours, and the linear mixers' latency seemed to grow with P (measurements in CHANGELOG.md,
+    # 2026-12-03), likely because the Transformer's P-sized KV cache, read a few streams before,
+    # leaves less of their weights in the CPU cache.
     torch.set_num_threads(1)
     streams = {}
     for P in z.decode:
