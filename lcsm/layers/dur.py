@@ -78,7 +78,7 @@ class DUR(QKVAttention):
         log_g, log_gbar = self.gates(x)
         # The separable pair, not its [B, T, H, K, D] sum: eos's matmul kernel applies g along K and
         # gbar along D (LCSM o code 1's form), where the sum would need the step-by-step
-        # elementwise kernel (4.98x slower at T 256, 11.66x at T 2048: docs/eos.md).
+        # elementwise kernel, several times slower and more so at longer T (docs/eos.md).
         return v, k, q, (log_g.unsqueeze(-1), log_gbar.unsqueeze(-2))
 
     def _output(self, y, x):

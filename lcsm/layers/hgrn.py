@@ -17,8 +17,8 @@ memories are laid out as the D = d_model columns of one head with K = 1 row: the
 column decay log o_t = log lambda_t + i theta [B, T, 1, 1, d_model], and with K = 1 the expand
 product e_t i_t^T of a column is the scalar product (1 - lambda_t) c_t, so it is passed as the
 op's input with e = s = 1. This is the same recurrence as d_model heads with K = D = 1, and runs
-about 20x faster in the op's chunk kernel on CPU (column decay: one head's matmuls instead of
-d_model tiny ones). The output gate acts on the real and imaginary parts separately (2 d_model
+faster in the op's chunk kernel on CPU (column decay: one head's matmuls instead of d_model tiny
+ones). The output gate acts on the real and imaginary parts separately (2 d_model
 gates, as in the paper), which a shrink state (one real factor scaling both parts) cannot
 express, so it is applied after the scan.
 

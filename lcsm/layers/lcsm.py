@@ -201,7 +201,7 @@ class LCSMFamily(Mixer):
     and it is defined for data-independent e and s too, where the official code asserts e and s
     data-dependent. With data-dependent e and s the layer computes it in the rotating frame
     (:func:`lcsm.ops.rotating.eos_rotating`: the official doubling made exact for carried states,
-    on real kernels; an MQAR training step about 2x faster than through the complex kernel); a
+    on real kernels, faster than the complex kernel: ``bench/ops_bench.py`` case ``rotating``); a
     K x D e or s has no rotating-frame form and takes the complex kernel.
     """
 

@@ -156,9 +156,8 @@ class Mamba(Mixer):
         # log A-bar = Delta_t A passed as its two operands, Delta [B, T, 1, 1, d_inner] and A^T
         # [1, N, d_inner]: the elementwise kernel forms exp(Delta_t A) one block of steps at a time
         # and reduces its gradient to Delta and A there (LogProduct). Formed, the [B, T, N, d_inner]
-        # log, its exp (saved for the backward) and its gradient each made a round trip to main
-        # memory, and autograd's reduction of that gradient alone took a quarter of a layer's
-        # forward and backward (torch.profiler, B 64, T 512, d_model 128, one thread).
+        # log, its exp (saved for the backward) and its gradient would each make a round trip to
+        # main memory, and autograd would reduce that gradient to Delta and A in a pass of its own.
         # A.t() made contiguous so that each block's product reads both operands along d_inner.
         log_o = LogProduct(delta[:, :, None, None, :], A.t().contiguous().unsqueeze(0))
         y, ssm = eos(

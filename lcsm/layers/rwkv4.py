@@ -17,8 +17,8 @@ decay exp(-w). All 2 C memories are laid out as the D = 2 C columns of one head 
 per-channel values repeated for both halves), and with K = 1 the expand product e_t i_t^T of a
 column is the scalar exp(k_t) v_t (resp. exp(k_t)), so it is passed as the op's input with
 e = s = 1. So the two scans are one EOS call. This is the same recurrence as C heads with K = 1
-and D = 2, and runs about 10x faster in the op's chunk kernel on CPU (one head's matmuls instead
-of C tiny ones).
+and D = 2, and runs faster in the op's chunk kernel on CPU (one head's matmuls instead of C tiny
+ones).
 
 Order of decay and output. RWKV-4 reads the memory *before* the current token is added and before
 the decay is applied (a_{t-1}, whose newest term has weight e^{k_{t-1}}, undecayed), and adds the
@@ -117,7 +117,7 @@ class RWKV4(Mixer):
         # The official model zero-initialises key, receptance and output (scale_init = 0) in its
         # global init pass. A standalone layer keeps PyTorch's default init: with a zero output
         # projection every other parameter would get an exactly zero gradient at step 0, and
-        # global init is the model's job (issue 4).
+        # global init is the model's job.
         self.key = nn.Linear(C, C, bias=False)
         self.value = nn.Linear(C, C, bias=False)
         self.receptance = nn.Linear(C, C, bias=False)

@@ -20,8 +20,9 @@ i_t = v_t, e = B [1, n, d1] (a K x D expand matrix, complex), log_o = log lambda
 oscillation shared by the channels), s = 1_n; the real part is kept (b and lambda come in
 conjugate pairs, so the imaginary part is zero up to rounding; ETSC keeps all n modes and so do
 we). ``lcsm.ops.eos`` mode "auto" then takes the FFT path for any T > 1 and the O(n d1)
-recurrence per token for decoding (ETSC's point). This one-head layout is also ~10x faster in the
-op's chunk kernel than one head per channel with n modes each.
+recurrence per token for decoding (ETSC's point). This one-head layout is also faster in the
+op's chunk kernel than one head per channel with n modes each (one head's matmuls instead of d1
+small ones).
 
 The kernel is exact for lags j < l_max; for longer inputs the SSM continues with the periodic
 ETSC extension gamma^j t_(j mod (n+1)) (t_n being the pad), not TNN's RPE extrapolation: l_max

@@ -260,8 +260,8 @@ def resolve(name: str) -> type[Task]:
 
 
 # Each task's generator version before runs recorded theirs (``task_data`` in checkpoints and
-# result.json, from commit 6ef4f9e): what a run without that record trained on. It stays as long as
-# such runs are kept: most committed results under docs/results/ and their checkpoints predate the
+# result.json): what a run without that record trained on. It stays as long as such runs are
+# kept: most committed results under results/ and their checkpoints predate the
 # record, and without it sweeps would rerun them and resume would refuse them as trained on other data.
 VERSIONS_BEFORE_RECORDS = {
     "bbc_news": 2,

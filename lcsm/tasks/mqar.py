@@ -2,8 +2,8 @@
 
 Source: Arora, Eyuboglu, Timalsina, Johnson, Poli, Zou, Rudra, Ré, "Zoology: Measuring and
 Improving Recall in Efficient Language Models" (arXiv 2312.04927, 2023), and its generator
-``zoology/data/multiquery_ar.py`` (HazyResearch/zoology). Used by LCSM §3.2 and MetaLA §6 ("we
-follow default settings in zoology"). Reference notes §4.
+``zoology/data/multiquery_ar.py`` (https://github.com/HazyResearch/zoology). Used by LCSM §3.2
+and MetaLA §6 ("we follow default settings in zoology").
 
 One example of length L (= input length T) with kv key-value pairs, vocabulary V::
 
@@ -49,7 +49,7 @@ from .data import IGNORE_INDEX, Segment
 Grid = tuple[tuple[int, int], ...]
 
 STANDARD_GRID: Grid = ((64, 4), (128, 8), (256, 16), (512, 64))
-"""(seq_len, kv_pairs) of Zoology Figure 2 (reference notes §4)."""
+"""(seq_len, kv_pairs) of Zoology Figure 2 (arXiv 2312.04927)."""
 
 _SPLIT_CODE = {"train": 0, "test": 1}
 _CHUNK = 1024  # rows generated per step (bounds the temporaries; fixed, so the data is too)

@@ -2,7 +2,7 @@
 file <name> with the training config that file gives it, each report counts the runs there and
 carries the hand-written verdict beside it, and the experiment file holds a claim, not prose.
 
-Issue 6 asks that every number in results/ come from a run whose config is committed. A run
+Every number in results/ must come from a run whose config is committed. A run
 left behind by a changed grid or base, or a report not regenerated after new runs, fails here.
 """
 

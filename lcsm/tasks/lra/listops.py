@@ -22,7 +22,7 @@ Tokens (vocabulary 16): 0 pad, 1-10 the digits 0-9, 11-14 "[MIN" "[MAX" "[MED" "
 LRA's files also carry the parentheses of the tree printer, which we never emit. LRA's published
 input pipeline (a tfds text tokenizer that keeps alphanumeric tokens) drops the brackets as well,
 "]" included, so its models see no nesting; its maintainers call that a bug
-(google-research/long-range-arena issues 6 and 14). We keep "]", the task as intended.
+(https://github.com/google-research/long-range-arena/issues/6 and /issues/14). We keep "]", the task as intended.
 Sequences are right-padded to max_length with ``extras["lengths"]``.
 """
 

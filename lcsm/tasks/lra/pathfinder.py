@@ -26,7 +26,7 @@ rules leave between two contours' ends. Then the best such rule labels 0.528 of 
 (fitted on it; 0.510 fitted on the training split), and 1000 images take 3.0 s to make instead
 of 2.9 s (one thread, best of 4 runs each). Measured with ``dot_distances``, ``distance_rule``
 and ``distance_rule_accuracy`` (commands in docs/tasks.md). The default stays off: it keeps the
-data of the committed LRA results (docs/results/etsmlp_lra) bit for bit (tested), so
+data of the committed LRA results (results/etsmlp_lra) bit for bit (tested), so
 ``generator_version`` stays 1.
 
 Pixels are 0 (background) or 255 (ink); the image is flattened row-major into S * S tokens of a

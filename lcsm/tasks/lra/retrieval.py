@@ -48,7 +48,7 @@ class LRARetrieval(_DocumentTask):
     Anthology Network (Tay et al. 2020, "Byte-level document retrieval"), so its matching pairs
     are two different papers: self-pairs are our sampler's, not the protocol's. ``distinct_pairs``
     leaves the first document out of the pool. It is off by default: the committed LRA results
-    (docs/results/etsmlp_lra) were trained without it, and without it every other option's data
+    (results/etsmlp_lra) were trained without it, and without it every other option's data
     stay bit for bit as they were before it existed (tested).
     """
 
