@@ -139,17 +139,22 @@ def write_results(exp: Experiment, rows: list[dict[str, Any]]) -> None:
 
 
 def check_buildable(runs: Sequence[Run]) -> None:
-    """Build each run's task (no data: tasks load lazily) and model (on the meta device, no
-    memory), so that a clash only the model's constructor sees (a mixer option another one rules
-    out, a malformed model code) stops the sweep before anything runs, not hours into it."""
+    """Build each run's model (on the meta device, no memory), so that a clash only the model's
+    constructor sees (a mixer option another one rules out, a malformed model code) stops the sweep
+    before anything runs, not hours into it. The fields the task fixes come from its config alone
+    (``tasks.config_model_fields``), as ``RunConfig.from_dict`` checks them: building the task
+    would train an LM's tokenizer on its corpus before the first run starts."""
     import torch
 
+    from lcsm import tasks
     from lcsm.models import build_model
 
     for run in runs:
         try:
             config = RunConfig.from_dict(run.config)
-            model_config = config.model_config(config.build_task())
+            model_config = config.model_config_with(
+                tasks.config_model_fields(config.task["name"], **config.task_options())
+            )
             with torch.device("meta"):
                 build_model(model_config, verbose=False)
         except ValueError as err:
