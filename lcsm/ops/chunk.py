@@ -866,7 +866,7 @@ def _elementwise_form() -> str:
 
 @contextlib.contextmanager
 def use_elementwise_form(form: str):
-    """``ELEMENTWISE_FORM`` = ``form`` inside the block (the trainer's ``train.elementwise_form``)."""
+    """``ELEMENTWISE_FORM`` = ``form`` inside the block (the trainer's ``run.elementwise_form``)."""
     global ELEMENTWISE_FORM
     if form not in ELEMENTWISE_FORMS:
         raise ValueError(f"form: expected 'step' or 'cumulative', got {form!r}")

@@ -47,7 +47,7 @@ def test_tiny_models_learn_mqar(cache_env, mixer):
             "train.max_steps": 80,
             "train.eval_every": 0,
             "train.save_every": 0,
-            "train.log_every": 1,
+            "run.log_every": 1,
         },
     )
     result = train(cfg, quiet=True)
@@ -111,7 +111,7 @@ def train_log(run_dir, key):
 def test_gradient_accumulation_matches_one_big_batch(cache_env):
     """grad_accum splits the same global batch: same loss normalisation (the logged loss and
     gradient norm, which AdamW's scale invariance would hide from the weights), same update."""
-    common = {"train.max_steps": 6, "train.eval_every": 0, "train.save_every": 0, "train.log_every": 1}
+    common = {"train.max_steps": 6, "train.eval_every": 0, "train.save_every": 0, "run.log_every": 1}
     train(config(cache_env, "one", **common), quiet=True)
     train(config(cache_env, "four", **common, **{"train.grad_accum": 4}), quiet=True)
     assert_close(weights(cache_env / "four"), weights(cache_env / "one"), context="grad_accum 4 vs 1")
@@ -130,7 +130,7 @@ def test_gradient_clipping_bounds_the_update(cache_env):
         "train.max_steps": 1,
         "train.eval_every": 0,
         "train.save_every": 1,
-        "train.log_every": 1,
+        "run.log_every": 1,
         "optim.warmup_steps": 0,
         "optim.weight_decay": 0.0,
         "optim.betas": [0.0, 0.0],
@@ -248,7 +248,7 @@ def test_log_every_0_logs_the_last_step_only(cache_env):
     """0 means at the end only (TrainConfig), where the run ends: max_steps or an early stop."""
 
     def train_steps(name, **overrides):
-        train(config(cache_env, name, **{"train.log_every": 0, **overrides}), quiet=True)
+        train(config(cache_env, name, **{"run.log_every": 0, **overrides}), quiet=True)
         records = map(json.loads, (cache_env / name / "metrics.jsonl").read_text().splitlines())
         return [r["step"] for r in records if r["kind"] == "train"]
 
@@ -283,9 +283,9 @@ def test_run_config_validation():
         RunConfig.from_dict(apply_overrides(TINY, {"model.vocab_size": 16}))
     with pytest.raises(ValueError, match="mixer_options: mixer 'gla' has no option"):
         RunConfig.from_dict(apply_overrides(TINY, {"model.mixer_options": {"headz": 2}}))
-    with pytest.raises(ValueError, match="train.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'cuda:x'"):
-        RunConfig.from_dict(apply_overrides(TINY, {"train.device": "cuda:x"}))
-    for section in ("task", "model", "optim", "train", "train.early_stop"):
+    with pytest.raises(ValueError, match="run.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'cuda:x'"):
+        RunConfig.from_dict(apply_overrides(TINY, {"run.device": "cuda:x"}))
+    for section in ("task", "model", "optim", "train", "train.early_stop", "run"):
         with pytest.raises(ValueError, match=rf"^{section}: expected a mapping"):
             RunConfig.from_dict(apply_overrides(TINY, {section: 5}))
 
@@ -331,9 +331,9 @@ def test_tensorboard_needs_its_package(cache_env):
         import tensorboard  # noqa: F401
     except ImportError:
         with pytest.raises(ValueError, match="needs the 'tensorboard' package"):
-            train(config(cache_env, **{"train.tensorboard": True}), quiet=True)
+            train(config(cache_env, **{"run.tensorboard": True}), quiet=True)
     else:
-        train(config(cache_env, **{"train.tensorboard": True}), quiet=True)
+        train(config(cache_env, **{"run.tensorboard": True}), quiet=True)
         assert list((cache_env / "run" / "tensorboard").iterdir())
 
 
@@ -372,23 +372,23 @@ def test_no_final_test_when_the_run_evaluates_on_test(cache_env):
 
 
 def test_elementwise_form_is_checked_applied_and_leaves_the_training_config_alone(cache_env, monkeypatch):
-    """train.elementwise_form picks the form of eos's elementwise kernel for the run's steps (a
+    """run.elementwise_form picks the form of eos's elementwise kernel for the run's steps (a
     Mamba model takes it): the same loss to rounding either way, the same training config (a run
     id does not change with it), a bad value refused by name, the process's setting restored."""
     values = apply_overrides(TINY, {"out_dir": str(cache_env / "run"), "model.mixer": "mamba"})
     default = RunConfig.from_dict(values)
-    assert default.train.elementwise_form == "step"
-    cumulative = RunConfig.from_dict(apply_overrides(values, {"train.elementwise_form": "cumulative"}))
+    assert default.run.elementwise_form == "step"
+    cumulative = RunConfig.from_dict(apply_overrides(values, {"run.elementwise_form": "cumulative"}))
     assert cumulative.training_dict() == default.training_dict()
-    with pytest.raises(ValueError, match=r"train.elementwise_form: expected one of 'step', 'cumulative', got 'scan'"):
-        RunConfig.from_dict(apply_overrides(values, {"train.elementwise_form": "scan"}))
+    with pytest.raises(ValueError, match=r"run.elementwise_form: expected one of 'step', 'cumulative', got 'scan'"):
+        RunConfig.from_dict(apply_overrides(values, {"run.elementwise_form": "scan"}))
 
     calls = []
     blocks = chunk.cumulative_memories
     monkeypatch.setattr(chunk, "cumulative_memories", lambda *args: calls.append(1) or blocks(*args))
     losses, counts = {}, {}
     for config in (default, cumulative):
-        form = config.train.elementwise_form
+        form = config.run.elementwise_form
         trainer = Trainer(dataclasses.replace(config, out_dir=str(cache_env / form)), quiet=True)
         calls.clear()
         losses[form] = trainer.train_step(list(range(config.train.batch_size)))[0]

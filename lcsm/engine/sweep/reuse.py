@@ -14,7 +14,7 @@ from typing import Any
 
 from lcsm.tasks import recorded_task_data, task_data
 
-from ..config import OptimConfig, TrainConfig
+from ..config import OptimConfig, TrainConfig, runtime_out_of_train
 from .grid import Run, _run_config
 
 
@@ -105,9 +105,8 @@ class Equivalents:
     def _typed_sections(config: Mapping[str, Any]) -> Any:
         """The task's name and the optimiser and loop settings, defaults filled in: cheap to
         compare, where the whole key builds the task (an LM task reads its corpus to do so)."""
-        train = TrainConfig.from_dict(config["train"]).to_dict()
-        for key in TrainConfig.BOOKKEEPING:
-            del train[key]
+        # a committed run's config may give the runtime settings in train, as configs did
+        train = TrainConfig.from_dict(runtime_out_of_train(config)["train"]).to_dict()
         return json.loads(
             json.dumps([config["task"]["name"], OptimConfig.from_dict(config.get("optim")).to_dict(), train])
         )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import yaml
 
+from ..config import runtime_out_of_train
 from .grid import Run
 
 
@@ -67,9 +68,9 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> dict[str, i
             while pending and len(active) < parallel:
                 run = pending.pop(0)
                 run.out_dir.mkdir(parents=True, exist_ok=True)
-                config = copy.deepcopy(run.config)
+                config = copy.deepcopy(runtime_out_of_train(run.config))
                 if parallel > 1:
-                    config.setdefault("train", {})["threads"] = threads
+                    config["run"] = {**(config.get("run") or {}), "threads": threads}
                 (run.out_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
                 log(f"--- run {run.id} ({len(codes) + len(active) + 1}/{len(codes) + len(active) + 1 + len(pending)})")
                 if parallel == 1:
