@@ -11,7 +11,7 @@ with different token mixers, side by side in one run, on the CPU (default) or a 
                each turn
 
 Host memory for the timed parts is kept as lcsm's training processes keep it (``--allocator``,
-``train.host_allocator``); the memory workers use glibc's mmap for large blocks instead, so their
+``run.host_allocator``); the memory workers use glibc's mmap for large blocks instead, so their
 resident set follows the live tensors.
 
 Models (same d_model, depth and vocabulary; a SwiGLU channel mixer wherever the architecture has
@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         "--allocator",
         choices=HOST_ALLOCATORS,
         default="retain",
-        help="host memory of the timed runs, as train.host_allocator: retain (default, what lcsm's training "
+        help="host memory of the timed runs, as run.host_allocator: retain (default, what lcsm's training "
         "processes use: no page faults on reused memory) or system (glibc's own mmap rules)",
     )
     p.add_argument(

@@ -1303,7 +1303,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--allocator",
         choices=HOST_ALLOCATORS,
         default="retain",
-        help="host memory, as train.host_allocator: retain (default, what lcsm's training processes use: "
+        help="host memory, as run.host_allocator: retain (default, what lcsm's training processes use: "
         "freed blocks stay in glibc's heap for reuse) or system (glibc's defaults, whose adaptive mmap "
         "threshold makes timings depend on the order of the cases; bench/README.md, Noise)",
     )

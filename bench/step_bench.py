@@ -47,10 +47,10 @@ def time_steps(
 ) -> list[dict[str, object]]:
     """Median seconds per step of each variant, measured round-robin after one warm-up step each."""
     configs = [load_config(config_path, [*common, *overrides], defaults=TRAIN_DEFAULTS) for _, overrides in variants]
-    allocators = {c.train.host_allocator for c in configs}
+    allocators = {c.run.host_allocator for c in configs}
     if len(allocators) > 1:
         raise ValueError(
-            f"--variant: train.host_allocator acts on the whole process, so variants timed side by "
+            f"--variant: run.host_allocator acts on the whole process, so variants timed side by "
             f"side must share it; got {', '.join(sorted(allocators))} (time each in its own run)"
         )
     trainers = []

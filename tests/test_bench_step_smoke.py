@@ -67,7 +67,7 @@ def test_bad_variants_are_refused(text):
 
 def test_variants_must_share_the_host_allocator(tmp_path, monkeypatch):
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(ValueError, match="--variant: train.host_allocator acts on the whole process"):
+    with pytest.raises(ValueError, match="--variant: run.host_allocator acts on the whole process"):
         step_bench.time_steps(
             str(REPO / "experiments/configs/mqar_demo.yaml"),
             TINY[1::2],

@@ -75,6 +75,7 @@ PUBLIC = {
         "LoopState",
         "OptimConfig",
         "RunConfig",
+        "RuntimeConfig",
         "TrainConfig",
         "Trainer",
         "apply_overrides",

@@ -9,7 +9,7 @@ from ._common import UsageError
 # What ``lcsm train`` sets where the config does not, unlike the library: a training process may
 # keep freed host memory for good (see lcsm.engine.host_memory); a caller of lcsm's Python API keeps
 # its malloc as it is unless it asks.
-TRAIN_DEFAULTS = {"train.host_allocator": "retain"}
+TRAIN_DEFAULTS = {"run.host_allocator": "retain"}
 
 
 def _print_metrics(title: str, metrics) -> None:

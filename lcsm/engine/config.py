@@ -6,6 +6,13 @@
     model: {mixer: gla, d_model: 64, n_layers: 2}                     # ModelConfig fields
     optim: {lr: 1.0e-3, weight_decay: 0.1, schedule: cosine, warmup_steps: 100}
     train: {max_steps: 2000, batch_size: 64, eval_every: 200}
+    run:   {device: cuda, threads: 4, log_every: 50}                 # how it runs (optional)
+
+``task``, ``model``, ``optim`` and ``train`` say what is trained: they make up the training config
+that a run's id hashes and a resumed run must match (``RunConfig.training_dict``). ``run`` says
+how it runs (device, threads, logging, checkpoints kept, ...), which leaves the trained weights
+alone; it may change between runs and resumes and is never part of the training config. An
+older config gives these settings in ``train`` (``train.threads``): read as ``run.threads``.
 
 ``model`` may name a ``preset`` (``lcsm.models.PRESETS``; ``preset_options`` go to it) whose
 fields the other keys override. The fields a task fixes (head, vocab_size or input_dim,
@@ -154,30 +161,16 @@ class TrainConfig(_Section):
     grad_accum: micro-batches accumulated per optimizer step (per process).
     precision: "fp32", or "bf16" (autocast; the EOS operators compute in fp32 inside).
     seed: seeds the model's initialisation, the data order and dropout.
-    device: "auto" (cuda if available, else cpu), "cpu", "cuda" or "cuda:N".
-    eval_every / save_every / log_every: in optimizer steps (0: only at the end, where max_steps or
-        early stopping ends the run; the last step is logged whatever log_every).
+    eval_every / save_every: in optimizer steps (0: only at the end, where max_steps or early
+        stopping ends the run).
     eval_batch_size: default batch_size. eval_split: default "validation" if the task has one,
         else "test".
-    keep_last: checkpoints kept (oldest deleted; "best" is kept apart).
     early_stop: see ``EarlyStopConfig``.
-    tensorboard: also log to TensorBoard (needs the ``tensorboard`` package).
-    threads: torch CPU threads per process (null: torch's default).
-    on_nonfinite: a step whose loss or gradient norm is nan or infinite "stop"s the run (default:
-        status "diverged", no checkpoint of it) or is "skip"ped (weights and AdamW state untouched,
-        counted in result.json's skipped_steps). A run without such a step trains the same either way.
-    host_allocator: "system" (the library's default: malloc as the process has it) or "retain"
-        (``lcsm train``'s default: glibc's malloc keeps freed memory for the next step instead of
-        page-faulting it in afresh, for the rest of the process; see ``lcsm.engine.host_memory``).
+
+    How the loop runs (device, threads, logging, ...) is the ``run`` section: ``RuntimeConfig``.
     """
 
     section = "train"
-    # how the loop reports, keeps, places and runs its work, not what it computes: not part of a
-    # run's training config (``RunConfig.training_dict``)
-    BOOKKEEPING = ("log_every", "tensorboard", "keep_last", "threads", "device", "host_allocator")
-    # A run that met no non-finite step trained the same under either policy, so a stopped run can
-    # go on with "skip"; and run ids, hashed from the training config, stay as they were.
-    BOOKKEEPING += ("on_nonfinite",)
     # Part of a run's training config (and its id) but free to change when it is resumed: neither
     # changes a trained weight (eval_batch_size may move evaluation metrics by rounding alone).
     RESUMABLE = ("save_every", "eval_batch_size")
@@ -190,18 +183,11 @@ class TrainConfig(_Section):
     grad_accum: int = 1
     precision: str = "fp32"
     seed: int = 0
-    device: str = "auto"
     eval_every: int = 0
     eval_batch_size: int | None = None
     eval_split: str | None = None
     save_every: int = 0
-    log_every: int = 10
-    keep_last: int = 2
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
-    tensorboard: bool = False
-    threads: int | None = None
-    on_nonfinite: str = "stop"
-    host_allocator: str = "system"
 
     @classmethod
     def from_dict(cls, values):
@@ -214,6 +200,14 @@ class TrainConfig(_Section):
                         f"(what lcsm does now) is accepted, got {values[key]!r}"
                     )
             values = {k: v for k, v in values.items() if k not in cls.RETIRED}
+        moved = [key for key in values if key in RUNTIME_KEYS] if isinstance(values, Mapping) else []
+        if moved:
+            # RunConfig.from_dict reads an older config's train.threads as run.threads; this
+            # section alone takes the training settings only.
+            raise ValueError(
+                f"train: {', '.join(moved)}: {'settings' if len(moved) > 1 else 'a setting'} of how the run "
+                f"runs, in the run section ({', '.join(f'run.{k}: {values[k]!r}' for k in moved)}), not in train"
+            )
         check_keys(cls.section, values, [f.name for f in dataclasses.fields(cls)])
         values = dict(values)
         if "early_stop" in values and not isinstance(values["early_stop"], EarlyStopConfig):
@@ -232,39 +226,103 @@ class TrainConfig(_Section):
         check_int("train.grad_accum", self.grad_accum, 1)
         check_choice("train.precision", self.precision, PRECISIONS)
         check_int("train.seed", self.seed, 0)
-        check_device("train.device", self.device)
-        for name in ("eval_every", "save_every", "log_every"):
+        for name in ("eval_every", "save_every"):
             check_int(f"train.{name}", getattr(self, name), 0)
         check_int("train.eval_batch_size", self.eval_batch_size, 1, allow_none=True)
         if self.eval_split is not None and not isinstance(self.eval_split, str):
             raise ValueError(f"train.eval_split: expected a split name or null, got {self.eval_split!r}")
-        check_int("train.keep_last", self.keep_last, 1)
         if not isinstance(self.early_stop, EarlyStopConfig):
             raise ValueError(f"train.early_stop: expected a mapping, got {self.early_stop!r}")
+
+
+@dataclass
+class RuntimeConfig(_Section):
+    """How a run runs: settings that leave its trained weights alone, so they are no part of its
+    training config (``RunConfig.training_dict``), its id or what a resumed run must match.
+
+    device: "auto" (cuda if available, else cpu), "cpu", "cuda" or "cuda:N".
+    threads: torch CPU threads per process (null: torch's default). A run resumed with another
+        number trains on, but not bit-identically.
+    host_allocator: "system" (the library's default: malloc as the process has it) or "retain"
+        (``lcsm train``'s default: glibc's malloc keeps freed memory for the next step instead of
+        page-faulting it in afresh, for the rest of the process; see ``lcsm.engine.host_memory``).
+    log_every: in optimizer steps (0: only the last step, which is logged whatever log_every).
+    tensorboard: also log to TensorBoard (needs the ``tensorboard`` package).
+    keep_last: checkpoints kept (oldest deleted; "best" is kept apart).
+    on_nonfinite: a step whose loss or gradient norm is nan or infinite "stop"s the run (default:
+        status "diverged", no checkpoint of it) or is "skip"ped (weights and AdamW state untouched,
+        counted in result.json's skipped_steps). A run without such a step trains the same either
+        way, so a stopped run may go on with "skip".
+    """
+
+    section = "run"
+    device: str = "auto"
+    threads: int | None = None
+    host_allocator: str = "system"
+    log_every: int = 10
+    tensorboard: bool = False
+    keep_last: int = 2
+    on_nonfinite: str = "stop"
+
+    def __post_init__(self):
+        check_device("run.device", self.device)
+        check_int("run.threads", self.threads, 1, allow_none=True)
+        check_choice("run.host_allocator", self.host_allocator, HOST_ALLOCATORS)
+        check_int("run.log_every", self.log_every, 0)
         if not isinstance(self.tensorboard, bool):
-            raise ValueError(f"train.tensorboard: expected true or false, got {self.tensorboard!r}")
-        check_int("train.threads", self.threads, 1, allow_none=True)
-        check_choice("train.on_nonfinite", self.on_nonfinite, NONFINITE)
-        check_choice("train.host_allocator", self.host_allocator, HOST_ALLOCATORS)
+            raise ValueError(f"run.tensorboard: expected true or false, got {self.tensorboard!r}")
+        check_int("run.keep_last", self.keep_last, 1)
+        check_choice("run.on_nonfinite", self.on_nonfinite, NONFINITE)
+
+
+RUNTIME_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeConfig))
+
+
+def runtime_out_of_train(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A run config with the runtime settings that an older config gives in ``train`` (the
+    committed runs' ``train.threads``, ``train.device``, ...) moved to ``run``, where they are now;
+    the other keys as they are. Given in both places, a setting fails rather than one silently
+    winning."""
+    values = dict(values)
+    train = values.get("train")
+    if not isinstance(train, Mapping) or not any(key in train for key in RUNTIME_KEYS):
+        return values
+    run = values.get("run")
+    run = {} if run is None else run
+    if not isinstance(run, Mapping):
+        raise ValueError(f"run: expected a mapping of runtime settings, got {run!r}")
+    old = {key: value for key, value in train.items() if key in RUNTIME_KEYS}
+    for key, value in old.items():
+        if key in run:
+            raise ValueError(
+                f"train.{key}: the older spelling of run.{key}, and both are given (train.{key}: {value!r}, "
+                f"run.{key}: {run[key]!r}); give run.{key} alone"
+            )
+    values["train"] = {key: value for key, value in train.items() if key not in old}
+    values["run"] = {**run, **old}
+    return values
 
 
 @dataclass
 class RunConfig:
     """A whole run: ``task`` and ``model`` stay plain mappings (validated by the task's Config and
-    by ``ModelConfig`` when the run is built, see ``build_task`` / ``model_config``)."""
+    by ``ModelConfig`` when the run is built, see ``build_task`` / ``model_config``); ``run``, how
+    it runs, is kept apart from what is trained (the other four)."""
 
     task: dict[str, Any]
     model: dict[str, Any]
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
+    run: RuntimeConfig = field(default_factory=RuntimeConfig)
     out_dir: str = "runs/run"
     name: str | None = None
 
-    KEYS = ("name", "out_dir", "task", "model", "optim", "train")
+    KEYS = ("name", "out_dir", "task", "model", "optim", "train", "run")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
         check_keys("run config", values, cls.KEYS)
+        values = runtime_out_of_train(values)
         for required in ("task", "model", "train"):
             if required not in values:
                 raise ValueError(f"run config: missing section {required!r} (sections: {', '.join(cls.KEYS[2:])})")
@@ -284,6 +342,7 @@ class RunConfig:
             model=copy.deepcopy(dict(values["model"])),
             optim=OptimConfig.from_dict(values.get("optim")),
             train=TrainConfig.from_dict(values["train"]),
+            run=RuntimeConfig.from_dict(values.get("run")),
             out_dir=out_dir,
             name=name,
         )
@@ -304,17 +363,16 @@ class RunConfig:
             "model": copy.deepcopy(self.model),
             "optim": self.optim.to_dict(),
             "train": self.train.to_dict(),
+            "run": self.run.to_dict(),
         }
         out["optim"]["betas"] = list(out["optim"]["betas"])
         return out
 
     def training_dict(self) -> dict[str, Any]:
         """Everything that determines the trained weights (a resumed run must match it): the
-        config without ``name``, ``out_dir`` and the loop's bookkeeping intervals."""
+        ``task``, ``model``, ``optim`` and ``train`` sections."""
         out = self.to_dict()
-        del out["name"], out["out_dir"]
-        for key in TrainConfig.BOOKKEEPING:
-            del out["train"][key]
+        del out["name"], out["out_dir"], out["run"]
         return out
 
     # ------------------------------------------------------------------ building the parts
@@ -473,11 +531,15 @@ def load_config(
     ``out_dir`` to ``runs/<name>``; an ``out_dir`` given here (``lcsm train --out``) replaces the
     config's and is used as it is, a path, never parsed as YAML. ``defaults``: dotted keys set
     where neither the file nor the overrides set them (a command's own defaults)."""
-    values = apply_overrides(read_yaml(path), overrides)
+    # An older config's train.host_allocator is its run.host_allocator: moved first, so that a
+    # default for run.host_allocator does not take its place (nor clash with it).
+    values = runtime_out_of_train(apply_overrides(read_yaml(path), overrides))
     for key, value in (defaults or {}).items():
         *sections, last = key.split(".")
         node = values
         for section in sections:
+            if isinstance(node, dict) and node.get(section) is None:
+                node[section] = {}  # an optional section the file leaves out (run)
             node = node.get(section) if isinstance(node, dict) else None
         if isinstance(node, dict) and last not in node:
             node[last] = copy.deepcopy(value)

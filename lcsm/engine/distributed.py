@@ -19,7 +19,7 @@ from .config import check_device
 
 def resolve_device(option: str, name: str) -> torch.device:
     """The device of this machine that ``option`` ("auto", "cpu", "cuda" or "cuda:N") names; errors
-    name the option ``name`` it came from (``train.device``, ``--device``)."""
+    name the option ``name`` it came from (``run.device``, ``--device``)."""
     check_device(name, option)
     if option == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -45,7 +45,7 @@ class Distributed:
 
     @classmethod
     def setup(cls, device_option: str) -> Distributed:
-        device = resolve_device(device_option, "train.device")
+        device = resolve_device(device_option, "run.device")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls(device)

@@ -1,4 +1,4 @@
-"""How the training process allocates host memory (``train.host_allocator``).
+"""How the training process allocates host memory (``run.host_allocator``).
 
 glibc's malloc serves every block above its mmap threshold (at most 32 MB) with a fresh ``mmap``
 and unmaps it on ``free``; the kernel then zero-fills each 4 KB page at its first touch. A CPU
@@ -43,8 +43,8 @@ def use_host_allocator(choice: str) -> str:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _INT_MAX)):
         raise OSError(
-            f"train.host_allocator: glibc {version} refused mallopt (M_MMAP_MAX 0, M_TRIM_THRESHOLD "
-            f"{_INT_MAX}); set train.host_allocator: system"
+            f"run.host_allocator: glibc {version} refused mallopt (M_MMAP_MAX 0, M_TRIM_THRESHOLD "
+            f"{_INT_MAX}); set run.host_allocator: system"
         )
     _retained = True
     return f"retain (glibc {version}: no mmap, no trim)"

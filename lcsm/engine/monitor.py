@@ -109,7 +109,7 @@ class MetricsLog:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 raise ValueError(
-                    "train.tensorboard: true needs the 'tensorboard' package (pip install tensorboard)"
+                    "run.tensorboard: true needs the 'tensorboard' package (pip install tensorboard)"
                 ) from None
             self._tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
 

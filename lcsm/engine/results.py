@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for the annotations only: at run time this module imports no other of the engine
-    from .sweep import Experiment
+    from .sweep.grid import Experiment
 
 
 def machine_label(result: dict[str, Any]) -> str:

@@ -77,11 +77,11 @@ class LoopState:
     last_eval_step: int | None = None
     # stretches of steps each trained on one machine: {device, cpu, torch, git_commit, from_step, to_step}
     trained_on: list[dict[str, Any]] = field(default_factory=list)
-    skipped_steps: int = 0  # steps with a non-finite loss or gradient norm, skipped (train.on_nonfinite)
+    skipped_steps: int = 0  # steps with a non-finite loss or gradient norm, skipped (run.on_nonfinite)
 
 
 class TrainingDiverged(ValueError):
-    """A step's loss or gradient norm was not finite and ``train.on_nonfinite`` is "stop"."""
+    """A step's loss or gradient norm was not finite and ``run.on_nonfinite`` is "stop"."""
 
     exit_status = 1
 
@@ -194,13 +194,13 @@ class Trainer:
 
     def __init__(self, config: RunConfig, dist: Distributed | None = None, *, quiet: bool = False):
         self.config = config
-        t = config.train
-        self.dist = dist if dist is not None else Distributed.setup(t.device)
+        t, r = config.train, config.run
+        self.dist = dist if dist is not None else Distributed.setup(r.device)
         self.device = self.dist.device
         self.out_dir = Path(config.out_dir)
         # The code that runs is the code at start: later commits in the checkout do not change it.
         self.git_commit = git_commit()
-        self.host_allocator = use_host_allocator(t.host_allocator)
+        self.host_allocator = use_host_allocator(r.host_allocator)
 
         # Rank 0 generates (and caches) the data first, so the others read it instead of redoing it.
         self.task = config.build_task()
@@ -243,8 +243,8 @@ class Trainer:
             if self.dist.enabled
             else self.model
         )
-        self.log = MetricsLog(self.out_dir, enabled=self.dist.is_main, tensorboard=t.tensorboard)
-        self.progress = Progress(self.total_steps, log_every=t.log_every, enabled=self.dist.is_main and not quiet)
+        self.log = MetricsLog(self.out_dir, enabled=self.dist.is_main, tensorboard=r.tensorboard)
+        self.progress = Progress(self.total_steps, log_every=r.log_every, enabled=self.dist.is_main and not quiet)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -298,7 +298,7 @@ class Trainer:
             name = name or f"step-{self.state.step:08d}"
             path = ckpt.save_checkpoint(self.out_dir, name, self.model, trainer, self._info())
             if name != ckpt.BEST:
-                ckpt.prune(self.out_dir, self.config.train.keep_last)
+                ckpt.prune(self.out_dir, self.config.run.keep_last)
         self.dist.barrier()
         return path
 
@@ -359,7 +359,7 @@ class Trainer:
             self.progress.message(
                 f"note: resuming a run trained with {threads} CPU thread(s) per process with "
                 f"{torch.get_num_threads()}: training continues, but not bit-identically to the original run "
-                f"(train.threads: {threads} keeps it exact)"
+                f"(run.threads: {threads} keeps it exact)"
             )
         return path
 
@@ -506,7 +506,8 @@ class Trainer:
                     }
                     if s.skipped_steps:
                         record["skipped_steps"] = s.skipped_steps
-                    logged = bool(t.log_every) and s.step % t.log_every == 0
+                    log_every = self.config.run.log_every
+                    logged = bool(log_every) and s.step % log_every == 0
                     if logged:
                         self.log.write("train", s.step, record)
                         last_time, last_tokens = now, s.tokens
@@ -537,7 +538,7 @@ class Trainer:
         skipped and counted, or the run stops as diverged, its last checkpoint the last good one."""
         s = self.state
         what = f"step {step}: loss {loss}, gradient norm {norm}"
-        if self.config.train.on_nonfinite == "skip":
+        if self.config.run.on_nonfinite == "skip":
             s.skipped_steps += 1
             if self.dist.is_main:
                 ckpt.warn(f"warning: {what}: not finite, step skipped ({s.skipped_steps} so far)")
@@ -552,7 +553,7 @@ class Trainer:
         raise TrainingDiverged(
             f"{what}: not finite, the run diverged and stopped (result.json status 'diverged'; its "
             f"newest checkpoint is of step {s.step} or before). Lower optim.lr or set optim.grad_clip, or "
-            "set train.on_nonfinite: skip to skip such steps"
+            "set run.on_nonfinite: skip to skip such steps"
         )
 
     def final_test(self) -> dict[str, Any] | None:
@@ -661,10 +662,10 @@ def train(config: RunConfig, *, resume: bool = True, restart: bool = False, quie
     """Train the run ``config`` describes, resuming from the newest checkpoint in its out_dir
     (``resume=False``: fail if there is one; ``restart=True``: discard it first). Returns the
     result, also written to ``<out_dir>/result.json``. Under torchrun every process calls this."""
-    dist = Distributed.setup(config.train.device)
+    dist = Distributed.setup(config.run.device)
     threads = torch.get_num_threads()
-    if config.train.threads is not None:
-        torch.set_num_threads(config.train.threads)
+    if config.run.threads is not None:
+        torch.set_num_threads(config.run.threads)
     # Rank 0 alone writes the directory, so it alone holds it; taken before any data or model is
     # built, so a directory in use or not writable fails at once.
     lock = DirectoryLock(config.out_dir, "lcsm train") if dist.is_main else None

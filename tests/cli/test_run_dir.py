@@ -29,7 +29,8 @@ TINY = {
         "test_examples": 16,
     },
     "model": {"mixer": "gla", "d_model": 16, "n_layers": 1},
-    "train": {"max_steps": 4, "batch_size": 8, "log_every": 2, "threads": 1},
+    "train": {"max_steps": 4, "batch_size": 8},
+    "run": {"log_every": 2, "threads": 1},
 }
 
 

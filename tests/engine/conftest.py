@@ -18,7 +18,8 @@ TINY = {
     },
     "model": {"mixer": "gla", "d_model": 16, "n_layers": 1},
     "optim": {"lr": 3.0e-3, "warmup_steps": 2},
-    "train": {"max_steps": 12, "batch_size": 8, "eval_every": 6, "save_every": 4, "log_every": 2, "threads": 1},
+    "train": {"max_steps": 12, "batch_size": 8, "eval_every": 6, "save_every": 4},
+    "run": {"log_every": 2, "threads": 1},
 }
 
 

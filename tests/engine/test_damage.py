@@ -14,7 +14,7 @@ from lcsm.engine import RunConfig, apply_overrides, train
 
 from .conftest import TINY
 
-VALUES = apply_overrides(TINY, {"train.keep_last": 3})
+VALUES = apply_overrides(TINY, {"run.keep_last": 3})
 
 
 def run_config(out):

@@ -17,7 +17,7 @@ from .conftest import TINY, write_config
 
 DDP = apply_overrides(
     TINY,
-    {"train.max_steps": 10, "train.batch_size": 16, "train.log_every": 1, "train.eval_every": 5, "train.save_every": 5},
+    {"train.max_steps": 10, "train.batch_size": 16, "run.log_every": 1, "train.eval_every": 5, "train.save_every": 5},
 )
 
 

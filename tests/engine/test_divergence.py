@@ -54,7 +54,7 @@ def test_a_nonfinite_step_stops_the_run_as_diverged(cache_env, capsys, nan_gradi
 
 
 def test_a_skipped_step_changes_no_weight_and_no_optimizer_state(cache_env, capsys, nan_gradients_at_step_6):
-    values = apply_overrides(TINY, {"train.on_nonfinite": "skip", "train.save_every": 1, "train.keep_last": 20})
+    values = apply_overrides(TINY, {"run.on_nonfinite": "skip", "train.save_every": 1, "run.keep_last": 20})
     result = train(RunConfig.from_dict({**values, "out_dir": str(cache_env / "run")}), quiet=True)
     assert (result["status"], result["step"], result["skipped_steps"]) == ("completed", 12, 1)
     assert "warning: step 6: loss" in capsys.readouterr().err

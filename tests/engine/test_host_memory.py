@@ -1,4 +1,4 @@
-"""train.host_allocator: "retain" keeps freed host memory for reuse; it is validated, recorded and
+"""run.host_allocator: "retain" keeps freed host memory for reuse; it is validated, recorded and
 not part of the training config. lcsm train retains by default, the library only when asked."""
 
 import json
@@ -53,11 +53,11 @@ def test_retain_reuses_freed_pages_that_system_faults_in_again():
 def test_host_allocator_is_checked_and_leaves_the_training_config_alone(tmp_path):
     values = apply_overrides(TINY, {"out_dir": str(tmp_path / "run")})
     default = RunConfig.from_dict(values)
-    assert default.train.host_allocator == "system"  # the library's; lcsm train's is retain
-    system = RunConfig.from_dict(apply_overrides(values, {"train.host_allocator": "system"}))
+    assert default.run.host_allocator == "system"  # the library's; lcsm train's is retain
+    system = RunConfig.from_dict(apply_overrides(values, {"run.host_allocator": "system"}))
     assert system.training_dict() == default.training_dict()  # same run id, resumable either way
-    with pytest.raises(ValueError, match=r"train.host_allocator: expected one of 'retain', 'system', got 'jemalloc'"):
-        RunConfig.from_dict(apply_overrides(values, {"train.host_allocator": "jemalloc"}))
+    with pytest.raises(ValueError, match=r"run.host_allocator: expected one of 'retain', 'system', got 'jemalloc'"):
+        RunConfig.from_dict(apply_overrides(values, {"run.host_allocator": "jemalloc"}))
 
 
 def test_retain_changes_no_number(cache_env):
@@ -74,7 +74,7 @@ def test_retain_changes_no_number(cache_env):
                 "--out",
                 str(cache_env / choice),
                 "--set",
-                f"train.host_allocator={choice}",
+                f"run.host_allocator={choice}",
             ],
             cache_env,
         )
@@ -116,12 +116,16 @@ def test_lcsm_train_retains_by_default_and_the_config_has_the_last_word(cache_en
     from lcsm.cli.train import TRAIN_DEFAULTS
 
     config = write_config(cache_env / "tiny.yaml", apply_overrides(TINY, {"train.max_steps": 1}))
-    assert load_config(config, defaults=TRAIN_DEFAULTS).train.host_allocator == "retain"
-    assert load_config(config, ["train.host_allocator=system"], defaults=TRAIN_DEFAULTS).train.host_allocator == (
-        "system"
-    )
-    own = write_config(cache_env / "own.yaml", apply_overrides(TINY, {"train.host_allocator": "system"}))
-    assert load_config(own, defaults=TRAIN_DEFAULTS).train.host_allocator == "system"
+    assert load_config(config, defaults=TRAIN_DEFAULTS).run.host_allocator == "retain"
+    assert load_config(config, ["run.host_allocator=system"], defaults=TRAIN_DEFAULTS).run.host_allocator == "system"
+    own = write_config(cache_env / "own.yaml", apply_overrides(TINY, {"run.host_allocator": "system"}))
+    assert load_config(own, defaults=TRAIN_DEFAULTS).run.host_allocator == "system"
+    # an older config's train.host_allocator is its run.host_allocator, and has the last word too
+    old = write_config(cache_env / "old.yaml", apply_overrides(TINY, {"train.host_allocator": "system"}))
+    assert load_config(old, defaults=TRAIN_DEFAULTS).run.host_allocator == "system"
+    assert load_config(config, ["train.host_allocator=system"], defaults=TRAIN_DEFAULTS).run.host_allocator == "system"
+    no_run = write_config(cache_env / "no_run.yaml", {k: v for k, v in TINY.items() if k != "run"})
+    assert load_config(no_run, defaults=TRAIN_DEFAULTS).run.host_allocator == "retain"
     done = run_cli(["train", str(config), "--quiet", "--out", str(cache_env / "run")], cache_env)
     assert done.returncode == 0, done.stderr
     applied = json.loads((cache_env / "run" / "result.json").read_text())["machine"]["host_allocator"]

@@ -34,6 +34,9 @@ def _engine_imports(path: Path) -> set[str]:
 def test_report_and_results_do_not_import_sweep():
     assert "sweep" not in _engine_imports(ENGINE / "report.py")
     assert not {"sweep", "report"} & _engine_imports(ENGINE / "results.py")
+    # nor any module of the sweep package
+    for path in (ENGINE / "report.py", ENGINE / "results.py"):
+        assert not [m for m in _engine_imports(path) if m.startswith("sweep.")]
 
 
 def test_verdict_file_and_box(tmp_path):

@@ -26,8 +26,8 @@ LONG = apply_overrides(
         "train.max_steps": 240,
         "train.save_every": 10,
         "train.eval_every": 80,
-        "train.keep_last": 3,
-        "train.log_every": 10,
+        "run.keep_last": 3,
+        "run.log_every": 10,
     },
 )
 
@@ -60,7 +60,7 @@ def died_after_step(run_dir, step=4):
 def test_resume_from_a_middle_checkpoint_is_exact(cache_env, stop, steps):
     """Resumed in the first epoch or in the second (TINY has 16 batches an epoch), the run ends as
     the uninterrupted one: the epoch's batch order, position in it, RNG, optimizer, schedule."""
-    values = apply_overrides(TINY, {"model.dropout": 0.1, "train.keep_last": 10, "train.max_steps": steps})
+    values = apply_overrides(TINY, {"model.dropout": 0.1, "run.keep_last": 10, "train.max_steps": steps})
     train(RunConfig.from_dict({**values, "out_dir": str(cache_env / "a")}), quiet=True)
     b = cache_env / "b"
     train(RunConfig.from_dict({**values, "out_dir": str(b)}), quiet=True)
@@ -74,7 +74,7 @@ def test_resume_from_a_middle_checkpoint_is_exact(cache_env, stop, steps):
 
 
 def test_a_run_resumed_on_another_machine_records_both(cache_env):
-    values = apply_overrides(TINY, {"train.keep_last": 10})
+    values = apply_overrides(TINY, {"run.keep_last": 10})
     run = cache_env / "a"
     train(RunConfig.from_dict({**values, "out_dir": str(run)}), quiet=True)
     died_after_step(run)
@@ -241,30 +241,30 @@ def test_resume_refuses_other_optimizer_groups(cache_env, monkeypatch):
 def test_resume_with_another_thread_count_says_it_is_not_bit_exact(cache_env, capsys):
     """CPU kernels split their sums by thread count: the resumed run drifts from the original (review
     D20: weights 0.19 apart), so it must say so, as it does for another process count."""
-    run, values = cache_env / "a", apply_overrides(TINY, {"train.keep_last": 10})
+    run, values = cache_env / "a", apply_overrides(TINY, {"run.keep_last": 10})
     train(RunConfig.from_dict({**values, "out_dir": str(run)}), quiet=True)  # threads 1
     died_after_step(run)
     capsys.readouterr()
     train(RunConfig.from_dict({**values, "out_dir": str(run)}))
     assert "CPU thread(s)" not in capsys.readouterr().err
     died_after_step(run)
-    train(RunConfig.from_dict({**apply_overrides(values, {"train.threads": 2}), "out_dir": str(run)}))
+    train(RunConfig.from_dict({**apply_overrides(values, {"run.threads": 2}), "out_dir": str(run)}))
     assert (
         "note: resuming a run trained with 1 CPU thread(s) per process with 2: training continues, but not "
-        "bit-identically to the original run (train.threads: 1 keeps it exact)"
+        "bit-identically to the original run (run.threads: 1 keeps it exact)"
     ) in capsys.readouterr().err
 
 
 def test_resume_accepts_changes_that_train_the_same_weights(cache_env):
     """How often to save, the evaluation batch, logging and pruning change no trained weight."""
-    values = apply_overrides(TINY, {"train.keep_last": 10})
+    values = apply_overrides(TINY, {"run.keep_last": 10})
     reference = cache_env / "reference"
     train(RunConfig.from_dict({**values, "out_dir": str(reference)}), quiet=True)
     run = cache_env / "a"
     train(RunConfig.from_dict({**values, "out_dir": str(run)}), quiet=True)
     died_after_step(run)
     changed = apply_overrides(
-        values, {"train.save_every": 3, "train.eval_batch_size": 4, "train.log_every": 1, "train.keep_last": 5}
+        values, {"train.save_every": 3, "train.eval_batch_size": 4, "run.log_every": 1, "run.keep_last": 5}
     )
     result = train(RunConfig.from_dict({**changed, "out_dir": str(run)}), quiet=True)
     assert result["step"] == 12 and result["trained_on"][0]["from_step"] == 0

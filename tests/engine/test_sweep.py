@@ -296,6 +296,31 @@ def test_sweep_builds_every_run_before_running_any(tmp_path, monkeypatch):
     assert calls == [] and not (tmp_path / "out").exists()
 
 
+def test_sweep_checks_runs_without_reading_a_corpus(tmp_path, monkeypatch):
+    """Checking that every run builds takes the fields the task fixes from its config: a BPE LM
+    sweep does not read its corpus (to train the tokenizer) before the first run starts, and a
+    run that cannot be built still stops it."""
+    from lcsm.tasks.lm import LanguageModelling
+
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+
+    def read(self):
+        pytest.fail("checking a sweep's runs read the LM corpus")
+
+    monkeypatch.setattr(LanguageModelling, "documents", read)
+    config = {**SWEEP_BASE, "task": {"name": "lm", "tokenizer": "bpe", "bpe_vocab": 512}}
+    spec = {"name": "lm", "config": config, "grid": {"model.mixer": ["gla", "hgrn"]}}
+    path = tmp_path / "lm.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    log = []
+    sweep(load_experiment(path, out_dir=tmp_path / "out"), dry_run=True, log=log.append)
+    assert sum(line.startswith("  to run") for line in log) == 2
+    spec["grid"] = {"model": {"ssm": {"mixer": "lcsm:ssm", "mixer_options": {"code": "1-1-1-0"}}}}
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match=r"run model=ssm-\w+: code: .* takes no 'e-o-s-a' code"):
+        sweep(load_experiment(path, out_dir=tmp_path / "out"), dry_run=True, log=lambda *_: None)
+
+
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
 def test_real_sweep_is_resumable_after_interruption(tmp_path, stop):
     """Two real runs through `lcsm train`; the sweep is interrupted during the first, then rerun.

@@ -45,7 +45,7 @@ def test_tiny_models_learn_mqar(cache_env, mixer):
             "train.max_steps": 80,
             "train.eval_every": 0,
             "train.save_every": 0,
-            "train.log_every": 1,
+            "run.log_every": 1,
         },
     )
     result = train(cfg, quiet=True)
@@ -109,7 +109,7 @@ def train_log(run_dir, key):
 def test_gradient_accumulation_matches_one_big_batch(cache_env):
     """grad_accum splits the same global batch: same loss normalisation (the logged loss and
     gradient norm, which AdamW's scale invariance would hide from the weights), same update."""
-    common = {"train.max_steps": 6, "train.eval_every": 0, "train.save_every": 0, "train.log_every": 1}
+    common = {"train.max_steps": 6, "train.eval_every": 0, "train.save_every": 0, "run.log_every": 1}
     train(config(cache_env, "one", **common), quiet=True)
     train(config(cache_env, "four", **common, **{"train.grad_accum": 4}), quiet=True)
     assert_close(weights(cache_env / "four"), weights(cache_env / "one"), context="grad_accum 4 vs 1")
@@ -128,7 +128,7 @@ def test_gradient_clipping_bounds_the_update(cache_env):
         "train.max_steps": 1,
         "train.eval_every": 0,
         "train.save_every": 1,
-        "train.log_every": 1,
+        "run.log_every": 1,
         "optim.warmup_steps": 0,
         "optim.weight_decay": 0.0,
         "optim.betas": [0.0, 0.0],
@@ -246,7 +246,7 @@ def test_log_every_0_logs_the_last_step_only(cache_env):
     """0 means at the end only (TrainConfig), where the run ends: max_steps or an early stop."""
 
     def train_steps(name, **overrides):
-        train(config(cache_env, name, **{"train.log_every": 0, **overrides}), quiet=True)
+        train(config(cache_env, name, **{"run.log_every": 0, **overrides}), quiet=True)
         records = map(json.loads, (cache_env / name / "metrics.jsonl").read_text().splitlines())
         return [r["step"] for r in records if r["kind"] == "train"]
 
@@ -281,9 +281,9 @@ def test_run_config_validation():
         RunConfig.from_dict(apply_overrides(TINY, {"model.vocab_size": 16}))
     with pytest.raises(ValueError, match="mixer_options: mixer 'gla' has no option"):
         RunConfig.from_dict(apply_overrides(TINY, {"model.mixer_options": {"headz": 2}}))
-    with pytest.raises(ValueError, match="train.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'cuda:x'"):
-        RunConfig.from_dict(apply_overrides(TINY, {"train.device": "cuda:x"}))
-    for section in ("task", "model", "optim", "train", "train.early_stop"):
+    with pytest.raises(ValueError, match="run.device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'cuda:x'"):
+        RunConfig.from_dict(apply_overrides(TINY, {"run.device": "cuda:x"}))
+    for section in ("task", "model", "optim", "train", "train.early_stop", "run"):
         with pytest.raises(ValueError, match=rf"^{section}: expected a mapping"):
             RunConfig.from_dict(apply_overrides(TINY, {section: 5}))
 
@@ -329,9 +329,9 @@ def test_tensorboard_needs_its_package(cache_env):
         import tensorboard  # noqa: F401
     except ImportError:
         with pytest.raises(ValueError, match="needs the 'tensorboard' package"):
-            train(config(cache_env, **{"train.tensorboard": True}), quiet=True)
+            train(config(cache_env, **{"run.tensorboard": True}), quiet=True)
     else:
-        train(config(cache_env, **{"train.tensorboard": True}), quiet=True)
+        train(config(cache_env, **{"run.tensorboard": True}), quiet=True)
         assert list((cache_env / "run" / "tensorboard").iterdir())
 
 

@@ -54,7 +54,8 @@ def train_tiny(tmp_path, monkeypatch):
                     "task": task,
                     "model": {"mixer": "gla", "d_model": d_model, "n_layers": 1},
                     "optim": {"lr": lr},
-                    "train": {"max_steps": steps, "batch_size": batch_size, "log_every": 1, "threads": 1},
+                    "train": {"max_steps": steps, "batch_size": batch_size},
+                    "run": {"log_every": 1, "threads": 1},
                 }
             ),
             quiet=True,
