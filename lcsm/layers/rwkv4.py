@@ -160,8 +160,8 @@ class RWKV4(Mixer):
         # nothing: the carried memory already holds token 0). Recovering a_{t-1} from a_t instead
         # would divide by e^{-w} and amplify rounding by up to e^w.
         o = self._scale(k, w, state)  # o_0..o_T
-        # An empty memory's o_0 = -inf only enters as the decay of that (zero) memory: any
-        # finite value is exact there, and -inf would poison the op's cumulative log decays.
+        # An empty memory's o_0 = -inf only enters as the decay of that (zero) memory, so any
+        # finite value is exact there; the next step's keeps every decay finite.
         o_dec = torch.cat([torch.where(torch.isinf(o[:, :1]), o[:, 1:2], o[:, :1]), o[:, 1:]], dim=1)
         zero = k.new_zeros(B, 1, C)
         e = torch.cat([zero, torch.exp(k[:, :-1] - o[:, 1:T])], dim=1)  # <= 1
