@@ -48,7 +48,7 @@ from bench._common import Check, proc_status_kib, provenance_header, run_memory_
 from lcsm._provenance import device_name
 from lcsm.engine.distributed import resolve_device
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
-from lcsm.models import ModelConfig, build_model, preset
+from lcsm.models import HeadConfig, ModelConfig, build_model, preset
 
 BASELINE = "transformer"
 LINEAR = ("s4", "etsmlp", "gla", "mamba", "metala")
@@ -93,7 +93,7 @@ QUICK = Sizes(
 
 
 def model_config(name: str, z: Sizes) -> ModelConfig:
-    common = dict(d_model=z.d_model, n_layers=z.n_layers, vocab_size=z.vocab, head="lm")
+    common = dict(d_model=z.d_model, n_layers=z.n_layers, vocab_size=z.vocab, head=HeadConfig(kind="lm"))
     if name == "transformer":
         return ModelConfig(
             mixer="attention", mixer_options=dict(heads=max(1, z.d_model // 64), positions="rotary"), **common

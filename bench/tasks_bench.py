@@ -29,7 +29,9 @@ def measure(name: str, steps: int) -> dict:
     data = {s: task.dataset(s) for s in task.splits}
     prepare = time.perf_counter() - t0
     train = data["train"]
-    model = build_model(ModelConfig(mixer="gla", d_model=64, n_layers=2, **task.model_fields()), verbose=False)
+    model = build_model(
+        ModelConfig.from_dict({"mixer": "gla", "d_model": 64, "n_layers": 2, **task.model_fields()}), verbose=False
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batches = [b for b in train.loader(BATCH, shuffle=True, drop_last=True)]
     times = []

@@ -41,6 +41,7 @@ PUBLIC = {
         "Block",
         "CausalLM",
         "DualClassifier",
+        "HeadConfig",
         "Model",
         "ModelConfig",
         "PRESETS",

@@ -87,7 +87,7 @@ def cmd_generate(args) -> int:
     )
     if not isinstance(model, CausalLM):
         raise UsageError(
-            f"checkpoint {path} holds a {config.model_config(task).head!r} model; generation needs a "
+            f"checkpoint {path} holds a {config.model_config(task).head.kind!r} model; generation needs a "
             "language model (head 'lm')"
         )
     ids = _prompt_ids(task, args)

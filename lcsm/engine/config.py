@@ -15,8 +15,12 @@ alone; it may change between runs and resumes and is never part of the training 
 older config gives these settings in ``train`` (``train.threads``): read as ``run.threads``.
 
 ``model`` may name a ``preset`` (``lcsm.models.PRESETS``; ``preset_options`` go to it) whose
-fields the other keys override. The fields a task fixes (head, vocab_size or input_dim,
-n_classes: ``Task.model_fields``) are filled in from the task. Every section is a typed
+fields the other keys override (the head's field by field). The fields a task fixes (vocab_size
+or input_dim, head.kind, head.n_classes: ``Task.model_fields``) are filled in from the task. The
+head is a nested mapping (``head: {kind: classifier, hidden: 256}``); ``head: classifier`` is
+shorthand for ``{kind: classifier}``, and the older flat spelling (``head_hidden: 256``,
+``n_classes``, ...) is read as the nested field, the section left as written so that run ids keep
+hashing it. Every section is a typed
 dataclass validated when built; an unknown key fails naming the closest valid ones.
 ``apply_overrides`` implements ``--set section.key=value`` (values parsed as YAML).
 """
@@ -388,10 +392,12 @@ class RunConfig:
         return {k: v for k, v in self.task.items() if k != "name"}
 
     def model_keys(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(preset (if any) <- model keys, the model keys as given), before the task's fields."""
+        """(preset (if any) <- model keys, the model keys as given), before the task's fields; the
+        head in both as a mapping (``lcsm.models.config.nest_head``: the old flat keys read into it)."""
         from lcsm.models import preset
+        from lcsm.models.config import merge_model_values, nest_head
 
-        values = copy.deepcopy(self.model)
+        values = nest_head(copy.deepcopy(self.model))
         preset_name = values.pop("preset", None)
         preset_options = values.pop("preset_options", {}) or {}
         if preset_name is not None:
@@ -400,7 +406,7 @@ class RunConfig:
             if preset_options:
                 raise ValueError("model.preset_options: given without model.preset")
             base = {}
-        return {**base, **values}, values
+        return merge_model_values(base, values), values
 
     def model_revisions(self) -> dict[str, int]:
         """The revisions of the mixer and preset this config builds (``lcsm.models.model_revisions``)."""
@@ -414,23 +420,39 @@ class RunConfig:
         return self.model_config_with(task.model_fields())
 
     def model_config_with(self, fixed: Mapping[str, Any]):
-        """The ModelConfig: preset (if any) <- model keys <- ``fixed``, the fields a task fixes."""
+        """The ModelConfig: preset (if any) <- model keys <- ``fixed``, the fields a task fixes
+        (the head's as a mapping: ``{"head": {"kind": "classifier", "n_classes": 10}}``)."""
         from lcsm.models import ModelConfig
 
         merged, values = self.model_keys()
-        for key, value in fixed.items():
-            given = values.get(key, value)
+        for path, value in _leaves(fixed):
+            given = values
+            for key in path:
+                given = given.get(key, value) if isinstance(given, Mapping) else value
             # A larger vocabulary than the task's is harmless (padding rows); anything else the
             # task fixes must agree with it.
-            if given != value and not (key == "vocab_size" and isinstance(given, int) and given > value):
+            if given != value and not (path == ("vocab_size",) and isinstance(given, int) and given > value):
                 raise ValueError(
-                    f"model.{key}: task {self.task['name']!r} fixes it to {value!r}, got {given!r} "
+                    f"model.{'.'.join(path)}: task {self.task['name']!r} fixes it to {value!r}, got {given!r} "
                     "(leave it out; the engine fills it in)"
                 )
-            merged[key] = given
+            node = merged
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = given
         # The input kind comes from the task: a preset's token vocabulary gives way to features.
         merged.pop("input_dim" if "vocab_size" in fixed else "vocab_size", None)
         return ModelConfig.from_dict(merged)
+
+
+def _leaves(fixed: Mapping[str, Any], path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, ...], Any]]:
+    """(key path, value) of every value under ``fixed``, a task's fixed fields: ``head``'s mapping
+    gives ``("head", "kind")``, ``("head", "n_classes")``, ..."""
+    for key, value in fixed.items():
+        if isinstance(value, Mapping):
+            yield from _leaves(value, (*path, key))
+        else:
+            yield (*path, key), value
 
 
 # ----------------------------------------------------------------------------- files and overrides

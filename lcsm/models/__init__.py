@@ -8,7 +8,7 @@ See docs/models.md.
 """
 
 from .blocks import Bidirectional, Block, reverse_valid
-from .config import ModelConfig
+from .config import HeadConfig, ModelConfig
 from .model import CausalLM, DualClassifier, Model, SequenceClassifier, build_model, sample_next
 from .presets import PRESET_REVISIONS, PRESETS, model_revisions, preset
 
@@ -17,6 +17,7 @@ __all__ = [
     "Block",
     "CausalLM",
     "DualClassifier",
+    "HeadConfig",
     "Model",
     "ModelConfig",
     "PRESETS",

@@ -4,7 +4,8 @@ A model is a config, never a per-model file: the token mixer is any registered m
 (``lcsm.layers.available()``) with its options; the block, the channel mixer, the norm and the
 head are fields. ``ModelConfig.from_dict`` rejects unknown keys naming the closest valid ones;
 ``__post_init__`` validates every value (and the mixer's option names against its signature),
-so a bad config fails before any weight is allocated.
+so a bad config fails before any weight is allocated. The head is a config of its own,
+``HeadConfig``, nested under ``head``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,128 @@ POOLINGS = ("mean", "last")
 HEAD_MLPS = ("lra", "etsmlp")
 DUAL_COMBINES = ("nli", "concat")
 ACTIVATIONS = ("relu", "gelu", "silu", "identity")
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The model's head.
+
+    kind: "lm" (next-token logits), "classifier" (one sequence) or "dual" (two sequences, LRA
+        retrieval). The fields below are the classifier heads'; with "lm" they keep their defaults.
+    n_classes: classes of the classifier heads.
+    pooling: "mean" (over valid tokens) or "last" (last valid token).
+    combine: how "dual" joins its two pooled vectors u, v: "nli": [u, v, u * v, u - v] (LRA
+        retrieval, Tay et al. 2020); "concat": [u, v] (the official ETSMLP code's retrieval head).
+    hidden: 0: a Linear classifier on the pooled features; > 0: the LRA MLP head (classifier:
+        Linear(h) -> ReLU -> Linear(classes); dual: Linear(h) -> ReLU -> Linear(h // 2) -> ReLU ->
+        Linear(classes), Tay et al. 2020 code).
+    mlp: "lra": the heads above. "etsmlp": the official ETSMLP classifier
+        (``architectures/LRA_model.py``, LRAModel): hidden h > 0 gives one hidden Linear(h) -> GELU
+        for either head, and the output Linear(classes) has no bias.
+    """
+
+    kind: str = "lm"
+    n_classes: int | None = None
+    pooling: str = "mean"
+    hidden: int = 0
+    combine: str = "nli"
+    mlp: str = "lra"
+
+    def __post_init__(self):
+        check_choice("head.kind", self.kind, HEADS)
+        check_choice("head.pooling", self.pooling, POOLINGS)
+        check_choice("head.combine", self.combine, DUAL_COMBINES)
+        check_choice("head.mlp", self.mlp, HEAD_MLPS)
+        if isinstance(self.hidden, bool) or not isinstance(self.hidden, int) or self.hidden < 0 or self.hidden == 1:
+            raise ValueError(f"head.hidden: expected 0 (linear head) or an integer >= 2, got {self.hidden!r}")
+        if self.kind != "lm":
+            check_int("head.n_classes", self.n_classes, 1)
+            return
+        if self.n_classes is not None:
+            raise ValueError(
+                f"head.n_classes: only for the classifier heads, got {self.n_classes!r} with head.kind='lm'"
+            )
+        # Set away from their defaults, these would be ignored by an LM: refuse them instead.
+        for name, default in (("hidden", 0), ("pooling", "mean"), ("mlp", "lra")):
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"head.{name}: only for the classifier heads, got {getattr(self, name)!r} with head.kind='lm'"
+                )
+
+    @classmethod
+    def field_names(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_value(cls, value: HeadConfig | str | Mapping[str, Any]) -> HeadConfig:
+        """A HeadConfig from what a config gives under ``head``: a mapping of its fields (unknown keys
+        name the closest valid ones), or a kind's name alone, shorthand for ``{kind: <name>}``."""
+        if isinstance(value, HeadConfig):
+            return value
+        if isinstance(value, str):
+            value = {"kind": value}
+        check_keys("model.head", value, cls.field_names())
+        return cls(**dict(value))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# The flat model-level spelling of the head's fields, from before the head was nested: committed
+# run configs and checkpoints give it, and their run ids hash it as written, so it is read (never
+# rewritten) as the field of ``head`` it names.
+OLD_HEAD_KEYS = {
+    "n_classes": "n_classes",
+    "pooling": "pooling",
+    "head_hidden": "hidden",
+    "dual_combine": "combine",
+    "head_mlp": "mlp",
+}
+
+
+def nest_head(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A model mapping with its head as a mapping: ``head: <kind>`` read as ``{kind: <kind>}``, the
+    old flat keys (``head_hidden``, ...) moved into it; the other keys as they are. A HeadConfig is
+    kept whole. A field given both ways (a HeadConfig gives them all) fails rather than one
+    silently winning."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"model: expected a mapping of ModelConfig fields, got {values!r}")
+    values = dict(values)
+    old = {key: values.pop(key) for key in OLD_HEAD_KEYS if key in values}
+    if "head" not in values and not old:
+        return values
+    head = values.get("head", {})
+    if isinstance(head, HeadConfig) and not old:
+        return values
+    if isinstance(head, str):
+        head = {"kind": head}
+    elif isinstance(head, HeadConfig):
+        head = head.to_dict()
+    elif not isinstance(head, Mapping):
+        raise ValueError(f"model.head: expected a mapping of head fields or a head kind's name, got {head!r}")
+    head = dict(head)
+    for key, value in old.items():
+        new = OLD_HEAD_KEYS[key]
+        if new in head:
+            raise ValueError(
+                f"model.{key}: the older spelling of model.head.{new}, and both are given (model.{key}: "
+                f"{value!r}, model.head.{new}: {head[new]!r}); give model.head.{new} alone"
+            )
+        head[new] = value
+    values["head"] = head
+    return values
+
+
+def merge_model_values(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """``update`` over ``base`` (model mappings, either spelling): the head field by field, so that
+    ``head: classifier`` over a preset's head changes its kind and keeps its classes, as the flat
+    fields did; a HeadConfig in ``update`` replaces the whole head."""
+    base, update = nest_head(base), nest_head(update)
+    merged = {**base, **update}
+    if isinstance(update.get("head"), Mapping) and "head" in base:
+        below = base["head"]
+        merged["head"] = {**(below.to_dict() if isinstance(below, HeadConfig) else below), **update["head"]}
+    return merged
 
 
 @dataclass
@@ -54,19 +177,11 @@ class ModelConfig:
     Input and head:
         vocab_size: token inputs (an embedding table); input_dim: continuous inputs [B, T, input_dim]
             through a Linear encoder (pixels of the image tasks). Exactly one of them.
-        head: "lm" (next-token logits), "classifier" (one sequence) or "dual" (two sequences,
-            LRA retrieval).
+        head: a ``HeadConfig`` (kind, n_classes, pooling, hidden, combine, mlp). ``from_dict`` and
+            ``replace`` also take a mapping of its fields, or a kind's name alone
+            (``head="classifier"``), and the older flat spelling of its fields (``n_classes``,
+            ``pooling``, ``head_hidden``, ``dual_combine``, ``head_mlp``; ``OLD_HEAD_KEYS``).
         tie_embeddings: LM head shares the embedding matrix (lm only).
-        n_classes: classes of the classifier heads.
-        pooling: "mean" (over valid tokens) or "last" (last valid token) for the classifier heads.
-        dual_combine: "nli": [u, v, u * v, u - v] (LRA retrieval, Tay et al. 2020); "concat": [u, v]
-            (the official ETSMLP code's retrieval head).
-        head_hidden: 0: a Linear classifier on the pooled features; > 0: the LRA MLP head
-            (classifier: Linear(h) -> ReLU -> Linear(classes); dual: Linear(h) -> ReLU ->
-            Linear(h // 2) -> ReLU -> Linear(classes), Tay et al. 2020 code).
-        head_mlp: "lra": the heads above. "etsmlp": the official ETSMLP classifier
-            (``architectures/LRA_model.py``, LRAModel): head_hidden h > 0 gives one hidden
-            Linear(h) -> GELU for either head, and the output Linear(classes) has no bias.
         init_std: std of the normal init of the model's own embeddings and linears (0.02).
     """
 
@@ -76,12 +191,8 @@ class ModelConfig:
     n_layers: int = 2
     vocab_size: int | None = None
     input_dim: int | None = None
-    head: str = "lm"
+    head: HeadConfig = field(default_factory=HeadConfig)
     tie_embeddings: bool = True
-    n_classes: int | None = None
-    pooling: str = "mean"
-    head_hidden: int = 0
-    dual_combine: str = "nli"
     bidirectional: bool = False
     channel_mixer: str = "glu"
     channel_hidden: int | None = None
@@ -94,7 +205,6 @@ class ModelConfig:
     dropout: float = 0.0
     init_std: float = 0.02
     embed_norm: bool = False
-    head_mlp: str = "lra"
 
     def __post_init__(self):
         self.validate()
@@ -107,16 +217,22 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> ModelConfig:
-        """Build from a plain mapping (a YAML/JSON config); unknown keys name the closest valid ones."""
+        """Build from a plain mapping (a YAML/JSON config); unknown keys name the closest valid ones.
+        The head may be given as a mapping, a kind's name or the old flat fields (``nest_head``)."""
+        values = nest_head(values)
         check_keys("model config", values, cls.field_names())
-        return cls(**dict(values))
+        if "head" in values:
+            values["head"] = HeadConfig.from_value(values["head"])
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def replace(self, **changes) -> ModelConfig:
-        """A copy with ``changes`` applied (validated like ``from_dict``)."""
-        return type(self).from_dict({**self.to_dict(), **changes})
+        """A copy with ``changes`` applied (validated like ``from_dict``); a mapping or kind's name
+        under ``head`` changes the fields it gives (``replace(head={"hidden": 64})``), a
+        HeadConfig replaces the head."""
+        return type(self).from_dict(merge_model_values(self.to_dict(), changes))
 
     # ------------------------------------------------------------------ validation
 
@@ -163,38 +279,21 @@ class ModelConfig:
                 f"vocab_size / input_dim: expected exactly one (token or continuous inputs), "
                 f"got vocab_size={self.vocab_size!r}, input_dim={self.input_dim!r}"
             )
-        check_choice("head", self.head, HEADS)
+        if not isinstance(self.head, HeadConfig):
+            raise ValueError(
+                f"head: expected a HeadConfig (from_dict also takes a mapping of its fields or a kind's "
+                f"name), got {self.head!r}"
+            )
         check_bool("tie_embeddings", self.tie_embeddings)
         check_bool("bidirectional", self.bidirectional)
         check_bool("gate", self.gate)
         check_bool("final_norm", self.final_norm)
         check_bool("embed_norm", self.embed_norm)
-        check_choice("head_mlp", self.head_mlp, HEAD_MLPS)
-        if self.head == "lm":
+        if self.head.kind == "lm":
             if self.vocab_size is None:
-                raise ValueError("vocab_size: head='lm' predicts tokens and needs a vocab_size, got None")
+                raise ValueError("vocab_size: head.kind='lm' predicts tokens and needs a vocab_size, got None")
             if self.bidirectional:
-                raise ValueError("bidirectional: head='lm' must be causal, got bidirectional=True")
-            if self.n_classes is not None:
-                raise ValueError(f"n_classes: only for the classifier heads, got {self.n_classes!r} with head='lm'")
-            # Set away from their defaults, these would be ignored by an LM: refuse them instead.
-            if self.head_hidden:
-                raise ValueError(f"head_hidden: only for the classifier heads, got {self.head_hidden!r} with head='lm'")
-            if self.pooling != "mean":
-                raise ValueError(f"pooling: only for the classifier heads, got {self.pooling!r} with head='lm'")
-            if self.head_mlp != "lra":
-                raise ValueError(f"head_mlp: only for the classifier heads, got {self.head_mlp!r} with head='lm'")
-        else:
-            check_int("n_classes", self.n_classes, 1)
-        check_choice("pooling", self.pooling, POOLINGS)
-        check_choice("dual_combine", self.dual_combine, DUAL_COMBINES)
-        if (
-            isinstance(self.head_hidden, bool)
-            or not isinstance(self.head_hidden, int)
-            or self.head_hidden < 0
-            or self.head_hidden == 1
-        ):
-            raise ValueError(f"head_hidden: expected 0 (linear head) or an integer >= 2, got {self.head_hidden!r}")
+                raise ValueError("bidirectional: head.kind='lm' must be causal, got bidirectional=True")
         check_choice("channel_mixer", self.channel_mixer, CHANNEL_MIXERS)
         check_int("channel_hidden", self.channel_hidden, 1, allow_none=True)
         if self.channel_mixer == "none" and self.channel_hidden is not None:

@@ -7,7 +7,7 @@
     DualClassifier      two sequences -> [B, C], pooled features u, v combined as
                         [u, v, u * v, u - v] (LRA retrieval, Tay et al. 2020, "NLI" interaction).
 
-``build_model(config)`` picks the head from ``config.head`` and reports the parameter count.
+``build_model(config)`` picks the head from ``config.head.kind`` and reports the parameter count.
 
 Shape glossary: B batch, T time, d d_model, V vocab_size, C n_classes. Model state: a list with
 one mixer ``State`` per layer (tensors only), as the mixers' own ``forward(x, state, return_state)``.
@@ -193,8 +193,8 @@ class CausalLM(Model):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        if config.head != "lm":
-            raise ValueError(f"head: CausalLM needs head='lm', got {config.head!r}")
+        if config.head.kind != "lm":
+            raise ValueError(f"head.kind: CausalLM needs head.kind='lm', got {config.head.kind!r}")
         self.config = config
         self.backbone = Backbone(config)
         if config.tie_embeddings:
@@ -352,9 +352,9 @@ class PooledClassifierBase(Model):
             raise ValueError(f"lengths: expected [B] = [{B}] values in [1, {T}], got {lengths.tolist()}")
         hidden = self.backbone(inputs, lengths=lengths)
         if lengths is None:
-            return hidden.mean(1) if self.config.pooling == "mean" else hidden[:, -1]
+            return hidden.mean(1) if self.config.head.pooling == "mean" else hidden[:, -1]
         lengths = lengths.to(hidden.device)
-        if self.config.pooling == "last":
+        if self.config.head.pooling == "last":
             return hidden[torch.arange(B, device=hidden.device), lengths - 1]
         valid = (torch.arange(T, device=hidden.device) < lengths[:, None]).to(hidden.dtype)
         return (hidden * valid[..., None]).sum(1) / lengths[:, None].to(hidden.dtype)
@@ -376,11 +376,11 @@ class SequenceClassifier(PooledClassifierBase):
     """One sequence -> class logits [B, C] (mean or last-token pooling, linear or LRA MLP head)."""
 
     def __init__(self, config: ModelConfig):
-        if config.head != "classifier":
-            raise ValueError(f"head: SequenceClassifier needs head='classifier', got {config.head!r}")
+        if config.head.kind != "classifier":
+            raise ValueError(f"head.kind: SequenceClassifier needs head.kind='classifier', got {config.head.kind!r}")
         super().__init__(config)
-        hidden = [config.head_hidden] if config.head_hidden else []
-        self.head = _mlp_head(config.d_model, hidden, config.n_classes, config.head_mlp)
+        hidden = [config.head.hidden] if config.head.hidden else []
+        self.head = _mlp_head(config.d_model, hidden, config.head.n_classes, config.head.mlp)
         init_model_weights([self.head], config.init_std)
 
     def forward(self, inputs: Tensor, mask: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
@@ -390,26 +390,27 @@ class SequenceClassifier(PooledClassifierBase):
 class DualClassifier(PooledClassifierBase):
     """Two sequences, one shared encoder -> class logits [B, C] from [u, v, u * v, u - v]
     (LRA retrieval, Tay et al. 2020: the "NLI" interaction of their dual classifier head, followed
-    by Linear(h) -> ReLU -> Linear(h // 2) -> ReLU -> Linear(C) when head_hidden = h), or from
-    [u, v] with ``dual_combine="concat"`` (the official ETSMLP retrieval head, which with
-    ``head_mlp="etsmlp"`` is Linear(h) -> GELU -> Linear(C, no bias))."""
+    by Linear(h) -> ReLU -> Linear(h // 2) -> ReLU -> Linear(C) when head.hidden = h), or from
+    [u, v] with ``head.combine="concat"`` (the official ETSMLP retrieval head, which with
+    ``head.mlp="etsmlp"`` is Linear(h) -> GELU -> Linear(C, no bias))."""
 
     def __init__(self, config: ModelConfig):
-        if config.head != "dual":
-            raise ValueError(f"head: DualClassifier needs head='dual', got {config.head!r}")
+        if config.head.kind != "dual":
+            raise ValueError(f"head.kind: DualClassifier needs head.kind='dual', got {config.head.kind!r}")
         super().__init__(config)
-        if not config.head_hidden:
+        head = config.head
+        if not head.hidden:
             hidden = []
-        elif config.head_mlp == "etsmlp":
-            hidden = [config.head_hidden]  # official ETSMLP retrieval: classifier_layers 1
+        elif head.mlp == "etsmlp":
+            hidden = [head.hidden]  # official ETSMLP retrieval: classifier_layers 1
         else:
-            hidden = [config.head_hidden, config.head_hidden // 2]
-        width = 4 * config.d_model if config.dual_combine == "nli" else 2 * config.d_model
-        self.head = _mlp_head(width, hidden, config.n_classes, config.head_mlp)
+            hidden = [head.hidden, head.hidden // 2]
+        width = 4 * config.d_model if head.combine == "nli" else 2 * config.d_model
+        self.head = _mlp_head(width, hidden, head.n_classes, head.mlp)
         init_model_weights([self.head], config.init_std)
 
     def combine(self, u: Tensor, v: Tensor) -> Tensor:
-        if self.config.dual_combine == "concat":
+        if self.config.head.combine == "concat":
             return torch.cat([u, v], dim=-1)
         return torch.cat([u, v, u * v, u - v], dim=-1)
 
@@ -435,7 +436,7 @@ def build_model(config: ModelConfig | Mapping, verbose: bool = True) -> Model:
     its parameter count on the ``lcsm.models`` logger (INFO)."""
     if not isinstance(config, ModelConfig):
         config = ModelConfig.from_dict(config)
-    model = HEAD_CLASSES[config.head](config)
+    model = HEAD_CLASSES[config.head.kind](config)
     if verbose:
         log.info(
             "built %s (%s, %d layers, d_model %d): %s parameters",

@@ -9,7 +9,8 @@
     preset("lra_encoder", task="text",      any mixer as an LRA encoder (the baselines of ETSMLP
            mixer="s4d")                     Table 1): bidirectional, mean-pooled, pre-norm + GLU
 
-Any field can be overridden: ``preset("etsmlp", task="text", d_model=32, n_layers=2)``.
+Any field can be overridden: ``preset("etsmlp", task="text", d_model=32, n_layers=2)``; a head
+mapping changes the fields it gives (``head={"hidden": 64}``), as the old flat spelling does.
 Training recipes are run configs (``experiments/``), not presets.
 """
 
@@ -21,16 +22,16 @@ from typing import Any
 
 from lcsm._names import did_you_mean
 
-from .config import ModelConfig
+from .config import ModelConfig, merge_model_values
 
 # LRA inputs: byte-level text / pixels (256 symbols); ListOps: digits 0-9, four operators
 # (MIN MAX MED SM), "[" "]" and padding (Nangia & Bowman 2018; Tay et al. 2020) -> 17 symbols.
 LRA_INPUTS = {
-    "listops": dict(vocab_size=17, n_classes=10, head="classifier"),
-    "text": dict(vocab_size=256, n_classes=2, head="classifier"),
-    "retrieval": dict(vocab_size=256, n_classes=2, head="dual"),
-    "image": dict(vocab_size=256, n_classes=10, head="classifier"),
-    "pathfinder": dict(vocab_size=256, n_classes=2, head="classifier"),
+    "listops": dict(vocab_size=17, head=dict(kind="classifier", n_classes=10)),
+    "text": dict(vocab_size=256, head=dict(kind="classifier", n_classes=2)),
+    "retrieval": dict(vocab_size=256, head=dict(kind="dual", n_classes=2)),
+    "image": dict(vocab_size=256, head=dict(kind="classifier", n_classes=10)),
+    "pathfinder": dict(vocab_size=256, head=dict(kind="classifier", n_classes=2)),
 }
 
 # ETSMLP LRA configurations (official configs, PKUAI-LINGroup/ETSMLP architectures/LRA_model.py,
@@ -79,10 +80,11 @@ def etsmlp(task: str = "listops", gate: bool = False, **overrides) -> ModelConfi
     Linear without bias; no hidden classifier layer (classifier_layers 0) except for retrieval,
     whose two pooled vectors are concatenated, [u, v], and go through Linear(2d -> d) -> GELU
     (classifier_layers 1, classifier_out_dim = the embedding width 160). ``task`` picks the
-    official LRA configuration. Runs made before ``embed_norm`` and ``head_mlp`` existed had
-    neither (``embed_norm=False, head_mlp="lra"`` and no ``head_hidden`` rebuild them)."""
+    official LRA configuration. Runs made before ``embed_norm`` and ``head.mlp`` existed had
+    neither (``embed_norm=False, head={"mlp": "lra", "hidden": 0}`` rebuild them)."""
     cfg = _task(task, ETSMLP_LRA)
     ring = {k: cfg.pop(k) for k in ("r_min", "r_max", "max_phase")}
+    inputs = _task(task, LRA_INPUTS)
     values = dict(
         mixer="ces",
         mixer_options=dict(init="ring", **ring),
@@ -90,18 +92,15 @@ def etsmlp(task: str = "listops", gate: bool = False, **overrides) -> ModelConfi
         channel_mixer="none",
         gate=gate,
         bidirectional=True,
-        pooling="mean",
         dropout=0.1,
-        dual_combine="concat",
         embed_norm=True,
-        head_mlp="etsmlp",
         **cfg,
-        **LRA_INPUTS[task],
+        vocab_size=inputs["vocab_size"],
+        head=dict(inputs["head"], pooling="mean", combine="concat", mlp="etsmlp"),
     )
-    values.update(overrides)
-    if task == "retrieval" and "head_hidden" not in overrides:
-        values["head_hidden"] = values["d_model"]
-    return ModelConfig.from_dict(values)
+    if task == "retrieval":
+        values["head"]["hidden"] = overrides.get("d_model", values["d_model"])
+    return ModelConfig.from_dict(merge_model_values(values, overrides))
 
 
 def etsmlp_gate(task: str = "listops", **overrides) -> ModelConfig:
@@ -126,7 +125,7 @@ def metala_transformer(task: str | None = None, **overrides) -> ModelConfig:
             d_model=1024,
             n_layers=24,
             vocab_size=50277,
-            head="lm",
+            head=dict(kind="lm"),
             tie_embeddings=False,
             channel_mixer="glu",
             norm="layernorm",
@@ -140,12 +139,11 @@ def metala_transformer(task: str | None = None, **overrides) -> ModelConfig:
             channel_mixer="glu",
             norm="layernorm",
             bidirectional=True,
-            pooling="mean",
             **cfg,
-            **LRA_INPUTS[task],
+            vocab_size=LRA_INPUTS[task]["vocab_size"],
+            head=dict(LRA_INPUTS[task]["head"], pooling="mean"),
         )
-    values.update(overrides)
-    return ModelConfig.from_dict(values)
+    return ModelConfig.from_dict(merge_model_values(values, overrides))
 
 
 def lcsm_lm(**overrides) -> ModelConfig:
@@ -162,7 +160,7 @@ def lcsm_lm(**overrides) -> ModelConfig:
         d_model=512,
         n_layers=6,
         vocab_size=50265,
-        head="lm",
+        head=dict(kind="lm"),
         tie_embeddings=True,
         channel_mixer="glu",
         channel_hidden=1536,
@@ -184,17 +182,16 @@ def lra_encoder(task: str = "listops", mixer: str = "s4d", **overrides) -> Model
         channel_mixer="glu",
         norm="layernorm",
         bidirectional=True,
-        pooling="mean",
         d_model=128,
         n_layers=4,
         **_task(task, LRA_INPUTS),
     )
-    values.update(overrides)
-    return ModelConfig.from_dict(values)
+    values["head"] = dict(values["head"], pooling="mean")
+    return ModelConfig.from_dict(merge_model_values(values, overrides))
 
 
 # Bumped when a preset comes to build another model for the same arguments (as Mixer.revision).
-# etsmlp 2: the official embedding norm and LRA classifier (embed_norm, head_mlp="etsmlp").
+# etsmlp 2: the official embedding norm and LRA classifier (embed_norm, head.mlp="etsmlp").
 PRESET_REVISIONS: dict[str, int] = {"etsmlp": 2, "etsmlp_gate": 2}
 
 

@@ -219,7 +219,7 @@ class _DocumentTask(_RealDataTask):
     @classmethod
     def config_model_fields(cls, config: TextConfig) -> dict[str, object]:
         vocab = 257 if cls.byte_level else config.vocab_size
-        return {"head": cls.default_head, "vocab_size": vocab, "n_classes": cls.source_classes}
+        return {"head": {"kind": cls.default_head, "n_classes": cls.source_classes}, "vocab_size": vocab}
 
     @property
     def n_classes(self) -> int:

@@ -71,11 +71,12 @@ class Task:
     @classmethod
     def config_model_fields(cls, config: TaskConfig) -> dict[str, object]:
         """The ``lcsm.models.ModelConfig`` fields the task fixes, from its ``config`` alone: the
-        head, the input kind (``vocab_size`` or ``input_dim``), ``n_classes`` and any other field
-        its data needs. A run config is checked against them before the task is built, so they are
-        read off the config without reading any data. Where the data decides a value, the one the
-        task is made to have stands in (an LM's ``bpe_vocab`` for its trained vocabulary, the
-        fetched source's classes for a corpus's); ``model_fields`` has the data's own."""
+        input kind (``vocab_size`` or ``input_dim``), the head's fields as a mapping (``{"head":
+        {"kind": ..., "n_classes": ...}}``) and any other field its data needs. A run config is
+        checked against them before the task is built, so they are read off the config without
+        reading any data. Where the data decides a value, the one the task is made to have stands
+        in (an LM's ``bpe_vocab`` for its trained vocabulary, the fetched source's classes for a
+        corpus's); ``model_fields`` has the data's own."""
         raise NotImplementedError
 
     @property
@@ -91,7 +92,7 @@ class Task:
     @property
     def n_classes(self) -> int | None:
         """Classes of a "classifier" or "dual" task (None for "lm" tasks)."""
-        return self.config_model_fields(self.config).get("n_classes")
+        return self.config_model_fields(self.config)["head"].get("n_classes")
 
     @property
     def input_dim(self) -> int | None:
@@ -100,12 +101,15 @@ class Task:
 
     def model_fields(self) -> dict[str, object]:
         """The ``lcsm.models.ModelConfig`` fields the built task fixes (the engine fills them in):
-        ``config_model_fields``, with ``vocab_size``, ``input_dim`` and ``n_classes`` read from the
-        task's properties, which a task whose data decides one overrides (an LM's trained vocabulary)."""
+        ``config_model_fields``, with ``vocab_size``, ``input_dim`` and ``head.n_classes`` read from
+        the task's properties, which a task whose data decides one overrides (an LM's trained
+        vocabulary, a corpus's classes)."""
         fields = self.config_model_fields(self.config)
-        for key in ("vocab_size", "input_dim", "n_classes"):
+        for key in ("vocab_size", "input_dim"):
             if key in fields:
                 fields[key] = getattr(self, key)
+        if "n_classes" in fields["head"]:
+            fields["head"] = {**fields["head"], "n_classes": self.n_classes}
         return fields
 
     def encode(self, text: str) -> list[int]:

@@ -349,7 +349,7 @@ class LanguageModelling(Task):
         # The tokenizer trained on the corpus has bpe_vocab tokens (fewer only on a corpus too small
         # to merge that many times); ``vocab_size`` has the trained one.
         vocab = ByteTokenizer.vocab_size if config.tokenizer == "byte" else config.bpe_vocab
-        return {"head": cls.default_head, "vocab_size": vocab}
+        return {"head": {"kind": cls.default_head}, "vocab_size": vocab}
 
     @property
     def vocab_size(self) -> int:

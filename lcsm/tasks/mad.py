@@ -361,7 +361,7 @@ class MADTask(Task):
 
     @classmethod
     def config_model_fields(cls, config: MADConfig) -> dict[str, object]:
-        return {"head": cls.default_head, "vocab_size": config.vocab_size}
+        return {"head": {"kind": cls.default_head}, "vocab_size": config.vocab_size}
 
     @property
     def max_len(self) -> int:
@@ -456,13 +456,11 @@ class Compression(MADTask):
 
     @classmethod
     def config_model_fields(cls, config: CompressionConfig) -> dict[str, object]:
-        # MAD's bottleneck is the encoder's last position (global_pool "last"); model.head_hidden
+        # MAD's bottleneck is the encoder's last position (global_pool "last"); model.head.hidden
         # (e.g. = d_model) adds the hidden layer of its decoder MLP
-        return {
-            **super().config_model_fields(config),
-            "n_classes": config.seq_len * config.vocab_size,
-            "pooling": "last",
-        }
+        fields = super().config_model_fields(config)
+        head = {**fields["head"], "n_classes": config.seq_len * config.vocab_size, "pooling": "last"}
+        return {**fields, "head": head}
 
     def logits(self, model, batch):
         flat = model(batch["input_ids"])

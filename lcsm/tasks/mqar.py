@@ -215,7 +215,7 @@ class MQAR(Task):
 
     @classmethod
     def config_model_fields(cls, config: MQARConfig) -> dict[str, object]:
-        return {"head": cls.default_head, "vocab_size": config.vocab_size}
+        return {"head": {"kind": cls.default_head}, "vocab_size": config.vocab_size}
 
     @property
     def max_len(self) -> int:

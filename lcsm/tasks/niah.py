@@ -130,7 +130,7 @@ class NeedleInAHaystack(Task):
 
     @classmethod
     def config_model_fields(cls, config: NIAHConfig) -> dict[str, object]:
-        return {"head": cls.default_head, "vocab_size": lm.ByteTokenizer.vocab_size}
+        return {"head": {"kind": cls.default_head}, "vocab_size": lm.ByteTokenizer.vocab_size}
 
     @property
     def max_len(self) -> int:

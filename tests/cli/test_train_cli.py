@@ -117,3 +117,53 @@ def test_help_on_every_command(capsys):
             main([command, "--help"])
         assert exit_.value.code == 0
         assert "usage: lcsm" in capsys.readouterr().out
+
+
+# The model-level names of the head's fields before the head was nested.
+FLAT_NAMES = {
+    "kind": "head",
+    "n_classes": "n_classes",
+    "pooling": "pooling",
+    "hidden": "head_hidden",
+    "combine": "dual_combine",
+    "mlp": "head_mlp",
+}
+
+
+def _with_flat_head(checkpoint, model: dict) -> None:
+    """Rewrite a checkpoint's run.json as lcsm wrote it before the head was nested: ``model``
+    given flat in the run config, and the model config recorded with the flat head fields."""
+    info = json.loads((checkpoint / "run.json").read_text())
+    info["config"]["model"] = model
+    recorded = dict(info["model_config"])
+    recorded |= {FLAT_NAMES[k]: v for k, v in recorded.pop("head").items()}
+    info["model_config"] = recorded
+    (checkpoint / "run.json").write_text(json.dumps(info))
+
+
+def test_a_checkpoint_with_the_old_flat_head_loads(run_dir, capsys):
+    ckpt = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    assert main(["eval", str(ckpt), "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)["metrics"]
+    _with_flat_head(ckpt, {**TINY["model"], "head": "lm"})
+    assert main(["eval", str(ckpt), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["metrics"] == before
+    assert main(["generate", str(ckpt), "--prompt-ids", "3 20 5", "--max-new-tokens", "4", "--temperature", "0"]) == 0
+    assert len(capsys.readouterr().out.split()) == 4
+
+
+def test_a_classifier_checkpoint_with_the_old_flat_head_loads(tmp_path, monkeypatch, capsys):
+    """A classifier's head fields written flat (head_hidden, pooling) rebuild the same head."""
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    listops = {"name": "listops", "max_length": 24, "min_length": 8, "train_examples": 32, "test_examples": 16}
+    model = {**TINY["model"], "bidirectional": True, "head": {"hidden": 8, "pooling": "last"}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({**TINY, "task": listops, "model": model}))
+    assert main(["train", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    ckpt = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))[-1]
+    capsys.readouterr()
+    assert main(["eval", str(ckpt), "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)["metrics"]
+    flat = {**TINY["model"], "bidirectional": True, "head": "classifier", "head_hidden": 8, "pooling": "last"}
+    _with_flat_head(ckpt, flat)
+    assert main(["eval", str(ckpt), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["metrics"] == before

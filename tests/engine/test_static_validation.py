@@ -40,5 +40,37 @@ def test_validating_an_lm_run_config_does_not_read_the_corpus(no_corpus):
 @pytest.mark.parametrize("name", ["text", "bbc_news", "rotten_tomatoes", "spam", "retrieval"])
 def test_validating_a_document_run_config_does_not_read_the_corpus(no_corpus, name):
     RunConfig.from_dict(run({"name": name}))
-    with pytest.raises(ValueError, match=rf"model.n_classes: task '{name}' fixes it to \d+, got 7"):
+    with pytest.raises(ValueError, match=rf"model.head.n_classes: task '{name}' fixes it to \d+, got 7"):
         RunConfig.from_dict(run({"name": name}, n_classes=7))
+    with pytest.raises(ValueError, match=rf"model.head.n_classes: task '{name}' fixes it to \d+, got 7"):
+        RunConfig.from_dict(run({"name": name}, head={"n_classes": 7}))
+
+
+def test_the_task_fixes_the_heads_kind_and_classes_in_either_spelling(no_corpus):
+    """The nested head, its kind's name alone and the older flat fields build the same model;
+    the fields the task fixes are checked in each, named by their nested key."""
+    listops = {"name": "listops"}
+    nested = RunConfig.from_dict(run(listops, head={"kind": "classifier", "hidden": 8}))
+    flat = RunConfig.from_dict(run(listops, head="classifier", head_hidden=8))
+    fixed = {"head": {"kind": "classifier", "n_classes": 10}, "vocab_size": 17}
+    assert nested.model_config_with(fixed) == flat.model_config_with(fixed)
+    assert nested.model_config_with(fixed).head.hidden == 8
+    assert RunConfig.from_dict(run(listops)).model_config_with(fixed).head.n_classes == 10
+    with pytest.raises(ValueError, match=r"model.head.kind: task 'listops' fixes it to 'classifier', got 'dual'"):
+        RunConfig.from_dict(run(listops, head={"kind": "dual"}))
+    with pytest.raises(ValueError, match=r"model.head.kind: task 'listops' fixes it to 'classifier', got 'lm'"):
+        RunConfig.from_dict(run(listops, head="lm"))
+    with pytest.raises(ValueError, match=r"model.head_hidden: the older spelling of model.head.hidden, and both"):
+        RunConfig.from_dict(run(listops, head={"hidden": 8}, head_hidden=8))
+    # MAD's compression fixes the pooling too.
+    with pytest.raises(ValueError, match=r"model.head.pooling: task 'mad_compression' fixes it to 'last', got 'mean'"):
+        RunConfig.from_dict(run({"name": "mad_compression"}, head={"pooling": "mean"}))
+
+
+def test_a_preset_head_is_overridden_field_by_field(no_corpus):
+    values = run({"name": "retrieval"}, preset="etsmlp", preset_options={"task": "retrieval"}, head={"hidden": 12})
+    values["model"] = {k: v for k, v in values["model"].items() if k not in ("mixer", "d_model", "n_layers")}
+    config = RunConfig.from_dict(values)
+    head = config.model_config_with({"head": {"kind": "dual", "n_classes": 2}, "vocab_size": 257}).head
+    # The preset's combine and mlp stay; the config's hidden replaces the preset's d_model.
+    assert (head.kind, head.n_classes, head.hidden, head.combine, head.mlp) == ("dual", 2, 12, "concat", "etsmlp")

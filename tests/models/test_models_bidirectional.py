@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lcsm.layers import build
-from lcsm.models import Bidirectional, ModelConfig, build_model, preset, reverse_valid
+from lcsm.models import Bidirectional, HeadConfig, ModelConfig, build_model, preset, reverse_valid
 from lcsm.testing import assert_close
 
 D = 16
@@ -58,10 +58,8 @@ def test_bidirectional_classifier_is_non_causal(mixer):
         vocab_size=11,
         d_model=D,
         n_layers=2,
-        head="classifier",
-        n_classes=3,
+        head=HeadConfig("classifier", n_classes=3, pooling="last"),
         bidirectional=True,
-        pooling="last",
     )
     model = build_model(cfg, verbose=False).double()
     if mixer == "ces":
@@ -80,17 +78,17 @@ def test_bidirectional_classifier_ignores_right_padding(mixer, pooling):
     preset built on it) reads padded positions as zeros, as the official CETS masks them."""
     torch.manual_seed(0)
     if mixer == "etsmlp preset":
-        cfg = preset("etsmlp", task="text", vocab_size=11, d_model=D, mixer_hidden=D, n_layers=2, pooling=pooling)
+        cfg = preset(
+            "etsmlp", task="text", vocab_size=11, d_model=D, mixer_hidden=D, n_layers=2, head={"pooling": pooling}
+        )
     else:
         cfg = ModelConfig(
             mixer=mixer,
             vocab_size=11,
             d_model=D,
             n_layers=2,
-            head="classifier",
-            n_classes=3,
+            head=HeadConfig("classifier", n_classes=3, pooling=pooling),
             bidirectional=True,
-            pooling=pooling,
         )
     model = build_model(cfg, verbose=False).double().eval()
     seqs = [[1, 2, 3, 4, 5, 6], [7, 8, 9], [10, 1]]
@@ -106,7 +104,12 @@ def test_bidirectional_classifier_ignores_right_padding(mixer, pooling):
 
 def test_bidirectional_has_no_state():
     cfg = ModelConfig(
-        mixer="gla", vocab_size=11, d_model=D, n_layers=1, head="classifier", n_classes=2, bidirectional=True
+        mixer="gla",
+        vocab_size=11,
+        d_model=D,
+        n_layers=1,
+        head=HeadConfig("classifier", n_classes=2),
+        bidirectional=True,
     )
     model = build_model(cfg, verbose=False)
     with pytest.raises(ValueError, match="no recurrent state"):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lcsm.models import ModelConfig, build_model, preset
+from lcsm.models import HeadConfig, ModelConfig, build_model, preset
 
 BASE = dict(mixer="gla", vocab_size=11, d_model=16, n_layers=2)
 
@@ -30,33 +30,89 @@ def test_unknown_mixer_and_mixer_options_name_the_closest():
         (dict(norm="groupnorm"), "norm"),
         (dict(channel_mixer="swiglu"), "channel_mixer"),
         (dict(dropout=1.0), "dropout"),
-        (dict(head="seq2seq"), "head"),
-        (dict(head="classifier"), "n_classes"),
-        (dict(pooling="max", head="classifier", n_classes=2), "pooling"),
+        (dict(head={"kind": "seq2seq"}), "head.kind"),
+        (dict(head={"kind": "classifier"}), "head.n_classes"),
+        (dict(head={"kind": "classifier", "n_classes": 2, "pooling": "max"}), "head.pooling"),
         (dict(bidirectional=True), "bidirectional"),
         (dict(input_dim=3), "vocab_size / input_dim"),
         (dict(vocab_size=None, input_dim=3), "vocab_size"),  # lm needs tokens
         (dict(channel_mixer="none", channel_hidden=8), "channel_hidden"),
-        (dict(head_hidden=1, head="classifier", n_classes=2), "head_hidden"),
+        (dict(head={"kind": "classifier", "n_classes": 2, "hidden": 1}), "head.hidden"),
         (dict(mixer="rwkv4", mixer_options={"layer_id": 1}), "set by the model"),
         (dict(mixer="ces", mixer_options={"bidirectional": True}), "set by the model"),
-        (dict(head_hidden=64), r"head_hidden: only for the classifier heads, got 64 with head='lm'"),
-        (dict(pooling="last"), r"pooling: only for the classifier heads, got 'last' with head='lm'"),
+        (dict(head={"hidden": 64}), r"head.hidden: only for the classifier heads, got 64 with head.kind='lm'"),
+        (
+            dict(head={"pooling": "last"}),
+            r"head.pooling: only for the classifier heads, got 'last' with head.kind='lm'",
+        ),
         (dict(mixer_activation="gelu"), r"mixer_activation: acts between the mixer_hidden projections"),
         (
             dict(mixer="lcsm:1-9-1-0", mixer_options={"code": "0-0-0-0"}),
             r"mixer 'lcsm:1-9-1-0' sets code='1-9-1-0', got code='0-0-0-0'",
         ),
         (dict(tie_embeddings="yes"), "tie_embeddings"),
-        (dict(dual_combine="sum", head="dual", n_classes=2), "dual_combine"),
+        (dict(head={"kind": "dual", "n_classes": 2, "combine": "sum"}), "head.combine"),
         (dict(embed_norm="yes"), "embed_norm"),
-        (dict(head_mlp="mlp", head="classifier", n_classes=2), "head_mlp"),
-        (dict(head_mlp="etsmlp"), r"head_mlp: only for the classifier heads, got 'etsmlp' with head='lm'"),
+        (dict(head={"kind": "classifier", "n_classes": 2, "mlp": "mlp"}), "head.mlp"),
+        (dict(head={"mlp": "etsmlp"}), r"head.mlp: only for the classifier heads, got 'etsmlp' with head.kind='lm'"),
     ],
 )
 def test_bad_values_fail_with_the_field_named(changes, match):
     with pytest.raises(ValueError, match=match):
-        ModelConfig(**{**BASE, **changes})
+        ModelConfig.from_dict({**BASE, **changes})
+
+
+def test_the_head_is_a_nested_config():
+    cfg = ModelConfig.from_dict({**BASE, "head": {"kind": "classifier", "n_classes": 3, "hidden": 8}})
+    assert cfg.head == HeadConfig(kind="classifier", n_classes=3, hidden=8)
+    assert cfg.to_dict()["head"] == {
+        "kind": "classifier",
+        "n_classes": 3,
+        "pooling": "mean",
+        "hidden": 8,
+        "combine": "nli",
+        "mlp": "lra",
+    }
+    assert ModelConfig(**BASE, head=cfg.head) == cfg
+    # A kind's name alone is shorthand for {kind: <name>}.
+    assert ModelConfig.from_dict({**BASE, "head": "lm"}) == ModelConfig(**BASE)
+    with pytest.raises(ValueError, match=r"model.head: unknown key\(s\) 'hiden' \(did you mean 'hidden'\?\)"):
+        ModelConfig.from_dict({**BASE, "head": {"kind": "classifier", "n_classes": 3, "hiden": 8}})
+    with pytest.raises(ValueError, match=r"model.head: expected a mapping of head fields or a head kind's name"):
+        ModelConfig.from_dict({**BASE, "head": 3})
+    # The constructor takes the typed head only: the spellings a file may use go through from_dict.
+    with pytest.raises(ValueError, match=r"head: expected a HeadConfig"):
+        ModelConfig(**BASE, head="lm")
+    with pytest.raises(AttributeError):
+        cfg.head.hidden = 16  # frozen: a change goes through replace
+
+
+def test_the_old_flat_head_fields_are_read_as_the_nested_head():
+    """Committed run configs and checkpoints spell the head flat at the model level."""
+    old = {**BASE, "head": "dual", "n_classes": 2, "pooling": "last", "head_hidden": 8}
+    old |= {"dual_combine": "concat", "head_mlp": "etsmlp"}
+    nested = HeadConfig(kind="dual", n_classes=2, pooling="last", hidden=8, combine="concat", mlp="etsmlp")
+    assert ModelConfig.from_dict(old).head == nested
+    assert ModelConfig.from_dict({**BASE, "head": {"kind": "dual"}, "n_classes": 2}).head.n_classes == 2
+    with pytest.raises(
+        ValueError,
+        match=r"model.head_hidden: the older spelling of model.head.hidden, and both are given "
+        r"\(model.head_hidden: 8, model.head.hidden: 4\); give model.head.hidden alone",
+    ):
+        ModelConfig.from_dict({**BASE, "head": {"kind": "classifier", "n_classes": 2, "hidden": 4}, "head_hidden": 8})
+    with pytest.raises(ValueError, match=r"model.n_classes: the older spelling of model.head.n_classes"):
+        ModelConfig.from_dict({**BASE, "head": HeadConfig("classifier", 2), "n_classes": 2})
+    # The old messages' checks hold under the new names.
+    with pytest.raises(ValueError, match=r"head.hidden: only for the classifier heads, got 64 with head.kind='lm'"):
+        ModelConfig.from_dict({**BASE, "head_hidden": 64})
+
+
+def test_replace_changes_the_head_field_by_field():
+    cfg = ModelConfig(**BASE, head=HeadConfig("classifier", n_classes=3))
+    assert cfg.replace(head={"hidden": 8}).head == HeadConfig("classifier", n_classes=3, hidden=8)
+    assert cfg.replace(head_hidden=8) == cfg.replace(head={"hidden": 8})
+    assert cfg.replace(head="dual").head == HeadConfig("dual", n_classes=3)
+    assert cfg.replace(head=HeadConfig("classifier", 5)).head == HeadConfig("classifier", 5)
 
 
 def test_bad_mixer_option_values_fail_when_built():
@@ -157,16 +213,16 @@ def test_presets_build_and_run_at_tiny_width(name, task, kwargs):
     cfg = preset(name, **extra, **TINY, **kwargs)
     model = build_model(cfg, verbose=False)
     ids = torch.randint(0, cfg.vocab_size, (2, 12))
-    if cfg.head == "lm":
+    if cfg.head.kind == "lm":
         out = model(ids)
         assert out.shape == (2, 12, cfg.vocab_size)
         assert model.generate([[1, 2, 3]], 3, temperature=0).shape == (1, 3)
-    elif cfg.head == "dual":
+    elif cfg.head.kind == "dual":
         out = model(ids, ids.flip(0))
-        assert out.shape == (2, cfg.n_classes)
+        assert out.shape == (2, cfg.head.n_classes)
     else:
         out = model(ids)
-        assert out.shape == (2, cfg.n_classes)
+        assert out.shape == (2, cfg.head.n_classes)
     assert torch.isfinite(out).all()
     out.sum().backward()
 
@@ -182,9 +238,15 @@ def test_preset_fields_follow_the_papers():
         True,
     )
     assert preset("etsmlp_gate", task="image").gate and preset("etsmlp", task="image").norm == "batchnorm"
-    assert preset("etsmlp", task="retrieval").dual_combine == "concat"
+    assert preset("etsmlp", task="retrieval").head.combine == "concat"
     meta = preset("metala_transformer", task="retrieval")
-    assert (meta.n_layers, meta.d_model, meta.channel_hidden, meta.dropout, meta.head) == (2, 256, 512, 0.1, "dual")
+    assert (meta.n_layers, meta.d_model, meta.channel_hidden, meta.dropout, meta.head.kind) == (
+        2,
+        256,
+        512,
+        0.1,
+        "dual",
+    )
     with pytest.raises(ValueError, match="did you mean 'etsmlp'"):
         preset("etsmpl")
     with pytest.raises(ValueError, match="did you mean 'text'"):

@@ -4,16 +4,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lcsm.models import DualClassifier, ModelConfig, build_model, preset
+from lcsm.models import DualClassifier, HeadConfig, ModelConfig, build_model, preset
 from lcsm.testing import assert_close
 
 D = 16
 
 
-def classifier(**fields):
+def classifier(**head):
     torch.manual_seed(0)
-    values = dict(mixer="gla", vocab_size=11, d_model=D, n_layers=2, head="classifier", n_classes=3)
-    values.update(fields)
+    values = dict(mixer="gla", vocab_size=11, d_model=D, n_layers=2, head=HeadConfig("classifier", n_classes=3, **head))
     return build_model(ModelConfig(**values), verbose=False).double()
 
 
@@ -42,7 +41,7 @@ def test_classifier_pooling_ignores_padding(pooling):
 
 
 def test_mean_and_last_pooling_are_what_they_say():
-    model = classifier(pooling="mean", head_hidden=8)
+    model = classifier(pooling="mean", hidden=8)
     ids, mask = padded_batch(SEQS, 6)
     hidden = model.backbone(ids)
     pooled = model.encode(ids, mask=mask)
@@ -71,7 +70,9 @@ def test_bad_masks_are_rejected():
 
 def test_dual_classifier_combines_as_lra_retrieval():
     torch.manual_seed(0)
-    cfg = ModelConfig(mixer="gla", vocab_size=11, d_model=D, n_layers=1, head="dual", n_classes=2, head_hidden=12)
+    cfg = ModelConfig(
+        mixer="gla", vocab_size=11, d_model=D, n_layers=1, head=HeadConfig("dual", n_classes=2, hidden=12)
+    )
     model = build_model(cfg, verbose=False).double()
     a, mask_a = padded_batch(SEQS, 6)
     b, mask_b = padded_batch([[3, 3], [1, 2, 3, 4, 5, 6], [9, 9, 9]], 6)
@@ -90,7 +91,7 @@ def test_dual_classifier_combines_as_lra_retrieval():
 def test_dual_classifier_concat_combination():
     torch.manual_seed(0)
     cfg = ModelConfig(
-        mixer="gla", vocab_size=11, d_model=D, n_layers=1, head="dual", n_classes=2, dual_combine="concat"
+        mixer="gla", vocab_size=11, d_model=D, n_layers=1, head=HeadConfig("dual", n_classes=2, combine="concat")
     )
     model = build_model(cfg, verbose=False).double()
     a, b = torch.randint(0, 11, (2, 5)), torch.randint(0, 11, (2, 7))
@@ -107,8 +108,7 @@ def test_continuous_inputs_and_batchnorm():
         input_dim=1,
         d_model=D,
         n_layers=2,
-        head="classifier",
-        n_classes=10,
+        head=HeadConfig("classifier", n_classes=10),
         norm="batchnorm",
         mixer_hidden=24,
         channel_mixer="none",

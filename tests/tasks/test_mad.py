@@ -86,8 +86,8 @@ def test_compression_targets_are_the_inputs(tmp_path):
     task = build("mad_compression", tmp_path)
     for x, y in labelled(task.dataset("test").segments[0]):
         assert x == y and x[-1] == task.config.vocab_size - 1
-    assert task.model_fields()["n_classes"] == task.config.seq_len * task.config.vocab_size
-    assert task.model_fields()["pooling"] == "last"
+    assert task.model_fields()["head"]["n_classes"] == task.config.seq_len * task.config.vocab_size
+    assert task.model_fields()["head"]["pooling"] == "last"
 
 
 def test_memorization_noise_replaces_pairs(tmp_path):

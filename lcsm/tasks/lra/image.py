@@ -62,7 +62,7 @@ class LRAImage(_RealDataTask):
 
     @classmethod
     def config_model_fields(cls, config: ImageConfig) -> dict[str, object]:
-        return {"head": cls.default_head, "vocab_size": 256, "n_classes": 10}
+        return {"head": {"kind": cls.default_head, "n_classes": 10}, "vocab_size": 256}
 
     @property
     def max_len(self) -> int:

@@ -125,7 +125,7 @@ class ListOps(Task):
 
     @classmethod
     def config_model_fields(cls, config: ListOpsConfig) -> dict[str, object]:
-        return {"head": cls.default_head, "vocab_size": len(VOCAB), "n_classes": 10}
+        return {"head": {"kind": cls.default_head, "n_classes": 10}, "vocab_size": len(VOCAB)}
 
     @property
     def max_len(self) -> int:

@@ -259,7 +259,7 @@ class Pathfinder(Task):
 
     @classmethod
     def config_model_fields(cls, config: PathfinderConfig) -> dict[str, object]:
-        return {"head": cls.default_head, "vocab_size": 256, "n_classes": 2}
+        return {"head": {"kind": cls.default_head, "n_classes": 2}, "vocab_size": 256}
 
     @property
     def max_len(self) -> int:

@@ -59,7 +59,8 @@ class LRARetrieval(_DocumentTask):
 
     @classmethod
     def config_model_fields(cls, config: RetrievalConfig) -> dict[str, object]:
-        return {**super().config_model_fields(config), "n_classes": 2}
+        fields = super().config_model_fields(config)
+        return {**fields, "head": {**fields["head"], "n_classes": 2}}
 
     @property
     def n_classes(self) -> int:  # match or not, whatever the topics: not read from the documents
