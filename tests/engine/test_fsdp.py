@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from lcsm.engine import RunConfig, apply_overrides, train
 from lcsm.engine.parallel import blocks, checkpoint_activations
@@ -122,6 +122,23 @@ def test_checkpoint_resumes_under_the_other(runs, then, now):
     torchrun(config, run, tmp, f"run.parallel={now}")
     assert_losses_close(metrics(run), metrics(tmp / now))
     assert_close(weights(run), weights(tmp / now), context=f"{then} resumed under {now}")
+
+
+def test_weights_that_do_not_fit_stop_every_rank(runs):
+    """Under FSDP rank 0 alone reads the weights: its refusal must reach the other rank, which would
+    otherwise wait for it in the next collective until torchrun's timeout."""
+    tmp, config = runs
+    run = tmp / "fsdp-misfit"
+    shutil.copytree(tmp / "fsdp", run)
+    died_after_step(run, 3)
+    path = run / "checkpoints" / "step-00000003" / "model.safetensors"
+    save_file({f"renamed.{k}": v for k, v in load_file(str(path)).items()}, str(path))
+    env = {**os.environ, "LCSM_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    args += ["-m", "lcsm", "train", str(config), "--out", str(run), "--quiet", "--set", "run.parallel=fsdp"]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.count("weights do not fit the model") == 2, done.stderr[-3000:]
 
 
 def test_fsdp_checkpoint_resumes_in_one_process(runs, monkeypatch):
