@@ -45,6 +45,7 @@ SCHEDULES = ("cosine", "inverse_sqrt", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")
 MODES = ("max", "min")
 NONFINITE = ("stop", "skip")
+PARALLEL = ("ddp", "fsdp")  # under torchrun: DistributedDataParallel or FSDP2 sharding
 
 
 def check_device(name: str, value) -> None:
@@ -257,6 +258,13 @@ class RuntimeConfig(_Section):
         status "diverged", no checkpoint of it) or is "skip"ped (weights and AdamW state untouched,
         counted in result.json's skipped_steps). A run without such a step trains the same either
         way, so a stopped run may go on with "skip".
+    parallel: under torchrun, "ddp" (every process holds the whole model; DistributedDataParallel)
+        or "fsdp" (parameters, gradients and AdamW state sharded over the processes; FSDP2's
+        ``fully_shard`` per Block, then the root). Both compute the same gradient of the same
+        global batch, up to the order of floating-point sums, so the choice is how a run runs, not
+        what it trains: a run may be resumed under the other (docs/engine.md, "FSDP").
+    activation_checkpointing: recompute each Block's activations in the backward pass instead of
+        keeping them (``torch.utils.checkpoint``; the same dropout masks, so the same gradients).
     """
 
     section = "run"
@@ -267,6 +275,8 @@ class RuntimeConfig(_Section):
     tensorboard: bool = False
     keep_last: int = 2
     on_nonfinite: str = "stop"
+    parallel: str = "ddp"
+    activation_checkpointing: bool = False
 
     def __post_init__(self):
         check_device("run.device", self.device)
@@ -277,6 +287,11 @@ class RuntimeConfig(_Section):
             raise ValueError(f"run.tensorboard: expected true or false, got {self.tensorboard!r}")
         check_int("run.keep_last", self.keep_last, 1)
         check_choice("run.on_nonfinite", self.on_nonfinite, NONFINITE)
+        check_choice("run.parallel", self.parallel, PARALLEL)
+        if not isinstance(self.activation_checkpointing, bool):
+            raise ValueError(
+                f"run.activation_checkpointing: expected true or false, got {self.activation_checkpointing!r}"
+            )
 
 
 RUNTIME_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeConfig))

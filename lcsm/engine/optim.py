@@ -13,9 +13,13 @@ from .config import OptimConfig
 def build_optimizer(model, config: OptimConfig) -> torch.optim.AdamW:
     """AdamW over ``model.parameter_groups``: decayed parameters, then the ones tagged
     no-weight-decay by their mixers (decays, A_log, D, ...), norms and biases at weight decay 0."""
-    return torch.optim.AdamW(
-        model.parameter_groups(config.weight_decay), lr=config.lr, betas=config.betas, eps=config.eps
-    )
+    return adamw(model.parameter_groups(config.weight_decay), config)
+
+
+def adamw(groups: list[dict], config: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over parameter groups made by ``Model.parameter_groups`` (under FSDP: of the sharded
+    parameters, ``parallel.groups_of``)."""
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
 
 
 def lr_factor(config: OptimConfig, total_steps: int) -> Callable[[int], float]:

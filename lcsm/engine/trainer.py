@@ -29,6 +29,7 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -51,11 +52,12 @@ from lcsm.models import build_model
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler, recorded_task_data, task_data
 
 from . import checkpoint as ckpt
+from . import parallel
 from .config import RunConfig, TrainConfig, check_early_stop_metric
 from .distributed import Distributed
 from .lock import DirectoryLock, environment_error
 from .monitor import MetricsLog, Progress, json_safe
-from .optim import build_optimizer, lr_factor
+from .optim import adamw, build_optimizer, lr_factor
 
 Tensor = torch.Tensor
 
@@ -197,6 +199,15 @@ class Trainer:
         t, r = config.train, config.run
         self.dist = dist if dist is not None else Distributed.setup(r.device)
         self.device = self.dist.device
+        self.fsdp = r.parallel == "fsdp"
+        if self.fsdp and not self.dist.enabled:
+            # No silent fallback: one process would train the same model unsharded, which is not
+            # what the config asks for (its memory is why one asks).
+            raise ValueError(
+                "run.parallel: 'fsdp' shards the model over the processes torchrun starts, but this is "
+                "one process (WORLD_SIZE unset or 1); run it under torchrun --nproc_per_node N (N >= 2), "
+                "or set run.parallel: ddp, which trains the same model in one process"
+            )
         self.out_dir = Path(config.out_dir)
         # The code that runs is the code at start: later commits in the checkout do not change it.
         self.git_commit = git_commit()
@@ -232,17 +243,33 @@ class Trainer:
 
         torch.manual_seed(t.seed)
         self.model_config = config.model_config(self.task)
-        self.model = build_model(self.model_config, verbose=False).to(self.device)
-        self.n_params = self.model.num_parameters()
-        self.optimizer = build_optimizer(self.model, config.optim)
+        model = build_model(self.model_config, verbose=False).to(self.device)
+        self.n_params = model.num_parameters()
+        # self.model: the whole, unsharded model, which rank 0 evaluates and checkpoints.
+        # self.trained: the module whose parameters the optimizer steps (the same one unless
+        # sharded); self.net: what the step runs (the latter, wrapped in DDP under torchrun).
+        if self.fsdp:
+            # Rank 0 keeps a whole copy, refreshed from the shards before each evaluation and
+            # checkpoint (``_gather``); every rank built the same initial weights from the seed.
+            self.model = copy.deepcopy(model) if self.dist.is_main else None
+            named = parallel.named_groups(model, model.parameter_groups(config.optim.weight_decay))
+            if r.activation_checkpointing:
+                parallel.checkpoint_activations(model)
+            self.trained = self.net = parallel.shard(model)
+            self.optimizer = adamw(parallel.groups_of(self.trained, named), config.optim)
+        else:
+            if r.activation_checkpointing:
+                parallel.checkpoint_activations(model)
+            self.model = self.trained = model
+            self.net = (
+                DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)
+                if self.dist.enabled
+                else model
+            )
+            self.optimizer = build_optimizer(model, config.optim)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.optim, self.total_steps))
         self.state = LoopState()
         self._clock = time.perf_counter()
-        self.net = (
-            DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
-            if self.dist.enabled
-            else self.model
-        )
         self.log = MetricsLog(self.out_dir, enabled=self.dist.is_main, tensorboard=r.tensorboard)
         self.progress = Progress(self.total_steps, log_every=r.log_every, enabled=self.dist.is_main and not quiet)
 
@@ -259,6 +286,7 @@ class Trainer:
             "model_config": self.model_config.to_dict(),
             "n_params": self.n_params,
             "world_size": self.dist.world,
+            "parallel": self.config.run.parallel,
             # CPU kernels split their sums by thread count: another count continues, not bit-identically
             "threads": torch.get_num_threads(),
             "lcsm_version": __version__,
@@ -287,10 +315,14 @@ class Trainer:
         if self.state.trained_on:
             self.state.trained_on[-1]["to_step"] = self.state.step
         rng = self.dist.gather(self._rng_state())
+        self._gather()
+        optimizer = (
+            parallel.full_optimizer_state(self.trained, self.optimizer) if self.fsdp else self.optimizer.state_dict()
+        )
         path = None
         if self.dist.is_main:
             trainer = {
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": optimizer,
                 "scheduler": self.scheduler.state_dict(),
                 "rng": rng,
                 "state": dataclasses.asdict(self.state),
@@ -331,10 +363,15 @@ class Trainer:
                 "continue on other data. Finish it with the lcsm it started with (trained_on in its "
                 "checkpoint names the commit), or start over with --restart or another --out"
             )
-        ckpt.load_weights(self.model, path)
+        self._load_whole(path)
+        if self.fsdp:
+            parallel.load_full_model_state(self.trained, self.model.state_dict() if self.dist.is_main else {})
         trainer = ckpt.load_trainer(path)
         try:
-            self.optimizer.load_state_dict(trainer["optimizer"])
+            if self.fsdp:
+                parallel.load_full_optimizer_state(self.trained, self.optimizer, trainer["optimizer"])
+            else:
+                self.optimizer.load_state_dict(trainer["optimizer"])
         except ValueError as exc:  # torch: the parameter groups differ in size
             raise ValueError(
                 f"out_dir: {str(self.out_dir)!r} holds a run whose optimizer groups differ from the ones "
@@ -378,16 +415,25 @@ class Trainer:
             start = (m * self.dist.world + self.dist.rank) * self.micro
             micro = _to_device(_rows(batch, start, start + self.micro), self.device)
             last = m == t.grad_accum - 1
-            sync = contextlib.nullcontext() if last or not self.dist.enabled else self.net.no_sync()
+            if self.fsdp:
+                # FSDP's no_sync: gradients stay unreduced, and unsharded, until the last micro-batch.
+                self.net.set_requires_gradient_sync(last)
+                sync = contextlib.nullcontext()
+            else:
+                sync = contextlib.nullcontext() if last or not self.dist.enabled else self.net.no_sync()
             with sync:
                 with autocast(self.device, t.precision):
                     logits = self.task.logits(self.net, micro)
                 loss = self.task.loss(logits, micro["labels"], reduction="sum") / labelled
-                # DDP averages gradients over processes; the global loss is their sum.
+                # DDP and FSDP average gradients over processes; the global loss is their sum.
                 (loss * self.dist.world).backward()
             loss_sum += loss.detach().double()
         clip = self.config.optim.grad_clip
-        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip is not None else math.inf))
+        max_norm = clip if clip is not None else math.inf
+        if self.fsdp:
+            norm = parallel.clip_grad_norm(list(self.trained.parameters()), max_norm)
+        else:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         lr = self.optimizer.param_groups[0]["lr"]
         loss = float(self.dist.sum(loss_sum))
         # Every process sees the same global loss and (synchronised) gradient norm, so all agree.
@@ -398,9 +444,35 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss, _tokens(batch), norm, lr
 
-    def evaluate(self, split: str | None = None) -> dict[str, float]:
+    def _load_whole(self, path: Path) -> None:
+        """A checkpoint's weights into the whole model (every rank must call). Under FSDP rank 0
+        alone holds it: its refusal (weights that do not fit, a damaged file) is every rank's, which
+        would otherwise wait for it in the next collective."""
+        if not self.fsdp:
+            ckpt.load_weights(self.model, path)
+            return
+        refused = None
+        if self.dist.is_main:
+            try:
+                ckpt.load_weights(self.model, path)
+            except ValueError as err:
+                refused = err
+        refused = self.dist.broadcast(refused)
+        if refused is not None:
+            raise refused
+
+    def _gather(self) -> None:
+        """Under FSDP, the trained shards into rank 0's whole model (every rank must call)."""
+        if self.fsdp:
+            weights = parallel.full_model_state(self.trained)
+            if self.dist.is_main:
+                self.model.load_state_dict(weights)
+
+    def evaluate(self, split: str | None = None, *, gather: bool = True) -> dict[str, float]:
         """Rank 0 evaluates the unwrapped model on ``split`` (default the eval split); every rank
-        gets the metrics."""
+        gets the metrics. ``gather=False``: the whole model as it is, not the trained weights."""
+        if gather:
+            self._gather()
         metrics = None
         if self.dist.is_main:
             t = self.config.train
@@ -567,11 +639,11 @@ class Trainer:
         if self.state.best_step is not None and best.is_dir():
             problem = ckpt.damage(best, trainer=False)
             if problem is None:
-                ckpt.load_weights(self.model, best)
+                self._load_whole(best)
                 which = "best"
             elif self.dist.is_main:
                 ckpt.warn(f"warning: checkpoint {best} is damaged: {problem}; testing the last weights instead")
-        metrics = self.evaluate("test")
+        metrics = self.evaluate("test", gather=which == "last")
         self.progress.message(
             "test (" + which + " weights): " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "/" not in k)
         )

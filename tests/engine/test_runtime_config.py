@@ -21,6 +21,8 @@ OTHER = {
     "tensorboard": True,
     "keep_last": 7,
     "on_nonfinite": "skip",
+    "parallel": "fsdp",
+    "activation_checkpointing": True,
 }
 
 
