@@ -63,6 +63,16 @@ def test_export_mqar_run_without_tokenizer(mqar_run, tmp_path, capsys):
     assert "checkpoints/best" in capsys.readouterr().out
 
 
+def test_padding_rows_of_the_vocabulary_are_never_generated(tmp_path, monkeypatch):
+    monkeypatch.setitem(TINY, "model", {**TINY["model"], "vocab_size": 40})  # the task has 32 ids
+    run = train(tmp_path, monkeypatch, TINY["task"])
+    out = tmp_path / "hf"
+    assert main(["export", run, "--hf", str(out)]) == 0
+    hf = AutoModelForCausalLM.from_pretrained(out)
+    assert hf.config.vocab_size == 40 and hf.generation_config.suppress_tokens == list(range(32, 40))
+    check_generates_as_lcsm(run, out)
+
+
 @pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
 def test_export_lm_run_with_its_tokenizer(tmp_path, monkeypatch, capsys, tokenizer):
     run = train(tmp_path, monkeypatch, lm_task(tmp_path, tokenizer))
