@@ -2,6 +2,9 @@
 by AutoModelForCausalLM after ``import lcsm.hf``, generating as lcsm's own model."""
 
 import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed (lcsm's 'hf' extra: pip install -e '.[hf]')")
+
 import torch
 import yaml
 from cli.conftest import TINY  # tests/ is on sys.path (pytest inserts the base of the test packages)

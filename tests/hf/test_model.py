@@ -1,9 +1,12 @@
 """LcsmForCausalLM: transformers' generate equals lcsm's own, save / load is bit-exact, the cache
 feeds one token per step, and bad inputs fail clearly."""
 
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed (lcsm's 'hf' extra: pip install -e '.[hf]')")
+
 import sys
 
-import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
