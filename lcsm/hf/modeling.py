@@ -16,12 +16,14 @@ every later output. ``attention_mask`` zeros are therefore refused wherever a st
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from lcsm.layers import State
+from lcsm.layers import Mixer, State
 from lcsm.models import CausalLM
 from lcsm.models.model import lengths_from_mask
 
@@ -100,6 +102,16 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
     def __init__(self, config: LcsmConfig):
         super().__init__(config)
         self.model = CausalLM(config.model_config())
+        # Loading in half precision (from_pretrained(dtype=torch.bfloat16)) keeps the mixers'
+        # float32_parameters in float32, as lcsm's own .to() does (Mixer._apply): transformers
+        # casts the weights whose names match these patterns (anchored: exact names) to float32.
+        self._keep_in_fp32_modules_strict = [
+            "^" + re.escape(f"model.{path}.{name}") + "$"
+            for path, module in self.model.named_modules()
+            if isinstance(module, Mixer)
+            for name, _ in module.named_parameters()
+            if module.keeps_float32(name)
+        ]
         self.post_init()
 
     def get_input_embeddings(self):

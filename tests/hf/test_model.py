@@ -177,3 +177,18 @@ def test_import_without_transformers_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match=r"install lcsm's 'hf' extra: pip install 'lcsm\[hf\]'"):
         import lcsm.hf  # noqa: F401
+
+
+@pytest.mark.parametrize("mixer", ["s4d", "mamba"])
+def test_half_precision_loading_keeps_the_float32_parameters(tmp_path, mixer):
+    model = tiny(mixer)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    # the same weights as lcsm's own cast (Mixer._apply keeps a mixer's float32_parameters float32)
+    cast = model.to(torch.bfloat16)
+    assert same_weights(cast, loaded)
+    assert any(p.dtype == torch.float32 for p in loaded.parameters())
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(
+        loaded.generate(ids, max_new_tokens=4, do_sample=False), cast.generate(ids, max_new_tokens=4, do_sample=False)
+    )
