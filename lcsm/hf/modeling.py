@@ -153,7 +153,18 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
             raise ValueError(
                 f"cache: expected an LcsmCache (from a previous output's .cache), got {type(cache).__name__}"
             )
-        padded = attention_mask is not None and not bool(attention_mask[:, -input_ids.shape[1] :].all())
+        B, T = input_ids.shape
+        seen = cache.seen if cache is not None else 0
+        if attention_mask is not None and (
+            attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T
+        ):
+            raise ValueError(
+                f"attention_mask: expected [B, seen + T] = [{B}, {seen + T}] (the tokens the cache has read and "
+                f"these), got {list(attention_mask.shape)}"
+            )
+        # Only the columns of the tokens fed now: earlier ones were checked when their tokens were fed
+        # (and checking them again would make each decoding step cost O(context)).
+        padded = attention_mask is not None and not bool(attention_mask[:, -T:].all())
         if use_cache is None:
             use_cache = self.config.use_cache and not self.training and not padded
         if padded and (use_cache or cache is not None):
@@ -166,7 +177,7 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
             )
         if padded:
             # Right padding only: causal outputs at valid positions then never depend on it.
-            lengths_from_mask(attention_mask, *input_ids.shape, input_ids.device)
+            lengths_from_mask(attention_mask, B, T, input_ids.device)
 
         if use_cache or cache is not None:
             states = cache.states if cache is not None and cache.seen > 0 else None
@@ -174,9 +185,9 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
             if cache is None:
                 # A mixer's state is constant-size when it does not grow with the tokens read.
                 linear = [b.mixer.state_size(1) == b.mixer.state_size(2) for b in self.model.backbone.blocks]
-                cache = LcsmCache(states, input_ids.shape[1], linear)
+                cache = LcsmCache(states, T, linear)
             else:
-                cache.states, cache.seen = states, cache.seen + input_ids.shape[1]
+                cache.states, cache.seen = states, cache.seen + T
         else:
             logits = self.model(input_ids)
 
@@ -212,7 +223,11 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
                     f"sequence so far (longer than {cache.seen} tokens), got {input_ids.shape[1]} tokens"
                 )
             input_ids = input_ids[:, cache.seen :]
-        inputs = {"input_ids": input_ids.contiguous(), "cache": cache, "use_cache": use_cache}
+        # generate's bookkeeping for its own slicing, which the line above does; anything else a
+        # caller gave generate goes on to forward, which refuses what it does not support.
+        for name in ("next_sequence_length", "is_first_iteration"):
+            kwargs.pop(name, None)
+        inputs = {"input_ids": input_ids.contiguous(), "cache": cache, "use_cache": use_cache, **kwargs}
         if attention_mask is not None:
             inputs["attention_mask"] = attention_mask
         return inputs

@@ -95,8 +95,9 @@ def test_left_padding_is_refused_naming_attention_mask():
         model(ids, attention_mask=mask)
 
 
-def test_beam_search_reorders_the_states():
-    model = tiny("hgrn")
+@pytest.mark.parametrize("mixer", ["hgrn", "attention"])
+def test_beam_search_reorders_the_states(mixer):
+    model = tiny(mixer)
     ids = torch.randint(0, 32, (2, 4), generator=torch.Generator().manual_seed(5))
     out = model.generate(ids, max_new_tokens=4, num_beams=3, do_sample=False)
     assert out.shape == (2, 8)
@@ -155,6 +156,10 @@ def test_bad_inputs():
         model(inputs_embeds=torch.zeros(1, 2, 16))
     with pytest.raises(ValueError, match="output_attentions: not supported"):
         model(torch.zeros(1, 2, dtype=torch.long), output_attentions=True)
+    with pytest.raises(ValueError, match=r"attention_mask: expected \[B, seen \+ T\] = \[1, 2\].*got \[1, 1\]"):
+        model(torch.zeros(1, 2, dtype=torch.long), attention_mask=torch.ones(1, 1))
+    with pytest.raises(ValueError, match="output_hidden_states: not supported"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2, output_hidden_states=True)
     with pytest.raises(ValueError, match=r"labels: expected the shape of input_ids \[1, 2\], got \[1, 3\]"):
         model(torch.zeros(1, 2, dtype=torch.long), labels=torch.zeros(1, 3, dtype=torch.long))
 
