@@ -140,9 +140,10 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
         tokens continue the sequences it has read, and it is updated in place."""
         if inputs_embeds is not None:
             raise ValueError("inputs_embeds: lcsm models read token ids; pass input_ids")
-        if input_ids is None:
-            raise ValueError("input_ids: expected token ids [B, T], got None")
-        # generate hands the model every option of its config; these two ask for extra outputs lcsm's
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            got = list(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids: expected token ids [B, T], got {got}")
+        # transformers' callers may pass these flags (False by default); True asks for outputs lcsm's
         # model does not produce (it has no attention weights, and returns only the final hidden state).
         for name in ("output_attentions", "output_hidden_states"):
             if kwargs.pop(name, None):

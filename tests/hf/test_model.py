@@ -150,6 +150,8 @@ def test_bad_inputs():
     model = tiny()
     with pytest.raises(ValueError, match=r"input_ids: token ids must lie in \[0, vocab_size=32\), got 40"):
         model(torch.tensor([[1, 40]]))
+    with pytest.raises(ValueError, match=r"input_ids: expected token ids \[B, T\], got \[3\]"):
+        model(torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="cache: expected an LcsmCache"):
         model(torch.zeros(1, 2, dtype=torch.long), cache=(1, 2))
     with pytest.raises(ValueError, match="inputs_embeds: lcsm models read token ids"):
