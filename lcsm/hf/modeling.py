@@ -1,0 +1,234 @@
+"""``LcsmForCausalLM``: an lcsm ``CausalLM`` as a transformers ``PreTrainedModel``.
+
+The wrapped model is ``self.model`` (an ``lcsm.models.CausalLM``), so the weights are lcsm's own
+under a ``model.`` prefix and a tied LM head stays one matrix (lcsm reads the embedding; there is
+no second parameter to tie). ``generate`` of transformers carries an ``LcsmCache``: the per-layer
+lcsm ``State``s (the linear mixers' recurrent memories, the ``attention`` mixer's KV cache) and the
+number of tokens they have read. After the prompt, each step feeds one token through the mixers'
+recurrent forms, so a new token costs the same whatever the context length (a growing KV cache for
+``attention``), and greedy decoding equals lcsm's own ``CausalLM.generate`` token for token.
+
+Padding: lcsm's states read every token they are given, so a padding token inside a state changes
+every later output. ``attention_mask`` zeros are therefore refused wherever a state is carried
+(``generate``, ``use_cache=True``, a ``cache``); a forward without a cache accepts right padding
+(causal: the valid positions never see the padding after them).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from lcsm.layers import Mixer, State
+from lcsm.models import CausalLM
+from lcsm.models.model import lengths_from_mask
+
+from .configuration import LcsmConfig
+
+Tensor = torch.Tensor
+
+
+class LcsmCache:
+    """The recurrent states of an lcsm model, one lcsm ``State`` per layer, and ``seen``: how many
+    tokens of each sequence they have read. Updated in place by each forward that is given it (as
+    transformers' caches are), so one object follows a whole ``generate`` call."""
+
+    # Not a transformers ``Cache``: generate reads these flags to decide about compilation and about
+    # undoing steps, neither of which an lcsm state supports (a recurrent memory cannot drop tokens).
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, states: list[State], seen: int, linear: list[bool]):
+        self.states = states
+        self.seen = seen
+        # Per layer: True for a constant-size recurrent state, False for a growing KV cache
+        # (transformers' ``is_linear``: generate slices the prompt by ``get_seq_length`` only when
+        # some layer is not linear).
+        self.is_linear = linear
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        """Keep the rows ``beam_idx`` of every state (beam search): every State tensor is batch-first."""
+        self.states = [s.map(lambda t: t.index_select(0, beam_idx.to(t.device))) for s in self.states]
+
+    def __repr__(self) -> str:
+        return f"LcsmCache({len(self.states)} layers, {self.seen} tokens seen)"
+
+
+class LcsmPreTrainedModel(PreTrainedModel):
+    config_class = LcsmConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Block"]
+
+    def _init_weights(self, module):
+        # lcsm's constructors initialise every weight themselves (the model's layers normal(0.02),
+        # each mixer by its paper's rule), which transformers' generic init would overwrite; a
+        # checkpoint missing weights is refused by ``from_pretrained`` instead of filled in here.
+        pass
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate must not make a transformers DynamicCache: the model makes its LcsmCache itself.
+        return False
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' ``from_pretrained``, except that a checkpoint without every weight is an
+        error (transformers would leave the missing ones as uninitialised memory: lcsm's inits run
+        in its constructors, which loading skips)."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        if info["missing_keys"]:
+            missing = sorted(info["missing_keys"])
+            raise ValueError(
+                f"from_pretrained: the checkpoint lacks {len(missing)} weight(s) of the lcsm model its config "
+                f"describes, e.g. {missing[:5]}"
+            )
+        return (model, info) if want_info else model
+
+
+class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
+    """Any lcsm causal LM (any registered mixer or preset) with transformers' interface:
+    ``forward(input_ids, attention_mask, cache, use_cache, labels)``, ``generate``,
+    ``save_pretrained`` / ``from_pretrained``."""
+
+    def __init__(self, config: LcsmConfig):
+        super().__init__(config)
+        self.model = CausalLM(config.model_config())
+        # Loading in half precision (from_pretrained(dtype=torch.bfloat16)) keeps the mixers'
+        # float32_parameters in float32, as lcsm's own .to() does (Mixer._apply): transformers
+        # casts the weights whose names match these patterns (anchored: exact names) to float32.
+        self._keep_in_fp32_modules_strict = [
+            "^" + re.escape(f"model.{path}.{name}") + "$"
+            for path, module in self.model.named_modules()
+            if isinstance(module, Mixer)
+            for name, _ in module.named_parameters()
+            if module.keeps_float32(name)
+        ]
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.backbone.embedding
+
+    def set_input_embeddings(self, value):
+        self.model.backbone.embedding = value
+
+    def get_output_embeddings(self):
+        # A tied head has no module of its own (lcsm reads the embedding matrix).
+        return self.model.lm_head
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        cache: LcsmCache | None = None,
+        use_cache: bool | None = None,
+        labels: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
+        """input_ids [B, T] -> logits [B, T, V]; with ``labels`` [B, T] (-100 = ignored) the mean
+        next-token cross-entropy, labels shifted inside as in transformers. With ``cache`` the
+        tokens continue the sequences it has read, and it is updated in place."""
+        if inputs_embeds is not None:
+            raise ValueError("inputs_embeds: lcsm models read token ids; pass input_ids")
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            got = list(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids: expected token ids [B, T], got {got}")
+        # transformers' callers may pass these flags (False by default); True asks for outputs lcsm's
+        # model does not produce (it has no attention weights, and returns only the final hidden state).
+        for name in ("output_attentions", "output_hidden_states"):
+            if kwargs.pop(name, None):
+                raise ValueError(f"{name}: not supported by lcsm models, got True")
+        if kwargs:
+            raise TypeError(f"forward: unexpected argument(s) {', '.join(sorted(kwargs))}")
+        if cache is not None and not isinstance(cache, LcsmCache):
+            raise ValueError(
+                f"cache: expected an LcsmCache (from a previous output's .cache), got {type(cache).__name__}"
+            )
+        B, T = input_ids.shape
+        seen = cache.seen if cache is not None else 0
+        if attention_mask is not None and (
+            attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T
+        ):
+            raise ValueError(
+                f"attention_mask: expected [B, seen + T] = [{B}, {seen + T}] (the tokens the cache has read and "
+                f"these), got {list(attention_mask.shape)}"
+            )
+        # Only the columns of the tokens fed now: earlier ones were checked when their tokens were fed
+        # (and checking them again would make each decoding step cost O(context)).
+        padded = attention_mask is not None and not bool(attention_mask[:, -T:].all())
+        if use_cache is None:
+            use_cache = self.config.use_cache and not self.training and not padded
+        if padded and (use_cache or cache is not None):
+            raise ValueError(
+                "attention_mask: has zeros (padding) where a recurrent state is carried (generate, use_cache=True "
+                "or a cache). lcsm states read every token they are given, so padding would change the "
+                "continuations: left-padded batches are not supported yet. Generate prompts of different lengths "
+                "one at a time (or with lcsm's own CausalLM.generate, which takes ragged prompts exactly), or "
+                "pass use_cache=False for a plain forward over right-padded sequences"
+            )
+        if padded:
+            # Right padding only: causal outputs at valid positions then never depend on it.
+            lengths_from_mask(attention_mask, B, T, input_ids.device)
+
+        if use_cache or cache is not None:
+            states = cache.states if cache is not None and cache.seen > 0 else None
+            logits, states = self.model(input_ids, state=states, return_state=True)
+            if cache is None:
+                # A mixer's state is constant-size when it does not grow with the tokens read.
+                linear = [b.mixer.state_size(1) == b.mixer.state_size(2) for b in self.model.backbone.blocks]
+                cache = LcsmCache(states, T, linear)
+            else:
+                cache.states, cache.seen = states, cache.seen + T
+        else:
+            logits = self.model(input_ids)
+
+        loss = None
+        if labels is not None:
+            if labels.shape != input_ids.shape:
+                raise ValueError(
+                    f"labels: expected the shape of input_ids {list(input_ids.shape)}, got {list(labels.shape)}"
+                )
+            loss = F.cross_entropy(
+                logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                labels[:, 1:].reshape(-1).to(logits.device),
+                ignore_index=-100,
+            )
+        if return_dict is False:
+            return tuple(v for v in (loss, logits, cache) if v is not None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: Tensor,
+        cache: LcsmCache | None = None,
+        attention_mask: Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> dict:
+        """The whole prompt first; once the cache has read ``seen`` tokens, only the tokens after
+        them (generate passes the whole sequence so far: one new token per step)."""
+        if cache is not None and cache.seen > 0:
+            if input_ids.shape[1] <= cache.seen:
+                raise ValueError(
+                    f"input_ids: with a cache that has read {cache.seen} tokens, generate expects the whole "
+                    f"sequence so far (longer than {cache.seen} tokens), got {input_ids.shape[1]} tokens"
+                )
+            input_ids = input_ids[:, cache.seen :]
+        # generate's bookkeeping for its own slicing, which the line above does; anything else a
+        # caller gave generate goes on to forward, which refuses what it does not support.
+        for name in ("next_sequence_length", "is_first_iteration"):
+            kwargs.pop(name, None)
+        inputs = {"input_ids": input_ids.contiguous(), "cache": cache, "use_cache": use_cache, **kwargs}
+        if attention_mask is not None:
+            inputs["attention_mask"] = attention_mask
+        return inputs

@@ -1,0 +1,201 @@
+"""LcsmForCausalLM: transformers' generate equals lcsm's own, save / load is bit-exact, the cache
+feeds one token per step, and bad inputs fail clearly."""
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed (lcsm's 'hf' extra: pip install -e '.[hf]')")
+
+import sys
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from lcsm.hf import LcsmCache, LcsmConfig, LcsmForCausalLM
+from lcsm.models import ModelConfig, preset
+
+# Families of mixers (and the quadratic baseline) that run as causal LMs.
+MIXERS = ["gla", "retnet", "mamba", "hgrn", "metala", "fwp", "s4d", "rwkv4", "lcsm", "attention"]
+
+
+def tiny(mixer="gla", **changes) -> LcsmForCausalLM:
+    torch.manual_seed(0)
+    config = LcsmConfig(lcsm=dict(mixer=mixer, vocab_size=32, d_model=16, n_layers=2, **changes))
+    return LcsmForCausalLM(config).eval()
+
+
+def same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_greedy_generate_equals_lcsm_generate(mixer):
+    model = tiny(mixer)
+    ids = torch.randint(0, 32, (3, 6), generator=torch.Generator().manual_seed(1))
+    out = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out[:, :6], ids)
+    assert torch.equal(out[:, 6:], model.model.generate(ids, max_new_tokens=8, temperature=0))
+
+
+@pytest.mark.parametrize("mixer", ["gla", "attention"])
+def test_after_the_prompt_each_step_feeds_one_token(mixer):
+    model = tiny(mixer)
+    fed = []
+    model.register_forward_pre_hook(lambda m, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    model.generate(torch.zeros(2, 7, dtype=torch.long), max_new_tokens=5, do_sample=False)
+    assert fed == [7, 1, 1, 1, 1]
+
+
+def test_linear_cache_is_constant_size_and_attention_grows():
+    for mixer, grows in (("gla", False), ("attention", True)):
+        model = tiny(mixer)
+        out = model(torch.zeros(1, 4, dtype=torch.long), use_cache=True)
+        cache = out.cache
+        assert isinstance(cache, LcsmCache) and cache.get_seq_length() == 4
+        assert cache.is_linear == [not grows] * 2
+        size = sum(t.numel() for s in cache.states for t in s.tensors().values())
+        model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+        assert cache.get_seq_length() == 7
+        assert (sum(t.numel() for s in cache.states for t in s.tensors().values()) > size) == grows
+
+
+def test_forward_with_cache_equals_one_forward():
+    model = tiny("metala")
+    ids = torch.randint(0, 32, (2, 9), generator=torch.Generator().manual_seed(2))
+    whole = model(ids).logits
+    first = model(ids[:, :5], use_cache=True)
+    rest = model(ids[:, 5:], cache=first.cache)
+    torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_labels_give_the_shifted_cross_entropy():
+    model = tiny()
+    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(3))
+    out = model(ids, labels=ids)
+    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 32), ids[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_right_padding_without_cache_leaves_valid_positions_exact():
+    model = tiny()
+    ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(4))
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6])
+    out = model(ids, attention_mask=mask)
+    assert out.cache is None
+    torch.testing.assert_close(out.logits[0, :4], model(ids[:1, :4]).logits[0])
+
+
+def test_left_padding_is_refused_naming_attention_mask():
+    model = tiny()
+    ids = torch.randint(1, 32, (2, 5))
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1] * 5])
+    with pytest.raises(ValueError, match="attention_mask: has zeros .* left-padded batches are not supported"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+    with pytest.raises(ValueError, match="mask: expected right padding"):
+        model(ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize("mixer", ["hgrn", "attention"])
+def test_beam_search_reorders_the_states(mixer):
+    model = tiny(mixer)
+    ids = torch.randint(0, 32, (2, 4), generator=torch.Generator().manual_seed(5))
+    out = model.generate(ids, max_new_tokens=4, num_beams=3, do_sample=False)
+    assert out.shape == (2, 8)
+    # One beam and greedy agree (a sanity check of reorder_cache's bookkeeping).
+    one = model.generate(ids, max_new_tokens=4, num_beams=1, do_sample=False)
+    assert torch.equal(one[:, 4:], model.model.generate(ids, max_new_tokens=4, temperature=0))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("mixer", ["gla", "s4d", "attention"])
+def test_save_and_load_are_bit_exact(tmp_path, mixer, tie):
+    model = tiny(mixer, tie_embeddings=tie)
+    model.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert isinstance(loaded, LcsmForCausalLM)
+    assert same_weights(model, loaded)
+    assert loaded.model.config == model.model.config
+    # a tied head is the embedding matrix itself after loading as before
+    assert (loaded.model.lm_head is None) == tie
+    ids = torch.randint(0, 32, (2, 5))
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), LcsmConfig)
+
+
+def test_preset_round_trip(tmp_path):
+    config = preset("metala_transformer", vocab_size=64, d_model=32, n_layers=2)
+    torch.manual_seed(0)
+    model = LcsmForCausalLM(LcsmConfig(lcsm=config)).eval()
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert same_weights(model, loaded) and loaded.model.config == config
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match=r"head.kind 'lm'\), got head.kind 'classifier'"):
+        LcsmConfig(lcsm=dict(mixer="gla", vocab_size=8, head={"kind": "classifier", "n_classes": 2}))
+    with pytest.raises(ValueError, match="vocab_size: the lcsm config gives 8, got 9"):
+        LcsmConfig(lcsm=dict(mixer="gla", vocab_size=8), vocab_size=9)
+    with pytest.raises(ValueError, match="lcsm: expected an lcsm ModelConfig or its dict"):
+        LcsmConfig(lcsm="gla")
+    with pytest.raises(ValueError, match="n_layer' \\(did you mean 'n_layers'"):
+        LcsmConfig(lcsm=dict(mixer="gla", vocab_size=8, n_layer=2))
+    with pytest.raises(ValueError, match="carries no lcsm model config"):
+        LcsmForCausalLM(LcsmConfig())
+    assert LcsmConfig(lcsm=ModelConfig(mixer="gla", vocab_size=8)).vocab_size == 8
+
+
+def test_bad_inputs():
+    model = tiny()
+    with pytest.raises(ValueError, match=r"input_ids: token ids must lie in \[0, vocab_size=32\), got 40"):
+        model(torch.tensor([[1, 40]]))
+    with pytest.raises(ValueError, match=r"input_ids: expected token ids \[B, T\], got \[3\]"):
+        model(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="cache: expected an LcsmCache"):
+        model(torch.zeros(1, 2, dtype=torch.long), cache=(1, 2))
+    with pytest.raises(ValueError, match="inputs_embeds: lcsm models read token ids"):
+        model(inputs_embeds=torch.zeros(1, 2, 16))
+    with pytest.raises(ValueError, match="output_attentions: not supported"):
+        model(torch.zeros(1, 2, dtype=torch.long), output_attentions=True)
+    with pytest.raises(ValueError, match=r"attention_mask: expected \[B, seen \+ T\] = \[1, 2\].*got \[1, 1\]"):
+        model(torch.zeros(1, 2, dtype=torch.long), attention_mask=torch.ones(1, 1))
+    with pytest.raises(ValueError, match="output_hidden_states: not supported"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2, output_hidden_states=True)
+    with pytest.raises(ValueError, match=r"labels: expected the shape of input_ids \[1, 2\], got \[1, 3\]"):
+        model(torch.zeros(1, 2, dtype=torch.long), labels=torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_missing_weights_are_an_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = tiny()
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.backbone.norm.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="the checkpoint lacks 1 weight.*model.backbone.norm.weight"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_import_without_transformers_names_the_extra(monkeypatch):
+    for name in [n for n in sys.modules if n == "lcsm.hf" or n.startswith(("lcsm.hf.", "transformers"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError, match=r"install lcsm's 'hf' extra: pip install 'lcsm\[hf\]'"):
+        import lcsm.hf  # noqa: F401
+
+
+@pytest.mark.parametrize("mixer", ["s4d", "mamba"])
+def test_half_precision_loading_keeps_the_float32_parameters(tmp_path, mixer):
+    model = tiny(mixer)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    # the same weights as lcsm's own cast (Mixer._apply keeps a mixer's float32_parameters float32)
+    cast = model.to(torch.bfloat16)
+    assert same_weights(cast, loaded)
+    assert any(p.dtype == torch.float32 for p in loaded.parameters())
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(
+        loaded.generate(ids, max_new_tokens=4, do_sample=False), cast.generate(ids, max_new_tokens=4, do_sample=False)
+    )
