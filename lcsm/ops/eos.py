@@ -101,7 +101,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
     else:
         how = (
             "one pass over the packed row with a decay of exactly 0 at each document's first token; "
-            "initial states' share and per-document final states by closed forms, O(T K D)"
+            "initial states' share and per-document final states by closed forms (packed.py)"
         )
     return Plan(plan.mode, plan.kernel, f"{plan.reason}; cu_seqlens, {documents} documents: {how}")
 
