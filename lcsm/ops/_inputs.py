@@ -338,11 +338,14 @@ def canonicalize(
     log_o: LogO = None,
     initial_state: Tensor | None = None,
     state_name: str = "initial_state",
+    states: int | None = None,
 ) -> EOSProblem:
     """Validate the arguments of :func:`lcsm.ops.eos` and return the canonical problem.
     ``log_o`` is None, one tensor, a separable pair (log_row, log_col) meaning
     o = exp(log_row + log_col), or a ``LogProduct(a, b)`` meaning o = exp(a * b). ``state_name``:
-    the memory's argument name in errors (``eos_step`` calls it ``state``)."""
+    the memory's argument name in errors (``eos_step`` calls it ``state``). ``states``: how many
+    initial memories there are, B when None; packed sequences have one per document (N of
+    ``cu_seqlens``), and ``m0`` is then [N, H, K, D]."""
     check_floating("i", i)
     check_floating("e", e)
     check_floating("s", s)
@@ -387,7 +390,12 @@ def canonicalize(
     elif log_o is not None:
         gc, g_dd = _decay_tensor("log_o", log_o, B, T, H, K, D)
 
-    if initial_state is not None and tuple(initial_state.shape) != (B, H, K, D):
+    if initial_state is not None and states is not None and tuple(initial_state.shape) != (states, H, K, D):
+        raise ValueError(
+            f"{state_name}: with cu_seqlens expected one state per document, [N, H, K, D] = "
+            f"[{states}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+        )
+    if initial_state is not None and states is None and tuple(initial_state.shape) != (B, H, K, D):
         raise ValueError(f"{state_name}: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}")
 
     out_dtype = torch.promote_types(torch.promote_types(i.dtype, e.dtype), s.dtype)
@@ -417,6 +425,54 @@ def canonicalize(
         i_real=i.permute(0, 2, 1, 3).to(dtype.to_real()) if dtype.is_complex and not i.is_complex() else None,
     )
     return p
+
+
+def check_cu_seqlens(cu_seqlens: Any) -> list[int]:
+    """The document boundaries of packed sequences, FlashAttention's ``cu_seqlens``: a 1-d integer
+    tensor [N + 1], N >= 1. Returns them as ints; ``check_packed`` then checks them against the
+    input's B and T."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"cu_seqlens: expected an integer torch.Tensor [N + 1], got {type(cu_seqlens).__name__}")
+    if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
+        raise ValueError(
+            f"cu_seqlens: expected an integer tensor (torch.int64 or torch.int32), got dtype {cu_seqlens.dtype}"
+        )
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens: expected a 1-d tensor [N + 1] of document boundaries with N >= 1, got {shape_str(cu_seqlens)}"
+        )
+    return [int(x) for x in cu_seqlens.tolist()]
+
+
+def _brief(values: list[int]) -> str:
+    """A list of boundaries for an error message, its middle elided when long."""
+    if len(values) <= 8:
+        return str(values)
+    return "[" + ", ".join(map(str, values[:4])) + ", ..., " + ", ".join(map(str, values[-2:])) + "]"
+
+
+def check_packed(bounds: list[int], B: int, T: int) -> None:
+    """Boundaries of packed sequences against the input [B, T, ...]: B = 1, bounds[0] = 0,
+    bounds[-1] = T, strictly increasing (every document holds at least one token; an empty one
+    would have a final state but no step to give it)."""
+    if B != 1:
+        raise ValueError(
+            f"cu_seqlens: packed sequences are one row, expected batch B = 1 holding the N documents "
+            f"back to back, got B = {B}"
+        )
+    if bounds[0] != 0:
+        raise ValueError(f"cu_seqlens: expected cu_seqlens[0] = 0, got {bounds[0]} (cu_seqlens {_brief(bounds)})")
+    if bounds[-1] != T:
+        raise ValueError(
+            f"cu_seqlens: expected cu_seqlens[-1] = T = {T}, the sequence length of i, got {bounds[-1]} "
+            f"(cu_seqlens {_brief(bounds)})"
+        )
+    for n in range(len(bounds) - 1):
+        if bounds[n + 1] <= bounds[n]:
+            raise ValueError(
+                f"cu_seqlens: expected strictly increasing boundaries (no empty documents), got "
+                f"cu_seqlens[{n}] = {bounds[n]} and cu_seqlens[{n + 1}] = {bounds[n + 1]} (cu_seqlens {_brief(bounds)})"
+            )
 
 
 def finish(

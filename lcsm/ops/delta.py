@@ -35,7 +35,9 @@ from lcsm._checks import check_bool
 
 from ._inputs import (
     check_chunk_size,
+    check_cu_seqlens,
     check_floating,
+    check_packed,
     check_same_device,
     compute_dtype,
     finite_log,
@@ -364,6 +366,7 @@ def eos_delta(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
+    cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """EOS with the matrix oscillation o_t = exp(log_o_t) (I - a_t b_t^T) (LCSM 5.2, Table 7).
 
@@ -379,6 +382,9 @@ def eos_delta(
         output_final_state: also return m_T [B, H, K, D].
         chunk_size: chunk length C of mode "chunk" and checkpoint spacing of the recurrent
             backward (any C >= 1; T need not be a multiple).
+        cu_seqlens: packed sequences, as ``eos`` takes them ([N + 1], B = 1); initial and final
+            states are then [N, H, K, D]. Served by running each document alone (a loop over
+            documents, one call of the chosen mode each).
 
     Returns:
         y [B, T, H, D] and m_T (or None). Half-precision inputs are computed in float32 and y is
@@ -395,6 +401,8 @@ def eos_delta(
     output_final_state = check_bool("output_final_state", output_final_state)
     if mode not in DELTA_MODES:
         raise ValueError(f"mode: expected one of {', '.join(DELTA_MODES)}, got {mode!r}")
+    if cu_seqlens is not None:
+        return _delta_packed(i, e, s, a, b, log_o, mode, initial_state, output_final_state, chunk_size, cu_seqlens)
     v, e_, s_, a_, b_, g, m0, out_dtype = _canonicalize(i, e, s, a, b, log_o, initial_state)
     Bn, H, T, D = v.shape
     K = e_.shape[-1]
@@ -409,3 +417,53 @@ def eos_delta(
         return y, None
     state_dtype = v.dtype if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
     return y, m.to(state_dtype)
+
+
+def _delta_packed(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    a: Tensor,
+    b: Tensor,
+    log_o: Tensor | None,
+    mode: str,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    chunk_size: int,
+    cu_seqlens: Tensor,
+) -> tuple[Tensor, Tensor | None]:
+    """``eos_delta`` on packed sequences: each document alone, its outputs concatenated and its
+    final states stacked. The loop costs one call per document; the delta chunk form does not
+    take boundaries inside its kernel yet."""
+    bounds = check_cu_seqlens(cu_seqlens)
+    _canonicalize(i, e, s, a, b, log_o, None)  # every error names the packed inputs' shapes
+    B, T, H, D = i.shape
+    K = e.shape[-1]
+    check_packed(bounds, B, T)
+    N = len(bounds) - 1
+    if initial_state is not None:
+        check_floating("initial_state", initial_state)
+        if tuple(initial_state.shape) != (N, H, K, D):
+            raise ValueError(
+                f"initial_state: with cu_seqlens expected one state per document, [N, H, K, D] = "
+                f"[{N}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+            )
+    ys, ms = [], []
+    for n in range(N):
+        lo, hi = bounds[n], bounds[n + 1]
+        e_n = e[:, lo:hi]
+        y, m = eos_delta(
+            i[:, lo:hi],
+            e_n,
+            s[:, lo:hi],
+            e_n if a is e else a[:, lo:hi],  # keeps the a-is-e sharing of the chunk form
+            b[:, lo:hi],
+            log_o if log_o is None or log_o.dim() == 1 else log_o[:, lo:hi],
+            mode=mode,
+            initial_state=None if initial_state is None else initial_state[n : n + 1],
+            output_final_state=output_final_state,
+            chunk_size=chunk_size,
+        )
+        ys.append(y)
+        ms.append(m)
+    return torch.cat(ys, 1), (torch.cat(ms, 0) if output_final_state else None)

@@ -23,12 +23,15 @@ from ._inputs import (
     LogO,
     canonicalize,
     check_chunk_size,
+    check_cu_seqlens,
+    check_packed,
     finish,
     shape_str,
     without_autocast,
 )
 from .chunk import eos_chunk, kernel_for
 from .fft import eos_fft
+from .packed import Documents, add_states, packed_recurrent, reset_at_starts
 from .parallel import eos_parallel
 from .reference import eos_recurrent, eos_step_state
 
@@ -76,9 +79,34 @@ def _kernel_reason(p: EOSProblem) -> str:
     return reason
 
 
-def _plan(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
+def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = None) -> Plan:
+    """The plan; ``documents``: N of ``cu_seqlens`` for packed sequences (None: not packed)."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if documents is None:
+        return _plan_one(p, mode, chunk_size)
+    if mode == "fft":
+        raise ValueError(
+            "mode='fft' cannot serve cu_seqlens: a convolution with one time-invariant kernel cannot "
+            "restart the memory at document boundaries; use mode='chunk' or 'auto'"
+        )
+    if mode == "auto" and p.T > 1 and p.data_independent:
+        # The time-invariant system becomes time-varying once its memory restarts: chunk.
+        plan = _plan_one(p, "chunk", chunk_size)
+        plan = Plan(plan.mode, plan.kernel, "packed sequences take the chunk form, not fft; " + plan.reason)
+    else:
+        plan = _plan_one(p, mode, chunk_size)
+    if plan.mode == "recurrent":
+        how = "each document alone through the recurrence, a loop over documents"
+    else:
+        how = (
+            "one pass over the packed row with a decay of exactly 0 at each document's first token; "
+            "initial states' share and per-document final states by closed forms (packed.py)"
+        )
+    return Plan(plan.mode, plan.kernel, f"{plan.reason}; cu_seqlens, {documents} documents: {how}")
+
+
+def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
     structure = (
         f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, s={'vector' if p.s_is_vector else 'K x D'}"
     )
@@ -122,6 +150,7 @@ def explain(
     mode: str = "auto",
     initial_state: Tensor | None = None,
     chunk_size: int = 64,
+    cu_seqlens: Tensor | None = None,
 ) -> Plan:
     """The plan ``eos`` follows for these arguments (validated exactly as ``eos`` does).
 
@@ -132,9 +161,16 @@ def explain(
     block). ``parallel`` is never chosen automatically: it is the O(T^2) attention-map form, for
     analysis and tests. The recurrent, parallel and fft modes also take a separable pair as its
     materialised sum and a product as a * b: they are the plain, obviously correct forms.
+    With ``cu_seqlens`` (packed sequences) the plan says how the documents are kept apart; fft
+    is refused and auto takes chunk where it would take fft.
     """
     chunk_size = check_chunk_size(chunk_size)
-    return _plan(canonicalize(i, e, s, log_o, initial_state), mode, chunk_size)
+    bounds = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens)
+    n = None if bounds is None else len(bounds) - 1
+    p = canonicalize(i, e, s, log_o, initial_state, states=n)
+    if bounds is not None:
+        check_packed(bounds, p.B, p.T)
+    return _plan(p, mode, chunk_size, n)
 
 
 @without_autocast
@@ -149,6 +185,7 @@ def eos(
     output_final_state: bool = False,
     chunk_size: int = 64,
     real_output: bool = False,
+    cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Run the EOS recurrence over a sequence.
 
@@ -170,6 +207,12 @@ def eos(
         real_output: return Re(y), a real tensor, as the diagonal SSMs and CES read a complex
             system (the memory stays complex). With a real input, mode "fft" then convolves it with
             the kernel's real part by real FFTs, about half the work of the complex ones.
+        cu_seqlens: packed sequences (FlashAttention's convention): an integer tensor [N + 1],
+            0 = cu[0] < cu[1] < ... < cu[N] = T, with B = 1 holding N documents back to back.
+            Each document's memory starts from its own initial state, ``initial_state`` then
+            [N, H, K, D], and the final states are per document, [N, H, K, D]; nothing crosses
+            a boundary. Modes recurrent (a loop over documents), parallel and chunk (one pass,
+            the memory zeroed at each boundary); not fft (see docs/eos.md, "Packed sequences").
 
     Returns:
         y [B, T, H, D] and m_T (or None).
@@ -177,6 +220,8 @@ def eos(
     chunk_size = check_chunk_size(chunk_size)
     real_output = check_bool("real_output", real_output)
     output_final_state = check_bool("output_final_state", output_final_state)
+    if cu_seqlens is not None:
+        return _eos_packed(i, e, s, log_o, mode, initial_state, output_final_state, chunk_size, real_output, cu_seqlens)
     p = canonicalize(i, e, s, log_o, initial_state)
     plan = _plan(p, mode, chunk_size)
     if p.T == 0:
@@ -192,6 +237,33 @@ def eos(
         y, m_T = eos_fft(p, real_output, output_final_state)
     else:
         y, m_T = eos_chunk(p, chunk_size)
+    return finish(p, y, m_T, output_final_state, real_output)
+
+
+def _eos_packed(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    log_o: LogO,
+    mode: str,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    chunk_size: int,
+    real_output: bool,
+    cu_seqlens: Tensor,
+) -> tuple[Tensor, Tensor | None]:
+    """``eos`` on packed sequences (``packed.py``): y [1, T, H, D], final states [N, H, K, D]."""
+    bounds = check_cu_seqlens(cu_seqlens)
+    p = canonicalize(i, e, s, log_o, initial_state, states=len(bounds) - 1)
+    check_packed(bounds, p.B, p.T)
+    plan = _plan(p, mode, chunk_size, len(bounds) - 1)
+    docs = Documents.of(bounds, p.i.device)
+    if plan.mode == "recurrent" or p.H * p.K * p.D == 0:
+        y, m_T = packed_recurrent(p, docs)
+        return finish(p, y, m_T, output_final_state, real_output)
+    core = reset_at_starts(p, docs)
+    y, _ = eos_parallel(core) if plan.mode == "parallel" else eos_chunk(core, chunk_size)
+    y, m_T = add_states(p, docs, y, output_final_state)
     return finish(p, y, m_T, output_final_state, real_output)
 
 

@@ -33,8 +33,9 @@ import torch
 
 from lcsm._checks import check_bool
 
-from ._inputs import check_floating, shape_str
+from ._inputs import check_cu_seqlens, check_floating, check_packed, shape_str
 from .eos import LogO, eos
+from .packed import Documents
 
 Tensor = torch.Tensor
 
@@ -94,6 +95,7 @@ def eos_rotating(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     chunk_size: int = 64,
+    cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Re(y) of the EOS system with oscillation exp(log_o_t + i theta), by the rotating frame.
 
@@ -113,6 +115,8 @@ def eos_rotating(
         initial_state: m_0 [B, H, K, D], complex (or real: zero imaginary part); zeros when None.
         output_final_state: also return m_T [B, H, K, D], complex.
         chunk_size: C of the chunk mode.
+        cu_seqlens: packed sequences, as ``eos`` takes them ([N + 1], B = 1): t then counts from
+            each document's first token, initial and final states are [N, H, K, D].
 
     Returns:
         Re(y) [B, T, H, D] and m_T (or None).
@@ -150,6 +154,14 @@ def eos_rotating(
     if real in (torch.float16, torch.bfloat16):
         real = torch.float32
     steps = torch.arange(1, T + 1, dtype=torch.float64, device=i.device)
+    states, lengths = B, torch.tensor([T], dtype=torch.float64, device=i.device)
+    if cu_seqlens is not None:
+        bounds = check_cu_seqlens(cu_seqlens)
+        check_packed(bounds, B, T)
+        # Each document's frame turns from its own first token, as when it runs alone.
+        docs = Documents.of(bounds, i.device)
+        steps = steps - docs.starts.index_select(0, docs.doc).to(torch.float64)
+        states, lengths = docs.N, (docs.ends - docs.starts).to(torch.float64)
     angle = steps[:, None, None] * theta.to(torch.float64).expand(H, K)  # [T, H, K]
     cos, sin = angle.cos().to(real), angle.sin().to(real)
     e2 = _halves(e, cos, sin, conj=True).expand(B, T, H, 2 * K)
@@ -161,9 +173,10 @@ def eos_rotating(
     m0 = None
     if initial_state is not None:
         check_floating("initial_state", initial_state)
-        if tuple(initial_state.shape) != (B, H, K, D):
+        if tuple(initial_state.shape) != (states, H, K, D):
+            lead = "B" if cu_seqlens is None else "N"
             raise ValueError(
-                f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+                f"initial_state: expected [{lead}, H, K, D] = [{states}, {H}, {K}, {D}], got {shape_str(initial_state)}"
             )
         m0 = (
             torch.cat([initial_state.real, -initial_state.imag], -2)
@@ -171,10 +184,18 @@ def eos_rotating(
             else torch.cat([initial_state, torch.zeros_like(initial_state)], -2)
         )
     y, n_T = eos(
-        i, e2, s2, log_o2, mode=mode, initial_state=m0, output_final_state=output_final_state, chunk_size=chunk_size
+        i,
+        e2,
+        s2,
+        log_o2,
+        mode=mode,
+        initial_state=m0,
+        output_final_state=output_final_state,
+        chunk_size=chunk_size,
+        cu_seqlens=cu_seqlens,
     )
     if not output_final_state:
         return y, None
-    turn = T * theta.to(torch.float64).expand(H, K)
+    turn = lengths[:, None, None] * theta.to(torch.float64).expand(H, K)  # [B|N, H, K]
     rot_T = torch.complex(turn.cos(), turn.sin())[..., None].to(torch.promote_types(n_T.dtype, torch.complex64))
     return y, rot_T * torch.complex(n_T[:, :, :K], -n_T[:, :, K:])
