@@ -47,7 +47,7 @@ def torchrun(config, out, tmp_path, *settings):
     args += ["-m", "lcsm", "train", str(config), "--out", str(out), "--quiet"]
     for setting in settings:
         args += ["--set", setting]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -136,7 +136,7 @@ def test_weights_that_do_not_fit_stop_every_rank(runs):
     env = {**os.environ, "LCSM_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1"}
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     args += ["-m", "lcsm", "train", str(config), "--out", str(run), "--quiet", "--set", "run.parallel=fsdp"]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0
     assert done.stderr.count("weights do not fit the model") == 2, done.stderr[-3000:]
 
