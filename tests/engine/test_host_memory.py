@@ -13,12 +13,14 @@ from lcsm.engine import RunConfig, apply_overrides, host_memory, load_config, tr
 
 from .conftest import TINY, run_cli, write_config
 
-# Ten 64 MB blocks, each above glibc's largest mmap threshold (32 MB), allocated and freed in turn.
+# Ten 64 MB blocks, each above glibc's largest mmap threshold (32 MB), allocated and freed in turn,
+# after one more whose pages grow the heap under either setting.
 FAULTS = """
 import resource, sys, torch
 from lcsm.engine.host_memory import use_host_allocator
 print(use_host_allocator(sys.argv[1]))
 torch.ones(1)
+torch.empty(16 * 2**20).fill_(1.0)  # one block first: its pages are the heap's growth, not reuse
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(10):
     torch.empty(16 * 2**20).fill_(1.0)
