@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from numbers import Real
+from typing import Any
 
 from lcsm._names import did_you_mean
 
@@ -104,3 +105,21 @@ def check_keys(owner: str, given, valid: Iterable[str], *, kind: str = "key", un
         raise ValueError(
             f"{owner}: {unknown or f'unknown {kind}(s)'} {hints}. Valid {kind}s: {', '.join(valid) or 'none'}"
         )
+
+
+def with_older_spelling(
+    current: Mapping[str, Any], older: Mapping[str, tuple[str, Any]], old_section: str, new_section: str
+) -> dict[str, Any]:
+    """``current`` (the keys of ``new_section``) with the settings an older config gave elsewhere
+    added: ``older`` maps each key of ``new_section`` to (its key in ``old_section``, its value). A
+    setting given both ways fails, naming both, rather than one silently winning."""
+    merged = dict(current)
+    for key, (old_key, value) in older.items():
+        if key in merged:
+            raise ValueError(
+                f"{old_section}.{old_key}: the older spelling of {new_section}.{key}, and both are given "
+                f"({old_section}.{old_key}: {value!r}, {new_section}.{key}: {merged[key]!r}); "
+                f"give {new_section}.{key} alone"
+            )
+        merged[key] = value
+    return merged

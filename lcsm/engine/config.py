@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from lcsm._checks import check_choice, check_float, check_int, check_keys
+from lcsm._checks import check_choice, check_float, check_int, check_keys, with_older_spelling
 from lcsm._names import did_you_mean
 from lcsm.engine.host_memory import HOST_ALLOCATORS
 
@@ -310,15 +310,9 @@ def runtime_out_of_train(values: Mapping[str, Any]) -> dict[str, Any]:
     run = {} if run is None else run
     if not isinstance(run, Mapping):
         raise ValueError(f"run: expected a mapping of runtime settings, got {run!r}")
-    old = {key: value for key, value in train.items() if key in RUNTIME_KEYS}
-    for key, value in old.items():
-        if key in run:
-            raise ValueError(
-                f"train.{key}: the older spelling of run.{key}, and both are given (train.{key}: {value!r}, "
-                f"run.{key}: {run[key]!r}); give run.{key} alone"
-            )
+    old = {key: (key, value) for key, value in train.items() if key in RUNTIME_KEYS}
     values["train"] = {key: value for key, value in train.items() if key not in old}
-    values["run"] = {**run, **old}
+    values["run"] = with_older_spelling(run, old, "train", "run")
     return values
 
 

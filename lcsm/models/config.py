@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lcsm._checks import check_bool, check_choice, check_float, check_int, check_keys
+from lcsm._checks import check_bool, check_choice, check_float, check_int, check_keys, with_older_spelling
 from lcsm.layers.base import check_options, resolve
 
 HEADS = ("lm", "classifier", "dual")
@@ -124,16 +124,8 @@ def nest_head(values: Mapping[str, Any]) -> dict[str, Any]:
         head = head.to_dict()
     elif not isinstance(head, Mapping):
         raise ValueError(f"model.head: expected a mapping of head fields or a head kind's name, got {head!r}")
-    head = dict(head)
-    for key, value in old.items():
-        new = OLD_HEAD_KEYS[key]
-        if new in head:
-            raise ValueError(
-                f"model.{key}: the older spelling of model.head.{new}, and both are given (model.{key}: "
-                f"{value!r}, model.head.{new}: {head[new]!r}); give model.head.{new} alone"
-            )
-        head[new] = value
-    values["head"] = head
+    older = {OLD_HEAD_KEYS[key]: (key, value) for key, value in old.items()}
+    values["head"] = with_older_spelling(head, older, "model", "model.head")
     return values
 
 
