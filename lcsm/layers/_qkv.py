@@ -47,6 +47,7 @@ from lcsm._checks import check_float
 
 from ..ops import eos, eos_rotating
 from .base import Mixer, State, no_weight_decay
+from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -155,14 +156,21 @@ class QKVAttention(Mixer):
         """1 / denominator from the normaliser column z [..., 1]; only mixers with ``normalize``."""
         raise NotImplementedError
 
-    def eos_readout(self, x: Tensor, state: LinearAttentionState | None = None) -> tuple[Tensor, Tensor]:
-        """x [B, T, d_model] -> (read-out [B, T, H, D] (real), final memory [B, H, K, D'])."""
+    def eos_readout(
+        self, x: Tensor, state: LinearAttentionState | None = None, cu_seqlens: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """x [B, T, d_model] -> (read-out [B, T, H, D] (real), final memory [B, H, K, D'], one row
+        per document with ``cu_seqlens``)."""
         self.check_input(x)
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
         m0 = None
         if state is not None:
             if not isinstance(state, LinearAttentionState):
                 raise ValueError(f"state: expected a LinearAttentionState, got {type(state).__name__}")
             m0 = state.memory
+            if cu_seqlens is not None:
+                check_document_state("state.memory", m0, cu_seqlens.numel() - 1)
         if self.complex_memory:
             i, e, s, log_o, theta = self.rotating_inputs(x)
         else:
@@ -174,16 +182,22 @@ class QKVAttention(Mixer):
         if self.complex_memory:
             # LCSM eq. 14-15: y_t = Re{[kv]_t}^T q_t, computed in the rotating frame (real kernels;
             # the same system as eos(*eos_inputs(x)): tests/layers/test_linear_attention.py checks it)
-            y, m = eos_rotating(i, e, s, theta, log_o, initial_state=m0, output_final_state=True)
+            y, m = eos_rotating(i, e, s, theta, log_o, initial_state=m0, output_final_state=True, cu_seqlens=cu_seqlens)
         else:
-            y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=True)
+            y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=True, cu_seqlens=cu_seqlens)
         if self.normalize:
             y = y[..., :-1] * self._denominator(y[..., -1:])
         # eos promotes to the state's dtype (float32 for half-precision inputs): back to x's.
         return y.to(x.dtype), m
 
-    def forward(self, x: Tensor, state: LinearAttentionState | None = None, return_state: bool = False):
-        y, m = self.eos_readout(x, state)
+    def forward(
+        self,
+        x: Tensor,
+        state: LinearAttentionState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
+        y, m = self.eos_readout(x, state, cu_seqlens)
         out = self._output(y, x)
         return (out, LinearAttentionState(memory=m)) if return_state else out
 

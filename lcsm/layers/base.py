@@ -21,6 +21,8 @@ from torch import nn
 
 from lcsm._checks import check_keys
 
+from .packing import check_mask, pack_rows, unpack_rows
+
 Tensor = torch.Tensor
 
 
@@ -133,8 +135,27 @@ class Mixer(nn.Module):
             raise ValueError(f"d_model: expected a positive integer, got {d_model!r}")
         self.d_model = d_model
 
-    def forward(self, x: Tensor, state: State | None = None, return_state: bool = False):
+    def forward(
+        self, x: Tensor, state: State | None = None, return_state: bool = False, cu_seqlens: Tensor | None = None
+    ):
+        """x [B, T, d_model] -> y [B, T, d_model] (and the state after the last token).
+
+        ``cu_seqlens`` [N + 1]: x is one packed row (B = 1) of N documents; each runs as its own
+        sequence from row n of ``state`` (N rows) and the returned state has one row per document
+        (``lcsm.layers.packing``)."""
         raise NotImplementedError
+
+    def forward_masked(self, x: Tensor, attention_mask: Tensor, state: State | None = None, return_state: bool = False):
+        """Padded rows: x [B, T, d_model] with ``attention_mask`` [B, T] (1 = token, 0 = padding,
+        on either side). Padding is as if absent: each row runs over its own tokens only, from row b
+        of ``state``; outputs at the pads are zero."""
+        self.check_input(x)
+        mask = check_mask(attention_mask.to(x.device), x.shape[0], x.shape[1])
+        packed, cu = pack_rows(x, mask)
+        out = self(packed, state=state, return_state=return_state, cu_seqlens=cu)
+        if return_state:
+            return unpack_rows(out[0], mask), out[1]
+        return unpack_rows(out, mask)
 
     def init_state(self, batch_size: int) -> State:
         raise NotImplementedError

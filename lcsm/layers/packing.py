@@ -1,0 +1,132 @@
+"""Packed sequences and padding for mixers: the pieces every mixer's ``cu_seqlens`` path shares.
+
+A packed row (FlashAttention's ``cu_seqlens``, batch 1) holds N documents back to back; a mixer
+given ``cu_seqlens`` treats each document as its own sequence: its state (memory, short-convolution
+window, token shift, positions) restarts at the document's first token from that document's
+initial state (row n of the state's batch, N rows), and the returned state has one row per
+document. Nothing crosses a boundary.
+
+Padding reduces to packing: ``pack_rows`` gathers the tokens an attention mask keeps (left, right
+or any padding) into one packed row, one document per batch row, and ``unpack_rows`` scatters the
+outputs back, zeros at the pads. A pad token therefore leaves every state exactly as if it were
+absent (decay 1, write 0), and positions count only kept tokens.
+
+Shape glossary: T tokens of the packed row, N documents, C channels, W window (kernel) width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lcsm.ops._inputs import check_cu_seqlens, check_packed, shape_str
+
+Tensor = torch.Tensor
+
+
+def documents(x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Checks ``cu_seqlens`` against x [1, T, ...] and returns it as int64 on x's device."""
+    bounds = check_cu_seqlens(cu_seqlens)
+    check_packed(bounds, x.shape[0], x.shape[1])
+    return cu_seqlens.to(device=x.device, dtype=torch.int64)
+
+
+def document_index(cu_seqlens: Tensor, T: int) -> Tensor:
+    """[T] int64: the document of each token."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    return torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths, output_size=T)
+
+
+def document_positions(cu_seqlens: Tensor, T: int) -> Tensor:
+    """[T] int64: each token's position inside its own document (0 at every document's start)."""
+    doc = document_index(cu_seqlens, T)
+    return torch.arange(T, device=cu_seqlens.device) - cu_seqlens[doc]
+
+
+def check_document_state(name: str, t: Tensor, n_docs: int) -> None:
+    """A state tensor given with packed sequences must hold one row per document."""
+    if t.shape[0] != n_docs:
+        raise ValueError(
+            f"{name}: with cu_seqlens of N = {n_docs} documents the state holds one row per document, "
+            f"expected batch {n_docs}, got {shape_str(t)}"
+        )
+
+
+def windows(x: Tensor, cu_seqlens: Tensor, history: Tensor | None, W: int) -> tuple[Tensor, Tensor]:
+    """Each token's causal window of W inputs inside its own document.
+
+    x [1, T, C]; history [N, W - 1, C] (the inputs before each document, oldest first; None: zeros).
+    Returns (win [T, W, C], oldest first, win[:, -1] = x_t; final [N, W - 1, C], each document's
+    last W - 1 inputs, reaching into its history when the document is shorter)."""
+    T, C = x.shape[1], x.shape[2]
+    N = cu_seqlens.numel() - 1
+    if history is not None:
+        if history.shape != (N, W - 1, C):
+            raise ValueError(f"history: expected [N, W - 1, C] = [{N}, {W - 1}, {C}], got {shape_str(history)}")
+        hist = history.to(x.dtype).reshape(N * (W - 1), C)
+    else:
+        hist = x.new_zeros(N * (W - 1), C)
+    # One table: the row's tokens, then every document's history.
+    table = torch.cat([x[0], hist])
+    lag = torch.arange(W - 1, -1, -1, device=x.device)  # oldest first
+
+    def gather(pos: Tensor, doc: Tensor) -> Tensor:
+        """Rows of the table for virtual positions pos [M, W'] of documents doc [M]."""
+        start = cu_seqlens[doc][:, None]
+        back = pos - start  # < 0: before the document, in its history
+        into_hist = T + doc[:, None] * (W - 1) + (W - 1) + back
+        return table[torch.where(back >= 0, pos, into_hist)]
+
+    doc = document_index(cu_seqlens, T)
+    t = torch.arange(T, device=x.device)
+    win = gather(t[:, None] - lag, doc)
+    docs = torch.arange(N, device=x.device)
+    return win, gather(cu_seqlens[1:][:, None] - 1 - lag[1:], docs)
+
+
+def causal_conv(
+    x: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor, history: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Depthwise causal convolution restarted at every document (``nn.Conv1d(C, C, W, groups=C)``
+    weights [C, 1, W]): x [1, T, C] -> (y [1, T, C], the last W - 1 inputs of each document [N, W - 1, C])."""
+    W = weight.shape[-1]
+    win, final = windows(x, cu_seqlens, history, W)
+    y = torch.einsum("twc,cw->tc", win, weight[:, 0].to(x.dtype))
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    return y[None], final
+
+
+def token_shift(x: Tensor, cu_seqlens: Tensor, previous: Tensor | None) -> tuple[Tensor, Tensor]:
+    """x_{t-1} inside each document: x [1, T, C], previous [N, C] (the token before each document;
+    None: zeros) -> (shifted [1, T, C], each document's last token [N, C])."""
+    win, final = windows(x, cu_seqlens, None if previous is None else previous[:, None], 2)
+    return win[None, :, 0], final[:, 0]
+
+
+def check_mask(attention_mask: Tensor, B: int, T: int) -> Tensor:
+    """An attention mask [B, T] (1 / True = token, 0 = padding) as bool; every row keeps a token."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != (B, T):
+        got = shape_str(attention_mask) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask: expected [B, T] = [{B}, {T}], got {got}")
+    if attention_mask.is_floating_point() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError("attention_mask: expected 0 (padding) and 1 (token) entries only")
+    mask = attention_mask.to(torch.bool)
+    if not bool(mask.any(1).all()):
+        raise ValueError("attention_mask: every row needs at least one token (a row of only padding has no document)")
+    return mask
+
+
+def pack_rows(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The kept tokens of x [B, T, ...] (mask [B, T] bool) as one packed row [1, M, ...] with one
+    document per batch row; returns (packed, cu_seqlens [B + 1] int64)."""
+    counts = mask.sum(1)
+    cu = F.pad(counts.cumsum(0), (1, 0))
+    return x[mask][None], cu
+
+
+def unpack_rows(y: Tensor, mask: Tensor) -> Tensor:
+    """Inverse of ``pack_rows``: y [1, M, ...] -> [B, T, ...], zeros at the padding."""
+    out = y.new_zeros(*mask.shape, *y.shape[2:])
+    out[mask] = y[0]
+    return out
