@@ -166,21 +166,32 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.wrapped = config.mixer_hidden is not None
 
-    def forward(self, x: Tensor, state: State | None = None, return_state: bool = False, lengths: Tensor | None = None):
-        """x [B, T, d] -> [B, T, d] (and the mixer's State when ``return_state``)."""
+    def forward(
+        self,
+        x: Tensor,
+        state: State | None = None,
+        return_state: bool = False,
+        lengths: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
+    ):
+        """x [B, T, d] -> [B, T, d] (and the mixer's State when ``return_state``); ``cu_seqlens``:
+        x is one packed row of documents (``Mixer.forward``); everything else in the block acts
+        token by token."""
         u = self.norm1(x)
         z = self.mixer_in(u) if self.wrapped else u
         new_state = None
+        if cu_seqlens is not None and (self.bidirectional or self.native_bidirectional):
+            raise ValueError("cu_seqlens: packed sequences are for causal models; this block reads both directions")
         if self.bidirectional:
             if state is not None or return_state:
                 raise ValueError("state: a bidirectional block is non-causal and has no recurrent state")
             z = self.mixer(z, lengths=lengths)
         elif state is not None or return_state:
-            z, new_state = self.mixer(z, state=state, return_state=True)
+            z, new_state = self.mixer(z, state=state, return_state=True, cu_seqlens=cu_seqlens)
         elif self.native_bidirectional:
             z = self.mixer(z, lengths=lengths)
         else:
-            z = self.mixer(z)
+            z = self.mixer(z, cu_seqlens=cu_seqlens)
         if self.wrapped:
             z = self.mixer_out(ACTIVATION_FNS[self.activation](z))
         if self.gate is not None:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm.layers import State
+from lcsm.layers.packing import check_mask, pack_rows, unpack_rows
 
 from .blocks import NORM_TYPES, Block, init_model_weights, make_norm
 from .config import ModelConfig
@@ -98,19 +99,37 @@ class Backbone(nn.Module):
         state: list[State] | None = None,
         return_state: bool = False,
         lengths: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
+        attention_mask: Tensor | None = None,
     ):
-        """inputs [B, T] ids (or [B, T, input_dim]) -> hidden [B, T, d] (and the per-layer states)."""
+        """inputs [B, T] ids (or [B, T, input_dim]) -> hidden [B, T, d] (and the per-layer states).
+
+        ``cu_seqlens`` [N + 1]: inputs are one packed row (B = 1) of N documents, each its own
+        sequence (states: one row per document). ``attention_mask`` [B, T] (1 = token, 0 =
+        padding, on either side): the kept tokens run packed, one document per row, so padding is
+        as if absent; hidden states at the pads are zero."""
         x = self.dropout(self.embed_norm(self.embed(inputs)))
         if state is not None and len(state) != len(self.blocks):
             raise ValueError(f"state: expected one State per layer ({len(self.blocks)}), got {len(state)}")
+        mask = None
+        if attention_mask is not None:
+            if cu_seqlens is not None:
+                raise ValueError(
+                    "attention_mask: give either cu_seqlens (packed documents) or an attention mask, not both"
+                )
+            mask = check_mask(attention_mask.to(x.device), x.shape[0], x.shape[1])
+            x, cu_seqlens = pack_rows(x, mask)
         states = []
         for i, block in enumerate(self.blocks):
             if state is not None or return_state:
-                x, s = block(x, state=state[i] if state is not None else None, return_state=True)
+                s_i = state[i] if state is not None else None
+                x, s = block(x, state=s_i, return_state=True, cu_seqlens=cu_seqlens)
                 states.append(s)
             else:
-                x = block(x, lengths=lengths)
+                x = block(x, lengths=lengths, cu_seqlens=cu_seqlens)
         x = self.norm(x)
+        if mask is not None:
+            x = unpack_rows(x, mask)
         return (x, states) if return_state else x
 
     def init_state(self, batch_size: int) -> list[State]:
@@ -208,12 +227,22 @@ class CausalLM(Model):
             return F.linear(hidden, self.backbone.embedding.weight)
         return self.lm_head(hidden)
 
-    def forward(self, input_ids: Tensor, state: list[State] | None = None, return_state: bool = False):
-        """input_ids [B, T] -> logits [B, T, V] (and the per-layer states after the last token)."""
+    def forward(
+        self,
+        input_ids: Tensor,
+        state: list[State] | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ):
+        """input_ids [B, T] -> logits [B, T, V] (and the per-layer states after the last token);
+        ``cu_seqlens`` and ``attention_mask`` as ``Backbone.forward`` (logits at pads are those of
+        a zero hidden state: ignore them)."""
+        packing = {"cu_seqlens": cu_seqlens, "attention_mask": attention_mask}
         if state is not None or return_state:
-            hidden, states = self.backbone(input_ids, state=state, return_state=True)
+            hidden, states = self.backbone(input_ids, state=state, return_state=True, **packing)
             return self.logits(hidden), states
-        return self.logits(self.backbone(input_ids))
+        return self.logits(self.backbone(input_ids, **packing))
 
     def init_state(self, batch_size: int) -> list[State]:
         return self.backbone.init_state(batch_size)
