@@ -32,6 +32,8 @@ norm). The official repository's v1 ``Hgru1d`` (Doraemonzzz/hgru-pytorch ``hgru/
 gates after the norm with SiLU, ``W_o (LayerNorm([Re h, Im h]) * SiLU(W_g x))``: on the same
 weights its output differs from this layer's by 0.9-1.4 relative RMS (docs/zoo/gated_rnn.md).
 
+Packed sequences (``cu_seqlens``): one EOS call over the row, the memory restarting per document.
+
 Shape glossary: B batch, T time, d_model model width (= memory columns D of the EOS call).
 """
 
@@ -46,6 +48,7 @@ from torch import nn
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
+from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -108,9 +111,19 @@ class HGRN(Mixer):
         log_lam = torch.logaddexp(torch.full_like(f, math.log(gamma)), math.log1p(-gamma) + F.logsigmoid(f))
         return log_lam, one_minus
 
-    def forward(self, x: Tensor, state: HGRNState | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: HGRNState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         self.check_input(x)
         d = self.d_model
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+            if state is not None:
+                check_document_state("state.memory", state.memory, cu_seqlens.numel() - 1)
         # Half precisions run the recurrence in complex64 (there is no usable complex32).
         rdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
         c = F.silu(self.input_proj(x)).unflatten(-1, (d, 2)).to(rdt)
@@ -125,6 +138,7 @@ class HGRN(Mixer):
             log_o[:, :, None, None, :],
             initial_state=state.memory if state is not None else None,
             output_final_state=return_state,
+            cu_seqlens=cu_seqlens,
         )
         h = y.squeeze(2)  # [B, T, d] complex
         feature = torch.cat([h.real, h.imag], dim=-1).to(x.dtype) * torch.sigmoid(self.gate(x))

@@ -20,6 +20,9 @@ Every data-dependent decay is ``sigmoid(z)^(1/tau)``, computed in log space as
 ``log_o = logsigmoid(z) / tau`` (section 2.4, "Data Dependency"). See docs/zoo/lcsm_family.md for
 the full code table and every departure from the official code.
 
+Packed sequences (``cu_seqlens``): one EOS call (rotating or not) over the row, the memory restarting
+per document; every other step is per token.
+
 Shape glossary: B batch, T time, H = 1 head (the official layer has one), K = ``expand`` (memory
 rows; code 11 keeps K complex rows), D = d_model (memory columns), d = d_model.
 """
@@ -39,6 +42,7 @@ from torch import nn
 from .._checks import check_bool
 from ..ops import LogO, LogProduct, eos, eos_rotating, log_sigmoid_product
 from .base import EOSRow, Mixer, State, no_weight_decay, register
+from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -394,16 +398,43 @@ class LCSMFamily(Mixer):
     def is_complex(self) -> bool:
         return self.o_type == 11
 
-    def forward(self, x: Tensor, state: LCSMState | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: LCSMState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         self.check_input(x)
-        i, e, s, log_o = self.eos_inputs(x)
         m0 = state.memory if state is not None else None
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+            if m0 is not None:
+                check_document_state("state.memory", m0, cu_seqlens.numel() - 1)
+        i, e, s, log_o = self.eos_inputs(x)
         if self.is_complex and e.dim() == s.dim() == 4:
             # log_o = i theta exactly (its real part is the constant 0): Re(m_t^T s_t), which the
             # official [cos, sin] realisation computes, by the rotating frame's real kernels.
-            y, m_T = eos_rotating(i, e, s, log_o.imag[..., 0], initial_state=m0, output_final_state=return_state)
+            y, m_T = eos_rotating(
+                i,
+                e,
+                s,
+                log_o.imag[..., 0],
+                initial_state=m0,
+                output_final_state=return_state,
+                cu_seqlens=cu_seqlens,
+            )
         else:
-            y, m_T = eos(i, e, s, log_o, initial_state=m0, output_final_state=return_state, real_output=self.is_complex)
+            y, m_T = eos(
+                i,
+                e,
+                s,
+                log_o,
+                initial_state=m0,
+                output_final_state=return_state,
+                real_output=self.is_complex,
+                cu_seqlens=cu_seqlens,
+            )
         # A carried float32 state (a half-precision layer's) promotes the operator's output.
         y = self.out_proj(self.norm(y.squeeze(2).to(x.dtype)))
         return (y, LCSMState(memory=m_T)) if return_state else y

@@ -18,6 +18,9 @@ Around the scan (figure 3): in_proj to x and z (2 d_inner), a causal depthwise C
 d_conv on x, SiLU, x_proj -> (Delta low rank, B, C), dt_proj + softplus, the D skip, the SiLU(z)
 gate and out_proj.
 
+Packed sequences (``cu_seqlens``): the convolution restarts per document (``packing.causal_conv``)
+and one EOS call runs the row; the rest is per token.
+
 Shape glossary: B batch, T time, d_model model width, d_inner = expand * d_model, N = d_state,
 R = dt_rank, W = d_conv.
 """
@@ -35,6 +38,7 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import LogProduct, eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
+from .packing import causal_conv, check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -126,9 +130,14 @@ class Mamba(Mixer):
 
     # ------------------------------------------------------------------ pieces (used by tests)
 
-    def conv(self, x: Tensor, conv_state: Tensor | None):
+    def conv(self, x: Tensor, conv_state: Tensor | None, cu_seqlens: Tensor | None = None):
         """Causal depthwise conv + SiLU. x [B, T, d_inner]; conv_state [B, W - 1, d_inner] (the
-        previous inputs, zeros at the start of a sequence). Returns (u [B, T, d_inner], new state)."""
+        previous inputs, zeros at the start of a sequence). Returns (u [B, T, d_inner], new state).
+        With ``cu_seqlens`` x is a packed row, conv_state holds one row per document and the
+        convolution restarts at each document's start."""
+        if cu_seqlens is not None:
+            u, last = causal_conv(x, self.conv1d.weight, self.conv1d.bias, cu_seqlens, conv_state)
+            return F.silu(u), last
         B, T, _ = x.shape
         if conv_state is None:
             conv_state = x.new_zeros(B, self.d_conv - 1, self.d_inner)
@@ -148,10 +157,21 @@ class Mamba(Mixer):
 
     # ------------------------------------------------------------------ mixer interface
 
-    def forward(self, x: Tensor, state: MambaState | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: MambaState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         self.check_input(x)
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+            if state is not None:
+                for name, t in state.tensors().items():
+                    check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
         xs, z = self.in_proj(x).chunk(2, dim=-1)
-        u, conv_state = self.conv(xs, state.conv if state is not None else None)
+        u, conv_state = self.conv(xs, state.conv if state is not None else None, cu_seqlens)
         delta, Bt, Ct, A = self.ssm_inputs(u)
         # log A-bar = Delta_t A passed as its two operands, Delta [B, T, 1, 1, d_inner] and A^T
         # [1, N, d_inner]: the elementwise kernel forms exp(Delta_t A) one block of steps at a time
@@ -167,6 +187,7 @@ class Mamba(Mixer):
             log_o,
             initial_state=state.ssm if state is not None else None,
             output_final_state=return_state,
+            cu_seqlens=cu_seqlens,
         )
         # float32 Delta, D and carried state (half-precision models) promote y; gated in that
         # precision, as the official kernel does, then back to the model dtype

@@ -21,6 +21,9 @@ is silent or differs:
     the parallel-form eq. A38 writes the same term without sigmoid, which we do not follow.
   * w_aug starts at zeros; the conv has no bias; LayerNorm eps 1e-5 without affine.
 
+Packed sequences (``cu_seqlens``): the short convolution restarts per document
+(``packing.causal_conv``) and one EOS call runs the row; the rest is per token.
+
 Shape glossary: B batch, T time, H heads, K = d_model / (2H) query/decay width per head,
 D = d_model / H value width per head, W = conv_size.
 """
@@ -37,6 +40,7 @@ from lcsm._checks import check_bool, check_int
 from lcsm.ops import eos
 
 from .base import EOSRow, Mixer, State, no_weight_decay, register
+from .packing import causal_conv, check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -116,9 +120,15 @@ class MetaLA(Mixer):
 
     # ------------------------------------------------------------------ pieces
 
-    def _short_conv(self, x: Tensor, buffer: Tensor | None):
+    def _short_conv(self, x: Tensor, buffer: Tensor | None, cu_seqlens: Tensor | None = None):
         """Causal depthwise conv + SiLU over x [B, T, d] continuing from ``buffer`` [B, d, W-1]
-        (the previous raw inputs; zeros at the start). Returns (x~ [B, T, d], new buffer)."""
+        (the previous raw inputs; zeros at the start). Returns (x~ [B, T, d], new buffer).
+        With ``cu_seqlens`` x is a packed row, the buffer holds one row per document and the
+        convolution restarts at each document's start."""
+        if cu_seqlens is not None:
+            history = None if buffer is None else buffer.transpose(1, 2)
+            out, last = causal_conv(x, self.conv1d.weight, None, cu_seqlens, history)
+            return F.silu(out), last.transpose(1, 2)
         B, T, d = x.shape
         w = self.conv_size
         if buffer is None:
@@ -132,16 +142,27 @@ class MetaLA(Mixer):
 
     # ------------------------------------------------------------------ interface
 
-    def forward(self, x: Tensor, state: MetaLAState | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: MetaLAState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         """x [B, T, d_model] -> y [B, T, d_model] (and the final MetaLAState when asked)."""
         self.check_input(x)
         B, T, d = x.shape
         H, K, D = self.heads, self.key_dim, self.head_dim
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+            if state is not None:
+                for name, t in state.tensors().items():
+                    check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
         memory = state.memory if state is not None else None
         conv_buffer = None
         h = x
         if self.use_conv:
-            h, conv_buffer = self._short_conv(x, state.conv if state is not None else None)
+            h, conv_buffer = self._short_conv(x, state.conv if state is not None else None, cu_seqlens)
 
         q = self._heads(self.q_proj(h), K)  # [B, T, H, K]
         log_alpha = F.logsigmoid(self._heads(self.decay_proj(h), K)) / self.TAU
@@ -149,7 +170,15 @@ class MetaLA(Mixer):
         # 1 - alpha as -expm1(log alpha): exact for alpha close to 1, where the decays live.
         k = self._heads(self.k_proj(h), K) if self.use_key else -torch.expm1(log_alpha)
 
-        o, memory = eos(v, k, q * K**-0.5, log_alpha.unsqueeze(-1), initial_state=memory, output_final_state=True)
+        o, memory = eos(
+            v,
+            k,
+            q * K**-0.5,
+            log_alpha.unsqueeze(-1),
+            initial_state=memory,
+            output_final_state=True,
+            cu_seqlens=cu_seqlens,
+        )
         # The augmentation's sigmoid, its sum with o and the norm in float32 at least:
         # sigmoid(aug v) is about 1/2 (w_aug starts at 0) where o is small (k = 1 - alpha), and a
         # bfloat16 sum would keep two or three bits of o, which the norm then scales up (about 0.2-0.3

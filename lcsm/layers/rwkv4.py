@@ -43,6 +43,12 @@ occur. Every scale cancels exactly in the ratio, so none needs a gradient. o_T i
 carried state. An empty memory (denominator column exactly 0, e.g. ``init_state``) starts from
 o_0 = -inf, as the CUDA kernel's -1e38, so zeros are a valid initial state.
 
+Packed sequences (``cu_seqlens``): the token shift (``packing.token_shift``), the shifted scan input,
+the log-scale's running maximum (a segmented scan of log2(longest document) doubling steps, so each
+document's o_t is exactly the one it has alone: the same maxima of the same numbers) and the EOS
+call all restart per document; the last token of each document is added by one ``eos_step`` over
+the N documents.
+
 Shape glossary: B batch, T time, d_model = C channels (2 C memory columns in the EOS call).
 """
 
@@ -58,8 +64,40 @@ from lcsm._checks import check_int
 
 from ..ops import eos, eos_step
 from .base import EOSRow, Mixer, State, no_weight_decay, register
+from .packing import check_document_state, document_index, document_positions, documents, token_shift
 
 Tensor = torch.Tensor
+
+
+def previous(t: Tensor, first: Tensor | None, cu_seqlens: Tensor | None) -> Tensor:
+    """t_{t-1} along dim 1 of t [B, T, X], inside each sequence (each document of a packed row):
+    ``first`` [B | N, X] stands before every sequence's first token (None: zeros)."""
+    if cu_seqlens is not None:
+        return token_shift(t, cu_seqlens, first)[0]
+    first = t.new_zeros(t.shape[0], 1, t.shape[2]) if first is None else first.to(t.dtype).unsqueeze(1)
+    return torch.cat([first, t[:, :-1]], dim=1)
+
+
+def last(t: Tensor, cu_seqlens: Tensor | None) -> Tensor:
+    """The last token of each sequence (each document): t [B, T, X] -> [B | N, 1, X]."""
+    return t[:, -1:] if cu_seqlens is None else t[0, cu_seqlens[1:] - 1].unsqueeze(1)
+
+
+def running_max(a: Tensor, cu_seqlens: Tensor | None) -> Tensor:
+    """max(a_1..a_t) along dim 1 of a [B, T, C], restarting at every document of a packed row.
+    Packed: a doubling scan (step j takes the max with the value 2^j back, within the document),
+    log2 of the longest document steps over the whole row; max is exact, so each document's
+    maxima are exactly those of torch.cummax on it alone."""
+    if cu_seqlens is None:
+        return torch.cummax(a, dim=1).values
+    doc = document_index(cu_seqlens, a.shape[1])
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    step = 1
+    while step < longest:
+        same = (doc[step:] == doc[:-step]).unsqueeze(-1)
+        a = torch.cat([a[:, :step], torch.where(same, torch.maximum(a[:, step:], a[:, :-step]), a[:, step:])], dim=1)
+        step *= 2
+    return a
 
 
 @dataclass
@@ -123,30 +161,49 @@ class RWKV4(Mixer):
         self.receptance = nn.Linear(C, C, bias=False)
         self.output = nn.Linear(C, C, bias=False)
 
-    def _scale(self, k: Tensor, w: Tensor, state: RWKV4State | None) -> Tensor:
-        """Log-scales o_0..o_T [B, T + 1, C] (no gradient; see the module docstring). o_0 is the
+    def _scale(
+        self, k: Tensor, w: Tensor, state: RWKV4State | None, cu_seqlens: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """Log-scales before and after each token, (o_{t-1}, o_t), each [B, T, C], t counted in the
+        token's own sequence (document) (no gradient; see the module docstring). o_0 is the
         carried scale, or -inf where the memory is empty (its denominator exactly 0): then
         o_t = max(o_{t-1} - w, k_t) is exactly the largest exponent of the memory, like the CUDA
         kernel's -1e38 start."""
         with torch.no_grad():
             B, T, C = k.shape
-            t = torch.arange(T + 1, dtype=torch.float64, device=k.device).unsqueeze(-1)  # [T + 1, 1]
+            S = B if cu_seqlens is None else cu_seqlens.numel() - 1  # sequences
+            if cu_seqlens is None:
+                t = torch.arange(1, T + 1, dtype=torch.float64, device=k.device)
+            else:
+                t = (document_positions(cu_seqlens, T) + 1).double()
+            t = t.unsqueeze(-1)  # [T, 1], the step s of each token in its sequence
             w64 = w.detach().double()
-            a = k.detach().double() + t[1:] * w64  # k_s + s w
-            start = torch.full((B, 1, C), -math.inf, dtype=torch.float64, device=k.device)
+            a = k.detach().double() + t * w64  # k_s + s w
+            start = torch.full((S, C), -math.inf, dtype=torch.float64, device=k.device)
             if state is not None:
-                empty = (state.memory[:, 0, 0, C:] == 0).unsqueeze(1)  # [B, 1, C]
-                start = torch.where(empty, start, state.scale.detach().double().unsqueeze(1))
-            M = torch.cummax(torch.cat([start, a], dim=1), dim=1).values  # [B, T + 1, C]
-            return (M - t * w64).to(k.dtype)
+                empty = state.memory[:, 0, 0, C:] == 0  # [S, C]
+                start = torch.where(empty, start, state.scale.detach().double())
+            at = start.unsqueeze(1) if cu_seqlens is None else start[document_index(cu_seqlens, T)].unsqueeze(0)
+            o_after = (torch.maximum(at, running_max(a, cu_seqlens)) - t * w64).to(k.dtype)
+            return previous(o_after, start.to(k.dtype), cu_seqlens), o_after
 
-    def forward(self, x: Tensor, state: RWKV4State | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: RWKV4State | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         self.check_input(x)
         B, T, C = x.shape
         if T == 0:
             raise ValueError("x: RWKV-4 time mixing needs at least one token, got T = 0")
-        prev = state.shift.unsqueeze(1) if state is not None else x.new_zeros(B, 1, C)
-        xx = torch.cat([prev.to(x.dtype), x[:, :-1]], dim=1)  # x_{t-1}
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+            if state is not None:
+                for name, t in state.tensors().items():
+                    check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
+        xx = previous(x, state.shift if state is not None else None, cu_seqlens)  # x_{t-1}
         k = self.key(x * self.time_mix_k + xx * (1 - self.time_mix_k))
         v = self.value(x * self.time_mix_v + xx * (1 - self.time_mix_v))
         r = self.receptance(x * self.time_mix_r + xx * (1 - self.time_mix_r))
@@ -155,52 +212,54 @@ class RWKV4(Mixer):
         k, v = k.to(wdt), v.to(wdt)
         w, u = torch.exp(self.time_decay.to(wdt)), self.time_first.to(wdt)
 
-        # Scan on the previous tokens: EOS step t adds token t - 1, so its memory is exactly
-        # a_{t-1} = sum_{s<t} e^{-(t-1-s) w + k_s} [v_s, 1], the past part of wkv_t (step 1 adds
-        # nothing: the carried memory already holds token 0). Recovering a_{t-1} from a_t instead
-        # would divide by e^{-w} and amplify rounding by up to e^w.
-        o = self._scale(k, w, state)  # o_0..o_T
+        o_before, o_after = self._scale(k, w, state, cu_seqlens)
         # An empty memory's o_0 = -inf only enters as the decay of that (zero) memory, so any
-        # finite value is exact there; the next step's keeps every decay finite.
-        o_dec = torch.cat([torch.where(torch.isinf(o[:, :1]), o[:, 1:2], o[:, :1]), o[:, 1:]], dim=1)
-        zero = k.new_zeros(B, 1, C)
-        e = torch.cat([zero, torch.exp(k[:, :-1] - o[:, 1:T])], dim=1)  # <= 1
-        v_prev = torch.cat([zero, v[:, :-1]], dim=1)
-        log_o = torch.cat([zero, (o_dec[:, : T - 1] - o_dec[:, 1:T]) - w], dim=1)  # <= -w
+        # finite value is exact there; the token's own o_t keeps every decay finite.
+        o_dec = torch.where(torch.isinf(o_before), o_after, o_before)
+        # Token t's term as the memory takes it: the step that adds it decays the memory from
+        # scale o_{t-1} to o_t (log e^{-w} e^{o_{t-1} - o_t} <= -w) and writes e^{k_t - o_t} <= 1
+        # times [v_t, 1].
+        e = torch.exp(k - o_after)
+        add = torch.cat([e * v, e], -1)
+        log_add = (o_dec - o_after) - w
+        log_add = torch.cat([log_add, log_add], -1)
+        # Scan on the previous tokens: EOS step t adds token t - 1, so its memory is exactly
+        # a_{t-1} = sum_{s<t} e^{-(t-1-s) w + k_s} [v_s, 1], the past part of wkv_t (a sequence's
+        # first step adds nothing: the carried memory already holds the token before it).
+        # Recovering a_{t-1} from a_t instead would divide by e^{-w} and amplify rounding by up to e^w.
         ones = k.new_ones(1, 1)
         memory0 = state.memory.to(wdt) if state is not None else None
         past, memory = eos(
-            torch.cat([e * v_prev, e], -1).unsqueeze(2),
+            previous(add, None, cu_seqlens).unsqueeze(2),
             ones,
             ones,
-            torch.cat([log_o, log_o], -1)[:, :, None, None, :],
+            previous(log_add, None, cu_seqlens)[:, :, None, None, :],
             initial_state=memory0,
             output_final_state=return_state,
+            cu_seqlens=cu_seqlens,
         )
         past = past.squeeze(2)  # [B, T, 2 C]
 
         # wkv_t = (a_{t-1} + e^{u + k_t} v_t) / (b_{t-1} + e^{u + k_t}), both terms rescaled by
         # e^{-p_t}, p_t = max(o_{t-1}, u + k_t) (as the CUDA kernel), so one of them is exactly 1.
         with torch.no_grad():
-            p = torch.maximum(o[:, :T], u + k)
-        alpha = torch.exp(o[:, :T] - p)
+            p = torch.maximum(o_before, u + k)
+        alpha = torch.exp(o_before - p)
         beta = torch.exp(u + k - p)
         num = alpha * past[..., :C] + beta * v
         den = alpha * past[..., C:] + beta
         out = self.output(torch.sigmoid(r) * (num / den).to(x.dtype))
         if not return_state:
             return out
-        # The last token is not in the scan's memory yet: one more EOS step adds it.
-        e_T = torch.exp(k[:, -1:] - o[:, -1:])
-        log_o_T = (o_dec[:, -2:-1] - o_dec[:, -1:]) - w
+        # The last token (of each document) is not in the scan's memory yet: one more EOS step adds it.
         _, memory = eos_step(
-            torch.cat([e_T * v[:, -1:], e_T], -1).unsqueeze(2),
+            last(add, cu_seqlens).unsqueeze(2),
             ones,
             ones,
-            torch.cat([log_o_T, log_o_T], -1)[:, :, None, None, :],
+            last(log_add, cu_seqlens)[:, :, None, None, :],
             memory,
         )
-        return out, RWKV4State(shift=x[:, -1], memory=memory, scale=o[:, -1])
+        return out, RWKV4State(shift=last(x, cu_seqlens)[:, 0], memory=memory, scale=last(o_after, cu_seqlens)[:, 0])
 
     def init_state(self, batch_size: int) -> RWKV4State:
         p = self._param_like()

@@ -17,13 +17,14 @@ from lcsm.layers.lcsm import (
     DEFAULT_CODE,
     O_MEANING,
     LCSMFamily,
+    LCSMState,
     alibi_decay_logits,
     alibi_slopes,
     rotary_theta,
 )
 from lcsm.ops import LogProduct, eos, explain
 from lcsm.ops.decay import log_sigmoid_product_reference
-from lcsm.testing import assert_close, assert_matches_reference, decode
+from lcsm.testing import assert_close, assert_matches_reference, decode, gradients
 
 D, K = 8, 4  # tiny: the family is large and CPUs are shared
 ALL_CODES = [f"{e}-{o}-{s}-{a}" for e, o, s, a in itertools.product(range(2), range(12), range(2), range(8))]
@@ -129,6 +130,35 @@ def test_time_invariant_codes_long_sequence(code):
 
 def test_ssm_decoding_equals_forward():
     _assert_step_loop_equals_forward(make("lcsm:ssm"), inputs(), "ssm")
+
+
+@pytest.mark.parametrize(
+    "spec", [f"lcsm:1-{o}-1-4" for o in range(12)] + ["lcsm:0-0-0-0", "lcsm:0-11-0-2", "lcsm:1-11-0-6", "lcsm:ssm"]
+)
+def test_packed_documents_equal_each_alone(spec):
+    """``cu_seqlens`` for every oscillation code, data-independent e / s (the complex kernel for
+    code 11), the fully time-invariant codes (the FFT path unpacked) and the SSM: outputs, final
+    memories and the gradients of x and the initial memories equal each document run alone."""
+    m = make(spec)
+    cu = [0, 1, 5, 12, 13]
+    N = len(cu) - 1
+    x = inputs(B=1, T=cu[-1]).requires_grad_()
+    with torch.no_grad():
+        m0 = m(inputs(B=N, T=3, seed=2), return_state=True)[1].memory
+    m0.requires_grad_()
+    y, final = m(x, state=LCSMState(memory=m0), return_state=True, cu_seqlens=torch.tensor(cu))
+    alone = [
+        m(x[:, a:b], state=LCSMState(memory=m0[n : n + 1]), return_state=True)
+        for n, (a, b) in enumerate(itertools.pairwise(cu))
+    ]
+    y_ref, memory_ref = torch.cat([y_n for y_n, _ in alone], 1), torch.cat([f.memory for _, f in alone])
+    wrt = {"x": x, "m0": m0}
+    assert_close(
+        gradients({"y": y, "memory": final.memory}, wrt),
+        gradients({"y": y_ref, "memory": memory_ref}, wrt),
+        dtype=torch.float64,
+        context=spec,
+    )
 
 
 def _official_decay(m, x):

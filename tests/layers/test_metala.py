@@ -1,12 +1,14 @@
 """MetaLA: the explicit parallel form (appendix A3, eq. A28-A30 and A38) against the recurrent
 mixer, and the ablation options' parameter sets."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lcsm import layers
-from lcsm.testing import assert_close, assert_matches_reference, decode
+from lcsm.testing import assert_close, assert_matches_reference, decode, gradients
 
 D_MODEL = 16
 
@@ -76,6 +78,34 @@ def test_parallel_form_equals_recurrent_mixer(options):
     assert_matches_reference(m, x, lambda x: parallel_form(m, x), context=str(options))
     with torch.no_grad():
         assert_close({"recurrent": decode(m, x)[0]}, {"recurrent": parallel_form(m, x)}, context=str(options))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [*ABLATIONS, {"conv_size": 1}, {"conv_size": 6}],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default",
+)
+def test_packed_documents_equal_each_alone(options):
+    """``cu_seqlens`` under every ablation and conv width (1: no history; 6: documents shorter
+    than the window reach into their own history only): outputs, final states and the gradients
+    of x, every parameter and the initial states equal each document run alone."""
+    m = make(**options)
+    cu = [0, 1, 4, 11, 12]
+    N = len(cu) - 1
+    x = inputs(B=1, T=cu[-1]).requires_grad_()
+    with torch.no_grad():
+        init = m(inputs(B=N, T=3, seed=2), return_state=True)[1]
+    init = init.map(lambda t: t.detach().requires_grad_())
+    y, final = m(x, state=init, return_state=True, cu_seqlens=torch.tensor(cu))
+    alone = [
+        m(x[:, a:b], state=init.map(lambda t, n=n: t[n : n + 1]), return_state=True)
+        for n, (a, b) in enumerate(itertools.pairwise(cu))
+    ]
+    outs = {"y": y, **final.tensors()}
+    refs = {"y": torch.cat([y_n for y_n, _ in alone], 1)}
+    refs.update({k: torch.cat([f.tensors()[k] for _, f in alone]) for k in final.tensors()})
+    wrt = {"x": x, **dict(m.named_parameters()), **{f"state.{k}": v for k, v in init.tensors().items()}}
+    assert_close(gradients(outs, wrt), gradients(refs, wrt), dtype=torch.float64, context=str(options))
 
 
 def test_self_augmentation_changes_only_the_current_token():

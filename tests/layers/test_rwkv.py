@@ -1,12 +1,14 @@
 """RWKV-4 time mixing against the WKV formula written out with its full sums (Peng et al. 2023,
 eq. 14 / section 3.2), including keys large enough to overflow exp in float32."""
 
+import itertools
 import math
 
 import pytest
 import torch
 
 from lcsm import layers
+from lcsm.layers.rwkv4 import RWKV4State, running_max
 from lcsm.testing import assert_close, decode
 
 D_MODEL = 8
@@ -122,6 +124,63 @@ def test_strong_decay_and_negative_bonus_in_float32():
         {"y": expected.float()},
         context="rwkv4 float32, strong decay, carried state",
     )
+
+
+PACKED = [0, 6, 7, 15, 20, 57]  # a document of one token, and one of 37 (six doubling steps)
+
+
+def packed_inputs(dtype):
+    """One packed row; the first document's inputs 4 times the others' (its keys far larger)."""
+    x = torch.cat([inputs(29, seed=8, dtype=dtype), inputs(29, seed=9, dtype=dtype)], 1)[:1, :57]
+    return x * torch.where(torch.arange(57) < PACKED[1], 4.0, 0.25).to(dtype)[:, None]
+
+
+def test_packed_documents_with_large_keys_equal_the_wkv_formula_in_float32():
+    """Each document of a packed row against the formula on it alone, with keys past exp's float32
+    overflow in the first document and far smaller ones after it: a log-scale (running maximum)
+    carried across a boundary would flush the later documents' terms to zero. Final states equal
+    each document run alone."""
+    mixer = make(torch.float32, key_scale=60.0)
+    x = packed_inputs(torch.float32)
+    y, final = mixer(x, return_state=True, cu_seqlens=torch.tensor(PACKED))
+    assert torch.isfinite(y).all() and torch.isfinite(final.memory).all()
+    finals = []
+    for n, (a, b) in enumerate(itertools.pairwise(PACKED)):
+        expected, k = reference(mixer, x[:, a:b])
+        assert n > 0 or k.abs().max() > 300, k.abs().max()
+        assert_close({"y": y[:, a:b]}, {"y": expected.float()}, context=f"rwkv4 packed float32, document {n}")
+        finals.append(mixer(x[:, a:b], return_state=True)[1])
+    expected_states = {key: torch.cat([f.tensors()[key] for f in finals]) for key in final.tensors()}
+    assert_close(final.tensors(), expected_states, context="rwkv4 packed float32 final states")
+
+
+def test_packed_documents_from_empty_and_carried_memories():
+    """Initial states mixing empty memories (init_state: the scale starts at -inf) and carried
+    ones, per document of a packed row: outputs and final states equal each document alone."""
+    mixer, x = make(), packed_inputs(torch.float64)
+    N = len(PACKED) - 1
+    with torch.no_grad():
+        carried = mixer(torch.cat([inputs(3, seed=s) for s in (10, 11, 12)])[:N], return_state=True)[1]
+    keep = torch.arange(N) % 2 == 1  # documents 1 and 3 carry a memory, the others start empty
+    init = RWKV4State(
+        **{
+            key: torch.where(keep.view(-1, *[1] * (t.dim() - 1)), t, torch.zeros_like(t))
+            for key, t in carried.tensors().items()
+        }
+    )
+    y, final = mixer(x, state=init, return_state=True, cu_seqlens=torch.tensor(PACKED))
+    for n, (a, b) in enumerate(itertools.pairwise(PACKED)):
+        y_n, f_n = mixer(x[:, a:b], state=init.map(lambda t, n=n: t[n : n + 1]), return_state=True)
+        got = {"y": y[:, a:b], **{key: t[n : n + 1] for key, t in final.tensors().items()}}
+        assert_close(got, {"y": y_n, **f_n.tensors()}, context=f"rwkv4 packed document {n}")
+
+
+def test_running_max_restarts_exactly_at_every_document():
+    """The packed log-scale's running maximum equals torch.cummax on each document alone, bit for bit."""
+    a = torch.randn(1, 57, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(12))
+    got = running_max(a, torch.tensor(PACKED))
+    for a_, b_ in itertools.pairwise(PACKED):
+        assert torch.equal(got[:, a_:b_], torch.cummax(a[:, a_:b_], dim=1).values)
 
 
 def test_official_init():
