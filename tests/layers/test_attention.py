@@ -10,7 +10,7 @@ import torch
 
 from lcsm import layers
 from lcsm.layers.attention import rotate
-from lcsm.testing import assert_close, assert_matches_reference, decode
+from lcsm.testing import assert_close, assert_matches_reference, decode, gradients
 
 D_MODEL = 16
 POSITIONS = [
@@ -139,6 +139,23 @@ def test_ragged_cache_decodes_each_row_as_its_own(options):
     for n in range(3):
         _, own = m(x[:, cu[n] : cu[n + 1]], state=init.map(lambda t, n=n: t[n : n + 1]), return_state=True)
         assert_close({"y": torch.cat(ys, 1)[n : n + 1]}, {"y": m(more[n : n + 1], state=own)}, context=f"row {n}")
+
+
+@pytest.mark.parametrize("options", POSITIONS, ids=case_id)
+def test_packed_calls_chain_through_a_ragged_cache(options):
+    """A packed call's ragged final state is the initial state of the next packed call: each
+    document's two pieces equal its whole text run alone (outputs, the gradient of x)."""
+    m = make(**options)
+    first, second = [0, 5, 6, 14], [0, 3, 10, 11]
+    x1 = inputs(B=1, T=14, seed=5).requires_grad_()
+    x2 = inputs(B=1, T=11, seed=6)
+    y1, s = m(x1, return_state=True, cu_seqlens=torch.tensor(first))
+    y2, s = m(x2, state=s, return_state=True, cu_seqlens=torch.tensor(second))
+    assert s.position.tolist() == [8, 8, 9]
+    ys_ref = [m(torch.cat([x1[:, first[n] : first[n + 1]], x2[:, second[n] : second[n + 1]]], 1)) for n in range(3)]
+    y_ref = torch.cat([r[:, : first[n + 1] - first[n]] for n, r in enumerate(ys_ref)], 1)
+    y2_ref = torch.cat([r[:, first[n + 1] - first[n] :] for n, r in enumerate(ys_ref)], 1)
+    assert_close(gradients({"y1": y1, "y2": y2}, {"x1": x1}), gradients({"y1": y_ref, "y2": y2_ref}, {"x1": x1}))
 
 
 def test_learned_positions_count_per_document():
