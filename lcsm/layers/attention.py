@@ -10,6 +10,10 @@ grows with t (T x d keys and T x d values). The full sequence runs through
 ``torch.nn.functional.scaled_dot_product_attention``; decoding appends to the cache, in place
 when it can (``KVCache``), so that a step costs the attention over the cache, not a copy of it.
 
+Packed rows (``cu_seqlens``): one SDPA call over the row with a block-diagonal causal mask (each
+document sees its own earlier tokens and its own initial cache row), positions counted from each
+document's start; the final state is a ragged, left-padded KV cache with one row per document.
+
 Defaults follow the Zoology MQAR baseline (``zoology.mixers.attention.MHA``): one head, biased
 projections, no positional information inside the mixer (Zoology adds learned positions at the
 embedding). ``positions`` adds them here instead:
@@ -33,6 +37,7 @@ from torch import nn
 from lcsm._checks import check_bool, check_choice
 
 from .base import EOSRow, Mixer, State, no_weight_decay, register
+from .packing import check_document_state, document_index, document_positions, documents
 
 Tensor = torch.Tensor
 
@@ -50,7 +55,15 @@ class _Buffer:
 @dataclass
 class KVCache(State):
     """keys, values: every past token's k and v [B, H, P, D] (they grow by one per token);
-    position: number of tokens seen, P, per sequence [B] (int64).
+    position: number of tokens seen per sequence [B] (int64), at most P.
+
+    Ragged rows: a row that has seen fewer tokens than the cache holds slots (position[b] < P) keeps
+    its tokens in its last position[b] slots, after P - position[b] slots of padding (zeros) that
+    every attention masks out. A packed call returns its documents' caches so (documents differ in
+    length), and appends keep the layout, since new tokens go after slot P in every row. The
+    padding is implied by ``position``, not stored: a full cache (position == P everywhere, every
+    unpacked, unpadded run) needs no mask and runs as it did before. numel_per_sequence counts the
+    slots held, padding included.
 
     keys and values are views of the first P slots of a buffer with room to spare (capacity
     doubles when full), and the next tokens are written into the slots after them, so an append
@@ -71,6 +84,11 @@ class KVCache(State):
     def map(self, fn: Callable[[Tensor], Tensor]) -> KVCache:
         # fn makes new tensors (another device, a subset of the batch): the buffer is not theirs
         return KVCache(**{k: fn(v) for k, v in self.tensors().items()})
+
+    def valid(self) -> Tensor:
+        """[B, P] bool: the slots that hold a token (False: a ragged row's left padding)."""
+        P = self.keys.shape[2]
+        return torch.arange(P, device=self.keys.device) >= (P - self.position)[:, None]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, _Buffer | None]:
         """The cache with k, v [B, H, T, D] appended: (keys, values [B, H, P + T, D], their buffer,
@@ -102,13 +120,15 @@ class KVCache(State):
 
 
 def rotate(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
-    """RoPE on x [B, H, T, D] at integer ``positions`` [T]: pairs (i, i + D/2) rotated by
-    positions * base^(-2i/D)."""
+    """RoPE on x [B, H, T, D] at integer ``positions`` [T] (shared by the batch) or [B, T]: pairs
+    (i, i + D/2) rotated by positions * base^(-2i/D)."""
     D = x.shape[-1]
     half = D // 2
     real = x.real.dtype if x.is_complex() else x.dtype
     inv_freq = base ** (-torch.arange(half, device=x.device, dtype=real) * 2 / D)
-    angle = positions.to(real).unsqueeze(-1) * inv_freq  # [T, D/2]
+    angle = positions.to(real).unsqueeze(-1) * inv_freq  # [T, D/2] or [B, T, D/2]
+    if angle.dim() == 3:
+        angle = angle[:, None]  # over the heads
     cos, sin = angle.cos(), angle.sin()
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -161,42 +181,124 @@ class Attention(Mixer):
         B, T, _ = t.shape
         return t.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
 
-    def forward(self, x: Tensor, state: KVCache | None = None, return_state: bool = False):
-        """x [B, T, d_model] -> y [B, T, d_model]; with ``state`` the new tokens attend to the cache too."""
-        self.check_input(x)
-        B, T, d = x.shape
-        if state is None:
-            state = self.init_state(B)
-        P = state.keys.shape[2]
-        if state.position.shape != (B,) or bool((state.position != P).any()):
-            raise ValueError(
-                f"state: position {state.position.tolist()} does not match the cache length {P} for batch {B}"
-            )
-        positions = torch.arange(P, P + T, device=x.device)
+    def _project(self, x: Tensor, positions: Tensor, last: int) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v [B, H, T, D] of x [B, T, d_model] at ``positions`` [T] or [B, T] (the highest,
+        ``last``, checked against the learned table)."""
         if self.positions == "learned":
-            if self.max_len < P + T:
-                raise ValueError(f"x: positions up to {P + T - 1} exceed the learned table (max_len={self.max_len})")
-            x = x + self.position_embedding[P : P + T]
+            if self.max_len <= last:
+                raise ValueError(f"x: positions up to {last} exceed the learned table (max_len={self.max_len})")
+            x = x + self.position_embedding[positions]
         q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
         if self.positions == "rotary":
             q, k = rotate(q, positions), rotate(k, positions)
+        return q, k, v
+
+    def _check_cache(self, state: KVCache, B: int) -> bool:
+        """Checks the cache's shapes and positions against batch B; returns whether every row is
+        full (position == P: no padding to mask, the one check the unpadded path pays)."""
+        H, P, D = self.heads, state.keys.shape[2], self.head_dim
+        for name in ("keys", "values"):
+            t = getattr(state, name)
+            if t.shape != (B, H, P, D):
+                raise ValueError(f"state: {name} expected [B, H, P, D] = [{B}, {H}, {P}, {D}], got {list(t.shape)}")
+        if state.position.shape == (B,) and bool((state.position == P).all()):
+            return True
+        if state.position.shape != (B,) or bool(((state.position < 0) | (state.position > P)).any()):
+            raise ValueError(
+                f"state: position {state.position.tolist()} does not match the cache length {P} for batch {B} "
+                f"(each of the {B} rows holds between 0 and {P} tokens)"
+            )
+        return False
+
+    def forward(
+        self, x: Tensor, state: KVCache | None = None, return_state: bool = False, cu_seqlens: Tensor | None = None
+    ):
+        """x [B, T, d_model] -> y [B, T, d_model]; with ``state`` the new tokens attend to the cache
+        too (the tokens of each row's cache, ragged rows' padding masked out). ``cu_seqlens``: x
+        is a packed row of documents (``_forward_packed``)."""
+        self.check_input(x)
+        if cu_seqlens is not None:
+            return self._forward_packed(x, documents(x, cu_seqlens), state, return_state)
+        B, T, d = x.shape
+        if state is None:
+            state = self.init_state(B)
+        full = self._check_cache(state, B)
+        P = state.keys.shape[2]
+        if full:
+            positions, last = torch.arange(P, P + T, device=x.device), P + T - 1
+        else:
+            positions = state.position[:, None] + torch.arange(T, device=x.device)  # [B, T]
+            last = int(state.position.max()) + T - 1
+        q, k, v = self._project(x, positions, last)
         if P == 0 and not return_state:
             keys, values, buffer = k, v, None
         else:
             keys, values, buffer = state.append(k, v)
         if P == 0:
             o = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
-        elif T == 1:
+        elif T == 1 and full:
             o = F.scaled_dot_product_attention(q, keys, values)  # one query sees every key
         else:
             # Query t (absolute P + t) sees keys 0..P + t: a causal mask shifted by the cache length
             # (is_causal would align the mask to the top-left corner instead).
             mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
+            if not full:
+                mask = mask & F.pad(state.valid(), (0, T), value=True)[:, None, None, :]  # [B, 1, T, P + T]
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         y = self.o_proj(o.transpose(1, 2).reshape(B, T, d))
         if return_state:
             return y, KVCache(keys=keys, values=values, position=state.position + T, buffer=buffer)
         return y
+
+    def _forward_packed(self, x: Tensor, cu: Tensor, state: KVCache | None, return_state: bool):
+        """x [1, T, d_model], N documents at ``cu`` [N + 1], ``state`` one cache row per document.
+
+        One SDPA call over the row and every document's initial cache, with a boolean mask of
+        T x (N P + T): query t sees its own document's earlier tokens and the tokens of its own
+        cache row. That mask is quadratic in the row's length, as attention is here anyway (the
+        reference library has no variable-length kernel). The returned cache is ragged: row n holds
+        its initial tokens and then its document's, left-padded to the longest row."""
+        T, d = x.shape[1], x.shape[2]
+        N = cu.numel() - 1
+        if state is None:
+            state = self.init_state(N)
+        for name, t in state.tensors().items():
+            check_document_state(f"state.{name}", t, N)
+        self._check_cache(state, N)
+        H, P, D = self.heads, state.keys.shape[2], self.head_dim
+        doc = document_index(cu, T)
+        positions = state.position[doc] + document_positions(cu, T)  # from each document's start
+        q, k, v = self._project(x, positions, int(positions.max()))
+        t = torch.arange(T, device=x.device)
+        mask = (doc[:, None] == doc[None, :]) & (t[:, None] >= t[None, :])  # block-diagonal causal
+        # Every document's cache as one sequence of N P slots before the row's tokens.
+        cached_k = state.keys.transpose(0, 1).reshape(H, N * P, D)
+        cached_v = state.values.transpose(0, 1).reshape(H, N * P, D)
+        keys, values = k, v
+        if P:
+            slot_doc = torch.arange(N, device=x.device).repeat_interleave(P)
+            sees_cache = (doc[:, None] == slot_doc[None, :]) & state.valid().reshape(1, N * P)
+            mask = torch.cat([sees_cache, mask], 1)
+            keys, values = torch.cat([cached_k[None], k], 2), torch.cat([cached_v[None], v], 2)
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        y = self.o_proj(o.transpose(1, 2).reshape(1, T, d))
+        if not return_state:
+            return y
+        # Row n of the final cache: padding, the valid tokens of its initial row, its document's
+        # tokens. One gather per tensor from [cache slots (N P), row tokens (T), a zero slot].
+        seen = state.position
+        total = seen + (cu[1:] - cu[:-1])
+        P_out = int(total.max())
+        offset = torch.arange(P_out, device=x.device) - (P_out - total)[:, None]  # < 0: padding
+        from_cache = torch.arange(N, device=x.device)[:, None] * P + P - seen[:, None] + offset
+        from_row = N * P + cu[:-1, None] + offset - seen[:, None]
+        index = torch.where(offset < 0, N * P + T, torch.where(offset < seen[:, None], from_cache, from_row))
+
+        def gather(cached: Tensor, new: Tensor) -> Tensor:
+            table = torch.cat([cached, new[0], new.new_zeros(H, 1, D)], 1)
+            return table[:, index].transpose(0, 1).contiguous()  # [N, H, P_out, D]
+
+        return y, KVCache(keys=gather(cached_k, k), values=gather(cached_v, v), position=total)
 
     def init_state(self, batch_size: int) -> KVCache:
         p = self._param_like()

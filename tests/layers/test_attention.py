@@ -1,14 +1,16 @@
 """Softmax attention baseline: an explicit softmax reference, cached decoding against the full
-forward for every ``positions`` option, and a state that grows linearly with T."""
+forward for every ``positions`` option, packed rows with positions counted per document, ragged
+(left-padded) caches, and a state that grows linearly with T."""
 
 import math
 
 import pytest
+import test_packed_mixers as contract
 import torch
 
 from lcsm import layers
 from lcsm.layers.attention import rotate
-from lcsm.testing import assert_close, assert_matches_reference, decode
+from lcsm.testing import assert_close, assert_matches_reference, decode, gradients
 
 D_MODEL = 16
 POSITIONS = [
@@ -83,6 +85,85 @@ def test_cached_decoding_equals_full_forward(options):
     )
     assert_close({"keys": s.keys, "values": s.values}, {"keys": state.keys, "values": state.values})
     assert s.position.tolist() == [13, 13]
+
+
+# The contract test runs the defaults (no positions); these put positions inside the mixer.
+PACKED = [
+    {"positions": "learned", "max_len": 128},
+    {"positions": "rotary"},
+    {"positions": "rotary", "heads": 4, "bias": False},
+]
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
+@pytest.mark.parametrize("bounds", list(contract.BOUNDS))
+@pytest.mark.parametrize("options", PACKED, ids=case_id)
+def test_packed_equals_each_document_alone(options, bounds, with_state, monkeypatch):
+    """The contract's check (tests/layers/test_packed_mixers.py) on a mixer with positions: the
+    learned table index and the RoPE angle count from each document's start (after its initial
+    cache), so a document packed anywhere in the row equals it run alone."""
+    monkeypatch.setattr(contract, "make", lambda name: make(**options))
+    contract.test_packed_equals_each_document_alone("attention", bounds, with_state)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("options", PACKED, ids=case_id)
+def test_padding_is_as_if_absent(options, side, monkeypatch):
+    monkeypatch.setattr(contract, "make", lambda name: make(**options))
+    contract.test_padding_is_as_if_absent("attention", side)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("options", POSITIONS, ids=case_id)
+def test_ragged_cache_decodes_each_row_as_its_own(options):
+    """A packed call's final state is left-padded (zeros, masked out); the whole ragged batch then
+    decodes step by step, in place, each row as its document continued alone, and a chunk of
+    several tokens after the steps does too (the shifted causal mask with padding)."""
+    m = make(**options)
+    cu = [0, 5, 6, 14]
+    x = inputs(B=1, T=14, seed=2)
+    init = m(inputs(B=3, T=2, seed=3), return_state=True)[1]
+    _, state = m(x, state=init, return_state=True, cu_seqlens=torch.tensor(cu))
+    assert state.position.tolist() == [7, 3, 10] and state.keys.shape[2] == 10
+    pad = torch.arange(10) < torch.tensor([3, 7, 0])[:, None]
+    assert (state.valid() == ~pad).all()
+    assert not state.keys.transpose(1, 2)[pad].any() and not state.values.transpose(1, 2)[pad].any()
+    more = inputs(B=3, T=6, seed=4)
+    ys, storages = [], set()
+    for t in range(3):
+        y_t, state = m.step(more[:, t], state)
+        ys.append(y_t[:, None])
+        storages.add(state.keys.untyped_storage().data_ptr())
+    ys.append(m(more[:, 3:], state=state))
+    assert len(storages) == 1  # the appends after the first wrote into one buffer
+    for n in range(3):
+        _, own = m(x[:, cu[n] : cu[n + 1]], state=init.map(lambda t, n=n: t[n : n + 1]), return_state=True)
+        assert_close({"y": torch.cat(ys, 1)[n : n + 1]}, {"y": m(more[n : n + 1], state=own)}, context=f"row {n}")
+
+
+@pytest.mark.parametrize("options", POSITIONS, ids=case_id)
+def test_packed_calls_chain_through_a_ragged_cache(options):
+    """A packed call's ragged final state is the initial state of the next packed call: each
+    document's two pieces equal its whole text run alone (outputs, the gradient of x)."""
+    m = make(**options)
+    first, second = [0, 5, 6, 14], [0, 3, 10, 11]
+    x1 = inputs(B=1, T=14, seed=5).requires_grad_()
+    x2 = inputs(B=1, T=11, seed=6)
+    y1, s = m(x1, return_state=True, cu_seqlens=torch.tensor(first))
+    y2, s = m(x2, state=s, return_state=True, cu_seqlens=torch.tensor(second))
+    assert s.position.tolist() == [8, 8, 9]
+    ys_ref = [m(torch.cat([x1[:, first[n] : first[n + 1]], x2[:, second[n] : second[n + 1]]], 1)) for n in range(3)]
+    y_ref = torch.cat([r[:, : first[n + 1] - first[n]] for n, r in enumerate(ys_ref)], 1)
+    y2_ref = torch.cat([r[:, first[n + 1] - first[n] :] for n, r in enumerate(ys_ref)], 1)
+    assert_close(gradients({"y1": y1, "y2": y2}, {"x1": x1}), gradients({"y1": y_ref, "y2": y2_ref}, {"x1": x1}))
+
+
+def test_learned_positions_count_per_document():
+    """A packed row longer than the learned table is fine while each document fits in it."""
+    m = make(positions="learned", max_len=8)
+    m(inputs(B=1, T=14), cu_seqlens=torch.tensor([0, 8, 14]))
+    with pytest.raises(ValueError, match=r"^x: positions up to 8 exceed the learned table \(max_len=8\)"):
+        m(inputs(B=1, T=14), cu_seqlens=torch.tensor([0, 5, 14]))
 
 
 @torch.no_grad()
@@ -183,3 +264,10 @@ def test_cache_position_mismatch_is_a_clear_error():
     s.position[0] += 1
     with pytest.raises(ValueError, match=r"^state: position \[5, 4\] does not match the cache length 4"):
         m(inputs(T=2), state=s)
+    s.position[0] = -1
+    with pytest.raises(ValueError, match=r"^state: position \[-1, 4\] does not match the cache length 4"):
+        m(inputs(T=2), state=s)
+    with pytest.raises(
+        ValueError, match=r"^state: keys expected \[B, H, P, D\] = \[3, 1, 4, 16\], got \[2, 1, 4, 16\]"
+    ):
+        m(inputs(B=3, T=2), state=s.map(lambda t: t))

@@ -101,7 +101,21 @@ def test_packed_equals_each_document_alone(name, bounds, with_state):
     if ref_states is not None:
         outs.update({f"final.{k}": v for k, v in final.tensors().items() if v.requires_grad})
         outs_ref.update({k: ref_states[k.removeprefix("final.")] for k in outs if k.startswith("final.")})
-    assert_close(gradients(outs, wrt), gradients(outs_ref, wrt), dtype=torch.float64, context=ctx + " gradients")
+    assert_gradients_close(gradients(outs, wrt), gradients(outs_ref, wrt), context=ctx + " gradients")
+
+
+def assert_gradients_close(grads, grads_ref, context):
+    """``assert_close`` in float64, except for a gradient that is zero in exact arithmetic (softmax
+    attention's key bias without rotation adds the same q_t . b to every score of query t, which the
+    softmax ignores): rounding noise on both sides, which no relative tolerance compares. Such an
+    entry (below 1e-12 of the largest reference entry) must be as small on the packed side and is
+    left out of the relative comparison."""
+    floor = 1e-12 * max(g.norm() for g in grads_ref.values() if g is not None)
+    for k in [k for k, g in grads_ref.items() if g is not None and g.norm() <= floor]:
+        got = grads.pop(k)
+        grads_ref.pop(k)
+        assert got is not None and got.norm() <= floor, f"{context}: {k} is {got} where the reference is zero"
+    assert_close(grads, grads_ref, dtype=torch.float64, context=context)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
