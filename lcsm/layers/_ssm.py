@@ -11,7 +11,10 @@ with K_j = C A_bar^j B_bar, which is how the papers train them.
 
 The diagonal ones (S4D, S5, DSS) are EOS recurrences with a complex, data-independent oscillation
 and are evaluated by ``lcsm.ops.eos``: mode "auto" takes the FFT path for any T > 1 and the
-recurrence for one token (decoding). S4 proper keeps the dense (diagonal plus low-rank) A of
+recurrence for one token (decoding). Packed sequences (``cu_seqlens``) take ``eos``'s chunk form
+instead, one pass over the row with the memory restarted at each document: a convolution with one
+kernel cannot restart, and the chunk form costs O(T C K) per channel against the FFT's
+O(T log T + T K) (C = the chunk size). S4 proper keeps the dense (diagonal plus low-rank) A of
 HiPPO-LegS; its bilinear A_bar is a dense N x N matrix, a psi = "x" (matrix) oscillation that the
 elementwise EOS operator cannot express, so ``s4.py`` implements both of its forms itself: the
 S4 kernel algorithm (Cauchy kernel + Woodbury identity at roots of unity, then an inverse FFT) and
@@ -42,6 +45,7 @@ from lcsm._checks import check_float, check_int
 from lcsm.ops import eos
 
 from .base import Mixer, State
+from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -109,8 +113,15 @@ class DiagonalSISO(Mixer):
     def eos_parameters(self) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
 
-    def ssm(self, u: Tensor, memory: Tensor | None = None, return_state: bool = False):
-        """The SSM convolution with the D skip: u [B, T, H] -> (y [B, T, H], memory [B, H, K, 1] or None)."""
+    def ssm(
+        self,
+        u: Tensor,
+        memory: Tensor | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
+        """The SSM convolution with the D skip: u [B, T, H] -> (y [B, T, H], memory [B, H, K, 1] or
+        None; [N, H, K, 1], one row per document, with ``cu_seqlens``)."""
         e, s, log_o = self.eos_parameters()
         y, m = eos(
             u.unsqueeze(-1),
@@ -121,6 +132,7 @@ class DiagonalSISO(Mixer):
             initial_state=memory,
             output_final_state=return_state,
             real_output=True,
+            cu_seqlens=cu_seqlens,
         )
         return (self.real_factor * y[..., 0] + self.D * u).to(u.dtype), m
 
@@ -131,6 +143,11 @@ class DiagonalSISO(Mixer):
             )
         )
 
-    def _run(self, x: Tensor, state: SSMState | None, return_state: bool):
+    def _run(self, x: Tensor, state: SSMState | None, return_state: bool, cu_seqlens: Tensor | None):
         self.check_input(x)
-        return self.ssm(x, state.memory if state is not None else None, return_state)
+        memory = state.memory if state is not None else None
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+            if memory is not None:
+                check_document_state("state.memory", memory, cu_seqlens.numel() - 1)
+        return self.ssm(x, memory, return_state, cu_seqlens)
