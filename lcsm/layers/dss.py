@@ -2,6 +2,10 @@
 
 A linear time-invariant state-space mixer: the family's shared pieces and shape glossary are in
 ``_ssm.py``, the HiPPO matrices in ``_hippo.py``; docs/zoo/ssm.md.
+
+Packed sequences (``cu_seqlens``): one pass of ``lcsm.ops.eos``'s chunk form over the row, the
+memory restarted at each document (exact; O(T C K) per channel, C the chunk size, against the
+FFT's O(T log T) for one sequence).
 """
 
 from __future__ import annotations
@@ -110,9 +114,15 @@ class DSS(DiagonalSISO):
         e = num * inv * shift
         return e, as_complex(self.W), x.unsqueeze(-1)
 
-    def forward(self, x: Tensor, state: SSMState | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: SSMState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
-        y, m = self._run(x, state, return_state)
+        y, m = self._run(x, state, return_state, cu_seqlens)
         y = self.output_linear(F.gelu(y))
         return (y, SSMState(memory=m)) if return_state else y
 
