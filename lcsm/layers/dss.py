@@ -3,9 +3,8 @@
 A linear time-invariant state-space mixer: the family's shared pieces and shape glossary are in
 ``_ssm.py``, the HiPPO matrices in ``_hippo.py``; docs/zoo/ssm.md.
 
-Packed sequences (``cu_seqlens``): one pass of ``lcsm.ops.eos``'s chunk form over the row, the
-memory restarted at each document (exact; O(T C K) per channel, C the chunk size, against the
-FFT's O(T log T) for one sequence).
+Packed sequences (``cu_seqlens``): the FFT form once on the documents as padded rows
+(``_ssm.PaddedDocuments``; the cost of N rows of the longest document, twice with final states).
 """
 
 from __future__ import annotations
