@@ -3,9 +3,8 @@
 A linear time-invariant state-space mixer: the family's shared pieces and shape glossary are in
 ``_ssm.py``, the HiPPO matrices in ``_hippo.py``; docs/zoo/ssm.md.
 
-Packed sequences (``cu_seqlens``): one pass of ``lcsm.ops.eos``'s chunk form over the row, the
-state restarted at each document (exact; O(T C P) for chunk size C, against the FFT's
-O(T log T) for one sequence).
+Packed sequences (``cu_seqlens``): the FFT form once on the documents as padded rows
+(``_ssm.PaddedDocuments``; the cost of N rows of the longest document, twice with final states).
 """
 
 from __future__ import annotations
@@ -17,10 +16,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_choice, check_int
-from lcsm.ops import MODES, eos
+from lcsm.ops import MODES
 
 from ._hippo import hippo_normal_eig
-from ._ssm import SSMState, as_complex, check_dt, check_even, complex_param, log_dt_init, param_dtype
+from ._ssm import (
+    SSMState,
+    as_complex,
+    check_dt,
+    check_even,
+    complex_param,
+    log_dt_init,
+    param_dtype,
+    time_invariant_eos,
+)
 from .base import EOSRow, Mixer, no_weight_decay, register
 from .packing import check_document_state, documents
 
@@ -120,7 +128,7 @@ class S5(Mixer):
         dtL, B_bar = self.discretize()
         i = torch.einsum("bth,ph->btp", u.to(B_bar.dtype), B_bar).unsqueeze(2)  # [B, T, 1, P/2]
         ones = torch.ones(1, 1, dtype=u.dtype, device=u.device)
-        x, m = eos(
+        x, m = time_invariant_eos(
             i,
             ones,
             ones,
