@@ -38,8 +38,8 @@ Departures, and why:
     y_t = sum_{s<=t} k1_{t-s} x_s + sum_{s>t} k2_{s-t-1} x_s. We evaluate the same sum as two
     causal EOS problems in one call: channels [x, shift(flip(x))] with kernels [k1, k2].
 
-Packed sequences (``cu_seqlens``, causal mode): one pass of ``lcsm.ops.eos``'s chunk form over the
-row, the smoothed value restarted at each document (exact; O(T C) per channel, C the chunk size).
+Packed sequences (``cu_seqlens``, causal mode): the FFT form once on the documents as padded rows
+(``_ssm.PaddedDocuments``; the cost of N rows of the longest document, twice with final states).
 The bidirectional mode takes right-padded rows with ``lengths`` instead.
 
 Shape glossary: B batch, T time, d = d_model channels, C kernel channels (d, or 2d when
@@ -58,6 +58,7 @@ from torch import nn
 from lcsm._checks import check_bool, check_choice, check_float
 from lcsm.ops import eos
 
+from ._ssm import time_invariant_eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 from .packing import check_document_state, documents
 
@@ -270,11 +271,12 @@ class CES(Mixer):
             y = y[:, :, :d, 0] + y[:, :, d:, 0].flip(1)
             memory = None
         else:
-            y, memory = eos(
+            y, memory = time_invariant_eos(
                 u.unsqueeze(-1),
                 e,
                 s,
                 log_o,
+                mode="auto",
                 initial_state=memory,
                 output_final_state=return_state,
                 real_output=True,
