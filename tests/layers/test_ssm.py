@@ -25,7 +25,7 @@ SMALL = {
 
 # The mixers whose packed rows (cu_seqlens) have an FFT form of their own, checked against the
 # recurrence here (the others as they gain it).
-PACKED = ["s4d", "dss", "s5", "tnn"]
+PACKED = ["s4", "s4d", "dss", "s5", "tnn"]
 
 
 @contextlib.contextmanager
