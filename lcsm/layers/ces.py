@@ -38,6 +38,10 @@ Departures, and why:
     y_t = sum_{s<=t} k1_{t-s} x_s + sum_{s>t} k2_{s-t-1} x_s. We evaluate the same sum as two
     causal EOS problems in one call: channels [x, shift(flip(x))] with kernels [k1, k2].
 
+Packed sequences (``cu_seqlens``, causal mode): the FFT form once on the documents as padded rows
+(``_ssm.PaddedDocuments``; the cost of N rows of the longest document, twice with final states).
+The bidirectional mode takes right-padded rows with ``lengths`` instead.
+
 Shape glossary: B batch, T time, d = d_model channels, C kernel channels (d, or 2d when
 bidirectional).
 """
@@ -54,7 +58,9 @@ from torch import nn
 from lcsm._checks import check_bool, check_choice, check_float
 from lcsm.ops import eos
 
+from ._ssm import time_invariant_eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
+from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -221,16 +227,33 @@ class CES(Mixer):
         )
 
     def forward(
-        self, x: Tensor, state: CESState | None = None, return_state: bool = False, lengths: Tensor | None = None
+        self,
+        x: Tensor,
+        state: CESState | None = None,
+        return_state: bool = False,
+        lengths: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
     ):
         """x [B, T, d] -> y [B, T, d] (and the final CESState when asked; causal mode only).
         ``lengths`` [B]: right-padded sequences; the positions past each length enter the kernel
         as zeros, as the official ``CETS`` masks its input before the FFT, so that the backward
         direction carries no padding into a valid position (the outputs at padded positions
-        are not meaningful)."""
+        are not meaningful). ``cu_seqlens``: packed documents (causal mode only)."""
         self.check_input(x)
         if self.bidirectional and (state is not None or return_state):
             self._no_state("state")
+        memory = state.memory if state is not None else None
+        if cu_seqlens is not None:
+            if self.bidirectional:
+                raise ValueError(
+                    "cu_seqlens: CES with bidirectional=True reads each document's future, which the "
+                    "packed form does not serve; pass right-padded rows with lengths instead"
+                )
+            if lengths is not None:
+                raise ValueError("lengths: right-padded rows and cu_seqlens (packed documents) exclude each other")
+            cu_seqlens = documents(x, cu_seqlens)
+            if memory is not None:
+                check_document_state("state.memory", memory, cu_seqlens.numel() - 1)
         e, s, log_o = self.eos_parameters()
         u = x
         if lengths is not None:
@@ -248,14 +271,16 @@ class CES(Mixer):
             y = y[:, :, :d, 0] + y[:, :, d:, 0].flip(1)
             memory = None
         else:
-            y, memory = eos(
+            y, memory = time_invariant_eos(
                 u.unsqueeze(-1),
                 e,
                 s,
                 log_o,
-                initial_state=state.memory if state is not None else None,
+                mode="auto",
+                initial_state=memory,
                 output_final_state=return_state,
                 real_output=True,
+                cu_seqlens=cu_seqlens,
             )
             y = y[..., 0]
         if self.use_omega:

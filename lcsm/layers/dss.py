@@ -2,6 +2,9 @@
 
 A linear time-invariant state-space mixer: the family's shared pieces and shape glossary are in
 ``_ssm.py``, the HiPPO matrices in ``_hippo.py``; docs/zoo/ssm.md.
+
+Packed sequences (``cu_seqlens``): the FFT form once on the documents as padded rows
+(``_ssm.PaddedDocuments``; the cost of N rows of the longest document, twice with final states).
 """
 
 from __future__ import annotations
@@ -110,9 +113,15 @@ class DSS(DiagonalSISO):
         e = num * inv * shift
         return e, as_complex(self.W), x.unsqueeze(-1)
 
-    def forward(self, x: Tensor, state: SSMState | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: SSMState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
-        y, m = self._run(x, state, return_state)
+        y, m = self._run(x, state, return_state, cu_seqlens)
         y = self.output_linear(F.gelu(y))
         return (y, SSMState(memory=m)) if return_state else y
 

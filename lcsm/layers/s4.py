@@ -3,6 +3,10 @@ algorithm and the dense step loop.
 
 A linear time-invariant state-space mixer: the family's shared pieces and shape glossary are in
 ``_ssm.py``, the HiPPO matrices in ``_hippo.py``; docs/zoo/ssm.md.
+
+Packed sequences (``cu_seqlens``): S4's own form (kernel FFT, or the step loop) once on the
+documents as padded rows (``_ssm.PaddedDocuments``), plus A_bar^L x_0 by repeated squaring for
+final states; the cost of N rows of the longest document, twice with final states.
 """
 
 from __future__ import annotations
@@ -18,8 +22,18 @@ from lcsm._checks import check_choice, check_float
 from lcsm.ops import autocast_off
 
 from ._hippo import hippo_legs, hippo_normal_eig
-from ._ssm import as_complex, check_dt, check_even, complex_param, gelu_glu, log_dt_init, param_dtype
+from ._ssm import (
+    PaddedDocuments,
+    as_complex,
+    check_dt,
+    check_even,
+    complex_param,
+    gelu_glu,
+    log_dt_init,
+    param_dtype,
+)
 from .base import EOSRow, Mixer, State, no_weight_decay, register
+from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -341,10 +355,51 @@ class S4(Mixer):
                 y, x = self._recurrent(v, state)
         return (y + self.D * v).to(u.dtype), (x if return_state else None)
 
-    def forward(self, x: Tensor, state: S4State | None = None, return_state: bool = False):
+    def advance(self, x0: Tensor, steps: Tensor) -> Tensor:
+        """A_bar^(steps_b) x0_b, the zero-input evolution of half states x0 [B, H, N/2] over steps [B]
+        (int64) steps each, by repeated squaring: O(log max(steps)) N x N products."""
+        A_bar, _ = self.discretize()
+        N2 = self.d_state // 2
+        with autocast_off(x0.device):
+            x = torch.cat([x0, x0.conj()], dim=-1).to(A_bar.dtype)
+            power = A_bar
+            for bit in range(int(steps.max()).bit_length()):
+                if bit:
+                    power = power @ power
+                take = ((steps >> bit) & 1).bool().view(-1, 1, 1)
+                x = torch.where(take, torch.einsum("hnm,bhm->bhn", power, x), x)
+        return x[..., :N2]
+
+    def packed_ssm(self, u: Tensor, x0: Tensor | None, return_state: bool, cu_seqlens: Tensor):
+        """``ssm`` on a packed row u [1, T, H] of N documents: outputs from right-padded rows (the map
+        is causal), final half states [N, H, N/2] from left-padded ones (zeros before a document
+        keep a zero state at zero) plus each initial state's own evolution."""
+        docs = PaddedDocuments(cu_seqlens, u.shape[1])
+        y, _ = self.ssm(docs.right(u), x0, False)
+        x_T = None
+        if return_state:
+            _, x_T = self.ssm(docs.left(u), None, True)
+            if x0 is not None:
+                x_T = x_T + self.advance(x0, docs.lengths)
+        return docs.unpad(y), x_T
+
+    def forward(
+        self,
+        x: Tensor,
+        state: S4State | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         """x [B, T, H] -> y [B, T, H] (and the final S4State when asked)."""
         self.check_input(x)
-        y, s = self.ssm(x, state.x if state is not None else None, return_state)
+        x0 = state.x if state is not None else None
+        if cu_seqlens is None:
+            y, s = self.ssm(x, x0, return_state)
+        else:
+            cu_seqlens = documents(x, cu_seqlens)
+            if x0 is not None:
+                check_document_state("state.x", x0, cu_seqlens.numel() - 1)
+            y, s = self.packed_ssm(x, x0, return_state, cu_seqlens)
         y = gelu_glu(y, self.output_linear)
         return (y, S4State(x=s)) if return_state else y
 

@@ -2,6 +2,9 @@
 
 A linear time-invariant state-space mixer: the family's shared pieces and shape glossary are in
 ``_ssm.py``, the HiPPO matrices in ``_hippo.py``; docs/zoo/ssm.md.
+
+Packed sequences (``cu_seqlens``): the FFT form once on the documents as padded rows
+(``_ssm.PaddedDocuments``; the cost of N rows of the longest document, twice with final states).
 """
 
 from __future__ import annotations
@@ -106,9 +109,15 @@ class S4D(DiagonalSISO):
         B_bar = as_complex(self.B) * torch.expm1(dtA) / A  # ZOH
         return B_bar, as_complex(self.C), dtA.unsqueeze(-1)
 
-    def forward(self, x: Tensor, state: SSMState | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: SSMState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
-        y, m = self._run(x, state, return_state)
+        y, m = self._run(x, state, return_state, cu_seqlens)
         y = gelu_glu(y, self.output_linear)
         return (y, SSMState(memory=m)) if return_state else y
 

@@ -2,6 +2,9 @@
 
 A linear time-invariant state-space mixer: the family's shared pieces and shape glossary are in
 ``_ssm.py``, the HiPPO matrices in ``_hippo.py``; docs/zoo/ssm.md.
+
+Packed sequences (``cu_seqlens``): the FFT form once on the documents as padded rows
+(``_ssm.PaddedDocuments``; the cost of N rows of the longest document, twice with final states).
 """
 
 from __future__ import annotations
@@ -13,11 +16,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_choice, check_int
-from lcsm.ops import MODES, eos
+from lcsm.ops import MODES
 
 from ._hippo import hippo_normal_eig
-from ._ssm import SSMState, as_complex, check_dt, check_even, complex_param, log_dt_init, param_dtype
+from ._ssm import (
+    SSMState,
+    as_complex,
+    check_dt,
+    check_even,
+    complex_param,
+    log_dt_init,
+    param_dtype,
+    time_invariant_eos,
+)
 from .base import EOSRow, Mixer, no_weight_decay, register
+from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -103,21 +116,46 @@ class S5(Mixer):
         dtL = Lam * self.log_dt.exp()
         return dtL, (torch.expm1(dtL) / Lam).unsqueeze(-1) * as_complex(self.B)
 
-    def ssm(self, u: Tensor, memory: Tensor | None = None, return_state: bool = False):
-        """u [B, T, H] -> (2 Re(C~ x_t) + D u_t [B, T, H], state memory [B, 1, 1, P/2] or None)."""
+    def ssm(
+        self,
+        u: Tensor,
+        memory: Tensor | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
+        """u [B, T, H] -> (2 Re(C~ x_t) + D u_t [B, T, H], state memory [B, 1, 1, P/2] or None;
+        [N, 1, 1, P/2], one row per document, with ``cu_seqlens``)."""
         dtL, B_bar = self.discretize()
         i = torch.einsum("bth,ph->btp", u.to(B_bar.dtype), B_bar).unsqueeze(2)  # [B, T, 1, P/2]
         ones = torch.ones(1, 1, dtype=u.dtype, device=u.device)
-        x, m = eos(
-            i, ones, ones, dtL.view(1, 1, -1), mode=self.mode, initial_state=memory, output_final_state=return_state
+        x, m = time_invariant_eos(
+            i,
+            ones,
+            ones,
+            dtL.view(1, 1, -1),
+            mode=self.mode,
+            initial_state=memory,
+            output_final_state=return_state,
+            cu_seqlens=cu_seqlens,
         )
         y = 2 * torch.einsum("btp,hp->bth", x[:, :, 0], as_complex(self.C)).real
         return (y + self.D * u).to(u.dtype), m
 
-    def forward(self, x: Tensor, state: SSMState | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: SSMState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
         self.check_input(x)
-        y, m = self.ssm(x, state.memory if state is not None else None, return_state)
+        memory = state.memory if state is not None else None
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+            if memory is not None:
+                check_document_state("state.memory", memory, cu_seqlens.numel() - 1)
+        y, m = self.ssm(x, memory, return_state, cu_seqlens)
         g = F.gelu(y, approximate="tanh")  # flax nn.gelu's default (the official s5/layers.py)
         y = g * torch.sigmoid(self.out2(g))
         return (y, SSMState(memory=m)) if return_state else y

@@ -24,6 +24,9 @@ recurrence per token for decoding (ETSC's point). This one-head layout is also f
 op's chunk kernel than one head per channel with n modes each (one head's matmuls instead of d1
 small ones).
 
+Packed sequences (``cu_seqlens``): the FFT form once on the documents as padded rows
+(``_ssm.PaddedDocuments``; the cost of N rows of the longest document, twice with final states).
+
 The kernel is exact for lags j < l_max; for longer inputs the SSM continues with the periodic
 ETSC extension gamma^j t_(j mod (n+1)) (t_n being the pad), not TNN's RPE extrapolation: l_max
 should be the training length n, as in ETSC.
@@ -47,10 +50,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_choice, check_int
-from lcsm.ops import MODES, autocast_off, eos
+from lcsm.ops import MODES, autocast_off
 
-from ._ssm import SSMState
+from ._ssm import SSMState, time_invariant_eos
 from .base import EOSRow, Mixer, register
+from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -141,24 +145,36 @@ class TNN(Mixer):
         ones = torch.ones(1, self.l_max, dtype=b.real.dtype, device=b.device)
         return b.unsqueeze(0), ones, log_lam.view(1, -1, 1)
 
-    def forward(self, x: Tensor, state: SSMState | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: SSMState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         """x [B, T, d] -> y [B, T, d] (and the final SSMState when asked)."""
         self.check_input(x)
+        memory = state.memory if state is not None else None
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+            if memory is not None:
+                check_document_state("state.memory", memory, cu_seqlens.numel() - 1)
         u = F.silu(self.u_proj(x))
         v = F.silu(self.v_proj(x))
         # The kernel outside autocast: the ETSC conversion is an FFT of the RPE's output, which
         # has no bfloat16 form (and would lose the kernel's tail to its rounding).
         with autocast_off(x.device):
             e, s, log_o = self.eos_parameters()
-        y, m = eos(
+        y, m = time_invariant_eos(
             v.unsqueeze(2),
             e,
             s,
             log_o,
             mode=self.mode,
-            initial_state=state.memory if state is not None else None,
+            initial_state=memory,
             output_final_state=return_state,
             real_output=True,
+            cu_seqlens=cu_seqlens,
         )
         out = self.o(u * y[:, :, 0].to(u.dtype))
         return (out, SSMState(memory=m)) if return_state else out

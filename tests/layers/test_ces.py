@@ -219,6 +219,24 @@ def test_bidirectional_has_no_state():
             call()
 
 
+def test_packed_documents_real_field_and_refusals():
+    """cu_seqlens in the real field (the contract test covers the complex default) equals each
+    document alone; the bidirectional mode and ``lengths`` refuse it."""
+    m, x = make(field="real"), inputs(B=1, T=12)
+    cu = torch.tensor([0, 5, 6, 12])
+    state = m.init_state(3)
+    state.memory.normal_(generator=torch.Generator().manual_seed(2))
+    y, final = m(x, state=state, return_state=True, cu_seqlens=cu)
+    for n in range(3):
+        a, b = cu[n], cu[n + 1]
+        y_n, f_n = m(x[:, a:b], state=type(state)(memory=state.memory[n : n + 1]), return_state=True)
+        assert_close({"y": y[:, a:b], "m": final.memory[n : n + 1]}, {"y": y_n, "m": f_n.memory}, context=f"doc {n}")
+    with pytest.raises(ValueError, match="^lengths: right-padded rows and cu_seqlens"):
+        m(x, lengths=torch.tensor([12]), cu_seqlens=cu)
+    with pytest.raises(ValueError, match="^cu_seqlens: CES with bidirectional=True"):
+        make(bidirectional=True)(x, cu_seqlens=cu)
+
+
 @pytest.mark.parametrize(
     "options, match",
     [

@@ -12,7 +12,7 @@ from lcsm import layers
 from lcsm.layers import s4
 from lcsm.layers._hippo import hippo_legs, hippo_normal_eig, hippo_skew_pos_imag
 from lcsm.layers.s4 import cauchy_conj
-from lcsm.testing import assert_close, assert_matches_reference
+from lcsm.testing import assert_close, assert_matches_reference, gradients
 
 D_MODEL = 6
 SMALL = {
@@ -22,6 +22,10 @@ SMALL = {
     "dss": dict(d_state=6, l_max=40),
     "tnn": dict(expand_ratio=2, rpe_dim=8, l_max=40),
 }
+
+# The mixers whose packed rows (cu_seqlens) have an FFT form of their own, checked against the
+# recurrence here (the others as they gain it).
+PACKED = ["s4", "s4d", "dss", "s5", "tnn"]
 
 
 @contextlib.contextmanager
@@ -84,6 +88,27 @@ def test_fft_path_equals_recurrence(name):
         return forward
 
     assert_matches_reference(mixer, randn(2, 23, D_MODEL), run("recurrent"), context=name, forward=run("fft"))
+
+
+@pytest.mark.parametrize("name", PACKED)
+def test_packed_fft_path_equals_packed_recurrence(name):
+    """Packed documents (one long, the others short: most of the padded batch is padding) through
+    the FFT form on padded rows against the recurrence over each document, from per-document
+    initial states: outputs, final states and the gradients of the input, the initial states and
+    every parameter."""
+    mixer = make(name)
+    cu = torch.tensor([0, 1, 4, 30, 31, 33])
+    with torch.no_grad():
+        _, state = mixer(randn(5, 3, D_MODEL, seed=2), return_state=True)
+    state = state.map(lambda t: t.detach().requires_grad_())
+    x = randn(1, 33, D_MODEL).requires_grad_()
+    wrt = {"x": x, **{f"state.{k}": v for k, v in state.tensors().items()}, **dict(mixer.named_parameters())}
+    results = []
+    for mode in ("fft", "recurrent"):
+        mixer.mode = mode
+        y, final = mixer(x, state=state, return_state=True, cu_seqlens=cu)
+        results.append(gradients({"y": y, **final.tensors()}, wrt))
+    assert_close(results[0], results[1], context=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
