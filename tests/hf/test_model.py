@@ -191,6 +191,16 @@ def test_beam_search_reorders_the_states(mixer):
     assert torch.equal(one[:, 4:], model.model.generate(ids, max_new_tokens=4, temperature=0))
 
 
+@pytest.mark.parametrize("mixer", ["gla", "attention"])
+def test_beam_search_on_a_left_padded_batch_equals_each_prompt_alone(mixer):
+    model = tiny(mixer).double()
+    ids, mask = left_padded(PROMPTS, 7)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0)
+    for b, p in enumerate(PROMPTS):
+        alone = model.generate(torch.tensor([p]), max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0)
+        assert torch.equal(out[b, 7:], alone[0, len(p) :]), f"{mixer} prompt {b}"
+
+
 @pytest.mark.parametrize("tie", [True, False])
 @pytest.mark.parametrize("mixer", ["gla", "s4d", "attention"])
 def test_save_and_load_are_bit_exact(tmp_path, mixer, tie):
