@@ -112,6 +112,9 @@ def test_left_padded_generate_from_a_tokenizer():
     T = batch.input_ids.shape[1]
     alone = [model.model.generate([tok(t).input_ids], max_new_tokens=5, temperature=0)[0].tolist() for t in texts]
     assert out[:, T:].tolist() == alone
+    # without a cache generate rereads the whole padded sequence each step, packed again: the same
+    again = model.generate(**batch, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id, use_cache=False)
+    assert torch.equal(again, out)
 
 
 def test_left_padded_decoding_feeds_one_token_with_a_constant_cache():
