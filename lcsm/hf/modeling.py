@@ -8,10 +8,12 @@ number of tokens they have read. After the prompt, each step feeds one token thr
 recurrent forms, so a new token costs the same whatever the context length (a growing KV cache for
 ``attention``), and greedy decoding equals lcsm's own ``CausalLM.generate`` token for token.
 
-Padding: lcsm's states read every token they are given, so a padding token inside a state changes
-every later output. ``attention_mask`` zeros are therefore refused wherever a state is carried
-(``generate``, ``use_cache=True``, a ``cache``); a forward without a cache accepts right padding
-(causal: the valid positions never see the padding after them).
+Padding: an ``attention_mask`` with zeros, on either side, is lcsm's own (``CausalLM.forward``):
+the kept tokens of each row run packed, one document per row, so a pad enters no state and no
+output, and each row's state is that of its tokens alone (logits at the pads are to be ignored).
+``generate`` on a left-padded batch (a tokenizer's ``padding_side="left"``) therefore equals
+generating each prompt alone. Padding belongs to the prompt: once a cache has read tokens, the
+mask columns of the tokens fed after them must be 1 (generate's growing mask is).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from lcsm.layers import Mixer, State
 from lcsm.models import CausalLM
-from lcsm.models.model import lengths_from_mask
 
 from .configuration import LcsmConfig
 
@@ -33,9 +34,11 @@ Tensor = torch.Tensor
 
 
 class LcsmCache:
-    """The recurrent states of an lcsm model, one lcsm ``State`` per layer, and ``seen``: how many
-    tokens of each sequence they have read. Updated in place by each forward that is given it (as
-    transformers' caches are), so one object follows a whole ``generate`` call."""
+    """The recurrent states of an lcsm model, one lcsm ``State`` per layer (one row per sequence),
+    and ``seen``: how many columns of the sequences they have read (a left-padded prompt's padding
+    included, as transformers counts the attention mask's columns). Updated in place by each
+    forward that is given it (as transformers' caches are), so one object follows a whole
+    ``generate`` call."""
 
     # Not a transformers ``Cache``: generate reads these flags to decide about compilation and about
     # undoing steps, neither of which an lcsm state supports (a recurrent memory cannot drop tokens).
@@ -137,7 +140,9 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
     ):
         """input_ids [B, T] -> logits [B, T, V]; with ``labels`` [B, T] (-100 = ignored) the mean
         next-token cross-entropy, labels shifted inside as in transformers. With ``cache`` the
-        tokens continue the sequences it has read, and it is updated in place."""
+        tokens continue the sequences it has read, and it is updated in place. ``attention_mask``
+        [B, seen + T]: zeros (padding, either side) only among the columns of a first forward, whose
+        kept tokens then run packed (padding as if absent; logits at the pads to be ignored)."""
         if inputs_embeds is not None:
             raise ValueError("inputs_embeds: lcsm models read token ids; pass input_ids")
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
@@ -163,26 +168,26 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
                 f"attention_mask: expected [B, seen + T] = [{B}, {seen + T}] (the tokens the cache has read and "
                 f"these), got {list(attention_mask.shape)}"
             )
-        # Only the columns of the tokens fed now: earlier ones were checked when their tokens were fed
-        # (and checking them again would make each decoding step cost O(context)).
-        padded = attention_mask is not None and not bool(attention_mask[:, -T:].all())
-        if use_cache is None:
-            use_cache = self.config.use_cache and not self.training and not padded
-        if padded and (use_cache or cache is not None):
+        # Only the columns of the tokens fed now: earlier ones were read when their tokens were fed
+        # (and reading them again would make each decoding step cost O(context)).
+        fed = attention_mask[:, -T:] if attention_mask is not None else None
+        padded = fed is not None and not bool(fed.all())
+        continuing = cache is not None and cache.seen > 0
+        if padded and continuing:
             raise ValueError(
-                "attention_mask: has zeros (padding) where a recurrent state is carried (generate, use_cache=True "
-                "or a cache). lcsm states read every token they are given, so padding would change the "
-                "continuations: left-padded batches are not supported yet. Generate prompts of different lengths "
-                "one at a time (or with lcsm's own CausalLM.generate, which takes ragged prompts exactly), or "
-                "pass use_cache=False for a plain forward over right-padded sequences"
+                f"attention_mask: has zeros (padding) in the columns of the {T} token(s) fed after the cache's "
+                f"{cache.seen}; padding belongs to the prompt, read in the first forward (left padding, as generate "
+                "passes it), and every later token must be 1"
             )
-        if padded:
-            # Right padding only: causal outputs at valid positions then never depend on it.
-            lengths_from_mask(attention_mask, B, T, input_ids.device)
+        if use_cache is None:
+            use_cache = self.config.use_cache and not self.training
+        # With padding the kept tokens of each row run packed (lcsm's attention_mask): padding is as if
+        # absent from every state and output, and the logits at the pads are to be ignored.
+        packing = {"attention_mask": fed} if padded else {}
 
         if use_cache or cache is not None:
-            states = cache.states if cache is not None and cache.seen > 0 else None
-            logits, states = self.model(input_ids, state=states, return_state=True)
+            states = cache.states if continuing else None
+            logits, states = self.model(input_ids, state=states, return_state=True, **packing)
             if cache is None:
                 # A mixer's state is constant-size when it does not grow with the tokens read.
                 linear = [b.mixer.state_size(1) == b.mixer.state_size(2) for b in self.model.backbone.blocks]
@@ -190,7 +195,7 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
             else:
                 cache.states, cache.seen = states, cache.seen + T
         else:
-            logits = self.model(input_ids)
+            logits = self.model(input_ids, **packing)
 
         loss = None
         if labels is not None:
@@ -216,7 +221,10 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> dict:
         """The whole prompt first; once the cache has read ``seen`` tokens, only the tokens after
-        them (generate passes the whole sequence so far: one new token per step)."""
+        them (generate passes the whole sequence so far: one new token per step). A prompt's
+        padding must be on the left. transformers 5.24's generate makes no ``position_ids`` for
+        this model (its forward takes none) and no ``cache_position`` (remote-code models only):
+        positions are lcsm's own, counted in each row over its kept tokens."""
         if cache is not None and cache.seen > 0:
             if input_ids.shape[1] <= cache.seen:
                 raise ValueError(
@@ -224,6 +232,12 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
                     f"sequence so far (longer than {cache.seen} tokens), got {input_ids.shape[1]} tokens"
                 )
             input_ids = input_ids[:, cache.seen :]
+        elif attention_mask is not None and not bool(attention_mask[:, -1].all()):
+            # generate appends each new token after the last column and reads the logits there.
+            raise ValueError(
+                "attention_mask: generate needs left padding (a tokenizer's padding_side='left'); the last "
+                "column is padding in some rows, whose first new token would be predicted at a pad"
+            )
         # generate's bookkeeping for its own slicing, which the line above does; anything else a
         # caller gave generate goes on to forward, which refuses what it does not support.
         for name in ("next_sequence_length", "is_first_iteration"):

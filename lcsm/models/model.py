@@ -258,19 +258,21 @@ class CausalLM(Model):
         lengths: Tensor | None = None,
         generator: torch.Generator | None = None,
         vocab_size: int | None = None,
+        attention_mask: Tensor | None = None,
     ) -> Tensor:
         """Decode ``max_new_tokens`` tokens after each prompt; returns the new tokens [B, max_new_tokens].
 
-        Prompts: a [B, T] tensor (all of length T, or right-padded with ``lengths`` [B]) or a list of
-        B token lists of any lengths. The shortest prompt length L is prefilled for the whole batch
-        in one forward pass; from then on every sequence advances one token per step through the
-        mixers' recurrent states, reading its own prompt while it lasts and its own samples after,
-        so prompts of different lengths share every step (no padding enters any state) and the
-        result equals generating each prompt alone. Each step costs the same whatever the context
-        length (a growing KV cache for the ``attention`` mixer). Runs in eval mode (dropout off,
-        batch-norm running statistics). ``vocab_size``: sample among the first ``vocab_size`` ids
-        only, for a model whose vocabulary is larger than its data's (padding rows, never trained
-        as targets); default: every id of the model.
+        Prompts: a [B, T] tensor (all of length T; right-padded with ``lengths`` [B]; or padded on
+        either side with ``attention_mask`` [B, T], 1 = token, 0 = padding, as a left-padding
+        tokenizer gives) or a list of B token lists of any lengths. All prompts are read in one
+        forward pass, their kept tokens packed (``Backbone.forward``'s ``attention_mask``), so no
+        padding enters any state and the result equals generating each prompt alone. From then on
+        every sequence advances one token per step through its own row of the mixers' recurrent
+        states; each step costs the same whatever the context length (a growing KV cache for the
+        ``attention`` mixer). Runs in eval mode (dropout off, batch-norm running statistics).
+        ``vocab_size``: sample among the first ``vocab_size`` ids only, for a model whose
+        vocabulary is larger than its data's (padding rows, never trained as targets); default:
+        every id of the model.
         """
         _check_sampling(max_new_tokens, temperature, top_k, top_p)
         n_ids = self.config.vocab_size
@@ -281,38 +283,32 @@ class CausalLM(Model):
                 f"vocab_size: expected None or an integer in [1, {n_ids}] (the model's vocabulary), got {vocab_size!r}"
             )
         device = self.backbone.embedding.weight.device
-        prompts = _prompt_list(input_ids, lengths)
-        for p in prompts:
-            _check_ids(p, n_ids)
-        B = len(prompts)
-        lens = torch.tensor([len(p) for p in prompts], device=device)
-        L_min, L_max = int(lens.min()), int(lens.max())
-        padded = torch.zeros(B, L_max, dtype=torch.long, device=device)
-        for b, p in enumerate(prompts):
-            padded[b, : len(p)] = p.to(device)
+        padded, mask = _padded_prompts(input_ids, lengths, attention_mask, device)
+        _check_ids(padded, n_ids)
+        B, T = padded.shape
+        prompt_lengths = mask.sum(1) if mask is not None else torch.full((B,), T, device=device)
+        if mask is not None and bool(mask.all()):
+            mask = None  # prompts of one length: nothing to pack
         was_training = self.training
         self.eval()
         try:
-            logits, state = self(padded[:, :L_min], return_state=True)
-            last = logits[:, -1]
+            # Logits at each row's last prompt token only (the head reads one position per row).
+            hidden, state = self.backbone(padded, return_state=True, attention_mask=mask)
+            last_position = (torch.arange(T, device=device) * mask).argmax(1) if mask is not None else T - 1
+            last = self.logits(hidden[torch.arange(B, device=device), last_position])
             out = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
-            rows = torch.arange(B, device=device)
-            # Position p is the token being predicted; sequence b emits generated token p - len_b.
-            for p in range(L_min, L_max + max_new_tokens):
-                if not bool(torch.isfinite(last[:, :vocab_size]).all()):
+            for k in range(max_new_tokens):
+                finite = torch.isfinite(last[:, :vocab_size]).all(-1)
+                if not bool(finite.all()):
+                    position = int(prompt_lengths[~finite][0]) + k  # of the first such sequence
                     raise ValueError(
-                        f"generate: the model's logits for position {p} are not finite (nan or inf); its "
+                        f"generate: the model's logits for position {position} are not finite (nan or inf); its "
                         "weights are likely those of a diverged run"
                     )
-                token = sample_next(last[:, :vocab_size], temperature, top_k, top_p, generator)
-                k = p - lens
-                emit = (k >= 0) & (k < max_new_tokens)
-                out[rows[emit], k[emit]] = token[emit]
-                if p == L_max + max_new_tokens - 1:
+                out[:, k] = sample_next(last[:, :vocab_size], temperature, top_k, top_p, generator)
+                if k == max_new_tokens - 1:
                     break
-                inside = p < lens
-                next_input = torch.where(inside, padded[:, min(p, L_max - 1)], token)
-                logits, state = self(next_input[:, None], state=state, return_state=True)
+                logits, state = self(out[:, k : k + 1], state=state, return_state=True)
                 last = logits[:, -1]
         finally:
             self.train(was_training)
@@ -330,31 +326,41 @@ def _check_ids(ids: Tensor, vocab_size: int) -> None:
         )
 
 
-def _prompt_list(input_ids, lengths) -> list[Tensor]:
+def _padded_prompts(input_ids, lengths, attention_mask, device) -> tuple[Tensor, Tensor | None]:
+    """The prompts as ids [B, T] on ``device`` and their mask [B, T] bool (None: every position a token)."""
     if isinstance(input_ids, Tensor):
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"input_ids: expected integer ids [B, T], got {input_ids.dtype} {list(input_ids.shape)}")
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids: expected prompts of at least one token, got T = 0")
+        B, T = input_ids.shape
+        ids = input_ids.to(device=device, dtype=torch.long)
+        if lengths is not None and attention_mask is not None:
+            raise ValueError("lengths / attention_mask: give one of them, not both")
+        if attention_mask is not None:
+            mask = check_mask(attention_mask.to(device), B, T)
+            # The ids at the padding are never read: any pad id (a tokenizer's, or -100) is accepted.
+            return ids.masked_fill(~mask, 0), mask
         if lengths is None:
-            return list(input_ids.long())
+            return ids, None
         lengths = torch.as_tensor(lengths)
-        if (
-            lengths.shape != (input_ids.shape[0],)
-            or bool((lengths < 1).any())
-            or bool((lengths > input_ids.shape[1]).any())
-        ):
-            raise ValueError(
-                f"lengths: expected [B] = [{input_ids.shape[0]}] values in [1, {input_ids.shape[1]}], "
-                f"got {lengths.tolist()}"
-            )
-        return [row[: int(n)].long() for row, n in zip(input_ids, lengths, strict=False)]
-    if lengths is not None:
-        raise ValueError("lengths: only for a right-padded [B, T] tensor; a list of prompts carries its own lengths")
+        if lengths.shape != (B,) or bool((lengths < 1).any()) or bool((lengths > T).any()):
+            raise ValueError(f"lengths: expected [B] = [{B}] values in [1, {T}], got {lengths.tolist()}")
+        mask = torch.arange(T, device=device) < lengths.to(device)[:, None]
+        return ids.masked_fill(~mask, 0), mask
+    for name, given in (("lengths", lengths), ("attention_mask", attention_mask)):
+        if given is not None:
+            raise ValueError(f"{name}: only for a padded [B, T] tensor; a list of prompts carries its own lengths")
     prompts = [torch.as_tensor(p, dtype=torch.long) for p in input_ids]
     if not prompts or any(p.dim() != 1 or p.numel() == 0 for p in prompts):
         raise ValueError("input_ids: expected a non-empty list of non-empty 1-D token sequences")
-    return prompts
+    T = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), T, dtype=torch.long, device=device)
+    mask = torch.zeros(len(prompts), T, dtype=torch.bool, device=device)
+    for b, p in enumerate(prompts):
+        ids[b, : len(p)] = p.to(device)
+        mask[b, : len(p)] = True
+    return ids, mask
 
 
 # ----------------------------------------------------------------------------- classifiers

@@ -19,7 +19,7 @@ MIXERS = ["gla", "retnet", "mamba", "hgrn", "metala", "fwp", "s4d", "rwkv4", "lc
 
 def tiny(mixer="gla", **changes) -> LcsmForCausalLM:
     torch.manual_seed(0)
-    config = LcsmConfig(lcsm=dict(mixer=mixer, vocab_size=32, d_model=16, n_layers=2, **changes))
+    config = LcsmConfig(lcsm={**dict(mixer=mixer, vocab_size=32, d_model=16, n_layers=2), **changes})
     return LcsmForCausalLM(config).eval()
 
 
@@ -76,23 +76,111 @@ def test_labels_give_the_shifted_cross_entropy():
     torch.testing.assert_close(out.loss, expected)
 
 
+PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 1, 2], [3]]
+
+
+def left_padded(prompts, T, pad=0):
+    """As a tokenizer with padding_side="left" gives them: ids and attention_mask [B, T]."""
+    ids = torch.full((len(prompts), T), pad)
+    mask = torch.zeros(len(prompts), T, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, T - len(p) :], mask[b, T - len(p) :] = torch.tensor(p), 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_left_padded_generate_equals_lcsm_generate_per_prompt(mixer):
+    model = tiny(mixer).double()
+    ids, mask = left_padded(PROMPTS, 7)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(out[:, :7], ids)
+    alone = [model.model.generate([p], max_new_tokens=6, temperature=0)[0].tolist() for p in PROMPTS]
+    assert out[:, 7:].tolist() == alone, mixer
+
+
+def test_left_padded_generate_from_a_tokenizer():
+    """The usual transformers way: a tokenizer padding on the left, its ids and mask to generate."""
+    from lcsm.hf.export import byte_tokenizer
+
+    tok = byte_tokenizer()
+    tok.padding_side, tok.pad_token = "left", tok.eos_token
+    model = tiny(vocab_size=len(tok)).double()
+    texts = ["The whale", "Ahab", "all hands on deck!"]
+    batch = tok(texts, padding=True, return_tensors="pt")
+    assert not bool(batch.attention_mask.all())
+    out = model.generate(**batch, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
+    T = batch.input_ids.shape[1]
+    alone = [model.model.generate([tok(t).input_ids], max_new_tokens=5, temperature=0)[0].tolist() for t in texts]
+    assert out[:, T:].tolist() == alone
+    # without a cache generate rereads the whole padded sequence each step, packed again: the same
+    again = model.generate(**batch, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id, use_cache=False)
+    assert torch.equal(again, out)
+
+
+def test_left_padded_decoding_feeds_one_token_with_a_constant_cache():
+    model = tiny("gla")
+    fed, sizes = [], []
+
+    def hook(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        fed.append((kwargs["input_ids"].shape[1], None if mask is None else int(mask[:, -1:].min())))
+        if kwargs.get("cache") is not None:
+            sizes.append(sum(t.numel() for s in kwargs["cache"].states for t in s.tensors().values()))
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    ids, mask = left_padded(PROMPTS, 7)
+    model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    # the padded prompt once, then one token a step with its mask column (generate's growing mask) all 1
+    assert fed == [(7, 1)] + [(1, 1)] * 4
+    assert len(sizes) == 4 and len(set(sizes)) == 1
+
+
+def test_left_padded_forward_without_cache_equals_each_row_alone():
+    model = tiny().double()
+    ids, mask = left_padded(PROMPTS, 7)
+    logits = model(ids, attention_mask=mask, use_cache=False).logits
+    for b, p in enumerate(PROMPTS):
+        torch.testing.assert_close(logits[b, 7 - len(p) :], model(torch.tensor([p])).logits[0])
+
+
 def test_right_padding_without_cache_leaves_valid_positions_exact():
     model = tiny()
     ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(4))
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6])
-    out = model(ids, attention_mask=mask)
-    assert out.cache is None
-    torch.testing.assert_close(out.logits[0, :4], model(ids[:1, :4]).logits[0])
+    for use_cache in (False, None):
+        out = model(ids, attention_mask=mask, use_cache=use_cache)
+        assert (out.cache is None) == (use_cache is False)
+        torch.testing.assert_close(out.logits[0, :4], model(ids[:1, :4]).logits[0])
+        torch.testing.assert_close(out.logits[1], model(ids[1:]).logits[0])
+    # the cache holds each row's state after its own last token
+    more = torch.tensor([[7], [8]])
+    step = model(more, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1), cache=out.cache)
+    torch.testing.assert_close(step.logits[0], model(torch.cat([ids[:1, :4], more[:1]], 1)).logits[0, -1:])
+    torch.testing.assert_close(step.logits[1], model(torch.cat([ids[1:], more[1:]], 1)).logits[0, -1:])
 
 
-def test_left_padding_is_refused_naming_attention_mask():
+def test_padding_after_the_prompt_is_refused_naming_attention_mask():
     model = tiny()
-    ids = torch.randint(1, 32, (2, 5))
-    mask = torch.tensor([[0, 0, 1, 1, 1], [1] * 5])
-    with pytest.raises(ValueError, match="attention_mask: has zeros .* left-padded batches are not supported"):
-        model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
-    with pytest.raises(ValueError, match="mask: expected right padding"):
-        model(ids, attention_mask=mask)
+    ids, mask = left_padded(PROMPTS, 7)
+    cache = model(ids, attention_mask=mask).cache
+    step = torch.ones(4, 1, dtype=torch.long)
+    with pytest.raises(
+        ValueError, match=r"attention_mask: has zeros \(padding\) in the columns of the 1 token\(s\) fed"
+    ):
+        model(step, attention_mask=torch.cat([mask, torch.tensor([[1], [0], [1], [1]])], 1), cache=cache)
+    assert cache.seen == 7  # the refused step read nothing
+    model(step, attention_mask=torch.cat([mask, torch.ones(4, 1, dtype=torch.long)], 1), cache=cache)
+    assert cache.seen == 8
+
+
+def test_generate_refuses_right_padding():
+    """transformers appends the new tokens after the last column: with right padding the first one
+    would be predicted at a pad, so generate asks for left padding instead of returning that."""
+    model = tiny()
+    ids = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with pytest.raises(ValueError, match="attention_mask: generate needs left padding"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
 
 
 @pytest.mark.parametrize("mixer", ["hgrn", "attention"])
@@ -104,6 +192,16 @@ def test_beam_search_reorders_the_states(mixer):
     # One beam and greedy agree (a sanity check of reorder_cache's bookkeeping).
     one = model.generate(ids, max_new_tokens=4, num_beams=1, do_sample=False)
     assert torch.equal(one[:, 4:], model.model.generate(ids, max_new_tokens=4, temperature=0))
+
+
+@pytest.mark.parametrize("mixer", ["gla", "attention"])
+def test_beam_search_on_a_left_padded_batch_equals_each_prompt_alone(mixer):
+    model = tiny(mixer).double()
+    ids, mask = left_padded(PROMPTS, 7)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0)
+    for b, p in enumerate(PROMPTS):
+        alone = model.generate(torch.tensor([p]), max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0)
+        assert torch.equal(out[b, 7:], alone[0, len(p) :]), f"{mixer} prompt {b}"
 
 
 @pytest.mark.parametrize("tie", [True, False])

@@ -1,5 +1,5 @@
 """Recurrent generation of the causal LM: prefill + steps == full forward, generate == greedy by
-full forward passes, ragged batches == one prompt at a time."""
+full forward passes, ragged and padded batches == one prompt at a time."""
 
 import pytest
 import torch
@@ -64,6 +64,60 @@ def test_generate_greedy_matches_full_forward_and_ragged_batch(mixer):
     for b, p in enumerate(prompts):
         padded[b, : len(p)] = torch.tensor(p)
     assert model.generate(padded, n, temperature=0, lengths=torch.tensor([3, 2, 6])).tolist() == expected
+
+
+def pad_prompts(prompts, T, side, pad=12):
+    """Prompts padded to T on one side (as a tokenizer with that padding_side) and their mask."""
+    ids = torch.full((len(prompts), T), pad)
+    mask = torch.zeros(len(prompts), T, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        where = slice(T - len(p), T) if side == "left" else slice(0, len(p))
+        ids[b, where], mask[b, where] = torch.tensor(p), 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_padded_batch_with_attention_mask_equals_each_prompt_alone(mixer, side):
+    model = make_lm(mixer)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 1, 2], [3]]
+    n = 5
+    alone = [model.generate([p], n, temperature=0)[0].tolist() for p in prompts]
+    ids, mask = pad_prompts(prompts, 7, side)
+    assert model.generate(ids, n, temperature=0, attention_mask=mask).tolist() == alone, f"{mixer} {side}"
+
+
+@pytest.mark.parametrize("mixer", ["gla", "retnet", "mamba", "attention"])
+def test_left_padded_sampling_draws_as_the_ragged_list(mixer):
+    """The same generator seed gives the same samples whether the prompts come left-padded with a
+    mask or as a list (one packed prefill, the same draws), and one left-padded prompt samples as
+    that prompt alone."""
+    model = make_lm(mixer)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 1, 2]]
+    ids, mask = pad_prompts(prompts, 6, "left")
+
+    def sample(*args, **kwargs):
+        return model.generate(*args, 6, temperature=1.5, top_k=8, generator=torch.Generator().manual_seed(7), **kwargs)
+
+    assert torch.equal(sample(ids, attention_mask=mask), sample(prompts))
+    assert torch.equal(sample(ids[1:2], attention_mask=mask[1:2]), sample([prompts[1]]))
+
+
+def test_generate_padding_arguments_are_checked():
+    model = make_lm("gla")
+    ids, mask = pad_prompts([[1, 2, 3], [4]], 3, "left", pad=-100)
+    # ids at the padding are never read, whatever they are
+    assert model.generate(ids, 2, temperature=0, attention_mask=mask).tolist() == [
+        model.generate([p], 2, temperature=0)[0].tolist() for p in ([1, 2, 3], [4])
+    ]
+    with pytest.raises(ValueError, match="lengths / attention_mask: give one of them"):
+        model.generate(ids, 2, attention_mask=mask, lengths=torch.tensor([3, 1]))
+    with pytest.raises(ValueError, match="attention_mask: only for a padded"):
+        model.generate([[1, 2]], 2, attention_mask=torch.ones(1, 2))
+    with pytest.raises(ValueError, match=r"attention_mask: expected \[B, T\] = \[2, 3\]"):
+        model.generate(ids, 2, attention_mask=mask[:, :2])
+    with pytest.raises(ValueError, match="attention_mask: every row needs at least one token"):
+        model.generate(ids, 2, attention_mask=torch.tensor([[1, 1, 1], [0, 0, 0]]))
 
 
 def test_generate_state_does_not_grow_and_restores_train_mode():
