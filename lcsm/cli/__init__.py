@@ -2,9 +2,9 @@
 
 Every module of this package that defines ``add_parsers(subparsers)`` contributes its commands
 (``catalog``: list; ``bench``; ``train``: train / eval / generate; ``sweep``: sweep / report;
-``data``: data prepare; ``export``: export --hf). Errors a user can cause end in one clear message on stderr and exit
-status 2, not a traceback; a problem of the machine (a read-only or full disk) in one line
-``<path>: <cause>`` and exit status 1.
+``data``: data prepare; ``export``: export --hf; ``eval_harness``: eval-harness). Errors a user can
+cause end in one clear message on stderr and exit status 2, not a traceback; a problem of the
+machine (a read-only or full disk) in one line ``<path>: <cause>`` and exit status 1.
 """
 
 from __future__ import annotations
