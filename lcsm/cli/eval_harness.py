@@ -32,17 +32,7 @@ def _write_json(results: dict, out: Path) -> None:
     tmp.replace(out)
 
 
-def _evaluate(harness, model_dir: Path, args, tasks: list[str]) -> dict:
-    from lcsm.hf.export import export_run
-
-    if not (model_dir / "config.json").is_file():
-        # Not a Hugging Face directory: a run (or one checkpoint), exported for this evaluation only.
-        with tempfile.TemporaryDirectory(prefix="lcsm-eval-harness-") as tmp:
-            try:
-                exported = export_run(model_dir, Path(tmp) / "hf", best=args.best)
-            except ValueError as err:
-                raise UsageError(f"MODEL_DIR: no config.json (not an exported model), read as a run: {err}") from None
-            return _evaluate(harness, exported, args, tasks)
+def _evaluate_export(harness, model_dir: Path, args, tasks: list[str]) -> dict:
     if not (model_dir / "tokenizer.json").is_file():
         raise UsageError(
             f"{str(model_dir)!r} has no tokenizer (tokenizer.json): lm-evaluation-harness scores text, and a model "
@@ -59,6 +49,22 @@ def _evaluate(harness, model_dir: Path, args, tasks: list[str]) -> dict:
         model_args=_model_args(args.model_args),
         log_samples=args.log_samples,
     )
+
+
+def _evaluate(harness, model_dir: Path, args, tasks: list[str]) -> dict:
+    from lcsm.hf.export import export_run
+
+    if (model_dir / "config.json").is_file():
+        if args.best:
+            raise UsageError(f"--best: {str(model_dir)!r} is an exported model, not a run (--best picks a checkpoint)")
+        return _evaluate_export(harness, model_dir, args, tasks)
+    # Not a Hugging Face directory: a run (or one checkpoint), exported for this evaluation only.
+    with tempfile.TemporaryDirectory(prefix="lcsm-eval-harness-") as tmp:
+        try:
+            exported = export_run(model_dir, Path(tmp) / "hf", best=args.best)
+        except ValueError as err:
+            raise UsageError(f"MODEL_DIR: no config.json (not an exported model), read as a run: {err}") from None
+        return _evaluate_export(harness, exported, args, tasks)
 
 
 def cmd_eval_harness(args) -> int:

@@ -163,6 +163,7 @@ def test_help_names_the_options_and_the_local_task(capsys):
         (["{model}", "--tasks", "lcsm_facts", "--include-path", "/nonexistent"], "'/nonexistent' is not a directory"),
         (["{model}", "--tasks", "lcsm_facts", "--model-args", "dtype"], "--model-args: expected KEY=VALUE"),
         (["{bare}", "--tasks", "lcsm_facts"], "has no tokenizer (tokenizer.json)"),
+        (["{model}", "--tasks", "lcsm_facts", "--best"], "is an exported model, not a run (--best picks"),
         (["{empty}", "--tasks", "lcsm_facts"], "no config.json (not an exported model), read as a run: checkpoint"),
     ],
 )
