@@ -1,8 +1,8 @@
 """lcsm models in EleutherAI's lm-evaluation-harness (the ``eval`` extra: ``pip install 'lcsm[eval]'``).
 
     lcsm eval-harness hf/metala --tasks lcsm_facts                         # the command line
-    python -m lcsm.hf.harness run --model hf --model_args pretrained=hf/metala --tasks lcsm_facts \\
-        --include_path lcsm/hf/tasks                                        # lm_eval's own command line
+    python -m lcsm.hf.harness run --model hf --model_args pretrained=hf/metala,backend=causal \\
+        --tasks lcsm_facts --include_path lcsm/hf/tasks                    # lm_eval's own command line
 
 lm_eval's ``hf`` model loads a directory with transformers' Auto classes, which know model_type
 "lcsm" only once ``lcsm.hf`` has been imported: the model's code is lcsm's, not remote code in the
