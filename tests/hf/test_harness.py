@@ -103,6 +103,23 @@ def test_harness_accuracy_equals_lcsm_own_scoring(tmp_path, tokenizer, mixer):
     assert result["results"]["lcsm_facts"]["acc,none"] == pytest.approx(accuracy(picks, DOCS), abs=1e-12)
 
 
+def test_an_include_path_task_over_a_local_jsonl(tmp_path):
+    # A task of one's own, as lm_eval's docs write them: dataset_path json over an absolute path
+    # (its cache in tmp_path; HF_DATASETS_OFFLINE is set, so nothing could be fetched).
+    out, model, tok = export(tmp_path, "byte", "gla")
+    task = yaml.safe_load((harness.TASKS_DIR / "lcsm_facts.yaml").read_text().replace("!function ", ""))
+    del task["custom_dataset"]
+    data = {"data_files": {"test": str(harness.TASKS_DIR / "lcsm_facts.jsonl")}, "cache_dir": str(tmp_path / "cache")}
+    task.update(task="my_facts", dataset_path="json", dataset_kwargs=data)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "my_facts.yaml").write_text(yaml.safe_dump(task))
+    result = harness.evaluate(out, ["my_facts"], include_paths=[tmp_path / "tasks"], limit=8, log_samples=True)
+    samples = sorted(result["samples"]["my_facts"], key=lambda s: s["doc_id"])
+    _, picks = lcsm_scores(model, tok, DOCS[:8])
+    assert [max(range(4), key=[ll for ll, _ in s["filtered_resps"]].__getitem__) for s in samples] == picks
+    assert result["results"]["my_facts"]["acc,none"] == pytest.approx(accuracy(picks, DOCS[:8]), abs=1e-12)
+
+
 def test_cli_on_an_export_prints_the_table_and_writes_json(tmp_path, capsys):
     out, model, tok = export(tmp_path, "byte", "gla")
     path = tmp_path / "results.json"
