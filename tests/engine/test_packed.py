@@ -1,6 +1,10 @@
 """A packed lm run (``task.packing: true``): a training step's loss is the mean over its documents
 each run alone, a resumed run is bit-exact, and a packed task asks for a causal model."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +14,7 @@ from lcsm.engine.trainer import Trainer
 from lcsm.tasks import IGNORE_INDEX
 from lcsm.tasks.base import packed_cu_seqlens
 
-from .conftest import TINY
+from .conftest import TINY, write_config
 from .test_resume import assert_identical, died_after_step, final_weights, metric_rows
 
 
@@ -79,3 +83,27 @@ def test_packing_needs_the_lm_task_and_a_causal_model(corpus):
         RunConfig.from_dict(apply_overrides(TINY, {"task.packing": True}))
     with pytest.raises(ValueError, match="bidirectional: head.kind='lm' must be causal"):
         RunConfig.from_dict(packed_run(corpus, **{"model.bidirectional": True}))
+
+
+def test_a_packed_run_on_two_processes_is_one_process_accumulating(tmp_path, corpus):
+    """Under DDP and FSDP each rank runs its rows as one packed row: 2 processes (gloo) train bit for
+    bit like 1 process with grad_accum 2 (as tests/engine/test_distributed.py for unpacked rows),
+    and FSDP with activation checkpointing within its summation order of DDP
+    (tests/engine/test_fsdp.py)."""
+    cfg = write_config(tmp_path / "packed.yaml", packed_run(corpus, **{"train.batch_size": 16}))
+    env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+    def run(out, *launcher_and_settings):
+        launcher, settings = launcher_and_settings[0], launcher_and_settings[1:]
+        args = [*launcher, "-m", "lcsm", "train", str(cfg), "--quiet", "--out", str(tmp_path / out)]
+        done = subprocess.run([*args, *settings], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return tmp_path / out
+
+    ddp, accum = run("ddp", torchrun), run("accum", [sys.executable], "--set", "train.grad_accum=2")
+    assert metric_rows(ddp) == metric_rows(accum)
+    assert_identical(final_weights(ddp), final_weights(accum))
+    fsdp = run("fsdp", torchrun, "--set", "run.parallel=fsdp", "--set", "run.activation_checkpointing=true")
+    for a, b in zip(metric_rows(ddp), metric_rows(fsdp), strict=True):
+        assert (a["kind"], a["step"]) == (b["kind"], b["step"]) and a["loss"] == pytest.approx(b["loss"], rel=1e-5)
