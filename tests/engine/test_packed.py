@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lcsm.engine import RunConfig, apply_overrides, train
+from lcsm.engine import RunConfig, apply_overrides, evaluate, load_run, train
 from lcsm.engine.trainer import Trainer
 from lcsm.tasks import IGNORE_INDEX
 from lcsm.tasks.base import packed_cu_seqlens
@@ -76,6 +76,10 @@ def test_a_packed_run_resumes_bit_exactly(cache_env, corpus):
     assert result["step"] == 12 and "perplexity" in result["metrics"]
     assert_identical(final_weights(cache_env / "a"), final_weights(b))
     assert metric_rows(cache_env / "a") == metric_rows(b)
+    # `lcsm eval` of the run serves the split packed, as training evaluated it
+    _, task, model, _ = load_run(b)
+    assert task.config.packing
+    assert evaluate(model, task, "validation", 8, torch.device("cpu")) == result["metrics"]
 
 
 def test_packing_needs_the_lm_task_and_a_causal_model(corpus):
