@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 
 from lcsm._checks import check_bool
@@ -178,10 +179,15 @@ class Task:
 
     def logits(self, model, batch: Mapping[str, object]) -> Tensor:
         """Run ``model`` (an ``lcsm.models`` model with head ``default_head``) on a batch: "lm"
-        gets the ids; "classifier" the inputs and their ``lengths`` if the batch has them; "dual"
+        gets the ids, as one packed row of documents when the batch carries ``document_starts``
+        (``packed_cu_seqlens``); "classifier" the inputs and their ``lengths`` if the batch has them; "dual"
         both sequences (``input_ids``/``input_ids2``) and their lengths."""
         head = self.default_head
         if head == "lm":
+            if "document_starts" in batch:
+                ids = batch["input_ids"]
+                cu_seqlens = packed_cu_seqlens(batch["document_starts"], ids)
+                return model(ids.reshape(1, -1), cu_seqlens=cu_seqlens).reshape(*ids.shape, -1)
             return model(batch["input_ids"])
         if head == "classifier":
             return model(batch["input_ids"], lengths=batch.get("lengths"))
@@ -226,6 +232,21 @@ class Task:
         ev = self.evaluator()
         ev.update(logits, labels, batch_meta)
         return ev.compute()
+
+
+def packed_cu_seqlens(document_starts: Tensor, input_ids: Tensor) -> Tensor:
+    """The ``cu_seqlens`` [N + 1] (int32) of a batch of packed rows run as one row [1, B*T]:
+    document_starts [B, T] is 1 where a document begins; every row's first token begins one, so no
+    document runs from one row into the next."""
+    if document_starts.shape != input_ids.shape or input_ids.dim() != 2:
+        raise ValueError(
+            f"document_starts: expected the shape of input_ids [B, T] = {list(input_ids.shape)}, "
+            f"got {list(document_starts.shape)}"
+        )
+    starts = document_starts != 0
+    starts[:, 0] = True
+    begins = starts.reshape(-1).nonzero().squeeze(1)
+    return torch.cat([begins, begins.new_tensor([starts.numel()])]).to(torch.int32)
 
 
 # ----------------------------------------------------------------------------- registry

@@ -25,6 +25,11 @@ class TaskConfig:
     @classmethod
     def from_options(cls, task_name: str, **options) -> TaskConfig:
         """Build from keyword options; unknown names fail with the closest valid ones."""
+        if "packing" in options and "packing" not in cls.option_names():
+            raise ValueError(
+                f"task {task_name!r}: option 'packing' packs the documents of a text stream into rows "
+                "with boundaries, which only the 'lm' task has; remove it"
+            )
         check_keys(f"task {task_name!r}", options, cls.option_names(), kind="option")
         return cls(**options)
 

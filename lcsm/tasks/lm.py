@@ -18,6 +18,13 @@ stream — every document's tokens followed by an end-of-document token — cut 
 stream is predicted exactly once). Windows run across document boundaries as in GPT-2 and
 fairseq's ``tokens_per_sample`` blocks; the end-of-document token marks where the context changes.
 
+``packing: true`` keeps the same stream and the same windows but gives each row its document
+boundaries: an extra ``document_starts`` [N, T] (1 at each input position where a document begins,
+and at position 0, where a document cut by the previous row continues as a new document of its
+own), and the label of each end-of-document token (which would be the next document's first
+token) is ``IGNORE_INDEX``. ``Task.logits`` runs a batch of such rows as one packed row with
+``cu_seqlens``, so the model's state restarts at every document start and at every row start.
+
 Tokenizers: "byte" (the 256 byte values plus end-of-document: vocab 257) or "bpe": a byte-level
 BPE (the GPT-2 scheme) trained with the ``tokenizers`` library on the training split only, of
 ``bpe_vocab`` tokens, cached on disk next to the task data.
@@ -25,6 +32,7 @@ BPE (the GPT-2 scheme) trained with the ``tokenizers`` library on the training s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -38,11 +46,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lcsm._checks import check_float, check_int
+from lcsm._checks import check_bool, check_float, check_int
 
 from .base import Task, register
 from .config import TaskConfig
-from .data import Segment
+from .data import IGNORE_INDEX, Segment
 from .metrics import Evaluator
 
 SPLITS = ("train", "validation", "test")
@@ -208,6 +216,8 @@ class LMConfig(TaskConfig):
     data_dir: where the default corpus's sources are (null: ``lcsm.data.fetch``, which downloads
         them once).
     seed: the document split.
+    packing: rows carry their document boundaries and the state restarts at each (see the module
+        docstring); false: rows are plain windows across documents.
     """
 
     corpus: str = "default"
@@ -219,6 +229,7 @@ class LMConfig(TaskConfig):
     max_tokens: int | None = None
     data_dir: str | None = None
     seed: int = 0
+    packing: bool = False
 
     def __post_init__(self):
         if not isinstance(self.corpus, str) or not (self.corpus in BUILTIN or self.corpus.startswith("path:")):
@@ -238,6 +249,15 @@ class LMConfig(TaskConfig):
         if self.data_dir is not None and not isinstance(self.data_dir, str):
             raise ValueError(f"data_dir: expected a directory path or null, got {self.data_dir!r}")
         check_int("seed", self.seed, 0)
+        check_bool("packing", self.packing)
+
+    def to_dict(self) -> dict[str, object]:
+        # Without packing the data are those of before the option existed: the cache key (and the
+        # trained BPE's file, keyed by it) stays theirs.
+        out = super().to_dict()
+        if not self.packing:
+            del out["packing"]
+        return out
 
 
 _LOG_FLOAT_MAX = math.log(sys.float_info.max)
@@ -330,7 +350,10 @@ class LanguageModelling(Task):
             if c.tokenizer == "byte":
                 self._tokenizer = ByteTokenizer()
             else:
-                key = self.cache_key("train")
+                # The tokenizer is of the training documents, not of how rows are cut: a packed
+                # task shares the unpacked one's.
+                unpacked = self if not c.packing else type(self)(dataclasses.replace(c, packing=False))
+                key = unpacked.cache_key("train")
                 path = self.cache_dir / "lm" / f"bpe-{key}.json"
                 if key in _TRAINED_BPE:
                     self._tokenizer = _TRAINED_BPE[key]
@@ -367,24 +390,43 @@ class LanguageModelling(Task):
 
     def stream(self, split: str) -> np.ndarray:
         """The split's token stream: each document's tokens, then end-of-document."""
+        return self._stream(split)[0]
+
+    def _stream(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """The stream and a bool array of its length, true at each document's first token."""
         tok = self.tokenizer
         texts = [t for _, t in self.documents()[split]]
         encoded = tok.encode_batch(texts) if hasattr(tok, "encode_batch") else [tok.encode(t) for t in texts]
         dtype = np.int16 if tok.vocab_size <= 2**15 else np.int32
         parts = [np.asarray(ids + [tok.eod], dtype=dtype) for ids in encoded]
         stream = np.concatenate(parts)
-        return stream[: self.config.max_tokens] if self.config.max_tokens else stream
+        starts = np.zeros(len(stream), dtype=bool)
+        starts[np.cumsum([0] + [len(p) for p in parts[:-1]])] = True
+        cut = self.config.max_tokens or len(stream)
+        return stream[:cut], starts[:cut]
 
     def generate(self, split: str) -> list[Segment]:
         L = self.config.seq_len
-        stream = torch.from_numpy(self.stream(split).astype(np.int64))
+        stream, starts = self._stream(split)
+        stream = torch.from_numpy(stream.astype(np.int64))
         n = (len(stream) - 1) // L
         if n < 1:
             raise ValueError(
                 f"seq_len: the {split} split has {len(stream)} tokens, fewer than one window of {L + 1}; lower seq_len"
             )
         windows = stream[: n * L + 1].unfold(0, L + 1, L)
-        return [Segment(f"L{L}", windows[:, :-1].contiguous(), windows[:, 1:].contiguous(), {"seq_len": L})]
+        inputs, labels = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+        extras = {}
+        if self.config.packing:
+            begins = torch.from_numpy(starts[: n * L + 1]).unfold(0, L + 1, L)
+            # The end-of-document token's target is the next document's first token, which the
+            # restarted state cannot predict: no target there.
+            labels = labels.clone()  # the windows are views of one stream: inputs share its memory
+            labels[begins[:, 1:]] = IGNORE_INDEX
+            document_starts = begins[:, :-1].to(torch.int8)
+            document_starts[:, 0] = 1
+            extras["document_starts"] = document_starts
+        return [Segment(f"L{L}", inputs, labels, {"seq_len": L}, extras)]
 
     @classmethod
     def evaluator(cls) -> LMEvaluator:
@@ -396,7 +438,9 @@ class LanguageModelling(Task):
             [
                 f"lm: causal language modelling on corpus {c.corpus!r}, {c.tokenizer} tokens"
                 + (f" (BPE vocabulary {c.bpe_vocab})" if c.tokenizer == "bpe" else " (vocabulary 257)"),
-                f"  windows of {c.seq_len} tokens; documents split train / validation / test by hash "
+                f"  windows of {c.seq_len} tokens"
+                + (" packed with document boundaries (state restarts at each)" if c.packing else "")
+                + "; documents split train / validation / test by hash "
                 f"({1 - c.validation_fraction - c.test_fraction:.0%} / {c.validation_fraction:.0%} / "
                 f"{c.test_fraction:.0%}, seed {c.seed})",
                 "  metrics: loss (token cross-entropy), perplexity, next-token accuracy",

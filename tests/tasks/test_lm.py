@@ -7,7 +7,19 @@ import pytest
 import torch
 
 from lcsm import tasks
-from lcsm.tasks.lm import ByteTokenizer, LMEvaluator, moby_dick_documents, sotu_documents, split_of, wikitext_documents
+from lcsm.models import ModelConfig, build_model
+from lcsm.tasks import IGNORE_INDEX
+from lcsm.tasks.base import packed_cu_seqlens
+from lcsm.tasks.lm import (
+    ByteTokenizer,
+    LMConfig,
+    LMEvaluator,
+    moby_dick_documents,
+    sotu_documents,
+    split_of,
+    wikitext_documents,
+)
+from lcsm.testing import assert_close
 
 
 @pytest.fixture
@@ -206,3 +218,75 @@ def test_trains_end_to_end(corpus, train_tiny):
 def test_byte_tokenizer_skips_end_of_document_when_decoding():
     tok = ByteTokenizer()
     assert tok.decode(tok.encode("ab") + [tok.eod] + tok.encode("c")) == "abc"
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+@pytest.fixture
+def short_docs(tmp_path, make_corpus):
+    """Documents of about 40 bytes: rows of 32 tokens hold document ends and starts."""
+    return make_corpus(tmp_path / "short", words=6)
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
+def test_packed_rows_carry_their_document_boundaries(tmp_path, short_docs, tokenizer):
+    plain = build(tmp_path, short_docs, tokenizer=tokenizer, bpe_vocab=300)
+    packed = build(tmp_path, short_docs, tokenizer=tokenizer, bpe_vocab=300, packing=True)
+    eod = packed.tokenizer.eod
+    assert eod is not None and eod == plain.tokenizer.eod
+    for split in packed.splits:
+        a, b = plain.dataset(split).segments[0], packed.dataset(split).segments[0]
+        x, y, starts = b.inputs.long(), b.labels.long(), b.extras["document_starts"].long()
+        # the same windows; no target where the input ends a document (its next token begins another)
+        assert torch.equal(x, a.inputs.long()) and "document_starts" not in a.extras
+        assert torch.equal(y == IGNORE_INDEX, x == eod)
+        assert torch.equal(y[x != eod], a.labels.long()[x != eod])
+        # a document starts after each end-of-document token and at every row's start
+        assert torch.equal(starts[:, 1:] == 1, x[:, :-1] == eod) and bool((starts[:, 0] == 1).all())
+        assert int(starts[:, 1:].sum()) > len(x) // 2  # the rows hold boundaries inside them
+
+
+def test_a_batch_of_packed_rows_runs_as_one_row_with_cu_seqlens(tmp_path, short_docs):
+    task = build(tmp_path, short_docs, packing=True)
+    batch = task.dataset("train").__getitems__([3, 4, 5])
+    x, T = batch["input_ids"], batch["input_ids"].shape[1]
+    expected = []
+    for r in range(3):
+        expected += [r * T] + [r * T + j for j in range(1, T) if x[r, j - 1] == task.tokenizer.eod]
+    cu = packed_cu_seqlens(batch["document_starts"], x)
+    assert cu.dtype == torch.int32 and cu.tolist() == expected + [3 * T]
+    with pytest.raises(ValueError, match=r"document_starts: expected the shape of input_ids \[B, T\] = \[3, 32\]"):
+        packed_cu_seqlens(batch["document_starts"][:, 1:], x)
+
+
+def test_packed_logits_are_each_document_alone(tmp_path, short_docs):
+    task = build(tmp_path, short_docs, packing=True)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(mixer="gla", vocab_size=task.vocab_size, d_model=16, n_layers=2), verbose=False)
+    model = model.double()
+    batch = task.dataset("train").__getitems__([0, 1])
+    logits = task.logits(model, batch)
+    cu = packed_cu_seqlens(batch["document_starts"], batch["input_ids"]).tolist()
+    flat_ids, flat_logits = batch["input_ids"].reshape(-1), logits.reshape(-1, logits.shape[-1])
+    for a, b in zip(cu[:-1], cu[1:], strict=True):
+        alone = model(flat_ids[a:b].unsqueeze(0))[0]
+        assert_close({"logits": flat_logits[a:b]}, {"logits": alone}, context=f"document [{a}, {b})")
+
+
+def test_unpacked_data_and_tokenizer_are_those_of_before_the_option(tmp_path, corpus):
+    # The cache key hashes the options: an unpacked config hashes as it did without the option.
+    assert "packing" not in LMConfig().to_dict() and LMConfig(packing=True).to_dict()["packing"] is True
+    plain = build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300)
+    packed = build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300, packing=True)
+    assert packed.cache_key("train") != plain.cache_key("train")
+    # the packed task reads back the unpacked one's tokenizer: one file
+    assert packed.encode("the ship sailed") == plain.encode("the ship sailed")
+    assert len(list((tmp_path / "cache" / "lm").glob("bpe-*.json"))) == 1
+
+
+def test_packing_errors():
+    with pytest.raises(ValueError, match="packing: expected True or False, got 'yes'"):
+        tasks.build("lm", packing="yes")
+    with pytest.raises(ValueError, match="task 'mqar': option 'packing' .* only the 'lm' task has"):
+        tasks.build("mqar", packing=True)
