@@ -1,0 +1,185 @@
+"""The EOS operator with a diagonal-plus-low-rank (DPLR) oscillation: the matrix-transition family.
+
+    m_t = (D(alpha_t) - a_t b_t^T) m_{t-1} + e_t i_t^T        [K, D]
+    y_t = m_t^T s_t                                           [D]
+
+D(alpha_t) = diag(exp(log_alpha_t)) is given in log space: None (identity), one scalar per head
+and step, or one value per memory row (per-channel decay). It covers the delta rule's members as
+configurations (docs/eos_dplr.md):
+
+    DeltaNet            D = I,             a = beta k,              b = k
+    Gated DeltaNet      D = alpha I,       a = alpha beta k,        b = k
+    KDA                 D = diag(alpha),   a = beta k,              b = alpha * k
+    RWKV-7              D = diag(w),       a = -kappa_hat,          b = a_t * kappa_hat   (value side)
+
+Products of n Householder-like factors per token (Gated DeltaProduct) are micro-steps: a, b, e
+(and i) carry an axis of n after the heads, [B, T, H, n, K]; micro-step j of token t applies
+(D_j - a_j b_j^T) m + e_j i_j^T with D_1 = D(alpha_t) and D_j = I for j > 1, and s_t reads the
+memory after the last one.
+
+Shape glossary: B batch, T time, H heads, n micro-steps per token, K memory rows, D memory
+columns, N documents of a packed row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lcsm._checks import check_bool
+
+from ._inputs import check_cu_seqlens, check_floating, check_packed, check_same_device, compute_dtype, shape_str
+
+Tensor = torch.Tensor
+
+DPLR_MODES = ("auto", "recurrent")
+
+
+def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
+    """Checks shapes; returns float tensors with a micro-step axis: i [B, T, H, n, D], e, a, b
+    [B, T, H, n, K], s [B, T, H, K], log_alpha [B, T, H, K] (or None), m0 [B, H, K, D] (or None),
+    the compute dtype and the output dtype."""
+    named = {"i": i, "e": e, "s": s, "a": a, "b": b}
+    for name, t in named.items():
+        check_floating(name, t)
+    if log_alpha is not None:
+        check_floating("log_alpha", log_alpha)
+    if initial_state is not None:
+        check_floating("initial_state", initial_state)
+    check_same_device({**named, "log_alpha": log_alpha, "initial_state": initial_state})
+    if s.dim() != 4:
+        raise ValueError(f"s: expected [B, T, H, K], got {shape_str(s)}")
+    B, T, H, K = s.shape
+    product = a.dim() == 5
+    n = a.shape[3] if product else 1
+    want_k = (B, T, H, n, K) if product else (B, T, H, K)
+    for name in ("e", "a", "b"):
+        if tuple(named[name].shape) != want_k:
+            layout = "[B, T, H, n, K]" if product else "[B, T, H, K]"
+            raise ValueError(f"{name}: expected {layout} = {list(want_k)} (from s and a), got {shape_str(named[name])}")
+    if i.dim() != (5 if product else 4) or tuple(i.shape[:-1]) != want_k[:-1]:
+        layout = "[B, T, H, n, D]" if product else "[B, T, H, D]"
+        raise ValueError(
+            f"i: expected {layout} with [B, T, H{', n' if product else ''}] = {list(want_k[:-1])}, got {shape_str(i)}"
+        )
+    D = i.shape[-1]
+    dtype = compute_dtype([i, e, s, a, b, log_alpha, initial_state])
+    out_dtype = i.dtype
+
+    def cast(t):
+        return t.to(dtype)
+
+    if not product:
+        i, e, a, b = i.unsqueeze(3), e.unsqueeze(3), a.unsqueeze(3), b.unsqueeze(3)
+    g = None
+    if log_alpha is not None:
+        shapes = {(H,): "[H]", (B, T, H): "[B, T, H]", (H, K): "[H, K]", (B, T, H, K): "[B, T, H, K]"}
+        if tuple(log_alpha.shape) not in shapes:
+            raise ValueError(
+                f"log_alpha: expected None, a scalar per head [H] = [{H}] or per step [B, T, H] = [{B}, {T}, {H}], "
+                f"or one per memory row [H, K] = [{H}, {K}] or [B, T, H, K] = [{B}, {T}, {H}, {K}]; "
+                f"got {shape_str(log_alpha)}"
+            )
+        g = cast(log_alpha)
+        if g.dim() == 1:
+            g = g[:, None]
+        elif g.dim() == 3:
+            g = g[..., None]
+        g = g.expand(B, T, H, K)
+    m0 = None
+    if initial_state is not None:
+        if tuple(initial_state.shape) != (B, H, K, D):
+            raise ValueError(
+                f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+            )
+        m0 = cast(initial_state)
+    return cast(i), cast(e), cast(s), cast(a), cast(b), g, m0, dtype, out_dtype
+
+
+def dplr_recurrent(i, e, s, a, b, g, m0):
+    """The definition, step by step (autograd gives the gradients): canonical tensors as
+    ``_canonicalize`` returns them -> y [B, T, H, D], m_T [B, H, K, D]."""
+    B, T, H, n, D = i.shape
+    K = s.shape[-1]
+    m = m0 if m0 is not None else i.new_zeros(B, H, K, D)
+    ys = []
+    for t in range(T):
+        for j in range(n):
+            # (D - a b^T) m = D m - a (b^T m)
+            decayed = m * g[:, t, :, :, None].exp() if (g is not None and j == 0) else m
+            u = torch.einsum("bhk,bhkd->bhd", b[:, t, :, j], m)
+            m = decayed - a[:, t, :, j, :, None] * u[:, :, None, :] + e[:, t, :, j, :, None] * i[:, t, :, j, None, :]
+        ys.append(torch.einsum("bhk,bhkd->bhd", s[:, t], m))
+    y = torch.stack(ys, 1) if ys else i.new_zeros(B, 0, H, D)
+    return y, m
+
+
+def eos_dplr(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    a: Tensor,
+    b: Tensor,
+    log_alpha: Tensor | None = None,
+    *,
+    mode: str = "auto",
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """EOS with the DPLR oscillation o_t = D(alpha_t) - a_t b_t^T (module docstring).
+
+    Args:
+        i: input state [B, T, H, D] (the values), or [B, T, H, n, D] with micro-steps.
+        e, a, b: expand state and the low-rank pair, [B, T, H, K] (or [B, T, H, n, K]).
+        s: shrink state [B, T, H, K] (read after the token's last micro-step).
+        log_alpha: log of the diagonal decay: None (identity), [H] or [B, T, H] (a scalar), [H, K]
+            or [B, T, H, K] (per memory row); applied at each token's first micro-step.
+        mode: "recurrent" (the definition) or "auto".
+        initial_state: m_0 [B, H, K, D]; [N, H, K, D] with ``cu_seqlens``.
+        output_final_state: also return m_T.
+        cu_seqlens: packed sequences [N + 1] (B = 1), as ``eos`` takes them.
+
+    Returns:
+        y [B, T, H, D] and m_T (or None). Half-precision inputs are computed in float32; y is cast
+        back and the state stays float32.
+    """
+    output_final_state = check_bool("output_final_state", output_final_state)
+    if mode not in DPLR_MODES:
+        raise ValueError(f"mode: expected one of {', '.join(DPLR_MODES)}, got {mode!r}")
+    if cu_seqlens is not None:
+        return _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens)
+    i_, e_, s_, a_, b_, g, m0, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, initial_state)
+    y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
+    return y.to(out_dtype), (m if output_final_state else None)
+
+
+def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens):
+    """The reference on packed sequences: each document alone."""
+    bounds = check_cu_seqlens(cu_seqlens)
+    _canonicalize(i, e, s, a, b, log_alpha, None)
+    B, T, H, K = s.shape
+    D = i.shape[-1]
+    check_packed(bounds, B, T)
+    N = len(bounds) - 1
+    if initial_state is not None and tuple(initial_state.shape) != (N, H, K, D):
+        raise ValueError(
+            f"initial_state: with cu_seqlens expected one state per document, [N, H, K, D] = "
+            f"[{N}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+        )
+    ys, ms = [], []
+    for n in range(N):
+        lo, hi = bounds[n], bounds[n + 1]
+        timed = log_alpha is not None and log_alpha.dim() >= 3
+        y, m = eos_dplr(
+            i[:, lo:hi],
+            e[:, lo:hi],
+            s[:, lo:hi],
+            a[:, lo:hi],
+            b[:, lo:hi],
+            log_alpha[:, lo:hi] if timed else log_alpha,
+            initial_state=None if initial_state is None else initial_state[n : n + 1],
+            output_final_state=True,
+        )
+        ys.append(y)
+        ms.append(m)
+    return torch.cat(ys, 1), (torch.cat(ms, 0) if output_final_state else None)
