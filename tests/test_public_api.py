@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = {
     "lcsm.ops": [
         "DELTA_MODES",
+        "DPLR_MODES",
         "LogO",
         "LogProduct",
         "MODES",
@@ -20,10 +21,12 @@ PUBLIC = {
         "autocast_off",
         "eos",
         "eos_delta",
+        "eos_dplr",
         "eos_rotating",
         "eos_step",
         "explain",
         "log_sigmoid_product",
+        "packed_bounds",
     ],
     "lcsm.layers": [
         "EOSRow",

@@ -19,15 +19,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lcsm.ops._inputs import check_cu_seqlens, check_packed, shape_str
+from lcsm.ops import packed_bounds
 
 Tensor = torch.Tensor
 
 
 def documents(x: Tensor, cu_seqlens: Tensor) -> Tensor:
     """Checks ``cu_seqlens`` against x [1, T, ...] and returns it as int64 on x's device."""
-    bounds = check_cu_seqlens(cu_seqlens)
-    check_packed(bounds, x.shape[0], x.shape[1])
+    packed_bounds(cu_seqlens, x.shape[0], x.shape[1])
     return cu_seqlens.to(device=x.device, dtype=torch.int64)
 
 
@@ -48,7 +47,7 @@ def check_document_state(name: str, t: Tensor, n_docs: int) -> None:
     if t.shape[0] != n_docs:
         raise ValueError(
             f"{name}: with cu_seqlens of N = {n_docs} documents the state holds one row per document, "
-            f"expected batch {n_docs}, got {shape_str(t)}"
+            f"expected batch {n_docs}, got {list(t.shape)}"
         )
 
 
@@ -62,7 +61,7 @@ def windows(x: Tensor, cu_seqlens: Tensor, history: Tensor | None, W: int) -> tu
     N = cu_seqlens.numel() - 1
     if history is not None:
         if history.shape != (N, W - 1, C):
-            raise ValueError(f"history: expected [N, W - 1, C] = [{N}, {W - 1}, {C}], got {shape_str(history)}")
+            raise ValueError(f"history: expected [N, W - 1, C] = [{N}, {W - 1}, {C}], got {list(history.shape)}")
         hist = history.to(x.dtype).reshape(N * (W - 1), C)
     else:
         hist = x.new_zeros(N * (W - 1), C)
@@ -107,7 +106,7 @@ def token_shift(x: Tensor, cu_seqlens: Tensor, previous: Tensor | None) -> tuple
 def check_mask(attention_mask: Tensor, B: int, T: int) -> Tensor:
     """An attention mask [B, T] (1 / True = token, 0 = padding) as bool; every row keeps a token."""
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != (B, T):
-        got = shape_str(attention_mask) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        got = list(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
         raise ValueError(f"attention_mask: expected [B, T] = [{B}, {T}], got {got}")
     if attention_mask.is_floating_point() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise ValueError("attention_mask: expected 0 (padding) and 1 (token) entries only")

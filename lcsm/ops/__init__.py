@@ -1,19 +1,23 @@
 """The EOS operator in every form: recurrent reference, parallel, chunkwise, FFT, one-step decoding,
-the rotating frame of a time-invariant rotation, and the matrix-oscillation (delta-rule) variant.
+the rotating frame of a time-invariant rotation, the matrix-oscillation (delta-rule) variant and
+its diagonal-plus-low-rank generalisation.
 
-Beside the operators: their mode names (``MODES`` of ``eos``, ``DELTA_MODES`` of ``eos_delta``),
-the types of an oscillation argument (``LogO``, ``LogProduct``), the fused data-dependent decay
-``log_sigmoid_product`` and ``autocast_off``, the context the operators run their float32 kernels
-in, for layers with kernels of their own (the SSMs' FFT convolutions)."""
+Beside the operators: their mode names (``MODES`` of ``eos``, ``DELTA_MODES`` of ``eos_delta``,
+``DPLR_MODES`` of ``eos_dplr``), the types of an oscillation argument (``LogO``, ``LogProduct``),
+the fused data-dependent decay ``log_sigmoid_product``, ``autocast_off``, the context the operators
+run their float32 kernels in, for layers with kernels of their own (the SSMs' FFT convolutions),
+and ``packed_bounds``, the check of ``cu_seqlens`` they share with the layers."""
 
-from ._inputs import MODES, LogProduct, autocast_off
+from ._inputs import MODES, LogProduct, autocast_off, packed_bounds
 from .decay import log_sigmoid_product
 from .delta import DELTA_MODES, eos_delta
+from .dplr import DPLR_MODES, eos_dplr
 from .eos import LogO, Plan, eos, eos_step, explain
 from .rotating import eos_rotating
 
 __all__ = [
     "DELTA_MODES",
+    "DPLR_MODES",
     "MODES",
     "LogO",
     "LogProduct",
@@ -21,8 +25,10 @@ __all__ = [
     "autocast_off",
     "eos",
     "eos_delta",
+    "eos_dplr",
     "eos_rotating",
     "eos_step",
     "explain",
     "log_sigmoid_product",
+    "packed_bounds",
 ]

@@ -451,6 +451,13 @@ def _brief(values: list[int]) -> str:
     return "[" + ", ".join(map(str, values[:4])) + ", ..., " + ", ".join(map(str, values[-2:])) + "]"
 
 
+def packed_bounds(cu_seqlens: Any, B: int, T: int) -> list[int]:
+    """The document boundaries ``cu_seqlens`` of packed inputs [B, T, ...], checked, as ints."""
+    bounds = check_cu_seqlens(cu_seqlens)
+    check_packed(bounds, B, T)
+    return bounds
+
+
 def check_packed(bounds: list[int], B: int, T: int) -> None:
     """Boundaries of packed sequences against the input [B, T, ...]: B = 1, bounds[0] = 0,
     bounds[-1] = T, strictly increasing (every document holds at least one token; an empty one
