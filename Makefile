@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,hf,eval]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,hf,eval,bench]'
 	touch $(STAMP)
 
 # `make demo MIXERS=gla,hgrn,mamba` sweeps other mixers than the demo's MetaLA, GLA and attention;
