@@ -488,8 +488,9 @@ def _delta_chunk_packed(
     keeps Phi_n where the chunk's last segment is carried and folds m0 into Psi_n where it is not,
     so the sequential loop is the one-sequence loop. The initial states' share of the outputs of
     documents' first segments, and every final state (read at the document's last token, inside a
-    chunk or at its end), are sums over segments batched over documents by ``packed.Pieces``:
-    beyond the one-sequence form O(T K D) multiply-adds and O(N K D) memory, no loop over documents.
+    chunk or at its end, from its last segment's Z and corrections u_j = W_j Z + U0_j), are sums
+    over segments batched over documents by ``packed.Pieces``: beyond the one-sequence form
+    O(T K D) multiply-adds and O(N K D) memory, no loop over documents.
     """
     _, H, T, D = v.shape
     K = e.shape[-1]
@@ -510,11 +511,9 @@ def _delta_chunk_packed(
     def flat(x: Tensor) -> Tensor:  # [1, H, Nc, C, ...] -> [H, Nc C, ...]
         return x.reshape(H, Nc * C, *x.shape[4:])
 
-    # y = Q Z + R and, for the final states, the corrections U = W Z + U0; here Z is the carried
-    # memory, and the tokens of a document that began in the chunk get their m0's share next.
-    carried = seg.carried.unsqueeze(-1).to(v.dtype)
-    y = flat((maps.Q * carried) @ starts + maps.R)
-    u = flat((maps.W * carried) @ starts + maps.U0) if final else None
+    # y = Q Z + R; here Z is the carried memory, and the tokens of a document that began in the
+    # chunk get their m0's share next.
+    y = flat((maps.Q * seg.carried.unsqueeze(-1).to(v.dtype)) @ starts + maps.R)
 
     def chunk_of(t: Tensor) -> Tensor:  # the first token of t's chunk
         return torch.div(t, C, rounding_mode="floor") * C
@@ -529,36 +528,36 @@ def _delta_chunk_packed(
             return (first.rows(flat(x)).transpose(0, 1) @ m0_first).transpose(0, 1).flatten(1, 2)[:, first.valid]
 
         y = y.index_add(1, at, share(maps.Q))
-        if final:
-            u = u.index_add(1, at, share(maps.W))
     y = y[:, :T].unsqueeze(0)
     if not final:
         return y, None
-    # m at a document's last token t_e, from its last segment [p, t_e] with initial memory Z and
-    # the corrections u_j just formed:
-    #   m = e^{c_{t_e} - c_{p-1}} Z + sum_j e^{c_{t_e} - c_j} (e_j v_j^T - a'_j u_j^T)
+    # m at a document's last token t_e, from its last segment [p, t_e] with initial memory Z:
+    #   m = e^{c_{t_e} - c_{p-1}} Z + sum_j e^{c_{t_e} - c_j} (e_j v_j^T - a'_j u_j^T),  u_j = W_j Z + U0_j
     last_token = doc_ends - 1
     seg_start = torch.maximum(doc_starts, chunk_of(last_token))
     pieces = Pieces.of_ranges(seg_start, doc_ends, Nc * C)
     valid = pieces.valid.reshape(-1, pieces.P)  # [pieces, P]
+
+    def rows(x: Tensor) -> Tensor:  # [1, H, Nc, C, F] -> [pieces, H, P, F], document-major
+        return pieces.rows(flat(x)).transpose(0, 1)
+
     if maps.c is not None:
         c, c_seg = flat(maps.c), flat(maps.c_seg)  # [H, Nc C]
         at_end = c.index_select(1, last_token.index_select(0, pieces.doc))  # c_{t_e} of each piece
-        diff = at_end.unsqueeze(-1) - pieces.rows(c.unsqueeze(-1))[..., 0]  # [H, pieces, P]
+        diff = (at_end.unsqueeze(-1) - pieces.rows(c.unsqueeze(-1))[..., 0]).transpose(0, 1)  # [pieces, H, P]
         # Masked before exp: a padding slot's difference is not one within a segment.
-        weight = diff.masked_fill(~valid, float("-inf")).exp().unsqueeze(-1)
+        weight = diff.masked_fill(~valid[:, None], float("-inf")).exp()
     else:
-        weight = valid.unsqueeze(-1).to(v.dtype)
-
-    # One matmul per piece: [e_j; -a'_j] weighted against [v_j; u_j]. The left factors are 0 in
-    # the padding (weight), so the right ones' padding rows drop out.
-    left = torch.cat([pieces.rows(flat(e)), -pieces.rows(flat(maps.a))], -2) * weight.repeat(1, 1, 2, 1)
-    right = torch.cat([pieces.rows(flat(v)), pieces.rows(u)], -2)
-    sums = left.transpose(0, 1).transpose(-1, -2) @ right.transpose(0, 1)  # [pieces, H, K, D]
+        weight = valid[:, None].to(v.dtype)
     # Z: the memory carried into the last segment's chunk, or the document's m0 (zero when None).
     keep = (seg_start > doc_starts)[:, None, None, None]
     Z = starts[0].transpose(0, 1).index_select(0, torch.div(last_token, C, rounding_mode="floor"))  # [N, H, K, D]
     Z = torch.where(keep, Z, 0.0 if m0 is None else m0)
+    # One matmul per piece: [e_j; -a'_j] weighted against [v_j; u_j]. The left factors are 0 in
+    # the padding (weight), so the right ones' padding rows drop out.
+    u = rows(maps.W) @ Z.index_select(0, pieces.doc) + rows(maps.U0)
+    left = torch.cat([rows(e), -rows(maps.a)], -2) * weight.repeat(1, 1, 2).unsqueeze(-1)
+    sums = left.transpose(-1, -2) @ torch.cat([rows(v), u], -2)  # [pieces, H, K, D]
     if maps.c is not None:
         Z = c_seg.index_select(1, last_token).t().exp()[..., None, None] * Z
     return y, Z.index_add(0, pieces.doc, sums)
