@@ -13,6 +13,9 @@ by its registry name (``fwp.py``, ``m1.py``, ``m2.py``, ``m3.py``).
 fwp, m1 and m2 run on :func:`lcsm.ops.eos_delta` (a dense K x K oscillation the elementwise EOS op
 cannot express); m3 is diagonal and runs on :func:`lcsm.ops.eos`. See docs/zoo/delta_rule.md.
 
+Packed sequences: ``cu_seqlens`` goes straight to the operator (one pass over the row, the memory
+restarting at each document from its row of the state); the projections are per token.
+
 Shape glossary: B batch, T time, H heads, K key width per head (memory rows), D value width per
 head (memory columns) = d_model / H, d_model model width.
 """
@@ -27,6 +30,7 @@ from torch import nn
 
 from ..ops import DELTA_MODES, eos_delta
 from .base import Mixer, State, no_weight_decay
+from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -102,11 +106,14 @@ class DeltaBase(Mixer):
             y = F.rms_norm(y, (self.head_v,), self.o_norm, eps=1e-5)
         return self.o_proj(y.reshape(y.shape[0], y.shape[1], self.d_model))
 
-    def _initial(self, state: DeltaState | None, batch: int) -> Tensor | None:
+    def _initial(self, state: DeltaState | None, batch: int, cu_seqlens: Tensor | None) -> Tensor | None:
         if state is None:
             return None
         if not isinstance(state, DeltaState):
             raise ValueError(f"state: expected a DeltaState from this mixer, got {type(state).__name__}")
+        if cu_seqlens is not None:
+            batch = cu_seqlens.numel() - 1
+            check_document_state("state.memory", state.memory, batch)
         want = (batch, self.heads, self.head_k, self.head_v)
         if tuple(state.memory.shape) != want:
             raise ValueError(f"state: memory must be [B, H, K, D] = {list(want)}, got {list(state.memory.shape)}")
@@ -132,16 +139,34 @@ class DeltaBase(Mixer):
         """Returns (e, s, a, b) [B, T, H, K] and i [B, T, H, D] of eos_delta."""
         raise NotImplementedError
 
-    def _mix(self, x: Tensor, m0: Tensor | None, return_state: bool):
-        """x [B, T, d_model] -> (y [B, T, H, D], m_T [B, H, K, D] or None)."""
+    def _mix(self, x: Tensor, m0: Tensor | None, return_state: bool, cu_seqlens: Tensor | None):
+        """x [B, T, d_model] -> (y [B, T, H, D], m_T [B, H, K, D] or None; B = N documents with
+        ``cu_seqlens``)."""
         e, s, a, b, i = self._delta_states(x)
         return eos_delta(
-            i, e, s, a, b, mode=self.mode, initial_state=m0, output_final_state=return_state, chunk_size=self.chunk_size
+            i,
+            e,
+            s,
+            a,
+            b,
+            mode=self.mode,
+            initial_state=m0,
+            output_final_state=return_state,
+            chunk_size=self.chunk_size,
+            cu_seqlens=cu_seqlens,
         )
 
-    def forward(self, x: Tensor, state: DeltaState | None = None, return_state: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: DeltaState | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
         self.check_input(x)
-        y, m = self._mix(x, self._initial(state, x.shape[0]), return_state)
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+        y, m = self._mix(x, self._initial(state, x.shape[0], cu_seqlens), return_state, cu_seqlens)
         # A carried float32 state (a half-precision layer's) promotes the operator's output.
         y = self._readout(y.to(x.dtype))
         return (y, DeltaState(memory=m)) if return_state else y

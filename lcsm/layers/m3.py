@@ -2,6 +2,8 @@
 
 A delta-rule mixer (a matrix oscillation, LCSM Table 7): the family table and the shared base
 are in ``_delta.py``; docs/zoo/delta_rule.md.
+
+Packed sequences: ``cu_seqlens`` passes to ``eos`` (a decay of exactly 0 at each document start).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class DeltaM3(DeltaBase):
 
     modes = _EOS_MODES
 
-    def _mix(self, x: Tensor, m0: Tensor | None, return_state: bool):
+    def _mix(self, x: Tensor, m0: Tensor | None, return_state: bool, cu_seqlens: Tensor | None):
         z = self._heads(self.k_proj(x), self.head_k)
         k = torch.sigmoid(z)
         log_o = F.logsigmoid(-z).unsqueeze(-1)  # log(1 - k) [B, T, H, K, 1]
@@ -49,6 +51,7 @@ class DeltaM3(DeltaBase):
             initial_state=m0,
             output_final_state=return_state,
             chunk_size=self.chunk_size,
+            cu_seqlens=cu_seqlens,
         )
 
     def describe(self) -> EOSRow:

@@ -20,12 +20,19 @@ Modes (see docs/eos_delta.md for the algebra):
   Gradients come from autograd through this forward.
 * ``auto``: T <= 1 -> recurrent (one step, decoding), otherwise chunk.
 
+Packed sequences (``cu_seqlens``): the chunk form runs the row's regular chunks in one pass with
+the documents kept apart inside them (block-diagonal masks, the carry reset where a document
+starts, final states read at each document's last token); the recurrent form, the reference,
+runs the documents one by one.
+
 Shape glossary: B batch, T time, H heads, K memory rows (key width), D memory columns (value
-width), C chunk size, N = ceil(T / C) chunks. Internally tensors are head-major [B, H, T, .].
+width), C chunk size, Nc = ceil(T / C) chunks, N documents of a packed row. Internally tensors
+are head-major [B, H, T, .].
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -44,6 +51,7 @@ from ._inputs import (
     shape_str,
     without_autocast,
 )
+from .packed import Pieces
 
 Tensor = torch.Tensor
 
@@ -61,10 +69,11 @@ def _canonicalize(
     b: Tensor,
     log_o: Tensor | None,
     initial_state: Tensor | None,
+    documents: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None, torch.dtype]:
     """Validate ``eos_delta``'s arguments; return head-major tensors in the compute dtype: i, e, s,
-    a, b [B, H, T, D|K], the gate log g [B, H, T] (or None), m0 [B, H, K, D] (or None) and the
-    output dtype."""
+    a, b [B, H, T, D|K], the gate log g [B, H, T] (or None), m0 [B, H, K, D] (or None; [N, H, K, D]
+    for ``documents`` = N packed documents) and the output dtype."""
     named = {"i": i, "e": e, "s": s, "a": a, "b": b, "log_o": log_o, "initial_state": initial_state}
     for name, x in named.items():
         if x is None and name in ("log_o", "initial_state"):
@@ -101,7 +110,12 @@ def _canonicalize(
                 f"log_o: expected a scalar gate per step [B, T, H] = [{B}, {T}, {H}] or per head [H] = [{H}], "
                 f"got {log_o.dim()}-d tensor {shape_str(log_o)}"
             )
-    if initial_state is not None and tuple(initial_state.shape) != (B, H, K, D):
+    if documents is not None and initial_state is not None and tuple(initial_state.shape) != (documents, H, K, D):
+        raise ValueError(
+            f"initial_state: with cu_seqlens expected one state per document, [N, H, K, D] = "
+            f"[{documents}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+        )
+    if documents is None and initial_state is not None and tuple(initial_state.shape) != (B, H, K, D):
         raise ValueError(f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}")
     tensors = [i, e, s, a, b, log_o, initial_state]
     out_dtype = tensors[0].dtype
@@ -261,57 +275,122 @@ class _UnitLowerInverse(torch.autograd.Function):
         return -(inv_t @ grad @ inv_t).tril(-1)
 
 
-def _delta_chunk(
+@dataclasses.dataclass(frozen=True)
+class _Segments:
+    """Where the documents of a packed row cut its chunks: a segment is the part of one document
+    inside one chunk. All [Nc, C] or [Nc, C, C] over the padded row (padding belongs to the last
+    document, as identity steps).
+
+    ``same`` [Nc, C, C]: tokens t and j are of one document (the block-diagonal mask);
+    ``start`` [Nc, C]: the position in the chunk of the first token of t's segment;
+    ``carried`` [Nc, C]: t's document began before the chunk (its segment reads the memory carried
+    in from the previous chunk; otherwise it reads the document's own initial state);
+    ``last`` [Nc, C]: t is in the chunk's last segment (the one whose memory is carried out);
+    ``doc`` [Nc, C]: t's document."""
+
+    same: Tensor
+    start: Tensor
+    carried: Tensor
+    last: Tensor
+    doc: Tensor
+
+    @staticmethod
+    def of(cu: Tensor, T: int, C: int) -> _Segments:
+        Nc = -(-T // C)
+        lengths = cu[1:] - cu[:-1]
+        N = lengths.numel()
+        doc = torch.repeat_interleave(torch.arange(N, device=cu.device), lengths, output_size=T)
+        doc = torch.cat([doc, doc.new_full((Nc * C - T,), N - 1)]).reshape(Nc, C)
+        pos = torch.arange(Nc * C, device=cu.device).reshape(Nc, C)
+        chunk_start = pos[:, :1]
+        doc_start = cu.index_select(0, doc.flatten()).reshape(Nc, C)
+        return _Segments(
+            same=doc.unsqueeze(-1) == doc.unsqueeze(-2),
+            start=torch.maximum(doc_start, chunk_start) - chunk_start,
+            carried=doc_start < chunk_start,
+            last=doc == doc[:, -1:],
+            doc=doc,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkMaps:
+    """Per chunk (all [B, H, Nc, C, .] or [B, H, Nc, K, .]), for a chunk whose segments start from
+    memories Z (the chunk's initial memory M when there are no segments):
+    U = W Z + U0 (the corrections u_t = b_t^T m_{t-1}), y = Q Z + R, and the memory carried out of
+    the chunk's last segment Phi Z_last + Psi. ``a`` is the gated a'_t = gamma_t a_t, ``c`` the
+    chunk-local cumulative log gate and ``c_seg`` the same from each segment's first token (None
+    without a gate); packed rows need them for the states read at document ends."""
+
+    Q: Tensor
+    R: Tensor
+    Phi: Tensor
+    Psi: Tensor
+    W: Tensor
+    U0: Tensor
+    a: Tensor
+    c: Tensor | None
+    c_seg: Tensor | None
+
+
+def _chunk_maps(
     v: Tensor,
     e: Tensor,
     s: Tensor,
     a: Tensor,
     b: Tensor,
     g: Tensor | None,
-    m0: Tensor | None,
-    chunk_size: int,
-    a_is_e: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """Chunkwise (WY / UT) form. All inputs head-major [B, H, T, .]; returns (y, m_T).
+    a_is_e: bool,
+    seg: _Segments | None,
+) -> _ChunkMaps:
+    """The WY / UT algebra of every chunk at once; inputs chunked [B, H, Nc, C, .], g [B, H, Nc, C].
 
     Per chunk, with local cumulative log gate c_t = sum_{l<=t} g_l and a'_t = gamma_t a_t:
         m_t = e^{c_t} M + sum_{j<=t} e^{c_t - c_j} (e_j v_j^T - a'_j u_j^T),   u_t = b_t^T m_{t-1},
     so U = [u_t] solves (I + L) U = diag(e^{c_{t-1}}) B M + Le V with
         L[t, j]  = e^{c_{t-1} - c_j} b_t . a'_j,   Le[t, j] = e^{c_{t-1} - c_j} b_t . e_j   (j < t).
     Writing U = W M + U0 (W, U0 independent of M) makes every chunk's y and next state an affine
-    function of its initial memory M: y = Q M + R and M' = Phi M + Psi; only Phi M + Psi is sequential.
+    function of its initial memory M: y = Q M + R and M' = Phi M + Psi.
+
+    With ``seg`` (packed documents) every chunk-internal interaction is masked to one document
+    (L, Le and the read-out maps are block-diagonal, so is (I + L)^{-1}: each segment's W, U0 see
+    only its own tokens), and M becomes each segment's own initial memory Z, so e^{c_t} becomes
+    e^{c_t - c_{start - 1}} with start the segment's first token; Phi and Psi sum over the chunk's
+    last segment only.
     """
-    Bn, H, T, D = v.shape
-    K = e.shape[-1]
-    C = min(chunk_size, T)
-    N = -(-T // C)
-    pad = N * C - T
-    if pad:
-        # Zero a, b, e, v, s and a zero log gate make a padded step the identity on m.
-        v, e, s, a, b = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (v, e, s, a, b))
-        if g is not None:
-            g = torch.nn.functional.pad(g, (0, pad))
-    v, e, s, a, b = (x.reshape(Bn, H, N, C, x.shape[-1]) for x in (v, e, s, a, b))
+    C, K, D = v.shape[-2], e.shape[-1], v.shape[-1]
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
     incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
+    if seg is not None:
+        strict, incl = strict & seg.same, incl & seg.same
+    eye = torch.eye(K, dtype=v.dtype, device=v.device)
+    c = c_seg = None
     if g is not None:
         # a gate of exactly 0 (log_o = -inf) would make c_t - g_t = -inf - (-inf)
-        g = finite_log(g.reshape(Bn, H, N, C))
+        g = finite_log(g)
         c = g.cumsum(-1)  # c_t
-        c_prev = c - g  # c_{t-1}
+        c_seg = c
+        if seg is not None:
+            # c_t - c_{start - 1}: the cumulative log from the segment's first token
+            before = torch.nn.functional.pad(c, (1, 0))[..., :-1]
+            c_seg = c - before.gather(-1, seg.start.expand_as(c))
         a = a * g.exp().unsqueeze(-1)  # a'_t = gamma_t a_t
         # Differences are masked before exp so the (discarded) upper triangle can never overflow.
-        dec_b = (c_prev.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~strict, float("-inf")).exp()
+        dec_b = ((c - g).unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~strict, float("-inf")).exp()
         dec_s = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~incl, float("-inf")).exp()
-        b_scaled = b * c_prev.exp().unsqueeze(-1)
-        s_scaled = s * c.exp().unsqueeze(-1)
+        b_scaled = b * (c_seg - g).exp().unsqueeze(-1)
+        s_scaled = s * c_seg.exp().unsqueeze(-1)
         to_end = (c[..., -1:] - c).exp().unsqueeze(-1)  # e^{c_C - c_j}
-        a_end, e_end = a * to_end, e * to_end
-        m_decay = c[..., -1].exp()[..., None, None] * torch.eye(K, dtype=v.dtype, device=v.device)
+        m_decay = c_seg[..., -1].exp()[..., None, None] * eye
     else:
         dec_b, dec_s = strict.to(v.dtype), incl.to(v.dtype)
-        b_scaled, s_scaled, a_end, e_end = b, s, a, e
-        m_decay = torch.eye(K, dtype=v.dtype, device=v.device)
+        b_scaled, s_scaled, to_end = b, s, None
+        m_decay = eye
+    if seg is not None:
+        last = seg.last.unsqueeze(-1).to(v.dtype)
+        to_end = last if to_end is None else to_end * last
+    a_end = a if to_end is None else a * to_end
+    e_end = e if to_end is None else e * to_end
     if a_is_e:
         # DeltaNet (a = e = beta k): a'_j = gamma_j e_j, so L and Psa are Le and Pse with column j
         # scaled by gamma_j: the C x C products are formed once.
@@ -329,25 +408,159 @@ def _delta_chunk(
         # U0 = v - inv v, so every product with v and U0 collapses onto v - U0 = inv v.
         W, inv_v = (inv @ torch.cat([b, v], -1)).split([K, D], -1)
         SW, R = (Pse @ torch.cat([W, inv_v], -1)).split([K, D], -1)
-        EW, Psi = (e.transpose(-1, -2) @ torch.cat([W, inv_v], -1)).split([K, D], -1)
-        Q, Phi = s - SW, m_decay - EW  # y = Q M + R,  M' = Phi M + Psi
-    else:
-        sol = inv @ torch.cat([b_scaled, Le @ v], -1)  # [W, U0]: U = W M + U0
-        SW, SU = (Psa @ sol).split([K, D], -1)
-        Q, R = s_scaled - SW, Pse @ v - SU  # y = Q M + R
-        AW, AU = (a_end.transpose(-1, -2) @ sol).split([K, D], -1)
-        Phi, Psi = m_decay - AW, e_end.transpose(-1, -2) @ v - AU  # M' = Phi M + Psi
+        EW, Psi = (e_end.transpose(-1, -2) @ torch.cat([W, inv_v], -1)).split([K, D], -1)
+        return _ChunkMaps(s - SW, R, m_decay - EW, Psi, W, v - inv_v, a, c, c_seg)
+    W, U0 = (inv @ torch.cat([b_scaled, Le @ v], -1)).split([K, D], -1)  # U = W M + U0
+    SW, SU = (Psa @ torch.cat([W, U0], -1)).split([K, D], -1)
+    AW, AU = (a_end.transpose(-1, -2) @ torch.cat([W, U0], -1)).split([K, D], -1)
+    return _ChunkMaps(s_scaled - SW, Pse @ v - SU, m_decay - AW, e_end.transpose(-1, -2) @ v - AU, W, U0, a, c, c_seg)
 
-    M = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
+
+def _chunked(
+    v: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, g: Tensor | None, C: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """Pads T to a multiple of C and splits it: [B, H, T, .] -> [B, H, Nc, C, .], g -> [B, H, Nc, C]."""
+    Bn, H, T, _ = v.shape
+    Nc = -(-T // C)
+    pad = Nc * C - T
+    if pad:
+        # Zero a, b, e, v, s and a zero log gate make a padded step the identity on m.
+        v, e, s, a, b = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (v, e, s, a, b))
+        if g is not None:
+            g = torch.nn.functional.pad(g, (0, pad))
+    v, e, s, a, b = (x.reshape(Bn, H, Nc, C, x.shape[-1]) for x in (v, e, s, a, b))
+    return v, e, s, a, b, (None if g is None else g.reshape(Bn, H, Nc, C))
+
+
+def _carry(Phi: Tensor, Psi: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
+    """The only sequential part: M_{n+1} = Phi_n M_n + Psi_n. Returns (the memories entering the
+    chunks [B, H, Nc, K, D], the memory after the last)."""
     starts = []
     # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
     Phis, Psis = (x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi))
     for Phi_n, Psi_n in zip(Phis, Psis, strict=False):
         starts.append(M)
         M = Phi_n @ M + Psi_n
-    y = Q @ torch.stack(starts, 2) + R  # [B, H, N, C, D]
-    y = y.reshape(Bn, H, N * C, D)[:, :, :T]
-    return y, M
+    return torch.stack(starts, 2), M
+
+
+def _delta_chunk(
+    v: Tensor,
+    e: Tensor,
+    s: Tensor,
+    a: Tensor,
+    b: Tensor,
+    g: Tensor | None,
+    m0: Tensor | None,
+    chunk_size: int,
+    a_is_e: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Chunkwise (WY / UT) form (``_chunk_maps``). All inputs head-major [B, H, T, .]; returns (y, m_T)."""
+    Bn, H, T, D = v.shape
+    K = e.shape[-1]
+    C = min(chunk_size, T)
+    maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None)
+    M = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
+    starts, M = _carry(maps.Phi, maps.Psi, M)
+    y = maps.Q @ starts + maps.R  # [B, H, Nc, C, D]
+    return y.reshape(Bn, H, -1, D)[:, :, :T], M
+
+
+def _delta_chunk_packed(
+    v: Tensor,
+    e: Tensor,
+    s: Tensor,
+    a: Tensor,
+    b: Tensor,
+    g: Tensor | None,
+    m0: Tensor | None,
+    chunk_size: int,
+    a_is_e: bool,
+    cu: Tensor,
+    final: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """The chunk form over a packed row (B = 1) of N documents, cu [N + 1] int64: one pass over the
+    row's regular chunks, the documents kept apart inside them by ``_Segments`` masks. y [1, H, T, D]
+    and (when ``final``) the documents' final states [N, H, K, D]; m0 [N, H, K, D] or None.
+
+    A segment reads from Z: the carried memory when its document began in an earlier chunk, else
+    the document's own initial state m0_n (zero when None). The carry M_{n+1} = Phi_n Z_last + Psi_n
+    keeps Phi_n where the chunk's last segment is carried and folds m0 into Psi_n where it is not,
+    so the sequential loop is the one-sequence loop. The initial states' share of the outputs of
+    documents' first segments, and every final state (read at the document's last token, inside a
+    chunk or at its end, from its last segment's Z and corrections u_j = W_j Z + U0_j), are sums
+    over segments batched over documents by ``packed.Pieces``: beyond the one-sequence form
+    O(T K D) multiply-adds and O(N K D) memory, no loop over documents.
+    """
+    _, H, T, D = v.shape
+    K = e.shape[-1]
+    C = min(chunk_size, T)
+    seg = _Segments.of(cu, T, C)
+    v, e, s, a, b, g = _chunked(v, e, s, a, b, g, C)
+    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg)
+    Nc = seg.last.shape[0]
+    carried_out = seg.carried[:, -1]  # [Nc]: the chunk's last segment continues from the carry
+    Phi, Psi = maps.Phi * carried_out[:, None, None].to(v.dtype), maps.Psi
+    if m0 is not None:
+        # Where the last segment began inside the chunk its memory comes from m0, not the carry.
+        fresh = (~carried_out).nonzero()[:, 0]
+        m0_fresh = m0.index_select(0, seg.doc[:, -1].index_select(0, fresh)).transpose(0, 1).unsqueeze(0)
+        Psi = Psi.index_add(2, fresh, maps.Phi.index_select(2, fresh) @ m0_fresh)
+    starts, _ = _carry(Phi, Psi, v.new_zeros(1, H, K, D))
+
+    def flat(x: Tensor) -> Tensor:  # [1, H, Nc, C, ...] -> [H, Nc C, ...]
+        return x.reshape(H, Nc * C, *x.shape[4:])
+
+    # y = Q Z + R; here Z is the carried memory, and the tokens of a document that began in the
+    # chunk get their m0's share next.
+    y = flat((maps.Q * seg.carried.unsqueeze(-1).to(v.dtype)) @ starts + maps.R)
+
+    def chunk_of(t: Tensor) -> Tensor:  # the first token of t's chunk
+        return torch.div(t, C, rounding_mode="floor") * C
+
+    doc_starts, doc_ends = cu[:-1], cu[1:]
+    if m0 is not None:
+        first = Pieces.of_ranges(doc_starts, torch.minimum(doc_ends, chunk_of(doc_starts) + C), Nc * C)
+        at = first.index[first.valid]
+        m0_first = m0.index_select(0, first.doc)  # [pieces, H, K, D]: document-major, never transposed
+
+        def share(x: Tensor) -> Tensor:  # x_t m0_n at the first segments' tokens, [H, tokens, D]
+            return (first.rows(flat(x)).transpose(0, 1) @ m0_first).transpose(0, 1).flatten(1, 2)[:, first.valid]
+
+        y = y.index_add(1, at, share(maps.Q))
+    y = y[:, :T].unsqueeze(0)
+    if not final:
+        return y, None
+    # m at a document's last token t_e, from its last segment [p, t_e] with initial memory Z:
+    #   m = e^{c_{t_e} - c_{p-1}} Z + sum_j e^{c_{t_e} - c_j} (e_j v_j^T - a'_j u_j^T),  u_j = W_j Z + U0_j
+    last_token = doc_ends - 1
+    seg_start = torch.maximum(doc_starts, chunk_of(last_token))
+    pieces = Pieces.of_ranges(seg_start, doc_ends, Nc * C)
+    valid = pieces.valid.reshape(-1, pieces.P)  # [pieces, P]
+
+    def rows(x: Tensor) -> Tensor:  # [1, H, Nc, C, F] -> [pieces, H, P, F], document-major
+        return pieces.rows(flat(x)).transpose(0, 1)
+
+    if maps.c is not None:
+        c, c_seg = flat(maps.c), flat(maps.c_seg)  # [H, Nc C]
+        at_end = c.index_select(1, last_token.index_select(0, pieces.doc))  # c_{t_e} of each piece
+        diff = (at_end.unsqueeze(-1) - pieces.rows(c.unsqueeze(-1))[..., 0]).transpose(0, 1)  # [pieces, H, P]
+        # Masked before exp: a padding slot's difference is not one within a segment.
+        weight = diff.masked_fill(~valid[:, None], float("-inf")).exp()
+    else:
+        weight = valid[:, None].to(v.dtype)
+    # Z: the memory carried into the last segment's chunk, or the document's m0 (zero when None).
+    keep = (seg_start > doc_starts)[:, None, None, None]
+    Z = starts[0].transpose(0, 1).index_select(0, torch.div(last_token, C, rounding_mode="floor"))  # [N, H, K, D]
+    Z = torch.where(keep, Z, 0.0 if m0 is None else m0)
+    # One matmul per piece: [e_j; -a'_j] weighted against [v_j; u_j]. The left factors are 0 in
+    # the padding (weight), so the right ones' padding rows drop out.
+    u = rows(maps.W) @ Z.index_select(0, pieces.doc) + rows(maps.U0)
+    left = torch.cat([rows(e), -rows(maps.a)], -2) * weight.repeat(1, 1, 2).unsqueeze(-1)
+    sums = left.transpose(-1, -2) @ torch.cat([rows(v), u], -2)  # [pieces, H, K, D]
+    if maps.c is not None:
+        Z = c_seg.index_select(1, last_token).t().exp()[..., None, None] * Z
+    return y, Z.index_add(0, pieces.doc, sums)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -383,8 +596,9 @@ def eos_delta(
         chunk_size: chunk length C of mode "chunk" and checkpoint spacing of the recurrent
             backward (any C >= 1; T need not be a multiple).
         cu_seqlens: packed sequences, as ``eos`` takes them ([N + 1], B = 1); initial and final
-            states are then [N, H, K, D]. Served by running each document alone (a loop over
-            documents, one call of the chosen mode each).
+            states are then [N, H, K, D]. Mode chunk runs the whole row in one pass, the
+            documents kept apart inside its chunks by block-diagonal masks (docs/eos_delta.md);
+            mode recurrent, the reference, runs each document alone (a loop over documents).
 
     Returns:
         y [B, T, H, D] and m_T (or None). Half-precision inputs are computed in float32 and y is
@@ -432,38 +646,35 @@ def _delta_packed(
     chunk_size: int,
     cu_seqlens: Tensor,
 ) -> tuple[Tensor, Tensor | None]:
-    """``eos_delta`` on packed sequences: each document alone, its outputs concatenated and its
-    final states stacked. The loop costs one call per document; the delta chunk form does not
-    take boundaries inside its kernel yet."""
+    """``eos_delta`` on packed sequences. Chunk (and auto): one pass over the row, documents kept
+    apart inside the chunks (``_delta_chunk_packed``). Recurrent, the reference: each document
+    alone, its outputs concatenated and its final states stacked (a loop over documents)."""
     bounds = check_cu_seqlens(cu_seqlens)
-    _canonicalize(i, e, s, a, b, log_o, None)  # every error names the packed inputs' shapes
-    B, T, H, D = i.shape
-    K = e.shape[-1]
-    check_packed(bounds, B, T)
     N = len(bounds) - 1
-    if initial_state is not None:
-        check_floating("initial_state", initial_state)
-        if tuple(initial_state.shape) != (N, H, K, D):
-            raise ValueError(
-                f"initial_state: with cu_seqlens expected one state per document, [N, H, K, D] = "
-                f"[{N}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+    v, e_, s_, a_, b_, g, m0, out_dtype = _canonicalize(i, e, s, a, b, log_o, initial_state, documents=N)
+    check_packed(bounds, v.shape[0], v.shape[2])
+    if mode == "recurrent" or (mode == "auto" and v.shape[2] <= 1):
+        ys, ms = [], []
+        for n in range(N):
+            lo, hi = bounds[n], bounds[n + 1]
+            y, m = _DeltaRecurrent.apply(
+                v[:, :, lo:hi],
+                e_[:, :, lo:hi],
+                s_[:, :, lo:hi],
+                a_[:, :, lo:hi],
+                b_[:, :, lo:hi],
+                None if g is None else g[:, :, lo:hi],
+                None if m0 is None else m0[n : n + 1],
+                chunk_size,
             )
-    ys, ms = [], []
-    for n in range(N):
-        lo, hi = bounds[n], bounds[n + 1]
-        e_n = e[:, lo:hi]
-        y, m = eos_delta(
-            i[:, lo:hi],
-            e_n,
-            s[:, lo:hi],
-            e_n if a is e else a[:, lo:hi],  # keeps the a-is-e sharing of the chunk form
-            b[:, lo:hi],
-            log_o if log_o is None or log_o.dim() == 1 else log_o[:, lo:hi],
-            mode=mode,
-            initial_state=None if initial_state is None else initial_state[n : n + 1],
-            output_final_state=output_final_state,
-            chunk_size=chunk_size,
-        )
-        ys.append(y)
-        ms.append(m)
-    return torch.cat(ys, 1), (torch.cat(ms, 0) if output_final_state else None)
+            ys.append(y)
+            ms.append(m)
+        y, m = torch.cat(ys, 2), torch.cat(ms, 0)
+    else:
+        cu = torch.tensor(bounds, dtype=torch.int64, device=v.device)
+        y, m = _delta_chunk_packed(v, e_, s_, a_, b_, g, m0, chunk_size, a is e, cu, output_final_state)
+    y = y.permute(0, 2, 1, 3).to(out_dtype)
+    if not output_final_state:
+        return y, None
+    state_dtype = v.dtype if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    return y, m.to(state_dtype)

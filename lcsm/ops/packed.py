@@ -130,11 +130,12 @@ def _gammas(g: Tensor, docs: Documents, T: int) -> tuple[Tensor, Tensor, Tensor]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Pieces:
-    """The documents cut into pieces of at most P = ceil(T / N) tokens: at most 2N pieces (N + T/P),
-    so a [pieces, P] grid holds at most 2T slots however uneven the documents. ``index``
-    [pieces * P] the token of each slot (T for padding), ``doc`` [pieces] each piece's document,
-    ``valid`` [pieces * P] the slots that hold a token (in token order)."""
+class Pieces:
+    """Token ranges (the documents, or parts of them) cut into pieces of at most P = ceil(total / n)
+    tokens for n ranges: at most 2n pieces (n + total/P), so a [pieces, P] grid holds at most twice
+    the ranges' tokens however uneven they are. ``index`` [pieces * P] the token of each slot
+    (``size``, one past the row, for padding), ``doc`` [pieces] each piece's range, ``valid``
+    [pieces * P] the slots that hold a token (in token order)."""
 
     index: Tensor
     doc: Tensor
@@ -142,17 +143,27 @@ class _Pieces:
     P: int
 
     @staticmethod
-    def of(docs: Documents, T: int) -> _Pieces:
-        P = -(-T // docs.N)
-        lengths = docs.ends - docs.starts
+    def of(docs: Documents, T: int) -> Pieces:
+        return Pieces.of_ranges(docs.starts, docs.ends, T)
+
+    @staticmethod
+    def of_ranges(starts: Tensor, ends: Tensor, size: int) -> Pieces:
+        """Ranges [starts[n], ends[n]) (non-empty, int64) of a row of ``size`` tokens."""
+        lengths = ends - starts
+        P = -(-int(lengths.sum()) // lengths.numel())
         counts = (lengths + P - 1) // P
-        doc = torch.repeat_interleave(torch.arange(docs.N, device=lengths.device), counts)
+        doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), counts)
         first_piece = torch.cumsum(counts, 0) - counts
         offset = torch.arange(doc.numel(), device=doc.device) - first_piece.index_select(0, doc)
-        start = docs.starts.index_select(0, doc) + offset * P
+        start = starts.index_select(0, doc) + offset * P
         slot = start[:, None] + torch.arange(P, device=doc.device)
-        valid = slot < docs.ends.index_select(0, doc)[:, None]
-        return _Pieces(torch.where(valid, slot, T).flatten(), doc, valid.flatten(), P)
+        valid = slot < ends.index_select(0, doc)[:, None]
+        return Pieces(torch.where(valid, slot, size).flatten(), doc, valid.flatten(), P)
+
+    def rows(self, x: Tensor) -> Tensor:
+        """x [H, size, F] -> [H, pieces, P, F] without the copy that zero padding costs: a padding
+        slot holds some row of x, which the caller masks or drops."""
+        return x.index_select(1, self.index.clamp(max=x.shape[1] - 1)).unflatten(1, (self.doc.numel(), self.P))
 
     def grid(self, x: Tensor) -> Tensor:
         """x [H, T, F] -> [H, pieces, P, F], zeros in the padding."""
@@ -176,10 +187,10 @@ def _factor_logs(p: EOSProblem) -> tuple[Tensor | None, Tensor | None]:
 def _add_states_matmul(p: EOSProblem, docs: Documents, y: Tensor, final: bool) -> tuple[Tensor, Tensor | None]:
     """``add_states`` for K-vector e and s with a decay of the matmul kernel: the per-token terms
     are rank one, so the final states are sum_j a_j b_j^T per document and the initial states'
-    share of y is q_t^T m0_n, batched matmuls over the documents cut into pieces (``_Pieces``):
+    share of y is q_t^T m0_n, batched matmuls over the documents cut into pieces (``Pieces``):
     O(T K D) multiply-adds in matmuls, O(T (K + D) + N K D) memory."""
     T, N, H, dtype = p.T, docs.N, p.H, p.i.dtype
-    pieces = _Pieces.of(docs, T)
+    pieces = Pieces.of(docs, T)
     logs = [(x, *_gammas(x, docs, T)) if x is not None else None for x in _factor_logs(p)]
 
     def exp(n: int, diff) -> Tensor | float:  # exp of a within-document difference of factor n's Gamma

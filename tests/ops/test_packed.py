@@ -16,6 +16,7 @@ from torch.nn.functional import logsigmoid, normalize
 
 from lcsm.ops import LogProduct, eos, eos_delta, eos_rotating, explain
 from lcsm.ops import chunk as chunk_module
+from lcsm.ops import delta as delta_module
 from lcsm.testing import assert_close
 
 H, K, D = 2, 3, 4
@@ -273,20 +274,27 @@ def test_error_for_a_list():
 # ----------------------------------------------------------------------------- eos_delta, eos_rotating
 
 
-def delta_inputs(n_docs, gate, seed=0):
-    """Delta-rule inputs conditioned as in test_delta (unit keys, a close to b, beta in (0, 1))."""
+def delta_inputs(n_docs, gate, seed=0, kind="general", initial=True):
+    """Delta-rule inputs conditioned as in test_delta (unit keys, a close to b, beta in (0, 1)).
+    kind: general (a != b != e), deltanet (a = e = beta k, b = k) or m1 (a = b = e = k); the shared
+    tensors are made one object by ``check_delta``."""
     g = torch.Generator().manual_seed(seed)
     k = normalize(_rnd(g, 1, T, H, K), dim=-1)
     beta = torch.sigmoid(_rnd(g, 1, T, H, 1))
     log_o = {"none": None, "dd": logsigmoid(_rnd(g, 1, T, H) + 2.0), "head": logsigmoid(_rnd(g, H) + 2.0)}[gate]
+    a, e = beta * normalize(k + 0.3 * _rnd(g, 1, T, H, K), dim=-1), _rnd(g, 1, T, H, K) / math.sqrt(K)
+    if kind == "deltanet":
+        a = e = beta * k
+    elif kind == "m1":
+        a = e = k
     return {
         "i": _rnd(g, 1, T, H, D),
-        "e": _rnd(g, 1, T, H, K) / math.sqrt(K),
+        "e": e,
         "s": normalize(_rnd(g, 1, T, H, K), dim=-1),
-        "a": beta * normalize(k + 0.3 * _rnd(g, 1, T, H, K), dim=-1),
+        "a": a,
         "b": k,
         "log_o": log_o,
-        "initial_state": _rnd(g, n_docs, H, K, D),
+        "initial_state": _rnd(g, n_docs, H, K, D) if initial else None,
     }
 
 
@@ -296,6 +304,94 @@ def delta_inputs(n_docs, gate, seed=0):
 def test_delta(gate, mode, dtype):
     b = _bounds("ones")
     check_packed(eos_delta, delta_inputs(len(b) - 1, gate), b, dtype, gate, mode=mode, chunk_size=4)
+
+
+DELTA_BOUNDS = {
+    "ones": [0, 1, 6, 7, 15, 22, 23],  # one-token documents at the start, inside and at the end
+    "long": [0, 1, 12, 13, 23],  # documents of 11 and 10 tokens: several chunks each
+    "aligned": [0, 4, 8, 9, 20, 23],  # starts and ends on chunk boundaries of C = 4, and off them
+    "one-document": [0, 23],
+}
+
+
+def check_delta(inputs, bounds, dtype, context, shared, **kwargs):
+    """``check_packed`` for eos_delta, with ``a`` and ``e`` one tensor object when ``shared`` (the
+    DeltaNet fast path of the chunk form; the reference cuts them apart, which it does not mind)."""
+    args = {k: _cast(v, dtype) for k, v in inputs.items()}
+    if shared:
+        args["a"] = args["e"]
+    cu = torch.tensor(bounds, dtype=torch.int64)
+    final = args["initial_state"] is not None
+
+    def packed(a):
+        y, m = eos_delta(**a, output_final_state=final, cu_seqlens=cu, **kwargs)
+        return y, (m if final else y)
+
+    def reference(a):
+        y, m = separate(eos_delta, a, bounds, **{**kwargs, "mode": "recurrent"})
+        return y, (m if final else y)
+
+    assert_close(outputs_and_grads(packed, args), outputs_and_grads(reference, args), dtype, context=context)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kind", ["general", "deltanet", "m1"])
+@pytest.mark.parametrize("gate", ["none", "dd", "head"])
+@pytest.mark.parametrize(
+    "bounds, chunk_size", [("ones", 4), ("ones", 64), ("long", 3), ("aligned", 4), ("one-document", 5)]
+)
+def test_delta_chunk_is_each_document_alone(bounds, chunk_size, gate, kind, dtype):
+    """The chunk form over the packed row against each document through the recurrence: outputs,
+    final states and every gradient (initial states included); T = 23 is odd and no chunk size
+    divides it (64 is capped at T: one chunk holding every document)."""
+    b = DELTA_BOUNDS[bounds]
+    inputs = delta_inputs(len(b) - 1, gate, seed=11, kind=kind)
+    check_delta(
+        inputs,
+        b,
+        dtype,
+        f"{bounds} C={chunk_size} {gate} {kind}",
+        kind != "general",
+        mode="chunk",
+        chunk_size=chunk_size,
+    )
+
+
+@pytest.mark.parametrize("chunk_size", [2, 3, 5, 7])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_delta_chunk_random_boundaries(seed, chunk_size):
+    b = _bounds("random", seed=seed)
+    inputs = delta_inputs(len(b) - 1, "dd", seed=seed, kind="general")
+    check_delta(inputs, b, torch.float64, f"{b} C={chunk_size}", False, mode="chunk", chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("kind", ["general", "deltanet"])
+def test_delta_chunk_without_states(kind):
+    """No initial states and no final states asked for: y and its gradients alone."""
+    b = DELTA_BOUNDS["long"]
+    inputs = delta_inputs(len(b) - 1, "dd", seed=12, kind=kind, initial=False)
+    check_delta(inputs, b, torch.float64, kind, kind != "general", mode="auto", chunk_size=4)
+
+
+def test_delta_chunk_runs_the_packed_row_in_one_pass(monkeypatch):
+    """One chunk computation for the whole row (the triangular inverse once, over ceil(T / C)
+    chunks), never one per document, and no recurrent step."""
+    calls = []
+    original = delta_module._UnitLowerInverse.apply
+
+    def counted(L):
+        calls.append(L.shape)
+        return original(L)
+
+    def refused(*args):
+        raise AssertionError("the recurrent form ran")
+
+    monkeypatch.setattr(delta_module._UnitLowerInverse, "apply", counted)
+    monkeypatch.setattr(delta_module._DeltaRecurrent, "apply", refused)
+    b = DELTA_BOUNDS["ones"]
+    args = {k: _cast(v, torch.float64) for k, v in delta_inputs(len(b) - 1, "dd").items()}
+    eos_delta(**args, mode="auto", chunk_size=4, output_final_state=True, cu_seqlens=torch.tensor(b))
+    assert len(calls) == 1 and calls[0][2] == math.ceil(T / 4)
 
 
 def test_delta_errors():
