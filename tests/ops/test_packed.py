@@ -219,6 +219,32 @@ def test_chunk_runs_the_packed_row_in_one_kernel_call(monkeypatch):
     assert len(calls) == 1 and calls[0][2] == T
 
 
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "outer"])
+def test_document_starts_keep_the_factorised_chunk_path(decay, monkeypatch):
+    """A document start (a decay of exactly 0) is masked in the chunk, not a reason to cut every
+    chunk into sub-chunks: moderate decays stay on the factorised path, forward and backward."""
+    from lcsm.ops import chunk_matmul
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the sub-chunk scheme ran for a packed row of moderate decays")
+
+    monkeypatch.setattr(chunk_matmul, "_intra_subchunked", refused)
+    b = _bounds("ones")
+    check_packed(eos, make_inputs(decay, n_docs=len(b) - 1, seed=8), b, torch.float64, mode="chunk", chunk_size=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay", ["row", "outer"])
+def test_strong_decays_with_document_starts(decay, dtype):
+    """Decays beyond the safe span between document starts: the sub-chunk scheme on the true logs."""
+    b = _bounds("random", seed=3)
+    inputs = make_inputs(decay, n_docs=len(b) - 1, seed=9)
+    scale = {torch.float64: 100.0, torch.float32: 40.0}[dtype]
+    log_o = inputs["log_o"]
+    inputs["log_o"] = tuple(x * scale for x in log_o) if isinstance(log_o, tuple) else log_o * scale
+    check_packed(eos, inputs, b, dtype, decay, mode="chunk", chunk_size=8)
+
+
 def test_explain_says_how_documents_are_kept_apart():
     b = torch.tensor(_bounds("ones"))
     args = make_inputs("row", n_docs=6)
