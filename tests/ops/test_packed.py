@@ -245,6 +245,38 @@ def test_strong_decays_with_document_starts(decay, dtype):
     check_packed(eos, inputs, b, dtype, decay, mode="chunk", chunk_size=8)
 
 
+@pytest.mark.parametrize("tail_cost", [0, 1])
+@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "outer"])
+def test_documents_cut_into_pieces(decay, tail_cost, monkeypatch):
+    """The states' closed forms cut documents into pieces (packed.py ``_Pieces``); tails made
+    cheap take pieces of one token (every document past its first token in tails) or of two."""
+    from lcsm.ops import packed
+
+    monkeypatch.setattr(packed, "TAIL_COST", tail_cost)
+    b = [0, 10, 11, 12, 13, 14, 15, 16, 23]
+    inputs = make_inputs(decay, n_docs=len(b) - 1, seed=10)
+    check_packed(eos, inputs, b, torch.float64, decay, mode="chunk", chunk_size=4)
+
+
+def test_initial_states_in_any_layout_or_without_gradient():
+    """The states' closed forms (packed.py ``_DocumentStates``) flatten the states for batched
+    matmuls and update fresh ones in place: initial states with permuted strides give the same
+    results, and constant ones get no gradient while the rest still do."""
+    b = _bounds("random", seed=4)
+    inputs = make_inputs("row", n_docs=len(b) - 1, seed=11)
+    m0 = inputs["initial_state"]
+    inputs["initial_state"] = m0.transpose(0, 2).contiguous().transpose(0, 2)
+    check_packed(eos, inputs, b, torch.float64, "permuted initial states", mode="chunk", chunk_size=4)
+
+    args = {k: _cast(v, torch.float64) for k, v in inputs.items() if k != "initial_state"}
+    cu = torch.tensor(b)
+    expected = outputs_and_grads(lambda a: separate(eos, {**a, "initial_state": m0}, b, mode="recurrent"), args)
+    got = outputs_and_grads(
+        lambda a: eos(**a, initial_state=m0, mode="chunk", chunk_size=4, output_final_state=True, cu_seqlens=cu), args
+    )
+    assert_close(got, expected, torch.float64, context="constant initial states")
+
+
 def test_explain_says_how_documents_are_kept_apart():
     b = torch.tensor(_bounds("ones"))
     args = make_inputs("row", n_docs=6)
