@@ -11,15 +11,18 @@ linearity split into
 (``LOG_ZERO``) at each document's first token: the memory is multiplied by 0 there, so it restarts
 from e_t i_t^T, which is the document's own first step from a zero state. Its gradients are exact:
 the masked log decays get none, and the reference's gradient for them is dm_t * o_t * m_{t-1} = 0
-with m_{t-1} = 0. ``y_init`` (the initial states' share of the output, read through each
-document's own cumulative decay) and every final state m_n^core = sum_j exp(Gamma_end - Gamma_j)
-e_j i_j^T are closed forms on the within-document cumulative logs: autograd gives their
-gradients, those of the initial states and the unmasked decay at the first tokens among them.
-They are paid only when initial states are given or final states asked for (the kernels do not
-return the memory at arbitrary positions). For K-vector e and s with a decay of the matmul kernel
-each token's term is rank one and they are batched matmuls over the documents cut into pieces,
-O(T K D) multiply-adds and O(T (K + D) + N K D) memory; otherwise (the elementwise kernel's
-problems, themselves O(T K D)) they form one [T, K, D] tensor each.
+with m_{t-1} = 0. The chunk form's matmul kernel takes such a step as a reset, by masks, so the
+boundaries cost it almost nothing (chunk_matmul.py). ``y_init`` (the initial states' share of the
+output, read through each document's own cumulative decay) and every final state
+m_n^core = sum_j exp(Gamma_end - Gamma_j) e_j i_j^T are closed forms on the within-document
+cumulative logs, which carry the gradients of the initial states and of the unmasked decay at
+the first tokens. They are paid only when initial states are given or final states asked for
+(the kernels do not return the memory at arbitrary positions). For K-vector e and s with a decay
+of the matmul kernel each token's term is rank one and they are batched matmuls over the
+documents cut into pieces (``_Pieces``, ``_DocumentStates``, whose backward writes each K x D
+gradient once), O(T K D) multiply-adds and O(T (K + D) + N K D) memory; otherwise (the
+elementwise kernel's problems, themselves O(T K D)) they form one [T, K, D] tensor each, and
+autograd gives their gradients.
 """
 
 from __future__ import annotations
@@ -126,8 +129,10 @@ def _gammas(g: Tensor, docs: Documents, T: int) -> tuple[Tensor, Tensor, Tensor]
     from them is a within-document difference t >= j, so nothing overflows."""
     g = finite_log(g).expand(*g.shape[:2], T, *g.shape[3:])
     gamma = g.to(torch.complex128 if g.is_complex() else torch.float64).cumsum(2)
-    gamma0 = torch.cat([torch.zeros_like(gamma[:, :, :1]), gamma], 2)  # gamma0[t] = Gamma before t
-    return gamma, gamma0.index_select(2, docs.starts), gamma0.index_select(2, docs.ends)
+    last = gamma.index_select(2, docs.ends - 1)
+    # the documents tile the row: the Gamma before a document is the last of the one before it
+    before = torch.cat([torch.zeros_like(last[:, :, :1]), last[:, :, :-1]], 2)
+    return gamma, before, last
 
 
 # What a tail (``_Pieces``) costs in slots of padding. An estimate, not a fit: a slot costs the
