@@ -252,7 +252,7 @@ class _DocumentStates(torch.autograd.Function):
         if q is not None:
             heads, tails = _heads_and_tails(q, N)
             m0_heads, m0_tails = _per_piece(m0, tail_doc)
-            share = torch.cat([heads @ m0_heads, tails @ m0_tails]).unflatten(0, (-1, H))
+            share = _pieces_matmul(heads, m0_heads, tails, m0_tails, H)
         if a is not None:
             (a_h, a_t), (b_h, b_t) = _heads_and_tails(a, N), _heads_and_tails(b, N)
             if m0 is None:
@@ -275,9 +275,8 @@ class _DocumentStates(torch.autograd.Function):
         if a is not None and d_m is not None:
             dm_h, dm_t = _per_piece(d_m, tail_doc)
             (a_h, a_t), (b_h, b_t) = _heads_and_tails(a, N), _heads_and_tails(b, N)
-            da = torch.cat([b_h.conj() @ dm_h.transpose(-1, -2), b_t.conj() @ dm_t.transpose(-1, -2)])
-            db = torch.cat([a_h.conj() @ dm_h, a_t.conj() @ dm_t])
-            da, db = da.unflatten(0, (-1, H)), db.unflatten(0, (-1, H))
+            da = _pieces_matmul(b_h.conj(), dm_h.transpose(-1, -2), b_t.conj(), dm_t.transpose(-1, -2), H)
+            db = _pieces_matmul(a_h.conj(), dm_h, a_t.conj(), dm_t, H)
             if want_m0:
                 dm0 = _fresh(d_m, None if w is None else w.conj())
             if w is not None and ctx.needs_input_grad[1]:
@@ -285,8 +284,7 @@ class _DocumentStates(torch.autograd.Function):
         if q is not None and d_share is not None:
             (q_h, q_t), (s_h, s_t) = _heads_and_tails(q, N), _heads_and_tails(d_share, N)
             m0_h, m0_t = _per_piece(m0, tail_doc)
-            dq = torch.cat([s_h @ m0_h.conj().transpose(-1, -2), s_t @ m0_t.conj().transpose(-1, -2)])
-            dq = dq.unflatten(0, (-1, H))
+            dq = _pieces_matmul(s_h, m0_h.conj().transpose(-1, -2), s_t, m0_t.conj().transpose(-1, -2), H)
             if want_m0:
                 q_h, q_t = q_h.conj().transpose(-1, -2), q_t.conj().transpose(-1, -2)
                 if dm0 is None:
@@ -296,6 +294,15 @@ class _DocumentStates(torch.autograd.Function):
                 if tail_doc.numel():
                     dm0.index_add_(0, tail_doc, (q_t @ s_t).unflatten(0, (-1, H)))
         return dm0, dw, dq, da, db, None, None
+
+
+def _pieces_matmul(x_h: Tensor, y_h: Tensor, x_t: Tensor, y_t: Tensor, H: int) -> Tensor:
+    """[x_h @ y_h; x_t @ y_t] as [pieces, H, r, c], heads then tails, each written into its part
+    of one tensor (torch.cat would allocate and copy a second one)."""
+    out = x_h.new_empty(x_h.shape[0] + x_t.shape[0], x_h.shape[1], y_h.shape[2])
+    torch.bmm(x_h, y_h, out=out[: x_h.shape[0]])
+    torch.bmm(x_t, y_t, out=out[x_h.shape[0] :])
+    return out.unflatten(0, (-1, H))
 
 
 def _fresh(x: Tensor, w: Tensor | None) -> Tensor:
