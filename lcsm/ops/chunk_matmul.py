@@ -10,10 +10,12 @@ is moderate (at most SAFE_SPAN, e.g. GLA's logsigmoid / 16 gates) exp(Gamma_t - 
 factorises through the chunk start with every factor within exp(+-SAFE_SPAN); stronger decays
 split the chunk into sub-chunks of c <= SUBCHUNK steps whose pairs factorise through the point
 between them (factors <= 1), the c x c diagonal blocks factorised or, if still too strong, split
-again the same way (down to single steps). A separable decay factorises into exp(Ga_t - Ga_j)
-along K, carried by s and e, and exp(Gb_t - Gb_j) along D, carried by i and y; chunk to chunk the
-memory decays by exp(Ga_C) (x) exp(Gb_C). Long sequences run in segments of SEGMENT tokens so that
-time per token stays flat.
+again the same way (down to single steps). A step whose decay is exactly 0 in every entry (a
+reset, e.g. a packed document's first token) is taken by masks instead: no pair spans it, the
+chunk-start memory stops at it, and its log counts as 0 towards the spans. A separable decay
+factorises into exp(Ga_t - Ga_j) along K, carried by s and e, and exp(Gb_t - Gb_j) along D,
+carried by i and y; chunk to chunk the memory decays by exp(Ga_C) (x) exp(Gb_C). Long sequences
+run in segments of SEGMENT tokens so that time per token stays flat.
 
 Backward (LCSM appendix 5.1, Type 1; corrected in docs/eos.md): itself EOS problems over the
 same decays, so it stores no per-step memory:
@@ -43,7 +45,7 @@ from typing import Any
 
 import torch
 
-from ._inputs import finite_log
+from ._inputs import LOG_ZERO, finite_log
 
 Tensor = torch.Tensor
 
@@ -207,6 +209,11 @@ class _Decay:
     exp_neg: Tensor | None = None  # exp(-Gamma_j), only when moderate
     to_end: Tensor | None = None  # exp(Gamma_C - Gamma_j)
     moderate: bool = True
+    # Resets (steps whose decay is exactly 0, see ``_decay_factors``), when the chunk takes them by
+    # masks: ``same`` [B, H, N, C, C] pairs (t, j) with no reset in (j, t]; ``reach`` [B, H, N, C, 1]
+    # 1 at the steps the chunk-start memory reaches (no reset up to t), else 0. None: no resets.
+    same: Tensor | None = None
+    reach: Tensor | None = None
 
 
 def _chunked(x: Tensor, C: int) -> Tensor:
@@ -229,7 +236,22 @@ def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
     # o = 0 (log_o = -inf) is raised to a log whose exp is still 0 in the compute dtype, so that
     # differences of cumulative logs never meet -inf - (-inf).
     wide = torch.complex128 if g.is_complex() else torch.float64
-    G = finite_log(_chunked(g, C).to(wide), dt).cumsum(-2)
+    logs = finite_log(_chunked(g, C).to(wide), dt)
+    # A reset: a step whose decay is 0 in every entry (each log at LOG_ZERO, whose exp is 0 in dt),
+    # e.g. a packed document's first token (packed.py). Its Gamma span alone exceeds SAFE_SPAN and
+    # would send the whole tensor down the sub-chunk scheme; instead pairs across a reset are
+    # masked out, which is exact (their decay is exactly 0), and the reset's log taken as 0, so
+    # that the spans left are those of the other steps.
+    # One reduction over g tells whether any log is that low at all, before the per-step test
+    # (most decays have no reset, and the per-step test cost ~15% of this function).
+    floor = LOG_ZERO[dt.to_real()]
+    if g.numel() and bool(g.real.min() <= floor):
+        reset = logs.real.amax(-1) <= floor
+        f = _reset_factors(logs, reset, dt) if bool(reset.any()) else None
+        if f is not None:
+            return f
+    G = logs.cumsum(-2)
+    del logs  # freed before the factors are allocated: their memory is then reused, not page-faulted afresh
     G_last = G[..., -1:, :]
     # Moderate decays (the usual case, e.g. GLA's logsigmoid / 16): everything factorises through
     # the chunk start, exp(Gamma_t - Gamma_j) = exp(Gamma_t) * exp(-Gamma_j), with every factor
@@ -239,6 +261,33 @@ def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
     exp_neg = _exp(-G, dt) if moderate else None
     to_end = exp_last * exp_neg if moderate else _exp(G_last - G, dt)
     return _Decay(G, _exp(G, dt), exp_last, exp_neg, to_end, moderate)
+
+
+def _reset_factors(logs: Tensor, reset: Tensor, dt: torch.dtype) -> _Decay | None:
+    """The factors of chunked logs [B, H, N, C, X] with resets [B, H, N, C] taken by masks (see
+    ``_Decay``): moderate factors of the cumulative logs with every reset's log taken as 0, a pair
+    of steps kept when no reset lies after the earlier one up to the later one, the chunk-start
+    memory kept up to the chunk's first reset. None when the other steps' spans are themselves
+    beyond SAFE_SPAN: the sub-chunk scheme then takes the true logs, resets included."""
+    G = logs.masked_fill(reset.unsqueeze(-1), 0).cumsum(-2)
+    if not _is_moderate(torch.nn.functional.pad(G, (0, 0, 1, 0)), dt):
+        return None
+    part = reset.cumsum(-1)  # the steps between two resets share a number
+    real = torch.empty((), dtype=dt).real.dtype
+    reach = (part == 0).unsqueeze(-1).to(real)
+    in_last = (part == part[..., -1:]).unsqueeze(-1).to(real)
+    exp_last = _exp(G[..., -1:, :], dt)
+    exp_neg = _exp(-G, dt)
+    return _Decay(
+        G,
+        _exp(G, dt),
+        exp_last * reach[..., -1:, :],
+        exp_neg,
+        exp_last * exp_neg * in_last,
+        True,
+        part.unsqueeze(-1) == part.unsqueeze(-2),
+        reach,
+    )
 
 
 def _chunk_states(e: Tensor, i: Tensor, f: _Decay, kind: str, m0: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -276,16 +325,22 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
     if kind == "none":
         return (s @ S).add_((s @ e.transpose(-1, -2)).tril_(-1 if strict else 0) @ i)
     mask = _causal_mask(s.shape[-2], strict, s.device)
+    if f.same is not None:
+        mask = mask & f.same
     zero = torch.zeros((), dtype=s.dtype, device=s.device)
+
+    def carried(x: Tensor) -> Tensor:  # the chunk-start memory's share, up to the first reset
+        return x if f.reach is None else x * f.reach
+
     if kind == "scalar":
         w = f.exp_G * f.exp_neg.transpose(-1, -2) if f.moderate else _pairwise(f.G, False, s.dtype)[..., 0]
-        return (s @ S) * f.exp_G + torch.where(mask, (s @ e.transpose(-1, -2)) * w, zero) @ i
+        return carried((s @ S) * f.exp_G) + torch.where(mask, (s @ e.transpose(-1, -2)) * w, zero) @ i
     if kind == "row":
         if f.moderate:
             intra = torch.where(mask, (s * f.exp_G) @ (e * f.exp_neg).transpose(-1, -2), zero) @ i
         else:
             intra = _intra_subchunked(s, e, i, f.G, "row", strict)
-        return (s * f.exp_G) @ S + intra
+        return carried((s * f.exp_G) @ S) + intra
     if kind in OUTER:
         exp_a, exp_b = _halves(f.exp_G, kind, s.shape[-1])
         s_a = s * exp_a
@@ -294,12 +349,12 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
             intra = exp_b * (torch.where(mask, s_a @ (e * neg_a).transpose(-1, -2), zero) @ (i * neg_b))
         else:
             intra = _intra_subchunked(s, e, i, f.G, kind, strict)
-        return (s_a @ S) * exp_b + intra
+        return carried((s_a @ S) * exp_b) + intra
     if f.moderate:
         intra = f.exp_G * (torch.where(mask, s @ e.transpose(-1, -2), zero) @ (i * f.exp_neg))
     else:
         intra = _intra_subchunked(s, e, i, f.G, "col", strict)
-    return (s @ S) * f.exp_G + intra
+    return carried((s @ S) * f.exp_G) + intra
 
 
 def _chunk_matmul_segment(

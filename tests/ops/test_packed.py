@@ -220,6 +220,64 @@ def test_chunk_runs_the_packed_row_in_one_kernel_call(monkeypatch):
     assert len(calls) == 1 and calls[0][2] == T
 
 
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "outer"])
+def test_document_starts_keep_the_factorised_chunk_path(decay, monkeypatch):
+    """A document start (a decay of exactly 0) is masked in the chunk, not a reason to cut every
+    chunk into sub-chunks: moderate decays stay on the factorised path, forward and backward."""
+    from lcsm.ops import chunk_matmul
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the sub-chunk scheme ran for a packed row of moderate decays")
+
+    monkeypatch.setattr(chunk_matmul, "_intra_subchunked", refused)
+    b = _bounds("ones")
+    check_packed(eos, make_inputs(decay, n_docs=len(b) - 1, seed=8), b, torch.float64, mode="chunk", chunk_size=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("decay", ["row", "outer"])
+def test_strong_decays_with_document_starts(decay, dtype):
+    """Decays beyond the safe span between document starts: the sub-chunk scheme on the true logs."""
+    b = _bounds("random", seed=3)
+    inputs = make_inputs(decay, n_docs=len(b) - 1, seed=9)
+    scale = {torch.float64: 100.0, torch.float32: 40.0}[dtype]
+    log_o = inputs["log_o"]
+    inputs["log_o"] = tuple(x * scale for x in log_o) if isinstance(log_o, tuple) else log_o * scale
+    check_packed(eos, inputs, b, dtype, decay, mode="chunk", chunk_size=8)
+
+
+@pytest.mark.parametrize("tail_cost", [0, 1])
+@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col", "outer"])
+def test_documents_cut_into_pieces(decay, tail_cost, monkeypatch):
+    """The states' closed forms cut documents into pieces (packed.py ``_Pieces``); tails made
+    cheap take pieces of one token (every document past its first token in tails) or of two."""
+    from lcsm.ops import packed
+
+    monkeypatch.setattr(packed, "TAIL_COST", tail_cost)
+    b = [0, 10, 11, 12, 13, 14, 15, 16, 23]
+    inputs = make_inputs(decay, n_docs=len(b) - 1, seed=10)
+    check_packed(eos, inputs, b, torch.float64, decay, mode="chunk", chunk_size=4)
+
+
+def test_initial_states_in_any_layout_or_without_gradient():
+    """The states' closed forms (packed.py ``_DocumentStates``) flatten the states for batched
+    matmuls and update fresh ones in place: initial states with permuted strides give the same
+    results, and constant ones get no gradient while the rest still do."""
+    b = _bounds("random", seed=4)
+    inputs = make_inputs("row", n_docs=len(b) - 1, seed=11)
+    m0 = inputs["initial_state"]
+    inputs["initial_state"] = m0.transpose(0, 2).contiguous().transpose(0, 2)
+    check_packed(eos, inputs, b, torch.float64, "permuted initial states", mode="chunk", chunk_size=4)
+
+    args = {k: _cast(v, torch.float64) for k, v in inputs.items() if k != "initial_state"}
+    cu = torch.tensor(b)
+    expected = outputs_and_grads(lambda a: separate(eos, {**a, "initial_state": m0}, b, mode="recurrent"), args)
+    got = outputs_and_grads(
+        lambda a: eos(**a, initial_state=m0, mode="chunk", chunk_size=4, output_final_state=True, cu_seqlens=cu), args
+    )
+    assert_close(got, expected, torch.float64, context="constant initial states")
+
+
 def test_explain_says_how_documents_are_kept_apart():
     b = torch.tensor(_bounds("ones"))
     args = make_inputs("row", n_docs=6)
