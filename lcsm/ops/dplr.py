@@ -27,17 +27,28 @@ import torch
 
 from lcsm._checks import check_bool
 
-from ._inputs import check_cu_seqlens, check_floating, check_packed, check_same_device, compute_dtype, shape_str
+from ._inputs import (
+    check_chunk_size,
+    check_cu_seqlens,
+    check_floating,
+    check_packed,
+    check_same_device,
+    compute_dtype,
+    finite_log,
+    shape_str,
+    without_autocast,
+)
+from .delta import _UnitLowerInverse
 
 Tensor = torch.Tensor
 
-DPLR_MODES = ("auto", "recurrent")
+DPLR_MODES = ("auto", "recurrent", "chunk")
 
 
 def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
     """Checks shapes; returns float tensors with a micro-step axis: i [B, T, H, n, D], e, a, b
-    [B, T, H, n, K], s [B, T, H, K], log_alpha [B, T, H, K] (or None), m0 [B, H, K, D] (or None),
-    the compute dtype and the output dtype."""
+    [B, T, H, n, K], s [B, T, H, K], the log decay g [B, T, H, 1] (scalar) or [B, T, H, K] (per
+    row) or None, m0 [B, H, K, D] (or None), the compute dtype and the output dtype."""
     named = {"i": i, "e": e, "s": s, "a": a, "b": b}
     for name, t in named.items():
         check_floating(name, t)
@@ -79,12 +90,14 @@ def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
                 f"or one per memory row [H, K] = [{H}, {K}] or [B, T, H, K] = [{B}, {T}, {H}, {K}]; "
                 f"got {shape_str(log_alpha)}"
             )
-        g = cast(log_alpha)
+        # A scalar decay keeps a row axis of 1: the chunk form then factors its pairwise decays
+        # out of the C x C products instead of carrying them per row.
+        g = finite_log(cast(log_alpha))
         if g.dim() == 1:
             g = g[:, None]
         elif g.dim() == 3:
             g = g[..., None]
-        g = g.expand(B, T, H, K)
+        g = g.expand(B, T, H, g.shape[-1])
     m0 = None
     if initial_state is not None:
         if tuple(initial_state.shape) != (B, H, K, D):
@@ -113,6 +126,89 @@ def dplr_recurrent(i, e, s, a, b, g, m0):
     return y, m
 
 
+def _pairwise(x: Tensor, y: Tensor, cx: Tensor, cy: Tensor, mask: Tensor) -> Tensor:
+    """P[t, j] = sum_k x_t[k] y_j[k] exp(cx_t[k] - cy_j[k]) where ``mask`` [C, C] holds, else 0.
+
+    x, y [..., C, K]; cx, cy [..., C, 1] (scalar decay) or [..., C, K] (per row). Where the mask
+    holds, cx_t - cy_j is a sum of log decays (<= 0 for decays <= 1); the differences are masked
+    before exp so the discarded entries, whose exp could overflow, never reach a product. A scalar
+    decay factors out of the K sum (one C x C matmul); a per-row one needs the [C, C, K] weights.
+    """
+    diff = (cx.unsqueeze(-2) - cy.unsqueeze(-3)).masked_fill(~mask[..., None], float("-inf")).exp()
+    if cx.shape[-1] == 1:
+        return (x @ y.transpose(-1, -2)) * diff.squeeze(-1)
+    return (x.unsqueeze(-2) * diff * y.unsqueeze(-3)).sum(-1)
+
+
+def dplr_chunk(i, e, s, a, b, g, m0, chunk_size):
+    """The chunkwise (WY / UT) form: canonical tensors as ``_canonicalize`` returns them ->
+    y [B, T, H, D], m_T [B, H, K, D]; gradients by autograd through it.
+
+    Micro-steps are flattened into the time axis (step j of token t at t n + j, the decay on j = 0
+    only, s read at j = n - 1), so a chunk is C micro-steps. Per chunk, from its initial memory M,
+    with the local cumulative log decay c_t = sum_{l<=t} g_l (per row) and u_t = b_t^T m_{t-1}:
+
+        m_t = e^{c_t} M + sum_{j<=t} e^{c_t - c_j} (e_j i_j^T - a_j u_j^T)
+
+    so U = [u_t] solves (I + L) U = (b e^{c_prev}) M + Le I_v with, for j < t,
+        L[t, j] = sum_k b_t a_j e^{c_{t-1} - c_j},   Le[t, j] = sum_k b_t e_j e^{c_{t-1} - c_j}.
+    U = W M + U0 with W, U0 independent of M, so each chunk's outputs and end memory are affine in
+    M: y = Q M + R, M' = Phi M + Psi, and only the K x K products Phi M are sequential. Every
+    exponent is a sum of log decays over steps inside one chunk (<= 0): no e^{+c} factor, so a
+    log decay of -30 per step (or -inf) underflows to 0 instead of overflowing.
+    """
+    B, T, H, n, D = i.shape
+    K = s.shape[-1]
+    L = T * n
+    C = min(chunk_size, L)
+    N = -(-L // C)
+    pad = N * C - L
+
+    def chunked(x: Tensor) -> Tensor:  # [B, T, H, n, .] -> head-major chunks [B, H, N, C, .]
+        x = x.transpose(1, 2).reshape(B, H, L, x.shape[-1])
+        return torch.nn.functional.pad(x, (0, 0, 0, pad)).reshape(B, H, N, C, x.shape[-1])
+
+    if n > 1:
+        # s only after the last micro-step, the decay only at the first.
+        s = torch.cat([s.new_zeros(B, T, H, n - 1, K), s.unsqueeze(3)], 3)
+        if g is not None:
+            g = torch.cat([g.unsqueeze(3), g.new_zeros(B, T, H, n - 1, g.shape[-1])], 3)
+    else:
+        s = s.unsqueeze(3)
+        g = g.unsqueeze(3) if g is not None else None
+    # Zero i, e, a, b, s and a zero log decay make a padded step the identity on m.
+    v, e, s, a, b = (chunked(x) for x in (i, e, s, a, b))
+    g = chunked(g) if g is not None else v.new_zeros(B, H, N, C, 1)
+    c = g.cumsum(-2)
+    c_prev = c - g
+    strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
+    incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
+    Lm = _pairwise(b, a, c_prev, c, strict)
+    Le = _pairwise(b, e, c_prev, c, strict)
+    Psa = _pairwise(s, a, c, c, incl)
+    Pse = _pairwise(s, e, c, c, incl)
+    to_end = (c[..., -1:, :] - c).exp()  # e^{c_C - c_j}
+    end = c[..., -1, :].exp()  # [B, H, N, 1 or K]
+    inv = _UnitLowerInverse.apply(Lm)
+    W, U0 = (inv @ torch.cat([b * c_prev.exp(), Le @ v], -1)).split([K, D], -1)
+    Q = s * c.exp() - Psa @ W  # y = Q M + R
+    R = Pse @ v - Psa @ U0
+    a_end = (a * to_end).transpose(-1, -2)
+    Phi = torch.diag_embed(end.expand(B, H, N, K)) - a_end @ W  # M' = Phi M + Psi
+    Psi = (e * to_end).transpose(-1, -2) @ v - a_end @ U0
+
+    M = m0 if m0 is not None else v.new_zeros(B, H, K, D)
+    starts = []
+    # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
+    for Phi_n, Psi_n in zip(*(x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi)), strict=True):
+        starts.append(M)
+        M = Phi_n @ M + Psi_n
+    y = (Q @ torch.stack(starts, 2) + R).reshape(B, H, N * C, D)[:, :, :L]
+    y = y.reshape(B, H, T, n, D)[:, :, :, -1].transpose(1, 2)
+    return y, M
+
+
+@without_autocast
 def eos_dplr(
     i: Tensor,
     e: Tensor,
@@ -124,6 +220,7 @@ def eos_dplr(
     mode: str = "auto",
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
+    chunk_size: int = 64,
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """EOS with the DPLR oscillation o_t = D(alpha_t) - a_t b_t^T (module docstring).
@@ -134,9 +231,12 @@ def eos_dplr(
         s: shrink state [B, T, H, K] (read after the token's last micro-step).
         log_alpha: log of the diagonal decay: None (identity), [H] or [B, T, H] (a scalar), [H, K]
             or [B, T, H, K] (per memory row); applied at each token's first micro-step.
-        mode: "recurrent" (the definition) or "auto".
+        mode: "recurrent" (the definition, step by step), "chunk" (the WY / UT chunkwise form,
+            linear in T) or "auto" (T <= 1 -> recurrent, the cheap decoding step; else chunk).
         initial_state: m_0 [B, H, K, D]; [N, H, K, D] with ``cu_seqlens``.
         output_final_state: also return m_T.
+        chunk_size: micro-steps per chunk of mode "chunk" (any C >= 1; T n need not be a
+            multiple). A per-row decay costs C^2 K per chunk where a scalar one costs C^2.
         cu_seqlens: packed sequences [N + 1] (B = 1), as ``eos`` takes them.
 
     Returns:
@@ -144,16 +244,21 @@ def eos_dplr(
         back and the state stays float32.
     """
     output_final_state = check_bool("output_final_state", output_final_state)
+    chunk_size = check_chunk_size(chunk_size)
     if mode not in DPLR_MODES:
         raise ValueError(f"mode: expected one of {', '.join(DPLR_MODES)}, got {mode!r}")
     if cu_seqlens is not None:
-        return _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens)
+        return _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size)
     i_, e_, s_, a_, b_, g, m0, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, initial_state)
-    y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
+    T = s_.shape[1]
+    if mode == "recurrent" or (mode == "auto" and T <= 1) or T == 0:
+        y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
+    else:
+        y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size)
     return y.to(out_dtype), (m if output_final_state else None)
 
 
-def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens):
+def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size):
     """The reference on packed sequences: each document alone."""
     bounds = check_cu_seqlens(cu_seqlens)
     _canonicalize(i, e, s, a, b, log_alpha, None)
@@ -177,8 +282,10 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
             a[:, lo:hi],
             b[:, lo:hi],
             log_alpha[:, lo:hi] if timed else log_alpha,
+            mode=mode,
             initial_state=None if initial_state is None else initial_state[n : n + 1],
             output_final_state=True,
+            chunk_size=chunk_size,
         )
         ys.append(y)
         ms.append(m)
