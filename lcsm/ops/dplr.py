@@ -126,23 +126,29 @@ def dplr_recurrent(i, e, s, a, b, g, m0):
     return y, m
 
 
-def _pairwise(x: Tensor, y: Tensor, cx: Tensor, cy: Tensor, mask: Tensor) -> Tensor:
-    """P[t, j] = sum_k x_t[k] y_j[k] exp(cx_t[k] - cy_j[k]) where ``mask`` [C, C] holds, else 0.
+def _pairwise(x: Tensor, ys: tuple[Tensor, ...], cx: Tensor, cy: Tensor, mask: Tensor) -> list[Tensor]:
+    """P[t, j] = sum_k x_t[k] y_j[k] exp(cx_t[k] - cy_j[k]) where ``mask`` [C, C] holds, else 0,
+    for each y of ``ys`` (the decay weights are formed once for all of them).
 
     x, y [..., C, K]; cx, cy [..., C, 1] (scalar decay) or [..., C, K] (per row). Where the mask
     holds, cx_t - cy_j is a sum of log decays (<= 0 for decays <= 1); the differences are masked
     before exp so the discarded entries, whose exp could overflow, never reach a product. A scalar
-    decay factors out of the K sum (one C x C matmul); a per-row one needs the [C, C, K] weights.
+    decay factors out of the K sum (one C x C matmul for all ys); a per-row one needs the
+    [C, C, K] weights.
     """
-    diff = (cx.unsqueeze(-2) - cy.unsqueeze(-3)).masked_fill(~mask[..., None], float("-inf")).exp()
+    w = (cx.unsqueeze(-2) - cy.unsqueeze(-3)).masked_fill(~mask[..., None], float("-inf")).exp()
     if cx.shape[-1] == 1:
-        return (x @ y.transpose(-1, -2)) * diff.squeeze(-1)
-    return (x.unsqueeze(-2) * diff * y.unsqueeze(-3)).sum(-1)
+        C = x.shape[-2]
+        w = w.squeeze(-1)
+        return list((x @ torch.cat(ys, -2).transpose(-1, -2) * w.repeat(*(1,) * (w.dim() - 1), len(ys))).split(C, -1))
+    xw = x.unsqueeze(-2) * w
+    return [(xw * y.unsqueeze(-3)).sum(-1) for y in ys]
 
 
-def dplr_chunk(i, e, s, a, b, g, m0, chunk_size):
+def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None):
     """The chunkwise (WY / UT) form: canonical tensors as ``_canonicalize`` returns them ->
-    y [B, T, H, D], m_T [B, H, K, D]; gradients by autograd through it.
+    y [B, T, H, D], m_T [B, H, K, D]; gradients by autograd through it. With ``bounds`` (the
+    documents of a packed row, B = 1) m0 and m_T are [N, H, K, D], one per document.
 
     Micro-steps are flattened into the time axis (step j of token t at t n + j, the decay on j = 0
     only, s read at j = n - 1), so a chunk is C micro-steps. Per chunk, from its initial memory M,
@@ -156,17 +162,37 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size):
     M: y = Q M + R, M' = Phi M + Psi, and only the K x K products Phi M are sequential. Every
     exponent is a sum of log decays over steps inside one chunk (<= 0): no e^{+c} factor, so a
     log decay of -30 per step (or -inf) underflows to 0 instead of overflowing.
+
+    Packed documents each start a chunk: every document is padded to a multiple of C (padded
+    steps are the identity), so no chunk mixes two documents and the carry is reset to the
+    document's initial state at its first chunk. The padding costs at most C - 1 steps per
+    document, so C is capped at the longest document.
     """
     B, T, H, n, D = i.shape
     K = s.shape[-1]
     L = T * n
-    C = min(chunk_size, L)
-    N = -(-L // C)
-    pad = N * C - L
+    if bounds is None:
+        C = min(chunk_size, L)
+        N = -(-L // C)
+        dest = None
+    else:
+        starts_ = torch.tensor(bounds[:-1]) * n
+        lengths = torch.tensor(bounds[1:]) * n - starts_
+        C = min(chunk_size, int(lengths.max()))
+        padded = -(-lengths // C) * C
+        first = padded.cumsum(0) - padded  # each document's first step in the chunk-aligned layout
+        N = int(padded.sum()) // C
+        # where each of the L steps goes in the chunk-aligned layout
+        dest = (torch.arange(L) + torch.repeat_interleave(first - starts_, lengths)).to(i.device)
+        resets = dict(zip((first // C).tolist(), range(len(lengths)), strict=True))
+        last_chunk = ((first + padded) // C - 1).to(i.device)
 
     def chunked(x: Tensor) -> Tensor:  # [B, T, H, n, .] -> head-major chunks [B, H, N, C, .]
         x = x.transpose(1, 2).reshape(B, H, L, x.shape[-1])
-        return torch.nn.functional.pad(x, (0, 0, 0, pad)).reshape(B, H, N, C, x.shape[-1])
+        if dest is None:
+            return torch.nn.functional.pad(x, (0, 0, 0, N * C - L)).reshape(B, H, N, C, x.shape[-1])
+        aligned = x.new_zeros(B, H, N * C, x.shape[-1]).index_copy(2, dest, x)
+        return aligned.reshape(B, H, N, C, x.shape[-1])
 
     if n > 1:
         # s only after the last micro-step, the decay only at the first.
@@ -183,10 +209,8 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size):
     c_prev = c - g
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
     incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
-    Lm = _pairwise(b, a, c_prev, c, strict)
-    Le = _pairwise(b, e, c_prev, c, strict)
-    Psa = _pairwise(s, a, c, c, incl)
-    Pse = _pairwise(s, e, c, c, incl)
+    Lm, Le = _pairwise(b, (a, e), c_prev, c, strict)
+    Psa, Pse = _pairwise(s, (a, e), c, c, incl)
     to_end = (c[..., -1:, :] - c).exp()  # e^{c_C - c_j}
     end = c[..., -1, :].exp()  # [B, H, N, 1 or K]
     inv = _UnitLowerInverse.apply(Lm)
@@ -197,14 +221,25 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size):
     Phi = torch.diag_embed(end.expand(B, H, N, K)) - a_end @ W  # M' = Phi M + Psi
     Psi = (e * to_end).transpose(-1, -2) @ v - a_end @ U0
 
-    M = m0 if m0 is not None else v.new_zeros(B, H, K, D)
-    starts = []
+    if bounds is None:
+        M = m0 if m0 is not None else v.new_zeros(B, H, K, D)
+    else:
+        initial = m0 if m0 is not None else v.new_zeros(len(bounds) - 1, H, K, D)
+    starts, ends = [], []
     # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
-    for Phi_n, Psi_n in zip(*(x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi)), strict=True):
+    for chunk, (Phi_n, Psi_n) in enumerate(
+        zip(*(x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi)), strict=True)
+    ):
+        if bounds is not None and chunk in resets:
+            M = initial[resets[chunk]].unsqueeze(0)
         starts.append(M)
         M = Phi_n @ M + Psi_n
-    y = (Q @ torch.stack(starts, 2) + R).reshape(B, H, N * C, D)[:, :, :L]
+        ends.append(M)
+    y = (Q @ torch.stack(starts, 2) + R).reshape(B, H, N * C, D)
+    y = y[:, :, :L] if dest is None else y.index_select(2, dest)
     y = y.reshape(B, H, T, n, D)[:, :, :, -1].transpose(1, 2)
+    if bounds is not None:
+        M = torch.cat(ends, 0).index_select(0, last_chunk)
     return y, M
 
 
@@ -259,7 +294,8 @@ def eos_dplr(
 
 
 def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size):
-    """The reference on packed sequences: each document alone."""
+    """Packed sequences: mode "recurrent" runs each document alone (the reference); "chunk" and
+    "auto" (for T > 1) run the chunk form on the whole row, documents aligned to chunks."""
     bounds = check_cu_seqlens(cu_seqlens)
     _canonicalize(i, e, s, a, b, log_alpha, None)
     B, T, H, K = s.shape
@@ -271,6 +307,11 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
             f"initial_state: with cu_seqlens expected one state per document, [N, H, K, D] = "
             f"[{N}, {H}, {K}, {D}], got {shape_str(initial_state)}"
         )
+    if mode == "chunk" or (mode == "auto" and T > 1):
+        i_, e_, s_, a_, b_, g, _, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, None)
+        m0 = initial_state.to(dtype) if initial_state is not None else None
+        y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size, bounds)
+        return y.to(out_dtype), (m if output_final_state else None)
     ys, ms = [], []
     for n in range(N):
         lo, hi = bounds[n], bounds[n + 1]

@@ -302,3 +302,33 @@ def test_bad_options():
     with pytest.raises(ValueError, match="initial_state: with cu_seqlens"):
         x1 = {k: (v[:1] if v is not None and v.dim() >= 3 else v) for k, v in x.items()}
         _call(x1, cu_seqlens=torch.tensor([0, 2, 4]))
+
+
+@pytest.mark.parametrize("n", [None, 2])
+def test_decoding_step_by_step_equals_one_pass(n):
+    """The T = 1 path of auto (one recurrent step, no chunk machinery) carried token by token
+    equals one chunk pass; so do two carried chunk passes."""
+    x = make_inputs(13, layout="row", n=n)
+    args = [x[k] for k in NAMES[:6]]
+    y, m = eos_dplr(*args, mode="chunk", initial_state=x["initial_state"], output_final_state=True, chunk_size=4)
+    state, ys = x["initial_state"], []
+    for t in range(13):
+        y_t, state = eos_dplr(*(a[:, t : t + 1] for a in args), initial_state=state, output_final_state=True)
+        ys.append(y_t)
+    assert_close({"y": torch.cat(ys, 1), "m_T": state}, {"y": y, "m_T": m}, context="steps")
+    y1, m1 = eos_dplr(*(a[:, :6] for a in args), initial_state=x["initial_state"], output_final_state=True)
+    y2, m2 = eos_dplr(*(a[:, 6:] for a in args), initial_state=m1, output_final_state=True)
+    assert_close({"y": torch.cat([y1, y2], 1), "m_T": m2}, {"y": y, "m_T": m}, context="two passes")
+
+
+def test_packed_chunk_runs_no_loop_over_documents(monkeypatch):
+    """Packed chunk calls the chunk form once for the whole row."""
+    import lcsm.ops.dplr as dplr
+
+    calls = []
+    real = dplr.dplr_chunk
+    monkeypatch.setattr(dplr, "dplr_chunk", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = make_inputs(20, layout="row")
+    args = [v[:1] for v in (x[k] for k in NAMES[:6])]
+    eos_dplr(*args, mode="chunk", cu_seqlens=torch.tensor([0, 5, 6, 20]), chunk_size=4)
+    assert len(calls) == 1
