@@ -23,7 +23,10 @@ columns, N documents of a packed row.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch.autograd.function import once_differentiable
 
 from lcsm._checks import check_bool
 
@@ -145,7 +148,7 @@ def _pairwise(x: Tensor, ys: tuple[Tensor, ...], cx: Tensor, cy: Tensor, mask: T
     return [(xw * y.unsqueeze(-3)).sum(-1) for y in ys]
 
 
-def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None):
+def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False):
     """The chunkwise (WY / UT) form: canonical tensors as ``_canonicalize`` returns them ->
     y [B, T, H, D], m_T [B, H, K, D]; gradients by autograd through it. With ``bounds`` (the
     documents of a packed row, B = 1) m0 and m_T are [N, H, K, D], one per document.
@@ -167,6 +170,8 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None):
     steps are the identity), so no chunk mixes two documents and the carry is reset to the
     document's initial state at its first chunk. The padding costs at most C - 1 steps per
     document, so C is capped at the longest document.
+
+    ``a_is_e`` (DeltaNet's a = e = beta k, the same tensor) forms the C x C products once.
     """
     B, T, H, n, D = i.shape
     K = s.shape[-1]
@@ -209,17 +214,28 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None):
     c_prev = c - g
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
     incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
-    Lm, Le = _pairwise(b, (a, e), c_prev, c, strict)
-    Psa, Pse = _pairwise(s, (a, e), c, c, incl)
     to_end = (c[..., -1:, :] - c).exp()  # e^{c_C - c_j}
     end = c[..., -1, :].exp()  # [B, H, N, 1 or K]
-    inv = _UnitLowerInverse.apply(Lm)
-    W, U0 = (inv @ torch.cat([b * c_prev.exp(), Le @ v], -1)).split([K, D], -1)
-    Q = s * c.exp() - Psa @ W  # y = Q M + R
-    R = Pse @ v - Psa @ U0
     a_end = (a * to_end).transpose(-1, -2)
-    Phi = torch.diag_embed(end.expand(B, H, N, K)) - a_end @ W  # M' = Phi M + Psi
-    Psi = (e * to_end).transpose(-1, -2) @ v - a_end @ U0
+    if a_is_e:
+        # Le = L and Pse = Psa, so R = Psa (v - U0) and Psi = a_end (v - U0).
+        (Lm,) = _pairwise(b, (a,), c_prev, c, strict)
+        (Psa,) = _pairwise(s, (a,), c, c, incl)
+        inv = _UnitLowerInverse.apply(Lm)
+        W, U0 = (inv @ torch.cat([b * c_prev.exp(), Lm @ v], -1)).split([K, D], -1)
+        SW, R = (Psa @ torch.cat([W, v - U0], -1)).split([K, D], -1)
+        AW, Psi = (a_end @ torch.cat([W, v - U0], -1)).split([K, D], -1)
+    else:
+        Lm, Le = _pairwise(b, (a, e), c_prev, c, strict)
+        Psa, Pse = _pairwise(s, (a, e), c, c, incl)
+        inv = _UnitLowerInverse.apply(Lm)
+        W, U0 = (inv @ torch.cat([b * c_prev.exp(), Le @ v], -1)).split([K, D], -1)
+        SW, SU = (Psa @ torch.cat([W, U0], -1)).split([K, D], -1)
+        AW, AU = (a_end @ torch.cat([W, U0], -1)).split([K, D], -1)
+        R = Pse @ v - SU
+        Psi = (e * to_end).transpose(-1, -2) @ v - AU
+    Q = s * c.exp() - SW  # y = Q M + R
+    Phi = torch.diag_embed(end.expand(B, H, N, K)) - AW  # M' = Phi M + Psi
 
     if bounds is None:
         M = m0 if m0 is not None else v.new_zeros(B, H, K, D)
@@ -243,6 +259,63 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None):
     return y, M
 
 
+class _DplrChunkCheckpointed(torch.autograd.Function):
+    """The chunk form with a backward that recomputes: forward keeps only the memory at the start
+    of each span of ``span`` tokens (a few chunks); backward walks the spans in reverse, recomputes
+    each one's chunk form from its start memory with autograd on and pulls the gradients of its
+    inputs and of its start memory through it. Peak memory holds one span's intermediates instead
+    of the whole sequence's, for one more forward pass."""
+
+    @staticmethod
+    def forward(ctx: Any, chunk_size: int, span: int, a_is_e: bool, *tensors: Tensor | None) -> tuple[Tensor, Tensor]:
+        i, e, s, a, b, g, m0 = tensors
+        B, T, H, _, D = i.shape
+        M = m0 if m0 is not None else i.new_zeros(B, H, s.shape[-1], D)
+        starts, ys = [], []
+        for lo in range(0, T, span):
+            starts.append(M)
+            y, M = dplr_chunk(*_span(tensors[:6], lo, span), M, chunk_size, a_is_e=a_is_e)
+            ys.append(y)
+        ctx.save_for_backward(*tensors[:6], *starts)
+        ctx.setup = (chunk_size, span, a_is_e, m0 is not None)
+        return torch.cat(ys, 1), M
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: Tensor, dM: Tensor) -> tuple[Tensor | None, ...]:
+        chunk_size, span, a_is_e, has_m0 = ctx.setup
+        saved = ctx.saved_tensors
+        inputs, starts = saved[:6], saved[6:]
+        grads: list[list[Tensor]] = [[] for _ in inputs]
+        for index in reversed(range(len(starts))):
+            lo = index * span
+            with torch.enable_grad():
+                leaves = [x.detach().requires_grad_() if x is not None else None for x in _span(inputs, lo, span)]
+                if a_is_e:
+                    # one leaf for both: its gradient goes to e's slot, a's gets none (the
+                    # caller passed one tensor twice, autograd sums the two slots)
+                    leaves[3] = None
+                M0 = starts[index].detach().requires_grad_()
+                y, M = dplr_chunk(
+                    *leaves[:3], leaves[1] if a_is_e else leaves[3], *leaves[4:], M0, chunk_size, a_is_e=a_is_e
+                )
+                wrt = [x for x in leaves if x is not None] + [M0]
+                got = iter(torch.autograd.grad((y, M), wrt, (dy[:, lo : lo + span], dM), allow_unused=True))
+            for k, x in enumerate(leaves):
+                if x is not None:
+                    grad = next(got)
+                    grads[k].append(grad if grad is not None else torch.zeros_like(x))
+            dM = next(got)
+        # The canonical decay is per token even where log_alpha was [H] or [H, K]: the caller's
+        # expand sums its gradient back.
+        full = [torch.cat(parts[::-1], 1) if parts else None for parts in grads]
+        return (None, None, None, *full, dM if has_m0 else None)
+
+
+def _span(tensors, lo: int, span: int) -> list[Tensor | None]:
+    return [x[:, lo : lo + span] if x is not None else None for x in tensors]
+
+
 @without_autocast
 def eos_dplr(
     i: Tensor,
@@ -255,7 +328,7 @@ def eos_dplr(
     mode: str = "auto",
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
-    chunk_size: int = 64,
+    chunk_size: int = 32,
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """EOS with the DPLR oscillation o_t = D(alpha_t) - a_t b_t^T (module docstring).
@@ -288,8 +361,12 @@ def eos_dplr(
     T = s_.shape[1]
     if mode == "recurrent" or (mode == "auto" and T <= 1) or T == 0:
         y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
+    elif torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (i_, e_, s_, a_, b_, g, m0)):
+        # Spans of 16 chunks: the recomputed intermediates stay small, the loop short.
+        span = max(1, 16 * chunk_size // i_.shape[3])
+        y, m = _DplrChunkCheckpointed.apply(chunk_size, span, a is e, i_, e_, s_, a_, b_, g, m0)
     else:
-        y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size)
+        y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a is e)
     return y.to(out_dtype), (m if output_final_state else None)
 
 
@@ -310,7 +387,7 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
     if mode == "chunk" or (mode == "auto" and T > 1):
         i_, e_, s_, a_, b_, g, _, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, None)
         m0 = initial_state.to(dtype) if initial_state is not None else None
-        y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size, bounds)
+        y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a is e)
         return y.to(out_dtype), (m if output_final_state else None)
     ys, ms = [], []
     for n in range(N):

@@ -107,19 +107,21 @@ def test_matches_reference(dtype, mode, layout, T):
 
 
 @pytest.mark.parametrize("T", [23, 37])
-@pytest.mark.parametrize("chunk_size", [1, 3, 5, 16, 64])
+@pytest.mark.parametrize("chunk_size", [1, 2, 3, 5, 16, 64])
 @pytest.mark.parametrize("layout", ["scalar", "row"])
 def test_chunk_sizes(T, chunk_size, layout):
+    """C = 1 and 2 also make the backward recompute several spans (16 C tokens each)."""
     check(make_inputs(T, layout=layout, seed=T), "chunk", chunk_size=chunk_size)
 
 
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("mode", ["recurrent", "chunk"])
 @pytest.mark.parametrize("layout", ["none", "scalar", "row"])
-def test_micro_steps(n, mode, layout):
-    """Products of n factors per token (DeltaProduct) against the written-out loop, C = 5 so
-    chunk borders fall inside tokens."""
-    check(make_inputs(17, layout=layout, n=n), mode, chunk_size=5)
+@pytest.mark.parametrize("chunk_size", [1, 5])
+def test_micro_steps(n, mode, layout, chunk_size):
+    """Products of n factors per token (DeltaProduct) against the written-out loop; C = 5 puts
+    chunk borders inside tokens, C = 1 makes the backward recompute several spans."""
+    check(make_inputs(17, layout=layout, n=n), mode, chunk_size=chunk_size)
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -332,3 +334,22 @@ def test_packed_chunk_runs_no_loop_over_documents(monkeypatch):
     args = [v[:1] for v in (x[k] for k in NAMES[:6])]
     eos_dplr(*args, mode="chunk", cu_seqlens=torch.tensor([0, 5, 6, 20]), chunk_size=4)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("mode", ["chunk", "auto"])
+@pytest.mark.parametrize("layout", ["none", "row"])
+@pytest.mark.parametrize("chunk_size", [2, 8])
+def test_shared_a_and_e(mode, layout, chunk_size):
+    """One tensor passed as a and e (DeltaNet's beta k) takes the shared-product path; its
+    gradient is the sum of both roles (C = 2 recomputes two spans in backward)."""
+    x = make_inputs(37, layout=layout)
+    leaves = {k: v.clone().requires_grad_() for k, v in x.items() if v is not None}
+    leaves["e"] = leaves["a"]
+    args = [leaves.get(k) for k in ("i", "a", "s", "a", "b", "log_alpha")]
+    y, m = eos_dplr(
+        *args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True, chunk_size=chunk_size
+    )
+    wrt = {k: v for k, v in leaves.items() if k != "e"}
+    got = gradients({"y": y, "m_T": m}, wrt)
+    want = gradients(dict(zip(("y", "m_T"), reference(*args, leaves["initial_state"]), strict=True)), wrt)
+    assert_close(got, want, context=f"{mode} {layout} C={chunk_size}")
