@@ -10,12 +10,16 @@ configurations (docs/eos_dplr.md):
     DeltaNet            D = I,             a = beta k,              b = k
     Gated DeltaNet      D = alpha I,       a = alpha beta k,        b = k
     KDA                 D = diag(alpha),   a = beta k,              b = alpha * k
-    RWKV-7              D = diag(w),       a = -kappa_hat,          b = a_t * kappa_hat   (value side)
+    RWKV-7              D = diag(w),       a = a_t * kappa_hat,     b = kappa_hat
 
 Products of n Householder-like factors per token (Gated DeltaProduct) are micro-steps: a, b, e
 (and i) carry an axis of n after the heads, [B, T, H, n, K]; micro-step j of token t applies
 (D_j - a_j b_j^T) m + e_j i_j^T with D_1 = D(alpha_t) and D_j = I for j > 1, and s_t reads the
 memory after the last one.
+
+Forms: ``recurrent`` (the definition, step by step), ``chunk`` (the WY / UT chunkwise form, linear
+in T, with a backward that recomputes span by span), ``auto`` (T <= 1 -> recurrent, the decoding
+step; else chunk); packed rows run through the chunk form in one call. ``explain_dplr`` says which.
 
 Shape glossary: B batch, T time, H heads, n micro-steps per token, K memory rows, D memory
 columns, N documents of a packed row.
@@ -42,6 +46,7 @@ from ._inputs import (
     without_autocast,
 )
 from .delta import _UnitLowerInverse
+from .eos import Plan
 
 Tensor = torch.Tensor
 
@@ -259,6 +264,66 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False):
     return y, M
 
 
+def _form(mode: str, T: int) -> str:
+    """The form a (validated) mode takes for T tokens: auto decodes one token by the recurrence,
+    whose one step needs none of the chunk machinery."""
+    return "recurrent" if mode == "recurrent" or (mode == "auto" and T <= 1) or T == 0 else "chunk"
+
+
+def explain_dplr(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    a: Tensor,
+    b: Tensor,
+    log_alpha: Tensor | None = None,
+    *,
+    mode: str = "auto",
+    initial_state: Tensor | None = None,
+    chunk_size: int = 32,
+    cu_seqlens: Tensor | None = None,
+) -> Plan:
+    """The plan ``eos_dplr`` follows for these arguments (validated as ``eos_dplr`` does): the
+    form, its kernel and why. Rules: mode "recurrent", or "auto" with T <= 1 -> the recurrence
+    (one step per micro-step); otherwise the WY / UT chunk form, whose backward recomputes span by
+    span when gradients are needed (not on packed rows, which autograd differentiates)."""
+    chunk_size = check_chunk_size(chunk_size)
+    if mode not in DPLR_MODES:
+        raise ValueError(f"mode: expected one of {', '.join(DPLR_MODES)}, got {mode!r}")
+    packed = cu_seqlens is not None
+    i_, _, s_, _, _, g, _, _, _ = _canonicalize(i, e, s, a, b, log_alpha, None if packed else initial_state)
+    B, T, H, n, _ = i_.shape
+    K = s_.shape[-1]
+    decay = "no decay" if g is None else ("a scalar decay" if g.shape[-1] == 1 else "a per-row decay")
+    micro = f", {n} micro-steps per token (flattened into time, {T * n} steps)" if n > 1 else ""
+    if packed:
+        bounds = check_cu_seqlens(cu_seqlens)
+        check_packed(bounds, B, T)
+    if _form(mode, T) == "recurrent":
+        why = (
+            "requested: the step-by-step definition" if mode == "recurrent" else "T <= 1: one recurrent step (decoding)"
+        )
+        if packed:
+            why += f"; cu_seqlens, {len(bounds) - 1} documents: each alone, a loop over documents"
+        return Plan("recurrent", "loop", f"{why} ({decay}{micro})")
+    C = min(chunk_size, T * n)
+    cost = (
+        f"C^2 K = {C * C * K} per chunk for the pairwise decays"
+        if g is not None and g.shape[-1] > 1
+        else "C x C matmuls"
+    )
+    shared = "; a is e: the C x C products formed once" if a is e else ""
+    how = f"WY / UT chunk form, C = {C} steps ({decay}{micro}; {cost}{shared})"
+    if packed:
+        how += (
+            f"; cu_seqlens, {len(bounds) - 1} documents: each padded to whole chunks in one pass, the "
+            "memory reset at each document's first chunk; backward by autograd"
+        )
+    else:
+        how += "; backward recomputes spans of 16 chunks from their start memories"
+    return Plan("chunk", "wy", how)
+
+
 class _DplrChunkCheckpointed(torch.autograd.Function):
     """The chunk form with a backward that recomputes: forward keeps only the memory at the start
     of each span of ``span`` tokens (a few chunks); backward walks the spans in reverse, recomputes
@@ -359,7 +424,7 @@ def eos_dplr(
         return _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size)
     i_, e_, s_, a_, b_, g, m0, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, initial_state)
     T = s_.shape[1]
-    if mode == "recurrent" or (mode == "auto" and T <= 1) or T == 0:
+    if _form(mode, T) == "recurrent":
         y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
     elif torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (i_, e_, s_, a_, b_, g, m0)):
         # Spans of 16 chunks: the recomputed intermediates stay small, the loop short.
@@ -384,7 +449,7 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
             f"initial_state: with cu_seqlens expected one state per document, [N, H, K, D] = "
             f"[{N}, {H}, {K}, {D}], got {shape_str(initial_state)}"
         )
-    if mode == "chunk" or (mode == "auto" and T > 1):
+    if _form(mode, T) == "chunk":
         i_, e_, s_, a_, b_, g, _, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, None)
         m0 = initial_state.to(dtype) if initial_state is not None else None
         y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a is e)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.nn.functional import logsigmoid, normalize
 
-from lcsm.ops import eos_dplr
+from lcsm.ops import eos_dplr, explain_dplr
 from lcsm.testing import assert_close, gradients, rel_rms
 
 B, H, K, D = 2, 2, 5, 4  # K != D so a transposed memory cannot pass
@@ -353,3 +353,17 @@ def test_shared_a_and_e(mode, layout, chunk_size):
     got = gradients({"y": y, "m_T": m}, wrt)
     want = gradients(dict(zip(("y", "m_T"), reference(*args, leaves["initial_state"]), strict=True)), wrt)
     assert_close(got, want, context=f"{mode} {layout} C={chunk_size}")
+
+
+def test_explain_dplr():
+    x = make_inputs(23, layout="row")
+    args = [x[k] for k in NAMES[:6]]
+    plan = explain_dplr(*args)
+    assert plan.mode == "chunk" and plan.kernel == "wy" and "per-row decay" in plan.reason
+    assert explain_dplr(*(a[:, :1] for a in args)).mode == "recurrent"
+    assert explain_dplr(*args, mode="recurrent").kernel == "loop"
+    assert "a is e" in explain_dplr(args[0], args[3], *args[2:]).reason
+    packed = explain_dplr(*(a[:1] for a in args), cu_seqlens=torch.tensor([0, 5, 23]))
+    assert "2 documents" in packed.reason
+    with pytest.raises(ValueError, match="mode: expected one of"):
+        explain_dplr(*args, mode="fast")
