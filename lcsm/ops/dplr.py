@@ -27,6 +27,7 @@ columns, N documents of a packed row.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import torch
@@ -153,10 +154,11 @@ def _pairwise(x: Tensor, ys: tuple[Tensor, ...], cx: Tensor, cy: Tensor, mask: T
     return [(xw * y.unsqueeze(-3)).sum(-1) for y in ys]
 
 
-def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False):
+def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, recompute=False):
     """The chunkwise (WY / UT) form: canonical tensors as ``_canonicalize`` returns them ->
-    y [B, T, H, D], m_T [B, H, K, D]; gradients by autograd through it. With ``bounds`` (the
-    documents of a packed row, B = 1) m0 and m_T are [N, H, K, D], one per document.
+    y [B, T, H, D], m_T [B, H, K, D]. With ``bounds`` (the documents of a packed row, B = 1) m0
+    and m_T are [N, H, K, D], one per document. ``recompute``: the backward of
+    ``_DplrSpans`` (recomputing span by span) instead of autograd through every intermediate.
 
     Micro-steps are flattened into the time axis (step j of token t at t n + j, the decay on j = 0
     only, s read at j = n - 1), so a chunk is C micro-steps. Per chunk, from its initial memory M,
@@ -185,6 +187,8 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False):
         C = min(chunk_size, L)
         N = -(-L // C)
         dest = None
+        # one "document" per batch row: the whole initial state at chunk 0, the final at the end
+        resets, finals = {0: None}, {N - 1: None}
     else:
         starts_ = torch.tensor(bounds[:-1]) * n
         lengths = torch.tensor(bounds[1:]) * n - starts_
@@ -195,7 +199,7 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False):
         # where each of the L steps goes in the chunk-aligned layout
         dest = (torch.arange(L) + torch.repeat_interleave(first - starts_, lengths)).to(i.device)
         resets = dict(zip((first // C).tolist(), range(len(lengths)), strict=True))
-        last_chunk = ((first + padded) // C - 1).to(i.device)
+        finals = dict(zip(((first + padded) // C - 1).tolist(), range(len(lengths)), strict=True))
 
     def chunked(x: Tensor) -> Tensor:  # [B, T, H, n, .] -> head-major chunks [B, H, N, C, .]
         x = x.transpose(1, 2).reshape(B, H, L, x.shape[-1])
@@ -215,6 +219,30 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False):
     # Zero i, e, a, b, s and a zero log decay make a padded step the identity on m.
     v, e, s, a, b = (chunked(x) for x in (i, e, s, a, b))
     g = chunked(g) if g is not None else v.new_zeros(B, H, N, C, 1)
+    initial = m0 if m0 is not None else v.new_zeros(B if bounds is None else len(bounds) - 1, H, K, D)
+    plan = (resets, finals, a_is_e)
+    if recompute:
+        y, m = _DplrSpans.apply(plan, SPAN_CHUNKS, v, e, s, a, b, g, initial)
+    else:
+        y, m = _spans(plan, 0, v, e, s, a, b, g, initial, None)[:2]
+    y = y.reshape(B, H, N * C, D)
+    y = y[:, :, :L] if dest is None else y.index_select(2, dest)
+    return y.reshape(B, H, T, n, D)[:, :, :, -1].transpose(1, 2), m
+
+
+# Spans of 16 chunks for the recomputing backward: one span's intermediates stay small, the loop
+# over spans short.
+SPAN_CHUNKS = 16
+
+
+def _spans(plan, n0, v, e, s, a, b, g, initial, M):
+    """Chunks n0 .. n0 + N - 1 of the chunk-aligned layout (v, e, s, a, b, g [B, H, N, C, .]) from
+    the memory M before chunk n0 (None or unused where chunk n0 starts a document): y [B, H, N, C,
+    D], the final states of the documents ending here (concatenated; the memory after the last
+    chunk when unpacked) and the memory after the last chunk."""
+    resets, finals, a_is_e = plan
+    B, H, N, C, K = e.shape
+    D = v.shape[-1]
     c = g.cumsum(-2)
     c_prev = c - g
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
@@ -242,26 +270,84 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False):
     Q = s * c.exp() - SW  # y = Q M + R
     Phi = torch.diag_embed(end.expand(B, H, N, K)) - AW  # M' = Phi M + Psi
 
-    if bounds is None:
-        M = m0 if m0 is not None else v.new_zeros(B, H, K, D)
-    else:
-        initial = m0 if m0 is not None else v.new_zeros(len(bounds) - 1, H, K, D)
-    starts, ends = [], []
+    starts, done = [], []
     # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
-    for chunk, (Phi_n, Psi_n) in enumerate(
-        zip(*(x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi)), strict=True)
-    ):
-        if bounds is not None and chunk in resets:
-            M = initial[resets[chunk]].unsqueeze(0)
+    for k, (Phi_n, Psi_n) in enumerate(zip(*(x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi)), strict=True)):
+        if n0 + k in resets:
+            doc = resets[n0 + k]
+            M = initial if doc is None else initial[doc].unsqueeze(0)
         starts.append(M)
         M = Phi_n @ M + Psi_n
-        ends.append(M)
-    y = (Q @ torch.stack(starts, 2) + R).reshape(B, H, N * C, D)
-    y = y[:, :, :L] if dest is None else y.index_select(2, dest)
-    y = y.reshape(B, H, T, n, D)[:, :, :, -1].transpose(1, 2)
-    if bounds is not None:
-        M = torch.cat(ends, 0).index_select(0, last_chunk)
-    return y, M
+        if n0 + k in finals:
+            done.append(M)
+    y = Q @ torch.stack(starts, 2) + R
+    return y, (torch.cat(done, 0) if done else None), M
+
+
+class _DplrSpans(torch.autograd.Function):
+    """The chunk form with a backward that recomputes: forward keeps only the memory before each
+    span of ``span`` chunks; backward walks the spans in reverse, recomputes each one from its
+    saved start memory with autograd on and pulls the gradients of its inputs, of the initial
+    states and of its start memory (the previous span's end-memory cotangent) through it. Peak
+    memory holds one span's intermediates instead of the whole sequence's, for one more forward
+    pass. Inputs are the chunk-aligned tensors of ``dplr_chunk``; packed rows reset the memory at
+    document starts inside a span as the forward does."""
+
+    @staticmethod
+    def forward(ctx: Any, plan, span: int, *tensors: Tensor) -> tuple[Tensor, Tensor]:
+        *chunks, initial = tensors
+        N = chunks[0].shape[2]
+        M, ys, done, starts = None, [], [], []
+        for n0 in range(0, N, span):
+            starts.append(M)
+            y, d, M = _spans(plan, n0, *(x[:, :, n0 : n0 + span] for x in chunks), initial, M)
+            ys.append(y)
+            if d is not None:
+                done.append(d)
+        ctx.save_for_backward(*tensors, *(x if x is not None else initial.new_zeros(0) for x in starts))
+        ctx.setup = (plan, span, len(chunks))
+        return torch.cat(ys, 2), torch.cat(done, 0)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: Tensor, dfinal: Tensor) -> tuple[Tensor | None, ...]:
+        plan, span, n_chunks = ctx.setup
+        saved = ctx.saved_tensors
+        chunks, initial, starts = saved[:n_chunks], saved[n_chunks], saved[n_chunks + 1 :]
+        finals = plan[1]
+        ordered = sorted(finals)  # the chunks that end a document, in the final states' order
+        grads: list[list[Tensor]] = [[] for _ in chunks]
+        d_initial = torch.zeros_like(initial)
+        dM = None
+        for index in reversed(range(len(starts))):
+            n0 = index * span
+            with torch.enable_grad():
+                leaves = [x[:, :, n0 : n0 + span].detach().requires_grad_() for x in chunks]
+                init = initial.detach().requires_grad_()
+                M0 = starts[index].detach().requires_grad_() if index > 0 else None
+                y, d, M = _spans(plan, n0, *leaves, init, M0)
+                outs, cots = [y], [dy[:, :, n0 : n0 + span]]
+                if d is not None:
+                    lo, hi = bisect.bisect_left(ordered, n0), bisect.bisect_left(ordered, n0 + span)
+                    outs.append(d)
+                    cots.append(dfinal if finals[ordered[0]] is None else dfinal[lo:hi])
+                if dM is not None:
+                    outs.append(M)
+                    cots.append(dM)
+                wrt = [*leaves, init] + ([M0] if M0 is not None else [])
+                got = torch.autograd.grad(outs, wrt, cots, allow_unused=True)
+            for k, x in enumerate(leaves):
+                grads[k].append(got[k] if got[k] is not None else torch.zeros_like(x))
+            if got[len(leaves)] is not None:
+                d_initial += got[len(leaves)]
+            dM = got[-1] if M0 is not None else None
+        full = [torch.cat(parts[::-1], 2) for parts in grads]
+        return (None, None, *full, d_initial)
+
+
+def _grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd will differentiate the chunk form (then its backward recomputes)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
 def _form(mode: str, T: int) -> str:
@@ -286,7 +372,7 @@ def explain_dplr(
     """The plan ``eos_dplr`` follows for these arguments (validated as ``eos_dplr`` does): the
     form, its kernel and why. Rules: mode "recurrent", or "auto" with T <= 1 -> the recurrence
     (one step per micro-step); otherwise the WY / UT chunk form, whose backward recomputes span by
-    span when gradients are needed (not on packed rows, which autograd differentiates)."""
+    span when gradients are needed."""
     chunk_size = check_chunk_size(chunk_size)
     if mode not in DPLR_MODES:
         raise ValueError(f"mode: expected one of {', '.join(DPLR_MODES)}, got {mode!r}")
@@ -317,68 +403,10 @@ def explain_dplr(
     if packed:
         how += (
             f"; cu_seqlens, {len(bounds) - 1} documents: each padded to whole chunks in one pass, the "
-            "memory reset at each document's first chunk; backward by autograd"
+            "memory reset at each document's first chunk"
         )
-    else:
-        how += "; backward recomputes spans of 16 chunks from their start memories"
+    how += f"; backward recomputes spans of {SPAN_CHUNKS} chunks from their start memories"
     return Plan("chunk", "wy", how)
-
-
-class _DplrChunkCheckpointed(torch.autograd.Function):
-    """The chunk form with a backward that recomputes: forward keeps only the memory at the start
-    of each span of ``span`` tokens (a few chunks); backward walks the spans in reverse, recomputes
-    each one's chunk form from its start memory with autograd on and pulls the gradients of its
-    inputs and of its start memory through it. Peak memory holds one span's intermediates instead
-    of the whole sequence's, for one more forward pass."""
-
-    @staticmethod
-    def forward(ctx: Any, chunk_size: int, span: int, a_is_e: bool, *tensors: Tensor | None) -> tuple[Tensor, Tensor]:
-        i, e, s, a, b, g, m0 = tensors
-        B, T, H, _, D = i.shape
-        M = m0 if m0 is not None else i.new_zeros(B, H, s.shape[-1], D)
-        starts, ys = [], []
-        for lo in range(0, T, span):
-            starts.append(M)
-            y, M = dplr_chunk(*_span(tensors[:6], lo, span), M, chunk_size, a_is_e=a_is_e)
-            ys.append(y)
-        ctx.save_for_backward(*tensors[:6], *starts)
-        ctx.setup = (chunk_size, span, a_is_e, m0 is not None)
-        return torch.cat(ys, 1), M
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, dy: Tensor, dM: Tensor) -> tuple[Tensor | None, ...]:
-        chunk_size, span, a_is_e, has_m0 = ctx.setup
-        saved = ctx.saved_tensors
-        inputs, starts = saved[:6], saved[6:]
-        grads: list[list[Tensor]] = [[] for _ in inputs]
-        for index in reversed(range(len(starts))):
-            lo = index * span
-            with torch.enable_grad():
-                leaves = [x.detach().requires_grad_() if x is not None else None for x in _span(inputs, lo, span)]
-                if a_is_e:
-                    # one leaf for both: its gradient goes to e's slot, a's gets none (the
-                    # caller passed one tensor twice, autograd sums the two slots)
-                    leaves[3] = None
-                M0 = starts[index].detach().requires_grad_()
-                y, M = dplr_chunk(
-                    *leaves[:3], leaves[1] if a_is_e else leaves[3], *leaves[4:], M0, chunk_size, a_is_e=a_is_e
-                )
-                wrt = [x for x in leaves if x is not None] + [M0]
-                got = iter(torch.autograd.grad((y, M), wrt, (dy[:, lo : lo + span], dM), allow_unused=True))
-            for k, x in enumerate(leaves):
-                if x is not None:
-                    grad = next(got)
-                    grads[k].append(grad if grad is not None else torch.zeros_like(x))
-            dM = next(got)
-        # The canonical decay is per token even where log_alpha was [H] or [H, K]: the caller's
-        # expand sums its gradient back.
-        full = [torch.cat(parts[::-1], 1) if parts else None for parts in grads]
-        return (None, None, None, *full, dM if has_m0 else None)
-
-
-def _span(tensors, lo: int, span: int) -> list[Tensor | None]:
-    return [x[:, lo : lo + span] if x is not None else None for x in tensors]
 
 
 @without_autocast
@@ -426,12 +454,10 @@ def eos_dplr(
     T = s_.shape[1]
     if _form(mode, T) == "recurrent":
         y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
-    elif torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (i_, e_, s_, a_, b_, g, m0)):
-        # Spans of 16 chunks: the recomputed intermediates stay small, the loop short.
-        span = max(1, 16 * chunk_size // i_.shape[3])
-        y, m = _DplrChunkCheckpointed.apply(chunk_size, span, a is e, i_, e_, s_, a_, b_, g, m0)
     else:
-        y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a is e)
+        y, m = dplr_chunk(
+            i_, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a is e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
+        )
     return y.to(out_dtype), (m if output_final_state else None)
 
 
@@ -452,7 +478,9 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
     if _form(mode, T) == "chunk":
         i_, e_, s_, a_, b_, g, _, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, None)
         m0 = initial_state.to(dtype) if initial_state is not None else None
-        y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a is e)
+        y, m = dplr_chunk(
+            i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a is e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
+        )
         return y.to(out_dtype), (m if output_final_state else None)
     ys, ms = [], []
     for n in range(N):

@@ -231,7 +231,13 @@ def test_empty_sequence(mode):
 @pytest.mark.parametrize("mode", ["recurrent", "chunk", "auto"])
 @pytest.mark.parametrize("layout", ["head", "scalar", "row"])
 @pytest.mark.parametrize("n", [None, 2])
-def test_packed_equals_each_document_alone(mode, layout, n):
+@pytest.mark.parametrize("span", [16, 2])
+def test_packed_equals_each_document_alone(mode, layout, n, span, monkeypatch):
+    """Values, final states and every gradient; span 2 makes the recomputing backward cross
+    document starts and ends inside and between spans."""
+    import lcsm.ops.dplr as dplr
+
+    monkeypatch.setattr(dplr, "SPAN_CHUNKS", span)
     lengths = [7, 1, 12, 3]
     T = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
