@@ -135,7 +135,7 @@ def dplr_recurrent(i, e, s, a, b, g, m0):
     return y, m
 
 
-def _pairwise(x: Tensor, ys: tuple[Tensor, ...], cx: Tensor, cy: Tensor, mask: Tensor) -> list[Tensor]:
+def _pairwise(x: Tensor, ys: tuple[Tensor, ...], cx: Tensor | None, cy: Tensor | None, mask: Tensor) -> list[Tensor]:
     """P[t, j] = sum_k x_t[k] y_j[k] exp(cx_t[k] - cy_j[k]) where ``mask`` [C, C] holds, else 0,
     for each y of ``ys`` (the decay weights are formed once for all of them).
 
@@ -145,8 +145,11 @@ def _pairwise(x: Tensor, ys: tuple[Tensor, ...], cx: Tensor, cy: Tensor, mask: T
     decay factors out of the K sum (one C x C matmul for all ys); a per-row one needs the
     [C, C, K] weights.
     """
-    w = (cx.unsqueeze(-2) - cy.unsqueeze(-3)).masked_fill(~mask[..., None], float("-inf")).exp()
-    if cx.shape[-1] == 1:
+    if cx is None:  # no decay: the mask alone
+        w = mask[..., None].to(x.dtype)
+    else:
+        w = (cx.unsqueeze(-2) - cy.unsqueeze(-3)).masked_fill(~mask[..., None], float("-inf")).exp()
+    if w.shape[-1] == 1:
         C = x.shape[-2]
         w = w.squeeze(-1)
         return list((x @ torch.cat(ys, -2).transpose(-1, -2) * w.repeat(*(1,) * (w.dim() - 1), len(ys))).split(C, -1))
@@ -218,7 +221,7 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, reco
         g = g.unsqueeze(3) if g is not None else None
     # Zero i, e, a, b, s and a zero log decay make a padded step the identity on m.
     v, e, s, a, b = (chunked(x) for x in (i, e, s, a, b))
-    g = chunked(g) if g is not None else v.new_zeros(B, H, N, C, 1)
+    g = chunked(g) if g is not None else None
     initial = m0 if m0 is not None else v.new_zeros(B if bounds is None else len(bounds) - 1, H, K, D)
     plan = (resets, finals, a_is_e)
     if recompute:
@@ -243,32 +246,39 @@ def _spans(plan, n0, v, e, s, a, b, g, initial, M):
     resets, finals, a_is_e = plan
     B, H, N, C, K = e.shape
     D = v.shape[-1]
-    c = g.cumsum(-2)
-    c_prev = c - g
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
     incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
-    to_end = (c[..., -1:, :] - c).exp()  # e^{c_C - c_j}
-    end = c[..., -1, :].exp()  # [B, H, N, 1 or K]
-    a_end = (a * to_end).transpose(-1, -2)
+    if g is None:  # no decay: every factor below is 1
+        c = c_prev = None
+        b_prev, s_now, e_end = b, s, e
+        a_end = a.transpose(-1, -2)
+        diag_end = torch.eye(K, dtype=v.dtype, device=v.device)
+    else:
+        c = g.cumsum(-2)
+        c_prev = c - g
+        to_end = (c[..., -1:, :] - c).exp()  # e^{c_C - c_j}
+        b_prev, s_now, e_end = b * c_prev.exp(), s * c.exp(), e * to_end
+        a_end = (a * to_end).transpose(-1, -2)
+        diag_end = torch.diag_embed(c[..., -1, :].exp().expand(B, H, N, K))
     if a_is_e:
         # Le = L and Pse = Psa, so R = Psa (v - U0) and Psi = a_end (v - U0).
         (Lm,) = _pairwise(b, (a,), c_prev, c, strict)
         (Psa,) = _pairwise(s, (a,), c, c, incl)
         inv = _UnitLowerInverse.apply(Lm)
-        W, U0 = (inv @ torch.cat([b * c_prev.exp(), Lm @ v], -1)).split([K, D], -1)
+        W, U0 = (inv @ torch.cat([b_prev, Lm @ v], -1)).split([K, D], -1)
         SW, R = (Psa @ torch.cat([W, v - U0], -1)).split([K, D], -1)
         AW, Psi = (a_end @ torch.cat([W, v - U0], -1)).split([K, D], -1)
     else:
         Lm, Le = _pairwise(b, (a, e), c_prev, c, strict)
         Psa, Pse = _pairwise(s, (a, e), c, c, incl)
         inv = _UnitLowerInverse.apply(Lm)
-        W, U0 = (inv @ torch.cat([b * c_prev.exp(), Le @ v], -1)).split([K, D], -1)
+        W, U0 = (inv @ torch.cat([b_prev, Le @ v], -1)).split([K, D], -1)
         SW, SU = (Psa @ torch.cat([W, U0], -1)).split([K, D], -1)
         AW, AU = (a_end @ torch.cat([W, U0], -1)).split([K, D], -1)
         R = Pse @ v - SU
-        Psi = (e * to_end).transpose(-1, -2) @ v - AU
-    Q = s * c.exp() - SW  # y = Q M + R
-    Phi = torch.diag_embed(end.expand(B, H, N, K)) - AW  # M' = Phi M + Psi
+        Psi = e_end.transpose(-1, -2) @ v - AU
+    Q = s_now - SW  # y = Q M + R
+    Phi = diag_end - AW  # M' = Phi M + Psi
 
     starts, done = [], []
     # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
@@ -282,6 +292,10 @@ def _spans(plan, n0, v, e, s, a, b, g, initial, M):
             done.append(M)
     y = Q @ torch.stack(starts, 2) + R
     return y, (torch.cat(done, 0) if done else None), M
+
+
+def _slice(chunks, n0: int, span: int) -> list[Tensor | None]:
+    return [x[:, :, n0 : n0 + span] if x is not None else None for x in chunks]
 
 
 class _DplrSpans(torch.autograd.Function):
@@ -300,7 +314,7 @@ class _DplrSpans(torch.autograd.Function):
         M, ys, done, starts = None, [], [], []
         for n0 in range(0, N, span):
             starts.append(M)
-            y, d, M = _spans(plan, n0, *(x[:, :, n0 : n0 + span] for x in chunks), initial, M)
+            y, d, M = _spans(plan, n0, *_slice(chunks, n0, span), initial, M)
             ys.append(y)
             if d is not None:
                 done.append(d)
@@ -322,7 +336,7 @@ class _DplrSpans(torch.autograd.Function):
         for index in reversed(range(len(starts))):
             n0 = index * span
             with torch.enable_grad():
-                leaves = [x[:, :, n0 : n0 + span].detach().requires_grad_() for x in chunks]
+                leaves = [x.detach().requires_grad_() if x is not None else None for x in _slice(chunks, n0, span)]
                 init = initial.detach().requires_grad_()
                 M0 = starts[index].detach().requires_grad_() if index > 0 else None
                 y, d, M = _spans(plan, n0, *leaves, init, M0)
@@ -334,14 +348,16 @@ class _DplrSpans(torch.autograd.Function):
                 if dM is not None:
                     outs.append(M)
                     cots.append(dM)
-                wrt = [*leaves, init] + ([M0] if M0 is not None else [])
-                got = torch.autograd.grad(outs, wrt, cots, allow_unused=True)
+                wrt = [x for x in leaves if x is not None] + [init] + ([M0] if M0 is not None else [])
+                got = iter(torch.autograd.grad(outs, wrt, cots, allow_unused=True))
+                got = [next(got) if x is not None else None for x in leaves] + list(got)
             for k, x in enumerate(leaves):
-                grads[k].append(got[k] if got[k] is not None else torch.zeros_like(x))
+                if x is not None:
+                    grads[k].append(got[k] if got[k] is not None else torch.zeros_like(x))
             if got[len(leaves)] is not None:
                 d_initial += got[len(leaves)]
             dM = got[-1] if M0 is not None else None
-        full = [torch.cat(parts[::-1], 2) for parts in grads]
+        full = [torch.cat(parts[::-1], 2) if parts else None for parts in grads]
         return (None, None, *full, d_initial)
 
 
