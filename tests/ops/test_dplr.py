@@ -206,12 +206,33 @@ def test_autocast_leaves_the_operator_in_float32():
 
 @pytest.mark.parametrize("mode", ["recurrent", "chunk"])
 @pytest.mark.parametrize("n", [None, 2])
-def test_gradcheck(mode, n):
+def test_gradcheck(mode, n, monkeypatch):
+    """Spans of one chunk: the recomputing backward chains three spans."""
+    import lcsm.ops.dplr as dplr
+
+    monkeypatch.setattr(dplr, "SPAN_CHUNKS", 1)
     x = make_inputs(5, layout="row", n=n)
     inputs = tuple(x[k].detach().clone().requires_grad_() for k in NAMES)
 
     def f(*args):
         return eos_dplr(*args[:6], mode=mode, initial_state=args[6], output_final_state=True, chunk_size=2)
+
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_packed_gradcheck(monkeypatch):
+    import lcsm.ops.dplr as dplr
+
+    monkeypatch.setattr(dplr, "SPAN_CHUNKS", 1)
+    x = make_inputs(6, layout="scalar")
+    inputs = [x[k][:1].detach().clone().requires_grad_() for k in NAMES[:6]]
+    inputs.append(torch.randn(3, H, K, D, dtype=torch.float64, requires_grad=True))
+    cu = torch.tensor([0, 3, 4, 6])
+
+    def f(*args):
+        return eos_dplr(
+            *args[:6], mode="chunk", initial_state=args[6], output_final_state=True, chunk_size=2, cu_seqlens=cu
+        )
 
     assert torch.autograd.gradcheck(f, inputs)
 
