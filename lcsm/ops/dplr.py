@@ -401,6 +401,7 @@ def explain_dplr(
     if packed:
         bounds = check_cu_seqlens(cu_seqlens)
         check_packed(bounds, B, T)
+        _check_document_states(initial_state, len(bounds) - 1, H, K, i_.shape[-1])
     if _form(mode, T) == "recurrent":
         why = (
             "requested: the step-by-step definition" if mode == "recurrent" else "T <= 1: one recurrent step (decoding)"
@@ -477,6 +478,14 @@ def eos_dplr(
     return y.to(out_dtype), (m if output_final_state else None)
 
 
+def _check_document_states(initial_state: Tensor | None, N: int, H: int, K: int, D: int) -> None:
+    if initial_state is not None and tuple(initial_state.shape) != (N, H, K, D):
+        raise ValueError(
+            f"initial_state: with cu_seqlens expected one state per document, [N, H, K, D] = "
+            f"[{N}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+        )
+
+
 def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size):
     """Packed sequences: mode "recurrent" runs each document alone (the reference); "chunk" and
     "auto" (for T > 1) run the chunk form on the whole row, documents aligned to chunks."""
@@ -486,11 +495,7 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
     D = i.shape[-1]
     check_packed(bounds, B, T)
     N = len(bounds) - 1
-    if initial_state is not None and tuple(initial_state.shape) != (N, H, K, D):
-        raise ValueError(
-            f"initial_state: with cu_seqlens expected one state per document, [N, H, K, D] = "
-            f"[{N}, {H}, {K}, {D}], got {shape_str(initial_state)}"
-        )
+    _check_document_states(initial_state, N, H, K, D)
     if _form(mode, T) == "chunk":
         i_, e_, s_, a_, b_, g, _, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, None)
         m0 = initial_state.to(dtype) if initial_state is not None else None

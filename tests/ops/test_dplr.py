@@ -392,5 +392,7 @@ def test_explain_dplr():
     assert "a is e" in explain_dplr(args[0], args[3], *args[2:]).reason
     packed = explain_dplr(*(a[:1] for a in args), cu_seqlens=torch.tensor([0, 5, 23]))
     assert "2 documents" in packed.reason
+    with pytest.raises(ValueError, match="initial_state: with cu_seqlens"):
+        explain_dplr(*(a[:1] for a in args), initial_state=x["initial_state"][:1], cu_seqlens=torch.tensor([0, 5, 23]))
     with pytest.raises(ValueError, match="mode: expected one of"):
         explain_dplr(*args, mode="fast")
