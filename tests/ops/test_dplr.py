@@ -109,9 +109,10 @@ def test_matches_reference(dtype, mode, layout, T):
 @pytest.mark.parametrize("T", [23, 37])
 @pytest.mark.parametrize("chunk_size", [1, 2, 3, 5, 16, 64])
 @pytest.mark.parametrize("layout", ["scalar", "row"])
-def test_chunk_sizes(T, chunk_size, layout):
-    """C = 1 and 2 also make the backward recompute several spans (16 C tokens each)."""
-    check(make_inputs(T, layout=layout, seed=T), "chunk", chunk_size=chunk_size)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_chunk_sizes(T, chunk_size, layout, dtype):
+    """C = 1 and 2 also make the backward recompute several spans (16 chunks each)."""
+    check(make_inputs(T, layout=layout, seed=T), "chunk", dtype, chunk_size=chunk_size)
 
 
 @pytest.mark.parametrize("n", [2, 3])
