@@ -57,7 +57,7 @@ def leaves(x: dict[str, torch.Tensor], names: str) -> list[torch.Tensor]:
     return [x[n].detach().clone().requires_grad_() for n in names.split()]
 
 
-def ours_gdn(x, chunk_size=32, autograd=False):
+def ours_gdn(x, chunk_size=None, autograd=False):
     q, k, v, beta, g = leaves(x, "q k v beta g")
     bk = beta[..., None] * k
     args = (v, bk, q * K**-0.5, bk * g.exp()[..., None], k, g)
@@ -94,7 +94,7 @@ def fla_delta(x):
 def ours_kda(x):
     q, k, v, beta, gk = leaves(x, "q k v beta gk")
     bk = beta[..., None] * k
-    y, _ = eos_dplr(v, bk, q * K**-0.5, bk, gk.exp() * k, gk, mode="chunk", chunk_size=16)
+    y, _ = eos_dplr(v, bk, q * K**-0.5, bk, gk.exp() * k, gk, mode="chunk")
     y.backward(x["cot"])
 
 
