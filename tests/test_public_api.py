@@ -25,6 +25,7 @@ PUBLIC = {
         "eos_rotating",
         "eos_step",
         "explain",
+        "explain_dplr",
         "log_sigmoid_product",
         "packed_bounds",
     ],

@@ -11,7 +11,7 @@ and ``packed_bounds``, the check of ``cu_seqlens`` they share with the layers.""
 from ._inputs import MODES, LogProduct, autocast_off, packed_bounds
 from .decay import log_sigmoid_product
 from .delta import DELTA_MODES, eos_delta
-from .dplr import DPLR_MODES, eos_dplr
+from .dplr import DPLR_MODES, eos_dplr, explain_dplr
 from .eos import LogO, Plan, eos, eos_step, explain
 from .rotating import eos_rotating
 
@@ -29,6 +29,7 @@ __all__ = [
     "eos_rotating",
     "eos_step",
     "explain",
+    "explain_dplr",
     "log_sigmoid_product",
     "packed_bounds",
 ]

@@ -10,12 +10,16 @@ configurations (docs/eos_dplr.md):
     DeltaNet            D = I,             a = beta k,              b = k
     Gated DeltaNet      D = alpha I,       a = alpha beta k,        b = k
     KDA                 D = diag(alpha),   a = beta k,              b = alpha * k
-    RWKV-7              D = diag(w),       a = -kappa_hat,          b = a_t * kappa_hat   (value side)
+    RWKV-7              D = diag(w),       a = a_t * kappa_hat,     b = kappa_hat
 
 Products of n Householder-like factors per token (Gated DeltaProduct) are micro-steps: a, b, e
 (and i) carry an axis of n after the heads, [B, T, H, n, K]; micro-step j of token t applies
 (D_j - a_j b_j^T) m + e_j i_j^T with D_1 = D(alpha_t) and D_j = I for j > 1, and s_t reads the
 memory after the last one.
+
+Forms: ``recurrent`` (the definition, step by step), ``chunk`` (the WY / UT chunkwise form, linear
+in T, with a backward that recomputes span by span), ``auto`` (T <= 1 -> recurrent, the decoding
+step; else chunk); packed rows run through the chunk form in one call. ``explain_dplr`` says which.
 
 Shape glossary: B batch, T time, H heads, n micro-steps per token, K memory rows, D memory
 columns, N documents of a packed row.
@@ -23,21 +27,37 @@ columns, N documents of a packed row.
 
 from __future__ import annotations
 
+import bisect
+from typing import Any
+
 import torch
+from torch.autograd.function import once_differentiable
 
 from lcsm._checks import check_bool
 
-from ._inputs import check_cu_seqlens, check_floating, check_packed, check_same_device, compute_dtype, shape_str
+from ._inputs import (
+    check_chunk_size,
+    check_cu_seqlens,
+    check_floating,
+    check_packed,
+    check_same_device,
+    compute_dtype,
+    finite_log,
+    shape_str,
+    without_autocast,
+)
+from .delta import _UnitLowerInverse
+from .eos import Plan
 
 Tensor = torch.Tensor
 
-DPLR_MODES = ("auto", "recurrent")
+DPLR_MODES = ("auto", "recurrent", "chunk")
 
 
 def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
     """Checks shapes; returns float tensors with a micro-step axis: i [B, T, H, n, D], e, a, b
-    [B, T, H, n, K], s [B, T, H, K], log_alpha [B, T, H, K] (or None), m0 [B, H, K, D] (or None),
-    the compute dtype and the output dtype."""
+    [B, T, H, n, K], s [B, T, H, K], the log decay g [B, T, H, 1] (scalar) or [B, T, H, K] (per
+    row) or None, m0 [B, H, K, D] (or None), the compute dtype and the output dtype."""
     named = {"i": i, "e": e, "s": s, "a": a, "b": b}
     for name, t in named.items():
         check_floating(name, t)
@@ -79,12 +99,14 @@ def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
                 f"or one per memory row [H, K] = [{H}, {K}] or [B, T, H, K] = [{B}, {T}, {H}, {K}]; "
                 f"got {shape_str(log_alpha)}"
             )
-        g = cast(log_alpha)
+        # A scalar decay keeps a row axis of 1: the chunk form then factors its pairwise decays
+        # out of the C x C products instead of carrying them per row.
+        g = finite_log(cast(log_alpha))
         if g.dim() == 1:
             g = g[:, None]
         elif g.dim() == 3:
             g = g[..., None]
-        g = g.expand(B, T, H, K)
+        g = g.expand(B, T, H, g.shape[-1])
     m0 = None
     if initial_state is not None:
         if tuple(initial_state.shape) != (B, H, K, D):
@@ -113,6 +135,307 @@ def dplr_recurrent(i, e, s, a, b, g, m0):
     return y, m
 
 
+def _pairwise(x: Tensor, ys: tuple[Tensor, ...], cx: Tensor | None, cy: Tensor | None, mask: Tensor) -> list[Tensor]:
+    """P[t, j] = sum_k x_t[k] y_j[k] exp(cx_t[k] - cy_j[k]) where ``mask`` [C, C] holds, else 0,
+    for each y of ``ys`` (the decay weights are formed once for all of them).
+
+    x, y [..., C, K]; cx, cy [..., C, 1] (scalar decay) or [..., C, K] (per row). Where the mask
+    holds, cx_t - cy_j is a sum of log decays (<= 0 for decays <= 1); the differences are masked
+    before exp so the discarded entries, whose exp could overflow, never reach a product. A scalar
+    decay factors out of the K sum (one C x C matmul for all ys); a per-row one needs the
+    [C, C, K] weights.
+    """
+    if cx is None:  # no decay: the mask alone
+        w = mask[..., None].to(x.dtype)
+    else:
+        w = (cx.unsqueeze(-2) - cy.unsqueeze(-3)).masked_fill(~mask[..., None], float("-inf")).exp()
+    if w.shape[-1] == 1:
+        C = x.shape[-2]
+        w = w.squeeze(-1)
+        return list((x @ torch.cat(ys, -2).transpose(-1, -2) * w.repeat(*(1,) * (w.dim() - 1), len(ys))).split(C, -1))
+    xw = x.unsqueeze(-2) * w
+    return [(xw * y.unsqueeze(-3)).sum(-1) for y in ys]
+
+
+def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, recompute=False):
+    """The chunkwise (WY / UT) form: canonical tensors as ``_canonicalize`` returns them ->
+    y [B, T, H, D], m_T [B, H, K, D]. With ``bounds`` (the documents of a packed row, B = 1) m0
+    and m_T are [N, H, K, D], one per document. ``recompute``: the backward of
+    ``_DplrSpans`` (recomputing span by span) instead of autograd through every intermediate.
+
+    Micro-steps are flattened into the time axis (step j of token t at t n + j, the decay on j = 0
+    only, s read at j = n - 1), so a chunk is C micro-steps. Per chunk, from its initial memory M,
+    with the local cumulative log decay c_t = sum_{l<=t} g_l (per row) and u_t = b_t^T m_{t-1}:
+
+        m_t = e^{c_t} M + sum_{j<=t} e^{c_t - c_j} (e_j i_j^T - a_j u_j^T)
+
+    so U = [u_t] solves (I + L) U = (b e^{c_prev}) M + Le I_v with, for j < t,
+        L[t, j] = sum_k b_t a_j e^{c_{t-1} - c_j},   Le[t, j] = sum_k b_t e_j e^{c_{t-1} - c_j}.
+    U = W M + U0 with W, U0 independent of M, so each chunk's outputs and end memory are affine in
+    M: y = Q M + R, M' = Phi M + Psi, and only the K x K products Phi M are sequential. Every
+    exponent is a sum of log decays over steps inside one chunk (<= 0): no e^{+c} factor, so a
+    log decay of -30 per step (or -inf) underflows to 0 instead of overflowing.
+
+    Packed documents each start a chunk: every document is padded to a multiple of C (padded
+    steps are the identity), so no chunk mixes two documents and the carry is reset to the
+    document's initial state at its first chunk. The padding costs at most C - 1 steps per
+    document, so C is capped at the longest document.
+
+    ``a_is_e`` (DeltaNet's a = e = beta k, the same tensor) forms the C x C products once.
+    """
+    B, T, H, n, D = i.shape
+    K = s.shape[-1]
+    L = T * n
+    chunk_size = _chunk_size(chunk_size, g)
+    if bounds is None:
+        C = min(chunk_size, L)
+        N = -(-L // C)
+        dest = None
+        # one "document" per batch row: the whole initial state at chunk 0, the final at the end
+        resets, finals = {0: None}, {N - 1: None}
+    else:
+        starts_ = torch.tensor(bounds[:-1]) * n
+        lengths = torch.tensor(bounds[1:]) * n - starts_
+        C = min(chunk_size, int(lengths.max()))
+        padded = -(-lengths // C) * C
+        first = padded.cumsum(0) - padded  # each document's first step in the chunk-aligned layout
+        N = int(padded.sum()) // C
+        # where each of the L steps goes in the chunk-aligned layout
+        dest = (torch.arange(L) + torch.repeat_interleave(first - starts_, lengths)).to(i.device)
+        resets = dict(zip((first // C).tolist(), range(len(lengths)), strict=True))
+        finals = dict(zip(((first + padded) // C - 1).tolist(), range(len(lengths)), strict=True))
+
+    def chunked(x: Tensor) -> Tensor:  # [B, T, H, n, .] -> head-major chunks [B, H, N, C, .]
+        x = x.transpose(1, 2).reshape(B, H, L, x.shape[-1])
+        if dest is None:
+            return torch.nn.functional.pad(x, (0, 0, 0, N * C - L)).reshape(B, H, N, C, x.shape[-1])
+        aligned = x.new_zeros(B, H, N * C, x.shape[-1]).index_copy(2, dest, x)
+        return aligned.reshape(B, H, N, C, x.shape[-1])
+
+    if n > 1:
+        # s only after the last micro-step, the decay only at the first.
+        s = torch.cat([s.new_zeros(B, T, H, n - 1, K), s.unsqueeze(3)], 3)
+        if g is not None:
+            g = torch.cat([g.unsqueeze(3), g.new_zeros(B, T, H, n - 1, g.shape[-1])], 3)
+    else:
+        s = s.unsqueeze(3)
+        g = g.unsqueeze(3) if g is not None else None
+    # Zero i, e, a, b, s and a zero log decay make a padded step the identity on m.
+    v, e, s, a, b = (chunked(x) for x in (i, e, s, a, b))
+    g = chunked(g) if g is not None else None
+    initial = m0 if m0 is not None else v.new_zeros(B if bounds is None else len(bounds) - 1, H, K, D)
+    plan = (resets, finals, a_is_e)
+    if recompute:
+        y, m = _DplrSpans.apply(plan, SPAN_CHUNKS, v, e, s, a, b, g, initial)
+    else:
+        y, m = _spans(plan, 0, v, e, s, a, b, g, initial, None)[:2]
+    y = y.reshape(B, H, N * C, D)
+    y = y[:, :, :L] if dest is None else y.index_select(2, dest)
+    return y.reshape(B, H, T, n, D)[:, :, :, -1].transpose(1, 2), m
+
+
+# Spans of 16 chunks for the recomputing backward: one span's intermediates stay small, the loop
+# over spans short.
+SPAN_CHUNKS = 16
+
+
+def _spans(plan, n0, v, e, s, a, b, g, initial, M):
+    """Chunks n0 .. n0 + N - 1 of the chunk-aligned layout (v, e, s, a, b, g [B, H, N, C, .]) from
+    the memory M before chunk n0 (None or unused where chunk n0 starts a document): y [B, H, N, C,
+    D], the final states of the documents ending here (concatenated; the memory after the last
+    chunk when unpacked) and the memory after the last chunk."""
+    resets, finals, a_is_e = plan
+    B, H, N, C, K = e.shape
+    D = v.shape[-1]
+    strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
+    incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
+    if g is None:  # no decay: every factor below is 1
+        c = c_prev = None
+        b_prev, s_now, e_end = b, s, e
+        a_end = a.transpose(-1, -2)
+        diag_end = torch.eye(K, dtype=v.dtype, device=v.device)
+    else:
+        c = g.cumsum(-2)
+        c_prev = c - g
+        to_end = (c[..., -1:, :] - c).exp()  # e^{c_C - c_j}
+        b_prev, s_now, e_end = b * c_prev.exp(), s * c.exp(), e * to_end
+        a_end = (a * to_end).transpose(-1, -2)
+        diag_end = torch.diag_embed(c[..., -1, :].exp().expand(B, H, N, K))
+    if a_is_e:
+        # Le = L and Pse = Psa, so R = Psa (v - U0) and Psi = a_end (v - U0).
+        (Lm,) = _pairwise(b, (a,), c_prev, c, strict)
+        (Psa,) = _pairwise(s, (a,), c, c, incl)
+        inv = _UnitLowerInverse.apply(Lm)
+        W, U0 = (inv @ torch.cat([b_prev, Lm @ v], -1)).split([K, D], -1)
+        SW, R = (Psa @ torch.cat([W, v - U0], -1)).split([K, D], -1)
+        AW, Psi = (a_end @ torch.cat([W, v - U0], -1)).split([K, D], -1)
+    else:
+        Lm, Le = _pairwise(b, (a, e), c_prev, c, strict)
+        Psa, Pse = _pairwise(s, (a, e), c, c, incl)
+        inv = _UnitLowerInverse.apply(Lm)
+        W, U0 = (inv @ torch.cat([b_prev, Le @ v], -1)).split([K, D], -1)
+        SW, SU = (Psa @ torch.cat([W, U0], -1)).split([K, D], -1)
+        AW, AU = (a_end @ torch.cat([W, U0], -1)).split([K, D], -1)
+        R = Pse @ v - SU
+        Psi = e_end.transpose(-1, -2) @ v - AU
+    Q = s_now - SW  # y = Q M + R
+    Phi = diag_end - AW  # M' = Phi M + Psi
+
+    starts, done = [], []
+    # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
+    for k, (Phi_n, Psi_n) in enumerate(zip(*(x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi)), strict=True)):
+        if n0 + k in resets:
+            doc = resets[n0 + k]
+            M = initial if doc is None else initial[doc].unsqueeze(0)
+        starts.append(M)
+        M = Phi_n @ M + Psi_n
+        if n0 + k in finals:
+            done.append(M)
+    y = Q @ torch.stack(starts, 2) + R
+    return y, (torch.cat(done, 0) if done else None), M
+
+
+def _slice(chunks, n0: int, span: int) -> list[Tensor | None]:
+    return [x[:, :, n0 : n0 + span] if x is not None else None for x in chunks]
+
+
+class _DplrSpans(torch.autograd.Function):
+    """The chunk form with a backward that recomputes: forward keeps only the memory before each
+    span of ``span`` chunks; backward walks the spans in reverse, recomputes each one from its
+    saved start memory with autograd on and pulls the gradients of its inputs, of the initial
+    states and of its start memory (the previous span's end-memory cotangent) through it. Peak
+    memory holds one span's intermediates instead of the whole sequence's, for one more forward
+    pass. Inputs are the chunk-aligned tensors of ``dplr_chunk``; packed rows reset the memory at
+    document starts inside a span as the forward does."""
+
+    @staticmethod
+    def forward(ctx: Any, plan, span: int, *tensors: Tensor) -> tuple[Tensor, Tensor]:
+        *chunks, initial = tensors
+        N = chunks[0].shape[2]
+        M, ys, done, starts = None, [], [], []
+        for n0 in range(0, N, span):
+            starts.append(M)
+            y, d, M = _spans(plan, n0, *_slice(chunks, n0, span), initial, M)
+            ys.append(y)
+            if d is not None:
+                done.append(d)
+        ctx.save_for_backward(*tensors, *(x if x is not None else initial.new_zeros(0) for x in starts))
+        ctx.setup = (plan, span, len(chunks))
+        return torch.cat(ys, 2), torch.cat(done, 0)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: Tensor, dfinal: Tensor) -> tuple[Tensor | None, ...]:
+        plan, span, n_chunks = ctx.setup
+        saved = ctx.saved_tensors
+        chunks, initial, starts = saved[:n_chunks], saved[n_chunks], saved[n_chunks + 1 :]
+        finals = plan[1]
+        ordered = sorted(finals)  # the chunks that end a document, in the final states' order
+        grads: list[list[Tensor]] = [[] for _ in chunks]
+        d_initial = torch.zeros_like(initial)
+        dM = None
+        for index in reversed(range(len(starts))):
+            n0 = index * span
+            with torch.enable_grad():
+                leaves = [x.detach().requires_grad_() if x is not None else None for x in _slice(chunks, n0, span)]
+                init = initial.detach().requires_grad_()
+                M0 = starts[index].detach().requires_grad_() if index > 0 else None
+                y, d, M = _spans(plan, n0, *leaves, init, M0)
+                outs, cots = [y], [dy[:, :, n0 : n0 + span]]
+                if d is not None:
+                    lo, hi = bisect.bisect_left(ordered, n0), bisect.bisect_left(ordered, n0 + span)
+                    outs.append(d)
+                    cots.append(dfinal if finals[ordered[0]] is None else dfinal[lo:hi])
+                if dM is not None:
+                    outs.append(M)
+                    cots.append(dM)
+                wrt = [x for x in leaves if x is not None] + [init] + ([M0] if M0 is not None else [])
+                got = iter(torch.autograd.grad(outs, wrt, cots, allow_unused=True))
+                got = [next(got) if x is not None else None for x in leaves] + list(got)
+            for k, x in enumerate(leaves):
+                if x is not None:
+                    grads[k].append(got[k] if got[k] is not None else torch.zeros_like(x))
+            if got[len(leaves)] is not None:
+                d_initial += got[len(leaves)]
+            dM = got[-1] if M0 is not None else None
+        full = [torch.cat(parts[::-1], 2) if parts else None for parts in grads]
+        return (None, None, *full, d_initial)
+
+
+def _chunk_size(chunk_size: int | None, g: Tensor | None) -> int:
+    """The chunk size; by default (None) the fastest on CPU at K = D = 64: 32 steps, or 8 with a
+    per-row decay, whose C x C x K pairwise weights grow with C^2."""
+    if chunk_size is not None:
+        return chunk_size
+    return 8 if g is not None and g.shape[-1] > 1 else 32
+
+
+def _grad(*tensors: Tensor | None) -> bool:
+    """Whether autograd will differentiate the chunk form (then its backward recomputes)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+def _form(mode: str, T: int) -> str:
+    """The form a (validated) mode takes for T tokens: auto decodes one token by the recurrence,
+    whose one step needs none of the chunk machinery."""
+    return "recurrent" if mode == "recurrent" or (mode == "auto" and T <= 1) or T == 0 else "chunk"
+
+
+def explain_dplr(
+    i: Tensor,
+    e: Tensor,
+    s: Tensor,
+    a: Tensor,
+    b: Tensor,
+    log_alpha: Tensor | None = None,
+    *,
+    mode: str = "auto",
+    initial_state: Tensor | None = None,
+    chunk_size: int | None = None,
+    cu_seqlens: Tensor | None = None,
+) -> Plan:
+    """The plan ``eos_dplr`` follows for these arguments (validated as ``eos_dplr`` does): the
+    form, its kernel and why. Rules: mode "recurrent", or "auto" with T <= 1 -> the recurrence
+    (one step per micro-step); otherwise the WY / UT chunk form, whose backward recomputes span by
+    span when gradients are needed."""
+    chunk_size = None if chunk_size is None else check_chunk_size(chunk_size)
+    if mode not in DPLR_MODES:
+        raise ValueError(f"mode: expected one of {', '.join(DPLR_MODES)}, got {mode!r}")
+    packed = cu_seqlens is not None
+    i_, _, s_, _, _, g, _, _, _ = _canonicalize(i, e, s, a, b, log_alpha, None if packed else initial_state)
+    B, T, H, n, _ = i_.shape
+    K = s_.shape[-1]
+    decay = "no decay" if g is None else ("a scalar decay" if g.shape[-1] == 1 else "a per-row decay")
+    micro = f", {n} micro-steps per token (flattened into time, {T * n} steps)" if n > 1 else ""
+    if packed:
+        bounds = check_cu_seqlens(cu_seqlens)
+        check_packed(bounds, B, T)
+        _check_document_states(initial_state, len(bounds) - 1, H, K, i_.shape[-1])
+    if _form(mode, T) == "recurrent":
+        why = (
+            "requested: the step-by-step definition" if mode == "recurrent" else "T <= 1: one recurrent step (decoding)"
+        )
+        if packed:
+            why += f"; cu_seqlens, {len(bounds) - 1} documents: each alone, a loop over documents"
+        return Plan("recurrent", "loop", f"{why} ({decay}{micro})")
+    C = min(_chunk_size(chunk_size, g), T * n)
+    cost = (
+        f"C^2 K = {C * C * K} per chunk for the pairwise decays"
+        if g is not None and g.shape[-1] > 1
+        else "C x C matmuls"
+    )
+    shared = "; a is e: the C x C products formed once" if a is e else ""
+    how = f"WY / UT chunk form, C = {C} steps ({decay}{micro}; {cost}{shared})"
+    if packed:
+        how += (
+            f"; cu_seqlens, {len(bounds) - 1} documents: each padded to whole chunks in one pass, the "
+            "memory reset at each document's first chunk"
+        )
+    how += f"; backward recomputes spans of {SPAN_CHUNKS} chunks from their start memories"
+    return Plan("chunk", "wy", how)
+
+
+@without_autocast
 def eos_dplr(
     i: Tensor,
     e: Tensor,
@@ -124,6 +447,7 @@ def eos_dplr(
     mode: str = "auto",
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
+    chunk_size: int | None = None,
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """EOS with the DPLR oscillation o_t = D(alpha_t) - a_t b_t^T (module docstring).
@@ -134,9 +458,13 @@ def eos_dplr(
         s: shrink state [B, T, H, K] (read after the token's last micro-step).
         log_alpha: log of the diagonal decay: None (identity), [H] or [B, T, H] (a scalar), [H, K]
             or [B, T, H, K] (per memory row); applied at each token's first micro-step.
-        mode: "recurrent" (the definition) or "auto".
+        mode: "recurrent" (the definition, step by step), "chunk" (the WY / UT chunkwise form,
+            linear in T) or "auto" (T <= 1 -> recurrent, the cheap decoding step; else chunk).
         initial_state: m_0 [B, H, K, D]; [N, H, K, D] with ``cu_seqlens``.
         output_final_state: also return m_T.
+        chunk_size: micro-steps per chunk of mode "chunk" (any C >= 1; T n need not be a
+            multiple). None: 32, or 8 with a per-row decay, whose pairwise weights cost C^2 K
+            per chunk where a scalar decay's cost C^2 (the fastest on CPU at K = D = 64).
         cu_seqlens: packed sequences [N + 1] (B = 1), as ``eos`` takes them.
 
     Returns:
@@ -144,28 +472,47 @@ def eos_dplr(
         back and the state stays float32.
     """
     output_final_state = check_bool("output_final_state", output_final_state)
+    chunk_size = None if chunk_size is None else check_chunk_size(chunk_size)
     if mode not in DPLR_MODES:
         raise ValueError(f"mode: expected one of {', '.join(DPLR_MODES)}, got {mode!r}")
     if cu_seqlens is not None:
-        return _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens)
+        return _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size)
     i_, e_, s_, a_, b_, g, m0, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, initial_state)
-    y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
+    T = s_.shape[1]
+    if _form(mode, T) == "recurrent":
+        y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
+    else:
+        y, m = dplr_chunk(
+            i_, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a is e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
+        )
     return y.to(out_dtype), (m if output_final_state else None)
 
 
-def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens):
-    """The reference on packed sequences: each document alone."""
+def _check_document_states(initial_state: Tensor | None, N: int, H: int, K: int, D: int) -> None:
+    if initial_state is not None and tuple(initial_state.shape) != (N, H, K, D):
+        raise ValueError(
+            f"initial_state: with cu_seqlens expected one state per document, [N, H, K, D] = "
+            f"[{N}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+        )
+
+
+def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size):
+    """Packed sequences: mode "recurrent" runs each document alone (the reference); "chunk" and
+    "auto" (for T > 1) run the chunk form on the whole row, documents aligned to chunks."""
     bounds = check_cu_seqlens(cu_seqlens)
     _canonicalize(i, e, s, a, b, log_alpha, None)
     B, T, H, K = s.shape
     D = i.shape[-1]
     check_packed(bounds, B, T)
     N = len(bounds) - 1
-    if initial_state is not None and tuple(initial_state.shape) != (N, H, K, D):
-        raise ValueError(
-            f"initial_state: with cu_seqlens expected one state per document, [N, H, K, D] = "
-            f"[{N}, {H}, {K}, {D}], got {shape_str(initial_state)}"
+    _check_document_states(initial_state, N, H, K, D)
+    if _form(mode, T) == "chunk":
+        i_, e_, s_, a_, b_, g, _, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, None)
+        m0 = initial_state.to(dtype) if initial_state is not None else None
+        y, m = dplr_chunk(
+            i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a is e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
         )
+        return y.to(out_dtype), (m if output_final_state else None)
     ys, ms = [], []
     for n in range(N):
         lo, hi = bounds[n], bounds[n + 1]
@@ -177,8 +524,10 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
             a[:, lo:hi],
             b[:, lo:hi],
             log_alpha[:, lo:hi] if timed else log_alpha,
+            mode=mode,
             initial_state=None if initial_state is None else initial_state[n : n + 1],
             output_final_state=True,
+            chunk_size=chunk_size,
         )
         ys.append(y)
         ms.append(m)
