@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.nn.functional import logsigmoid, normalize
 
-from lcsm.ops import eos_dplr, explain_dplr
+from lcsm.ops import eos_delta, eos_dplr, explain_dplr
 from lcsm.testing import assert_close, gradients, rel_rms
 
 B, H, K, D = 2, 2, 5, 4  # K != D so a transposed memory cannot pass
@@ -397,3 +397,32 @@ def test_explain_dplr():
         explain_dplr(*(a[:1] for a in args), initial_state=x["initial_state"][:1], cu_seqlens=torch.tensor([0, 5, 23]))
     with pytest.raises(ValueError, match="mode: expected one of"):
         explain_dplr(*args, mode="fast")
+
+
+@pytest.mark.parametrize("gate", [None, "step", "head"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_eos_delta_is_the_scalar_gate_row(gate, dtype):
+    """``eos_delta(i, e, s, a, b, log_o)`` ≡ ``eos_dplr(i, e, s, exp(log_o) a, b, log_o)``: the delta
+    rule's own kernel is this family's scalar-gate member (values, final states, every gradient)."""
+    g = torch.Generator().manual_seed(5)
+    B, T, H, K, D = 2, 23, 3, 8, 5
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=dtype)
+
+    k = normalize(rand(B, T, H, K), dim=-1)
+    beta = torch.rand(B, T, H, 1, generator=g, dtype=dtype)
+    i, s, m0 = rand(B, T, H, D), rand(B, T, H, K), rand(B, H, K, D)
+    log_o = {None: None, "step": logsigmoid(rand(B, T, H)), "head": logsigmoid(rand(H))}[gate]
+    wrt = {"i": i, "k": k, "beta": beta, "s": s, "m0": m0}
+    if log_o is not None:
+        wrt["log_o"] = log_o
+    for t in wrt.values():
+        t.requires_grad_()
+    gamma = 1.0 if log_o is None else (log_o.exp()[..., None] if log_o.dim() == 3 else log_o.exp()[:, None])
+    y, m = eos_delta(i, beta * k, s, beta * k, k, log_o, initial_state=m0, output_final_state=True, chunk_size=5)
+    y2, m2 = eos_dplr(
+        i, beta * k, s, gamma * beta * k, k, log_o, initial_state=m0, output_final_state=True, chunk_size=5
+    )
+    assert_close({"y": y2, "m": m2}, {"y": y, "m": m}, context=f"gate {gate}")
+    assert_close(gradients({"y": y2, "m": m2}, wrt), gradients({"y": y, "m": m}, wrt), dtype=dtype)
