@@ -41,15 +41,23 @@ def fla_layer(m, x):
     q = F.normalize(q.reshape(B, T, H, K), dim=-1, eps=1e-6)
     k = F.normalize(k.reshape(B, T, n, H, K), dim=-1, eps=1e-6)
     v = v.reshape(B, T, n, H, D)
-    beta = 2 * torch.sigmoid(m.b_proj(x)).reshape(B, T, n, H)
-    g = -m.A_log.exp() * F.softplus(m.a_proj(x) + m.dt_bias)
+    beta = torch.sigmoid(m.b_proj(x)).reshape(B, T, n, H) * (2 if m.negative_eigenvalues else 1)
+    g = -m.A_log.exp() * F.softplus(m.a_proj(x) + m.dt_bias) if m.forget_gate else None
     o = product_loop(q, k, v, g, beta, K**-0.5)
     o = F.rms_norm(o, (D,), m.o_norm, eps=1e-5) * F.silu(m.g_proj(x).reshape(B, T, H, D))
     return m.o_proj(o.reshape(B, T, H * D)), (q, k, v, g, beta)
 
 
-def test_gated_deltaproduct_matches_fla_layer_written_out():
-    m = layers.build("gated_deltaproduct", 32, heads=4, num_householder=3).double()
+@pytest.mark.parametrize("negative_eigenvalues, forget_gate", [(True, True), (False, True), (True, False)])
+def test_gated_deltaproduct_matches_fla_layer_written_out(negative_eigenvalues, forget_gate):
+    m = layers.build(
+        "gated_deltaproduct",
+        32,
+        heads=4,
+        num_householder=3,
+        negative_eigenvalues=negative_eigenvalues,
+        forget_gate=forget_gate,
+    ).double()
     x = torch.randn(2, 13, 32, dtype=torch.float64)
     err = rel_rms(m(x), fla_layer(m, x)[0])
     print(f"relative RMS error {err:.2e}")
