@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lcsm import layers
+from lcsm.ops import eos_dplr
 from lcsm.testing import rel_rms
 
 torch.manual_seed(0)
@@ -69,7 +70,7 @@ def test_rwkv7_operator_matches_fla_dplr_naive():
     kk = F.normalize(torch.randn(B, T, H, N, dtype=torch.float64), dim=-1)
     a = torch.rand(B, T, H, N, dtype=torch.float64)
     log_w = -0.6 * torch.rand(B, T, H, N, dtype=torch.float64)
-    ours, _ = layers.rwkv7.eos_dplr(v, k, r, kk * a, kk, log_w)
+    ours, _ = eos_dplr(v, k, r, kk * a, kk, log_w)
 
     def bhtd(t):
         return t.transpose(1, 2).contiguous()
