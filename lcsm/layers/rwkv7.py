@@ -1,0 +1,252 @@
+"""``rwkv7``: RWKV-7 "Goose" time mixing (Peng et al. 2025, arXiv:2503.14456), on :func:`lcsm.ops.eos_dplr`.
+
+The official recurrence (BlinkDL/RWKV-LM, RWKV-v7/rwkv_v7_demo.py ``RWKV_Tmix_x070`` and its CUDA
+kernel; state S [V, K] per head, value rows)::
+
+    S_t = S_{t-1} (diag(w_t) - kk_t^T (kk_t * a_t)) + v_t k_t^T,     y_t = S_t r_t
+
+Transposed to EOS's memory m = S^T [K, D] (key rows, value columns)::
+
+    m_t = (diag(w_t) - (kk_t * a_t) kk_t^T) m_{t-1} + k_t v_t^T,     y_t = m_t^T r_t
+
+i.e. eos_dplr with log_alpha = log w_t (per key row), a = kk_t * a_t, b = kk_t, e = k_t, i = v_t,
+s = r_t. The decay is w_t = exp(-e^{-1/2} sigmoid(z_t)) in (0.545, 1): the official
+w = -softplus(-z) - 1/2 then exp(-exp(w)) is the same number, since exp(-softplus(-z)) = sigmoid(z).
+
+Around the recurrence (all as the official layer): token shift with six lerp mixes
+(x_r, x_w, x_k, x_v, x_a, x_g), low-rank projections for the decay (tanh), the in-context
+learning rate a (sigmoid) and the output gate g (sigmoid inside), kk = L2norm(k * k_k) per head,
+k <- k (1 + (a - 1) k_a), a per-head GroupNorm (eps 64e-5) of y, the bonus
+((r * k * r_k).sum per head) v, then output(y * g). Departures (docs/zoo/rwkv7_deltaproduct.md):
+the value residual (layer l > 0 mixes in layer 0's v) needs a model-level tensor the mixer
+interface does not carry, so every layer behaves as the official layer 0 (no v0 / v1 / v2); the
+first factors of the low-rank projections (w1, a1, g1), zero in the official init, and the output
+projection, zero there too, are initialised small instead, so that a standalone layer's
+parameters all get gradient.
+
+Shape glossary: B batch, T time, H heads, N head size (K = D = N), C = d_model = H N, L LoRA rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lcsm._checks import check_choice, check_int
+
+from ..ops import DPLR_MODES, eos_dplr
+from .base import EOSRow, Mixer, State, no_weight_decay, register
+from .packing import check_document_state, documents
+from .rwkv4 import last, previous
+
+Tensor = torch.Tensor
+
+# The official ln_x eps (64e-5, "notice eps value" in the official code): 1e-5 scaled by the head size 64.
+_GROUP_NORM_EPS = 64e-5
+# The official F.normalize default eps for kk.
+_L2_EPS = 1e-12
+# w = exp(-e^{-1/2} sigmoid(z)): the official soft clamp of the log-log decay to (-inf, -1/2).
+_DECAY_SCALE = math.exp(-0.5)
+
+
+def _lora_rank(C: int, factor: float) -> int:
+    """The official rank suggestion: a multiple of 32 near factor sqrt(C), at least 32."""
+    return max(32, int(round(factor * C**0.5 / 32) * 32))
+
+
+@dataclass
+class RWKV7State(State):
+    """shift [B, C]: the last token x_T (token shift). memory [B, H, N, N]: m_T = S_T^T (key rows)."""
+
+    shift: Tensor
+    memory: Tensor
+
+
+@register("rwkv7", "goose")
+class RWKV7(Mixer):
+    """RWKV-7 "Goose" time mixing (module docstring; channel mixing is a feed-forward block and
+    belongs to the model).
+
+    Args:
+        d_model: model width C (the official dim_att equals n_embd).
+        head_size: N (official 64); None: 64, or d_model when smaller.
+        layer_id, n_layers: the layer's position, used only by the official layer-dependent init
+            (ratio_0_to_1, ratio_1_to_almost0); a model sets them per layer (``layer_options``).
+        mode: eos_dplr mode.
+    """
+
+    model_owned_options = ("layer_id", "n_layers")
+    modes = DPLR_MODES
+
+    @classmethod
+    def layer_options(cls, options, layer: int, n_layers: int) -> dict:
+        return {**options, "layer_id": layer, "n_layers": n_layers}
+
+    def __init__(
+        self,
+        d_model: int,
+        head_size: int | None = None,
+        layer_id: int = 0,
+        n_layers: int = 1,
+        mode: str = "auto",
+    ):
+        super().__init__(d_model)
+        C = d_model
+        N = check_int("head_size", head_size, 1, allow_none=True) or min(64, C)
+        if C % N:
+            raise ValueError(f"head_size: expected a divisor of d_model={C}, got {N}")
+        check_int("n_layers", n_layers, 1)
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not 0 <= layer_id < n_layers:
+            raise ValueError(f"layer_id: expected an integer in [0, n_layers) = [0, {n_layers}), got {layer_id!r}")
+        self.mode = check_choice("mode", mode, self.modes)
+        self.head_size, self.heads = N, C // N
+        self.layer_id, self.n_layers = layer_id, n_layers
+        H = self.heads
+
+        # Official init (train_temp/src/model.py RWKV_Tmix_x070). ratio_0_to_1 is 0/0 for a
+        # one-layer stack there; we take 0, a first layer's value.
+        ratio_0_to_1 = layer_id / (n_layers - 1) if n_layers > 1 else 0.0
+        ratio_1_to_almost0 = 1.0 - layer_id / n_layers
+        n = torch.arange(C, dtype=torch.float64)
+        ddd = n / C
+        linear = n / max(C - 1, 1) - 0.5
+        zigzag = ((n % N) - (N - 1) / 2) / max((N - 1) / 2, 1)
+        zigzag = zigzag * zigzag.abs()
+        decay = -6 + 6 * (n / max(C - 1, 1)) ** (1 + ratio_0_to_1**0.3)
+        dtype = torch.get_default_dtype()
+
+        def vector(t: Tensor) -> nn.Parameter:
+            return no_weight_decay(nn.Parameter(t.to(dtype)))
+
+        self.x_r = vector(1 - ddd.pow(0.2 * ratio_1_to_almost0))
+        self.x_w = vector(1 - ddd.pow(0.9 * ratio_1_to_almost0))
+        self.x_k = vector(1 - ddd.pow(0.7 * ratio_1_to_almost0))
+        self.x_v = vector(1 - ddd.pow(0.7 * ratio_1_to_almost0))
+        self.x_a = vector(1 - ddd.pow(0.9 * ratio_1_to_almost0))
+        self.x_g = vector(1 - ddd.pow(0.2 * ratio_1_to_almost0))
+        self.w0 = vector(decay + 0.5 + 2.5 * zigzag)
+        self.a0 = vector(-0.19 + 0.3 * zigzag + 0.4 * linear)
+        self.k_k = vector(0.71 - 0.1 * linear)
+        self.k_a = vector(torch.full((C,), 1.02, dtype=torch.float64))
+        self.r_k = vector(torch.full((H, N), -0.04, dtype=torch.float64))
+
+        # Low-rank projections x @ w1 @ w2. Officially the first factor is zero and the second
+        # orthogonal with gain 0.1; a zero first factor gives the second an exactly zero gradient
+        # at step 0, so here the first is orthogonal too, with gain 0.01 (docs: departures).
+        def lora(factor: float) -> tuple[nn.Parameter, nn.Parameter]:
+            L = _lora_rank(C, factor)
+            first, second = torch.empty(C, L), torch.empty(L, C)
+            nn.init.orthogonal_(first, gain=0.01 * (math.sqrt(C / L) if C > L else 1.0))
+            nn.init.orthogonal_(second, gain=0.1 * (math.sqrt(L / C) if L > C else 1.0))
+            return nn.Parameter(first), nn.Parameter(second)
+
+        self.w1, self.w2 = lora(2.5)
+        self.a1, self.a2 = lora(2.5)
+        self.g1, self.g2 = lora(5.0)
+
+        self.receptance = nn.Linear(C, C, bias=False)
+        self.key = nn.Linear(C, C, bias=False)
+        self.value = nn.Linear(C, C, bias=False)
+        self.output = nn.Linear(C, C, bias=False)
+        with torch.no_grad():
+            self.receptance.weight.uniform_(-0.5 / C**0.5, 0.5 / C**0.5)
+            self.key.weight.uniform_(-0.05 / C**0.5, 0.05 / C**0.5)
+            self.value.weight.uniform_(-0.5 / C**0.5, 0.5 / C**0.5)
+            # Officially zero; a zero output would leave every other parameter without gradient
+            # at step 0 (global init is the model's job), so small instead.
+            self.output.weight.uniform_(-0.05 / C**0.5, 0.05 / C**0.5)
+        self.ln_x = nn.GroupNorm(H, C, eps=_GROUP_NORM_EPS)
+        no_weight_decay(self.ln_x.weight)
+        no_weight_decay(self.ln_x.bias)
+
+    def _heads(self, t: Tensor) -> Tensor:
+        return t.reshape(t.shape[0], t.shape[1], self.heads, self.head_size)
+
+    def forward(
+        self,
+        x: Tensor,
+        state: RWKV7State | None = None,
+        return_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+    ):
+        self.check_input(x)
+        B, T, C = x.shape
+        if T == 0:
+            raise ValueError("x: RWKV-7 time mixing needs at least one token, got T = 0")
+        memory0 = None
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+        if state is not None:
+            if not isinstance(state, RWKV7State):
+                raise ValueError(f"state: expected an RWKV7State from this mixer, got {type(state).__name__}")
+            rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
+            if cu_seqlens is not None:
+                for name, t in state.tensors().items():
+                    check_document_state(f"state.{name}", t, rows)
+            want = (rows, self.heads, self.head_size, self.head_size)
+            if tuple(state.memory.shape) != want or tuple(state.shift.shape) != (rows, C):
+                raise ValueError(
+                    f"state: expected shift [{rows}, {C}] and memory {list(want)}, got "
+                    f"{list(state.shift.shape)} and {list(state.memory.shape)}"
+                )
+            memory0 = state.memory
+        xx = previous(x, state.shift if state is not None else None, cu_seqlens) - x
+        xr, xw, xk = x + xx * self.x_r, x + xx * self.x_w, x + xx * self.x_k
+        xv, xa, xg = x + xx * self.x_v, x + xx * self.x_a, x + xx * self.x_g
+
+        r = self.receptance(xr)
+        log_w = -_DECAY_SCALE * torch.sigmoid(self.w0 + torch.tanh(xw @ self.w1) @ self.w2)
+        k = self.key(xk)
+        v = self.value(xv)
+        a = torch.sigmoid(self.a0 + (xa @ self.a1) @ self.a2)
+        g = torch.sigmoid(xg @ self.g1) @ self.g2
+        kk = F.normalize(self._heads(k * self.k_k), dim=-1, eps=_L2_EPS)
+        k = k * (1 + (a - 1) * self.k_a)
+        r, k, v, a, log_w = (self._heads(t) for t in (r, k, v, a, log_w))
+
+        y, memory = eos_dplr(
+            v,
+            k,
+            r,
+            kk * a,
+            kk,
+            log_w,
+            mode=self.mode,
+            initial_state=memory0,
+            output_final_state=return_state,
+            cu_seqlens=cu_seqlens,
+        )
+        y = self.ln_x(y.to(x.dtype).reshape(B * T, C)).reshape(B, T, C)
+        bonus = (r * k * self.r_k).sum(-1, keepdim=True) * v
+        out = self.output((y + bonus.reshape(B, T, C)) * g)
+        if not return_state:
+            return out
+        return out, RWKV7State(shift=last(x, cu_seqlens)[:, 0], memory=memory)
+
+    def init_state(self, batch_size: int) -> RWKV7State:
+        p = self._param_like()
+        N = self.head_size
+        return RWKV7State(
+            shift=p.new_zeros(batch_size, self.d_model),
+            memory=p.new_zeros(batch_size, self.heads, N, N, dtype=self._memory_dtype()),
+        )
+
+    def describe(self) -> EOSRow:
+        return EOSRow(
+            name="rwkv7",
+            input="v_t",
+            expand="k_t (1 + (a_t - 1) k_a)",
+            oscillation="diag(w_t) - (kk_t * a_t) kk_t^T, kk_t = L2norm(k_t * k_k)",
+            shrink="r_t (then GroupNorm, bonus, gate g_t)",
+            memory=f"N x N = {self.head_size} x {self.head_size} per head, {self.heads} heads",
+            psi="matrix",
+            input_dd=True,
+            expand_dd=True,
+            oscillation_dd=True,
+            shrink_dd=True,
+            paper='Peng et al. 2025, RWKV-7 "Goose" with Expressive Dynamic State Evolution (arXiv:2503.14456)',
+        )
