@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from lcsm.layers import build
 from lcsm.testing import assert_close
 
-NAMES = ("gated_deltanet",)
+NAMES = ("gated_deltanet", "kda")
 
 
 def _layer(name, negative_eigenvalues=False, seed=0):
