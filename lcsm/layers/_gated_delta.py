@@ -168,8 +168,10 @@ class GatedDeltaBase(Mixer):
 
     def readout(self, x: Tensor, o: Tensor) -> Tensor:
         """The gated RMSNorm per head and o_proj: o [B, T, H, D] -> [B, T, d_model]."""
-        o = F.rms_norm(o.to(x.dtype), (self.head_v,), self.o_norm.to(x.dtype), eps=self.norm_eps)
-        return self.o_proj(self._gate(x, o).flatten(-2))
+        # Normalised and gated in float32 at least, as fla's fused gated norm does for half inputs.
+        wide = torch.promote_types(x.dtype, torch.float32)
+        o = F.rms_norm(o.to(wide), (self.head_v,), self.o_norm.to(wide), eps=self.norm_eps)
+        return self.o_proj(self._gate(x, o).to(x.dtype).flatten(-2))
 
     # -- mixer interface ---------------------------------------------------------------------------
     def _check_state(self, state: GatedDeltaState, batch: int, cu_seqlens: Tensor | None) -> None:
