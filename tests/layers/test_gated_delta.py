@@ -141,3 +141,28 @@ def test_inits_follow_fla(name):
         (layer.num_heads,) if name == "gated_deltanet" else (layer.num_heads * layer.head_k,)
     )
     assert layer.A_log.dtype == torch.float32 and layer.bfloat16().A_log.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_negative_eigenvalues_decode_equals_forward(name):
+    """The contract tests run the default options; with beta in [0, 2] decoding still equals forward."""
+    layer = _layer(name, negative_eigenvalues=True)
+    x, _ = _inputs(layer, T=9)
+    with torch.no_grad():
+        y, final = layer(x, return_state=True)
+        state, steps = layer.init_state(x.shape[0]), []
+        for t in range(x.shape[1]):
+            out, state = layer.step(x[:, t], state)
+            steps.append(out)
+    assert_close(
+        {"y": torch.stack(steps, 1), **{f"state.{k}": v for k, v in state.tensors().items()}},
+        {"y": y, **{f"state.{k}": v for k, v in final.tensors().items()}},
+        context=name,
+    )
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="negative_eigenvalues"):
+        build("gated_deltanet", 16, negative_eigenvalues=1)
+    with pytest.raises(ValueError, match="expand_v"):
+        build("kda", 16, expand_v=0.3)
