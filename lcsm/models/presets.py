@@ -203,20 +203,21 @@ def _heads(d_model: int, head_dim: int) -> int:
     return max(1, d_model // head_dim)
 
 
-def samba(d_model: int = 2048, n_layers: int = 24, window: int = 2048, head_dim: int = 128, **overrides) -> ModelConfig:
+def samba(d_model: int = 2304, n_layers: int = 18, window: int = 2048, head_dim: int = 128, **overrides) -> ModelConfig:
     """Samba (Ren et al. 2024, "Samba: Simple Hybrid State Space Models for Efficient Unlimited
-    Context Language Modeling", section 2): layers Mamba, MLP, SWA, MLP repeated, the MLPs
-    SwiGLU, sliding-window attention of window 2048 with RoPE, pre-norm (RMSNorm). One lcsm block
-    is a mixer and its channel mixer, so the blocks alternate Mamba (even) and SWA (odd), each
-    with its SwiGLU: the paper's order. Defaults: the 1.7B model's width (2048) with 24 blocks,
-    its 48 layers as the paper counts them (each Mamba, SWA and MLP one layer). Departures: the
-    paper's SWA uses grouped-query attention (here every head has its own keys and values), and
-    the Mamba layer is lcsm's ``mamba`` (Mamba-1, as in the paper)."""
+    Context Language Modeling", section 2): Mamba, MLP, SWA, MLP repeated. As the official code
+    builds it (microsoft/Samba ``lit_gpt/model.py`` Block and ``lit_gpt/config.py``, commit
+    19845f41): block i is pre-RMSNorm, its mixer (Mamba where i % 2 == 0, sliding-window attention
+    otherwise) and a SwiGLU MLP, the attention with RoPE over the whole head, window 2048, heads of
+    width 128, no biases, tied embeddings, vocabulary 32000. Defaults: the official
+    ``Samba_1.3B`` (d 2304, 18 blocks, 18 heads, MLP width 6144 = lcsm's 8d/3); ``Samba_421M`` is
+    ``d_model=1536, n_layers=12``. Departure: no grouped-query option (the official models use full
+    multi-head attention too; its GQA variants are ablations)."""
     values = dict(
-        mixer=["mamba" if layer % 2 == 0 else "attention" for layer in range(n_layers)],
-        mixer_options={
-            "attention": dict(heads=_heads(d_model, head_dim), positions="rotary", window=window, bias=False)
-        },
+        mixer={"default": "mamba", "every": {"k": 2, "mixer": "attention", "offset": 1}},
+        mixer_options=dict(
+            attention=dict(heads=_heads(d_model, head_dim), positions="rotary", window=window, bias=False)
+        ),
         d_model=d_model,
         n_layers=n_layers,
         vocab_size=32000,
@@ -241,7 +242,7 @@ def jamba(
     attention."""
     values = dict(
         mixer={"default": "mamba", "every": {"k": every, "mixer": "attention", "offset": offset}},
-        mixer_options={"attention": dict(heads=_heads(d_model, head_dim), positions="none", bias=False)},
+        mixer_options=dict(attention=dict(heads=_heads(d_model, head_dim), positions="none", bias=False)),
         d_model=d_model,
         n_layers=n_layers,
         vocab_size=65536,
@@ -262,7 +263,7 @@ def qwen3_next(d_model: int = 2048, n_layers: int = 48, head_dim: int = 256, **o
     grouped-query attention."""
     values = dict(
         mixer={"default": "gated_deltanet", "every": {"k": 4, "mixer": "attention", "offset": 3}},
-        mixer_options={"attention": dict(heads=_heads(d_model, head_dim), positions="rotary", bias=False)},
+        mixer_options=dict(attention=dict(heads=_heads(d_model, head_dim), positions="rotary", bias=False)),
         d_model=d_model,
         n_layers=n_layers,
         vocab_size=151936,

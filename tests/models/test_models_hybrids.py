@@ -150,7 +150,9 @@ def test_hybrid_presets_build_generate_and_follow_their_papers(name):
     full = preset(name)
     layers = [n for n, _ in full.layer_mixers()]
     if name == "samba":  # Mamba and SWA (window 2048, RoPE) alternating
-        assert layers == ["mamba", "attention"] * 12 and full.layer_mixers()[1][1]["window"] == 2048
+        assert layers == ["mamba", "attention"] * 9 and full.layer_mixers()[1][1]["window"] == 2048
+        # the official Samba_1.3B: d 2304, 18 heads of width 128, SwiGLU width 6144
+        assert (full.d_model, full.layer_mixers()[1][1]["heads"], full.resolved_channel_hidden()) == (2304, 18, 6144)
     else:  # one attention layer per 8, at offset 4 (a : m = 1 : 7)
         assert layers == (["mamba"] * 4 + ["attention"] + ["mamba"] * 3) * 4
 
