@@ -235,7 +235,8 @@ def jamba(
     and Table 1's l = 8, a : m = 1 : 7): in each group of ``every`` = 8 layers one attention layer
     (at ``offset`` 4, as in the released model's ``attn_layer_offset``) and Mamba in the others;
     attention without positional information (the paper finds Mamba gives the order), RMSNorm,
-    SwiGLU MLPs; d 4096, 32 layers. The Nemotron-H / Bamba form is the same mix with Mamba-2
+    SwiGLU MLPs; d 4096, 32 layers, vocabulary 65536, untied head (the values of transformers'
+    ``JambaConfig``, 5.24: attn_layer_period 8, attn_layer_offset 4). The Nemotron-H / Bamba form is the same mix with Mamba-2
     layers (``every``/``offset`` give its ratio). Departures: lcsm's ``mamba`` is Mamba-1 (Jamba's
     own; Mamba-2 for Nemotron-H once ``mamba2`` is registered, pass ``mixer=`` a pattern with it),
     dense MLPs in place of Jamba's mixture of experts (every other layer), and no grouped-query
@@ -247,6 +248,7 @@ def jamba(
         n_layers=n_layers,
         vocab_size=65536,
         head=dict(kind="lm"),
+        tie_embeddings=False,
         channel_mixer="glu",
         norm="rmsnorm",
     )
@@ -257,10 +259,11 @@ def qwen3_next(d_model: int = 2048, n_layers: int = 48, head_dim: int = 256, **o
     """A Qwen3-Next-style stack (Qwen team 2025, Qwen3-Next model card and ``qwen3_next`` in
     transformers; Gated DeltaNet: Yang et al. 2025, ICLR): three Gated DeltaNet layers, then one
     attention layer (layers 3, 7, ...), RMSNorm, SwiGLU, rotary attention of head width 256;
-    hidden 2048, 48 layers. Needs the ``gated_deltanet`` mixer (an unknown mixer name is an error
-    until it is registered). Departures: plain softmax attention (Qwen3-Next gates its output and
-    rotates part of each head only), dense MLPs in place of its mixture of experts, no
-    grouped-query attention."""
+    hidden 2048, 48 layers, vocabulary 151936, untied head (transformers' ``Qwen3NextConfig``, 5.24:
+    full attention where (layer + 1) % 4 == 0). Needs the ``gated_deltanet`` mixer (an unknown mixer name is an error
+    until it is registered). Departures: plain softmax attention (Qwen3-Next gates its output,
+    rotates a quarter of each head only, and has 16 query heads of 256 = 2d with 2 key/value heads;
+    here d / 256 heads), dense MLPs in place of its mixture of experts."""
     values = dict(
         mixer={"default": "gated_deltanet", "every": {"k": 4, "mixer": "attention", "offset": 3}},
         mixer_options=dict(attention=dict(heads=_heads(d_model, head_dim), positions="rotary", bias=False)),
@@ -268,6 +271,7 @@ def qwen3_next(d_model: int = 2048, n_layers: int = 48, head_dim: int = 256, **o
         n_layers=n_layers,
         vocab_size=151936,
         head=dict(kind="lm"),
+        tie_embeddings=False,
         channel_mixer="glu",
         norm="rmsnorm",
     )
