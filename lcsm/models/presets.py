@@ -236,9 +236,10 @@ def jamba(
     (at ``offset`` 4, as in the released model's ``attn_layer_offset``) and Mamba in the others;
     attention without positional information (the paper finds Mamba gives the order), RMSNorm,
     SwiGLU MLPs; d 4096, 32 layers, vocabulary 65536, untied head (the values of transformers'
-    ``JambaConfig``, 5.24: attn_layer_period 8, attn_layer_offset 4). The Nemotron-H / Bamba form is the same mix with Mamba-2
-    layers (``every``/``offset`` give its ratio). Departures: lcsm's ``mamba`` is Mamba-1 (Jamba's
-    own; Mamba-2 for Nemotron-H once ``mamba2`` is registered, pass ``mixer=`` a pattern with it),
+    ``JambaConfig``, 5.24: attn_layer_period 8, attn_layer_offset 4). The Nemotron-H / Bamba form
+    is the same mix with Mamba-2 layers (``every``/``offset`` give its ratio). Departures: lcsm's
+    ``mamba`` is Mamba-1 (Jamba's own; Mamba-2 for Nemotron-H once ``mamba2`` is registered, pass
+    ``mixer=`` a pattern with it),
     dense MLPs in place of Jamba's mixture of experts (every other layer), and no grouped-query
     attention."""
     values = dict(
