@@ -341,6 +341,16 @@ class ModelConfig:
         """(mixer name, options as given) of every layer (``layer_mixers``)."""
         return layer_mixers(self.mixer, self.mixer_options, self.n_layers)
 
+    def stack_summary(self) -> str:
+        """The layers' mixers for a log line: "2 x gla", or runs of a hybrid ("3 x mamba, attention")."""
+        runs: list[list] = []
+        for name, _ in self.layer_mixers():
+            if runs and runs[-1][0] == name:
+                runs[-1][1] += 1
+            else:
+                runs.append([name, 1])
+        return ", ".join(name if count == 1 else f"{count} x {name}" for name, count in runs)
+
     def native_bidirectional_at(self, layer: int) -> bool:
         """Whether layer ``layer``'s mixer reads both directions itself (CES's two-sided kernel,
         ETSMLP eq. 14); other mixers of a bidirectional model get two causal maps."""

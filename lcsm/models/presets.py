@@ -231,17 +231,16 @@ def samba(d_model: int = 2304, n_layers: int = 18, window: int = 2048, head_dim:
 def jamba(
     d_model: int = 4096, n_layers: int = 32, every: int = 8, offset: int = 4, head_dim: int = 128, **overrides
 ) -> ModelConfig:
-    """Jamba (Lieber et al. 2024, "Jamba: A Hybrid Transformer-Mamba Language Model", section 2
-    and Table 1's l = 8, a : m = 1 : 7): in each group of ``every`` = 8 layers one attention layer
+    """Jamba (Lieber et al. 2024, "Jamba: A Hybrid Transformer-Mamba Language Model": blocks of
+    l = 8 layers, a : m = 1 : 7): in each group of ``every`` = 8 layers one attention layer
     (at ``offset`` 4, as in the released model's ``attn_layer_offset``) and Mamba in the others;
     attention without positional information (the paper finds Mamba gives the order), RMSNorm,
     SwiGLU MLPs; d 4096, 32 layers, vocabulary 65536, untied head (the values of transformers'
     ``JambaConfig``, 5.24: attn_layer_period 8, attn_layer_offset 4). The Nemotron-H / Bamba form
     is the same mix with Mamba-2 layers (``every``/``offset`` give its ratio). Departures: lcsm's
     ``mamba`` is Mamba-1 (Jamba's own; Mamba-2 for Nemotron-H once ``mamba2`` is registered, pass
-    ``mixer=`` a pattern with it),
-    dense MLPs in place of Jamba's mixture of experts (every other layer), and no grouped-query
-    attention."""
+    ``mixer=`` a pattern with it), dense MLPs in place of Jamba's mixture of experts (every other
+    layer), and no grouped-query attention."""
     values = dict(
         mixer={"default": "mamba", "every": {"k": every, "mixer": "attention", "offset": offset}},
         mixer_options=dict(attention=dict(heads=_heads(d_model, head_dim), positions="none", bias=False)),

@@ -47,6 +47,9 @@ def test_patterns_expand_per_layer():
     # offset defaults to k - 1; later rules win where they meet
     rules = {"default": "gla", "every": [{"k": 2, "mixer": "mamba"}, {"k": 3, "mixer": "attention", "offset": 0}]}
     assert expand_mixers(rules, 6) == ["attention", "mamba", "gla", "attention", "gla", "mamba"]
+    cfg = ModelConfig(mixer={"default": "mamba", "every": {"k": 4, "mixer": "attention"}}, n_layers=8, vocab_size=VOCAB)
+    assert cfg.stack_summary() == "3 x mamba, attention, 3 x mamba, attention"
+    assert ModelConfig(mixer="gla", n_layers=2, vocab_size=VOCAB).stack_summary() == "2 x gla"
 
 
 def test_layers_get_their_mixer_and_options():
