@@ -253,6 +253,30 @@ class Attention(Mixer):
             return distance >= 0
         return (distance >= 0) & (distance < self.window)
 
+    def _windowed_blocks(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Sliding-window attention of q, k, v [B, H, T, D] (no cache) in O(T W) time and memory:
+        the queries in blocks of W, each block against the keys of itself and the block before it
+        (all that its band can reach), one SDPA call over the blocks. A T x T band mask would cost
+        O(T^2), as full attention does."""
+        B, H, T, D = q.shape
+        W = self.window
+        n = -(-T // W)
+        pad = n * W - T
+        # Keys and values get one block of zeros in front (the block before the first) and the
+        # queries' tail padding; the mask never lets a real query see either.
+        k, v = (F.pad(t, (0, 0, W, pad)) for t in (k, v))
+        q = F.pad(q, (0, 0, 0, pad)).view(B, H, n, W, D)
+        k_blocks = k.unfold(2, 2 * W, W).transpose(-1, -2)  # [B, H, n, 2W, D]
+        v_blocks = v.unfold(2, 2 * W, W).transpose(-1, -2)
+        i = torch.arange(W, device=q.device)[:, None]
+        j = torch.arange(2 * W, device=q.device)[None, :]
+        distance = i + W - j  # query i of a block to key j of its two blocks
+        band = (distance >= 0) & (distance < W)
+        first = band & (j >= W)  # the first block has no block before it
+        mask = torch.stack([first, *[band] * (n - 1)])  # [n, W, 2W]
+        o = F.scaled_dot_product_attention(q, k_blocks, v_blocks, attn_mask=mask)
+        return o.reshape(B, H, n * W, D)[:, :, :T]
+
     def _trim(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """The last W - 1 slots of a windowed cache (all that a later query can see): a copy of
         O(W d) per call, the order of the attention over the window itself."""
@@ -293,6 +317,8 @@ class Attention(Mixer):
         banded = self.window is not None and self.window < P + T
         if P == 0 and not banded:
             o = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
+        elif P == 0:
+            o = self._windowed_blocks(q, k, v)
         elif T == 1 and full:
             o = F.scaled_dot_product_attention(q, keys, values)  # one query sees every key (P <= W - 1)
         else:

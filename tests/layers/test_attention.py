@@ -331,3 +331,11 @@ def test_windowed_cache_longer_than_the_window_is_a_clear_error():
     too_long = make()(inputs(T=5), return_state=True)[1]
     with pytest.raises(ValueError, match="a window of 3 keeps at most 2 cached tokens, got a cache of 5"):
         m(inputs(T=1), state=too_long)
+
+
+@pytest.mark.parametrize("T", [3, 4, 5, 8, 12, 13])
+def test_windowed_blocks_equal_the_band_at_every_length(T):
+    """The O(T W) blocked forward (blocks of W queries against two blocks of keys) against the
+    written-out band, at lengths below, at and between multiples of W = 4 (values and gradients)."""
+    m, x = make(window=4, positions="rotary"), inputs(T=T)
+    assert_matches_reference(m, x, lambda x: reference(m, x), context=f"T={T}")
