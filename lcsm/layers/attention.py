@@ -20,7 +20,8 @@ Sliding window (``window`` W; Beltagy et al. 2020, the local attention of Samba,
     o_t = sum_{t-W < s <= t} softmax_s(q_t . k_s / sqrt(D)) v_s,
 
 so its decoding memory is the last W - 1 tokens' keys and values (the query's own comes with it):
-O(W d) whatever the context, the KV cache trimmed after every call. Positions (learned, rotary)
+O(W d) whatever the context, the KV cache trimmed after every call. A full sequence runs in
+blocks of W queries against the keys of two blocks, O(T W) rather than a T x T mask. Positions (learned, rotary)
 stay absolute; the band is in token distance, the same in packed rows, where it intersects the
 block-diagonal mask. W >= T is full causal attention over T tokens.
 
