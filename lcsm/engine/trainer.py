@@ -543,7 +543,7 @@ class Trainer:
             self.log.truncate_after(self.state.step, self.state.last_eval_step)
             self.progress.message(
                 f"{'resuming' if restored else 'training'} {self.config.name or self.out_dir.name}: task "
-                f"{self.task.registry_name}, {self.model_config.n_layers} x {self.model_config.mixer}, "
+                f"{self.task.registry_name}, {self.model_config.stack_summary()}, "
                 f"d_model {self.model_config.d_model}, {self.n_params:,} parameters, {self.total_steps} steps "
                 f"({self.steps_per_epoch} per epoch), batch {t.batch_size}, {self.dist.world} process(es) on "
                 f"{self.device}" + (f", from {restored}" if restored else "")

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm.layers import Mixer, State, build
+from lcsm.layers.base import resolve
 
 from .config import ModelConfig
 
@@ -118,9 +119,10 @@ class Bidirectional(nn.Module):
 
 
 def layer_mixer_options(config: ModelConfig, layer: int) -> dict:
-    """The mixer options of layer ``layer``: the config's, plus what the model sets (see
-    ``layer_options``)."""
-    return layer_options(config.mixer_class, config.mixer_options, layer, config.n_layers, config.bidirectional)
+    """The mixer options of layer ``layer``: the config's (of that layer's mixer, in a hybrid),
+    plus what the model sets (see ``layer_options``)."""
+    name, options = config.layer_mixers()[layer]
+    return layer_options(resolve(name)[0], options, layer, config.n_layers, config.bidirectional)
 
 
 def layer_options(
@@ -142,13 +144,14 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         d, H = config.d_model, config.mixer_width
+        name = config.layer_mixers()[layer][0]
         options = layer_mixer_options(config, layer)
-        self.bidirectional = config.bidirectional and not config.native_bidirectional
-        self.native_bidirectional = config.native_bidirectional
+        self.native_bidirectional = config.native_bidirectional_at(layer)
+        self.bidirectional = config.bidirectional and not self.native_bidirectional
         if self.bidirectional:
-            self.mixer = Bidirectional(build(config.mixer, H, **options), build(config.mixer, H, **options))
+            self.mixer = Bidirectional(build(name, H, **options), build(name, H, **options))
         else:
-            self.mixer = build(config.mixer, H, **options)
+            self.mixer = build(name, H, **options)
         self.norm1 = make_norm(config.norm, d, config.norm_eps)
         if config.mixer_hidden is not None:
             self.mixer_in = nn.Linear(d, H)

@@ -6,6 +6,18 @@ head are fields. ``ModelConfig.from_dict`` rejects unknown keys naming the close
 ``__post_init__`` validates every value (and the mixer's option names against its signature),
 so a bad config fails before any weight is allocated. The head is a config of its own,
 ``HeadConfig``, nested under ``head``.
+
+Hybrid stacks: ``mixer`` may also give a mixer per layer (``layer_mixers``), as a list of
+n_layers names or as a pattern,
+
+    mixer: ["mamba", "mamba", "mamba", "attention"]
+    mixer: {default: mamba, every: {k: 4, mixer: attention, offset: 3}}
+
+(layers offset, offset + k, ... get the rule's mixer; ``every`` may be a list of rules, a later
+one overriding an earlier one where they meet; offset defaults to k - 1, the last layer of each
+group of k). A hybrid's ``mixer_options`` maps each mixer name of the stack to its options
+(``{attention: {window: 64}}``), or is a list of n_layers option mappings, one per layer. A
+single name keeps its one options mapping, as always.
 """
 
 from __future__ import annotations
@@ -129,6 +141,90 @@ def nest_head(values: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+MIXER_PATTERN_KEYS = ("default", "every")
+MIXER_RULE_KEYS = ("k", "mixer", "offset")
+
+
+def _mixer_name(where: str, value) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: expected a registered mixer name (str), got {value!r}")
+    resolve(value)  # unknown names raise with the closest valid ones
+    return value
+
+
+def expand_mixers(mixer, n_layers: int) -> list[str]:
+    """The mixer name of every layer from a config's ``mixer``: one name (every layer), a list of
+    n_layers names, or a pattern ``{default: <name>, every: <rule> | [<rule>, ...]}`` with rules
+    ``{k, mixer, offset = k - 1}`` (layers offset, offset + k, ... get ``mixer``)."""
+    if isinstance(mixer, str):
+        return [_mixer_name("mixer", mixer)] * n_layers
+    if isinstance(mixer, (list, tuple)):
+        if len(mixer) != n_layers:
+            raise ValueError(
+                f"mixer: a list gives one mixer per layer: expected {n_layers} names (n_layers), got {len(mixer)}"
+            )
+        return [_mixer_name(f"mixer[{i}]", name) for i, name in enumerate(mixer)]
+    if isinstance(mixer, Mapping):
+        check_keys("mixer", mixer, MIXER_PATTERN_KEYS)
+        if "default" not in mixer:
+            raise ValueError("mixer.default: a mixer pattern needs the mixer of the layers no rule picks, got none")
+        names = [_mixer_name("mixer.default", mixer["default"])] * n_layers
+        rules = mixer.get("every", [])
+        rules = [rules] if isinstance(rules, Mapping) else rules
+        if not isinstance(rules, (list, tuple)):
+            raise ValueError(f"mixer.every: expected a rule {{k, mixer, offset}} or a list of them, got {rules!r}")
+        for i, rule in enumerate(rules):
+            where = f"mixer.every[{i}]"
+            check_keys(where, rule, MIXER_RULE_KEYS)
+            k = check_int(f"{where}.k", rule.get("k"), 1)
+            name = _mixer_name(f"{where}.mixer", rule.get("mixer"))
+            offset = check_int(f"{where}.offset", rule.get("offset", k - 1), 0)
+            if offset >= k:
+                raise ValueError(f"{where}.offset: expected 0 <= offset < k = {k}, got {offset}")
+            for layer in range(offset, n_layers, k):
+                names[layer] = name
+        return names
+    raise ValueError(
+        f"mixer: expected a registered mixer name, a list of one name per layer, or a pattern "
+        f"{{default, every}}, got {mixer!r}"
+    )
+
+
+def layer_mixers(mixer, mixer_options, n_layers: int) -> list[tuple[str, dict[str, Any]]]:
+    """(mixer name, its options as given) of every layer, from a config's ``mixer``,
+    ``mixer_options`` and ``n_layers`` (``expand_mixers``). One name: its options on every layer.
+    A hybrid: ``mixer_options`` maps names of the stack to their options, or lists one options
+    mapping per layer."""
+    names = expand_mixers(mixer, n_layers)
+    if isinstance(mixer, str):
+        if not isinstance(mixer_options, Mapping):
+            raise ValueError(f"mixer_options: expected a mapping of options, got {mixer_options!r}")
+        return [(name, dict(mixer_options)) for name in names]
+    if isinstance(mixer_options, (list, tuple)):
+        if len(mixer_options) != n_layers:
+            raise ValueError(
+                f"mixer_options: a list gives options per layer: expected {n_layers} mappings (n_layers), "
+                f"got {len(mixer_options)}"
+            )
+        for i, options in enumerate(mixer_options):
+            if not isinstance(options, Mapping):
+                raise ValueError(f"mixer_options[{i}]: expected a mapping of layer {i}'s options, got {options!r}")
+        return [(name, dict(options)) for name, options in zip(names, mixer_options, strict=True)]
+    if not isinstance(mixer_options, Mapping):
+        raise ValueError(f"mixer_options: expected a mapping of mixer names to options, got {mixer_options!r}")
+    stack = list(dict.fromkeys(names))
+    absent = [name for name in mixer_options if name not in stack]
+    if absent:
+        raise ValueError(
+            f"mixer_options: a hybrid's options are keyed by its mixers' names; "
+            f"{', '.join(map(repr, absent))} not in the stack (mixers: {', '.join(stack)})"
+        )
+    for name, options in mixer_options.items():
+        if not isinstance(options, Mapping):
+            raise ValueError(f"mixer_options.{name}: expected a mapping of {name}'s options, got {options!r}")
+    return [(name, dict(mixer_options.get(name, {}))) for name in names]
+
+
 def merge_model_values(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """``update`` over ``base`` (model mappings, either spelling): the head field by field, so that
     ``head: classifier`` over a preset's head changes its kind and keeps its classes, as the flat
@@ -146,8 +242,12 @@ class ModelConfig:
     """Every field of a model.
 
     Token mixer:
-        mixer: registered mixer name (``lcsm list``), e.g. "gla", "metala", "lcsm:1-9-1-0".
-        mixer_options: keyword options of that mixer (validated against its signature).
+        mixer: registered mixer name (``lcsm list``), e.g. "gla", "metala", "lcsm:1-9-1-0"; or a
+            hybrid stack, a mixer per layer: a list of n_layers names or a pattern
+            ``{default: mamba, every: {k: 4, mixer: attention, offset: 3}}`` (module doc).
+        mixer_options: keyword options of that mixer (validated against its signature); for a
+            hybrid, a mapping from each mixer name of the stack to its options, or a list of one
+            options mapping per layer.
         mixer_hidden: None: the mixer runs at width d_model. An integer H: the mixer runs inside an
             element-wise MLP, Linear(d -> H) -> mixer(H) -> mixer_activation -> Linear(H -> d)
             (the ETSMLP block, ETSMLP section 3.2).
@@ -177,8 +277,8 @@ class ModelConfig:
         init_std: std of the normal init of the model's own embeddings and linears (0.02).
     """
 
-    mixer: str = "gla"
-    mixer_options: dict[str, Any] = field(default_factory=dict)
+    mixer: str | list[str] | dict[str, Any] = "gla"
+    mixer_options: dict[str, Any] | list[dict[str, Any]] = field(default_factory=dict)
     d_model: int = 64
     n_layers: int = 2
     vocab_size: int | None = None
@@ -233,13 +333,39 @@ class ModelConfig:
         return self.mixer_hidden if self.mixer_hidden is not None else self.d_model
 
     @property
+    def hybrid(self) -> bool:
+        """Whether ``mixer`` gives a mixer per layer (a list or a pattern) rather than one name."""
+        return not isinstance(self.mixer, str)
+
+    def layer_mixers(self) -> list[tuple[str, dict[str, Any]]]:
+        """(mixer name, options as given) of every layer (``layer_mixers``)."""
+        return layer_mixers(self.mixer, self.mixer_options, self.n_layers)
+
+    def stack_summary(self) -> str:
+        """The layers' mixers for a log line: "2 x gla", or runs of a hybrid ("3 x mamba, attention")."""
+        runs: list[list] = []
+        for name, _ in self.layer_mixers():
+            if runs and runs[-1][0] == name:
+                runs[-1][1] += 1
+            else:
+                runs.append([name, 1])
+        return ", ".join(name if count == 1 else f"{count} x {name}" for name, count in runs)
+
+    def native_bidirectional_at(self, layer: int) -> bool:
+        """Whether layer ``layer``'s mixer reads both directions itself (CES's two-sided kernel,
+        ETSMLP eq. 14); other mixers of a bidirectional model get two causal maps."""
+        return self.bidirectional and resolve(self.layer_mixers()[layer][0])[0].native_bidirectional
+
+    @property
     def native_bidirectional(self) -> bool:
-        """Whether the mixer reads both directions itself (CES's two-sided kernel, ETSMLP eq. 14);
-        other mixers of a bidirectional model get two causal maps."""
-        return self.bidirectional and self.mixer_class.native_bidirectional
+        """``native_bidirectional_at`` of a single-mixer model (every layer alike)."""
+        return self.native_bidirectional_at(0)
 
     @property
     def mixer_class(self):
+        """The mixer class of a single-mixer model; a hybrid has one per layer (``layer_mixers``)."""
+        if self.hybrid:
+            raise ValueError(f"mixer: a hybrid stack has a mixer per layer ({self.mixer!r}); use layer_mixers()")
         return resolve(self.mixer)[0]
 
     def resolved_channel_hidden(self) -> int:
@@ -252,18 +378,21 @@ class ModelConfig:
         return 4 * self.d_model
 
     def validate(self) -> None:
-        if not isinstance(self.mixer, str):
-            raise ValueError(f"mixer: expected a registered mixer name (str), got {self.mixer!r}")
-        cls = resolve(self.mixer)[0]  # unknown names raise with the closest valid ones
-        check_options(self.mixer, self.mixer_options)
-        owned = [k for k in cls.model_owned_options if k in self.mixer_options]
-        if owned:
-            raise ValueError(
-                f"mixer_options: {', '.join(owned)} of mixer {cls.registry_name!r} are set by the model "
-                "per layer (layer position / the model's 'bidirectional' field); remove them"
-            )
-        check_int("d_model", self.d_model, 1)
         check_int("n_layers", self.n_layers, 1)
+        checked = []
+        for name, options in self.layer_mixers():  # unknown names raise with the closest valid ones
+            if (name, options) in checked:
+                continue
+            checked.append((name, options))
+            cls = resolve(name)[0]
+            check_options(name, options)
+            owned = [k for k in cls.model_owned_options if k in options]
+            if owned:
+                raise ValueError(
+                    f"mixer_options: {', '.join(owned)} of mixer {cls.registry_name!r} are set by the model "
+                    "per layer (layer position / the model's 'bidirectional' field); remove them"
+                )
+        check_int("d_model", self.d_model, 1)
         check_int("vocab_size", self.vocab_size, 1, allow_none=True)
         check_int("input_dim", self.input_dim, 1, allow_none=True)
         if (self.vocab_size is None) == (self.input_dim is None):

@@ -476,7 +476,7 @@ def build_model(config: ModelConfig | Mapping, verbose: bool = True) -> Model:
         log.info(
             "built %s (%s, %d layers, d_model %d): %s parameters",
             type(model).__name__,
-            config.mixer,
+            config.stack_summary() if config.hybrid else config.mixer,
             config.n_layers,
             config.d_model,
             f"{model.num_parameters():,}",

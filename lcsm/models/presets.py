@@ -8,6 +8,14 @@
     preset("lcsm_lm")                       the LCSM WikiText-103 LM (LCSM section 3, Table 8)
     preset("lra_encoder", task="text",      any mixer as an LRA encoder (the baselines of ETSMLP
            mixer="s4d")                     Table 1): bidirectional, mean-pooled, pre-norm + GLU
+    preset("samba")                         Samba (Ren et al. 2024): Mamba and sliding-window
+                                            attention blocks alternating, each with its SwiGLU
+    preset("jamba")                         Jamba (Lieber et al. 2024): one attention block per 8,
+                                            Mamba the others
+    preset("qwen3_next")                    Qwen3-Next-style: Gated DeltaNet, 3 : 1 attention
+
+The hybrids take their size as ``d_model`` / ``n_layers`` (and the attention head width as
+``head_dim``): published widths by default, any size for experiments.
 
 Any field can be overridden: ``preset("etsmlp", task="text", d_model=32, n_layers=2)``; a head
 mapping changes the fields it gives (``head={"hidden": 64}``), as the old flat spelling does.
@@ -22,7 +30,7 @@ from typing import Any
 
 from lcsm._names import did_you_mean
 
-from .config import ModelConfig, merge_model_values
+from .config import ModelConfig, layer_mixers, merge_model_values
 
 # LRA inputs: byte-level text / pixels (256 symbols); ListOps: digits 0-9, four operators
 # (MIN MAX MED SM), "[" "]" and padding (Nangia & Bowman 2018; Tay et al. 2020) -> 17 symbols.
@@ -190,6 +198,86 @@ def lra_encoder(task: str = "listops", mixer: str = "s4d", **overrides) -> Model
     return ModelConfig.from_dict(merge_model_values(values, overrides))
 
 
+def _heads(d_model: int, head_dim: int) -> int:
+    """Attention heads of width ``head_dim`` at ``d_model`` (one head below it)."""
+    return max(1, d_model // head_dim)
+
+
+def samba(d_model: int = 2304, n_layers: int = 18, window: int = 2048, head_dim: int = 128, **overrides) -> ModelConfig:
+    """Samba (Ren et al. 2024, "Samba: Simple Hybrid State Space Models for Efficient Unlimited
+    Context Language Modeling", section 2): Mamba, MLP, SWA, MLP repeated. As the official code
+    builds it (microsoft/Samba ``lit_gpt/model.py`` Block and ``lit_gpt/config.py``, commit
+    19845f41): block i is pre-RMSNorm, its mixer (Mamba where i % 2 == 0, sliding-window attention
+    otherwise) and a SwiGLU MLP, the attention with RoPE over the whole head, window 2048, heads of
+    width 128, no biases, tied embeddings, vocabulary 32000. Defaults: the official
+    ``Samba_1.3B`` (d 2304, 18 blocks, 18 heads, MLP width 6144 = lcsm's 8d/3); ``Samba_421M`` is
+    ``d_model=1536, n_layers=12``. Departure: no grouped-query option (the official models use full
+    multi-head attention too; its GQA variants are ablations)."""
+    values = dict(
+        mixer={"default": "mamba", "every": {"k": 2, "mixer": "attention", "offset": 1}},
+        mixer_options=dict(
+            attention=dict(heads=_heads(d_model, head_dim), positions="rotary", window=window, bias=False)
+        ),
+        d_model=d_model,
+        n_layers=n_layers,
+        vocab_size=32000,
+        head=dict(kind="lm"),
+        channel_mixer="glu",
+        norm="rmsnorm",
+    )
+    return ModelConfig.from_dict(merge_model_values(values, overrides))
+
+
+def jamba(
+    d_model: int = 4096, n_layers: int = 32, every: int = 8, offset: int = 4, head_dim: int = 128, **overrides
+) -> ModelConfig:
+    """Jamba (Lieber et al. 2024, "Jamba: A Hybrid Transformer-Mamba Language Model": blocks of
+    l = 8 layers, a : m = 1 : 7): in each group of ``every`` = 8 layers one attention layer
+    (at ``offset`` 4, as in the released model's ``attn_layer_offset``) and Mamba in the others;
+    attention without positional information (the paper finds Mamba gives the order), RMSNorm,
+    SwiGLU MLPs; d 4096, 32 layers, vocabulary 65536, untied head (the values of transformers'
+    ``JambaConfig``, 5.24: attn_layer_period 8, attn_layer_offset 4). The Nemotron-H / Bamba form
+    is the same mix with Mamba-2 layers (``every``/``offset`` give its ratio). Departures: lcsm's
+    ``mamba`` is Mamba-1 (Jamba's own; Mamba-2 for Nemotron-H once ``mamba2`` is registered, pass
+    ``mixer=`` a pattern with it), dense MLPs in place of Jamba's mixture of experts (every other
+    layer), and no grouped-query attention."""
+    values = dict(
+        mixer={"default": "mamba", "every": {"k": every, "mixer": "attention", "offset": offset}},
+        mixer_options=dict(attention=dict(heads=_heads(d_model, head_dim), positions="none", bias=False)),
+        d_model=d_model,
+        n_layers=n_layers,
+        vocab_size=65536,
+        head=dict(kind="lm"),
+        tie_embeddings=False,
+        channel_mixer="glu",
+        norm="rmsnorm",
+    )
+    return ModelConfig.from_dict(merge_model_values(values, overrides))
+
+
+def qwen3_next(d_model: int = 2048, n_layers: int = 48, head_dim: int = 256, **overrides) -> ModelConfig:
+    """A Qwen3-Next-style stack (Qwen team 2025, Qwen3-Next model card and ``qwen3_next`` in
+    transformers; Gated DeltaNet: Yang et al. 2025, ICLR): three Gated DeltaNet layers, then one
+    attention layer (layers 3, 7, ...), RMSNorm, SwiGLU, rotary attention of head width 256;
+    hidden 2048, 48 layers, vocabulary 151936, untied head (transformers' ``Qwen3NextConfig``, 5.24:
+    full attention where (layer + 1) % 4 == 0). Needs the ``gated_deltanet`` mixer (an unknown mixer name is an error
+    until it is registered). Departures: plain softmax attention (Qwen3-Next gates its output,
+    rotates a quarter of each head only, and has 16 query heads of 256 = 2d with 2 key/value heads;
+    here d / 256 heads), dense MLPs in place of its mixture of experts."""
+    values = dict(
+        mixer={"default": "gated_deltanet", "every": {"k": 4, "mixer": "attention", "offset": 3}},
+        mixer_options=dict(attention=dict(heads=_heads(d_model, head_dim), positions="rotary", bias=False)),
+        d_model=d_model,
+        n_layers=n_layers,
+        vocab_size=151936,
+        head=dict(kind="lm"),
+        tie_embeddings=False,
+        channel_mixer="glu",
+        norm="rmsnorm",
+    )
+    return ModelConfig.from_dict(merge_model_values(values, overrides))
+
+
 # Bumped when a preset comes to build another model for the same arguments (as Mixer.revision).
 # etsmlp 2: the official embedding norm and LRA classifier (embed_norm, head.mlp="etsmlp").
 PRESET_REVISIONS: dict[str, int] = {"etsmlp": 2, "etsmlp_gate": 2}
@@ -206,6 +294,13 @@ def model_revisions(model: Mapping[str, Any], preset_name: str | None = None) ->
     if isinstance(mixer, str):
         cls, implied = resolve(mixer)
         revisions[f"mixer:{cls.registry_name}"] = cls.revision_for({**implied, **(model.get("mixer_options") or {})})
+    else:
+        # A hybrid: each mixer of the stack, at the highest revision its layers' options build.
+        n_layers = model.get("n_layers", ModelConfig.n_layers)
+        for name, options in layer_mixers(mixer, model.get("mixer_options") or {}, n_layers):
+            cls, implied = resolve(name)
+            key = f"mixer:{cls.registry_name}"
+            revisions[key] = max(revisions.get(key, 0), cls.revision_for({**implied, **options}))
     if preset_name is not None:
         revisions[f"preset:{preset_name}"] = PRESET_REVISIONS.get(preset_name, 1)
     return revisions
@@ -217,6 +312,9 @@ PRESETS: dict[str, Callable[..., ModelConfig]] = {
     "metala_transformer": metala_transformer,
     "lcsm_lm": lcsm_lm,
     "lra_encoder": lra_encoder,
+    "samba": samba,
+    "jamba": jamba,
+    "qwen3_next": qwen3_next,
 }
 
 

@@ -297,3 +297,27 @@ def test_half_precision_loading_keeps_the_float32_parameters(tmp_path, mixer):
     assert torch.equal(
         loaded.generate(ids, max_new_tokens=4, do_sample=False), cast.generate(ids, max_new_tokens=4, do_sample=False)
     )
+
+
+# A hybrid stack: Mamba and GLA recurrent states beside a windowed and a full KV cache.
+HYBRID = dict(
+    mixer={"default": "mamba", "every": [{"k": 2, "mixer": "attention"}, {"k": 4, "mixer": "gla", "offset": 2}]},
+    mixer_options={"attention": {"window": 3, "positions": "rotary"}},
+    n_layers=4,
+)
+
+
+def test_hybrid_config_round_trips_and_generates_as_lcsm(tmp_path):
+    model = tiny(**HYBRID).double()
+    assert [type(b.mixer).__name__ for b in model.model.backbone.blocks] == ["Mamba", "Attention", "GLA", "Attention"]
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).double()
+    assert loaded.config.lcsm == model.config.lcsm and loaded.model.config == model.model.config
+    assert same_weights(model, loaded)
+    ids = torch.randint(0, 32, (3, 6), generator=torch.Generator().manual_seed(1))
+    out = loaded.generate(ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(out[:, 6:], model.model.generate(ids, max_new_tokens=8, temperature=0))
+    ids, mask = left_padded(PROMPTS, 7)
+    out = loaded.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    alone = [model.model.generate([p], max_new_tokens=6, temperature=0)[0].tolist() for p in PROMPTS]
+    assert out[:, 7:].tolist() == alone

@@ -1,6 +1,7 @@
 """Softmax attention baseline: an explicit softmax reference, cached decoding against the full
 forward for every ``positions`` option, packed rows with positions counted per document, ragged
-(left-padded) caches, and a state that grows linearly with T."""
+(left-padded) caches, and a state that grows linearly with T; sliding-window attention against the
+written-out band mask, its decoding cache never above W - 1 tokens."""
 
 import math
 
@@ -19,6 +20,15 @@ POSITIONS = [
     {"positions": "rotary"},
     {"positions": "rotary", "heads": 4, "bias": False},
 ]
+# Sliding windows shorter than the sequences (and than the documents of the packed tests).
+WINDOWED = [
+    {"window": 4},
+    {"window": 1},
+    {"positions": "learned", "max_len": 128, "window": 3},
+    {"positions": "rotary", "heads": 4, "window": 5},
+]
+# W = 1 keeps an empty cache, which the contract's gradient check cannot reach.
+WINDOWED_PACKED = [o for o in WINDOWED if o["window"] > 1]
 
 
 def make(**options):
@@ -49,7 +59,10 @@ def reference(m, x):
 
         q, k = rot(q), rot(k)
     scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)
-    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+    if m.window is not None:  # query t sees keys t - W + 1 .. t
+        allowed &= ~torch.ones(T, T, dtype=torch.bool).tril(-m.window)
+    scores = scores.masked_fill(~allowed, float("-inf"))
     o = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, d)
     return m.o_proj(o)
 
@@ -58,7 +71,7 @@ def case_id(o):
     return ",".join(f"{k}={v}" for k, v in o.items())
 
 
-@pytest.mark.parametrize("options", POSITIONS, ids=case_id)
+@pytest.mark.parametrize("options", POSITIONS + WINDOWED, ids=case_id)
 def test_forward_equals_explicit_softmax(options):
     m, x = make(**options), inputs()
     if m.positions != "rotary" and m.k_proj.bias is not None:
@@ -71,11 +84,13 @@ def test_forward_equals_explicit_softmax(options):
     assert_matches_reference(m, x, lambda x: reference(m, x), context=case_id(options))
 
 
-@pytest.mark.parametrize("options", POSITIONS, ids=case_id)
+@pytest.mark.parametrize("options", POSITIONS + WINDOWED, ids=case_id)
 def test_cached_decoding_equals_full_forward(options):
     m, x = make(**options), inputs(T=13)
     y = m(x)
     y_steps, state = decode(m, x)
+    if m.window is not None:
+        assert state.keys.shape[2] == m.window - 1, state.keys.shape
     # Prefill of 5 tokens, then chunks of 3 and 5 against the cache (the offset causal mask).
     y1, s = m(x[:, :5], return_state=True)
     y2, s = m(x[:, 5:8], state=s, return_state=True)
@@ -97,7 +112,7 @@ PACKED = [
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
 @pytest.mark.parametrize("bounds", list(contract.BOUNDS))
-@pytest.mark.parametrize("options", PACKED, ids=case_id)
+@pytest.mark.parametrize("options", PACKED + WINDOWED_PACKED, ids=case_id)
 def test_packed_equals_each_document_alone(options, bounds, with_state, monkeypatch):
     """The contract's check (tests/layers/test_packed_mixers.py) on a mixer with positions: the
     learned table index and the RoPE angle count from each document's start (after its initial
@@ -107,7 +122,7 @@ def test_packed_equals_each_document_alone(options, bounds, with_state, monkeypa
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-@pytest.mark.parametrize("options", PACKED, ids=case_id)
+@pytest.mark.parametrize("options", PACKED + WINDOWED_PACKED, ids=case_id)
 def test_padding_is_as_if_absent(options, side, monkeypatch):
     monkeypatch.setattr(contract, "make", lambda name: make(**options))
     contract.test_padding_is_as_if_absent("attention", side)
@@ -141,7 +156,7 @@ def test_ragged_cache_decodes_each_row_as_its_own(options):
         assert_close({"y": torch.cat(ys, 1)[n : n + 1]}, {"y": m(more[n : n + 1], state=own)}, context=f"row {n}")
 
 
-@pytest.mark.parametrize("options", POSITIONS, ids=case_id)
+@pytest.mark.parametrize("options", POSITIONS + WINDOWED, ids=case_id)
 def test_packed_calls_chain_through_a_ragged_cache(options):
     """A packed call's ragged final state is the initial state of the next packed call: each
     document's two pieces equal its whole text run alone (outputs, the gradient of x)."""
@@ -271,3 +286,56 @@ def test_cache_position_mismatch_is_a_clear_error():
         ValueError, match=r"^state: keys expected \[B, H, P, D\] = \[3, 1, 4, 16\], got \[2, 1, 4, 16\]"
     ):
         m(inputs(B=3, T=2), state=s.map(lambda t: t))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("options", WINDOWED, ids=case_id)
+def test_windowed_cache_stays_within_the_window(options):
+    """Step by step, a windowed cache never holds more than W - 1 tokens; a ragged packed state
+    (documents shorter and longer than the window) decodes each row as its document alone."""
+    m = make(**options)
+    x = inputs(B=2, T=12, seed=7)
+    state = m.init_state(2)
+    for t in range(12):
+        _, state = m.step(x[:, t], state)
+        assert state.keys.shape[2] == min(t + 1, m.window - 1)
+        assert state.position.tolist() == [t + 1, t + 1]
+    assert m.state_size(1000) == 2 * (m.window - 1) * D_MODEL + 1
+    cu = [0, 2, 9, 10]
+    xp = inputs(B=1, T=10, seed=8)
+    _, packed = m(xp, return_state=True, cu_seqlens=torch.tensor(cu))
+    assert packed.keys.shape[2] <= m.window - 1 and packed.position.tolist() == [2, 7, 1]
+    more = inputs(B=3, T=4, seed=9)
+    y = m(more, state=packed)
+    for n in range(3):
+        _, own = m(xp[:, cu[n] : cu[n + 1]], return_state=True)
+        assert_close({"y": y[n : n + 1]}, {"y": m(more[n : n + 1], state=own)}, context=f"row {n}")
+
+
+@pytest.mark.parametrize("positions", [{"positions": "none"}, {"positions": "rotary"}], ids=case_id)
+def test_window_at_least_the_sequence_is_full_attention(positions):
+    x = inputs(T=9)
+    full = make(**positions)
+    for window in (9, 50):
+        assert_close({"y": make(window=window, **positions)(x)}, {"y": full(x)}, context=f"window {window}")
+
+
+@pytest.mark.parametrize("window", [0, -2, 2.5, True, "4"])
+def test_bad_window_is_a_clear_error(window):
+    with pytest.raises(ValueError, match="window: expected an integer >= 1"):
+        layers.build("attention", D_MODEL, window=window)
+
+
+def test_windowed_cache_longer_than_the_window_is_a_clear_error():
+    m = make(window=3)
+    too_long = make()(inputs(T=5), return_state=True)[1]
+    with pytest.raises(ValueError, match="a window of 3 keeps at most 2 cached tokens, got a cache of 5"):
+        m(inputs(T=1), state=too_long)
+
+
+@pytest.mark.parametrize("T", [3, 4, 5, 8, 12, 13])
+def test_windowed_blocks_equal_the_band_at_every_length(T):
+    """The O(T W) blocked forward (blocks of W queries against two blocks of keys) against the
+    written-out band, at lengths below, at and between multiples of W = 4 (values and gradients)."""
+    m, x = make(window=4, positions="rotary"), inputs(T=T)
+    assert_matches_reference(m, x, lambda x: reference(m, x), context=f"T={T}")

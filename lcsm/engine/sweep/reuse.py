@@ -31,30 +31,42 @@ def _equivalence_key(config: Mapping[str, Any]) -> dict[str, Any]:
     from lcsm.layers.base import resolve
     from lcsm.models import ModelConfig
     from lcsm.models.blocks import layer_options
+    from lcsm.models.config import layer_mixers
 
     run = _run_config(config)
     part = json.loads(json.dumps(run.training_dict()))
     merged, _ = run.model_keys()
-    if isinstance(merged.get("mixer"), str):
-        cls, implied = resolve(merged["mixer"])
+    mixer = merged.get("mixer")  # absent: keys as before hybrids (the default written nowhere)
+    n_layers = merged.get("n_layers", ModelConfig.n_layers)
+    bidirectional = bool(merged.get("bidirectional", ModelConfig.bidirectional))
+
+    def built(name: str, given: Mapping[str, Any], k: int) -> tuple[str, dict[str, Any]]:
+        """Registry name and every option of layer k's mixer (defaults, implied, given, per layer)."""
+        cls, implied = resolve(name)
         defaults = {
-            name: p.default
-            for name, p in inspect.signature(cls.__init__).parameters.items()
-            if name not in ("self", "d_model") and p.default is not inspect.Parameter.empty
+            option: p.default
+            for option, p in inspect.signature(cls.__init__).parameters.items()
+            if option not in ("self", "d_model") and p.default is not inspect.Parameter.empty
         }
-        n_layers = merged.get("n_layers", ModelConfig.n_layers)
-        bidirectional = bool(merged.get("bidirectional", ModelConfig.bidirectional))
+        return cls.registry_name, {**defaults, **implied, **layer_options(cls, given, k, n_layers, bidirectional)}
+
+    if isinstance(mixer, str):
         given = merged.get("mixer_options") or {}
-        part["model"]["mixer"] = cls.registry_name
+        part["model"]["mixer"] = resolve(mixer)[0].registry_name
         part["model"]["mixer_options"] = json.loads(
-            json.dumps(
-                [
-                    {**defaults, **implied, **layer_options(cls, given, k, n_layers, bidirectional)}
-                    for k in range(n_layers)
-                ],
-                default=repr,
-            )
+            json.dumps([built(mixer, given, k)[1] for k in range(n_layers)], default=repr)
         )
+    elif mixer is not None:
+        # A hybrid: the registry name and options of every layer, however the stack was written
+        # (a list, a pattern, options per name or per layer).
+        layers = [
+            built(name, given, k)
+            for k, (name, given) in enumerate(layer_mixers(mixer, merged.get("mixer_options") or {}, n_layers))
+        ]
+        names = [name for name, _ in layers]
+        # One mixer written as a list is the single-mixer model it builds.
+        part["model"]["mixer"] = names[0] if len(set(names)) == 1 else names
+        part["model"]["mixer_options"] = json.loads(json.dumps([o for _, o in layers], default=repr))
     return part
 
 
