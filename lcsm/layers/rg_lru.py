@@ -36,7 +36,8 @@ the official ``SqrtBoundDerivative``, so a_t -> 1 cannot blow up the backward.
 Departures: num_heads defaults to 4 (official 10-32 blocks of 128-256 channels at widths 2560-5632);
 1 - a_t^2 is formed as -expm1(2 log a_t) (no cancellation as a_t -> 1; official 1 - exp(2 log a_t),
 the same in exact arithmetic); the parameters are stored as in nn.Linear / nn.Conv1d layouts
-(conv weight [lru_width, 1, 4], official [4, lru_width]).
+(conv weight [lru_width, 1, 4], official [4, lru_width]); Lambda is kept float32 in half-precision
+layers and the decay formed in float32 at least (official: the activations' dtype).
 
 Shape glossary: B batch, T time, d_model model width, R = lru_width, G = num_heads (gate blocks),
 W = conv_width.
@@ -99,6 +100,11 @@ class RGLRU(Mixer):
         num_heads: G, diagonal blocks of the two gates; must divide lru_width (default 4).
         conv_width: W, width of the temporal convolution (official 4).
     """
+
+    # Lambda = log(1 / a - 1) is about -7 to -2.3 at init: rounded to bfloat16 it would move the
+    # decay rate -log a = softplus(Lambda) by up to 3%, so it is stored float32 and the decay and
+    # the normalisation are formed in float32 at least.
+    float32_parameters = ("a_param",)
 
     def __init__(self, d_model: int, lru_width: int | None = None, num_heads: int = 4, conv_width: int = 4):
         super().__init__(d_model)
@@ -169,7 +175,8 @@ class RGLRU(Mixer):
             u = u.transpose(1, 2)
             conv_state = full[:, full.shape[1] - (self.conv_width - 1) :]
             starts, lengths = None, T
-        log_a = -C * self.gate(u, self.gate_a_w, self.gate_a_b) * F.softplus(self.a_param)
+        wide = torch.promote_types(u.dtype, torch.float32)
+        log_a = -C * self.gate(u, self.gate_a_w, self.gate_a_b).to(wide) * F.softplus(self.a_param.to(wide))
         multiplier = _BoundedSqrt.apply(-torch.expm1(2 * log_a))
         # A sequence's first token (its row's or document's position 0) is not normalised, and
         # the memory before it is dropped (official reset at segment_pos == 0).
