@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lcsm import layers
-from lcsm.testing import assert_close
+from lcsm.testing import assert_close, gradients
 
 
 def make(d_model=16, seed=0, **options):
@@ -37,10 +37,13 @@ def reference(m, x, h=None):
 def test_forward_equals_appendix_listing(d_state):
     # T = 80 crosses the EOS op's default chunk boundary (64).
     m = make(d_state=d_state)
-    x = torch.randn(2, 80, 16, dtype=torch.float64)
+    x = torch.randn(2, 80, 16, dtype=torch.float64, requires_grad=True)
+    wrt = {"x": x, **dict(m.named_parameters())}
     y, state = m(x, return_state=True)
     y_ref, h_ref = reference(m, x)
-    errors = assert_close({"y": y, "h": state.memory[:, 0, 0]}, {"y": y_ref, "h": h_ref})
+    errors = assert_close(
+        gradients({"y": y, "h": state.memory[:, 0, 0]}, wrt), gradients({"y": y_ref, "h": h_ref}, wrt)
+    )
     print("lru vs appendix A listing", d_state, errors)
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lcsm import layers
-from lcsm.testing import assert_close, rel_rms
+from lcsm.testing import assert_close, gradients, rel_rms
 
 
 def make(d_model=16, seed=0, **options):
@@ -67,10 +67,11 @@ def reference(m, x, block=16):
 def test_forward_equals_chunked_ssd(options):
     # T = 80 crosses the EOS op's default chunk boundary (64) and the reference's blocks (16).
     m = make(**options)
-    x = torch.randn(2, 80, 16, dtype=torch.float64)
+    x = torch.randn(2, 80, 16, dtype=torch.float64, requires_grad=True)
+    wrt = {"x": x, **dict(m.named_parameters())}
     y, state = m(x, return_state=True)
     y_ref, ssm_ref = reference(m, x)
-    errors = assert_close({"y": y, "ssm": state.ssm}, {"y": y_ref, "ssm": ssm_ref})
+    errors = assert_close(gradients({"y": y, "ssm": state.ssm}, wrt), gradients({"y": y_ref, "ssm": ssm_ref}, wrt))
     print("mamba2 vs chunked SSD", options, errors)
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lcsm import layers
-from lcsm.testing import assert_close
+from lcsm.testing import assert_close, gradients
 
 
 def make(d_model=16, seed=0, **options):
@@ -47,10 +47,13 @@ def reference(m, x):
 def test_forward_equals_per_step_rg_lru(options):
     # T = 80 crosses the EOS op's default chunk boundary (64).
     m = make(**options)
-    x = torch.randn(2, 80, 16, dtype=torch.float64)
+    x = torch.randn(2, 80, 16, dtype=torch.float64, requires_grad=True)
+    wrt = {"x": x, **dict(m.named_parameters())}
     y, state = m(x, return_state=True)
     y_ref, h_ref = reference(m, x)
-    errors = assert_close({"y": y, "h": state.memory[:, 0, 0]}, {"y": y_ref, "h": h_ref})
+    errors = assert_close(
+        gradients({"y": y, "h": state.memory[:, 0, 0]}, wrt), gradients({"y": y_ref, "h": h_ref}, wrt)
+    )
     print("rg_lru vs per-step loop", options, errors)
     assert state.position.tolist() == [80, 80]
 
