@@ -1,6 +1,6 @@
 """Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs: Generalized Models and Efficient
-Algorithms Through Structured State Space Duality", ICML 2024, sections 6-7 and 8.1 "Mamba-2
-architecture", Listing 1) as a configuration of the EOS operator.
+Algorithms Through Structured State Space Duality", ICML 2024: section 6, the chunked SSD
+algorithm of Listing 1; section 7, the Mamba-2 block) as a configuration of the EOS operator.
 
 The SSD layer, per head h (scalar decay), head channel p and state index n::
 
@@ -239,5 +239,5 @@ class Mamba2(Mixer):
             oscillation_dd=True,
             shrink_dd=True,
             paper="Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient Algorithms "
-            "Through Structured State Space Duality (ICML 2024, arXiv:2405.21060), sections 6-8",
+            "Through Structured State Space Duality (ICML 2024, arXiv:2405.21060), sections 6-7",
         )
