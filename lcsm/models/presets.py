@@ -260,8 +260,7 @@ def qwen3_next(d_model: int = 2048, n_layers: int = 48, head_dim: int = 256, **o
     transformers; Gated DeltaNet: Yang et al. 2025, ICLR): three Gated DeltaNet layers, then one
     attention layer (layers 3, 7, ...), RMSNorm, SwiGLU, rotary attention of head width 256;
     hidden 2048, 48 layers, vocabulary 151936, untied head (transformers' ``Qwen3NextConfig``, 5.24:
-    full attention where (layer + 1) % 4 == 0). Needs the ``gated_deltanet`` mixer (an unknown mixer name is an error
-    until it is registered). Departures: plain softmax attention (Qwen3-Next gates its output,
+    full attention where (layer + 1) % 4 == 0). Departures: plain softmax attention (Qwen3-Next gates its output,
     rotates a quarter of each head only, and has 16 query heads of 256 = 2d with 2 key/value heads;
     here d / 256 heads), dense MLPs in place of its mixture of experts."""
     values = dict(

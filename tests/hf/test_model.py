@@ -14,7 +14,21 @@ from lcsm.hf import LcsmCache, LcsmConfig, LcsmForCausalLM
 from lcsm.models import ModelConfig, preset
 
 # Families of mixers (and the quadratic baseline) that run as causal LMs.
-MIXERS = ["gla", "retnet", "mamba", "hgrn", "metala", "fwp", "s4d", "rwkv4", "lcsm", "attention"]
+MIXERS = [
+    "gla",
+    "retnet",
+    "mamba",
+    "mamba2",
+    "hgrn",
+    "metala",
+    "fwp",
+    "gated_deltanet",
+    "rwkv7",
+    "s4d",
+    "rwkv4",
+    "lcsm",
+    "attention",
+]
 
 
 def tiny(mixer="gla", **changes) -> LcsmForCausalLM:
