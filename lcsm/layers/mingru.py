@@ -14,9 +14,11 @@ cancellation), shrink 1; memory 1 x 1 per channel (K = 1), laid out as the D col
 
 Source: the paper's section 3.1 and its appendix B pseudo-code (log-space minGRU: log z =
 -softplus(-k), log(1 - z) = -softplus(k), log h~ = log g(h)); no official repository was released
-with the paper (read: arXiv:2410.01201v3). Inits: PyTorch defaults of nn.Linear (the paper gives
-none). Departures: the output projection W_o (a mixer maps d_model to d_model; the paper's language
-model has one per block), and the scan carries h rather than log h (same recurrence).
+with the paper, and only excerpts of its v3 text were reachable when this was written, so the
+appendix code was not re-read line by line (docs/zoo/mlstm_minrnn.md). Inits: PyTorch defaults
+of nn.Linear (the paper gives none). Departures: the output projection W_o (a mixer maps d_model
+to d_model; the paper's language model has one per block), and the scan carries h rather than
+log h (same recurrence).
 
 Shape glossary: B batch, T time, d_hidden the hidden width (= memory columns D of the EOS call).
 """

@@ -15,7 +15,7 @@ log f_t, log f'_t = -softplus(d) and log i'_t = -softplus(-d), exact and without
 EOS mapping: input i'_t h~_t, expand 1, oscillation f'_t, shrink 1; memory 1 x 1 per channel
 (K = 1), laid out as the D columns of one head (lcsm/layers/_minrnn.py).
 
-Source: the paper's section 3.2 and appendix B (no official repository; read arXiv:2410.01201v3).
+Source: the paper's section 3.2 and appendix B (no official repository; see mingru.py on the source).
 Inits: PyTorch defaults of nn.Linear. Departures: the output projection W_o (as mingru.py) and the
 scan carries h rather than log h (same recurrence).
 
