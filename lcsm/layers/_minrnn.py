@@ -59,8 +59,8 @@ class MinRNN(Mixer):
         # paper's nn.Linear defaults); the candidate comes first.
         self.in_proj = nn.Linear(d_model, (1 + self.n_gates) * d_h)
         no_weight_decay(self.in_proj.bias)
-        # The paper's module returns h of hidden_size; a mixer maps back to d_model (the paper's
-        # language model likewise projects each block's output, appendix C), without bias.
+        # The paper's module returns h of hidden_size; a mixer maps back to d_model, so that
+        # expand can differ from 1 (bias-free, as the projections around the other mixers).
         self.out_proj = nn.Linear(d_h, d_model, bias=False)
 
     def log_coefficients(self, gates: Tensor) -> tuple[Tensor, Tensor]:

@@ -17,8 +17,7 @@ Source: the paper's section 3.1 and its appendix B pseudo-code (log-space minGRU
 with the paper, and only excerpts of its v3 text were reachable when this was written, so the
 appendix code was not re-read line by line (docs/zoo/mlstm_minrnn.md). Inits: PyTorch defaults
 of nn.Linear (the paper gives none). Departures: the output projection W_o (a mixer maps d_model
-to d_model; the paper's language model has one per block), and the scan carries h rather than
-log h (same recurrence).
+to d_model), and the scan carries h rather than log h (same recurrence).
 
 Shape glossary: B batch, T time, d_hidden the hidden width (= memory columns D of the EOS call).
 """
