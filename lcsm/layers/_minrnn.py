@@ -23,7 +23,7 @@ from torch import nn
 from .._checks import check_int
 from ..ops import eos
 from .base import Mixer, State, no_weight_decay
-from .packing import check_document_state, documents
+from .packing import packed_rows
 
 Tensor = torch.Tensor
 
@@ -75,10 +75,7 @@ class MinRNN(Mixer):
         cu_seqlens: Tensor | None = None,
     ):
         self.check_input(x)
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if state is not None:
-                check_document_state("state.memory", state.memory, cu_seqlens.numel() - 1)
+        cu_seqlens = packed_rows(x, cu_seqlens, state)
         proj = self.in_proj(x).unflatten(-1, (1 + self.n_gates, self.d_hidden))
         candidate = positive_g(proj[:, :, 0])
         log_a, log_b = self.log_coefficients(proj[:, :, 1:])

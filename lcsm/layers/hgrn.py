@@ -48,7 +48,7 @@ from torch import nn
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import check_document_state, documents
+from .packing import packed_rows
 
 Tensor = torch.Tensor
 
@@ -120,10 +120,7 @@ class HGRN(Mixer):
     ):
         self.check_input(x)
         d = self.d_model
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if state is not None:
-                check_document_state("state.memory", state.memory, cu_seqlens.numel() - 1)
+        cu_seqlens = packed_rows(x, cu_seqlens, state)
         # Half precisions run the recurrence in complex64 (there is no usable complex32).
         rdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
         c = F.silu(self.input_proj(x)).unflatten(-1, (d, 2)).to(rdt)

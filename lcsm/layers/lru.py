@@ -38,7 +38,7 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import check_document_state, documents
+from .packing import packed_rows
 
 Tensor = torch.Tensor
 
@@ -104,10 +104,7 @@ class LRU(Mixer):
         cu_seqlens: Tensor | None = None,
     ):
         self.check_input(x)
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if state is not None:
-                check_document_state("state.memory", state.memory, cu_seqlens.numel() - 1)
+        cu_seqlens = packed_rows(x, cu_seqlens, state)
         # Projections in the layer's precision; half precisions run the recurrence in complex64
         # (there is no usable complex32).
         rdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype

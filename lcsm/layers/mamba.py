@@ -38,7 +38,7 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import LogProduct, eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, check_document_state, documents
+from .packing import causal_conv, packed_rows
 
 Tensor = torch.Tensor
 
@@ -165,11 +165,7 @@ class Mamba(Mixer):
         cu_seqlens: Tensor | None = None,
     ):
         self.check_input(x)
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if state is not None:
-                for name, t in state.tensors().items():
-                    check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
+        cu_seqlens = packed_rows(x, cu_seqlens, state)
         xs, z = self.in_proj(x).chunk(2, dim=-1)
         u, conv_state = self.conv(xs, state.conv if state is not None else None, cu_seqlens)
         delta, Bt, Ct, A = self.ssm_inputs(u)

@@ -57,7 +57,7 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, check_document_state, documents
+from .packing import causal_conv, packed_rows
 
 Tensor = torch.Tensor
 
@@ -184,11 +184,7 @@ class Mamba2(Mixer):
         cu_seqlens: Tensor | None = None,
     ):
         self.check_input(x)
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if state is not None:
-                for name, t in state.tensors().items():
-                    check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
+        cu_seqlens = packed_rows(x, cu_seqlens, state)
         d_inner, N, G, H, P = self.d_inner, self.d_state, self.ngroups, self.nheads, self.headdim
         z, xBC, dt = self.in_proj(x).split([d_inner, self.conv_dim, H], dim=-1)
         xBC, conv_state = self.conv(xBC, state.conv if state is not None else None, cu_seqlens)

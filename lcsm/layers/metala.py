@@ -40,7 +40,7 @@ from lcsm._checks import check_bool, check_int
 from lcsm.ops import eos
 
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, check_document_state, documents
+from .packing import causal_conv, packed_rows
 
 Tensor = torch.Tensor
 
@@ -153,11 +153,7 @@ class MetaLA(Mixer):
         self.check_input(x)
         B, T, d = x.shape
         H, K, D = self.heads, self.key_dim, self.head_dim
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if state is not None:
-                for name, t in state.tensors().items():
-                    check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
+        cu_seqlens = packed_rows(x, cu_seqlens, state)
         memory = state.memory if state is not None else None
         conv_buffer = None
         h = x

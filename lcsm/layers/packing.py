@@ -30,6 +30,19 @@ def documents(x: Tensor, cu_seqlens: Tensor) -> Tensor:
     return cu_seqlens.to(device=x.device, dtype=torch.int64)
 
 
+def packed_rows(x: Tensor, cu_seqlens: Tensor | None, state=None) -> Tensor | None:
+    """A mixer's packed-input check: None when not packed; otherwise ``cu_seqlens`` checked against
+    x and returned as int64, and every tensor of a given ``state`` checked to hold one row per
+    document."""
+    if cu_seqlens is None:
+        return None
+    cu_seqlens = documents(x, cu_seqlens)
+    if state is not None:
+        for name, t in state.tensors().items():
+            check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
+    return cu_seqlens
+
+
 def document_index(cu_seqlens: Tensor, T: int) -> Tensor:
     """[T] int64: the document of each token."""
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]

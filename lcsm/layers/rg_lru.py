@@ -56,7 +56,7 @@ from lcsm._checks import check_int
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, check_document_state, documents
+from .packing import causal_conv, packed_rows
 
 Tensor = torch.Tensor
 
@@ -155,11 +155,7 @@ class RGLRU(Mixer):
     ):
         self.check_input(x)
         B, T, _ = x.shape
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if state is not None:
-                for name, t in state.tensors().items():
-                    check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
+        cu_seqlens = packed_rows(x, cu_seqlens, state)
         rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
         if state is None:
             state = self.init_state(rows)

@@ -64,7 +64,7 @@ from lcsm._checks import check_int
 
 from ..ops import eos, eos_step
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import check_document_state, document_index, document_positions, documents, token_shift
+from .packing import document_index, document_positions, packed_rows, token_shift
 
 Tensor = torch.Tensor
 
@@ -198,11 +198,7 @@ class RWKV4(Mixer):
         B, T, C = x.shape
         if T == 0:
             raise ValueError("x: RWKV-4 time mixing needs at least one token, got T = 0")
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if state is not None:
-                for name, t in state.tensors().items():
-                    check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
+        cu_seqlens = packed_rows(x, cu_seqlens, state)
         xx = previous(x, state.shift if state is not None else None, cu_seqlens)  # x_{t-1}
         k = self.key(x * self.time_mix_k + xx * (1 - self.time_mix_k))
         v = self.value(x * self.time_mix_v + xx * (1 - self.time_mix_v))

@@ -64,7 +64,7 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import eos, eos_step
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import check_document_state, documents
+from .packing import packed_rows
 from .rwkv4 import last, previous
 
 Tensor = torch.Tensor
@@ -181,11 +181,7 @@ class RWKV6(Mixer):
         self.check_input(x)
         if x.shape[1] == 0:
             raise ValueError("x: RWKV-6 time mixing needs at least one token, got T = 0")
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if state is not None:
-                for name, t in state.tensors().items():
-                    check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
+        cu_seqlens = packed_rows(x, cu_seqlens, state)
         r, k, v, g, log_w = self._mix(x, state.shift if state is not None else None, cu_seqlens)
         # Like the official kernel (float32 state), half precisions run the recurrence in float32.
         wdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
