@@ -16,7 +16,9 @@ resident set follows the live tensors.
 
 Models (same d_model, depth and vocabulary; a SwiGLU channel mixer wherever the architecture has
 one): transformer (softmax attention with rotary positions, head width 64), s4, etsmlp (CES inside
-the element-wise MLP block, no channel mixer), gla, mamba, metala (the MetaLA Transformer preset).
+the element-wise MLP block, no channel mixer), gla, mamba, metala (the MetaLA Transformer preset),
+mamba2, mlstm, and hybrid (Samba's pattern: mamba2 and sliding-window attention, window 512,
+alternating).
 Run from the repository root:
 
     lcsm bench efficiency [--out FILE] [--quick] [--repeats N] [--threads N] [--allocator retain|system]
@@ -51,12 +53,13 @@ from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
 from lcsm.models import HeadConfig, ModelConfig, build_model, preset
 
 BASELINE = "transformer"
-LINEAR = ("s4", "etsmlp", "gla", "mamba", "metala")
+LINEAR = ("s4", "etsmlp", "gla", "mamba", "metala", "mamba2", "mlstm", "hybrid")
 MODELS = (BASELINE,) + LINEAR
 # The targets the checks hold the linear mixers to (set for a 2-core CPU): training speedup over
 # the Transformer at the longest T, and growth of decoding latency from the shortest to the longest
 # prefill.
 TRAIN_SPEEDUP = 3.0
+HYBRID_WINDOW = 512
 DECODE_GROWTH = 1.2
 # ETSMLP's block has no channel mixer: its MLP hidden width carries the parameters. 6 d gives the
 # block 2 * d * 6d = 12 d^2 weights, those of an attention + SwiGLU block (4 d^2 + 3 * d * 8d/3),
@@ -103,6 +106,15 @@ def model_config(name: str, z: Sizes) -> ModelConfig:
     if name == "metala":
         # The preset's LM head is untied (a 50K vocabulary); tied here like every other model.
         return preset("metala_transformer", mixer_options=dict(heads=4, conv_size=4), tie_embeddings=True, **common)
+    if name == "hybrid":
+        attention = dict(heads=max(1, z.d_model // 64), positions="rotary", window=HYBRID_WINDOW)
+        # --quick's single layer could not hold both mixers: there the hybrid has two.
+        common["n_layers"] = max(2, z.n_layers)
+        return ModelConfig(
+            mixer={"default": "mamba2", "every": {"k": 2, "mixer": "attention"}},
+            mixer_options={"attention": attention},
+            **common,
+        )
     return ModelConfig(mixer=name, **common)
 
 
