@@ -200,7 +200,7 @@ def test_negative_eigenvalues_doubles_beta():
             betas[on] = mixer._delta_states(x)[0].norm(dim=-1) / mixer._delta_states(x)[3].norm(dim=-1)
     torch.testing.assert_close(betas[True], 2 * betas[False], rtol=1e-12, atol=1e-12)
     assert 0 <= betas[True].min() < 0.05 and 1.95 < betas[True].max() <= 2
-    assert betas[False].max() < 1
+    assert betas[False].max() <= 1
     # off, the output is bit-identical to the default layer's
     x = inputs()
     assert torch.equal(make("fwp")(x), make("fwp", negative_eigenvalues=False)(x))
