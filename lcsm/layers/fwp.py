@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lcsm._checks import check_bool
+
 from ._delta import DeltaBase
 from .base import EOSRow, register
 
@@ -33,6 +35,13 @@ class FastWeightProgrammer(DeltaBase):
     as fla's kernels do (fla/ops/delta_rule ``chunk_delta_rule``, scale None -> K^-0.5): the output
     RMSNorm removes the factor only up to its eps, and without it the layer's output moves by
     1.2-3.2 % relative RMS at init (docs/zoo/delta_rule.md).
+
+    ``negative_eigenvalues=True`` takes beta_t = 2 sigmoid(.) in (0, 2) (Grazzi et al., ICLR 2025,
+    "Unlocking State-Tracking in Linear RNNs Through Negative Eigenvalues"; fla's
+    ``allow_neg_eigval``, which doubles the sigmoid): the eigenvalue 1 - beta then reaches (-1, 1),
+    so a token can reflect the memory along k (a Householder reflection at beta = 2), which parity
+    and permutation composition need and beta in (0, 1) cannot express. Off by default, leaving the
+    model as it was (same revision).
     """
 
     revision = 2  # 2: query scaled by K^-1/2, as fla
@@ -45,13 +54,16 @@ class FastWeightProgrammer(DeltaBase):
         output_norm: bool = True,
         mode: str = "auto",
         chunk_size: int = 64,
+        negative_eigenvalues: bool = False,
     ):
         super().__init__(d_model, heads, expand_k, output_norm, mode, chunk_size)
+        check_bool("negative_eigenvalues", negative_eigenvalues)
+        self.beta_scale = 2.0 if negative_eigenvalues else 1.0
         self.beta_proj = nn.Linear(d_model, heads, bias=False)
 
     def _delta_states(self, x):
         q, k, v = self._qkv(x)
-        beta = torch.sigmoid(self.beta_proj(x)).unsqueeze(-1)
+        beta = (self.beta_scale * torch.sigmoid(self.beta_proj(x))).unsqueeze(-1)
         bk = beta * k
         return bk, q * self.head_k**-0.5, bk, k, v
 

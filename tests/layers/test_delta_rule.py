@@ -155,6 +155,7 @@ def test_describe_rows():
         ("mode", "fft", "mode: expected one of auto, recurrent, chunk, got 'fft'"),
         ("chunk_size", 0, "chunk_size: expected an integer >= 1, got 0"),
         ("output_norm", "yes", "output_norm: expected True or False, got 'yes'"),
+        ("negative_eigenvalues", 1, "negative_eigenvalues: expected True or False, got 1"),
     ],
 )
 def test_bad_options(option, value, pattern):
@@ -185,3 +186,22 @@ def test_wrong_state_is_a_clear_error():
     mixer, x = make("fwp"), inputs(T=3)
     with pytest.raises(ValueError, match=r"state: memory must be \[B, H, K, D\] = \[2, 4, 4, 4\]"):
         mixer(x, state=DeltaState(memory=torch.zeros(2, 4, 4, 5, dtype=torch.float64)))
+
+
+def test_negative_eigenvalues_doubles_beta():
+    """negative_eigenvalues=True: beta = 2 sigmoid(.) spans (0, 2), so the eigenvalue 1 - beta of
+    I - beta k k^T goes negative (Grazzi et al. 2025); off, the layer is unchanged (beta in (0, 1))."""
+    x = inputs(B=4, T=64) * 20  # large inputs push the sigmoid to both ends
+    betas = {}
+    for on in (False, True):
+        mixer = make("fwp", negative_eigenvalues=on)
+        with torch.no_grad():
+            mixer.beta_proj.weight.mul_(20)
+            betas[on] = mixer._delta_states(x)[0].norm(dim=-1) / mixer._delta_states(x)[3].norm(dim=-1)
+    torch.testing.assert_close(betas[True], 2 * betas[False], rtol=1e-12, atol=1e-12)
+    assert 0 <= betas[True].min() < 0.05 and 1.95 < betas[True].max() <= 2
+    assert betas[False].max() <= 1
+    # off, the output is bit-identical to the default layer's
+    x = inputs()
+    assert torch.equal(make("fwp")(x), make("fwp", negative_eigenvalues=False)(x))
+    assert not torch.allclose(make("fwp")(x), make("fwp", negative_eigenvalues=True)(x))
