@@ -38,10 +38,10 @@ class FastWeightProgrammer(DeltaBase):
 
     ``negative_eigenvalues=True`` takes beta_t = 2 sigmoid(.) in (0, 2) (Grazzi et al., ICLR 2025,
     "Unlocking State-Tracking in Linear RNNs Through Negative Eigenvalues"; fla's
-    ``allow_neg_eigval``, which doubles the sigmoid): the eigenvalue 1 - beta then reaches (-1, 1),
-    so a token can reflect the memory along k (a Householder reflection at beta = 2), which parity
-    and permutation composition need and beta in (0, 1) cannot express. Off by default, leaving the
-    model as it was (same revision).
+    ``allow_neg_eigval``, which doubles the sigmoid: fla/layers/delta_net.py at bc3b101): the
+    eigenvalue 1 - beta then reaches (-1, 1), so a token can reflect the memory along k (a
+    Householder reflection at beta = 2), which parity and permutation composition need and beta in
+    (0, 1) cannot express. Off by default, leaving the model as it was (same revision).
     """
 
     revision = 2  # 2: query scaled by K^-1/2, as fla

@@ -164,4 +164,3 @@ def test_qwen3_next_preset_builds_with_gated_deltanet():
     assert [n for n, _ in cfg.layer_mixers()] == ["gated_deltanet"] * 3 + ["attention"]
     model = build_model(cfg, verbose=False).double().eval()
     assert model.generate([[1, 2, 3]], 3, temperature=0).tolist() == [greedy_by_full_forward(model, [1, 2, 3], 3)]
-
