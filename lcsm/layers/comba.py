@@ -19,7 +19,7 @@ from lcsm._checks import check_bool, check_choice, check_float, check_int
 
 from ..ops import DPLR_MODES, eos_dplr
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, check_document_state, documents
+from .packing import as_packed_row, causal_conv, check_document_state
 
 Tensor = torch.Tensor
 
@@ -144,11 +144,7 @@ class Comba(Mixer):
     def forward(self, x: Tensor, state: CombaState | None = None, return_state: bool = False, cu_seqlens=None):
         self.check_input(x)
         B, T, _ = x.shape
-        if cu_seqlens is None:
-            # Rows are documents of one packed row: one code path for the convolutions and the state.
-            row, docs = x.reshape(1, B * T, -1), torch.arange(B + 1, device=x.device) * T
-        else:
-            row, docs = x, documents(x, cu_seqlens)
+        row, docs = as_packed_row(x, cu_seqlens)
         n = docs.numel() - 1
         if state is not None:
             if cu_seqlens is not None:

@@ -18,7 +18,7 @@ from lcsm._checks import check_int
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, check_document_state, documents
+from .packing import as_packed_row, causal_conv, check_document_state
 
 Tensor = torch.Tensor
 
@@ -87,11 +87,7 @@ class Longhorn(Mixer):
     def forward(self, x: Tensor, state: LonghornState | None = None, return_state: bool = False, cu_seqlens=None):
         self.check_input(x)
         B, T, _ = x.shape
-        if cu_seqlens is None:
-            # Rows are documents of one packed row: one code path for the convolution and the state.
-            row, docs = x.reshape(1, B * T, -1), torch.arange(B + 1, device=x.device) * T
-        else:
-            row, docs = x, documents(x, cu_seqlens)
+        row, docs = as_packed_row(x, cu_seqlens)
         n = docs.numel() - 1
         if state is not None:
             if not isinstance(state, LonghornState):

@@ -43,6 +43,16 @@ def packed_rows(x: Tensor, cu_seqlens: Tensor | None, state=None) -> Tensor | No
     return cu_seqlens
 
 
+def as_packed_row(x: Tensor, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
+    """x [B, T, ...] as one packed row and its boundaries: with ``cu_seqlens`` x itself (checked);
+    without, the B rows back to back, each its own document, so a mixer has one code path for
+    its convolutions and state."""
+    if cu_seqlens is not None:
+        return x, documents(x, cu_seqlens)
+    B, T = x.shape[:2]
+    return x.reshape(1, B * T, *x.shape[2:]), torch.arange(B + 1, device=x.device) * T
+
+
 def document_index(cu_seqlens: Tensor, T: int) -> Tensor:
     """[T] int64: the document of each token."""
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
