@@ -45,7 +45,10 @@ def device_name(device: torch.device) -> str:
 def git_commit(ignore: Sequence[Path] = ()) -> str:
     """Short hash of HEAD of the source checkout, marked when the tracked files have changes
     outside the folders or files ``ignore`` (a report's own folder, a bench's own table:
-    regenerating them changes them)."""
+    regenerating them changes them). A copy of the tree without its git history (the GPU machine of
+    ``bench/gpu.sh``) names its commit in the environment variable ``LCSM_GIT_COMMIT``."""
+    if os.environ.get("LCSM_GIT_COMMIT"):
+        return os.environ["LCSM_GIT_COMMIT"]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=30

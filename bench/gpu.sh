@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One GPU loan, end to end (about 8 minutes on an H100 / H200): the CUDA test subset, the operators
+# and ~100M-parameter models against fla's Triton kernels and attention (bench/gpu_bench.py), and
+# the efficiency bench on the device. Results go to $OUT (default bench/results): gpu.md,
+# efficiency_gpu.md and the test log gpu_tests.log.
+#
+# fla comes from wheels in .whl/ where that folder exists (a machine without network: fla_core and
+# flash_linear_attention 0.6.0, both pure Python, unpacked onto PYTHONPATH), else from pip if it is
+# missing. Without a git history (a copied tree), set LCSM_GIT_COMMIT to the commit it came from.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+    mkdir -p /tmp/lcsm-site
+    for w in .whl/*.whl; do unzip -oq "$w" -d /tmp/lcsm-site; done
+    export PYTHONPATH="$PYTHONPATH:/tmp/lcsm-site"
+elif ! "$PY" -c "import fla.models" 2>/dev/null; then
+    "$PY" -m pip install --quiet fla-core==0.6.0 flash-linear-attention==0.6.0
+fi
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" || exit 1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+
+"$PY" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+"$PY" -m bench.gpu_bench --budget "${GPU_BENCH_BUDGET:-270}" --out "$OUT/gpu.md"
+"$PY" -m bench.efficiency_bench --device cuda --repeats 1 --out "$OUT/efficiency_gpu.md" 2>&1 | tail -5

@@ -1,0 +1,384 @@
+"""GPU benchmark: lcsm's operators against fla's Triton kernels and causal attention, and training
+tokens/s of a ~100M-parameter model, on one CUDA device (the run of ``bench/gpu.sh``).
+
+Side by side in one process: for each T in 2K ... 32K and each dtype (bf16, fp32), forward +
+backward of
+
+    gla          lcsm.ops.eos, row decay [B, T, H, K, 1]    vs  fla chunk_gla
+    simple_gla   lcsm.ops.eos, scalar decay [B, T, H, 1, 1] vs  fla chunk_simple_gla
+    delta        lcsm.ops.eos_delta, no gate                vs  fla chunk_delta_rule
+    gated_delta  lcsm.ops.eos_delta, scalar gate            vs  fla chunk_gated_delta_rule
+    attention    torch SDPA, causal (flash in bf16)
+
+at B1 H16 K = D = 128 (medians of CUDA-event timings after warm-up), then training steps of
+~100M-parameter language models (lcsm gla, gated_deltanet and a Transformer; fla's GLA and
+Gated DeltaNet models of the same size where fla's model package is installed), in bf16 autocast.
+Every case runs under a time budget (``--budget``): once it is spent the rest are marked SKIP, and
+the report is rewritten after every case so that a run stopped early keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench._common import Check, provenance_header
+from lcsm.ops import eos, eos_delta
+
+LENGTHS = (2048, 4096, 8192, 16384, 32768)
+OPS = ("gla", "simple_gla", "delta", "gated_delta")
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+# "cuda" for the benchmark; "cpu" only for the smoke test of this script (--device cpu).
+DEVICE = "cuda"
+
+
+def sync() -> None:
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
+def cuda_time(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+    """Median seconds of ``fn`` over ``repeats`` runs after ``warmup`` (synchronised wall clock)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def op_inputs(op: str, T: int, dtype: torch.dtype, B: int, H: int, K: int, seed: int = 0) -> dict:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, device=DEVICE, generator=g, dtype=torch.float32)
+
+    q = r(B, T, H, K) * K**-0.5
+    k = F.normalize(r(B, T, H, K), dim=-1)
+    v = r(B, T, H, K)
+    x = {"q": q, "k": k, "v": v}
+    if op == "gla":
+        x["g"] = F.logsigmoid(r(B, T, H, K)) / 16
+    elif op == "simple_gla":
+        x["g"] = F.logsigmoid(r(B, T, H))
+    elif op == "delta":
+        x["beta"] = torch.sigmoid(r(B, T, H))
+    elif op == "gated_delta":
+        x["g"] = F.logsigmoid(r(B, T, H))
+        x["beta"] = torch.sigmoid(r(B, T, H))
+    return {n: t.to(dtype).requires_grad_() for n, t in x.items()}
+
+
+def lcsm_op(op: str, x: dict) -> torch.Tensor:
+    q, k, v = x["q"], x["k"], x["v"]
+    if op == "gla":
+        return eos(v, k, q, x["g"].unsqueeze(-1), mode="chunk")[0]
+    if op == "simple_gla":
+        return eos(v, k, q, x["g"][..., None, None], mode="chunk")[0]
+    bk = x["beta"].unsqueeze(-1) * k
+    return eos_delta(v, bk, q, bk, k, x["g"] if op == "gated_delta" else None, mode="chunk")[0]
+
+
+def fla_op(op: str, x: dict) -> torch.Tensor:
+    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.gla import chunk_gla
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    q, k, v = x["q"], x["k"], x["v"]
+    if op == "gla":
+        return chunk_gla(q, k, v, x["g"], scale=1.0)[0]
+    if op == "simple_gla":
+        return chunk_simple_gla(q, k, v, x["g"], scale=1.0)[0]
+    if op == "delta":
+        return chunk_delta_rule(q, k, v, x["beta"], scale=1.0)[0]
+    return chunk_gated_delta_rule(q, k, v, x["g"], x["beta"], scale=1.0)[0]
+
+
+def sdpa(x: dict) -> torch.Tensor:
+    q, k, v = (x[n].transpose(1, 2) for n in ("q", "k", "v"))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def fwd_bwd(f: Callable[[dict], torch.Tensor], x: dict) -> Callable[[], None]:
+    dy = None
+
+    def step():
+        nonlocal dy
+        y = f(x)
+        if dy is None:
+            dy = torch.randn_like(y)
+        for t in x.values():
+            t.grad = None
+        y.backward(dy)
+
+    return step
+
+
+def peak_bytes(step: Callable[[], None]) -> int | None:
+    if DEVICE == "cpu":
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+class Report:
+    def __init__(self, header: dict[str, str], out: str | None):
+        self.header, self.out = header, out
+        self.sections: list[tuple[str, list[str]]] = []
+        self.checks: list[Check] = []
+
+    def section(self, title: str, lines: list[str]) -> list[str]:
+        self.sections.append((title, lines))
+        return lines
+
+    def render(self) -> str:
+        lines = ["# GPU benchmark", ""]
+        lines += [f"- {k}: {v}" for k, v in self.header.items()]
+        if self.checks:
+            lines += ["", "## Targets", "", "| target | measured | wanted | result |", "| --- | --- | --- | --- |"]
+            for c in self.checks:
+                m = "-" if c.measured is None else f"{c.measured:.3f}"
+                lines.append(f"| {c.name} | {m} | {c.op} {c.target} | {c.result} |")
+        for title, body in self.sections:
+            lines += ["", f"## {title}", "", *body]
+        return "\n".join(lines) + "\n"
+
+    def flush(self) -> None:
+        text = self.render()
+        if self.out:
+            Path(self.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(self.out).write_text(text)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def bench_ops(report: Report, budget: Budget, args) -> None:
+    try:
+        import fla  # noqa: F401
+
+        have_fla = True
+    except Exception as exc:  # fla missing or its import failing: lcsm and SDPA still run
+        have_fla = False
+        log(f"fla unavailable: {exc!r}")
+    rows = report.section(
+        f"Operators, forward + backward (B{args.batch} H{args.heads} K = D = {args.dim}; ms, median of "
+        f"{args.repeats}; peak MiB above the inputs)",
+        [
+            "| op | dtype | T | lcsm chunk ms | fla ms | lcsm / fla | SDPA ms | lcsm / SDPA | lcsm MiB | fla MiB |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ],
+    )
+    ratios: dict[tuple[str, str, int], tuple[float | None, float | None]] = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        dname = str(dtype).removeprefix("torch.")
+        for T in args.lengths:
+            sdpa_ms = None
+            for op in OPS:
+                if budget.left() < 0:
+                    rows.append(f"| {op} | {dname} | {T} | SKIP (budget spent) | | | | | | |")
+                    continue
+                cells = {}
+                for name, f in (
+                    ("lcsm", lambda x, op=op: lcsm_op(op, x)),
+                    ("fla", lambda x, op=op: fla_op(op, x)),
+                    ("sdpa", sdpa),
+                ):
+                    if (name == "fla" and not have_fla) or (name == "sdpa" and sdpa_ms is not None):
+                        continue
+                    try:
+                        x = op_inputs(op, T, dtype, args.batch, args.heads, args.dim)
+                        step = fwd_bwd(f, x)
+                        ms = cuda_time(step, args.warmup, args.repeats) * 1e3
+                        peak = peak_bytes(step)
+                        cells[name] = (ms, None if peak is None else peak / 2**20)
+                        del x, step
+                    except Exception as exc:
+                        log(f"{op} {dname} T={T} {name}: {exc!r}")
+                        cells[name] = (None, None)
+                    if DEVICE != "cpu":
+                        torch.cuda.empty_cache()
+                if "sdpa" in cells:
+                    sdpa_ms = cells["sdpa"][0]
+                lc, fl = cells.get("lcsm", (None, None)), cells.get("fla", (None, None))
+
+                def fmt(v, p=2):
+                    return "-" if v is None else f"{v:.{p}f}"
+
+                r_fla = lc[0] / fl[0] if lc[0] and fl[0] else None
+                r_sdpa = lc[0] / sdpa_ms if lc[0] and sdpa_ms else None
+                ratios[(op, dname, T)] = (r_fla, r_sdpa)
+                rows.append(
+                    f"| {op} | {dname} | {T} | {fmt(lc[0])} | {fmt(fl[0])} | {fmt(r_fla)} | {fmt(sdpa_ms)} | "
+                    f"{fmt(r_sdpa)} | {fmt(lc[1], 0)} | {fmt(fl[1], 0)} |"
+                )
+                log(rows[-1])
+                report.flush()
+    for op in OPS:
+        for dname in ("bfloat16", "float32"):
+            r_fla = ratios.get((op, dname, 8192), (None, None))[0]
+            r_sdpa = ratios.get((op, dname, 32768), (None, None))[1]
+            report.checks.append(Check(f"{op} {dname} T=8K: lcsm / fla", r_fla, "<=", 1.2))
+            report.checks.append(Check(f"{op} {dname} T=32K: lcsm / SDPA", r_sdpa, "<=", 1 / 3))
+    report.flush()
+
+
+# Heads of the model comparison, the same in lcsm and fla (fla's GLA default; GDN at 768 / 128).
+HEADS = {"gla": 4, "gated_deltanet": 6}
+
+
+def lcsm_lm(mixer: str, d: int, layers: int, vocab: int) -> torch.nn.Module:
+    from lcsm.models import HeadConfig, ModelConfig, build_model
+
+    options = dict(heads=d // 64, positions="rotary") if mixer == "attention" else dict(num_heads=HEADS[mixer])
+    cfg = ModelConfig(
+        mixer=mixer,
+        mixer_options=options,
+        d_model=d,
+        n_layers=layers,
+        vocab_size=vocab,
+        head=HeadConfig(kind="lm"),
+        tie_embeddings=True,
+    )
+    return build_model(cfg, verbose=False)
+
+
+def fla_lm(name: str, d: int, layers: int, vocab: int) -> torch.nn.Module:
+    if name == "gla":
+        from fla.models import GLAConfig, GLAForCausalLM
+
+        cfg = GLAConfig(hidden_size=d, num_hidden_layers=layers, num_heads=HEADS["gla"], vocab_size=vocab)
+        return GLAForCausalLM(cfg)
+    from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+    # lcsm's key width is expand_k (0.75) x d over the heads; fla names the per-head width.
+    heads = HEADS["gated_deltanet"]
+    cfg = GatedDeltaNetConfig(
+        hidden_size=d, num_hidden_layers=layers, num_heads=heads, head_dim=int(0.75 * d) // heads, vocab_size=vocab
+    )
+    return GatedDeltaNetForCausalLM(cfg)
+
+
+def bench_train(report: Report, budget: Budget, args) -> None:
+    rows = report.section(
+        f"Training a language model (d {args.model_dim}, {args.model_layers} layers, vocab {args.vocab}, "
+        f"batch {args.train_batch} x {args.train_len} tokens, bf16 autocast, AdamW; median of {args.repeats} steps)",
+        ["| model | parameters (M) | s / step | tokens / s | peak GiB |", "| --- | --- | --- | --- | --- |"],
+    )
+    cases = [("lcsm " + m, lambda m=m: lcsm_lm(m, args.model_dim, args.model_layers, args.vocab)) for m in args.mixers]
+    cases += [
+        ("fla " + m, lambda m=m: fla_lm(m, args.model_dim, args.model_layers, args.vocab)) for m in args.fla_models
+    ]
+    tokens = torch.randint(0, args.vocab, (args.train_batch, args.train_len + 1), device=DEVICE)
+    for name, make in cases:
+        if budget.left() < 0:
+            rows.append(f"| {name} | SKIP (budget spent) | | | |")
+            continue
+        try:
+            model = make().to(DEVICE)
+            n_params = sum(p.numel() for p in model.parameters()) / 1e6
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=DEVICE != "cpu")
+            fla_model = name.startswith("fla")
+
+            def step(model=model, opt=opt, fla_model=fla_model):
+                with torch.autocast(DEVICE, dtype=torch.bfloat16):
+                    out = model(tokens[:, :-1])
+                    logits = out.logits if fla_model else out
+                    if isinstance(logits, tuple):
+                        logits = logits[0]
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            if DEVICE != "cpu":
+                torch.cuda.reset_peak_memory_stats()
+            sec = cuda_time(step, args.warmup, args.repeats)
+            peak = torch.cuda.max_memory_allocated() / 2**30 if DEVICE != "cpu" else float("nan")
+            tps = args.train_batch * args.train_len / sec
+            rows.append(f"| {name} | {n_params:.1f} | {sec:.3f} | {tps:,.0f} | {peak:.1f} |")
+            del model, opt
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:120]} | | | |")
+        if DEVICE != "cpu":
+            torch.cuda.empty_cache()
+        log(rows[-1])
+        report.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lcsm bench gpu", description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", type=lambda s: [int(t) for t in s.split(",")], default=list(LENGTHS))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--mixers", type=lambda s: s.split(","), default=["gla", "gated_deltanet", "attention"])
+    p.add_argument("--fla-models", type=lambda s: [m for m in s.split(",") if m], default=["gla", "gated_deltanet"])
+    p.add_argument("--model-dim", type=int, default=768)
+    p.add_argument("--model-layers", type=int, default=12)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--train-batch", type=int, default=8)
+    p.add_argument("--train-len", type=int, default=2048)
+    p.add_argument("--budget", type=float, default=300.0, help="seconds for all cases; the rest are skipped")
+    p.add_argument("--skip", default="", help="comma-separated sections to skip: ops, train")
+    p.add_argument("--out", default=None)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke test of the script")
+    args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    header = provenance_header("lcsm bench gpu", argv, torch.get_num_threads(), args.out)
+    header["device"] = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke test)"
+    try:
+        import triton
+
+        header["triton"] = triton.__version__
+    except ImportError:
+        header["triton"] = "absent"
+    report = Report(header, args.out)
+    budget = Budget(args.budget)
+    skip = set(args.skip.split(","))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if "ops" not in skip:
+        bench_ops(report, budget, args)
+    if "train" not in skip:
+        bench_train(report, budget, args)
+    report.flush()
+    print(report.render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""The CUDA subset: the same code paths on a GPU, judged against float64 on the CPU.
+
+Skipped where no CUDA device is visible (CI); ``bench/gpu.sh`` runs it on a GPU machine. Each case
+computes the fast form in float32 on the device and the recurrent reference in float64 on the CPU
+from the same values: outputs, final states and every gradient under random cotangents (the
+cotangents are drawn on the CPU and moved, so both sides see the same ones). Every registered
+mixer runs forward, decode and packed on the device against its float64 CPU twin.
+"""
+
+import copy
+
+import pytest
+import torch
+from torch.nn.functional import logsigmoid, normalize
+
+from lcsm import layers
+from lcsm.models import HeadConfig, ModelConfig, build_model
+from lcsm.ops import eos, eos_delta, eos_dplr
+from lcsm.testing import assert_close, decode, gradients
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """float32 means float32: cuDNN's convolutions (the short convs) default to TF32 on Ampere+."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+B, T, H, K, D = 2, 75, 3, 16, 8  # T odd and not a multiple of the chunk sizes below
+
+
+def _rand(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _run_both(fast, reference, inputs: dict, tol_dtype=torch.float32, context=""):
+    """``fast`` on the device in float32 and ``reference`` on the CPU in float64; compare outputs and
+    gradients of every input."""
+    ref_in = {n: t.clone().requires_grad_() for n, t in inputs.items() if t is not None}
+    dev_in = {n: t.to("cuda", torch.float32).requires_grad_() for n, t in inputs.items() if t is not None}
+    ref = gradients(reference(**ref_in), ref_in)
+    got = gradients(fast(**dev_in), dev_in)
+    assert_close({n: v.cpu() if v is not None else None for n, v in got.items()}, ref, tol_dtype, context)
+
+
+DECAYS = {
+    "none": None,
+    "scalar": lambda: logsigmoid(_rand(B, T, H, 1, 1, seed=5) + 3),
+    "row": lambda: logsigmoid(_rand(B, T, H, K, 1, seed=5) + 3),
+    "column": lambda: logsigmoid(_rand(B, T, H, 1, D, seed=5) + 3),
+}
+
+
+@pytest.mark.parametrize("decay", list(DECAYS))
+@pytest.mark.parametrize("mode", ["chunk", "parallel", "auto"])
+def test_eos_on_cuda(decay, mode):
+    log_o = DECAYS[decay]() if DECAYS[decay] else None
+    inputs = {
+        "i": _rand(B, T, H, D, seed=1),
+        "e": _rand(B, T, H, K, seed=2) / K**0.5,
+        "s": _rand(B, T, H, K, seed=3),
+        "log_o": log_o,
+        "initial_state": _rand(B, H, K, D, seed=4),
+    }
+
+    def run(m, chunk_size=16):
+        def f(i, e, s, initial_state, log_o=None):
+            y, final = eos(
+                i, e, s, log_o, mode=m, initial_state=initial_state, output_final_state=True, chunk_size=chunk_size
+            )
+            return {"y": y, "final": final}
+
+        return f
+
+    _run_both(run(mode), run("recurrent"), inputs, context=f"eos {mode} {decay}")
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_eos_delta_and_dplr_on_cuda(gate):
+    k = normalize(_rand(B, T, H, K, seed=1), dim=-1)
+    beta = torch.sigmoid(_rand(B, T, H, 1, seed=2)) * 2
+    inputs = {
+        "i": _rand(B, T, H, D, seed=3),
+        "e": beta * k,
+        "s": _rand(B, T, H, K, seed=4) / K**0.5,
+        "a": beta * k,
+        "b": k,
+        "log_o": logsigmoid(_rand(B, T, H, seed=5) + 3) if gate else None,
+        "initial_state": _rand(B, H, K, D, seed=6),
+    }
+
+    def delta(m):
+        def f(i, e, s, a, b, initial_state, log_o=None):
+            y, final = eos_delta(
+                i, e, s, a, b, log_o, mode=m, initial_state=initial_state, output_final_state=True, chunk_size=16
+            )
+            return {"y": y, "final": final}
+
+        return f
+
+    def dplr(i, e, s, a, b, initial_state, log_o=None):
+        # exp(g) (I - a b^T) = D(exp(g)) - (exp(g) a) b^T: the same transition in DPLR form.
+        if log_o is not None:
+            a = a * log_o.exp().unsqueeze(-1)
+        y, final = eos_dplr(
+            i, e, s, a, b, log_o, mode="chunk", initial_state=initial_state, output_final_state=True, chunk_size=16
+        )
+        return {"y": y, "final": final}
+
+    _run_both(delta("chunk"), delta("recurrent"), inputs, context="eos_delta chunk")
+    _run_both(dplr, delta("recurrent"), inputs, context="eos_dplr chunk")
+
+
+def test_eos_dplr_row_decay_on_cuda():
+    k = normalize(_rand(B, T, H, K, seed=1), dim=-1)
+    a = torch.sigmoid(_rand(B, T, H, 1, seed=2)) * normalize(k + 0.3 * _rand(B, T, H, K, seed=7), dim=-1)
+    inputs = {
+        "i": _rand(B, T, H, D, seed=3),
+        "e": _rand(B, T, H, K, seed=4) / K**0.5,
+        "s": normalize(_rand(B, T, H, K, seed=5), dim=-1),
+        "a": a,
+        "b": k,
+        "log_alpha": logsigmoid(_rand(B, T, H, K, seed=6) + 2),
+        "initial_state": _rand(B, H, K, D, seed=8),
+    }
+
+    def run(m):
+        def f(i, e, s, a, b, log_alpha, initial_state):
+            y, final = eos_dplr(
+                i, e, s, a, b, log_alpha, mode=m, initial_state=initial_state, output_final_state=True, chunk_size=16
+            )
+            return {"y": y, "final": final}
+
+        return f
+
+    _run_both(run("chunk"), run("recurrent"), inputs, context="eos_dplr row decay")
+
+
+def _twins(name, d=32):
+    torch.manual_seed(0)
+    cpu = layers.build(name, d).double()
+    return cpu, copy.deepcopy(cpu).to("cuda", torch.float32)
+
+
+@pytest.mark.parametrize("name", layers.available())
+def test_mixer_on_cuda(name):
+    """Forward with final state, decode and a packed row of three documents on the device against
+    the float64 CPU forward of the same weights."""
+    cpu, gpu = _twins(name)
+    x = _rand(2, 37, 32, seed=1)
+    y_ref, state_ref = cpu(x, return_state=True)
+    y, state = gpu(x.to("cuda", torch.float32), return_state=True)
+    got = {"y": y.cpu(), **{n: t.cpu() for n, t in state.tensors().items()}}
+    assert_close(got, {"y": y_ref, **state_ref.tensors()}, torch.float32, name)
+    y_steps, _ = decode(gpu, x.to("cuda", torch.float32))
+    assert_close({"y": y_steps.cpu()}, {"y": y_ref}, torch.float32, f"{name} decode")
+    if getattr(gpu, "bidirectional", False):
+        return
+    packed = x[:1]
+    cu = torch.tensor([0, 1, 20, 37])
+    y_packed = gpu(packed.to("cuda", torch.float32), cu_seqlens=cu.to("cuda"))
+    y_alone = torch.cat([cpu(packed[:, a:b]) for a, b in zip(cu[:-1], cu[1:], strict=True)], 1)
+    assert_close({"y": y_packed.cpu()}, {"y": y_alone}, torch.float32, f"{name} packed")
+
+
+@pytest.mark.parametrize("mixer", ["gla", "gated_deltanet", "mamba2", "attention"])
+def test_bf16_training_step_on_cuda(mixer):
+    torch.manual_seed(0)
+    cfg = ModelConfig(mixer=mixer, d_model=64, n_layers=2, vocab_size=97, head=HeadConfig(kind="lm"))
+    model = build_model(cfg, verbose=False).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 97, (4, 129), device="cuda")
+    losses = []
+    for _ in range(5):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+    assert losses[-1] < losses[0], losses
