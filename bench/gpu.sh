@@ -15,7 +15,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
     mkdir -p /tmp/lcsm-site
-    for w in .whl/*.whl; do unzip -oq "$w" -d /tmp/lcsm-site; done
+    for w in .whl/*.whl; do "$PY" -m zipfile -e "$w" /tmp/lcsm-site; done
     export PYTHONPATH="$PYTHONPATH:/tmp/lcsm-site"
 elif ! "$PY" -c "import fla.models" 2>/dev/null; then
     "$PY" -m pip install --quiet fla-core==0.6.0 flash-linear-attention==0.6.0
@@ -25,4 +25,4 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 
 "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 "$PY" -m bench.gpu_bench --budget "${GPU_BENCH_BUDGET:-270}" --out "$OUT/gpu.md"
-"$PY" -m bench.efficiency_bench --device cuda --repeats 1 --out "$OUT/efficiency_gpu.md" 2>&1 | tail -5
+[ "${SKIP_EFFICIENCY:-0}" = 1 ] || "$PY" -m bench.efficiency_bench --device cuda --repeats 1 --out "$OUT/efficiency_gpu.md" 2>&1 | tail -5

@@ -86,7 +86,7 @@ def gradients(outputs: dict[str, torch.Tensor], wrt: dict[str, torch.Tensor], se
         def draw():
             return torch.randn(y.shape, generator=gen, dtype=torch.float64)
 
-        return (torch.complex(draw(), draw()) if y.is_complex() else draw()).to(y.dtype)
+        return (torch.complex(draw(), draw()) if y.is_complex() else draw()).to(device=y.device, dtype=y.dtype)
 
     names = list(outputs)
     grads = torch.autograd.grad(
