@@ -31,7 +31,8 @@ bench: $(STAMP)
 
 # The reports of results/ regenerated from the cached runs there (no training): every experiment
 # file of the paper experiments, each read from and written to results/<experiment name>/.
-PAPER_EXPERIMENTS := $(filter-out experiments/configs/% %base.yaml,$(wildcard experiments/*/*.yaml))
+# experiments/gpu/ holds plans for a GPU loan (experiments/gpu/loan.sh), not yet run.
+PAPER_EXPERIMENTS := $(filter-out experiments/configs/% experiments/gpu/% %base.yaml,$(wildcard experiments/*/*.yaml))
 
 reports: $(STAMP)
 	$(VENV)/bin/lcsm report $(PAPER_EXPERIMENTS) --out results
