@@ -33,6 +33,7 @@ PUBLIC = {
         "EOSRow",
         "Mixer",
         "State",
+        "ValueFirst",
         "aliases",
         "available",
         "build",

@@ -9,10 +9,21 @@ that several mixers share.
 import importlib
 import pkgutil
 
-from .base import EOSRow, Mixer, State, aliases, available, build, no_weight_decay, register, resolve
+from .base import EOSRow, Mixer, State, ValueFirst, aliases, available, build, no_weight_decay, register, resolve
 
 for _mod in pkgutil.iter_modules(__path__):
     if _mod.name != "base" and not _mod.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_mod.name}")
 
-__all__ = ["EOSRow", "Mixer", "State", "aliases", "available", "build", "no_weight_decay", "register", "resolve"]
+__all__ = [
+    "EOSRow",
+    "Mixer",
+    "State",
+    "ValueFirst",
+    "aliases",
+    "available",
+    "build",
+    "no_weight_decay",
+    "register",
+    "resolve",
+]

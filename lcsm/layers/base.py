@@ -48,6 +48,17 @@ class State:
         return dataclasses.replace(self, **{k: fn(v) for k, v in self.tensors().items()})
 
 
+@dataclass
+class ValueFirst:
+    """The values [B, T, C] of a model's first layer in one forward pass, for the later layers that
+    mix them into their own (RWKV-7's value residual). The model makes an empty one per forward
+    call and hands it to every layer whose mixer sets ``uses_value_first``: the mixer of the
+    model's layer 0 stores its values, the later ones read them. Values are per token, so carried states, decoding and
+    packed rows need nothing more."""
+
+    values: Tensor | None = None
+
+
 @dataclass(frozen=True)
 class EOSRow:
     """One row of the unified table (LCSM Table 1 / Table 7, MetaLA Table 1).
@@ -111,6 +122,9 @@ class Mixer(nn.Module):
     # Options the model sets (``layer_options``, and ``bidirectional`` of a native_bidirectional
     # mixer): a user's value would be silently overridden, so ModelConfig refuses them.
     model_owned_options: tuple[str, ...] = ()
+    # A mixer whose forward takes ``value_first: ValueFirst | None`` (the first layer's values,
+    # shared by the model between its layers; ``ValueFirst``).
+    uses_value_first: bool = False
     # Bumped whenever the same options come to build another function or init (a fix that follows
     # the official code): runs record it, and a sweep does not take a run of an older revision for
     # today's model (``lcsm.models.model_revisions``).

@@ -17,12 +17,12 @@ Around the recurrence (all as the official layer): token shift with six lerp mix
 (x_r, x_w, x_k, x_v, x_a, x_g), low-rank projections for the decay (tanh), the in-context
 learning rate a (sigmoid) and the output gate g (sigmoid inside), kk = L2norm(k * k_k) per head,
 k <- k (1 + (a - 1) k_a), a per-head GroupNorm (eps 64e-5) of y, the bonus
-((r * k * r_k).sum per head) v, then output(y * g). Departures (docs/zoo/rwkv7_deltaproduct.md):
-the value residual (layer l > 0 mixes in layer 0's v) needs a model-level tensor the mixer
-interface does not carry, so every layer behaves as the official layer 0 (no v0 / v1 / v2); the
-first factors of the low-rank projections (w1, a1, g1), zero in the official init, and the output
-projection, zero there too, are initialised small instead, so that a standalone layer's
-parameters all get gradient.
+((r * k * r_k).sum per head) v, then output(y * g), and the value residual: a layer l > 0 mixes
+the model's layer-0 values into its own, v <- v + (v_first - v) sigmoid(v0 + x_v V1 V2), v_first
+handed between the layers by the model (``ValueFirst``). Departures
+(docs/zoo/rwkv7_deltaproduct.md): the first factors of the low-rank projections (w1, a1, v1, g1),
+zero in the official init, and the output projection, zero there too, are initialised small
+instead, so that a standalone layer's parameters all get gradient.
 
 Shape glossary: B batch, T time, H heads, N head size (K = D = N), C = d_model = H N, L LoRA rank.
 """
@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm._checks import check_choice, check_int
+from lcsm._checks import check_bool, check_choice, check_int
 
 from ..ops import DPLR_MODES, eos_dplr
-from .base import EOSRow, Mixer, State, no_weight_decay, register
+from .base import EOSRow, Mixer, State, ValueFirst, no_weight_decay, register
 from .packing import check_document_state, documents
 from .rwkv4 import last, previous
 
@@ -74,13 +74,22 @@ class RWKV7(Mixer):
     Args:
         d_model: model width C (the official dim_att equals n_embd).
         head_size: N (official 64); None: 64, or d_model when smaller.
-        layer_id, n_layers: the layer's position, used only by the official layer-dependent init
-            (ratio_0_to_1, ratio_1_to_almost0); a model sets them per layer (``layer_options``).
+        layer_id, n_layers: the layer's position, used by the official layer-dependent init
+            (ratio_0_to_1, ratio_1_to_almost0) and to tell layer 0, whose values the later layers
+            mix in, from those; a model sets them per layer (``layer_options``).
+        value_residual: a layer > 0 mixes in layer 0's values (official; its forward then needs
+            ``value_first``, which the model gives). False: every layer as the official layer 0.
         mode: eos_dplr mode.
     """
 
     model_owned_options = ("layer_id", "n_layers")
     modes = DPLR_MODES
+    uses_value_first = True
+    revision = 2  # 2: the value residual (layers > 0)
+
+    @classmethod
+    def revision_for(cls, options) -> int:
+        return cls.revision if options.get("value_residual", True) else 1
 
     @classmethod
     def layer_options(cls, options, layer: int, n_layers: int) -> dict:
@@ -92,6 +101,7 @@ class RWKV7(Mixer):
         head_size: int | None = None,
         layer_id: int = 0,
         n_layers: int = 1,
+        value_residual: bool = True,
         mode: str = "auto",
     ):
         super().__init__(d_model)
@@ -103,6 +113,8 @@ class RWKV7(Mixer):
         if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not 0 <= layer_id < n_layers:
             raise ValueError(f"layer_id: expected an integer in [0, n_layers) = [0, {n_layers}), got {layer_id!r}")
         self.mode = check_choice("mode", mode, self.modes)
+        # Layer 0 is where the values come from; only later layers mix them in.
+        self.reads_value_first = check_bool("value_residual", value_residual) and layer_id > 0
         self.head_size, self.heads = N, C // N
         self.layer_id, self.n_layers = layer_id, n_layers
         H = self.heads
@@ -146,6 +158,9 @@ class RWKV7(Mixer):
 
         self.w1, self.w2 = lora(2.5)
         self.a1, self.a2 = lora(2.5)
+        if self.reads_value_first:
+            self.v0 = vector(0.73 - 0.4 * linear)
+            self.v1, self.v2 = lora(1.7)
         self.g1, self.g2 = lora(5.0)
 
         self.receptance = nn.Linear(C, C, bias=False)
@@ -172,6 +187,7 @@ class RWKV7(Mixer):
         state: RWKV7State | None = None,
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
+        value_first: ValueFirst | None = None,
     ):
         self.check_input(x)
         B, T, C = x.shape
@@ -202,6 +218,10 @@ class RWKV7(Mixer):
         log_w = -_DECAY_SCALE * torch.sigmoid(self.w0 + torch.tanh(xw @ self.w1) @ self.w2)
         k = self.key(xk)
         v = self.value(xv)
+        if self.layer_id == 0 and value_first is not None:
+            value_first.values = v
+        elif self.reads_value_first:
+            v = self._mix_first_values(v, xv, value_first)
         a = torch.sigmoid(self.a0 + (xa @ self.a1) @ self.a2)
         g = torch.sigmoid(xg @ self.g1) @ self.g2
         kk = F.normalize(self._heads(k * self.k_k), dim=-1, eps=_L2_EPS)
@@ -226,6 +246,20 @@ class RWKV7(Mixer):
         if not return_state:
             return out
         return out, RWKV7State(shift=last(x, cu_seqlens)[:, 0], memory=memory)
+
+    def _mix_first_values(self, v: Tensor, xv: Tensor, value_first: ValueFirst | None) -> Tensor:
+        first = None if value_first is None else value_first.values
+        if first is None:
+            raise ValueError(
+                f"value_first: layer {self.layer_id} of RWKV-7 mixes in the values of the model's layer 0 "
+                "(value_residual=True), got none: run it in a causal lcsm model whose layer 0 is rwkv7, pass "
+                "value_first, or build it with value_residual=False"
+            )
+        if first.shape != v.shape:
+            raise ValueError(
+                f"value_first.values: expected {list(v.shape)} (this layer's values), got {list(first.shape)}"
+            )
+        return v + (first.to(v.dtype) - v) * torch.sigmoid(self.v0 + (xv @ self.v1) @ self.v2)
 
     def init_state(self, batch_size: int) -> RWKV7State:
         p = self._param_like()

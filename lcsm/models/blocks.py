@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm.layers import Mixer, State, build
+from lcsm.layers import Mixer, State, ValueFirst, build
 from lcsm.layers.base import resolve
 
 from .config import ModelConfig
@@ -168,6 +168,8 @@ class Block(nn.Module):
         self.norm2 = make_norm(config.norm, d, config.norm_eps) if self.channel is not None else None
         self.dropout = nn.Dropout(config.dropout)
         self.wrapped = config.mixer_hidden is not None
+        # A two-map bidirectional block gets none: its maps run on two different orders.
+        self.uses_value_first = not self.bidirectional and self.mixer.uses_value_first
 
     def forward(
         self,
@@ -176,13 +178,16 @@ class Block(nn.Module):
         return_state: bool = False,
         lengths: Tensor | None = None,
         cu_seqlens: Tensor | None = None,
+        value_first: ValueFirst | None = None,
     ):
         """x [B, T, d] -> [B, T, d] (and the mixer's State when ``return_state``); ``cu_seqlens``:
         x is one packed row of documents (``Mixer.forward``); everything else in the block acts
-        token by token."""
+        token by token. ``value_first``: the model's, handed to a mixer that uses it
+        (``ValueFirst``)."""
         u = self.norm1(x)
         z = self.mixer_in(u) if self.wrapped else u
         new_state = None
+        shared = {"value_first": value_first} if self.uses_value_first else {}
         if cu_seqlens is not None and (self.bidirectional or self.native_bidirectional):
             raise ValueError("cu_seqlens: packed sequences are for causal models; this block reads both directions")
         if self.bidirectional:
@@ -190,11 +195,11 @@ class Block(nn.Module):
                 raise ValueError("state: a bidirectional block is non-causal and has no recurrent state")
             z = self.mixer(z, lengths=lengths)
         elif state is not None or return_state:
-            z, new_state = self.mixer(z, state=state, return_state=True, cu_seqlens=cu_seqlens)
+            z, new_state = self.mixer(z, state=state, return_state=True, cu_seqlens=cu_seqlens, **shared)
         elif self.native_bidirectional:
             z = self.mixer(z, lengths=lengths)
         else:
-            z = self.mixer(z, cu_seqlens=cu_seqlens)
+            z = self.mixer(z, cu_seqlens=cu_seqlens, **shared)
         if self.wrapped:
             z = self.mixer_out(ACTIVATION_FNS[self.activation](z))
         if self.gate is not None:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm.layers import State
+from lcsm.layers import State, ValueFirst
 from lcsm.layers.packing import check_mask, pack_rows, unpack_rows
 
 from .blocks import NORM_TYPES, Block, init_model_weights, make_norm
@@ -120,13 +120,14 @@ class Backbone(nn.Module):
             mask = check_mask(attention_mask.to(x.device), x.shape[0], x.shape[1])
             x, cu_seqlens = pack_rows(x, mask)
         states = []
+        value_first = ValueFirst()
         for i, block in enumerate(self.blocks):
             if state is not None or return_state:
                 s_i = state[i] if state is not None else None
-                x, s = block(x, state=s_i, return_state=True, cu_seqlens=cu_seqlens)
+                x, s = block(x, state=s_i, return_state=True, cu_seqlens=cu_seqlens, value_first=value_first)
                 states.append(s)
             else:
-                x = block(x, lengths=lengths, cu_seqlens=cu_seqlens)
+                x = block(x, lengths=lengths, cu_seqlens=cu_seqlens, value_first=value_first)
         x = self.norm(x)
         if mask is not None:
             x = unpack_rows(x, mask)

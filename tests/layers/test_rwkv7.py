@@ -9,15 +9,18 @@ import torch
 import torch.nn.functional as F
 
 from lcsm import layers
+from lcsm.models import ModelConfig, build_model
 from lcsm.ops import eos_dplr
 from lcsm.testing import rel_rms
 
 torch.manual_seed(0)
 
 
-def official_time_mix(m, x):
-    """RWKV_Tmix_x070.forward (layer 0) with the official state loop: S = S (diag(w) -
-    kk^T (kk a)) + v k^T, y = S r; w = exp(-exp(-softplus(-z) - 0.5)) as the official code writes it."""
+def official_time_mix(m, x, v_first=None):
+    """RWKV_Tmix_x070.forward with the official state loop: S = S (diag(w) - kk^T (kk a)) + v k^T,
+    y = S r; w = exp(-exp(-softplus(-z) - 0.5)) as the official code writes it; a layer > 0 mixes in
+    v_first (layer 0's values): v = v + (v_first - v) sigmoid(v0 + xv V1 V2). Returns the output
+    and the layer's values before that mix (the official v_first of layer 0)."""
     B, T, C = x.shape
     H, N = m.heads, m.head_size
     xx = torch.cat([x.new_zeros(B, 1, C), x[:, :-1]], 1) - x
@@ -26,7 +29,9 @@ def official_time_mix(m, x):
     r = xr @ m.receptance.weight.T
     w = -F.softplus(-(m.w0 + torch.tanh(xw @ m.w1) @ m.w2)) - 0.5
     k = xk @ m.key.weight.T
-    v = xv @ m.value.weight.T
+    v = v_own = xv @ m.value.weight.T
+    if v_first is not None:
+        v = v + (v_first - v) * torch.sigmoid(m.v0 + xv @ m.v1 @ m.v2)
     a = torch.sigmoid(m.a0 + (xa @ m.a1) @ m.a2)
     g = torch.sigmoid(xg @ m.g1) @ m.g2
     kk = F.normalize((k * m.k_k).view(B, T, H, N), dim=-1).view(B, T, C)
@@ -43,7 +48,7 @@ def official_time_mix(m, x):
     y = torch.stack(ys, 1).reshape(B * T, C)
     y = F.group_norm(y, H, m.ln_x.weight, m.ln_x.bias, eps=64e-5).view(B, T, C)
     y = y + ((r.view(B, T, H, N) * k.view(B, T, H, N) * m.r_k).sum(-1, keepdim=True) * v.view(B, T, H, N)).view(B, T, C)
-    return (y * g) @ m.output.weight.T
+    return (y * g) @ m.output.weight.T, v_own
 
 
 def test_rwkv7_matches_the_official_recurrence():
@@ -51,10 +56,61 @@ def test_rwkv7_matches_the_official_recurrence():
     with torch.no_grad():  # random trained-looking weights, so every term matters
         for p in m.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    x = torch.randn(2, 13, 32, dtype=torch.float64)
-    err = rel_rms(m(x), official_time_mix(m, x))
+    x, v_first = torch.randn(2, 13, 32, dtype=torch.float64), torch.randn(2, 13, 32, dtype=torch.float64)
+    err = rel_rms(m(x, value_first=layers.ValueFirst(v_first)), official_time_mix(m, x, v_first)[0])
     print(f"relative RMS error {err:.2e}")
     assert err < 1e-12, err
+
+
+def test_rwkv7_layer_0_stores_its_values_and_later_layers_need_them():
+    first = layers.build("rwkv7", 32, head_size=8, layer_id=0, n_layers=2).double()
+    later = layers.build("rwkv7", 32, head_size=8, layer_id=1, n_layers=2).double()
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    shared = layers.ValueFirst()
+    y = first(x, value_first=shared)
+    torch.testing.assert_close(y, official_time_mix(first, x)[0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(shared.values, official_time_mix(first, x)[1], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="^value_first: layer 1 of RWKV-7 mixes in the values of the model's layer 0"):
+        later(x)
+    with pytest.raises(ValueError, match=r"^value_first.values: expected \[2, 5, 32\]"):
+        later(x, value_first=layers.ValueFirst(shared.values[:, :4]))
+    plain = layers.build("rwkv7", 32, head_size=8, layer_id=1, n_layers=2, value_residual=False)
+    assert not hasattr(plain, "v0") and plain(x.float()).shape == x.shape
+
+
+def test_rwkv7_model_value_residual_is_the_written_out_two_layer_formula():
+    """A two-layer rwkv7 LM against the blocks written out around the official time mixing: layer 1
+    mixes in layer 0's values, in one pass, over a packed row, and decoding token by token."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(mixer="rwkv7", vocab_size=32, d_model=32, n_layers=2), verbose=False)
+    model = model.double().eval()
+    with torch.no_grad():  # trained-looking weights, so that the value residual's gate matters
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    ids = torch.randint(0, 32, (2, 9), generator=torch.Generator().manual_seed(1))
+
+    def written_out(ids, residual=True):
+        b0, b1 = model.backbone.blocks
+        x = model.backbone.embedding(ids)
+        y0, v_first = official_time_mix(b0.mixer, b0.norm1(x))
+        x = x + y0
+        x = x + b0.channel(b0.norm2(x))
+        x = x + official_time_mix(b1.mixer, b1.norm1(x), v_first if residual else None)[0]
+        x = x + b1.channel(b1.norm2(x))
+        return model.logits(model.backbone.norm(x))
+
+    ref = written_out(ids)
+    assert rel_rms(written_out(ids, residual=False), ref) > 1e-3  # the residual changes the output
+    err = rel_rms(model(ids), ref)
+    packed = model(ids.reshape(1, -1), cu_seqlens=torch.tensor([0, 9, 18])).reshape(ref.shape)
+    logits, state = model(ids[:, :4], return_state=True)
+    steps = [logits]
+    for t in range(4, 9):
+        logits, state = model(ids[:, t : t + 1], state=state, return_state=True)
+        steps.append(logits)
+    errs = {"forward": err, "packed": rel_rms(packed, ref), "decode": rel_rms(torch.cat(steps, 1), ref)}
+    print("rwkv7 two-layer model vs written out:", {k: f"{v:.2e}" for k, v in errs.items()})
+    assert max(errs.values()) < 1e-12, errs
 
 
 def test_rwkv7_decay_is_the_official_soft_clamp():

@@ -8,7 +8,7 @@ from lcsm.models import ModelConfig, build_model, sample_next
 from lcsm.testing import assert_close
 
 VOCAB = 13
-MIXERS = ["gla", "metala", "mamba", "attention", "ces", "lcsm", "rwkv4", "hgrn", "retnet", "s4d"]
+MIXERS = ["gla", "metala", "mamba", "attention", "ces", "lcsm", "rwkv4", "hgrn", "retnet", "s4d", "rwkv7"]
 
 
 def make_lm(mixer, **fields):

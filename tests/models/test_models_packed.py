@@ -8,8 +8,9 @@ from lcsm.models import HeadConfig, ModelConfig, build_model
 from lcsm.testing import assert_close
 
 # One mixer of each way a mixer serves cu_seqlens: the EOS operator (with a short convolution and
-# with a token shift), the delta rule, an FFT convolution and softmax attention.
-MIXERS = ["gla", "mamba", "rwkv4", "fwp", "s4d", "attention"]
+# with a token shift), the delta rule, an FFT convolution and softmax attention; and RWKV-7, whose
+# layer 1 reads layer 0's values (ValueFirst).
+MIXERS = ["gla", "mamba", "rwkv4", "fwp", "s4d", "attention", "rwkv7"]
 
 
 def lm(mixer):
