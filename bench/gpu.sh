@@ -2,7 +2,8 @@
 # One GPU loan, end to end (about 8 minutes on an H100 / H200): the CUDA test subset, the operators
 # and ~100M-parameter models against fla's Triton kernels and attention (bench/gpu_bench.py), and
 # the efficiency bench on the device. Results go to $OUT (default bench/results): gpu.md,
-# efficiency_gpu.md and the test log gpu_tests.log.
+# efficiency_gpu.md, gpu_peers.md (fla's official layers on the device against lcsm's, bench/gpu_peers.py)
+# and the test log gpu_tests.log.
 #
 # fla comes from wheels in .whl/ where that folder exists (a machine without network: fla_core and
 # flash_linear_attention 0.6.0, both pure Python, unpacked onto PYTHONPATH), else from pip if it is
@@ -24,5 +25,6 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+timeout 240 "$PY" -m bench.gpu_peers 2>&1 | tee "$OUT/gpu_peers.md"
 "$PY" -m bench.gpu_bench --budget "${GPU_BENCH_BUDGET:-270}" --out "$OUT/gpu.md"
 [ "${SKIP_EFFICIENCY:-0}" = 1 ] || "$PY" -m bench.efficiency_bench --device cuda --repeats 1 --out "$OUT/efficiency_gpu.md" 2>&1 | tail -5
