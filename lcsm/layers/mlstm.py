@@ -80,8 +80,7 @@ from torch import nn
 from .._checks import check_int
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, check_document_state, document_index, documents
-from .rwkv4 import previous, running_max
+from .packing import causal_conv, check_document_state, document_index, documents, previous, running_max
 
 Tensor = torch.Tensor
 

@@ -152,3 +152,34 @@ def unpack_rows(y: Tensor, mask: Tensor) -> Tensor:
     out = y.new_zeros(*mask.shape, *y.shape[2:])
     out[mask] = y[0]
     return out
+
+
+def previous(t: Tensor, first: Tensor | None, cu_seqlens: Tensor | None) -> Tensor:
+    """t_{t-1} along dim 1 of t [B, T, X], inside each sequence (each document of a packed row):
+    ``first`` [B | N, X] stands before every sequence's first token (None: zeros)."""
+    if cu_seqlens is not None:
+        return token_shift(t, cu_seqlens, first)[0]
+    first = t.new_zeros(t.shape[0], 1, t.shape[2]) if first is None else first.to(t.dtype).unsqueeze(1)
+    return torch.cat([first, t[:, :-1]], dim=1)
+
+
+def last(t: Tensor, cu_seqlens: Tensor | None) -> Tensor:
+    """The last token of each sequence (each document): t [B, T, X] -> [B | N, 1, X]."""
+    return t[:, -1:] if cu_seqlens is None else t[0, cu_seqlens[1:] - 1].unsqueeze(1)
+
+
+def running_max(a: Tensor, cu_seqlens: Tensor | None) -> Tensor:
+    """max(a_1..a_t) along dim 1 of a [B, T, C], restarting at every document of a packed row.
+    Packed: a doubling scan (step j takes the max with the value 2^j back, within the document),
+    log2 of the longest document steps over the whole row; max is exact, so each document's
+    maxima are exactly those of torch.cummax on it alone."""
+    if cu_seqlens is None:
+        return torch.cummax(a, dim=1).values
+    doc = document_index(cu_seqlens, a.shape[1])
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    step = 1
+    while step < longest:
+        same = (doc[step:] == doc[:-step]).unsqueeze(-1)
+        a = torch.cat([a[:, :step], torch.where(same, torch.maximum(a[:, step:], a[:, :-step]), a[:, step:])], dim=1)
+        step *= 2
+    return a

@@ -64,8 +64,7 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import eos, eos_step
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import packed_rows
-from .rwkv4 import last, previous
+from .packing import last, packed_rows, previous
 
 Tensor = torch.Tensor
 

@@ -40,8 +40,7 @@ from lcsm._checks import check_bool, check_choice, check_int
 
 from ..ops import DPLR_MODES, eos_dplr
 from .base import EOSRow, Mixer, State, ValueFirst, no_weight_decay, register
-from .packing import check_document_state, documents
-from .rwkv4 import last, previous
+from .packing import check_document_state, documents, last, previous
 
 Tensor = torch.Tensor
 
