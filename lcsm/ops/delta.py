@@ -318,7 +318,8 @@ class _ChunkMaps:
     """Per chunk (all [B, H, Nc, C, .] or [B, H, Nc, K, .]), for a chunk whose segments start from
     memories Z (the chunk's initial memory M when there are no segments):
     U = W Z + U0 (the corrections u_t = b_t^T m_{t-1}), y = Q Z + R, and the memory carried out of
-    the chunk's last segment Phi Z_last + Psi. ``a`` is the gated a'_t = gamma_t a_t, ``c`` the
+    the chunk's last segment Phi Z_last + Psi. ``a`` is the low-rank factor a'_t of the transition
+    D(gamma_t) - a'_t b_t^T (gamma_t a_t when a is given before the gate), ``c`` the
     chunk-local cumulative log gate and ``c_seg`` the same from each segment's first token (None
     without a gate); packed rows need them for the states read at document ends."""
 
@@ -342,10 +343,16 @@ def _chunk_maps(
     g: Tensor | None,
     a_is_e: bool,
     seg: _Segments | None,
+    gate_first: bool = True,
 ) -> _ChunkMaps:
     """The WY / UT algebra of every chunk at once; inputs chunked [B, H, Nc, C, .], g [B, H, Nc, C].
 
-    Per chunk, with local cumulative log gate c_t = sum_{l<=t} g_l and a'_t = gamma_t a_t:
+    The transition is gamma_t I - a'_t b_t^T: ``gate_first`` (``eos_delta``'s gamma_t (I - a_t b_t^T))
+    takes a before the gate, a'_t = gamma_t a_t; otherwise a is a' itself (``eos_dplr``'s form, where
+    recovering a = a' / gamma_t would divide by gates down to e^-30). ``a_is_e``: a and e are one
+    tensor (before the gate when ``gate_first``).
+
+    Per chunk, with local cumulative log gate c_t = sum_{l<=t} g_l:
         m_t = e^{c_t} M + sum_{j<=t} e^{c_t - c_j} (e_j v_j^T - a'_j u_j^T),   u_t = b_t^T m_{t-1},
     so U = [u_t] solves (I + L) U = diag(e^{c_{t-1}}) B M + Le V with
         L[t, j]  = e^{c_{t-1} - c_j} b_t . a'_j,   Le[t, j] = e^{c_{t-1} - c_j} b_t . e_j   (j < t).
@@ -374,7 +381,8 @@ def _chunk_maps(
             # c_t - c_{start - 1}: the cumulative log from the segment's first token
             before = torch.nn.functional.pad(c, (1, 0))[..., :-1]
             c_seg = c - before.gather(-1, seg.start.expand_as(c))
-        a = a * g.exp().unsqueeze(-1)  # a'_t = gamma_t a_t
+        if gate_first:
+            a = a * g.exp().unsqueeze(-1)  # a'_t = gamma_t a_t
         # Differences are masked before exp so the (discarded) upper triangle can never overflow.
         dec_b = ((c - g).unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~strict, float("-inf")).exp()
         dec_s = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~incl, float("-inf")).exp()
@@ -391,25 +399,28 @@ def _chunk_maps(
         to_end = last if to_end is None else to_end * last
     a_end = a if to_end is None else a * to_end
     e_end = e if to_end is None else e * to_end
+    # a' = e: DeltaNet (a = e = beta k) without a gate, or a gate not folded into a (Gated DeltaNet
+    # as D(alpha) - beta k (alpha k)^T)
+    a_prime_is_e = a_is_e and (g is None or not gate_first)
     if a_is_e:
-        # DeltaNet (a = e = beta k): a'_j = gamma_j e_j, so L and Psa are Le and Pse with column j
-        # scaled by gamma_j: the C x C products are formed once.
+        # The C x C products are formed once: L = Le and Psa = Pse when a' = e; a'_j = gamma_j e_j
+        # (a gated before the gate) scales their column j by gamma_j.
         et = e.transpose(-1, -2)
         Le, Pse = (b @ et) * dec_b, (s @ et) * dec_s
-        col = g.exp().unsqueeze(-2) if g is not None else None
+        col = None if a_prime_is_e else g.exp().unsqueeze(-2)
         L, Psa = (Le, Pse) if col is None else (Le * col, Pse * col)
     else:
         ae = torch.cat([a, e], -2).transpose(-1, -2)  # [K, 2C]: a' and e side by side
         L, Le = ((b @ ae) * torch.cat([dec_b, dec_b], -1)).split(C, -1)  # b_t . a'_j, b_t . e_j
         Psa, Pse = ((s @ ae) * torch.cat([dec_s, dec_s], -1)).split(C, -1)
     inv = _UnitLowerInverse.apply(L)
-    if a_is_e and g is None:
+    if a_prime_is_e:
         # Here L = Le, Psa = Pse and a_end = e_end; with (I + L)^{-1} L = I - (I + L)^{-1},
         # U0 = v - inv v, so every product with v and U0 collapses onto v - U0 = inv v.
-        W, inv_v = (inv @ torch.cat([b, v], -1)).split([K, D], -1)
+        W, inv_v = (inv @ torch.cat([b_scaled, v], -1)).split([K, D], -1)
         SW, R = (Pse @ torch.cat([W, inv_v], -1)).split([K, D], -1)
         EW, Psi = (e_end.transpose(-1, -2) @ torch.cat([W, inv_v], -1)).split([K, D], -1)
-        return _ChunkMaps(s - SW, R, m_decay - EW, Psi, W, v - inv_v, a, c, c_seg)
+        return _ChunkMaps(s_scaled - SW, R, m_decay - EW, Psi, W, v - inv_v, a, c, c_seg)
     W, U0 = (inv @ torch.cat([b_scaled, Le @ v], -1)).split([K, D], -1)  # U = W M + U0
     SW, SU = (Psa @ torch.cat([W, U0], -1)).split([K, D], -1)
     AW, AU = (a_end.transpose(-1, -2) @ torch.cat([W, U0], -1)).split([K, D], -1)
@@ -454,12 +465,14 @@ def _delta_chunk(
     m0: Tensor | None,
     chunk_size: int,
     a_is_e: bool = False,
+    gate_first: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """Chunkwise (WY / UT) form (``_chunk_maps``). All inputs head-major [B, H, T, .]; returns (y, m_T)."""
+    """Chunkwise (WY / UT) form (``_chunk_maps``, which says what ``gate_first`` means). All inputs
+    head-major [B, H, T, .]; returns (y, m_T)."""
     Bn, H, T, D = v.shape
     K = e.shape[-1]
     C = min(chunk_size, T)
-    maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None)
+    maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None, gate_first)
     M = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
     starts, M = _carry(maps.Phi, maps.Psi, M)
     y = maps.Q @ starts + maps.R  # [B, H, Nc, C, D]
@@ -478,6 +491,7 @@ def _delta_chunk_packed(
     a_is_e: bool,
     cu: Tensor,
     final: bool,
+    gate_first: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """The chunk form over a packed row (B = 1) of N documents, cu [N + 1] int64: one pass over the
     row's regular chunks, the documents kept apart inside them by ``_Segments`` masks. y [1, H, T, D]
@@ -497,7 +511,7 @@ def _delta_chunk_packed(
     C = min(chunk_size, T)
     seg = _Segments.of(cu, T, C)
     v, e, s, a, b, g = _chunked(v, e, s, a, b, g, C)
-    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg)
+    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg, gate_first)
     Nc = seg.last.shape[0]
     carried_out = seg.carried[:, -1]  # [Nc]: the chunk's last segment continues from the carry
     Phi, Psi = maps.Phi * carried_out[:, None, None].to(v.dtype), maps.Psi
