@@ -17,7 +17,9 @@ Modes (see docs/eos_delta.md for the algebra):
   transformers with the delta rule over sequence length"), generalised to
   a != b and an optional scalar gate: within a chunk the corrections u_t = b_t^T m_{t-1} solve one
   unit lower-triangular system, and across chunks m is propagated by one K x K matrix per chunk.
-  Gradients come from autograd through this forward.
+  The gate is carried on b, gamma (I - a b^T) = gamma I - a (gamma b)^T, so DeltaNet's a = e stays
+  one tensor. Gradients come from autograd through this forward. ``eos_dplr`` runs this kernel
+  for the structures it serves (one step per token, no or a scalar decay).
 * ``auto``: T <= 1 -> recurrent (one step, decoding), otherwise chunk.
 
 Packed sequences (``cu_seqlens``): the chunk form runs the row's regular chunks in one pass with
@@ -318,8 +320,8 @@ class _ChunkMaps:
     """Per chunk (all [B, H, Nc, C, .] or [B, H, Nc, K, .]), for a chunk whose segments start from
     memories Z (the chunk's initial memory M when there are no segments):
     U = W Z + U0 (the corrections u_t = b_t^T m_{t-1}), y = Q Z + R, and the memory carried out of
-    the chunk's last segment Phi Z_last + Psi. ``a`` is the low-rank factor a'_t of the transition
-    D(gamma_t) - a'_t b_t^T (gamma_t a_t when a is given before the gate), ``c`` the
+    the chunk's last segment Phi Z_last + Psi. ``a`` is the low-rank factor of the transition
+    gamma_t I - a_t b_t^T, ``c`` the
     chunk-local cumulative log gate and ``c_seg`` the same from each segment's first token (None
     without a gate); packed rows need them for the states read at document ends."""
 
@@ -343,19 +345,17 @@ def _chunk_maps(
     g: Tensor | None,
     a_is_e: bool,
     seg: _Segments | None,
-    gate_first: bool = True,
 ) -> _ChunkMaps:
     """The WY / UT algebra of every chunk at once; inputs chunked [B, H, Nc, C, .], g [B, H, Nc, C].
 
-    The transition is gamma_t I - a'_t b_t^T: ``gate_first`` (``eos_delta``'s gamma_t (I - a_t b_t^T))
-    takes a before the gate, a'_t = gamma_t a_t; otherwise a is a' itself (``eos_dplr``'s form, where
-    recovering a = a' / gamma_t would divide by gates down to e^-30). ``a_is_e``: a and e are one
-    tensor (before the gate when ``gate_first``).
+    The transition is gamma_t I - a_t b_t^T (``eos_delta``'s gamma_t (I - a_t b_t^T) arrives with b
+    gamma_t: a scalar gate moves onto either factor, and on b it leaves a = e one tensor).
+    ``a_is_e``: a and e are one tensor (DeltaNet's beta k), so L = Le and Psa = Pse.
 
     Per chunk, with local cumulative log gate c_t = sum_{l<=t} g_l:
-        m_t = e^{c_t} M + sum_{j<=t} e^{c_t - c_j} (e_j v_j^T - a'_j u_j^T),   u_t = b_t^T m_{t-1},
+        m_t = e^{c_t} M + sum_{j<=t} e^{c_t - c_j} (e_j v_j^T - a_j u_j^T),   u_t = b_t^T m_{t-1},
     so U = [u_t] solves (I + L) U = diag(e^{c_{t-1}}) B M + Le V with
-        L[t, j]  = e^{c_{t-1} - c_j} b_t . a'_j,   Le[t, j] = e^{c_{t-1} - c_j} b_t . e_j   (j < t).
+        L[t, j]  = e^{c_{t-1} - c_j} b_t . a_j,   Le[t, j] = e^{c_{t-1} - c_j} b_t . e_j   (j < t).
     Writing U = W M + U0 (W, U0 independent of M) makes every chunk's y and next state an affine
     function of its initial memory M: y = Q M + R and M' = Phi M + Psi.
 
@@ -381,8 +381,6 @@ def _chunk_maps(
             # c_t - c_{start - 1}: the cumulative log from the segment's first token
             before = torch.nn.functional.pad(c, (1, 0))[..., :-1]
             c_seg = c - before.gather(-1, seg.start.expand_as(c))
-        if gate_first:
-            a = a * g.exp().unsqueeze(-1)  # a'_t = gamma_t a_t
         # Differences are masked before exp so the (discarded) upper triangle can never overflow.
         dec_b = ((c - g).unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~strict, float("-inf")).exp()
         dec_s = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~incl, float("-inf")).exp()
@@ -399,22 +397,16 @@ def _chunk_maps(
         to_end = last if to_end is None else to_end * last
     a_end = a if to_end is None else a * to_end
     e_end = e if to_end is None else e * to_end
-    # a' = e: DeltaNet (a = e = beta k) without a gate, or a gate not folded into a (Gated DeltaNet
-    # as D(alpha) - beta k (alpha k)^T)
-    a_prime_is_e = a_is_e and (g is None or not gate_first)
     if a_is_e:
-        # The C x C products are formed once: L = Le and Psa = Pse when a' = e; a'_j = gamma_j e_j
-        # (a gated before the gate) scales their column j by gamma_j.
+        # DeltaNet (a = e = beta k): the C x C products are formed once.
         et = e.transpose(-1, -2)
-        Le, Pse = (b @ et) * dec_b, (s @ et) * dec_s
-        col = None if a_prime_is_e else g.exp().unsqueeze(-2)
-        L, Psa = (Le, Pse) if col is None else (Le * col, Pse * col)
+        L, Pse = (b @ et) * dec_b, (s @ et) * dec_s
     else:
-        ae = torch.cat([a, e], -2).transpose(-1, -2)  # [K, 2C]: a' and e side by side
-        L, Le = ((b @ ae) * torch.cat([dec_b, dec_b], -1)).split(C, -1)  # b_t . a'_j, b_t . e_j
+        ae = torch.cat([a, e], -2).transpose(-1, -2)  # [K, 2C]: a and e side by side
+        L, Le = ((b @ ae) * torch.cat([dec_b, dec_b], -1)).split(C, -1)  # b_t . a_j, b_t . e_j
         Psa, Pse = ((s @ ae) * torch.cat([dec_s, dec_s], -1)).split(C, -1)
     inv = _UnitLowerInverse.apply(L)
-    if a_prime_is_e:
+    if a_is_e:
         # Here L = Le, Psa = Pse and a_end = e_end; with (I + L)^{-1} L = I - (I + L)^{-1},
         # U0 = v - inv v, so every product with v and U0 collapses onto v - U0 = inv v.
         W, inv_v = (inv @ torch.cat([b_scaled, v], -1)).split([K, D], -1)
@@ -443,6 +435,12 @@ def _chunked(
     return v, e, s, a, b, (None if g is None else g.reshape(Bn, H, Nc, C))
 
 
+def _gated_b(b: Tensor, g: Tensor | None) -> Tensor:
+    """b_t gamma_t (head-major b [B, H, T, K], g [B, H, T]): the chunk kernels' transition
+    gamma_t I - a_t (gamma_t b_t)^T is gamma_t (I - a_t b_t^T); a product, finite for any gate."""
+    return b if g is None else b * g.exp().unsqueeze(-1)
+
+
 def _carry(Phi: Tensor, Psi: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
     """The only sequential part: M_{n+1} = Phi_n M_n + Psi_n. Returns (the memories entering the
     chunks [B, H, Nc, K, D], the memory after the last)."""
@@ -465,14 +463,13 @@ def _delta_chunk(
     m0: Tensor | None,
     chunk_size: int,
     a_is_e: bool = False,
-    gate_first: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """Chunkwise (WY / UT) form (``_chunk_maps``, which says what ``gate_first`` means). All inputs
-    head-major [B, H, T, .]; returns (y, m_T)."""
+    """Chunkwise (WY / UT) form (``_chunk_maps``) of gamma_t I - a_t b_t^T. All inputs head-major
+    [B, H, T, .]; returns (y, m_T)."""
     Bn, H, T, D = v.shape
     K = e.shape[-1]
     C = min(chunk_size, T)
-    maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None, gate_first)
+    maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None)
     M = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
     starts, M = _carry(maps.Phi, maps.Psi, M)
     y = maps.Q @ starts + maps.R  # [B, H, Nc, C, D]
@@ -491,7 +488,6 @@ def _delta_chunk_packed(
     a_is_e: bool,
     cu: Tensor,
     final: bool,
-    gate_first: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """The chunk form over a packed row (B = 1) of N documents, cu [N + 1] int64: one pass over the
     row's regular chunks, the documents kept apart inside them by ``_Segments`` masks. y [1, H, T, D]
@@ -511,7 +507,7 @@ def _delta_chunk_packed(
     C = min(chunk_size, T)
     seg = _Segments.of(cu, T, C)
     v, e, s, a, b, g = _chunked(v, e, s, a, b, g, C)
-    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg, gate_first)
+    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg)
     Nc = seg.last.shape[0]
     carried_out = seg.carried[:, -1]  # [Nc]: the chunk's last segment continues from the carry
     Phi, Psi = maps.Phi * carried_out[:, None, None].to(v.dtype), maps.Psi
@@ -546,7 +542,7 @@ def _delta_chunk_packed(
     if not final:
         return y, None
     # m at a document's last token t_e, from its last segment [p, t_e] with initial memory Z:
-    #   m = e^{c_{t_e} - c_{p-1}} Z + sum_j e^{c_{t_e} - c_j} (e_j v_j^T - a'_j u_j^T),  u_j = W_j Z + U0_j
+    #   m = e^{c_{t_e} - c_{p-1}} Z + sum_j e^{c_{t_e} - c_j} (e_j v_j^T - a_j u_j^T),  u_j = W_j Z + U0_j
     last_token = doc_ends - 1
     seg_start = torch.maximum(doc_starts, chunk_of(last_token))
     pieces = Pieces.of_ranges(seg_start, doc_ends, Nc * C)
@@ -567,7 +563,7 @@ def _delta_chunk_packed(
     keep = (seg_start > doc_starts)[:, None, None, None]
     Z = starts[0].transpose(0, 1).index_select(0, torch.div(last_token, C, rounding_mode="floor"))  # [N, H, K, D]
     Z = torch.where(keep, Z, 0.0 if m0 is None else m0)
-    # One matmul per piece: [e_j; -a'_j] weighted against [v_j; u_j]. The left factors are 0 in
+    # One matmul per piece: [e_j; -a_j] weighted against [v_j; u_j]. The left factors are 0 in
     # the padding (weight), so the right ones' padding rows drop out.
     u = rows(maps.W) @ Z.index_select(0, pieces.doc) + rows(maps.U0)
     left = torch.cat([rows(e), -rows(maps.a)], -2) * weight.repeat(1, 1, 2).unsqueeze(-1)
@@ -639,7 +635,7 @@ def eos_delta(
     elif mode == "recurrent" or (mode == "auto" and T <= 1):
         y, m = _DeltaRecurrent.apply(v, e_, s_, a_, b_, g, m0, chunk_size)
     else:
-        y, m = _delta_chunk(v, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a is e)
+        y, m = _delta_chunk(v, e_, s_, a_, _gated_b(b_, g), g, m0, chunk_size, a_is_e=a is e)
     y = y.permute(0, 2, 1, 3).to(out_dtype)
     if not output_final_state:
         return y, None
@@ -686,7 +682,7 @@ def _delta_packed(
         y, m = torch.cat(ys, 2), torch.cat(ms, 0)
     else:
         cu = torch.tensor(bounds, dtype=torch.int64, device=v.device)
-        y, m = _delta_chunk_packed(v, e_, s_, a_, b_, g, m0, chunk_size, a is e, cu, output_final_state)
+        y, m = _delta_chunk_packed(v, e_, s_, a_, _gated_b(b_, g), g, m0, chunk_size, a is e, cu, output_final_state)
     y = y.permute(0, 2, 1, 3).to(out_dtype)
     if not output_final_state:
         return y, None

@@ -53,7 +53,7 @@ from ._inputs import (
     shape_str,
     without_autocast,
 )
-from .delta import _delta_chunk, _delta_chunk_packed, _UnitLowerInverse
+from .delta import _delta_chunk, _delta_chunk_packed, _gated_b, _UnitLowerInverse
 from .eos import Plan
 
 Tensor = torch.Tensor
@@ -404,20 +404,23 @@ def _gate_a(a: Tensor, g: Tensor | None) -> Tensor:
 
 def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqlens=None, final=True):
     """The chunk form on ``eos_delta``'s kernel: canonical tensors (n = 1, g None or [B, T, H, 1])
-    -> y [B, T, H, D], m_T (or None when packed and not ``final``). Its gradients are autograd's
-    through the kernel, and a / a_is_e are handed over as given: with ``gate_first`` the kernel
-    gates a itself, and a DeltaNet's a = e stays one tensor for its shared products."""
+    -> y [B, T, H, D], m_T (or None when packed and not ``final``); gradients by autograd through
+    the kernel. ``gate_first`` puts the scalar decay on b, D(alpha) (I - a b^T) = D(alpha) - a
+    (alpha b)^T: a product like gating a, and a DeltaNet's a = e stays one tensor for the kernel's
+    shared products."""
 
     def heads(x: Tensor) -> Tensor:  # [B, T, H, 1, .] -> [B, H, T, .]
         return x[:, :, :, 0].transpose(1, 2)
 
     v, e, a, b, s = heads(i), heads(e), heads(a), heads(b), s.transpose(1, 2)
     g = g[..., 0].transpose(1, 2) if g is not None else None
+    if gate_first:
+        b = _gated_b(b, g)
     C = _chunk_size(chunk_size, g)
     if cu_seqlens is None:
-        y, m = _delta_chunk(v, e, s, a, b, g, m0, C, a_is_e, gate_first)
+        y, m = _delta_chunk(v, e, s, a, b, g, m0, C, a_is_e)
     else:
-        y, m = _delta_chunk_packed(v, e, s, a, b, g, m0, C, a_is_e, cu_seqlens, final, gate_first)
+        y, m = _delta_chunk_packed(v, e, s, a, b, g, m0, C, a_is_e, cu_seqlens, final)
     return y.transpose(1, 2), m
 
 
