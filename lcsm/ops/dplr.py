@@ -26,7 +26,8 @@ in T, with a backward that recomputes span by span), ``auto`` (T <= 1 -> recurre
 step; else chunk); packed rows run through the chunk form in one call. The chunk form of one step
 per token with no decay or a scalar one (DeltaNet, Gated DeltaNet, Comba, FWP, M1, M2) runs on
 ``eos_delta``'s chunk kernel (lcsm.ops.delta), which serves exactly that structure faster and
-keeps packed documents apart inside its chunks without padding them. ``explain_dplr`` says which.
+keeps packed documents apart inside its chunks without padding them; autograd differentiates it
+(no recomputation: faster, more memory; docs/eos_dplr.md). ``explain_dplr`` says which.
 
 Shape glossary: B batch, T time, H heads, n micro-steps per token, K memory rows, D memory
 columns, N documents of a packed row.
@@ -390,16 +391,17 @@ def _form(mode: str, T: int) -> str:
 
 def _routed(n: int, g: Tensor | None) -> bool:
     """Whether the chunk form runs on ``eos_delta``'s kernel: one step per token and a decay that is
-    none or a scalar (the kernel's gamma_t I - a'_t b_t^T; a per-row decay or micro-steps are not)."""
+    none or a scalar (the kernel's gamma_t I - a_t b_t^T; a per-row decay or micro-steps are not)."""
     return n == 1 and (g is None or g.shape[-1] == 1)
 
 
-def _gate_a(a: Tensor, g: Tensor | None) -> Tensor:
-    """gate_first's low-rank factor on canonical tensors: exp(g) * a at each token's first
-    micro-step (where the decay is), a product that stays finite for any log decay."""
-    if g is None:
-        return a
-    return torch.cat([a[:, :, :, :1] * g.exp().unsqueeze(3), a[:, :, :, 1:]], 3)
+def _own_form_a(a: Tensor, g: Tensor | None, gate_first: bool, shared: bool) -> tuple[Tensor, bool]:
+    """a and a_is_e of this module's forms from canonical a: with ``gate_first`` the low-rank factor
+    exp(g) * a at each token's first micro-step (where the decay is; a product, finite for any log
+    decay); a is e (``shared``) still holds unless the decay was folded into a."""
+    if not gate_first or g is None:
+        return a, shared
+    return torch.cat([a[:, :, :, :1] * g.exp().unsqueeze(3), a[:, :, :, 1:]], 3), False
 
 
 def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqlens=None, final=True):
@@ -551,10 +553,7 @@ def eos_dplr(
     if chunk and _routed(n, g):
         y, m = _delta_kernel(i_, e_, s_, a_, b_, g, m0, chunk_size, a is e, gate_first)
         return y.to(out_dtype), (m if output_final_state else None)
-    if gate_first:
-        a_ = _gate_a(a_, g)
-    # a and e stay one tensor unless the decay was folded into a
-    a_is_e = a is e and not (gate_first and g is not None)
+    a_, a_is_e = _own_form_a(a_, g, gate_first, a is e)
     if chunk:
         y, m = dplr_chunk(
             i_, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a_is_e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
@@ -591,9 +590,7 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
             cu = torch.tensor(bounds, dtype=torch.int64, device=i_.device)
             y, m = _delta_kernel(i_, e_, s_, a_, b_, g, m0, chunk_size, a is e, gate_first, cu, output_final_state)
             return y.to(out_dtype), m
-        if gate_first:
-            a_ = _gate_a(a_, g)
-        a_is_e = a is e and not (gate_first and g is not None)
+        a_, a_is_e = _own_form_a(a_, g, gate_first, a is e)
         y, m = dplr_chunk(
             i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a_is_e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
         )
