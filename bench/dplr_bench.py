@@ -10,12 +10,20 @@ Cases (B = 1, H = 4, K = D = 64 unless said; the targets of issue 66):
     delta     DeltaNet: eos_dplr chunk (a = e = beta k, one tensor; no decay) vs fla
               delta_rule_chunkwise, T = 2048. Target: ratio <= 1.
     kda       KDA (per-row decay): eos_dplr chunk vs fla naive_chunk_kda, T = 2048 (information).
-    autograd  eos_dplr's recomputing backward vs autograd through the same chunk form, T = 2048
-              (information: the price of the recomputation).
+    routed    the calls the mixers made before and make now, side by side, T = 2048, C = 64:
+              eos_delta vs eos_dplr (which runs eos_delta's kernel for these structures) for
+              DeltaNet (no decay), a scalar gate (gate_first, the same a; and Gated DeltaNet's own
+              call, a = e = beta k, b = alpha k), and packed rows of 8 documents (cu_seqlens) with
+              and without a gate; eos_dplr's own WY / UT form (its recomputing backward, what it
+              ran for these structures before routing) for information. Target: new / old <= 1.05.
+    autograd  eos_dplr's own form: its recomputing backward vs autograd through it (Gated
+              DeltaNet), T = 2048 (information: the price of the recomputation).
     scaling   time per token of eos_dplr chunk (Gated DeltaNet) from T = 1K to --max-T. Target: the
               largest T within 1.25x of T = 1K per token (flat).
-    memory    peak resident memory of one forward + backward at T = --memory-T, the recomputing
-              backward vs autograd through the chunk form, each in a fresh process. Target: <= 1.
+    memory    peak resident memory of one Gated DeltaNet forward + backward at T = --memory-T, each
+              in a fresh process: eos_dplr's own form with its recomputing backward vs autograd
+              through it (target: <= 1), and eos_dplr as called (eos_delta's kernel, autograd
+              through it) for information.
 
 Peers get their own layouts, built before timing.
 """
@@ -34,10 +42,12 @@ from torch.nn.functional import logsigmoid, normalize
 
 from bench._common import Check, proc_status_kib, provenance_header, run_memory_worker, write_out
 from lcsm.ops import dplr as _dplr
-from lcsm.ops import eos_dplr
+from lcsm.ops import eos_delta, eos_dplr
 
 B, H, K, D = 1, 4, 64, 64
-CASES = ("gdn", "delta", "kda", "autograd", "scaling", "memory")
+CASES = ("gdn", "delta", "kda", "routed", "autograd", "scaling", "memory")
+# The documents of the packed rows of case "routed" (they sum to 2048).
+PACKED = (300, 17, 512, 1, 640, 77, 250, 251)
 
 
 def inputs(T: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -57,14 +67,18 @@ def leaves(x: dict[str, torch.Tensor], names: str) -> list[torch.Tensor]:
     return [x[n].detach().clone().requires_grad_() for n in names.split()]
 
 
-def ours_gdn(x, chunk_size=None, autograd=False):
+def ours_gdn(x, chunk_size=None, backward="routed"):
+    """backward: "routed" (eos_dplr as called: eos_delta's kernel, autograd through it),
+    "recompute" (eos_dplr's own WY / UT form with its recomputing backward) or "autograd" (the
+    own form differentiated by autograd, every intermediate kept)."""
     q, k, v, beta, g = leaves(x, "q k v beta g")
     bk = beta[..., None] * k
     args = (v, bk, q * K**-0.5, bk * g.exp()[..., None], k, g)
-    if autograd:  # the same chunk form, differentiated by autograd (keeps every intermediate)
-        y, _ = _dplr.dplr_chunk(*_dplr._canonicalize(*args, None)[:7], chunk_size)
-    else:
+    if backward == "routed":
         y, _ = eos_dplr(*args, mode="chunk", chunk_size=chunk_size)
+    else:
+        canonical = _dplr._canonicalize(*args, None)[:7]
+        y, _ = _dplr.dplr_chunk(*canonical, chunk_size, recompute=backward == "recompute")
     y.backward(x["cot"])
 
 
@@ -106,6 +120,60 @@ def fla_kda(x):
     y.backward(x["cot"])
 
 
+def routed_calls(x: dict[str, torch.Tensor], gate: str, packed: bool) -> dict[str, object]:
+    """Forward + backward closures of one structure eos_dplr routes to eos_delta's kernel, C = 64:
+    "old" the eos_delta call the mixers made, "new" the eos_dplr call they make now, "own"
+    eos_dplr's own WY / UT form (its recomputing backward). gate: "none" (DeltaNet), "first" (a
+    scalar gate, a given before it: gate_first) or "gdn" (Gated DeltaNet's call, a = e = beta k,
+    b = alpha k; the same transition as "first")."""
+    cu = torch.tensor([0, *torch.tensor(PACKED).cumsum(0).tolist()]) if packed else None
+    C = 64
+
+    def prepared():
+        q, k, v, beta, g = leaves(x, "q k v beta g")
+        return q * K**-0.5, k, v, beta[..., None] * k, (None if gate == "none" else g)
+
+    def old():
+        q, k, v, bk, g = prepared()
+        y, _ = eos_delta(v, bk, q, bk, k, g, mode="chunk", chunk_size=C, cu_seqlens=cu)
+        y.backward(x["cot"])
+
+    def new():
+        q, k, v, bk, g = prepared()
+        if gate == "gdn":
+            y, _ = eos_dplr(v, bk, q, bk, g.exp()[..., None] * k, g, mode="chunk", chunk_size=C, cu_seqlens=cu)
+        else:
+            y, _ = eos_dplr(v, bk, q, bk, k, g, mode="chunk", chunk_size=C, cu_seqlens=cu, gate_first=True)
+        y.backward(x["cot"])
+
+    def own():
+        q, k, v, bk, g = prepared()
+        a = bk if g is None else g.exp()[..., None] * bk
+        canonical = _dplr._canonicalize(v, bk, q, a, k, g, None)[:7]
+        bounds = None if cu is None else cu.tolist()
+        y, _ = _dplr.dplr_chunk(*canonical, C, bounds, a_is_e=g is None, recompute=True)
+        y.backward(x["cot"])
+
+    return {"old": old, "new": new, "own": own}
+
+
+def alternating_best(fns: dict[str, object], x, repeats: int) -> dict[str, float]:
+    """The minimum over ``repeats`` rounds, each running every fn once in turn (after one warm-up
+    round), so a disturbance of the shared machine falls on all of them alike. Each round starts
+    one fn later: no fn always follows the same one (the allocator's state after a fn that keeps
+    much memory would otherwise fall on one of them only)."""
+    best = dict.fromkeys(fns, float("inf"))
+    names = list(fns)
+    for fn in fns.values():
+        fn()
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            fns[name]()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
 def best_time(fn, x, repeats: int) -> float:
     fn(x)  # warm-up
     times = []
@@ -120,13 +188,12 @@ def memory_worker(spec: dict) -> dict:
     """In a fresh process: one Gated DeltaNet forward + backward at T with the given backward;
     the peak resident set above the pre-run baseline, in bytes."""
     torch.set_num_threads(spec["threads"])
-    autograd = spec["backward"] == "autograd"
-    ours_gdn(inputs(256), autograd=autograd)  # load lazily initialised kernels first
+    ours_gdn(inputs(256), backward=spec["backward"])  # load lazily initialised kernels first
     x = inputs(spec["T"])
     gc.collect()
     base = proc_status_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (the peak RSS) to the current RSS
-    ours_gdn(x, autograd=autograd)
+    ours_gdn(x, backward=spec["backward"])
     return {"peak_bytes": (proc_status_kib("VmHWM") - base) * 1024}
 
 
@@ -165,10 +232,21 @@ def main(argv: list[str] | None = None) -> int:
         pair("DeltaNet", ours_delta, fla_delta, 1.0)
     if "kda" in args.only:
         pair("KDA (per-row decay)", ours_kda, fla_kda, None)
+    routed = []
+    if "routed" in args.only:
+        x = inputs(2048)
+        for packed in (False, True):
+            for gate in ("none", "first", "gdn"):
+                best = alternating_best(routed_calls(x, gate, packed), x, args.repeats)
+                name = {"none": "no decay", "first": "scalar gate (gate_first)", "gdn": "scalar gate (GDN's call)"}
+                case = f"{name[gate]}{', packed' if packed else ''}"
+                routed.append((case, best))
+                checks.append(Check(f"{case}: eos_dplr / eos_delta", best["new"] / best["old"], "<=", 1.05))
+                log(f"routed {case}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in best.items()))
     if "autograd" in args.only:
         x = inputs(2048)
-        a = best_time(ours_gdn, x, args.repeats)
-        b = best_time(lambda x: ours_gdn(x, autograd=True), x, args.repeats)
+        a = best_time(lambda x: ours_gdn(x, backward="recompute"), x, args.repeats)
+        b = best_time(lambda x: ours_gdn(x, backward="autograd"), x, args.repeats)
         rows.append(
             f"| recomputing vs autograd backward (GDN) | T 2048 | {a * 1e3:.1f} | {b * 1e3:.1f} | {a / b:.3f}x |"
         )
@@ -187,13 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     memory = None
     if "memory" in args.only:
         spec = {"T": args.memory_T, "threads": args.threads}
-        peaks = {m: run_memory_worker("bench.dplr_bench", {**spec, "backward": m}, 600) for m in ("custom", "autograd")}
+        backwards = ("recompute", "autograd", "routed")
+        peaks = {m: run_memory_worker("bench.dplr_bench", {**spec, "backward": m}, 600) for m in backwards}
         memory = peaks
         if all(isinstance(v, int) for v in peaks.values()):
             checks.append(
                 Check(
                     f"peak memory at T = {args.memory_T}, recomputing / autograd",
-                    peaks["custom"] / peaks["autograd"],
+                    peaks["recompute"] / peaks["autograd"],
                     "<=",
                     1.0,
                 )
@@ -217,6 +296,22 @@ def main(argv: list[str] | None = None) -> int:
             "| case | shape | eos_dplr ms | peer ms | ratio |",
             "| --- | --- | ---: | ---: | ---: |",
             *rows,
+        ]
+    if routed:
+        lines += [
+            "",
+            "## The routed structures: the mixers' old call (eos_delta) vs the new one (eos_dplr)",
+            "",
+            f"T 2048, C = 64, alternating rounds; packed: documents {list(PACKED)}. own: eos_dplr's WY / UT",
+            "form with its recomputing backward (what eos_dplr ran for these structures before routing).",
+            "",
+            "| case | eos_delta ms | eos_dplr ms | new / old | own form ms | own / old |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        lines += [
+            f"| {case} | {b['old'] * 1e3:.1f} | {b['new'] * 1e3:.1f} | {b['new'] / b['old']:.3f}x "
+            f"| {b['own'] * 1e3:.1f} | {b['own'] / b['old']:.3f}x |"
+            for case, b in routed
         ]
     if scaling:
         lines += ["", "## Time per token (Gated DeltaNet, chunk form)", "", "| T | µs / token |", "| ---: | ---: |"]

@@ -10,8 +10,9 @@ by its registry name (``fwp.py``, ``m1.py``, ``m2.py``, ``m3.py``).
     m2              o_t = I - k_t kbar_t^T,       e_t = k_t
     m3              o_t = I - Diag{k_t},          e_t = k_t           (diagonal: psi = elementwise)
 
-fwp, m1 and m2 run on :func:`lcsm.ops.eos_delta` (a dense K x K oscillation the elementwise EOS op
-cannot express); m3 is diagonal and runs on :func:`lcsm.ops.eos`. See docs/zoo/delta_rule.md.
+fwp, m1 and m2 run on :func:`lcsm.ops.eos_dplr` with no decay (a dense K x K oscillation the
+elementwise EOS op cannot express; its chunk form is ``eos_delta``'s kernel for this structure);
+m3 is diagonal and runs on :func:`lcsm.ops.eos`. See docs/zoo/delta_rule.md.
 
 Packed sequences: ``cu_seqlens`` goes straight to the operator (one pass over the row, the memory
 restarting at each document from its row of the state); the projections are per token.
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import DELTA_MODES, eos_delta
+from ..ops import DPLR_MODES, eos_dplr
 from .base import Mixer, State, no_weight_decay
 from .packing import check_document_state, documents
 
@@ -59,7 +60,7 @@ class DeltaBase(Mixer):
     the norm makes the layer's output scale independent of how full the memory is.
     """
 
-    modes = DELTA_MODES
+    modes = DPLR_MODES
 
     def __init__(
         self,
@@ -136,14 +137,14 @@ class DeltaBase(Mixer):
         return q, k, self._heads(self.v_proj(x), self.head_v)
 
     def _delta_states(self, x: Tensor):
-        """Returns (e, s, a, b) [B, T, H, K] and i [B, T, H, D] of eos_delta."""
+        """Returns (e, s, a, b) [B, T, H, K] and i [B, T, H, D] of eos_dplr (no decay)."""
         raise NotImplementedError
 
     def _mix(self, x: Tensor, m0: Tensor | None, return_state: bool, cu_seqlens: Tensor | None):
         """x [B, T, d_model] -> (y [B, T, H, D], m_T [B, H, K, D] or None; B = N documents with
         ``cu_seqlens``)."""
         e, s, a, b, i = self._delta_states(x)
-        return eos_delta(
+        return eos_dplr(
             i,
             e,
             s,

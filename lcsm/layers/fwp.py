@@ -4,7 +4,7 @@ DeltaNet, Yang et al. 2024).
 A delta-rule mixer (a matrix oscillation, LCSM Table 7): the family table and the shared base
 are in ``_delta.py``; docs/zoo/delta_rule.md.
 
-Packed sequences: ``cu_seqlens`` passes to ``eos_delta``, one pass over the row.
+Packed sequences: ``cu_seqlens`` passes to ``eos_dplr``, one pass over the row.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class FastWeightProgrammer(DeltaBase):
         W_t = W_{t-1} + beta_t k_t (v_t - W_{t-1}^T k_t)^T = (I - beta_t k_t k_t^T) W_{t-1} + beta_t k_t v_t^T
         y_t = W_t^T q_t
 
-    i.e. eos_delta with a = e = beta k, b = k, s = q. beta_t = sigmoid(Linear(x)) per head (one
+    i.e. eos_dplr with a = e = beta k, b = k, s = q, no decay. beta_t = sigmoid(Linear(x)) per head (one
     learning rate per head and token). q and k are SiLU then L2-normalised per head (Yang et al.
     2024; fla's qk_activation='silu', qk_norm='l2'). With ||k|| = 1 and beta in (0, 1),
     I - beta k k^T has eigenvalues 1 and 1 - beta: the update is non-expansive and the memory

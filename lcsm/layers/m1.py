@@ -3,7 +3,7 @@
 A delta-rule mixer (a matrix oscillation, LCSM Table 7): the family table and the shared base
 are in ``_delta.py``; docs/zoo/delta_rule.md.
 
-Packed sequences: ``cu_seqlens`` passes to ``eos_delta``, one pass over the row.
+Packed sequences: ``cu_seqlens`` passes to ``eos_dplr``, one pass over the row.
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ Modes (see docs/eos_delta.md for the algebra):
   transformers with the delta rule over sequence length"), generalised to
   a != b and an optional scalar gate: within a chunk the corrections u_t = b_t^T m_{t-1} solve one
   unit lower-triangular system, and across chunks m is propagated by one K x K matrix per chunk.
-  Gradients come from autograd through this forward.
+  The gate is carried on b, gamma (I - a b^T) = gamma I - a (gamma b)^T, so DeltaNet's a = e stays
+  one tensor. Gradients come from autograd through this forward. ``eos_dplr`` runs this kernel
+  for the structures it serves (one step per token, no or a scalar decay).
 * ``auto``: T <= 1 -> recurrent (one step, decoding), otherwise chunk.
 
 Packed sequences (``cu_seqlens``): the chunk form runs the row's regular chunks in one pass with
@@ -318,7 +320,8 @@ class _ChunkMaps:
     """Per chunk (all [B, H, Nc, C, .] or [B, H, Nc, K, .]), for a chunk whose segments start from
     memories Z (the chunk's initial memory M when there are no segments):
     U = W Z + U0 (the corrections u_t = b_t^T m_{t-1}), y = Q Z + R, and the memory carried out of
-    the chunk's last segment Phi Z_last + Psi. ``a`` is the gated a'_t = gamma_t a_t, ``c`` the
+    the chunk's last segment Phi Z_last + Psi. ``a`` is the low-rank factor of the transition
+    gamma_t I - a_t b_t^T, ``c`` the
     chunk-local cumulative log gate and ``c_seg`` the same from each segment's first token (None
     without a gate); packed rows need them for the states read at document ends."""
 
@@ -345,10 +348,14 @@ def _chunk_maps(
 ) -> _ChunkMaps:
     """The WY / UT algebra of every chunk at once; inputs chunked [B, H, Nc, C, .], g [B, H, Nc, C].
 
-    Per chunk, with local cumulative log gate c_t = sum_{l<=t} g_l and a'_t = gamma_t a_t:
-        m_t = e^{c_t} M + sum_{j<=t} e^{c_t - c_j} (e_j v_j^T - a'_j u_j^T),   u_t = b_t^T m_{t-1},
+    The transition is gamma_t I - a_t b_t^T (``eos_delta``'s gamma_t (I - a_t b_t^T) arrives with b
+    gamma_t: a scalar gate moves onto either factor, and on b it leaves a = e one tensor).
+    ``a_is_e``: a and e are one tensor (DeltaNet's beta k), so L = Le and Psa = Pse.
+
+    Per chunk, with local cumulative log gate c_t = sum_{l<=t} g_l:
+        m_t = e^{c_t} M + sum_{j<=t} e^{c_t - c_j} (e_j v_j^T - a_j u_j^T),   u_t = b_t^T m_{t-1},
     so U = [u_t] solves (I + L) U = diag(e^{c_{t-1}}) B M + Le V with
-        L[t, j]  = e^{c_{t-1} - c_j} b_t . a'_j,   Le[t, j] = e^{c_{t-1} - c_j} b_t . e_j   (j < t).
+        L[t, j]  = e^{c_{t-1} - c_j} b_t . a_j,   Le[t, j] = e^{c_{t-1} - c_j} b_t . e_j   (j < t).
     Writing U = W M + U0 (W, U0 independent of M) makes every chunk's y and next state an affine
     function of its initial memory M: y = Q M + R and M' = Phi M + Psi.
 
@@ -374,7 +381,6 @@ def _chunk_maps(
             # c_t - c_{start - 1}: the cumulative log from the segment's first token
             before = torch.nn.functional.pad(c, (1, 0))[..., :-1]
             c_seg = c - before.gather(-1, seg.start.expand_as(c))
-        a = a * g.exp().unsqueeze(-1)  # a'_t = gamma_t a_t
         # Differences are masked before exp so the (discarded) upper triangle can never overflow.
         dec_b = ((c - g).unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~strict, float("-inf")).exp()
         dec_s = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~incl, float("-inf")).exp()
@@ -392,24 +398,21 @@ def _chunk_maps(
     a_end = a if to_end is None else a * to_end
     e_end = e if to_end is None else e * to_end
     if a_is_e:
-        # DeltaNet (a = e = beta k): a'_j = gamma_j e_j, so L and Psa are Le and Pse with column j
-        # scaled by gamma_j: the C x C products are formed once.
+        # DeltaNet (a = e = beta k): the C x C products are formed once.
         et = e.transpose(-1, -2)
-        Le, Pse = (b @ et) * dec_b, (s @ et) * dec_s
-        col = g.exp().unsqueeze(-2) if g is not None else None
-        L, Psa = (Le, Pse) if col is None else (Le * col, Pse * col)
+        L, Pse = (b @ et) * dec_b, (s @ et) * dec_s
     else:
-        ae = torch.cat([a, e], -2).transpose(-1, -2)  # [K, 2C]: a' and e side by side
-        L, Le = ((b @ ae) * torch.cat([dec_b, dec_b], -1)).split(C, -1)  # b_t . a'_j, b_t . e_j
+        ae = torch.cat([a, e], -2).transpose(-1, -2)  # [K, 2C]: a and e side by side
+        L, Le = ((b @ ae) * torch.cat([dec_b, dec_b], -1)).split(C, -1)  # b_t . a_j, b_t . e_j
         Psa, Pse = ((s @ ae) * torch.cat([dec_s, dec_s], -1)).split(C, -1)
     inv = _UnitLowerInverse.apply(L)
-    if a_is_e and g is None:
+    if a_is_e:
         # Here L = Le, Psa = Pse and a_end = e_end; with (I + L)^{-1} L = I - (I + L)^{-1},
         # U0 = v - inv v, so every product with v and U0 collapses onto v - U0 = inv v.
-        W, inv_v = (inv @ torch.cat([b, v], -1)).split([K, D], -1)
+        W, inv_v = (inv @ torch.cat([b_scaled, v], -1)).split([K, D], -1)
         SW, R = (Pse @ torch.cat([W, inv_v], -1)).split([K, D], -1)
         EW, Psi = (e_end.transpose(-1, -2) @ torch.cat([W, inv_v], -1)).split([K, D], -1)
-        return _ChunkMaps(s - SW, R, m_decay - EW, Psi, W, v - inv_v, a, c, c_seg)
+        return _ChunkMaps(s_scaled - SW, R, m_decay - EW, Psi, W, v - inv_v, a, c, c_seg)
     W, U0 = (inv @ torch.cat([b_scaled, Le @ v], -1)).split([K, D], -1)  # U = W M + U0
     SW, SU = (Psa @ torch.cat([W, U0], -1)).split([K, D], -1)
     AW, AU = (a_end.transpose(-1, -2) @ torch.cat([W, U0], -1)).split([K, D], -1)
@@ -430,6 +433,12 @@ def _chunked(
             g = torch.nn.functional.pad(g, (0, pad))
     v, e, s, a, b = (x.reshape(Bn, H, Nc, C, x.shape[-1]) for x in (v, e, s, a, b))
     return v, e, s, a, b, (None if g is None else g.reshape(Bn, H, Nc, C))
+
+
+def _gated_b(b: Tensor, g: Tensor | None) -> Tensor:
+    """b_t gamma_t (head-major b [B, H, T, K], g [B, H, T]): the chunk kernels' transition
+    gamma_t I - a_t (gamma_t b_t)^T is gamma_t (I - a_t b_t^T); a product, finite for any gate."""
+    return b if g is None else b * g.exp().unsqueeze(-1)
 
 
 def _carry(Phi: Tensor, Psi: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
@@ -455,7 +464,8 @@ def _delta_chunk(
     chunk_size: int,
     a_is_e: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Chunkwise (WY / UT) form (``_chunk_maps``). All inputs head-major [B, H, T, .]; returns (y, m_T)."""
+    """Chunkwise (WY / UT) form (``_chunk_maps``) of gamma_t I - a_t b_t^T. All inputs head-major
+    [B, H, T, .]; returns (y, m_T)."""
     Bn, H, T, D = v.shape
     K = e.shape[-1]
     C = min(chunk_size, T)
@@ -532,7 +542,7 @@ def _delta_chunk_packed(
     if not final:
         return y, None
     # m at a document's last token t_e, from its last segment [p, t_e] with initial memory Z:
-    #   m = e^{c_{t_e} - c_{p-1}} Z + sum_j e^{c_{t_e} - c_j} (e_j v_j^T - a'_j u_j^T),  u_j = W_j Z + U0_j
+    #   m = e^{c_{t_e} - c_{p-1}} Z + sum_j e^{c_{t_e} - c_j} (e_j v_j^T - a_j u_j^T),  u_j = W_j Z + U0_j
     last_token = doc_ends - 1
     seg_start = torch.maximum(doc_starts, chunk_of(last_token))
     pieces = Pieces.of_ranges(seg_start, doc_ends, Nc * C)
@@ -553,7 +563,7 @@ def _delta_chunk_packed(
     keep = (seg_start > doc_starts)[:, None, None, None]
     Z = starts[0].transpose(0, 1).index_select(0, torch.div(last_token, C, rounding_mode="floor"))  # [N, H, K, D]
     Z = torch.where(keep, Z, 0.0 if m0 is None else m0)
-    # One matmul per piece: [e_j; -a'_j] weighted against [v_j; u_j]. The left factors are 0 in
+    # One matmul per piece: [e_j; -a_j] weighted against [v_j; u_j]. The left factors are 0 in
     # the padding (weight), so the right ones' padding rows drop out.
     u = rows(maps.W) @ Z.index_select(0, pieces.doc) + rows(maps.U0)
     left = torch.cat([rows(e), -rows(maps.a)], -2) * weight.repeat(1, 1, 2).unsqueeze(-1)
@@ -625,7 +635,7 @@ def eos_delta(
     elif mode == "recurrent" or (mode == "auto" and T <= 1):
         y, m = _DeltaRecurrent.apply(v, e_, s_, a_, b_, g, m0, chunk_size)
     else:
-        y, m = _delta_chunk(v, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a is e)
+        y, m = _delta_chunk(v, e_, s_, a_, _gated_b(b_, g), g, m0, chunk_size, a_is_e=a is e)
     y = y.permute(0, 2, 1, 3).to(out_dtype)
     if not output_final_state:
         return y, None
@@ -672,7 +682,7 @@ def _delta_packed(
         y, m = torch.cat(ys, 2), torch.cat(ms, 0)
     else:
         cu = torch.tensor(bounds, dtype=torch.int64, device=v.device)
-        y, m = _delta_chunk_packed(v, e_, s_, a_, b_, g, m0, chunk_size, a is e, cu, output_final_state)
+        y, m = _delta_chunk_packed(v, e_, s_, a_, _gated_b(b_, g), g, m0, chunk_size, a is e, cu, output_final_state)
     y = y.permute(0, 2, 1, 3).to(out_dtype)
     if not output_final_state:
         return y, None

@@ -17,9 +17,17 @@ Products of n Householder-like factors per token (Gated DeltaProduct) are micro-
 (D_j - a_j b_j^T) m + e_j i_j^T with D_1 = D(alpha_t) and D_j = I for j > 1, and s_t reads the
 memory after the last one.
 
+``gate_first=True`` takes a before the decay, the transition D(alpha_t) (I - a_t b_t^T) (a DeltaNet
+gated as in LCSM's and ``eos_delta``'s gamma_t (I - a_t b_t^T)): the low-rank factor is then
+exp(log_alpha_t) * a_t, formed by a product, never by dividing a given factor by the decay.
+
 Forms: ``recurrent`` (the definition, step by step), ``chunk`` (the WY / UT chunkwise form, linear
 in T, with a backward that recomputes span by span), ``auto`` (T <= 1 -> recurrent, the decoding
-step; else chunk); packed rows run through the chunk form in one call. ``explain_dplr`` says which.
+step; else chunk); packed rows run through the chunk form in one call. The chunk form of one step
+per token with no decay or a scalar one (DeltaNet, Gated DeltaNet, Comba, FWP, M1, M2) runs on
+``eos_delta``'s chunk kernel (lcsm.ops.delta), which serves exactly that structure faster and
+keeps packed documents apart inside its chunks without padding them; autograd differentiates it
+(no recomputation: faster, more memory; docs/eos_dplr.md). ``explain_dplr`` says which.
 
 Shape glossary: B batch, T time, H heads, n micro-steps per token, K memory rows, D memory
 columns, N documents of a packed row.
@@ -46,7 +54,7 @@ from ._inputs import (
     shape_str,
     without_autocast,
 )
-from .delta import _UnitLowerInverse
+from .delta import _delta_chunk, _delta_chunk_packed, _gated_b, _UnitLowerInverse
 from .eos import Plan
 
 Tensor = torch.Tensor
@@ -381,6 +389,43 @@ def _form(mode: str, T: int) -> str:
     return "recurrent" if mode == "recurrent" or (mode == "auto" and T <= 1) or T == 0 else "chunk"
 
 
+def _routed(n: int, g: Tensor | None) -> bool:
+    """Whether the chunk form runs on ``eos_delta``'s kernel: one step per token and a decay that is
+    none or a scalar (the kernel's gamma_t I - a_t b_t^T; a per-row decay or micro-steps are not)."""
+    return n == 1 and (g is None or g.shape[-1] == 1)
+
+
+def _own_form_a(a: Tensor, g: Tensor | None, gate_first: bool, shared: bool) -> tuple[Tensor, bool]:
+    """a and a_is_e of this module's forms from canonical a: with ``gate_first`` the low-rank factor
+    exp(g) * a at each token's first micro-step (where the decay is; a product, finite for any log
+    decay); a is e (``shared``) still holds unless the decay was folded into a."""
+    if not gate_first or g is None:
+        return a, shared
+    return torch.cat([a[:, :, :, :1] * g.exp().unsqueeze(3), a[:, :, :, 1:]], 3), False
+
+
+def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqlens=None, final=True):
+    """The chunk form on ``eos_delta``'s kernel: canonical tensors (n = 1, g None or [B, T, H, 1])
+    -> y [B, T, H, D], m_T (or None when packed and not ``final``); gradients by autograd through
+    the kernel. ``gate_first`` puts the scalar decay on b, D(alpha) (I - a b^T) = D(alpha) - a
+    (alpha b)^T: a product like gating a, and a DeltaNet's a = e stays one tensor for the kernel's
+    shared products."""
+
+    def heads(x: Tensor) -> Tensor:  # [B, T, H, 1, .] -> [B, H, T, .]
+        return x[:, :, :, 0].transpose(1, 2)
+
+    v, e, a, b, s = heads(i), heads(e), heads(a), heads(b), s.transpose(1, 2)
+    g = g[..., 0].transpose(1, 2) if g is not None else None
+    if gate_first:
+        b = _gated_b(b, g)
+    C = _chunk_size(chunk_size, g)
+    if cu_seqlens is None:
+        y, m = _delta_chunk(v, e, s, a, b, g, m0, C, a_is_e)
+    else:
+        y, m = _delta_chunk_packed(v, e, s, a, b, g, m0, C, a_is_e, cu_seqlens, final)
+    return y.transpose(1, 2), m
+
+
 def explain_dplr(
     i: Tensor,
     e: Tensor,
@@ -393,11 +438,14 @@ def explain_dplr(
     initial_state: Tensor | None = None,
     chunk_size: int | None = None,
     cu_seqlens: Tensor | None = None,
+    gate_first: bool = False,
 ) -> Plan:
     """The plan ``eos_dplr`` follows for these arguments (validated as ``eos_dplr`` does): the
     form, its kernel and why. Rules: mode "recurrent", or "auto" with T <= 1 -> the recurrence
-    (one step per micro-step); otherwise the WY / UT chunk form, whose backward recomputes span by
-    span when gradients are needed."""
+    (one step per micro-step); otherwise a chunk form: ``eos_delta``'s kernel ("delta") for one
+    step per token and no or a scalar decay, else the WY / UT chunk form of this module ("wy"),
+    whose backward recomputes span by span when gradients are needed."""
+    gate_first = check_bool("gate_first", gate_first)
     chunk_size = None if chunk_size is None else check_chunk_size(chunk_size)
     if mode not in DPLR_MODES:
         raise ValueError(f"mode: expected one of {', '.join(DPLR_MODES)}, got {mode!r}")
@@ -418,14 +466,29 @@ def explain_dplr(
         if packed:
             why += f"; cu_seqlens, {len(bounds) - 1} documents: each alone, a loop over documents"
         return Plan("recurrent", "loop", f"{why} ({decay}{micro})")
+    gated = ", a given before the decay (gate_first)" if gate_first and g is not None else ""
+    if _routed(n, g):
+        C = min(_chunk_size(chunk_size, g), T)
+        how = (
+            f"eos_delta's WY / UT chunk kernel, C = {C} steps ({decay}{gated}): one step per token and a "
+            "decay that is none or a scalar, the structure it serves faster than the general chunk form"
+        )
+        if a is e:
+            how += "; a is e: the C x C products formed once"
+        if packed:
+            how += (
+                f"; cu_seqlens, {len(bounds) - 1} documents: one pass over the row's chunks, documents kept apart "
+                "inside them by block-diagonal masks (no padding)"
+            )
+        return Plan("chunk", "delta", how + "; gradients by autograd through the kernel")
     C = min(_chunk_size(chunk_size, g), T * n)
     cost = (
         f"C^2 K = {C * C * K} per chunk for the pairwise decays"
         if g is not None and g.shape[-1] > 1
         else "C x C matmuls"
     )
-    shared = "; a is e: the C x C products formed once" if a is e else ""
-    how = f"WY / UT chunk form, C = {C} steps ({decay}{micro}; {cost}{shared})"
+    shared = "; a is e: the C x C products formed once" if a is e and not gated else ""
+    how = f"WY / UT chunk form, C = {C} steps ({decay}{gated}{micro}; {cost}{shared})"
     if packed:
         how += (
             f"; cu_seqlens, {len(bounds) - 1} documents: each padded to whole chunks in one pass, the "
@@ -449,6 +512,7 @@ def eos_dplr(
     output_final_state: bool = False,
     chunk_size: int | None = None,
     cu_seqlens: Tensor | None = None,
+    gate_first: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """EOS with the DPLR oscillation o_t = D(alpha_t) - a_t b_t^T (module docstring).
 
@@ -466,25 +530,36 @@ def eos_dplr(
             multiple). None: 32, or 8 with a per-row decay, whose pairwise weights cost C^2 K
             per chunk where a scalar decay's cost C^2 (the fastest on CPU at K = D = 64).
         cu_seqlens: packed sequences [N + 1] (B = 1), as ``eos`` takes them.
+        gate_first: a is given before the decay: the oscillation is D(alpha_t) (I - a_t b_t^T), i.e.
+            the low-rank factor is exp(log_alpha_t) * a_t (at the token's first micro-step).
+            ``eos_delta(i, e, s, a, b, log_o)`` is ``eos_dplr(i, e, s, a, b, log_o, gate_first=True)``.
 
     Returns:
         y [B, T, H, D] and m_T (or None). Half-precision inputs are computed in float32; y is cast
         back and the state stays float32.
     """
     output_final_state = check_bool("output_final_state", output_final_state)
+    gate_first = check_bool("gate_first", gate_first)
     chunk_size = None if chunk_size is None else check_chunk_size(chunk_size)
     if mode not in DPLR_MODES:
         raise ValueError(f"mode: expected one of {', '.join(DPLR_MODES)}, got {mode!r}")
     if cu_seqlens is not None:
-        return _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size)
-    i_, e_, s_, a_, b_, g, m0, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, initial_state)
-    T = s_.shape[1]
-    if _form(mode, T) == "recurrent":
-        y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
-    else:
-        y, m = dplr_chunk(
-            i_, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a is e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
+        return _packed(
+            i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size, gate_first
         )
+    i_, e_, s_, a_, b_, g, m0, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, initial_state)
+    T, n = s_.shape[1], i_.shape[3]
+    chunk = _form(mode, T) == "chunk"
+    if chunk and _routed(n, g):
+        y, m = _delta_kernel(i_, e_, s_, a_, b_, g, m0, chunk_size, a is e, gate_first)
+        return y.to(out_dtype), (m if output_final_state else None)
+    a_, a_is_e = _own_form_a(a_, g, gate_first, a is e)
+    if chunk:
+        y, m = dplr_chunk(
+            i_, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a_is_e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
+        )
+    else:
+        y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
     return y.to(out_dtype), (m if output_final_state else None)
 
 
@@ -496,9 +571,11 @@ def _check_document_states(initial_state: Tensor | None, N: int, H: int, K: int,
         )
 
 
-def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size):
+def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seqlens, mode, chunk_size, gate_first):
     """Packed sequences: mode "recurrent" runs each document alone (the reference); "chunk" and
-    "auto" (for T > 1) run the chunk form on the whole row, documents aligned to chunks."""
+    "auto" (for T > 1) run a chunk form on the whole row: ``eos_delta``'s kernel where it serves
+    the structure (documents kept apart inside its chunks), else this module's, documents aligned
+    to chunks."""
     bounds = check_cu_seqlens(cu_seqlens)
     _canonicalize(i, e, s, a, b, log_alpha, None)
     B, T, H, K = s.shape
@@ -509,8 +586,13 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
     if _form(mode, T) == "chunk":
         i_, e_, s_, a_, b_, g, _, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, None)
         m0 = initial_state.to(dtype) if initial_state is not None else None
+        if _routed(i_.shape[3], g):
+            cu = torch.tensor(bounds, dtype=torch.int64, device=i_.device)
+            y, m = _delta_kernel(i_, e_, s_, a_, b_, g, m0, chunk_size, a is e, gate_first, cu, output_final_state)
+            return y.to(out_dtype), m
+        a_, a_is_e = _own_form_a(a_, g, gate_first, a is e)
         y, m = dplr_chunk(
-            i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a is e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
+            i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a_is_e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
         )
         return y.to(out_dtype), (m if output_final_state else None)
     ys, ms = [], []
@@ -528,6 +610,7 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
             initial_state=None if initial_state is None else initial_state[n : n + 1],
             output_final_state=True,
             chunk_size=chunk_size,
+            gate_first=gate_first,
         )
         ys.append(y)
         ms.append(m)

@@ -5,6 +5,11 @@ m_t = (diag(exp(log_alpha_t)) - a_t b_t^T) m_{t-1} + e_t i_t^T, y_t = m_t^T s_t 
 such factor each, the decay on the first), run in float64 on the same values, so float32 results
 are judged against the exact answer. Every mode is compared on y, the final state and the
 gradients of every input (the initial state's and the decay's included) under random cotangents.
+With ``gate_first`` the loop's first factor of a token is the product D(alpha_t) (I - a_t b_t^T).
+
+The chunk form of one step per token with no decay or a scalar one (layouts none, head, scalar
+without micro-steps) runs on eos_delta's kernel, the others on eos_dplr's own WY / UT form
+(test_routing); every test below covers both unless it names its layouts.
 
 Conditioning: b = k is L2-normalised and a = beta * normalize(k + 0.3 r) stays within a small
 angle of it, so D - a b^T (D <= I) is close to non-expansive and long products stay bounded; with
@@ -57,7 +62,7 @@ def make_inputs(T, *, layout="row", n=None, beta=None, decay=2.0, initial=True, 
     }
 
 
-def reference(i, e, s, a, b, log_alpha, initial_state):
+def reference(i, e, s, a, b, log_alpha, initial_state, gate_first=False):
     """The definition with explicit transition matrices (unbind keeps the backward linear in T)."""
     Bn, T = s.shape[:2]
     if a.dim() == 4:  # no micro-step axis: one micro-step per token
@@ -74,7 +79,11 @@ def reference(i, e, s, a, b, log_alpha, initial_state):
     for t, (i_t, e_t, s_t, a_t, b_t) in enumerate(zip(*(x.unbind(1) for x in (i, e, s, a, b)), strict=True)):
         for j in range(n):
             diag = decays[t] if j == 0 else torch.ones(Bn, H, K, dtype=i.dtype)
-            f = torch.diag_embed(diag) - a_t[:, :, j, :, None] * b_t[:, :, j, None, :]  # [Bn, H, K, K]
+            low_rank = a_t[:, :, j, :, None] * b_t[:, :, j, None, :]  # [Bn, H, K, K]
+            if gate_first:
+                f = torch.diag_embed(diag) @ (torch.eye(K, dtype=i.dtype) - low_rank)
+            else:
+                f = torch.diag_embed(diag) - low_rank
             m = f @ m + e_t[:, :, j, :, None] * i_t[:, :, j, None, :]
         ys.append((s_t.unsqueeze(-1) * m).sum(-2))
     y = torch.stack(ys, 1) if ys else i.new_zeros(Bn, 0, H, i.shape[-1])
@@ -85,14 +94,14 @@ def run(inputs, mode, dtype=torch.float64, **kw):
     leaves = {n: (x.detach().to(dtype).requires_grad_() if x is not None else None) for n, x in inputs.items()}
     args = [leaves[n] for n in NAMES[:6]]
     if mode == "reference":
-        y, m = reference(*args, leaves["initial_state"])
+        y, m = reference(*args, leaves["initial_state"], gate_first=kw.get("gate_first", False))
     else:
         y, m = eos_dplr(*args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True, **kw)
     return gradients({"y": y, "m_T": m}, {n: x for n, x in leaves.items() if x is not None})
 
 
 def check(inputs, mode, dtype=torch.float64, context="", **kw):
-    expected = run(inputs, "reference")
+    expected = run(inputs, "reference", gate_first=kw.get("gate_first", False))
     actual = run(inputs, mode, dtype, **kw)
     return assert_close(actual, expected, dtype=dtype, context=f"{mode} {dtype} {kw} {context}")
 
@@ -108,11 +117,45 @@ def test_matches_reference(dtype, mode, layout, T):
 
 @pytest.mark.parametrize("T", [23, 37])
 @pytest.mark.parametrize("chunk_size", [1, 2, 3, 5, 16, 64])
-@pytest.mark.parametrize("layout", ["scalar", "row"])
+@pytest.mark.parametrize("layout", ["none", "head", "scalar", "row"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_chunk_sizes(T, chunk_size, layout, dtype):
-    """C = 1 and 2 also make the backward recompute several spans (16 chunks each)."""
+    """eos_delta's kernel (none, head, scalar) and the WY / UT form (row); C = 1 and 2 also make
+    the latter's backward recompute several spans (16 chunks each)."""
     check(make_inputs(T, layout=layout, seed=T), "chunk", dtype, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode", ["recurrent", "chunk"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n", [None, 2])
+def test_gate_first(dtype, mode, layout, n):
+    """gate_first: each token's first factor is D(alpha_t) (I - a_t b_t^T), against the loop's
+    literal product (y, m_T, every gradient: the decay's reaches it through both roles). C = 5
+    divides neither 23 steps nor 46 micro-steps."""
+    check(make_inputs(23, layout=layout, n=n), mode, dtype, context=layout, chunk_size=5, gate_first=True)
+
+
+@pytest.mark.parametrize("n", [None, 2])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_routing(layout, n, monkeypatch):
+    """The chunk form runs on eos_delta's kernel exactly where it serves the structure (one step per
+    token and no or a scalar decay), packed rows included, and explain_dplr names the kernel."""
+    import lcsm.ops.dplr as dplr
+
+    calls = []
+    for name in ("_delta_chunk", "_delta_chunk_packed", "dplr_chunk"):
+        real = getattr(dplr, name)
+        monkeypatch.setattr(dplr, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    x = make_inputs(9, layout=layout, n=n)
+    args = [v[:1] if v is not None and v.dim() >= 3 else v for v in (x[k] for k in NAMES[:6])]
+    routed = n is None and layout in ("none", "head", "scalar")
+    for cu in (None, torch.tensor([0, 4, 9])):
+        calls.clear()
+        eos_dplr(*args, mode="chunk", chunk_size=4, cu_seqlens=cu)
+        assert calls == [("_delta_chunk" if cu is None else "_delta_chunk_packed") if routed else "dplr_chunk"]
+        plan = explain_dplr(*args, mode="chunk", chunk_size=4, cu_seqlens=cu)
+        assert plan.kernel == ("delta" if routed else "wy"), plan
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -154,19 +197,21 @@ def test_micro_steps_are_interleaved_tokens(n):
         assert_close({"y": y, "m_T": m}, {"y": y_flat[:, n - 1 :: n], "m_T": m_flat}, context=mode)
 
 
+@pytest.mark.parametrize("gate_first", [False, True])
 @pytest.mark.parametrize("layout", ["scalar", "row"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_strong_decays_stay_finite(layout, dtype):
-    """log alpha down to -30 per step (and -inf) in one chunk: no e^{+cumulative} factor overflows."""
+def test_strong_decays_stay_finite(layout, dtype, gate_first):
+    """log alpha down to -30 per step (and -inf) in one chunk: no e^{+cumulative} factor overflows;
+    with gate_first the low-rank factor e^-30 a is a product, nothing divides by the decay."""
     x = make_inputs(40, layout=layout)
     g = torch.Generator().manual_seed(5)
     x["log_alpha"] = -30 * torch.rand(x["log_alpha"].shape, generator=g, dtype=torch.float64)
     x["log_alpha"].view(-1)[::7] = float("-inf")
     # The reference differentiates exp(-inf) = 0 into NaN-free zeros; the gradient wrt a -inf log
     # is meaningless, so compare forward outputs and the other gradients.
-    expected = run(x, "reference")
+    expected = run(x, "reference", gate_first=gate_first)
     for C in (16, 64):
-        actual = run(x, "chunk", dtype, chunk_size=C)
+        actual = run(x, "chunk", dtype, chunk_size=C, gate_first=gate_first)
         for name, value in actual.items():
             assert value is None or torch.isfinite(value).all(), f"{name} not finite, C={C}"
         keep = {k: v for k, v in expected.items() if k != "dlog_alpha"}
@@ -182,8 +227,9 @@ def test_beta_two(layout, mode):
     check(x, mode, torch.float64, chunk_size=16)
 
 
-def test_half_precision_computes_in_float32():
-    x = make_inputs(23, layout="row")
+@pytest.mark.parametrize("layout", ["scalar", "row"])
+def test_half_precision_computes_in_float32(layout):
+    x = make_inputs(23, layout=layout)
     args = [x[k].to(torch.bfloat16) if x[k] is not None else None for k in NAMES[:6]]
     y, m = eos_dplr(*args, mode="chunk", initial_state=x["initial_state"].bfloat16(), output_final_state=True)
     assert y.dtype == torch.bfloat16 and m.dtype == torch.float32
@@ -254,9 +300,11 @@ def test_empty_sequence(mode):
 @pytest.mark.parametrize("layout", ["head", "scalar", "row"])
 @pytest.mark.parametrize("n", [None, 2])
 @pytest.mark.parametrize("span", [16, 2])
-def test_packed_equals_each_document_alone(mode, layout, n, span, monkeypatch):
+@pytest.mark.parametrize("gate_first", [False, True])
+def test_packed_equals_each_document_alone(mode, layout, n, span, gate_first, monkeypatch):
     """Values, final states and every gradient; span 2 makes the recomputing backward cross
-    document starts and ends inside and between spans."""
+    document starts and ends inside and between spans (eos_dplr's own form; eos_delta's kernel
+    keeps the documents apart inside its chunks)."""
     import lcsm.ops.dplr as dplr
 
     monkeypatch.setattr(dplr, "SPAN_CHUNKS", span)
@@ -270,18 +318,70 @@ def test_packed_equals_each_document_alone(mode, layout, n, span, monkeypatch):
     leaves["initial_state"] = m0.clone().requires_grad_()
     args = [leaves.get(k) for k in NAMES[:6]]
     y, m = eos_dplr(
-        *args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True, cu_seqlens=cu, chunk_size=4
+        *args,
+        mode=mode,
+        initial_state=leaves["initial_state"],
+        output_final_state=True,
+        cu_seqlens=cu,
+        chunk_size=4,
+        gate_first=gate_first,
     )
     got = gradients({"y": y, "m_T": m}, leaves)
     ys, ms = [], []
     for n_doc in range(len(lengths)):
         lo, hi = cu[n_doc].item(), cu[n_doc + 1].item()
         timed = [a[:, lo:hi] if a is not None and a.dim() >= 3 else a for a in args]
-        y_n, m_n = reference(*timed, leaves["initial_state"][n_doc : n_doc + 1])
+        y_n, m_n = reference(*timed, leaves["initial_state"][n_doc : n_doc + 1], gate_first=gate_first)
         ys.append(y_n)
         ms.append(m_n)
     want = gradients({"y": torch.cat(ys, 1), "m_T": torch.cat(ms, 0)}, leaves)
     assert_close(got, want, context=f"{mode} {layout} n={n}")
+
+
+@pytest.mark.parametrize("layout", ["none", "head", "scalar"])
+@pytest.mark.parametrize("gate_first", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("chunk_size", [4, 5])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_routed_packed(layout, gate_first, shared, chunk_size, dtype):
+    """The structures eos_delta's kernel serves, packed: documents of odd lengths (C = 5 divides
+    none of them, C = 4 puts a one-token document inside a chunk), a and e as one tensor or not;
+    y, final states and every gradient (each document's initial state's included) against the loop
+    on each document alone, in float64."""
+    lengths = [7, 1, 12, 3]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    x = make_inputs(sum(lengths), layout=layout, seed=3)
+    x = {k: (v[:1] if v is not None and v.dim() >= 3 and k != "initial_state" else v) for k, v in x.items()}
+    x["initial_state"] = torch.randn(len(lengths), H, K, D, dtype=torch.float64)
+
+    def outputs(dtype, packed):
+        leaves = {k: v.detach().to(dtype).requires_grad_() for k, v in x.items() if v is not None}
+        if shared:
+            leaves["e"] = leaves["a"]
+        args = [leaves.get(k) for k in NAMES[:6]]
+        m0 = leaves["initial_state"]
+        if packed:
+            y, m = eos_dplr(
+                *args,
+                mode="chunk",
+                initial_state=m0,
+                output_final_state=True,
+                cu_seqlens=cu,
+                chunk_size=chunk_size,
+                gate_first=gate_first,
+            )
+        else:
+            ys, ms = [], []
+            for n_doc in range(len(lengths)):
+                lo, hi = cu[n_doc].item(), cu[n_doc + 1].item()
+                timed = [v[:, lo:hi] if v is not None and v.dim() >= 3 else v for v in args]
+                y_n, m_n = reference(*timed, m0[n_doc : n_doc + 1], gate_first=gate_first)
+                ys.append(y_n)
+                ms.append(m_n)
+            y, m = torch.cat(ys, 1), torch.cat(ms, 0)
+        return gradients({"y": y, "m_T": m}, {k: v for k, v in leaves.items() if not (shared and k == "e")})
+
+    assert_close(outputs(dtype, True), outputs(torch.float64, False), dtype=dtype, context=f"{layout} C={chunk_size}")
 
 
 def _args(**override):
@@ -329,6 +429,8 @@ def test_bad_options():
         _call(x, mode="fast")
     with pytest.raises(ValueError, match="chunk_size"):
         _call(x, chunk_size=0)
+    with pytest.raises(ValueError, match="gate_first: expected True or False, got 1"):
+        _call(x, gate_first=1)
     with pytest.raises(ValueError, match="initial_state: with cu_seqlens"):
         x1 = {k: (v[:1] if v is not None and v.dim() >= 3 else v) for k, v in x.items()}
         _call(x1, cu_seqlens=torch.tensor([0, 2, 4]))
@@ -365,21 +467,30 @@ def test_packed_chunk_runs_no_loop_over_documents(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["chunk", "auto"])
-@pytest.mark.parametrize("layout", ["none", "row"])
+@pytest.mark.parametrize("layout", ["none", "head", "scalar", "row"])
 @pytest.mark.parametrize("chunk_size", [2, 8])
-def test_shared_a_and_e(mode, layout, chunk_size):
-    """One tensor passed as a and e (DeltaNet's beta k) takes the shared-product path; its
-    gradient is the sum of both roles (C = 2 recomputes two spans in backward)."""
+@pytest.mark.parametrize("gate_first", [False, True])
+def test_shared_a_and_e(mode, layout, chunk_size, gate_first):
+    """One tensor passed as a and e (DeltaNet's beta k) takes the shared-product path of either
+    kernel (with a decay: a' = e, Gated DeltaNet's D(alpha) - beta k (alpha k)^T, or a' = alpha e
+    under gate_first); its gradient is the sum of both roles (C = 2 recomputes two spans in the
+    WY / UT form's backward)."""
     x = make_inputs(37, layout=layout)
     leaves = {k: v.clone().requires_grad_() for k, v in x.items() if v is not None}
     leaves["e"] = leaves["a"]
     args = [leaves.get(k) for k in ("i", "a", "s", "a", "b", "log_alpha")]
     y, m = eos_dplr(
-        *args, mode=mode, initial_state=leaves["initial_state"], output_final_state=True, chunk_size=chunk_size
+        *args,
+        mode=mode,
+        initial_state=leaves["initial_state"],
+        output_final_state=True,
+        chunk_size=chunk_size,
+        gate_first=gate_first,
     )
     wrt = {k: v for k, v in leaves.items() if k != "e"}
     got = gradients({"y": y, "m_T": m}, wrt)
-    want = gradients(dict(zip(("y", "m_T"), reference(*args, leaves["initial_state"]), strict=True)), wrt)
+    expected = reference(*args, leaves["initial_state"], gate_first=gate_first)
+    want = gradients(dict(zip(("y", "m_T"), expected, strict=True)), wrt)
     assert_close(got, want, context=f"{mode} {layout} C={chunk_size}")
 
 
@@ -391,6 +502,8 @@ def test_explain_dplr():
     assert explain_dplr(*(a[:, :1] for a in args)).mode == "recurrent"
     assert explain_dplr(*args, mode="recurrent").kernel == "loop"
     assert "a is e" in explain_dplr(args[0], args[3], *args[2:]).reason
+    scalar = explain_dplr(*args[:5], args[5][..., 0], gate_first=True)
+    assert scalar.kernel == "delta" and "eos_delta's" in scalar.reason and "gate_first" in scalar.reason
     packed = explain_dplr(*(a[:1] for a in args), cu_seqlens=torch.tensor([0, 5, 23]))
     assert "2 documents" in packed.reason
     with pytest.raises(ValueError, match="initial_state: with cu_seqlens"):
@@ -402,8 +515,10 @@ def test_explain_dplr():
 @pytest.mark.parametrize("gate", [None, "step", "head"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_eos_delta_is_the_scalar_gate_row(gate, dtype):
-    """``eos_delta(i, e, s, a, b, log_o)`` ≡ ``eos_dplr(i, e, s, exp(log_o) a, b, log_o)``: the delta
-    rule's own kernel is this family's scalar-gate member (values, final states, every gradient)."""
+    """``eos_delta(i, e, s, a, b, log_o)`` ≡ ``eos_dplr(i, e, s, exp(log_o) a, b, log_o)`` ≡
+    ``eos_dplr(i, e, s, a, b, log_o, gate_first=True)`` (a and e one tensor there, DeltaNet's
+    shared products), in either form of eos_dplr: the delta rule is this family's scalar-gate
+    member (values, final states, every gradient)."""
     g = torch.Generator().manual_seed(5)
     B, T, H, K, D = 2, 23, 3, 8, 5
 
@@ -425,4 +540,11 @@ def test_eos_delta_is_the_scalar_gate_row(gate, dtype):
         i, beta * k, s, gamma * beta * k, k, log_o, initial_state=m0, output_final_state=True, chunk_size=5
     )
     assert_close({"y": y2, "m": m2}, {"y": y, "m": m}, context=f"gate {gate}")
-    assert_close(gradients({"y": y2, "m": m2}, wrt), gradients({"y": y, "m": m}, wrt), dtype=dtype)
+    want = gradients({"y": y, "m": m}, wrt)
+    assert_close(gradients({"y": y2, "m": m2}, wrt), want, dtype=dtype)
+    for mode in ("chunk", "recurrent"):
+        bk = beta * k
+        y3, m3 = eos_dplr(
+            i, bk, s, bk, k, log_o, mode=mode, initial_state=m0, output_final_state=True, chunk_size=5, gate_first=True
+        )
+        assert_close(gradients({"y": y3, "m": m3}, wrt), want, dtype=dtype, context=f"gate_first {mode} gate {gate}")
