@@ -51,7 +51,7 @@ Grid = tuple[tuple[int, int], ...]
 STANDARD_GRID: Grid = ((64, 4), (128, 8), (256, 16), (512, 64))
 """(seq_len, kv_pairs) of Zoology Figure 2 (arXiv 2312.04927)."""
 
-_SPLIT_CODE = {"train": 0, "test": 1}
+_SPLIT_CODE = {"train": 0, "test": 1, "validation": 2}
 _CHUNK = 1024  # rows generated per step (bounds the temporaries; fixed, so the data is too)
 
 
@@ -98,6 +98,11 @@ class MQARConfig(TaskConfig):
     train_grid / test_grid: (seq_len, kv_pairs) segments of each split ("64:4,128:8" also works).
     train_examples / test_examples: examples per segment (Zoology Figure 2: 100000 / 3000; the
         defaults are small enough for CPU training).
+    validation_examples: examples per segment of a "validation" split drawn like the test split
+        (its grid, its own random stream), on which runs evaluate, early-stop and pick their best
+        checkpoint, and sweeps select the learning rate; the test split is then scored once, on the
+        best checkpoint. 0 (default): no validation split; runs evaluate and select on test, as
+        Zoology's training loop does.
     power_a: the power law's a (0.01 in Zoology; 1.0 makes the gaps uniform).
     random_non_queries: fill the query region's non-query positions with uniform tokens from
         [0, V) instead of 0 (Zoology's generator default; its Figure 2 configs set False).
@@ -109,6 +114,7 @@ class MQARConfig(TaskConfig):
     test_grid: Grid = STANDARD_GRID
     train_examples: int = 2000
     test_examples: int = 250
+    validation_examples: int = 0
     power_a: float = 0.01
     random_non_queries: bool = False
     seed: int = 0
@@ -119,6 +125,7 @@ class MQARConfig(TaskConfig):
         object.__setattr__(self, "test_grid", parse_grid("test_grid", self.test_grid))
         check_int("train_examples", self.train_examples, 1)
         check_int("test_examples", self.test_examples, 1)
+        check_int("validation_examples", self.validation_examples, 0)
         object.__setattr__(self, "power_a", check_float("power_a", self.power_a, 0, low_open=True))
         check_bool("random_non_queries", self.random_non_queries)
         check_int("seed", self.seed, 0)
@@ -204,9 +211,9 @@ def segment_name(seq_len: int, kv_pairs: int) -> str:
 
 @register("mqar")
 class MQAR(Task):
-    """Multi-query associative recall (Zoology). Splits "train" and "test", one segment per
-    (seq_len, kv_pairs) of ``train_grid`` / ``test_grid``; head "lm"; metrics sliced per segment
-    and per kv_pairs."""
+    """Multi-query associative recall (Zoology). Splits "train" and "test" (and "validation" with
+    ``validation_examples``), one segment per (seq_len, kv_pairs) of ``train_grid`` / ``test_grid``
+    (validation: the test grid); head "lm"; metrics sliced per segment and per kv_pairs."""
 
     Config = MQARConfig
     default_head = "lm"
@@ -221,13 +228,17 @@ class MQAR(Task):
     def max_len(self) -> int:
         return max(L for L, _ in self.config.train_grid + self.config.test_grid)
 
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return ("train", "validation", "test") if self.config.validation_examples else ("train", "test")
+
     def grid(self, split: str) -> Grid:
         self._check_split(split)
         return self.config.train_grid if split == "train" else self.config.test_grid
 
     def generate(self, split: str) -> list[Segment]:
         c = self.config
-        n = c.train_examples if split == "train" else c.test_examples
+        n = {"train": c.train_examples, "validation": c.validation_examples}.get(split, c.test_examples)
         segments = []
         for seq_len, kv in self.grid(split):
             rng = np.random.Generator(
@@ -260,6 +271,7 @@ class MQAR(Task):
                 + ("uniform random" if c.random_non_queries else "0"),
                 f"  train: {grid(c.train_grid, c.train_examples)}",
                 f"  test:  {grid(c.test_grid, c.test_examples)}",
+                *([f"  validation: {grid(c.test_grid, c.validation_examples)}"] if c.validation_examples else []),
                 f"  seed {c.seed}; head {self.default_head}; loss: cross-entropy over query positions; "
                 "accuracy: mean over examples of accuracy over query positions, overall / per segment / per kv_pairs",
             ]

@@ -379,3 +379,13 @@ def test_the_removed_elementwise_form_option_is_read_and_ignored(cache_env):
     assert old == default and not hasattr(old.train, "elementwise_form")
     with pytest.raises(ValueError, match=r"train.elementwise_form: this option was removed.*got 'cumulative'"):
         RunConfig.from_dict(apply_overrides(values, {"train.elementwise_form": "cumulative"}))
+
+
+def test_mqar_with_validation_selects_there_and_tests_the_best_checkpoint(cache_env):
+    cfg = config(
+        cache_env, **{"task.validation_examples": 16, "train.early_stop": {"metric": "accuracy", "mode": "max"}}
+    )
+    result = train(cfg, quiet=True)
+    assert result["eval_split"] == "validation"
+    assert result["test"]["checkpoint"] == "best" and result["test"]["step"] == result["best"]["step"]
+    assert set(result["test"]["metrics"]) >= {"accuracy", "loss"}

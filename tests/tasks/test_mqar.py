@@ -387,3 +387,23 @@ def test_metric_names_of_slices_held_per_example():
         == sorted(evaluator.compute())
         == ["accuracy", "accuracy/a", "accuracy/depth=0.25", "accuracy/depth=0.5", "accuracy/n=7", "loss"]
     )
+
+
+def test_validation_split_is_drawn_like_test_from_its_own_stream(tmp_path):
+    plain = tasks.build("mqar", cache_dir=tmp_path, **SMALL)
+    assert plain.splits == ("train", "test")
+    with pytest.raises(ValueError, match="split: expected one of train, test, got 'validation'"):
+        plain.dataset("validation")
+    task = tasks.build("mqar", cache_dir=tmp_path, validation_examples=7, **SMALL)
+    assert task.splits == ("train", "validation", "test")
+    valid, test = task.dataset("validation"), task.dataset("test")
+    assert valid.segment_sizes() == {"L32-kv4": 7, "L64-kv8": 7}
+    for seg in valid.segments:
+        for xi, yi in zip(seg.inputs.numpy(), seg.labels.numpy(), strict=True):
+            _check_example(xi, yi, seg.meta["seq_len"], seg.meta["kv_pairs"], V)
+    assert not torch.equal(valid.segments[0].inputs, test.segments[0].inputs[:7])
+    # the test split does not depend on whether a validation split exists
+    assert _same(test, plain.dataset("test"))
+    assert "validation: L32-kv4, L64-kv8 (7 examples each)" in task.describe()
+    with pytest.raises(ValueError, match="validation_examples"):
+        tasks.build("mqar", use_cache=False, validation_examples=-1, **SMALL)
