@@ -28,6 +28,8 @@ def cmd_bench(args) -> int:
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("bench", help="run a benchmark suite from bench/ (e.g. `lcsm bench ops`)")
-    p.add_argument("suite", choices=["ops", "tasks", "efficiency", "step", "packed", "dplr", "gpu"], help="which benchmark")
+    p.add_argument(
+        "suite", choices=["ops", "tasks", "efficiency", "step", "packed", "dplr", "gpu"], help="which benchmark"
+    )
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the benchmark (see --help)")
     p.set_defaults(func=cmd_bench)
