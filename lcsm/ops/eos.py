@@ -11,6 +11,7 @@ See docs/eos.md for the semantics, each mode's algorithm and the mapping of the 
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -79,12 +80,61 @@ def _kernel_reason(p: EOSProblem) -> str:
     return reason
 
 
+_TRITON_DECAYS = ("none", "scalar", "row", "col")
+_TRITON_MAX_K = 256  # triton_chunk.MAX_K, here so that planning never imports triton
+
+
+def _triton_unsupported(p: EOSProblem) -> str | None:
+    """Why the Triton kernels (``triton_chunk``) cannot serve this problem, or None when they can."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    device = p.i.device
+    if device.type != "cuda":
+        interpreted = False
+        if device.type == "cpu":
+            from . import triton_chunk
+
+            interpreted = triton_chunk.INTERPRETED
+        if not interpreted:
+            return (
+                f"the tensors are on {device}; the kernels run on CUDA devices, or on the CPU under Triton's "
+                "interpreter (TRITON_INTERPRET=1 set before lcsm.ops.triton_chunk is imported)"
+            )
+    if p.i.is_complex():
+        return "complex inputs (the kernels are real)"
+    if p.i.dtype != torch.float32:
+        return f"compute dtype {p.i.dtype} (the kernels compute in float32: inputs float32, bfloat16 or float16)"
+    if not (p.e_is_vector and p.s_is_vector):
+        return "K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec)
+    if p.decay_kind not in _TRITON_DECAYS:
+        return f"decay {p.decay_kind!r} (the kernels take {', '.join(map(repr, _TRITON_DECAYS))})"
+    if p.K > _TRITON_MAX_K:
+        return f"K = {p.K} > {_TRITON_MAX_K} (the memory block of K rows is held in registers)"
+    return None
+
+
+def _triton_plan(p: EOSProblem, chunk_size: int, why: str) -> Plan:
+    from .triton_chunk import chunk_steps
+
+    return Plan(
+        "triton",
+        f"triton-{p.decay_kind}",
+        f"{why}: Triton kernels, vector e/s and {_DECAY_WORDS[p.decay_kind]}, chunks of "
+        f"{chunk_steps(chunk_size, p.T)} steps; backward by the same kernels",
+    )
+
+
 def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = None) -> Plan:
     """The plan; ``documents``: N of ``cu_seqlens`` for packed sequences (None: not packed)."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if documents is None:
         return _plan_one(p, mode, chunk_size)
+    if mode == "triton":
+        raise ValueError(
+            "mode='triton' cannot serve cu_seqlens: the Triton kernels do not take packed sequences yet; "
+            "use mode='chunk' or 'auto'"
+        )
     if mode == "fft":
         raise ValueError(
             "mode='fft' cannot serve cu_seqlens: a convolution with one time-invariant kernel cannot "
@@ -95,7 +145,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
         plan = _plan_one(p, "chunk", chunk_size)
         plan = Plan(plan.mode, plan.kernel, "packed sequences take the chunk form, not fft; " + plan.reason)
     else:
-        plan = _plan_one(p, mode, chunk_size)
+        plan = _plan_one(p, mode, chunk_size, packed=True)
     if plan.mode == "recurrent":
         how = "each document alone through the recurrence, a loop over documents"
     else:
@@ -106,7 +156,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
     return Plan(plan.mode, plan.kernel, f"{plan.reason}; cu_seqlens, {documents} documents: {how}")
 
 
-def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
+def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool = False) -> Plan:
     structure = (
         f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, s={'vector' if p.s_is_vector else 'K x D'}"
     )
@@ -124,6 +174,11 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
         return Plan("fft", "long-convolution", "requested: time-invariant kernel by FFT")
     if mode == "chunk":
         return Plan("chunk", kernel_for(p), f"requested ({structure}); {_kernel_reason(p)}")
+    if mode == "triton":
+        why = _triton_unsupported(p)
+        if why is not None:
+            raise ValueError(f"mode='triton' cannot serve these inputs: {why}; use mode='chunk' or 'auto'")
+        return _triton_plan(p, chunk_size, "requested")
     # auto
     if p.T <= 1:
         return Plan("recurrent", "loop", "T <= 1: one recurrent step is cheapest (decoding)")
@@ -134,11 +189,13 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
             "e, s and log_o are data-independent: a time-invariant system, computed as an "
             "O(T log T) convolution with an O(T K D) kernel",
         )
-    return Plan(
-        "chunk",
-        kernel_for(p),
-        f"linear-time chunkwise form with C={max(1, min(chunk_size, p.T))} ({structure}); {_kernel_reason(p)}",
-    )
+    reason = f"linear-time chunkwise form with C={max(1, min(chunk_size, p.T))} ({structure}); {_kernel_reason(p)}"
+    if p.i.device.type == "cuda":
+        why = "packed sequences (cu_seqlens), which they do not take yet" if packed else _triton_unsupported(p)
+        if why is None:
+            return _triton_plan(p, chunk_size, "CUDA tensors and triton installed")
+        reason += f"; not the Triton kernels: {why}"
+    return Plan("chunk", kernel_for(p), reason)
 
 
 def explain(
@@ -235,6 +292,10 @@ def eos(
         y, m_T = eos_parallel(p)
     elif plan.mode == "fft":
         y, m_T = eos_fft(p, real_output, output_final_state)
+    elif plan.mode == "triton":
+        from .triton_chunk import eos_triton
+
+        y, m_T = eos_triton(p, chunk_size)
     else:
         y, m_T = eos_chunk(p, chunk_size)
     return finish(p, y, m_T, output_final_state, real_output)

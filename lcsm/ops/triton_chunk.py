@@ -43,7 +43,8 @@ import triton
 import triton.language as tl
 from triton import knobs
 
-from ._inputs import finite_log
+from ._inputs import EOSProblem, finite_log
+from .chunk import matmul_operands
 
 Tensor = torch.Tensor
 
@@ -173,7 +174,25 @@ def _states_kernel(
         tl.store(states_ptr + (bh * N + n) * K * D + kd, S, mask=mkd)
         before = S
         S = _chunk_update(
-            S, e_base, i_base, g_base, n * BT, T, K, D, se_t, se_k, si_t, si_d, sg_t, sg_x, offs_k, offs_d, DECAY, BT, LOW
+            S,
+            e_base,
+            i_base,
+            g_base,
+            n * BT,
+            T,
+            K,
+            D,
+            se_t,
+            se_k,
+            si_t,
+            si_d,
+            sg_t,
+            sg_x,
+            offs_k,
+            offs_d,
+            DECAY,
+            BT,
+            LOW,
         )
     tl.store(final_ptr + bh * K * D + kd, S, mask=mkd)
     if STRICT_FINAL:
@@ -285,8 +304,12 @@ def _output_kernel(
     for j in range(0, sub):
         offs_j = n * BT + j * BC + tl.arange(0, BC)
         mj = offs_j < T
-        ej = tl.load(e_base + offs_j[:, None] * se_t + offs_k[None, :] * se_k, mask=mj[:, None] & mk[None, :], other=0.0)
-        xj = tl.load(i_base + offs_j[:, None] * si_t + offs_d[None, :] * si_d, mask=mj[:, None] & md[None, :], other=0.0)
+        ej = tl.load(
+            e_base + offs_j[:, None] * se_t + offs_k[None, :] * se_k, mask=mj[:, None] & mk[None, :], other=0.0
+        )
+        xj = tl.load(
+            i_base + offs_j[:, None] * si_t + offs_d[None, :] * si_d, mask=mj[:, None] & md[None, :], other=0.0
+        )
         ej = ej.to(tl.float32)
         xj = xj.to(tl.float32)
         if DECAY == 0:
@@ -308,12 +331,13 @@ def _output_kernel(
 
     # the diagonal sub-block: pairs j <= t (j < t when STRICT)
     if DECAY < 2:
-        ei = tl.load(e_base + offs_t[:, None] * se_t + offs_k[None, :] * se_k, mask=mt[:, None] & mk[None, :], other=0.0)
-        xi = tl.load(i_base + offs_t[:, None] * si_t + offs_d[None, :] * si_d, mask=mt[:, None] & md[None, :], other=0.0)
-        if STRICT:
-            causal = rows[:, None] > rows[None, :]
-        else:
-            causal = rows[:, None] >= rows[None, :]
+        ei = tl.load(
+            e_base + offs_t[:, None] * se_t + offs_k[None, :] * se_k, mask=mt[:, None] & mk[None, :], other=0.0
+        )
+        xi = tl.load(
+            i_base + offs_t[:, None] * si_t + offs_d[None, :] * si_d, mask=mt[:, None] & md[None, :], other=0.0
+        )
+        causal = rows[:, None] >= rows[None, :] + STRICT
         a = _dot(s, tl.trans(ei.to(tl.float32)), LOW)
         if DECAY == 1:
             a = a * tl.exp(tl.where(causal, gq[:, None] - gq[None, :], 0.0))
@@ -325,10 +349,7 @@ def _output_kernel(
             xj = tl.load(i_base + tj * si_t + offs_d * si_d, mask=md & (tj + 0 * offs_d < T), other=0.0)
             ej = ej.to(tl.float32)
             xj = xj.to(tl.float32)
-            if STRICT:
-                causal = rows > j
-            else:
-                causal = rows >= j
+            causal = rows >= j + STRICT
             if DECAY == 2:
                 gj = tl.load(g_base + tj * sg_t + offs_k * sg_x, mask=mk, other=0.0)
                 w = tl.exp(tl.where(causal[:, None], gq - gj[None, :], 0.0))
@@ -440,7 +461,7 @@ def triton_chunk(
         *_strides(i),
         *g_strides,
         DECAY=decay,
-        STRICT=strict,
+        STRICT=int(strict),  # 1: pairs j < t, 0: j <= t
         BT=BT,
         BC=SUB,
         BK=BK,
@@ -528,3 +549,13 @@ class TritonChunkFunction(torch.autograd.Function):
                 first = g[:, :, 0].exp()
                 dm0 = dM_start * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
         return ds, de, di, dg, dm0, None, None, None
+
+
+def eos_triton(p: EOSProblem, chunk_size: int) -> tuple[Tensor, Tensor]:
+    """Mode "triton": y [B, H, T, D] and m_T [B, H, K, D] for the canonical problem p (which
+    ``eos._triton_unsupported`` has accepted), in chunks of ``chunk_steps(chunk_size, T)``."""
+    s, e, i, g, kind = matmul_operands(p)
+    # half-precision inputs take half-precision matmul operands: their values lose nothing to the
+    # cast, and the decayed ones no more than the inputs' own precision
+    low = {torch.bfloat16: 1, torch.float16: 2}.get(p.out_dtype, 0)
+    return TritonChunkFunction.apply(s, e, i, g, p.m0, kind, chunk_steps(chunk_size, p.T), low)
