@@ -9,8 +9,8 @@ imported, the kernels are decorated as Triton's interpreter functions and run on
 
 Forward, for chunks of BT steps (16, 32 or 64) and cumulative logs G taken from each chunk start:
 
-    states kernel   one program per (batch * head, block of D columns) walks the chunks in
-                    order, writes the memory S_n at each chunk start and carries
+    states kernel   one program per (batch * head, block of K rows, block of D columns) walks
+                    the chunks in order, writes the memory S_n at each chunk start and carries
                     S_{n+1} = exp(G_last) * S_n + (e * exp(G_last - G))^T (i * exp(G_last - G)),
                     each exp on the side its decay acts on (K for row and scalar, D for column)
     output kernel   one program per (batch * head, sub-block of BC = 16 steps, block of D
@@ -53,7 +53,8 @@ KINDS = {"none": 0, "scalar": 1, "row": 2, "col": 3}
 TRANSPOSED = {"none": "none", "scalar": "scalar", "row": "col", "col": "row"}
 CHUNKS = (16, 32, 64)
 SUB = 16  # the output kernel's sub-block: tl.dot's least size
-MAX_K = 256  # the states kernel holds a [K, BD] memory block in registers
+MAX_K = 256  # the output kernel holds a [K, BD] memory block in registers
+BLOCK_K = 64  # the states kernel's block of memory rows
 BLOCK_D = 64
 
 
@@ -155,10 +156,13 @@ def _states_kernel(
     LOW: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
-    bh = tl.program_id(1)
+    pid_k = tl.program_id(1)
+    bh = tl.program_id(2)
     b = bh // H
     h = bh % H
-    offs_k = tl.arange(0, BK)
+    # rows of the memory evolve independently (each decays on its own and takes e_t[k] i_t^T), so
+    # blocks of K rows are programs of their own
+    offs_k = pid_k * BK + tl.arange(0, BK)
     offs_d = pid_d * BD + tl.arange(0, BD)
     mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
     kd = offs_k[:, None] * D + offs_d[None, :]  # m0, states and final memories: contiguous [.., K, D]
@@ -169,10 +173,8 @@ def _states_kernel(
         S = tl.load(m0_ptr + bh * K * D + kd, mask=mkd, other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BK, BD], dtype=tl.float32)
-    before = S
     for n in range(0, N):
         tl.store(states_ptr + (bh * N + n) * K * D + kd, S, mask=mkd)
-        before = S
         S = _chunk_update(
             S,
             e_base,
@@ -196,8 +198,12 @@ def _states_kernel(
         )
     tl.store(final_ptr + bh * K * D + kd, S, mask=mkd)
     if STRICT_FINAL:
+        # the last chunk's start memory, as stored above (the barrier orders the program's own
+        # store and load, whose elements may sit in different threads)
+        tl.debug_barrier()
+        last = tl.load(states_ptr + (bh * N + N - 1) * K * D + kd, mask=mkd, other=0.0)
         S_strict = _chunk_update(
-            before,
+            last,
             e_base,
             i_base,
             g_base,
@@ -407,6 +413,7 @@ def triton_chunk(
     D = i.shape[-1]
     N = math.ceil(T / BT)
     BK = max(16, triton.next_power_of_2(K))
+    BK_states = min(BK, BLOCK_K)
     BD = max(16, min(BLOCK_D, triton.next_power_of_2(D)))
     G = _cumulative(g, BT) if g is not None else torch.zeros(B, H, N * BT, 1, dtype=torch.float32, device=s.device)
     if kind == "scalar":
@@ -420,7 +427,7 @@ def triton_chunk(
     final_strict = torch.empty_like(final) if strict_final else final
     y = torch.empty(B, H, T, D, dtype=torch.float32, device=s.device)
     decay = KINDS[kind]
-    _states_kernel[(triton.cdiv(D, BD), B * H)](
+    _states_kernel[(triton.cdiv(D, BD), triton.cdiv(K, BK_states), B * H)](
         e,
         i,
         G,
@@ -440,7 +447,7 @@ def triton_chunk(
         HAS_M0=m0 is not None,
         STRICT_FINAL=strict_final,
         BT=BT,
-        BK=BK,
+        BK=BK_states,
         BD=BD,
         LOW=low,
     )

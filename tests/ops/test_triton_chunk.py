@@ -33,7 +33,7 @@ def _rand(*shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def _inputs(T, decay, initial, strength=None, seed=0, B=B, H=H):
+def _inputs(T, decay, initial, strength=None, seed=0, B=B, H=H, K=K, D=D):
     """float64 inputs; log_o = logsigmoid(x + 1), or uniform in [strength, 0] when given."""
     tail = {"none": None, "scalar": (1, 1), "row": (K, 1), "col": (1, D)}[decay]
     log_o = None
@@ -93,6 +93,13 @@ def test_batch_and_heads(decay):
     """B and H above 1: every program finds its own batch and head (the strides of each, the
     decay's included; the row and column decays address it the same way)."""
     _check(_inputs(19, decay, True, seed=3, B=2, H=3), 16, f"triton B=2 H=3 {decay}")
+
+
+@pytest.mark.parametrize(("K", "D", "decay"), [(80, 24, "row"), (20, 80, "col")])
+def test_widths_across_blocks(K, D, decay):
+    """K and D that are no powers of two and span several blocks (the states kernel's blocks of 64
+    rows and 64 columns, the output kernel's of 64 columns): the masks and block offsets."""
+    _check(_inputs(21, decay, True, seed=11, K=K, D=D), 16, f"triton K={K} D={D} {decay}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
