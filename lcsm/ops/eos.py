@@ -212,14 +212,16 @@ def explain(
     """The plan ``eos`` follows for these arguments (validated exactly as ``eos`` does).
 
     Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent (both parts
-    of a separable pair or a product) -> fft; otherwise chunk (kernel ``matmul`` when e and s are
-    K-vectors and the decay is none/scalar/row/column or a separable pair, else ``elementwise``,
-    which applies a separable pair factor by factor and forms a product's exp(a * b) block by
-    block). ``parallel`` is never chosen automatically: it is the O(T^2) attention-map form, for
+    of a separable pair or a product) -> fft; on CUDA tensors with triton installed, where the
+    Triton kernels serve the inputs (K-vector e and s, no, scalar, row or column decay, real,
+    float32 compute, no cu_seqlens) -> triton (``triton_chunk``); otherwise chunk (kernel
+    ``matmul`` when e and s are K-vectors and the decay is none/scalar/row/column or a separable
+    pair, else ``elementwise``, which applies a separable pair factor by factor and forms a
+    product's exp(a * b) block by block). ``parallel`` is never chosen automatically: it is the O(T^2) attention-map form, for
     analysis and tests. The recurrent, parallel and fft modes also take a separable pair as its
     materialised sum and a product as a * b: they are the plain, obviously correct forms.
     With ``cu_seqlens`` (packed sequences) the plan says how the documents are kept apart; fft
-    is refused and auto takes chunk where it would take fft.
+    is refused, and so is triton (not yet); auto takes chunk where it would take fft or triton.
     """
     chunk_size = check_chunk_size(chunk_size)
     bounds = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens)
@@ -257,10 +259,11 @@ def eos(
             data-dependent or not on its own; or ``LogProduct(a, b)`` meaning o = exp(a * b), a and b
             each of log_o's shapes (Mamba: Delta_t [B, T, H, 1, D] times A [H, K, D]). May be
             complex (log r + i theta) for rotations; then y and the memory are complex.
-        mode: "auto", "recurrent", "parallel", "chunk" or "fft" (see ``explain``).
+        mode: "auto", "recurrent", "parallel", "chunk", "fft" or "triton" (see ``explain``).
         initial_state: m_0 [B, H, K, D] (zeros when None).
         output_final_state: also return m_T [B, H, K, D].
-        chunk_size: C for mode "chunk" (any C >= 1; T need not be a multiple; C > T runs as C = T).
+        chunk_size: C for mode "chunk" (any C >= 1; T need not be a multiple; C > T runs as C = T);
+            mode "triton" takes the largest of 16, 32, 64 not above it (16 at least).
         real_output: return Re(y), a real tensor, as the diagonal SSMs and CES read a complex
             system (the memory stays complex). With a real input, mode "fft" then convolves it with
             the kernel's real part by real FFTs, about half the work of the complex ones.
