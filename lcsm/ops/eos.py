@@ -217,9 +217,10 @@ def explain(
     float32 compute, no cu_seqlens) -> triton (``triton_chunk``); otherwise chunk (kernel
     ``matmul`` when e and s are K-vectors and the decay is none/scalar/row/column or a separable
     pair, else ``elementwise``, which applies a separable pair factor by factor and forms a
-    product's exp(a * b) block by block). ``parallel`` is never chosen automatically: it is the O(T^2) attention-map form, for
-    analysis and tests. The recurrent, parallel and fft modes also take a separable pair as its
-    materialised sum and a product as a * b: they are the plain, obviously correct forms.
+    product's exp(a * b) block by block). ``parallel`` is never chosen automatically: it is the
+    O(T^2) attention-map form, for analysis and tests. The recurrent, parallel and fft modes also
+    take a separable pair as its materialised sum and a product as a * b: they are the plain,
+    obviously correct forms.
     With ``cu_seqlens`` (packed sequences) the plan says how the documents are kept apart; fft
     is refused, and so is triton (not yet); auto takes chunk where it would take fft or triton.
     """
