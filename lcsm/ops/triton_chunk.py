@@ -21,10 +21,11 @@ Every factor is an exp of a non-positive number, so decays down to log o = -30 p
 beyond: log o is raised to ``LOG_ZERO`` as everywhere in the chunk forms) stay finite. The
 earlier sub-blocks factorise through the log just before the query sub-block (query factors
 exp(G_t - r) <= 1, key factors exp(r - G_j) <= 1); the diagonal sub-block of a row or column decay
-cannot factorise safely (exp(G_t - G_j) over one step may be e^-30 on one side and e^+30 on the
-other), so it is summed pair by pair, one key step at a time, with exp(G_t - G_j) formed for t >= j
-only. Matmuls take float32 operands at full precision (``input_precision="ieee"``) for float32
-inputs and the inputs' half type otherwise (tensor cores; the accumulation stays float32).
+cannot factorise safely (its 16 steps may span a log of 30 * 16 = 480, far past float32's e^88 on
+the side that grows), so it is summed pair by pair, one key step at a time, with exp(G_t - G_j) formed for t >= j
+only. Matmuls take bfloat16 operands for bfloat16 inputs (tensor cores; the accumulation is
+float32, the carried memory kept in float32 and rounded only as an operand), float32 operands at
+full precision (``input_precision="ieee"``, not TF32) otherwise.
 
 Backward: the same decomposition as ``chunk_matmul.ChunkMatmulFunction`` (LCSM appendix 5.1, see
 docs/eos.md), each of its three EOS problems run by the forward kernels: ds is the forward problem
@@ -59,15 +60,9 @@ BLOCK_D = 64
 
 
 @triton.jit
-def _dot(a, b, LOW: tl.constexpr):
-    """a @ b with float32 accumulation: half operands (LOW 1 bfloat16, 2 float16) or full float32."""
-    if LOW == 1:
-        out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-    elif LOW == 2:
-        out = tl.dot(a.to(tl.float16), b.to(tl.float16))
-    else:
-        out = tl.dot(a, b, input_precision="ieee")
-    return out
+def _dot(a, b, BF16: tl.constexpr):
+    """a @ b with float32 accumulation, of bfloat16 operands or of full float32 ones."""
+    return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16)) if BF16 else tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
@@ -90,7 +85,7 @@ def _chunk_update(
     offs_d,
     DECAY: tl.constexpr,
     BT: tl.constexpr,
-    LOW: tl.constexpr,
+    BF16: tl.constexpr,
 ):
     """The memory after the chunk starting at t0, from the memory S before it, taking only the
     inputs of steps t < limit (limit T: all; T - 1: all but the sequence's last step)."""
@@ -118,7 +113,7 @@ def _chunk_update(
         g_last = tl.load(g_base + last * sg_t + offs_d * sg_x, mask=md, other=0.0)
         x = x * tl.exp(g_last[None, :] - g)
         S = S * tl.exp(g_last)[None, :]
-    return S + _dot(tl.trans(e), x, LOW)
+    return S + _dot(tl.trans(e), x, BF16)
 
 
 @triton.jit
@@ -153,7 +148,7 @@ def _states_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BD: tl.constexpr,
-    LOW: tl.constexpr,
+    BF16: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -194,7 +189,7 @@ def _states_kernel(
             offs_d,
             DECAY,
             BT,
-            LOW,
+            BF16,
         )
     tl.store(final_ptr + bh * K * D + kd, S, mask=mkd)
     if STRICT_FINAL:
@@ -221,7 +216,7 @@ def _states_kernel(
             offs_d,
             DECAY,
             BT,
-            LOW,
+            BF16,
         )
         tl.store(strict_ptr + bh * K * D + kd, S_strict, mask=mkd)
 
@@ -261,7 +256,7 @@ def _output_kernel(
     BC: tl.constexpr,
     BK: tl.constexpr,
     BD: tl.constexpr,
-    LOW: tl.constexpr,
+    BF16: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -294,18 +289,18 @@ def _output_kernel(
     # the carried memory's share, and the chunk's earlier sub-blocks
     acc = tl.zeros([BC, BD], dtype=tl.float32)
     if DECAY == 0:
-        y = _dot(s, S, LOW)
+        y = _dot(s, S, BF16)
     elif DECAY == 1:
         gq = tl.load(g_base + offs_t * sg_t)
-        y = _dot(s, S, LOW) * tl.exp(gq)[:, None]
+        y = _dot(s, S, BF16) * tl.exp(gq)[:, None]
     elif DECAY == 2:
         gq = tl.load(g_base + offs_t[:, None] * sg_t + offs_k[None, :] * sg_x, mask=mk[None, :], other=0.0)
-        y = _dot(s * tl.exp(gq), S, LOW)
+        y = _dot(s * tl.exp(gq), S, BF16)
         r = tl.where(has_prev, tl.load(g_base + r_at * sg_t + offs_k * sg_x, mask=mk, other=0.0), 0.0)
         s_ref = s * tl.exp(gq - r[None, :])
     else:
         gq = tl.load(g_base + offs_t[:, None] * sg_t + offs_d[None, :] * sg_x, mask=md[None, :], other=0.0)
-        y = _dot(s, S, LOW) * tl.exp(gq)
+        y = _dot(s, S, BF16) * tl.exp(gq)
         r = tl.where(has_prev, tl.load(g_base + r_at * sg_t + offs_d * sg_x, mask=md, other=0.0), 0.0)
     for j in range(0, sub):
         offs_j = n * BT + j * BC + tl.arange(0, BC)
@@ -319,18 +314,18 @@ def _output_kernel(
         ej = ej.to(tl.float32)
         xj = xj.to(tl.float32)
         if DECAY == 0:
-            acc += _dot(_dot(s, tl.trans(ej), LOW), xj, LOW)
+            acc += _dot(_dot(s, tl.trans(ej), BF16), xj, BF16)
         elif DECAY == 1:
             gj = tl.load(g_base + offs_j * sg_t)
-            a = _dot(s, tl.trans(ej), LOW) * tl.exp(gq[:, None] - gj[None, :])
-            acc += _dot(a, xj, LOW)
+            a = _dot(s, tl.trans(ej), BF16) * tl.exp(gq[:, None] - gj[None, :])
+            acc += _dot(a, xj, BF16)
         elif DECAY == 2:
             gj = tl.load(g_base + offs_j[:, None] * sg_t + offs_k[None, :] * sg_x, mask=mk[None, :], other=0.0)
-            a = _dot(s_ref, tl.trans(ej * tl.exp(r[None, :] - gj)), LOW)
-            acc += _dot(a, xj, LOW)
+            a = _dot(s_ref, tl.trans(ej * tl.exp(r[None, :] - gj)), BF16)
+            acc += _dot(a, xj, BF16)
         else:
             gj = tl.load(g_base + offs_j[:, None] * sg_t + offs_d[None, :] * sg_x, mask=md[None, :], other=0.0)
-            acc += _dot(_dot(s, tl.trans(ej), LOW), xj * tl.exp(r[None, :] - gj), LOW)
+            acc += _dot(_dot(s, tl.trans(ej), BF16), xj * tl.exp(r[None, :] - gj), BF16)
     if DECAY == 3:
         acc = acc * tl.exp(gq - r[None, :])
     y += acc
@@ -344,10 +339,10 @@ def _output_kernel(
             i_base + offs_t[:, None] * si_t + offs_d[None, :] * si_d, mask=mt[:, None] & md[None, :], other=0.0
         )
         causal = rows[:, None] >= rows[None, :] + STRICT
-        a = _dot(s, tl.trans(ei.to(tl.float32)), LOW)
+        a = _dot(s, tl.trans(ei.to(tl.float32)), BF16)
         if DECAY == 1:
             a = a * tl.exp(tl.where(causal, gq[:, None] - gq[None, :], 0.0))
-        y += _dot(tl.where(causal, a, 0.0), xi.to(tl.float32), LOW)
+        y += _dot(tl.where(causal, a, 0.0), xi.to(tl.float32), BF16)
     else:
         for j in range(0, BC):
             tj = t0 + j
@@ -376,7 +371,7 @@ def chunk_steps(chunk_size: int, T: int) -> int:
     return max(c for c in CHUNKS if c == CHUNKS[0] or c <= want)
 
 
-def _cumulative(g: Tensor, BT: int) -> Tensor:
+def cumulative(g: Tensor, BT: int) -> Tensor:
     """Chunk-local cumulative logs [B, H, N * BT, X] (float32, contiguous) of g [B, H, T, X],
     padded to whole chunks with log 0, o raised as in the other chunk forms (``finite_log``).
     Summed in float64: each G is then the float32 rounding of its exact value."""
@@ -396,18 +391,19 @@ def triton_chunk(
     s: Tensor,
     e: Tensor,
     i: Tensor,
-    g: Tensor | None,
+    G: Tensor | None,
     kind: str,
     m0: Tensor | None,
     BT: int,
-    low: int,
+    bf16: bool,
     strict: bool = False,
     strict_final: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """The forward kernels on one EOS problem (``chunk_matmul``'s names and layouts: s, e
-    [B, H, T, K], i [B, H, T, D], g [B, H, T, 1 | K | D] for kind scalar | row | col, m0
-    [B, H, K, D]; any strides). ``low``: 0 float32 matmuls, 1 bfloat16, 2 float16 operands.
-    ``strict`` leaves each step's own term out of y; ``strict_final`` also returns o_T * m_{T-1}.
+    [B, H, T, K], i [B, H, T, D], m0 [B, H, K, D]; any strides), its log decay given as
+    ``cumulative(g, BT)`` of g [B, H, T, 1 | K | D] for kind scalar | row | col (None: no decay).
+    ``bf16``: bfloat16 matmul operands, else float32. ``strict`` leaves each step's own term out of
+    y; ``strict_final`` also returns o_T * m_{T-1}.
     Returns y [B, H, T, D], m_T and that memory (None unless asked), all float32."""
     B, H, T, K = s.shape
     D = i.shape[-1]
@@ -415,7 +411,8 @@ def triton_chunk(
     BK = max(16, triton.next_power_of_2(K))
     BK_states = min(BK, BLOCK_K)
     BD = max(16, min(BLOCK_D, triton.next_power_of_2(D)))
-    G = _cumulative(g, BT) if g is not None else torch.zeros(B, H, N * BT, 1, dtype=torch.float32, device=s.device)
+    if G is None:
+        G = torch.zeros(B, H, N * BT, 1, dtype=torch.float32, device=s.device)
     if kind == "scalar":
         G = G[..., 0]
         g_strides = (*_strides(G), 0)
@@ -449,7 +446,7 @@ def triton_chunk(
         BT=BT,
         BK=BK_states,
         BD=BD,
-        LOW=low,
+        BF16=bf16,
     )
     _output_kernel[(triton.cdiv(D, BD), N * (BT // SUB), B * H)](
         s,
@@ -473,7 +470,7 @@ def triton_chunk(
         BC=SUB,
         BK=BK,
         BD=BD,
-        LOW=low,
+        BF16=bf16,
     )
     return y, final, final_strict if strict_final else None
 
@@ -494,36 +491,41 @@ class TritonChunkFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, m0: Tensor | None, kind: str, BT: int, low: int
+        ctx: Any, s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, m0: Tensor | None, kind: str, BT: int, bf16: bool
     ) -> tuple[Tensor, Tensor]:
         decayed = g is not None
         # only a column decay's gradient reads the strict output
-        y, m_T, m_strict = triton_chunk(s, e, i, g, kind, m0, BT, low, strict=kind == "col", strict_final=decayed)
+        G = None if g is None else cumulative(g, BT)
+        y, m_T, m_strict = triton_chunk(s, e, i, G, kind, m0, BT, bf16, strict=kind == "col", strict_final=decayed)
         y_strict = None
         if kind == "col":
             y_strict = y
             y = y + _own_step(s, e, i)
         ctx.save_for_backward(s, e, i, g, m0, y_strict, m_strict)
-        ctx.kind, ctx.BT, ctx.low = kind, BT, low
+        ctx.kind, ctx.BT, ctx.bf16 = kind, BT, bf16
         return y, m_T
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
         s, e, i, g, m0, y_strict, m_strict = ctx.saved_tensors
-        kind, BT, low = ctx.kind, ctx.BT, ctx.low
+        kind, BT, bf16 = ctx.kind, ctx.BT, ctx.bf16
         tkind = TRANSPOSED[kind]
         B, H, T, K = s.shape
         D = i.shape[-1]
         dy = s.new_zeros(B, H, T, D) if dy is None else dy
         dM = s.new_zeros(B, H, K, D) if dm_T is None else dm_T
 
-        def run(shrink: Tensor, expand: Tensor, inp: Tensor, logs: Tensor | None, k: str, start: Tensor | None):
-            return triton_chunk(shrink, expand, inp, logs, k, start, BT, low, strict=True)
+        def run(shrink: Tensor, expand: Tensor, inp: Tensor, G: Tensor | None, k: str, start: Tensor | None):
+            return triton_chunk(shrink, expand, inp, G, k, start, BT, bf16, strict=True)
 
         # ds: the forward problem on the transposed memory, recomputed from m0^T
-        ds = run(dy, i, e, g, tkind, None if m0 is None else m0.transpose(-1, -2))[0]
+        ds = run(
+            dy, i, e, None if g is None else cumulative(g, BT), tkind, None if m0 is None else m0.transpose(-1, -2)
+        )[0]
         # di, de: the reverse-time adjoint problem; the adjoint at step t decays by o_{t+1}
-        g_rev = None if g is None else torch.cat([g[:, :, 1:], torch.zeros_like(g[:, :, :1])], 2).flip(2)
+        g_rev = None
+        if g is not None:
+            g_rev = cumulative(torch.cat([g[:, :, 1:], torch.zeros_like(g[:, :, :1])], 2).flip(2), BT)
         s_r, e_r, i_r, dy_r = (x.flip(2) for x in (s, e, i, dy))
         di, dM_start, _ = run(e_r, s_r, dy_r, g_rev, kind, dM)
         de = run(i_r, dy_r, s_r, g_rev, tkind, dM.transpose(-1, -2))[0]
@@ -562,7 +564,8 @@ def eos_triton(p: EOSProblem, chunk_size: int) -> tuple[Tensor, Tensor]:
     """Mode "triton": y [B, H, T, D] and m_T [B, H, K, D] for the canonical problem p (which
     ``eos._triton_unsupported`` has accepted), in chunks of ``chunk_steps(chunk_size, T)``."""
     s, e, i, g, kind = matmul_operands(p)
-    # half-precision inputs take half-precision matmul operands: their values lose nothing to the
-    # cast, and the decayed ones no more than the inputs' own precision
-    low = {torch.bfloat16: 1, torch.float16: 2}.get(p.out_dtype, 0)
-    return TritonChunkFunction.apply(s, e, i, g, p.m0, kind, chunk_steps(chunk_size, p.T), low)
+    # bfloat16 inputs take bfloat16 matmul operands (tensor cores): the inputs lose nothing to the
+    # cast, the decayed ones and the carried memory no more than bfloat16's own precision. float16
+    # inputs do not: the memory, a sum over up to T steps, can pass float16's range (65504).
+    bf16 = p.out_dtype == torch.bfloat16
+    return TritonChunkFunction.apply(s, e, i, g, p.m0, kind, chunk_steps(chunk_size, p.T), bf16)

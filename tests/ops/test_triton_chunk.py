@@ -104,8 +104,9 @@ def test_widths_across_blocks(K, D, decay):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_inputs(dtype):
-    """Half-precision inputs take half-precision matmul operands (float32 accumulation): held to
-    the half dtype's tolerance against the float32 chunk form on the same rounded values."""
+    """bfloat16 inputs take bfloat16 matmul operands (float32 accumulation), float16 ones float32
+    operands: held to the input dtype's tolerance against the float32 chunk form on the same
+    rounded values."""
     if dtype == torch.bfloat16 and DEVICE == "cpu":
         pytest.skip(
             "Triton 3.9's interpreter multiplies bfloat16 tl.dot operands wrongly (1e10 off on a plain product)"
