@@ -493,12 +493,13 @@ class TritonChunkFunction(torch.autograd.Function):
     def forward(
         ctx: Any, s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, m0: Tensor | None, kind: str, BT: int, bf16: bool
     ) -> tuple[Tensor, Tensor]:
-        decayed = g is not None
-        # only a column decay's gradient reads the strict output
+        # what only the decay gradient reads: the strict output (of a column decay) and o_T * m_{T-1}
+        for_dg = g is not None and any(ctx.needs_input_grad[:5])
         G = None if g is None else cumulative(g, BT)
-        y, m_T, m_strict = triton_chunk(s, e, i, G, kind, m0, BT, bf16, strict=kind == "col", strict_final=decayed)
+        strict = for_dg and kind == "col"
+        y, m_T, m_strict = triton_chunk(s, e, i, G, kind, m0, BT, bf16, strict=strict, strict_final=for_dg)
         y_strict = None
-        if kind == "col":
+        if strict:
             y_strict = y
             y = y + _own_step(s, e, i)
         ctx.save_for_backward(s, e, i, g, m0, y_strict, m_strict)

@@ -95,6 +95,19 @@ def test_batch_and_heads(decay):
     _check(_inputs(19, decay, True, seed=3, B=2, H=3), 16, f"triton B=2 H=3 {decay}")
 
 
+@pytest.mark.parametrize("decay", ["row", "col"])
+def test_forward_without_gradients(decay):
+    """Under no_grad the forward skips what only the decay gradient reads (a column decay then
+    takes each step's own term inside the kernel, not added afterwards)."""
+    x = {n: v.to(DEVICE, torch.float32) for n, v in _inputs(37, decay, True, seed=9).items()}
+    args = (x["i"], x["e"], x["s"], x["log_o"])
+    kwargs = {"initial_state": x["initial_state"], "output_final_state": True, "chunk_size": 16}
+    with torch.no_grad():
+        y, final = eos(*args, mode="triton", **kwargs)
+    y_ref, final_ref = eos(*args, mode="chunk", **kwargs)
+    assert_close({"y": y, "final": final}, {"y": y_ref, "final": final_ref}, torch.float32, f"no_grad {decay}")
+
+
 @pytest.mark.parametrize(("K", "D", "decay"), [(80, 24, "row"), (20, 80, "col")])
 def test_widths_across_blocks(K, D, decay):
     """K and D that are no powers of two and span several blocks (the states kernel's blocks of 64
