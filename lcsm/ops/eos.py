@@ -81,7 +81,7 @@ def _kernel_reason(p: EOSProblem) -> str:
 
 
 _TRITON_DECAYS = ("none", "scalar", "row", "col")
-_TRITON_MAX_K = 256  # triton_chunk.MAX_K, here so that planning never imports triton
+_TRITON_MAX_WIDTH = 256  # triton_chunk.MAX_WIDTH, here so that planning never imports triton
 
 
 def _triton_unsupported(p: EOSProblem) -> str | None:
@@ -108,8 +108,11 @@ def _triton_unsupported(p: EOSProblem) -> str | None:
         return "K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec)
     if p.decay_kind not in _TRITON_DECAYS:
         return f"decay {p.decay_kind!r} (the kernels take {', '.join(map(repr, _TRITON_DECAYS))})"
-    if p.K > _TRITON_MAX_K:
-        return f"K = {p.K} > {_TRITON_MAX_K} (the memory block of K rows is held in registers)"
+    if max(p.K, p.D) > _TRITON_MAX_WIDTH:
+        return (
+            f"K = {p.K}, D = {p.D}: more than {_TRITON_MAX_WIDTH} (a block of all K memory rows, D in the "
+            "backward's transposed problem, is held in registers)"
+        )
     return None
 
 

@@ -54,13 +54,14 @@ KINDS = {"none": 0, "scalar": 1, "row": 2, "col": 3}
 TRANSPOSED = {"none": "none", "scalar": "scalar", "row": "col", "col": "row"}
 CHUNKS = (16, 32, 64)
 SUB = 16  # the output kernel's sub-block: tl.dot's least size
-MAX_K = 256  # the output kernel holds a [K, BD] memory block in registers
+MAX_WIDTH = 256  # the output kernel holds a [K, BD] memory block in registers (the backward: [D, BD])
 BLOCK_K = 64  # the states kernel's block of memory rows
 BLOCK_D = 64
-# Launch shapes from ptxas's register reports for sm_90 (K = D = 128, BT = 64), not from timings:
-# with 4 warps every row and column variant spilled (255 registers); with 8 warps, one pipeline
-# stage for the output kernel and two for the states kernel, the bfloat16 ones spill nothing (the
-# float32 states kernel still spills ~1.5 KB).
+# Launch shapes from ptxas's register reports for sm_90 (K = D = 128, BT = 64), not from timings
+# (bench/triton_registers.py, bench/results/triton_registers.md): with 4 warps every row and
+# column variant spilled at 255 registers; with 8 warps, one pipeline stage for the output kernel
+# and two for the states kernel, the bfloat16 variants spill at most 8 bytes, the float32 ones
+# (full-precision matmuls on CUDA cores) still up to ~4 KB.
 NUM_WARPS = 8
 STAGES_STATES = 2
 STAGES_OUTPUT = 1
@@ -159,7 +160,7 @@ def _states_kernel(
 ):
     pid_d = tl.program_id(0)
     pid_k = tl.program_id(1)
-    bh = tl.program_id(2)
+    bh = tl.program_id(2).to(tl.int64)  # offsets of large tensors pass 2^31
     b = bh // H
     h = bh % H
     # rows of the memory evolve independently (each decays on its own and takes e_t[k] i_t^T), so
@@ -267,7 +268,7 @@ def _output_kernel(
 ):
     pid_d = tl.program_id(0)
     pid_c = tl.program_id(1)
-    bh = tl.program_id(2)
+    bh = tl.program_id(2).to(tl.int64)  # offsets of large tensors pass 2^31
     b = bh // H
     h = bh % H
     n = pid_c // (BT // BC)

@@ -146,6 +146,7 @@ def test_explain_names_the_kernel():
         ({"log_o": "outer"}, "cannot serve these inputs: decay 'outer'"),
         ({"log_o": "full"}, "cannot serve these inputs: decay 'full'"),
         ({"e": "matrix"}, "cannot serve these inputs: K x D e"),
+        ({"width": 300}, "cannot serve these inputs: K = 300, D = 16: more than 256"),
         ({"dtype": torch.float64}, "compute dtype torch.float64"),
         ({"dtype": torch.complex64}, "complex inputs"),
         ({"device": "meta"}, "the tensors are on meta"),
@@ -160,6 +161,9 @@ def test_what_it_cannot_serve_is_a_value_error(change, message):
         x["log_o"] = (x["log_o"], x["log_o"].transpose(-1, -2)[..., :1, :].expand(B, T, H, 1, D))
     if change.get("log_o") == "full":
         x["log_o"] = x["log_o"].expand(B, T, H, K, D)
+    if "width" in change:
+        wide = torch.ones(B, T, H, change["width"], device=DEVICE)
+        x.update(e=wide, s=wide, log_o=None)
     if change.get("e") == "matrix":
         x["e"] = torch.ones(H, K, D, device=DEVICE)
     if "device" in change:
