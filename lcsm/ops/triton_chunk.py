@@ -42,14 +42,12 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
 
 from ._inputs import EOSProblem, finite_log
 from .chunk import matmul_operands
 
 Tensor = torch.Tensor
 
-INTERPRETED = bool(knobs.runtime.interpret)
 KINDS = {"none": 0, "scalar": 1, "row": 2, "col": 3}
 TRANSPOSED = {"none": "none", "scalar": "scalar", "row": "col", "col": "row"}
 CHUNKS = (16, 32, 64)
@@ -71,6 +69,11 @@ STAGES_OUTPUT = 1
 def _dot(a, b, BF16: tl.constexpr):
     """a @ b with float32 accumulation, of bfloat16 operands or of full float32 ones."""
     return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16)) if BF16 else tl.dot(a, b, input_precision="ieee")
+
+
+# Whether triton decorated the kernels for its interpreter (TRITON_INTERPRET=1 at import), read
+# from the decorated function itself: the variable's own reading has moved between triton versions.
+INTERPRETED = not isinstance(_dot, triton.runtime.JITFunction)
 
 
 @triton.jit
@@ -266,8 +269,8 @@ def _output_kernel(
     BD: tl.constexpr,
     BF16: tl.constexpr,
 ):
-    pid_d = tl.program_id(0)
-    pid_c = tl.program_id(1)
+    pid_c = tl.program_id(0)  # the chunk axis: the only one that grows with T, and axis 0 has no 65535 limit
+    pid_d = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)  # offsets of large tensors pass 2^31
     b = bh // H
     h = bh % H
@@ -458,7 +461,7 @@ def triton_chunk(
         num_warps=NUM_WARPS,
         num_stages=STAGES_STATES,
     )
-    _output_kernel[(triton.cdiv(D, BD), N * (BT // SUB), B * H)](
+    _output_kernel[(N * (BT // SUB), triton.cdiv(D, BD), B * H)](
         s,
         e,
         i,
