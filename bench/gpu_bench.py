@@ -10,6 +10,9 @@ backward of
     gated_delta  lcsm.ops.eos_delta, scalar gate            vs  fla chunk_gated_delta_rule
     attention    torch SDPA, causal (flash in bf16)
 
+gla and simple_gla run twice on the lcsm side: mode "chunk" (the PyTorch chunk form) and mode
+"triton" (lcsm/ops/triton_chunk.py, the Triton kernels of the same form).
+
 at B1 H16 K = D = 128 (medians of CUDA-event timings after warm-up), then training steps of
 ~100M-parameter language models (lcsm gla, gated_deltanet and a Transformer; fla's GLA and
 Gated DeltaNet models of the same size where fla's model package is installed), in bf16 autocast.
@@ -35,6 +38,7 @@ from lcsm.ops import eos, eos_delta
 
 LENGTHS = (2048, 4096, 8192, 16384, 32768)
 OPS = ("gla", "simple_gla", "delta", "gated_delta")
+TRITON_OPS = ("gla", "simple_gla")  # the ops eos's mode "triton" serves
 
 
 class Budget:
@@ -90,12 +94,12 @@ def op_inputs(op: str, T: int, dtype: torch.dtype, B: int, H: int, K: int, seed:
     return {n: t.to(dtype).requires_grad_() for n, t in x.items()}
 
 
-def lcsm_op(op: str, x: dict) -> torch.Tensor:
+def lcsm_op(op: str, x: dict, mode: str = "chunk") -> torch.Tensor:
     q, k, v = x["q"], x["k"], x["v"]
     if op == "gla":
-        return eos(v, k, q, x["g"].unsqueeze(-1), mode="chunk")[0]
+        return eos(v, k, q, x["g"].unsqueeze(-1), mode=mode)[0]
     if op == "simple_gla":
-        return eos(v, k, q, x["g"][..., None, None], mode="chunk")[0]
+        return eos(v, k, q, x["g"][..., None, None], mode=mode)[0]
     bk = x["beta"].unsqueeze(-1) * k
     return eos_delta(v, bk, q, bk, k, x["g"] if op == "gated_delta" else None, mode="chunk")[0]
 
@@ -192,26 +196,33 @@ def bench_ops(report: Report, budget: Budget, args) -> None:
         f"Operators, forward + backward (B{args.batch} H{args.heads} K = D = {args.dim}; ms, median of "
         f"{args.repeats}; peak MiB above the inputs)",
         [
-            "| op | dtype | T | lcsm chunk ms | fla ms | lcsm / fla | SDPA ms | lcsm / SDPA | lcsm MiB | fla MiB |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| op | dtype | T | lcsm chunk ms | lcsm triton ms | fla ms | lcsm / fla | triton / fla | SDPA ms | "
+            "lcsm / SDPA | lcsm MiB | triton MiB | fla MiB |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ],
     )
     ratios: dict[tuple[str, str, int], tuple[float | None, float | None]] = {}
+    triton_ratios: dict[tuple[str, str, int], float | None] = {}
     for dtype in (torch.bfloat16, torch.float32):
         dname = str(dtype).removeprefix("torch.")
         for T in args.lengths:
             sdpa_ms = None
             for op in OPS:
                 if budget.left() < 0:
-                    rows.append(f"| {op} | {dname} | {T} | SKIP (budget spent) | | | | | | |")
+                    rows.append(f"| {op} | {dname} | {T} | SKIP (budget spent) | | | | | | | | | |")
                     continue
                 cells = {}
                 for name, f in (
                     ("lcsm", lambda x, op=op: lcsm_op(op, x)),
+                    ("triton", lambda x, op=op: lcsm_op(op, x, "triton")),
                     ("fla", lambda x, op=op: fla_op(op, x)),
                     ("sdpa", sdpa),
                 ):
-                    if (name == "fla" and not have_fla) or (name == "sdpa" and sdpa_ms is not None):
+                    if (
+                        (name == "fla" and not have_fla)
+                        or (name == "sdpa" and sdpa_ms is not None)
+                        or (name == "triton" and op not in TRITON_OPS)
+                    ):
                         continue
                     try:
                         x = op_inputs(op, T, dtype, args.batch, args.heads, args.dim)
@@ -228,16 +239,20 @@ def bench_ops(report: Report, budget: Budget, args) -> None:
                 if "sdpa" in cells:
                     sdpa_ms = cells["sdpa"][0]
                 lc, fl = cells.get("lcsm", (None, None)), cells.get("fla", (None, None))
+                tr = cells.get("triton", (None, None))
 
                 def fmt(v, p=2):
                     return "-" if v is None else f"{v:.{p}f}"
 
                 r_fla = lc[0] / fl[0] if lc[0] and fl[0] else None
+                r_triton = tr[0] / fl[0] if tr[0] and fl[0] else None
                 r_sdpa = lc[0] / sdpa_ms if lc[0] and sdpa_ms else None
                 ratios[(op, dname, T)] = (r_fla, r_sdpa)
+                triton_ratios[(op, dname, T)] = r_triton
                 rows.append(
-                    f"| {op} | {dname} | {T} | {fmt(lc[0])} | {fmt(fl[0])} | {fmt(r_fla)} | {fmt(sdpa_ms)} | "
-                    f"{fmt(r_sdpa)} | {fmt(lc[1], 0)} | {fmt(fl[1], 0)} |"
+                    f"| {op} | {dname} | {T} | {fmt(lc[0])} | {fmt(tr[0])} | {fmt(fl[0])} | {fmt(r_fla)} | "
+                    f"{fmt(r_triton)} | {fmt(sdpa_ms)} | {fmt(r_sdpa)} | {fmt(lc[1], 0)} | {fmt(tr[1], 0)} | "
+                    f"{fmt(fl[1], 0)} |"
                 )
                 log(rows[-1])
                 report.flush()
@@ -247,6 +262,9 @@ def bench_ops(report: Report, budget: Budget, args) -> None:
             r_sdpa = ratios.get((op, dname, 32768), (None, None))[1]
             report.checks.append(Check(f"{op} {dname} T=8K: lcsm / fla", r_fla, "<=", 1.2))
             report.checks.append(Check(f"{op} {dname} T=32K: lcsm / SDPA", r_sdpa, "<=", 1 / 3))
+            if op in TRITON_OPS:
+                r_triton = triton_ratios.get((op, dname, 8192))
+                report.checks.append(Check(f"{op} {dname} T=8K: lcsm triton / fla", r_triton, "<=", 1.2))
     report.flush()
 
 

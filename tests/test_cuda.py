@@ -56,7 +56,7 @@ DECAYS = {
 
 
 @pytest.mark.parametrize("decay", list(DECAYS))
-@pytest.mark.parametrize("mode", ["chunk", "parallel", "auto"])
+@pytest.mark.parametrize("mode", ["chunk", "parallel", "auto", "triton"])
 def test_eos_on_cuda(decay, mode):
     log_o = DECAYS[decay]() if DECAYS[decay] else None
     inputs = {

@@ -3,7 +3,8 @@
 Two kernels, chosen by the structure of the problem (``kernel_for``): ``matmul``
 (``chunk_matmul``) for K-vector e and s with a decay that is none, scalar, row, column or
 separable; ``elementwise`` (``chunk_scan``) for everything else. ``eos_chunk`` maps the canonical
-problem's tensors onto each kernel's arguments, here and nowhere else.
+problem's tensors onto each kernel's arguments, here and nowhere else (``matmul_operands`` also
+serves the Triton kernels, ``triton_chunk``, which take the matmul kernel's arguments).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def kernel_for(p: EOSProblem) -> str:
 # ----------------------------------------------------------------------------- entry point
 
 
-def _matmul_operands(p: EOSProblem) -> tuple[Tensor, Tensor, Tensor, Tensor | None, str]:
+def matmul_operands(p: EOSProblem) -> tuple[Tensor, Tensor, Tensor, Tensor | None, str]:
     """Canonical problem -> (s, e, i, g, kind) for the matmul kernel: s and e [B, H, T, K], i
     [B, H, T, D], g in the layout of ``kind`` (``chunk_matmul._chunk_matmul_segment``). The unit
     dims go by squeeze, not indexing: squeeze's backward is a view, where the backward of
@@ -62,7 +63,7 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom") -> tuple
     # cost grow with C, not T.
     C = max(1, min(chunk_size, p.T))
     if kernel_for(p) == "matmul":
-        s, e, i, g, kind = _matmul_operands(p)
+        s, e, i, g, kind = matmul_operands(p)
         if backward == "custom":
             return ChunkMatmulFunction.apply(s, e, i, g, p.m0, kind, C)
         return chunk_matmul(s, e, i, g, kind, p.m0, C)

@@ -11,6 +11,7 @@ See docs/eos.md for the semantics, each mode's algorithm and the mapping of the 
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -79,12 +80,64 @@ def _kernel_reason(p: EOSProblem) -> str:
     return reason
 
 
+_TRITON_DECAYS = ("none", "scalar", "row", "col")
+_TRITON_MAX_WIDTH = 256  # triton_chunk.MAX_WIDTH, here so that planning never imports triton
+
+
+def _triton_unsupported(p: EOSProblem) -> str | None:
+    """Why the Triton kernels (``triton_chunk``) cannot serve this problem, or None when they can."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    device = p.i.device
+    if device.type != "cuda":
+        interpreted = False
+        if device.type == "cpu":
+            from . import triton_chunk
+
+            interpreted = triton_chunk.INTERPRETED
+        if not interpreted:
+            return (
+                f"the tensors are on {device}; the kernels run on CUDA devices, or on the CPU under Triton's "
+                "interpreter (TRITON_INTERPRET=1 set before lcsm.ops.triton_chunk is imported)"
+            )
+    if p.i.is_complex():
+        return "complex inputs (the kernels are real)"
+    if p.i.dtype != torch.float32:
+        return f"compute dtype {p.i.dtype} (the kernels compute in float32: inputs float32, bfloat16 or float16)"
+    if not (p.e_is_vector and p.s_is_vector):
+        return "K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec)
+    if p.decay_kind not in _TRITON_DECAYS:
+        return f"decay {p.decay_kind!r} (the kernels take {', '.join(map(repr, _TRITON_DECAYS))})"
+    if max(p.K, p.D) > _TRITON_MAX_WIDTH:
+        return (
+            f"K = {p.K}, D = {p.D}: more than {_TRITON_MAX_WIDTH} (a block of all K memory rows, D in the "
+            "backward's transposed problem, is held in registers)"
+        )
+    return None
+
+
+def _triton_plan(p: EOSProblem, chunk_size: int, why: str) -> Plan:
+    from .triton_chunk import chunk_steps
+
+    return Plan(
+        "triton",
+        f"triton-{p.decay_kind}",
+        f"{why}: Triton kernels, vector e/s and {_DECAY_WORDS[p.decay_kind]}, chunks of "
+        f"{chunk_steps(chunk_size, p.T)} steps; backward by the same kernels",
+    )
+
+
 def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = None) -> Plan:
     """The plan; ``documents``: N of ``cu_seqlens`` for packed sequences (None: not packed)."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if documents is None:
         return _plan_one(p, mode, chunk_size)
+    if mode == "triton":
+        raise ValueError(
+            "mode='triton' cannot serve cu_seqlens: the Triton kernels do not take packed sequences yet; "
+            "use mode='chunk' or 'auto'"
+        )
     if mode == "fft":
         raise ValueError(
             "mode='fft' cannot serve cu_seqlens: a convolution with one time-invariant kernel cannot "
@@ -95,7 +148,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
         plan = _plan_one(p, "chunk", chunk_size)
         plan = Plan(plan.mode, plan.kernel, "packed sequences take the chunk form, not fft; " + plan.reason)
     else:
-        plan = _plan_one(p, mode, chunk_size)
+        plan = _plan_one(p, mode, chunk_size, packed=True)
     if plan.mode == "recurrent":
         how = "each document alone through the recurrence, a loop over documents"
     else:
@@ -106,7 +159,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
     return Plan(plan.mode, plan.kernel, f"{plan.reason}; cu_seqlens, {documents} documents: {how}")
 
 
-def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
+def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool = False) -> Plan:
     structure = (
         f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, s={'vector' if p.s_is_vector else 'K x D'}"
     )
@@ -124,6 +177,11 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
         return Plan("fft", "long-convolution", "requested: time-invariant kernel by FFT")
     if mode == "chunk":
         return Plan("chunk", kernel_for(p), f"requested ({structure}); {_kernel_reason(p)}")
+    if mode == "triton":
+        why = _triton_unsupported(p)
+        if why is not None:
+            raise ValueError(f"mode='triton' cannot serve these inputs: {why}; use mode='chunk' or 'auto'")
+        return _triton_plan(p, chunk_size, "requested")
     # auto
     if p.T <= 1:
         return Plan("recurrent", "loop", "T <= 1: one recurrent step is cheapest (decoding)")
@@ -134,11 +192,13 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
             "e, s and log_o are data-independent: a time-invariant system, computed as an "
             "O(T log T) convolution with an O(T K D) kernel",
         )
-    return Plan(
-        "chunk",
-        kernel_for(p),
-        f"linear-time chunkwise form with C={max(1, min(chunk_size, p.T))} ({structure}); {_kernel_reason(p)}",
-    )
+    reason = f"linear-time chunkwise form with C={max(1, min(chunk_size, p.T))} ({structure}); {_kernel_reason(p)}"
+    if p.i.device.type == "cuda":
+        why = "packed sequences (cu_seqlens), which they do not take yet" if packed else _triton_unsupported(p)
+        if why is None:
+            return _triton_plan(p, chunk_size, "CUDA tensors and triton installed")
+        reason += f"; not the Triton kernels: {why}"
+    return Plan("chunk", kernel_for(p), reason)
 
 
 def explain(
@@ -155,14 +215,17 @@ def explain(
     """The plan ``eos`` follows for these arguments (validated exactly as ``eos`` does).
 
     Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent (both parts
-    of a separable pair or a product) -> fft; otherwise chunk (kernel ``matmul`` when e and s are
-    K-vectors and the decay is none/scalar/row/column or a separable pair, else ``elementwise``,
-    which applies a separable pair factor by factor and forms a product's exp(a * b) block by
-    block). ``parallel`` is never chosen automatically: it is the O(T^2) attention-map form, for
-    analysis and tests. The recurrent, parallel and fft modes also take a separable pair as its
-    materialised sum and a product as a * b: they are the plain, obviously correct forms.
+    of a separable pair or a product) -> fft; on CUDA tensors with triton installed, where the
+    Triton kernels serve the inputs (K-vector e and s, no, scalar, row or column decay, real,
+    float32 compute, no cu_seqlens) -> triton (``triton_chunk``); otherwise chunk (kernel
+    ``matmul`` when e and s are K-vectors and the decay is none/scalar/row/column or a separable
+    pair, else ``elementwise``, which applies a separable pair factor by factor and forms a
+    product's exp(a * b) block by block). ``parallel`` is never chosen automatically: it is the
+    O(T^2) attention-map form, for analysis and tests. The recurrent, parallel and fft modes also
+    take a separable pair as its materialised sum and a product as a * b: they are the plain,
+    obviously correct forms.
     With ``cu_seqlens`` (packed sequences) the plan says how the documents are kept apart; fft
-    is refused and auto takes chunk where it would take fft.
+    is refused, and so is triton (not yet); auto takes chunk where it would take fft or triton.
     """
     chunk_size = check_chunk_size(chunk_size)
     bounds = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens)
@@ -200,10 +263,11 @@ def eos(
             data-dependent or not on its own; or ``LogProduct(a, b)`` meaning o = exp(a * b), a and b
             each of log_o's shapes (Mamba: Delta_t [B, T, H, 1, D] times A [H, K, D]). May be
             complex (log r + i theta) for rotations; then y and the memory are complex.
-        mode: "auto", "recurrent", "parallel", "chunk" or "fft" (see ``explain``).
+        mode: "auto", "recurrent", "parallel", "chunk", "fft" or "triton" (see ``explain``).
         initial_state: m_0 [B, H, K, D] (zeros when None).
         output_final_state: also return m_T [B, H, K, D].
-        chunk_size: C for mode "chunk" (any C >= 1; T need not be a multiple; C > T runs as C = T).
+        chunk_size: C for mode "chunk" (any C >= 1; T need not be a multiple; C > T runs as C = T);
+            mode "triton" takes the largest of 16, 32, 64 not above it (16 at least).
         real_output: return Re(y), a real tensor, as the diagonal SSMs and CES read a complex
             system (the memory stays complex). With a real input, mode "fft" then convolves it with
             the kernel's real part by real FFTs, about half the work of the complex ones.
@@ -235,6 +299,10 @@ def eos(
         y, m_T = eos_parallel(p)
     elif plan.mode == "fft":
         y, m_T = eos_fft(p, real_output, output_final_state)
+    elif plan.mode == "triton":
+        from .triton_chunk import eos_triton
+
+        y, m_T = eos_triton(p, chunk_size)
     else:
         y, m_T = eos_chunk(p, chunk_size)
     return finish(p, y, m_T, output_final_state, real_output)

@@ -1,0 +1,587 @@
+"""Triton kernels for the chunk mode's workhorse form: K-vector e and s with no decay, a scalar
+decay, a row decay (varies over K) or a column decay (varies over D); real inputs, float32
+compute (inputs float32, bfloat16 or float16).
+
+Imported only when a Triton plan runs (``eos`` with mode "triton", or "auto" on CUDA tensors):
+the package imports without triton. Under ``TRITON_INTERPRET=1`` set before this module is
+imported, the kernels are decorated as Triton's interpreter functions and run on CPU tensors
+(the tests do this); ``INTERPRETED`` records which.
+
+Forward, for chunks of BT steps (16, 32 or 64) and cumulative logs G taken from each chunk start:
+
+    states kernel   one program per (batch * head, block of K rows, block of D columns) walks
+                    the chunks in order, writes the memory S_n at each chunk start and carries
+                    S_{n+1} = exp(G_last) * S_n + (e * exp(G_last - G))^T (i * exp(G_last - G)),
+                    each exp on the side its decay acts on (K for row and scalar, D for column)
+    output kernel   one program per (batch * head, sub-block of BC = 16 steps, block of D
+                    columns): y = (s * exp(G)) S_n (the carried memory), plus the sub-blocks of
+                    the same chunk before it, plus its own diagonal block
+
+Every factor is an exp of a non-positive number, so decays down to log o = -30 per step (and
+beyond: log o is raised to ``LOG_ZERO`` as everywhere in the chunk forms) stay finite. The
+earlier sub-blocks factorise through the log just before the query sub-block (query factors
+exp(G_t - r) <= 1, key factors exp(r - G_j) <= 1); the diagonal sub-block of a row or column decay
+cannot factorise safely (its 16 steps may span a log of 30 * 16 = 480, far past float32's e^88 on
+the side that grows), so it is summed pair by pair, one key step at a time, with exp(G_t - G_j) formed for t >= j
+only. Matmuls take bfloat16 operands for bfloat16 inputs (tensor cores; the accumulation is
+float32, the carried memory kept in float32 and rounded only as an operand), float32 operands at
+full precision (``input_precision="ieee"``, not TF32) otherwise.
+
+Backward: the same decomposition as ``chunk_matmul.ChunkMatmulFunction`` (LCSM appendix 5.1, see
+docs/eos.md), each of its three EOS problems run by the forward kernels: ds is the forward problem
+transposed (row and column decays swap), di and de one reverse-time problem and its transpose; the
+decay gradient is the reverse cumulative sum of the same strict (own-step-free) terms, with the
+boundary term from o_T * m_{T-1}, which the states kernel computes directly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ._inputs import EOSProblem, finite_log
+from .chunk import matmul_operands
+
+Tensor = torch.Tensor
+
+KINDS = {"none": 0, "scalar": 1, "row": 2, "col": 3}
+TRANSPOSED = {"none": "none", "scalar": "scalar", "row": "col", "col": "row"}
+CHUNKS = (16, 32, 64)
+SUB = 16  # the output kernel's sub-block: tl.dot's least size
+MAX_WIDTH = 256  # the output kernel holds a [K, BD] memory block in registers (the backward: [D, BD])
+BLOCK_K = 64  # the states kernel's block of memory rows
+BLOCK_D = 64
+# Launch shapes from ptxas's register reports for sm_90 (K = D = 128, BT = 64), not from timings
+# (bench/triton_registers.py, bench/results/triton_registers.md): with 4 warps every row and
+# column variant spilled at 255 registers; with 8 warps, one pipeline stage for the output kernel
+# and two for the states kernel, the bfloat16 variants spill at most 8 bytes, the float32 ones
+# (full-precision matmuls on CUDA cores) still up to ~4 KB.
+NUM_WARPS = 8
+STAGES_STATES = 2
+STAGES_OUTPUT = 1
+
+
+@triton.jit
+def _dot(a, b, BF16: tl.constexpr):
+    """a @ b with float32 accumulation, of bfloat16 operands or of full float32 ones."""
+    return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16)) if BF16 else tl.dot(a, b, input_precision="ieee")
+
+
+# Whether triton decorated the kernels for its interpreter (TRITON_INTERPRET=1 at import), read
+# from the decorated function itself: the variable's own reading has moved between triton versions.
+INTERPRETED = not isinstance(_dot, triton.runtime.JITFunction)
+
+
+@triton.jit
+def _chunk_update(
+    S,
+    e_base,
+    i_base,
+    g_base,
+    t0,
+    limit,
+    K,
+    D,
+    se_t,
+    se_k,
+    si_t,
+    si_d,
+    sg_t,
+    sg_x,
+    offs_k,
+    offs_d,
+    DECAY: tl.constexpr,
+    BT: tl.constexpr,
+    BF16: tl.constexpr,
+):
+    """The memory after the chunk starting at t0, from the memory S before it, taking only the
+    inputs of steps t < limit (limit T: all; T - 1: all but the sequence's last step)."""
+    offs_t = t0 + tl.arange(0, BT)
+    mt = offs_t < limit
+    mk = offs_k < K
+    md = offs_d < D
+    e = tl.load(e_base + offs_t[:, None] * se_t + offs_k[None, :] * se_k, mask=mt[:, None] & mk[None, :], other=0.0)
+    x = tl.load(i_base + offs_t[:, None] * si_t + offs_d[None, :] * si_d, mask=mt[:, None] & md[None, :], other=0.0)
+    e = e.to(tl.float32)
+    x = x.to(tl.float32)
+    last = t0 + BT - 1  # G is padded to whole chunks with log 0: its last row is the chunk's total
+    if DECAY == 1:
+        g = tl.load(g_base + offs_t * sg_t)
+        g_last = tl.load(g_base + last * sg_t)
+        e = e * tl.exp(g_last - g)[:, None]
+        S = S * tl.exp(g_last)
+    elif DECAY == 2:
+        g = tl.load(g_base + offs_t[:, None] * sg_t + offs_k[None, :] * sg_x, mask=mk[None, :], other=0.0)
+        g_last = tl.load(g_base + last * sg_t + offs_k * sg_x, mask=mk, other=0.0)
+        e = e * tl.exp(g_last[None, :] - g)
+        S = S * tl.exp(g_last)[:, None]
+    elif DECAY == 3:
+        g = tl.load(g_base + offs_t[:, None] * sg_t + offs_d[None, :] * sg_x, mask=md[None, :], other=0.0)
+        g_last = tl.load(g_base + last * sg_t + offs_d * sg_x, mask=md, other=0.0)
+        x = x * tl.exp(g_last[None, :] - g)
+        S = S * tl.exp(g_last)[None, :]
+    return S + _dot(tl.trans(e), x, BF16)
+
+
+@triton.jit
+def _states_kernel(
+    e_ptr,
+    i_ptr,
+    g_ptr,
+    m0_ptr,
+    states_ptr,
+    final_ptr,
+    strict_ptr,
+    T,
+    H,
+    K,
+    D,
+    N,
+    se_b,
+    se_h,
+    se_t,
+    se_k,
+    si_b,
+    si_h,
+    si_t,
+    si_d,
+    sg_b,
+    sg_h,
+    sg_t,
+    sg_x,
+    DECAY: tl.constexpr,
+    HAS_M0: tl.constexpr,
+    STRICT_FINAL: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BD: tl.constexpr,
+    BF16: tl.constexpr,
+):
+    pid_d = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)  # offsets of large tensors pass 2^31
+    b = bh // H
+    h = bh % H
+    # rows of the memory evolve independently (each decays on its own and takes e_t[k] i_t^T), so
+    # blocks of K rows are programs of their own
+    offs_k = pid_k * BK + tl.arange(0, BK)
+    offs_d = pid_d * BD + tl.arange(0, BD)
+    mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
+    kd = offs_k[:, None] * D + offs_d[None, :]  # m0, states and final memories: contiguous [.., K, D]
+    e_base = e_ptr + b * se_b + h * se_h
+    i_base = i_ptr + b * si_b + h * si_h
+    g_base = g_ptr + b * sg_b + h * sg_h
+    if HAS_M0:
+        S = tl.load(m0_ptr + bh * K * D + kd, mask=mkd, other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros([BK, BD], dtype=tl.float32)
+    for n in range(0, N):
+        tl.store(states_ptr + (bh * N + n) * K * D + kd, S, mask=mkd)
+        S = _chunk_update(
+            S,
+            e_base,
+            i_base,
+            g_base,
+            n * BT,
+            T,
+            K,
+            D,
+            se_t,
+            se_k,
+            si_t,
+            si_d,
+            sg_t,
+            sg_x,
+            offs_k,
+            offs_d,
+            DECAY,
+            BT,
+            BF16,
+        )
+    tl.store(final_ptr + bh * K * D + kd, S, mask=mkd)
+    if STRICT_FINAL:
+        # the last chunk's start memory, as stored above (the barrier orders the program's own
+        # store and load, whose elements may sit in different threads)
+        tl.debug_barrier()
+        last = tl.load(states_ptr + (bh * N + N - 1) * K * D + kd, mask=mkd, other=0.0)
+        S_strict = _chunk_update(
+            last,
+            e_base,
+            i_base,
+            g_base,
+            (N - 1) * BT,
+            T - 1,
+            K,
+            D,
+            se_t,
+            se_k,
+            si_t,
+            si_d,
+            sg_t,
+            sg_x,
+            offs_k,
+            offs_d,
+            DECAY,
+            BT,
+            BF16,
+        )
+        tl.store(strict_ptr + bh * K * D + kd, S_strict, mask=mkd)
+
+
+@triton.jit
+def _output_kernel(
+    s_ptr,
+    e_ptr,
+    i_ptr,
+    g_ptr,
+    states_ptr,
+    y_ptr,
+    T,
+    H,
+    K,
+    D,
+    N,
+    ss_b,
+    ss_h,
+    ss_t,
+    ss_k,
+    se_b,
+    se_h,
+    se_t,
+    se_k,
+    si_b,
+    si_h,
+    si_t,
+    si_d,
+    sg_b,
+    sg_h,
+    sg_t,
+    sg_x,
+    DECAY: tl.constexpr,
+    STRICT: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    BD: tl.constexpr,
+    BF16: tl.constexpr,
+):
+    pid_c = tl.program_id(0)  # the chunk axis: the only one that grows with T, and axis 0 has no 65535 limit
+    pid_d = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)  # offsets of large tensors pass 2^31
+    b = bh // H
+    h = bh % H
+    n = pid_c // (BT // BC)
+    sub = pid_c % (BT // BC)
+    t0 = n * BT + sub * BC
+    offs_t = t0 + tl.arange(0, BC)
+    offs_k = tl.arange(0, BK)
+    offs_d = pid_d * BD + tl.arange(0, BD)
+    mt = offs_t < T
+    mk = offs_k < K
+    md = offs_d < D
+    s_base = s_ptr + b * ss_b + h * ss_h
+    e_base = e_ptr + b * se_b + h * se_h
+    i_base = i_ptr + b * si_b + h * si_h
+    g_base = g_ptr + b * sg_b + h * sg_h
+    s = tl.load(s_base + offs_t[:, None] * ss_t + offs_k[None, :] * ss_k, mask=mt[:, None] & mk[None, :], other=0.0)
+    s = s.to(tl.float32)
+    kd = offs_k[:, None] * D + offs_d[None, :]
+    S = tl.load(states_ptr + (bh * N + n) * K * D + kd, mask=mk[:, None] & md[None, :], other=0.0)
+    # the log just before the sub-block: the reference its earlier sub-blocks factorise through
+    # (0 for the chunk's first sub-block, which has none)
+    r_at = tl.maximum(t0 - 1, 0)
+    has_prev = sub > 0
+    rows = tl.arange(0, BC)
+
+    # the carried memory's share, and the chunk's earlier sub-blocks
+    acc = tl.zeros([BC, BD], dtype=tl.float32)
+    if DECAY == 0:
+        y = _dot(s, S, BF16)
+    elif DECAY == 1:
+        gq = tl.load(g_base + offs_t * sg_t)
+        y = _dot(s, S, BF16) * tl.exp(gq)[:, None]
+    elif DECAY == 2:
+        gq = tl.load(g_base + offs_t[:, None] * sg_t + offs_k[None, :] * sg_x, mask=mk[None, :], other=0.0)
+        y = _dot(s * tl.exp(gq), S, BF16)
+        r = tl.where(has_prev, tl.load(g_base + r_at * sg_t + offs_k * sg_x, mask=mk, other=0.0), 0.0)
+        s_ref = s * tl.exp(gq - r[None, :])
+    else:
+        gq = tl.load(g_base + offs_t[:, None] * sg_t + offs_d[None, :] * sg_x, mask=md[None, :], other=0.0)
+        y = _dot(s, S, BF16) * tl.exp(gq)
+        r = tl.where(has_prev, tl.load(g_base + r_at * sg_t + offs_d * sg_x, mask=md, other=0.0), 0.0)
+    for j in range(0, sub):
+        offs_j = n * BT + j * BC + tl.arange(0, BC)
+        mj = offs_j < T
+        ej = tl.load(
+            e_base + offs_j[:, None] * se_t + offs_k[None, :] * se_k, mask=mj[:, None] & mk[None, :], other=0.0
+        )
+        xj = tl.load(
+            i_base + offs_j[:, None] * si_t + offs_d[None, :] * si_d, mask=mj[:, None] & md[None, :], other=0.0
+        )
+        ej = ej.to(tl.float32)
+        xj = xj.to(tl.float32)
+        if DECAY == 0:
+            acc += _dot(_dot(s, tl.trans(ej), BF16), xj, BF16)
+        elif DECAY == 1:
+            gj = tl.load(g_base + offs_j * sg_t)
+            a = _dot(s, tl.trans(ej), BF16) * tl.exp(gq[:, None] - gj[None, :])
+            acc += _dot(a, xj, BF16)
+        elif DECAY == 2:
+            gj = tl.load(g_base + offs_j[:, None] * sg_t + offs_k[None, :] * sg_x, mask=mk[None, :], other=0.0)
+            a = _dot(s_ref, tl.trans(ej * tl.exp(r[None, :] - gj)), BF16)
+            acc += _dot(a, xj, BF16)
+        else:
+            gj = tl.load(g_base + offs_j[:, None] * sg_t + offs_d[None, :] * sg_x, mask=md[None, :], other=0.0)
+            acc += _dot(_dot(s, tl.trans(ej), BF16), xj * tl.exp(r[None, :] - gj), BF16)
+    if DECAY == 3:
+        acc = acc * tl.exp(gq - r[None, :])
+    y += acc
+
+    # the diagonal sub-block: pairs j <= t (j < t when STRICT)
+    if DECAY < 2:
+        ei = tl.load(
+            e_base + offs_t[:, None] * se_t + offs_k[None, :] * se_k, mask=mt[:, None] & mk[None, :], other=0.0
+        )
+        xi = tl.load(
+            i_base + offs_t[:, None] * si_t + offs_d[None, :] * si_d, mask=mt[:, None] & md[None, :], other=0.0
+        )
+        causal = rows[:, None] >= rows[None, :] + STRICT
+        a = _dot(s, tl.trans(ei.to(tl.float32)), BF16)
+        if DECAY == 1:
+            a = a * tl.exp(tl.where(causal, gq[:, None] - gq[None, :], 0.0))
+        y += _dot(tl.where(causal, a, 0.0), xi.to(tl.float32), BF16)
+    else:
+        for j in range(0, BC):
+            tj = t0 + j
+            ej = tl.load(e_base + tj * se_t + offs_k * se_k, mask=mk & (tj + 0 * offs_k < T), other=0.0)
+            xj = tl.load(i_base + tj * si_t + offs_d * si_d, mask=md & (tj + 0 * offs_d < T), other=0.0)
+            ej = ej.to(tl.float32)
+            xj = xj.to(tl.float32)
+            causal = rows >= j + STRICT
+            if DECAY == 2:
+                gj = tl.load(g_base + tj * sg_t + offs_k * sg_x, mask=mk, other=0.0)
+                w = tl.exp(tl.where(causal[:, None], gq - gj[None, :], 0.0))
+                a = tl.sum(s * ej[None, :] * w, 1)
+                y += tl.where(causal, a, 0.0)[:, None] * xj[None, :]
+            else:
+                gj = tl.load(g_base + tj * sg_t + offs_d * sg_x, mask=md, other=0.0)
+                w = tl.exp(tl.where(causal[:, None], gq - gj[None, :], 0.0))
+                a = tl.sum(s * ej[None, :], 1)
+                y += tl.where(causal[:, None], a[:, None] * w * xj[None, :], 0.0)
+    tl.store(y_ptr + (bh * T + offs_t[:, None]) * D + offs_d[None, :], y, mask=mt[:, None] & md[None, :])
+
+
+def chunk_steps(chunk_size: int, T: int) -> int:
+    """The kernels' chunk BT for ``eos``'s chunk_size: the largest of 16, 32, 64 that is at most
+    chunk_size and not needlessly longer than T (16 at least; the chunk changes no result)."""
+    want = min(chunk_size, max(T, 1), CHUNKS[-1])
+    return max(c for c in CHUNKS if c == CHUNKS[0] or c <= want)
+
+
+def cumulative(g: Tensor, BT: int) -> Tensor:
+    """Chunk-local cumulative logs [B, H, N * BT, X] (float32, contiguous) of g [B, H, T, X],
+    padded to whole chunks with log 0, o raised as in the other chunk forms (``finite_log``).
+    Summed in float64: each G is then the float32 rounding of its exact value."""
+    B, H, T, X = g.shape
+    N = math.ceil(T / BT)
+    logs = finite_log(g, torch.float32)
+    if N * BT != T:
+        logs = torch.nn.functional.pad(logs, (0, 0, 0, N * BT - T))
+    return logs.reshape(B, H, N, BT, X).cumsum(3, dtype=torch.float64).to(torch.float32).reshape(B, H, N * BT, X)
+
+
+def _strides(x: Tensor) -> tuple[int, ...]:
+    return tuple(x.stride())
+
+
+def triton_chunk(
+    s: Tensor,
+    e: Tensor,
+    i: Tensor,
+    G: Tensor | None,
+    kind: str,
+    m0: Tensor | None,
+    BT: int,
+    bf16: bool,
+    strict: bool = False,
+    strict_final: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The forward kernels on one EOS problem (``chunk_matmul``'s names and layouts: s, e
+    [B, H, T, K], i [B, H, T, D], m0 [B, H, K, D]; any strides), its log decay given as
+    ``cumulative(g, BT)`` of g [B, H, T, 1 | K | D] for kind scalar | row | col (None: no decay).
+    ``bf16``: bfloat16 matmul operands, else float32. ``strict`` leaves each step's own term out of
+    y; ``strict_final`` also returns o_T * m_{T-1}.
+    Returns y [B, H, T, D], m_T and that memory (None unless asked), all float32."""
+    B, H, T, K = s.shape
+    D = i.shape[-1]
+    N = math.ceil(T / BT)
+    BK = max(16, triton.next_power_of_2(K))
+    BK_states = min(BK, BLOCK_K)
+    BD = max(16, min(BLOCK_D, triton.next_power_of_2(D)))
+    if G is None:
+        G = torch.zeros(B, H, N * BT, 1, dtype=torch.float32, device=s.device)
+    if kind == "scalar":
+        G = G[..., 0]
+        g_strides = (*_strides(G), 0)
+    else:
+        g_strides = _strides(G)
+    m0 = None if m0 is None else m0.to(torch.float32).contiguous()
+    states = torch.empty(B, H, N, K, D, dtype=torch.float32, device=s.device)
+    final = torch.empty(B, H, K, D, dtype=torch.float32, device=s.device)
+    final_strict = torch.empty_like(final) if strict_final else final
+    y = torch.empty(B, H, T, D, dtype=torch.float32, device=s.device)
+    decay = KINDS[kind]
+    _states_kernel[(triton.cdiv(D, BD), triton.cdiv(K, BK_states), B * H)](
+        e,
+        i,
+        G,
+        final if m0 is None else m0,
+        states,
+        final,
+        final_strict,
+        T,
+        H,
+        K,
+        D,
+        N,
+        *_strides(e),
+        *_strides(i),
+        *g_strides,
+        DECAY=decay,
+        HAS_M0=m0 is not None,
+        STRICT_FINAL=strict_final,
+        BT=BT,
+        BK=BK_states,
+        BD=BD,
+        BF16=bf16,
+        num_warps=NUM_WARPS,
+        num_stages=STAGES_STATES,
+    )
+    _output_kernel[(N * (BT // SUB), triton.cdiv(D, BD), B * H)](
+        s,
+        e,
+        i,
+        G,
+        states,
+        y,
+        T,
+        H,
+        K,
+        D,
+        N,
+        *_strides(s),
+        *_strides(e),
+        *_strides(i),
+        *g_strides,
+        DECAY=decay,
+        STRICT=int(strict),  # 1: pairs j < t, 0: j <= t
+        BT=BT,
+        BC=SUB,
+        BK=BK,
+        BD=BD,
+        BF16=bf16,
+        num_warps=NUM_WARPS,
+        num_stages=STAGES_OUTPUT,
+    )
+    return y, final, final_strict if strict_final else None
+
+
+def _own_step(s: Tensor, e: Tensor, i: Tensor) -> Tensor:
+    """Each step's own contribution (s_t . e_t) i_t, the part a strict output leaves out."""
+    return (s * e).sum(-1, keepdim=True) * i
+
+
+class TritonChunkFunction(torch.autograd.Function):
+    """The Triton forward with the appendix-5.1 backward run by the same kernels (module
+    docstring). Arguments as ``triton_chunk``'s; returns y [B, H, T, D] and m_T [B, H, K, D].
+
+    As in ``ChunkMatmulFunction``, the decay gradient is formed from strict outputs (own-step
+    terms left out, added back to the returned gradients afterwards) and the boundary term from
+    o_T * m_{T-1}: the own-step parts are O(1) and cancel exactly, while the decay gradient may be
+    O(o), which float32 would lose to the cancellation."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, m0: Tensor | None, kind: str, BT: int, bf16: bool
+    ) -> tuple[Tensor, Tensor]:
+        # what only the decay gradient reads: the strict output (of a column decay) and o_T * m_{T-1}
+        for_dg = g is not None and any(ctx.needs_input_grad[:5])
+        G = None if g is None else cumulative(g, BT)
+        strict = for_dg and kind == "col"
+        y, m_T, m_strict = triton_chunk(s, e, i, G, kind, m0, BT, bf16, strict=strict, strict_final=for_dg)
+        y_strict = None
+        if strict:
+            y_strict = y
+            y = y + _own_step(s, e, i)
+        ctx.save_for_backward(s, e, i, g, m0, y_strict, m_strict)
+        ctx.kind, ctx.BT, ctx.bf16 = kind, BT, bf16
+        return y, m_T
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
+        s, e, i, g, m0, y_strict, m_strict = ctx.saved_tensors
+        kind, BT, bf16 = ctx.kind, ctx.BT, ctx.bf16
+        tkind = TRANSPOSED[kind]
+        B, H, T, K = s.shape
+        D = i.shape[-1]
+        dy = s.new_zeros(B, H, T, D) if dy is None else dy
+        dM = s.new_zeros(B, H, K, D) if dm_T is None else dm_T
+
+        def run(shrink: Tensor, expand: Tensor, inp: Tensor, G: Tensor | None, k: str, start: Tensor | None):
+            return triton_chunk(shrink, expand, inp, G, k, start, BT, bf16, strict=True)
+
+        # ds: the forward problem on the transposed memory, recomputed from m0^T
+        ds = run(
+            dy, i, e, None if g is None else cumulative(g, BT), tkind, None if m0 is None else m0.transpose(-1, -2)
+        )[0]
+        # di, de: the reverse-time adjoint problem; the adjoint at step t decays by o_{t+1}
+        g_rev = None
+        if g is not None:
+            g_rev = cumulative(torch.cat([g[:, :, 1:], torch.zeros_like(g[:, :, :1])], 2).flip(2), BT)
+        s_r, e_r, i_r, dy_r = (x.flip(2) for x in (s, e, i, dy))
+        di, dM_start, _ = run(e_r, s_r, dy_r, g_rev, kind, dM)
+        de = run(i_r, dy_r, s_r, g_rev, tkind, dM.transpose(-1, -2))[0]
+        di, de = di.flip(2), de.flip(2)
+
+        dg = None
+        if g is not None:
+            mm = dM * m_strict
+            carry = mm.sum(-2) if kind == "col" else mm.sum(-1)
+            if kind == "col":
+                inputs = i * di
+                inputs[:, :, -1] = 0  # the last input's part is the one the boundary term leaves out
+                term = dy * y_strict - inputs
+            else:
+                inputs = e * de
+                inputs[:, :, -1] = 0
+                term = s * ds - inputs
+            if kind == "scalar":
+                term = term.sum(-1, keepdim=True)
+                carry = carry.sum(-1, keepdim=True)
+            dg = term.flip(2).cumsum(2).flip(2) + carry.unsqueeze(2)
+        i_dy = (i * dy).sum(-1, keepdim=True)  # own-step terms share i . dy
+        ds = ds.addcmul_(i_dy, e)
+        de = de.addcmul_(i_dy, s)
+        di = di.add_(_own_step(s, e, dy))
+        dm0 = None
+        if m0 is not None:
+            dm0 = dM_start
+            if g is not None:
+                first = g[:, :, 0].exp()
+                dm0 = dM_start * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
+        return ds, de, di, dg, dm0, None, None, None
+
+
+def eos_triton(p: EOSProblem, chunk_size: int) -> tuple[Tensor, Tensor]:
+    """Mode "triton": y [B, H, T, D] and m_T [B, H, K, D] for the canonical problem p (which
+    ``eos._triton_unsupported`` has accepted), in chunks of ``chunk_steps(chunk_size, T)``."""
+    s, e, i, g, kind = matmul_operands(p)
+    # bfloat16 inputs take bfloat16 matmul operands (tensor cores): the inputs lose nothing to the
+    # cast, the decayed ones and the carried memory no more than bfloat16's own precision. float16
+    # inputs do not: the memory, a sum over up to T steps, can pass float16's range (65504).
+    bf16 = p.out_dtype == torch.bfloat16
+    return TritonChunkFunction.apply(s, e, i, g, p.m0, kind, chunk_steps(chunk_size, p.T), bf16)

@@ -1,0 +1,17 @@
+"""Session setup shared by the whole suite.
+
+Triton reads TRITON_INTERPRET when it is first imported and when each kernel is decorated: its
+own library functions (``tl.sum`` and the like) and every ``@triton.jit`` kernel become either
+interpreter functions or compiled ones, once per process, and the two cannot be mixed. Where no
+CUDA device is visible nothing can be compiled, so the interpreter is turned on here, before any
+test module imports triton (fla imports it too); the Triton kernels' tests
+(tests/ops/test_triton_chunk.py) then run on the CPU. With a CUDA device, or where the variable
+is already set, it is left as it is.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
