@@ -8,6 +8,7 @@ mixer runs forward, decode and packed on the device against its float64 CPU twin
 """
 
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from torch.nn.functional import logsigmoid, normalize
 
 from lcsm import layers
 from lcsm.models import HeadConfig, ModelConfig, build_model
-from lcsm.ops import eos, eos_delta, eos_dplr
+from lcsm.ops import eos, eos_delta, eos_dplr, explain
 from lcsm.testing import assert_close, decode, gradients
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -185,3 +186,17 @@ def test_bf16_training_step_on_cuda(mixer):
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))), losses
     assert losses[-1] < losses[0], losses
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_auto_takes_triton_where_it_was_measured_faster():
+    """auto on CUDA: the Triton kernels for bfloat16 inputs and for float32 with a row decay; the
+    chunk form for float32 with no or a scalar decay (bench/results/gpu_triton.md)."""
+    x = {n: torch.randn(1, 40, 2, 16, device="cuda") for n in ("i", "e", "s")}
+    row = logsigmoid(torch.randn(1, 40, 2, 16, 1, device="cuda"))
+    scalar = logsigmoid(torch.randn(1, 40, 2, 1, 1, device="cuda"))
+    assert explain(**x, log_o=row).mode == "triton"
+    assert explain(**x, log_o=scalar).mode == "chunk"
+    assert "float32 inputs with no or a scalar decay" in explain(**x, log_o=scalar).reason
+    bf16 = {n: t.bfloat16() for n, t in x.items()}
+    assert explain(**bf16, log_o=scalar.bfloat16()).mode == "triton"

@@ -195,6 +195,11 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool = False) -
     reason = f"linear-time chunkwise form with C={max(1, min(chunk_size, p.T))} ({structure}); {_kernel_reason(p)}"
     if p.i.device.type == "cuda":
         why = "packed sequences (cu_seqlens), which they do not take yet" if packed else _triton_unsupported(p)
+        if why is None and p.out_dtype == torch.float32 and p.decay_kind in ("none", "scalar"):
+            # H200, B1 H16 K = D = 128, fwd+bwd (bench/results/gpu_triton.md): float32 kernels without a
+            # row or column decay ran 1.8-2.3x slower than this chunk form (their full-precision
+            # matmuls spill registers); in bfloat16 they ran 2.4-5.5x faster.
+            why = "float32 inputs with no or a scalar decay, where the PyTorch chunk form was faster on an H200"
         if why is None:
             return _triton_plan(p, chunk_size, "CUDA tensors and triton installed")
         reason += f"; not the Triton kernels: {why}"
@@ -217,7 +222,8 @@ def explain(
     Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent (both parts
     of a separable pair or a product) -> fft; on CUDA tensors with triton installed, where the
     Triton kernels serve the inputs (K-vector e and s, no, scalar, row or column decay, real,
-    float32 compute, no cu_seqlens) -> triton (``triton_chunk``); otherwise chunk (kernel
+    float32 compute, no cu_seqlens) -> triton (``triton_chunk``), except float32 inputs with no or
+    a scalar decay (slower there than the chunk form, bench/results/gpu_triton.md); otherwise chunk (kernel
     ``matmul`` when e and s are K-vectors and the decay is none/scalar/row/column or a separable
     pair, else ``elementwise``, which applies a separable pair factor by factor and forms a
     product's exp(a * b) block by block). ``parallel`` is never chosen automatically: it is the
