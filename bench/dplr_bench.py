@@ -73,7 +73,8 @@ def ours_gdn(x, chunk_size=None, backward="routed"):
     own form differentiated by autograd, every intermediate kept)."""
     q, k, v, beta, g = leaves(x, "q k v beta g")
     bk = beta[..., None] * k
-    args = (v, bk, q * K**-0.5, bk * g.exp()[..., None], k, g)
+    # The gated_deltanet mixer's call (lcsm/layers/_gated_delta.py): a = e = beta k, b = alpha k.
+    args = (v, bk, q * K**-0.5, bk, g.exp()[..., None] * k, g)
     if backward == "routed":
         y, _ = eos_dplr(*args, mode="chunk", chunk_size=chunk_size)
     else:

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
+from torch.utils.checkpoint import checkpoint
 
 from lcsm._checks import check_bool
 
@@ -404,12 +405,36 @@ def _own_form_a(a: Tensor, g: Tensor | None, gate_first: bool, shared: bool) -> 
     return torch.cat([a[:, :, :, :1] * g.exp().unsqueeze(3), a[:, :, :, 1:]], 3), False
 
 
+# The routed kernel's default chunk size (eos_delta's: its products are cheapest per token at 64 on
+# CPU) and the chunks per span of its recomputed backward (below).
+DELTA_CHUNK = 64
+SPAN_CHUNKS = 16
+
+
+def _delta_spans(v, e, s, a, b, g, m0, C, a_is_e):
+    """``_delta_chunk`` with a backward that recomputes: a sequence longer than SPAN_CHUNKS chunks
+    runs span by span (the memory carried between them), each span under activation checkpointing,
+    so autograd keeps each span's inputs and the carried memories, not every chunk's intermediates
+    (at T 8192, B 1, H 4, K = D = 64: about 3.5x the memory of eos_dplr's own recomputing form
+    otherwise), for one more forward pass in the backward. Spans are whole chunks, so the result is
+    the one-pass result up to rounding."""
+    span = SPAN_CHUNKS * C
+    if v.shape[2] <= span or not _grad(v, e, s, a, b, g, m0):
+        return _delta_chunk(v, e, s, a, b, g, m0, C, a_is_e)
+    ys, m = [], m0
+    for t in range(0, v.shape[2], span):
+        part = [x if x is None else x[:, :, t : t + span] for x in (v, e, s, a, b, g)]
+        y, m = checkpoint(_delta_chunk, *part, m, C, a_is_e, use_reentrant=False)
+        ys.append(y)
+    return torch.cat(ys, 2), m
+
+
 def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqlens=None, final=True):
     """The chunk form on ``eos_delta``'s kernel: canonical tensors (n = 1, g None or [B, T, H, 1])
     -> y [B, T, H, D], m_T (or None when packed and not ``final``); gradients by autograd through
-    the kernel. ``gate_first`` puts the scalar decay on b, D(alpha) (I - a b^T) = D(alpha) - a
-    (alpha b)^T: a product like gating a, and a DeltaNet's a = e stays one tensor for the kernel's
-    shared products."""
+    the kernel, recomputed span by span (``_delta_spans``) when unpacked. ``gate_first`` puts the
+    scalar decay on b, D(alpha) (I - a b^T) = D(alpha) - a (alpha b)^T: a product like gating a,
+    and a DeltaNet's a = e stays one tensor for the kernel's shared products."""
 
     def heads(x: Tensor) -> Tensor:  # [B, T, H, 1, .] -> [B, H, T, .]
         return x[:, :, :, 0].transpose(1, 2)
@@ -418,9 +443,9 @@ def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqle
     g = g[..., 0].transpose(1, 2) if g is not None else None
     if gate_first:
         b = _gated_b(b, g)
-    C = _chunk_size(chunk_size, g)
+    C = chunk_size if chunk_size is not None else DELTA_CHUNK
     if cu_seqlens is None:
-        y, m = _delta_chunk(v, e, s, a, b, g, m0, C, a_is_e)
+        y, m = _delta_spans(v, e, s, a, b, g, m0, C, a_is_e)
     else:
         y, m = _delta_chunk_packed(v, e, s, a, b, g, m0, C, a_is_e, cu_seqlens, final)
     return y.transpose(1, 2), m
@@ -468,7 +493,7 @@ def explain_dplr(
         return Plan("recurrent", "loop", f"{why} ({decay}{micro})")
     gated = ", a given before the decay (gate_first)" if gate_first and g is not None else ""
     if _routed(n, g):
-        C = min(_chunk_size(chunk_size, g), T)
+        C = min(chunk_size if chunk_size is not None else DELTA_CHUNK, T)
         how = (
             f"eos_delta's WY / UT chunk kernel, C = {C} steps ({decay}{gated}): one step per token and a "
             "decay that is none or a scalar, the structure it serves faster than the general chunk form"
@@ -480,7 +505,14 @@ def explain_dplr(
                 f"; cu_seqlens, {len(bounds) - 1} documents: one pass over the row's chunks, documents kept apart "
                 "inside them by block-diagonal masks (no padding)"
             )
-        return Plan("chunk", "delta", how + "; gradients by autograd through the kernel")
+        if packed:
+            return Plan("chunk", "delta", how + "; gradients by autograd through the kernel")
+        spans = (
+            f"recomputed in spans of {SPAN_CHUNKS} chunks ({SPAN_CHUNKS * C} steps, activation checkpointing)"
+            if T > SPAN_CHUNKS * C
+            else f"kept (T <= {SPAN_CHUNKS} chunks: one span)"
+        )
+        return Plan("chunk", "delta", how + f"; gradients by autograd through the kernel, its intermediates {spans}")
     C = min(_chunk_size(chunk_size, g), T * n)
     cost = (
         f"C^2 K = {C * C * K} per chunk for the pairwise decays"
