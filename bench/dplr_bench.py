@@ -5,8 +5,8 @@ Every timing is forward + backward (``backward`` of a fixed random cotangent), f
 minimum, not the median: this machine is shared, and the least-disturbed run is the comparable one).
 Cases (B = 1, H = 4, K = D = 64 unless said; the targets of issue 66):
 
-    gdn       Gated DeltaNet: eos_dplr chunk (a = alpha beta k, b = k, e = beta k, scalar decay) vs
-              fla naive_chunk_gated_delta_rule, T = 2048. Target: ratio <= 1.
+    gdn       Gated DeltaNet: eos_dplr chunk as the mixer calls it (a = e = beta k, b = alpha k,
+              scalar decay) vs fla naive_chunk_gated_delta_rule, T = 2048. Target: ratio <= 1.
     delta     DeltaNet: eos_dplr chunk (a = e = beta k, one tensor; no decay) vs fla
               delta_rule_chunkwise, T = 2048. Target: ratio <= 1.
     kda       KDA (per-row decay): eos_dplr chunk vs fla naive_chunk_kda, T = 2048 (information).
@@ -15,15 +15,16 @@ Cases (B = 1, H = 4, K = D = 64 unless said; the targets of issue 66):
               DeltaNet (no decay), a scalar gate (gate_first, the same a; and Gated DeltaNet's own
               call, a = e = beta k, b = alpha k), and packed rows of 8 documents (cu_seqlens) with
               and without a gate; eos_dplr's own WY / UT form (its recomputing backward, what it
-              ran for these structures before routing) for information. Target: new / old <= 1.05.
+              ran for these structures before routing). Information: new recomputes its spans
+              of 16 chunks in the backward (T 2048 is two), old keeps every intermediate.
     autograd  eos_dplr's own form: its recomputing backward vs autograd through it (Gated
               DeltaNet), T = 2048 (information: the price of the recomputation).
     scaling   time per token of eos_dplr chunk (Gated DeltaNet) from T = 1K to --max-T. Target: the
               largest T within 1.25x of T = 1K per token (flat).
     memory    peak resident memory of one Gated DeltaNet forward + backward at T = --memory-T, each
               in a fresh process: eos_dplr's own form with its recomputing backward vs autograd
-              through it (target: <= 1), and eos_dplr as called (eos_delta's kernel, autograd
-              through it) for information.
+              through it (target: <= 1), and eos_dplr as called (eos_delta's kernel, its spans
+              recomputed) against the same autograd run (target: <= 1).
 
 Peers get their own layouts, built before timing.
 """
@@ -241,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                 best = alternating_best(routed_calls(x, gate, packed), x, args.repeats)
                 name = {"none": "no decay", "first": "scalar gate (gate_first)", "gdn": "scalar gate (GDN's call)"}
                 case = f"{name[gate]}{', packed' if packed else ''}"
+                # No target: new recomputes spans beyond 16 chunks in its backward (docs/eos_dplr.md).
                 routed.append((case, best))
-                checks.append(Check(f"{case}: eos_dplr / eos_delta", best["new"] / best["old"], "<=", 1.05))
                 log(f"routed {case}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in best.items()))
     if "autograd" in args.only:
         x = inputs(2048)
@@ -274,6 +275,14 @@ def main(argv: list[str] | None = None) -> int:
                 Check(
                     f"peak memory at T = {args.memory_T}, recomputing / autograd",
                     peaks["recompute"] / peaks["autograd"],
+                    "<=",
+                    1.0,
+                )
+            )
+            checks.append(
+                Check(
+                    f"peak memory at T = {args.memory_T}, routed (spans recomputed) / autograd",
+                    peaks["routed"] / peaks["autograd"],
                     "<=",
                     1.0,
                 )
