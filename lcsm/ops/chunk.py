@@ -60,7 +60,9 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom") -> tuple
         raise ValueError(f"backward: expected 'custom' or 'autograd', got {backward!r}")
     # A chunk longer than the sequence would only pad it: the C x C intra-chunk map makes the
     # cost grow with C, not T.
-    C = max(1, min(chunk_size, p.T))
+    # Traced by torch.compile, T is symbolic and C stays the given size: min(chunk_size, T) would
+    # make C symbolic too, and the kernels' sub-chunk sizes derive from C as Python integers.
+    C = chunk_size if torch.compiler.is_compiling() else max(1, min(chunk_size, p.T))
     if kernel_for(p) == "matmul":
         s, e, i, g, kind = _matmul_operands(p)
         if backward == "custom":
