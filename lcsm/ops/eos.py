@@ -29,7 +29,7 @@ from ._inputs import (
     shape_str,
     without_autocast,
 )
-from .chunk import eos_chunk, kernel_for
+from .chunk import chunk_length, eos_chunk, kernel_for
 from .fft import eos_fft
 from .packed import Documents, add_states, packed_recurrent, reset_at_starts
 from .parallel import eos_parallel
@@ -137,7 +137,7 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
     return Plan(
         "chunk",
         kernel_for(p),
-        f"linear-time chunkwise form with C={max(1, min(chunk_size, p.T))} ({structure}); {_kernel_reason(p)}",
+        f"linear-time chunkwise form with C={chunk_length(chunk_size, p.T)} ({structure}); {_kernel_reason(p)}",
     )
 
 
