@@ -21,9 +21,9 @@ Under torch.compile (``torch.compiler.is_compiling()``) the same arithmetic is t
 T symbolic: the value-dependent choices (moderate or not, resets or not) become tensors that
 select between the exact forms (``_either``: torch.cond; the reset masks, all-true when there is
 no reset), decays too strong for one reference per chunk take the pairwise form
-(``_intra_pairwise``) instead of sub-chunk cuts, the loop over chunks becomes a scan, and the
-sequence is one segment. Every form is exact: the traced kernel computes eager's numbers up to
-rounding (docs/compile.md).
+(``_intra_pairwise``) instead of sub-chunk cuts, the loop over chunks becomes a doubling scan
+(``_doubling_states``), and the sequence is one segment. Every form is exact: the traced kernel
+computes eager's numbers up to rounding (docs/compile.md).
 
 Backward (LCSM appendix 5.1, Type 1; corrected in docs/eos.md): itself EOS problems over the
 same decays, so it stores no per-step memory:
@@ -53,7 +53,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._higher_order_ops.scan import scan
 
 from ._inputs import LOG_ZERO, finite_log, real_dtype
 
@@ -70,6 +69,8 @@ SUBCHUNK = 16
 # float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
 SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
 SEGMENT = 2048
+# Levels of the traced kernel's doubling scan over chunks (``_doubling_states``): 2^24 chunks at most.
+SCAN_LEVELS = 24
 
 
 def _halves(x: Tensor, kind: str, width: int) -> tuple[Tensor, Tensor]:
@@ -395,7 +396,7 @@ def _chunk_states(e: Tensor, i: Tensor, f: _Decay, kind: str, m0: Tensor | None)
         U = (e * f.to_end).transpose(-1, -2) @ i
         decay = f.exp_last.transpose(-1, -2)  # [B, H, N, K|1, 1]
     if torch.compiler.is_compiling():
-        return _scan_states(U, decay, M)
+        return _doubling_states(U, decay, M)
     states = []
     for n in range(N):
         states.append(M)
@@ -403,16 +404,28 @@ def _chunk_states(e: Tensor, i: Tensor, f: _Decay, kind: str, m0: Tensor | None)
     return torch.stack(states, 2), M
 
 
-def _scan_states(U: Tensor, decay: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
-    """``_chunk_states``' loop over chunks as a scan, for torch.compile: a Python loop over
-    N = ceil(T / C) chunks would fix N, and with it T, in the traced graph."""
+def _doubling_states(U: Tensor, decay: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
+    """``_chunk_states``' loop over chunks for torch.compile, where a Python loop over
+    N = ceil(T / C) chunks would fix N, and with it T, in the traced graph (and torch.scan, which
+    would not, fails in inductor 2.13 on a scan length derived from T). The recurrence
+    M_n = decay_n * M_{n-1} + U_n composes associatively, so SCAN_LEVELS doubling steps give every
+    prefix: at level l each chunk takes in the one 2^l before it (shifts past the first chunk take
+    in the identity: decay 1, input 0). The level count is fixed, not ceil(log2 N), so that N
+    stays symbolic; the levels past log2 N change nothing and cost O(N K D) each, little beside
+    the chunks' C x C maps. Products of decays are at most 1 in modulus: nothing overflows."""
+    N = U.shape[2]
+    torch._check(N <= 1 << SCAN_LEVELS, lambda: f"traced eos chunk kernel: at most 2^{SCAN_LEVELS} chunks")
+    a, b = decay, torch.cat([U[:, :, :1] + decay[:, :, :1] * M.unsqueeze(2), U[:, :, 1:]], 2)
 
-    def step(M: Tensor, chunk: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        u, d = chunk
-        return torch.addcmul(u, d, M), M.clone()
+    def shifted(x: Tensor, by: int, fill: float) -> Tensor:  # x[n - by] along chunks, ``fill`` before the first
+        return torch.nn.functional.pad(x, (0, 0, 0, 0, by, 0), value=fill)[:, :, :N]
 
-    M, S = scan(step, M, (U.movedim(2, 0), decay.movedim(2, 0)))
-    return S.movedim(0, 2), M
+    for level in range(SCAN_LEVELS):
+        by = 1 << level
+        b = b + a * shifted(b, by, 0.0)
+        a = a * shifted(a, by, 1.0)
+    # b[n]: the memory after chunk n; the memory at each chunk's start is the one after the chunk before
+    return torch.cat([M.unsqueeze(2), b[:, :, :-1]], 2), b[:, :, -1]
 
 
 def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: str, strict: bool) -> Tensor:
