@@ -417,8 +417,11 @@ def _doubling_states(U: Tensor, decay: Tensor, M: Tensor) -> tuple[Tensor, Tenso
     torch._check(N <= 1 << SCAN_LEVELS, lambda: f"traced eos chunk kernel: at most 2^{SCAN_LEVELS} chunks")
     a, b = decay, torch.cat([U[:, :, :1] + decay[:, :, :1] * M.unsqueeze(2), U[:, :, 1:]], 2)
 
+    chunk = torch.arange(N, device=U.device).view(N, 1, 1)
+
     def shifted(x: Tensor, by: int, fill: float) -> Tensor:  # x[n - by] along chunks, ``fill`` before the first
-        return torch.nn.functional.pad(x, (0, 0, 0, 0, by, 0), value=fill)[:, :, :N]
+        # a roll, not a pad by ``by``: padding would allocate up to 2^SCAN_LEVELS chunks
+        return torch.where(chunk >= by, x.roll(by, 2), fill)
 
     for level in range(SCAN_LEVELS):
         by = 1 << level
