@@ -46,6 +46,7 @@ PRECISIONS = ("fp32", "bf16")
 MODES = ("max", "min")
 NONFINITE = ("stop", "skip")
 PARALLEL = ("ddp", "fsdp")  # under torchrun: DistributedDataParallel or FSDP2 sharding
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # run.compile: torch.compile's backends; true = inductor
 
 
 def check_device(name: str, value) -> None:
@@ -265,6 +266,10 @@ class RuntimeConfig(_Section):
         what it trains: a run may be resumed under the other (docs/engine.md, "FSDP").
     activation_checkpointing: recompute each Block's activations in the backward pass instead of
         keeping them (``torch.utils.checkpoint``; the same dropout masks, so the same gradients).
+    compile: run the training step's model through ``torch.compile(dynamic=True)``: false (default),
+        true (inductor) or a backend, "inductor", "aot_eager" or "eager" (docs/compile.md). The
+        same numbers up to rounding, as with another thread count. An older config's
+        ``train.compile`` is read as this.
     """
 
     section = "run"
@@ -277,6 +282,7 @@ class RuntimeConfig(_Section):
     on_nonfinite: str = "stop"
     parallel: str = "ddp"
     activation_checkpointing: bool = False
+    compile: bool | str = False
 
     def __post_init__(self):
         check_device("run.device", self.device)
@@ -292,6 +298,18 @@ class RuntimeConfig(_Section):
             raise ValueError(
                 f"run.activation_checkpointing: expected true or false, got {self.activation_checkpointing!r}"
             )
+        if not isinstance(self.compile, bool) and self.compile not in COMPILE_BACKENDS:
+            raise ValueError(
+                f"run.compile: expected true, false or a backend ({', '.join(map(repr, COMPILE_BACKENDS))}), "
+                f"got {self.compile!r}"
+            )
+
+    @property
+    def compile_backend(self) -> str | None:
+        """torch.compile's backend for the training step, or None (not compiled)."""
+        if self.compile is False:
+            return None
+        return "inductor" if self.compile is True else self.compile
 
 
 RUNTIME_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeConfig))

@@ -267,6 +267,10 @@ class Trainer:
                 else model
             )
             self.optimizer = build_optimizer(model, config.optim)
+        if r.compile_backend is not None:
+            # Only the step's module: evaluation and checkpoints keep the plain one (same parameters).
+            # Dynamic shapes: batches of the tasks' length grids differ in T, each would recompile.
+            self.net = torch.compile(self.net, dynamic=True, backend=r.compile_backend)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.optim, self.total_steps))
         self.state = LoopState()
         self._clock = time.perf_counter()

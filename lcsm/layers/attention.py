@@ -297,8 +297,11 @@ class Attention(Mixer):
             return self._forward_packed(x, documents(x, cu_seqlens), state, return_state)
         B, T, d = x.shape
         if state is None:
-            state = self.init_state(B)
-        full = self._check_cache(state, B)
+            # An empty cache is full (no row holds padding): nothing to check, and no value read,
+            # which torch.compile would not trace.
+            state, full = self.init_state(B), True
+        else:
+            full = self._check_cache(state, B)
         P = state.keys.shape[2]
         if full and self.window is None:
             positions, last = torch.arange(P, P + T, device=x.device), P + T - 1

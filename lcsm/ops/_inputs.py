@@ -79,6 +79,16 @@ LogO = None | Tensor | tuple[Tensor, Tensor] | LogProduct
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 
+# A complex dtype's real counterpart. ``torch.dtype.to_real`` does the same, but torch.compile's
+# tracer cannot call it (a graph break), and the ops must trace whole (docs/compile.md).
+_REAL = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def real_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The real dtype of ``dtype``'s values: itself for a real dtype, the part's for a complex one."""
+    return _REAL.get(dtype, dtype)
+
+
 def shape_str(x: Tensor) -> str:
     return "[" + ", ".join(str(n) for n in x.shape) + "]"
 
@@ -96,7 +106,7 @@ def finite_log(g: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """g with its real part raised to at least ``LOG_ZERO`` of ``dtype`` (default g's dtype), the
     dtype whose exp must give 0: -inf and every log below the value become it, the rest is
     unchanged; a complex g keeps its imaginary part. Differentiable (0 gradient where raised)."""
-    floor = LOG_ZERO[(dtype or g.dtype).to_real()]
+    floor = LOG_ZERO[real_dtype(dtype or g.dtype)]
     if g.is_complex():
         return torch.complex(g.real.clamp(min=floor), g.imag)
     return g.clamp(min=floor)
@@ -422,7 +432,7 @@ def canonicalize(
         g_dd=g_dd,
         g_outer=tuple(x.to(dtype) for x in pair_c) if pair_c is not None else None,
         g_product=tuple(x.to(dtype) for x in product_c) if product_c is not None else None,
-        i_real=i.permute(0, 2, 1, 3).to(dtype.to_real()) if dtype.is_complex and not i.is_complex() else None,
+        i_real=i.permute(0, 2, 1, 3).to(real_dtype(dtype)) if dtype.is_complex and not i.is_complex() else None,
     )
     return p
 
@@ -489,7 +499,7 @@ def finish(
     state only when asked for."""
     if real_output and y_bhtd.is_complex():
         y_bhtd = y_bhtd.real
-    y = y_bhtd.permute(0, 2, 1, 3).to(p.out_dtype.to_real() if real_output else p.out_dtype)
+    y = y_bhtd.permute(0, 2, 1, 3).to(real_dtype(p.out_dtype) if real_output else p.out_dtype)
     if not output_final_state:
         return y, None
     state_dtype = p.i.dtype if p.out_dtype in (torch.float16, torch.bfloat16) else p.out_dtype

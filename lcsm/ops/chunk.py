@@ -27,6 +27,14 @@ def kernel_for(p: EOSProblem) -> str:
     return "elementwise"
 
 
+def chunk_length(chunk_size: int, T: int) -> int:
+    """The chunk length C the chunk mode runs with. A chunk longer than the sequence would only pad
+    it (the C x C intra-chunk map makes the cost grow with C, not T): C = min(chunk_size, T).
+    Traced by torch.compile, T is symbolic and C stays ``chunk_size``: min(chunk_size, T) would
+    fix T in the graph, and the kernel's sizes derive from C as Python integers."""
+    return chunk_size if torch.compiler.is_compiling() else max(1, min(chunk_size, T))
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
@@ -59,9 +67,7 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom") -> tuple
     (autograd through the matmul kernel's forward; kept for the benchmark's memory comparison)."""
     if backward not in ("custom", "autograd"):
         raise ValueError(f"backward: expected 'custom' or 'autograd', got {backward!r}")
-    # A chunk longer than the sequence would only pad it: the C x C intra-chunk map makes the
-    # cost grow with C, not T.
-    C = max(1, min(chunk_size, p.T))
+    C = chunk_length(chunk_size, p.T)
     if kernel_for(p) == "matmul":
         s, e, i, g, kind = matmul_operands(p)
         if backward == "custom":

@@ -17,6 +17,14 @@ factorises into exp(Ga_t - Ga_j) along K, carried by s and e, and exp(Gb_t - Gb_
 carried by i and y; chunk to chunk the memory decays by exp(Ga_C) (x) exp(Gb_C). Long sequences
 run in segments of SEGMENT tokens so that time per token stays flat.
 
+Under torch.compile (``torch.compiler.is_compiling()``) the same arithmetic is traced whole, with
+T symbolic: the value-dependent choices (moderate or not, resets or not) become tensors that
+select between the exact forms (``_either``: torch.cond; the reset masks, all-true when there is
+no reset), decays too strong for one reference per chunk take the pairwise form
+(``_intra_pairwise``) instead of sub-chunk cuts, the loop over chunks becomes a doubling scan
+(``_doubling_states``), and the sequence is one segment. Every form is exact: the traced kernel
+computes eager's numbers up to rounding (docs/compile.md).
+
 Backward (LCSM appendix 5.1, Type 1; corrected in docs/eos.md): itself EOS problems over the
 same decays, so it stores no per-step memory:
 
@@ -40,12 +48,13 @@ log decay g (log_o, in the layout of ``kind``). The backward passes other tensor
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ._inputs import LOG_ZERO, finite_log
+from ._inputs import LOG_ZERO, finite_log, real_dtype
 
 Tensor = torch.Tensor
 
@@ -60,6 +69,8 @@ SUBCHUNK = 16
 # float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
 SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
 SEGMENT = 2048
+# Levels of the traced kernel's doubling scan over chunks (``_doubling_states``): 2^24 chunks at most.
+SCAN_LEVELS = 24
 
 
 def _halves(x: Tensor, kind: str, width: int) -> tuple[Tensor, Tensor]:
@@ -100,17 +111,35 @@ def _exp(x: Tensor, dtype: torch.dtype) -> Tensor:
     only to ~1e-4), and polar(exp(re), im) is also several times faster than complex exp on CPU.
     """
     if x.is_complex():
-        real = torch.empty((), dtype=dtype).real.dtype
+        real = real_dtype(dtype)
         return torch.polar(x.real.to(real).exp(), torch.remainder(x.imag, 2 * math.pi).to(real))
     return x.to(dtype).exp()
 
 
-def _is_moderate(G: Tensor, dtype: torch.dtype) -> bool:
+def _is_moderate(G: Tensor, dtype: torch.dtype) -> bool | Tensor:
     """True when no block's total decay |Gamma_first - Gamma_last| exceeds SAFE_SPAN for the
-    compute dtype (G itself is kept in double precision)."""
+    compute dtype (G itself is kept in double precision). Under torch.compile the answer is a
+    0-dim boolean tensor: the tracer cannot read a value, so ``_either`` selects on it."""
     span = (G[..., :1, :] - G[..., -1:, :]).real
-    real = torch.empty((), dtype=dtype).real.dtype
-    return span.numel() == 0 or span.max().item() <= SAFE_SPAN[real]
+    if torch.compiler.is_compiling():
+        return (span <= _safe_span(real_dtype(dtype))).all()
+    return span.numel() == 0 or span.max().item() <= SAFE_SPAN[real_dtype(dtype)]
+
+
+@torch.compiler.assume_constant_result
+def _safe_span(real: torch.dtype) -> float:
+    """SAFE_SPAN[real] as a constant of the traced graph: read directly, the tracer would make the
+    module-level float a symbolic input, which torch.cond's branches cannot capture."""
+    return SAFE_SPAN[real]
+
+
+def _either(moderate: bool | Tensor, fast: Callable[[], Tensor], safe: Callable[[], Tensor]) -> Tensor:
+    """``fast()`` for moderate decays, else ``safe()``: one branch evaluated either way, by Python
+    on a bool and by torch.cond on the 0-dim tensor ``_is_moderate`` gives under torch.compile."""
+    if isinstance(moderate, bool):
+        return fast() if moderate else safe()
+    # torch.cond wants both branches' outputs laid out alike; views of differently split blocks are not
+    return torch.cond(moderate, lambda: fast().contiguous(), lambda: safe().contiguous())
 
 
 def _single_reference(s: Tensor, e: Tensor, i: Tensor, G: Tensor, kind: str, strict: bool) -> Tensor:
@@ -177,6 +206,23 @@ def _intra_subchunked(
     return torch.cat(blocks, -2)
 
 
+def _intra_pairwise(s: Tensor, e: Tensor, i: Tensor, G: Tensor, kind: str, strict: bool) -> Tensor:
+    """Within-chunk outputs for row, column or separable decays by the pairwise decays
+    exp(Gamma_t - Gamma_j) themselves, [.., C, C, K|D]: exact and safe for any decay (no kept
+    pair's exponent is positive), at O(C^2 (K|D)) memory per chunk. The traced kernel's form for
+    decays too strong for one reference per chunk, where eager cuts sub-chunks
+    (``_intra_subchunked``): the depth of those cuts depends on the decays' values, and each
+    level would be one more torch.cond to trace (minutes of compile time)."""
+    dt = s.dtype
+    if kind == "row":
+        return torch.einsum("...tk,...jk,...tjk->...tj", s, e, _pairwise(G, strict, dt)) @ i
+    if kind in OUTER:
+        Ga, Gb = _halves(G, kind, s.shape[-1])
+        a = torch.einsum("...tk,...jk,...tjk->...tj", s, e, _pairwise(Ga, strict, dt))
+        return torch.einsum("...tj,...tjd,...jd->...td", a, _pairwise(Gb, strict, dt), i)
+    return torch.einsum("...tj,...tjd,...jd->...td", s @ e.transpose(-1, -2), _pairwise(G, strict, dt), i)
+
+
 def chunk_matmul(
     s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, kind: str, m0: Tensor | None, C: int, strict: bool = False
 ) -> tuple[Tensor, Tensor]:
@@ -208,7 +254,7 @@ class _Decay:
     exp_last: Tensor | None = None  # exp(Gamma_C) per chunk, [B, H, N, 1, X]
     exp_neg: Tensor | None = None  # exp(-Gamma_j), only when moderate
     to_end: Tensor | None = None  # exp(Gamma_C - Gamma_j)
-    moderate: bool = True
+    moderate: bool | Tensor = True  # a 0-dim boolean tensor under torch.compile (``_is_moderate``)
     # Resets (steps whose decay is exactly 0, see ``_decay_factors``), when the chunk takes them by
     # masks: ``same`` [B, H, N, C, C] pairs (t, j) with no reset in (j, t]; ``reach`` [B, H, N, C, 1]
     # 1 at the steps the chunk-start memory reaches (no reset up to t), else 0. None: no resets.
@@ -220,8 +266,9 @@ def _chunked(x: Tensor, C: int) -> Tensor:
     """[B, H, T, X] -> [B, H, N, C, X], zero-padded at the end. Contiguous once here: the operands
     arrive as head-major views of [B, T, H, *], and every batched matmul would copy them again."""
     B, H, T, X = x.shape
-    N = max(1, math.ceil(T / C))
-    if N * C != T:
+    N = max(1, -(-T // C))
+    # traced, T is symbolic: padding by zero steps when C divides T keeps one graph for every T
+    if torch.compiler.is_compiling() or N * C != T:
         x = torch.nn.functional.pad(x, (0, 0, 0, N * C - T))
     return x.reshape(B, H, N, C, X).contiguous()
 
@@ -237,6 +284,8 @@ def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
     # differences of cumulative logs never meet -inf - (-inf).
     wide = torch.complex128 if g.is_complex() else torch.float64
     logs = finite_log(_chunked(g, C).to(wide), dt)
+    if torch.compiler.is_compiling():
+        return _traced_factors(logs, dt)
     # A reset: a step whose decay is 0 in every entry (each log at LOG_ZERO, whose exp is 0 in dt),
     # e.g. a packed document's first token (packed.py). Its Gamma span alone exceeds SAFE_SPAN and
     # would send the whole tensor down the sub-chunk scheme; instead pairs across a reset are
@@ -244,7 +293,7 @@ def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
     # that the spans left are those of the other steps.
     # One reduction over g tells whether any log is that low at all, before the per-step test
     # (most decays have no reset, and the per-step test cost ~15% of this function).
-    floor = LOG_ZERO[dt.to_real()]
+    floor = LOG_ZERO[real_dtype(dt)]
     if g.numel() and bool(g.real.min() <= floor):
         reset = logs.real.amax(-1) <= floor
         f = _reset_factors(logs, reset, dt) if bool(reset.any()) else None
@@ -273,7 +322,7 @@ def _reset_factors(logs: Tensor, reset: Tensor, dt: torch.dtype) -> _Decay | Non
     if not _is_moderate(torch.nn.functional.pad(G, (0, 0, 1, 0)), dt):
         return None
     part = reset.cumsum(-1)  # the steps between two resets share a number
-    real = torch.empty((), dtype=dt).real.dtype
+    real = real_dtype(dt)
     reach = (part == 0).unsqueeze(-1).to(real)
     in_last = (part == part[..., -1:]).unsqueeze(-1).to(real)
     exp_last = _exp(G[..., -1:, :], dt)
@@ -285,6 +334,39 @@ def _reset_factors(logs: Tensor, reset: Tensor, dt: torch.dtype) -> _Decay | Non
         exp_neg,
         exp_last * exp_neg * in_last,
         True,
+        part.unsqueeze(-1) == part.unsqueeze(-2),
+        reach,
+    )
+
+
+def _traced_factors(logs: Tensor, dt: torch.dtype) -> _Decay:
+    """``_decay_factors`` of chunked logs under torch.compile, without reading a value: the reset
+    masks are always formed (all-true, and the reach all ones, when the reset form is not taken:
+    multiplying by 1 and masking by true change nothing), each cumulative log and factor is formed
+    for both the reset and the plain form where they differ, and tensors select what eager's
+    branches would (``_is_moderate``). exp(-Gamma) is formed even for strong decays, where it may
+    overflow; it is then read only by the branches that the selection leaves out."""
+    floor = LOG_ZERO[real_dtype(dt)]
+    reset = logs.real.amax(-1) <= floor
+    G_plain = logs.cumsum(-2)
+    G_reset = logs.masked_fill(reset.unsqueeze(-1), 0).cumsum(-2)
+    with_resets = reset.any() & _is_moderate(torch.nn.functional.pad(G_reset, (0, 0, 1, 0)), dt)
+    G = torch.where(with_resets, G_reset, G_plain)
+    moderate = with_resets | _is_moderate(torch.nn.functional.pad(G_plain, (0, 0, 1, 0)), dt)
+    part = reset.cumsum(-1) * with_resets  # all 0 (one part) when the plain form is taken
+    real = real_dtype(dt)
+    reach = (part == 0).unsqueeze(-1).to(real)
+    in_last = (part == part[..., -1:]).unsqueeze(-1).to(real)
+    exp_last = _exp(G[..., -1:, :], dt)
+    exp_neg = _exp(-G, dt)
+    to_end = torch.where(moderate, exp_last * exp_neg * in_last, _exp(G[..., -1:, :] - G, dt))
+    return _Decay(
+        G,
+        _exp(G, dt),
+        exp_last * reach[..., -1:, :],
+        exp_neg,
+        to_end,
+        moderate,
         part.unsqueeze(-1) == part.unsqueeze(-2),
         reach,
     )
@@ -313,11 +395,40 @@ def _chunk_states(e: Tensor, i: Tensor, f: _Decay, kind: str, m0: Tensor | None)
     else:
         U = (e * f.to_end).transpose(-1, -2) @ i
         decay = f.exp_last.transpose(-1, -2)  # [B, H, N, K|1, 1]
+    if torch.compiler.is_compiling():
+        return _doubling_states(U, decay, M)
     states = []
     for n in range(N):
         states.append(M)
         M = torch.addcmul(U[:, :, n], decay[:, :, n], M)
     return torch.stack(states, 2), M
+
+
+def _doubling_states(U: Tensor, decay: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
+    """``_chunk_states``' loop over chunks for torch.compile, where a Python loop over
+    N = ceil(T / C) chunks would fix N, and with it T, in the traced graph (and torch.scan, which
+    would not, fails in inductor 2.13 on a scan length derived from T). The recurrence
+    M_n = decay_n * M_{n-1} + U_n composes associatively, so SCAN_LEVELS doubling steps give every
+    prefix: at level l each chunk takes in the one 2^l before it (shifts past the first chunk take
+    in the identity: decay 1, input 0). The level count is fixed, not ceil(log2 N), so that N
+    stays symbolic; the levels past log2 N change nothing and cost O(N K D) each, little beside
+    the chunks' C x C maps. Products of decays are at most 1 in modulus: nothing overflows."""
+    N = U.shape[2]
+    torch._check(N <= 1 << SCAN_LEVELS, lambda: f"traced eos chunk kernel: at most 2^{SCAN_LEVELS} chunks")
+    a, b = decay, torch.cat([U[:, :, :1] + decay[:, :, :1] * M.unsqueeze(2), U[:, :, 1:]], 2)
+
+    chunk = torch.arange(N, device=U.device).view(N, 1, 1)
+
+    def shifted(x: Tensor, by: int, fill: float) -> Tensor:  # x[n - by] along chunks, ``fill`` before the first
+        # a roll, not a pad by ``by``: padding would allocate up to 2^SCAN_LEVELS chunks
+        return torch.where(chunk >= by, x.roll(by, 2), fill)
+
+    for level in range(SCAN_LEVELS):
+        by = 1 << level
+        b = b + a * shifted(b, by, 0.0)
+        a = a * shifted(a, by, 1.0)
+    # b[n]: the memory after chunk n; the memory at each chunk's start is the one after the chunk before
+    return torch.cat([M.unsqueeze(2), b[:, :, :-1]], 2), b[:, :, -1]
 
 
 def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: str, strict: bool) -> Tensor:
@@ -328,32 +439,40 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
     if f.same is not None:
         mask = mask & f.same
     zero = torch.zeros((), dtype=s.dtype, device=s.device)
+    strong = _intra_pairwise if torch.compiler.is_compiling() else _intra_subchunked
 
     def carried(x: Tensor) -> Tensor:  # the chunk-start memory's share, up to the first reset
         return x if f.reach is None else x * f.reach
 
     if kind == "scalar":
-        w = f.exp_G * f.exp_neg.transpose(-1, -2) if f.moderate else _pairwise(f.G, False, s.dtype)[..., 0]
+        w = _either(
+            f.moderate,
+            lambda: f.exp_G * f.exp_neg.transpose(-1, -2),
+            lambda: _pairwise(f.G, False, s.dtype)[..., 0],
+        )
         return carried((s @ S) * f.exp_G) + torch.where(mask, (s @ e.transpose(-1, -2)) * w, zero) @ i
     if kind == "row":
-        if f.moderate:
-            intra = torch.where(mask, (s * f.exp_G) @ (e * f.exp_neg).transpose(-1, -2), zero) @ i
-        else:
-            intra = _intra_subchunked(s, e, i, f.G, "row", strict)
+        intra = _either(
+            f.moderate,
+            lambda: torch.where(mask, (s * f.exp_G) @ (e * f.exp_neg).transpose(-1, -2), zero) @ i,
+            lambda: strong(s, e, i, f.G, "row", strict),
+        )
         return carried((s * f.exp_G) @ S) + intra
     if kind in OUTER:
         exp_a, exp_b = _halves(f.exp_G, kind, s.shape[-1])
         s_a = s * exp_a
-        if f.moderate:
+
+        def factorised() -> Tensor:
             neg_a, neg_b = _halves(f.exp_neg, kind, s.shape[-1])
-            intra = exp_b * (torch.where(mask, s_a @ (e * neg_a).transpose(-1, -2), zero) @ (i * neg_b))
-        else:
-            intra = _intra_subchunked(s, e, i, f.G, kind, strict)
+            return exp_b * (torch.where(mask, s_a @ (e * neg_a).transpose(-1, -2), zero) @ (i * neg_b))
+
+        intra = _either(f.moderate, factorised, lambda: strong(s, e, i, f.G, kind, strict))
         return carried((s_a @ S) * exp_b) + intra
-    if f.moderate:
-        intra = f.exp_G * (torch.where(mask, s @ e.transpose(-1, -2), zero) @ (i * f.exp_neg))
-    else:
-        intra = _intra_subchunked(s, e, i, f.G, "col", strict)
+    intra = _either(
+        f.moderate,
+        lambda: f.exp_G * (torch.where(mask, s @ e.transpose(-1, -2), zero) @ (i * f.exp_neg)),
+        lambda: strong(s, e, i, f.G, "col", strict),
+    )
     return carried((s @ S) * f.exp_G) + intra
 
 
@@ -390,6 +509,9 @@ def _cat(parts: list) -> Tensor:
 
 
 def _segments(T: int, C: int) -> list[slice]:
+    # traced, one segment: their number would fix T in the graph
+    if torch.compiler.is_compiling():
+        return [slice(0, T)]
     seg = max(C, (SEGMENT // C) * C)
     return [slice(a, min(a + seg, T)) for a in range(0, T, seg)]
 
@@ -425,8 +547,9 @@ def _final_memory_strict(ec: Tensor, ic: Tensor, f: _Decay, kind: str, S: Tensor
     chunk's start memory S[:, :, -1] and its steps before j (the last step's index in the chunk;
     padded steps after it have no input and decay 1). Computed directly, because m_T - e_T i_T^T
     would keep m_T's O(1) rounding error in an O(o) result."""
-    e = ec[:, :, -1:].clone()
-    e[:, :, :, j] = 0
+    # by a mask, not by writing e[..., j, :] = 0: traced with symbolic T, j is symbolic too
+    e = ec[:, :, -1:]
+    e = torch.where(torch.arange(e.shape[-2], device=e.device).unsqueeze(-1) == j, 0, e)
     last_chunk = _Decay(exp_last=f.exp_last[:, :, -1:], to_end=f.to_end[:, :, -1:])
     return _chunk_states(e, ic[:, :, -1:], last_chunk, kind, S[:, :, -1])[1]
 

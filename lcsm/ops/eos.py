@@ -30,7 +30,7 @@ from ._inputs import (
     shape_str,
     without_autocast,
 )
-from .chunk import eos_chunk, kernel_for
+from .chunk import chunk_length, eos_chunk, kernel_for
 from .fft import eos_fft
 from .packed import Documents, add_states, packed_recurrent, reset_at_starts
 from .parallel import eos_parallel
@@ -192,7 +192,7 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool = False) -
             "e, s and log_o are data-independent: a time-invariant system, computed as an "
             "O(T log T) convolution with an O(T K D) kernel",
         )
-    reason = f"linear-time chunkwise form with C={max(1, min(chunk_size, p.T))} ({structure}); {_kernel_reason(p)}"
+    reason = f"linear-time chunkwise form with C={chunk_length(chunk_size, p.T)} ({structure}); {_kernel_reason(p)}"
     if p.i.device.type == "cuda":
         why = "packed sequences (cu_seqlens), which they do not take yet" if packed else _triton_unsupported(p)
         if why is None and p.out_dtype == torch.float32 and p.decay_kind in ("none", "scalar"):

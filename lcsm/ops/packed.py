@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ._inputs import LOG_ZERO, EOSProblem, finite_log
+from ._inputs import LOG_ZERO, EOSProblem, finite_log, real_dtype
 from .reference import eos_recurrent
 
 Tensor = torch.Tensor
@@ -105,7 +105,7 @@ def reset_at_starts(p: EOSProblem, docs: Documents) -> EOSProblem:
     first = torch.zeros(p.T, dtype=torch.bool, device=p.i.device)
     first[docs.starts] = True
     first = first.view(1, 1, p.T, 1, 1)
-    real = p.i.dtype.to_real()
+    real = real_dtype(p.i.dtype)
     zero = torch.tensor(LOG_ZERO[real], dtype=real, device=p.i.device)
 
     def mask(g: Tensor) -> Tensor:

@@ -23,6 +23,7 @@ OTHER = {
     "on_nonfinite": "skip",
     "parallel": "fsdp",
     "activation_checkpointing": True,
+    "compile": "aot_eager",
 }
 
 

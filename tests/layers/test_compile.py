@@ -1,0 +1,28 @@
+"""Mixers under ``torch.compile(fullgraph=True, dynamic=True)``: output and every gradient (input
+and parameters) equal eager for two sequence lengths through one compiled graph (a recompile fails
+the test). Backend aot_eager: the graphs inductor would compile, forward and backward, without its
+code generation (minutes per mixer on a busy CPU; docs/compile.md)."""
+
+import pytest
+import torch
+import torch._dynamo
+
+from lcsm import layers
+from lcsm.testing import assert_close, gradients
+
+D_MODEL = 16
+LENGTHS = (19, 29)
+
+
+@pytest.mark.parametrize("name", ["gla", "mamba2", "fwp", "attention"])
+def test_mixer_compiles_equal_to_eager(name):
+    torch.manual_seed(0)
+    mixer = layers.build(name, D_MODEL)
+    torch._dynamo.reset()
+    compiled = torch.compile(mixer, fullgraph=True, dynamic=True, backend="aot_eager")
+    params = dict(mixer.named_parameters())
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for T in LENGTHS:
+            x = torch.randn(2, T, D_MODEL, generator=torch.Generator().manual_seed(T)).requires_grad_()
+            wrt = {"x": x, **params}
+            assert_close(gradients({"y": compiled(x)}, wrt), gradients({"y": mixer(x)}, wrt), context=f"{name} T={T}")
