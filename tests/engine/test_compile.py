@@ -9,6 +9,7 @@ from lcsm.testing import assert_close
 from .test_train import config, train_log, weights
 
 
+@pytest.mark.slow  # about 60 s on 2 busy cores
 def test_compiled_steps_train_like_eager(cache_env):
     """Two optimizer steps of the tiny GLA model: the same logged losses and gradient norms and the
     same weights. Backend aot_eager: it traces forward and backward as inductor does, without

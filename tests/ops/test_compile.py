@@ -57,8 +57,16 @@ def chunk(i, e, s, log_o, initial_state):
     return eos(i, e, s, log_o, mode="chunk", initial_state=initial_state, output_final_state=True, chunk_size=C)
 
 
-# (decay, backend): inductor where its compile time is moderate on a CPU, aot_eager elsewhere
-CASES = [("none", "inductor"), ("scalar", "aot_eager"), ("row", "aot_eager"), ("col", "aot_eager")]
+# (decay, backend): inductor where its compile time is moderate on a CPU, aot_eager elsewhere. The
+# suite runs the scalar case (torch.cond, the scan and the reset masks all traced); the others take
+# 30-70 s each on 2 busy cores and are marked slow (`pytest -m slow`).
+SLOW = pytest.mark.slow
+CASES = [
+    pytest.param("none", "inductor", marks=SLOW),
+    ("scalar", "aot_eager"),
+    pytest.param("row", "aot_eager", marks=SLOW),
+    pytest.param("col", "aot_eager", marks=SLOW),
+]
 
 
 @pytest.mark.parametrize("decay,backend", CASES)

@@ -14,6 +14,7 @@ D_MODEL = 16
 LENGTHS = (19, 29)
 
 
+@pytest.mark.slow  # about 45 s per mixer on 2 busy cores
 @pytest.mark.parametrize("name", ["gla", "mamba2", "fwp", "attention"])
 def test_mixer_compiles_equal_to_eager(name):
     torch.manual_seed(0)
