@@ -11,8 +11,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 # `make demo MIXERS=gla,hgrn,mamba` sweeps other mixers than the demo's MetaLA, GLA and attention;
 # `make demo EXPERIMENT=lm_demo` runs language modelling on the real prose corpus instead of MQAR.
+# PARALLEL: runs at a time, each on cores / PARALLEL torch threads (on 2 cores: two one-thread runs).
 MIXERS ?=
 EXPERIMENT ?= mqar_demo
+PARALLEL ?= 2
 
 .PHONY: install test demo bench reports
 install: $(STAMP)
@@ -23,7 +25,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
 
 demo: $(STAMP)
-	$(VENV)/bin/lcsm sweep experiments/$(EXPERIMENT).yaml --report $(if $(MIXERS),--grid model.mixer=$(MIXERS))
+	$(VENV)/bin/lcsm sweep experiments/$(EXPERIMENT).yaml --report --parallel $(PARALLEL) $(if $(MIXERS),--grid model.mixer=$(MIXERS))
 
 bench: $(STAMP)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'

@@ -7,6 +7,7 @@ The experiment's ``report`` section::
       table: {rows: model.mixer, columns: model.d_model, value: accuracy}   # a pivot of the best runs
       plots:
         - {x: model.d_model, y: accuracy, series: model.mixer, facet: task.train_grid, file: accuracy.png}
+        - {x: model, y: [accuracy/L64-kv4, accuracy/L256-kv4], file: lengths.png}   # a series per metric
       compare:                                   # ours beside the paper's numbers, with Spearman's rho
         - {axis: model.mixer_options.code, metric: perplexity, paper: {1-1-1-0: 24.26, 0-0-0-0: 29.62},
            where: {task: wikitext}, title: "Table 4, valid ppl"}
@@ -15,8 +16,10 @@ The experiment's ``report`` section::
 
 ``rows``, ``columns``, ``x``, ``series``, ``facet`` and ``axis`` name grid axes; ``value``, ``y`` and
 ``metric`` metrics (``test/<metric>`` for the test split of the best checkpoint, see
-``Trainer.final_test``). A ``compare`` entry lists, per label of ``axis`` (among the selected runs
-matching ``where``), our metric and the paper's, and the Spearman rank correlation of the two. A
+``Trainer.final_test``). A plot's ``y`` may list several metrics of the same runs, such as the
+accuracy at each test length: one series per metric, so no ``series`` axis beside it. A
+``compare`` entry lists, per label of ``axis`` (among the selected runs matching ``where``), our
+metric and the paper's, and the Spearman rank correlation of the two. A
 ``curves`` entry tabulates and plots a metric at every evaluation of each selected run (its
 ``eval.csv``): where final numbers saturate, how soon each model got there still tells them apart.
 Tables and plots use the runs ``select`` keeps (best of its grid), the full table lists every run.
@@ -90,7 +93,19 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
         axis(f"{where}.x", plot.get("x"))
         axis(f"{where}.series", plot.get("series"), optional=True)
         axis(f"{where}.facet", plot.get("facet"), optional=True)
-        metric(f"{where}.y", plot.get("y"))
+        ys = plot.get("y")
+        if isinstance(ys, list):
+            if not ys:
+                raise ValueError(f"{where}.y: expected a metric name or a non-empty list of them, got []")
+            if plot.get("series") is not None:
+                raise ValueError(
+                    f"{where}.series: a plot whose y lists several metrics draws one series per metric, "
+                    f"got series {plot['series']!r} too"
+                )
+            for i, name in enumerate(ys):
+                metric(f"{where}.y[{i}]", name)
+        else:
+            metric(f"{where}.y", ys)
         png(f"{where}.file", plot.get("file"))
     for where, comp in entries("compare", ("axis", "metric", "paper", "where", "title")):
         axis(f"{where}.axis", comp.get("axis"))
@@ -311,21 +326,34 @@ def provenance(rows: list[dict[str, Any]], key: str) -> list[str]:
     return [f"{name} ({n} run{'' if n == 1 else 's'})" for name, n in counts.items()]
 
 
+def plot_label(y: str | list[str]) -> str:
+    """The y axis label of a plot: the metric, or the name that several metrics share before their
+    slices (``accuracy`` for ``accuracy/L64-kv4`` and ``accuracy/L256-kv4``)."""
+    if isinstance(y, str):
+        return y
+    stems = {name.split("/")[0] for name in y}
+    return stems.pop() if len(stems) == 1 else ", ".join(y)
+
+
 def plot(rows: list[dict[str, Any]], spec: Mapping[str, Any], path: Path, title: str) -> None:
     plt = _pyplot()
     x_key, y, series, facet = spec["x"], spec["y"], spec.get("series"), spec.get("facet")
-    metric = f"metric:{y}"
     facets = _ordered([row[facet] for row in rows]) if facet else [None]
     fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets), 3.4), squeeze=False, sharey=True)
     x_labels = _ordered([row[x_key] for row in rows])
     numeric = all(_number(x) is not None for x in x_labels)
-    measured = [row for row in rows if metric in row]
-    # series named over every facet, so that a series keeps its style in facets that lack others
-    names = _ordered([row[series] for row in measured]) if series else [None]
+    # (legend label, metric column, series label) per series; several metrics are series of their own
+    if isinstance(y, list):
+        lines = [(name, f"metric:{name}", None) for name in y]
+    else:
+        metric = f"metric:{y}"
+        # series named over every facet, so that a series keeps its style in facets that lack others
+        names = _ordered([row[series] for row in rows if metric in row]) if series else [None]
+        lines = [(s, metric, s) for s in names]
     for ax, f in zip(axes[0], facets, strict=False):
-        chosen = [row for row in measured if f is None or row[facet] == f]
-        for i, s in enumerate(names):
-            points = [row for row in chosen if s is None or row[series] == s]
+        chosen = [row for row in rows if f is None or row[facet] == f]
+        for i, (label, metric, s) in enumerate(lines):
+            points = [row for row in chosen if metric in row and (s is None or row[series] == s)]
             if not points:
                 continue
             points.sort(key=lambda row: x_labels.index(row[x_key]))
@@ -333,13 +361,13 @@ def plot(rows: list[dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
             style = series_style(i)
             if numeric:
                 ax.plot(
-                    [float(row[x_key]) for row in points], ys, color=style["color"], marker=style["marker"], label=s
+                    [float(row[x_key]) for row in points], ys, color=style["color"], marker=style["marker"], label=label
                 )
             else:
                 # categories (mixers, ...) have no order to draw a line along: grouped bars
-                width = 0.8 / len(names)
+                width = 0.8 / len(lines)
                 xs = [x_labels.index(row[x_key]) - 0.4 + width * (i + 0.5) for row in points]
-                ax.bar(xs, ys, width=width, color=style["color"], hatch=style["hatch"], label=s)
+                ax.bar(xs, ys, width=width, color=style["color"], hatch=style["hatch"], label=label)
         if not numeric:
             ax.set_xticks(range(len(x_labels)), x_labels)
         if spec.get("logx") and numeric:
@@ -347,8 +375,9 @@ def plot(rows: list[dict[str, Any]], spec: Mapping[str, Any], path: Path, title:
         ax.set_xlabel(x_key)
         ax.set_title(f"{facet} = {f}" if facet else spec.get("title", title), fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(y)
-    _legend_and_save(fig, list(axes[0]) if series else [], series, path)
+    axes[0][0].set_ylabel(plot_label(y))
+    several = isinstance(y, list)
+    _legend_and_save(fig, list(axes[0]) if series or several else [], "metric" if several else series, path)
 
 
 VERDICT_FILE = "VERDICT.md"
@@ -521,7 +550,7 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
         ]
     for p in spec.get("plots", []):
         plot(best, p, out_dir / p["file"], title)
-        lines += [f"![{p['y']} against {p['x']}]({p['file']})", ""]
+        lines += [f"![{plot_label(p['y'])} against {p['x']}]({p['file']})", ""]
     for comp in spec.get("compare", []):
         lines += [f"## {comp.get('title', 'Ours beside the paper')}", "", compare(best, comp), ""]
     for c in spec.get("curves", []):

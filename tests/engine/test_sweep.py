@@ -176,6 +176,30 @@ def test_plot_facets_share_series_styles_and_one_legend(tmp_path, monkeypatch):
     assert (tmp_path / "a.png").stat().st_size > 1000
 
 
+def test_plot_of_several_metrics_draws_a_series_per_metric(tmp_path, monkeypatch):
+    """The demo's plot: per model, the accuracy at the trained length and at a longer one, as
+    grouped bars, one colour per metric, named in the legend; a run lacking a metric lacks its bar."""
+    rows = [
+        {"status": "completed", "model": "gla", "metric:accuracy/L64-kv4": 0.9, "metric:accuracy/L256-kv4": 0.5},
+        {"status": "completed", "model": "attention", "metric:accuracy/L64-kv4": 1.0},
+    ]
+    drawn, save = {}, report_mod._legend_and_save
+    monkeypatch.setattr(
+        report_mod,
+        "_legend_and_save",
+        lambda fig, axes, series, path: (drawn.update(axes=axes, series=series), save(fig, axes, series, path)),
+    )
+    spec = {"x": "model", "y": ["accuracy/L64-kv4", "accuracy/L256-kv4"]}
+    plot(rows, spec, tmp_path / "a.png", "demo")
+    (ax,) = drawn["axes"]
+    bars = [(round(b.get_height(), 3), b.get_facecolor()) for b in ax.patches]
+    assert [h for h, _ in bars] == [0.9, 1.0, 0.5]
+    assert bars[0][1] == bars[1][1] != bars[2][1]
+    assert drawn["series"] == "metric" and ax.get_ylabel() == "accuracy"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == spec["y"]
+    assert (tmp_path / "a.png").stat().st_size > 1000
+
+
 def test_report_curves_from_each_selected_runs_evaluations(tmp_path, monkeypatch):
     """A curve per series label, read from the selected (best-lr) run's eval.csv; a run without one
     has no curve (the report says so when none has), a metric eval.csv lacks is named, and two
@@ -259,6 +283,22 @@ def test_grid_override_of_an_existing_axis_keeps_the_axes_it_overlaps(tmp_path):
         (
             {"report": {"plots": [{"x": "model.d_model", "y": "loss", "file": "a.png"}]}},
             "report.plots[0].x: expected a grid axis",
+        ),
+        (
+            {
+                "report": {
+                    "plots": [{"x": "optim.lr", "y": ["loss", "accuracy"], "series": "model.mixer", "file": "a.png"}]
+                }
+            },
+            "report.plots[0].series: a plot whose y lists several metrics draws one series per metric",
+        ),
+        (
+            {"report": {"plots": [{"x": "optim.lr", "y": [], "file": "a.png"}]}},
+            "report.plots[0].y: expected a metric name or a non-empty list of them",
+        ),
+        (
+            {"report": {"plots": [{"x": "optim.lr", "y": ["loss", 3], "file": "a.png"}]}},
+            "report.plots[0].y[1]: expected a metric name",
         ),
         (
             {"report": {"table": {"rows": "model.mixer", "value": "accuracy", "cols": "x"}}},
