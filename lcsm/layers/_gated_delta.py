@@ -48,6 +48,14 @@ def l2norm_fla(x: Tensor) -> Tensor:
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + _L2_EPS)
 
 
+def value_width(head_k: int, expand_v: float) -> int:
+    """The value head width K * expand_v (fla's layers give expand_v relative to the key head)."""
+    expand_v = check_float("expand_v", expand_v, 0, low_open=True)
+    if abs(head_k * expand_v - round(head_k * expand_v)) > 1e-9:
+        raise ValueError(f"expand_v: the value head width K * expand_v = {head_k} * {expand_v} must be an integer")
+    return round(head_k * expand_v)
+
+
 def inverse_softplus_dt(n: int, dt_min: float = 1e-3, dt_max: float = 0.1, floor: float = 1e-4) -> Tensor:
     """Mamba's dt_bias init (fla's layers hard-code these values): softplus^-1 of
     dt ~ LogUniform[dt_min, dt_max] clamped at ``floor``, so softplus(dt_bias) starts in that range."""
@@ -87,12 +95,7 @@ class GatedDeltaBase(Mixer):
         super().__init__(d_model)
         self.num_heads = check_int("num_heads", num_heads, 1)
         self.head_k = head_width("expand_k", d_model, expand_k, num_heads)
-        expand_v = check_float("expand_v", expand_v, 0, low_open=True)
-        if abs(self.head_k * expand_v - round(self.head_k * expand_v)) > 1e-9:
-            raise ValueError(
-                f"expand_v: the value head width K * expand_v = {self.head_k} * {expand_v} must be an integer"
-            )
-        self.head_v = round(self.head_k * expand_v)
+        self.head_v = value_width(self.head_k, expand_v)
         self.conv_size = check_int("conv_size", conv_size, 1)
         conv_bias = check_bool("conv_bias", conv_bias)
         self.negative_eigenvalues = check_bool("negative_eigenvalues", negative_eigenvalues)

@@ -17,7 +17,7 @@ from torch import nn
 from lcsm._checks import check_bool, check_choice, check_float, check_int
 
 from ..ops import DPLR_MODES, eos_dplr
-from ._gated_delta import GatedDeltaState, inverse_softplus_dt, l2norm_fla
+from ._gated_delta import GatedDeltaState, inverse_softplus_dt, l2norm_fla, value_width
 from ._qkv import head_width
 from .base import EOSRow, Mixer, no_weight_decay, register
 from .packing import as_packed_row, causal_conv, check_document_state
@@ -84,12 +84,7 @@ class GatedDeltaNet2(Mixer):
                 f"a group of value heads), got {self.num_v_heads}"
             )
         self.head_k = head_width("expand_k", d_model, expand_k, num_heads)
-        expand_v = check_float("expand_v", expand_v, 0, low_open=True)
-        if abs(self.head_k * expand_v - round(self.head_k * expand_v)) > 1e-9:
-            raise ValueError(
-                f"expand_v: the value head width K * expand_v = {self.head_k} * {expand_v} must be an integer"
-            )
-        self.head_v = round(self.head_k * expand_v)
+        self.head_v = value_width(self.head_k, expand_v)
         self.conv_size = check_int("conv_size", conv_size, 1)
         conv_bias = check_bool("conv_bias", conv_bias)
         self.negative_eigenvalues = check_bool("negative_eigenvalues", negative_eigenvalues)
