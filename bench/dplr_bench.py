@@ -16,7 +16,7 @@ Cases (B = 1, H = 4, K = D = 64 unless said; the targets of issue 66):
               call, a = e = beta k, b = alpha k), and packed rows of 8 documents (cu_seqlens) with
               and without a gate; eos_dplr's own WY / UT form (its recomputing backward, what it
               ran for these structures before routing). Information: new recomputes its spans
-              of 16 chunks in the backward (T 2048 is two), old keeps every intermediate.
+              of 8 chunks in the backward (T 2048 is four), old keeps every intermediate.
     autograd  eos_dplr's own form: its recomputing backward vs autograd through it (Gated
               DeltaNet), T = 2048 (information: the price of the recomputation).
     scaling   time per token of eos_dplr chunk (Gated DeltaNet) from T = 1K to --max-T. Target: the
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 best = alternating_best(routed_calls(x, gate, packed), x, args.repeats)
                 name = {"none": "no decay", "first": "scalar gate (gate_first)", "gdn": "scalar gate (GDN's call)"}
                 case = f"{name[gate]}{', packed' if packed else ''}"
-                # No target: new recomputes spans beyond 16 chunks in its backward (docs/eos_dplr.md).
+                # No target: new recomputes spans beyond 8 chunks in its backward (docs/eos_dplr.md).
                 routed.append((case, best))
                 log(f"routed {case}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in best.items()))
     if "autograd" in args.only:

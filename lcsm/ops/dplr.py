@@ -408,23 +408,27 @@ def _own_form_a(a: Tensor, g: Tensor | None, gate_first: bool, shared: bool) -> 
 # The routed kernel's default chunk size (eos_delta's: its products are cheapest per token at 64 on
 # CPU) and the chunks per span of its recomputed backward (below).
 DELTA_CHUNK = 64
-SPAN_CHUNKS = 16
+DELTA_SPAN_CHUNKS = 8
 
 
 def _delta_spans(v, e, s, a, b, g, m0, C, a_is_e):
-    """``_delta_chunk`` with a backward that recomputes: a sequence longer than SPAN_CHUNKS chunks
+    """``_delta_chunk`` with a backward that recomputes: a sequence longer than DELTA_SPAN_CHUNKS chunks
     runs span by span (the memory carried between them), each span under activation checkpointing,
     so autograd keeps each span's inputs and the carried memories, not every chunk's intermediates
-    (at T 8192, B 1, H 4, K = D = 64: about 3.5x the memory of eos_dplr's own recomputing form
-    otherwise), for one more forward pass in the backward. Spans are whole chunks, so the result is
-    the one-pass result up to rounding."""
-    span = SPAN_CHUNKS * C
+    (at T 8192, B 1, H 4, K = D = 64 otherwise about 3.5x the memory of eos_dplr's own recomputing
+    form), for one more forward pass in the backward; 8 chunks, so that time per token is the same
+    from 1K steps on (a sequence of one span keeps its intermediates and skips that pass). Spans
+    are whole chunks, so the result is the one-pass result up to rounding."""
+    span = DELTA_SPAN_CHUNKS * C
     if v.shape[2] <= span or not _grad(v, e, s, a, b, g, m0):
         return _delta_chunk(v, e, s, a, b, g, m0, C, a_is_e)
+    # split, not slicing: the gradients of split's pieces are joined by one cat, where each slice's
+    # backward would write its piece into a zero tensor of the whole length (quadratic in T).
+    n = -(-v.shape[2] // span)
+    pieces = [[None] * n if x is None else x.split(span, 2) for x in (v, e, s, a, b, g)]
     ys, m = [], m0
-    for t in range(0, v.shape[2], span):
-        part = [x if x is None else x[:, :, t : t + span] for x in (v, e, s, a, b, g)]
-        y, m = checkpoint(_delta_chunk, *part, m, C, a_is_e, use_reentrant=False)
+    for j in range(n):
+        y, m = checkpoint(_delta_chunk, *(p[j] for p in pieces), m, C, a_is_e, use_reentrant=False)
         ys.append(y)
     return torch.cat(ys, 2), m
 
@@ -508,9 +512,10 @@ def explain_dplr(
         if packed:
             return Plan("chunk", "delta", how + "; gradients by autograd through the kernel")
         spans = (
-            f"recomputed in spans of {SPAN_CHUNKS} chunks ({SPAN_CHUNKS * C} steps, activation checkpointing)"
-            if T > SPAN_CHUNKS * C
-            else f"kept (T <= {SPAN_CHUNKS} chunks: one span)"
+            f"recomputed in spans of {DELTA_SPAN_CHUNKS} chunks ({DELTA_SPAN_CHUNKS * C} steps, activation "
+            "checkpointing)"
+            if T > DELTA_SPAN_CHUNKS * C
+            else f"kept (T <= {DELTA_SPAN_CHUNKS} chunks: one span)"
         )
         return Plan("chunk", "delta", how + f"; gradients by autograd through the kernel, its intermediates {spans}")
     C = min(_chunk_size(chunk_size, g), T * n)

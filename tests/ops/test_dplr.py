@@ -121,7 +121,7 @@ def test_matches_reference(dtype, mode, layout, T):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_chunk_sizes(T, chunk_size, layout, dtype):
     """eos_delta's kernel (none, head, scalar) and the WY / UT form (row); C = 1 and 2 also make
-    each one's backward recompute several spans (16 chunks each)."""
+    each one's backward recompute several spans (16 and 8 chunks each)."""
     check(make_inputs(T, layout=layout, seed=T), "chunk", dtype, chunk_size=chunk_size)
 
 
