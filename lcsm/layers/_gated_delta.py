@@ -34,7 +34,7 @@ from lcsm._checks import check_bool, check_float, check_int
 from ..ops import eos_dplr
 from ._qkv import head_width
 from .base import Mixer, State, no_weight_decay
-from .packing import causal_conv, check_document_state, documents
+from .packing import causal_conv, documents
 
 Tensor = torch.Tensor
 
@@ -177,22 +177,6 @@ class GatedDeltaBase(Mixer):
         return self.o_proj(self._gate(x, o).to(x.dtype).flatten(-2))
 
     # -- mixer interface ---------------------------------------------------------------------------
-    def _check_state(self, state: GatedDeltaState, batch: int, cu_seqlens: Tensor | None) -> None:
-        if not isinstance(state, GatedDeltaState):
-            raise ValueError(f"state: expected a GatedDeltaState from this mixer, got {type(state).__name__}")
-        H, K, D, W = self.num_heads, self.head_k, self.head_v, self.conv_size - 1
-        want = {
-            "memory": (batch, H, K, D),
-            "conv_q": (batch, W, H * K),
-            "conv_k": (batch, W, H * K),
-            "conv_v": (batch, W, H * D),
-        }
-        for name, t in state.tensors().items():
-            if cu_seqlens is not None:
-                check_document_state(f"state.{name}", t, batch)
-            if tuple(t.shape) != want[name]:
-                raise ValueError(f"state.{name}: expected {list(want[name])}, got {list(t.shape)}")
-
     def forward(
         self,
         x: Tensor,
@@ -206,7 +190,7 @@ class GatedDeltaBase(Mixer):
             cu_seqlens = documents(x, cu_seqlens)
             batch = cu_seqlens.numel() - 1
         if state is not None:
-            self._check_state(state, batch, cu_seqlens)
+            self.check_state(state, batch, cu_seqlens is not None)
         q, k, v, g, beta, convs = self.recurrence_inputs(x, state, cu_seqlens)
         o, m = self.recurrence(q, k, v, g, beta, state.memory if state is not None else None, return_state, cu_seqlens)
         y = self.readout(x, o)

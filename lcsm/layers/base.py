@@ -21,7 +21,7 @@ from torch import nn
 
 from lcsm._checks import check_keys
 
-from .packing import check_mask, pack_rows, unpack_rows
+from .packing import check_document_state, check_mask, pack_rows, unpack_rows
 
 Tensor = torch.Tensor
 
@@ -173,6 +173,19 @@ class Mixer(nn.Module):
 
     def init_state(self, batch_size: int) -> State:
         raise NotImplementedError
+
+    def check_state(self, state: State, batch: int, packed: bool) -> None:
+        """A state given to ``forward``: of ``init_state``'s type, each tensor of its shape with
+        batch ``batch`` (one row per document of a packed row when ``packed``)."""
+        want = self.init_state(0)
+        if type(state) is not type(want):
+            raise ValueError(f"state: expected a {type(want).__name__} from this mixer, got {type(state).__name__}")
+        for name, ref in want.tensors().items():
+            t = getattr(state, name)
+            if packed:
+                check_document_state(f"state.{name}", t, batch)
+            if list(t.shape) != [batch, *ref.shape[1:]]:
+                raise ValueError(f"state.{name}: expected {[batch, *ref.shape[1:]]}, got {list(t.shape)}")
 
     def describe(self) -> EOSRow:
         raise NotImplementedError

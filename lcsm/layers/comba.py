@@ -19,7 +19,7 @@ from lcsm._checks import check_bool, check_choice, check_float, check_int
 
 from ..ops import DPLR_MODES, eos_dplr
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import as_packed_row, causal_conv, check_document_state
+from .packing import as_packed_row, causal_conv
 
 Tensor = torch.Tensor
 
@@ -129,15 +129,6 @@ class Comba(Mixer):
             conv_v=p.new_zeros(batch_size, w, vd),
         )
 
-    def _check_state(self, state: CombaState, n: int) -> None:
-        if not isinstance(state, CombaState):
-            raise ValueError(f"state: expected a CombaState from this mixer, got {type(state).__name__}")
-        want = self.init_state(0)
-        for name in ("memory", "conv_q", "conv_k", "conv_v"):
-            t, ref = getattr(state, name), getattr(want, name)
-            if t.shape[0] != n or t.shape[1:] != ref.shape[1:]:
-                raise ValueError(f"state.{name}: expected {[n, *ref.shape[1:]]}, got {list(t.shape)}")
-
     def _heads(self, t: Tensor, width: int) -> Tensor:
         return t.reshape(*t.shape[:-1], -1, width)
 
@@ -147,9 +138,7 @@ class Comba(Mixer):
         row, docs = as_packed_row(x, cu_seqlens)
         n = docs.numel() - 1
         if state is not None:
-            if cu_seqlens is not None:
-                check_document_state("state.memory", state.memory, n)
-            self._check_state(state, n)
+            self.check_state(state, n, cu_seqlens is not None)
         hist = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
         q, cq = causal_conv(self.q_proj(row), self.q_conv, None, docs, hist[0])
         k, ck = causal_conv(self.k_proj(row), self.k_conv, None, docs, hist[1])

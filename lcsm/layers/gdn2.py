@@ -20,7 +20,7 @@ from ..ops import DPLR_MODES, eos_dplr
 from ._gated_delta import GatedDeltaState, inverse_softplus_dt, l2norm_fla, value_width
 from ._qkv import head_width
 from .base import EOSRow, Mixer, no_weight_decay, register
-from .packing import as_packed_row, causal_conv, check_document_state
+from .packing import as_packed_row, causal_conv
 
 Tensor = torch.Tensor
 
@@ -171,17 +171,6 @@ class GatedDeltaNet2(Mixer):
         return self.o_proj(o.to(row.dtype).flatten(-2))
 
     # -- mixer interface ---------------------------------------------------------------------------
-    def _check_state(self, state: GatedDeltaState, n: int, packed: bool) -> None:
-        if not isinstance(state, GatedDeltaState):
-            raise ValueError(f"state: expected a GatedDeltaState from this mixer, got {type(state).__name__}")
-        want = self.init_state(0)
-        for name, t in state.tensors().items():
-            if packed:
-                check_document_state(f"state.{name}", t, n)
-            shape = [n, *getattr(want, name).shape[1:]]
-            if list(t.shape) != shape:
-                raise ValueError(f"state.{name}: expected {shape}, got {list(t.shape)}")
-
     def forward(
         self,
         x: Tensor,
@@ -193,7 +182,7 @@ class GatedDeltaNet2(Mixer):
         B, T, _ = x.shape
         row, docs = as_packed_row(x, cu_seqlens)
         if state is not None:
-            self._check_state(state, docs.numel() - 1, cu_seqlens is not None)
+            self.check_state(state, docs.numel() - 1, cu_seqlens is not None)
         q, k, v, g, b, w, convs = self.recurrence_inputs(row, docs, state)
         o, m = self.recurrence(q, k, v, g, b, w, docs, None if state is None else state.memory)
         y = self.readout(row, o).reshape(B, T, -1)
