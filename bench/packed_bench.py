@@ -111,7 +111,7 @@ def render(header: dict[str, str], shape: str, rows: list[dict], op: str = "eos"
     for r in rows:
         lines.append(
             f"| {r['N']} | {'yes' if r['states'] else 'no'} | {r['plain'] * 1e3:.2f} | {r['packed'] * 1e3:.2f} "
-            f"| {r['ratio']:.2f}x |"
+            f"| {r['ratio']:.3g}x |"
         )
     checks = [
         Check(f"packed / one sequence, N={r['N']}, states={'yes' if r['states'] else 'no'}", r["ratio"], "<=", TARGET)

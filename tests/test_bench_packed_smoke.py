@@ -22,7 +22,8 @@ def test_packed_rows_are_timed_against_one_sequence(tmp_path, capsys):
     assert [(r[0].strip(), r[1].strip()) for r in timings] == [("4", "no"), ("16", "no"), ("4", "yes"), ("16", "yes")]
     for r in timings:
         plain, packed, ratio = float(r[2]), float(r[3]), float(r[4].strip().rstrip("x"))
-        # the table rounds times to 0.01 ms: at smoke-test sizes that moves the quotient by a few percent
+        # the table rounds times to 0.01 ms (the ratio to 3 significant digits): at smoke-test sizes
+        # that moves the quotient by a few percent
         assert plain > 0 and packed > 0 and abs(ratio - packed / plain) <= 0.05 * ratio
     checks = [r for r in rows if len(r) == 4]
     assert len(checks) == 4 and all(r[3].strip() in ("PASS", "FAIL") for r in checks)
