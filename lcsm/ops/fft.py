@@ -29,7 +29,8 @@ def _powers(p: EOSProblem, start: int, stop: int) -> torch.Tensor:
     if g is None:
         return torch.ones(1, p.H, n, 1, 1, dtype=p.i.dtype, device=p.i.device)
     g = finite_log(g)  # o = 0 (log_o = -inf) would make o^0 = exp(-inf * 0)
-    S = max(1, math.isqrt(n))
+    # Traced, n is symbolic and has no integer square root: one table of n exps, exact as well.
+    S = 1 if torch.compiler.is_compiling() else max(1, math.isqrt(n))
     a = torch.arange(-(-n // S), device=p.i.device, dtype=dtype) * S + start
     b = torch.arange(S, device=p.i.device, dtype=dtype)
     coarse = (g * a.view(1, 1, -1, 1, 1)).exp().unsqueeze(3)  # [1, H, A, 1, Kg, Dg]

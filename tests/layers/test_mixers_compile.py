@@ -15,7 +15,7 @@ LENGTHS = (19, 29)
 
 
 @pytest.mark.slow  # about 45 s per mixer on 2 busy cores
-@pytest.mark.parametrize("name", ["gla", "mamba2", "fwp", "attention"])
+@pytest.mark.parametrize("name", ["gla", "mamba2", "fwp", "attention", "ces", "s4d"])
 def test_mixer_compiles_equal_to_eager(name):
     torch.manual_seed(0)
     mixer = layers.build(name, D_MODEL)
