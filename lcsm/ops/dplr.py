@@ -380,7 +380,11 @@ def _chunk_size(chunk_size: int | None, g: Tensor | None) -> int:
 
 
 def _grad(*tensors: Tensor | None) -> bool:
-    """Whether autograd will differentiate the chunk form (then its backward recomputes)."""
+    """Whether autograd will differentiate the chunk form (then its backward recomputes). Not when
+    traced (torch.compile): the recomputing backward calls autograd inside a backward, which the
+    tracer refuses, so a compiled graph is differentiated by autograd through the chunk form."""
+    if torch.compiler.is_compiling():
+        return False
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 

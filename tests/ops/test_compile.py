@@ -79,3 +79,41 @@ def test_chunk_compiles_equal_to_eager(decay, backend):
         for seed, (T, strength, resets) in enumerate(PROBLEMS):
             x = inputs(T, decay, strength, resets, seed)
             assert_close(run(x, compiled), run(x, chunk), context=f"decay={decay} backend={backend} T={T}")
+
+
+@pytest.mark.slow  # about 40 s on 2 busy cores
+@pytest.mark.parametrize("log_alpha", ["row", "scalar"])
+def test_dplr_chunk_compiles_per_length_equal_to_eager(log_alpha):
+    """eos_dplr's chunk form traced whole (its recomputing backward calls autograd inside a
+    backward, so a traced graph is differentiated by autograd instead; the scalar case takes the
+    routed delta kernel) equals eager at a fixed length: its loop over chunks fixes T, one graph
+    per length (docs/compile.md)."""
+    from lcsm.ops import eos_dplr
+
+    T = 19
+    g = torch.Generator().manual_seed(7)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g), dim=-1)
+    beta = torch.sigmoid(torch.randn(B, T, H, 1, generator=g))
+    tail = (K,) if log_alpha == "row" else ()
+    x = {
+        "i": torch.randn(B, T, H, D, generator=g),
+        "e": beta * k,
+        "s": torch.randn(B, T, H, K, generator=g) / math.sqrt(K),
+        "b": k.clone(),
+        "log_alpha": logsigmoid(torch.randn(B, T, H, *tail, generator=g) + 2.0),
+        "initial_state": torch.randn(B, H, K, D, generator=g),
+    }
+
+    def fn(i, e, s, b, log_alpha, initial_state):
+        return eos_dplr(
+            i, e, s, e, b, log_alpha, mode="chunk", chunk_size=C, initial_state=initial_state, output_final_state=True
+        )
+
+    def grads(f):
+        leaves = {name: v.clone().requires_grad_() for name, v in x.items()}
+        y, m = f(**leaves)
+        return gradients({"y": y, "m_T": m}, leaves)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend="aot_eager")
+    assert_close(grads(compiled), grads(fn), context=f"eos_dplr log_alpha={log_alpha}")
