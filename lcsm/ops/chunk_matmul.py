@@ -14,8 +14,9 @@ again the same way (down to single steps). A step whose decay is exactly 0 in ev
 reset, e.g. a packed document's first token) is taken by masks instead: no pair spans it, the
 chunk-start memory stops at it, and its log counts as 0 towards the spans. A separable decay
 factorises into exp(Ga_t - Ga_j) along K, carried by s and e, and exp(Gb_t - Gb_j) along D,
-carried by i and y; chunk to chunk the memory decays by exp(Ga_C) (x) exp(Gb_C). Long sequences
-run in segments of SEGMENT tokens so that time per token stays flat.
+carried by i and y; chunk to chunk the memory decays by exp(Ga_C) (x) exp(Gb_C). Sequences run
+in segments of whole chunks whose [B, H, L, K|D] tensors fit SEGMENT_BYTES (at most SEGMENT
+tokens), so that a segment's temporaries stay in cache and time per token stays flat.
 
 Under torch.compile (``torch.compiler.is_compiling()``) the same arithmetic is traced whole, with
 T symbolic: the value-dependent choices (moderate or not, resets or not) become tensors that
@@ -37,7 +38,10 @@ same decays, so it stores no per-step memory:
 where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. The two are the marginals of dlog_o over
 D and over K for any decay, so a separable decay takes both, one for each factor. Row and column
 roles swap under transposition, which is why the kernel supports both (and "outer" becomes
-"outer_t"). Memory: O(T (K + D) + (T / C) K D), not O(T K D).
+"outer_t"). Where the decay factorises through every chunk start (real inputs, moderate decays,
+no resets: the usual case) the same gradients are formed directly from the factorised chunk
+products (``_factorised_backward``), in forward time order. Memory: O(T (K + D) + (T / C) K D),
+not O(T K D).
 
 Names: a problem is (s, e, i, g) in the roles of y_t = sum_k s_t[k] m_t[k, :] and
 m_t = exp(g_t) * m_{t-1} + e_t (x) i_t: shrink s and expand e [B, H, T, K], input i [B, H, T, D],
@@ -69,6 +73,10 @@ SUBCHUNK = 16
 # float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
 SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
 SEGMENT = 2048
+# Bytes of one [B, H, L, K|D] tensor of a segment (at least one chunk): a segment's operands and
+# temporaries then stay in a core's cache, where whole 2048-step segments at B 1, H 4, K = D = 64
+# streamed every elementwise pass and matmul through memory (512 steps there).
+SEGMENT_BYTES = 1 << 19
 # Levels of the traced kernel's doubling scan over chunks (``_doubling_states``): 2^24 chunks at most.
 SCAN_LEVELS = 24
 
@@ -231,7 +239,7 @@ def chunk_matmul(
     numerically; it keeps the working set and the temporaries of one call at a fixed size, so time
     per token stays flat as T grows (whole-sequence temporaries at T = 32K ran ~3x slower per token,
     from cache misses and fresh page faults on every large allocation)."""
-    parts = _segments(s.shape[2], C)
+    parts = _segments(s.shape[2], C, _step_bytes(s, i))
     if len(parts) == 1:
         return _chunk_matmul_segment(s, e, i, g, kind, m0, C, strict)
     ys, M = [], m0
@@ -508,12 +516,20 @@ def _cat(parts: list) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
 
-def _segments(T: int, C: int) -> list[slice]:
+def _segments(T: int, C: int, step_bytes: int) -> list[slice]:
+    """Segments of at most SEGMENT steps whose [B, H, L, *] tensors of ``step_bytes`` per step
+    stay within SEGMENT_BYTES, each a whole number of chunks (at least one)."""
     # traced, one segment: their number would fix T in the graph
     if torch.compiler.is_compiling():
         return [slice(0, T)]
-    seg = max(C, (SEGMENT // C) * C)
+    seg = max(C, (min(SEGMENT, SEGMENT_BYTES // max(1, step_bytes)) // C) * C)
     return [slice(a, min(a + seg, T)) for a in range(0, T, seg)]
+
+
+def _step_bytes(s: Tensor, i: Tensor) -> int:
+    """Bytes of one step of the widest [B, H, T, K|D] operand (``_segments``)."""
+    B, H = s.shape[:2]
+    return B * H * max(s.shape[-1], i.shape[-1]) * s.element_size()
 
 
 def _no_decay_backward(
@@ -563,8 +579,146 @@ def _input_part(x: Tensor, last_segment: bool) -> Tensor:
     return x
 
 
+def _decayed_by(m: Tensor, g_t: Tensor, kind: str) -> Tensor:
+    """o_t * m for a memory m [B, H, K, D] and one step's log decay g_t [B, H, X] in the layout of
+    ``kind``."""
+    o = g_t.exp()
+    if kind == "outer":
+        o_a, o_b = _halves(o, kind, m.shape[-2])
+        return m * (o_a.unsqueeze(-1) * o_b.unsqueeze(-2))
+    return m * (o.unsqueeze(-2) if kind == "col" else o.unsqueeze(-1))
+
+
+def _factorises(f: _Decay, s: Tensor) -> bool:
+    """Whether the factorised forms (``_factorised_outputs``, ``_factorised_backward``) serve a
+    segment: real inputs and a decay that factorises through every chunk start without resets."""
+    return not s.is_complex() and f.moderate is True and f.same is None
+
+
+def _factors(f: _Decay, kind: str, K: int) -> tuple[Tensor | None, ...]:
+    """(a, 1 / a, a to the chunk end, b, 1 / b, b to the chunk end, chunk decay) of a factorising
+    decay (``_factorises``): a = exp(Gamma) along K (row, scalar, the row part of a separable
+    decay), b along D (column, the column part); None where a decay has no such part. The chunk
+    decay is the memory's [.., K|1, D|1] factor from one chunk start to the next."""
+    if kind == "col":
+        return None, None, None, f.exp_G, f.exp_neg, f.to_end, f.exp_last
+    if kind == "outer":
+        (a, b), (a_neg, b_neg), (a_end, b_end) = (_halves(x, kind, K) for x in (f.exp_G, f.exp_neg, f.to_end))
+        a_last, b_last = _halves(f.exp_last, kind, K)
+        return a, a_neg, a_end, b, b_neg, b_end, a_last.transpose(-1, -2) * b_last
+    return f.exp_G, f.exp_neg, f.to_end, None, None, None, f.exp_last.transpose(-1, -2)
+
+
+def _scaled(x: Tensor, factor: Tensor | None) -> Tensor:
+    return x if factor is None else x * factor
+
+
+def _factorised_outputs(
+    s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: str, L: int
+) -> tuple[Tensor, Tensor | None]:
+    """y [B, H, L, D] of one segment (chunked s, e, i) for a factorising decay (``_factorises``):
+    with q = s a, k = e / a and v = i / b, y = b (q S + tril(q k^T) v), the same products as
+    ``_chunk_outputs`` without its masks' copies. Also the strict output (each step's own term
+    left out) when a column decay's gradient reads it (column and separable decays), else None;
+    then y is it plus the own term, otherwise the diagonal is kept in the map."""
+    a, a_neg, _, b, b_neg, _, _ = _factors(f, kind, s.shape[-1])
+    q = _scaled(s, a)
+    strict = kind in ("col", "outer")
+    y = _scaled(
+        (q @ S).add_((q @ _scaled(e, a_neg).transpose(-1, -2)).tril_(-1 if strict else 0) @ _scaled(i, b_neg)), b
+    )
+    y = _unchunk(y, L)
+    if not strict:
+        return y, None
+    return y + _unchunk(_own_step(s, e, i), L), y
+
+
+def _factorised_backward(
+    s: Tensor,
+    e: Tensor,
+    i: Tensor,
+    dy: Tensor,
+    f: _Decay,
+    S: Tensor,
+    dM: Tensor,
+    kind: str,
+    y_strict: Tensor | None,
+    last: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """ds, de, di, the decay gradient's summand (``_decay_term``) and the adjoint memory at the
+    segment's start, for a factorising decay (``_factorises``). In chunk coordinates, with q = s a,
+    k = e / a, v = i / b and dv = dy b (``_factors``), the forward is y = b (q S + tril(q k^T) v):
+    its backward is matrix products over the same chunks in forward time order, with no time
+    reversal (no flipped copies) and the chunk factors computed once for all three gradients, where
+    the three EOS problems of the general path compute two sets. R_n, the adjoint of the memory
+    after chunk n, runs back over the chunks from dM: R_{n-1} = decay_n R_n + q_n^T dv_n. The maps
+    whose gradients enter the decay gradient are strict (tril(q k^T) for di when a column decay's
+    gradient reads it, tril(dv v^T) for ds and de when a row decay's does) and their own-step terms
+    are added after the summand is formed; the others keep their diagonal.
+    s, e [B, H, L, K], i, dy and y_strict [B, H, L, D], S [B, H, N, K, D] the chunk-start memories,
+    dM [B, H, K, D] the adjoint after the segment; ``last``: the sequence's last segment."""
+    L, C = s.shape[2], f.exp_G.shape[-2]
+    sc, ec, ic, dyc = (_chunked(x, C) for x in (s, e, i, dy))
+    a, a_neg, a_end, b, b_neg, b_end, decay = _factors(f, kind, s.shape[-1])
+    q, k, v, dv = _scaled(sc, a), _scaled(ec, a_neg), _scaled(ic, b_neg), _scaled(dyc, b)
+    P = q.transpose(-1, -2) @ dv  # [B, H, N, K, D]
+    R = torch.empty_like(S)
+    R[:, :, -1] = dM
+    for n in range(S.shape[2] - 1, 0, -1):
+        torch.addcmul(P[:, :, n], decay[:, :, n], R[:, :, n], out=R[:, :, n - 1])
+    dM_start = torch.addcmul(P[:, :, 0], decay[:, :, 0], R[:, :, 0])
+    row_strict, col_strict = kind != "col", kind in ("col", "outer")
+    A = (q @ k.transpose(-1, -2)).tril_(-1 if col_strict else 0)
+    W = (dv @ v.transpose(-1, -2)).tril_(-1 if row_strict else 0)
+    ds = _scaled((W @ k).add_(dv @ S.transpose(-1, -2)), a)
+    de = _scaled(W.transpose(-1, -2) @ q, a_neg).add_(_scaled(_scaled(ic, b_end) @ R.transpose(-1, -2), a_end))
+    di = _scaled(A.transpose(-1, -2) @ dv, b_neg).add_(_scaled(_scaled(ec, a_end) @ R, b_end))
+    term = _decay_term(*(_unchunk(x, L) for x in (sc, ec, ic, dyc, ds, de, di)), y_strict, kind, last)
+    if row_strict:
+        i_dy = (ic * dyc).sum(-1, keepdim=True)  # own-step terms share i . dy
+        ds.addcmul_(i_dy, ec)
+        de.addcmul_(i_dy, sc)
+    if col_strict:
+        di.add_(_own_step(sc, ec, dyc))
+    return _unchunk(ds, L), _unchunk(de, L), _unchunk(di, L), term, dM_start
+
+
+def _decay_term(
+    s: Tensor,
+    e: Tensor,
+    i: Tensor,
+    dy: Tensor,
+    ds: Tensor,
+    de: Tensor,
+    di: Tensor,
+    y_strict: Tensor | None,
+    kind: str,
+    last: bool,
+) -> Tensor:
+    """The decay gradient's summand, whose reverse cumulative sum is dlog_o (module docstring):
+    conj(s) ds - conj(e) de for a row decay (summed over K for a scalar one), dy conj(y) -
+    conj(i) di for a column decay, both side by side for a separable one; from the conjugated
+    inputs and the strict gradients and output of one segment, [B, H, L, *]."""
+
+    def row() -> Tensor:
+        return s * ds - _input_part(e * de, last)
+
+    def col() -> Tensor:
+        return dy * y_strict.conj() - _input_part(i * di, last)
+
+    if kind == "col":
+        return col()
+    if kind == "outer":
+        # a separable decay's gradient is both marginals of dlog_o at once: the row
+        # identity over its K entries, the column identity over its D entries
+        return torch.cat([row(), col()], -1)
+    term = row()
+    return term.sum(-1, keepdim=True) if kind == "scalar" else term
+
+
 class ChunkMatmulFunction(torch.autograd.Function):
-    """``chunk_matmul`` with the appendix-5.1 backward expressed as three more EOS problems.
+    """``chunk_matmul`` with the appendix-5.1 backward: three more EOS problems in general, their
+    factorised chunk products (``_factorised_backward``) where the decay factorises.
 
     The three share work: ds is the forward problem transposed, so it reuses the forward's
     chunk-start memories (saved: O((T / C) K D)); di and de are one reverse-time problem read out
@@ -594,16 +748,23 @@ class ChunkMatmulFunction(torch.autograd.Function):
         B, H, T, K = s.shape
         M = m0 if m0 is not None else s.new_zeros(B, H, K, i.shape[-1])
         ys, stricts, starts = [], [], []
-        for part in _segments(T, C):
+        for part in _segments(T, C, _step_bytes(s, i)):
+            L = part.stop - part.start
             f = _decay_factors(None if g is None else g[:, :, part], C, s.dtype)
             sc, ec, ic = (_chunked(x[:, :, part], C) for x in (s, e, i))
             S, M = _chunk_states(ec, ic, f, kind, M)
             if g is not None and part.stop == T:
-                M_strict = _final_memory_strict(ec, ic, f, kind, S, (part.stop - part.start - 1) % C)
-            y_strict = _unchunk(_chunk_outputs(sc, ec, ic, f, S, kind, True), part.stop - part.start)
-            # whole-sequence temporaries are avoided: at long T every large allocation costs
-            # fresh page faults, so the own-step term is added segment by segment
-            ys.append(y_strict + _own_step(s[:, :, part], e[:, :, part], i[:, :, part]))
+                M_strict = _final_memory_strict(ec, ic, f, kind, S, (L - 1) % C)
+            if kind == "none":  # nothing reads a strict output
+                y, y_strict = _unchunk(_chunk_outputs(sc, ec, ic, f, S, kind, False), L), None
+            elif _factorises(f, s):
+                y, y_strict = _factorised_outputs(sc, ec, ic, f, S, kind, L)
+            else:
+                y_strict = _unchunk(_chunk_outputs(sc, ec, ic, f, S, kind, True), L)
+                # whole-sequence temporaries are avoided: at long T every large allocation costs
+                # fresh page faults, so the own-step term is added segment by segment
+                y = y_strict + _own_step(s[:, :, part], e[:, :, part], i[:, :, part])
+            ys.append(y)
             stricts.append(y_strict)
             starts.append(S)
         # only the column-decay gradient (of a column or a separable decay) needs the strict output
@@ -634,7 +795,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 carry = carry.sum(-1, keepdim=True)
             carry = carry.unsqueeze(2)
         grads = {"s": [], "e": [], "i": [], "g": []}
-        parts = _segments(T, C)
+        parts = _segments(T, C, _step_bytes(s, i))
         if kind == "none" and not s.is_complex():
             for j in reversed(range(len(parts))):
                 part = parts[j]
@@ -652,69 +813,59 @@ class ChunkMatmulFunction(torch.autograd.Function):
             part, L = parts[j], parts[j].stop - parts[j].start
             sc, ec, ic = s[:, :, part].conj(), e[:, :, part].conj(), i[:, :, part].conj()
             dy_j = dy[:, :, part]
-            gc = g_rev = None
-            if g is not None:
-                gc = g[:, :, part].conj()
-                # the adjoint at step t decays by o_{t+1}; past the last step of the sequence o = 1
-                after = g[:, :, part.stop : part.stop + 1].conj() if part.stop < T else torch.zeros_like(gc[:, :, :1])
-                g_rev = torch.cat([gc[:, :, 1:], after], 2).flip(2)
+            gc = None if g is None else g[:, :, part].conj()
 
-            # ds: the forward problem transposed (memory conj(m)^T), from the saved memories
-            S_fwd = starts[j].conj().transpose(-1, -2)
+            y_strict_j = None if y_strict is None else y_strict[:, :, part]
+            last = part.stop == T  # the boundary term already left out the last input
             f_fwd = _decay_factors(gc, C, s.dtype)
-            ds = _unchunk(
-                _chunk_outputs(_chunked(dy_j, C), _chunked(ic, C), _chunked(ec, C), f_fwd, S_fwd, tkind, True), L
-            )
-            del f_fwd, S_fwd  # released before the adjoint pass: the backward's peak is one segment's temporaries
+            if g is not None and _factorises(f_fwd, s):
+                ds, de, di, term, dM_start = _factorised_backward(
+                    sc, ec, ic, dy_j, f_fwd, starts[j], dM, kind, y_strict_j, last
+                )
+                del f_fwd
+            else:
+                # ds: the forward problem transposed (memory conj(m)^T), from the saved memories
+                S_fwd = starts[j].conj().transpose(-1, -2)
+                ds = _unchunk(
+                    _chunk_outputs(_chunked(dy_j, C), _chunked(ic, C), _chunked(ec, C), f_fwd, S_fwd, tkind, True), L
+                )
+                del f_fwd, S_fwd  # released before the adjoint pass: the backward's peak is one segment's temporaries
 
-            # di and de: the reverse-time adjoint problem (input dy, expand conj(s), shrink conj(e)
-            # for di; its transpose for de), one set of chunk-start memories for both
-            f_rev = _decay_factors(g_rev, C, s.dtype)
-            s_r, e_r, i_r, dy_r = (_chunked(x.flip(2), C) for x in (sc, ec, ic, dy_j))
-            S_rev, dM_start = _chunk_states(s_r, dy_r, f_rev, kind, dM)
-            di = _unchunk(_chunk_outputs(e_r, s_r, dy_r, f_rev, S_rev, kind, True), L).flip(2)
-            del e_r
-            de = _unchunk(_chunk_outputs(i_r, dy_r, s_r, f_rev, S_rev.transpose(-1, -2), tkind, True), L).flip(2)
-            del s_r, i_r, dy_r, f_rev, S_rev
+                # di and de: the reverse-time adjoint problem (input dy, expand conj(s), shrink conj(e)
+                # for di; its transpose for de), one set of chunk-start memories for both. The
+                # adjoint at step t decays by o_{t+1}; dM already holds the next segment's first
+                # decay, so past the segment's last step o = 1.
+                g_rev = None
+                if gc is not None:
+                    g_rev = torch.cat([gc[:, :, 1:], torch.zeros_like(gc[:, :, :1])], 2).flip(2)
+                f_rev = _decay_factors(g_rev, C, s.dtype)
+                s_r, e_r, i_r, dy_r = (_chunked(x.flip(2), C) for x in (sc, ec, ic, dy_j))
+                S_rev, dM_start = _chunk_states(s_r, dy_r, f_rev, kind, dM)
+                di = _unchunk(_chunk_outputs(e_r, s_r, dy_r, f_rev, S_rev, kind, True), L).flip(2)
+                del e_r
+                de = _unchunk(_chunk_outputs(i_r, dy_r, s_r, f_rev, S_rev.transpose(-1, -2), tkind, True), L).flip(2)
+                del s_r, i_r, dy_r, f_rev, S_rev
+                if gc is not None:  # the adjoint before the segment's first step, whose decay it takes
+                    dM_start = _decayed_by(dM_start, gc[:, :, 0], kind)
 
-            if g is not None:
-                last = part.stop == T  # the boundary term already left out the last input
-                if kind == "col":
-                    term = dy_j * y_strict[:, :, part].conj() - _input_part(ic * di, last)
-                elif kind == "outer":
-                    # a separable decay's gradient is both marginals of dlog_o at once: the row
-                    # identity over its K entries, the column identity over its D entries
-                    term = torch.cat(
-                        [
-                            sc * ds - _input_part(ec * de, last),
-                            dy_j * y_strict[:, :, part].conj() - _input_part(ic * di, last),
-                        ],
-                        -1,
-                    )
-                else:
-                    term = sc * ds - _input_part(ec * de, last)
-                    if kind == "scalar":
-                        term = term.sum(-1, keepdim=True)
+                term = None
+                if g is not None:
+                    term = _decay_term(sc, ec, ic, dy_j, ds, de, di, y_strict_j, kind, last)
+                i_dy = (ic * dy_j).sum(-1, keepdim=True)  # own-step terms share i . dy
+                ds.addcmul_(i_dy, ec)
+                de.addcmul_(i_dy, sc)
+                di.add_(_own_step(sc, ec, dy_j))
+            if term is not None:
                 dg = term.flip(2).cumsum(2).flip(2) + carry
                 carry = dg[:, :, :1]
                 grads["g"].append(dg)
-            i_dy = (ic * dy_j).sum(-1, keepdim=True)  # own-step terms share i . dy
-            grads["s"].append(ds.addcmul_(i_dy, ec))
-            grads["e"].append(de.addcmul_(i_dy, sc))
-            grads["i"].append(di.add_(_own_step(sc, ec, dy_j)))
+            grads["s"].append(ds)
+            grads["e"].append(de)
+            grads["i"].append(di)
             dM = dM_start
-        dm0 = None
-        if m0 is not None:
-            dm0 = dM
-            if g is not None:
-                first = g[:, :, 0].conj().exp()
-                if kind == "outer":
-                    first_a, first_b = _halves(first, kind, s.shape[-1])
-                    dm0 = dM * (first_a.unsqueeze(-1) * first_b.unsqueeze(-2))
-                else:
-                    dm0 = dM * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
+        dm0 = dM if m0 is not None else None
 
         def cat(name: str) -> Tensor | None:
-            return torch.cat(grads[name][::-1], 2) if grads[name] else None
+            return _cat(grads[name][::-1]) if grads[name] else None
 
         return cat("s"), cat("e"), cat("i"), cat("g"), dm0, None, None
