@@ -747,7 +747,10 @@ class ChunkMatmulFunction(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         B, H, T, K = s.shape
         M = m0 if m0 is not None else s.new_zeros(B, H, K, i.shape[-1])
-        ys, stricts, starts = [], [], []
+        # written segment by segment in i's layout (the head-major view of eos's [B, T, H, D]), so
+        # that the caller's y is one dense tensor without a join of the segments or a copy after
+        y_out = torch.empty_like(i)
+        stricts, starts = [], []
         for part in _segments(T, C, _step_bytes(s, i)):
             L = part.stop - part.start
             f = _decay_factors(None if g is None else g[:, :, part], C, s.dtype)
@@ -764,7 +767,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 # whole-sequence temporaries are avoided: at long T every large allocation costs
                 # fresh page faults, so the own-step term is added segment by segment
                 y = y_strict + _own_step(s[:, :, part], e[:, :, part], i[:, :, part])
-            ys.append(y)
+            y_out[:, :, part] = y
             stricts.append(y_strict)
             starts.append(S)
         # only the column-decay gradient (of a column or a separable decay) needs the strict output
@@ -774,7 +777,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
         # into one whole-sequence tensor (a copy and a fresh allocation of O((T / C) K D))
         ctx.save_for_backward(s, e, i, g, m0, y_strict, M if g is None else M_strict, *starts)
         ctx.kind, ctx.C = kind, C
-        return _cat(ys), M
+        return y_out, M
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
@@ -794,7 +797,11 @@ class ChunkMatmulFunction(torch.autograd.Function):
             if kind == "scalar":
                 carry = carry.sum(-1, keepdim=True)
             carry = carry.unsqueeze(2)
-        grads = {"s": [], "e": [], "i": [], "g": []}
+        # Gradients are written segment by segment into tensors laid out as their inputs (dense
+        # views of the caller's [B, T, H, *] leaves): no join of the segments, and autograd then
+        # takes each as the leaf's .grad without copying it into the leaf's layout.
+        ds_out, de_out, di_out = torch.empty_like(s), torch.empty_like(e), torch.empty_like(i)
+        dg_out = None if g is None else torch.empty_like(g)
         parts = _segments(T, C, _step_bytes(s, i))
         if kind == "none" and not s.is_complex():
             for j in reversed(range(len(parts))):
@@ -802,13 +809,8 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 ds, de, di, dM = _no_decay_backward(
                     s[:, :, part], e[:, :, part], i[:, :, part], dy[:, :, part], starts[j], dM, C
                 )
-                for name, grad in (("s", ds), ("e", de), ("i", di)):
-                    grads[name].append(grad)
-
-            def cat(name: str) -> Tensor:
-                return _cat(grads[name][::-1])
-
-            return cat("s"), cat("e"), cat("i"), None, dM if m0 is not None else None, None, None
+                ds_out[:, :, part], de_out[:, :, part], di_out[:, :, part] = ds, de, di
+            return ds_out, de_out, di_out, None, dM if m0 is not None else None, None, None
         for j in reversed(range(len(parts))):
             part, L = parts[j], parts[j].stop - parts[j].start
             sc, ec, ic = s[:, :, part].conj(), e[:, :, part].conj(), i[:, :, part].conj()
@@ -856,16 +858,9 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 de.addcmul_(i_dy, sc)
                 di.add_(_own_step(sc, ec, dy_j))
             if term is not None:
-                dg = term.flip(2).cumsum(2).flip(2) + carry
+                dg = dg_out[:, :, part]
+                torch.add(term.flip(2).cumsum(2).flip(2), carry, out=dg)
                 carry = dg[:, :, :1]
-                grads["g"].append(dg)
-            grads["s"].append(ds)
-            grads["e"].append(de)
-            grads["i"].append(di)
+            ds_out[:, :, part], de_out[:, :, part], di_out[:, :, part] = ds, de, di
             dM = dM_start
-        dm0 = dM if m0 is not None else None
-
-        def cat(name: str) -> Tensor | None:
-            return _cat(grads[name][::-1]) if grads[name] else None
-
-        return cat("s"), cat("e"), cat("i"), cat("g"), dm0, None, None
+        return ds_out, de_out, di_out, dg_out, dM if m0 is not None else None, None, None
