@@ -105,6 +105,14 @@ def _causal_mask(L: int, strict: bool, device: torch.device) -> Tensor:
     return torch.ones(L, L, dtype=torch.bool, device=device).tril(-1 if strict else 0)
 
 
+def _mm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b over equal leading dims [.., n, k] @ [.., k, m], as one bmm on 3-D views: on CPU,
+    torch.matmul copies a transposed operand of more than 3 dims before its batched product
+    (a copy of a whole operand per product), where bmm reads the transposed layout as it is."""
+    out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+    return out.view(*a.shape[:-1], b.shape[-1])
+
+
 def _pairwise(G: Tensor, strict: bool, dtype: torch.dtype) -> Tensor:
     """[..., c, X] cumulative logs -> [..., c, c, X] masked exp(G_t - G_j) for j <= t (j < t)."""
     mask = _causal_mask(G.shape[-2], strict, G.device).unsqueeze(-1)
@@ -270,15 +278,18 @@ class _Decay:
     reach: Tensor | None = None
 
 
-def _chunked(x: Tensor, C: int) -> Tensor:
-    """[B, H, T, X] -> [B, H, N, C, X], zero-padded at the end. Contiguous once here: the operands
-    arrive as head-major views of [B, T, H, *], and every batched matmul would copy them again."""
+def _chunked(x: Tensor, C: int, dtype: torch.dtype | None = None) -> Tensor:
+    """[B, H, T, X] -> [B, H, N, C, X], zero-padded at the end, in ``dtype`` (default x's).
+    Contiguous once here: the operands arrive as head-major views of [B, T, H, *], and every
+    batched matmul would copy them again; a change of dtype is the same copy."""
     B, H, T, X = x.shape
     N = max(1, -(-T // C))
     # traced, T is symbolic: padding by zero steps when C divides T keeps one graph for every T
     if torch.compiler.is_compiling() or N * C != T:
         x = torch.nn.functional.pad(x, (0, 0, 0, N * C - T))
-    return x.reshape(B, H, N, C, X).contiguous()
+    x = x.reshape(B, H, N, C, X)
+    # (to() with an unchanged dtype returns x as it is, whatever memory_format asks)
+    return x.contiguous() if dtype in (None, x.dtype) else x.to(dtype, memory_format=torch.contiguous_format)
 
 
 def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
@@ -291,7 +302,7 @@ def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
     # o = 0 (log_o = -inf) is raised to a log whose exp is still 0 in the compute dtype, so that
     # differences of cumulative logs never meet -inf - (-inf).
     wide = torch.complex128 if g.is_complex() else torch.float64
-    logs = finite_log(_chunked(g, C).to(wide), dt)
+    logs = finite_log(_chunked(g, C, wide), dt)
     if torch.compiler.is_compiling():
         return _traced_factors(logs, dt)
     # A reset: a step whose decay is 0 in every entry (each log at LOG_ZERO, whose exp is 0 in dt),
@@ -307,17 +318,22 @@ def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
         f = _reset_factors(logs, reset, dt) if bool(reset.any()) else None
         if f is not None:
             return f
-    G = logs.cumsum(-2)
-    del logs  # freed before the factors are allocated: their memory is then reused, not page-faulted afresh
+    G = logs.cumsum_(-2)
     G_last = G[..., -1:, :]
     # Moderate decays (the usual case, e.g. GLA's logsigmoid / 16): everything factorises through
     # the chunk start, exp(Gamma_t - Gamma_j) = exp(Gamma_t) * exp(-Gamma_j), with every factor
-    # within exp(+-SAFE_SPAN). Stronger decays take the sub-chunk scheme.
-    moderate = _is_moderate(torch.nn.functional.pad(G, (0, 0, 1, 0)), dt)
+    # within exp(+-SAFE_SPAN). Stronger decays take the sub-chunk scheme. A chunk's widest span
+    # runs from its start (Gamma 0) to its end.
+    moderate = _is_moderate(torch.nn.functional.pad(G_last, (0, 0, 1, 0)), dt)
     exp_last = _exp(G_last, dt)
-    exp_neg = _exp(-G, dt) if moderate else None
+    if G.is_complex():
+        exp_G, exp_neg = _exp(G, dt), _exp(-G, dt) if moderate else None
+    else:  # the same numbers as _exp's, with one conversion and the passes in place
+        G_dt = G.to(dt, copy=True)  # a copy also when dt is G's own float64: it is negated in place
+        exp_G = G_dt.exp()
+        exp_neg = G_dt.neg_().exp_() if moderate else None
     to_end = exp_last * exp_neg if moderate else _exp(G_last - G, dt)
-    return _Decay(G, _exp(G, dt), exp_last, exp_neg, to_end, moderate)
+    return _Decay(G, exp_G, exp_last, exp_neg, to_end, moderate)
 
 
 def _reset_factors(logs: Tensor, reset: Tensor, dt: torch.dtype) -> _Decay | None:
@@ -327,7 +343,7 @@ def _reset_factors(logs: Tensor, reset: Tensor, dt: torch.dtype) -> _Decay | Non
     memory kept up to the chunk's first reset. None when the other steps' spans are themselves
     beyond SAFE_SPAN: the sub-chunk scheme then takes the true logs, resets included."""
     G = logs.masked_fill(reset.unsqueeze(-1), 0).cumsum(-2)
-    if not _is_moderate(torch.nn.functional.pad(G, (0, 0, 1, 0)), dt):
+    if not _is_moderate(torch.nn.functional.pad(G[..., -1:, :], (0, 0, 1, 0)), dt):
         return None
     part = reset.cumsum(-1)  # the steps between two resets share a number
     real = real_dtype(dt)
@@ -387,28 +403,28 @@ def _chunk_states(e: Tensor, i: Tensor, f: _Decay, kind: str, m0: Tensor | None)
     D = i.shape[-1]
     M = m0 if m0 is not None else e.new_zeros(B, H, K, D)
     if kind == "none":
-        U = e.transpose(-1, -2) @ i
+        U = _mm(e.transpose(-1, -2), i)
         # without decay the chunk-start memories are an exclusive prefix sum of the contributions,
         # one small matmul with a strictly lower-triangular matrix of ones
         before = torch.ones(N, N, dtype=U.dtype, device=U.device).tril(-1)
         S = (before @ U.reshape(B, H, N, K * D)).reshape(B, H, N, K, D) + M.unsqueeze(2)
         return S, S[:, :, -1] + U[:, :, -1]
     if kind == "col":
-        U = e.transpose(-1, -2) @ (i * f.to_end)
+        U = _mm(e.transpose(-1, -2), i * f.to_end)
         decay = f.exp_last  # [B, H, N, 1, D]
     elif kind in OUTER:
         (a_end, b_end), (a_last, b_last) = _halves(f.to_end, kind, K), _halves(f.exp_last, kind, K)
-        U = (e * a_end).transpose(-1, -2) @ (i * b_end)
+        U = _mm((e * a_end).transpose(-1, -2), i * b_end)
         decay = a_last.transpose(-1, -2) * b_last  # [B, H, N, K, D]
     else:
-        U = (e * f.to_end).transpose(-1, -2) @ i
+        U = _mm((e * f.to_end).transpose(-1, -2), i)
         decay = f.exp_last.transpose(-1, -2)  # [B, H, N, K|1, 1]
     if torch.compiler.is_compiling():
         return _doubling_states(U, decay, M)
     states = []
-    for n in range(N):
+    for U_n, decay_n in zip(U.unbind(2), decay.unbind(2), strict=True):  # one call for all chunks' views
         states.append(M)
-        M = torch.addcmul(U[:, :, n], decay[:, :, n], M)
+        M = torch.addcmul(U_n, decay_n, M)
     return torch.stack(states, 2), M
 
 
@@ -442,7 +458,7 @@ def _doubling_states(U: Tensor, decay: Tensor, M: Tensor) -> tuple[Tensor, Tenso
 def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: str, strict: bool) -> Tensor:
     """y [B, H, N, C, D] from chunked s, e, i and the chunk-start memories S."""
     if kind == "none":
-        return (s @ S).add_((s @ e.transpose(-1, -2)).tril_(-1 if strict else 0) @ i)
+        return _mm(s, S).add_(_mm(_mm(s, e.transpose(-1, -2)).tril_(-1 if strict else 0), i))
     mask = _causal_mask(s.shape[-2], strict, s.device)
     if f.same is not None:
         mask = mask & f.same
@@ -458,14 +474,14 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
             lambda: f.exp_G * f.exp_neg.transpose(-1, -2),
             lambda: _pairwise(f.G, False, s.dtype)[..., 0],
         )
-        return carried((s @ S) * f.exp_G) + torch.where(mask, (s @ e.transpose(-1, -2)) * w, zero) @ i
+        return carried(_mm(s, S) * f.exp_G) + torch.where(mask, _mm(s, e.transpose(-1, -2)) * w, zero) @ i
     if kind == "row":
         intra = _either(
             f.moderate,
             lambda: torch.where(mask, (s * f.exp_G) @ (e * f.exp_neg).transpose(-1, -2), zero) @ i,
             lambda: strong(s, e, i, f.G, "row", strict),
         )
-        return carried((s * f.exp_G) @ S) + intra
+        return carried(_mm(s * f.exp_G, S)) + intra
     if kind in OUTER:
         exp_a, exp_b = _halves(f.exp_G, kind, s.shape[-1])
         s_a = s * exp_a
@@ -475,13 +491,13 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
             return exp_b * (torch.where(mask, s_a @ (e * neg_a).transpose(-1, -2), zero) @ (i * neg_b))
 
         intra = _either(f.moderate, factorised, lambda: strong(s, e, i, f.G, kind, strict))
-        return carried((s_a @ S) * exp_b) + intra
+        return carried(_mm(s_a, S) * exp_b) + intra
     intra = _either(
         f.moderate,
         lambda: f.exp_G * (torch.where(mask, s @ e.transpose(-1, -2), zero) @ (i * f.exp_neg)),
         lambda: strong(s, e, i, f.G, "col", strict),
     )
-    return carried((s @ S) * f.exp_G) + intra
+    return carried(_mm(s, S) * f.exp_G) + intra
 
 
 def _chunk_matmul_segment(
@@ -546,15 +562,15 @@ def _no_decay_backward(
     L = s.shape[2]
     sc, ec, ic, dyc = (_chunked(x, C) for x in (s, e, i, dy))
     N = sc.shape[2]
-    A = (sc @ ec.transpose(-1, -2)).tril_()
-    G = (dyc @ ic.transpose(-1, -2)).tril_()
-    P = sc.transpose(-1, -2) @ dyc  # [B, H, N, K, D]
+    A = _mm(sc, ec.transpose(-1, -2)).tril_()
+    G = _mm(dyc, ic.transpose(-1, -2)).tril_()
+    P = _mm(sc.transpose(-1, -2), dyc)  # [B, H, N, K, D]
     B, H, _, K, D = P.shape
     later = torch.ones(N, N, dtype=P.dtype, device=P.device).triu(1)
     dA = (later @ P.reshape(B, H, N, K * D)).reshape(B, H, N, K, D) + dM.unsqueeze(2)
-    ds = (G @ ec).add_(dyc @ S.transpose(-1, -2))
-    de = (G.transpose(-1, -2) @ sc).add_(ic @ dA.transpose(-1, -2))
-    di = (A.transpose(-1, -2) @ dyc).add_(ec @ dA)
+    ds = _mm(G, ec).add_(_mm(dyc, S.transpose(-1, -2)))
+    de = _mm(G.transpose(-1, -2), sc).add_(_mm(ic, dA.transpose(-1, -2)))
+    di = _mm(A.transpose(-1, -2), dyc).add_(_mm(ec, dA))
     return _unchunk(ds, L), _unchunk(de, L), _unchunk(di, L), dA[:, :, 0] + P[:, :, 0]
 
 
@@ -625,7 +641,8 @@ def _factorised_outputs(
     q = _scaled(s, a)
     strict = kind in ("col", "outer")
     y = _scaled(
-        (q @ S).add_((q @ _scaled(e, a_neg).transpose(-1, -2)).tril_(-1 if strict else 0) @ _scaled(i, b_neg)), b
+        _mm(q, S).add_(_mm(_mm(q, _scaled(e, a_neg).transpose(-1, -2)).tril_(-1 if strict else 0), _scaled(i, b_neg))),
+        b,
     )
     y = _unchunk(y, L)
     if not strict:
@@ -661,18 +678,19 @@ def _factorised_backward(
     sc, ec, ic, dyc = (_chunked(x, C) for x in (s, e, i, dy))
     a, a_neg, a_end, b, b_neg, b_end, decay = _factors(f, kind, s.shape[-1])
     q, k, v, dv = _scaled(sc, a), _scaled(ec, a_neg), _scaled(ic, b_neg), _scaled(dyc, b)
-    P = q.transpose(-1, -2) @ dv  # [B, H, N, K, D]
+    P = _mm(q.transpose(-1, -2), dv)  # [B, H, N, K, D]
     R = torch.empty_like(S)
-    R[:, :, -1] = dM
+    R_n, P_n, decay_n = R.unbind(2), P.unbind(2), decay.unbind(2)  # one call for all chunks' views
+    R_n[-1].copy_(dM)
     for n in range(S.shape[2] - 1, 0, -1):
-        torch.addcmul(P[:, :, n], decay[:, :, n], R[:, :, n], out=R[:, :, n - 1])
-    dM_start = torch.addcmul(P[:, :, 0], decay[:, :, 0], R[:, :, 0])
+        torch.addcmul(P_n[n], decay_n[n], R_n[n], out=R_n[n - 1])
+    dM_start = torch.addcmul(P_n[0], decay_n[0], R_n[0])
     row_strict, col_strict = kind != "col", kind in ("col", "outer")
-    A = (q @ k.transpose(-1, -2)).tril_(-1 if col_strict else 0)
-    W = (dv @ v.transpose(-1, -2)).tril_(-1 if row_strict else 0)
-    ds = _scaled((W @ k).add_(dv @ S.transpose(-1, -2)), a)
-    de = _scaled(W.transpose(-1, -2) @ q, a_neg).add_(_scaled(_scaled(ic, b_end) @ R.transpose(-1, -2), a_end))
-    di = _scaled(A.transpose(-1, -2) @ dv, b_neg).add_(_scaled(_scaled(ec, a_end) @ R, b_end))
+    A = _mm(q, k.transpose(-1, -2)).tril_(-1 if col_strict else 0)
+    W = _mm(dv, v.transpose(-1, -2)).tril_(-1 if row_strict else 0)
+    ds = _scaled(_mm(W, k).add_(_mm(dv, S.transpose(-1, -2))), a)
+    de = _scaled(_mm(W.transpose(-1, -2), q), a_neg).add_(_scaled(_mm(_scaled(ic, b_end), R.transpose(-1, -2)), a_end))
+    di = _scaled(_mm(A.transpose(-1, -2), dv), b_neg).add_(_scaled(_mm(_scaled(ec, a_end), R), b_end))
     term = _decay_term(*(_unchunk(x, L) for x in (sc, ec, ic, dyc, ds, de, di)), y_strict, kind, last)
     if row_strict:
         i_dy = (ic * dyc).sum(-1, keepdim=True)  # own-step terms share i . dy
@@ -858,9 +876,8 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 de.addcmul_(i_dy, sc)
                 di.add_(_own_step(sc, ec, dy_j))
             if term is not None:
-                dg = dg_out[:, :, part]
-                torch.add(term.flip(2).cumsum(2).flip(2), carry, out=dg)
-                carry = dg[:, :, :1]
+                dg_out[:, :, part] = term.flip(2).cumsum(2).flip(2) + carry
+                carry = dg_out[:, :, part.start : part.start + 1]
             ds_out[:, :, part], de_out[:, :, part], di_out[:, :, part] = ds, de, di
             dM = dM_start
         return ds_out, de_out, di_out, dg_out, dM if m0 is not None else None, None, None
