@@ -66,17 +66,13 @@ def proc_status_kib(field_name: str) -> int:
     return int(re.search(rf"^{field_name}:\s+(\d+) kB", text, re.M).group(1))
 
 
-def run_memory_worker(module: str, spec: dict[str, Any], timeout: float) -> Any | str:
-    """Run ``python -m MODULE --memory-worker SPEC`` in a fresh process (so no earlier allocation
-    of this one counts in its peak) and return the ``peak_bytes`` of the JSON on the last line it
-    prints, or a string saying why not."""
-    env = dict(os.environ)
+def run_worker(module: str, flag: str, spec: dict[str, Any], timeout: float, env: dict[str, str]) -> Any | str:
+    """Run ``python -m MODULE FLAG SPEC`` in a fresh process with ``env`` and return the JSON on
+    the last line it prints, or a string saying why not."""
+    env = dict(env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    # A fixed mmap threshold makes glibc serve every large tensor by mmap and return it to the OS
-    # when freed, so the resident set follows the live tensors instead of keeping freed heap pages.
-    env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 16)
     proc = subprocess.run(
-        [sys.executable, "-m", module, "--memory-worker", json.dumps(spec)],
+        [sys.executable, "-m", module, flag, json.dumps(spec)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -86,4 +82,24 @@ def run_memory_worker(module: str, spec: dict[str, Any], timeout: float) -> Any 
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return f"worker failed (exit {proc.returncode}): {tail}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_memory_worker(module: str, spec: dict[str, Any], timeout: float) -> Any | str:
+    """Run ``python -m MODULE --memory-worker SPEC`` in a fresh process (so no earlier allocation
+    of this one counts in its peak) and return the ``peak_bytes`` of the JSON on the last line it
+    prints, or a string saying why not."""
+    # A fixed mmap threshold makes glibc serve every large tensor by mmap and return it to the OS
+    # when freed, so the resident set follows the live tensors instead of keeping freed heap pages.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 16)}
+    out = run_worker(module, "--memory-worker", spec, timeout, env)
+    return out if isinstance(out, str) else out["peak_bytes"]
+
+
+def run_allocator_worker(module: str, spec: dict[str, Any], timeout: float) -> Any | str:
+    """Run ``python -m MODULE --allocator-worker SPEC`` in a fresh process whose malloc starts
+    from glibc's defaults (no MALLOC_* tuning inherited), so that the allocator the worker then
+    applies (``spec["allocator"]``, as ``run.host_allocator``) is the only one its timings see;
+    returns the worker's JSON or a string saying why not."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    return run_worker(module, "--allocator-worker", spec, timeout, env)

@@ -32,6 +32,9 @@ Cases (select with ``--only``; see bench/README.md for the method and the target
     fft        a time-invariant system shaped like S4D (H heads of K complex modes, D=1, real input,
                real part kept): eos fft against eos chunk on the same system
     gflops     achieved matmul GFLOP/s of the chunk kernel vs the machine's matmul throughput
+    limit      the chunk kernel (none, scalar, row, column decay) against the batched C x K @ K x D
+               matmul it is made of and against causal SDPA at T and T_long, once under each host
+               allocator (retain, system), each in a fresh worker process of its own
 
 Shape glossary: B batch, T time, H heads, K expand width (keys), D input width (values),
 C chunk size. Inputs of eos are in its public layout [B, T, H, *]; each peer gets its own native
@@ -58,7 +61,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from bench._common import Check, provenance_header, run_memory_worker, write_out
+from bench._common import Check, provenance_header, run_allocator_worker, run_memory_worker, write_out
 from bench._common import proc_status_kib as _proc_status_kib
 from lcsm import layers
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
@@ -88,12 +91,20 @@ CASES = (
     "rotating",
     "fft",
     "gflops",
+    "limit",
 )
 # Scale of logsigmoid(x) in the log decays. "gla": GLA's normaliser 1/16 (a chunk of 64 decays
 # by ~e^-3, kept in lcsm's one-matmul-per-chunk path); "strong": unscaled (~e^-0.8 per step),
 # which sends a row decay through lcsm's sub-chunked path; the memory case measures both.
 GATES = {"gla": 1 / 16, "strong": 1.0}
 FLA_MISSING = "fla-core not installed"
+# The decays the matmul kernel takes with vector e and s, as the ``limit`` case times them.
+LIMIT_DECAYS = ("none", "scalar", "row", "col")
+# Timed runs of the batched matmul reference (each well under a millisecond at the full sizes).
+BMM_REPEATS = 50
+# "As fast without the trainer's mallopt as with it": a ratio of medians taken in two processes
+# moves by a few percent between reruns on a quiet machine, so "as fast" is read as within this.
+ALLOCATOR_NOISE = 0.05
 FLA_HINT = "install the peers with pip install -e '.[bench]'"
 
 
@@ -201,6 +212,7 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     info: list[tuple[str, str]] = field(default_factory=list)  # (what, value) rows without target
     memory: list[dict] = field(default_factory=list)
+    limit: list[dict] = field(default_factory=list)  # rows of the matmul-limit table (case_limit)
     throughput: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -239,8 +251,9 @@ def patched_layer(
 
 def gla_inputs(z: Sizes, T: int, decay: str, seed: int = 0, gates: str = "gla") -> dict[str, Tensor | None]:
     """EOS inputs in the public layout: i [B,T,H,D], e (keys) and s (queries) [B,T,H,K], log_o
-    [B,T,H,K,1] ('row'), [B,T,H,1,1] ('scalar') or None ('none'). Gates (see GATES) are
-    logsigmoid(x) / 16 as in GLA by default, so cumulative decays stay far from float32 denormals."""
+    [B,T,H,K,1] ('row'), [B,T,H,1,D] ('col'), [B,T,H,1,1] ('scalar') or None ('none'). Gates (see
+    GATES) are logsigmoid(x) / 16 as in GLA by default, so cumulative decays stay far from float32
+    denormals."""
     g = _gen(seed)
     B, H, K, D = z.B, z.H, z.K, z.D
     out = {
@@ -250,8 +263,8 @@ def gla_inputs(z: Sizes, T: int, decay: str, seed: int = 0, gates: str = "gla") 
         "log_o": None,
     }
     if decay != "none":
-        width = K if decay == "row" else 1
-        out["log_o"] = F.logsigmoid(torch.randn(B, T, H, width, 1, generator=g)) * GATES[gates]
+        tail = {"row": (K, 1), "col": (1, D), "scalar": (1, 1)}[decay]
+        out["log_o"] = F.logsigmoid(torch.randn(B, T, H, *tail, generator=g)) * GATES[gates]
     return {k: (_leaf(v) if v is not None else None) for k, v in out.items()}
 
 
@@ -397,7 +410,12 @@ class Bench:
 
     def eos_chunk_time(self, decay: str, T: int) -> Timing | None:
         z = self.z
-        name = {"row": "row decay [B,T,H,K,1]", "scalar": "scalar decay [B,T,H,1,1]", "none": "no decay"}[decay]
+        name = {
+            "row": "row decay [B,T,H,K,1]",
+            "col": "column decay [B,T,H,1,D]",
+            "scalar": "scalar decay [B,T,H,1,1]",
+            "none": "no decay",
+        }[decay]
 
         def build():
             x = gla_inputs(z, T, decay)
@@ -1068,6 +1086,108 @@ class Bench:
                 )
             )
 
+    def batched_matmul_time(self) -> Timing:
+        """The products the chunk kernel is made of, alone: B·H·N (N = T / C chunks) batched
+        [C, K] @ [K, D] matmuls (128 of 64 x 64 @ 64 x 64 at the full sizes), contiguous, forward
+        only; the throughput the kernel's share of the limit is measured against."""
+        z = self.z
+        if "bmm" in self.r.timings:
+            return self.r.timings["bmm"]
+        batch = z.B * z.H * -(-z.T // z.C)
+        self.log(f"timing batched matmul {batch} x [{z.C}, {z.K}] @ [{z.K}, {z.D}]")
+        g = _gen(5)
+        a, b = torch.randn(batch, z.C, z.K, generator=g), torch.randn(batch, z.K, z.D, generator=g)
+        times = []
+        for r in range(3 + BMM_REPEATS):
+            t0 = time.perf_counter()
+            torch.bmm(a, b)
+            if r >= 3:
+                times.append(time.perf_counter() - t0)
+        t = Timing("bmm", "torch.bmm fp32 (forward only)", f"{batch} x [{z.C}, {z.K}] @ [{z.K}, {z.D}]", 0, times)
+        self.r.timings["bmm"] = t
+        return t
+
+    def case_limit(self):
+        """Each host allocator in a fresh worker process (``allocator_worker``): the chunk kernel at
+        T for every decay the matmul kernel takes with vector e and s, the batched matmul it is
+        made of, and the row-decay chunk against causal SDPA at T and T_long. Targets (system
+        allocator, what a library caller's process has): the kernel's FLOP rate at least half the
+        batched matmul's, the SDPA ratios, and system no slower than retain."""
+        z = self.z
+        runs = {}
+        for allocator in HOST_ALLOCATORS:
+            self.log(f"limit: worker with the {allocator} allocator")
+            out = limit_subprocess(z, allocator, self.threads)
+            if isinstance(out, str):
+                self.r.notes.append(f"limit, {allocator} allocator: {out}")
+                continue
+            runs[allocator] = {k: Timing(**v) for k, v in out["timings"].items()}
+            self.r.notes.extend(f"limit, {allocator} allocator: {n}" for n in out["notes"])
+            self.r.notes.append(f"limit, {allocator} allocator worker: {out['allocator']}")
+            for key, t in runs[allocator].items():
+                if t.tokens:
+                    self.r.timings[f"{allocator}:{key}"] = replace(t, label=f"{t.label} ({allocator} allocator)")
+
+        def get(allocator: str, key: str) -> Timing | None:
+            return runs.get(allocator, {}).get(key)
+
+        def share(allocator: str, decay: str) -> float | None:
+            t, ref = get(allocator, f"eos_{decay}@{z.T}"), get(allocator, "bmm")
+            if t is None or ref is None:
+                return None
+            flops = chunk_fwd_bwd_flops(z.B, z.H, z.T, z.K, z.D, z.C, decay != "none")
+            return (flops / t.median) / (bmm_flops(z) / ref.median)
+
+        for decay in LIMIT_DECAYS:
+            measured = share("system", decay)
+            self.r.checks.append(
+                Check(
+                    f"{decay} decay chunk fwd+bwd / batched matmul throughput, T={z.T} (system allocator)",
+                    measured,
+                    ">=",
+                    0.5,
+                    "" if measured is not None else "a run failed",
+                )
+            )
+        for T, target in ((z.T, 0.5), (z.T_long, 0.15)):
+            self.ratio_check(
+                f"row-decay chunk / causal SDPA, T={T} (system allocator)",
+                get("system", f"eos_row@{T}"),
+                get("system", f"sdpa@{T}"),
+                "<=",
+                target,
+                "a run failed",
+            )
+        keys = [f"eos_{decay}@{z.T}" for decay in LIMIT_DECAYS] + [f"eos_row@{z.T_long}"]
+        for key in keys:
+            t = get("system", key) or get("retain", key)
+            what = t.label if t is not None else key
+            self.ratio_check(
+                f"system / retain allocator time, {what}, T={key.split('@')[1]} (as fast, up to timing noise)",
+                get("system", key),
+                get("retain", key),
+                "<=",
+                1 + ALLOCATOR_NOISE,
+                "a run failed",
+            )
+            row = {"label": what, "shape": t.shape if t is not None else ""}
+            for allocator in HOST_ALLOCATORS:
+                tt = get(allocator, key)
+                row[allocator] = None if tt is None else tt.median
+                row[f"{allocator} faults"] = None if tt is None else tt.faults / (len(tt.times) * tt.tokens)
+                decay = key.split("_")[1].split("@")[0]
+                row[f"{allocator} share"] = share(allocator, decay) if key.endswith(f"@{z.T}") else None
+            self.r.limit.append(row)
+        for allocator in HOST_ALLOCATORS:
+            ref = get(allocator, "bmm")
+            if ref is not None:
+                self.r.info.append(
+                    (
+                        f"batched matmul throughput, {ref.shape} ({allocator} allocator)",
+                        f"{bmm_flops(z) / ref.median / 1e9:.1f} GFLOP/s",
+                    )
+                )
+
     def case_gflops(self):
         z = self.z
         peak_t = self.case_matmul()
@@ -1096,21 +1216,30 @@ class Bench:
 
 def chunk_fwd_bwd_flops(B: int, H: int, T: int, K: int, D: int, C: int, decay: bool = True) -> int:
     """Matmul FLOPs (2 per multiply-add) of the chunkwise algorithm, forward + custom backward,
-    T a multiple of C (ChunkMatmulFunction in lcsm/ops/chunk_matmul.py). Per token and head:
-        forward    chunk-start memories U = k^T v          2KD
-                   inter-chunk q S_n                       2KD
-                   intra-chunk (q k^T) and (scores) v      2C(K + D)
-        backward   ds: inter from the saved memories       2KD + 2C(K + D)
-                   adjoint memories (one pass)             2KD
-                   di and de: inter + intra each           2 x (2KD + 2C(K + D))
-    i.e. 12KD + 8C(K + D). With a decay the forward also forms the final memory without its last
+    T a multiple of C (ChunkMatmulFunction in lcsm/ops/chunk_matmul.py; moderate decays, whose
+    backward is the factorised one). Per token and head:
+        forward    chunk-start memories U = k^T v                 2KD
+                   inter-chunk q S_n                              2KD
+                   intra-chunk (q k^T) and (scores) v             2C(K + D)
+        backward   adjoint memories' inputs q^T dy                2KD
+                   the maps q k^T and dy v^T                      2C(K + D)
+                   ds = (dy v^T) k + dy S^T                       2CK + 2KD
+                   de = (dy v^T)^T q + v R^T                      2CK + 2KD
+                   di = (q k^T)^T dy + k R                        2CD + 2KD
+    i.e. 12KD + 8CK + 6CD. With a decay the forward also forms the final memory without its last
     input (for the decay gradient's boundary term): one chunk's k^T v, 2CKD per head and sequence.
-    Elementwise work (decay factors, masks, the state recurrence) is not
-    counted. Without decay the chunk-start memories are a prefix sum done as one small triangular
-    matmul (N x N per segment), which FlopCounterMode also counts; the sub-chunked path for strong
-    decays skips masked blocks. torch's FlopCounterMode reports what the kernel actually issued
-    (the "counted" column)."""
-    return B * H * (T * (12 * K * D + 8 * C * (K + D)) + (2 * C * K * D if decay else 0))
+    Elementwise work (decay factors, masks, the state recurrence) is not counted. Without decay
+    the chunk-start memories are a prefix sum done as one small triangular matmul (N x N per
+    segment, and one more for the adjoints), which FlopCounterMode also counts; the general
+    backward of strong decays (three EOS problems) does more, and its sub-chunked path skips
+    masked blocks. torch's FlopCounterMode reports what the kernel actually issued (the "counted"
+    column)."""
+    return B * H * (T * (12 * K * D + 8 * C * K + 6 * C * D) + (2 * C * K * D if decay else 0))
+
+
+def bmm_flops(z: Sizes) -> int:
+    """FLOPs of ``Bench.batched_matmul_time``'s product."""
+    return 2 * z.B * z.H * -(-z.T // z.C) * z.C * z.K * z.D
 
 
 def counted_matmul_flops(z: Sizes, decay: str, T: int) -> int:
@@ -1168,7 +1297,7 @@ def memory_worker(spec: dict) -> dict:
     mmap threshold (see ``bench._common.run_memory_worker``) freed tensors leave the resident set at once,
     so earlier runs do not leak into later ones (checked: the same T measured again after a larger
     one, and in a process of its own, agrees within 1 MiB)."""
-    z = Sizes(**{**spec["sizes"], **{name: tuple(spec["sizes"][name]) for name in ("scaling", "memory", "outer_T")}})
+    z = _sizes_from_spec(spec["sizes"])
     torch.set_num_threads(spec["threads"])
     mode = spec["backward"]
 
@@ -1194,13 +1323,46 @@ def memory_worker(spec: dict) -> dict:
     return {"peak_bytes": peaks}
 
 
+def _sizes_spec(z: Sizes) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in z.__dict__.items()}
+
+
+def _sizes_from_spec(spec: dict) -> Sizes:
+    def tuples(v):
+        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
+    return Sizes(**{k: tuples(v) for k, v in spec.items()})
+
+
+def allocator_worker(spec: dict) -> dict:
+    """Runs inside a fresh process (``case_limit``): applies the host allocator, then times what
+    ``case_limit`` compares; returns the timings, the allocator applied and any notes."""
+    z = _sizes_from_spec(spec["sizes"])
+    torch.set_num_threads(spec["threads"])
+    applied = use_host_allocator(spec["allocator"])
+    bench = Bench(z, spec["threads"], lambda msg: print(msg, file=sys.stderr, flush=True))
+    bench.batched_matmul_time()
+    for decay in LIMIT_DECAYS:
+        bench.eos_chunk_time(decay, z.T)
+    for T in (z.T, z.T_long):
+        bench.eos_chunk_time("row", T)
+        bench.sdpa_time(T)
+    timings = {k: {f: getattr(t, f) for f in t.__dataclass_fields__} for k, t in bench.r.timings.items()}
+    return {"allocator": applied, "timings": timings, "notes": bench.r.notes}
+
+
+def limit_subprocess(z: Sizes, allocator: str, threads: int) -> dict | str:
+    """``allocator_worker``'s result for one allocator, or a string saying why there is none."""
+    spec = {"sizes": _sizes_spec(z), "allocator": allocator, "threads": threads}
+    return run_allocator_worker("bench.ops_bench", spec, timeout=900)
+
+
 def peak_memory_subprocess(z: Sizes, mode: str, threads: int):
     """Peak extra memory (bytes) of one run per (gates, T) for gates in GATES and T in z.memory,
     measured in one fresh process for this backward; a list of ints, or a string saying why not."""
-    sizes = {k: (list(v) if isinstance(v, tuple) else v) for k, v in z.__dict__.items()}
     cells = [(gates, T) for gates in GATES for T in z.memory]
     peaks = run_memory_worker(
-        "bench.ops_bench", {"sizes": sizes, "cells": cells, "backward": mode, "threads": threads}, timeout=600
+        "bench.ops_bench", {"sizes": _sizes_spec(z), "cells": cells, "backward": mode, "threads": threads}, timeout=600
     )
     return peaks if isinstance(peaks, str) else [int(v) for v in peaks]
 
@@ -1266,6 +1428,35 @@ def render(r: Report, z: Sizes, header: dict[str, str], selected: Sequence[str])
             per_tok = f"{c / (z.B * row['T']):.0f}" if isinstance(c, int) else "n/a"
             lines.append(f"| {row['gates']} | {row['T']} | {mib(c)} | {mib(a)} | {ratio} | {per_tok} |")
         lines.append("")
+    if r.limit:
+        lines += [
+            "## Against the batched matmul limit, by host allocator",
+            "",
+            "Each allocator in a fresh worker process; share: the chunk kernel's matmul FLOP rate "
+            "(forward + custom backward, FLOP model below) over the batched matmul's (Targets, info rows).",
+            "",
+            "| operator | shape | retain ms | system ms | system / retain | page faults / token retain, system | "
+            "share of batched matmul retain | share system |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+
+        def ms(v):
+            return "n/a" if v is None else f"{v * 1e3:.2f}"
+
+        def pct(v):
+            return "—" if v is None else f"{100 * v:.1f}%"
+
+        def faults(v):
+            return "n/a" if v is None else f"{v:.2f}"
+
+        for row in r.limit:
+            ratio = row["system"] / row["retain"] if row["system"] and row["retain"] else None
+            lines.append(
+                f"| {row['label']} | {row['shape']} | {ms(row['retain'])} | {ms(row['system'])} | "
+                f"{_fmt_ratio(ratio)} | {faults(row['retain faults'])}, {faults(row['system faults'])} | "
+                f"{pct(row['retain share'])} | {pct(row['system share'])} |"
+            )
+        lines.append("")
     if r.throughput:
         lines += [
             "## Throughput (matmul FLOPs of the chunk kernel, forward + custom backward)",
@@ -1308,6 +1499,7 @@ def build_parser() -> argparse.ArgumentParser:
         "threshold makes timings depend on the order of the cases; bench/README.md, Noise)",
     )
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--allocator-worker", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -1317,6 +1509,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.memory_worker is not None:
         print(json.dumps(memory_worker(json.loads(args.memory_worker))))
+        return 0
+    if args.allocator_worker is not None:
+        print(json.dumps(allocator_worker(json.loads(args.allocator_worker))))
         return 0
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats: expected an integer >= 1, got {args.repeats}")

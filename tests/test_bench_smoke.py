@@ -124,3 +124,22 @@ def test_tasks_bench_measures_a_task(tmp_path, capsys, monkeypatch):
     row = next(line for line in text.splitlines() if line.startswith("| mad_compression |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "classifier" and cells[2] == "12800 / 1280" and int(cells[6]) == 400
+
+
+def test_limit_case_runs_each_allocator_in_a_worker():
+    # The limit case's workers (one fresh process per allocator) at the quick sizes: every check
+    # gets a measurement, each allocator's timings and the batched matmul reference come back,
+    # and the table has one row per compared timing.
+    bench = ops_bench.Bench(ops_bench.QUICK, 1, lambda msg: None)
+    bench.case_limit()
+    names = [c.name for c in bench.r.checks]
+    assert len(names) == 2 * len(ops_bench.LIMIT_DECAYS) + 3, names
+    assert all(c.measured is not None and c.measured > 0 for c in bench.r.checks), bench.r.notes
+    assert "limit, system allocator worker: system" in bench.r.notes
+    assert any(n.startswith("limit, retain allocator worker: retain") for n in bench.r.notes)
+    assert {k.split(":")[0] for k in bench.r.timings} == {"retain", "system"}
+    assert len(bench.r.limit) == len(ops_bench.LIMIT_DECAYS) + 1
+    assert sum("batched matmul throughput" in what for what, _ in bench.r.info) == 2
+    text = ops_bench.render(bench.r, ops_bench.QUICK, {}, ["limit"])
+    assert "## Against the batched matmul limit, by host allocator" in text
+    assert "column decay [B,T,H,1,D] (system allocator)" in text

@@ -14,8 +14,9 @@ again the same way (down to single steps). A step whose decay is exactly 0 in ev
 reset, e.g. a packed document's first token) is taken by masks instead: no pair spans it, the
 chunk-start memory stops at it, and its log counts as 0 towards the spans. A separable decay
 factorises into exp(Ga_t - Ga_j) along K, carried by s and e, and exp(Gb_t - Gb_j) along D,
-carried by i and y; chunk to chunk the memory decays by exp(Ga_C) (x) exp(Gb_C). Long sequences
-run in segments of SEGMENT tokens so that time per token stays flat.
+carried by i and y; chunk to chunk the memory decays by exp(Ga_C) (x) exp(Gb_C). Sequences run
+in segments of whole chunks whose [B, H, L, K|D] tensors fit SEGMENT_BYTES (at most SEGMENT
+tokens), so that a segment's temporaries stay in cache and time per token stays flat.
 
 Under torch.compile (``torch.compiler.is_compiling()``) the same arithmetic is traced whole, with
 T symbolic: the value-dependent choices (moderate or not, resets or not) become tensors that
@@ -37,7 +38,10 @@ same decays, so it stores no per-step memory:
 where dm_t = conj(o_{t+1}) dm_{t+1} + conj(s_t) dy_t^T. The two are the marginals of dlog_o over
 D and over K for any decay, so a separable decay takes both, one for each factor. Row and column
 roles swap under transposition, which is why the kernel supports both (and "outer" becomes
-"outer_t"). Memory: O(T (K + D) + (T / C) K D), not O(T K D).
+"outer_t"). Where the decay factorises through every chunk start (real inputs, moderate decays,
+no resets: the usual case) the same gradients are formed directly from the factorised chunk
+products (``_factorised_backward``), in forward time order. Memory: O(T (K + D) + (T / C) K D),
+not O(T K D).
 
 Names: a problem is (s, e, i, g) in the roles of y_t = sum_k s_t[k] m_t[k, :] and
 m_t = exp(g_t) * m_{t-1} + e_t (x) i_t: shrink s and expand e [B, H, T, K], input i [B, H, T, D],
@@ -69,6 +73,10 @@ SUBCHUNK = 16
 # float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
 SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
 SEGMENT = 2048
+# Bytes of one [B, H, L, K|D] tensor of a segment (at least one chunk): a segment's operands and
+# temporaries then stay in a core's cache, where whole 2048-step segments at B 1, H 4, K = D = 64
+# streamed every elementwise pass and matmul through memory (512 steps there).
+SEGMENT_BYTES = 1 << 19
 # Levels of the traced kernel's doubling scan over chunks (``_doubling_states``): 2^24 chunks at most.
 SCAN_LEVELS = 24
 
@@ -95,6 +103,14 @@ def _masked_exp(diff: Tensor, mask: Tensor) -> Tensor:
 def _causal_mask(L: int, strict: bool, device: torch.device) -> Tensor:
     """j <= t (or j < t when strict) as an [L, L] boolean mask."""
     return torch.ones(L, L, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+
+
+def _mm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b over equal leading dims [.., n, k] @ [.., k, m], as one bmm on 3-D views: on CPU,
+    torch.matmul copies a transposed operand of more than 3 dims before its batched product
+    (a copy of a whole operand per product), where bmm reads the transposed layout as it is."""
+    out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+    return out.view(*a.shape[:-1], b.shape[-1])
 
 
 def _pairwise(G: Tensor, strict: bool, dtype: torch.dtype) -> Tensor:
@@ -231,7 +247,7 @@ def chunk_matmul(
     numerically; it keeps the working set and the temporaries of one call at a fixed size, so time
     per token stays flat as T grows (whole-sequence temporaries at T = 32K ran ~3x slower per token,
     from cache misses and fresh page faults on every large allocation)."""
-    parts = _segments(s.shape[2], C)
+    parts = _segments(s.shape[2], C, _step_bytes(s, i))
     if len(parts) == 1:
         return _chunk_matmul_segment(s, e, i, g, kind, m0, C, strict)
     ys, M = [], m0
@@ -262,15 +278,18 @@ class _Decay:
     reach: Tensor | None = None
 
 
-def _chunked(x: Tensor, C: int) -> Tensor:
-    """[B, H, T, X] -> [B, H, N, C, X], zero-padded at the end. Contiguous once here: the operands
-    arrive as head-major views of [B, T, H, *], and every batched matmul would copy them again."""
+def _chunked(x: Tensor, C: int, dtype: torch.dtype | None = None) -> Tensor:
+    """[B, H, T, X] -> [B, H, N, C, X], zero-padded at the end, in ``dtype`` (default x's).
+    Contiguous once here: the operands arrive as head-major views of [B, T, H, *], and every
+    batched matmul would copy them again; a change of dtype is the same copy."""
     B, H, T, X = x.shape
     N = max(1, -(-T // C))
     # traced, T is symbolic: padding by zero steps when C divides T keeps one graph for every T
     if torch.compiler.is_compiling() or N * C != T:
         x = torch.nn.functional.pad(x, (0, 0, 0, N * C - T))
-    return x.reshape(B, H, N, C, X).contiguous()
+    x = x.reshape(B, H, N, C, X)
+    # (to() with an unchanged dtype returns x as it is, whatever memory_format asks)
+    return x.contiguous() if dtype in (None, x.dtype) else x.to(dtype, memory_format=torch.contiguous_format)
 
 
 def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
@@ -283,7 +302,7 @@ def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
     # o = 0 (log_o = -inf) is raised to a log whose exp is still 0 in the compute dtype, so that
     # differences of cumulative logs never meet -inf - (-inf).
     wide = torch.complex128 if g.is_complex() else torch.float64
-    logs = finite_log(_chunked(g, C).to(wide), dt)
+    logs = finite_log(_chunked(g, C, wide), dt)
     if torch.compiler.is_compiling():
         return _traced_factors(logs, dt)
     # A reset: a step whose decay is 0 in every entry (each log at LOG_ZERO, whose exp is 0 in dt),
@@ -299,17 +318,22 @@ def _decay_factors(g: Tensor | None, C: int, dt: torch.dtype) -> _Decay:
         f = _reset_factors(logs, reset, dt) if bool(reset.any()) else None
         if f is not None:
             return f
-    G = logs.cumsum(-2)
-    del logs  # freed before the factors are allocated: their memory is then reused, not page-faulted afresh
+    G = logs.cumsum_(-2)
     G_last = G[..., -1:, :]
     # Moderate decays (the usual case, e.g. GLA's logsigmoid / 16): everything factorises through
     # the chunk start, exp(Gamma_t - Gamma_j) = exp(Gamma_t) * exp(-Gamma_j), with every factor
-    # within exp(+-SAFE_SPAN). Stronger decays take the sub-chunk scheme.
-    moderate = _is_moderate(torch.nn.functional.pad(G, (0, 0, 1, 0)), dt)
+    # within exp(+-SAFE_SPAN). Stronger decays take the sub-chunk scheme. A chunk's widest span
+    # runs from its start (Gamma 0) to its end.
+    moderate = _is_moderate(torch.nn.functional.pad(G_last, (0, 0, 1, 0)), dt)
     exp_last = _exp(G_last, dt)
-    exp_neg = _exp(-G, dt) if moderate else None
+    if G.is_complex():
+        exp_G, exp_neg = _exp(G, dt), _exp(-G, dt) if moderate else None
+    else:  # the same numbers as _exp's, with one conversion and the passes in place
+        G_dt = G.to(dt, copy=True)  # a copy also when dt is G's own float64: it is negated in place
+        exp_G = G_dt.exp()
+        exp_neg = G_dt.neg_().exp_() if moderate else None
     to_end = exp_last * exp_neg if moderate else _exp(G_last - G, dt)
-    return _Decay(G, _exp(G, dt), exp_last, exp_neg, to_end, moderate)
+    return _Decay(G, exp_G, exp_last, exp_neg, to_end, moderate)
 
 
 def _reset_factors(logs: Tensor, reset: Tensor, dt: torch.dtype) -> _Decay | None:
@@ -319,7 +343,7 @@ def _reset_factors(logs: Tensor, reset: Tensor, dt: torch.dtype) -> _Decay | Non
     memory kept up to the chunk's first reset. None when the other steps' spans are themselves
     beyond SAFE_SPAN: the sub-chunk scheme then takes the true logs, resets included."""
     G = logs.masked_fill(reset.unsqueeze(-1), 0).cumsum(-2)
-    if not _is_moderate(torch.nn.functional.pad(G, (0, 0, 1, 0)), dt):
+    if not _is_moderate(torch.nn.functional.pad(G[..., -1:, :], (0, 0, 1, 0)), dt):
         return None
     part = reset.cumsum(-1)  # the steps between two resets share a number
     real = real_dtype(dt)
@@ -379,28 +403,28 @@ def _chunk_states(e: Tensor, i: Tensor, f: _Decay, kind: str, m0: Tensor | None)
     D = i.shape[-1]
     M = m0 if m0 is not None else e.new_zeros(B, H, K, D)
     if kind == "none":
-        U = e.transpose(-1, -2) @ i
+        U = _mm(e.transpose(-1, -2), i)
         # without decay the chunk-start memories are an exclusive prefix sum of the contributions,
         # one small matmul with a strictly lower-triangular matrix of ones
         before = torch.ones(N, N, dtype=U.dtype, device=U.device).tril(-1)
         S = (before @ U.reshape(B, H, N, K * D)).reshape(B, H, N, K, D) + M.unsqueeze(2)
         return S, S[:, :, -1] + U[:, :, -1]
     if kind == "col":
-        U = e.transpose(-1, -2) @ (i * f.to_end)
+        U = _mm(e.transpose(-1, -2), i * f.to_end)
         decay = f.exp_last  # [B, H, N, 1, D]
     elif kind in OUTER:
         (a_end, b_end), (a_last, b_last) = _halves(f.to_end, kind, K), _halves(f.exp_last, kind, K)
-        U = (e * a_end).transpose(-1, -2) @ (i * b_end)
+        U = _mm((e * a_end).transpose(-1, -2), i * b_end)
         decay = a_last.transpose(-1, -2) * b_last  # [B, H, N, K, D]
     else:
-        U = (e * f.to_end).transpose(-1, -2) @ i
+        U = _mm((e * f.to_end).transpose(-1, -2), i)
         decay = f.exp_last.transpose(-1, -2)  # [B, H, N, K|1, 1]
     if torch.compiler.is_compiling():
         return _doubling_states(U, decay, M)
     states = []
-    for n in range(N):
+    for U_n, decay_n in zip(U.unbind(2), decay.unbind(2), strict=True):  # one call for all chunks' views
         states.append(M)
-        M = torch.addcmul(U[:, :, n], decay[:, :, n], M)
+        M = torch.addcmul(U_n, decay_n, M)
     return torch.stack(states, 2), M
 
 
@@ -434,7 +458,7 @@ def _doubling_states(U: Tensor, decay: Tensor, M: Tensor) -> tuple[Tensor, Tenso
 def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: str, strict: bool) -> Tensor:
     """y [B, H, N, C, D] from chunked s, e, i and the chunk-start memories S."""
     if kind == "none":
-        return (s @ S).add_((s @ e.transpose(-1, -2)).tril_(-1 if strict else 0) @ i)
+        return _mm(s, S).add_(_mm(_mm(s, e.transpose(-1, -2)).tril_(-1 if strict else 0), i))
     mask = _causal_mask(s.shape[-2], strict, s.device)
     if f.same is not None:
         mask = mask & f.same
@@ -450,14 +474,14 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
             lambda: f.exp_G * f.exp_neg.transpose(-1, -2),
             lambda: _pairwise(f.G, False, s.dtype)[..., 0],
         )
-        return carried((s @ S) * f.exp_G) + torch.where(mask, (s @ e.transpose(-1, -2)) * w, zero) @ i
+        return carried(_mm(s, S) * f.exp_G) + torch.where(mask, _mm(s, e.transpose(-1, -2)) * w, zero) @ i
     if kind == "row":
         intra = _either(
             f.moderate,
             lambda: torch.where(mask, (s * f.exp_G) @ (e * f.exp_neg).transpose(-1, -2), zero) @ i,
             lambda: strong(s, e, i, f.G, "row", strict),
         )
-        return carried((s * f.exp_G) @ S) + intra
+        return carried(_mm(s * f.exp_G, S)) + intra
     if kind in OUTER:
         exp_a, exp_b = _halves(f.exp_G, kind, s.shape[-1])
         s_a = s * exp_a
@@ -467,13 +491,13 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
             return exp_b * (torch.where(mask, s_a @ (e * neg_a).transpose(-1, -2), zero) @ (i * neg_b))
 
         intra = _either(f.moderate, factorised, lambda: strong(s, e, i, f.G, kind, strict))
-        return carried((s_a @ S) * exp_b) + intra
+        return carried(_mm(s_a, S) * exp_b) + intra
     intra = _either(
         f.moderate,
         lambda: f.exp_G * (torch.where(mask, s @ e.transpose(-1, -2), zero) @ (i * f.exp_neg)),
         lambda: strong(s, e, i, f.G, "col", strict),
     )
-    return carried((s @ S) * f.exp_G) + intra
+    return carried(_mm(s, S) * f.exp_G) + intra
 
 
 def _chunk_matmul_segment(
@@ -508,12 +532,20 @@ def _cat(parts: list) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
 
-def _segments(T: int, C: int) -> list[slice]:
+def _segments(T: int, C: int, step_bytes: int) -> list[slice]:
+    """Segments of at most SEGMENT steps whose [B, H, L, *] tensors of ``step_bytes`` per step
+    stay within SEGMENT_BYTES, each a whole number of chunks (at least one)."""
     # traced, one segment: their number would fix T in the graph
     if torch.compiler.is_compiling():
         return [slice(0, T)]
-    seg = max(C, (SEGMENT // C) * C)
+    seg = max(C, (min(SEGMENT, SEGMENT_BYTES // max(1, step_bytes)) // C) * C)
     return [slice(a, min(a + seg, T)) for a in range(0, T, seg)]
+
+
+def _step_bytes(s: Tensor, i: Tensor) -> int:
+    """Bytes of one step of the widest [B, H, T, K|D] operand (``_segments``)."""
+    B, H = s.shape[:2]
+    return B * H * max(s.shape[-1], i.shape[-1]) * s.element_size()
 
 
 def _no_decay_backward(
@@ -530,15 +562,15 @@ def _no_decay_backward(
     L = s.shape[2]
     sc, ec, ic, dyc = (_chunked(x, C) for x in (s, e, i, dy))
     N = sc.shape[2]
-    A = (sc @ ec.transpose(-1, -2)).tril_()
-    G = (dyc @ ic.transpose(-1, -2)).tril_()
-    P = sc.transpose(-1, -2) @ dyc  # [B, H, N, K, D]
+    A = _mm(sc, ec.transpose(-1, -2)).tril_()
+    G = _mm(dyc, ic.transpose(-1, -2)).tril_()
+    P = _mm(sc.transpose(-1, -2), dyc)  # [B, H, N, K, D]
     B, H, _, K, D = P.shape
     later = torch.ones(N, N, dtype=P.dtype, device=P.device).triu(1)
     dA = (later @ P.reshape(B, H, N, K * D)).reshape(B, H, N, K, D) + dM.unsqueeze(2)
-    ds = (G @ ec).add_(dyc @ S.transpose(-1, -2))
-    de = (G.transpose(-1, -2) @ sc).add_(ic @ dA.transpose(-1, -2))
-    di = (A.transpose(-1, -2) @ dyc).add_(ec @ dA)
+    ds = _mm(G, ec).add_(_mm(dyc, S.transpose(-1, -2)))
+    de = _mm(G.transpose(-1, -2), sc).add_(_mm(ic, dA.transpose(-1, -2)))
+    di = _mm(A.transpose(-1, -2), dyc).add_(_mm(ec, dA))
     return _unchunk(ds, L), _unchunk(de, L), _unchunk(di, L), dA[:, :, 0] + P[:, :, 0]
 
 
@@ -563,8 +595,148 @@ def _input_part(x: Tensor, last_segment: bool) -> Tensor:
     return x
 
 
+def _decayed_by(m: Tensor, g_t: Tensor, kind: str) -> Tensor:
+    """o_t * m for a memory m [B, H, K, D] and one step's log decay g_t [B, H, X] in the layout of
+    ``kind``."""
+    o = g_t.exp()
+    if kind == "outer":
+        o_a, o_b = _halves(o, kind, m.shape[-2])
+        return m * (o_a.unsqueeze(-1) * o_b.unsqueeze(-2))
+    return m * (o.unsqueeze(-2) if kind == "col" else o.unsqueeze(-1))
+
+
+def _factorises(f: _Decay, s: Tensor) -> bool:
+    """Whether the factorised forms (``_factorised_outputs``, ``_factorised_backward``) serve a
+    segment: real inputs and a decay that factorises through every chunk start without resets."""
+    return not s.is_complex() and f.moderate is True and f.same is None
+
+
+def _factors(f: _Decay, kind: str, K: int) -> tuple[Tensor | None, ...]:
+    """(a, 1 / a, a to the chunk end, b, 1 / b, b to the chunk end, chunk decay) of a factorising
+    decay (``_factorises``): a = exp(Gamma) along K (row, scalar, the row part of a separable
+    decay), b along D (column, the column part); None where a decay has no such part. The chunk
+    decay is the memory's [.., K|1, D|1] factor from one chunk start to the next."""
+    if kind == "col":
+        return None, None, None, f.exp_G, f.exp_neg, f.to_end, f.exp_last
+    if kind == "outer":
+        (a, b), (a_neg, b_neg), (a_end, b_end) = (_halves(x, kind, K) for x in (f.exp_G, f.exp_neg, f.to_end))
+        a_last, b_last = _halves(f.exp_last, kind, K)
+        return a, a_neg, a_end, b, b_neg, b_end, a_last.transpose(-1, -2) * b_last
+    return f.exp_G, f.exp_neg, f.to_end, None, None, None, f.exp_last.transpose(-1, -2)
+
+
+def _scaled(x: Tensor, factor: Tensor | None) -> Tensor:
+    return x if factor is None else x * factor
+
+
+def _factorised_outputs(
+    s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: str, L: int
+) -> tuple[Tensor, Tensor | None]:
+    """y [B, H, L, D] of one segment (chunked s, e, i) for a factorising decay (``_factorises``):
+    with q = s a, k = e / a and v = i / b, y = b (q S + tril(q k^T) v), the same products as
+    ``_chunk_outputs`` without its masks' copies. Also the strict output (each step's own term
+    left out) when a column decay's gradient reads it (column and separable decays), else None;
+    then y is it plus the own term, otherwise the diagonal is kept in the map."""
+    a, a_neg, _, b, b_neg, _, _ = _factors(f, kind, s.shape[-1])
+    q = _scaled(s, a)
+    strict = kind in ("col", "outer")
+    y = _scaled(
+        _mm(q, S).add_(_mm(_mm(q, _scaled(e, a_neg).transpose(-1, -2)).tril_(-1 if strict else 0), _scaled(i, b_neg))),
+        b,
+    )
+    y = _unchunk(y, L)
+    if not strict:
+        return y, None
+    return y + _unchunk(_own_step(s, e, i), L), y
+
+
+def _factorised_backward(
+    s: Tensor,
+    e: Tensor,
+    i: Tensor,
+    dy: Tensor,
+    f: _Decay,
+    S: Tensor,
+    dM: Tensor,
+    kind: str,
+    y_strict: Tensor | None,
+    last: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """ds, de, di, the decay gradient's summand (``_decay_term``) and the adjoint memory at the
+    segment's start, for a factorising decay (``_factorises``). In chunk coordinates, with q = s a,
+    k = e / a, v = i / b and dv = dy b (``_factors``), the forward is y = b (q S + tril(q k^T) v):
+    its backward is matrix products over the same chunks in forward time order, with no time
+    reversal (no flipped copies) and the chunk factors computed once for all three gradients, where
+    the three EOS problems of the general path compute two sets. R_n, the adjoint of the memory
+    after chunk n, runs back over the chunks from dM: R_{n-1} = decay_n R_n + q_n^T dv_n. The maps
+    whose gradients enter the decay gradient are strict (tril(q k^T) for di when a column decay's
+    gradient reads it, tril(dv v^T) for ds and de when a row decay's does) and their own-step terms
+    are added after the summand is formed; the others keep their diagonal.
+    s, e [B, H, L, K], i, dy and y_strict [B, H, L, D], S [B, H, N, K, D] the chunk-start memories,
+    dM [B, H, K, D] the adjoint after the segment; ``last``: the sequence's last segment."""
+    L, C = s.shape[2], f.exp_G.shape[-2]
+    sc, ec, ic, dyc = (_chunked(x, C) for x in (s, e, i, dy))
+    a, a_neg, a_end, b, b_neg, b_end, decay = _factors(f, kind, s.shape[-1])
+    q, k, v, dv = _scaled(sc, a), _scaled(ec, a_neg), _scaled(ic, b_neg), _scaled(dyc, b)
+    P = _mm(q.transpose(-1, -2), dv)  # [B, H, N, K, D]
+    R = torch.empty_like(S)
+    R_n, P_n, decay_n = R.unbind(2), P.unbind(2), decay.unbind(2)  # one call for all chunks' views
+    R_n[-1].copy_(dM)
+    for n in range(S.shape[2] - 1, 0, -1):
+        torch.addcmul(P_n[n], decay_n[n], R_n[n], out=R_n[n - 1])
+    dM_start = torch.addcmul(P_n[0], decay_n[0], R_n[0])
+    row_strict, col_strict = kind != "col", kind in ("col", "outer")
+    A = _mm(q, k.transpose(-1, -2)).tril_(-1 if col_strict else 0)
+    W = _mm(dv, v.transpose(-1, -2)).tril_(-1 if row_strict else 0)
+    ds = _scaled(_mm(W, k).add_(_mm(dv, S.transpose(-1, -2))), a)
+    de = _scaled(_mm(W.transpose(-1, -2), q), a_neg).add_(_scaled(_mm(_scaled(ic, b_end), R.transpose(-1, -2)), a_end))
+    di = _scaled(_mm(A.transpose(-1, -2), dv), b_neg).add_(_scaled(_mm(_scaled(ec, a_end), R), b_end))
+    term = _decay_term(*(_unchunk(x, L) for x in (sc, ec, ic, dyc, ds, de, di)), y_strict, kind, last)
+    if row_strict:
+        i_dy = (ic * dyc).sum(-1, keepdim=True)  # own-step terms share i . dy
+        ds.addcmul_(i_dy, ec)
+        de.addcmul_(i_dy, sc)
+    if col_strict:
+        di.add_(_own_step(sc, ec, dyc))
+    return _unchunk(ds, L), _unchunk(de, L), _unchunk(di, L), term, dM_start
+
+
+def _decay_term(
+    s: Tensor,
+    e: Tensor,
+    i: Tensor,
+    dy: Tensor,
+    ds: Tensor,
+    de: Tensor,
+    di: Tensor,
+    y_strict: Tensor | None,
+    kind: str,
+    last: bool,
+) -> Tensor:
+    """The decay gradient's summand, whose reverse cumulative sum is dlog_o (module docstring):
+    conj(s) ds - conj(e) de for a row decay (summed over K for a scalar one), dy conj(y) -
+    conj(i) di for a column decay, both side by side for a separable one; from the conjugated
+    inputs and the strict gradients and output of one segment, [B, H, L, *]."""
+
+    def row() -> Tensor:
+        return s * ds - _input_part(e * de, last)
+
+    def col() -> Tensor:
+        return dy * y_strict.conj() - _input_part(i * di, last)
+
+    if kind == "col":
+        return col()
+    if kind == "outer":
+        # a separable decay's gradient is both marginals of dlog_o at once: the row
+        # identity over its K entries, the column identity over its D entries
+        return torch.cat([row(), col()], -1)
+    term = row()
+    return term.sum(-1, keepdim=True) if kind == "scalar" else term
+
+
 class ChunkMatmulFunction(torch.autograd.Function):
-    """``chunk_matmul`` with the appendix-5.1 backward expressed as three more EOS problems.
+    """``chunk_matmul`` with the appendix-5.1 backward: three more EOS problems in general, their
+    factorised chunk products (``_factorised_backward``) where the decay factorises.
 
     The three share work: ds is the forward problem transposed, so it reuses the forward's
     chunk-start memories (saved: O((T / C) K D)); di and de are one reverse-time problem read out
@@ -593,17 +765,27 @@ class ChunkMatmulFunction(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         B, H, T, K = s.shape
         M = m0 if m0 is not None else s.new_zeros(B, H, K, i.shape[-1])
-        ys, stricts, starts = [], [], []
-        for part in _segments(T, C):
+        # written segment by segment in i's layout (the head-major view of eos's [B, T, H, D]), so
+        # that the caller's y is one dense tensor without a join of the segments or a copy after
+        y_out = torch.empty_like(i)
+        stricts, starts = [], []
+        for part in _segments(T, C, _step_bytes(s, i)):
+            L = part.stop - part.start
             f = _decay_factors(None if g is None else g[:, :, part], C, s.dtype)
             sc, ec, ic = (_chunked(x[:, :, part], C) for x in (s, e, i))
             S, M = _chunk_states(ec, ic, f, kind, M)
             if g is not None and part.stop == T:
-                M_strict = _final_memory_strict(ec, ic, f, kind, S, (part.stop - part.start - 1) % C)
-            y_strict = _unchunk(_chunk_outputs(sc, ec, ic, f, S, kind, True), part.stop - part.start)
-            # whole-sequence temporaries are avoided: at long T every large allocation costs
-            # fresh page faults, so the own-step term is added segment by segment
-            ys.append(y_strict + _own_step(s[:, :, part], e[:, :, part], i[:, :, part]))
+                M_strict = _final_memory_strict(ec, ic, f, kind, S, (L - 1) % C)
+            if kind == "none":  # nothing reads a strict output
+                y, y_strict = _unchunk(_chunk_outputs(sc, ec, ic, f, S, kind, False), L), None
+            elif _factorises(f, s):
+                y, y_strict = _factorised_outputs(sc, ec, ic, f, S, kind, L)
+            else:
+                y_strict = _unchunk(_chunk_outputs(sc, ec, ic, f, S, kind, True), L)
+                # whole-sequence temporaries are avoided: at long T every large allocation costs
+                # fresh page faults, so the own-step term is added segment by segment
+                y = y_strict + _own_step(s[:, :, part], e[:, :, part], i[:, :, part])
+            y_out[:, :, part] = y
             stricts.append(y_strict)
             starts.append(S)
         # only the column-decay gradient (of a column or a separable decay) needs the strict output
@@ -613,7 +795,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
         # into one whole-sequence tensor (a copy and a fresh allocation of O((T / C) K D))
         ctx.save_for_backward(s, e, i, g, m0, y_strict, M if g is None else M_strict, *starts)
         ctx.kind, ctx.C = kind, C
-        return _cat(ys), M
+        return y_out, M
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
@@ -633,88 +815,69 @@ class ChunkMatmulFunction(torch.autograd.Function):
             if kind == "scalar":
                 carry = carry.sum(-1, keepdim=True)
             carry = carry.unsqueeze(2)
-        grads = {"s": [], "e": [], "i": [], "g": []}
-        parts = _segments(T, C)
+        # Gradients are written segment by segment into tensors laid out as their inputs (dense
+        # views of the caller's [B, T, H, *] leaves): no join of the segments, and autograd then
+        # takes each as the leaf's .grad without copying it into the leaf's layout.
+        ds_out, de_out, di_out = torch.empty_like(s), torch.empty_like(e), torch.empty_like(i)
+        dg_out = None if g is None else torch.empty_like(g)
+        parts = _segments(T, C, _step_bytes(s, i))
         if kind == "none" and not s.is_complex():
             for j in reversed(range(len(parts))):
                 part = parts[j]
                 ds, de, di, dM = _no_decay_backward(
                     s[:, :, part], e[:, :, part], i[:, :, part], dy[:, :, part], starts[j], dM, C
                 )
-                for name, grad in (("s", ds), ("e", de), ("i", di)):
-                    grads[name].append(grad)
-
-            def cat(name: str) -> Tensor:
-                return _cat(grads[name][::-1])
-
-            return cat("s"), cat("e"), cat("i"), None, dM if m0 is not None else None, None, None
+                ds_out[:, :, part], de_out[:, :, part], di_out[:, :, part] = ds, de, di
+            return ds_out, de_out, di_out, None, dM if m0 is not None else None, None, None
         for j in reversed(range(len(parts))):
             part, L = parts[j], parts[j].stop - parts[j].start
             sc, ec, ic = s[:, :, part].conj(), e[:, :, part].conj(), i[:, :, part].conj()
             dy_j = dy[:, :, part]
-            gc = g_rev = None
-            if g is not None:
-                gc = g[:, :, part].conj()
-                # the adjoint at step t decays by o_{t+1}; past the last step of the sequence o = 1
-                after = g[:, :, part.stop : part.stop + 1].conj() if part.stop < T else torch.zeros_like(gc[:, :, :1])
-                g_rev = torch.cat([gc[:, :, 1:], after], 2).flip(2)
+            gc = None if g is None else g[:, :, part].conj()
 
-            # ds: the forward problem transposed (memory conj(m)^T), from the saved memories
-            S_fwd = starts[j].conj().transpose(-1, -2)
+            y_strict_j = None if y_strict is None else y_strict[:, :, part]
+            last = part.stop == T  # the boundary term already left out the last input
             f_fwd = _decay_factors(gc, C, s.dtype)
-            ds = _unchunk(
-                _chunk_outputs(_chunked(dy_j, C), _chunked(ic, C), _chunked(ec, C), f_fwd, S_fwd, tkind, True), L
-            )
-            del f_fwd, S_fwd  # released before the adjoint pass: the backward's peak is one segment's temporaries
+            if g is not None and _factorises(f_fwd, s):
+                ds, de, di, term, dM_start = _factorised_backward(
+                    sc, ec, ic, dy_j, f_fwd, starts[j], dM, kind, y_strict_j, last
+                )
+                del f_fwd
+            else:
+                # ds: the forward problem transposed (memory conj(m)^T), from the saved memories
+                S_fwd = starts[j].conj().transpose(-1, -2)
+                ds = _unchunk(
+                    _chunk_outputs(_chunked(dy_j, C), _chunked(ic, C), _chunked(ec, C), f_fwd, S_fwd, tkind, True), L
+                )
+                del f_fwd, S_fwd  # released before the adjoint pass: the backward's peak is one segment's temporaries
 
-            # di and de: the reverse-time adjoint problem (input dy, expand conj(s), shrink conj(e)
-            # for di; its transpose for de), one set of chunk-start memories for both
-            f_rev = _decay_factors(g_rev, C, s.dtype)
-            s_r, e_r, i_r, dy_r = (_chunked(x.flip(2), C) for x in (sc, ec, ic, dy_j))
-            S_rev, dM_start = _chunk_states(s_r, dy_r, f_rev, kind, dM)
-            di = _unchunk(_chunk_outputs(e_r, s_r, dy_r, f_rev, S_rev, kind, True), L).flip(2)
-            del e_r
-            de = _unchunk(_chunk_outputs(i_r, dy_r, s_r, f_rev, S_rev.transpose(-1, -2), tkind, True), L).flip(2)
-            del s_r, i_r, dy_r, f_rev, S_rev
+                # di and de: the reverse-time adjoint problem (input dy, expand conj(s), shrink conj(e)
+                # for di; its transpose for de), one set of chunk-start memories for both. The
+                # adjoint at step t decays by o_{t+1}; dM already holds the next segment's first
+                # decay, so past the segment's last step o = 1.
+                g_rev = None
+                if gc is not None:
+                    g_rev = torch.cat([gc[:, :, 1:], torch.zeros_like(gc[:, :, :1])], 2).flip(2)
+                f_rev = _decay_factors(g_rev, C, s.dtype)
+                s_r, e_r, i_r, dy_r = (_chunked(x.flip(2), C) for x in (sc, ec, ic, dy_j))
+                S_rev, dM_start = _chunk_states(s_r, dy_r, f_rev, kind, dM)
+                di = _unchunk(_chunk_outputs(e_r, s_r, dy_r, f_rev, S_rev, kind, True), L).flip(2)
+                del e_r
+                de = _unchunk(_chunk_outputs(i_r, dy_r, s_r, f_rev, S_rev.transpose(-1, -2), tkind, True), L).flip(2)
+                del s_r, i_r, dy_r, f_rev, S_rev
+                if gc is not None:  # the adjoint before the segment's first step, whose decay it takes
+                    dM_start = _decayed_by(dM_start, gc[:, :, 0], kind)
 
-            if g is not None:
-                last = part.stop == T  # the boundary term already left out the last input
-                if kind == "col":
-                    term = dy_j * y_strict[:, :, part].conj() - _input_part(ic * di, last)
-                elif kind == "outer":
-                    # a separable decay's gradient is both marginals of dlog_o at once: the row
-                    # identity over its K entries, the column identity over its D entries
-                    term = torch.cat(
-                        [
-                            sc * ds - _input_part(ec * de, last),
-                            dy_j * y_strict[:, :, part].conj() - _input_part(ic * di, last),
-                        ],
-                        -1,
-                    )
-                else:
-                    term = sc * ds - _input_part(ec * de, last)
-                    if kind == "scalar":
-                        term = term.sum(-1, keepdim=True)
-                dg = term.flip(2).cumsum(2).flip(2) + carry
-                carry = dg[:, :, :1]
-                grads["g"].append(dg)
-            i_dy = (ic * dy_j).sum(-1, keepdim=True)  # own-step terms share i . dy
-            grads["s"].append(ds.addcmul_(i_dy, ec))
-            grads["e"].append(de.addcmul_(i_dy, sc))
-            grads["i"].append(di.add_(_own_step(sc, ec, dy_j)))
+                term = None
+                if g is not None:
+                    term = _decay_term(sc, ec, ic, dy_j, ds, de, di, y_strict_j, kind, last)
+                i_dy = (ic * dy_j).sum(-1, keepdim=True)  # own-step terms share i . dy
+                ds.addcmul_(i_dy, ec)
+                de.addcmul_(i_dy, sc)
+                di.add_(_own_step(sc, ec, dy_j))
+            if term is not None:
+                dg_out[:, :, part] = term.flip(2).cumsum(2).flip(2) + carry
+                carry = dg_out[:, :, part.start : part.start + 1]
+            ds_out[:, :, part], de_out[:, :, part], di_out[:, :, part] = ds, de, di
             dM = dM_start
-        dm0 = None
-        if m0 is not None:
-            dm0 = dM
-            if g is not None:
-                first = g[:, :, 0].conj().exp()
-                if kind == "outer":
-                    first_a, first_b = _halves(first, kind, s.shape[-1])
-                    dm0 = dM * (first_a.unsqueeze(-1) * first_b.unsqueeze(-2))
-                else:
-                    dm0 = dM * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
-
-        def cat(name: str) -> Tensor | None:
-            return torch.cat(grads[name][::-1], 2) if grads[name] else None
-
-        return cat("s"), cat("e"), cat("i"), cat("g"), dm0, None, None
+        return ds_out, de_out, di_out, dg_out, dM if m0 is not None else None, None, None

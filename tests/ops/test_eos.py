@@ -541,7 +541,7 @@ def test_a_chunk_longer_than_the_sequence_runs_as_the_sequence(monkeypatch):
 
     sizes = []
     chunked = chunk_mod._chunked
-    monkeypatch.setattr(chunk_mod, "_chunked", lambda x, C: sizes.append(C) or chunked(x, C))
+    monkeypatch.setattr(chunk_mod, "_chunked", lambda x, C, *rest: sizes.append(C) or chunked(x, C, *rest))
     inputs = make_inputs(5, decay="row")
     got = run(inputs, "chunk", torch.float64, chunk_size=4096)
     assert sizes and set(sizes) == {5}
