@@ -19,6 +19,7 @@ the decay as factors exp(log_o) (or a ``LogProduct`` of log_o's operands), m the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,20 @@ from ._inputs import LogProduct
 Tensor = torch.Tensor
 
 # ----------------------------------------------------------------------------- elementwise kernel
+
+
+_LOG2_E = math.log2(math.e)
+
+
+def _exp(x: Tensor, in_place: bool = False) -> Tensor:
+    """exp(x), written over x when ``in_place``. A real x goes as exp2(x log2 e): on this
+    project's CPU (AVX-512, torch 2.13) float32 exp ran 3.5x slower than exp2 on arguments near
+    -0.5 (a Mamba block's decays) and 20x slower on arguments spread over [-100, 0]; the extra
+    rounding of x log2 e (relative error up to 4e-6 at |x| = 100 in float32) is of the size of
+    the rounding that forms log_o = a * b itself."""
+    if x.is_complex():
+        return x.exp_() if in_place else x.exp()
+    return (x.mul_(_LOG2_E) if in_place else x.mul(_LOG2_E)).exp2_()
 
 
 def _time_slice(x: Tensor | None, start: int, stop: int) -> Tensor | None:
@@ -137,7 +152,7 @@ def _block_factors(o: Decay, start: int, stop: int) -> list[Tensor]:
     if isinstance(o, _FormedProduct):
         return [_time_slice(o.factor, start, stop)]
     if isinstance(o, LogProduct):
-        return [torch.mul(_time_slice(o.a, start, stop), _time_slice(o.b, start, stop)).exp_()]
+        return [_exp(torch.mul(_time_slice(o.a, start, stop), _time_slice(o.b, start, stop)), in_place=True)]
     return _decay_slice(o, start, stop)
 
 
@@ -345,7 +360,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
             decay = logs  # saved as they are, formed again in the backward
             y, m_T, states = chunk_elementwise(i, e, s, LogProduct(g_a, g_b), m0, C)
         else:
-            decay = [x.exp() for x in logs]  # the factors exp(g), formed once and saved
+            decay = [_exp(x) for x in logs]  # the factors exp(g), formed once and saved
             y, m_T, states = chunk_elementwise(i, e, s, decay, m0, C)
         ctx.save_for_backward(i, e, s, m0, *decay, *states)
         ctx.C, ctx.operands, ctx.product = C, len(decay), product
