@@ -38,10 +38,10 @@ _LOG2_E = math.log2(math.e)
 
 def _exp(x: Tensor, in_place: bool = False) -> Tensor:
     """exp(x), written over x when ``in_place``. A real x goes as exp2(x log2 e): on this
-    project's CPU (AVX-512, torch 2.13) float32 exp ran 3.5x slower than exp2 on arguments near
-    -0.5 (a Mamba block's decays) and 20x slower on arguments spread over [-100, 0]; the extra
-    rounding of x log2 e (relative error up to 4e-6 at |x| = 100 in float32) is of the size of
-    the rounding that forms log_o = a * b itself."""
+    project's CPU (AVX-512, torch 2.13) float32 exp ran 2-3.5x slower than exp2 on arguments near
+    -0.5 (a Mamba block's decays) and 19x slower on arguments spread over [-100, 0]
+    (bench/results/mamba_s4.md); the extra rounding of x log2 e (relative error up to 4e-6 at
+    |x| = 100 in float32) is of the size of the rounding that forms log_o = a * b itself."""
     if x.is_complex():
         return x.exp_() if in_place else x.exp()
     return (x.mul_(_LOG2_E) if in_place else x.mul(_LOG2_E)).exp2_()
