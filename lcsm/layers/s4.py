@@ -69,40 +69,65 @@ def _row_blocks(g: Tensor, n2: int, *others: Tensor):
     return zip(*(x.split(rows, dim=1) for x in (g,) + others), strict=False)
 
 
-def _pair_inverse(g: Tensor, a: Tensor, s: Tensor) -> Tensor:
-    """1 / ((g - lam)(g - conj(lam))) = 1 / (g (g - 2 Re lam) + |lam|^2): g [H, M], a = Re lam and
-    s = |lam|^2 [H, N2] -> [H, M, N2]."""
-    g = g.unsqueeze(-1)
-    return 1 / (g * (g - 2 * a.unsqueeze(1)) + s.unsqueeze(1))
+def _pair_inverse(g: Tensor, a: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
+    """The real and imaginary parts of 1 / ((g - lam)(g - conj(lam))) = 1 / (g (g - 2 Re lam) +
+    |lam|^2): g [H, M] complex, a = Re lam and s = |lam|^2 [H, N2] -> two [H, M, N2] real tensors.
+    In real arithmetic (torch's complex elementwise operations cost several real ones each): with
+    x = Re g - a the denominator is x^2 - (Im g)^2 + (s - a^2) + 2i x Im g, and its reciprocal
+    conj(D) / |D|^2, as torch's vectorised complex reciprocal forms it."""
+    gr, gi = g.real.unsqueeze(-1), g.imag.unsqueeze(-1)
+    x = gr - a.unsqueeze(1)
+    d_r = x.square().sub_(gi.square()).add_((s - a.square()).unsqueeze(1))
+    d_i = x.mul_(gi).mul_(2)
+    r = d_r.square().addcmul_(d_i, d_i).reciprocal_()
+    return d_r.mul_(r), d_i.mul_(r).neg_()
 
 
 class _CauchyConj(torch.autograd.Function):
-    """S = q @ W with q = _pair_inverse(g, a, s), computed and differentiated a block of rows (roots
-    of unity) at a time, recomputing q in the backward pass: autograd would keep several [H, M, N2]
-    complex intermediates (gigabytes at 16K tokens) and spend most of S4's step on them."""
+    """S = q @ W with q = 1 / ((g - lam)(g - conj(lam))), computed and differentiated a block of
+    rows (roots of unity) at a time in real arithmetic, recomputing q in the backward pass:
+    autograd would keep several [H, M, N2] complex intermediates (gigabytes at 16K tokens) and
+    spend most of S4's step on them."""
 
     @staticmethod
     def forward(ctx, g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
         ctx.save_for_backward(g, a, s, W)
-        Wc = W.to(g.dtype)
-        return torch.cat([_pair_inverse(gb, a, s) @ Wc for (gb,) in _row_blocks(g, a.shape[1])], dim=1)
+        Wr = W.to(a.dtype)
+        parts = []
+        for (gb,) in _row_blocks(g, a.shape[1]):
+            q_r, q_i = _pair_inverse(gb, a, s)
+            S = torch.cat([q_r, q_i], 1) @ Wr  # real and imaginary parts in one product: W is real
+            parts.append(torch.complex(*S.split(gb.shape[1], 1)))
+        return torch.cat(parts, dim=1)
 
     @staticmethod
     def backward(ctx, grad_S: Tensor):
         g, a, s, W = ctx.saved_tensors
-        Wc = W.to(g.dtype)
-        ones_a = torch.stack([torch.ones_like(a), a], dim=-1).to(g.dtype)  # [H, N2, 2]
+        Wr = W.to(a.dtype)
+        ones_a = torch.stack([torch.ones_like(a), a], dim=-1)  # [H, N2, 2]
         grad_g, grad_as, grad_W = [], 0, 0
         for gb, Sb in _row_blocks(g, a.shape[1], grad_S):
-            q = _pair_inverse(gb, a, s)
-            grad_W = grad_W + (q.conj().transpose(1, 2) @ Sb).real
-            # Through q = 1 / D: the cotangent of D is -grad_q conj(q)^2, with D holomorphic in g
+            c = gb.shape[1]
+            q_r, q_i = _pair_inverse(gb, a, s)
+            G = torch.cat([Sb.real, Sb.imag], 1).to(a.dtype)  # [H, 2c, K]
+            grad_W = grad_W + torch.cat([q_r, q_i], 1).transpose(1, 2) @ G
+            gq_r, gq_i = (G @ Wr.transpose(1, 2)).split(c, 1)  # the cotangent of q, [H, c, N2] each
+            # Through q = 1 / D: the cotangent of D is t = -grad_q conj(q)^2, with D holomorphic in g
             # (dD/dg = 2 g - 2 a) and real-affine in a (dD/da = -2 g) and s (dD/ds = 1).
-            t = -(Sb @ Wc.transpose(1, 2)) * q.conj().square()  # [H, c, N2]
-            u = t @ ones_a  # [H, c, 2]
-            grad_g.append(2 * (gb.conj() * u[..., 0] - u[..., 1]))
-            lhs = torch.stack([-2 * gb.conj(), torch.ones_like(gb)], dim=1)  # [H, 2, c]
-            grad_as = grad_as + (lhs @ t).real  # [H, 2, N2]
+            u = q_r.square() - q_i.square()
+            v = q_r.mul_(q_i).mul_(2)
+            t = torch.cat([-(gq_r * u + gq_i * v), gq_r * v - gq_i * u], 1)  # [H, 2c, N2]: Re t, Im t
+            sums = t @ ones_a  # [H, 2c, 2]: sum_n t and sum_n a t, real parts then imaginary
+            t0_r, t0_i = sums[:, :c, 0], sums[:, c:, 0]
+            t1_r, t1_i = sums[:, :c, 1], sums[:, c:, 1]
+            gr, gi = gb.real.to(a.dtype), gb.imag.to(a.dtype)
+            # grad_g = 2 (conj(g) sum_n t - sum_n a t)
+            grad_g.append(2 * torch.complex(gr * t0_r + gi * t0_i - t1_r, gr * t0_i - gi * t0_r - t1_i))
+            # grad_a = Re sum_m conj(-2 g) t, grad_s = Re sum_m t
+            lhs = torch.stack(
+                [-2 * torch.cat([gr, gi], 1), torch.cat([torch.ones_like(gr), torch.zeros_like(gi)], 1)], 1
+            )  # [H, 2, 2c]
+            grad_as = grad_as + lhs @ t  # [H, 2, N2]
         return torch.cat(grad_g, dim=1), grad_as[:, 0], grad_as[:, 1], grad_W
 
 
@@ -125,9 +150,10 @@ class S4(Mixer):
 
     * kernel (mode "fft"): the S4 algorithm (section 3.3, Algorithm 1). The truncated generating
       function sum_{j<M} K_j z^j = C~ (I - A_bar z)^-1 B_bar with C~ = C (I - A_bar^M) is evaluated at
-      the M-th roots of unity as 2/(1+z) C~ (g(z) - A)^-1 B, g(z) = 2/Delta (1-z)/(1+z) (Lemma C.3),
+      the M-th roots of unity z = exp(-2 pi i k / M), k <= M / 2 (K is real, so the others give their
+      conjugates) as 2/(1+z) C~ (g(z) - A)^-1 B, g(z) = 2/Delta (1-z)/(1+z) (Lemma C.3),
       by the Woodbury identity over the diagonal Lambda (four Cauchy sums, Lemma C.2, each taken
-      over conjugate pairs by ``cauchy_conj``), then an inverse FFT gives K. M = T rounded up to an
+      over conjugate pairs by ``cauchy_conj``), then an inverse real FFT gives K. M = T rounded up to an
       odd number so that z = -1 (a pole of 2/(1+z)) is never a root of unity. y = K * u by FFT on
       length 2T.
     * recurrence (mode "recurrent"): x_t = A_bar x_{t-1} + B_bar u_t, y_t = C x_t + D u_t with the
@@ -261,8 +287,10 @@ class S4(Mixer):
         M = length if length % 2 else length + 1
         dt = self.log_dt.exp().unsqueeze(-1)  # [H, 1]
         C_t = self._truncated_C(C, A_bar, M)
-        k = torch.arange(M, device=lam.device, dtype=dt.dtype)
-        z = torch.exp(-2j * math.pi * k / M)  # [M]
+        # K is real, so its transform at conj(z) is the conjugate of that at z: the frequencies
+        # k <= M / 2 determine it (an inverse real FFT), half the Cauchy sums of all M.
+        k = torch.arange(M // 2 + 1, device=lam.device, dtype=dt.dtype)
+        z = torch.exp(-2j * math.pi * k / M)  # [M // 2 + 1]
         g = (2 / dt) * (1 - z) / (1 + z)  # [H, M]
         # The four Cauchy sums sum_n a_n b_n / (g - Lambda_n) run over conjugate pairs (the official
         # cauchy_conj): v / (g - lam) + conj(v) / (g - conj(lam)) = (2 Re(v) g - 2 Re(v conj(lam)))
@@ -272,7 +300,7 @@ class S4(Mixer):
         S = cauchy_conj(W, g, lam)  # [H, M, 8]
         k00, k01, k10, k11 = (g.unsqueeze(-1) * S[..., :4] - S[..., 4:]).unbind(-1)
         K_hat = 2 / (1 + z) * (k00 - k01 * k10 / (1 + k11))  # (g - Lambda + P P^*)^-1
-        return torch.fft.ifft(K_hat, n=M, dim=-1)[..., :length].real
+        return torch.fft.irfft(K_hat, n=M, dim=-1)[..., :length]
 
     # -- the two forms
 

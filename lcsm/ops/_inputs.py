@@ -24,7 +24,7 @@ Canonical, head-major tensors (a size-1 dim means "broadcast"):
 A separable oscillation (LCSM Table 3, o code 1: o_t = a_t (x) b_t) is kept as its two factors
 so that the chunk kernel can apply them along K and along D without ever forming the K x D
 decay; ``EOSProblem.g_full`` materialises the sum for the plain forms (the recurrent reference,
-the parallel map, fft); the elementwise kernel applies the two factors one after the other.
+the parallel map, fft); the elementwise kernel multiplies the two factors out one block of steps at a time.
 
 A log oscillation that is a product of two broadcast operands (Mamba's Delta_t A: a [B, T, 1, D]
 step size times a [K, D] matrix) is kept as its operands for the same reason: the elementwise

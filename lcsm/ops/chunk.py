@@ -20,7 +20,7 @@ Tensor = torch.Tensor
 
 def kernel_for(p: EOSProblem) -> str:
     """``matmul`` when e and s are K-vectors and the decay is none, scalar, row, column or
-    separable ("outer"); ``elementwise`` otherwise (a separable decay then factor by factor, a
+    separable ("outer"); ``elementwise`` otherwise (a separable decay then multiplied out a block of steps at a time, a
     product of operands block by block)."""
     if p.e_is_vector and p.s_is_vector and p.decay_kind not in ("full", "product"):
         return "matmul"

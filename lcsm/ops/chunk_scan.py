@@ -1,7 +1,7 @@
 """The chunk mode's ``elementwise`` kernel, with its adjoint (linear in T).
 
 For everything the ``matmul`` kernel does not take: a full K x D decay (Mamba), K x D expand or
-shrink states, a separable decay applied factor by factor, and a decay given as a product of
+shrink states, a separable decay (its two factors multiplied out a block at a time), and a decay given as a product of
 operands, log_o = a * b, formed one block of steps at a time. Per chunk, the recurrence
 m_t = o_t * m_{t-1} + e_t (x) i_t runs step by step over [B, H, K, D] (exact for any decay): on a
 CPU in blocks of steps whose memories fit in ``_blocks.BLOCK_BYTES`` (elsewhere a block is the
@@ -19,6 +19,7 @@ the decay as factors exp(log_o) (or a ``LogProduct`` of log_o's operands), m the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,16 +33,25 @@ Tensor = torch.Tensor
 # ----------------------------------------------------------------------------- elementwise kernel
 
 
+_LOG2_E = math.log2(math.e)
+
+
+def _exp(x: Tensor, in_place: bool = False) -> Tensor:
+    """exp(x), written over x when ``in_place``. A real x goes as exp2(x log2 e): on this
+    project's CPU (AVX-512, torch 2.13) float32 exp ran 2-3.5x slower than exp2 on arguments near
+    -0.5 (a Mamba block's decays) and 19x slower on arguments spread over [-100, 0]
+    (bench/results/mamba_s4.md); the extra rounding of x log2 e (relative error up to 4e-6 at
+    |x| = 100 in float32) is of the size of the rounding that forms log_o = a * b itself."""
+    if x.is_complex():
+        return x.exp_() if in_place else x.exp()
+    return (x.mul_(_LOG2_E) if in_place else x.mul(_LOG2_E)).exp2_()
+
+
 def _time_slice(x: Tensor | None, start: int, stop: int) -> Tensor | None:
     """Steps start..stop of a [B|1, H, T|1, ...] tensor (a time-shared one serves every step)."""
     if x is None or x.shape[2] == 1:
         return x
     return x[:, :, start:stop]
-
-
-def _at(x: Tensor, t: int) -> Tensor:
-    """Step t of a [B|1, H, c|1, ...] tensor (a time-shared tensor serves every step)."""
-    return x[:, :, t if x.shape[2] > 1 else 0]
 
 
 def _grad_for(x: Tensor, grad: Tensor) -> Tensor:
@@ -72,22 +82,38 @@ def _promoted(*xs: Tensor | None) -> torch.dtype:
     return dt
 
 
-def _recur(i: Tensor, e: Tensor, o: list[Tensor], h: Tensor, out: Tensor) -> Tensor:
+def _recur(i: Tensor, e: Tensor, o: list[Tensor], h: Tensor, out: Tensor, x: Tensor) -> Tensor:
     """``h_t = o_t * h_{t-1} + e_t (x) i_t`` for the n steps of i [B, H, n, D] (e and the decay
     factors o sliced alike) from the memory h, written into out[:, :, :n]; returns the last
-    memory, a view of out. h may be out's last slot: each step reads only the slot before it."""
-    iu = i.unsqueeze(-2)
-    for t in range(i.shape[2]):
-        h_t = out[:, :, t]
-        if o:
-            torch.mul(_at(o[0], t), h, out=h_t)
-            for factor in o[1:]:
-                h_t.mul_(_at(factor, t))
-            h_t.addcmul_(_at(e, t), iu[:, :, t])
+    memory, a view of out. The inputs e_t (x) i_t of all n steps are formed first, in one
+    operation, into x [B, H, >= n, K, D], and a decay of two factors is multiplied out for the
+    block, so that each step is one operation: at small memories (batch 1) each operation costs
+    more to dispatch than to compute (one chunk of Mamba's B 1, K 16, D 256: 0.45 ms against
+    0.97 ms with a product and a sum a step). h may be out's last slot: a step reads the memory
+    before it and writes its own slot, in place when they are the same."""
+    n = i.shape[2]
+    x = x[:, :, :n]
+    torch.mul(e, i.unsqueeze(-2), out=x)
+    factor = o[0] if len(o) == 1 else _product(o)
+    xs, outs = x.unbind(2), out.unbind(2)
+    factors = None if factor is None else factor.unbind(2) if factor.shape[2] > 1 else [factor[:, :, 0]] * n
+    for t in range(n):
+        if factors is None:
+            torch.add(xs[t], h, out=outs[t])
         else:
-            torch.addcmul(h, _at(e, t), iu[:, :, t], out=h_t)
-        h = h_t
+            torch.addcmul(xs[t], factors[t], h, out=outs[t])
+        h = outs[t]
     return h
+
+
+def _product(factors: list[Tensor]) -> Tensor | None:
+    """The decay o as one tensor from its factors (None for no decay)."""
+    if not factors:
+        return None
+    o = factors[0]
+    for factor in factors[1:]:
+        o = o * factor
+    return o
 
 
 def _block_ranges(c: int, b: int) -> list[tuple[int, int]]:
@@ -137,7 +163,7 @@ def _block_factors(o: Decay, start: int, stop: int) -> list[Tensor]:
     if isinstance(o, _FormedProduct):
         return [_time_slice(o.factor, start, stop)]
     if isinstance(o, LogProduct):
-        return [torch.mul(_time_slice(o.a, start, stop), _time_slice(o.b, start, stop)).exp_()]
+        return [_exp(torch.mul(_time_slice(o.a, start, stop), _time_slice(o.b, start, stop)), in_place=True)]
     return _decay_slice(o, start, stop)
 
 
@@ -163,8 +189,9 @@ def scan_chunk(i: Tensor, e: Tensor, s: Tensor, o: Decay, m: Tensor) -> tuple[Te
     as one batched product, so the shrink reads memories still in cache: with a large batch a
     block is one step (the kernel is bound by memory traffic, and a chunk's [c, K, D] memories
     would make a round trip to main memory), with small memories a block is the whole chunk (few,
-    large operations: the cost per operation then dominates). A separable decay stays two factors
-    (two in-place products a step) rather than a materialised [B, H, T, K, D] tensor; a product's
+    large operations: the cost per operation then dominates), each step one operation
+    (``_recur``). A separable decay's two factors are multiplied out one block at a time rather
+    than into a materialised [B, H, T, K, D] tensor; a product's
     factor exp(a * b) is formed for each block as it runs. No autograd: ``scan_chunk_backward`` is
     its adjoint.
     """
@@ -172,9 +199,10 @@ def scan_chunk(i: Tensor, e: Tensor, s: Tensor, o: Decay, m: Tensor) -> tuple[Te
     dtype = _promoted(m, e, i, *_operands(o))
     b = block_steps(B, H, e.shape[3], D, dtype, i.device, c)
     buffer = i.new_empty(B, H, b, e.shape[3], D, dtype=dtype)
+    x = torch.empty_like(buffer)
     h, ys = m, []
     for a, z in _block_ranges(c, b):
-        h = _recur(i[:, :, a:z], _time_slice(e, a, z), _block_factors(o, a, z), h, buffer)
+        h = _recur(i[:, :, a:z], _time_slice(e, a, z), _block_factors(o, a, z), h, buffer, x)
         ys.append(_contract_k(_time_slice(s, a, z), buffer[:, :, : z - a]))
     return torch.cat(ys, 2), h.clone()
 
@@ -184,9 +212,10 @@ def _memories(i: Tensor, e: Tensor, o: Decay, m: Tensor) -> Tensor:
     forward's blocks (a product's factors formed block by block)."""
     B, H, c, D = i.shape
     hs = i.new_empty(B, H, c, e.shape[3], D, dtype=_promoted(m, e, i, *_operands(o)))
-    h = m
-    for a, z in _block_ranges(c, block_steps(B, H, e.shape[3], D, hs.dtype, i.device, c)):
-        h = _recur(i[:, :, a:z], _time_slice(e, a, z), _block_factors(o, a, z), h, hs[:, :, a:z])
+    h, b = m, block_steps(B, H, e.shape[3], D, hs.dtype, i.device, c)
+    x = hs.new_empty(B, H, b, e.shape[3], D)
+    for a, z in _block_ranges(c, b):
+        h = _recur(i[:, :, a:z], _time_slice(e, a, z), _block_factors(o, a, z), h, hs[:, :, a:z], x)
     return hs
 
 
@@ -268,17 +297,27 @@ def scan_chunk_backward(
     dC = hs.new_empty(B, H, b, K, D) if operands else dH  # conj(o_t) dh_t, the carry into step t - 1
     carry = dm
     for a, z in reversed(_block_ranges(c, b)):
-        oc = [factor.conj() for factor in _block_factors(o, a, z)]
-        for j in reversed(range(z - a)):
-            t = a + j
-            if real_part:
-                torch.add(carry, (dY[:, :, t] * _at(sc, t)).real, out=dH[:, :, j])
-            else:
-                torch.addcmul(carry, dY[:, :, t], _at(sc, t), out=dH[:, :, j])
-            carry = dC[:, :, j]
-            for index, factor in enumerate(oc):
-                torch.mul(dH[:, :, j] if index == 0 else carry, _at(factor, j), out=carry)
         n = z - a
+        # As in the forward (``_recur``), one operation a step: the block's conj(s_t) dy_t formed
+        # first, the decay multiplied out, dh_t = conj(o_(t+1)) dh_(t+1) + conj(s_t) dy_t in place,
+        # and the carries conj(o_t) dh_t in one operation after the loop.
+        if real_part:
+            dH[:, :, :n].copy_((dY[:, :, a:z] * _time_slice(sc, a, z)).real)
+        else:
+            torch.mul(dY[:, :, a:z], _time_slice(sc, a, z), out=dH[:, :, :n])
+        oc = _product([factor.conj() for factor in _block_factors(o, a, z)])
+        steps = dH[:, :, :n].unbind(2)
+        steps[n - 1].add_(carry)
+        factors = None if oc is None else oc.unbind(2) if oc.shape[2] > 1 else [oc[:, :, 0]] * n
+        for j in reversed(range(n - 1)):
+            if factors is None:
+                steps[j].add_(steps[j + 1])
+            else:
+                steps[j].addcmul_(factors[j + 1], steps[j + 1])
+        if oc is not None:
+            torch.mul(dH[:, :, :n], oc, out=dC[:, :, :n])
+        # With no decay dC is dH, which the next block overwrites before reading its carry.
+        carry = dC[:, :, 0] if operands else dC[:, :, 0].clone()
         grads["i"].add(a, z, _contract_k(_time_slice(ec, a, z), dH[:, :, :n]))
         grads["e"].add(a, z, _grad_outer(e, dH[:, :, :n], ic[:, :, a:z]))
         grads["s"].add(a, z, _grad_outer(s, hs[:, :, a:z].conj(), dy[:, :, a:z]))
@@ -345,7 +384,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
             decay = logs  # saved as they are, formed again in the backward
             y, m_T, states = chunk_elementwise(i, e, s, LogProduct(g_a, g_b), m0, C)
         else:
-            decay = [x.exp() for x in logs]  # the factors exp(g), formed once and saved
+            decay = [_exp(x) for x in logs]  # the factors exp(g), formed once and saved
             y, m_T, states = chunk_elementwise(i, e, s, decay, m0, C)
         ctx.save_for_backward(i, e, s, m0, *decay, *states)
         ctx.C, ctx.operands, ctx.product = C, len(decay), product

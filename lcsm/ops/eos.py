@@ -76,7 +76,7 @@ def _kernel_reason(p: EOSProblem) -> str:
         why.append("K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec))
     reason = "elementwise kernel: " + " and ".join(why)
     if p.decay_kind == "outer":
-        reason += " (the separable decay applied as its two factors, one after the other, each step)"
+        reason += " (the separable decay's two factors multiplied out one block of steps at a time)"
     return reason
 
 
@@ -225,7 +225,7 @@ def explain(
     float32 compute, no cu_seqlens) -> triton (``triton_chunk``), except float32 inputs with no or
     a scalar decay (slower there than the chunk form, bench/results/gpu_triton.md); otherwise chunk (kernel
     ``matmul`` when e and s are K-vectors and the decay is none/scalar/row/column or a separable
-    pair, else ``elementwise``, which applies a separable pair factor by factor and forms a
+    pair, else ``elementwise``, which multiplies a separable pair's factors out a block at a time and forms a
     product's exp(a * b) block by block). ``parallel`` is never chosen automatically: it is the
     O(T^2) attention-map form, for analysis and tests. The recurrent, parallel and fft modes also
     take a separable pair as its materialised sum and a product as a * b: they are the plain,

@@ -1,0 +1,131 @@
+"""Fwd+bwd times of one case in two source trees, side by side in one run: each (tree, case) cell
+runs in a fresh process (so the trees' ``lcsm`` never share one), the cells in turns, ``--rounds``
+times, each cell the median of ``--repeats`` timed calls after one untimed call. Host memory as
+lcsm's training processes keep it (``retain``), float32, ``--threads`` threads (default 2).
+
+    python -m bench.side_by_side --old PATH [--new PATH] [--cases ...] [--rounds 3] [--out FILE]
+
+Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
+    kxd       eos chunk with a full K x D decay tensor, B=1 T=2048 H=1 K=16 D=256, chunk 64
+    product   the same with log_o = LogProduct(dt, A) (Mamba's form)
+    mamba     the Mamba layer, B=64 T=256 d_model=128
+    lm-NAME-T one training step (forward + backward of the cross-entropy, batch 1) of the efficiency
+              bench's model NAME (transformer, s4, mamba, ...) at length T
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CASES = ("kxd", "product", "mamba", "lm-transformer-512", "lm-s4-512")
+
+
+def _case(name: str):
+    import torch
+    import torch.nn.functional as F
+
+    from lcsm.ops import LogProduct, eos
+
+    g = torch.Generator().manual_seed(5)
+    if name in ("kxd", "product"):
+        B, T, K, D = 1, 2048, 16, 256
+        A = (-torch.arange(1, K + 1, dtype=torch.float32)[:, None].expand(K, D)).unsqueeze(0).contiguous()
+        dt = F.softplus(torch.randn(B, T, 1, 1, D, generator=g) - 4)
+        x = [torch.randn(B, T, 1, D, generator=g), torch.randn(B, T, 1, K, generator=g)]
+        x.append(torch.randn(B, T, 1, K, generator=g))
+        x += [dt * A] if name == "kxd" else [dt, A]
+        x = [t.requires_grad_() for t in x]
+
+        def run():
+            log_o = x[3] if name == "kxd" else LogProduct(x[3], x[4])
+            y, _ = eos(x[0], x[1], x[2], log_o, mode="chunk", chunk_size=64)
+            y.backward(torch.ones_like(y))
+
+        return run
+    if name == "mamba":
+        from lcsm import layers
+
+        torch.manual_seed(5)
+        layer = layers.build("mamba", 128)
+        u = torch.randn(64, 256, 128, generator=g, requires_grad=True)
+
+        def run():
+            layer(u).backward(torch.ones(64, 256, 128))
+
+        return run
+    if name.startswith("lm-"):
+        from bench.efficiency_bench import FULL, model_config, tokens, train_step
+        from lcsm.models import build_model
+
+        _, model_name, T = name.split("-")
+        torch.manual_seed(5)
+        model = build_model(model_config(model_name, FULL))
+        ids = tokens(int(T), FULL.vocab, 5, torch.device("cpu"))
+        return lambda: train_step(model, ids)
+    raise ValueError(f"case: expected one of {', '.join(CASES)} or lm-NAME-T, got {name!r}")
+
+
+def worker(name: str, repeats: int) -> None:
+    from lcsm.engine.host_memory import use_host_allocator
+
+    use_host_allocator("retain")
+    run = _case(name)
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"ms": statistics.median(times) * 1e3}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.side_by_side", description=__doc__.splitlines()[0])
+    p.add_argument("--old", required=True, help="the other source tree (e.g. a git worktree of the previous commit)")
+    p.add_argument("--new", default=".", help="this source tree (default: the current directory)")
+    p.add_argument("--cases", nargs="+", default=list(CASES))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None)
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker is not None:
+        worker(a.worker, a.repeats)
+        return 0
+    trees = {"old": Path(a.old).resolve(), "new": Path(a.new).resolve()}
+    for label, tree in trees.items():
+        if not (tree / "lcsm").is_dir():
+            raise ValueError(f"--{label}: expected a source tree holding lcsm/, got {tree}")
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    cells: dict[tuple[str, str], list[float]] = {}
+    for _ in range(a.rounds):
+        for case in a.cases:
+            for label, tree in trees.items():
+                # The script comes from this tree; lcsm (and the efficiency bench's models) from the
+                # tree being timed.
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--old", ".", "--worker", case]
+                cmd += ["--repeats", str(a.repeats)]
+                env["PYTHONPATH"] = str(tree)
+                out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True)
+                cells.setdefault((case, label), []).append(json.loads(out.stdout.strip().splitlines()[-1])["ms"])
+    lines = ["| case | old ms | new ms | old / new |", "| --- | ---: | ---: | ---: |"]
+    for case in a.cases:
+        old, new = (statistics.median(cells[(case, k)]) for k in ("old", "new"))
+        lines.append(f"| {case} | {old:.1f} | {new:.1f} | {old / new:.2f}x |")
+    report = "\n".join(lines)
+    print(report)
+    if a.out:
+        Path(a.out).write_text(report + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,30 @@
+"""Smoke test of bench/side_by_side.py: one case timed in two trees (here the same tree twice),
+each cell in its own process, and the report's table. Timings are machine-dependent and not
+asserted."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # bench/ lives at the repository root, outside the lcsm package
+    sys.path.insert(0, str(REPO))
+
+from bench import side_by_side  # noqa: E402
+
+
+def test_one_case_in_two_trees(tmp_path, capsys):
+    out = tmp_path / "report.md"
+    args = ["--old", str(REPO), "--new", str(REPO), "--cases", "kxd", "--rounds", "1", "--repeats", "1"]
+    assert side_by_side.main([*args, "--threads", "1", "--out", str(out)]) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| kxd |")]
+    assert len(rows) == 1 and rows[0].endswith("x |"), out.read_text()
+    assert "| kxd |" in capsys.readouterr().out
+
+
+def test_errors_name_the_argument(tmp_path):
+    with pytest.raises(ValueError, match=r"--old: expected a source tree holding lcsm/"):
+        side_by_side.main(["--old", str(tmp_path), "--new", str(REPO)])
+    with pytest.raises(ValueError, match=r"case: expected one of kxd, product, mamba"):
+        side_by_side._case("nope")
