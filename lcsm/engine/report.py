@@ -40,6 +40,7 @@ from __future__ import annotations
 import csv
 import datetime
 import json
+import math
 import shlex
 import sys
 from collections import Counter
@@ -47,11 +48,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lcsm._checks import check_keys
 
+from . import stats
 from .results import format_table, main_metric, select_best
 
-REPORT_KEYS = ("title", "metrics", "table", "plots", "compare", "curves")
+REPORT_KEYS = ("title", "metrics", "table", "plots", "compare", "curves", "differences")
+# What a ``differences`` entry may name as the alternative its interval must exclude to resolve it.
+ALTERNATIVES = ("a <= b", "a >= b", "a = b")
 
 
 def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
@@ -119,6 +125,23 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
             raise ValueError(f"{where}.paper: expected a mapping of axis label to the paper's number, got {paper!r}")
         for key in comp.get("where") or {}:
             axis(f"{where}.where", key)
+    for where, diff in entries("differences", ("a", "b", "metric", "alternative", "title")):
+        for side in ("a", "b"):
+            cell = diff.get(side)
+            if isinstance(cell, Mapping) and cell:
+                for key in cell:
+                    axis(f"{where}.{side}", key)
+            elif not isinstance(cell, (str, int, float)) or isinstance(cell, bool):
+                raise ValueError(
+                    f"{where}.{side}: expected a cell, a label of a grid axis or a mapping of axis to label, "
+                    f"got {cell!r}"
+                )
+        metric(f"{where}.metric", diff.get("metric"))
+        if diff.get("alternative") not in ALTERNATIVES:
+            raise ValueError(
+                f"{where}.alternative: expected one of {', '.join(map(repr, ALTERNATIVES))}, "
+                f"got {diff.get('alternative')!r}"
+            )
     for where, curve in entries("curves", ("y", "series", "where", "file", "title")):
         axis(f"{where}.series", curve.get("series"))
         metric(f"{where}.y", curve.get("y"))
@@ -217,6 +240,175 @@ def compare(rows: list[dict[str, Any]], spec: Mapping[str, Any]) -> str:
         + (f"**{rho:+.2f}**" if rho is not None else "not defined (fewer than 3 labels, or a constant column)"),
     ]
     return "\n".join(lines)
+
+
+def seed_axes(exp) -> list[str]:
+    """The grid axes that vary only a seed (``train.seed``, ``task.seed``): runs that differ in
+    them alone are seeds of one config, a cell."""
+    return [a.key for a in exp.axes if a.key.rsplit(".", 1)[-1] == "seed"]
+
+
+def _cell_name(row: Mapping[str, Any], keys: Sequence[str]) -> str:
+    if len(keys) == 1:
+        return str(row[keys[0]])
+    return ", ".join(f"{k}={row[k]}" for k in keys) or "all runs"
+
+
+def seed_cells(exp, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The finished rows by cell (their labels of every axis but the seed axes), in grid order."""
+    seeds = seed_axes(exp)
+    keys = [a.key for a in exp.axes if a.key not in seeds]
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["status"] != "missing":
+            cells.setdefault(_cell_name(row, keys), []).append(row)
+    return cells
+
+
+def read_examples(run_dir: Path) -> dict[str, np.ndarray] | None:
+    """A run's ``test_examples.csv`` (``Trainer.finish``) as columns, or None for a run without one
+    (runs trained before runs recorded their examples)."""
+    from .trainer import EXAMPLES_FILE
+
+    path = Path(run_dir) / EXAMPLES_FILE
+    if not path.is_file():
+        return None
+    with path.open() as f:
+        records = list(csv.DictReader(f))
+    return {
+        "segment": np.array([r["segment"] for r in records]),
+        "total": np.array([float(r["total"]) for r in records]),
+        "correct": np.array([float(r["correct"]) for r in records]),
+        "loss": np.array([float(r["loss"]) for r in records]),
+    }
+
+
+def metric_examples(columns: Mapping[str, np.ndarray], metric: str) -> stats.Examples | None:
+    """The examples of ``metric`` (a name without ``test/``): accuracy as a mean of per-example
+    accuracies (Evaluator), per segment with ``accuracy/<segment>``; loss and perplexity over
+    labelled positions. None for a metric the examples do not give (a slice ``accuracy/<key>=<v>``)."""
+    labelled = columns["total"] > 0
+    name, _, segment = metric.partition("/")
+    if segment:
+        if name != "accuracy" or segment not in set(columns["segment"].tolist()):
+            return None
+        labelled = labelled & (columns["segment"] == segment)
+    if name == "accuracy":
+        n = int(labelled.sum())
+        return stats.Examples(columns["correct"][labelled] / columns["total"][labelled], np.ones(n))
+    if name in ("loss", "perplexity"):
+        return stats.Examples(
+            columns["loss"][labelled],
+            columns["total"][labelled],
+            "exp" if name == "perplexity" else "identity",
+        )
+    return None
+
+
+def run_score(run_dir: Path, row: Mapping[str, Any], metric: str, seeds: Sequence[str]) -> stats.RunScore:
+    """One run's ``metric`` with the test examples behind it, when it recorded them and the metric
+    is of the test split (``test/<m>``, or ``<m>`` of a run that evaluated on test)."""
+    value = row.get(f"metric:{metric}")
+    if value is None:
+        raise ValueError(f"run {row['run']}: no metric {metric!r} in its result")
+    seed = tuple(row.get(k) for k in seeds)
+    columns = read_examples(run_dir)
+    examples = None
+    if columns is not None:
+        if metric.startswith("test/"):
+            examples = metric_examples(columns, metric[len("test/") :])
+        else:
+            result = json.loads((Path(run_dir) / "result.json").read_text())
+            if result.get("eval_split") == "test":
+                examples = metric_examples(columns, metric)
+    return stats.RunScore(seed, float(value), examples)
+
+
+def _scores(exp, rows: list[dict[str, Any]], metric: str) -> list[stats.RunScore]:
+    seeds = seed_axes(exp)
+    return [run_score(exp.out_dir / row["run"], row, metric, seeds) for row in rows]
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def interval_table(exp, rows: list[dict[str, Any]], metric: str) -> str:
+    """Markdown: per cell, its seeds, the mean of ``metric`` over them, the standard deviation
+    across seeds, and the 95% interval of the mean (``stats.cell_interval``) and its width."""
+    lines = [
+        f"| cell | seeds | mean {metric} | sd over seeds | 95% interval | width | resampled |",
+        "|---|---:|---:|---:|---|---:|---|",
+    ]
+    for name, cell in seed_cells(exp, rows).items():
+        scores = _scores(exp, cell, metric)
+        values = [s.value for s in scores]
+        sd = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+        try:
+            ci = stats.cell_interval(scores)
+            shown = f"[{_fmt(ci.low)}, {_fmt(ci.high)}] | {_fmt(ci.width)} | {ci.over}"
+        except ValueError as err:
+            shown = f"none | — | {err}"
+        lines.append(
+            f"| {name} | {len(values)} | {_fmt(float(np.mean(values)))} | "
+            + (_fmt(sd) if math.isfinite(sd) else "—")
+            + f" | {shown} |"
+        )
+    return "\n".join(lines)
+
+
+def _cell_rows(exp, rows: list[dict[str, Any]], cell: Any, where: str) -> list[dict[str, Any]]:
+    """The finished rows of a ``differences`` side: a mapping of axis to label, or one label of the
+    one axis (besides the seed axes) that has it; every other non-seed axis must be constant."""
+    seeds = seed_axes(exp)
+    others = [a for a in exp.axes if a.key not in seeds]
+    if isinstance(cell, Mapping):
+        wanted = {k: str(v) for k, v in cell.items()}
+    else:
+        holders = [a.key for a in others if str(cell) in a.labels]
+        if len(holders) != 1:
+            raise ValueError(
+                f"{where}: expected a label of exactly one grid axis, got {cell!r} (found on "
+                f"{holders or 'none'}); write it as a mapping of axis to label"
+            )
+        wanted = {holders[0]: str(cell)}
+    chosen = [r for r in rows if r["status"] != "missing" and all(r.get(k) == v for k, v in wanted.items())]
+    for a in others:
+        labels = sorted({r[a.key] for r in chosen})
+        if len(labels) > 1:
+            raise ValueError(f"{where}: the runs of {cell!r} differ in {a.key} ({labels}); name its label too")
+    if not chosen:
+        raise ValueError(f"{where}: no finished run of {cell!r}")
+    return chosen
+
+
+def differences(exp, rows: list[dict[str, Any]], specs: Sequence[Mapping[str, Any]]) -> tuple[str, int]:
+    """Markdown: per ``differences`` entry, mean(a) - mean(b) of its metric with the 95% interval
+    (``stats.difference_interval``) and whether it excludes the entry's alternative (then the
+    comparison is resolved); and how many are resolved."""
+    lines = [
+        "| a | b | metric | a - b | 95% interval | alternative | resolved? | resampled |",
+        "|---|---|---|---:|---|---|---|---|",
+    ]
+    resolved = 0
+    for i, spec in enumerate(specs):
+        where = f"report.differences[{i}]"
+        metric, alternative = spec["metric"], spec["alternative"]
+        a = _scores(exp, _cell_rows(exp, rows, spec["a"], f"{where}.a"), metric)
+        b = _scores(exp, _cell_rows(exp, rows, spec["b"], f"{where}.b"), metric)
+        try:
+            ci = stats.difference_interval(a, b)
+        except ValueError as err:
+            lines.append(f"| {spec['a']} | {spec['b']} | {metric} | — | none | {alternative} | no | {err} |")
+            continue
+        excluded = {"a <= b": ci.low > 0, "a >= b": ci.high < 0, "a = b": ci.excludes(0.0)}[alternative]
+        resolved += excluded
+        lines.append(
+            f"| {spec['a']} | {spec['b']} | {metric} | {ci.estimate:+.4g} | [{ci.low:+.4g}, {ci.high:+.4g}] | "
+            f"{alternative} | {'yes: excluded' if excluded else 'no: inside'} | {ci.over} |"
+        )
+    lines += ["", f"Resolved: {resolved} of {len(specs)} (the interval excludes the alternative)."]
+    return "\n".join(lines), resolved
 
 
 def _pyplot():
@@ -551,6 +743,12 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
     for p in spec.get("plots", []):
         plot(best, p, out_dir / p["file"], title)
         lines += [f"![{plot_label(p['y'])} against {p['x']}]({p['file']})", ""]
+    if seed_axes(exp) and done:
+        for m in metrics:
+            lines += [f"## {m}: mean over seeds, 95% interval", "", interval_table(exp, rows, m), ""]
+    if spec.get("differences") and done:
+        table, _ = differences(exp, rows, spec["differences"])
+        lines += ["## Differences: 95% intervals", "", table, ""]
     for comp in spec.get("compare", []):
         lines += [f"## {comp.get('title', 'Ours beside the paper')}", "", compare(best, comp), ""]
     for c in spec.get("curves", []):
