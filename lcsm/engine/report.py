@@ -217,12 +217,22 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
     return None if va == 0 or vb == 0 else cov / (va * vb) ** 0.5
 
 
-def compare(rows: list[dict[str, Any]], spec: Mapping[str, Any]) -> str:
-    """Markdown: per label of ``spec['axis']``, our metric beside the paper's, then Spearman's rho
-    over the labels both have."""
+def compare(rows: list[dict[str, Any]], spec: Mapping[str, Any], exp=None) -> str:
+    """Markdown: per label of ``spec['axis']``, our metric beside the paper's (the mean over seeds
+    where the grid has a seed axis), then Spearman's rho over the labels both have, with its 95%
+    interval (``stats.spearman_interval``) when ``exp``'s runs give one: seeds, or test examples.
+    A rho of single runs without their examples is printed with the note that it has none."""
     key, metric = spec["axis"], f"metric:{spec['metric']}"
     paper = {(f"{k:g}" if isinstance(k, float) else str(k)): float(v) for k, v in spec["paper"].items()}
-    ours = {label: row[metric] for label, row in _matching(rows, spec, key, "compare").items() if metric in row}
+    seeds = seed_axes(exp) if exp is not None else []
+    if seeds:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            if metric in row and all(row.get(k) == str(v) for k, v in (spec.get("where") or {}).items()):
+                groups.setdefault(row[key], []).append(row)
+    else:
+        groups = {label: [row] for label, row in _matching(rows, spec, key, "compare").items() if metric in row}
+    ours = {label: float(np.mean([r[metric] for r in group])) for label, group in groups.items()}
     lines = [f"| {key} | ours: {spec['metric']} | paper |", "|---|---:|---:|"]
     for label in [*paper, *[k for k in _ordered(list(ours)) if k not in paper]]:
         lines.append(
@@ -234,12 +244,24 @@ def compare(rows: list[dict[str, Any]], spec: Mapping[str, Any]) -> str:
         )
     both = [k for k in paper if k in ours]
     rho = spearman([ours[k] for k in both], [paper[k] for k in both])
-    lines += [
-        "",
-        f"Spearman's rho between our ordering and the paper's over the {len(both)} labels both have: "
-        + (f"**{rho:+.2f}**" if rho is not None else "not defined (fewer than 3 labels, or a constant column)"),
-    ]
-    return "\n".join(lines)
+    text = f"Spearman's rho between our ordering and the paper's over the {len(both)} labels both have: " + (
+        f"{rho:+.2f}" if rho is not None else "not defined (fewer than 3 labels, or a constant column)"
+    )
+    if rho is not None and exp is not None:
+        try:
+            cells = {k: _scores(exp, groups[k], spec["metric"]) for k in both}
+            ci = stats.spearman_interval(cells, {k: paper[k] for k in both})
+            text += f", 95% interval [{ci.low:+.2f}, {ci.high:+.2f}] (resampled: {ci.over}; {_over_cells(cells)})"
+        except ValueError as err:
+            text += f"; no interval ({err}): not evidence of agreement or disagreement"
+    return "\n".join(lines + ["", text])
+
+
+def _over_cells(cells: Mapping[str, Sequence[stats.RunScore]]) -> str:
+    runs = [r for cell in cells.values() for r in cell]
+    seeds = min(len(cell) for cell in cells.values())
+    with_examples = sum(r.examples is not None for r in runs)
+    return f"{seeds}+ seeds a label, test examples of {with_examples} of {len(runs)} runs"
 
 
 def seed_axes(exp) -> list[str]:
@@ -750,7 +772,7 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
         table, _ = differences(exp, rows, spec["differences"])
         lines += ["## Differences: 95% intervals", "", table, ""]
     for comp in spec.get("compare", []):
-        lines += [f"## {comp.get('title', 'Ours beside the paper')}", "", compare(best, comp), ""]
+        lines += [f"## {comp.get('title', 'Ours beside the paper')}", "", compare(best, comp, exp), ""]
     for c in spec.get("curves", []):
         curves = eval_curves(best, c, exp.out_dir)
         lines += [f"## {c.get('title', c['y'] + ' at every evaluation')}", ""]

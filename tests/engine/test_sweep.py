@@ -607,17 +607,18 @@ def test_model_revisions_name_the_mixer_and_preset_a_config_builds():
 
 
 def fake_seeded_train(with_examples):
-    """Runs whose test accuracy is gla 0.8, hgrn 0.4 (each seed +-0.02), evaluated on 200 test
-    examples (MQAR evaluates on test), written per example when ``with_examples``."""
+    """Runs whose test accuracy is gla 0.8, mamba 0.6, hgrn 0.4 (each seed +-0.02), evaluated on
+    200 test examples (MQAR evaluates on test), written per example when ``with_examples``."""
     import numpy as np
 
     def execute(runs, parallel=1, log=print):
         for run in runs:
             run.out_dir.mkdir(parents=True, exist_ok=True)
             seed = run.config["train"]["seed"]
-            gla = run.config["model"]["mixer"] == "gla"
-            rng = np.random.default_rng(seed + 10 * gla)
-            correct = (rng.random(200) < (0.8 if gla else 0.4) + 0.02 * (seed - 1)).astype(int)
+            mixer = run.config["model"]["mixer"]
+            rng = np.random.default_rng(seed + 10 * len(mixer))
+            p = {"gla": 0.8, "mamba": 0.6, "hgrn": 0.4}[mixer]
+            correct = (rng.random(200) < p + 0.02 * (seed - 1)).astype(int)
             if with_examples:
                 rows = "".join(f"L16-kv2,1,{c},{1.0 - 0.5 * c}\n" for c in correct)
                 (run.out_dir / "test_examples.csv").write_text("segment,total,correct,loss\n" + rows)
@@ -649,9 +650,13 @@ def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_ex
     exp = load_experiment(
         experiment(
             tmp_path,
-            grid={"model.mixer": ["gla", "hgrn"], "train.seed": [0, 1, 2]},
+            grid={"model.mixer": ["gla", "hgrn", "mamba"], "train.seed": [0, 1, 2]},
             select=None,
-            report={"metrics": ["accuracy", "loss"], "differences": differences},
+            report={
+                "metrics": ["accuracy", "loss"],
+                "differences": differences,
+                "compare": [{"axis": "model.mixer", "metric": "accuracy", "paper": {"gla": 3, "mamba": 2, "hgrn": 1}}],
+            },
         ),
         out_dir=tmp_path / "out",
     )
@@ -666,6 +671,7 @@ def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_ex
     assert [r[0] for r in rows] == ["yes: excluded", "yes: excluded", "no: inside"]
     assert rows[0][1] == "paired by seed: " + over
     assert "Resolved: 2 of 3 (the interval excludes the alternative)." in text
+    assert "over the 3 labels both have: +1.00, 95% interval [+1.00, +1.00] (resampled: 3 cells" in text
 
 
 def test_report_differences_are_checked(tmp_path):
