@@ -695,9 +695,12 @@ class Trainer:
         # A damaged checkpoint of this step (the run resumed from an older one) is replaced.
         if not saved or saved[-1][0] != s.step or ckpt.damage(saved[-1][1]):
             self.save()
-        # A run resumed after its final evaluation evaluates once more, for the examples of it.
-        if s.last_eval_step != s.step or (self.eval_split == "test" and self._examples is None):
+        if s.last_eval_step != s.step:
             self.after_eval(self.evaluate())
+        elif self.eval_split == "test" and self._examples is None:
+            # Resumed after its final evaluation: the same weights again, for the examples of it
+            # (not counted as another evaluation: early stopping has seen this one).
+            self.evaluate()
         s.elapsed += time.perf_counter() - self._clock
         result = self._result("early_stopped" if s.stopped_early else "completed", self.final_test())
         if self.dist.is_main:

@@ -408,3 +408,9 @@ def test_test_examples_are_the_reported_test_metrics(cache_env):
     loss = sum(float(r["loss"]) for r in rows) / sum(total)
     assert abs(accuracy - result["metrics"]["accuracy"]) < 1e-9
     assert abs(loss - result["metrics"]["loss"]) < 1e-5 * result["metrics"]["loss"]
+    # run again once finished: the final evaluation is redone for its examples, not counted again
+    written = (cache_env / "run" / EXAMPLES_FILE).read_text()
+    evals = (cache_env / "run" / "metrics.jsonl").read_text().count('"kind": "eval"')
+    assert train(config(cache_env), quiet=True)["metrics"] == result["metrics"]
+    assert (cache_env / "run" / EXAMPLES_FILE).read_text() == written
+    assert (cache_env / "run" / "metrics.jsonl").read_text().count('"kind": "eval"') == evals
