@@ -58,6 +58,9 @@ from .results import format_table, main_metric, select_best
 REPORT_KEYS = ("title", "metrics", "table", "plots", "compare", "curves", "differences")
 # What a ``differences`` entry may name as the alternative its interval must exclude to resolve it.
 ALTERNATIVES = ("a <= b", "a >= b", "a = b")
+# Seeds each cell needs before its interval can resolve a comparison: with fewer, the interval
+# leaves out (one seed) or barely samples (two: three distinct resamples) the seed's noise.
+MIN_SEEDS = 3
 
 
 def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
@@ -424,12 +427,23 @@ def differences(exp, rows: list[dict[str, Any]], specs: Sequence[Mapping[str, An
             lines.append(f"| {spec['a']} | {spec['b']} | {metric} | — | none | {alternative} | no | {err} |")
             continue
         excluded = {"a <= b": ci.low > 0, "a >= b": ci.high < 0, "a = b": ci.excludes(0.0)}[alternative]
-        resolved += excluded
+        seeds = min(len(a), len(b))
+        if excluded and seeds >= MIN_SEEDS:
+            verdict = "yes: excluded"
+        elif excluded:
+            verdict = f"no: excluded, but {seeds} seed{'s' if seeds > 1 else ''} a cell (resolving takes {MIN_SEEDS})"
+        else:
+            verdict = "no: inside"
+        resolved += verdict.startswith("yes")
         lines.append(
             f"| {spec['a']} | {spec['b']} | {metric} | {ci.estimate:+.4g} | [{ci.low:+.4g}, {ci.high:+.4g}] | "
-            f"{alternative} | {'yes: excluded' if excluded else 'no: inside'} | {ci.over} |"
+            f"{alternative} | {verdict} | {ci.over} |"
         )
-    lines += ["", f"Resolved: {resolved} of {len(specs)} (the interval excludes the alternative)."]
+    lines += [
+        "",
+        f"Resolved: {resolved} of {len(specs)} (the interval excludes the alternative, with {MIN_SEEDS} or more "
+        "seeds a cell).",
+    ]
     return "\n".join(lines), resolved
 
 

@@ -109,10 +109,7 @@ def _check(runs: Sequence[RunScore], what: str) -> None:
     if len(set(map(repr, seeds))) != len(seeds):
         raise ValueError(f"{what}: expected one run per seed, got seeds {seeds}")
     if len(runs) == 1 and runs[0].examples is None:
-        raise ValueError(
-            f"{what}: one seed without test examples (test_examples.csv) leaves nothing to resample; "
-            "expected two or more seeds, or a run that recorded its examples"
-        )
+        raise ValueError(f"{what}: one seed without test examples (test_examples.csv), nothing to resample")
     bad = [r.seed for r in runs if not math.isfinite(r.value)]
     if bad:
         raise ValueError(f"{what}: expected finite metrics, got nan or inf for seeds {bad}")

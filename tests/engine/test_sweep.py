@@ -670,8 +670,21 @@ def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_ex
     rows = re.findall(r"^\| .+ \| (yes: excluded|no: inside) \| (.+) \|$", text, re.M)
     assert [r[0] for r in rows] == ["yes: excluded", "yes: excluded", "no: inside"]
     assert rows[0][1] == "paired by seed: " + over
-    assert "Resolved: 2 of 3 (the interval excludes the alternative)." in text
+    assert "Resolved: 2 of 3 (the interval excludes the alternative, with 3 or more seeds a cell)." in text
     assert "over the 3 labels both have: +1.00, 95% interval [+1.00, +1.00] (resampled: 3 cells" in text
+    # two seeds: the interval may exclude the alternative, but it does not resolve the comparison
+    two = load_experiment(
+        experiment(
+            tmp_path,
+            grid={"model.mixer": ["gla", "hgrn"], "train.seed": [0, 1]},
+            select=None,
+            report={"differences": differences[:1]},
+        ),
+        out_dir=tmp_path / "two",
+    )
+    sweep(two, log=lambda *_: None)
+    text = write_report(two, collect(two)).read_text()
+    assert "| a <= b | no: excluded, but 2 seeds a cell (resolving takes 3) |" in text
 
 
 def test_report_differences_are_checked(tmp_path):
