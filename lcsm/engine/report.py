@@ -40,6 +40,7 @@ from __future__ import annotations
 import csv
 import datetime
 import json
+import math
 import shlex
 import sys
 from collections import Counter
@@ -47,11 +48,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lcsm._checks import check_keys
 
+from . import stats
 from .results import format_table, main_metric, select_best
 
-REPORT_KEYS = ("title", "metrics", "table", "plots", "compare", "curves")
+REPORT_KEYS = ("title", "metrics", "table", "plots", "compare", "curves", "differences")
+# What a ``differences`` entry may name as the alternative its interval must exclude to resolve it.
+ALTERNATIVES = ("a <= b", "a >= b", "a = b")
+# Seeds each cell needs before its interval can resolve a comparison: with fewer, the interval
+# leaves out (one seed) or barely samples (two: three distinct resamples) the seed's noise.
+MIN_SEEDS = 3
 
 
 def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
@@ -119,6 +128,23 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
             raise ValueError(f"{where}.paper: expected a mapping of axis label to the paper's number, got {paper!r}")
         for key in comp.get("where") or {}:
             axis(f"{where}.where", key)
+    for where, diff in entries("differences", ("a", "b", "metric", "alternative", "title")):
+        for side in ("a", "b"):
+            cell = diff.get(side)
+            if isinstance(cell, Mapping) and cell:
+                for key in cell:
+                    axis(f"{where}.{side}", key)
+            elif not isinstance(cell, (str, int, float)) or isinstance(cell, bool):
+                raise ValueError(
+                    f"{where}.{side}: expected a cell, a label of a grid axis or a mapping of axis to label, "
+                    f"got {cell!r}"
+                )
+        metric(f"{where}.metric", diff.get("metric"))
+        if diff.get("alternative") not in ALTERNATIVES:
+            raise ValueError(
+                f"{where}.alternative: expected one of {', '.join(map(repr, ALTERNATIVES))}, "
+                f"got {diff.get('alternative')!r}"
+            )
     for where, curve in entries("curves", ("y", "series", "where", "file", "title")):
         axis(f"{where}.series", curve.get("series"))
         metric(f"{where}.y", curve.get("y"))
@@ -194,12 +220,22 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
     return None if va == 0 or vb == 0 else cov / (va * vb) ** 0.5
 
 
-def compare(rows: list[dict[str, Any]], spec: Mapping[str, Any]) -> str:
-    """Markdown: per label of ``spec['axis']``, our metric beside the paper's, then Spearman's rho
-    over the labels both have."""
+def compare(rows: list[dict[str, Any]], spec: Mapping[str, Any], exp=None) -> str:
+    """Markdown: per label of ``spec['axis']``, our metric beside the paper's (the mean over seeds
+    where the grid has a seed axis), then Spearman's rho over the labels both have, with its 95%
+    interval (``stats.spearman_interval``) when ``exp``'s runs give one: seeds, or test examples.
+    A rho of single runs without their examples is printed with the note that it has none."""
     key, metric = spec["axis"], f"metric:{spec['metric']}"
     paper = {(f"{k:g}" if isinstance(k, float) else str(k)): float(v) for k, v in spec["paper"].items()}
-    ours = {label: row[metric] for label, row in _matching(rows, spec, key, "compare").items() if metric in row}
+    seeds = seed_axes(exp) if exp is not None else []
+    if seeds:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            if metric in row and all(row.get(k) == str(v) for k, v in (spec.get("where") or {}).items()):
+                groups.setdefault(row[key], []).append(row)
+    else:
+        groups = {label: [row] for label, row in _matching(rows, spec, key, "compare").items() if metric in row}
+    ours = {label: float(np.mean([r[metric] for r in group])) for label, group in groups.items()}
     lines = [f"| {key} | ours: {spec['metric']} | paper |", "|---|---:|---:|"]
     for label in [*paper, *[k for k in _ordered(list(ours)) if k not in paper]]:
         lines.append(
@@ -211,12 +247,204 @@ def compare(rows: list[dict[str, Any]], spec: Mapping[str, Any]) -> str:
         )
     both = [k for k in paper if k in ours]
     rho = spearman([ours[k] for k in both], [paper[k] for k in both])
+    text = f"Spearman's rho between our ordering and the paper's over the {len(both)} labels both have: " + (
+        f"{rho:+.2f}" if rho is not None else "not defined (fewer than 3 labels, or a constant column)"
+    )
+    if rho is not None and exp is not None:
+        try:
+            cells = {k: _scores(exp, groups[k], spec["metric"]) for k in both}
+            ci = stats.spearman_interval(cells, {k: paper[k] for k in both})
+            text += f", 95% interval [{ci.low:+.2f}, {ci.high:+.2f}] (resampled: {ci.over}; {_over_cells(cells)})"
+        except ValueError as err:
+            text += f"; no interval ({err}): not evidence of agreement or disagreement"
+    return "\n".join(lines + ["", text])
+
+
+def _over_cells(cells: Mapping[str, Sequence[stats.RunScore]]) -> str:
+    runs = [r for cell in cells.values() for r in cell]
+    seeds = min(len(cell) for cell in cells.values())
+    with_examples = sum(r.examples is not None for r in runs)
+    return f"{seeds}+ seeds a label, test examples of {with_examples} of {len(runs)} runs"
+
+
+def seed_axes(exp) -> list[str]:
+    """The grid axes that vary only a seed (``train.seed``, ``task.seed``): runs that differ in
+    them alone are seeds of one config, a cell."""
+    return [a.key for a in exp.axes if a.key.rsplit(".", 1)[-1] == "seed"]
+
+
+def _cell_name(row: Mapping[str, Any], keys: Sequence[str]) -> str:
+    if len(keys) == 1:
+        return str(row[keys[0]])
+    return ", ".join(f"{k}={row[k]}" for k in keys) or "all runs"
+
+
+def seed_cells(exp, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The finished rows by cell (their labels of every axis but the seed axes), in grid order."""
+    seeds = seed_axes(exp)
+    keys = [a.key for a in exp.axes if a.key not in seeds]
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row["status"] != "missing":
+            cells.setdefault(_cell_name(row, keys), []).append(row)
+    return cells
+
+
+def read_examples(run_dir: Path) -> dict[str, np.ndarray] | None:
+    """A run's ``test_examples.csv`` (``Trainer.finish``) as columns, or None for a run without one
+    (runs trained before runs recorded their examples)."""
+    from .trainer import EXAMPLES_FILE
+
+    path = Path(run_dir) / EXAMPLES_FILE
+    if not path.is_file():
+        return None
+    with path.open() as f:
+        records = list(csv.DictReader(f))
+    return {
+        "segment": np.array([r["segment"] for r in records]),
+        "total": np.array([float(r["total"]) for r in records]),
+        "correct": np.array([float(r["correct"]) for r in records]),
+        "loss": np.array([float(r["loss"]) for r in records]),
+    }
+
+
+def metric_examples(columns: Mapping[str, np.ndarray], metric: str) -> stats.Examples | None:
+    """The examples of ``metric`` (a name without ``test/``): accuracy as a mean of per-example
+    accuracies (Evaluator), per segment with ``accuracy/<segment>``; loss and perplexity over
+    labelled positions. None for a metric the examples do not give (a slice ``accuracy/<key>=<v>``)."""
+    labelled = columns["total"] > 0
+    name, _, segment = metric.partition("/")
+    if segment:
+        if name != "accuracy" or segment not in set(columns["segment"].tolist()):
+            return None
+        labelled = labelled & (columns["segment"] == segment)
+    if name == "accuracy":
+        n = int(labelled.sum())
+        return stats.Examples(columns["correct"][labelled] / columns["total"][labelled], np.ones(n))
+    if name in ("loss", "perplexity"):
+        return stats.Examples(
+            columns["loss"][labelled],
+            columns["total"][labelled],
+            "exp" if name == "perplexity" else "identity",
+        )
+    return None
+
+
+def run_score(run_dir: Path, row: Mapping[str, Any], metric: str, seeds: Sequence[str]) -> stats.RunScore:
+    """One run's ``metric`` with the test examples behind it, when it recorded them and the metric
+    is of the test split (``test/<m>``, or ``<m>`` of a run that evaluated on test)."""
+    value = row.get(f"metric:{metric}")
+    if value is None:
+        raise ValueError(f"run {row['run']}: no metric {metric!r} in its result")
+    seed = tuple(row.get(k) for k in seeds)
+    columns = read_examples(run_dir)
+    examples = None
+    if columns is not None:
+        if metric.startswith("test/"):
+            examples = metric_examples(columns, metric[len("test/") :])
+        else:
+            result = json.loads((Path(run_dir) / "result.json").read_text())
+            if result.get("eval_split") == "test":
+                examples = metric_examples(columns, metric)
+    return stats.RunScore(seed, float(value), examples)
+
+
+def _scores(exp, rows: list[dict[str, Any]], metric: str) -> list[stats.RunScore]:
+    seeds = seed_axes(exp)
+    return [run_score(exp.out_dir / row["run"], row, metric, seeds) for row in rows]
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def interval_table(exp, rows: list[dict[str, Any]], metric: str) -> str:
+    """Markdown: per cell, its seeds, the mean of ``metric`` over them, the standard deviation
+    across seeds, and the 95% interval of the mean (``stats.cell_interval``) and its width."""
+    lines = [
+        f"| cell | seeds | mean {metric} | sd over seeds | 95% interval | width | resampled |",
+        "|---|---:|---:|---:|---|---:|---|",
+    ]
+    for name, cell in seed_cells(exp, rows).items():
+        scores = _scores(exp, cell, metric)
+        values = [s.value for s in scores]
+        sd = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+        try:
+            ci = stats.cell_interval(scores)
+            shown = f"[{_fmt(ci.low)}, {_fmt(ci.high)}] | {_fmt(ci.width)} | {ci.over}"
+        except ValueError as err:
+            shown = f"none | — | {err}"
+        lines.append(
+            f"| {name} | {len(values)} | {_fmt(float(np.mean(values)))} | "
+            + (_fmt(sd) if math.isfinite(sd) else "—")
+            + f" | {shown} |"
+        )
+    return "\n".join(lines)
+
+
+def _cell_rows(exp, rows: list[dict[str, Any]], cell: Any, where: str) -> list[dict[str, Any]]:
+    """The finished rows of a ``differences`` side: a mapping of axis to label, or one label of the
+    one axis (besides the seed axes) that has it; every other non-seed axis must be constant."""
+    seeds = seed_axes(exp)
+    others = [a for a in exp.axes if a.key not in seeds]
+    if isinstance(cell, Mapping):
+        wanted = {k: str(v) for k, v in cell.items()}
+    else:
+        holders = [a.key for a in others if str(cell) in a.labels]
+        if len(holders) != 1:
+            raise ValueError(
+                f"{where}: expected a label of exactly one grid axis, got {cell!r} (found on "
+                f"{holders or 'none'}); write it as a mapping of axis to label"
+            )
+        wanted = {holders[0]: str(cell)}
+    chosen = [r for r in rows if r["status"] != "missing" and all(r.get(k) == v for k, v in wanted.items())]
+    for a in others:
+        labels = sorted({r[a.key] for r in chosen})
+        if len(labels) > 1:
+            raise ValueError(f"{where}: the runs of {cell!r} differ in {a.key} ({labels}); name its label too")
+    if not chosen:
+        raise ValueError(f"{where}: no finished run of {cell!r}")
+    return chosen
+
+
+def differences(exp, rows: list[dict[str, Any]], specs: Sequence[Mapping[str, Any]]) -> tuple[str, int]:
+    """Markdown: per ``differences`` entry, mean(a) - mean(b) of its metric with the 95% interval
+    (``stats.difference_interval``) and whether it excludes the entry's alternative (then the
+    comparison is resolved); and how many are resolved."""
+    lines = [
+        "| a | b | metric | a - b | 95% interval | alternative | resolved? | resampled |",
+        "|---|---|---|---:|---|---|---|---|",
+    ]
+    resolved = 0
+    for i, spec in enumerate(specs):
+        where = f"report.differences[{i}]"
+        metric, alternative = spec["metric"], spec["alternative"]
+        a = _scores(exp, _cell_rows(exp, rows, spec["a"], f"{where}.a"), metric)
+        b = _scores(exp, _cell_rows(exp, rows, spec["b"], f"{where}.b"), metric)
+        try:
+            ci = stats.difference_interval(a, b)
+        except ValueError as err:
+            lines.append(f"| {spec['a']} | {spec['b']} | {metric} | — | none | {alternative} | no | {err} |")
+            continue
+        excluded = {"a <= b": ci.low > 0, "a >= b": ci.high < 0, "a = b": ci.excludes(0.0)}[alternative]
+        seeds = min(len(a), len(b))
+        if excluded and seeds >= MIN_SEEDS:
+            verdict = "yes: excluded"
+        elif excluded:
+            verdict = f"no: excluded, but {seeds} seed{'s' if seeds > 1 else ''} a cell (resolving takes {MIN_SEEDS})"
+        else:
+            verdict = "no: inside"
+        resolved += verdict.startswith("yes")
+        lines.append(
+            f"| {spec['a']} | {spec['b']} | {metric} | {ci.estimate:+.4g} | [{ci.low:+.4g}, {ci.high:+.4g}] | "
+            f"{alternative} | {verdict} | {ci.over} |"
+        )
     lines += [
         "",
-        f"Spearman's rho between our ordering and the paper's over the {len(both)} labels both have: "
-        + (f"**{rho:+.2f}**" if rho is not None else "not defined (fewer than 3 labels, or a constant column)"),
+        f"Resolved: {resolved} of {len(specs)} (the interval excludes the alternative, with {MIN_SEEDS} or more "
+        "seeds a cell).",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines), resolved
 
 
 def _pyplot():
@@ -551,8 +779,14 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
     for p in spec.get("plots", []):
         plot(best, p, out_dir / p["file"], title)
         lines += [f"![{plot_label(p['y'])} against {p['x']}]({p['file']})", ""]
+    if seed_axes(exp) and done:
+        for m in metrics:
+            lines += [f"## {m}: mean over seeds, 95% interval", "", interval_table(exp, rows, m), ""]
+    if spec.get("differences") and done:
+        table, _ = differences(exp, rows, spec["differences"])
+        lines += ["## Differences: 95% intervals", "", table, ""]
     for comp in spec.get("compare", []):
-        lines += [f"## {comp.get('title', 'Ours beside the paper')}", "", compare(best, comp), ""]
+        lines += [f"## {comp.get('title', 'Ours beside the paper')}", "", compare(best, comp, exp), ""]
     for c in spec.get("curves", []):
         curves = eval_curves(best, c, exp.out_dir)
         lines += [f"## {c.get('title', c['y'] + ' at every evaluation')}", ""]

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import csv
 import dataclasses
+import io
 import json
 import math
 import os
@@ -50,6 +52,7 @@ from lcsm._provenance import device_name, git_commit, machine_info
 from lcsm.engine.host_memory import use_host_allocator
 from lcsm.models import build_model
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler, recorded_task_data, task_data
+from lcsm.tasks.metrics import Evaluator
 
 from . import checkpoint as ckpt
 from . import parallel
@@ -130,12 +133,19 @@ def default_eval_split(task, option: str | None) -> str:
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, task, split: str, batch_size: int, device: torch.device, precision: str = "fp32"
+    model: torch.nn.Module,
+    task,
+    split: str,
+    batch_size: int,
+    device: torch.device,
+    precision: str = "fp32",
+    evaluator: Evaluator | None = None,
 ) -> dict[str, float]:
-    """The task's metrics of ``model`` over a whole split (eval mode; the mode is restored)."""
+    """The task's metrics of ``model`` over a whole split (eval mode; the mode is restored).
+    ``evaluator``: a fresh one of the task's to stream into (its ``examples()`` are read after)."""
     was_training = model.training
     model.eval()
-    evaluator = task.evaluator()
+    evaluator = evaluator if evaluator is not None else task.evaluator()
     try:
         for batch in task.dataset(split).loader(batch_size):
             batch = _to_device(batch, device)
@@ -145,6 +155,20 @@ def evaluate(
     finally:
         model.train(was_training)
     return evaluator.compute()
+
+
+EXAMPLES_FILE = "test_examples.csv"
+
+
+def write_examples(path: Path, examples: dict[str, list]) -> None:
+    """The reported test evaluation per example (``Evaluator.examples``), one CSV row each, in the
+    split's order: what ``lcsm.engine.stats`` resamples for intervals over test examples."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["segment", "total", "correct", "loss"])
+    for row in zip(examples["segment"], examples["total"], examples["correct"], examples["loss"], strict=True):
+        writer.writerow([row[0], row[1], row[2], f"{row[3]:.6g}"])
+    _write_atomic(path, buf.getvalue())
 
 
 def load_run(checkpoint_path, *, which: str = "last", device: str | torch.device = "cpu"):
@@ -273,6 +297,8 @@ class Trainer:
             self.net = torch.compile(self.net, dynamic=True, backend=r.compile_backend)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.optim, self.total_steps))
         self.state = LoopState()
+        # (split, Evaluator.examples()) of the newest evaluation, on rank 0; finish writes the test's
+        self._examples: tuple[str, dict[str, list]] | None = None
         self._clock = time.perf_counter()
         self.log = MetricsLog(self.out_dir, enabled=self.dist.is_main, tensorboard=r.tensorboard)
         self.progress = Progress(self.total_steps, log_every=r.log_every, enabled=self.dist.is_main and not quiet)
@@ -480,6 +506,7 @@ class Trainer:
         metrics = None
         if self.dist.is_main:
             t = self.config.train
+            evaluator = self.task.evaluator()
             metrics = evaluate(
                 self.model,
                 self.task,
@@ -487,7 +514,9 @@ class Trainer:
                 t.eval_batch_size or t.batch_size,
                 self.device,
                 t.precision,
+                evaluator,
             )
+            self._examples = (split or self.eval_split, evaluator.examples())
         return self.dist.broadcast(metrics)
 
     def after_eval(self, metrics: dict[str, float]) -> None:
@@ -668,9 +697,15 @@ class Trainer:
             self.save()
         if s.last_eval_step != s.step:
             self.after_eval(self.evaluate())
+        elif self.eval_split == "test" and self._examples is None:
+            # Resumed after its final evaluation: the same weights again, for the examples of it
+            # (not counted as another evaluation: early stopping has seen this one).
+            self.evaluate()
         s.elapsed += time.perf_counter() - self._clock
         result = self._result("early_stopped" if s.stopped_early else "completed", self.final_test())
         if self.dist.is_main:
+            if self._examples is not None and self._examples[0] == "test":
+                write_examples(self.out_dir / EXAMPLES_FILE, self._examples[1])
             _write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
             self.log.write_csv()
             self.log.close()

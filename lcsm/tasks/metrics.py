@@ -20,6 +20,10 @@ class Evaluator:
       no labelled position have no accuracy and are not counted.
     - ``accuracy/<segment>``: the same mean restricted to one segment, for every segment seen.
     - ``accuracy/<key>=<value>``: the same mean per value of each of ``slice_keys`` (batch meta).
+
+    ``examples()`` gives every example seen, in order: its segment, labelled positions, correct
+    predictions and summed loss, which the metrics above are means of (a run writes its test
+    examples, ``lcsm.engine.stats`` resamples them for intervals).
     """
 
     def __init__(self, slice_keys: Sequence[str] = ()):
@@ -27,6 +31,7 @@ class Evaluator:
         self._loss_sum = 0.0
         self._tokens = 0
         self._acc: dict[str, list[float]] = {}  # metric key -> [sum of example accuracies, examples]
+        self._examples: dict[str, list] = {"segment": [], "total": [], "correct": [], "loss": []}
 
     def _add(self, key: str, acc_sum: float, count: int) -> None:
         slot = self._acc.setdefault(key, [0.0, 0])
@@ -46,11 +51,23 @@ class Evaluator:
         labels = labels.to(logits.device)
         mask = labels != IGNORE_INDEX
         n_tok = int(mask.sum())
+        token_loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="none",
+        ).reshape(mask.shape[0], -1)
+        example_loss = token_loss.double().sum(1)
         if n_tok:
             self._loss_sum += float(F.cross_entropy(logits[mask].float(), labels[mask], reduction="sum"))
             self._tokens += n_tok
         counts = mask.reshape(mask.shape[0], -1).sum(1)
         correct = ((logits.argmax(-1) == labels) & mask).reshape(mask.shape[0], -1).sum(1)
+        segments = batch_meta.get("segment") if batch_meta is not None else None
+        self._examples["segment"] += list(segments) if segments is not None else [""] * len(counts)
+        self._examples["total"] += counts.cpu().tolist()
+        self._examples["correct"] += correct.cpu().tolist()
+        self._examples["loss"] += example_loss.cpu().tolist()
         has = (counts > 0).cpu().tolist()
         acc = (correct.double() / counts.clamp(min=1).double()).cpu().tolist()
         groups: dict[str, list[int]] = {"accuracy": list(range(len(acc)))}
@@ -96,6 +113,11 @@ class Evaluator:
                     )
                 found.update(dict.fromkeys(f"{key}={v}" for v in values.tolist()))
         return list(found)
+
+    def examples(self) -> dict[str, list]:
+        """Per example seen, in order: ``segment`` (its name, "" without batch meta), ``total``
+        (labelled positions), ``correct`` (of those) and ``loss`` (cross-entropy summed over them)."""
+        return {key: list(values) for key, values in self._examples.items()}
 
     def compute(self) -> dict[str, float]:
         out = {"loss": self._loss_sum / self._tokens if self._tokens else float("nan")}

@@ -604,3 +604,95 @@ def test_model_revisions_name_the_mixer_and_preset_a_config_builds():
     config = {**TINY, "model": {"mixer": "deltanet", "d_model": 16}}
     assert stale_model({"config": config}) == "mixer:fwp revision 1, now 2"
     assert stale_model({"config": config, "model_revisions": {"mixer:fwp": 2}}) is None
+
+
+def fake_seeded_train(with_examples):
+    """Runs whose test accuracy is gla 0.8, mamba 0.6, hgrn 0.4 (each seed +-0.02), evaluated on
+    200 test examples (MQAR evaluates on test), written per example when ``with_examples``."""
+    import numpy as np
+
+    def execute(runs, parallel=1, log=print):
+        for run in runs:
+            run.out_dir.mkdir(parents=True, exist_ok=True)
+            seed = run.config["train"]["seed"]
+            mixer = run.config["model"]["mixer"]
+            rng = np.random.default_rng(seed + 10 * len(mixer))
+            p = {"gla": 0.8, "mamba": 0.6, "hgrn": 0.4}[mixer]
+            correct = (rng.random(200) < p + 0.02 * (seed - 1)).astype(int)
+            if with_examples:
+                rows = "".join(f"L16-kv2,1,{c},{1.0 - 0.5 * c}\n" for c in correct)
+                (run.out_dir / "test_examples.csv").write_text("segment,total,correct,loss\n" + rows)
+            result = {
+                "status": "completed",
+                "step": 4,
+                "n_params": 100,
+                "wall_time_s": 1.0,
+                "eval_split": "test",
+                "config": run.config,
+                "metrics": {"accuracy": float(correct.mean()), "loss": float((1.0 - 0.5 * correct).mean())},
+            }
+            (run.out_dir / "result.json").write_text(json.dumps(result))
+        return {r.id: 0 for r in runs}
+
+    return execute
+
+
+@pytest.mark.parametrize("with_examples", [True, False])
+def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_examples):
+    """A seed axis gives each cell's mean with its 95% interval; ``differences`` gives the interval
+    of a difference and whether it excludes the alternative. Runs without test_examples.csv (older
+    runs) are resampled over seeds only, and the report says so."""
+    differences = [
+        {"a": "gla", "b": "hgrn", "metric": "accuracy", "alternative": "a <= b"},
+        {"a": {"model.mixer": "gla"}, "b": "hgrn", "metric": "loss", "alternative": "a >= b"},
+        {"a": "gla", "b": "hgrn", "metric": "accuracy", "alternative": "a >= b"},
+    ]
+    exp = load_experiment(
+        experiment(
+            tmp_path,
+            grid={"model.mixer": ["gla", "hgrn", "mamba"], "train.seed": [0, 1, 2]},
+            select=None,
+            report={
+                "metrics": ["accuracy", "loss"],
+                "differences": differences,
+                "compare": [{"axis": "model.mixer", "metric": "accuracy", "paper": {"gla": 3, "mamba": 2, "hgrn": 1}}],
+            },
+        ),
+        out_dir=tmp_path / "out",
+    )
+    monkeypatch.setattr(sweep_mod, "execute", fake_seeded_train(with_examples))
+    sweep(exp, log=lambda *_: None)
+    text = write_report(exp, collect(exp)).read_text()
+    assert "## accuracy: mean over seeds, 95% interval" in text and "## loss: mean over seeds" in text
+    over = "3 seeds and test examples" if with_examples else "3 seeds only (no per-example record)"
+    gla = re.search(r"^\| gla \| 3 \| (0\.\d+) \| 0\.\d+ \| \[(0\.\d+), (0\.\d+)\] \| 0\.\d+ \| (.+) \|$", text, re.M)
+    assert gla and gla[4] == over and float(gla[2]) < float(gla[1]) < float(gla[3])
+    rows = re.findall(r"^\| .+ \| (yes: excluded|no: inside) \| (.+) \|$", text, re.M)
+    assert [r[0] for r in rows] == ["yes: excluded", "yes: excluded", "no: inside"]
+    assert rows[0][1] == "paired by seed: " + over
+    assert "Resolved: 2 of 3 (the interval excludes the alternative, with 3 or more seeds a cell)." in text
+    assert "over the 3 labels both have: +1.00, 95% interval [+1.00, +1.00] (resampled: 3 cells" in text
+    # two seeds: the interval may exclude the alternative, but it does not resolve the comparison
+    two = load_experiment(
+        experiment(
+            tmp_path,
+            grid={"model.mixer": ["gla", "hgrn"], "train.seed": [0, 1]},
+            select=None,
+            report={"differences": differences[:1]},
+        ),
+        out_dir=tmp_path / "two",
+    )
+    sweep(two, log=lambda *_: None)
+    text = write_report(two, collect(two)).read_text()
+    assert "| a <= b | no: excluded, but 2 seeds a cell (resolving takes 3) |" in text
+
+
+def test_report_differences_are_checked(tmp_path):
+    base = {"grid": {"model.mixer": ["gla", "hgrn"], "train.seed": [0, 1]}, "select": None}
+    good = {"a": "gla", "b": "hgrn", "metric": "accuracy", "alternative": "a <= b"}
+    with pytest.raises(ValueError, match=r"report.differences\[0\].alternative: expected one of 'a <= b'"):
+        load_experiment(experiment(tmp_path, **base, report={"differences": [{**good, "alternative": "bigger"}]}))
+    with pytest.raises(ValueError, match=r"report.differences\[0\].a: expected a grid axis"):
+        load_experiment(experiment(tmp_path, **base, report={"differences": [{**good, "a": {"model.d_model": 8}}]}))
+    with pytest.raises(ValueError, match=r"report.differences\[0\].b: expected a cell"):
+        load_experiment(experiment(tmp_path, **base, report={"differences": [{**good, "b": [1, 2]}]}))

@@ -389,3 +389,28 @@ def test_mqar_with_validation_selects_there_and_tests_the_best_checkpoint(cache_
     assert result["eval_split"] == "validation"
     assert result["test"]["checkpoint"] == "best" and result["test"]["step"] == result["best"]["step"]
     assert set(result["test"]["metrics"]) >= {"accuracy", "loss"}
+
+
+def test_test_examples_are_the_reported_test_metrics(cache_env):
+    """test_examples.csv holds the reported test evaluation per example: MQAR evaluates on test, so
+    its examples give the final metrics back (accuracy a mean of per-example accuracies, loss a mean
+    over labelled positions)."""
+    import csv
+
+    from lcsm.engine.trainer import EXAMPLES_FILE
+
+    result = train(config(cache_env), quiet=True)
+    rows = list(csv.DictReader((cache_env / "run" / EXAMPLES_FILE).open()))
+    assert rows and {r["segment"] for r in rows} == {"L16-kv2"}
+    total = [int(r["total"]) for r in rows]
+    correct = [int(r["correct"]) for r in rows]
+    accuracy = sum(c / t for c, t in zip(correct, total, strict=True)) / len(rows)
+    loss = sum(float(r["loss"]) for r in rows) / sum(total)
+    assert abs(accuracy - result["metrics"]["accuracy"]) < 1e-9
+    assert abs(loss - result["metrics"]["loss"]) < 1e-5 * result["metrics"]["loss"]
+    # run again once finished: the final evaluation is redone for its examples, not counted again
+    written = (cache_env / "run" / EXAMPLES_FILE).read_text()
+    evals = (cache_env / "run" / "metrics.jsonl").read_text().count('"kind": "eval"')
+    assert train(config(cache_env), quiet=True)["metrics"] == result["metrics"]
+    assert (cache_env / "run" / EXAMPLES_FILE).read_text() == written
+    assert (cache_env / "run" / "metrics.jsonl").read_text().count('"kind": "eval"') == evals

@@ -1,0 +1,242 @@
+"""Intervals for results over seeds and test examples: a hierarchical bootstrap.
+
+A cell of an experiment (one config) has runs that differ only in their seed. Its value is the
+mean over seeds of each run's metric. The noise in that value has two sources: the seed (weights
+at initialisation, batch order) and the finite test set. ``cell_interval`` resamples both: per
+bootstrap replicate it draws the seeds with replacement, then, for each seed drawn, that run's test
+examples with replacement (the run's ``test_examples.csv``, ``Evaluator.examples``), recomputes each
+drawn run's metric and averages them. A run without examples keeps its reported metric in every
+replicate (its test-set noise is then carried only by the spread between seeds; ``Interval.over``
+says which). One seed with examples gives an interval over test examples alone; one seed without
+them gives no interval (an error: there is nothing to resample).
+
+``difference_interval`` does the same for the difference of two cells' means: paired by seed when
+both cells have the same seeds (the replicate draws the same seeds for both), and, within a pair,
+by test example when both runs were tested on the same examples (the same draws for both), so
+noise the two share cancels. ``spearman_interval`` gives Spearman's rho between the cells' means and
+the paper's numbers with the interval of that rho under the same resampling of our side.
+
+Intervals are percentile intervals of ``N_BOOT`` replicates (95% by default), from a generator
+seeded by ``seed``: the same inputs give the same interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+N_BOOT = 4000
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Examples:
+    """One run's test examples for one metric: the metric is ``transform(sum(numerator) /
+    sum(denominator))`` over the examples (accuracy: each example's accuracy over 1; loss: its
+    summed loss over its labelled positions; perplexity: the same with ``transform="exp"``)."""
+
+    numerator: np.ndarray
+    denominator: np.ndarray
+    transform: str = "identity"
+
+    def __post_init__(self):
+        if self.numerator.ndim != 1 or self.numerator.shape != self.denominator.shape:
+            raise ValueError(
+                f"Examples: expected numerator and denominator of one shape [N], got "
+                f"{list(self.numerator.shape)} and {list(self.denominator.shape)}"
+            )
+        if len(self.numerator) == 0:
+            raise ValueError("Examples: expected at least one example, got none")
+        if self.transform not in ("identity", "exp"):
+            raise ValueError(f"Examples.transform: expected 'identity' or 'exp', got {self.transform!r}")
+
+    def value(self, rows: np.ndarray | None = None) -> np.ndarray | float:
+        """The metric over all examples (``rows`` None), or per row of the index matrix ``rows``
+        [R, N] (a resample of the examples each)."""
+        if rows is None:
+            ratio = self.numerator.sum() / self.denominator.sum()
+        else:
+            ratio = self.numerator[rows].sum(1) / self.denominator[rows].sum(1)
+        return np.exp(ratio) if self.transform == "exp" else ratio
+
+
+@dataclass(frozen=True)
+class RunScore:
+    """One run of a cell: its seed (a label; cells pair by it), its reported metric and, when it
+    recorded them, its test examples for that metric."""
+
+    seed: object
+    value: float
+    examples: Examples | None = None
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate and its ``level`` interval [low, high]; ``over`` says what was resampled."""
+
+    estimate: float
+    low: float
+    high: float
+    n_seeds: int
+    over: str
+    level: float = LEVEL
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+    def excludes(self, value: float) -> bool:
+        return not (self.low <= value <= self.high)
+
+
+def _over(runs: Sequence[RunScore]) -> str:
+    with_examples = sum(r.examples is not None for r in runs)
+    seeds = f"{len(runs)} seed{'s' if len(runs) != 1 else ''}"
+    if with_examples == len(runs):
+        return f"{seeds} and test examples" if len(runs) > 1 else "test examples (1 seed)"
+    if with_examples == 0:
+        return f"{seeds} only (no per-example record)"
+    return f"{seeds}; test examples of {with_examples} of them"
+
+
+def _check(runs: Sequence[RunScore], what: str) -> None:
+    if not runs:
+        raise ValueError(f"{what}: expected at least one run, got none")
+    seeds = [r.seed for r in runs]
+    if len(set(map(repr, seeds))) != len(seeds):
+        raise ValueError(f"{what}: expected one run per seed, got seeds {seeds}")
+    if len(runs) == 1 and runs[0].examples is None:
+        raise ValueError(f"{what}: one seed without test examples (test_examples.csv), nothing to resample")
+    bad = [r.seed for r in runs if not math.isfinite(r.value)]
+    if bad:
+        raise ValueError(f"{what}: expected finite metrics, got nan or inf for seeds {bad}")
+
+
+def _seed_draws(runs: Sequence[RunScore], picks: np.ndarray, rng: np.random.Generator, shared=None) -> np.ndarray:
+    """[B, S] metrics of the runs ``picks`` [B, S] draws, each over its own resample of its test
+    examples. ``shared``: {run index: index matrix rows by position} to reuse (pairing by example);
+    the rows drawn here are added to it."""
+    out = np.empty(picks.shape)
+    for i, run in enumerate(runs):
+        where = picks == i
+        if not where.any():
+            continue
+        if run.examples is None:
+            out[where] = run.value
+            continue
+        n = len(run.examples.numerator)
+        rows = shared.get((i, n)) if shared is not None else None
+        if rows is None:
+            rows = rng.integers(0, n, size=(int(where.sum()), n), dtype=np.int32)
+            if shared is not None:
+                shared[(i, n)] = rows
+        out[where] = run.examples.value(rows)
+    return out
+
+
+def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def cell_replicates(runs: Sequence[RunScore], n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
+    """[n_boot] bootstrap replicates of the cell's mean over seeds (see the module docstring)."""
+    _check(runs, "cell")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(runs), size=(n_boot, len(runs)))
+    return _seed_draws(runs, picks, rng).mean(1)
+
+
+def cell_interval(runs: Sequence[RunScore], n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL) -> Interval:
+    """The cell's mean over seeds with its hierarchical-bootstrap interval."""
+    low, high = _percentiles(cell_replicates(runs, n_boot, seed), level)
+    estimate = float(np.mean([r.value for r in runs]))
+    return Interval(estimate, low, high, len(runs), _over(runs), level)
+
+
+def paired(a: Sequence[RunScore], b: Sequence[RunScore]) -> bool:
+    """Whether two cells pair by seed: the same seeds, each once."""
+    return sorted(map(repr, (r.seed for r in a))) == sorted(map(repr, (r.seed for r in b)))
+
+
+def difference_interval(
+    a: Sequence[RunScore], b: Sequence[RunScore], n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL
+) -> Interval:
+    """mean(a) - mean(b) over seeds with its interval: paired by seed when the seeds match (and by
+    test example where a pair's runs hold the same number of examples of one test set), else the
+    two cells resampled independently."""
+    _check(a, "difference: cell a")
+    _check(b, "difference: cell b")
+    rng = np.random.default_rng(seed)
+    estimate = float(np.mean([r.value for r in a]) - np.mean([r.value for r in b]))
+    if paired(a, b):
+        order = {repr(r.seed): i for i, r in enumerate(b)}
+        b = [b[order[repr(r.seed)]] for r in a]
+        picks = rng.integers(0, len(a), size=(n_boot, len(a)))
+        shared: dict = {}
+        draws_a = _seed_draws(a, picks, rng, shared)
+        draws_b = _seed_draws(b, picks, rng, shared)
+        replicates = draws_a.mean(1) - draws_b.mean(1)
+        over = f"paired by seed: {_over(a)}"
+    else:
+        picks_a = rng.integers(0, len(a), size=(n_boot, len(a)))
+        picks_b = rng.integers(0, len(b), size=(n_boot, len(b)))
+        replicates = _seed_draws(a, picks_a, rng).mean(1) - _seed_draws(b, picks_b, rng).mean(1)
+        over = f"independent: a {_over(a)}, b {_over(b)}"
+    low, high = _percentiles(replicates, level)
+    return Interval(estimate, low, high, min(len(a), len(b)), over, level)
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks along the last axis, ties given their mean rank."""
+    order = np.argsort(x, axis=-1, kind="stable")
+    ranks = np.empty_like(x, dtype=float)
+    np.put_along_axis(ranks, order, np.arange(x.shape[-1], dtype=float) * np.ones_like(x), axis=-1)
+    # ties: average the ranks of equal values
+    out = ranks.copy()
+    for idx in np.ndindex(x.shape[:-1]):
+        row = x[idx]
+        for v in np.unique(row):
+            same = row == v
+            if same.sum() > 1:
+                out[idx][same] = ranks[idx][same].mean()
+    return out
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman's rho along the last axis (nan where either side is constant)."""
+    rx, ry = _ranks(np.asarray(x, dtype=float)), _ranks(np.asarray(y, dtype=float))
+    rx = rx - rx.mean(-1, keepdims=True)
+    ry = ry - ry.mean(-1, keepdims=True)
+    den = np.sqrt((rx**2).sum(-1) * (ry**2).sum(-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (rx * ry).sum(-1) / np.where(den > 0, den, 1), np.nan)
+
+
+def spearman_interval(
+    cells: Mapping[str, Sequence[RunScore]],
+    paper: Mapping[str, float],
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> Interval:
+    """Spearman's rho between each cell's mean and the paper's number for it, with the interval of
+    rho when our means are resampled (each cell hierarchically, independently). Replicates in
+    which ours tie throughout give no rho and are left out; the interval says how many remain."""
+    labels = [k for k in cells if k in paper]
+    if len(labels) < 3:
+        raise ValueError(f"spearman: expected 3 or more cells with a paper number, got {labels}")
+    ours = np.stack([cell_replicates(cells[k], n_boot, seed + i) for i, k in enumerate(labels)], axis=-1)
+    theirs = np.array([paper[k] for k in labels], dtype=float)
+    rhos = spearman(ours, np.broadcast_to(theirs, ours.shape))
+    estimate = float(spearman(np.array([np.mean([r.value for r in cells[k]]) for k in labels]), theirs))
+    finite = rhos[np.isfinite(rhos)]
+    if len(finite) == 0:
+        raise ValueError("spearman: our cells tie in every replicate; rho is undefined")
+    low, high = _percentiles(finite, level)
+    seeds = min(len(cells[k]) for k in labels)
+    return Interval(estimate, low, high, seeds, f"{len(labels)} cells, {len(finite)} of {n_boot} replicates", level)
