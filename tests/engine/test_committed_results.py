@@ -18,12 +18,16 @@ from lcsm.engine.sweep import cached_result, load_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
-# The paper experiments, as the Makefile's `reports` target lists them (experiments/gpu/ holds
-# plans for a GPU loan, without runs yet).
+# The experiments with committed results, as the Makefile's `reports` target lists them: the
+# paper experiments and the top-level ones but the demos, whose runs go to runs/ (experiments/gpu/
+# holds plans for a GPU loan, without runs yet).
 EXPERIMENTS = sorted(
-    p
-    for p in REPO.glob("experiments/*/*.yaml")
-    if p.parent.name not in ("configs", "gpu") and not p.name.endswith("base.yaml")
+    [
+        p
+        for p in REPO.glob("experiments/*/*.yaml")
+        if p.parent.name not in ("configs", "gpu") and not p.name.endswith("base.yaml")
+    ]
+    + [p for p in REPO.glob("experiments/*.yaml") if not p.stem.endswith("_demo")]
 )
 
 
