@@ -8,9 +8,11 @@ from lcsm.engine.stats import (
     Examples,
     RunScore,
     cell_interval,
+    cell_replicates,
     difference_interval,
     spearman,
     spearman_interval,
+    t_quantile,
 )
 
 
@@ -23,7 +25,8 @@ def test_same_inputs_same_interval():
     rng = np.random.default_rng(1)
     runs = [accuracy_run(s, 0.6, 200, rng) for s in range(3)]
     assert cell_interval(runs) == cell_interval(runs)
-    assert cell_interval(runs, seed=1) != cell_interval(runs)
+    assert np.array_equal(cell_replicates(runs), cell_replicates(runs))
+    assert not np.array_equal(cell_replicates(runs, seed=1), cell_replicates(runs))
 
 
 def test_coverage_of_the_cell_mean():
@@ -48,10 +51,43 @@ def test_one_seed_is_an_interval_over_examples():
 
 
 def test_seeds_without_examples_resample_seeds_only():
+    """Three seeds, no examples: the bootstrap stays within [0.2, 0.3], narrower than Student's t
+    over the seeds (0.25 +- 4.303 x 0.05 / sqrt 3), which the interval is widened to."""
     runs = [RunScore(s, v) for s, v in enumerate([0.2, 0.3, 0.25])]
     interval = cell_interval(runs)
-    assert interval.over == "3 seeds only (no per-example record)"
-    assert 0.2 <= interval.low <= interval.estimate <= interval.high <= 0.3
+    assert interval.over == "3 seeds only (no per-example record); widened to Student's t over seeds"
+    half = 4.3027 * 0.05 / np.sqrt(3)
+    assert (interval.low, interval.high) == pytest.approx((0.25 - half, 0.25 + half), abs=1e-4)
+
+
+def test_t_quantiles():
+    for df, q in [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)]:
+        assert t_quantile(0.975, df) == pytest.approx(q, abs=1e-3)
+    with pytest.raises(ValueError, match="t_quantile"):
+        t_quantile(0.4, 3)
+
+
+def test_coverage_with_three_seeds():
+    """3 seeds whose true accuracy varies (sd 0.05) around 0.6, 400 examples each: the percentile
+    bootstrap alone covers well under 95%; with the t interval at least 92% of 200 experiments."""
+    rng = np.random.default_rng(6)
+    hits = 0
+    for _ in range(200):
+        runs = [accuracy_run(s, 0.6 + 0.05 * rng.standard_normal(), 400, rng) for s in range(3)]
+        hits += not cell_interval(runs, n_boot=500).excludes(0.6)
+    assert hits >= 184
+
+
+def test_paired_and_welch_differences_are_at_least_t():
+    """Paired: the t interval of the per-seed differences; apart: Welch's."""
+    a = [RunScore(s, v) for s, v in enumerate([0.50, 0.60, 0.55])]
+    b = [RunScore(s, v) for s, v in enumerate([0.45, 0.50, 0.52])]
+    paired_ = difference_interval(a, b)
+    d = np.array([0.05, 0.10, 0.03])
+    half = 4.3027 * d.std(ddof=1) / np.sqrt(3)
+    assert paired_.low <= d.mean() - half + 1e-4 and paired_.high >= d.mean() + half - 1e-4
+    apart = difference_interval(a, [RunScore(s + 3, r.value) for s, r in enumerate(b)])
+    assert apart.over.endswith("widened to Student's t over seeds") and apart.width > paired_.width
 
 
 def test_loss_and_perplexity_are_ratios_over_positions():
