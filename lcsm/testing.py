@@ -1,6 +1,6 @@
 """Test helpers: the one tolerance helper every test of lcsm uses (relative RMS error per named
-tensor), gradients under shared random cotangents, and token-by-token decoding of a mixer, which
-the tests hold to its forward pass.
+tensor), gradients under shared random cotangents, token-by-token decoding of a mixer, which
+the tests hold to its forward pass, and the mixer cases the registry's contract tests run.
 
     rel_rms(a, ref) = ||a - ref||_2 / max(||ref||_2, tiny)
 
@@ -119,3 +119,21 @@ def decode(mixer, x: torch.Tensor):
         y_t, state = mixer.step(x_t, state)
         ys.append(y_t)
     return torch.stack(ys, 1), state
+
+
+def mixer_cases() -> list[tuple[str, dict]]:
+    """(name, options) of every registered mixer with its defaults, then with each option set it
+    declares to build another structure (``Mixer.option_variants``): the cases of the registry's
+    contract tests."""
+    from lcsm import layers
+
+    names = layers.available()
+    return [(name, {}) for name in names] + [
+        (name, dict(options)) for name in names for options in layers.resolve(name)[0].option_variants
+    ]
+
+
+def case_id(case: tuple[str, dict]) -> str:
+    """A mixer case's test id: ``name`` or ``name,option=value,...``."""
+    name, options = case
+    return ",".join([name, *(f"{k}={v}" for k, v in options.items())])

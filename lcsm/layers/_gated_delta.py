@@ -34,7 +34,7 @@ from lcsm._checks import check_bool, check_float, check_int
 from ..ops import eos_dplr
 from ._qkv import head_width
 from .base import Mixer, State, no_weight_decay
-from .packing import causal_conv, documents
+from .packing import documents, silu_short_conv
 
 Tensor = torch.Tensor
 
@@ -115,26 +115,15 @@ class GatedDeltaBase(Mixer):
         self.o_proj = nn.Linear(H * D, d_model, bias=False)
 
     # -- pieces (the tests compare them with fla's references) -------------------------------------
-    def _conv(self, conv: nn.Conv1d, x: Tensor, history: Tensor | None, cu_seqlens: Tensor | None):
-        """SiLU(causal depthwise conv): x [B, T, C], history [B, W - 1, C] -> (y, new history)."""
-        if cu_seqlens is not None:
-            y, last = causal_conv(x, conv.weight, conv.bias, cu_seqlens, history)
-            return F.silu(y), last
-        if history is None:
-            history = x.new_zeros(x.shape[0], self.conv_size - 1, x.shape[2])
-        full = torch.cat([history.to(x.dtype), x], dim=1)
-        y = F.conv1d(full.transpose(1, 2), conv.weight, conv.bias, groups=x.shape[2]).transpose(1, 2)
-        return F.silu(y), full[:, full.shape[1] - (self.conv_size - 1) :]
-
     def recurrence_inputs(self, x: Tensor, state: GatedDeltaState | None = None, cu_seqlens: Tensor | None = None):
         """The recurrence's inputs in fla's naming: q, k [B, T, H, K] (after conv, SiLU and L2 norm,
         q not yet scaled), v [B, T, H, D], g = log alpha ([B, T, H] or [B, T, H, K]), beta [B, T, H],
         and the three convolution histories."""
         B, T, _ = x.shape
         H, K, D = self.num_heads, self.head_k, self.head_v
-        q, cq = self._conv(self.q_conv1d, self.q_proj(x), state.conv_q if state else None, cu_seqlens)
-        k, ck = self._conv(self.k_conv1d, self.k_proj(x), state.conv_k if state else None, cu_seqlens)
-        v, cv = self._conv(self.v_conv1d, self.v_proj(x), state.conv_v if state else None, cu_seqlens)
+        q, cq = silu_short_conv(self.q_conv1d, self.q_proj(x), state.conv_q if state else None, cu_seqlens)
+        k, ck = silu_short_conv(self.k_conv1d, self.k_proj(x), state.conv_k if state else None, cu_seqlens)
+        v, cv = silu_short_conv(self.v_conv1d, self.v_proj(x), state.conv_v if state else None, cu_seqlens)
         q = l2norm_fla(q.reshape(B, T, H, K))
         k = l2norm_fla(k.reshape(B, T, H, K))
         beta = torch.sigmoid(self.b_proj(x))

@@ -129,6 +129,10 @@ class Mixer(nn.Module):
     # the official code): runs record it, and a sweep does not take a run of an older revision for
     # today's model (``lcsm.models.model_revisions``).
     revision: int = 1
+    # Option sets that build another structure than the defaults (a state with other fields, a
+    # convolution on another path): the registry's contract tests (tests/layers/test_common.py,
+    # test_packed_mixers.py) run the mixer with each of them as well as with its defaults.
+    option_variants: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
     def revision_for(cls, options: Mapping[str, Any]) -> int:

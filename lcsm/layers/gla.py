@@ -1,19 +1,37 @@
 """``gla`` (``gateloop``): gated linear attention (Yang et al. 2023, GLA).
 
 One mixer of the linear-attention family (q/k/v projections feeding one EOS recurrence): the family
-table, the shared machinery and the shape glossary are in ``_qkv.py``; docs/zoo/linear_attention.md.
+table, the shared machinery and the shape glossary are in ``_qkv.py`` (W: the short convolution's
+width); docs/zoo/linear_attention.md.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm._checks import check_choice, check_float, check_int
+from lcsm._checks import check_bool, check_choice, check_float, check_int
 
-from ._qkv import QKVAttention, head_norm, head_width
+from ..ops import eos
+from ._qkv import LinearAttentionState, QKVAttention, head_norm, head_width
 from .base import EOSRow, no_weight_decay, register
+from .packing import documents, silu_short_conv
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class GLAState(LinearAttentionState):
+    """memory [B, H, K, D]; with ``use_short_conv`` conv_q, conv_k [B, W - 1, H K] and conv_v
+    [B, W - 1, H D]: the last W - 1 projected inputs of each short convolution, oldest first
+    (None without)."""
+
+    conv_q: Tensor | None = None
+    conv_k: Tensor | None = None
+    conv_v: Tensor | None = None
 
 
 @register("gla", "gateloop")
@@ -24,6 +42,7 @@ class GLA(QKVAttention):
     Computation, in order::
 
         q = q_proj(x) * K^-1/2, k = k_proj(x), v = v_proj(x)           (no biases)
+          (use_short_conv: q, k, v = SiLU(conv_W(q_proj(x))) * K^-1/2, SiLU(conv_W(k_proj(x))), ...)
         log alpha_t = logsigmoid(gk_proj(x)) / tau,  gk_proj = Linear(d, 16) -> Linear(16, H K, bias)
         m_t = diag(alpha_t) m_{t-1} + k_t v_t^T,  y_t = m_t^T q_t       (log_o [B, T, H, K, 1])
         y = norm_h(y) * norm_weight       (per head over D; "layernorm" paper, "rmsnorm" fla)
@@ -41,7 +60,14 @@ class GLA(QKVAttention):
         gate_logit_normalizer: tau (16).
         norm: "layernorm" (paper) or "rmsnorm" (fla).
         norm_eps: 1e-5 (fla).
+        use_short_conv: q, k and v each through a depthwise causal convolution of width
+            ``conv_size`` and SiLU before the recurrence (fla's ``use_short_conv``, off by default
+            as there; not in the paper). The convolutions restart at every document of a packed
+            row and their last W - 1 inputs ride in the state.
+        conv_size: W (4, fla); conv_bias: a bias per channel in the convolutions (False, fla).
     """
+
+    option_variants = ({"use_short_conv": True},)
 
     def __init__(
         self,
@@ -53,6 +79,9 @@ class GLA(QKVAttention):
         gate_logit_normalizer: float = 16.0,
         norm: str = "layernorm",
         norm_eps: float = 1e-5,
+        use_short_conv: bool = False,
+        conv_size: int = 4,
+        conv_bias: bool = False,
     ):
         super().__init__(d_model)
         self.num_heads = check_int("num_heads", num_heads, 1)
@@ -70,13 +99,81 @@ class GLA(QKVAttention):
         self.g_proj = nn.Linear(d_model, self.num_heads * self.head_v, bias=True)
         no_weight_decay(self.g_proj.bias)
         self.norm_weight = no_weight_decay(nn.Parameter(torch.ones(self.head_v)))
+        self.use_short_conv = check_bool("use_short_conv", use_short_conv)
+        self.conv_size = check_int("conv_size", conv_size, 1)
+        conv_bias = check_bool("conv_bias", conv_bias)
+        if self.use_short_conv:
+            kd, vd = self.num_heads * self.head_k, self.num_heads * self.head_v
+            self.q_conv1d = nn.Conv1d(kd, kd, conv_size, groups=kd, bias=conv_bias)
+            self.k_conv1d = nn.Conv1d(kd, kd, conv_size, groups=kd, bias=conv_bias)
+            self.v_conv1d = nn.Conv1d(vd, vd, conv_size, groups=vd, bias=conv_bias)
+            if conv_bias:
+                for conv in (self.q_conv1d, self.k_conv1d, self.v_conv1d):
+                    no_weight_decay(conv.bias)
+        elif conv_size != 4 or conv_bias:
+            # The options only shape the convolutions: given without them they would do nothing.
+            raise ValueError(
+                f"conv_size, conv_bias: set only with use_short_conv=True, got conv_size={conv_size}, "
+                f"conv_bias={conv_bias}"
+            )
+
+    def _system(self, x: Tensor, state: GLAState | None, cu_seqlens: Tensor | None):
+        """(i, e, s, log_o) of the recurrence and the convolutions' new histories (None without)."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        histories = (None, None, None)
+        if self.use_short_conv:
+            given = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
+            convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+            (q, cq), (k, ck), (v, cv) = (
+                silu_short_conv(c, t, h, cu_seqlens) for c, t, h in zip(convs, (q, k, v), given, strict=True)
+            )
+            histories = (cq, ck, cv)
+        log_alpha = F.logsigmoid(self._split(self.gk_proj(x))) / self.tau
+        q = self._split(q) * self.head_k**-0.5
+        return (self._split(v), self._split(k), q, log_alpha.unsqueeze(-1)), histories
 
     def eos_inputs(self, x):
-        q = self._split(self.q_proj(x)) * self.head_k**-0.5
-        k = self._split(self.k_proj(x))
-        v = self._split(self.v_proj(x))
-        log_alpha = F.logsigmoid(self._split(self.gk_proj(x))) / self.tau
-        return v, k, q, log_alpha.unsqueeze(-1)
+        return self._system(x, None, None)[0]
+
+    def _scan(self, x: Tensor, state: GLAState | None, cu_seqlens: Tensor | None) -> tuple[Tensor, GLAState]:
+        """x [B, T, d_model] -> (read-out [B, T, H, D], final state; one row per document with
+        ``cu_seqlens``)."""
+        self.check_input(x)
+        batch = x.shape[0]
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+            batch = cu_seqlens.numel() - 1
+        if state is not None:
+            self.check_state(state, batch, cu_seqlens is not None)
+        (i, e, s, log_o), (cq, ck, cv) = self._system(x, state, cu_seqlens)
+        m0 = None if state is None else state.memory
+        y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=True, cu_seqlens=cu_seqlens)
+        # eos promotes to the state's dtype (float32 for half-precision inputs): back to x's.
+        return y.to(x.dtype), GLAState(memory=m, conv_q=cq, conv_k=ck, conv_v=cv)
+
+    def eos_readout(self, x: Tensor, state: GLAState | None = None, cu_seqlens: Tensor | None = None):
+        y, final = self._scan(x, state, cu_seqlens)
+        return y, final.memory
+
+    def forward(
+        self, x: Tensor, state: GLAState | None = None, return_state: bool = False, cu_seqlens: Tensor | None = None
+    ):
+        y, final = self._scan(x, state, cu_seqlens)
+        out = self._output(y, x)
+        return (out, final) if return_state else out
+
+    def init_state(self, batch_size: int) -> GLAState:
+        memory = super().init_state(batch_size).memory
+        if not self.use_short_conv:
+            return GLAState(memory=memory)
+        kd, vd, w = self.num_heads * self.head_k, self.num_heads * self.head_v, self.conv_size - 1
+        p = self._param_like()
+        return GLAState(
+            memory=memory,
+            conv_q=p.new_zeros(batch_size, w, kd),
+            conv_k=p.new_zeros(batch_size, w, kd),
+            conv_v=p.new_zeros(batch_size, w, vd),
+        )
 
     def _output(self, y, x):
         y = head_norm(y, self.norm, self.norm_eps, self.norm_weight)
@@ -96,5 +193,10 @@ class GLA(QKVAttention):
             expand_dd=True,
             oscillation_dd=True,
             shrink_dd=True,
-            paper="Yang et al. 2023, Gated Linear Attention, sec. 4; LCSM Table 1 (GLA/GateLoop)",
+            paper="Yang et al. 2023, Gated Linear Attention, sec. 4; LCSM Table 1 (GLA/GateLoop)"
+            + (
+                "; short convolution on q, k, v: fla GatedLinearAttention(use_short_conv=True)"
+                if self.use_short_conv
+                else ""
+            ),
         )

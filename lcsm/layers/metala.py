@@ -74,6 +74,7 @@ class MetaLA(Mixer):
     """
 
     TAU = 16.0  # decay temperature: alpha = sigmoid(.)^(1/tau), tau = 16 (section A3.1)
+    option_variants = ({"conv": False},)
 
     def __init__(
         self,

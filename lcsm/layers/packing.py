@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from lcsm.ops import packed_bounds
 
@@ -117,6 +118,25 @@ def causal_conv(
     if bias is not None:
         y = y + bias.to(x.dtype)
     return y[None], final
+
+
+def silu_short_conv(
+    conv: nn.Conv1d, x: Tensor, history: Tensor | None, cu_seqlens: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """SiLU of a depthwise causal convolution (``conv``: ``nn.Conv1d(C, C, W, groups=C)``), fla's
+    ``ShortConvolution(activation="silu")``: x [B, T, C] continuing from history [B, W - 1, C] (the
+    inputs before x, oldest first; None: zeros) -> (y [B, T, C], the last W - 1 inputs [B, W - 1, C]).
+    With ``cu_seqlens`` x is a packed row, history holds one row per document and the convolution
+    restarts at each document's start."""
+    if cu_seqlens is not None:
+        y, last = causal_conv(x, conv.weight, conv.bias, cu_seqlens, history)
+        return F.silu(y), last
+    W = conv.weight.shape[-1]
+    if history is None:
+        history = x.new_zeros(x.shape[0], W - 1, x.shape[2])
+    full = torch.cat([history.to(x.dtype), x], dim=1)
+    y = F.conv1d(full.transpose(1, 2), conv.weight, conv.bias, groups=x.shape[2]).transpose(1, 2)
+    return F.silu(y), full[:, full.shape[1] - (W - 1) :]
 
 
 def token_shift(x: Tensor, cu_seqlens: Tensor, previous: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -1,4 +1,5 @@
-"""Contract tests run for every registered mixer: adding a mixer to the registry covers it here."""
+"""Contract tests run for every registered mixer, with its defaults and with each of its
+``option_variants``: adding a mixer to the registry covers it here."""
 
 import copy
 import inspect
@@ -9,15 +10,16 @@ import torch
 
 from lcsm import layers
 from lcsm.layers import EOSRow, State
-from lcsm.testing import assert_close, decode
+from lcsm.testing import assert_close, case_id, decode, mixer_cases
 
 D_MODEL = 16
 NAMES = layers.available()
+CASES = mixer_cases()
 
 
-def make(name):
+def make(name, options=None):
     torch.manual_seed(0)
-    return layers.build(name, D_MODEL).double()
+    return layers.build(name, D_MODEL, **(options or {})).double()
 
 
 def inputs(B=2, T=11, seed=1):
@@ -32,20 +34,22 @@ def test_each_mixer_lives_in_the_file_named_by_its_registry_name(name):
     assert (source.parent.name, source.name) == ("layers", f"{name}.py")
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_step_loop_equals_forward(name):
-    mixer, x = make(name), inputs()
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_step_loop_equals_forward(case):
+    name = case_id(case)
+    mixer, x = make(*case), inputs()
     y, final = mixer(x, return_state=True)
     y_steps, state = decode(mixer, x)
     assert_close({"y": y_steps, **state.tensors()}, {"y": y, **final.tensors()}, context=name)
 
 
 @pytest.mark.parametrize("T,cut", [(13, 6), (150, 67)])
-@pytest.mark.parametrize("name", NAMES)
-def test_carried_state_equals_one_pass(name, T, cut):
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_carried_state_equals_one_pass(case, T, cut):
     """At 150 tokens, cut at 67, both calls span more than one of the operator's default chunks
     (64) and neither starts or ends on a chunk boundary."""
-    mixer, x = make(name), inputs(T=T)
+    name = case_id(case)
+    mixer, x = make(*case), inputs(T=T)
     y, final = mixer(x, return_state=True)
     y1, s1 = mixer(x[:, :cut], return_state=True)
     y2, s2 = mixer(x[:, cut:], state=s1, return_state=True)
@@ -53,17 +57,19 @@ def test_carried_state_equals_one_pass(name, T, cut):
     assert_close(s2.tensors(), final.tensors(), dtype=torch.float64, context=name)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_causal(name):
-    mixer, x = make(name), inputs()
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_causal(case):
+    name = case_id(case)
+    mixer, x = make(*case), inputs()
     x2 = x.clone()
     x2[:, 6:] = torch.randn_like(x2[:, 6:])
     assert_close({"y_prefix": mixer(x2)[:, :6]}, {"y_prefix": mixer(x)[:, :6]}, context=name)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_every_parameter_gets_gradient(name):
-    mixer, x = make(name), inputs()
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_every_parameter_gets_gradient(case):
+    name = case_id(case)
+    mixer, x = make(*case), inputs()
     y = mixer(x)
     (y * torch.randn_like(y)).sum().backward()
     dead = [
@@ -74,9 +80,10 @@ def test_every_parameter_gets_gradient(name):
     assert not dead, f"{name}: parameters with missing, non-finite or all-zero gradient: {dead}"
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_describe_complete(name):
-    row = make(name).describe()
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_describe_complete(case):
+    name = case_id(case)
+    row = make(*case).describe()
     assert isinstance(row, EOSRow)
     for field, value in row.as_dict().items():
         if field.endswith("_dd"):
@@ -86,18 +93,20 @@ def test_describe_complete(name):
     assert row.psi in ("elementwise", "matrix"), row.psi
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_state_size_counts_state(name):
-    mixer = make(name)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_state_size_counts_state(case):
+    name = case_id(case)
+    mixer = make(*case)
     for T in (1, 7):
         _, state = mixer(inputs(T=T), return_state=True)
         assert isinstance(state, State)
         assert state.numel_per_sequence() == mixer.state_size(T), name
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_init_state_on_mixer_device_and_dtype(name):
-    mixer = make(name)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_init_state_on_mixer_device_and_dtype(case):
+    name = case_id(case)
+    mixer = make(*case)
     for key, t in mixer.init_state(3).tensors().items():
         assert t.device == torch.device("cpu")
         assert t.shape[0] == 3, (name, key, t.shape)
@@ -106,24 +115,24 @@ def test_init_state_on_mixer_device_and_dtype(name):
             assert real == torch.float64, (name, key, t.dtype)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_parameters_take_the_default_dtype(name):
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_parameters_take_the_default_dtype(case):
     """Built under a float64 default, a mixer holds float64 parameters before any .double(), so a
     float64 reference from its raw parameters is exact (some of RWKV-4, HGRN, Mamba and CES were
     float32)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        mixer = layers.build(name, D_MODEL)
+        mixer = layers.build(case[0], D_MODEL, **case[1])
     finally:
         torch.set_default_dtype(previous)
     wrong = {n: p.dtype for n, p in mixer.named_parameters() if p.dtype != torch.float64}
-    assert not wrong, (name, wrong)
+    assert not wrong, (case_id(case), wrong)
 
 
-# The bfloat16 tests run every mixer with its defaults and these options besides: the complex and
-# real variants, and the parameterisations the defaults do not reach.
-BFLOAT16_CASES = [(name, {}) for name in NAMES] + [
+# The bfloat16 tests run the contract cases and these options besides: the complex and real
+# variants, and the parameterisations the defaults do not reach.
+BFLOAT16_CASES = CASES + [
     ("lcsm", {"code": "1-11-1-0"}),
     ("lcsm", {"param": "ssm"}),
     ("lcsm", {"code": "1-1-1-0"}),
@@ -144,11 +153,6 @@ def _bfloat16_case(name, options):
     return mixer
 
 
-def _case_id(case):
-    name, options = case
-    return ",".join([name, *(f"{k}={v}" for k, v in options.items())])
-
-
 def _twin(mixer, round_linear=False):
     """A float64 copy of ``mixer``; with round_linear the parameters of its Linear and Conv1d
     modules rounded to bfloat16 first, as autocast rounds their operands, except the
@@ -165,7 +169,7 @@ def _twin(mixer, round_linear=False):
     return twin
 
 
-@pytest.mark.parametrize("case", BFLOAT16_CASES, ids=_case_id)
+@pytest.mark.parametrize("case", BFLOAT16_CASES, ids=case_id)
 def test_bfloat16_autocast_matches_float64(case):
     """The engine's ``precision: bf16``: a float32 layer's forward under autocast against the
     float64 layer with the same bfloat16-rounded Linear and Conv1d parameters, and a finite
@@ -182,18 +186,18 @@ def test_bfloat16_autocast_matches_float64(case):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = mixer(x)
     y_ref = _twin(mixer, round_linear=True)(x.detach().double())
-    assert_close({"y": y}, {"y": y_ref}, dtype=torch.bfloat16, context=_case_id(case))
+    assert_close({"y": y}, {"y": y_ref}, dtype=torch.bfloat16, context=case_id(case))
     (dx,) = torch.autograd.grad(y, x, torch.randn_like(y))
     assert torch.isfinite(dx).all() and dx.abs().amax() > 0
 
 
-@pytest.mark.parametrize("case", BFLOAT16_CASES, ids=_case_id)
+@pytest.mark.parametrize("case", BFLOAT16_CASES, ids=case_id)
 def test_bfloat16_layer_matches_float64(case):
     """A layer cast to bfloat16 against its float64 twin: outputs, final state and the next step's
     output; the state keeps init_state's dtypes (recurrent memories float32 or complex64, as the
     operators return them) and an SSM's system stays float32 (its float32_parameters, each of
     which names a parameter)."""
-    name = _case_id(case)
+    name = case_id(case)
     mixer = _bfloat16_case(*case).to(torch.bfloat16)
     twin = _twin(mixer)
     x = inputs(T=40).to(torch.bfloat16)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from lcsm import layers
 from lcsm.ops import eos
-from lcsm.testing import assert_close, assert_matches_reference, decode
+from lcsm.testing import assert_close, assert_matches_reference, decode, gradients
 
 D_MODEL = 16
 
@@ -100,6 +100,78 @@ def test_retnet_equals_gla_with_constant_decay():
         gla.gk_proj[1].bias.fill_(50.0)
     with pytest.raises(AssertionError):
         assert_close({"out": gla(x)}, {"out": retnet(x)})
+
+
+def short_conv(conv, p):
+    """fla's ShortConvolution(activation="silu") written out: SiLU of sum_j w[c, j] p_{t-(W-1)+j}[c]
+    (+ b[c]), zeros before the first token; p [B, T, C], conv an nn.Conv1d(C, C, W, groups=C)."""
+    W, T = conv.weight.shape[-1], p.shape[1]
+    y = sum(conv.weight[:, 0, j] * F.pad(p, (0, 0, W - 1 - j, 0))[:, :T] for j in range(W))
+    return F.silu(y if conv.bias is None else y + conv.bias)
+
+
+def gla_recurrence_float64(q, k, v, gk):
+    """S_t = diag(exp(gk_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t K^-1/2, step by step in float64
+    (fla's naive_recurrent_gla, which computes in float32)."""
+    S = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3])
+    out = []
+    for t in range(q.shape[1]):
+        S = gk[:, t].exp()[..., None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
+        out.append(torch.einsum("bhkd,bhk->bhd", S, q[:, t] * q.shape[-1] ** -0.5))
+    return torch.stack(out, 1)
+
+
+@pytest.mark.parametrize("recurrence", ["float64 loop", "fla naive_recurrent_gla"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"use_short_conv": True}, {"use_short_conv": True, "conv_size": 2, "conv_bias": True}],
+    ids=["no-conv", "conv", "conv2-bias"],
+)
+def test_gla_is_flas_layer(options, recurrence):
+    """fla's GatedLinearAttention forward (fla/layers/gla.py, ``norm="rmsnorm"`` as fla's fused
+    RMSNorm-swish gate) written out from the mixer's weights: q, k, v projections, each through a
+    SiLU short convolution when ``use_short_conv``; gk = logsigmoid(gk_proj(x)) / 16; the GLA
+    recurrence; rmsnorm per head * w * swish(g_proj(x)), with the output gate's bias (the paper's
+    b_r, which fla drops); o_proj. Outputs and every gradient, odd T; fla's naive recurrence
+    computes in float32, so it is held to float32's tolerance."""
+    m = build("gla", norm="rmsnorm", **options)
+    H = m.num_heads
+    if recurrence != "float64 loop":
+        naive = pytest.importorskip("fla.ops.gla.naive")
+
+    def expected(x):
+        q, k, v = m.q_proj(x), m.k_proj(x), m.v_proj(x)
+        if options.get("use_short_conv"):
+            q, k, v = short_conv(m.q_conv1d, q), short_conv(m.k_conv1d, k), short_conv(m.v_conv1d, v)
+        gk = F.logsigmoid(heads(m.gk_proj(x), H)) / 16
+        q, k, v = heads(q, H), heads(k, H), heads(v, H)
+        if recurrence == "float64 loop":
+            o = gla_recurrence_float64(q, k, v, gk)
+        else:
+            o = naive.naive_recurrent_gla(q, k, v, gk)[0]
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * m.norm_weight
+        return m.o_proj((o * F.silu(proj(m.g_proj, x, H))).flatten(-2))
+
+    x = inputs(T=21).requires_grad_()
+    wrt = {"x": x, **dict(m.named_parameters())}
+    dtype = torch.float64 if recurrence == "float64 loop" else torch.float32
+    assert_close(gradients({"y": m(x)}, wrt), gradients({"y": expected(x)}, wrt), dtype=dtype, context=str(options))
+
+
+def test_gla_conv_options_are_checked():
+    with pytest.raises(ValueError, match="^use_short_conv:"):
+        layers.build("gla", D_MODEL, use_short_conv=1)
+    with pytest.raises(ValueError, match="^conv_size:"):
+        layers.build("gla", D_MODEL, use_short_conv=True, conv_size=0)
+    with pytest.raises(ValueError, match="^conv_size, conv_bias: set only with use_short_conv=True, got conv_size=2"):
+        layers.build("gla", D_MODEL, conv_size=2)
+    with pytest.raises(ValueError, match=r"^state: expected a GLAState from this mixer, got LinearAttentionState"):
+        build("gla")(inputs(), state=layers.build("linear_attention", D_MODEL).init_state(2))
+    conv = build("gla", use_short_conv=True)
+    state = conv.init_state(2)
+    state.conv_v = state.conv_v[:, :2]
+    with pytest.raises(ValueError, match=r"^state.conv_v: expected \[2, 3, 16\], got \[2, 2, 16\]"):
+        conv(inputs(), state=state)
 
 
 def test_retnet_init_is_torchscales():
@@ -333,7 +405,7 @@ def test_non_default_options_decode_and_carry_state(name, options):
 
 def test_wrong_state_type_is_a_clear_error():
     with pytest.raises(ValueError, match="^state: expected a LinearAttentionState, got RWKV4State"):
-        build("gla")(inputs(), state=layers.build("rwkv4", D_MODEL).init_state(2))
+        build("retnet")(inputs(), state=layers.build("rwkv4", D_MODEL).init_state(2))
 
 
 def test_no_weight_decay_tags():

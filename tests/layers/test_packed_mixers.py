@@ -1,15 +1,16 @@
 """Packed sequences and padding, for every registered mixer: a packed row of N documents equals
 each document run alone (outputs, final states, every gradient; float64), and padding is as if
-absent. Adding a mixer to the registry covers it here."""
+absent. Adding a mixer to the registry (or an option set to its ``option_variants``) covers it here."""
 
 import pytest
 import torch
 
 from lcsm import layers
-from lcsm.testing import assert_close, gradients
+from lcsm.testing import assert_close, case_id, gradients, mixer_cases
 
 D_MODEL = 16
 NAMES = layers.available()
+CASES = mixer_cases()
 # (T, boundaries): length-1 documents at the start, the middle and the end; at 150 tokens documents
 # straddle the operators' default chunk (64) and one spans more than one chunk.
 BOUNDS = {
@@ -18,9 +19,9 @@ BOUNDS = {
 }
 
 
-def make(name):
+def make(name, options=None):
     torch.manual_seed(0)
-    return layers.build(name, D_MODEL).double()
+    return layers.build(name, D_MODEL, **(options or {})).double()
 
 
 def randn(*shape, seed):
@@ -69,9 +70,10 @@ def continuation_matches(mixer, packed_final, reference_finals, name):
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "initial-state"])
 @pytest.mark.parametrize("bounds", list(BOUNDS), ids=list(BOUNDS))
-@pytest.mark.parametrize("name", NAMES)
-def test_packed_equals_each_document_alone(name, bounds, with_state):
-    mixer = make(name)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_packed_equals_each_document_alone(case, bounds, with_state):
+    name = case_id(case)
+    mixer = make(*case)
     cu_list = BOUNDS[bounds]
     T, N = cu_list[-1], len(cu_list) - 1
     cu = torch.tensor(cu_list)
@@ -119,11 +121,12 @@ def assert_gradients_close(grads, grads_ref, context):
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-@pytest.mark.parametrize("name", NAMES)
-def test_padding_is_as_if_absent(name, side):
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_padding_is_as_if_absent(case, side):
     """``forward_masked``: pad tokens (random values, not zeros) change no output at a token, no
     final state, and their own outputs are zero."""
-    mixer = make(name)
+    name = case_id(case)
+    mixer = make(*case)
     lengths, T = [9, 4, 1], 9
     B = len(lengths)
     x = randn(B, T, D_MODEL, seed=3)
@@ -172,9 +175,9 @@ def test_cu_seqlens_of_floats_is_a_clear_error(name):
         make(name)(randn(1, 7, D_MODEL, seed=6), cu_seqlens=torch.tensor([0.0, 3.0, 7.0]))
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_initial_state_of_the_wrong_batch_is_a_clear_error(name):
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_initial_state_of_the_wrong_batch_is_a_clear_error(case):
     """With cu_seqlens the state holds one row per document; a state of another batch is refused."""
-    mixer = make(name)
+    mixer = make(*case)
     with pytest.raises(ValueError, match="state|memory|conv|shift|keys"):
         mixer(randn(1, 7, D_MODEL, seed=7), state=mixer.init_state(2), cu_seqlens=torch.tensor([0, 3, 5, 7]))
