@@ -687,7 +687,8 @@ def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_ex
     )
     sweep(two, log=lambda *_: None)
     text = write_report(two, collect(two)).read_text()
-    assert re.search(r"^\| gla \| hgrn \| accuracy \| .+ \| a <= b \| no: (inside|excluded, but 2 seeds a cell) ", text, re.M)
+    row = r"^\| gla \| hgrn \| accuracy \| .+ \| a <= b \| no: (inside|excluded, but 2 seeds a cell) "
+    assert re.search(row, text, re.M)
     assert "Resolved: 0 of 1" in text
 
 
