@@ -117,15 +117,15 @@ def test_packed_equals_each_document_alone(options, bounds, with_state, monkeypa
     """The contract's check (tests/layers/test_packed_mixers.py) on a mixer with positions: the
     learned table index and the RoPE angle count from each document's start (after its initial
     cache), so a document packed anywhere in the row equals it run alone."""
-    monkeypatch.setattr(contract, "make", lambda name: make(**options))
-    contract.test_packed_equals_each_document_alone("attention", bounds, with_state)
+    monkeypatch.setattr(contract, "make", lambda *_: make(**options))
+    contract.test_packed_equals_each_document_alone(("attention", {}), bounds, with_state)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("options", PACKED + WINDOWED_PACKED, ids=case_id)
 def test_padding_is_as_if_absent(options, side, monkeypatch):
-    monkeypatch.setattr(contract, "make", lambda name: make(**options))
-    contract.test_padding_is_as_if_absent("attention", side)
+    monkeypatch.setattr(contract, "make", lambda *_: make(**options))
+    contract.test_padding_is_as_if_absent(("attention", {}), side)
 
 
 @torch.no_grad()
