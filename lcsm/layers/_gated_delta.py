@@ -33,8 +33,8 @@ from lcsm._checks import check_bool, check_float, check_int
 
 from ..ops import eos_dplr
 from ._qkv import head_width
-from .base import Mixer, State, no_weight_decay
-from .packing import documents, silu_short_conv
+from .base import Mixer, State, no_weight_decay, short_convs
+from .packing import silu_short_conv
 
 Tensor = torch.Tensor
 
@@ -104,12 +104,7 @@ class GatedDeltaBase(Mixer):
         self.q_proj = nn.Linear(d_model, H * K, bias=False)
         self.k_proj = nn.Linear(d_model, H * K, bias=False)
         self.v_proj = nn.Linear(d_model, H * D, bias=False)
-        self.q_conv1d = nn.Conv1d(H * K, H * K, conv_size, groups=H * K, bias=conv_bias)
-        self.k_conv1d = nn.Conv1d(H * K, H * K, conv_size, groups=H * K, bias=conv_bias)
-        self.v_conv1d = nn.Conv1d(H * D, H * D, conv_size, groups=H * D, bias=conv_bias)
-        if conv_bias:
-            for conv in (self.q_conv1d, self.k_conv1d, self.v_conv1d):
-                no_weight_decay(conv.bias)
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = short_convs((H * K, H * K, H * D), conv_size, conv_bias)
         self.b_proj = nn.Linear(d_model, H, bias=False)
         self.o_norm = no_weight_decay(nn.Parameter(torch.ones(D)))
         self.o_proj = nn.Linear(H * D, d_model, bias=False)
@@ -173,13 +168,7 @@ class GatedDeltaBase(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
-        batch = x.shape[0]
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            batch = cu_seqlens.numel() - 1
-        if state is not None:
-            self.check_state(state, batch, cu_seqlens is not None)
+        cu_seqlens = self.check_call(x, state, cu_seqlens)
         q, k, v, g, beta, convs = self.recurrence_inputs(x, state, cu_seqlens)
         o, m = self.recurrence(q, k, v, g, beta, state.memory if state is not None else None, return_state, cu_seqlens)
         y = self.readout(x, o)

@@ -21,7 +21,7 @@ from torch import nn
 
 from lcsm._checks import check_keys
 
-from .packing import check_document_state, check_mask, pack_rows, unpack_rows
+from .packing import check_document_state, check_mask, documents, pack_rows, unpack_rows
 
 Tensor = torch.Tensor
 
@@ -178,6 +178,18 @@ class Mixer(nn.Module):
     def init_state(self, batch_size: int) -> State:
         raise NotImplementedError
 
+    def check_call(self, x: Tensor, state: State | None, cu_seqlens: Tensor | None) -> Tensor | None:
+        """``forward``'s arguments checked: x [B, T, d_model], ``cu_seqlens`` (returned checked, or
+        None) and a given state, of one row per sequence or per packed document."""
+        self.check_input(x)
+        batch = x.shape[0]
+        if cu_seqlens is not None:
+            cu_seqlens = documents(x, cu_seqlens)
+            batch = cu_seqlens.numel() - 1
+        if state is not None:
+            self.check_state(state, batch, cu_seqlens is not None)
+        return cu_seqlens
+
     def check_state(self, state: State, batch: int, packed: bool) -> None:
         """A state given to ``forward``: of ``init_state``'s type, each tensor of its shape with
         batch ``batch`` (one row per document of a packed row when ``packed``)."""
@@ -257,6 +269,16 @@ def no_weight_decay(param: nn.Parameter) -> nn.Parameter:
     decay by the training engine's AdamW parameter groups."""
     param._no_weight_decay = True
     return param
+
+
+def short_convs(widths: tuple[int, ...], size: int, bias: bool) -> tuple[nn.Conv1d, ...]:
+    """Depthwise causal convolutions of ``size`` taps, one per width (fla's ``ShortConvolution`` on
+    q, k and v; applied by ``packing.silu_short_conv``), their biases exempt from weight decay."""
+    convs = tuple(nn.Conv1d(w, w, size, groups=w, bias=bias) for w in widths)
+    if bias:
+        for conv in convs:
+            no_weight_decay(conv.bias)
+    return convs
 
 
 # ----------------------------------------------------------------------------- registry

@@ -19,7 +19,7 @@ from lcsm._checks import check_bool, check_choice, check_float, check_int
 from ..ops import DPLR_MODES, eos_dplr
 from ._gated_delta import GatedDeltaState, inverse_softplus_dt, l2norm_fla, value_width
 from ._qkv import head_width
-from .base import EOSRow, Mixer, no_weight_decay, register
+from .base import EOSRow, Mixer, no_weight_decay, register, short_convs
 from .packing import as_packed_row, causal_conv
 
 Tensor = torch.Tensor
@@ -95,12 +95,7 @@ class GatedDeltaNet2(Mixer):
         self.q_proj = nn.Linear(d_model, kd, bias=False)
         self.k_proj = nn.Linear(d_model, kd, bias=False)
         self.v_proj = nn.Linear(d_model, vd, bias=False)
-        self.q_conv1d = nn.Conv1d(kd, kd, conv_size, groups=kd, bias=conv_bias)
-        self.k_conv1d = nn.Conv1d(kd, kd, conv_size, groups=kd, bias=conv_bias)
-        self.v_conv1d = nn.Conv1d(vd, vd, conv_size, groups=vd, bias=conv_bias)
-        if conv_bias:
-            for conv in (self.q_conv1d, self.k_conv1d, self.v_conv1d):
-                no_weight_decay(conv.bias)
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = short_convs((kd, kd, vd), conv_size, conv_bias)
         self.f_proj = nn.Sequential(nn.Linear(d_model, D, bias=False), nn.Linear(D, kd, bias=False))
         self.b_proj = nn.Linear(d_model, kd, bias=False)
         self.w_proj = nn.Linear(d_model, vd, bias=False)

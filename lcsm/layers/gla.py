@@ -17,8 +17,8 @@ from lcsm._checks import check_bool, check_choice, check_float, check_int
 
 from ..ops import eos
 from ._qkv import LinearAttentionState, QKVAttention, head_norm, head_width
-from .base import EOSRow, no_weight_decay, register
-from .packing import documents, silu_short_conv
+from .base import EOSRow, no_weight_decay, register, short_convs
+from .packing import silu_short_conv
 
 Tensor = torch.Tensor
 
@@ -104,12 +104,7 @@ class GLA(QKVAttention):
         conv_bias = check_bool("conv_bias", conv_bias)
         if self.use_short_conv:
             kd, vd = self.num_heads * self.head_k, self.num_heads * self.head_v
-            self.q_conv1d = nn.Conv1d(kd, kd, conv_size, groups=kd, bias=conv_bias)
-            self.k_conv1d = nn.Conv1d(kd, kd, conv_size, groups=kd, bias=conv_bias)
-            self.v_conv1d = nn.Conv1d(vd, vd, conv_size, groups=vd, bias=conv_bias)
-            if conv_bias:
-                for conv in (self.q_conv1d, self.k_conv1d, self.v_conv1d):
-                    no_weight_decay(conv.bias)
+            self.q_conv1d, self.k_conv1d, self.v_conv1d = short_convs((kd, kd, vd), conv_size, conv_bias)
         elif conv_size != 4 or conv_bias:
             # The options only shape the convolutions: given without them they would do nothing.
             raise ValueError(
@@ -138,13 +133,7 @@ class GLA(QKVAttention):
     def _scan(self, x: Tensor, state: GLAState | None, cu_seqlens: Tensor | None) -> tuple[Tensor, GLAState]:
         """x [B, T, d_model] -> (read-out [B, T, H, D], final state; one row per document with
         ``cu_seqlens``)."""
-        self.check_input(x)
-        batch = x.shape[0]
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            batch = cu_seqlens.numel() - 1
-        if state is not None:
-            self.check_state(state, batch, cu_seqlens is not None)
+        cu_seqlens = self.check_call(x, state, cu_seqlens)
         (i, e, s, log_o), (cq, ck, cv) = self._system(x, state, cu_seqlens)
         m0 = None if state is None else state.memory
         y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=True, cu_seqlens=cu_seqlens)
