@@ -21,6 +21,17 @@ def accuracy_run(seed, p, n, rng):
     return RunScore(seed, float(correct.mean()), Examples(correct, np.ones(n)))
 
 
+def covered(seeds: int, sd: float, experiments: int, n_boot: int, rng_seed: int) -> int:
+    """How many of ``experiments`` synthetic cells (``seeds`` runs whose true accuracy is 0.6 plus
+    normal noise of ``sd``, 400 test examples each) have a 95% interval that holds 0.6."""
+    rng = np.random.default_rng(rng_seed)
+    hits = 0
+    for _ in range(experiments):
+        runs = [accuracy_run(s, 0.6 + sd * rng.standard_normal(), 400, rng) for s in range(seeds)]
+        hits += not cell_interval(runs, n_boot=n_boot).excludes(0.6)
+    return hits
+
+
 def test_same_inputs_same_interval():
     rng = np.random.default_rng(1)
     runs = [accuracy_run(s, 0.6, 200, rng) for s in range(3)]
@@ -33,12 +44,7 @@ def test_coverage_of_the_cell_mean():
     """Seeds whose true accuracy varies around 0.6 (sd 0.03), 400 test examples each: the 95%
     interval of 5 seeds' mean holds 0.6 in most of 60 synthetic experiments (the percentile
     bootstrap of a few seeds undercovers a little; far below would mean a wrong interval)."""
-    rng = np.random.default_rng(0)
-    hits = 0
-    for _ in range(60):
-        runs = [accuracy_run(s, 0.6 + 0.03 * rng.standard_normal(), 400, rng) for s in range(5)]
-        hits += not cell_interval(runs, n_boot=1000).excludes(0.6)
-    assert hits >= 48
+    assert covered(seeds=5, sd=0.03, experiments=60, n_boot=1000, rng_seed=0) >= 48
 
 
 def test_one_seed_is_an_interval_over_examples():
@@ -70,12 +76,7 @@ def test_t_quantiles():
 def test_coverage_with_three_seeds():
     """3 seeds whose true accuracy varies (sd 0.05) around 0.6, 400 examples each: the percentile
     bootstrap alone covers well under 95%; with the t interval at least 92% of 200 experiments."""
-    rng = np.random.default_rng(6)
-    hits = 0
-    for _ in range(200):
-        runs = [accuracy_run(s, 0.6 + 0.05 * rng.standard_normal(), 400, rng) for s in range(3)]
-        hits += not cell_interval(runs, n_boot=500).excludes(0.6)
-    assert hits >= 184
+    assert covered(seeds=3, sd=0.05, experiments=200, n_boot=500, rng_seed=6) >= 184
 
 
 def test_paired_and_welch_differences_are_at_least_t():
