@@ -58,26 +58,29 @@ def krylov(v: Tensor, M: Tensor, length: int) -> Tensor:
     return rows[:, :length]
 
 
-# Entries of the [H, rows, N2] matrix that cauchy_conj forms at a time: a few MB, so that a block's
+# Entries of the [H, N2, columns] matrix that cauchy_conj forms at a time: a few MB, so that a block's
 # temporaries stay in cache (S4 kernel, H 128, N 64, 16K tokens, forward and backward on one CPU
 # core: 2.7 s at 2^19, 3.2 s at 2^21, 6.4 s at 2^23).
 CAUCHY_BLOCK = 2**19
 
 
 def _row_blocks(g: Tensor, n2: int, *others: Tensor):
-    rows = max(1, CAUCHY_BLOCK // (g.shape[0] * n2))
-    return zip(*(x.split(rows, dim=1) for x in (g,) + others), strict=False)
+    """Blocks of the roots of unity: g [H, M] and others [H, ..., M] split along their last dim."""
+    cols = max(1, CAUCHY_BLOCK // (g.shape[0] * n2))
+    return zip(*(x.split(cols, dim=-1) for x in (g,) + others), strict=False)
 
 
 def _pair_inverse(g: Tensor, a: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
     """The real and imaginary parts of 1 / ((g - lam)(g - conj(lam))) = 1 / (g (g - 2 Re lam) +
-    |lam|^2): g [H, M] complex, a = Re lam and s = |lam|^2 [H, N2] -> two [H, M, N2] real tensors.
+    |lam|^2): g [H, M] complex, a = Re lam and s = |lam|^2 [H, N2] -> two [H, N2, M] real tensors.
     In real arithmetic (torch's complex elementwise operations cost several real ones each): with
     x = Re g - a the denominator is x^2 - (Im g)^2 + (s - a^2) + 2i x Im g, and its reciprocal
-    conj(D) / |D|^2, as torch's vectorised complex reciprocal forms it."""
-    gr, gi = g.real.unsqueeze(-1), g.imag.unsqueeze(-1)
-    x = gr - a.unsqueeze(1)
-    d_r = x.square().sub_(gi.square()).add_((s - a.square()).unsqueeze(1))
+    conj(D) / |D|^2, as torch's vectorised complex reciprocal forms it. The roots of unity run
+    along the last dim so that the products with W below have M wide rows: torch's CPU bmm runs
+    [H, M, N2] @ [H, N2, 8] (8 output columns) several times slower than its transpose."""
+    gr, gi = g.real.unsqueeze(1), g.imag.unsqueeze(1)
+    x = gr - a.unsqueeze(-1)
+    d_r = x.square().sub_(gi.square()).add_((s - a.square()).unsqueeze(-1))
     d_i = x.mul_(gi).mul_(2)
     r = d_r.square().addcmul_(d_i, d_i).reciprocal_()
     return d_r.mul_(r), d_i.mul_(r).neg_()
@@ -85,50 +88,48 @@ def _pair_inverse(g: Tensor, a: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
 
 class _CauchyConj(torch.autograd.Function):
     """S = q @ W with q = 1 / ((g - lam)(g - conj(lam))), computed and differentiated a block of
-    rows (roots of unity) at a time in real arithmetic, recomputing q in the backward pass:
-    autograd would keep several [H, M, N2] complex intermediates (gigabytes at 16K tokens) and
-    spend most of S4's step on them."""
+    roots of unity at a time in real arithmetic, recomputing q in the backward pass: autograd would
+    keep several [H, M, N2] complex intermediates (gigabytes at 16K tokens) and spend most of S4's
+    step on them. Internally transposed: q is [H, N2, M] and the products give [H, K, M]."""
 
     @staticmethod
     def forward(ctx, g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
         ctx.save_for_backward(g, a, s, W)
-        Wr = W.to(a.dtype)
+        Wt = W.to(a.dtype).transpose(1, 2)  # [H, K, N2]
         parts = []
         for (gb,) in _row_blocks(g, a.shape[1]):
             q_r, q_i = _pair_inverse(gb, a, s)
-            S = torch.cat([q_r, q_i], 1) @ Wr  # real and imaginary parts in one product: W is real
-            parts.append(torch.complex(*S.split(gb.shape[1], 1)))
-        return torch.cat(parts, dim=1)
+            St = Wt @ torch.cat([q_r, q_i], -1)  # real and imaginary parts in one product: W is real
+            parts.append(torch.complex(*St.split(gb.shape[1], -1)))
+        return torch.cat(parts, dim=-1).transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad_S: Tensor):
         g, a, s, W = ctx.saved_tensors
         Wr = W.to(a.dtype)
-        ones_a = torch.stack([torch.ones_like(a), a], dim=-1)  # [H, N2, 2]
-        grad_g, grad_as, grad_W = [], 0, 0
-        for gb, Sb in _row_blocks(g, a.shape[1], grad_S):
+        grad_g, grad_a, grad_s, grad_Wt = [], 0, 0, 0
+        for gb, Sb in _row_blocks(g, a.shape[1], grad_S.transpose(1, 2)):
             c = gb.shape[1]
             q_r, q_i = _pair_inverse(gb, a, s)
-            G = torch.cat([Sb.real, Sb.imag], 1).to(a.dtype)  # [H, 2c, K]
-            grad_W = grad_W + torch.cat([q_r, q_i], 1).transpose(1, 2) @ G
-            gq_r, gq_i = (G @ Wr.transpose(1, 2)).split(c, 1)  # the cotangent of q, [H, c, N2] each
+            Gt = torch.cat([Sb.real, Sb.imag], -1).to(a.dtype)  # [H, K, 2c]
+            grad_Wt = grad_Wt + Gt @ torch.cat([q_r, q_i], -1).transpose(1, 2)  # [H, K, N2]
+            gq_r, gq_i = (Wr @ Gt).split(c, -1)  # the cotangent of q, [H, N2, c] each
             # Through q = 1 / D: the cotangent of D is t = -grad_q conj(q)^2, with D holomorphic in g
             # (dD/dg = 2 g - 2 a) and real-affine in a (dD/da = -2 g) and s (dD/ds = 1).
             u = q_r.square() - q_i.square()
             v = q_r.mul_(q_i).mul_(2)
-            t = torch.cat([-(gq_r * u + gq_i * v), gq_r * v - gq_i * u], 1)  # [H, 2c, N2]: Re t, Im t
-            sums = t @ ones_a  # [H, 2c, 2]: sum_n t and sum_n a t, real parts then imaginary
-            t0_r, t0_i = sums[:, :c, 0], sums[:, c:, 0]
-            t1_r, t1_i = sums[:, :c, 1], sums[:, c:, 1]
+            t_r = (gq_r * u).addcmul_(gq_i, v).neg_()
+            t_i = (gq_r * v).sub_(gq_i * u)
+            a_col = a.unsqueeze(-1)
+            t0_r, t0_i = t_r.sum(1), t_i.sum(1)  # sum_n t, [H, c]
+            t1_r, t1_i = (t_r * a_col).sum(1), (t_i * a_col).sum(1)  # sum_n a t
             gr, gi = gb.real.to(a.dtype), gb.imag.to(a.dtype)
             # grad_g = 2 (conj(g) sum_n t - sum_n a t)
             grad_g.append(2 * torch.complex(gr * t0_r + gi * t0_i - t1_r, gr * t0_i - gi * t0_r - t1_i))
             # grad_a = Re sum_m conj(-2 g) t, grad_s = Re sum_m t
-            lhs = torch.stack(
-                [-2 * torch.cat([gr, gi], 1), torch.cat([torch.ones_like(gr), torch.zeros_like(gi)], 1)], 1
-            )  # [H, 2, 2c]
-            grad_as = grad_as + lhs @ t  # [H, 2, N2]
-        return torch.cat(grad_g, dim=1), grad_as[:, 0], grad_as[:, 1], grad_W
+            grad_a = grad_a - 2 * (t_r * gr.unsqueeze(1) + t_i * gi.unsqueeze(1)).sum(-1)
+            grad_s = grad_s + t_r.sum(-1)
+        return torch.cat(grad_g, dim=1), grad_a, grad_s, grad_Wt.transpose(1, 2)
 
 
 def cauchy_conj(W: Tensor, g: Tensor, lam: Tensor) -> Tensor:
@@ -243,7 +244,7 @@ class S4(Mixer):
 
         With autograd off (decoding, evaluation) the result is kept until a parameter it depends on
         changes (in place, as an optimizer step does, or by a new dtype, device or tensor): decoding
-        steps one token at a time, and the N x N solve costs more than the step itself."""
+        steps one token at a time, and forming the N x N A_bar costs more than the step itself."""
         if torch.is_grad_enabled():
             return self._discretize()
         params = (self.log_A_real, self.A_imag, self.P, self.B, self.log_dt)
@@ -257,13 +258,19 @@ class S4(Mixer):
         return cached[1]
 
     def _discretize(self) -> tuple[Tensor, Tensor]:
-        _, _, B, _ = self.full_system()
-        A = self.continuous_A()
-        dt = self.log_dt.exp().to(A.dtype).view(-1, 1, 1)
-        eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-        # One solve for both right-hand sides [I + Delta/2 A | Delta B].
-        X = torch.linalg.solve(eye - dt / 2 * A, torch.cat([eye + dt / 2 * A, dt * B.unsqueeze(-1)], dim=-1))
-        return X[..., :-1], X[..., -1]
+        # I - Delta/2 A = diag(d) + c P P^* (c = Delta/2, d = 1 - c Lambda) is diagonal plus rank
+        # one, so Sherman-Morrison inverts it in O(N^2) (an N x N solve per channel was a third of
+        # S4's training step at T = 512). With u = P / d, v = conj(P) / d and s = sum P conj(P) / d:
+        #   A_bar = diag((1 + c Lambda) / d) - 2c / (1 + c s) u v^T
+        #   B_bar = 2c (B / d - c / (1 + c s) u (v . B))
+        Lam, P, B, _ = self.full_system()
+        c = (self.log_dt.exp() / 2).to(Lam.dtype).unsqueeze(-1)  # [H, 1]
+        d = 1 - c * Lam
+        u, v = P / d, P.conj() / d
+        k = c / (1 + c * (P * v).sum(-1, keepdim=True))  # [H, 1]
+        A_bar = torch.diag_embed((1 + c * Lam) / d) - (2 * k).unsqueeze(-1) * u.unsqueeze(-1) * v.unsqueeze(-2)
+        B_bar = 2 * c * (B / d - k * u * (v * B).sum(-1, keepdim=True))
+        return A_bar, B_bar
 
     def kernel(self, length: int) -> Tensor:
         """K_j = Re(C A_bar^j B_bar), j < length, by the S4 algorithm (Cauchy + Woodbury): [H, length]."""

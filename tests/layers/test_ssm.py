@@ -286,6 +286,27 @@ def test_s4_discretization_kept_without_autograd_follows_parameter_changes():
         first = got
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_s4_discretization_equals_the_dense_bilinear_solve(dtype):
+    """Sherman-Morrison's A_bar, B_bar == (I - Delta/2 A)^-1 [I + Delta/2 A | Delta B] by a dense solve:
+    values and the gradients of every parameter (random cotangents)."""
+    mixer = make("s4").to(dtype)
+    with torch.no_grad():
+        mixer.log_dt.add_(torch.linspace(0, 3, D_MODEL, dtype=dtype))  # large Delta: a far-from-I system
+
+    def dense():
+        _, _, B, _ = mixer.full_system()
+        A = mixer.continuous_A()
+        dt = mixer.log_dt.exp().to(A.dtype).view(-1, 1, 1)
+        eye = torch.eye(A.shape[-1], dtype=A.dtype)
+        X = torch.linalg.solve(eye - dt / 2 * A, torch.cat([eye + dt / 2 * A, dt * B.unsqueeze(-1)], dim=-1))
+        return {"A_bar": X[..., :-1], "B_bar": X[..., -1]}
+
+    got = dict(zip(("A_bar", "B_bar"), mixer.discretize(), strict=True))
+    wrt = dict(mixer.named_parameters())
+    assert_close(gradients(got, wrt), gradients(dense(), wrt), dtype=dtype)
+
+
 @pytest.mark.parametrize("length", [16, 17])
 def test_s4_kernel_algorithm_equals_powers(length):
     """Cauchy + Woodbury at roots of unity == Re(C A_bar^j B_bar) with the bilinear A_bar formed here."""
