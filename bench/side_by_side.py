@@ -10,12 +10,16 @@ Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
     product   the same with log_o = LogProduct(dt, A) (Mamba's form)
     mamba     the Mamba layer, B=64 T=256 d_model=128
     lm-NAME-T one training step (forward + backward of the cross-entropy, batch 1) of the efficiency
-              bench's model NAME (transformer, s4, mamba, ...) at length T
+              bench's model NAME (transformer, s4, mamba, ...) at length T; NAME s4official is s4 with
+              l_max = T (the official code's C~ parametrization)
+
+A tree that cannot run a case (an option it lacks) gets "-" and the error's last line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -65,11 +69,19 @@ def _case(name: str):
         from lcsm.models import build_model
 
         _, model_name, T = name.split("-")
+        if model_name == "s4official":
+            cfg = dataclasses.replace(model_config("s4", FULL), mixer_options={"l_max": int(T)})
+        else:
+            cfg = model_config(model_name, FULL)
         torch.manual_seed(5)
-        model = build_model(model_config(model_name, FULL))
+        model = build_model(cfg)
         ids = tokens(int(T), FULL.vocab, 5, torch.device("cpu"))
         return lambda: train_step(model, ids)
     raise ValueError(f"case: expected one of {', '.join(CASES)} or lm-NAME-T, got {name!r}")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def worker(name: str, repeats: int) -> None:
@@ -106,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--{label}: expected a source tree holding lcsm/, got {tree}")
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     cells: dict[tuple[str, str], list[float]] = {}
+    failed: dict[tuple[str, str], str] = {}
     for _ in range(a.rounds):
         for case in a.cases:
             for label, tree in trees.items():
@@ -114,12 +127,17 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--old", ".", "--worker", case]
                 cmd += ["--repeats", str(a.repeats)]
                 env["PYTHONPATH"] = str(tree)
-                out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True)
+                out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
+                if out.returncode:
+                    failed[case, label] = (out.stderr.strip().splitlines() or ["no output"])[-1]
+                    continue
                 cells.setdefault((case, label), []).append(json.loads(out.stdout.strip().splitlines()[-1])["ms"])
     lines = ["| case | old ms | new ms | old / new |", "| --- | ---: | ---: | ---: |"]
     for case in a.cases:
-        old, new = (statistics.median(cells[(case, k)]) for k in ("old", "new"))
-        lines.append(f"| {case} | {old:.1f} | {new:.1f} | {old / new:.2f}x |")
+        old, new = (statistics.median(cells[case, k]) if (case, k) in cells else None for k in ("old", "new"))
+        ratio = f"{old / new:.2f}x" if old and new else "-"
+        lines.append(f"| {case} | {_ms(old)} | {_ms(new)} | {ratio} |")
+    lines += [f"\n{label} tree, {case}: {error}" for (case, label), error in failed.items()]
     report = "\n".join(lines)
     print(report)
     if a.out:

@@ -23,6 +23,15 @@ def test_one_case_in_two_trees(tmp_path, capsys):
     assert "| kxd |" in capsys.readouterr().out
 
 
+def test_a_case_a_tree_cannot_run_is_reported_not_fatal(tmp_path):
+    out = tmp_path / "report.md"
+    args = ["--old", str(REPO), "--new", str(REPO), "--cases", "lm-nosuchmodel-8", "--rounds", "1"]
+    assert side_by_side.main([*args, "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| lm-nosuchmodel-8 | - | - | - |" in text
+    assert "old tree, lm-nosuchmodel-8: " in text and "nosuchmodel" in text.split("old tree, ")[1], text
+
+
 def test_errors_name_the_argument(tmp_path):
     with pytest.raises(ValueError, match=r"--old: expected a source tree holding lcsm/"):
         side_by_side.main(["--old", str(tmp_path), "--new", str(REPO)])

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm._checks import check_choice, check_float
+from lcsm._checks import check_choice, check_float, check_int
 from lcsm.ops import autocast_off
 
 from ._hippo import hippo_legs, hippo_normal_eig
@@ -174,9 +174,14 @@ class S4(Mixer):
     post-activation). The clip is symmetric, so it touches the same modes whatever phase the
     eigensolver gives each eigenvector (ours and the official's differ by signs).
 
-    Departure: the official code stores C~ = C (I - A_bar^L) for a fixed L as the parameter (saving
-    A_bar^L per call) and converts it back to C for stepping. We store C and form C~ for the length
-    at hand, so the model does not depend on a maximum length and its recurrence is exact at any T.
+    C or C~ (``l_max``): by default the parameter is C and C~ is formed for the length at hand (a
+    matrix power of A_bar per call, half of the training step at T = 512), so the model has no
+    maximum length and its recurrence is exact at any T: a departure from the official code. With
+    ``l_max`` = L, the official parametrization: the parameter holds C~ = C (I - A_bar^M) for
+    M = L rounded up to odd (initialised from the random C, as the official's first call does),
+    the kernel is M long and cut to T <= L, and the true C, needed only for states and stepping,
+    is solved from C~ (the official converts it the same way). The official doubles L in place when
+    a longer T arrives; here T > L is an error.
 
     Args:
         d_model: channels H.
@@ -184,9 +189,13 @@ class S4(Mixer):
         dt_min, dt_max: range of the log-uniform Delta init.
         mode: "auto" (recurrent when T = 1, else fft), "fft" or "recurrent".
         b_clip: bound on |Im B| at init (official 2.0); None keeps the exact HiPPO-LegS B.
+        l_max: None (default: the parameter is C, any T) or the longest T (the parameter is C~,
+            as the official code's ``l_max``).
     """
 
     revision = 2  # 2: Im B clipped to [-2, 2] at init, as the official nplr
+    # The contract tests run up to T = 150: the official parametrization, kernels cut from 161 steps.
+    option_variants = ({"l_max": 160},)
 
     float32_parameters = ("log_A_real", "A_imag", "P", "B", "C", "log_dt")
 
@@ -198,12 +207,14 @@ class S4(Mixer):
         dt_max: float = 1e-1,
         mode: str = "auto",
         b_clip: float | None = 2.0,
+        l_max: int | None = None,
     ):
         super().__init__(d_model)
         self.d_state = check_even("d_state", d_state)
         dt_min, dt_max = check_dt(dt_min, dt_max)
         check_float("b_clip", b_clip, 0, low_open=True, allow_none=True)
         self.mode = check_choice("mode", mode, S4_MODES)
+        self.l_max = check_int("l_max", l_max, 1, allow_none=True)
         H, N, N2 = d_model, d_state, d_state // 2
         Lam, V = hippo_normal_eig(N)
         # Columns with omega > 0: one of each pair; the others are their conjugates.
@@ -221,14 +232,23 @@ class S4(Mixer):
         self.log_dt = no_weight_decay(nn.Parameter(log_dt_init(H, dt_min, dt_max).to(param_dtype())))
         self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
         self.output_linear = nn.Linear(H, 2 * H)
-        self._discretized = None
+        self._cache = {}
+        if self.l_max is not None:
+            with torch.no_grad():
+                C_t = self._truncated_C(as_complex(self.C), self._discretize()[0], self._kernel_size(self.l_max))
+                self.C.copy_(torch.view_as_real(C_t))
 
     # -- the system
 
-    def half_system(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(Lambda, P, B, C), one mode of each conjugate pair, each [H, N/2] complex."""
+    def _half_params(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(Lambda, P, B), one mode of each conjugate pair, each [H, N/2] complex."""
         Lam = torch.complex(-self.log_A_real.exp(), self.A_imag)
-        return Lam, as_complex(self.P), as_complex(self.B), as_complex(self.C)
+        return Lam, as_complex(self.P), as_complex(self.B)
+
+    def half_system(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(Lambda, P, B, C), one mode of each conjugate pair, each [H, N/2] complex; C is the
+        system's own (solved from the parameter C~ with ``l_max``)."""
+        return *self._half_params(), self.output_C()
 
     def full_system(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(Lambda, P, B, C) of the full conjugate-symmetric system, each [H, N] complex."""
@@ -236,26 +256,43 @@ class S4(Mixer):
 
     def continuous_A(self) -> Tensor:
         """A = diag(Lambda) - P P^* [H, N, N] (complex)."""
-        Lam, P, _, _ = self.full_system()
+        Lam, P, _ = (torch.cat([v, v.conj()], dim=-1) for v in self._half_params())
         return torch.diag_embed(Lam) - P.unsqueeze(-1) * P.conj().unsqueeze(-2)
 
-    def discretize(self) -> tuple[Tensor, Tensor]:
-        """Bilinear: (A_bar [H, N, N], B_bar [H, N]) of the full system.
-
-        With autograd off (decoding, evaluation) the result is kept until a parameter it depends on
-        changes (in place, as an optimizer step does, or by a new dtype, device or tensor): decoding
-        steps one token at a time, and forming the N x N A_bar costs more than the step itself."""
+    def _kept(self, name: str, params: tuple[Tensor, ...], compute):
+        """compute(), kept without autograd (decoding, evaluation) until a parameter in params changes
+        (in place, as an optimizer step does, or by a new dtype, device or tensor): decoding steps
+        one token at a time, and forming the N x N A_bar costs more than the step itself."""
         if torch.is_grad_enabled():
-            return self._discretize()
-        params = (self.log_A_real, self.A_imag, self.P, self.B, self.log_dt)
-        cached = self._discretized
+            return compute()
+        cached = self._cache.get(name)
         # The key holds each parameter's storage, so a pointer seen again is the same storage.
         if cached is None or not all(
             d.data_ptr() == p.data_ptr() and d.dtype == p.dtype and d.device == p.device and v == p._version
-            for (d, v), p in zip(cached[0], params, strict=False)
+            for (d, v), p in zip(cached[0], params, strict=True)
         ):
-            cached = self._discretized = ([(p.data, p._version) for p in params], self._discretize())
+            cached = self._cache[name] = ([(p.data, p._version) for p in params], compute())
         return cached[1]
+
+    def discretize(self) -> tuple[Tensor, Tensor]:
+        """Bilinear: (A_bar [H, N, N], B_bar [H, N]) of the full system (kept without autograd)."""
+        params = (self.log_A_real, self.A_imag, self.P, self.B, self.log_dt)
+        return self._kept("discretized", params, self._discretize)
+
+    def output_C(self) -> Tensor:
+        """The system's C [H, N/2]: the parameter, or with ``l_max`` the solution of C (I - A_bar^M) =
+        C~ (kept without autograd)."""
+        if self.l_max is None:
+            return as_complex(self.C)
+        params = (self.log_A_real, self.A_imag, self.P, self.B, self.log_dt, self.C)
+        return self._kept("output_C", params, self._untruncated_C)
+
+    def _untruncated_C(self) -> Tensor:
+        r_t = self._real_row(as_complex(self.C))
+        A_M = self._real_power(self.discretize()[0], self._kernel_size(self.l_max))
+        eye = torch.eye(A_M.shape[-1], dtype=A_M.dtype, device=A_M.device)
+        r = torch.linalg.solve(eye - A_M.transpose(-1, -2), r_t.unsqueeze(-1)).squeeze(-1)
+        return self._from_real_row(r)
 
     def _discretize(self) -> tuple[Tensor, Tensor]:
         # I - Delta/2 A = diag(d) + c P P^* (c = Delta/2, d = 1 - c Lambda) is diagonal plus rank
@@ -263,7 +300,7 @@ class S4(Mixer):
         # S4's training step at T = 512). With u = P / d, v = conj(P) / d and s = sum P conj(P) / d:
         #   A_bar = diag((1 + c Lambda) / d) - 2c / (1 + c s) u v^T
         #   B_bar = 2c (B / d - c / (1 + c s) u (v . B))
-        Lam, P, B, _ = self.full_system()
+        Lam, P, B = (torch.cat([v, v.conj()], dim=-1) for v in self._half_params())
         c = (self.log_dt.exp() / 2).to(Lam.dtype).unsqueeze(-1)  # [H, 1]
         d = 1 - c * Lam
         u, v = P / d, P.conj() / d
@@ -274,26 +311,52 @@ class S4(Mixer):
 
     def kernel(self, length: int) -> Tensor:
         """K_j = Re(C A_bar^j B_bar), j < length, by the S4 algorithm (Cauchy + Woodbury): [H, length]."""
-        return self._kernel(length, self.discretize()[0])
+        return self._kernel(length, None if self.l_max is not None else self.discretize()[0])
 
-    def _truncated_C(self, C: Tensor, A_bar: Tensor, M: int) -> Tensor:
-        """C~ = C (I - A_bar^M) for one mode of each conjugate pair (C~ is conjugate-symmetric, as C
-        is): C [H, N/2] -> [H, N/2]. The power is taken in the real coordinates [Re x, Im x] of the
-        state [x, conj(x)], where A_bar is a real N x N matrix, at a quarter of the complex cost;
-        at short lengths this power and its gradient are most of S4's kernel."""
-        N2 = C.shape[-1]
+    def _kernel_size(self, length: int) -> int:
+        """M: the number of roots of unity, ``length`` or with ``l_max`` l_max, rounded up to odd."""
+        if self.l_max is not None:
+            if length > self.l_max:
+                raise ValueError(
+                    f"l_max: this S4 holds C~ for sequences of at most l_max = {self.l_max} steps, got "
+                    f"T = {length} (the step loop, mode='recurrent', takes any T)"
+                )
+            length = self.l_max
+        return length if length % 2 else length + 1
+
+    @staticmethod
+    def _real_power(A_bar: Tensor, M: int) -> Tensor:
+        """A_bar^M in the real coordinates [Re x, Im x] of the state [x, conj(x)], where A_bar is a real
+        N x N matrix: a quarter of the complex cost."""
+        N2 = A_bar.shape[-1] // 2
         A11, A12 = A_bar[:, :N2, :N2], A_bar[:, :N2, N2:]
         S, D = A11 + A12, A11 - A12  # x' = S Re x + i D Im x
         A_real = torch.cat([torch.cat([S.real, -D.imag], -1), torch.cat([S.imag, D.real], -1)], -2)
-        # C x + conj(C x) = [Re C, -Im C] . 2 [Re x, Im x], so C A_bar^M has halves (rho_1 - i rho_2).
-        rho = torch.einsum("hn,hnm->hm", torch.cat([C.real, -C.imag], -1), torch.linalg.matrix_power(A_real, M))
-        return C - torch.complex(rho[:, :N2], -rho[:, N2:])
+        return torch.linalg.matrix_power(A_real, M)
 
-    def _kernel(self, length: int, A_bar: Tensor) -> Tensor:
-        lam, Ph, Bh, C = self.half_system()
-        M = length if length % 2 else length + 1
+    # C x + conj(C x) = [Re C, -Im C] . 2 [Re x, Im x]: C acts on the real coordinates as this row.
+    @staticmethod
+    def _real_row(C: Tensor) -> Tensor:
+        return torch.cat([C.real, -C.imag], -1)
+
+    @staticmethod
+    def _from_real_row(r: Tensor) -> Tensor:
+        N2 = r.shape[-1] // 2
+        return torch.complex(r[:, :N2], -r[:, N2:])
+
+    def _truncated_C(self, C: Tensor, A_bar: Tensor, M: int) -> Tensor:
+        """C~ = C (I - A_bar^M) for one mode of each conjugate pair (C~ is conjugate-symmetric, as C
+        is): C [H, N/2] -> [H, N/2]. At short lengths this power and its gradient are most of S4's
+        kernel (``l_max`` avoids them)."""
+        rho = torch.einsum("hn,hnm->hm", self._real_row(C), self._real_power(A_bar, M))
+        return C - self._from_real_row(rho)
+
+    def _kernel(self, length: int, A_bar: Tensor | None) -> Tensor:
+        """The kernel from the parameters; A_bar (for C~) only without ``l_max``."""
+        lam, Ph, Bh = self._half_params()
+        M = self._kernel_size(length)
         dt = self.log_dt.exp().unsqueeze(-1)  # [H, 1]
-        C_t = self._truncated_C(C, A_bar, M)
+        C_t = as_complex(self.C) if A_bar is None else self._truncated_C(as_complex(self.C), A_bar, M)
         # K is real, so its transform at conj(z) is the conjugate of that at z: the frequencies
         # k <= M / 2 determine it (an inverse real FFT), half the Cauchy sums of all M.
         k = torch.arange(M // 2 + 1, device=lam.device, dtype=dt.dtype)
@@ -313,16 +376,16 @@ class S4(Mixer):
 
     def _fft(self, u: Tensor, x0: Tensor | None, return_state: bool):
         T = u.shape[1]
-        A_bar, B_bar = self.discretize()
-        K = self._kernel(T, A_bar)  # [H, T]
+        K = self.kernel(T)  # [H, T]
         n = 2 * T
         uf = torch.fft.rfft(u.transpose(1, 2), n=n)
         y = torch.fft.irfft(uf * torch.fft.rfft(K, n=n), n=n)[..., :T].transpose(1, 2)
+        if x0 is None and not return_state:
+            return y, None
         N2 = self.d_state // 2
+        A_bar, B_bar = self.discretize()
         _, _, _, C = self.full_system()
         x_full = torch.cat([x0, x0.conj()], dim=-1) if x0 is not None else None
-        if x_full is None and not return_state:
-            return y, None
         # The state terms in chunks of L steps: L Krylov rows and one step by A_bar^L per chunk, not
         # T rows ([H, T, N], gigabytes at 16K tokens); L ~ sqrt(B T) balances the two costs.
         Bsz, H = u.shape[0], u.shape[2]
@@ -363,7 +426,7 @@ class S4(Mixer):
         # The half state evolves as x' = A11 x + A12 conj(x) + B_bar_h u: the top rows of A_bar
         # acting on [x, conj(x)].
         A11, A12, Bh = A_bar[:, :N2, :N2], A_bar[:, :N2, N2:], B_bar[:, :N2]
-        C = as_complex(self.C)
+        C = self.output_C()
         x = x0 if x0 is not None else u.new_zeros(u.shape[0], u.shape[2], N2, dtype=A_bar.dtype)
         ys = []
         for u_t in u.unbind(1):

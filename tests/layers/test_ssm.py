@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from lcsm import layers
 from lcsm.layers import s4
 from lcsm.layers._hippo import hippo_legs, hippo_normal_eig, hippo_skew_pos_imag
-from lcsm.layers.s4 import cauchy_conj
+from lcsm.layers._ssm import as_complex
+from lcsm.layers.s4 import S4State, cauchy_conj
 from lcsm.testing import assert_close, assert_matches_reference, gradients
 
 D_MODEL = 6
@@ -111,14 +112,17 @@ def test_packed_fft_path_equals_packed_recurrence(name):
     assert_close(results[0], results[1], context=name)
 
 
+@pytest.mark.parametrize("l_max", [None, 20])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("carried", [False, True])
-def test_s4_fft_gradients_equal_recurrence_gradients(carried, dtype):
+def test_s4_fft_gradients_equal_recurrence_gradients(carried, dtype, l_max):
     """S4's own fast path (kernel by Cauchy + Woodbury, chunked state terms) in the dtype under test
     against the float64 recurrence with the same parameters: y, the final state when carried, and
     every parameter's gradient, with a carried state the input's and the initial state's too,
-    under random cotangents on y and the final state (T = 17: the state chunks do not divide it)."""
-    fft, rec = make("s4", mode="fft").to(dtype), make("s4", mode="recurrent")
+    under random cotangents on y and the final state (T = 17: the state chunks do not divide it).
+    With l_max the kernel uses the parameter C~ as it is and the recurrence the C solved from it."""
+    fft = make("s4", mode="fft", l_max=l_max).to(dtype)
+    rec = make("s4", mode="recurrent", l_max=l_max)
     results = []
     for mixer, dt in ((fft, dtype), (rec, torch.float64)):
         x = randn(2, 17, D_MODEL).to(dt).requires_grad_()
@@ -137,7 +141,7 @@ def test_s4_fft_gradients_equal_recurrence_gradients(carried, dtype):
         results.append(
             {"y": y, "x_T": state.x, "x": x.grad, "x0": x0.grad, **{n: p.grad for n, p in mixer.named_parameters()}}
         )
-    assert_close(results[0], results[1], dtype=dtype, context=f"s4 {dtype} carried={carried}")
+    assert_close(results[0], results[1], dtype=dtype, context=f"s4 {dtype} carried={carried} l_max={l_max}")
 
 
 # ----------------------------------------------------------------------------- S4
@@ -266,7 +270,7 @@ def test_s4_discretization_kept_without_autograd_follows_parameter_changes():
     first, want = both()
     assert_close({"y": first}, {"y": want}, context="first step")
     again, _ = both()
-    assert mixer._discretized is not None and torch.equal(again, first)
+    assert mixer._cache.get("discretized") is not None and torch.equal(again, first)
     for change in ("in place", "new data", "dtype"):
         with torch.no_grad():
             if change == "in place":
@@ -305,6 +309,35 @@ def test_s4_discretization_equals_the_dense_bilinear_solve(dtype):
     got = dict(zip(("A_bar", "B_bar"), mixer.discretize(), strict=True))
     wrt = dict(mixer.named_parameters())
     assert_close(gradients(got, wrt), gradients(dense(), wrt), dtype=dtype)
+
+
+@pytest.mark.parametrize("mode", ["fft", "recurrent"])
+def test_s4_official_parametrization_is_the_same_system(mode):
+    """With l_max, the parameter holds C~ = C (I - A_bar^M) (the official code's): built from the same
+    weights as the default mixer (parameter C), it computes the same outputs and final states at
+    T <= l_max, from a carried state, with the gradients of the input, the initial state and the
+    parameters that do not enter C~ (the gradients of C and of A's parameters differ: C~, not C, is
+    held fixed); T > l_max in the kernel form is an error."""
+    default = make("s4", mode=mode)
+    official = make("s4", mode=mode, l_max=23)
+    official.load_state_dict(default.state_dict())
+    with torch.no_grad():
+        A_bar = official.discretize()[0]
+        official.C.copy_(torch.view_as_real(official._truncated_C(as_complex(default.C), A_bar, 23)))
+    assert_close({"C": official.output_C()}, {"C": as_complex(default.C)})
+    x0 = 0.3 * torch.complex(randn(2, D_MODEL, 4, seed=3), randn(2, D_MODEL, 4, seed=4))
+    for T in (9, 23):
+        x, state = randn(2, T, D_MODEL, seed=T).requires_grad_(), x0.clone().requires_grad_()
+        results = []
+        for mixer in (default, official):
+            y, final = mixer(x, state=S4State(x=state), return_state=True)
+            kept = ("B", "D", "output_linear.weight", "output_linear.bias")
+            wrt = {"x": x, "x0": state, **{k: p for k, p in mixer.named_parameters() if k in kept}}
+            results.append(gradients({"y": y, "x_T": final.x}, wrt))
+        assert_close(results[1], results[0], context=f"{mode} T={T}")
+    if mode == "fft":
+        with pytest.raises(ValueError, match=r"l_max: .* at most l_max = 23 steps, got T = 24"):
+            official(randn(1, 24, D_MODEL))
 
 
 @pytest.mark.parametrize("length", [16, 17])
