@@ -23,7 +23,7 @@ B, H, K, D, C = 1, 2, 4, 3, 8
 # (traced first: the graph must not hold only for one chunk), the third too strong for one
 # reference per chunk, the fourth with decays of exactly 0 inside chunks
 PROBLEMS = ((5, 1.0, ()), (19, 1.0, ()), (29, 30.0, ()), (23, 1.0, (5, 12, 20)))
-TAILS = {"none": None, "scalar": (1, 1), "row": (K, 1), "col": (1, D)}
+TAILS = {"none": None, "scalar": (1, 1), "row": (K, 1), "col": (1, D), "full": (K, D)}
 
 
 def inputs(T: int, decay: str, strength: float, resets: tuple[int, ...], seed: int) -> dict[str, torch.Tensor | None]:
@@ -67,6 +67,8 @@ CASES = [
     ("scalar", "aot_eager"),
     pytest.param("row", "aot_eager", marks=SLOW),
     pytest.param("col", "aot_eager", marks=SLOW),
+    # a full K x D decay: the elementwise kernel, traced in its doubling form (chunk_scan.traced_elementwise)
+    pytest.param("full", "aot_eager", marks=SLOW),
 ]
 
 
