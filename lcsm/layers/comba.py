@@ -19,7 +19,7 @@ from lcsm._checks import check_bool, check_choice, check_float, check_int
 
 from ..ops import DPLR_MODES, eos_dplr
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import as_packed_row, causal_conv
+from .packing import row_documents, short_conv
 
 Tensor = torch.Tensor
 
@@ -134,15 +134,14 @@ class Comba(Mixer):
 
     def forward(self, x: Tensor, state: CombaState | None = None, return_state: bool = False, cu_seqlens=None):
         self.check_input(x)
-        B, T, _ = x.shape
-        row, docs = as_packed_row(x, cu_seqlens)
-        n = docs.numel() - 1
+        # each row of the batch its own sequence, or the documents of one packed row
+        row, (docs, n) = x, row_documents(x, cu_seqlens)
         if state is not None:
             self.check_state(state, n, cu_seqlens is not None)
         hist = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
-        q, cq = causal_conv(self.q_proj(row), self.q_conv, None, docs, hist[0])
-        k, ck = causal_conv(self.k_proj(row), self.k_conv, None, docs, hist[1])
-        v, cv = causal_conv(self.v_proj(row), self.v_conv, None, docs, hist[2])
+        q, cq = short_conv(self.q_proj(row), self.q_conv, None, docs, hist[0])
+        k, ck = short_conv(self.k_proj(row), self.k_conv, None, docs, hist[1])
+        v, cv = short_conv(self.v_proj(row), self.v_conv, None, docs, hist[2])
         q, k = self._heads(F.silu(q), self.head_k), self._heads(F.silu(k), self.head_k)
         v = self._heads(F.silu(v), self.head_v)
         p = k * torch.sigmoid(self.decay)[:, None]
@@ -170,7 +169,7 @@ class Comba(Mixer):
         y = F.rms_norm(y.to(x.dtype), (self.head_v,), self.o_norm.to(x.dtype), eps=self.norm_eps)
         if self.g_proj is not None:
             y = y * torch.sigmoid(self._heads(self.g_proj(row), self.head_v))
-        out = self.o_proj(y.flatten(-2)).reshape(B, T, -1)
+        out = self.o_proj(y.flatten(-2))
         return (out, CombaState(memory=m, conv_q=cq, conv_k=ck, conv_v=cv)) if return_state else out
 
     def _memory_str(self) -> str:

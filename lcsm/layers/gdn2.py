@@ -20,7 +20,7 @@ from ..ops import DPLR_MODES, eos_dplr
 from ._gated_delta import GatedDeltaState, inverse_softplus_dt, l2norm_fla, value_width
 from ._qkv import head_width
 from .base import EOSRow, Mixer, no_weight_decay, register, short_convs
-from .packing import as_packed_row, causal_conv
+from .packing import row_documents, short_conv
 
 Tensor = torch.Tensor
 
@@ -107,17 +107,17 @@ class GatedDeltaNet2(Mixer):
         self.o_proj = nn.Linear(vd, d_model, bias=False)
 
     # -- pieces (the tests feed them to fla's reference recurrence) ---------------------------------
-    def recurrence_inputs(self, row: Tensor, docs: Tensor, state: GatedDeltaState | None = None):
+    def recurrence_inputs(self, row: Tensor, docs: Tensor | None, state: GatedDeltaState | None = None):
         """The recurrence's inputs in fla's naming, for a packed row [1, T, d_model] and its document
-        bounds: q, k [1, T, G H, K] (after conv, SiLU and L2 norm, q not yet scaled), v [1, T, G H, D],
-        g = log alpha [1, T, G H, K] (float32 at least), b [1, T, G H, K], w [1, T, G H, D], and the
-        three convolution histories."""
+        bounds, or a batch [B, T, d_model] of sequences (docs None): q, k [B, T, G H, K] (after conv,
+        SiLU and L2 norm, q not yet scaled), v [B, T, G H, D], g = log alpha [B, T, G H, K] (float32
+        at least), b [B, T, G H, K], w [B, T, G H, D], and the three convolution histories."""
         H, K, D = self.num_heads, self.head_k, self.head_v
         hist = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
         projected = (self.q_proj(row), self.k_proj(row), self.v_proj(row))
         (q, cq), (k, ck), (v, cv) = (
-            causal_conv(p, c.weight, c.bias, docs, h) for p, c, h in zip(projected, convs, hist, strict=True)
+            short_conv(p, c.weight, c.bias, docs, h) for p, c, h in zip(projected, convs, hist, strict=True)
         )
         q, k = F.silu(q).unflatten(-1, (H, K)), F.silu(k).unflatten(-1, (H, K))
         v = F.silu(v).unflatten(-1, (self.num_v_heads, D))
@@ -141,9 +141,9 @@ class GatedDeltaNet2(Mixer):
             q, k, g, b = (t.repeat_interleave(group, dim=-2) for t in (q, k, g, b))
         return q, k, v, g, b, w, (cq, ck, cv)
 
-    def recurrence(self, q, k, v, g, b, w, docs: Tensor, initial_state: Tensor | None = None):
+    def recurrence(self, q, k, v, g, b, w, docs: Tensor | None, initial_state: Tensor | None = None):
         """S_t = (I - k_t (b_t * k_t)^T) Diag(alpha_t) S_{t-1} + k_t (w_t * v_t)^T,
-        o_t = S_t^T q_t K^-1/2 on eos_dplr, per document of the packed row."""
+        o_t = S_t^T q_t K^-1/2 on eos_dplr, per document of the packed row (per row without docs)."""
         return eos_dplr(
             w * v,
             k,
@@ -158,7 +158,7 @@ class GatedDeltaNet2(Mixer):
         )
 
     def readout(self, row: Tensor, o: Tensor) -> Tensor:
-        """The sigmoid-gated RMSNorm per head and o_proj: o [1, T, G H, D] -> [1, T, d_model]."""
+        """The sigmoid-gated RMSNorm per head and o_proj: o [B, T, G H, D] -> [B, T, d_model]."""
         # Normalised and gated in float32 at least, as fla's fused gated norm does for half inputs.
         wide = torch.promote_types(row.dtype, torch.float32)
         o = F.rms_norm(o.to(wide), (self.head_v,), self.o_norm.to(wide), eps=self.norm_eps)
@@ -174,13 +174,13 @@ class GatedDeltaNet2(Mixer):
         cu_seqlens: Tensor | None = None,
     ):
         self.check_input(x)
-        B, T, _ = x.shape
-        row, docs = as_packed_row(x, cu_seqlens)
+        # each row of the batch its own sequence, or the documents of one packed row
+        docs, n = row_documents(x, cu_seqlens)
         if state is not None:
-            self.check_state(state, docs.numel() - 1, cu_seqlens is not None)
-        q, k, v, g, b, w, convs = self.recurrence_inputs(row, docs, state)
+            self.check_state(state, n, cu_seqlens is not None)
+        q, k, v, g, b, w, convs = self.recurrence_inputs(x, docs, state)
         o, m = self.recurrence(q, k, v, g, b, w, docs, None if state is None else state.memory)
-        y = self.readout(row, o).reshape(B, T, -1)
+        y = self.readout(x, o)
         if return_state:
             return y, GatedDeltaState(memory=m, conv_q=convs[0], conv_k=convs[1], conv_v=convs[2])
         return y

@@ -18,7 +18,7 @@ from lcsm._checks import check_int
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import as_packed_row, causal_conv, check_document_state
+from .packing import check_document_state, row_documents, short_conv
 
 Tensor = torch.Tensor
 
@@ -86,9 +86,8 @@ class Longhorn(Mixer):
 
     def forward(self, x: Tensor, state: LonghornState | None = None, return_state: bool = False, cu_seqlens=None):
         self.check_input(x)
-        B, T, _ = x.shape
-        row, docs = as_packed_row(x, cu_seqlens)
-        n = docs.numel() - 1
+        # each row of the batch its own sequence, or the documents of one packed row
+        row, (docs, n) = x, row_documents(x, cu_seqlens)
         if state is not None:
             if not isinstance(state, LonghornState):
                 raise ValueError(f"state: expected a LonghornState from this mixer, got {type(state).__name__}")
@@ -100,12 +99,12 @@ class Longhorn(Mixer):
                 if got.shape != ref.shape:
                     raise ValueError(f"state.{name}: expected {list(ref.shape)}, got {list(got.shape)}")
         xs, z = self.in_proj(row).chunk(2, dim=-1)
-        u, conv = causal_conv(xs, self.conv1d.weight, self.conv1d.bias, docs, None if state is None else state.conv)
+        u, conv = short_conv(xs, self.conv1d.weight, self.conv1d.bias, docs, None if state is None else state.conv)
         u, conv = F.silu(u), conv.to(xs.dtype)
         dt_low, k, q = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        sig = torch.sigmoid(self.dt_head(dt_low))  # [1, T, E]
+        sig = torch.sigmoid(self.dt_head(dt_low))  # [B, T, E]
         eps = sig / (1 + sig * k.square().sum(-1, keepdim=True))
-        # log(1 - eps_c k_n^2) [1, T, 1, N, E]: the per-row-and-column forgetting.
+        # log(1 - eps_c k_n^2) [B, T, 1, N, E]: the per-row-and-column forgetting.
         log_o = torch.log1p(-eps[..., None, :] * k.square()[..., :, None]).unsqueeze(2)
         y, m = eos(
             (eps * u).unsqueeze(2),
@@ -117,7 +116,7 @@ class Longhorn(Mixer):
             cu_seqlens=docs,
         )
         y = y.squeeze(2).to(x.dtype) + self.D.to(x.dtype) * u
-        out = self.out_proj(y * F.silu(z)).reshape(B, T, -1)
+        out = self.out_proj(y * F.silu(z))
         return (out, LonghornState(conv=conv, memory=m)) if return_state else out
 
     def describe(self) -> EOSRow:

@@ -44,14 +44,13 @@ def packed_rows(x: Tensor, cu_seqlens: Tensor | None, state=None) -> Tensor | No
     return cu_seqlens
 
 
-def as_packed_row(x: Tensor, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
-    """x [B, T, ...] as one packed row and its boundaries: with ``cu_seqlens`` x itself (checked);
-    without, the B rows back to back, each its own document, so a mixer has one code path for
-    its convolutions and state."""
-    if cu_seqlens is not None:
-        return x, documents(x, cu_seqlens)
-    B, T = x.shape[:2]
-    return x.reshape(1, B * T, *x.shape[2:]), torch.arange(B + 1, device=x.device) * T
+def row_documents(x: Tensor, cu_seqlens: Tensor | None) -> tuple[Tensor | None, int]:
+    """A mixer's sequences: with ``cu_seqlens`` its bounds (checked against x [1, T, ...], int64)
+    and the number of documents N; without, None and the batch size B (each row a sequence)."""
+    if cu_seqlens is None:
+        return None, x.shape[0]
+    docs = documents(x, cu_seqlens)
+    return docs, docs.numel() - 1
 
 
 def document_index(cu_seqlens: Tensor, T: int) -> Tensor:
@@ -120,6 +119,26 @@ def causal_conv(
     return y[None], final
 
 
+def short_conv(
+    x: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor | None, history: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """``causal_conv`` for a packed row (``cu_seqlens``) or, without, for each row of a batch:
+    x [B, T, C] continuing from history [B, W - 1, C] (the inputs before x, oldest first; None:
+    zeros) -> (y [B, T, C], the last W - 1 inputs [B, W - 1, C]). A batch runs as it is, not as
+    one packed row of B documents: the same results, one convolution over [B, C, W - 1 + T], and
+    no bounds read from tensor data (which torch.compile cannot trace with a symbolic T)."""
+    if cu_seqlens is not None:
+        return causal_conv(x, weight, bias, cu_seqlens, history)
+    W = weight.shape[-1]
+    if history is None:
+        history = x.new_zeros(x.shape[0], W - 1, x.shape[2])
+    full = torch.cat([history.to(x.dtype), x], dim=1)
+    y = F.conv1d(
+        full.transpose(1, 2), weight.to(x.dtype), None if bias is None else bias.to(x.dtype), groups=x.shape[2]
+    ).transpose(1, 2)
+    return y, full[:, full.shape[1] - (W - 1) :]
+
+
 def silu_short_conv(
     conv: nn.Conv1d, x: Tensor, history: Tensor | None, cu_seqlens: Tensor | None
 ) -> tuple[Tensor, Tensor]:
@@ -128,15 +147,8 @@ def silu_short_conv(
     inputs before x, oldest first; None: zeros) -> (y [B, T, C], the last W - 1 inputs [B, W - 1, C]).
     With ``cu_seqlens`` x is a packed row, history holds one row per document and the convolution
     restarts at each document's start."""
-    if cu_seqlens is not None:
-        y, last = causal_conv(x, conv.weight, conv.bias, cu_seqlens, history)
-        return F.silu(y), last
-    W = conv.weight.shape[-1]
-    if history is None:
-        history = x.new_zeros(x.shape[0], W - 1, x.shape[2])
-    full = torch.cat([history.to(x.dtype), x], dim=1)
-    y = F.conv1d(full.transpose(1, 2), conv.weight, conv.bias, groups=x.shape[2]).transpose(1, 2)
-    return F.silu(y), full[:, full.shape[1] - (W - 1) :]
+    y, last = short_conv(x, conv.weight, conv.bias, cu_seqlens, history)
+    return F.silu(y), last
 
 
 def token_shift(x: Tensor, cu_seqlens: Tensor, previous: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -37,6 +37,30 @@ from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
+# Bits of a traced matrix power's exponent (``_matrix_power``): lengths below 2^32.
+_POWER_BITS = 32
+
+
+def _matrix_power(A: Tensor, n: int) -> Tensor:
+    """A^n for square matrices A [.., N, N]: torch.linalg.matrix_power, which takes n as a Python
+    integer; traced by torch.compile, where n derives from the symbolic sequence length and
+    matrix_power would fix it in the graph, by repeated squaring over _POWER_BITS bits whose
+    selection is a tensor (the same products as matrix_power's binary method, up to rounding)."""
+    if not torch.compiler.is_compiling():
+        return torch.linalg.matrix_power(A, n)
+    torch._check(n < 1 << _POWER_BITS, lambda: f"S4 kernel length below 2^{_POWER_BITS}")
+    bits = torch.full((), n, device=A.device)  # a tensor of the symbolic n (torch.as_tensor would fix it)
+    result = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device).expand_as(A)
+    for bit in range(_POWER_BITS):
+        result = torch.where(((bits >> bit) & 1).bool(), result @ A, result)
+        A = A @ A
+    return result
+
+
+# -2 pi i as one constant: torch.compile (2.13) fails on the product of a complex and a float literal
+# (-2j * math.pi) inside a traced function, and traces a constant times a tensor.
+_MINUS_TWO_PI_J = -2j * math.pi
+
 
 S4_MODES = ("auto", "fft", "recurrent")
 
@@ -322,7 +346,7 @@ class S4(Mixer):
                     f"T = {length} (the step loop, mode='recurrent', takes any T)"
                 )
             length = self.l_max
-        return length if length % 2 else length + 1
+        return length + 1 - length % 2  # odd: length, or length + 1 (arithmetic, not a branch on a traced length)
 
     @staticmethod
     def _real_power(A_bar: Tensor, M: int) -> Tensor:
@@ -332,7 +356,7 @@ class S4(Mixer):
         A11, A12 = A_bar[:, :N2, :N2], A_bar[:, :N2, N2:]
         S, D = A11 + A12, A11 - A12  # x' = S Re x + i D Im x
         A_real = torch.cat([torch.cat([S.real, -D.imag], -1), torch.cat([S.imag, D.real], -1)], -2)
-        return torch.linalg.matrix_power(A_real, M)
+        return _matrix_power(A_real, M)
 
     # C x + conj(C x) = [Re C, -Im C] . 2 [Re x, Im x]: C acts on the real coordinates as this row.
     @staticmethod
@@ -360,7 +384,7 @@ class S4(Mixer):
         # K is real, so its transform at conj(z) is the conjugate of that at z: the frequencies
         # k <= M / 2 determine it (an inverse real FFT), half the Cauchy sums of all M.
         k = torch.arange(M // 2 + 1, device=lam.device, dtype=dt.dtype)
-        z = torch.exp(-2j * math.pi * k / M)  # [M // 2 + 1]
+        z = torch.exp(_MINUS_TWO_PI_J * k / M)  # [M // 2 + 1]
         g = (2 / dt) * (1 - z) / (1 + z)  # [H, M]
         # The four Cauchy sums sum_n a_n b_n / (g - Lambda_n) run over conjugate pairs (the official
         # cauchy_conj): v / (g - lam) + conj(v) / (g - conj(lam)) = (2 Re(v) g - 2 Re(v conj(lam)))

@@ -13,7 +13,7 @@ import torch
 
 from ._inputs import EOSProblem
 from .chunk_matmul import ChunkMatmulFunction, chunk_matmul
-from .chunk_scan import ChunkElementwiseFunction
+from .chunk_scan import ChunkElementwiseFunction, traced_elementwise
 
 Tensor = torch.Tensor
 
@@ -79,6 +79,9 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom") -> tuple
             f"s {tuple(p.s.shape)}) has only the 'custom' backward, got {backward!r}; "
             "'autograd' is the matmul kernel's baseline"
         )
+    if torch.compiler.is_compiling():
+        # traced: a doubling form with autograd's backward (the step loop would fix T)
+        return traced_elementwise(p.i, p.e, p.s, p.g_full, p.m0, C)
     if p.g_product is not None:
         return ChunkElementwiseFunction.apply(p.i, p.e, p.s, *p.g_product, p.m0, C, True)
     g_a, g_b = p.g_outer if p.g_outer is not None else (p.g, None)

@@ -284,7 +284,15 @@ def _chunked(x: Tensor, C: int, dtype: torch.dtype | None = None) -> Tensor:
     batched matmul would copy them again; a change of dtype is the same copy."""
     B, H, T, X = x.shape
     N = max(1, -(-T // C))
-    # traced, T is symbolic: padding by zero steps when C divides T keeps one graph for every T
+    # Traced, T is symbolic: padding by zero steps when C divides T keeps one graph for every T,
+    # and one more chunk than needed, all padding, makes N >= 2 provable. With N = ceil(T / C)
+    # the tracer meets N = 1 for every T <= C (a size-1 dimension, which torch's contiguity checks
+    # test for) and guards on it: the graph held only for T <= C, and tensors formed before and
+    # after the guard disagreed on N's expression, which torch.cond refused (column decays,
+    # symbolic batch). A padding step has no input and decay 1, so it changes no output and no
+    # memory; ``_final_memory_strict`` finds the last step's chunk by index, not as the last chunk.
+    if torch.compiler.is_compiling():
+        N = (T + C - 1) // C + 1
     if torch.compiler.is_compiling() or N * C != T:
         x = torch.nn.functional.pad(x, (0, 0, 0, N * C - T))
     x = x.reshape(B, H, N, C, X)
@@ -439,9 +447,10 @@ def _doubling_states(U: Tensor, decay: Tensor, M: Tensor) -> tuple[Tensor, Tenso
     the chunks' C x C maps. Products of decays are at most 1 in modulus: nothing overflows."""
     N = U.shape[2]
     torch._check(N <= 1 << SCAN_LEVELS, lambda: f"traced eos chunk kernel: at most 2^{SCAN_LEVELS} chunks")
-    a, b = decay, torch.cat([U[:, :, :1] + decay[:, :, :1] * M.unsqueeze(2), U[:, :, 1:]], 2)
-
     chunk = torch.arange(N, device=U.device).view(N, 1, 1)
+    # the first chunk takes in the memory before it; by a mask, not a cat with U[:, :, 1:]: a size of
+    # N - 1, 1 for every T <= C, would be guarded on (``_chunked``)
+    a, b = decay, U + torch.where(chunk == 0, decay * M.unsqueeze(2), 0.0)
 
     def shifted(x: Tensor, by: int, fill: float) -> Tensor:  # x[n - by] along chunks, ``fill`` before the first
         # a roll, not a pad by ``by``: padding would allocate up to 2^SCAN_LEVELS chunks
@@ -451,8 +460,10 @@ def _doubling_states(U: Tensor, decay: Tensor, M: Tensor) -> tuple[Tensor, Tenso
         by = 1 << level
         b = b + a * shifted(b, by, 0.0)
         a = a * shifted(a, by, 1.0)
-    # b[n]: the memory after chunk n; the memory at each chunk's start is the one after the chunk before
-    return torch.cat([M.unsqueeze(2), b[:, :, :-1]], 2), b[:, :, -1]
+    # b[n]: the memory after chunk n; the memory at each chunk's start is the one after the chunk
+    # before (a roll, not a cat of b[:, :, :-1]: a size of N - 1, 1 for every T <= C, would be
+    # guarded on, see ``_chunked``)
+    return torch.where(chunk == 0, M.unsqueeze(2), b.roll(1, 2)), b[:, :, -1]
 
 
 def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: str, strict: bool) -> Tensor:
@@ -574,16 +585,19 @@ def _no_decay_backward(
     return _unchunk(ds, L), _unchunk(de, L), _unchunk(di, L), dA[:, :, 0] + P[:, :, 0]
 
 
-def _final_memory_strict(ec: Tensor, ic: Tensor, f: _Decay, kind: str, S: Tensor, j: int) -> Tensor:
-    """o_T * m_{T-1}: the final memory without the last step's own input e_T i_T^T, from the last
-    chunk's start memory S[:, :, -1] and its steps before j (the last step's index in the chunk;
-    padded steps after it have no input and decay 1). Computed directly, because m_T - e_T i_T^T
-    would keep m_T's O(1) rounding error in an O(o) result."""
+def _final_memory_strict(ec: Tensor, ic: Tensor, f: _Decay, kind: str, S: Tensor, last: int) -> Tensor:
+    """o_T * m_{T-1}: the final memory without the last step's own input e_T i_T^T, from the start
+    memory of the chunk holding the last step (``last``, its index in the segment) and that
+    chunk's steps before it (padded steps after it have no input and decay 1). Computed directly,
+    because m_T - e_T i_T^T would keep m_T's O(1) rounding error in an O(o) result."""
+    C = ec.shape[-2]
+    # eager, chunk n is the last one; traced, one all-padding chunk follows it (``_chunked``)
+    n, j = last // C, last % C
     # by a mask, not by writing e[..., j, :] = 0: traced with symbolic T, j is symbolic too
-    e = ec[:, :, -1:]
+    e = ec.narrow(2, n, 1)
     e = torch.where(torch.arange(e.shape[-2], device=e.device).unsqueeze(-1) == j, 0, e)
-    last_chunk = _Decay(exp_last=f.exp_last[:, :, -1:], to_end=f.to_end[:, :, -1:])
-    return _chunk_states(e, ic[:, :, -1:], last_chunk, kind, S[:, :, -1])[1]
+    last_chunk = _Decay(exp_last=f.exp_last.narrow(2, n, 1), to_end=f.to_end.narrow(2, n, 1))
+    return _chunk_states(e, ic.narrow(2, n, 1), last_chunk, kind, S.select(2, n))[1]
 
 
 def _input_part(x: Tensor, last_segment: bool) -> Tensor:
@@ -775,7 +789,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
             sc, ec, ic = (_chunked(x[:, :, part], C) for x in (s, e, i))
             S, M = _chunk_states(ec, ic, f, kind, M)
             if g is not None and part.stop == T:
-                M_strict = _final_memory_strict(ec, ic, f, kind, S, (L - 1) % C)
+                M_strict = _final_memory_strict(ec, ic, f, kind, S, L - 1)
             if kind == "none":  # nothing reads a strict output
                 y, y_strict = _unchunk(_chunk_outputs(sc, ec, ic, f, S, kind, False), L), None
             elif _factorises(f, s):

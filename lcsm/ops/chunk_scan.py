@@ -423,3 +423,52 @@ class ChunkElementwiseFunction(torch.autograd.Function):
         dg = grads[3:] + [None] * (2 - len(operands))
         dm0 = None if m0 is None else _grad_for(m0, dM)
         return (*grads[:3], *dg, dm0, None, None)
+
+
+# ----------------------------------------------------------------------------- traced form
+
+
+def traced_elementwise(
+    i: Tensor, e: Tensor, s: Tensor, log_o: Tensor | None, m0: Tensor | None, C: int
+) -> tuple[Tensor, Tensor]:
+    """The elementwise kernel's y [B, H, T, D] and m_T [B, H, K, D] under torch.compile, where
+    its loop over steps (one operation per step, written into views by ``out=``) would fix T in
+    the graph and the tracer refuses ``out=`` into views. i [B, H, T, D], e and s
+    [B|1, H, T|1, K, D|1], log_o [B|1, H, T|1, K|1, D|1] (None: o = 1; a separable pair or a
+    product given as the sum or product of its parts), m0 [B, H, K, D] or None.
+
+    Chunks of C steps (one all-padding chunk more than needed, as in ``chunk_matmul._chunked``, so
+    that the chunk count is not 1 for short sequences: padding steps have no input and decay 1):
+    within each chunk the recurrence m_t = o_t * m_{t-1} + e_t (x) i_t composes associatively, so
+    ceil(log2 C) doubling steps give every step's memory from a zero chunk start and the decay
+    since it; across chunks ``chunk_matmul._doubling_states`` carries the chunk-start memories.
+    Exact (sums of the same products in another order); differentiated by autograd, which keeps
+    the [B, H, T, K, D] memories of every level, so this serves graphs that must compile whole,
+    not long sequences."""
+    from .chunk_matmul import _doubling_states
+
+    B, H, T, D = i.shape
+    K = e.shape[-2]
+    N = (T + C - 1) // C + 1
+    x = e * i.unsqueeze(-2)  # [B, H, T, K, D]
+    a = torch.ones_like(x) if log_o is None else log_o.exp().expand(B, H, T, K, D)
+    dt = torch.promote_types(x.dtype, a.dtype)
+    pad = (0, 0, 0, 0, 0, N * C - T)
+    x = torch.nn.functional.pad(x.to(dt), pad).reshape(B, H, N, C, K, D)
+    a = torch.nn.functional.pad(a.to(dt), pad, value=1.0).reshape(B, H, N, C, K, D)
+    step = torch.arange(C, device=i.device).view(C, 1, 1)
+    by = 1
+    while by < C:  # C is a Python int: ceil(log2 C) levels
+        b_prev = torch.where(step >= by, x.roll(by, 3), 0.0)
+        a_prev = torch.where(step >= by, a.roll(by, 3), 1.0)
+        x, a = x + a * b_prev, a * a_prev
+        by *= 2
+    M = x.new_zeros(B, H, K, D) if m0 is None else m0.to(dt)
+    starts, m_T = _doubling_states(x[:, :, :, -1], a[:, :, :, -1], M)
+    h = x + a * starts.unsqueeze(3)  # [B, H, N, C, K, D]
+    if s.shape[2] == 1:
+        s_c = s.unsqueeze(3)
+    else:
+        s_c = torch.nn.functional.pad(s, (0, 0, 0, 0, 0, N * C - T)).reshape(*s.shape[:2], N, C, *s.shape[-2:])
+    y = (s_c * h).sum(-2).reshape(B, H, N * C, D)[:, :, :T]
+    return y, m_T

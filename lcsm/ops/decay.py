@@ -132,4 +132,8 @@ def log_sigmoid_product(a: Tensor, b: Tensor, tau: float) -> Tensor:
     with a backward that recomputes the product (module docstring). Equal to
     ``log_sigmoid_product_reference`` up to rounding; dtype: a's and b's promoted."""
     _check(a, b, tau)
+    if torch.compiler.is_compiling():
+        # traced: the plain form, differentiated by autograd (the blocked loop over time steps
+        # would fix T in the graph, and the tracer refuses its ``out=`` writes into views)
+        return log_sigmoid_product_reference(_four_dim(a), _four_dim(b), float(tau))
     return _LogSigmoidProduct.apply(_four_dim(a), _four_dim(b), float(tau))

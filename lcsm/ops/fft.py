@@ -49,6 +49,14 @@ def _over_k(powers: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (powers * x.unsqueeze(2)).sum(-2)
 
 
+def _causal_conv(kernel: torch.Tensor, i: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """The circular convolution of kernel and i along ``dim`` on length n by FFT (complex if either
+    is, else real)."""
+    if kernel.is_complex() or i.is_complex():
+        return torch.fft.ifft(torch.fft.fft(kernel, n=n, dim=dim) * torch.fft.fft(i, n=n, dim=dim), n=n, dim=dim)
+    return torch.fft.irfft(torch.fft.rfft(kernel, n=n, dim=dim) * torch.fft.rfft(i, n=n, dim=dim), n=n, dim=dim)
+
+
 def eos_fft(
     p: EOSProblem, real_output: bool = False, final_state: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -61,15 +69,14 @@ def eos_fft(
     i = p.i
     if real_output and p.i_real is not None:
         kernel, i = kernel.real, p.i_real
-    n = 2 * T
-    if kernel.is_complex() or i.is_complex():
-        kf = torch.fft.fft(kernel, n=n, dim=2)
-        i_f = torch.fft.fft(i, n=n, dim=2)
-        y = torch.fft.ifft(kf * i_f, n=n, dim=2)[:, :, :T]
+    if torch.compiler.is_compiling():
+        # Traced, the transforms run along the last dimension, time moved there: on a CPU an FFT
+        # along another dimension returns (and its backward passes on) strides other than the
+        # contiguous ones the tracer assumes, and a view in the traced backward then fails.
+        kernel, i = kernel.transpose(2, 3).contiguous(), i.transpose(2, 3).contiguous()
+        y = _causal_conv(kernel, i, 2 * T, -1)[..., :T].transpose(2, 3)
     else:
-        kf = torch.fft.rfft(kernel, n=n, dim=2)
-        i_f = torch.fft.rfft(i, n=n, dim=2)
-        y = torch.fft.irfft(kf * i_f, n=n, dim=2)[:, :, :T]
+        y = _causal_conv(kernel, i, 2 * T, 2)[:, :, :T]
     m_T = None
     if final_state:
         # m_T = o^T m_0 + sum_s o^(T-s) e i_s; the powers o^(T-s) are powers[T-s] reversed.

@@ -14,8 +14,14 @@ D_MODEL = 16
 LENGTHS = (19, 29)
 
 
+# Compiling since issue 68's fixes: a column decay with a symbolic batch (hgrn, mingru, minlstm,
+# rg_lru, rwkv4), the FFT form (lru, s5, tnn), S4's kernel, the elementwise kernel (lcsm, mamba,
+# longhorn: a full K x D decay)
+NEWLY = ["hgrn", "mingru", "minlstm", "rg_lru", "rwkv4", "lru", "s5", "tnn", "s4", "lcsm", "mamba", "longhorn"]
+
+
 @pytest.mark.slow  # about 45 s per mixer on 2 busy cores
-@pytest.mark.parametrize("name", ["gla", "mamba2", "fwp", "attention", "ces", "s4d"])
+@pytest.mark.parametrize("name", ["gla", "mamba2", "fwp", "attention", "ces", "s4d", *NEWLY])
 def test_mixer_compiles_equal_to_eager(name):
     torch.manual_seed(0)
     mixer = layers.build(name, D_MODEL)

@@ -1,5 +1,5 @@
 """``torch.compile(fullgraph=True, dynamic=True)`` of the EOS chunk kernel: the compiled function
-equals eager (outputs, final states, every gradient under random cotangents) for two sequence
+equals eager (outputs, final states, every gradient under random cotangents) for four sequence
 lengths through one compiled graph (a recompile fails the test), over decays that take each of
 the kernel's exact forms (moderate, too strong for one reference per chunk, with resets).
 
@@ -19,10 +19,11 @@ from lcsm.ops import eos
 from lcsm.testing import assert_close, gradients
 
 B, H, K, D, C = 1, 2, 4, 3, 8
-# (T, strength, resets): 3, 4 and 3 chunks, no T a multiple of C; the second too strong for one
-# reference per chunk, the third with decays of exactly 0 inside chunks
-PROBLEMS = ((19, 1.0, ()), (29, 30.0, ()), (23, 1.0, (5, 12, 20)))
-TAILS = {"none": None, "scalar": (1, 1), "row": (K, 1), "col": (1, D)}
+# (T, strength, resets): 1, 3, 4 and 3 chunks, no T a multiple of C; the first shorter than a chunk
+# (traced first: the graph must not hold only for one chunk), the third too strong for one
+# reference per chunk, the fourth with decays of exactly 0 inside chunks
+PROBLEMS = ((5, 1.0, ()), (19, 1.0, ()), (29, 30.0, ()), (23, 1.0, (5, 12, 20)))
+TAILS = {"none": None, "scalar": (1, 1), "row": (K, 1), "col": (1, D), "full": (K, D)}
 
 
 def inputs(T: int, decay: str, strength: float, resets: tuple[int, ...], seed: int) -> dict[str, torch.Tensor | None]:
@@ -66,6 +67,8 @@ CASES = [
     ("scalar", "aot_eager"),
     pytest.param("row", "aot_eager", marks=SLOW),
     pytest.param("col", "aot_eager", marks=SLOW),
+    # a full K x D decay: the elementwise kernel, traced in its doubling form (chunk_scan.traced_elementwise)
+    pytest.param("full", "aot_eager", marks=SLOW),
 ]
 
 
