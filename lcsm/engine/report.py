@@ -384,7 +384,8 @@ def interval_table(exp, rows: list[dict[str, Any]], metric: str) -> str:
 
 def _cell_rows(exp, rows: list[dict[str, Any]], cell: Any, where: str) -> list[dict[str, Any]]:
     """The finished rows of a ``differences`` side: a mapping of axis to label, or one label of the
-    one axis (besides the seed axes) that has it; every other non-seed axis must be constant."""
+    one axis (besides the seed axes) that has it; every other non-seed axis must be constant. None
+    finished yet gives []: the report names the comparison as missing."""
     seeds = seed_axes(exp)
     others = [a for a in exp.axes if a.key not in seeds]
     if isinstance(cell, Mapping):
@@ -402,8 +403,6 @@ def _cell_rows(exp, rows: list[dict[str, Any]], cell: Any, where: str) -> list[d
         labels = sorted({r[a.key] for r in chosen})
         if len(labels) > 1:
             raise ValueError(f"{where}: the runs of {cell!r} differ in {a.key} ({labels}); name its label too")
-    if not chosen:
-        raise ValueError(f"{where}: no finished run of {cell!r}")
     return chosen
 
 
@@ -419,8 +418,18 @@ def differences(exp, rows: list[dict[str, Any]], specs: Sequence[Mapping[str, An
     for i, spec in enumerate(specs):
         where = f"report.differences[{i}]"
         metric, alternative = spec["metric"], spec["alternative"]
-        a = _scores(exp, _cell_rows(exp, rows, spec["a"], f"{where}.a"), metric)
-        b = _scores(exp, _cell_rows(exp, rows, spec["b"], f"{where}.b"), metric)
+        a_rows = _cell_rows(exp, rows, spec["a"], f"{where}.a")
+        b_rows = _cell_rows(exp, rows, spec["b"], f"{where}.b")
+        if not a_rows or not b_rows:
+            # A sweep not finished yet: the comparison is named, not dropped.
+            unrun = " and ".join(repr(c) for c, r in ((spec["a"], a_rows), (spec["b"], b_rows)) if not r)
+            lines.append(
+                f"| {spec['a']} | {spec['b']} | {metric} | — | none | {alternative} | no | "
+                f"missing: no finished run of {unrun} |"
+            )
+            continue
+        a = _scores(exp, a_rows, metric)
+        b = _scores(exp, b_rows, metric)
         try:
             ci = stats.difference_interval(a, b)
         except ValueError as err:

@@ -692,6 +692,35 @@ def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_ex
     assert "Resolved: 0 of 1" in text
 
 
+def test_report_names_a_difference_without_finished_runs_as_missing(tmp_path, monkeypatch):
+    """A sweep stopped before a compared cell ran: the report names that comparison as missing
+    (not resolved) instead of failing, and still resolves the others."""
+    differences = [
+        {"a": "gla", "b": "mamba", "metric": "accuracy", "alternative": "a <= b"},
+        {"a": "gla", "b": "hgrn", "metric": "accuracy", "alternative": "a <= b"},
+    ]
+    exp = load_experiment(
+        experiment(
+            tmp_path,
+            grid={"model.mixer": ["gla", "hgrn", "mamba"], "train.seed": [0, 1, 2]},
+            select=None,
+            report={"differences": differences},
+        ),
+        out_dir=tmp_path / "out",
+    )
+    train = fake_seeded_train(True)
+
+    def execute(runs, parallel=1, log=print):
+        return train([r for r in runs if r.config["model"]["mixer"] != "mamba"], parallel, log)
+
+    monkeypatch.setattr(sweep_mod, "execute", execute)
+    sweep(exp, log=lambda *_: None)
+    text = write_report(exp, collect(exp)).read_text()
+    assert "| gla | mamba | accuracy | — | none | a <= b | no | missing: no finished run of 'mamba' |" in text
+    assert re.search(r"^\| gla \| hgrn \| accuracy \| .+ \| yes: excluded \|", text, re.M)
+    assert "Resolved: 1 of 2" in text
+
+
 def test_report_differences_are_checked(tmp_path):
     base = {"grid": {"model.mixer": ["gla", "hgrn"], "train.seed": [0, 1]}, "select": None}
     good = {"a": "gla", "b": "hgrn", "metric": "accuracy", "alternative": "a <= b"}
