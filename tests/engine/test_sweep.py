@@ -637,6 +637,12 @@ def fake_seeded_train(with_examples):
     return execute
 
 
+def seeded_experiment(tmp_path, mixers, seeds, report, out):
+    """An experiment over mixers x seeds 0..seeds-1 (no select) with the given report section."""
+    grid = {"model.mixer": mixers, "train.seed": list(range(seeds))}
+    return load_experiment(experiment(tmp_path, grid=grid, select=None, report=report), out_dir=tmp_path / out)
+
+
 @pytest.mark.parametrize("with_examples", [True, False])
 def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_examples):
     """A seed axis gives each cell's mean with its 95% interval; ``differences`` gives the interval
@@ -647,19 +653,12 @@ def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_ex
         {"a": {"model.mixer": "gla"}, "b": "hgrn", "metric": "loss", "alternative": "a >= b"},
         {"a": "gla", "b": "hgrn", "metric": "accuracy", "alternative": "a >= b"},
     ]
-    exp = load_experiment(
-        experiment(
-            tmp_path,
-            grid={"model.mixer": ["gla", "hgrn", "mamba"], "train.seed": [0, 1, 2]},
-            select=None,
-            report={
-                "metrics": ["accuracy", "loss"],
-                "differences": differences,
-                "compare": [{"axis": "model.mixer", "metric": "accuracy", "paper": {"gla": 3, "mamba": 2, "hgrn": 1}}],
-            },
-        ),
-        out_dir=tmp_path / "out",
-    )
+    report = {
+        "metrics": ["accuracy", "loss"],
+        "differences": differences,
+        "compare": [{"axis": "model.mixer", "metric": "accuracy", "paper": {"gla": 3, "mamba": 2, "hgrn": 1}}],
+    }
+    exp = seeded_experiment(tmp_path, ["gla", "hgrn", "mamba"], 3, report, "out")
     monkeypatch.setattr(sweep_mod, "execute", fake_seeded_train(with_examples))
     sweep(exp, log=lambda *_: None)
     text = write_report(exp, collect(exp)).read_text()
@@ -676,15 +675,7 @@ def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_ex
     assert "over the 3 labels both have: +1.00, 95% interval [+1.00, +1.00] (resampled: 3 cells" in text
     # two seeds: the comparison is not resolved (Student's t with one degree of freedom makes the
     # interval wide; were it to exclude the alternative, MIN_SEEDS still holds it back)
-    two = load_experiment(
-        experiment(
-            tmp_path,
-            grid={"model.mixer": ["gla", "hgrn"], "train.seed": [0, 1]},
-            select=None,
-            report={"differences": differences[:1]},
-        ),
-        out_dir=tmp_path / "two",
-    )
+    two = seeded_experiment(tmp_path, ["gla", "hgrn"], 2, {"differences": differences[:1]}, "two")
     sweep(two, log=lambda *_: None)
     text = write_report(two, collect(two)).read_text()
     row = r"^\| gla \| hgrn \| accuracy \| .+ \| a <= b \| no: (inside|excluded, but 2 seeds a cell) "
@@ -699,15 +690,7 @@ def test_report_names_a_difference_without_finished_runs_as_missing(tmp_path, mo
         {"a": "gla", "b": "mamba", "metric": "accuracy", "alternative": "a <= b"},
         {"a": "gla", "b": "hgrn", "metric": "accuracy", "alternative": "a <= b"},
     ]
-    exp = load_experiment(
-        experiment(
-            tmp_path,
-            grid={"model.mixer": ["gla", "hgrn", "mamba"], "train.seed": [0, 1, 2]},
-            select=None,
-            report={"differences": differences},
-        ),
-        out_dir=tmp_path / "out",
-    )
+    exp = seeded_experiment(tmp_path, ["gla", "hgrn", "mamba"], 3, {"differences": differences}, "out")
     train = fake_seeded_train(True)
 
     def execute(runs, parallel=1, log=print):
