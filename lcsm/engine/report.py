@@ -390,6 +390,14 @@ def _cell_rows(exp, rows: list[dict[str, Any]], cell: Any, where: str) -> list[d
     others = [a for a in exp.axes if a.key not in seeds]
     if isinstance(cell, Mapping):
         wanted = {k: str(v) for k, v in cell.items()}
+        axes = {a.key: a for a in others}
+        # a typo would otherwise match no run and read as a cell not run yet
+        for k, v in wanted.items():
+            if k not in axes or v not in axes[k].labels:
+                known = sorted(axes[k].labels) if k in axes else sorted(axes)
+                raise ValueError(
+                    f"{where}: expected a grid axis and one of its labels, got {k}: {v!r} (known: {known})"
+                )
     else:
         holders = [a.key for a in others if str(cell) in a.labels]
         if len(holders) != 1:

@@ -702,6 +702,11 @@ def test_report_names_a_difference_without_finished_runs_as_missing(tmp_path, mo
     assert "| gla | mamba | accuracy | — | none | a <= b | no | missing: no finished run of 'mamba' |" in text
     assert re.search(r"^\| gla \| hgrn \| accuracy \| .+ \| yes: excluded \|", text, re.M)
     assert "Resolved: 1 of 2" in text
+    # a label that is not in the grid is an error, not a cell still to run
+    typo = seeded_experiment(tmp_path, ["gla", "hgrn", "mamba"], 3, {"differences": differences}, "out")
+    typo.report["differences"] = [{**differences[0], "b": {"model.mixer": "mamab"}}]
+    with pytest.raises(ValueError, match=r"report.differences\[0\].b: expected a grid axis and one of its labels"):
+        write_report(typo, collect(typo))
 
 
 def test_report_differences_are_checked(tmp_path):
