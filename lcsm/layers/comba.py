@@ -135,24 +135,24 @@ class Comba(Mixer):
     def forward(self, x: Tensor, state: CombaState | None = None, return_state: bool = False, cu_seqlens=None):
         self.check_input(x)
         # each row of the batch its own sequence, or the documents of one packed row
-        row, (docs, n) = x, row_documents(x, cu_seqlens)
+        docs, n = row_documents(x, cu_seqlens)
         if state is not None:
             self.check_state(state, n, cu_seqlens is not None)
         hist = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
-        q, cq = short_conv(self.q_proj(row), self.q_conv, None, docs, hist[0])
-        k, ck = short_conv(self.k_proj(row), self.k_conv, None, docs, hist[1])
-        v, cv = short_conv(self.v_proj(row), self.v_conv, None, docs, hist[2])
+        q, cq = short_conv(self.q_proj(x), self.q_conv, None, docs, hist[0])
+        k, ck = short_conv(self.k_proj(x), self.k_conv, None, docs, hist[1])
+        v, cv = short_conv(self.v_proj(x), self.v_conv, None, docs, hist[2])
         q, k = self._heads(F.silu(q), self.head_k), self._heads(F.silu(k), self.head_k)
         v = self._heads(F.silu(v), self.head_v)
         p = k * torch.sigmoid(self.decay)[:, None]
         if self.D is not None:
             q = q - self.D[:, None] * p
         q, k, p = (F.normalize(t, dim=-1, eps=_L2_EPS) for t in (q, k, p))
-        beta = torch.sigmoid(self.b_proj(row)).unsqueeze(-1)
+        beta = torch.sigmoid(self.b_proj(x)).unsqueeze(-1)
         # The decay in at least float32 (fla computes it in float32): a half-precision softplus
         # would round alpha_t = exp(log alpha_t) near 1, where long memories live.
         wide = torch.promote_types(x.dtype, torch.float32)
-        log_alpha = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(row).to(wide) + self.dt_bias.to(wide))
+        log_alpha = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))
         bk = beta * k
         y, m = eos_dplr(
             v,
@@ -168,7 +168,7 @@ class Comba(Mixer):
         )
         y = F.rms_norm(y.to(x.dtype), (self.head_v,), self.o_norm.to(x.dtype), eps=self.norm_eps)
         if self.g_proj is not None:
-            y = y * torch.sigmoid(self._heads(self.g_proj(row), self.head_v))
+            y = y * torch.sigmoid(self._heads(self.g_proj(x), self.head_v))
         out = self.o_proj(y.flatten(-2))
         return (out, CombaState(memory=m, conv_q=cq, conv_k=ck, conv_v=cv)) if return_state else out
 

@@ -87,7 +87,7 @@ class Longhorn(Mixer):
     def forward(self, x: Tensor, state: LonghornState | None = None, return_state: bool = False, cu_seqlens=None):
         self.check_input(x)
         # each row of the batch its own sequence, or the documents of one packed row
-        row, (docs, n) = x, row_documents(x, cu_seqlens)
+        docs, n = row_documents(x, cu_seqlens)
         if state is not None:
             if not isinstance(state, LonghornState):
                 raise ValueError(f"state: expected a LonghornState from this mixer, got {type(state).__name__}")
@@ -98,7 +98,7 @@ class Longhorn(Mixer):
                 got, ref = getattr(state, name), getattr(want, name)
                 if got.shape != ref.shape:
                     raise ValueError(f"state.{name}: expected {list(ref.shape)}, got {list(got.shape)}")
-        xs, z = self.in_proj(row).chunk(2, dim=-1)
+        xs, z = self.in_proj(x).chunk(2, dim=-1)
         u, conv = short_conv(xs, self.conv1d.weight, self.conv1d.bias, docs, None if state is None else state.conv)
         u, conv = F.silu(u), conv.to(xs.dtype)
         dt_low, k, q = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)

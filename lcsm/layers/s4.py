@@ -303,17 +303,18 @@ class S4(Mixer):
         params = (self.log_A_real, self.A_imag, self.P, self.B, self.log_dt)
         return self._kept("discretized", params, self._discretize)
 
-    def output_C(self) -> Tensor:
+    def output_C(self, A_bar: Tensor | None = None) -> Tensor:
         """The system's C [H, N/2]: the parameter, or with ``l_max`` the solution of C (I - A_bar^M) =
-        C~ (kept without autograd)."""
+        C~ (kept without autograd); A_bar: ``discretize()``'s, when the caller has it already."""
         if self.l_max is None:
             return as_complex(self.C)
         params = (self.log_A_real, self.A_imag, self.P, self.B, self.log_dt, self.C)
-        return self._kept("output_C", params, self._untruncated_C)
+        return self._kept("output_C", params, lambda: self._untruncated_C(A_bar))
 
-    def _untruncated_C(self) -> Tensor:
+    def _untruncated_C(self, A_bar: Tensor | None) -> Tensor:
         r_t = self._real_row(as_complex(self.C))
-        A_M = self._real_power(self.discretize()[0], self._kernel_size(self.l_max))
+        A_bar = self.discretize()[0] if A_bar is None else A_bar
+        A_M = self._real_power(A_bar, self._kernel_size(self.l_max))
         eye = torch.eye(A_M.shape[-1], dtype=A_M.dtype, device=A_M.device)
         r = torch.linalg.solve(eye - A_M.transpose(-1, -2), r_t.unsqueeze(-1)).squeeze(-1)
         return self._from_real_row(r)
@@ -408,7 +409,6 @@ class S4(Mixer):
             return y, None
         N2 = self.d_state // 2
         A_bar, B_bar = self.discretize()
-        _, _, _, C = self.full_system()
         x_full = torch.cat([x0, x0.conj()], dim=-1) if x0 is not None else None
         # The state terms in chunks of L steps: L Krylov rows and one step by A_bar^L per chunk, not
         # T rows ([H, T, N], gigabytes at 16K tokens); L ~ sqrt(B T) balances the two costs.
@@ -422,6 +422,8 @@ class S4(Mixer):
 
         if x_full is not None:
             # y_t += Re(C A_bar^(t+1) x_0) with t = c L + j: rows C A_bar^(j+1) times A_bar^(c L) x_0.
+            C = self.output_C(A_bar)
+            C = torch.cat([C, C.conj()], dim=-1)
             rows = krylov(torch.einsum("hn,hnm->hm", C, A_bar), A_bar, L)  # [H, L, N]
             starts = [x_full]
             for _ in range(n - 1):
@@ -450,7 +452,7 @@ class S4(Mixer):
         # The half state evolves as x' = A11 x + A12 conj(x) + B_bar_h u: the top rows of A_bar
         # acting on [x, conj(x)].
         A11, A12, Bh = A_bar[:, :N2, :N2], A_bar[:, :N2, N2:], B_bar[:, :N2]
-        C = self.output_C()
+        C = self.output_C(A_bar)
         x = x0 if x0 is not None else u.new_zeros(u.shape[0], u.shape[2], N2, dtype=A_bar.dtype)
         ys = []
         for u_t in u.unbind(1):
