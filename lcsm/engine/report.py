@@ -354,6 +354,19 @@ def _scores(exp, rows: list[dict[str, Any]], metric: str) -> list[stats.RunScore
     return [run_score(exp.out_dir / row["run"], row, metric, seeds) for row in rows]
 
 
+# The values each metric can take (by its name without the split and segment): intervals are
+# clipped to them, and differences to the range of a difference of two of them.
+_METRIC_RANGES = {"accuracy": (0.0, 1.0), "loss": (0.0, math.inf), "perplexity": (1.0, math.inf)}
+
+
+def metric_range(metric: str, difference: bool = False) -> tuple[float, float]:
+    """[low, high] of ``metric`` (``test/accuracy``, ``accuracy/L64-kv4``, ...), or of a difference
+    of two values of it; unbounded for a metric not in ``_METRIC_RANGES``."""
+    name = metric.removeprefix("test/").partition("/")[0]
+    low, high = _METRIC_RANGES.get(name, (-math.inf, math.inf))
+    return (low - high, high - low) if difference else (low, high)
+
+
 def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
@@ -370,7 +383,7 @@ def interval_table(exp, rows: list[dict[str, Any]], metric: str) -> str:
         values = [s.value for s in scores]
         sd = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
         try:
-            ci = stats.cell_interval(scores)
+            ci = stats.cell_interval(scores).clipped(*metric_range(metric))
             shown = f"[{_fmt(ci.low)}, {_fmt(ci.high)}] | {_fmt(ci.width)} | {ci.over}"
         except ValueError as err:
             shown = f"none | — | {err}"
@@ -439,7 +452,7 @@ def differences(exp, rows: list[dict[str, Any]], specs: Sequence[Mapping[str, An
         a = _scores(exp, a_rows, metric)
         b = _scores(exp, b_rows, metric)
         try:
-            ci = stats.difference_interval(a, b)
+            ci = stats.difference_interval(a, b).clipped(*metric_range(metric, difference=True))
         except ValueError as err:
             lines.append(f"| {spec['a']} | {spec['b']} | {metric} | — | none | {alternative} | no | {err} |")
             continue

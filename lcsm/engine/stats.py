@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -93,6 +93,19 @@ class Interval:
 
     def excludes(self, value: float) -> bool:
         return not (self.low <= value <= self.high)
+
+    def clipped(self, low: float, high: float) -> Interval:
+        """This interval within [low, high], the values the metric can take: Student's t over
+        seeds is symmetric and can reach past a bound (an accuracy's interval past 1)."""
+        if self.low >= low and self.high <= high:
+            return self
+        bounds = f"[{low:g}, {high:g}]"
+        return replace(
+            self,
+            low=max(self.low, low),
+            high=min(self.high, high),
+            over=f"{self.over}; clipped to the metric's range {bounds}",
+        )
 
 
 def _over(runs: Sequence[RunScore]) -> str:

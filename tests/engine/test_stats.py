@@ -151,3 +151,23 @@ def test_clear_errors():
         spearman_interval({"a": [RunScore(0, 0.1), RunScore(1, 0.2)]}, {"a": 1.0})
     with pytest.raises(ValueError, match="nan or inf for seeds \\[1\\]"):
         cell_interval([RunScore(0, 0.5), RunScore(1, float("nan"))])
+
+
+def test_intervals_are_clipped_to_the_metric_range():
+    """Three seeds near the ceiling: Student's t reaches past an accuracy of 1, the report's
+    interval stops at 1 and says so; a difference of accuracies stays within [-1, 1]; an interval
+    inside the range is returned as it is."""
+    from lcsm.engine.report import metric_range
+
+    runs = [RunScore(s, v) for s, v in enumerate([0.90, 1.00, 0.99])]
+    raw = cell_interval(runs)
+    assert raw.high > 1
+    clipped = raw.clipped(*metric_range("test/accuracy"))
+    assert (clipped.low, clipped.high) == (raw.low, 1.0)
+    assert clipped.over.endswith("clipped to the metric's range [0, 1]")
+    assert raw.clipped(*metric_range("accuracy/L64-kv4")) == clipped
+    assert raw.clipped(0.0, 2.0) is raw
+    assert metric_range("test/accuracy", difference=True) == (-1.0, 1.0)
+    assert metric_range("test/perplexity") == (1.0, float("inf"))
+    assert metric_range("test/perplexity", difference=True) == (-float("inf"), float("inf"))
+    assert metric_range("bits_per_byte") == (-float("inf"), float("inf"))
