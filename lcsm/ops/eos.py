@@ -133,11 +133,6 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if documents is None:
         return _plan_one(p, mode, chunk_size)
-    if mode == "triton":
-        raise ValueError(
-            "mode='triton' cannot serve cu_seqlens: the Triton kernels do not take packed sequences yet; "
-            "use mode='chunk' or 'auto'"
-        )
     if mode == "fft":
         raise ValueError(
             "mode='fft' cannot serve cu_seqlens: a convolution with one time-invariant kernel cannot "
@@ -148,9 +143,14 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
         plan = _plan_one(p, "chunk", chunk_size)
         plan = Plan(plan.mode, plan.kernel, "packed sequences take the chunk form, not fft; " + plan.reason)
     else:
-        plan = _plan_one(p, mode, chunk_size, packed=True)
+        plan = _plan_one(p, mode, chunk_size)
     if plan.mode == "recurrent":
         how = "each document alone through the recurrence, a loop over documents"
+    elif plan.mode == "triton":
+        how = (
+            "each document laid out from a chunk boundary (zeros up to its last chunk's end), the "
+            "memory restarted from its own initial state at its first chunk"
+        )
     else:
         how = (
             "one pass over the packed row with a decay of exactly 0 at each document's first token; "
@@ -159,7 +159,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
     return Plan(plan.mode, plan.kernel, f"{plan.reason}; cu_seqlens, {documents} documents: {how}")
 
 
-def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool = False) -> Plan:
+def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
     structure = (
         f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, s={'vector' if p.s_is_vector else 'K x D'}"
     )
@@ -194,7 +194,7 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool = False) -
         )
     reason = f"linear-time chunkwise form with C={chunk_length(chunk_size, p.T)} ({structure}); {_kernel_reason(p)}"
     if p.i.device.type == "cuda":
-        why = "packed sequences (cu_seqlens), which they do not take yet" if packed else _triton_unsupported(p)
+        why = _triton_unsupported(p)
         if why is None and p.out_dtype == torch.float32 and p.decay_kind in ("none", "scalar"):
             # H200, B1 H16 K = D = 128, fwd+bwd (bench/results/gpu_triton.md): float32 kernels without a
             # row or column decay ran 1.8-2.3x slower than this chunk form (their full-precision
@@ -222,7 +222,7 @@ def explain(
     Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent (both parts
     of a separable pair or a product) -> fft; on CUDA tensors with triton installed, where the
     Triton kernels serve the inputs (K-vector e and s, no, scalar, row or column decay, real,
-    float32 compute, no cu_seqlens) -> triton (``triton_chunk``), except float32 inputs with no or
+    float32 compute) -> triton (``triton_chunk``), except float32 inputs with no or
     a scalar decay (slower there than the chunk form, bench/results/gpu_triton.md); otherwise chunk (kernel
     ``matmul`` when e and s are K-vectors and the decay is none/scalar/row/column or a separable
     pair, else ``elementwise``, which multiplies a separable pair's factors out a block at a time and forms a
@@ -231,7 +231,7 @@ def explain(
     take a separable pair as its materialised sum and a product as a * b: they are the plain,
     obviously correct forms.
     With ``cu_seqlens`` (packed sequences) the plan says how the documents are kept apart; fft
-    is refused, and so is triton (not yet); auto takes chunk where it would take fft or triton.
+    is refused, and auto takes chunk where it would take fft.
     """
     chunk_size = check_chunk_size(chunk_size)
     bounds = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens)
@@ -282,7 +282,8 @@ def eos(
             Each document's memory starts from its own initial state, ``initial_state`` then
             [N, H, K, D], and the final states are per document, [N, H, K, D]; nothing crosses
             a boundary. Modes recurrent (a loop over documents), parallel and chunk (one pass,
-            the memory zeroed at each boundary); not fft (see docs/eos.md, "Packed sequences").
+            the memory zeroed at each boundary), triton (each document from a chunk boundary);
+            not fft (see docs/eos.md, "Packed sequences").
 
     Returns:
         y [B, T, H, D] and m_T (or None).
@@ -334,6 +335,11 @@ def _eos_packed(
     docs = Documents.of(bounds, p.i.device)
     if plan.mode == "recurrent" or p.H * p.K * p.D == 0:
         y, m_T = packed_recurrent(p, docs)
+        return finish(p, y, m_T, output_final_state, real_output)
+    if plan.mode == "triton":
+        from .triton_chunk import eos_triton_packed
+
+        y, m_T = eos_triton_packed(p, bounds, chunk_size)
         return finish(p, y, m_T, output_final_state, real_output)
     core = reset_at_starts(p, docs)
     y, _ = eos_parallel(core) if plan.mode == "parallel" else eos_chunk(core, chunk_size)

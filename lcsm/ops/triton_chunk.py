@@ -27,6 +27,11 @@ only. Matmuls take bfloat16 operands for bfloat16 inputs (tensor cores; the accu
 float32, the carried memory kept in float32 and rounded only as an operand), float32 operands at
 full precision (``input_precision="ieee"``, not TF32) otherwise.
 
+Packed documents (``cu_seqlens``): ``ChunkLayout`` lays each document out from a chunk boundary,
+zeros after it to its last chunk's end, so that no chunk holds two documents; only the states
+kernel reads the boundaries (it restarts the memory at a document's first chunk and writes its
+final state after its last).
+
 Backward: the same decomposition as ``chunk_matmul.ChunkMatmulFunction`` (LCSM appendix 5.1, see
 docs/eos.md), each of its three EOS problems run by the forward kernels: ds is the forward problem
 transposed (row and column decays swap), di and de one reverse-time problem and its transpose; the
@@ -36,6 +41,7 @@ boundary term from o_T * m_{T-1}, which the states kernel computes directly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -136,6 +142,9 @@ def _states_kernel(
     states_ptr,
     final_ptr,
     strict_ptr,
+    first_ptr,
+    last_ptr,
+    limit_ptr,
     T,
     H,
     K,
@@ -156,6 +165,7 @@ def _states_kernel(
     DECAY: tl.constexpr,
     HAS_M0: tl.constexpr,
     STRICT_FINAL: tl.constexpr,
+    PACKED: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
     BD: tl.constexpr,
@@ -175,12 +185,49 @@ def _states_kernel(
     e_base = e_ptr + b * se_b + h * se_h
     i_base = i_ptr + b * si_b + h * si_h
     g_base = g_ptr + b * sg_b + h * sg_h
-    if HAS_M0:
+    if HAS_M0 and not PACKED:
         S = tl.load(m0_ptr + bh * K * D + kd, mask=mkd, other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BK, BD], dtype=tl.float32)
     for n in range(0, N):
+        if PACKED:
+            # chunk n opens document first - 1 (first > 0): the memory restarts from its own m0
+            first = tl.load(first_ptr + n)
+            # the flag as a [BK, BD] block: masks of a scalar flag are refused by the interpreter
+            opens = (first + tl.zeros([BK, BD], dtype=tl.int32)) > 0
+            doc = (first - 1).to(tl.int64)
+            if HAS_M0:
+                m0 = tl.load(m0_ptr + (doc * H + h) * K * D + kd, mask=mkd & opens, other=0.0).to(tl.float32)
+                S = tl.where(opens, m0, S)
+            else:
+                S = tl.where(opens, 0.0, S)
         tl.store(states_ptr + (bh * N + n) * K * D + kd, S, mask=mkd)
+        if PACKED and STRICT_FINAL:
+            last = tl.load(last_ptr + n)
+            if last > 0:
+                # the closing chunk of document last - 1 without its last token: o_T m_{T-1}
+                S_strict = _chunk_update(
+                    S,
+                    e_base,
+                    i_base,
+                    g_base,
+                    n * BT,
+                    tl.load(limit_ptr + n),
+                    K,
+                    D,
+                    se_t,
+                    se_k,
+                    si_t,
+                    si_d,
+                    sg_t,
+                    sg_x,
+                    offs_k,
+                    offs_d,
+                    DECAY,
+                    BT,
+                    BF16,
+                )
+                tl.store(strict_ptr + ((last - 1).to(tl.int64) * H + h) * K * D + kd, S_strict, mask=mkd)
         S = _chunk_update(
             S,
             e_base,
@@ -202,8 +249,13 @@ def _states_kernel(
             BT,
             BF16,
         )
-    tl.store(final_ptr + bh * K * D + kd, S, mask=mkd)
-    if STRICT_FINAL:
+        if PACKED:
+            last = tl.load(last_ptr + n)
+            closes = (last + tl.zeros([BK, BD], dtype=tl.int32)) > 0
+            tl.store(final_ptr + ((last - 1).to(tl.int64) * H + h) * K * D + kd, S, mask=mkd & closes)
+    if not PACKED:
+        tl.store(final_ptr + bh * K * D + kd, S, mask=mkd)
+    if STRICT_FINAL and not PACKED:
         # the last chunk's start memory, as stored above (the barrier orders the program's own
         # store and load, whose elements may sit in different threads)
         tl.debug_barrier()
@@ -398,6 +450,84 @@ def _strides(x: Tensor) -> tuple[int, ...]:
     return tuple(x.stride())
 
 
+@dataclasses.dataclass(frozen=True)
+class ChunkLayout:
+    """Packed documents (``cu_seqlens``) laid out chunk-aligned: document n's tokens start at a
+    multiple of BT and are followed by zeros (inputs, log decay 0) up to its last chunk's end, so
+    no chunk holds two documents. The output kernel then needs no boundaries (each chunk's start
+    memory is its own document's); the states kernel restarts the memory at each document's first
+    chunk and writes the document's final state after its last. At most BT - 1 steps of padding a
+    document.
+
+    ``pos`` [T]: each token's position in the laid-out row of ``T_pad`` steps; per chunk (int32):
+    ``first``/``last`` 1 + the document the chunk opens/closes (0: none), ``limit`` at a closing
+    chunk the position of its document's last token (the strict memory o_T m_{T-1} takes the
+    steps before it); per token ``doc``; per document ``starts`` and ``lasts`` (its first and
+    last token, packed positions)."""
+
+    pos: Tensor
+    T_pad: int
+    first: Tensor
+    last: Tensor
+    limit: Tensor
+    doc: Tensor
+    starts: Tensor
+    lasts: Tensor
+
+    @property
+    def N(self) -> int:
+        return len(self.starts)
+
+    @staticmethod
+    def of(bounds: list[int], BT: int, device: torch.device) -> ChunkLayout:
+        lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        chunks = [math.ceil(n / BT) for n in lengths]
+        opened = [0]
+        for c in chunks:
+            opened.append(opened[-1] + c)
+        first = torch.zeros(opened[-1], dtype=torch.int32)
+        last = torch.zeros(opened[-1], dtype=torch.int32)
+        limit = torch.zeros(opened[-1], dtype=torch.int32)
+        pos = torch.empty(bounds[-1], dtype=torch.int64)
+        for n, (length, c0, c1) in enumerate(zip(lengths, opened[:-1], opened[1:], strict=True)):
+            first[c0] = n + 1
+            last[c1 - 1] = n + 1
+            limit[c1 - 1] = c0 * BT + length - 1
+            pos[bounds[n] : bounds[n + 1]] = torch.arange(c0 * BT, c0 * BT + length)
+        cu = torch.tensor(bounds, dtype=torch.int64)
+        doc = torch.repeat_interleave(torch.arange(len(lengths)), cu[1:] - cu[:-1])
+        return ChunkLayout(
+            *(x.to(device) for x in (pos,)),
+            opened[-1] * BT,
+            *(x.to(device) for x in (first, last, limit, doc, cu[:-1], cu[1:] - 1)),
+        )
+
+    def reversed(self) -> ChunkLayout:
+        """The layout of the laid-out row read backwards (the backward's reverse-time problems:
+        tensors laid out, then flipped): each document's chunks in reverse order, opening where
+        it closed. Its ``limit``, ``pos`` and per-token fields are not those of a packed row."""
+        return dataclasses.replace(self, first=self.last.flip(0), last=self.first.flip(0))
+
+    def lay_out(self, x: Tensor) -> Tensor:
+        """[1, H, T, X] -> [1, H, T_pad, X], zeros between documents."""
+        return x.new_zeros(*x.shape[:2], self.T_pad, x.shape[3]).index_copy_(2, self.pos, x)
+
+    def pack(self, x: Tensor) -> Tensor:
+        """[1, H, T_pad, X] -> [1, H, T, X]: the documents' steps."""
+        return x.index_select(2, self.pos)
+
+    def per_token(self, x: Tensor) -> Tensor:
+        """A per-document [N, H, X] as [1, H, T, X], each token taking its document's row."""
+        return x.transpose(0, 1).index_select(1, self.doc).unsqueeze(0)
+
+    def reverse_cumsum(self, x: Tensor) -> Tensor:
+        """Sum over each token's later steps of its own document (itself included), x [1, H, T, X];
+        accumulated in float64 so that subtracting the later documents' share loses nothing."""
+        total = x.flip(2).cumsum(2, dtype=torch.float64).flip(2)
+        after = torch.nn.functional.pad(total, (0, 0, 0, 1)).index_select(2, self.lasts + 1)
+        return (total - after.index_select(2, self.doc)).to(x.dtype)
+
+
 def triton_chunk(
     s: Tensor,
     e: Tensor,
@@ -409,16 +539,19 @@ def triton_chunk(
     bf16: bool,
     strict: bool = False,
     strict_final: bool = False,
+    layout: ChunkLayout | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """The forward kernels on one EOS problem (``chunk_matmul``'s names and layouts: s, e
     [B, H, T, K], i [B, H, T, D], m0 [B, H, K, D]; any strides), its log decay given as
     ``cumulative(g, BT)`` of g [B, H, T, 1 | K | D] for kind scalar | row | col (None: no decay).
     ``bf16``: bfloat16 matmul operands, else float32. ``strict`` leaves each step's own term out of
-    y; ``strict_final`` also returns o_T * m_{T-1}.
+    y; ``strict_final`` also returns o_T * m_{T-1}. ``layout``: the inputs are packed documents
+    laid out by it (B = 1, T = its T_pad); m0 and the returned memories are per document [N, H, K, D].
     Returns y [B, H, T, D], m_T and that memory (None unless asked), all float32."""
     B, H, T, K = s.shape
     D = i.shape[-1]
     N = math.ceil(T / BT)
+    states_of = B if layout is None else layout.N
     BK = max(16, triton.next_power_of_2(K))
     BK_states = min(BK, BLOCK_K)
     BD = max(16, min(BLOCK_D, triton.next_power_of_2(D)))
@@ -431,10 +564,13 @@ def triton_chunk(
         g_strides = _strides(G)
     m0 = None if m0 is None else m0.to(torch.float32).contiguous()
     states = torch.empty(B, H, N, K, D, dtype=torch.float32, device=s.device)
-    final = torch.empty(B, H, K, D, dtype=torch.float32, device=s.device)
+    final = torch.empty(states_of, H, K, D, dtype=torch.float32, device=s.device)
     final_strict = torch.empty_like(final) if strict_final else final
     y = torch.empty(B, H, T, D, dtype=torch.float32, device=s.device)
     decay = KINDS[kind]
+    # unread unless PACKED: any int32 tensor stands for the chunk tables
+    unused = (s.new_zeros(1, dtype=torch.int32),) * 3
+    tables = unused if layout is None else (layout.first, layout.last, layout.limit)
     _states_kernel[(triton.cdiv(D, BD), triton.cdiv(K, BK_states), B * H)](
         e,
         i,
@@ -443,6 +579,7 @@ def triton_chunk(
         states,
         final,
         final_strict,
+        *tables,
         T,
         H,
         K,
@@ -454,6 +591,7 @@ def triton_chunk(
         DECAY=decay,
         HAS_M0=m0 is not None,
         STRICT_FINAL=strict_final,
+        PACKED=layout is not None,
         BT=BT,
         BK=BK_states,
         BD=BD,
@@ -497,72 +635,97 @@ def _own_step(s: Tensor, e: Tensor, i: Tensor) -> Tensor:
 
 class TritonChunkFunction(torch.autograd.Function):
     """The Triton forward with the appendix-5.1 backward run by the same kernels (module
-    docstring). Arguments as ``triton_chunk``'s; returns y [B, H, T, D] and m_T [B, H, K, D].
+    docstring). Arguments as ``triton_chunk``'s, ``layout`` for packed documents (the operands
+    packed [1, H, T, .], laid out inside); returns y [B, H, T, D] and m_T [B | N, H, K, D].
 
     As in ``ChunkMatmulFunction``, the decay gradient is formed from strict outputs (own-step
     terms left out, added back to the returned gradients afterwards) and the boundary term from
     o_T * m_{T-1}: the own-step parts are O(1) and cancel exactly, while the decay gradient may be
-    O(o), which float32 would lose to the cancellation."""
+    O(o), which float32 would lose to the cancellation. With documents, each has its own boundary
+    term, and the reverse-time problems run on the laid-out row read backwards."""
 
     @staticmethod
     def forward(
-        ctx: Any, s: Tensor, e: Tensor, i: Tensor, g: Tensor | None, m0: Tensor | None, kind: str, BT: int, bf16: bool
+        ctx: Any,
+        s: Tensor,
+        e: Tensor,
+        i: Tensor,
+        g: Tensor | None,
+        m0: Tensor | None,
+        kind: str,
+        BT: int,
+        bf16: bool,
+        layout: ChunkLayout | None = None,
     ) -> tuple[Tensor, Tensor]:
+        lay, pack = _layout_maps(layout)
         # what only the decay gradient reads: the strict output (of a column decay) and o_T * m_{T-1}
         for_dg = g is not None and any(ctx.needs_input_grad[:5])
-        G = None if g is None else cumulative(g, BT)
+        G = None if g is None else cumulative(lay(g), BT)
         strict = for_dg and kind == "col"
-        y, m_T, m_strict = triton_chunk(s, e, i, G, kind, m0, BT, bf16, strict=strict, strict_final=for_dg)
+        y, m_T, m_strict = triton_chunk(
+            lay(s), lay(e), lay(i), G, kind, m0, BT, bf16, strict=strict, strict_final=for_dg, layout=layout
+        )
+        y = pack(y)
         y_strict = None
         if strict:
             y_strict = y
             y = y + _own_step(s, e, i)
         ctx.save_for_backward(s, e, i, g, m0, y_strict, m_strict)
-        ctx.kind, ctx.BT, ctx.bf16 = kind, BT, bf16
+        ctx.kind, ctx.BT, ctx.bf16, ctx.layout = kind, BT, bf16, layout
         return y, m_T
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
         s, e, i, g, m0, y_strict, m_strict = ctx.saved_tensors
-        kind, BT, bf16 = ctx.kind, ctx.BT, ctx.bf16
+        kind, BT, bf16, layout = ctx.kind, ctx.BT, ctx.bf16, ctx.layout
+        lay, pack = _layout_maps(layout)
+        backwards = None if layout is None else layout.reversed()
         tkind = TRANSPOSED[kind]
         B, H, T, K = s.shape
         D = i.shape[-1]
         dy = s.new_zeros(B, H, T, D) if dy is None else dy
-        dM = s.new_zeros(B, H, K, D) if dm_T is None else dm_T
+        dM = s.new_zeros(B if layout is None else layout.N, H, K, D) if dm_T is None else dm_T
 
-        def run(shrink: Tensor, expand: Tensor, inp: Tensor, G: Tensor | None, k: str, start: Tensor | None):
-            return triton_chunk(shrink, expand, inp, G, k, start, BT, bf16, strict=True)
+        def run(shrink, expand, inp, G, k, start, rows):
+            return triton_chunk(shrink, expand, inp, G, k, start, BT, bf16, strict=True, layout=rows)
 
         # ds: the forward problem on the transposed memory, recomputed from m0^T
-        ds = run(
-            dy, i, e, None if g is None else cumulative(g, BT), tkind, None if m0 is None else m0.transpose(-1, -2)
-        )[0]
-        # di, de: the reverse-time adjoint problem; the adjoint at step t decays by o_{t+1}
+        G = None if g is None else cumulative(lay(g), BT)
+        ds = run(lay(dy), lay(i), lay(e), G, tkind, None if m0 is None else m0.transpose(-1, -2), layout)[0]
+        ds = pack(ds)
+        # di, de: the reverse-time adjoint problem; the adjoint at step t decays by o_{t+1} of its
+        # own sequence (log 0 after the last step)
         g_rev = None
         if g is not None:
-            g_rev = cumulative(torch.cat([g[:, :, 1:], torch.zeros_like(g[:, :, :1])], 2).flip(2), BT)
-        s_r, e_r, i_r, dy_r = (x.flip(2) for x in (s, e, i, dy))
-        di, dM_start, _ = run(e_r, s_r, dy_r, g_rev, kind, dM)
-        de = run(i_r, dy_r, s_r, g_rev, tkind, dM.transpose(-1, -2))[0]
-        di, de = di.flip(2), de.flip(2)
+            g_next = torch.cat([g[:, :, 1:], torch.zeros_like(g[:, :, :1])], 2)
+            if layout is not None:
+                g_next = g_next.index_fill(2, layout.lasts, 0.0)
+            g_rev = cumulative(lay(g_next).flip(2), BT)
+        s_r, e_r, i_r, dy_r = (lay(x).flip(2) for x in (s, e, i, dy))
+        di, dM_start, _ = run(e_r, s_r, dy_r, g_rev, kind, dM, backwards)
+        de = run(i_r, dy_r, s_r, g_rev, tkind, dM.transpose(-1, -2), backwards)[0]
+        di, de = pack(di.flip(2)), pack(de.flip(2))
 
         dg = None
+        lasts = -1 if layout is None else layout.lasts
         if g is not None:
             mm = dM * m_strict
             carry = mm.sum(-2) if kind == "col" else mm.sum(-1)
             if kind == "col":
                 inputs = i * di
-                inputs[:, :, -1] = 0  # the last input's part is the one the boundary term leaves out
+                inputs[:, :, lasts] = 0  # the last input's part is the one the boundary term leaves out
                 term = dy * y_strict - inputs
             else:
                 inputs = e * de
-                inputs[:, :, -1] = 0
+                inputs[:, :, lasts] = 0
                 term = s * ds - inputs
             if kind == "scalar":
                 term = term.sum(-1, keepdim=True)
                 carry = carry.sum(-1, keepdim=True)
-            dg = term.flip(2).cumsum(2).flip(2) + carry.unsqueeze(2)
+            if layout is None:
+                dg = term.flip(2).cumsum(2).flip(2) + carry.unsqueeze(2)
+            else:
+                dg = layout.reverse_cumsum(term) + layout.per_token(carry)
         i_dy = (i * dy).sum(-1, keepdim=True)  # own-step terms share i . dy
         ds = ds.addcmul_(i_dy, e)
         de = de.addcmul_(i_dy, s)
@@ -571,9 +734,17 @@ class TritonChunkFunction(torch.autograd.Function):
         if m0 is not None:
             dm0 = dM_start
             if g is not None:
-                first = g[:, :, 0].exp()
+                first = g[:, :, 0] if layout is None else g[0, :, layout.starts].transpose(0, 1)
+                first = first.exp()
                 dm0 = dM_start * (first.unsqueeze(-2) if kind == "col" else first.unsqueeze(-1))
-        return ds, de, di, dg, dm0, None, None, None
+        return ds, de, di, dg, dm0, None, None, None, None
+
+
+def _layout_maps(layout: ChunkLayout | None):
+    """(lay out, pack back) for packed documents; identities without them."""
+    if layout is None:
+        return (lambda x: x), (lambda x: x)
+    return layout.lay_out, layout.pack
 
 
 def eos_triton(p: EOSProblem, chunk_size: int) -> tuple[Tensor, Tensor]:
@@ -585,3 +756,14 @@ def eos_triton(p: EOSProblem, chunk_size: int) -> tuple[Tensor, Tensor]:
     # inputs do not: the memory, a sum over up to T steps, can pass float16's range (65504).
     bf16 = p.out_dtype == torch.bfloat16
     return TritonChunkFunction.apply(s, e, i, g, p.m0, kind, chunk_steps(chunk_size, p.T), bf16)
+
+
+def eos_triton_packed(p: EOSProblem, bounds: list[int], chunk_size: int) -> tuple[Tensor, Tensor]:
+    """Mode "triton" on packed documents (``cu_seqlens`` as ``bounds``): y [1, H, T, D] and the
+    final states [N, H, K, D], each document from its own initial state (p.m0 [N, H, K, D] or
+    zeros), in chunks of ``chunk_steps(chunk_size, T)`` laid out by ``ChunkLayout``."""
+    s, e, i, g, kind = matmul_operands(p)
+    BT = chunk_steps(chunk_size, p.T)
+    layout = ChunkLayout.of(bounds, BT, p.i.device)
+    bf16 = p.out_dtype == torch.bfloat16
+    return TritonChunkFunction.apply(s, e, i, g, p.m0, kind, BT, bf16, layout)

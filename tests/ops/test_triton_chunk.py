@@ -130,6 +130,64 @@ def test_half_precision_inputs(dtype):
     assert_close(got, _run(inputs, "chunk", torch.float32, 16), dtype, f"triton {dtype} row")
 
 
+# Documents of 5, 16 (one whole chunk: the next document's first decay must not leak into its
+# last step backwards), 1 and 18 tokens; chunks of 16.
+BOUNDS = [0, 5, 21, 22, 40]
+
+
+def _packed_inputs(decay, initial, seed):
+    x = _inputs(BOUNDS[-1], decay, False, seed=seed, H=2)
+    if initial:
+        x["initial_state"] = _rand(len(BOUNDS) - 1, 2, K, D, seed=seed + 5)
+    return x
+
+
+def _run_packed(inputs, mode, dtype):
+    leaves = {n: x.to(DEVICE, dtype).requires_grad_() for n, x in inputs.items() if x is not None}
+    y, final = eos(
+        leaves["i"],
+        leaves["e"],
+        leaves["s"],
+        leaves.get("log_o"),
+        mode=mode,
+        initial_state=leaves.get("initial_state"),
+        output_final_state=True,
+        chunk_size=16,
+        cu_seqlens=torch.tensor(BOUNDS, device=DEVICE),
+    )
+    return gradients({"y": y, "final": final}, leaves)
+
+
+@pytest.mark.parametrize(
+    ("decay", "initial"), [("none", True), ("scalar", True), ("row", True), ("col", True), ("row", False)]
+)
+def test_packed_documents(decay, initial):
+    """cu_seqlens: each document from its own initial state (or zeros), its own final state, and
+    nothing across a boundary: against the packed chunk form and the recurrence run document by
+    document in float64, y, the final states and every gradient."""
+    inputs = _packed_inputs(decay, initial, seed=13)
+    got = _run_packed(inputs, "triton", torch.float32)
+    context = f"triton packed {decay} initial={initial}"
+    assert_close(got, _run_packed(inputs, "chunk", torch.float32), torch.float32, f"{context} vs chunk")
+    assert_close(got, _run_packed(inputs, "recurrent", torch.float64), torch.float32, f"{context} vs recurrent")
+
+
+def test_packed_layout():
+    """Each document from a chunk boundary, zeros after it; the chunk tables name the documents
+    each chunk opens and closes, and the reversed row's swap them."""
+    layout = triton_chunk.ChunkLayout.of(BOUNDS, 16, torch.device("cpu"))
+    assert layout.T_pad == 16 * (1 + 1 + 1 + 2)
+    assert layout.pos.tolist()[:6] == [0, 1, 2, 3, 4, 16]
+    assert layout.first.tolist() == [1, 2, 3, 4, 0] and layout.last.tolist() == [1, 2, 3, 0, 4]
+    assert layout.limit.tolist() == [4, 31, 32, 0, 65]
+    back = layout.reversed()
+    assert back.first.tolist() == [4, 0, 3, 2, 1] and back.last.tolist() == [0, 4, 3, 2, 1]
+    x = torch.arange(1.0, 41.0).reshape(1, 1, 40, 1)
+    assert torch.equal(layout.pack(layout.lay_out(x)), x)
+    sums = layout.reverse_cumsum(x).flatten().tolist()
+    assert sums[0] == sum(range(1, 6)) and sums[5] == sum(range(6, 22)) and sums[21] == 22.0 and sums[39] == 40.0
+
+
 def test_explain_names_the_kernel():
     x = {n: v.to(DEVICE, torch.float32) for n, v in _inputs(40, "col", True).items()}
     plan = explain(x["i"], x["e"], x["s"], x["log_o"], mode="triton", chunk_size=32)
@@ -138,6 +196,8 @@ def test_explain_names_the_kernel():
     # auto takes the kernels on CUDA tensors only; on the CPU it keeps the PyTorch chunk form
     auto = explain(x["i"], x["e"], x["s"], x["log_o"])
     assert auto.mode == ("triton" if DEVICE == "cuda" else "chunk"), auto
+    packed = explain(x["i"], x["e"], x["s"], x["log_o"], mode="triton", cu_seqlens=torch.tensor([0, 7, 40]))
+    assert packed.kernel == "triton-col" and "each document laid out from a chunk boundary" in str(packed)
 
 
 @pytest.mark.parametrize(
@@ -150,7 +210,7 @@ def test_explain_names_the_kernel():
         ({"dtype": torch.float64}, "compute dtype torch.float64"),
         ({"dtype": torch.complex64}, "complex inputs"),
         ({"device": "meta"}, "the tensors are on meta"),
-        ({"cu_seqlens": True}, "cannot serve cu_seqlens"),
+        ({"dtype": torch.float64, "cu_seqlens": True}, "compute dtype torch.float64"),
     ],
 )
 def test_what_it_cannot_serve_is_a_value_error(change, message):
