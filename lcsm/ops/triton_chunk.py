@@ -202,17 +202,25 @@ def _states_kernel(
             else:
                 S = tl.where(opens, 0.0, S)
         tl.store(states_ptr + (bh * N + n) * K * D + kd, S, mask=mkd)
-        if PACKED and STRICT_FINAL:
-            last = tl.load(last_ptr + n)
+        if STRICT_FINAL:
+            # at the closing chunk of the sequence (of document last - 1 when packed), the memory
+            # without its last token: o_T m_{T-1}
+            if PACKED:
+                last = tl.load(last_ptr + n)
+                limit = tl.load(limit_ptr + n)
+                row = (last - 1).to(tl.int64) * H + h
+            else:
+                last = (n == N - 1).to(tl.int32)
+                limit = T - 1
+                row = bh
             if last > 0:
-                # the closing chunk of document last - 1 without its last token: o_T m_{T-1}
                 S_strict = _chunk_update(
                     S,
                     e_base,
                     i_base,
                     g_base,
                     n * BT,
-                    tl.load(limit_ptr + n),
+                    limit,
                     K,
                     D,
                     se_t,
@@ -227,7 +235,7 @@ def _states_kernel(
                     BT,
                     BF16,
                 )
-                tl.store(strict_ptr + ((last - 1).to(tl.int64) * H + h) * K * D + kd, S_strict, mask=mkd)
+                tl.store(strict_ptr + row * K * D + kd, S_strict, mask=mkd)
         S = _chunk_update(
             S,
             e_base,
@@ -255,33 +263,6 @@ def _states_kernel(
             tl.store(final_ptr + ((last - 1).to(tl.int64) * H + h) * K * D + kd, S, mask=mkd & closes)
     if not PACKED:
         tl.store(final_ptr + bh * K * D + kd, S, mask=mkd)
-    if STRICT_FINAL and not PACKED:
-        # the last chunk's start memory, as stored above (the barrier orders the program's own
-        # store and load, whose elements may sit in different threads)
-        tl.debug_barrier()
-        last = tl.load(states_ptr + (bh * N + N - 1) * K * D + kd, mask=mkd, other=0.0)
-        S_strict = _chunk_update(
-            last,
-            e_base,
-            i_base,
-            g_base,
-            (N - 1) * BT,
-            T - 1,
-            K,
-            D,
-            se_t,
-            se_k,
-            si_t,
-            si_d,
-            sg_t,
-            sg_x,
-            offs_k,
-            offs_d,
-            DECAY,
-            BT,
-            BF16,
-        )
-        tl.store(strict_ptr + bh * K * D + kd, S_strict, mask=mkd)
 
 
 @triton.jit

@@ -52,7 +52,7 @@ def _inputs(T, decay, initial, strength=None, seed=0, B=B, H=H, K=K, D=D):
     }
 
 
-def _run(inputs, mode, dtype, chunk_size):
+def _run(inputs, mode, dtype, chunk_size, cu_seqlens=None):
     """y, the final state and the gradient of every input under the shared random cotangents."""
     leaves = {n: x.to(DEVICE, dtype).requires_grad_() for n, x in inputs.items() if x is not None}
     y, final = eos(
@@ -64,6 +64,7 @@ def _run(inputs, mode, dtype, chunk_size):
         initial_state=leaves.get("initial_state"),
         output_final_state=True,
         chunk_size=chunk_size,
+        cu_seqlens=None if cu_seqlens is None else torch.tensor(cu_seqlens, device=DEVICE),
     )
     return gradients({"y": y, "final": final}, leaves)
 
@@ -142,22 +143,6 @@ def _packed_inputs(decay, initial, seed):
     return x
 
 
-def _run_packed(inputs, mode, dtype):
-    leaves = {n: x.to(DEVICE, dtype).requires_grad_() for n, x in inputs.items() if x is not None}
-    y, final = eos(
-        leaves["i"],
-        leaves["e"],
-        leaves["s"],
-        leaves.get("log_o"),
-        mode=mode,
-        initial_state=leaves.get("initial_state"),
-        output_final_state=True,
-        chunk_size=16,
-        cu_seqlens=torch.tensor(BOUNDS, device=DEVICE),
-    )
-    return gradients({"y": y, "final": final}, leaves)
-
-
 @pytest.mark.parametrize(
     ("decay", "initial"), [("none", True), ("scalar", True), ("row", True), ("col", True), ("row", False)]
 )
@@ -166,10 +151,10 @@ def test_packed_documents(decay, initial):
     nothing across a boundary: against the packed chunk form and the recurrence run document by
     document in float64, y, the final states and every gradient."""
     inputs = _packed_inputs(decay, initial, seed=13)
-    got = _run_packed(inputs, "triton", torch.float32)
+    got = _run(inputs, "triton", torch.float32, 16, BOUNDS)
     context = f"triton packed {decay} initial={initial}"
-    assert_close(got, _run_packed(inputs, "chunk", torch.float32), torch.float32, f"{context} vs chunk")
-    assert_close(got, _run_packed(inputs, "recurrent", torch.float64), torch.float32, f"{context} vs recurrent")
+    assert_close(got, _run(inputs, "chunk", torch.float32, 16, BOUNDS), torch.float32, f"{context} vs chunk")
+    assert_close(got, _run(inputs, "recurrent", torch.float64, 16, BOUNDS), torch.float32, f"{context} vs recurrent")
 
 
 def test_packed_layout():
