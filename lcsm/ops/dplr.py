@@ -101,8 +101,10 @@ def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
         i, e, a, b = i.unsqueeze(3), e.unsqueeze(3), a.unsqueeze(3), b.unsqueeze(3)
     g = None
     if log_alpha is not None:
-        shapes = {(H,): "[H]", (B, T, H): "[B, T, H]", (H, K): "[H, K]", (B, T, H, K): "[B, T, H, K]"}
-        if tuple(log_alpha.shape) not in shapes:
+        # A tuple of the accepted shapes, not a dict keyed by them: hashing a traced (symbolic)
+        # size fixes it to its value, one compiled graph per B and T.
+        accepted = ((H,), (B, T, H), (H, K), (B, T, H, K))
+        if tuple(log_alpha.shape) not in accepted:
             raise ValueError(
                 f"log_alpha: expected None, a scalar per head [H] = [{H}] or per step [B, T, H] = [{B}, {T}, {H}], "
                 f"or one per memory row [H, K] = [{H}, {K}] or [B, T, H, K] = [{B}, {T}, {H}, {K}]; "
