@@ -19,10 +19,11 @@ from lcsm.ops import eos
 from lcsm.testing import assert_close, gradients
 
 B, H, K, D, C = 1, 2, 4, 3, 8
-# (T, strength, resets): 1, 3, 4 and 3 chunks, no T a multiple of C; the first shorter than a chunk
-# (traced first: the graph must not hold only for one chunk), the third too strong for one
-# reference per chunk, the fourth with decays of exactly 0 inside chunks
-PROBLEMS = ((5, 1.0, ()), (19, 1.0, ()), (29, 30.0, ()), (23, 1.0, (5, 12, 20)))
+# (T, strength, resets): 1, 3, 4, 3 and 1 chunks, no T a multiple of C; the first shorter than a
+# chunk (traced first: the graph must not hold only for one chunk), the third too strong for one
+# reference per chunk, the fourth with decays of exactly 0 inside chunks, the last T = 2 (no
+# [T - 1] slice whose size the graph would guard)
+PROBLEMS = ((5, 1.0, ()), (19, 1.0, ()), (29, 30.0, ()), (23, 1.0, (5, 12, 20)), (2, 1.0, ()))
 TAILS = {"none": None, "scalar": (1, 1), "row": (K, 1), "col": (1, D), "full": (K, D)}
 
 
