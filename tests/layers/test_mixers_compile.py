@@ -1,5 +1,5 @@
 """Mixers under ``torch.compile(fullgraph=True, dynamic=True)``: output and every gradient (input
-and parameters) equal eager for two sequence lengths (three for the matrix-transition mixers)
+and parameters) equal eager for three sequence lengths (four for the matrix-transition mixers)
 through one compiled graph (a recompile fails the test). Backend aot_eager: the graphs inductor
 would compile, forward and backward, without its code generation (minutes per mixer on a busy
 CPU; docs/compile.md)."""
@@ -12,7 +12,8 @@ from lcsm import layers
 from lcsm.testing import assert_close, gradients
 
 D_MODEL = 16
-LENGTHS = (19, 29)
+# the last T = 2: no [T - 1] slice (a token shift's) whose size the graph would guard
+LENGTHS = (19, 29, 2)
 
 
 # Compiling since issue 68's fixes: a column decay with a symbolic batch (hgrn, mingru, minlstm,
@@ -20,10 +21,15 @@ LENGTHS = (19, 29)
 # longhorn: a full K x D decay)
 NEWLY = ["hgrn", "mingru", "minlstm", "rg_lru", "rwkv4", "lru", "s5", "tnn", "s4", "lcsm", "mamba", "longhorn"]
 # The matrix-transition mixers on eos_dplr's chunk forms (traced with a doubling scan over chunks),
-# and dur (a separable decay, whose shape check had fixed B and T): a third length past two of the
+# and dur (a separable decay, whose shape check had fixed B and T): one length more, past two of the
 # routed kernel's 64-step chunks
 DPLR = ["comba", "gated_deltanet", "gated_deltaproduct", "gdn2", "kda", "rwkv7", "dur"]
-DPLR_LENGTHS = (*LENGTHS, 150)
+DPLR_LENGTHS = (19, 29, 150, 2)
+
+
+# S4's kernel takes T rounded up to odd roots of unity: traced, its graph holds for one parity of T
+# (docs/compile.md), so its lengths are odd
+ODD_LENGTHS = {"s4": (19, 29)}
 
 
 @pytest.mark.slow  # about 45 s per mixer on 2 busy cores
@@ -35,7 +41,22 @@ def test_mixer_compiles_equal_to_eager(name):
     compiled = torch.compile(mixer, fullgraph=True, dynamic=True, backend="aot_eager")
     params = dict(mixer.named_parameters())
     with torch._dynamo.config.patch(error_on_recompile=True):
-        for T in DPLR_LENGTHS if name in DPLR else LENGTHS:
+        for T in DPLR_LENGTHS if name in DPLR else ODD_LENGTHS.get(name, LENGTHS):
             x = torch.randn(2, T, D_MODEL, generator=torch.Generator().manual_seed(T)).requires_grad_()
             wrt = {"x": x, **params}
             assert_close(gradients({"y": compiled(x)}, wrt), gradients({"y": mixer(x)}, wrt), context=f"{name} T={T}")
+
+
+@pytest.mark.parametrize("T", [1, 2, 7])
+@pytest.mark.parametrize("given", [False, True])
+def test_token_shift_traced_branch(T, given, monkeypatch):
+    """``packing.previous``'s branch for torch.compile (a cat, then a slice of T steps) run eagerly
+    gives the eager shift, bit for bit (both only move values)."""
+    from lcsm.layers.packing import previous
+
+    g = torch.Generator().manual_seed(T)
+    t = torch.randn(2, T, 3, generator=g)
+    first = torch.randn(2, 3, generator=g) if given else None
+    expected = previous(t, first, None)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.equal(previous(t, first, None), expected)
