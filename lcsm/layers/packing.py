@@ -192,6 +192,10 @@ def previous(t: Tensor, first: Tensor | None, cu_seqlens: Tensor | None) -> Tens
     if cu_seqlens is not None:
         return token_shift(t, cu_seqlens, first)[0]
     first = t.new_zeros(t.shape[0], 1, t.shape[2]) if first is None else first.to(t.dtype).unsqueeze(1)
+    if torch.compiler.is_compiling():
+        # T steps sliced from the cat: a slice of t to T - 1 steps would be guarded on T - 1 != 1,
+        # a second graph for T = 2 (eager keeps the contiguous cat)
+        return torch.cat([first, t], dim=1)[:, :-1]
     return torch.cat([first, t[:, :-1]], dim=1)
 
 

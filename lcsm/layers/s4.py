@@ -347,6 +347,11 @@ class S4(Mixer):
                     f"T = {length} (the step loop, mode='recurrent', takes any T)"
                 )
             length = self.l_max
+        elif torch.compiler.is_compiling():
+            # Traced, T is symbolic: odd and above T for every T (T + 2 or T + 3, as exact), so that
+            # the kernel's slice to T steps is never the whole of it; with T + 1 - T % 2, T itself
+            # for odd T, the tracer guards on the parity, one graph for odd T and one for even.
+            return 2 * (length // 2) + 3
         return length + 1 - length % 2  # odd: length, or length + 1 (arithmetic, not a branch on a traced length)
 
     @staticmethod
@@ -402,7 +407,9 @@ class S4(Mixer):
     def _fft(self, u: Tensor, x0: Tensor | None, return_state: bool):
         T = u.shape[1]
         K = self.kernel(T)  # [H, T]
-        n = 2 * T
+        # traced, 2T + 2 (as exact): at 2T the real transform's backward takes T - 1 bins, which the
+        # tracer guards against 1, a second graph for T = 2 (``ops.fft.eos_fft``)
+        n = 2 * T + 2 if torch.compiler.is_compiling() else 2 * T
         uf = torch.fft.rfft(u.transpose(1, 2), n=n)
         y = torch.fft.irfft(uf * torch.fft.rfft(K, n=n), n=n)[..., :T].transpose(1, 2)
         if x0 is None and not return_state:

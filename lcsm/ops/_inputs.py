@@ -278,19 +278,26 @@ def _pair_part(log_o: Tensor, index: int, B: int, T: int, H: int, K: int, D: int
     name = f"log_o[{index}]"
     tail = (K, 1) if index == 0 else (1, D)
     what = "row" if index == 0 else "column"
-    dd_shape = f"[B, T, H, {'K, 1' if index == 0 else '1, D'}] = [{B}, {T}, {H}, {tail[0]}, {tail[1]}]"
-    di_shape = f"[H, {'K, 1' if index == 0 else '1, D'}] = [{H}, {tail[0]}, {tail[1]}]"
+
+    # The expected shapes are formatted only for an error: formatting a traced (symbolic) size
+    # fixes it to its value, one compiled graph per B and T.
+    def dd_shape() -> str:
+        return f"[B, T, H, {'K, 1' if index == 0 else '1, D'}] = [{B}, {T}, {H}, {tail[0]}, {tail[1]}]"
+
+    def di_shape() -> str:
+        return f"[H, {'K, 1' if index == 0 else '1, D'}] = [{H}, {tail[0]}, {tail[1]}]"
+
     if log_o.dim() == 5:
         if tuple(log_o.shape) != (B, T, H, *tail):
-            raise ValueError(f"{name}: data-dependent {what} decay must be {dd_shape}, got {shape_str(log_o)}")
+            raise ValueError(f"{name}: data-dependent {what} decay must be {dd_shape()}, got {shape_str(log_o)}")
         return log_o.permute(0, 2, 1, 3, 4), True
     if log_o.dim() == 3:
         if tuple(log_o.shape) != (H, *tail):
-            raise ValueError(f"{name}: data-independent {what} decay must be {di_shape}, got {shape_str(log_o)}")
+            raise ValueError(f"{name}: data-independent {what} decay must be {di_shape()}, got {shape_str(log_o)}")
         return log_o[None, :, None], False
     raise ValueError(
-        f"{name}: the {what} factor of a separable log_o must be {dd_shape} (data-dependent) or "
-        f"{di_shape} (data-independent), got {log_o.dim()}-d tensor {shape_str(log_o)}"
+        f"{name}: the {what} factor of a separable log_o must be {dd_shape()} (data-dependent) or "
+        f"{di_shape()} (data-independent), got {log_o.dim()}-d tensor {shape_str(log_o)}"
     )
 
 

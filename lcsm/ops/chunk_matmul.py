@@ -871,7 +871,10 @@ class ChunkMatmulFunction(torch.autograd.Function):
                 # decay, so past the segment's last step o = 1.
                 g_rev = None
                 if gc is not None:
-                    g_rev = torch.cat([gc[:, :, 1:], torch.zeros_like(gc[:, :, :1])], 2).flip(2)
+                    # gc one step ahead, 0 past the last step: the slice takes T of T + 1 steps
+                    # after the cat, where slicing gc first (T - 1 steps) would be guarded on
+                    # T - 1 != 1 under torch.compile, a second graph for T = 2
+                    g_rev = torch.cat([gc, torch.zeros_like(gc[:, :, :1])], 2)[:, :, 1:].flip(2)
                 f_rev = _decay_factors(g_rev, C, s.dtype)
                 s_r, e_r, i_r, dy_r = (_chunked(x.flip(2), C) for x in (sc, ec, ic, dy_j))
                 S_rev, dM_start = _chunk_states(s_r, dy_r, f_rev, kind, dM)

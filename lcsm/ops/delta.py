@@ -53,6 +53,7 @@ from ._inputs import (
     shape_str,
     without_autocast,
 )
+from .chunk_matmul import SCAN_LEVELS
 from .packed import Pieces
 
 Tensor = torch.Tensor
@@ -420,13 +421,16 @@ def _chunk_maps(
 
 
 def _chunked(
-    v: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, g: Tensor | None, C: int
+    v: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, g: Tensor | None, C: int, Nc: int | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """Pads T to a multiple of C and splits it: [B, H, T, .] -> [B, H, Nc, C, .], g -> [B, H, Nc, C]."""
+    """Pads T to Nc chunks (default ceil(T / C); chunks past T are all padding) and splits it:
+    [B, H, T, .] -> [B, H, Nc, C, .], g -> [B, H, Nc, C]."""
     Bn, H, T, _ = v.shape
-    Nc = -(-T // C)
+    if Nc is None:
+        Nc = -(-T // C)
     pad = Nc * C - T
-    if pad:
+    # traced, T is symbolic and testing pad would guard on its value: always pad there
+    if torch.compiler.is_compiling() or pad:
         # Zero a, b, e, v, s and a zero log gate make a padded step the identity on m.
         v, e, s, a, b = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (v, e, s, a, b))
         if g is not None:
@@ -453,6 +457,48 @@ def _carry(Phi: Tensor, Psi: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
     return torch.stack(starts, 2), M
 
 
+def _doubling_carry(Phi: Tensor, Psi: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
+    """``_carry`` for torch.compile, where its Python loop over Nc chunks would fix Nc, and with it
+    T, in the traced graph: the affine maps M -> Phi_n M + Psi_n compose associatively,
+    (Phi_n, Psi_n) o (Phi_m, Psi_m) = (Phi_n Phi_m, Phi_n Psi_m + Psi_n), so SCAN_LEVELS doubling
+    steps give every prefix (``chunk_matmul._doubling_states``, there with elementwise decays; here
+    K x K products). At level l each chunk takes in the composite of the 2^l chunks before it;
+    shifts past the first chunk take in the identity map (Phi = I, Psi = 0), so the levels past
+    log2 Nc change nothing and the level count, fixed, leaves Nc symbolic. Each level costs Nc
+    K x K times K x (K + D) products where the loop costs one K x K times K x D product per chunk:
+    compile-clean, not cheap. The products of transitions are formed explicitly, so they must stay
+    finite where the memories do (non-expansive transitions, e.g. DeltaNet's normalised keys with
+    beta in [0, 2])."""
+    Nc, K = Phi.shape[2], Phi.shape[-1]
+    torch._check(
+        Nc <= 1 << SCAN_LEVELS, lambda: f"traced eos_delta / eos_dplr chunk form: at most 2^{SCAN_LEVELS} chunks"
+    )
+    chunk = torch.arange(Nc, device=Phi.device).view(Nc, 1, 1)
+    eye = torch.eye(K, dtype=Phi.dtype, device=Phi.device)
+    # The first chunk takes in the memory before it; by a mask, not a cat with chunks 1.., whose
+    # count Nc - 1 the tracer would guard on (``chunk_matmul._doubling_states``).
+    # Phi_p, Psi_p [n]: the composite of the chunks up to n (back to 2^level chunks, then all)
+    Phi_p, Psi_p = Phi, Psi + torch.where(chunk == 0, Phi @ M.unsqueeze(2), 0.0)
+
+    def shifted(x: Tensor, by: int, fill: Tensor | float) -> Tensor:  # x[n - by] along chunks, ``fill`` before
+        return torch.where(chunk >= by, x.roll(by, 2), fill)
+
+    for level in range(SCAN_LEVELS):
+        by = 1 << level
+        Psi_p = Psi_p + Phi_p @ shifted(Psi_p, by, 0.0)
+        Phi_p = Phi_p @ shifted(Phi_p, by, eye)
+    # Psi_p[n]: the memory after chunk n; each chunk starts from the one after the chunk before.
+    return torch.where(chunk == 0, M.unsqueeze(2), Psi_p.roll(1, 2)), Psi_p[:, :, -1]
+
+
+def _traced_chunks(T: int, C: int) -> int:
+    """The chunk count of the traced chunk forms: one more than ceil(T / C), the last all padding
+    (the identity on the memory), so that a count of at least 2 is provable. With ceil(T / C) the
+    tracer meets a count of 1 for every T <= C and guards on it (torch's contiguity checks test
+    for size-1 dimensions): the graph would hold only for T <= C (``chunk_matmul._chunked``)."""
+    return (T + C - 1) // C + 1
+
+
 def _delta_chunk(
     v: Tensor,
     e: Tensor,
@@ -465,13 +511,22 @@ def _delta_chunk(
     a_is_e: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Chunkwise (WY / UT) form (``_chunk_maps``) of gamma_t I - a_t b_t^T. All inputs head-major
-    [B, H, T, .]; returns (y, m_T)."""
+    [B, H, T, .]; returns (y, m_T).
+
+    Traced (torch.compile), T is symbolic: the chunk length stays ``chunk_size`` when T is shorter,
+    the chunks are ``_traced_chunks`` (padding past T, identity steps) and the carry is the
+    doubling scan ``_doubling_carry``; nothing reads a value, so one graph serves every T."""
     Bn, H, T, D = v.shape
     K = e.shape[-1]
-    C = min(chunk_size, T)
-    maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None)
     M = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
-    starts, M = _carry(maps.Phi, maps.Psi, M)
+    if torch.compiler.is_compiling():
+        C = chunk_size
+        maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C, _traced_chunks(T, C)), a_is_e, None)
+        starts, M = _doubling_carry(maps.Phi, maps.Psi, M)
+    else:
+        C = min(chunk_size, T)
+        maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None)
+        starts, M = _carry(maps.Phi, maps.Psi, M)
     y = maps.Q @ starts + maps.R  # [B, H, Nc, C, D]
     return y.reshape(Bn, H, -1, D)[:, :, :T], M
 

@@ -55,7 +55,7 @@ from ._inputs import (
     shape_str,
     without_autocast,
 )
-from .delta import _delta_chunk, _delta_chunk_packed, _gated_b, _UnitLowerInverse
+from .delta import _delta_chunk, _delta_chunk_packed, _doubling_carry, _gated_b, _traced_chunks, _UnitLowerInverse
 from .eos import Plan
 
 Tensor = torch.Tensor
@@ -101,8 +101,10 @@ def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
         i, e, a, b = i.unsqueeze(3), e.unsqueeze(3), a.unsqueeze(3), b.unsqueeze(3)
     g = None
     if log_alpha is not None:
-        shapes = {(H,): "[H]", (B, T, H): "[B, T, H]", (H, K): "[H, K]", (B, T, H, K): "[B, T, H, K]"}
-        if tuple(log_alpha.shape) not in shapes:
+        # A tuple of the accepted shapes, not a dict keyed by them: hashing a traced (symbolic)
+        # size fixes it to its value, one compiled graph per B and T.
+        accepted = ((H,), (B, T, H), (H, K), (B, T, H, K))
+        if tuple(log_alpha.shape) not in accepted:
             raise ValueError(
                 f"log_alpha: expected None, a scalar per head [H] = [{H}] or per step [B, T, H] = [{B}, {T}, {H}], "
                 f"or one per memory row [H, K] = [{H}, {K}] or [B, T, H, K] = [{B}, {T}, {H}, {K}]; "
@@ -191,12 +193,29 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, reco
     document, so C is capped at the longest document.
 
     ``a_is_e`` (DeltaNet's a = e = beta k, the same tensor) forms the C x C products once.
+
+    Traced (torch.compile) and unpacked, T is symbolic: the same maps, their carry by
+    ``_doubling_carry`` instead of the loop over chunks, differentiated by autograd (``recompute``
+    must be False: its backward calls autograd inside a backward, which the tracer refuses).
     """
     B, T, H, n, D = i.shape
     K = s.shape[-1]
     L = T * n
     chunk_size = _chunk_size(chunk_size, g)
-    if bounds is None:
+    traced = bounds is None and torch.compiler.is_compiling()
+    if traced:
+        # T symbolic: C stays chunk_size when L is shorter, the chunks are one more than needed
+        # (identity padding) and the loop over them is a doubling scan (``_doubling_carry``):
+        # nothing fixes the chunk count, so one graph serves every T
+        if recompute:
+            raise ValueError(
+                "recompute: the recomputing backward calls autograd inside a backward, which "
+                "torch.compile does not trace; expected False when compiling, got True"
+            )
+        C = chunk_size
+        N = _traced_chunks(L, C)
+        dest = None
+    elif bounds is None:
         C = min(chunk_size, L)
         N = -(-L // C)
         dest = None
@@ -233,11 +252,14 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, reco
     v, e, s, a, b = (chunked(x) for x in (i, e, s, a, b))
     g = chunked(g) if g is not None else None
     initial = m0 if m0 is not None else v.new_zeros(B if bounds is None else len(bounds) - 1, H, K, D)
-    plan = (resets, finals, a_is_e)
-    if recompute:
-        y, m = _DplrSpans.apply(plan, SPAN_CHUNKS, v, e, s, a, b, g, initial)
+    if traced:
+        Q, R, Phi, Psi = _maps(v, e, s, a, b, g, a_is_e)
+        starts, m = _doubling_carry(Phi, Psi, initial)
+        y = Q @ starts + R
+    elif recompute:
+        y, m = _DplrSpans.apply((resets, finals, a_is_e), SPAN_CHUNKS, v, e, s, a, b, g, initial)
     else:
-        y, m = _spans(plan, 0, v, e, s, a, b, g, initial, None)[:2]
+        y, m = _spans((resets, finals, a_is_e), 0, v, e, s, a, b, g, initial, None)[:2]
     y = y.reshape(B, H, N * C, D)
     y = y[:, :, :L] if dest is None else y.index_select(2, dest)
     return y.reshape(B, H, T, n, D)[:, :, :, -1].transpose(1, 2), m
@@ -254,6 +276,25 @@ def _spans(plan, n0, v, e, s, a, b, g, initial, M):
     D], the final states of the documents ending here (concatenated; the memory after the last
     chunk when unpacked) and the memory after the last chunk."""
     resets, finals, a_is_e = plan
+    Q, R, Phi, Psi = _maps(v, e, s, a, b, g, a_is_e)
+    starts, done = [], []
+    # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
+    for k, (Phi_n, Psi_n) in enumerate(zip(*(x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi)), strict=True)):
+        if n0 + k in resets:
+            doc = resets[n0 + k]
+            M = initial if doc is None else initial[doc].unsqueeze(0)
+        starts.append(M)
+        M = Phi_n @ M + Psi_n
+        if n0 + k in finals:
+            done.append(M)
+    y = Q @ torch.stack(starts, 2) + R
+    return y, (torch.cat(done, 0) if done else None), M
+
+
+def _maps(v, e, s, a, b, g, a_is_e):
+    """Every chunk's affine maps from its initial memory M (chunk-aligned v, e, s, a, b, g
+    [B, H, N, C, .]): its outputs y = Q M + R, [B, H, N, C, K] and [B, H, N, C, D], and the memory
+    after it M' = Phi M + Psi, [B, H, N, K, K] and [B, H, N, K, D] (``dplr_chunk``'s algebra)."""
     B, H, N, C, K = e.shape
     D = v.shape[-1]
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
@@ -287,21 +328,7 @@ def _spans(plan, n0, v, e, s, a, b, g, initial, M):
         AW, AU = (a_end @ torch.cat([W, U0], -1)).split([K, D], -1)
         R = Pse @ v - SU
         Psi = e_end.transpose(-1, -2) @ v - AU
-    Q = s_now - SW  # y = Q M + R
-    Phi = diag_end - AW  # M' = Phi M + Psi
-
-    starts, done = [], []
-    # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
-    for k, (Phi_n, Psi_n) in enumerate(zip(*(x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi)), strict=True)):
-        if n0 + k in resets:
-            doc = resets[n0 + k]
-            M = initial if doc is None else initial[doc].unsqueeze(0)
-        starts.append(M)
-        M = Phi_n @ M + Psi_n
-        if n0 + k in finals:
-            done.append(M)
-    y = Q @ torch.stack(starts, 2) + R
-    return y, (torch.cat(done, 0) if done else None), M
+    return s_now - SW, R, diag_end - AW, Psi
 
 
 def _slice(chunks, n0: int, span: int) -> list[Tensor | None]:
@@ -424,7 +451,8 @@ def _delta_spans(v, e, s, a, b, g, m0, C, a_is_e):
     from 1K steps on (a sequence of one span keeps its intermediates and skips that pass). Spans
     are whole chunks, so the result is the one-pass result up to rounding."""
     span = DELTA_SPAN_CHUNKS * C
-    if v.shape[2] <= span or not _grad(v, e, s, a, b, g, m0):
+    # _grad first: traced (False), testing the symbolic length against span would guard on it
+    if not _grad(v, e, s, a, b, g, m0) or v.shape[2] <= span:
         return _delta_chunk(v, e, s, a, b, g, m0, C, a_is_e)
     # split, not slicing: the gradients of split's pieces are joined by one cat, where each slice's
     # backward would write its piece into a zero tensor of the whole length (quadratic in T).

@@ -72,9 +72,12 @@ def eos_fft(
     if torch.compiler.is_compiling():
         # Traced, the transforms run along the last dimension, time moved there: on a CPU an FFT
         # along another dimension returns (and its backward passes on) strides other than the
-        # contiguous ones the tracer assumes, and a view in the traced backward then fails.
+        # contiguous ones the tracer assumes, and a view in the traced backward then fails. The
+        # length is 2T + 2, not 2T (any length >= 2T - 1 is exact): the real transform's backward
+        # takes its bins between the first and the last, T - 1 of them at length 2T, and the
+        # tracer guards that count against 1, a second graph for T = 2.
         kernel, i = kernel.transpose(2, 3).contiguous(), i.transpose(2, 3).contiguous()
-        y = _causal_conv(kernel, i, 2 * T, -1)[..., :T].transpose(2, 3)
+        y = _causal_conv(kernel, i, 2 * T + 2, -1)[..., :T].transpose(2, 3)
     else:
         y = _causal_conv(kernel, i, 2 * T, 2)[:, :, :T]
     m_T = None

@@ -19,10 +19,11 @@ from lcsm.ops import eos
 from lcsm.testing import assert_close, gradients
 
 B, H, K, D, C = 1, 2, 4, 3, 8
-# (T, strength, resets): 1, 3, 4 and 3 chunks, no T a multiple of C; the first shorter than a chunk
-# (traced first: the graph must not hold only for one chunk), the third too strong for one
-# reference per chunk, the fourth with decays of exactly 0 inside chunks
-PROBLEMS = ((5, 1.0, ()), (19, 1.0, ()), (29, 30.0, ()), (23, 1.0, (5, 12, 20)))
+# (T, strength, resets): 1, 3, 4, 3 and 1 chunks, no T a multiple of C; the first shorter than a
+# chunk (traced first: the graph must not hold only for one chunk), the third too strong for one
+# reference per chunk, the fourth with decays of exactly 0 inside chunks, the last T = 2 (no
+# [T - 1] slice whose size the graph would guard)
+PROBLEMS = ((5, 1.0, ()), (19, 1.0, ()), (29, 30.0, ()), (23, 1.0, (5, 12, 20)), (2, 1.0, ()))
 TAILS = {"none": None, "scalar": (1, 1), "row": (K, 1), "col": (1, D), "full": (K, D)}
 
 
@@ -84,39 +85,78 @@ def test_chunk_compiles_equal_to_eager(decay, backend):
             assert_close(run(x, compiled), run(x, chunk), context=f"decay={decay} backend={backend} T={T}")
 
 
-@pytest.mark.slow  # about 40 s on 2 busy cores
-@pytest.mark.parametrize("log_alpha", ["row", "scalar"])
-def test_dplr_chunk_compiles_per_length_equal_to_eager(log_alpha):
-    """eos_dplr's chunk form traced whole (its recomputing backward calls autograd inside a
-    backward, so a traced graph is differentiated by autograd instead; the scalar case takes the
-    routed delta kernel) equals eager at a fixed length: its loop over chunks fixes T, one graph
-    per length (docs/compile.md)."""
+# eos_dplr's chunk form (and eos_delta's, on which the routed cases run): 1, 3, 2 (a multiple of
+# C) and 6 chunks, then T = 2 after the others; the first shorter than a chunk
+DPLR_LENGTHS = (5, 19, 16, 45, 2)
+# case: (the kernel it takes, the log decay's shape after [B, T, H], micro-steps per token, a is e)
+DPLR_CASES = {
+    "row": ("eos_dplr's WY / UT form", (K,), 1, True),
+    "scalar": ("eos_delta's kernel (routed)", (), 1, True),
+    "product": ("eos_dplr's WY / UT form, micro-steps", (), 2, False),
+    "eos_delta": ("eos_delta itself", (), 1, True),
+}
+
+
+def dplr_inputs(T: int, case: str, seed: int) -> dict[str, torch.Tensor]:
+    """float32 delta-rule inputs, DeltaNet's conditioning (normalised keys, beta in (0, 1), decays
+    near 1), so that long products of transitions stay bounded."""
+    _, tail, n, shared = DPLR_CASES[case]
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g)
+
+    micro = (n,) if n > 1 else ()
+    k = torch.nn.functional.normalize(rnd(B, T, H, *micro, K), dim=-1)
+    beta = torch.sigmoid(rnd(B, T, H, *micro, 1))
+    x = {
+        "i": rnd(B, T, H, *micro, D),
+        "e": beta * k if shared else rnd(B, T, H, *micro, K) / math.sqrt(K),
+        "s": rnd(B, T, H, K) / math.sqrt(K),
+        "b": k,
+        "log_alpha": logsigmoid(rnd(B, T, H, *tail) + 2.0),
+        "initial_state": rnd(B, H, K, D),
+    }
+    if not shared:
+        x["a"] = beta * k
+    return x
+
+
+def dplr_chunk(i, e, s, b, log_alpha, initial_state, a=None):
+    """eos_dplr's chunk form; a None: a is e (DeltaNet's shared beta k, the kernels' a_is_e)."""
     from lcsm.ops import eos_dplr
 
-    T = 19
-    g = torch.Generator().manual_seed(7)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=g), dim=-1)
-    beta = torch.sigmoid(torch.randn(B, T, H, 1, generator=g))
-    tail = (K,) if log_alpha == "row" else ()
-    x = {
-        "i": torch.randn(B, T, H, D, generator=g),
-        "e": beta * k,
-        "s": torch.randn(B, T, H, K, generator=g) / math.sqrt(K),
-        "b": k.clone(),
-        "log_alpha": logsigmoid(torch.randn(B, T, H, *tail, generator=g) + 2.0),
-        "initial_state": torch.randn(B, H, K, D, generator=g),
-    }
+    a = e if a is None else a
+    return eos_dplr(
+        i, e, s, a, b, log_alpha, mode="chunk", chunk_size=C, initial_state=initial_state, output_final_state=True
+    )
 
-    def fn(i, e, s, b, log_alpha, initial_state):
-        return eos_dplr(
-            i, e, s, e, b, log_alpha, mode="chunk", chunk_size=C, initial_state=initial_state, output_final_state=True
-        )
 
-    def grads(f):
+def delta_chunk(i, e, s, b, log_alpha, initial_state):
+    from lcsm.ops import eos_delta
+
+    return eos_delta(
+        i, e, s, e, b, log_alpha, mode="chunk", chunk_size=C, initial_state=initial_state, output_final_state=True
+    )
+
+
+@pytest.mark.slow  # 30-60 s each on 2 busy cores
+@pytest.mark.parametrize("case", list(DPLR_CASES))
+def test_dplr_chunk_compiles_equal_to_eager(case):
+    """One graph for every length (``DPLR_LENGTHS``): traced, the chunk forms keep the chunk length,
+    pad one all-padding chunk more and carry the memory across chunks by a doubling scan
+    (``delta._doubling_carry``) instead of a loop whose trip count would fix T; eos_dplr's
+    recomputing backward is not traced (autograd differentiates the chunk form)."""
+    fn = delta_chunk if case == "eos_delta" else dplr_chunk
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+
+    def grads(f, x):
         leaves = {name: v.clone().requires_grad_() for name, v in x.items()}
         y, m = f(**leaves)
         return gradients({"y": y, "m_T": m}, leaves)
 
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend="aot_eager")
-    assert_close(grads(compiled), grads(fn), context=f"eos_dplr log_alpha={log_alpha}")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for seed, T in enumerate(DPLR_LENGTHS):
+            x = dplr_inputs(T, case, seed)
+            assert_close(grads(compiled, x), grads(fn, x), context=f"{case} ({DPLR_CASES[case][0]}) T={T}")

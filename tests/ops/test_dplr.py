@@ -158,6 +158,40 @@ def test_routing(layout, n, monkeypatch):
         assert plan.kernel == ("delta" if routed else "wy"), plan
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("n", [None, 2])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_traced_chunk_form(layout, n, dtype, monkeypatch):
+    """The chunk forms' branch for torch.compile (``torch.compiler.is_compiling()``: the chunk
+    length kept when T is shorter, one all-padding chunk more, the carry across chunks a doubling
+    scan) run eagerly, against the definition: shorter than a chunk, not a multiple of it, and 9
+    chunks (4 doubling levels). The loops it replaces are made to fail, so the traced branch is
+    the one measured (tests/ops/test_compile.py compiles it)."""
+    import lcsm.ops.delta as delta
+    import lcsm.ops.dplr as dplr
+
+    def eager_loop(*args, **kwargs):
+        raise AssertionError("the eager loop over chunks ran in the traced branch")
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(delta, "_carry", eager_loop)
+    monkeypatch.setattr(dplr, "_spans", eager_loop)
+    for T in (3, 23, 70):
+        check(make_inputs(T, layout=layout, n=n), "chunk", dtype, context=f"traced T={T}", chunk_size=8)
+
+
+def test_traced_chunk_form_refuses_recompute(monkeypatch):
+    """Traced, the recomputing backward (autograd inside a backward) cannot run: asking for it is an
+    error, not a silent switch to autograd through the chunk form."""
+    from lcsm.ops.dplr import _canonicalize, dplr_chunk
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x = make_inputs(9, layout="row")
+    canonical = _canonicalize(*(x[k] for k in NAMES))[:7]
+    with pytest.raises(ValueError, match="recompute: .*torch.compile.*got True"):
+        dplr_chunk(*canonical, 4, recompute=True)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("mode", ["recurrent", "chunk"])
 @pytest.mark.parametrize("layout", ["none", "scalar", "row"])
