@@ -7,11 +7,21 @@ CUDA device is visible nothing can be compiled, so the interpreter is turned on 
 test module imports triton (fla imports it too); the Triton kernels' tests
 (tests/ops/test_triton_chunk.py) then run on the CPU. With a CUDA device, or where the variable
 is already set, it is left as it is.
+
+Tests that run the torch.compile branches eagerly patch ``torch.compiler.is_compiling`` to return
+True, and those branches call ``torch.cond``, which traces with dynamo even in eager mode. Dynamo
+reads its table of tracing-state functions (``tracing_state_functions``, cached on first use) from
+``torch.compiler`` itself: built inside a patch, it would hold the patch and treat the real
+``is_compiling`` as an unknown op in every later compile of the process. It is built here first.
 """
 
 import os
 
 import torch
+import torch._dynamo.variables.torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if hasattr(torch._dynamo.variables.torch, "tracing_state_functions"):
+    torch._dynamo.variables.torch.tracing_state_functions()
