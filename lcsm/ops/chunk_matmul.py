@@ -278,6 +278,14 @@ class _Decay:
     reach: Tensor | None = None
 
 
+def traced_chunk_count(T: int, C: int) -> int:
+    """The chunk count of the traced chunk forms (here, ``chunk_scan.traced_elementwise``, the
+    matrix-transition forms of ``delta`` and ``dplr``): one more than ceil(T / C), the last all
+    padding (no input, decay 1: the identity on the memory), so that a count of at least 2 is
+    provable (see ``_chunked``)."""
+    return (T + C - 1) // C + 1
+
+
 def _chunked(x: Tensor, C: int, dtype: torch.dtype | None = None) -> Tensor:
     """[B, H, T, X] -> [B, H, N, C, X], zero-padded at the end, in ``dtype`` (default x's).
     Contiguous once here: the operands arrive as head-major views of [B, T, H, *], and every
@@ -292,7 +300,7 @@ def _chunked(x: Tensor, C: int, dtype: torch.dtype | None = None) -> Tensor:
     # symbolic batch). A padding step has no input and decay 1, so it changes no output and no
     # memory; ``_final_memory_strict`` finds the last step's chunk by index, not as the last chunk.
     if torch.compiler.is_compiling():
-        N = (T + C - 1) // C + 1
+        N = traced_chunk_count(T, C)
     if torch.compiler.is_compiling() or N * C != T:
         x = torch.nn.functional.pad(x, (0, 0, 0, N * C - T))
     x = x.reshape(B, H, N, C, X)

@@ -445,11 +445,11 @@ def traced_elementwise(
     Exact (sums of the same products in another order); differentiated by autograd, which keeps
     the [B, H, T, K, D] memories of every level, so this serves graphs that must compile whole,
     not long sequences."""
-    from .chunk_matmul import _doubling_states
+    from .chunk_matmul import _doubling_states, traced_chunk_count
 
     B, H, T, D = i.shape
     K = e.shape[-2]
-    N = (T + C - 1) // C + 1
+    N = traced_chunk_count(T, C)
     x = e * i.unsqueeze(-2)  # [B, H, T, K, D]
     a = torch.ones_like(x) if log_o is None else log_o.exp().expand(B, H, T, K, D)
     dt = torch.promote_types(x.dtype, a.dtype)

@@ -53,7 +53,7 @@ from ._inputs import (
     shape_str,
     without_autocast,
 )
-from .chunk_matmul import SCAN_LEVELS
+from .chunk_matmul import SCAN_LEVELS, traced_chunk_count
 from .packed import Pieces
 
 Tensor = torch.Tensor
@@ -491,14 +491,6 @@ def _doubling_carry(Phi: Tensor, Psi: Tensor, M: Tensor) -> tuple[Tensor, Tensor
     return torch.where(chunk == 0, M.unsqueeze(2), Psi_p.roll(1, 2)), Psi_p[:, :, -1]
 
 
-def _traced_chunks(T: int, C: int) -> int:
-    """The chunk count of the traced chunk forms: one more than ceil(T / C), the last all padding
-    (the identity on the memory), so that a count of at least 2 is provable. With ceil(T / C) the
-    tracer meets a count of 1 for every T <= C and guards on it (torch's contiguity checks test
-    for size-1 dimensions): the graph would hold only for T <= C (``chunk_matmul._chunked``)."""
-    return (T + C - 1) // C + 1
-
-
 def _delta_chunk(
     v: Tensor,
     e: Tensor,
@@ -514,14 +506,14 @@ def _delta_chunk(
     [B, H, T, .]; returns (y, m_T).
 
     Traced (torch.compile), T is symbolic: the chunk length stays ``chunk_size`` when T is shorter,
-    the chunks are ``_traced_chunks`` (padding past T, identity steps) and the carry is the
+    the chunks are ``traced_chunk_count`` (padding past T, identity steps) and the carry is the
     doubling scan ``_doubling_carry``; nothing reads a value, so one graph serves every T."""
     Bn, H, T, D = v.shape
     K = e.shape[-1]
     M = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
     if torch.compiler.is_compiling():
         C = chunk_size
-        maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C, _traced_chunks(T, C)), a_is_e, None)
+        maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C, traced_chunk_count(T, C)), a_is_e, None)
         starts, M = _doubling_carry(maps.Phi, maps.Psi, M)
     else:
         C = min(chunk_size, T)

@@ -55,7 +55,8 @@ from ._inputs import (
     shape_str,
     without_autocast,
 )
-from .delta import _delta_chunk, _delta_chunk_packed, _doubling_carry, _gated_b, _traced_chunks, _UnitLowerInverse
+from .chunk_matmul import traced_chunk_count
+from .delta import _delta_chunk, _delta_chunk_packed, _doubling_carry, _gated_b, _UnitLowerInverse
 from .eos import Plan
 
 Tensor = torch.Tensor
@@ -213,7 +214,7 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, reco
                 "torch.compile does not trace; expected False when compiling, got True"
             )
         C = chunk_size
-        N = _traced_chunks(L, C)
+        N = traced_chunk_count(L, C)
         dest = None
     elif bounds is None:
         C = min(chunk_size, L)

@@ -49,7 +49,15 @@ def _over_k(powers: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (powers * x.unsqueeze(2)).sum(-2)
 
 
-def _causal_conv(kernel: torch.Tensor, i: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+def conv_length(T: int) -> int:
+    """The FFT length of a causal convolution of T steps: 2T, and 2T + 2 under torch.compile (any
+    length >= 2T - 1 is exact): at 2T the real transform's backward takes its bins between the
+    first and the last, T - 1 of them, and the tracer guards that count against 1, a second
+    graph for T = 2."""
+    return 2 * T + 2 if torch.compiler.is_compiling() else 2 * T
+
+
+def fft_conv(kernel: torch.Tensor, i: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     """The circular convolution of kernel and i along ``dim`` on length n by FFT (complex if either
     is, else real)."""
     if kernel.is_complex() or i.is_complex():
@@ -72,14 +80,11 @@ def eos_fft(
     if torch.compiler.is_compiling():
         # Traced, the transforms run along the last dimension, time moved there: on a CPU an FFT
         # along another dimension returns (and its backward passes on) strides other than the
-        # contiguous ones the tracer assumes, and a view in the traced backward then fails. The
-        # length is 2T + 2, not 2T (any length >= 2T - 1 is exact): the real transform's backward
-        # takes its bins between the first and the last, T - 1 of them at length 2T, and the
-        # tracer guards that count against 1, a second graph for T = 2.
+        # contiguous ones the tracer assumes, and a view in the traced backward then fails.
         kernel, i = kernel.transpose(2, 3).contiguous(), i.transpose(2, 3).contiguous()
-        y = _causal_conv(kernel, i, 2 * T + 2, -1)[..., :T].transpose(2, 3)
+        y = fft_conv(kernel, i, conv_length(T), -1)[..., :T].transpose(2, 3)
     else:
-        y = _causal_conv(kernel, i, 2 * T, 2)[:, :, :T]
+        y = fft_conv(kernel, i, conv_length(T), 2)[:, :, :T]
     m_T = None
     if final_state:
         # m_T = o^T m_0 + sum_s o^(T-s) e i_s; the powers o^(T-s) are powers[T-s] reversed.

@@ -670,10 +670,10 @@ class TritonChunkFunction(torch.autograd.Function):
         def run(shrink, expand, inp, G, k, start, rows):
             return triton_chunk(shrink, expand, inp, G, k, start, BT, bf16, strict=True, layout=rows)
 
+        s_l, e_l, i_l, dy_l = (lay(x) for x in (s, e, i, dy))
         # ds: the forward problem on the transposed memory, recomputed from m0^T
         G = None if g is None else cumulative(lay(g), BT)
-        ds = run(lay(dy), lay(i), lay(e), G, tkind, None if m0 is None else m0.transpose(-1, -2), layout)[0]
-        ds = pack(ds)
+        ds = pack(run(dy_l, i_l, e_l, G, tkind, None if m0 is None else m0.transpose(-1, -2), layout)[0])
         # di, de: the reverse-time adjoint problem; the adjoint at step t decays by o_{t+1} of its
         # own sequence (log 0 after the last step)
         g_rev = None
@@ -682,7 +682,7 @@ class TritonChunkFunction(torch.autograd.Function):
             if layout is not None:
                 g_next = g_next.index_fill(2, layout.lasts, 0.0)
             g_rev = cumulative(lay(g_next).flip(2), BT)
-        s_r, e_r, i_r, dy_r = (lay(x).flip(2) for x in (s, e, i, dy))
+        s_r, e_r, i_r, dy_r = (x.flip(2) for x in (s_l, e_l, i_l, dy_l))
         di, dM_start, _ = run(e_r, s_r, dy_r, g_rev, kind, dM, backwards)
         de = run(i_r, dy_r, s_r, g_rev, tkind, dM.transpose(-1, -2), backwards)[0]
         di, de = pack(di.flip(2)), pack(de.flip(2))
