@@ -193,15 +193,20 @@ def load_run(checkpoint_path, *, which: str = "last", device: str | torch.device
 
 class _StopRequest:
     """SIGINT / SIGTERM set a flag the loop checks between steps (a step is never cut in half, so
-    the checkpoint written on the way out is consistent); a second SIGINT interrupts at once."""
+    the checkpoint written on the way out is consistent); a second SIGINT interrupts at once.
+    Only a second SIGINT: a sweep passes its SIGTERM on to its run, and under Ctrl-C to the whole
+    process group that SIGTERM may be handled before the run's own SIGINT."""
 
     def __init__(self):
         self.requested = False
+        self._sigint = False
         self._previous = {}
 
     def _handler(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        if signum == signal.SIGINT:
+            if self._sigint:
+                raise KeyboardInterrupt
+            self._sigint = True
         self.requested = True
 
     def __enter__(self):

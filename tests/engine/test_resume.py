@@ -270,3 +270,18 @@ def test_resume_accepts_changes_that_train_the_same_weights(cache_env):
     assert result["step"] == 12 and result["trained_on"][0]["from_step"] == 0
     assert [p.name for p in sorted((run / "checkpoints").glob("step-*"))][:2] == ["step-00000004", "step-00000006"]
     assert_identical(final_weights(reference), final_weights(run))
+
+
+def test_only_a_second_sigint_stops_a_run_at_once():
+    """A sweep passes SIGTERM on to its run, and under Ctrl-C to the process group that SIGTERM can
+    reach the run before its own SIGINT: that SIGINT must still wait for the step's checkpoint."""
+    from lcsm.engine.trainer import _StopRequest
+
+    with _StopRequest() as stop:
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested
+    with _StopRequest() as stop, pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested
+        signal.raise_signal(signal.SIGINT)
