@@ -24,7 +24,7 @@ fi
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
-"$PY" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py tests/ops/test_triton_chunk.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+"$PY" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py tests/ops/test_triton_chunk.py tests/ops/test_triton_delta.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 timeout 240 "$PY" -m bench.gpu_peers 2>&1 | tee "$OUT/gpu_peers.md"
 "$PY" -m bench.gpu_bench --budget "${GPU_BENCH_BUDGET:-270}" --out "$OUT/gpu.md"
 [ "${SKIP_EFFICIENCY:-0}" = 1 ] || "$PY" -m bench.efficiency_bench --device cuda --repeats 1 --out "$OUT/efficiency_gpu.md" 2>&1 | tail -5

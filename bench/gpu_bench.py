@@ -10,8 +10,9 @@ backward of
     gated_delta  lcsm.ops.eos_delta, scalar gate            vs  fla chunk_gated_delta_rule
     attention    torch SDPA, causal (flash in bf16)
 
-gla and simple_gla run twice on the lcsm side: mode "chunk" (the PyTorch chunk form) and mode
-"triton" (lcsm/ops/triton_chunk.py, the Triton kernels of the same form).
+Every op runs twice on the lcsm side: mode "chunk" (the PyTorch chunk form) and mode "triton"
+(gla and simple_gla: lcsm/ops/triton_chunk.py, the Triton kernels of the same form; delta and
+gated_delta: the same chunk form with its carry across chunks in Triton, lcsm/ops/triton_delta.py).
 
 at B1 H16 K = D = 128 (medians of CUDA-event timings after warm-up), then training steps of
 ~100M-parameter language models (lcsm gla, gated_deltanet and a Transformer; fla's GLA and
@@ -38,7 +39,9 @@ from lcsm.ops import eos, eos_delta
 
 LENGTHS = (2048, 4096, 8192, 16384, 32768)
 OPS = ("gla", "simple_gla", "delta", "gated_delta")
-TRITON_OPS = ("gla", "simple_gla")  # the ops eos's mode "triton" serves
+# the ops mode "triton" serves: eos's Triton kernels, and eos_delta's chunk form with its carry across
+# chunks in Triton (lcsm/ops/triton_delta.py)
+TRITON_OPS = ("gla", "simple_gla", "delta", "gated_delta")
 
 
 class Budget:
@@ -101,7 +104,7 @@ def lcsm_op(op: str, x: dict, mode: str = "chunk") -> torch.Tensor:
     if op == "simple_gla":
         return eos(v, k, q, x["g"][..., None, None], mode=mode)[0]
     bk = x["beta"].unsqueeze(-1) * k
-    return eos_delta(v, bk, q, bk, k, x["g"] if op == "gated_delta" else None, mode="chunk")[0]
+    return eos_delta(v, bk, q, bk, k, x["g"] if op == "gated_delta" else None, mode=mode)[0]
 
 
 def fla_op(op: str, x: dict) -> torch.Tensor:

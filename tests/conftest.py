@@ -18,10 +18,12 @@ reads its table of tracing-state functions (``tracing_state_functions``, cached 
 import os
 
 import torch
-import torch._dynamo.variables.torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# After the variable: importing dynamo imports triton.
+import torch._dynamo.variables.torch  # noqa: E402
 
 if hasattr(torch._dynamo.variables.torch, "tracing_state_functions"):
     torch._dynamo.variables.torch.tracing_state_functions()

@@ -36,7 +36,8 @@ from torch import nn
 
 from lcsm._checks import check_bool, check_choice, check_float, check_int
 
-from ..ops import DPLR_MODES, eos_dplr
+from ..ops import eos_dplr
+from ._delta import WY_MODES
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 from .packing import causal_conv, check_document_state, documents
 
@@ -71,7 +72,7 @@ class GatedDeltaProduct(Mixer):
         mode: eos_dplr mode.
     """
 
-    modes = DPLR_MODES
+    modes = WY_MODES
 
     def __init__(
         self,

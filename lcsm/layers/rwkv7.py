@@ -38,7 +38,8 @@ from torch import nn
 
 from lcsm._checks import check_bool, check_choice, check_int
 
-from ..ops import DPLR_MODES, eos_dplr
+from ..ops import eos_dplr
+from ._delta import WY_MODES
 from .base import EOSRow, Mixer, State, ValueFirst, no_weight_decay, register
 from .packing import check_document_state, documents, last, previous
 
@@ -82,7 +83,7 @@ class RWKV7(Mixer):
     """
 
     model_owned_options = ("layer_id", "n_layers")
-    modes = DPLR_MODES
+    modes = WY_MODES
     uses_value_first = True
     revision = 2  # 2: the value residual (layers > 0)
 

@@ -20,7 +20,10 @@ Modes (see docs/eos_delta.md for the algebra):
   The gate is carried on b, gamma (I - a b^T) = gamma I - a (gamma b)^T, so DeltaNet's a = e stays
   one tensor. Gradients come from autograd through this forward. ``eos_dplr`` runs this kernel
   for the structures it serves (one step per token, no or a scalar decay).
-* ``auto``: T <= 1 -> recurrent (one step, decoding), otherwise chunk.
+* ``triton``: the chunk form with its one sequential part, the carry of the memory across chunks,
+  in a Triton kernel (``triton_delta``), forward and backward; the rest stays batched PyTorch.
+* ``auto``: T <= 1 -> recurrent (one step, decoding), otherwise chunk; on CUDA tensors its carry
+  runs in Triton where that kernel serves them (``carry_for``).
 
 Packed sequences (``cu_seqlens``): the chunk form runs the row's regular chunks in one pass with
 the documents kept apart inside them (block-diagonal masks, the carry reset where a document
@@ -35,6 +38,7 @@ are head-major [B, H, T, .].
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from typing import Any
 
 import torch
@@ -58,7 +62,11 @@ from .packed import Pieces
 
 Tensor = torch.Tensor
 
-DELTA_MODES = ("auto", "recurrent", "chunk")
+DELTA_MODES = ("auto", "recurrent", "chunk", "triton")
+
+# The Triton carry (``triton_delta``) holds all K memory rows in one register block; here so that
+# planning never imports triton.
+TRITON_MAX_K = 128
 
 
 # ----------------------------------------------------------------------------- validation
@@ -321,20 +329,24 @@ class _ChunkMaps:
     """Per chunk (all [B, H, Nc, C, .] or [B, H, Nc, K, .]), for a chunk whose segments start from
     memories Z (the chunk's initial memory M when there are no segments):
     U = W Z + U0 (the corrections u_t = b_t^T m_{t-1}), y = Q Z + R, and the memory carried out of
-    the chunk's last segment Phi Z_last + Psi. ``a`` is the low-rank factor of the transition
-    gamma_t I - a_t b_t^T, ``c`` the
-    chunk-local cumulative log gate and ``c_seg`` the same from each segment's first token (None
-    without a gate); packed rows need them for the states read at document ends."""
+    the chunk's last segment Phi Z_last + Psi, where Phi = gamma I - A^T W (gamma [B, H, Nc] the
+    chunk's decay, None for 1; A the low-rank factors weighted to the chunk's end); Phi is None
+    when not asked for (the Triton carry applies it as gamma M - A^T (W M)). ``a`` is the low-rank
+    factor of the transition gamma_t I - a_t b_t^T, ``c`` the chunk-local cumulative log gate and
+    ``c_seg`` the same from each segment's first token (None without a gate); packed rows need
+    them for the states read at document ends."""
 
     Q: Tensor
     R: Tensor
-    Phi: Tensor
+    Phi: Tensor | None
     Psi: Tensor
     W: Tensor
     U0: Tensor
     a: Tensor
     c: Tensor | None
     c_seg: Tensor | None
+    A: Tensor
+    gamma: Tensor | None
 
 
 def _chunk_maps(
@@ -346,8 +358,10 @@ def _chunk_maps(
     g: Tensor | None,
     a_is_e: bool,
     seg: _Segments | None,
+    phi: bool = True,
 ) -> _ChunkMaps:
-    """The WY / UT algebra of every chunk at once; inputs chunked [B, H, Nc, C, .], g [B, H, Nc, C].
+    """The WY / UT algebra of every chunk at once; inputs chunked [B, H, Nc, C, .], g [B, H, Nc, C];
+    ``phi``: form the transitions Phi (the PyTorch carries multiply by them; the Triton one does not).
 
     The transition is gamma_t I - a_t b_t^T (``eos_delta``'s gamma_t (I - a_t b_t^T) arrives with b
     gamma_t: a scalar gate moves onto either factor, and on b it leaves a = e one tensor).
@@ -388,11 +402,12 @@ def _chunk_maps(
         b_scaled = b * (c_seg - g).exp().unsqueeze(-1)
         s_scaled = s * c_seg.exp().unsqueeze(-1)
         to_end = (c[..., -1:] - c).exp().unsqueeze(-1)  # e^{c_C - c_j}
-        m_decay = c_seg[..., -1].exp()[..., None, None] * eye
+        gamma = c_seg[..., -1].exp()
+        m_decay = gamma[..., None, None] * eye
     else:
         dec_b, dec_s = strict.to(v.dtype), incl.to(v.dtype)
         b_scaled, s_scaled, to_end = b, s, None
-        m_decay = eye
+        gamma, m_decay = None, eye
     if seg is not None:
         last = seg.last.unsqueeze(-1).to(v.dtype)
         to_end = last if to_end is None else to_end * last
@@ -412,12 +427,21 @@ def _chunk_maps(
         # U0 = v - inv v, so every product with v and U0 collapses onto v - U0 = inv v.
         W, inv_v = (inv @ torch.cat([b_scaled, v], -1)).split([K, D], -1)
         SW, R = (Pse @ torch.cat([W, inv_v], -1)).split([K, D], -1)
-        EW, Psi = (e_end.transpose(-1, -2) @ torch.cat([W, inv_v], -1)).split([K, D], -1)
-        return _ChunkMaps(s_scaled - SW, R, m_decay - EW, Psi, W, v - inv_v, a, c, c_seg)
+        if phi:
+            EW, Psi = (e_end.transpose(-1, -2) @ torch.cat([W, inv_v], -1)).split([K, D], -1)
+        else:
+            EW, Psi = None, e_end.transpose(-1, -2) @ inv_v
+        Phi = None if EW is None else m_decay - EW
+        return _ChunkMaps(s_scaled - SW, R, Phi, Psi, W, v - inv_v, a, c, c_seg, e_end, gamma)
     W, U0 = (inv @ torch.cat([b_scaled, Le @ v], -1)).split([K, D], -1)  # U = W M + U0
     SW, SU = (Psa @ torch.cat([W, U0], -1)).split([K, D], -1)
-    AW, AU = (a_end.transpose(-1, -2) @ torch.cat([W, U0], -1)).split([K, D], -1)
-    return _ChunkMaps(s_scaled - SW, Pse @ v - SU, m_decay - AW, e_end.transpose(-1, -2) @ v - AU, W, U0, a, c, c_seg)
+    if phi:
+        AW, AU = (a_end.transpose(-1, -2) @ torch.cat([W, U0], -1)).split([K, D], -1)
+    else:
+        AW, AU = None, a_end.transpose(-1, -2) @ U0
+    Phi = None if AW is None else m_decay - AW
+    Psi = e_end.transpose(-1, -2) @ v - AU
+    return _ChunkMaps(s_scaled - SW, Pse @ v - SU, Phi, Psi, W, U0, a, c, c_seg, a_end, gamma)
 
 
 def _chunked(
@@ -491,6 +515,48 @@ def _doubling_carry(Phi: Tensor, Psi: Tensor, M: Tensor) -> tuple[Tensor, Tensor
     return torch.where(chunk == 0, M.unsqueeze(2), Psi_p.roll(1, 2)), Psi_p[:, :, -1]
 
 
+def triton_carry_unsupported(v: Tensor, K: int) -> str | None:
+    """Why the Triton carry (``triton_delta``) cannot serve the chunk form's compute tensors (v
+    [B, H, T, D], K memory rows), or None when it can."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if torch.compiler.is_compiling():
+        return "traced by torch.compile (the traced chunk form carries by a doubling scan)"
+    if v.device.type != "cuda":
+        interpreted = False
+        if v.device.type == "cpu":
+            from . import triton_delta
+
+            interpreted = triton_delta.INTERPRETED
+        if not interpreted:
+            return (
+                f"the tensors are on {v.device}; the kernel runs on CUDA devices, or on the CPU under Triton's "
+                "interpreter (TRITON_INTERPRET=1 set before triton is imported)"
+            )
+    if v.dtype != torch.float32:
+        return f"compute dtype {v.dtype} (the kernel computes in float32: inputs float32, bfloat16 or float16)"
+    if K > TRITON_MAX_K:
+        return f"K = {K}: more than {TRITON_MAX_K} (all K memory rows are one register block)"
+    return None
+
+
+def carry_for(mode: str, v: Tensor, K: int) -> tuple[str, str]:
+    """(carry, why) for a chunk form run under ``mode``: "triton" (``triton_delta``) when asked for,
+    or under "auto" on CUDA tensors where it serves them; else "torch", the loop of ``_carry``.
+    Mode "triton" where the kernel cannot serve raises, naming why."""
+    if mode == "triton":
+        why = triton_carry_unsupported(v, K)
+        if why is not None:
+            raise ValueError(f"mode='triton' cannot serve these inputs: {why}; use mode='chunk' or 'auto'")
+        return "triton", "requested"
+    if mode == "auto" and v.device.type == "cuda":
+        why = triton_carry_unsupported(v, K)
+        if why is None:
+            return "triton", "CUDA tensors and triton installed"
+        return "torch", f"not the Triton carry: {why}"
+    return "torch", "a loop over chunks, one batched product each"
+
+
 def _delta_chunk(
     v: Tensor,
     e: Tensor,
@@ -501,9 +567,11 @@ def _delta_chunk(
     m0: Tensor | None,
     chunk_size: int,
     a_is_e: bool = False,
+    carry: str = "torch",
 ) -> tuple[Tensor, Tensor]:
     """Chunkwise (WY / UT) form (``_chunk_maps``) of gamma_t I - a_t b_t^T. All inputs head-major
-    [B, H, T, .]; returns (y, m_T).
+    [B, H, T, .]; returns (y, m_T). ``carry``: the memory carried across chunks by the loop of
+    ``_carry`` ("torch") or by one Triton kernel ("triton", ``triton_delta``; ``carry_for``).
 
     Traced (torch.compile), T is symbolic: the chunk length stays ``chunk_size`` when T is shorter,
     the chunks are ``traced_chunk_count`` (padding past T, identity steps) and the carry is the
@@ -515,6 +583,12 @@ def _delta_chunk(
         C = chunk_size
         maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C, traced_chunk_count(T, C)), a_is_e, None)
         starts, M = _doubling_carry(maps.Phi, maps.Psi, M)
+    elif carry == "triton":
+        from .triton_delta import triton_delta_carry
+
+        C = min(chunk_size, T)
+        maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None, phi=False)
+        starts, M = triton_delta_carry(maps.W, maps.A, maps.Psi, maps.gamma, M)
     else:
         C = min(chunk_size, T)
         maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None)
@@ -647,7 +721,11 @@ def eos_delta(
         e, s: expand and shrink states [B, T, H, K] (DeltaNet: e = beta k, s = q).
         a, b: the rank-one correction of the oscillation, [B, T, H, K] (DeltaNet: a = beta k, b = k).
         log_o: optional scalar gate per step [B, T, H] or per head [H]; None means 1.
-        mode: "recurrent", "chunk" or "auto" (T <= 1 -> recurrent, else chunk).
+        mode: "recurrent", "chunk", "triton" (the chunk form with its carry across chunks in one
+            Triton kernel, ``triton_delta``: CUDA tensors, or the CPU under Triton's interpreter;
+            float32 compute, K <= 128, not packed) or "auto" (T <= 1 -> recurrent, else chunk,
+            its carry in Triton on CUDA tensors where that kernel serves them).
+            ``explain_dplr(..., gate_first=True)`` names the form, the carry and why.
         initial_state: m_0 [B, H, K, D] (zeros when None).
         output_final_state: also return m_T [B, H, K, D].
         chunk_size: chunk length C of mode "chunk" and checkpoint spacing of the recurrent
@@ -682,7 +760,8 @@ def eos_delta(
     elif mode == "recurrent" or (mode == "auto" and T <= 1):
         y, m = _DeltaRecurrent.apply(v, e_, s_, a_, b_, g, m0, chunk_size)
     else:
-        y, m = _delta_chunk(v, e_, s_, a_, _gated_b(b_, g), g, m0, chunk_size, a_is_e=a is e)
+        carry, _ = carry_for(mode, v, K)
+        y, m = _delta_chunk(v, e_, s_, a_, _gated_b(b_, g), g, m0, chunk_size, a_is_e=a is e, carry=carry)
     y = y.permute(0, 2, 1, 3).to(out_dtype)
     if not output_final_state:
         return y, None
@@ -708,6 +787,11 @@ def _delta_packed(
     alone, its outputs concatenated and its final states stacked (a loop over documents)."""
     bounds = check_cu_seqlens(cu_seqlens)
     N = len(bounds) - 1
+    if mode == "triton":
+        raise ValueError(
+            "mode='triton' cannot serve cu_seqlens (the Triton carry runs unpacked sequences); use mode='chunk' "
+            "or 'auto'"
+        )
     v, e_, s_, a_, b_, g, m0, out_dtype = _canonicalize(i, e, s, a, b, log_o, initial_state, documents=N)
     check_packed(bounds, v.shape[0], v.shape[2])
     if mode == "recurrent" or (mode == "auto" and v.shape[2] <= 1):

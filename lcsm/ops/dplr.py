@@ -56,12 +56,12 @@ from ._inputs import (
     without_autocast,
 )
 from .chunk_matmul import traced_chunk_count
-from .delta import _delta_chunk, _delta_chunk_packed, _doubling_carry, _gated_b, _UnitLowerInverse
+from .delta import _delta_chunk, _delta_chunk_packed, _doubling_carry, _gated_b, _UnitLowerInverse, carry_for
 from .eos import Plan
 
 Tensor = torch.Tensor
 
-DPLR_MODES = ("auto", "recurrent", "chunk")
+DPLR_MODES = ("auto", "recurrent", "chunk", "triton")
 
 
 def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
@@ -422,6 +422,24 @@ def _form(mode: str, T: int) -> str:
     return "recurrent" if mode == "recurrent" or (mode == "auto" and T <= 1) or T == 0 else "chunk"
 
 
+def _check_triton(mode: str, n: int, g: Tensor | None, packed: bool) -> None:
+    """Mode "triton" runs ``eos_delta``'s kernel with its carry in Triton: only for the structures
+    that kernel serves, unpacked."""
+    if mode != "triton":
+        return
+    if not _routed(n, g):
+        what = f"{n} micro-steps per token" if n > 1 else "a per-row decay"
+        raise ValueError(
+            f"mode='triton' cannot serve these inputs: {what} (the Triton carry serves eos_delta's kernel: one "
+            "step per token, no or a scalar decay); use mode='chunk' or 'auto'"
+        )
+    if packed:
+        raise ValueError(
+            "mode='triton' cannot serve cu_seqlens (the Triton carry runs unpacked sequences); use mode='chunk' "
+            "or 'auto'"
+        )
+
+
 def _routed(n: int, g: Tensor | None) -> bool:
     """Whether the chunk form runs on ``eos_delta``'s kernel: one step per token and a decay that is
     none or a scalar (the kernel's gamma_t I - a_t b_t^T; a per-row decay or micro-steps are not)."""
@@ -443,7 +461,7 @@ DELTA_CHUNK = 64
 DELTA_SPAN_CHUNKS = 8
 
 
-def _delta_spans(v, e, s, a, b, g, m0, C, a_is_e):
+def _delta_spans(v, e, s, a, b, g, m0, C, a_is_e, carry="torch"):
     """``_delta_chunk`` with a backward that recomputes: a sequence longer than DELTA_SPAN_CHUNKS chunks
     runs span by span (the memory carried between them), each span under activation checkpointing,
     so autograd keeps each span's inputs and the carried memories, not every chunk's intermediates
@@ -454,22 +472,23 @@ def _delta_spans(v, e, s, a, b, g, m0, C, a_is_e):
     span = DELTA_SPAN_CHUNKS * C
     # _grad first: traced (False), testing the symbolic length against span would guard on it
     if not _grad(v, e, s, a, b, g, m0) or v.shape[2] <= span:
-        return _delta_chunk(v, e, s, a, b, g, m0, C, a_is_e)
+        return _delta_chunk(v, e, s, a, b, g, m0, C, a_is_e, carry)
     # split, not slicing: the gradients of split's pieces are joined by one cat, where each slice's
     # backward would write its piece into a zero tensor of the whole length (quadratic in T).
     n = -(-v.shape[2] // span)
     pieces = [[None] * n if x is None else x.split(span, 2) for x in (v, e, s, a, b, g)]
     ys, m = [], m0
     for j in range(n):
-        y, m = checkpoint(_delta_chunk, *(p[j] for p in pieces), m, C, a_is_e, use_reentrant=False)
+        y, m = checkpoint(_delta_chunk, *(p[j] for p in pieces), m, C, a_is_e, carry, use_reentrant=False)
         ys.append(y)
     return torch.cat(ys, 2), m
 
 
-def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqlens=None, final=True):
+def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqlens=None, final=True, mode="chunk"):
     """The chunk form on ``eos_delta``'s kernel: canonical tensors (n = 1, g None or [B, T, H, 1])
     -> y [B, T, H, D], m_T (or None when packed and not ``final``); gradients by autograd through
-    the kernel, recomputed span by span (``_delta_spans``) when unpacked. ``gate_first`` puts the
+    the kernel, recomputed span by span (``_delta_spans``) when unpacked, its carry across chunks
+    chosen by ``mode`` (``delta.carry_for``; packed rows carry in PyTorch). ``gate_first`` puts the
     scalar decay on b, D(alpha) (I - a b^T) = D(alpha) - a (alpha b)^T: a product like gating a,
     and a DeltaNet's a = e stays one tensor for the kernel's shared products."""
 
@@ -482,7 +501,7 @@ def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqle
         b = _gated_b(b, g)
     C = chunk_size if chunk_size is not None else DELTA_CHUNK
     if cu_seqlens is None:
-        y, m = _delta_spans(v, e, s, a, b, g, m0, C, a_is_e)
+        y, m = _delta_spans(v, e, s, a, b, g, m0, C, a_is_e, carry_for(mode, v, e.shape[-1])[0])
     else:
         y, m = _delta_chunk_packed(v, e, s, a, b, g, m0, C, a_is_e, cu_seqlens, final)
     return y.transpose(1, 2), m
@@ -505,16 +524,19 @@ def explain_dplr(
     """The plan ``eos_dplr`` follows for these arguments (validated as ``eos_dplr`` does): the
     form, its kernel and why. Rules: mode "recurrent", or "auto" with T <= 1 -> the recurrence
     (one step per micro-step); otherwise a chunk form: ``eos_delta``'s kernel ("delta") for one
-    step per token and no or a scalar decay, else the WY / UT chunk form of this module ("wy"),
-    whose backward recomputes span by span when gradients are needed."""
+    step per token and no or a scalar decay, its carry across chunks in Triton ("delta-triton")
+    under mode "triton" or, unpacked, under "auto" on CUDA tensors where the kernel serves them
+    (``delta.carry_for``), else the WY / UT chunk form of this module ("wy"), whose backward
+    recomputes span by span when gradients are needed."""
     gate_first = check_bool("gate_first", gate_first)
     chunk_size = None if chunk_size is None else check_chunk_size(chunk_size)
     if mode not in DPLR_MODES:
         raise ValueError(f"mode: expected one of {', '.join(DPLR_MODES)}, got {mode!r}")
     packed = cu_seqlens is not None
-    i_, _, s_, _, _, g, _, _, _ = _canonicalize(i, e, s, a, b, log_alpha, None if packed else initial_state)
+    i_, _, s_, _, _, g, _, dtype, _ = _canonicalize(i, e, s, a, b, log_alpha, None if packed else initial_state)
     B, T, H, n, _ = i_.shape
     K = s_.shape[-1]
+    _check_triton(mode, n, g, packed)
     decay = "no decay" if g is None else ("a scalar decay" if g.shape[-1] == 1 else "a per-row decay")
     micro = f", {n} micro-steps per token (flattened into time, {T * n} steps)" if n > 1 else ""
     if packed:
@@ -544,13 +566,22 @@ def explain_dplr(
             )
         if packed:
             return Plan("chunk", "delta", how + "; gradients by autograd through the kernel")
+        carry, why = carry_for(mode, i_.new_empty(0, dtype=dtype), K)
+        if carry == "triton":
+            how += f"; the carry across chunks in one Triton kernel ({why}), its backward in another"
+        else:
+            how += f"; the carry across chunks {why}"
         spans = (
             f"recomputed in spans of {DELTA_SPAN_CHUNKS} chunks ({DELTA_SPAN_CHUNKS * C} steps, activation "
             "checkpointing)"
             if T > DELTA_SPAN_CHUNKS * C
             else f"kept (T <= {DELTA_SPAN_CHUNKS} chunks: one span)"
         )
-        return Plan("chunk", "delta", how + f"; gradients by autograd through the kernel, its intermediates {spans}")
+        return Plan(
+            "triton" if carry == "triton" else "chunk",
+            "delta-triton" if carry == "triton" else "delta",
+            how + f"; gradients by autograd through the kernel, its intermediates {spans}",
+        )
     C = min(_chunk_size(chunk_size, g), T * n)
     cost = (
         f"C^2 K = {C * C * K} per chunk for the pairwise decays"
@@ -593,7 +624,10 @@ def eos_dplr(
         log_alpha: log of the diagonal decay: None (identity), [H] or [B, T, H] (a scalar), [H, K]
             or [B, T, H, K] (per memory row); applied at each token's first micro-step.
         mode: "recurrent" (the definition, step by step), "chunk" (the WY / UT chunkwise form,
-            linear in T) or "auto" (T <= 1 -> recurrent, the cheap decoding step; else chunk).
+            linear in T), "triton" (``eos_delta``'s chunk kernel with its carry across chunks in
+            Triton: one step per token, no or a scalar decay, unpacked; ``eos_delta``'s mode) or
+            "auto" (T <= 1 -> recurrent, the cheap decoding step; else chunk, carried in Triton on
+            CUDA tensors where that serves). ``explain_dplr`` names the plan.
         initial_state: m_0 [B, H, K, D]; [N, H, K, D] with ``cu_seqlens``.
         output_final_state: also return m_T.
         chunk_size: micro-steps per chunk of mode "chunk" (any C >= 1; T n need not be a
@@ -619,9 +653,10 @@ def eos_dplr(
         )
     i_, e_, s_, a_, b_, g, m0, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, initial_state)
     T, n = s_.shape[1], i_.shape[3]
+    _check_triton(mode, n, g, packed=False)
     chunk = _form(mode, T) == "chunk"
     if chunk and _routed(n, g):
-        y, m = _delta_kernel(i_, e_, s_, a_, b_, g, m0, chunk_size, a is e, gate_first)
+        y, m = _delta_kernel(i_, e_, s_, a_, b_, g, m0, chunk_size, a is e, gate_first, mode=mode)
         return y.to(out_dtype), (m if output_final_state else None)
     a_, a_is_e = _own_form_a(a_, g, gate_first, a is e)
     if chunk:
@@ -647,7 +682,8 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
     the structure (documents kept apart inside its chunks), else this module's, documents aligned
     to chunks."""
     bounds = check_cu_seqlens(cu_seqlens)
-    _canonicalize(i, e, s, a, b, log_alpha, None)
+    i_, _, _, _, _, g, _, _, _ = _canonicalize(i, e, s, a, b, log_alpha, None)
+    _check_triton(mode, i_.shape[3], g, packed=True)
     B, T, H, K = s.shape
     D = i.shape[-1]
     check_packed(bounds, B, T)

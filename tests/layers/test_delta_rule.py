@@ -152,7 +152,7 @@ def test_describe_rows():
         ("heads", 0, "heads: expected"),
         ("expand_k", 0.3, "expand_k: expected a positive number"),
         ("expand_k", -1.0, "expand_k: expected a positive number"),
-        ("mode", "fft", "mode: expected one of auto, recurrent, chunk, got 'fft'"),
+        ("mode", "fft", "mode: expected one of auto, recurrent, chunk, triton, got 'fft'"),
         ("chunk_size", 0, "chunk_size: expected an integer >= 1, got 0"),
         ("output_norm", "yes", "output_norm: expected True or False, got 'yes'"),
         ("negative_eigenvalues", 1, "negative_eigenvalues: expected True or False, got 1"),

@@ -312,7 +312,7 @@ def test_output_final_state_is_a_bool():
 
 
 def test_unknown_mode():
-    with pytest.raises(ValueError, match="mode: expected one of auto, recurrent, chunk, got 'fft'"):
+    with pytest.raises(ValueError, match="mode: expected one of auto, recurrent, chunk, triton, got 'fft'"):
         _call(_args(), mode="fft")
 
 

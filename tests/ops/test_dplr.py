@@ -459,7 +459,7 @@ def test_micro_step_shape_errors():
 
 def test_bad_options():
     x = _args()
-    with pytest.raises(ValueError, match="mode: expected one of auto, recurrent, chunk"):
+    with pytest.raises(ValueError, match="mode: expected one of auto, recurrent, chunk, triton"):
         _call(x, mode="fast")
     with pytest.raises(ValueError, match="chunk_size"):
         _call(x, chunk_size=0)

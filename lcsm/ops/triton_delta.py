@@ -1,0 +1,231 @@
+"""A Triton kernel for the sequential part of ``eos_delta``'s chunk form: the carry of the memory
+across chunks, forward and backward (float32).
+
+The chunk form (``delta._chunk_maps``, the WY / UT algebra) makes each chunk an affine map of the
+memory M entering it: the corrections are U = W M + U0 and the memory after the chunk is
+
+    M' = gamma M + Psi - A^T (W M)        (the transition Phi = gamma I - A^T W, never formed)
+
+with W, A [C, K], Psi [K, D] and gamma the chunk's scalar decay (1 without a gate). Everything
+else is batched over all chunks at once as PyTorch matmuls. The carry alone is a loop over the
+chunks: in PyTorch one small batched product per chunk (and autograd's node per chunk in the
+backward), which on a GPU is a kernel launch each; here one program per (batch * head, block of
+BD memory columns) walks the chunks with its [K, BD] block of M in registers (the columns of M
+evolve independently: every map acts on M from the left).
+
+Backward, walking the chunks from the last, G = dL/dM' (the carry, plus the gradient of each
+chunk's start memory as it is passed):
+
+    dU = -A G      dPsi = G      dA = -U G^T      dW = dU M^T      dgamma = <M, G>
+    dM = gamma G + W^T dU        (U = W M recomputed from the saved start memory)
+
+dA, dW and dgamma sum over the memory columns: each column block writes its share, summed after.
+
+Imported only when this carry runs (``eos_delta`` / ``eos_dplr`` with mode "triton", or "auto" on
+CUDA tensors); under ``TRITON_INTERPRET=1`` set before triton is imported it runs on CPU tensors
+in Triton's interpreter (the tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+Tensor = torch.Tensor
+
+# The memory's rows are one register block [K, BD] (and W, A one [C, K] block each): K up to
+# delta.TRITON_MAX_K.
+BLOCK_D = 64
+NUM_WARPS = 8
+
+
+@triton.jit
+def _carry_kernel(
+    w_ptr,
+    a_ptr,
+    psi_ptr,
+    gamma_ptr,
+    m0_ptr,
+    starts_ptr,
+    final_ptr,
+    N,
+    C,
+    K,
+    D,
+    HAS_GAMMA: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    BD: tl.constexpr,
+):
+    pid_d = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_c = tl.arange(0, BC)
+    offs_k = tl.arange(0, BK)
+    offs_d = pid_d * BD + tl.arange(0, BD)
+    mck = (offs_c < C)[:, None] & (offs_k < K)[None, :]
+    mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
+    ck = offs_c[:, None] * K + offs_k[None, :]
+    kd = offs_k[:, None] * D + offs_d[None, :]
+    M = tl.load(m0_ptr + bh * K * D + kd, mask=mkd, other=0.0)
+    for n in range(0, N):
+        chunk = bh * N + n
+        tl.store(starts_ptr + chunk * K * D + kd, M, mask=mkd)
+        W = tl.load(w_ptr + chunk * C * K + ck, mask=mck, other=0.0)
+        A = tl.load(a_ptr + chunk * C * K + ck, mask=mck, other=0.0)
+        Psi = tl.load(psi_ptr + chunk * K * D + kd, mask=mkd, other=0.0)
+        U = tl.dot(W, M, input_precision="ieee")
+        if HAS_GAMMA:
+            M = M * tl.load(gamma_ptr + chunk)
+        M = M + Psi - tl.dot(tl.trans(A), U, input_precision="ieee")
+    tl.store(final_ptr + bh * K * D + kd, M, mask=mkd)
+
+
+@triton.jit
+def _carry_backward_kernel(
+    w_ptr,
+    a_ptr,
+    gamma_ptr,
+    starts_ptr,
+    dstarts_ptr,
+    dfinal_ptr,
+    dpsi_ptr,
+    dw_ptr,
+    da_ptr,
+    dgamma_ptr,
+    dm0_ptr,
+    N,
+    C,
+    K,
+    D,
+    BH,
+    HAS_GAMMA: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    BD: tl.constexpr,
+):
+    pid_d = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_c = tl.arange(0, BC)
+    offs_k = tl.arange(0, BK)
+    offs_d = pid_d * BD + tl.arange(0, BD)
+    mck = (offs_c < C)[:, None] & (offs_k < K)[None, :]
+    mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
+    ck = offs_c[:, None] * K + offs_k[None, :]
+    kd = offs_k[:, None] * D + offs_d[None, :]
+    # this column block's share of the column sums dW, dA, dgamma: [D blocks, B * H, N, ...]
+    share = pid_d.to(tl.int64) * BH + bh
+    G = tl.load(dfinal_ptr + bh * K * D + kd, mask=mkd, other=0.0)
+    for back in range(0, N):
+        n = N - 1 - back
+        chunk = bh * N + n
+        M = tl.load(starts_ptr + chunk * K * D + kd, mask=mkd, other=0.0)
+        W = tl.load(w_ptr + chunk * C * K + ck, mask=mck, other=0.0)
+        A = tl.load(a_ptr + chunk * C * K + ck, mask=mck, other=0.0)
+        U = tl.dot(W, M, input_precision="ieee")
+        dU = -tl.dot(A, G, input_precision="ieee")
+        tl.store(dpsi_ptr + chunk * K * D + kd, G, mask=mkd)
+        out = (share * N + n) * C * K + ck
+        tl.store(da_ptr + out, -tl.dot(U, tl.trans(G), input_precision="ieee"), mask=mck)
+        tl.store(dw_ptr + out, tl.dot(dU, tl.trans(M), input_precision="ieee"), mask=mck)
+        dM = tl.dot(tl.trans(W), dU, input_precision="ieee")
+        if HAS_GAMMA:
+            tl.store(dgamma_ptr + share * N + n, tl.sum(tl.sum(M * G, axis=1), axis=0))
+            G = G * tl.load(gamma_ptr + chunk)
+        G = G + dM + tl.load(dstarts_ptr + chunk * K * D + kd, mask=mkd, other=0.0)
+    tl.store(dm0_ptr + bh * K * D + kd, G, mask=mkd)
+
+
+def _blocks(C: int, K: int, D: int) -> tuple[int, int, int]:
+    """Register block sizes: powers of two, at least 16 (``tl.dot``'s least size)."""
+    return (
+        max(16, triton.next_power_of_2(C)),
+        max(16, triton.next_power_of_2(K)),
+        max(16, min(BLOCK_D, triton.next_power_of_2(D))),
+    )
+
+
+class TritonDeltaCarry(torch.autograd.Function):
+    """(W, A [B, H, N, C, K], Psi [B, H, N, K, D], gamma [B, H, N] or None, M0 [B, H, K, D]) ->
+    (the memory entering each chunk [B, H, N, K, D], the memory after the last [B, H, K, D]),
+    M_{n+1} = gamma_n M_n + Psi_n - A_n^T W_n M_n; float32 (module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: Tensor):
+        B, H, N, C, K = W.shape
+        D = Psi.shape[-1]
+        W, A, Psi, M0 = (x.float().contiguous() for x in (W, A, Psi, M0))
+        gamma = None if gamma is None else gamma.float().contiguous()
+        starts = W.new_empty(B, H, N, K, D)
+        final = W.new_empty(B, H, K, D)
+        BC, BK, BD = _blocks(C, K, D)
+        _carry_kernel[(triton.cdiv(D, BD), B * H)](
+            W,
+            A,
+            Psi,
+            M0 if gamma is None else gamma,  # unread without a gate
+            M0,
+            starts,
+            final,
+            N,
+            C,
+            K,
+            D,
+            HAS_GAMMA=gamma is not None,
+            BC=BC,
+            BK=BK,
+            BD=BD,
+            num_warps=NUM_WARPS,
+        )
+        ctx.save_for_backward(W, A, gamma, starts)
+        return starts, final
+
+    @staticmethod
+    def backward(ctx: Any, dstarts: Tensor | None, dfinal: Tensor | None):
+        W, A, gamma, starts = ctx.saved_tensors
+        B, H, N, C, K = W.shape
+        D = starts.shape[-1]
+        BC, BK, BD = _blocks(C, K, D)
+        nd = triton.cdiv(D, BD)
+        dstarts = torch.zeros_like(starts) if dstarts is None else dstarts.float().contiguous()
+        dfinal = starts.new_zeros(B, H, K, D) if dfinal is None else dfinal.float().contiguous()
+        dpsi = torch.empty_like(starts)
+        dW = W.new_empty(nd, B, H, N, C, K)
+        dA = torch.empty_like(dW)
+        dgamma = W.new_empty(nd, B, H, N)
+        dm0 = torch.empty_like(dfinal)
+        _carry_backward_kernel[(nd, B * H)](
+            W,
+            A,
+            dgamma if gamma is None else gamma,  # unread without a gate
+            starts,
+            dstarts,
+            dfinal,
+            dpsi,
+            dW,
+            dA,
+            dgamma,
+            dm0,
+            N,
+            C,
+            K,
+            D,
+            B * H,
+            HAS_GAMMA=gamma is not None,
+            BC=BC,
+            BK=BK,
+            BD=BD,
+            num_warps=NUM_WARPS,
+        )
+        return dW.sum(0), dA.sum(0), dpsi, None if gamma is None else dgamma.sum(0), dm0
+
+
+def triton_delta_carry(W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: Tensor) -> tuple[Tensor, Tensor]:
+    """``TritonDeltaCarry`` applied; the returned memories are float32."""
+    return TritonDeltaCarry.apply(W, A, Psi, gamma, M0)
+
+
+# Whether triton decorated the kernels for its interpreter (TRITON_INTERPRET=1 at import).
+INTERPRETED = not isinstance(_carry_kernel, triton.runtime.JITFunction)

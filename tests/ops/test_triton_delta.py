@@ -1,0 +1,168 @@
+"""The Triton carry of ``eos_delta``'s chunk form (mode "triton", ``lcsm/ops/triton_delta.py``)
+against the PyTorch chunk form and the recurrent reference: outputs, final states and every
+gradient under random cotangents, odd T, chunks that do not divide T (and are no power of two),
+with and without a scalar gate and an initial state, a = e shared and not, one span and several.
+
+On a CUDA device the compiled kernels run there; without one, on the CPU under Triton's
+interpreter, which tests/conftest.py turns on before triton is imported.
+"""
+
+import pytest
+import torch
+from torch.nn.functional import logsigmoid, normalize
+
+from lcsm.ops import eos_delta, eos_dplr, explain_dplr
+from lcsm.testing import assert_close, gradients
+
+pytest.importorskip("triton")
+from lcsm.ops import triton_delta  # noqa: E402  (after the skip: it imports triton)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    DEVICE == "cpu" and not triton_delta.INTERPRETED,
+    reason="no CUDA device and Triton's interpreter is off (TRITON_INTERPRET=0 set before the run)",
+)
+
+
+def _rand(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _inputs(T, gate, initial, B=1, H=1, K=16, D=20, seed=0):
+    """float64 DeltaNet-like inputs: unit keys b, a = e = beta k (beta in [0, 1]), a gate
+    logsigmoid(x + 2) per step; a separate a (``a``) perturbs beta k."""
+    k = normalize(_rand(B, T, H, K, seed=seed), dim=-1)
+    beta = torch.rand(B, T, H, 1, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    return {
+        "i": _rand(B, T, H, D, seed=seed + 2),
+        "e": beta * k,
+        "s": _rand(B, T, H, K, seed=seed + 3),
+        "a": beta * normalize(k + 0.3 * _rand(B, T, H, K, seed=seed + 4), dim=-1),
+        "b": k,
+        "log_o": logsigmoid(_rand(B, T, H, seed=seed + 5) + 2.0) if gate else None,
+        "initial_state": _rand(B, H, K, D, seed=seed + 6) if initial else None,
+    }
+
+
+def _run(inputs, mode, dtype, chunk_size, shared):
+    """y, the final state and every input's gradient under the shared random cotangents; ``shared``
+    passes e itself as a (DeltaNet: the kernel's products formed once)."""
+    leaves = {n: x.to(DEVICE, dtype).requires_grad_() for n, x in inputs.items() if x is not None}
+    if shared:
+        leaves.pop("a")
+    y, final = eos_delta(
+        leaves["i"],
+        leaves["e"],
+        leaves["s"],
+        leaves["e"] if shared else leaves["a"],
+        leaves["b"],
+        leaves.get("log_o"),
+        mode=mode,
+        initial_state=leaves.get("initial_state"),
+        output_final_state=True,
+        chunk_size=chunk_size,
+    )
+    return gradients({"y": y, "final": final}, leaves)
+
+
+def _check(inputs, chunk_size, shared, context):
+    got = _run(inputs, "triton", torch.float32, chunk_size, shared)
+    assert_close(got, _run(inputs, "chunk", torch.float32, chunk_size, shared), torch.float32, f"{context} vs chunk")
+    reference = _run(inputs, "recurrent", torch.float64, chunk_size, shared)
+    assert_close(got, reference, torch.float32, f"{context} vs recurrent")
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["no-gate", "gate"])
+@pytest.mark.parametrize("shared", [True, False], ids=["a-is-e", "a-not-e"])
+@pytest.mark.parametrize(("T", "chunk_size", "initial"), [(37, 16, True), (45, 20, False)])
+def test_against_chunk_and_recurrent(gate, shared, T, chunk_size, initial):
+    _check(_inputs(T, gate, initial), chunk_size, shared, f"T={T} C={chunk_size} gate={gate} shared={shared}")
+
+
+def test_batch_heads_and_spans():
+    """B 2, H 3, K = D = 32, and T = 150 at C = 16: ten chunks, so the routed kernel runs in spans of
+    eight chunks under activation checkpointing, each span's carry one kernel launch (recomputed
+    in the backward)."""
+    _check(_inputs(150, True, True, B=2, H=3, K=32, D=32, seed=7), 16, True, "B2 H3 T150")
+
+
+def test_eos_dplr_runs_the_carry():
+    """eos_dplr's routed structure (a scalar decay applied after the rank-one factor) with mode
+    "triton" equals mode "chunk"; explain names the kernel."""
+    x = _inputs(29, True, True, H=2, seed=3)
+    log_alpha = x["log_o"]
+
+    def run(mode):
+        leaves = {n: t.to(DEVICE, torch.float32).requires_grad_() for n, t in x.items() if n != "log_o"}
+        leaves["log_alpha"] = log_alpha.to(DEVICE, torch.float32).requires_grad_()
+        y, m = eos_dplr(
+            leaves["i"],
+            leaves["e"],
+            leaves["s"],
+            leaves["a"],
+            leaves["b"],
+            leaves["log_alpha"],
+            mode=mode,
+            initial_state=leaves["initial_state"],
+            output_final_state=True,
+            chunk_size=8,
+        )
+        return gradients({"y": y, "final": m}, leaves)
+
+    assert_close(run("triton"), run("chunk"), torch.float32, "eos_dplr triton vs chunk")
+    args = [x[n].to(DEVICE, torch.float32) for n in ("i", "e", "s", "a", "b")]
+    plan = explain_dplr(*args, log_alpha.to(DEVICE, torch.float32), mode="triton", chunk_size=8)
+    assert (plan.mode, plan.kernel) == ("triton", "delta-triton"), plan
+    assert "Triton kernel (requested)" in plan.reason, plan
+
+
+def test_auto_carries_in_triton_on_cuda_only():
+    x = {n: t.to(DEVICE, torch.float32) for n, t in _inputs(40, True, False).items() if t is not None}
+    plan = explain_dplr(x["i"], x["e"], x["s"], x["e"], x["b"], x["log_o"], gate_first=True)
+    if DEVICE == "cuda":
+        assert plan.kernel == "delta-triton" and "CUDA tensors and triton installed" in plan.reason, plan
+    else:
+        assert plan.kernel == "delta" and "a loop over chunks" in plan.reason, plan
+
+
+def test_what_the_carry_cannot_serve_names_the_mode():
+    x = {n: t.to(DEVICE, torch.float32) for n, t in _inputs(12, True, False).items() if t is not None}
+    args = [x[n] for n in ("i", "e", "s", "a", "b")]
+    with pytest.raises(ValueError, match=r"mode='triton' cannot serve these inputs: compute dtype torch.float64"):
+        eos_delta(*[t.double() for t in args], x["log_o"].double(), mode="triton")
+    with pytest.raises(ValueError, match=r"mode='triton' cannot serve these inputs: K = 129: more than 128"):
+        wide = [torch.zeros(1, 12, 1, 129, device=DEVICE) for _ in range(4)]
+        eos_delta(args[0], *wide, mode="triton")
+    with pytest.raises(ValueError, match=r"mode='triton' cannot serve cu_seqlens"):
+        eos_delta(*args, mode="triton", cu_seqlens=torch.tensor([0, 5, 12], device=DEVICE))
+    with pytest.raises(ValueError, match=r"mode='triton' cannot serve these inputs: a per-row decay"):
+        eos_dplr(*args, torch.zeros(1, 12, 1, 16, device=DEVICE), mode="triton")
+    with pytest.raises(ValueError, match=r"mode='triton' cannot serve cu_seqlens"):
+        eos_dplr(*args, mode="triton", cu_seqlens=torch.tensor([0, 5, 12], device=DEVICE))
+
+
+@pytest.mark.parametrize("name", ["fwp", "comba"])
+def test_layers_with_a_mode_option_run_the_carry(name):
+    """A layer built with mode "triton" (DeltaNet's fwp, Comba's scalar decay) equals the same
+    weights with mode "chunk": output and every parameter's gradient; 70 tokens, two chunks at
+    Comba's chunk of 64, nine at fwp's chunk of 8."""
+    from lcsm import layers
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 70, 32, device=DEVICE)
+    options = {"chunk_size": 8} if name == "fwp" else {}
+    results = []
+    for mode in ("triton", "chunk"):
+        torch.manual_seed(1)
+        layer = layers.build(name, 32, mode=mode, **options).to(DEVICE)
+        leaves = {"x": x.clone().requires_grad_(), **dict(layer.named_parameters())}
+        results.append(gradients({"y": layer(leaves["x"])}, leaves))
+    assert_close(results[0], results[1], torch.float32, f"{name} triton vs chunk")
+
+
+def test_layers_outside_the_kernel_refuse_the_mode():
+    from lcsm import layers
+
+    for name in ("rwkv7", "gdn2", "gated_deltaproduct"):
+        with pytest.raises(ValueError, match=r"mode: expected one of .*'chunk', got 'triton'"):
+            layers.build(name, 32, mode="triton")
