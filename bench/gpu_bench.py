@@ -8,11 +8,13 @@ backward of
     simple_gla   lcsm.ops.eos, scalar decay [B, T, H, 1, 1] vs  fla chunk_simple_gla
     delta        lcsm.ops.eos_delta, no gate                vs  fla chunk_delta_rule
     gated_delta  lcsm.ops.eos_delta, scalar gate            vs  fla chunk_gated_delta_rule
+    kda          lcsm.ops.eos_dplr, per-row decay (KDA)     vs  fla chunk_kda
     attention    torch SDPA, causal (flash in bf16)
 
 Every op runs twice on the lcsm side: mode "chunk" (the PyTorch chunk form) and mode "triton"
-(gla and simple_gla: lcsm/ops/triton_chunk.py, the Triton kernels of the same form; delta and
-gated_delta: the same chunk form with its carry across chunks in Triton, lcsm/ops/triton_delta.py).
+(gla and simple_gla: lcsm/ops/triton_chunk.py, the Triton kernels of the same form; delta,
+gated_delta and kda: the same chunk forms with their carry across chunks in Triton,
+lcsm/ops/triton_delta.py).
 
 at B1 H16 K = D = 128 (medians of CUDA-event timings after warm-up), then training steps of
 ~100M-parameter language models (lcsm gla, gated_deltanet and a Transformer; fla's GLA and
@@ -35,13 +37,13 @@ import torch
 import torch.nn.functional as F
 
 from bench._common import Check, provenance_header
-from lcsm.ops import eos, eos_delta
+from lcsm.ops import eos, eos_delta, eos_dplr
 
 LENGTHS = (2048, 4096, 8192, 16384, 32768)
-OPS = ("gla", "simple_gla", "delta", "gated_delta")
+OPS = ("gla", "simple_gla", "delta", "gated_delta", "kda")
 # the ops mode "triton" serves: eos's Triton kernels, and eos_delta's chunk form with its carry across
 # chunks in Triton (lcsm/ops/triton_delta.py)
-TRITON_OPS = ("gla", "simple_gla", "delta", "gated_delta")
+TRITON_OPS = OPS
 
 
 class Budget:
@@ -94,6 +96,9 @@ def op_inputs(op: str, T: int, dtype: torch.dtype, B: int, H: int, K: int, seed:
     elif op == "gated_delta":
         x["g"] = F.logsigmoid(r(B, T, H))
         x["beta"] = torch.sigmoid(r(B, T, H))
+    elif op == "kda":
+        x["g"] = F.logsigmoid(r(B, T, H, K)) / 16
+        x["beta"] = torch.sigmoid(r(B, T, H))
     return {n: t.to(dtype).requires_grad_() for n, t in x.items()}
 
 
@@ -104,6 +109,9 @@ def lcsm_op(op: str, x: dict, mode: str = "chunk") -> torch.Tensor:
     if op == "simple_gla":
         return eos(v, k, q, x["g"][..., None, None], mode=mode)[0]
     bk = x["beta"].unsqueeze(-1) * k
+    if op == "kda":
+        # KDA: (I - beta k k^T) D(alpha) = D(alpha) - (beta k)(alpha k)^T, the decay per key row
+        return eos_dplr(v, bk, q, bk, x["g"].exp() * k, x["g"], mode=mode)[0]
     return eos_delta(v, bk, q, bk, k, x["g"] if op == "gated_delta" else None, mode=mode)[0]
 
 
@@ -111,6 +119,7 @@ def fla_op(op: str, x: dict) -> torch.Tensor:
     from fla.ops.delta_rule import chunk_delta_rule
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.gla import chunk_gla
+    from fla.ops.kda import chunk_kda
     from fla.ops.simple_gla import chunk_simple_gla
 
     q, k, v = x["q"], x["k"], x["v"]
@@ -120,6 +129,8 @@ def fla_op(op: str, x: dict) -> torch.Tensor:
         return chunk_simple_gla(q, k, v, x["g"], scale=1.0)[0]
     if op == "delta":
         return chunk_delta_rule(q, k, v, x["beta"], scale=1.0)[0]
+    if op == "kda":
+        return chunk_kda(q, k, v, x["g"], x["beta"], scale=1.0)[0]
     return chunk_gated_delta_rule(q, k, v, x["g"], x["beta"], scale=1.0)[0]
 
 

@@ -35,10 +35,6 @@ from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
-# eos_dplr's modes for the structures outside eos_delta's kernel (a per-row decay, micro-steps), for
-# the layers built on them: mode "triton" runs that kernel's Triton carry, and would refuse them.
-WY_MODES = tuple(m for m in DPLR_MODES if m != "triton")
-
 
 # fla's l2norm epsilon: keeps the normalisation finite when a projection is exactly zero.
 _L2_EPS = 1e-6

@@ -36,8 +36,7 @@ from torch import nn
 
 from lcsm._checks import check_bool, check_choice, check_float, check_int
 
-from ..ops import eos_dplr
-from ._delta import WY_MODES
+from ..ops import DPLR_MODES, eos_dplr
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 from .packing import causal_conv, check_document_state, documents
 
@@ -72,7 +71,7 @@ class GatedDeltaProduct(Mixer):
         mode: eos_dplr mode.
     """
 
-    modes = WY_MODES
+    modes = DPLR_MODES
 
     def __init__(
         self,

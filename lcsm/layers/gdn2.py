@@ -16,8 +16,7 @@ from torch import nn
 
 from lcsm._checks import check_bool, check_choice, check_float, check_int
 
-from ..ops import eos_dplr
-from ._delta import WY_MODES
+from ..ops import DPLR_MODES, eos_dplr
 from ._gated_delta import GatedDeltaState, inverse_softplus_dt, l2norm_fla, value_width
 from ._qkv import head_width
 from .base import EOSRow, Mixer, no_weight_decay, register, short_convs
@@ -59,7 +58,7 @@ class GatedDeltaNet2(Mixer):
     of dt ~ LogUniform[1e-3, 0.1] (floor 1e-4); projections and convolutions PyTorch's defaults.
     """
 
-    modes = WY_MODES
+    modes = DPLR_MODES
     # A_log and dt_bias define the decay over the whole sequence; fla keeps them float32.
     float32_parameters = ("A_log", "dt_bias")
 
@@ -90,7 +89,7 @@ class GatedDeltaNet2(Mixer):
         conv_bias = check_bool("conv_bias", conv_bias)
         self.negative_eigenvalues = check_bool("negative_eigenvalues", negative_eigenvalues)
         self.norm_eps = check_float("norm_eps", norm_eps, 0, low_open=True)
-        self.mode = check_choice("mode", mode, WY_MODES)
+        self.mode = check_choice("mode", mode, DPLR_MODES)
         H, K, D = self.num_heads, self.head_k, self.head_v
         kd, vd = H * K, self.num_v_heads * D
         self.q_proj = nn.Linear(d_model, kd, bias=False)

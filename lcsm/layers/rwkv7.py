@@ -38,8 +38,7 @@ from torch import nn
 
 from lcsm._checks import check_bool, check_choice, check_int
 
-from ..ops import eos_dplr
-from ._delta import WY_MODES
+from ..ops import DPLR_MODES, eos_dplr
 from .base import EOSRow, Mixer, State, ValueFirst, no_weight_decay, register
 from .packing import check_document_state, documents, last, previous
 
@@ -83,7 +82,7 @@ class RWKV7(Mixer):
     """
 
     model_owned_options = ("layer_id", "n_layers")
-    modes = WY_MODES
+    modes = DPLR_MODES
     uses_value_first = True
     revision = 2  # 2: the value residual (layers > 0)
 

@@ -169,11 +169,13 @@ def _pairwise(x: Tensor, ys: tuple[Tensor, ...], cx: Tensor | None, cy: Tensor |
     return [(xw * y.unsqueeze(-3)).sum(-1) for y in ys]
 
 
-def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, recompute=False):
+def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, recompute=False, carry="torch"):
     """The chunkwise (WY / UT) form: canonical tensors as ``_canonicalize`` returns them ->
     y [B, T, H, D], m_T [B, H, K, D]. With ``bounds`` (the documents of a packed row, B = 1) m0
     and m_T are [N, H, K, D], one per document. ``recompute``: the backward of
     ``_DplrSpans`` (recomputing span by span) instead of autograd through every intermediate.
+    ``carry``: the memory carried across chunks by a loop of products ("torch") or by
+    ``triton_delta``'s kernel ("triton", unpacked; ``delta.carry_for``).
 
     Micro-steps are flattened into the time axis (step j of token t at t n + j, the decay on j = 0
     only, s read at j = n - 1), so a chunk is C micro-steps. Per chunk, from its initial memory M,
@@ -254,13 +256,13 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, reco
     g = chunked(g) if g is not None else None
     initial = m0 if m0 is not None else v.new_zeros(B if bounds is None else len(bounds) - 1, H, K, D)
     if traced:
-        Q, R, Phi, Psi = _maps(v, e, s, a, b, g, a_is_e)
+        Q, R, Phi, Psi = _maps(v, e, s, a, b, g, a_is_e)[:4]
         starts, m = _doubling_carry(Phi, Psi, initial)
         y = Q @ starts + R
     elif recompute:
-        y, m = _DplrSpans.apply((resets, finals, a_is_e), SPAN_CHUNKS, v, e, s, a, b, g, initial)
+        y, m = _DplrSpans.apply((resets, finals, a_is_e, carry), SPAN_CHUNKS, v, e, s, a, b, g, initial)
     else:
-        y, m = _spans((resets, finals, a_is_e), 0, v, e, s, a, b, g, initial, None)[:2]
+        y, m = _spans((resets, finals, a_is_e, carry), 0, v, e, s, a, b, g, initial, None)[:2]
     y = y.reshape(B, H, N * C, D)
     y = y[:, :, :L] if dest is None else y.index_select(2, dest)
     return y.reshape(B, H, T, n, D)[:, :, :, -1].transpose(1, 2), m
@@ -275,9 +277,15 @@ def _spans(plan, n0, v, e, s, a, b, g, initial, M):
     """Chunks n0 .. n0 + N - 1 of the chunk-aligned layout (v, e, s, a, b, g [B, H, N, C, .]) from
     the memory M before chunk n0 (None or unused where chunk n0 starts a document): y [B, H, N, C,
     D], the final states of the documents ending here (concatenated; the memory after the last
-    chunk when unpacked) and the memory after the last chunk."""
-    resets, finals, a_is_e = plan
-    Q, R, Phi, Psi = _maps(v, e, s, a, b, g, a_is_e)
+    chunk when unpacked) and the memory after the last chunk. The plan's carry "triton" (unpacked
+    only) carries by ``triton_delta``'s kernel instead of the loop."""
+    resets, finals, a_is_e, carry = plan
+    Q, R, Phi, Psi, W, A, gamma = _maps(v, e, s, a, b, g, a_is_e, phi=carry != "triton")
+    if carry == "triton":
+        from .triton_delta import triton_delta_carry
+
+        starts, M = triton_delta_carry(W, A, Psi, gamma, initial if n0 in resets else M)
+        return Q @ starts + R, (M if n0 + v.shape[2] - 1 in finals else None), M
     starts, done = [], []
     # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
     for k, (Phi_n, Psi_n) in enumerate(zip(*(x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi)), strict=True)):
@@ -292,26 +300,29 @@ def _spans(plan, n0, v, e, s, a, b, g, initial, M):
     return y, (torch.cat(done, 0) if done else None), M
 
 
-def _maps(v, e, s, a, b, g, a_is_e):
+def _maps(v, e, s, a, b, g, a_is_e, phi=True):
     """Every chunk's affine maps from its initial memory M (chunk-aligned v, e, s, a, b, g
     [B, H, N, C, .]): its outputs y = Q M + R, [B, H, N, C, K] and [B, H, N, C, D], and the memory
-    after it M' = Phi M + Psi, [B, H, N, K, K] and [B, H, N, K, D] (``dplr_chunk``'s algebra)."""
+    after it M' = Phi M + Psi, [B, H, N, K, K] and [B, H, N, K, D] (``dplr_chunk``'s algebra),
+    with Phi = diag(gamma) - A^T W; returns (Q, R, Phi, Psi, W, A, gamma): W and A [B, H, N, C, K],
+    gamma [B, H, N, K] (None without a decay), Phi None unless ``phi`` (the Triton carry applies it
+    as gamma M - A^T (W M), ``triton_delta``)."""
     B, H, N, C, K = e.shape
     D = v.shape[-1]
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
     incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
     if g is None:  # no decay: every factor below is 1
-        c = c_prev = None
-        b_prev, s_now, e_end = b, s, e
-        a_end = a.transpose(-1, -2)
+        c = c_prev = gamma = None
+        b_prev, s_now, e_end, a_rows = b, s, e, a
         diag_end = torch.eye(K, dtype=v.dtype, device=v.device)
     else:
         c = g.cumsum(-2)
         c_prev = c - g
         to_end = (c[..., -1:, :] - c).exp()  # e^{c_C - c_j}
-        b_prev, s_now, e_end = b * c_prev.exp(), s * c.exp(), e * to_end
-        a_end = (a * to_end).transpose(-1, -2)
-        diag_end = torch.diag_embed(c[..., -1, :].exp().expand(B, H, N, K))
+        b_prev, s_now, e_end, a_rows = b * c_prev.exp(), s * c.exp(), e * to_end, a * to_end
+        gamma = c[..., -1, :].exp().expand(B, H, N, K)
+        diag_end = torch.diag_embed(gamma)
+    a_end = a_rows.transpose(-1, -2)
     if a_is_e:
         # Le = L and Pse = Psa, so R = Psa (v - U0) and Psi = a_end (v - U0).
         (Lm,) = _pairwise(b, (a,), c_prev, c, strict)
@@ -319,17 +330,17 @@ def _maps(v, e, s, a, b, g, a_is_e):
         inv = _UnitLowerInverse.apply(Lm)
         W, U0 = (inv @ torch.cat([b_prev, Lm @ v], -1)).split([K, D], -1)
         SW, R = (Psa @ torch.cat([W, v - U0], -1)).split([K, D], -1)
-        AW, Psi = (a_end @ torch.cat([W, v - U0], -1)).split([K, D], -1)
+        AW, Psi = (a_end @ torch.cat([W, v - U0], -1)).split([K, D], -1) if phi else (None, a_end @ (v - U0))
     else:
         Lm, Le = _pairwise(b, (a, e), c_prev, c, strict)
         Psa, Pse = _pairwise(s, (a, e), c, c, incl)
         inv = _UnitLowerInverse.apply(Lm)
         W, U0 = (inv @ torch.cat([b_prev, Le @ v], -1)).split([K, D], -1)
         SW, SU = (Psa @ torch.cat([W, U0], -1)).split([K, D], -1)
-        AW, AU = (a_end @ torch.cat([W, U0], -1)).split([K, D], -1)
+        AW, AU = (a_end @ torch.cat([W, U0], -1)).split([K, D], -1) if phi else (None, a_end @ U0)
         R = Pse @ v - SU
         Psi = e_end.transpose(-1, -2) @ v - AU
-    return s_now - SW, R, diag_end - AW, Psi
+    return s_now - SW, R, None if AW is None else diag_end - AW, Psi, W, a_rows, gamma
 
 
 def _slice(chunks, n0: int, span: int) -> list[Tensor | None]:
@@ -422,18 +433,9 @@ def _form(mode: str, T: int) -> str:
     return "recurrent" if mode == "recurrent" or (mode == "auto" and T <= 1) or T == 0 else "chunk"
 
 
-def _check_triton(mode: str, n: int, g: Tensor | None, packed: bool) -> None:
-    """Mode "triton" runs ``eos_delta``'s kernel with its carry in Triton: only for the structures
-    that kernel serves, unpacked."""
-    if mode != "triton":
-        return
-    if not _routed(n, g):
-        what = f"{n} micro-steps per token" if n > 1 else "a per-row decay"
-        raise ValueError(
-            f"mode='triton' cannot serve these inputs: {what} (the Triton carry serves eos_delta's kernel: one "
-            "step per token, no or a scalar decay); use mode='chunk' or 'auto'"
-        )
-    if packed:
+def _check_triton(mode: str, packed: bool) -> None:
+    """Mode "triton" carries the chunk forms' memory in Triton (``delta.carry_for``): unpacked only."""
+    if mode == "triton" and packed:
         raise ValueError(
             "mode='triton' cannot serve cu_seqlens (the Triton carry runs unpacked sequences); use mode='chunk' "
             "or 'auto'"
@@ -507,6 +509,12 @@ def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqle
     return y.transpose(1, 2), m
 
 
+def _carry_words(carry: str, why: str) -> str:
+    if carry == "triton":
+        return f"in one Triton kernel ({why}), its backward in another"
+    return why
+
+
 def explain_dplr(
     i: Tensor,
     e: Tensor,
@@ -526,8 +534,9 @@ def explain_dplr(
     (one step per micro-step); otherwise a chunk form: ``eos_delta``'s kernel ("delta") for one
     step per token and no or a scalar decay, its carry across chunks in Triton ("delta-triton")
     under mode "triton" or, unpacked, under "auto" on CUDA tensors where the kernel serves them
-    (``delta.carry_for``), else the WY / UT chunk form of this module ("wy"), whose backward
-    recomputes span by span when gradients are needed."""
+    (``delta.carry_for``), else the WY / UT chunk form of this module ("wy"; "wy-triton" with its
+    carry in Triton, by the same rule), whose backward recomputes span by span when gradients are
+    needed."""
     gate_first = check_bool("gate_first", gate_first)
     chunk_size = None if chunk_size is None else check_chunk_size(chunk_size)
     if mode not in DPLR_MODES:
@@ -536,7 +545,7 @@ def explain_dplr(
     i_, _, s_, _, _, g, _, dtype, _ = _canonicalize(i, e, s, a, b, log_alpha, None if packed else initial_state)
     B, T, H, n, _ = i_.shape
     K = s_.shape[-1]
-    _check_triton(mode, n, g, packed)
+    _check_triton(mode, packed)
     decay = "no decay" if g is None else ("a scalar decay" if g.shape[-1] == 1 else "a per-row decay")
     micro = f", {n} micro-steps per token (flattened into time, {T * n} steps)" if n > 1 else ""
     if packed:
@@ -567,10 +576,7 @@ def explain_dplr(
         if packed:
             return Plan("chunk", "delta", how + "; gradients by autograd through the kernel")
         carry, why = carry_for(mode, i_.new_empty(0, dtype=dtype), K)
-        if carry == "triton":
-            how += f"; the carry across chunks in one Triton kernel ({why}), its backward in another"
-        else:
-            how += f"; the carry across chunks {why}"
+        how += f"; the carry across chunks {_carry_words(carry, why)}"
         spans = (
             f"recomputed in spans of {DELTA_SPAN_CHUNKS} chunks ({DELTA_SPAN_CHUNKS * C} steps, activation "
             "checkpointing)"
@@ -583,6 +589,7 @@ def explain_dplr(
             how + f"; gradients by autograd through the kernel, its intermediates {spans}",
         )
     C = min(_chunk_size(chunk_size, g), T * n)
+    carry, why = ("torch", "") if packed else carry_for(mode, i_.new_empty(0, dtype=dtype), K)
     cost = (
         f"C^2 K = {C * C * K} per chunk for the pairwise decays"
         if g is not None and g.shape[-1] > 1
@@ -595,8 +602,10 @@ def explain_dplr(
             f"; cu_seqlens, {len(bounds) - 1} documents: each padded to whole chunks in one pass, the "
             "memory reset at each document's first chunk"
         )
+    else:
+        how += f"; the carry across chunks {_carry_words(carry, why)}"
     how += f"; backward recomputes spans of {SPAN_CHUNKS} chunks from their start memories"
-    return Plan("chunk", "wy", how)
+    return Plan("triton" if carry == "triton" else "chunk", "wy-triton" if carry == "triton" else "wy", how)
 
 
 @without_autocast
@@ -624,10 +633,10 @@ def eos_dplr(
         log_alpha: log of the diagonal decay: None (identity), [H] or [B, T, H] (a scalar), [H, K]
             or [B, T, H, K] (per memory row); applied at each token's first micro-step.
         mode: "recurrent" (the definition, step by step), "chunk" (the WY / UT chunkwise form,
-            linear in T), "triton" (``eos_delta``'s chunk kernel with its carry across chunks in
-            Triton: one step per token, no or a scalar decay, unpacked; ``eos_delta``'s mode) or
-            "auto" (T <= 1 -> recurrent, the cheap decoding step; else chunk, carried in Triton on
-            CUDA tensors where that serves). ``explain_dplr`` names the plan.
+            linear in T), "triton" (the chunk form with its carry across chunks in one Triton
+            kernel, ``triton_delta``: unpacked, float32 compute, K <= 128) or "auto" (T <= 1 ->
+            recurrent, the cheap decoding step; else chunk, carried in Triton on CUDA tensors
+            where that kernel serves them). ``explain_dplr`` names the plan.
         initial_state: m_0 [B, H, K, D]; [N, H, K, D] with ``cu_seqlens``.
         output_final_state: also return m_T.
         chunk_size: micro-steps per chunk of mode "chunk" (any C >= 1; T n need not be a
@@ -653,16 +662,15 @@ def eos_dplr(
         )
     i_, e_, s_, a_, b_, g, m0, dtype, out_dtype = _canonicalize(i, e, s, a, b, log_alpha, initial_state)
     T, n = s_.shape[1], i_.shape[3]
-    _check_triton(mode, n, g, packed=False)
     chunk = _form(mode, T) == "chunk"
     if chunk and _routed(n, g):
         y, m = _delta_kernel(i_, e_, s_, a_, b_, g, m0, chunk_size, a is e, gate_first, mode=mode)
         return y.to(out_dtype), (m if output_final_state else None)
     a_, a_is_e = _own_form_a(a_, g, gate_first, a is e)
     if chunk:
-        y, m = dplr_chunk(
-            i_, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a_is_e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
-        )
+        grad = _grad(i_, e_, s_, a_, b_, g, m0)
+        carry = carry_for(mode, i_, s_.shape[-1])[0]
+        y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size, a_is_e=a_is_e, recompute=grad, carry=carry)
     else:
         y, m = dplr_recurrent(i_, e_, s_, a_, b_, g, m0)
     return y.to(out_dtype), (m if output_final_state else None)
@@ -682,8 +690,8 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
     the structure (documents kept apart inside its chunks), else this module's, documents aligned
     to chunks."""
     bounds = check_cu_seqlens(cu_seqlens)
-    i_, _, _, _, _, g, _, _, _ = _canonicalize(i, e, s, a, b, log_alpha, None)
-    _check_triton(mode, i_.shape[3], g, packed=True)
+    _check_triton(mode, packed=True)
+    _canonicalize(i, e, s, a, b, log_alpha, None)
     B, T, H, K = s.shape
     D = i.shape[-1]
     check_packed(bounds, B, T)

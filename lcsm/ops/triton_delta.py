@@ -1,12 +1,13 @@
-"""A Triton kernel for the sequential part of ``eos_delta``'s chunk form: the carry of the memory
-across chunks, forward and backward (float32).
+"""A Triton kernel for the sequential part of the WY / UT chunk forms (``eos_delta``'s and
+``eos_dplr``'s): the carry of the memory across chunks, forward and backward (float32).
 
-The chunk form (``delta._chunk_maps``, the WY / UT algebra) makes each chunk an affine map of the
+The chunk forms (``delta._chunk_maps``, ``dplr._maps``) make each chunk an affine map of the
 memory M entering it: the corrections are U = W M + U0 and the memory after the chunk is
 
-    M' = gamma M + Psi - A^T (W M)        (the transition Phi = gamma I - A^T W, never formed)
+    M' = gamma M + Psi - A^T (W M)        (the transition Phi = diag(gamma) - A^T W, never formed)
 
-with W, A [C, K], Psi [K, D] and gamma the chunk's scalar decay (1 without a gate). Everything
+with W, A [C, K], Psi [K, D] and gamma the chunk's decay: none (1), a scalar (a gate) or one per
+memory row (a per-row decay, each row of M scaled by its own). Everything
 else is batched over all chunks at once as PyTorch matmuls. The carry alone is a loop over the
 chunks: in PyTorch one small batched product per chunk (and autograd's node per chunk in the
 backward), which on a GPU is a kernel launch each; here one program per (batch * head, block of
@@ -16,9 +17,10 @@ evolve independently: every map acts on M from the left).
 Backward, walking the chunks from the last, G = dL/dM' (the carry, plus the gradient of each
 chunk's start memory as it is passed):
 
-    dU = -A G      dPsi = G      dA = -U G^T      dW = dU M^T      dgamma = <M, G>
+    dU = -A G      dPsi = G      dA = -U G^T      dW = dU M^T      dgamma = sum_d M * G
     dM = gamma G + W^T dU        (U = W M recomputed from the saved start memory)
 
+(dgamma summed over every entry for a scalar gamma, over each row's columns for a per-row one.)
 dA, dW and dgamma sum over the memory columns: each column block writes its share, summed after.
 
 Imported only when this carry runs (``eos_delta`` / ``eos_dplr`` with mode "triton", or "auto" on
@@ -43,6 +45,16 @@ NUM_WARPS = 8
 
 
 @triton.jit
+def _decayed(x, gamma_ptr, chunk, offs_k, K, GAMMA: tl.constexpr):
+    """x [BK, BD] scaled by chunk ``chunk``'s decay (GAMMA: 0 none, 1 a scalar, 2 one per row)."""
+    if GAMMA == 1:
+        x = x * tl.load(gamma_ptr + chunk)
+    elif GAMMA == 2:
+        x = x * tl.load(gamma_ptr + chunk * K + offs_k, mask=offs_k < K, other=0.0)[:, None]
+    return x
+
+
+@triton.jit
 def _carry_kernel(
     w_ptr,
     a_ptr,
@@ -55,7 +67,7 @@ def _carry_kernel(
     C,
     K,
     D,
-    HAS_GAMMA: tl.constexpr,
+    GAMMA: tl.constexpr,
     BC: tl.constexpr,
     BK: tl.constexpr,
     BD: tl.constexpr,
@@ -77,9 +89,7 @@ def _carry_kernel(
         A = tl.load(a_ptr + chunk * C * K + ck, mask=mck, other=0.0)
         Psi = tl.load(psi_ptr + chunk * K * D + kd, mask=mkd, other=0.0)
         U = tl.dot(W, M, input_precision="ieee")
-        if HAS_GAMMA:
-            M = M * tl.load(gamma_ptr + chunk)
-        M = M + Psi - tl.dot(tl.trans(A), U, input_precision="ieee")
+        M = _decayed(M, gamma_ptr, chunk, offs_k, K, GAMMA) + Psi - tl.dot(tl.trans(A), U, input_precision="ieee")
     tl.store(final_ptr + bh * K * D + kd, M, mask=mkd)
 
 
@@ -101,7 +111,7 @@ def _carry_backward_kernel(
     K,
     D,
     BH,
-    HAS_GAMMA: tl.constexpr,
+    GAMMA: tl.constexpr,
     BC: tl.constexpr,
     BK: tl.constexpr,
     BD: tl.constexpr,
@@ -131,10 +141,12 @@ def _carry_backward_kernel(
         tl.store(da_ptr + out, -tl.dot(U, tl.trans(G), input_precision="ieee"), mask=mck)
         tl.store(dw_ptr + out, tl.dot(dU, tl.trans(M), input_precision="ieee"), mask=mck)
         dM = tl.dot(tl.trans(W), dU, input_precision="ieee")
-        if HAS_GAMMA:
+        if GAMMA == 1:
             tl.store(dgamma_ptr + share * N + n, tl.sum(tl.sum(M * G, axis=1), axis=0))
-            G = G * tl.load(gamma_ptr + chunk)
-        G = G + dM + tl.load(dstarts_ptr + chunk * K * D + kd, mask=mkd, other=0.0)
+        elif GAMMA == 2:
+            tl.store(dgamma_ptr + (share * N + n) * K + offs_k, tl.sum(M * G, axis=1), mask=offs_k < K)
+        G = _decayed(G, gamma_ptr, chunk, offs_k, K, GAMMA) + dM
+        G = G + tl.load(dstarts_ptr + chunk * K * D + kd, mask=mkd, other=0.0)
     tl.store(dm0_ptr + bh * K * D + kd, G, mask=mkd)
 
 
@@ -147,10 +159,18 @@ def _blocks(C: int, K: int, D: int) -> tuple[int, int, int]:
     )
 
 
+def _gamma_kind(gamma: Tensor | None) -> int:
+    """The kernels' GAMMA: 0 for None, 1 for [B, H, N] (a scalar a chunk), 2 for [B, H, N, K] (one per row)."""
+    if gamma is None:
+        return 0
+    return 1 if gamma.dim() == 3 else 2
+
+
 class TritonDeltaCarry(torch.autograd.Function):
-    """(W, A [B, H, N, C, K], Psi [B, H, N, K, D], gamma [B, H, N] or None, M0 [B, H, K, D]) ->
-    (the memory entering each chunk [B, H, N, K, D], the memory after the last [B, H, K, D]),
-    M_{n+1} = gamma_n M_n + Psi_n - A_n^T W_n M_n; float32 (module docstring)."""
+    """(W, A [B, H, N, C, K], Psi [B, H, N, K, D], gamma [B, H, N] or [B, H, N, K] or None, M0
+    [B, H, K, D]) -> (the memory entering each chunk [B, H, N, K, D], the memory after the last
+    [B, H, K, D]), M_{n+1} = gamma_n M_n + Psi_n - A_n^T W_n M_n, a per-row gamma scaling each row
+    of M; float32 (module docstring)."""
 
     @staticmethod
     def forward(ctx: Any, W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: Tensor):
@@ -173,7 +193,7 @@ class TritonDeltaCarry(torch.autograd.Function):
             C,
             K,
             D,
-            HAS_GAMMA=gamma is not None,
+            GAMMA=_gamma_kind(gamma),
             BC=BC,
             BK=BK,
             BD=BD,
@@ -194,7 +214,7 @@ class TritonDeltaCarry(torch.autograd.Function):
         dpsi = torch.empty_like(starts)
         dW = W.new_empty(nd, B, H, N, C, K)
         dA = torch.empty_like(dW)
-        dgamma = W.new_empty(nd, B, H, N)
+        dgamma = W.new_empty(nd, *(gamma.shape if gamma is not None else (B, H, N)))
         dm0 = torch.empty_like(dfinal)
         _carry_backward_kernel[(nd, B * H)](
             W,
@@ -213,7 +233,7 @@ class TritonDeltaCarry(torch.autograd.Function):
             K,
             D,
             B * H,
-            HAS_GAMMA=gamma is not None,
+            GAMMA=_gamma_kind(gamma),
             BC=BC,
             BK=BK,
             BD=BD,

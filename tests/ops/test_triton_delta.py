@@ -1,7 +1,8 @@
-"""The Triton carry of ``eos_delta``'s chunk form (mode "triton", ``lcsm/ops/triton_delta.py``)
-against the PyTorch chunk form and the recurrent reference: outputs, final states and every
-gradient under random cotangents, odd T, chunks that do not divide T (and are no power of two),
-with and without a scalar gate and an initial state, a = e shared and not, one span and several.
+"""The Triton carry of the WY / UT chunk forms (mode "triton", ``lcsm/ops/triton_delta.py``) of
+``eos_delta`` and ``eos_dplr`` against the PyTorch chunk form and the recurrent reference:
+outputs, final states and every gradient under random cotangents, odd T, chunks that do not
+divide T (and are no power of two), with and without a gate and an initial state, a = e shared
+and not, a per-row decay and micro-steps, one span and several.
 
 On a CUDA device the compiled kernels run there; without one, on the CPU under Triton's
 interpreter, which tests/conftest.py turns on before triton is imported.
@@ -86,34 +87,61 @@ def test_batch_heads_and_spans():
     _check(_inputs(150, True, True, B=2, H=3, K=32, D=32, seed=7), 16, True, "B2 H3 T150")
 
 
-def test_eos_dplr_runs_the_carry():
-    """eos_dplr's routed structure (a scalar decay applied after the rank-one factor) with mode
-    "triton" equals mode "chunk"; explain names the kernel."""
-    x = _inputs(29, True, True, H=2, seed=3)
-    log_alpha = x["log_o"]
+def _dplr(x, log_alpha, mode, chunk_size, dtype=torch.float32):
+    """eos_dplr's y, final state and every gradient; x's i, e, a, b may carry micro-steps."""
+    leaves = {n: t.to(DEVICE, dtype).requires_grad_() for n, t in x.items() if n != "log_o" and t is not None}
+    if log_alpha is not None:
+        leaves["log_alpha"] = log_alpha.to(DEVICE, dtype).requires_grad_()
+    y, m = eos_dplr(
+        leaves["i"],
+        leaves["e"],
+        leaves["s"],
+        leaves["a"],
+        leaves["b"],
+        leaves.get("log_alpha"),
+        mode=mode,
+        initial_state=leaves.get("initial_state"),
+        output_final_state=True,
+        chunk_size=chunk_size,
+    )
+    return gradients({"y": y, "final": m}, leaves)
 
-    def run(mode):
-        leaves = {n: t.to(DEVICE, torch.float32).requires_grad_() for n, t in x.items() if n != "log_o"}
-        leaves["log_alpha"] = log_alpha.to(DEVICE, torch.float32).requires_grad_()
-        y, m = eos_dplr(
-            leaves["i"],
-            leaves["e"],
-            leaves["s"],
-            leaves["a"],
-            leaves["b"],
-            leaves["log_alpha"],
-            mode=mode,
-            initial_state=leaves["initial_state"],
-            output_final_state=True,
-            chunk_size=8,
-        )
-        return gradients({"y": y, "final": m}, leaves)
 
-    assert_close(run("triton"), run("chunk"), torch.float32, "eos_dplr triton vs chunk")
+@pytest.mark.parametrize("structure", ["scalar", "row", "row-micro-steps"])
+def test_eos_dplr_runs_the_carry(structure):
+    """eos_dplr's three chunk structures with mode "triton": a scalar decay (routed to eos_delta's
+    kernel), a per-row decay (KDA, RWKV-7; the WY form of dplr.py, its gamma one per memory row) and
+    a per-row decay with two micro-steps a token (DeltaProduct), against mode "chunk" in float32
+    and the recurrence in float64; explain names the kernel."""
+    T, H, K = 29, 2, 16
+    x = _inputs(T, False, True, H=H, K=K, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    if structure == "scalar":
+        log_alpha = logsigmoid(torch.randn(1, T, H, generator=gen, dtype=torch.float64) + 2.0)
+    else:
+        log_alpha = logsigmoid(torch.randn(1, T, H, K, generator=gen, dtype=torch.float64) + 2.0)
+    if structure == "row-micro-steps":
+        for name in ("i", "e", "a", "b"):
+            second = _rand(*x[name].shape, seed=len(name) + 20)
+            second = normalize(second, dim=-1) if name == "b" else 0.5 * second
+            x[name] = torch.stack([x[name], second], 3)
+    got = _dplr(x, log_alpha, "triton", 8)
+    assert_close(got, _dplr(x, log_alpha, "chunk", 8), torch.float32, f"{structure} vs chunk")
+    reference = _dplr(x, log_alpha, "recurrent", 8, torch.float64)
+    assert_close(got, reference, torch.float32, f"{structure} vs recurrent")
     args = [x[n].to(DEVICE, torch.float32) for n in ("i", "e", "s", "a", "b")]
     plan = explain_dplr(*args, log_alpha.to(DEVICE, torch.float32), mode="triton", chunk_size=8)
-    assert (plan.mode, plan.kernel) == ("triton", "delta-triton"), plan
+    kernel = "delta-triton" if structure == "scalar" else "wy-triton"
+    assert (plan.mode, plan.kernel) == ("triton", kernel), plan
     assert "Triton kernel (requested)" in plan.reason, plan
+
+
+def test_recomputed_spans_of_the_wy_form():
+    """T = 300 at C = 8 with a per-row decay: 38 chunks, three spans of the recomputing backward
+    (``_DplrSpans``, 16 chunks a span), each span's carry one kernel launch."""
+    x = _inputs(300, False, True, H=1, K=16, D=16, seed=5)
+    log_alpha = logsigmoid(_rand(1, 300, 1, 16, seed=12) + 3.0)
+    assert_close(_dplr(x, log_alpha, "triton", 8), _dplr(x, log_alpha, "chunk", 8), torch.float32, "spans")
 
 
 def test_auto_carries_in_triton_on_cuda_only():
@@ -135,17 +163,15 @@ def test_what_the_carry_cannot_serve_names_the_mode():
         eos_delta(args[0], *wide, mode="triton")
     with pytest.raises(ValueError, match=r"mode='triton' cannot serve cu_seqlens"):
         eos_delta(*args, mode="triton", cu_seqlens=torch.tensor([0, 5, 12], device=DEVICE))
-    with pytest.raises(ValueError, match=r"mode='triton' cannot serve these inputs: a per-row decay"):
-        eos_dplr(*args, torch.zeros(1, 12, 1, 16, device=DEVICE), mode="triton")
     with pytest.raises(ValueError, match=r"mode='triton' cannot serve cu_seqlens"):
         eos_dplr(*args, mode="triton", cu_seqlens=torch.tensor([0, 5, 12], device=DEVICE))
 
 
-@pytest.mark.parametrize("name", ["fwp", "comba"])
+@pytest.mark.parametrize("name", ["fwp", "comba", "rwkv7", "gated_deltaproduct"])
 def test_layers_with_a_mode_option_run_the_carry(name):
-    """A layer built with mode "triton" (DeltaNet's fwp, Comba's scalar decay) equals the same
-    weights with mode "chunk": output and every parameter's gradient; 70 tokens, two chunks at
-    Comba's chunk of 64, nine at fwp's chunk of 8."""
+    """A layer built with mode "triton" (DeltaNet's fwp and Comba: a scalar or no decay; RWKV-7: a
+    per-row decay; Gated DeltaProduct: micro-steps) equals the same weights with mode "chunk":
+    output and every parameter's gradient; 70 tokens, several chunks at each layer's chunk size."""
     from lcsm import layers
 
     torch.manual_seed(0)
@@ -158,11 +184,3 @@ def test_layers_with_a_mode_option_run_the_carry(name):
         leaves = {"x": x.clone().requires_grad_(), **dict(layer.named_parameters())}
         results.append(gradients({"y": layer(leaves["x"])}, leaves))
     assert_close(results[0], results[1], torch.float32, f"{name} triton vs chunk")
-
-
-def test_layers_outside_the_kernel_refuse_the_mode():
-    from lcsm import layers
-
-    for name in ("rwkv7", "gdn2", "gated_deltaproduct"):
-        with pytest.raises(ValueError, match=r"mode: expected one of .*'chunk', got 'triton'"):
-            layers.build(name, 32, mode="triton")
