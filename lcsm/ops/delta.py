@@ -557,6 +557,17 @@ def carry_for(mode: str, v: Tensor, K: int) -> tuple[str, str]:
     return "torch", "a loop over chunks, one batched product each"
 
 
+def transition(W: Tensor, A: Tensor, gamma: Tensor | None, X: Tensor) -> Tensor:
+    """Phi X = diag(gamma) X - A^T (W X) for chunk maps W, A [..., C, K] and memories X [..., K, D],
+    gamma [...] (a scalar a chunk), [..., K] (one per row) or None (1): a chunk's transition
+    applied without forming the K x K Phi."""
+    corrected = A.transpose(-1, -2) @ (W @ X)
+    if gamma is None:
+        return X - corrected
+    scale = gamma[..., None, None] if gamma.dim() == W.dim() - 2 else gamma.unsqueeze(-1)
+    return scale * X - corrected
+
+
 def _delta_chunk(
     v: Tensor,
     e: Tensor,
@@ -609,10 +620,13 @@ def _delta_chunk_packed(
     a_is_e: bool,
     cu: Tensor,
     final: bool,
+    carry: str = "torch",
 ) -> tuple[Tensor, Tensor | None]:
     """The chunk form over a packed row (B = 1) of N documents, cu [N + 1] int64: one pass over the
     row's regular chunks, the documents kept apart inside them by ``_Segments`` masks. y [1, H, T, D]
     and (when ``final``) the documents' final states [N, H, K, D]; m0 [N, H, K, D] or None.
+    ``carry``: the loop of ``_carry`` ("torch") or ``triton_delta``'s kernel ("triton"), which
+    takes the transition zeroed as gamma and W times the carried-out flag.
 
     A segment reads from Z: the carried memory when its document began in an earlier chunk, else
     the document's own initial state m0_n (zero when None). The carry M_{n+1} = Phi_n Z_last + Psi_n
@@ -628,16 +642,25 @@ def _delta_chunk_packed(
     C = min(chunk_size, T)
     seg = _Segments.of(cu, T, C)
     v, e, s, a, b, g = _chunked(v, e, s, a, b, g, C)
-    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg)
+    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg, phi=carry != "triton")
     Nc = seg.last.shape[0]
     carried_out = seg.carried[:, -1]  # [Nc]: the chunk's last segment continues from the carry
-    Phi, Psi = maps.Phi * carried_out[:, None, None].to(v.dtype), maps.Psi
+    Psi = maps.Psi
     if m0 is not None:
         # Where the last segment began inside the chunk its memory comes from m0, not the carry.
         fresh = (~carried_out).nonzero()[:, 0]
         m0_fresh = m0.index_select(0, seg.doc[:, -1].index_select(0, fresh)).transpose(0, 1).unsqueeze(0)
-        Psi = Psi.index_add(2, fresh, maps.Phi.index_select(2, fresh) @ m0_fresh)
-    starts, _ = _carry(Phi, Psi, v.new_zeros(1, H, K, D))
+        picked = (x.index_select(2, fresh) for x in (maps.W, maps.A))
+        gamma = None if maps.gamma is None else maps.gamma.index_select(2, fresh)
+        Psi = Psi.index_add(2, fresh, transition(*picked, gamma, m0_fresh))
+    kept = carried_out.to(v.dtype)
+    if carry == "triton":
+        from .triton_delta import triton_delta_carry
+
+        gamma = kept.expand(1, H, Nc) if maps.gamma is None else maps.gamma * kept
+        starts, _ = triton_delta_carry(maps.W * kept[:, None, None], maps.A, Psi, gamma, v.new_zeros(1, H, K, D))
+    else:
+        starts, _ = _carry(maps.Phi * kept[:, None, None], Psi, v.new_zeros(1, H, K, D))
 
     def flat(x: Tensor) -> Tensor:  # [1, H, Nc, C, ...] -> [H, Nc C, ...]
         return x.reshape(H, Nc * C, *x.shape[4:])
@@ -723,7 +746,7 @@ def eos_delta(
         log_o: optional scalar gate per step [B, T, H] or per head [H]; None means 1.
         mode: "recurrent", "chunk", "triton" (the chunk form with its carry across chunks in one
             Triton kernel, ``triton_delta``: CUDA tensors, or the CPU under Triton's interpreter;
-            float32 compute, K <= 128, not packed) or "auto" (T <= 1 -> recurrent, else chunk,
+            float32 compute, K <= 128) or "auto" (T <= 1 -> recurrent, else chunk,
             its carry in Triton on CUDA tensors where that kernel serves them).
             ``explain_dplr(..., gate_first=True)`` names the form, the carry and why.
         initial_state: m_0 [B, H, K, D] (zeros when None).
@@ -787,11 +810,6 @@ def _delta_packed(
     alone, its outputs concatenated and its final states stacked (a loop over documents)."""
     bounds = check_cu_seqlens(cu_seqlens)
     N = len(bounds) - 1
-    if mode == "triton":
-        raise ValueError(
-            "mode='triton' cannot serve cu_seqlens (the Triton carry runs unpacked sequences); use mode='chunk' "
-            "or 'auto'"
-        )
     v, e_, s_, a_, b_, g, m0, out_dtype = _canonicalize(i, e, s, a, b, log_o, initial_state, documents=N)
     check_packed(bounds, v.shape[0], v.shape[2])
     if mode == "recurrent" or (mode == "auto" and v.shape[2] <= 1):
@@ -813,7 +831,10 @@ def _delta_packed(
         y, m = torch.cat(ys, 2), torch.cat(ms, 0)
     else:
         cu = torch.tensor(bounds, dtype=torch.int64, device=v.device)
-        y, m = _delta_chunk_packed(v, e_, s_, a_, _gated_b(b_, g), g, m0, chunk_size, a is e, cu, output_final_state)
+        carry, _ = carry_for(mode, v, e_.shape[-1])
+        y, m = _delta_chunk_packed(
+            v, e_, s_, a_, _gated_b(b_, g), g, m0, chunk_size, a is e, cu, output_final_state, carry
+        )
     y = y.permute(0, 2, 1, 3).to(out_dtype)
     if not output_final_state:
         return y, None

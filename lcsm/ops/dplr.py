@@ -175,7 +175,7 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, reco
     and m_T are [N, H, K, D], one per document. ``recompute``: the backward of
     ``_DplrSpans`` (recomputing span by span) instead of autograd through every intermediate.
     ``carry``: the memory carried across chunks by a loop of products ("torch") or by
-    ``triton_delta``'s kernel ("triton", unpacked; ``delta.carry_for``).
+    ``triton_delta``'s kernel ("triton"; ``delta.carry_for``).
 
     Micro-steps are flattened into the time axis (step j of token t at t n + j, the decay on j = 0
     only, s read at j = n - 1), so a chunk is C micro-steps. Per chunk, from its initial memory M,
@@ -277,15 +277,12 @@ def _spans(plan, n0, v, e, s, a, b, g, initial, M):
     """Chunks n0 .. n0 + N - 1 of the chunk-aligned layout (v, e, s, a, b, g [B, H, N, C, .]) from
     the memory M before chunk n0 (None or unused where chunk n0 starts a document): y [B, H, N, C,
     D], the final states of the documents ending here (concatenated; the memory after the last
-    chunk when unpacked) and the memory after the last chunk. The plan's carry "triton" (unpacked
-    only) carries by ``triton_delta``'s kernel instead of the loop."""
+    chunk when unpacked) and the memory after the last chunk. The plan's carry "triton" carries by
+    ``triton_delta``'s kernel instead of the loop (``_spans_triton``)."""
     resets, finals, a_is_e, carry = plan
     Q, R, Phi, Psi, W, A, gamma = _maps(v, e, s, a, b, g, a_is_e, phi=carry != "triton")
     if carry == "triton":
-        from .triton_delta import triton_delta_carry
-
-        starts, M = triton_delta_carry(W, A, Psi, gamma, initial if n0 in resets else M)
-        return Q @ starts + R, (M if n0 + v.shape[2] - 1 in finals else None), M
+        return _spans_triton(plan, n0, Q, R, Psi, W, A, gamma, initial, M)
     starts, done = [], []
     # Chunk-major copies make every per-chunk slice contiguous (no hidden copies in the loop).
     for k, (Phi_n, Psi_n) in enumerate(zip(*(x.movedim(2, 0).contiguous().unbind(0) for x in (Phi, Psi)), strict=True)):
@@ -298,6 +295,45 @@ def _spans(plan, n0, v, e, s, a, b, g, initial, M):
             done.append(M)
     y = Q @ torch.stack(starts, 2) + R
     return y, (torch.cat(done, 0) if done else None), M
+
+
+def _spans_triton(plan, n0, Q, R, Psi, W, A, gamma, initial, M):
+    """``_spans`` with its carry by ``triton_delta``'s kernel, from the chunks' maps. A document
+    starting at chunk r inside the span (packed rows) cuts the carry there: chunk r - 1's transition
+    is zeroed (W and gamma) and its Psi replaced by the document's initial state, so that the kernel
+    hands chunk r that state; the documents ending here read their final states from their last
+    chunk's start memory and intact maps, M' = Phi M + Psi, batched."""
+    from .delta import transition
+    from .triton_delta import triton_delta_carry
+
+    resets, finals, _, _ = plan
+    N = W.shape[2]
+
+    def state(doc):  # a document's initial state [1, H, K, D] (the whole batch's when None)
+        return initial if doc is None else initial[doc].unsqueeze(0)
+
+    M_in = state(resets[n0]) if n0 in resets else M
+    cut = [n - n0 for n in sorted(resets) if n0 < n < n0 + N]
+    W_c, gamma_c, Psi_c = W, gamma, Psi
+    if cut:
+        before = torch.tensor(cut, device=W.device) - 1
+        kept = torch.ones(N, dtype=W.dtype, device=W.device).index_fill(0, before, 0.0)
+        W_c = W * kept[:, None, None]
+        gamma_c = kept.expand(*W.shape[:3]) if gamma is None else gamma * kept[:, None]
+        docs = torch.tensor([resets[n0 + r] for r in cut], device=W.device)
+        Psi_c = Psi.index_copy(2, before, initial.index_select(0, docs).transpose(0, 1).unsqueeze(0))
+    starts, M_out = triton_delta_carry(W_c, A, Psi_c, gamma_c, M_in)
+    ends = [n - n0 for n in sorted(finals) if n0 <= n < n0 + N]
+    done = None
+    if ends:
+        at = torch.tensor(ends, device=W.device)
+
+        def picked(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.index_select(2, at)
+
+        after = transition(picked(W), picked(A), picked(gamma), picked(starts)) + picked(Psi)
+        done = after.transpose(1, 2).flatten(0, 1)  # [B * ends, H, K, D], as the loop's cat
+    return Q @ starts + R, done, M_out
 
 
 def _maps(v, e, s, a, b, g, a_is_e, phi=True):
@@ -433,15 +469,6 @@ def _form(mode: str, T: int) -> str:
     return "recurrent" if mode == "recurrent" or (mode == "auto" and T <= 1) or T == 0 else "chunk"
 
 
-def _check_triton(mode: str, packed: bool) -> None:
-    """Mode "triton" carries the chunk forms' memory in Triton (``delta.carry_for``): unpacked only."""
-    if mode == "triton" and packed:
-        raise ValueError(
-            "mode='triton' cannot serve cu_seqlens (the Triton carry runs unpacked sequences); use mode='chunk' "
-            "or 'auto'"
-        )
-
-
 def _routed(n: int, g: Tensor | None) -> bool:
     """Whether the chunk form runs on ``eos_delta``'s kernel: one step per token and a decay that is
     none or a scalar (the kernel's gamma_t I - a_t b_t^T; a per-row decay or micro-steps are not)."""
@@ -490,7 +517,7 @@ def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqle
     """The chunk form on ``eos_delta``'s kernel: canonical tensors (n = 1, g None or [B, T, H, 1])
     -> y [B, T, H, D], m_T (or None when packed and not ``final``); gradients by autograd through
     the kernel, recomputed span by span (``_delta_spans``) when unpacked, its carry across chunks
-    chosen by ``mode`` (``delta.carry_for``; packed rows carry in PyTorch). ``gate_first`` puts the
+    chosen by ``mode`` (``delta.carry_for``). ``gate_first`` puts the
     scalar decay on b, D(alpha) (I - a b^T) = D(alpha) - a (alpha b)^T: a product like gating a,
     and a DeltaNet's a = e stays one tensor for the kernel's shared products."""
 
@@ -502,10 +529,11 @@ def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqle
     if gate_first:
         b = _gated_b(b, g)
     C = chunk_size if chunk_size is not None else DELTA_CHUNK
+    carry = carry_for(mode, v, e.shape[-1])[0]
     if cu_seqlens is None:
-        y, m = _delta_spans(v, e, s, a, b, g, m0, C, a_is_e, carry_for(mode, v, e.shape[-1])[0])
+        y, m = _delta_spans(v, e, s, a, b, g, m0, C, a_is_e, carry)
     else:
-        y, m = _delta_chunk_packed(v, e, s, a, b, g, m0, C, a_is_e, cu_seqlens, final)
+        y, m = _delta_chunk_packed(v, e, s, a, b, g, m0, C, a_is_e, cu_seqlens, final, carry)
     return y.transpose(1, 2), m
 
 
@@ -533,7 +561,7 @@ def explain_dplr(
     form, its kernel and why. Rules: mode "recurrent", or "auto" with T <= 1 -> the recurrence
     (one step per micro-step); otherwise a chunk form: ``eos_delta``'s kernel ("delta") for one
     step per token and no or a scalar decay, its carry across chunks in Triton ("delta-triton")
-    under mode "triton" or, unpacked, under "auto" on CUDA tensors where the kernel serves them
+    under mode "triton" or under "auto" on CUDA tensors where the kernel serves them
     (``delta.carry_for``), else the WY / UT chunk form of this module ("wy"; "wy-triton" with its
     carry in Triton, by the same rule), whose backward recomputes span by span when gradients are
     needed."""
@@ -545,7 +573,6 @@ def explain_dplr(
     i_, _, s_, _, _, g, _, dtype, _ = _canonicalize(i, e, s, a, b, log_alpha, None if packed else initial_state)
     B, T, H, n, _ = i_.shape
     K = s_.shape[-1]
-    _check_triton(mode, packed)
     decay = "no decay" if g is None else ("a scalar decay" if g.shape[-1] == 1 else "a per-row decay")
     micro = f", {n} micro-steps per token (flattened into time, {T * n} steps)" if n > 1 else ""
     if packed:
@@ -573,23 +600,20 @@ def explain_dplr(
                 f"; cu_seqlens, {len(bounds) - 1} documents: one pass over the row's chunks, documents kept apart "
                 "inside them by block-diagonal masks (no padding)"
             )
-        if packed:
-            return Plan("chunk", "delta", how + "; gradients by autograd through the kernel")
         carry, why = carry_for(mode, i_.new_empty(0, dtype=dtype), K)
         how += f"; the carry across chunks {_carry_words(carry, why)}"
+        form, kernel = ("triton", "delta-triton") if carry == "triton" else ("chunk", "delta")
+        if packed:
+            return Plan(form, kernel, how + "; gradients by autograd through the kernel")
         spans = (
             f"recomputed in spans of {DELTA_SPAN_CHUNKS} chunks ({DELTA_SPAN_CHUNKS * C} steps, activation "
             "checkpointing)"
             if T > DELTA_SPAN_CHUNKS * C
             else f"kept (T <= {DELTA_SPAN_CHUNKS} chunks: one span)"
         )
-        return Plan(
-            "triton" if carry == "triton" else "chunk",
-            "delta-triton" if carry == "triton" else "delta",
-            how + f"; gradients by autograd through the kernel, its intermediates {spans}",
-        )
+        return Plan(form, kernel, how + f"; gradients by autograd through the kernel, its intermediates {spans}")
     C = min(_chunk_size(chunk_size, g), T * n)
-    carry, why = ("torch", "") if packed else carry_for(mode, i_.new_empty(0, dtype=dtype), K)
+    carry, why = carry_for(mode, i_.new_empty(0, dtype=dtype), K)
     cost = (
         f"C^2 K = {C * C * K} per chunk for the pairwise decays"
         if g is not None and g.shape[-1] > 1
@@ -602,10 +626,10 @@ def explain_dplr(
             f"; cu_seqlens, {len(bounds) - 1} documents: each padded to whole chunks in one pass, the "
             "memory reset at each document's first chunk"
         )
-    else:
-        how += f"; the carry across chunks {_carry_words(carry, why)}"
+    how += f"; the carry across chunks {_carry_words(carry, why)}"
     how += f"; backward recomputes spans of {SPAN_CHUNKS} chunks from their start memories"
-    return Plan("triton" if carry == "triton" else "chunk", "wy-triton" if carry == "triton" else "wy", how)
+    form, kernel = ("triton", "wy-triton") if carry == "triton" else ("chunk", "wy")
+    return Plan(form, kernel, how)
 
 
 @without_autocast
@@ -634,7 +658,7 @@ def eos_dplr(
             or [B, T, H, K] (per memory row); applied at each token's first micro-step.
         mode: "recurrent" (the definition, step by step), "chunk" (the WY / UT chunkwise form,
             linear in T), "triton" (the chunk form with its carry across chunks in one Triton
-            kernel, ``triton_delta``: unpacked, float32 compute, K <= 128) or "auto" (T <= 1 ->
+            kernel, ``triton_delta``: float32 compute, K <= 128) or "auto" (T <= 1 ->
             recurrent, the cheap decoding step; else chunk, carried in Triton on CUDA tensors
             where that kernel serves them). ``explain_dplr`` names the plan.
         initial_state: m_0 [B, H, K, D]; [N, H, K, D] with ``cu_seqlens``.
@@ -690,7 +714,6 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
     the structure (documents kept apart inside its chunks), else this module's, documents aligned
     to chunks."""
     bounds = check_cu_seqlens(cu_seqlens)
-    _check_triton(mode, packed=True)
     _canonicalize(i, e, s, a, b, log_alpha, None)
     B, T, H, K = s.shape
     D = i.shape[-1]
@@ -702,12 +725,14 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
         m0 = initial_state.to(dtype) if initial_state is not None else None
         if _routed(i_.shape[3], g):
             cu = torch.tensor(bounds, dtype=torch.int64, device=i_.device)
-            y, m = _delta_kernel(i_, e_, s_, a_, b_, g, m0, chunk_size, a is e, gate_first, cu, output_final_state)
+            y, m = _delta_kernel(
+                i_, e_, s_, a_, b_, g, m0, chunk_size, a is e, gate_first, cu, output_final_state, mode
+            )
             return y.to(out_dtype), m
         a_, a_is_e = _own_form_a(a_, g, gate_first, a is e)
-        y, m = dplr_chunk(
-            i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a_is_e, recompute=_grad(i_, e_, s_, a_, b_, g, m0)
-        )
+        grad = _grad(i_, e_, s_, a_, b_, g, m0)
+        carry = carry_for(mode, i_, K)[0]
+        y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a_is_e, recompute=grad, carry=carry)
         return y.to(out_dtype), (m if output_final_state else None)
     ys, ms = [], []
     for n in range(N):

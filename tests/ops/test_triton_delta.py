@@ -87,7 +87,7 @@ def test_batch_heads_and_spans():
     _check(_inputs(150, True, True, B=2, H=3, K=32, D=32, seed=7), 16, True, "B2 H3 T150")
 
 
-def _dplr(x, log_alpha, mode, chunk_size, dtype=torch.float32):
+def _dplr(x, log_alpha, mode, chunk_size, dtype=torch.float32, cu_seqlens=None):
     """eos_dplr's y, final state and every gradient; x's i, e, a, b may carry micro-steps."""
     leaves = {n: t.to(DEVICE, dtype).requires_grad_() for n, t in x.items() if n != "log_o" and t is not None}
     if log_alpha is not None:
@@ -103,6 +103,7 @@ def _dplr(x, log_alpha, mode, chunk_size, dtype=torch.float32):
         initial_state=leaves.get("initial_state"),
         output_final_state=True,
         chunk_size=chunk_size,
+        cu_seqlens=None if cu_seqlens is None else torch.tensor(cu_seqlens, device=DEVICE),
     )
     return gradients({"y": y, "final": m}, leaves)
 
@@ -144,6 +145,41 @@ def test_recomputed_spans_of_the_wy_form():
     assert_close(_dplr(x, log_alpha, "triton", 8), _dplr(x, log_alpha, "chunk", 8), torch.float32, "spans")
 
 
+@pytest.mark.parametrize(
+    ("structure", "lengths", "chunk_size"),
+    [
+        # documents starting and ending inside chunks (eos_delta's segment masks), one of 1 token
+        ("scalar", [5, 16, 1, 18, 9], 8),
+        # chunk-aligned documents (the WY form): a reset at a span's first chunk (doc 1 at chunk 16),
+        # two in consecutive chunks (docs 2 and 3 at chunks 24, 25; doc 2 ends where it starts)
+        ("row", [64, 30, 3, 50], 4),
+    ],
+)
+def test_packed_documents(structure, lengths, chunk_size):
+    """cu_seqlens through both chunk forms with mode "triton": each document's memory from its own
+    initial state, its final state read at its last token; against mode "chunk" (float32) and each
+    document alone through the recurrence (float64), every gradient included."""
+    T, H, K = sum(lengths), 2, 16
+    N = len(lengths)
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    x = _inputs(T, False, False, H=H, K=K, seed=8)
+    x["initial_state"] = _rand(N, H, K, 20, seed=9)
+    tail = () if structure == "scalar" else (K,)
+    log_alpha = logsigmoid(_rand(1, T, H, *tail, seed=10) + 2.0)
+    got = _dplr(x, log_alpha, "triton", chunk_size, cu_seqlens=cu)
+    assert_close(got, _dplr(x, log_alpha, "chunk", chunk_size, cu_seqlens=cu), torch.float32, "packed vs chunk")
+    reference = _dplr(x, log_alpha, "recurrent", chunk_size, torch.float64, cu_seqlens=cu)
+    assert_close(got, reference, torch.float32, "packed vs recurrent")
+    args = [x[n].to(DEVICE, torch.float32) for n in ("i", "e", "s", "a", "b")]
+    cu_t = torch.tensor(cu, device=DEVICE)
+    plan = explain_dplr(
+        *args, log_alpha.to(DEVICE, torch.float32), mode="triton", chunk_size=chunk_size, cu_seqlens=cu_t
+    )
+    assert plan.kernel == ("delta-triton" if structure == "scalar" else "wy-triton"), plan
+
+
 def test_auto_carries_in_triton_on_cuda_only():
     x = {n: t.to(DEVICE, torch.float32) for n, t in _inputs(40, True, False).items() if t is not None}
     plan = explain_dplr(x["i"], x["e"], x["s"], x["e"], x["b"], x["log_o"], gate_first=True)
@@ -161,10 +197,6 @@ def test_what_the_carry_cannot_serve_names_the_mode():
     with pytest.raises(ValueError, match=r"mode='triton' cannot serve these inputs: K = 129: more than 128"):
         wide = [torch.zeros(1, 12, 1, 129, device=DEVICE) for _ in range(4)]
         eos_delta(args[0], *wide, mode="triton")
-    with pytest.raises(ValueError, match=r"mode='triton' cannot serve cu_seqlens"):
-        eos_delta(*args, mode="triton", cu_seqlens=torch.tensor([0, 5, 12], device=DEVICE))
-    with pytest.raises(ValueError, match=r"mode='triton' cannot serve cu_seqlens"):
-        eos_dplr(*args, mode="triton", cu_seqlens=torch.tensor([0, 5, 12], device=DEVICE))
 
 
 @pytest.mark.parametrize("name", ["fwp", "comba", "rwkv7", "gated_deltaproduct"])
