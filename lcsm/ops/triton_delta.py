@@ -55,6 +55,18 @@ def _decayed(x, gamma_ptr, chunk, offs_k, K, GAMMA: tl.constexpr):
 
 
 @triton.jit
+def _blocks_of(pid_d, C, K, D, BC: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
+    """A program's offsets and masks: the memory rows offs_k; a [C, K] block of W or A (ck, mck); its
+    [K, BD] block of memory columns pid_d (kd, mkd). Every tensor is contiguous in its last dims."""
+    offs_c = tl.arange(0, BC)
+    offs_k = tl.arange(0, BK)
+    offs_d = pid_d * BD + tl.arange(0, BD)
+    mck = (offs_c < C)[:, None] & (offs_k < K)[None, :]
+    mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
+    return offs_k, offs_c[:, None] * K + offs_k[None, :], mck, offs_k[:, None] * D + offs_d[None, :], mkd
+
+
+@triton.jit
 def _carry_kernel(
     w_ptr,
     a_ptr,
@@ -74,13 +86,7 @@ def _carry_kernel(
 ):
     pid_d = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_c = tl.arange(0, BC)
-    offs_k = tl.arange(0, BK)
-    offs_d = pid_d * BD + tl.arange(0, BD)
-    mck = (offs_c < C)[:, None] & (offs_k < K)[None, :]
-    mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
-    ck = offs_c[:, None] * K + offs_k[None, :]
-    kd = offs_k[:, None] * D + offs_d[None, :]
+    offs_k, ck, mck, kd, mkd = _blocks_of(pid_d, C, K, D, BC, BK, BD)
     M = tl.load(m0_ptr + bh * K * D + kd, mask=mkd, other=0.0)
     for n in range(0, N):
         chunk = bh * N + n
@@ -118,13 +124,7 @@ def _carry_backward_kernel(
 ):
     pid_d = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_c = tl.arange(0, BC)
-    offs_k = tl.arange(0, BK)
-    offs_d = pid_d * BD + tl.arange(0, BD)
-    mck = (offs_c < C)[:, None] & (offs_k < K)[None, :]
-    mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
-    ck = offs_c[:, None] * K + offs_k[None, :]
-    kd = offs_k[:, None] * D + offs_d[None, :]
+    offs_k, ck, mck, kd, mkd = _blocks_of(pid_d, C, K, D, BC, BK, BD)
     # this column block's share of the column sums dW, dA, dgamma: [D blocks, B * H, N, ...]
     share = pid_d.to(tl.int64) * BH + bh
     G = tl.load(dfinal_ptr + bh * K * D + kd, mask=mkd, other=0.0)

@@ -45,13 +45,16 @@ def _inputs(T, gate, initial, B=1, H=1, K=16, D=20, seed=0):
     }
 
 
-def _run(inputs, mode, dtype, chunk_size, shared):
-    """y, the final state and every input's gradient under the shared random cotangents; ``shared``
+def _run(inputs, mode, dtype, chunk_size, shared=False, op=eos_delta, cu_seqlens=None):
+    """y, the final state and every input's gradient under the shared random cotangents, of
+    ``op(i, e, s, a, b, log_o)`` (eos_delta, or eos_dplr with log_o as its log_alpha); ``shared``
     passes e itself as a (DeltaNet: the kernel's products formed once)."""
-    leaves = {n: x.to(DEVICE, dtype).requires_grad_() for n, x in inputs.items() if x is not None}
-    if shared:
-        leaves.pop("a")
-    y, final = eos_delta(
+    leaves = {
+        n: x.to(DEVICE, dtype).requires_grad_()
+        for n, x in inputs.items()
+        if x is not None and not (shared and n == "a")
+    }
+    y, final = op(
         leaves["i"],
         leaves["e"],
         leaves["s"],
@@ -62,6 +65,7 @@ def _run(inputs, mode, dtype, chunk_size, shared):
         initial_state=leaves.get("initial_state"),
         output_final_state=True,
         chunk_size=chunk_size,
+        cu_seqlens=None if cu_seqlens is None else torch.tensor(cu_seqlens, device=DEVICE),
     )
     return gradients({"y": y, "final": final}, leaves)
 
@@ -89,23 +93,7 @@ def test_batch_heads_and_spans():
 
 def _dplr(x, log_alpha, mode, chunk_size, dtype=torch.float32, cu_seqlens=None):
     """eos_dplr's y, final state and every gradient; x's i, e, a, b may carry micro-steps."""
-    leaves = {n: t.to(DEVICE, dtype).requires_grad_() for n, t in x.items() if n != "log_o" and t is not None}
-    if log_alpha is not None:
-        leaves["log_alpha"] = log_alpha.to(DEVICE, dtype).requires_grad_()
-    y, m = eos_dplr(
-        leaves["i"],
-        leaves["e"],
-        leaves["s"],
-        leaves["a"],
-        leaves["b"],
-        leaves.get("log_alpha"),
-        mode=mode,
-        initial_state=leaves.get("initial_state"),
-        output_final_state=True,
-        chunk_size=chunk_size,
-        cu_seqlens=None if cu_seqlens is None else torch.tensor(cu_seqlens, device=DEVICE),
-    )
-    return gradients({"y": y, "final": m}, leaves)
+    return _run({**x, "log_o": log_alpha}, mode, dtype, chunk_size, op=eos_dplr, cu_seqlens=cu_seqlens)
 
 
 @pytest.mark.parametrize("structure", ["scalar", "row", "row-micro-steps"])
