@@ -594,16 +594,15 @@ def _delta_chunk(
         C = chunk_size
         maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C, traced_chunk_count(T, C)), a_is_e, None)
         starts, M = _doubling_carry(maps.Phi, maps.Psi, M)
-    elif carry == "triton":
-        from .triton_delta import triton_delta_carry
-
-        C = min(chunk_size, T)
-        maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None, phi=False)
-        starts, M = triton_delta_carry(maps.W, maps.A, maps.Psi, maps.gamma, M)
     else:
         C = min(chunk_size, T)
-        maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None)
-        starts, M = _carry(maps.Phi, maps.Psi, M)
+        maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None, phi=carry != "triton")
+        if carry == "triton":
+            from .triton_delta import triton_delta_carry
+
+            starts, M = triton_delta_carry(maps.W, maps.A, maps.Psi, maps.gamma, M)
+        else:
+            starts, M = _carry(maps.Phi, maps.Psi, M)
     y = maps.Q @ starts + maps.R  # [B, H, Nc, C, D]
     return y.reshape(Bn, H, -1, D)[:, :, :T], M
 

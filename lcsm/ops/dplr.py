@@ -517,9 +517,9 @@ def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqle
     """The chunk form on ``eos_delta``'s kernel: canonical tensors (n = 1, g None or [B, T, H, 1])
     -> y [B, T, H, D], m_T (or None when packed and not ``final``); gradients by autograd through
     the kernel, recomputed span by span (``_delta_spans``) when unpacked, its carry across chunks
-    chosen by ``mode`` (``delta.carry_for``). ``gate_first`` puts the
-    scalar decay on b, D(alpha) (I - a b^T) = D(alpha) - a (alpha b)^T: a product like gating a,
-    and a DeltaNet's a = e stays one tensor for the kernel's shared products."""
+    chosen by ``mode`` (``delta.carry_for``). ``gate_first`` puts the scalar decay on b,
+    D(alpha) (I - a b^T) = D(alpha) - a (alpha b)^T: a product like gating a, and a DeltaNet's
+    a = e stays one tensor for the kernel's shared products."""
 
     def heads(x: Tensor) -> Tensor:  # [B, T, H, 1, .] -> [B, H, T, .]
         return x[:, :, :, 0].transpose(1, 2)
