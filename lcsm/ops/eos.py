@@ -88,6 +88,9 @@ def _triton_unsupported(p: EOSProblem) -> str | None:
     """Why the Triton kernels (``triton_chunk``) cannot serve this problem, or None when they can."""
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
+    if torch.compiler.is_compiling():
+        # the chunk form traces with a symbolic T (docs/compile.md); the kernels' tracing is untested
+        return "traced by torch.compile (the PyTorch chunk form traces with a symbolic T)"
     device = p.i.device
     if device.type != "cuda":
         interpreted = False

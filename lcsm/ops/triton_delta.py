@@ -8,10 +8,11 @@ memory M entering it: the corrections are U = W M + U0 and the memory after the 
 
 with W, A [C, K], Psi [K, D] and gamma the chunk's decay: none (1), a scalar (a gate) or one per
 memory row (a per-row decay, each row of M scaled by its own). Everything else is batched over all
-chunks at once as PyTorch matmuls. The carry alone is a loop over the chunks: in PyTorch one small batched product per chunk (and autograd's node per chunk in the
-backward), which on a GPU is a kernel launch each; here one program per (batch * head, block of
-BD memory columns) walks the chunks with its [K, BD] block of M in registers (the columns of M
-evolve independently: every map acts on M from the left).
+chunks at once as PyTorch matmuls. The carry alone is a loop over the chunks: in PyTorch one small
+batched product per chunk (and autograd's node per chunk in the backward), which on a GPU is a
+kernel launch each; here one program per (batch * head, block of BD memory columns) walks the
+chunks with its [K, BD] block of M in registers (the columns of M evolve independently: every map
+acts on M from the left).
 
 Backward, walking the chunks from the last, G = dL/dM' (the carry, plus the gradient of each
 chunk's start memory as it is passed):

@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch.nn.functional import logsigmoid, normalize
 
-from lcsm.ops import eos_delta, eos_dplr, explain_dplr
+from lcsm.ops import eos_delta, eos_dplr, explain, explain_dplr
+from lcsm.ops.delta import carry_for
 from lcsm.testing import assert_close, gradients
 
 pytest.importorskip("triton")
@@ -204,3 +205,16 @@ def test_layers_with_a_mode_option_run_the_carry(name):
         leaves = {"x": x.clone().requires_grad_(), **dict(layer.named_parameters())}
         results.append(gradients({"y": layer(leaves["x"])}, leaves))
     assert_close(results[0], results[1], torch.float32, f"{name} triton vs chunk")
+
+
+def test_not_traced_by_torch_compile(monkeypatch):
+    """Tracing, auto takes the PyTorch forms and mode "triton" refuses, for eos's kernels and the
+    delta-rule carry alike (the traced chunk forms are what compiles with a symbolic T)."""
+    x = {n: t.to(DEVICE, torch.float32) for n, t in _inputs(12, True, False).items() if t is not None}
+    args = [x[n] for n in ("i", "e", "s", "a", "b")]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(ValueError, match=r"mode='triton' cannot serve these inputs: traced by torch.compile"):
+        carry_for("triton", args[0], 16)
+    assert carry_for("auto", args[0], 16)[0] == "torch"
+    with pytest.raises(ValueError, match=r"mode='triton' cannot serve these inputs: traced by torch.compile"):
+        explain(args[0], args[1], args[2], None, mode="triton")
