@@ -41,8 +41,8 @@ from lcsm.ops import eos, eos_delta, eos_dplr
 
 LENGTHS = (2048, 4096, 8192, 16384, 32768)
 OPS = ("gla", "simple_gla", "delta", "gated_delta", "kda")
-# the ops mode "triton" serves: eos's Triton kernels, and eos_delta's chunk form with its carry across
-# chunks in Triton (lcsm/ops/triton_delta.py)
+# the ops mode "triton" serves: eos's Triton kernels, and the delta-rule chunk forms (eos_delta's,
+# eos_dplr's) with their carry across chunks in Triton (lcsm/ops/triton_delta.py)
 TRITON_OPS = OPS
 
 
