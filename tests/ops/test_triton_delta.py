@@ -8,6 +8,8 @@ On a CUDA device the compiled kernels run there; without one, on the CPU under T
 interpreter, which tests/conftest.py turns on before triton is imported.
 """
 
+import contextlib
+
 import pytest
 import torch
 from torch.nn.functional import logsigmoid, normalize
@@ -46,10 +48,36 @@ def _inputs(T, gate, initial, B=1, H=1, K=16, D=20, seed=0):
     }
 
 
+@contextlib.contextmanager
+def _launches():
+    """Counts the Triton carry's forward launches, so that a test of mode "triton" fails if its
+    path never reached the kernel (equal results alone cannot tell)."""
+    calls = []
+    original = triton_delta.triton_delta_carry
+
+    def counted(*args):
+        calls.append(1)
+        return original(*args)
+
+    triton_delta.triton_delta_carry = counted
+    try:
+        yield calls
+    finally:
+        triton_delta.triton_delta_carry = original
+
+
 def _run(inputs, mode, dtype, chunk_size, shared=False, op=eos_delta, cu_seqlens=None):
     """y, the final state and every input's gradient under the shared random cotangents, of
     ``op(i, e, s, a, b, log_o)`` (eos_delta, or eos_dplr with log_o as its log_alpha); ``shared``
-    passes e itself as a (DeltaNet: the kernel's products formed once)."""
+    passes e itself as a (DeltaNet: the kernel's products formed once). Mode "triton" must launch
+    the kernel."""
+    with _launches() as calls:
+        out = _call(inputs, mode, dtype, chunk_size, shared, op, cu_seqlens)
+    assert (len(calls) > 0) == (mode == "triton"), f"mode {mode}: {len(calls)} Triton carry launches"
+    return out
+
+
+def _call(inputs, mode, dtype, chunk_size, shared, op, cu_seqlens):
     leaves = {
         n: x.to(DEVICE, dtype).requires_grad_()
         for n, x in inputs.items()
@@ -169,6 +197,17 @@ def test_packed_documents(structure, lengths, chunk_size):
     assert plan.kernel == ("delta-triton" if structure == "scalar" else "wy-triton"), plan
 
 
+def test_packed_documents_through_eos_delta():
+    """eos_delta's own packed path (a gate, a = e shared, per-document initial states)."""
+    cu = [0, 7, 8, 30, 41]
+    x = _inputs(41, True, False, H=2, seed=13)
+    x["initial_state"] = _rand(4, 2, 16, 20, seed=14)
+    got = _run(x, "triton", torch.float32, 8, shared=True, cu_seqlens=cu)
+    assert_close(got, _run(x, "chunk", torch.float32, 8, shared=True, cu_seqlens=cu), torch.float32, "vs chunk")
+    reference = _run(x, "recurrent", torch.float64, 8, shared=True, cu_seqlens=cu)
+    assert_close(got, reference, torch.float32, "vs recurrent")
+
+
 def test_auto_carries_in_triton_on_cuda_only():
     x = {n: t.to(DEVICE, torch.float32) for n, t in _inputs(40, True, False).items() if t is not None}
     plan = explain_dplr(x["i"], x["e"], x["s"], x["e"], x["b"], x["log_o"], gate_first=True)
@@ -203,7 +242,9 @@ def test_layers_with_a_mode_option_run_the_carry(name):
         torch.manual_seed(1)
         layer = layers.build(name, 32, mode=mode, **options).to(DEVICE)
         leaves = {"x": x.clone().requires_grad_(), **dict(layer.named_parameters())}
-        results.append(gradients({"y": layer(leaves["x"])}, leaves))
+        with _launches() as calls:
+            results.append(gradients({"y": layer(leaves["x"])}, leaves))
+        assert (len(calls) > 0) == (mode == "triton"), f"{name} mode {mode}: {len(calls)} launches"
     assert_close(results[0], results[1], torch.float32, f"{name} triton vs chunk")
 
 
