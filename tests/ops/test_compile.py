@@ -5,7 +5,7 @@ the kernel's exact forms (moderate, too strong for one reference per chunk, with
 
 Backends: ``aot_eager`` traces exactly what inductor compiles (forward and the custom backward,
 torch.cond and scan included) without generating code, which takes minutes per decay kind on a
-busy CPU; inductor itself runs on the no-decay kernel (docs/compile.md).
+busy CPU; inductor itself runs on the no-decay and the row-decay kernels (docs/compile.md).
 """
 
 import math
@@ -67,6 +67,9 @@ CASES = [
     pytest.param("none", "inductor", marks=SLOW),
     ("scalar", "aot_eager"),
     pytest.param("row", "aot_eager", marks=SLOW),
+    # inductor's code for the row decay (GLA's), torch.cond's branches and the scan: about 6 min
+    # on 2 busy cores
+    pytest.param("row", "inductor", marks=SLOW),
     pytest.param("col", "aot_eager", marks=SLOW),
     # a full K x D decay: the elementwise kernel, traced in its doubling form (chunk_scan.traced_elementwise)
     pytest.param("full", "aot_eager", marks=SLOW),
