@@ -143,16 +143,18 @@ def delta_chunk(i, e, s, b, log_alpha, initial_state):
     )
 
 
-@pytest.mark.slow  # 30-60 s each on 2 busy cores
-@pytest.mark.parametrize("case", list(DPLR_CASES))
-def test_dplr_chunk_compiles_equal_to_eager(case):
+# aot_eager 30-60 s each on 2 busy cores; inductor's code for the WY form with a row decay (KDA's,
+# RWKV-7's) about 5 min
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "backend"), [*((case, "aot_eager") for case in DPLR_CASES), ("row", "inductor")])
+def test_dplr_chunk_compiles_equal_to_eager(case, backend):
     """One graph for every length (``DPLR_LENGTHS``): traced, the chunk forms keep the chunk length,
     pad one all-padding chunk more and carry the memory across chunks by a doubling scan
     (``delta._doubling_carry``) instead of a loop whose trip count would fix T; eos_dplr's
     recomputing backward is not traced (autograd differentiates the chunk form)."""
     fn = delta_chunk if case == "eos_delta" else dplr_chunk
     torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=backend)
 
     def grads(f, x):
         leaves = {name: v.clone().requires_grad_() for name, v in x.items()}
