@@ -144,9 +144,12 @@ def delta_chunk(i, e, s, b, log_alpha, initial_state):
 
 
 # aot_eager 30-60 s each on 2 busy cores; inductor's code for the WY form with a row decay (KDA's,
-# RWKV-7's) about 5 min
+# RWKV-7's) about 5 min, for eos_delta's kernel with a scalar one (Gated DeltaNet's) about 3 min
+INDUCTOR_DPLR = [("row", "inductor"), ("scalar", "inductor")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("case", "backend"), [*((case, "aot_eager") for case in DPLR_CASES), ("row", "inductor")])
+@pytest.mark.parametrize(("case", "backend"), [*((case, "aot_eager") for case in DPLR_CASES), *INDUCTOR_DPLR])
 def test_dplr_chunk_compiles_equal_to_eager(case, backend):
     """One graph for every length (``DPLR_LENGTHS``): traced, the chunk forms keep the chunk length,
     pad one all-padding chunk more and carry the memory across chunks by a doubling scan
