@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -511,3 +512,25 @@ def finish(
         return y, None
     state_dtype = p.i.dtype if p.out_dtype in (torch.float16, torch.bfloat16) else p.out_dtype
     return y, m_T.to(state_dtype)
+
+
+def triton_unavailable(x: Tensor) -> str | None:
+    """Why no Triton kernel of lcsm.ops can run on x's tensors here, or None: triton missing, a call
+    traced by torch.compile (the PyTorch forms trace with a symbolic T; the kernels' tracing is
+    untested), or a device other than CUDA, unless the CPU under Triton's interpreter."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if torch.compiler.is_compiling():
+        return "traced by torch.compile (the PyTorch forms trace with a symbolic T)"
+    if x.device.type != "cuda":
+        interpreted = False
+        if x.device.type == "cpu":
+            from . import triton_chunk
+
+            interpreted = triton_chunk.INTERPRETED
+        if not interpreted:
+            return (
+                f"the tensors are on {x.device}; the kernels run on CUDA devices, or on the CPU under Triton's "
+                "interpreter (TRITON_INTERPRET=1 set before triton is imported)"
+            )
+    return None

@@ -38,7 +38,6 @@ are head-major [B, H, T, .].
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from typing import Any
 
 import torch
@@ -55,6 +54,7 @@ from ._inputs import (
     compute_dtype,
     finite_log,
     shape_str,
+    triton_unavailable,
     without_autocast,
 )
 from .chunk_matmul import SCAN_LEVELS, traced_chunk_count
@@ -518,21 +518,9 @@ def _doubling_carry(Phi: Tensor, Psi: Tensor, M: Tensor) -> tuple[Tensor, Tensor
 def triton_carry_unsupported(v: Tensor, K: int) -> str | None:
     """Why the Triton carry (``triton_delta``) cannot serve the chunk form's compute tensors (v
     [B, H, T, D], K memory rows), or None when it can."""
-    if importlib.util.find_spec("triton") is None:
-        return "triton is not installed"
-    if torch.compiler.is_compiling():
-        return "traced by torch.compile (the traced chunk form carries by a doubling scan)"
-    if v.device.type != "cuda":
-        interpreted = False
-        if v.device.type == "cpu":
-            from . import triton_delta
-
-            interpreted = triton_delta.INTERPRETED
-        if not interpreted:
-            return (
-                f"the tensors are on {v.device}; the kernel runs on CUDA devices, or on the CPU under Triton's "
-                "interpreter (TRITON_INTERPRET=1 set before triton is imported)"
-            )
+    why = triton_unavailable(v)
+    if why is not None:
+        return why
     if v.dtype != torch.float32:
         return f"compute dtype {v.dtype} (the kernel computes in float32: inputs float32, bfloat16 or float16)"
     if K > TRITON_MAX_K:

@@ -11,7 +11,6 @@ See docs/eos.md for the semantics, each mode's algorithm and the mapping of the 
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +27,7 @@ from ._inputs import (
     check_packed,
     finish,
     shape_str,
+    triton_unavailable,
     without_autocast,
 )
 from .chunk import chunk_length, eos_chunk, kernel_for
@@ -86,23 +86,9 @@ _TRITON_MAX_WIDTH = 256  # triton_chunk.MAX_WIDTH, here so that planning never i
 
 def _triton_unsupported(p: EOSProblem) -> str | None:
     """Why the Triton kernels (``triton_chunk``) cannot serve this problem, or None when they can."""
-    if importlib.util.find_spec("triton") is None:
-        return "triton is not installed"
-    if torch.compiler.is_compiling():
-        # the chunk form traces with a symbolic T (docs/compile.md); the kernels' tracing is untested
-        return "traced by torch.compile (the PyTorch chunk form traces with a symbolic T)"
-    device = p.i.device
-    if device.type != "cuda":
-        interpreted = False
-        if device.type == "cpu":
-            from . import triton_chunk
-
-            interpreted = triton_chunk.INTERPRETED
-        if not interpreted:
-            return (
-                f"the tensors are on {device}; the kernels run on CUDA devices, or on the CPU under Triton's "
-                "interpreter (TRITON_INTERPRET=1 set before lcsm.ops.triton_chunk is imported)"
-            )
+    why = triton_unavailable(p.i)
+    if why is not None:
+        return why
     if p.i.is_complex():
         return "complex inputs (the kernels are real)"
     if p.i.dtype != torch.float32:

@@ -245,7 +245,3 @@ class TritonDeltaCarry(torch.autograd.Function):
 def triton_delta_carry(W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: Tensor) -> tuple[Tensor, Tensor]:
     """``TritonDeltaCarry`` applied; the returned memories are float32."""
     return TritonDeltaCarry.apply(W, A, Psi, gamma, M0)
-
-
-# Whether triton decorated the kernels for its interpreter (TRITON_INTERPRET=1 at import).
-INTERPRETED = not isinstance(_carry_kernel, triton.runtime.JITFunction)

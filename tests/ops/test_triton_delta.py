@@ -19,11 +19,11 @@ from lcsm.ops.delta import carry_for
 from lcsm.testing import assert_close, gradients
 
 pytest.importorskip("triton")
-from lcsm.ops import triton_delta  # noqa: E402  (after the skip: it imports triton)
+from lcsm.ops import triton_chunk, triton_delta  # noqa: E402  (after the skip: they import triton)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
-    DEVICE == "cpu" and not triton_delta.INTERPRETED,
+    DEVICE == "cpu" and not triton_chunk.INTERPRETED,
     reason="no CUDA device and Triton's interpreter is off (TRITON_INTERPRET=0 set before the run)",
 )
 
