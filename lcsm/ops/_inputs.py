@@ -57,6 +57,16 @@ MODES = ("auto", "recurrent", "parallel", "chunk", "fft", "triton")
 LOG_ZERO = {torch.float32: -128.0, torch.float64: -1024.0}
 
 
+@torch.compiler.assume_constant_result
+def log_zero(real: torch.dtype) -> float:
+    """LOG_ZERO[real] as a constant of a traced graph. Read directly under
+    ``torch.compile(dynamic=True)``, the module-level float becomes a symbolic graph input, lifted
+    into the first subgraph that reads it (a torch.cond branch, an autograd.Function's forward);
+    a second op of the same graph that reads it again then fails in dynamo
+    ("lift_tracked_freevar_to_input should not be called on root SubgraphTracer")."""
+    return LOG_ZERO[real]
+
+
 @dataclass(frozen=True)
 class LogProduct:
     """A log oscillation given as the elementwise product of two operands, ``log_o = a * b``, each
@@ -107,7 +117,7 @@ def finite_log(g: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """g with its real part raised to at least ``LOG_ZERO`` of ``dtype`` (default g's dtype), the
     dtype whose exp must give 0: -inf and every log below the value become it, the rest is
     unchanged; a complex g keeps its imaginary part. Differentiable (0 gradient where raised)."""
-    floor = LOG_ZERO[real_dtype(dtype or g.dtype)]
+    floor = log_zero(real_dtype(dtype or g.dtype))
     if g.is_complex():
         return torch.complex(g.real.clamp(min=floor), g.imag)
     return g.clamp(min=floor)

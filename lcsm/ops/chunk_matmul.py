@@ -52,13 +52,13 @@ log decay g (log_o, in the layout of ``kind``). The backward passes other tensor
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ._inputs import LOG_ZERO, finite_log, real_dtype
+from ._inputs import LOG_ZERO, finite_log, log_zero, real_dtype
 
 Tensor = torch.Tensor
 
@@ -149,13 +149,19 @@ def _safe_span(real: torch.dtype) -> float:
     return SAFE_SPAN[real]
 
 
-def _either(moderate: bool | Tensor, fast: Callable[[], Tensor], safe: Callable[[], Tensor]) -> Tensor:
-    """``fast()`` for moderate decays, else ``safe()``: one branch evaluated either way, by Python
-    on a bool and by torch.cond on the 0-dim tensor ``_is_moderate`` gives under torch.compile."""
+def _either(
+    moderate: bool | Tensor, fast: Callable[[], Tensor], safe: Callable[[], Tensor], shape: Sequence[int]
+) -> Tensor:
+    """``fast()`` for moderate decays, else ``safe()``, each of the given shape: one branch
+    evaluated either way, by Python on a bool and by torch.cond on the 0-dim tensor
+    ``_is_moderate`` gives under torch.compile."""
     if isinstance(moderate, bool):
         return fast() if moderate else safe()
-    # torch.cond wants both branches' outputs laid out alike; views of differently split blocks are not
-    return torch.cond(moderate, lambda: fast().contiguous(), lambda: safe().contiguous())
+    # torch.cond wants its branches' outputs dense, with strides it can prove to be products of the
+    # sizes; it fails to when two symbolic sizes are equal (a batch of 2 with 2 heads: one symbol)
+    # and a stride keeps an unsimplified division. A flat output has the stride 1.
+    flat = torch.cond(moderate, lambda: fast().reshape(-1), lambda: safe().reshape(-1))
+    return flat.view(shape)
 
 
 def _single_reference(s: Tensor, e: Tensor, i: Tensor, G: Tensor, kind: str, strict: bool) -> Tensor:
@@ -386,7 +392,7 @@ def _traced_factors(logs: Tensor, dt: torch.dtype) -> _Decay:
     for both the reset and the plain form where they differ, and tensors select what eager's
     branches would (``_is_moderate``). exp(-Gamma) is formed even for strong decays, where it may
     overflow; it is then read only by the branches that the selection leaves out."""
-    floor = LOG_ZERO[real_dtype(dt)]
+    floor = log_zero(real_dtype(dt))
     reset = logs.real.amax(-1) <= floor
     G_plain = logs.cumsum(-2)
     G_reset = logs.masked_fill(reset.unsqueeze(-1), 0).cumsum(-2)
@@ -492,6 +498,7 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
             f.moderate,
             lambda: f.exp_G * f.exp_neg.transpose(-1, -2),
             lambda: _pairwise(f.G, False, s.dtype)[..., 0],
+            (*s.shape[:-1], s.shape[-2]),
         )
         return carried(_mm(s, S) * f.exp_G) + torch.where(mask, _mm(s, e.transpose(-1, -2)) * w, zero) @ i
     if kind == "row":
@@ -499,6 +506,7 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
             f.moderate,
             lambda: torch.where(mask, (s * f.exp_G) @ (e * f.exp_neg).transpose(-1, -2), zero) @ i,
             lambda: strong(s, e, i, f.G, "row", strict),
+            i.shape,
         )
         return carried(_mm(s * f.exp_G, S)) + intra
     if kind in OUTER:
@@ -509,12 +517,13 @@ def _chunk_outputs(s: Tensor, e: Tensor, i: Tensor, f: _Decay, S: Tensor, kind: 
             neg_a, neg_b = _halves(f.exp_neg, kind, s.shape[-1])
             return exp_b * (torch.where(mask, s_a @ (e * neg_a).transpose(-1, -2), zero) @ (i * neg_b))
 
-        intra = _either(f.moderate, factorised, lambda: strong(s, e, i, f.G, kind, strict))
+        intra = _either(f.moderate, factorised, lambda: strong(s, e, i, f.G, kind, strict), i.shape)
         return carried(_mm(s_a, S) * exp_b) + intra
     intra = _either(
         f.moderate,
         lambda: f.exp_G * (torch.where(mask, s @ e.transpose(-1, -2), zero) @ (i * f.exp_neg)),
         lambda: strong(s, e, i, f.G, "col", strict),
+        i.shape,
     )
     return carried(_mm(s, S) * f.exp_G) + intra
 

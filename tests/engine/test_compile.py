@@ -11,10 +11,20 @@ from .test_train import config, train_log, weights
 
 @pytest.mark.slow  # about 60 s on 2 busy cores
 def test_compiled_steps_train_like_eager(cache_env):
-    """Two optimizer steps of the tiny GLA model: the same logged losses and gradient norms and the
-    same weights. Backend aot_eager: it traces forward and backward as inductor does, without
-    inductor's code generation, which would take minutes here (docs/compile.md)."""
-    common = {"train.max_steps": 2, "train.eval_every": 0, "train.save_every": 0, "run.log_every": 1}
+    """Two optimizer steps of the tiny GLA model with two layers (two decayed kernels in one graph)
+    and a batch equal to its head count (one size symbol for both): the same logged losses and
+    gradient norms and the same weights. Backend aot_eager: it traces forward and backward as
+    inductor does, without inductor's code generation, which would take minutes here
+    (docs/compile.md)."""
+    common = {
+        "model.n_layers": 2,
+        "model.mixer_options": {"num_heads": 4},
+        "train.batch_size": 4,
+        "train.max_steps": 2,
+        "train.eval_every": 0,
+        "train.save_every": 0,
+        "run.log_every": 1,
+    }
     train(config(cache_env, "eager", **common), quiet=True)
     compiled = config(cache_env, "compiled", **common, **{"train.compile": "aot_eager"})
     assert compiled.run.compile == "aot_eager"

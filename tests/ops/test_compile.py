@@ -27,7 +27,9 @@ PROBLEMS = ((5, 1.0, ()), (19, 1.0, ()), (29, 30.0, ()), (23, 1.0, (5, 12, 20)),
 TAILS = {"none": None, "scalar": (1, 1), "row": (K, 1), "col": (1, D), "full": (K, D)}
 
 
-def inputs(T: int, decay: str, strength: float, resets: tuple[int, ...], seed: int) -> dict[str, torch.Tensor | None]:
+def inputs(
+    T: int, decay: str, strength: float, resets: tuple[int, ...], seed: int, B: int = B
+) -> dict[str, torch.Tensor | None]:
     """float32 EOS inputs with vector e and s; ``strength`` scales the log decay (x 30: spans
     beyond SAFE_SPAN within a chunk, the sub-chunk form); ``resets``: steps whose decay is exactly
     0 (log -inf)."""
@@ -59,13 +61,20 @@ def chunk(i, e, s, log_o, initial_state):
     return eos(i, e, s, log_o, mode="chunk", initial_state=initial_state, output_final_state=True, chunk_size=C)
 
 
-# (decay, backend): inductor where its compile time is moderate on a CPU, aot_eager elsewhere. The
-# suite runs the scalar case (torch.cond, the scan and the reset masks all traced); the others take
-# 30-70 s each on 2 busy cores and are marked slow (`pytest -m slow`).
+def chained(i, e, s, log_o, initial_state):
+    """Two kernels in one graph, the second from the first's output and final state, as two layers
+    of a model are."""
+    y, m = chunk(i, e, s, log_o, initial_state)
+    return chunk(y, e, s, log_o, m)
+
+
+# (decay, backend): inductor where its compile time is moderate on a CPU, aot_eager elsewhere. Each
+# takes 30-70 s on 2 busy cores and is marked slow (`pytest -m slow`); the suite traces the row
+# decay twice in one graph instead (test_two_kernels_in_one_graph_with_batch_equal_to_heads).
 SLOW = pytest.mark.slow
 CASES = [
     pytest.param("none", "inductor", marks=SLOW),
-    ("scalar", "aot_eager"),
+    pytest.param("scalar", "aot_eager", marks=SLOW),
     pytest.param("row", "aot_eager", marks=SLOW),
     # inductor's code for the row decay (GLA's), torch.cond's branches and the scan: about 6 min
     # on 2 busy cores
@@ -86,6 +95,21 @@ def test_chunk_compiles_equal_to_eager(decay, backend):
         for seed, (T, strength, resets) in enumerate(PROBLEMS):
             x = inputs(T, decay, strength, resets, seed)
             assert_close(run(x, compiled), run(x, chunk), context=f"decay={decay} backend={backend} T={T}")
+
+
+def test_two_kernels_in_one_graph_with_batch_equal_to_heads():
+    """A graph of two decayed kernels (two layers of a model) with B = H. Regressions: the second
+    kernel read the floor of its log decays (LOG_ZERO) through the first kernel's subgraph, which
+    dynamo refused ("lift_tracked_freevar_to_input"); with B = H the tracer gave both sizes one
+    symbol and torch.cond could not prove its branches' strides dense (row and column decays).
+    Backend aot_eager, a row decay (GLA's), moderate, too strong for one reference per chunk and
+    with resets: torch.cond, the scan and the reset masks traced."""
+    torch._dynamo.reset()
+    compiled = torch.compile(chained, fullgraph=True, dynamic=True, backend="aot_eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for seed, (T, strength, resets) in enumerate(PROBLEMS[1:4]):
+            x = inputs(T, "row", strength, resets, seed, B=H)
+            assert_close(run(x, compiled), run(x, chained), context=f"two kernels, B = H = {H}, T={T}")
 
 
 # eos_dplr's chunk form (and eos_delta's, on which the routed cases run): 1, 3, 2 (a multiple of
