@@ -119,6 +119,12 @@ def _pairwise(G: Tensor, strict: bool, dtype: torch.dtype) -> Tensor:
     return _masked_exp((G.unsqueeze(-2) - G.unsqueeze(-3)).to(dtype), mask)
 
 
+@torch.compiler.assume_constant_result
+def _two_pi() -> float:
+    """2 pi as a constant of a traced graph, not a symbolic input (``_inputs.log_zero`` says why)."""
+    return 2 * math.pi
+
+
 def _exp(x: Tensor, dtype: torch.dtype) -> Tensor:
     """exp of a difference of (double-precision) cumulative logs, in the compute dtype.
 
@@ -128,7 +134,7 @@ def _exp(x: Tensor, dtype: torch.dtype) -> Tensor:
     """
     if x.is_complex():
         real = real_dtype(dtype)
-        return torch.polar(x.real.to(real).exp(), torch.remainder(x.imag, 2 * math.pi).to(real))
+        return torch.polar(x.real.to(real).exp(), torch.remainder(x.imag, _two_pi()).to(real))
     return x.to(dtype).exp()
 
 

@@ -63,9 +63,16 @@ def chunk(i, e, s, log_o, initial_state):
 
 def chained(i, e, s, log_o, initial_state):
     """Two kernels in one graph, the second from the first's output and final state, as two layers
-    of a model are."""
-    y, m = chunk(i, e, s, log_o, initial_state)
-    return chunk(y, e, s, log_o, m)
+    of a model are; a rotating (complex) decay read out as its real part, as the diagonal SSMs read
+    theirs."""
+
+    def kernel(x, m):
+        return eos(
+            x, e, s, log_o, mode="chunk", initial_state=m, output_final_state=True, chunk_size=C, real_output=True
+        )
+
+    y, m = kernel(i, initial_state)
+    return kernel(y, m)
 
 
 # (decay, backend): inductor where its compile time is moderate on a CPU, aot_eager elsewhere. Each
@@ -101,14 +108,17 @@ def test_two_kernels_in_one_graph_with_batch_equal_to_heads():
     """A graph of two decayed kernels (two layers of a model) with B = H. Regressions: the second
     kernel read the floor of its log decays (LOG_ZERO) through the first kernel's subgraph, which
     dynamo refused ("lift_tracked_freevar_to_input"); with B = H the tracer gave both sizes one
-    symbol and torch.cond could not prove its branches' strides dense (row and column decays).
-    Backend aot_eager, a row decay (GLA's), moderate, too strong for one reference per chunk and
-    with resets: torch.cond, the scan and the reset masks traced."""
+    symbol and torch.cond could not prove its branches' strides dense (row and column decays); a
+    rotation read 2 pi as the first did LOG_ZERO. Backend aot_eager, a row decay with a rotation,
+    moderate, too strong for one reference per chunk and with resets: torch.cond, the scan and the
+    reset masks traced."""
     torch._dynamo.reset()
     compiled = torch.compile(chained, fullgraph=True, dynamic=True, backend="aot_eager")
     with torch._dynamo.config.patch(error_on_recompile=True):
         for seed, (T, strength, resets) in enumerate(PROBLEMS[1:4]):
             x = inputs(T, "row", strength, resets, seed, B=H)
+            angle = torch.rand(x["log_o"].shape, generator=torch.Generator().manual_seed(seed))
+            x["log_o"] = torch.complex(x["log_o"], angle)
             assert_close(run(x, compiled), run(x, chained), context=f"two kernels, B = H = {H}, T={T}")
 
 
