@@ -4,14 +4,12 @@ mixer's forward and backward, two sequence lengths through one graph, compared w
 
     python -m bench.compile_survey [--backend aot_eager] [--timeout 600] [--out FILE] [MIXER...]
 
-Each mixer runs in its own process (a failing or hanging trace cannot take the survey down) as a
-model holds it: two instances one after the other in one graph (a second kernel traced after the
-first is where module-level constants, lifted into the first one's subgraph, failed), at d_model
-16, batch 4 (a batch equal to a head count shares its size symbol), T 19 then 29 under
-``error_on_recompile``: a mixer passes when both lengths run through one graph and the output and
-every gradient (input and parameters) equal eager to the float32 tolerance. A mixer that traces
-whole but recompiles for the second length is run again with ``dynamic=False`` (one graph per
-length) and marked so. aot_eager traces what inductor would compile without its code generation.
+Each mixer runs in its own process (a failing or hanging trace cannot take the survey down) at
+d_model 16, batch 2, T 19 then 29 under ``error_on_recompile``: a mixer passes when both lengths
+run through one graph and the output and every gradient (input and parameters) equal eager to
+the float32 tolerance. A mixer that traces whole but recompiles for the second length is run
+again with ``dynamic=False`` (one graph per length) and marked so. aot_eager traces what inductor
+would compile without its code generation.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ import time
 
 from bench._common import REPO, provenance_header, write_out
 
-D_MODEL, LAYERS, BATCH, LENGTHS = 16, 2, 4, (19, 29)
+D_MODEL, LENGTHS = 16, (19, 29)
 
 
 def _worker(name: str, backend: str) -> dict:
@@ -36,12 +34,12 @@ def _worker(name: str, backend: str) -> dict:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    mixer = torch.nn.Sequential(*(layers.build(name, D_MODEL) for _ in range(LAYERS)))
+    mixer = layers.build(name, D_MODEL)
     params = dict(mixer.named_parameters())
 
     def run(compiled) -> None:
         for T in LENGTHS:
-            x = torch.randn(BATCH, T, D_MODEL, generator=torch.Generator().manual_seed(T)).requires_grad_()
+            x = torch.randn(2, T, D_MODEL, generator=torch.Generator().manual_seed(T)).requires_grad_()
             wrt = {"x": x, **params}
             assert_close(gradients({"y": compiled(x)}, wrt), gradients({"y": mixer(x)}, wrt), context=f"T={T}")
 
@@ -116,8 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             "",
             *(f"- {k}: {v}" for k, v in header.items()),
             "",
-            f"Forward and backward of {LAYERS} instances of each mixer in one graph, d_model {D_MODEL}, batch {BATCH}, "
-            f"T {LENGTHS[0]} then {LENGTHS[1]} through one graph, "
+            f"Forward and backward at d_model {D_MODEL}, batch 2, T {LENGTHS[0]} then {LENGTHS[1]} through one graph, "
             "output and every gradient against eager (float32 tolerance). "
             f"**{passed} of {len(rows)} compile whole with a symbolic T; {per_length} more compile whole with "
             "one graph per T** (dynamic=False: the length is fixed in the graph, e.g. by a loop over chunks; "
