@@ -157,10 +157,15 @@ class QKVAttention(Mixer):
         raise NotImplementedError
 
     def eos_readout(
-        self, x: Tensor, state: LinearAttentionState | None = None, cu_seqlens: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
+        self,
+        x: Tensor,
+        state: LinearAttentionState | None = None,
+        cu_seqlens: Tensor | None = None,
+        final: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
         """x [B, T, d_model] -> (read-out [B, T, H, D] (real), final memory [B, H, K, D'], one row
-        per document with ``cu_seqlens``)."""
+        per document with ``cu_seqlens``; None without ``final``, not computed: with ``cu_seqlens``
+        the documents' final memories are a pass of their own, ``ops.packed``)."""
         self.check_input(x)
         if cu_seqlens is not None:
             cu_seqlens = documents(x, cu_seqlens)
@@ -182,9 +187,11 @@ class QKVAttention(Mixer):
         if self.complex_memory:
             # LCSM eq. 14-15: y_t = Re{[kv]_t}^T q_t, computed in the rotating frame (real kernels;
             # the same system as eos(*eos_inputs(x)): tests/layers/test_linear_attention.py checks it)
-            y, m = eos_rotating(i, e, s, theta, log_o, initial_state=m0, output_final_state=True, cu_seqlens=cu_seqlens)
+            y, m = eos_rotating(
+                i, e, s, theta, log_o, initial_state=m0, output_final_state=final, cu_seqlens=cu_seqlens
+            )
         else:
-            y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=True, cu_seqlens=cu_seqlens)
+            y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=final, cu_seqlens=cu_seqlens)
         if self.normalize:
             y = y[..., :-1] * self._denominator(y[..., -1:])
         # eos promotes to the state's dtype (float32 for half-precision inputs): back to x's.
@@ -197,7 +204,7 @@ class QKVAttention(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        y, m = self.eos_readout(x, state, cu_seqlens)
+        y, m = self.eos_readout(x, state, cu_seqlens, final=return_state)
         out = self._output(y, x)
         return (out, LinearAttentionState(memory=m)) if return_state else out
 

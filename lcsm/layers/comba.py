@@ -163,7 +163,7 @@ class Comba(Mixer):
             log_alpha,
             mode=self.mode,
             initial_state=None if state is None else state.memory,
-            output_final_state=True,
+            output_final_state=return_state,
             cu_seqlens=docs,
         )
         y = F.rms_norm(y.to(x.dtype), (self.head_v,), self.o_norm.to(x.dtype), eps=self.norm_eps)

@@ -141,9 +141,12 @@ class GatedDeltaNet2(Mixer):
             q, k, g, b = (t.repeat_interleave(group, dim=-2) for t in (q, k, g, b))
         return q, k, v, g, b, w, (cq, ck, cv)
 
-    def recurrence(self, q, k, v, g, b, w, docs: Tensor | None, initial_state: Tensor | None = None):
+    def recurrence(
+        self, q, k, v, g, b, w, docs: Tensor | None, initial_state: Tensor | None = None, final: bool = True
+    ):
         """S_t = (I - k_t (b_t * k_t)^T) Diag(alpha_t) S_{t-1} + k_t (w_t * v_t)^T,
-        o_t = S_t^T q_t K^-1/2 on eos_dplr, per document of the packed row (per row without docs)."""
+        o_t = S_t^T q_t K^-1/2 on eos_dplr, per document of the packed row (per row without docs);
+        the final states too when ``final`` (None otherwise)."""
         return eos_dplr(
             w * v,
             k,
@@ -153,7 +156,7 @@ class GatedDeltaNet2(Mixer):
             g,
             mode=self.mode,
             initial_state=initial_state,
-            output_final_state=True,
+            output_final_state=final,
             cu_seqlens=docs,
         )
 
@@ -179,7 +182,7 @@ class GatedDeltaNet2(Mixer):
         if state is not None:
             self.check_state(state, n, cu_seqlens is not None)
         q, k, v, g, b, w, convs = self.recurrence_inputs(x, docs, state)
-        o, m = self.recurrence(q, k, v, g, b, w, docs, None if state is None else state.memory)
+        o, m = self.recurrence(q, k, v, g, b, w, docs, None if state is None else state.memory, return_state)
         y = self.readout(x, o)
         if return_state:
             return y, GatedDeltaState(memory=m, conv_q=convs[0], conv_k=convs[1], conv_v=convs[2])

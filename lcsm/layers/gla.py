@@ -130,15 +130,18 @@ class GLA(QKVAttention):
     def eos_inputs(self, x):
         return self._system(x, None, None)[0]
 
-    def _scan(self, x: Tensor, state: GLAState | None, cu_seqlens: Tensor | None) -> tuple[Tensor, GLAState]:
+    def _scan(
+        self, x: Tensor, state: GLAState | None, cu_seqlens: Tensor | None, final: bool = True
+    ) -> tuple[Tensor, GLAState | None]:
         """x [B, T, d_model] -> (read-out [B, T, H, D], final state; one row per document with
-        ``cu_seqlens``)."""
+        ``cu_seqlens``). Without ``final`` the state is None and not computed: with ``cu_seqlens``
+        the documents' final memories are a pass of their own (``ops.packed``)."""
         cu_seqlens = self.check_call(x, state, cu_seqlens)
         (i, e, s, log_o), (cq, ck, cv) = self._system(x, state, cu_seqlens)
         m0 = None if state is None else state.memory
-        y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=True, cu_seqlens=cu_seqlens)
+        y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=final, cu_seqlens=cu_seqlens)
         # eos promotes to the state's dtype (float32 for half-precision inputs): back to x's.
-        return y.to(x.dtype), GLAState(memory=m, conv_q=cq, conv_k=ck, conv_v=cv)
+        return y.to(x.dtype), GLAState(memory=m, conv_q=cq, conv_k=ck, conv_v=cv) if final else None
 
     def eos_readout(self, x: Tensor, state: GLAState | None = None, cu_seqlens: Tensor | None = None):
         y, final = self._scan(x, state, cu_seqlens)
@@ -147,7 +150,7 @@ class GLA(QKVAttention):
     def forward(
         self, x: Tensor, state: GLAState | None = None, return_state: bool = False, cu_seqlens: Tensor | None = None
     ):
-        y, final = self._scan(x, state, cu_seqlens)
+        y, final = self._scan(x, state, cu_seqlens, final=return_state)
         out = self._output(y, x)
         return (out, final) if return_state else out
 

@@ -112,7 +112,7 @@ class Longhorn(Mixer):
             q.unsqueeze(2),
             log_o,
             initial_state=None if state is None else state.memory,
-            output_final_state=True,
+            output_final_state=return_state,
             cu_seqlens=docs,
         )
         y = y.squeeze(2).to(x.dtype) + self.D.to(x.dtype) * u

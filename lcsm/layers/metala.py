@@ -173,7 +173,7 @@ class MetaLA(Mixer):
             q * K**-0.5,
             log_alpha.unsqueeze(-1),
             initial_state=memory,
-            output_final_state=True,
+            output_final_state=return_state,
             cu_seqlens=cu_seqlens,
         )
         # The augmentation's sigmoid, its sum with o and the norm in float32 at least:

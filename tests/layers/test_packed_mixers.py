@@ -181,3 +181,37 @@ def test_initial_state_of_the_wrong_batch_is_a_clear_error(case):
     mixer = make(*case)
     with pytest.raises(ValueError, match="state|memory|conv|shift|keys"):
         mixer(randn(1, 7, D_MODEL, seed=7), state=mixer.init_state(2), cu_seqlens=torch.tensor([0, 3, 5, 7]))
+
+
+# The operators' packed entries and the position of their output_final_state argument: with
+# cu_seqlens the documents' final states are a pass of their own (closed forms over the documents)
+PACKED_ENTRIES = [
+    ("lcsm.ops.eos", "_eos_packed", 6),
+    ("lcsm.ops.dplr", "_packed", 7),
+    ("lcsm.ops.delta", "_delta_packed", 8),
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_final_states_are_computed_only_when_asked(name, monkeypatch):
+    """A packed forward without ``return_state`` (training) asks no operator for the documents'
+    final states; with it, every operator it calls is asked."""
+    import importlib
+
+    asked = []
+    for module, fn, index in PACKED_ENTRIES:
+        mod = importlib.import_module(module)
+        original = getattr(mod, fn)
+
+        def spy(*args, _original=original, _index=index, **kwargs):
+            asked.append(args[_index])
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(mod, fn, spy)
+    mixer = make(name)
+    x, cu = randn(1, 23, D_MODEL, seed=0), torch.tensor(BOUNDS["short"])
+    mixer(x, cu_seqlens=cu)
+    assert not any(asked), f"{name}: final states computed for a forward without return_state: {asked}"
+    asked.clear()
+    mixer(x, cu_seqlens=cu, return_state=True)
+    assert all(asked), f"{name}: final states not asked for with return_state: {asked}"
