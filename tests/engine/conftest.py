@@ -35,9 +35,22 @@ def write_config(path, values):
     return path
 
 
+def cli_env(env_dir):
+    """The environment of a test's ``lcsm`` subprocess: the task cache and temporary files under
+    ``env_dir`` (torchrun leaves a log directory in the temporary directory of every launch), one
+    thread."""
+    tmp = env_dir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return {**os.environ, "LCSM_CACHE": str(env_dir / "cache"), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+
+
 def run_cli(args, env_dir, **kwargs):
-    """``python -m lcsm ARGS`` in a subprocess with the task cache under ``env_dir``."""
-    env = {**os.environ, "LCSM_CACHE": str(env_dir / "cache"), "OMP_NUM_THREADS": "1"}
+    """``python -m lcsm ARGS`` in a subprocess with ``cli_env(env_dir)``."""
     return subprocess.run(
-        [sys.executable, "-m", "lcsm", *args], env=env, capture_output=True, text=True, timeout=300, **kwargs
+        [sys.executable, "-m", "lcsm", *args],
+        env=cli_env(env_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
     )

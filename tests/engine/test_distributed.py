@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from lcsm.engine import apply_overrides
 from lcsm.testing import assert_close
 
-from .conftest import TINY, write_config
+from .conftest import TINY, cli_env, write_config
 
 DDP = apply_overrides(
     TINY,
@@ -28,7 +28,7 @@ def losses(run):
 
 def test_two_processes_match_one(tmp_path):
     cfg = write_config(tmp_path / "ddp.yaml", DDP)
-    env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = cli_env(tmp_path)
     one = subprocess.run(
         [sys.executable, "-m", "lcsm", "train", str(cfg), "--out", str(tmp_path / "one")],
         env=env,
@@ -107,7 +107,7 @@ def test_teardown_leaves_no_gloo_threads(tmp_path):
     cfg = write_config(tmp_path / "ddp.yaml", apply_overrides(DDP, {"train.max_steps": 2, "train.eval_every": 2}))
     script = tmp_path / "train_and_list_threads.py"
     script.write_text(GLOO_THREADS)
-    env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = cli_env(tmp_path)
     run = subprocess.run(
         [
             sys.executable,

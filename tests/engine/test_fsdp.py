@@ -3,7 +3,6 @@ resumes bit-exactly, and its checkpoints resume under DDP or one process and the
 run.activation_checkpointing changes no number."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from lcsm.engine.parallel import blocks, checkpoint_activations
 from lcsm.models import ModelConfig, build_model
 from lcsm.testing import assert_close
 
-from .conftest import TINY, write_config
+from .conftest import TINY, cli_env, write_config
 from .test_resume import died_after_step
 
 # 2 layers (two sharded Blocks besides the root), dropout on (each rank's RNG must be restored),
@@ -42,7 +41,7 @@ TOLERANCE = 1e-5
 
 
 def torchrun(config, out, tmp_path, *settings):
-    env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = cli_env(tmp_path)
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     args += ["-m", "lcsm", "train", str(config), "--out", str(out), "--quiet"]
     for setting in settings:
@@ -133,7 +132,7 @@ def test_weights_that_do_not_fit_stop_every_rank(runs):
     died_after_step(run, 3)
     path = run / "checkpoints" / "step-00000003" / "model.safetensors"
     save_file({f"renamed.{k}": v for k, v in load_file(str(path)).items()}, str(path))
-    env = {**os.environ, "LCSM_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1"}
+    env = cli_env(tmp)
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     args += ["-m", "lcsm", "train", str(config), "--out", str(run), "--quiet", "--set", "run.parallel=fsdp"]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)

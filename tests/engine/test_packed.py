@@ -1,7 +1,6 @@
 """A packed lm run (``task.packing: true``): a training step's loss is the mean over its documents
 each run alone, a resumed run is bit-exact, and a packed task asks for a causal model."""
 
-import os
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ from lcsm.engine.trainer import Trainer
 from lcsm.tasks import IGNORE_INDEX
 from lcsm.tasks.base import packed_cu_seqlens
 
-from .conftest import TINY, write_config
+from .conftest import TINY, cli_env, write_config
 from .test_resume import assert_identical, died_after_step, final_weights, metric_rows
 
 
@@ -95,7 +94,7 @@ def test_a_packed_run_on_two_processes_is_one_process_accumulating(tmp_path, cor
     and FSDP with activation checkpointing within its summation order of DDP
     (tests/engine/test_fsdp.py)."""
     cfg = write_config(tmp_path / "packed.yaml", packed_run(corpus, **{"train.batch_size": 16}))
-    env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = cli_env(tmp_path)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
     def run(out, *launcher_and_settings):

@@ -16,7 +16,7 @@ from lcsm.engine import RunConfig, apply_overrides, train
 from lcsm.engine.sweep import machine_label
 from lcsm.engine.trainer import Trainer
 
-from .conftest import TINY, write_config
+from .conftest import TINY, cli_env, write_config
 
 # Dropout makes the RNG state part of what a checkpoint must restore.
 LONG = apply_overrides(
@@ -178,12 +178,6 @@ def test_a_checkpoint_without_task_data_is_of_the_versions_before_records(cache_
         train(config, quiet=True)
 
 
-def _cli_env(tmp_path):
-    import os
-
-    return {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-
-
 def _train_cmd(config_path, out):
     return [sys.executable, "-m", "lcsm", "train", str(config_path), "--out", str(out)]
 
@@ -193,7 +187,7 @@ def reference_run(tmp_path_factory):
     """The uninterrupted run, in a subprocess like the interrupted ones (same threads, same code path)."""
     tmp = tmp_path_factory.mktemp("reference")
     cfg = write_config(tmp / "long.yaml", LONG)
-    proc = subprocess.run(_train_cmd(cfg, tmp / "run"), env=_cli_env(tmp), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(_train_cmd(cfg, tmp / "run"), env=cli_env(tmp), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return tmp / "run"
 
@@ -202,7 +196,7 @@ def reference_run(tmp_path_factory):
 def test_interrupted_run_resumes_bit_exactly(tmp_path, reference_run, sig):
     cfg = write_config(tmp_path / "long.yaml", LONG)
     run = tmp_path / "run"
-    env = _cli_env(tmp_path)
+    env = cli_env(tmp_path)
     proc = subprocess.Popen(_train_cmd(cfg, run), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not list((run / "checkpoints").glob("step-*")) and time.time() < deadline and proc.poll() is None:

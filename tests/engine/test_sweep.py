@@ -19,7 +19,7 @@ from lcsm.engine import sweep as sweep_mod
 from lcsm.engine.report import plot, write_report
 from lcsm.engine.sweep import collect, load_experiment, select_best, sweep
 
-from .conftest import TINY
+from .conftest import TINY, cli_env
 
 SWEEP_BASE = {**TINY, "train": {**TINY["train"], "max_steps": 4, "eval_every": 0, "save_every": 2}}
 
@@ -373,7 +373,7 @@ def test_real_sweep_is_resumable_after_interruption(tmp_path, stop):
     data["report"] = {}
     data["set"] = {"train.max_steps": 300, "train.save_every": 10}
     spec.write_text(yaml.safe_dump(data))
-    env = {**os.environ, "LCSM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = cli_env(tmp_path)
     cmd = [sys.executable, "-m", "lcsm", "sweep", str(spec), "--out", str(tmp_path / "out")]
     # Started with SIGINT ignored, as a shell's background job is (`lcsm sweep ... &`): Ctrl-C to
     # the group must still stop the sweep, not only its current run.
