@@ -50,6 +50,7 @@ from bench._common import Check, proc_status_kib, provenance_header, run_memory_
 from lcsm._provenance import device_name
 from lcsm.engine.distributed import resolve_device
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
+from lcsm.engine.stats import ratio_interval
 from lcsm.models import HeadConfig, ModelConfig, build_model, preset
 
 BASELINE = "transformer"
@@ -77,7 +78,7 @@ class Sizes:
     memory: tuple[int, ...]
     decode: tuple[int, ...]  # prefill (context) lengths of the decoding sweep
     decode_steps: int  # timed one-token steps per context, a multiple of DECODE_BURST
-    repeats: int  # timed training steps per (model, T)
+    repeats: int  # rounds of timed training steps, one per (model, T) each
 
 
 FULL = Sizes(
@@ -88,10 +89,10 @@ FULL = Sizes(
     memory=(512, 1024, 2048, 4096, 8192, 16384),
     decode=(1024, 2048, 4096, 8192, 16384),
     decode_steps=64,
-    repeats=3,
+    repeats=5,
 )
 QUICK = Sizes(
-    d_model=32, n_layers=1, vocab=64, train=(64, 128), memory=(128,), decode=(64, 128), decode_steps=4, repeats=1
+    d_model=32, n_layers=1, vocab=64, train=(64, 128), memory=(128,), decode=(64, 128), decode_steps=8, repeats=2
 )
 
 
@@ -236,16 +237,17 @@ def peak_memory(z: Sizes, name: str, T: int, threads: int):
 class Results:
     params: dict[str, int]
     configs: dict[str, str]
-    train: dict[tuple[str, int], list[float]]  # step seconds
+    train: dict[tuple[str, int], list[float]]  # step seconds, one per round
     memory: dict[tuple[str, int], object]  # bytes or a reason
     prefill: dict[tuple[str, int], float]
     decode: dict[tuple[str, int], float]  # seconds per token
+    decode_turns: dict[tuple[str, int], list[float]]  # seconds per token, mean of each turn's burst
     notes: list[str]
     device: torch.device
 
 
 def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]) -> Results:
-    r = Results({}, {}, {}, {}, {}, {}, [], device)
+    r = Results({}, {}, {}, {}, {}, {}, {}, [], device)
     models = {}
     for name in MODELS:
         torch.manual_seed(0)
@@ -257,20 +259,29 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
         # warm-up: lazy initialisation, the allocator's first blocks, CUDA's kernel loading
         train_step(models[name], tokens(z.train[0], z.vocab, seed=0, device=device))
 
-    # All models at one T before the next T: each ratio compares runs taken minutes apart at most,
-    # so slow drifts of the machine's load bend the ratios less than the absolute numbers.
+    # All models at one T before the next T, and in rounds: round k times every model once (in
+    # turn forwards, then backwards), so the k-th timings of two models are taken seconds apart and
+    # their ratio is paired against the machine's drift (``ratio_interval``).
     for T in z.train:
         ids = tokens(T, z.vocab, seed=T, device=device)
+        running = []
         for name in MODELS:
             try:
                 # one untimed step at each length: a model's first step at a new length pays for
                 # new allocation sizes and page faults (GLA: 20-30% slower than the next ones)
-                model = models[name]
-                train_step(model, ids)
-                r.train[name, T] = [timed(partial(train_step, model, ids), device) for _ in range(z.repeats)]
+                train_step(models[name], ids)
+                running.append(name)
             except (RuntimeError, MemoryError) as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
                 r.notes.append(f"training {name} T={T} failed: {type(exc).__name__}: {exc}")
-                continue
+        for k in range(z.repeats):
+            for name in list(running if k % 2 == 0 else running[::-1]):
+                try:
+                    r.train.setdefault((name, T), []).append(timed(partial(train_step, models[name], ids), device))
+                except (RuntimeError, MemoryError) as exc:
+                    r.notes.append(f"training {name} T={T} failed in round {k}: {type(exc).__name__}: {exc}")
+                    r.train.pop((name, T))
+                    running.remove(name)
+        for name in running:
             log(f"train {name:11s} T={T:6d}: {T / statistics.median(r.train[name, T]):9.0f} tokens/s")
         models_grad_free(models)
 
@@ -299,6 +310,9 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
                 stream.step()
     for (name, P), stream in streams.items():
         r.prefill[name, P], r.decode[name, P] = stream.prefill, statistics.median(stream.times)
+        r.decode_turns[name, P] = [
+            statistics.fmean(stream.times[k : k + DECODE_BURST]) for k in range(0, len(stream.times), DECODE_BURST)
+        ]
         log(f"decode {name:11s} P={P:6d}: {r.decode[name, P] * 1e3:8.2f} ms/token")
     torch.set_num_threads(threads)
     del streams
@@ -339,6 +353,31 @@ def tps(r: Results, name: str, T: int) -> float | None:
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def speedup_interval(r: Results, name: str, T: int) -> tuple[float, float, float] | None:
+    """The model's training tokens/s over the Transformer's at T, paired by round, with its 95%
+    interval (``ratio_interval``); None with fewer than two rounds of both."""
+    base, own = r.train.get((BASELINE, T)), r.train.get((name, T))
+    if not base or not own or len(base) != len(own) or len(own) < 2:
+        return None
+    return ratio_interval(base, own)
+
+
+def growth_interval(r: Results, name: str, P0: int, P1: int, against: str | None = None):
+    """Decoding latency at context P1 over P0, paired by turn, with its 95% interval; with
+    ``against``, that model's growth over this one's (how much faster its latency grows)."""
+    turns = [r.decode_turns.get((n, P)) for n in (name, against or name) for P in (P0, P1)]
+    if any(not t for t in turns) or len({len(t) for t in turns}) != 1 or len(turns[0]) < 2:
+        return None
+    if against is None:
+        return ratio_interval(turns[1], turns[0])
+    own = [b / a for a, b in zip(turns[0], turns[1], strict=True)]
+    return ratio_interval([b / a for a, b in zip(turns[2], turns[3], strict=True)], own)
+
+
+def _with_interval(x: tuple[float, float, float] | None) -> str:
+    return "—" if x is None else f"{x[0]:.2f} [{x[1]:.2f}, {x[2]:.2f}]"
 
 
 def checks(r: Results, z: Sizes) -> list[Check]:
@@ -389,7 +428,8 @@ def render(r: Results, z: Sizes, header: dict[str, str]) -> str:
         f"Causal LMs, d_model {z.d_model}, {z.n_layers} layers, vocabulary {z.vocab}, float32, batch 1, "
         f"on {r.device} "
         f"(so tokens per batch = T). Training: forward + backward of the cross-entropy on random tokens, "
-        f"median of {z.repeats} timed steps after an untimed one of each model at each length; no optimizer "
+        f"median of {z.repeats} timed steps after an untimed one of each model at each length, in {z.repeats} "
+        f"rounds that time every model once (forwards, then backwards); no optimizer "
         f"step. Decoding: median of {z.decode_steps} one-token steps (after one warm-up step) following a "
         f"prefill of P tokens, greedy, no gradients, 1 CPU thread; the streams of all (model, P) are stepped "
         f"in turns, {DECODE_BURST} steps each, in a new random order each turn, so that every latency ratio "
@@ -417,6 +457,15 @@ def render(r: Results, z: Sizes, header: dict[str, str]) -> str:
         f"| {n} | " + " | ".join(_f(ratio(tps(r, n, T), tps(r, BASELINE, T)), ".2f") for T in z.train) + " |"
         for n in LINEAR
     ]
+    L += [
+        "",
+        f"The same ratio paired by round, with its 95% interval (geometric mean of the {z.repeats} rounds' "
+        "ratios, Student's t over their logs; `lcsm.engine.stats.ratio_interval`):",
+        "",
+        f"| model | {cols} |",
+        bar,
+    ]
+    L += [f"| {n} | " + " | ".join(_with_interval(speedup_interval(r, n, T)) for T in z.train) + " |" for n in LINEAR]
     L += ["", "Spread of the timed steps, (max - min) / median, in % (a noise gauge):", "", f"| model | {cols} |", bar]
     L += [
         f"| {n} | "
@@ -474,6 +523,20 @@ def render(r: Results, z: Sizes, header: dict[str, str]) -> str:
             + " | ".join(_f(x and x * 1e3, ".2f") for x in lat)
             + f" | {_f(ratio(lat[-1], lat[0]), '.2f')}x | {_f(lat[-1] and 1 / lat[-1], '.0f')} |"
         )
+    L += [
+        "",
+        f"Latency growth P={P1} / P={P0} paired by turn (each turn's {DECODE_BURST} steps averaged), with its 95% "
+        f"interval over the {z.decode_steps // DECODE_BURST} turns; and the Transformer's growth over the model's:",
+        "",
+        f"| model | growth P={P1} / P={P0} | the Transformer's growth / the model's |",
+        "| --- | ---: | ---: |",
+    ]
+    L += [
+        f"| {n} | {_with_interval(growth_interval(r, n, P0, P1))} | "
+        + ("itself" if n == BASELINE else _with_interval(growth_interval(r, n, P0, P1, against=BASELINE)))
+        + " |"
+        for n in MODELS
+    ]
     L += ["", "Prefill (one forward with state, seconds):", "", f"| model | {dcols} |", dbar]
     L += [f"| {n} | " + " | ".join(_f(r.prefill.get((n, P)), ".3f") for P in z.decode) + " |" for n in MODELS]
     if r.notes:
@@ -488,8 +551,10 @@ def _load() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="lcsm bench efficiency", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (the smoke test)")
-    p.add_argument("--repeats", type=int, default=None, help="timed training steps per cell (default 3)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, two rounds (the smoke test)")
+    p.add_argument(
+        "--repeats", type=int, default=None, help="rounds of timed training steps, one step per cell (default 5)"
+    )
     p.add_argument(
         "--threads", type=int, default=2, help="torch.set_num_threads for training (default 2; decoding runs on 1)"
     )

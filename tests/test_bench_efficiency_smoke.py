@@ -79,9 +79,25 @@ def test_cuda_timers_wait_for_the_device(monkeypatch):
     assert events == ["work"]
 
 
+def test_intervals_pair_the_models_by_round_and_turn():
+    """Round k's Transformer step against round k's GLA step: a machine that slows down from round
+    to round leaves a constant 3x ratio with no width; decoding growth pairs each turn's latency
+    at the long context with the same turn's at the short one."""
+    r = efficiency_bench.Results({}, {}, {}, {}, {}, {}, {}, [], torch.device("cpu"))
+    r.train["transformer", 64], r.train["gla", 64] = [3.0, 6.0, 12.0], [1.0, 2.0, 4.0]
+    assert efficiency_bench.speedup_interval(r, "gla", 64) == pytest.approx((3.0, 3.0, 3.0))
+    assert efficiency_bench.speedup_interval(r, "mamba", 64) is None  # not measured
+    r.decode_turns["gla", 1], r.decode_turns["gla", 2] = [1.0, 2.0], [1.0, 2.0]
+    r.decode_turns["transformer", 1], r.decode_turns["transformer", 2] = [1.0, 3.0], [4.0, 12.0]
+    assert efficiency_bench.growth_interval(r, "gla", 1, 2) == pytest.approx((1.0, 1.0, 1.0))
+    assert efficiency_bench.growth_interval(r, "gla", 1, 2, against="transformer") == pytest.approx((4.0, 4.0, 4.0))
+
+
 def test_checks_off_the_cpu_say_whose_targets_they_are():
     names = efficiency_bench.MODELS
-    r = efficiency_bench.Results({n: 1 for n in names}, {n: n for n in names}, {}, {}, {}, {}, [], torch.device("cuda"))
+    r = efficiency_bench.Results(
+        {n: 1 for n in names}, {n: n for n in names}, {}, {}, {}, {}, {}, [], torch.device("cuda")
+    )
     text = efficiency_bench.render(r, efficiency_bench.QUICK, {})
     checks = text.split("## Checks", 1)[1]
     assert checks.lstrip().startswith("The targets are set for a 2-core CPU; on cuda")

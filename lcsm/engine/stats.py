@@ -21,6 +21,8 @@ seeded by ``seed``: the same inputs give the same interval. With 2 or more seeds
 at least Student's t interval over the seeds' values (paired differences, or Welch's for two
 independent cells): a percentile bootstrap over a handful of seeds runs narrow, and 3 seeds are
 the common case here. ``Interval.over`` says when the t interval widened it.
+
+``ratio_interval`` is for benchmarks: the ratio of timings taken in pairs, round after round.
 """
 
 from __future__ import annotations
@@ -188,6 +190,22 @@ def _t_interval(values: np.ndarray, level: float) -> tuple[float, float]:
     half = t_quantile(1 - (1 - level) / 2, n - 1) * float(np.std(values, ddof=1)) / math.sqrt(n)
     centre = float(np.mean(values))
     return centre - half, centre + half
+
+
+def ratio_interval(num: Sequence[float], den: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """(estimate, low, high) of the ratio of paired positive measurements num_k / den_k (timings
+    taken side by side, pair k in round k of a benchmark): the geometric mean of the pairs' ratios
+    and Student's t interval over their logs, so that 2x faster and 2x slower weigh alike. The
+    pairing removes the machine's drift between rounds; what is left is the spread within a round.
+    At least two pairs."""
+    x, y = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if x.shape != y.shape or x.ndim != 1 or len(x) < 2:
+        raise ValueError(f"ratio_interval: expected two equal-length sequences of 2 or more, got {x.shape}, {y.shape}")
+    if (x <= 0).any() or (y <= 0).any():
+        raise ValueError("ratio_interval: expected positive measurements")
+    logs = np.log(x) - np.log(y)
+    low, high = _t_interval(logs, level)
+    return math.exp(float(logs.mean())), math.exp(low), math.exp(high)
 
 
 def _widen(low: float, high: float, t_low: float, t_high: float, over: str) -> tuple[float, float, str]:

@@ -10,6 +10,7 @@ from lcsm.engine.stats import (
     cell_interval,
     cell_replicates,
     difference_interval,
+    ratio_interval,
     spearman,
     spearman_interval,
     t_quantile,
@@ -71,6 +72,20 @@ def test_t_quantiles():
         assert t_quantile(0.975, df) == pytest.approx(q, abs=1e-3)
     with pytest.raises(ValueError, match="t_quantile"):
         t_quantile(0.4, 3)
+
+
+def test_ratio_interval_is_student_t_over_the_pairs_log_ratios():
+    """Pairs 2/1, 4/2, 3/1: ratios 2, 2, 3; the estimate is their geometric mean and the interval
+    mean(log) +- t(2) sd(log) / sqrt 3, mapped back; a constant ratio has no width, whatever the
+    drift of the pairs; mismatched, short or non-positive input is an error naming the function."""
+    logs = np.log([2.0, 2.0, 3.0])
+    half = 4.3027 * logs.std(ddof=1) / np.sqrt(3)
+    got = ratio_interval([2.0, 4.0, 3.0], [1.0, 2.0, 1.0])
+    assert got == pytest.approx((np.exp(logs.mean()), np.exp(logs.mean() - half), np.exp(logs.mean() + half)), rel=1e-4)
+    assert ratio_interval([2.0, 20.0, 0.2], [1.0, 10.0, 0.1]) == pytest.approx((2.0, 2.0, 2.0))
+    for num, den in [([1.0, 2.0], [1.0]), ([1.0], [1.0]), ([1.0, 0.0], [1.0, 1.0])]:
+        with pytest.raises(ValueError, match="ratio_interval"):
+            ratio_interval(num, den)
 
 
 def test_coverage_with_three_seeds():
