@@ -300,6 +300,13 @@ class Trainer:
             # Only the step's module: evaluation and checkpoints keep the plain one (same parameters).
             # Dynamic shapes: batches of the tasks' length grids differ in T, each would recompile.
             self.net = torch.compile(self.net, dynamic=True, backend=r.compile_backend)
+            if getattr(self.task.config, "packing", False) and self.dist.is_main:
+                ckpt.warn(
+                    "warning: run.compile with task.packing: the packed rows' document bounds are read "
+                    "as integers, so every batch with a new number of documents recompiles the step "
+                    "(seconds to minutes each), and past dynamo's recompile limit the step runs eagerly "
+                    "(docs/compile.md)"
+                )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.optim, self.total_steps))
         self.state = LoopState()
         # (split, Evaluator.examples()) of the newest evaluation, on rank 0; finish writes the test's

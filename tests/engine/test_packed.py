@@ -110,3 +110,13 @@ def test_a_packed_run_on_two_processes_is_one_process_accumulating(tmp_path, cor
     fsdp = run("fsdp", torchrun, "--set", "run.parallel=fsdp", "--set", "run.activation_checkpointing=true")
     for a, b in zip(metric_rows(ddp), metric_rows(fsdp), strict=True):
         assert (a["kind"], a["step"]) == (b["kind"], b["step"]) and a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+def test_compiling_a_packed_run_warns_of_recompiles(cache_env, corpus, capsys):
+    """run.compile with packed rows runs (graph breaks allowed) but recompiles for each new document
+    count: the trainer says so when it compiles the step, and not for unpacked rows."""
+    Trainer(RunConfig.from_dict({**packed_run(corpus, **{"run.compile": "eager"}), "out_dir": str(cache_env / "a")}))
+    assert "run.compile with task.packing" in capsys.readouterr().err
+    unpacked = apply_overrides(packed_run(corpus, **{"run.compile": "eager"}), {"task.packing": False})
+    Trainer(RunConfig.from_dict({**unpacked, "out_dir": str(cache_env / "b")}))
+    assert "task.packing" not in capsys.readouterr().err
