@@ -31,16 +31,28 @@ DPLR_LENGTHS = (19, 29, 150, 2)
 @pytest.mark.slow  # about 45 s per mixer on 2 busy cores
 @pytest.mark.parametrize("name", ["gla", "mamba2", "fwp", "attention", "ces", "s4d", *NEWLY, *DPLR])
 def test_mixer_compiles_equal_to_eager(name):
+    compiles_equal_to_eager(name, DPLR_LENGTHS if name in DPLR else LENGTHS, "aot_eager")
+
+
+def compiles_equal_to_eager(name, lengths, backend):
+    """The mixer compiled whole with a symbolic T equals eager at each length, with no recompile."""
     torch.manual_seed(0)
     mixer = layers.build(name, D_MODEL)
     torch._dynamo.reset()
-    compiled = torch.compile(mixer, fullgraph=True, dynamic=True, backend="aot_eager")
+    compiled = torch.compile(mixer, fullgraph=True, dynamic=True, backend=backend)
     params = dict(mixer.named_parameters())
     with torch._dynamo.config.patch(error_on_recompile=True):
-        for T in DPLR_LENGTHS if name in DPLR else LENGTHS:
+        for T in lengths:
             x = torch.randn(2, T, D_MODEL, generator=torch.Generator().manual_seed(T)).requires_grad_()
             wrt = {"x": x, **params}
             assert_close(gradients({"y": compiled(x)}, wrt), gradients({"y": mixer(x)}, wrt), context=f"{name} T={T}")
+
+
+@pytest.mark.slow  # about 20 minutes on 2 busy cores (inductor's code generation)
+def test_gla_compiles_with_inductor():
+    """The gla mixer through inductor (it had failed on a torch.cond whose branch outputs' strides
+    differed, with the batch symbolic): one graph for every length, equal to eager."""
+    compiles_equal_to_eager("gla", LENGTHS, "inductor")
 
 
 # the mixers whose traced branches this issue's changes reach: eos_dplr's and eos_delta's chunk
