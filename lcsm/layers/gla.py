@@ -143,9 +143,11 @@ class GLA(QKVAttention):
         # eos promotes to the state's dtype (float32 for half-precision inputs): back to x's.
         return y.to(x.dtype), GLAState(memory=m, conv_q=cq, conv_k=ck, conv_v=cv) if final else None
 
-    def eos_readout(self, x: Tensor, state: GLAState | None = None, cu_seqlens: Tensor | None = None):
-        y, final = self._scan(x, state, cu_seqlens)
-        return y, final.memory
+    def eos_readout(
+        self, x: Tensor, state: GLAState | None = None, cu_seqlens: Tensor | None = None, final: bool = True
+    ):
+        y, last = self._scan(x, state, cu_seqlens, final)
+        return y, None if last is None else last.memory
 
     def forward(
         self, x: Tensor, state: GLAState | None = None, return_state: bool = False, cu_seqlens: Tensor | None = None
