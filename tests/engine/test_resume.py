@@ -18,14 +18,15 @@ from lcsm.engine.trainer import Trainer
 
 from .conftest import TINY, cli_env, write_config
 
-# Dropout makes the RNG state part of what a checkpoint must restore.
+# Dropout makes the RNG state part of what a checkpoint must restore. The signal is sent once the
+# first checkpoint (step 10) is on disk: 50 steps, 3 epochs of TINY's 16 steps, lie after it.
 LONG = apply_overrides(
     TINY,
     {
         "model.dropout": 0.1,
-        "train.max_steps": 240,
+        "train.max_steps": 60,
         "train.save_every": 10,
-        "train.eval_every": 80,
+        "train.eval_every": 20,
         "run.keep_last": 3,
         "run.log_every": 10,
     },

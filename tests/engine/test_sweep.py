@@ -371,7 +371,8 @@ def test_real_sweep_is_resumable_after_interruption(tmp_path, stop):
     data["grid"] = {"model.mixer": ["gla", "hgrn"]}
     data["select"] = None
     data["report"] = {}
-    data["set"] = {"train.max_steps": 300, "train.save_every": 10}
+    # the signal follows the first checkpoint (step 10) by milliseconds: 50 steps to spare
+    data["set"] = {"train.max_steps": 60, "train.save_every": 10}
     spec.write_text(yaml.safe_dump(data))
     env = cli_env(tmp_path)
     cmd = [sys.executable, "-m", "lcsm", "sweep", str(spec), "--out", str(tmp_path / "out")]
