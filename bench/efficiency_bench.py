@@ -15,7 +15,8 @@ Host memory for the timed parts is kept as lcsm's training processes keep it (``
 resident set follows the live tensors.
 
 Models (same d_model, depth and vocabulary; a SwiGLU channel mixer wherever the architecture has
-one): transformer (softmax attention with rotary positions, head width 64), s4, etsmlp (CES inside
+one): transformer (softmax attention with rotary positions, head width 64), s4 (built for each
+length, ``model_config``), etsmlp (CES inside
 the element-wise MLP block, no channel mixer), gla, mamba, metala (the MetaLA Transformer preset),
 mamba2, mlstm, and hybrid (Samba's pattern: mamba2 and sliding-window attention, window 512,
 alternating).
@@ -96,8 +97,15 @@ QUICK = Sizes(
 )
 
 
-def model_config(name: str, z: Sizes) -> ModelConfig:
+def model_config(name: str, z: Sizes, length: int | None = None) -> ModelConfig:
+    """The model ``name`` at sizes z. S4 is built for ``length`` (default: the longest training
+    length), the sequence length it trains at or the context it decodes after: ``l_max``, as the
+    official code sets it to the task's length, in which the parameter is C~ for that length and the
+    kernel needs no power of A_bar (lcsm's default forms C~ from C by a matrix power at every step,
+    for any T; the step loop still runs past l_max)."""
     common = dict(d_model=z.d_model, n_layers=z.n_layers, vocab_size=z.vocab, head=HeadConfig(kind="lm"))
+    if name == "s4":
+        return ModelConfig(mixer="s4", mixer_options=dict(l_max=length or max(z.train)), **common)
     if name == "transformer":
         return ModelConfig(
             mixer="attention", mixer_options=dict(heads=max(1, z.d_model // 64), positions="rotary"), **common
@@ -120,7 +128,8 @@ def model_config(name: str, z: Sizes) -> ModelConfig:
 
 
 def describe(name: str, cfg: ModelConfig) -> str:
-    opts = ", ".join(f"{k}={v}" for k, v in cfg.mixer_options.items())
+    # S4's l_max follows the length it is built for (model_config): named, not given a number.
+    opts = ", ".join(f"{k}={'T' if k == 'l_max' else v}" for k, v in cfg.mixer_options.items())
     block = f"mixer {cfg.mixer}" + (f"({opts})" if opts else "")
     if cfg.mixer_hidden is not None:
         block += f" inside Linear(d, {cfg.mixer_hidden}) ... Linear({cfg.mixer_hidden}, d)"
@@ -188,7 +197,7 @@ def primed_step(z: Sizes, name: str, T: int, device: torch.device):
     parameter gradients and loads lazily initialised kernels, so the measured step's extra memory
     is its activations and temporaries alone."""
     torch.manual_seed(0)
-    model = build_model(model_config(name, z), verbose=False).to(device)
+    model = build_model(model_config(name, z, T), verbose=False).to(device)
     train_step(model, tokens(min(64, T), z.vocab, seed=1, device=device))
     return model, tokens(T, z.vocab, seed=2, device=device)
 
@@ -264,6 +273,10 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
     # their ratio is paired against the machine's drift (``ratio_interval``).
     for T in z.train:
         ids = tokens(T, z.vocab, seed=T, device=device)
+        # S4 is built for the length it trains at (``model_config``), as the official code sets
+        # l_max to the task's length: one model per T, from the same seed.
+        torch.manual_seed(0)
+        models["s4"] = build_model(model_config("s4", z, T), verbose=False).to(device)
         running = []
         for name in MODELS:
             try:
@@ -296,6 +309,8 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
     torch.set_num_threads(1)
     streams = {}
     for P in z.decode:
+        torch.manual_seed(0)
+        models["s4"] = build_model(model_config("s4", z, P), verbose=False).to(device)  # for its context
         for name in MODELS:
             try:
                 streams[name, P] = Decoder(models[name], P, z.vocab, device)
