@@ -10,8 +10,9 @@ Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
     product   the same with log_o = LogProduct(dt, A) (Mamba's form)
     mamba     the Mamba layer, B=64 T=256 d_model=128
     lm-NAME-T one training step (forward + backward of the cross-entropy, batch 1) of the efficiency
-              bench's model NAME (transformer, s4, mamba, ...) at length T; NAME s4official is s4 with
-              l_max = T (the official code's C~ parametrization)
+              bench's model NAME (transformer, s4, mamba, ...) at length T; s4 with l_max = T (the
+              official code's C~ parametrization, as the bench builds it), s4default lcsm's default
+              S4 (the parameter C, any T)
 
 A tree that cannot run a case (an option it lacks) gets "-" and the error's last line.
 """
@@ -69,13 +70,18 @@ def _case(name: str):
         from lcsm.models import build_model
 
         _, model_name, T = name.split("-")
-        if model_name == "s4official":
-            cfg = dataclasses.replace(model_config("s4", FULL), mixer_options={"l_max": int(T)})
+        T = int(T)
+        # S4's options are set here, not taken from the tree's bench, so that both trees build the
+        # same S4 (the bench built lcsm's default S4 before 7b1240f, with l_max = T since).
+        if model_name == "s4":
+            cfg = dataclasses.replace(model_config("s4", FULL), mixer_options={"l_max": T})
+        elif model_name == "s4default":
+            cfg = dataclasses.replace(model_config("s4", FULL), mixer_options={})
         else:
             cfg = model_config(model_name, FULL)
         torch.manual_seed(5)
         model = build_model(cfg)
-        ids = tokens(int(T), FULL.vocab, 5, torch.device("cpu"))
+        ids = tokens(T, FULL.vocab, 5, torch.device("cpu"))
         return lambda: train_step(model, ids)
     raise ValueError(f"case: expected one of {', '.join(CASES)} or lm-NAME-T, got {name!r}")
 
