@@ -22,7 +22,7 @@ install: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist worksteal -q
 
 demo: $(STAMP)
 	$(VENV)/bin/lcsm sweep experiments/$(EXPERIMENT).yaml --report --parallel $(PARALLEL) $(if $(MIXERS),--grid model.mixer=$(MIXERS))
