@@ -34,8 +34,9 @@ bench: $(STAMP)
 # The reports of results/ regenerated from the cached runs there (no training): every experiment
 # file of the paper experiments and the top-level ones but the demos (whose runs go to runs/), each
 # read from and written to results/<experiment name>/.
-# experiments/gpu/ holds plans for a GPU loan (experiments/gpu/loan.sh), not yet run.
-PAPER_EXPERIMENTS := $(filter-out experiments/configs/% experiments/gpu/% %base.yaml,$(wildcard experiments/*/*.yaml)) \
+# experiments/gpu/ holds plans for a GPU loan (experiments/gpu/loan.sh) and experiments/planned/
+# CPU experiments fixed before their runs: not yet run.
+PAPER_EXPERIMENTS := $(filter-out experiments/configs/% experiments/gpu/% experiments/planned/% %base.yaml,$(wildcard experiments/*/*.yaml)) \
 	$(filter-out %_demo.yaml,$(wildcard experiments/*.yaml))
 
 reports: $(STAMP)

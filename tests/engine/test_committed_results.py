@@ -20,12 +20,14 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
 # The experiments with committed results, as the Makefile's `reports` target lists them: the
 # paper experiments and the top-level ones but the demos, whose runs go to runs/ (experiments/gpu/
-# holds plans for a GPU loan, without runs yet).
+# holds plans for a GPU loan and experiments/planned/ CPU experiments fixed before their runs, both
+# without committed runs yet).
+PLANS = ("gpu", "planned")
 EXPERIMENTS = sorted(
     [
         p
         for p in REPO.glob("experiments/*/*.yaml")
-        if p.parent.name not in ("configs", "gpu") and not p.name.endswith("base.yaml")
+        if p.parent.name not in ("configs", *PLANS) and not p.name.endswith("base.yaml")
     ]
     + [p for p in REPO.glob("experiments/*.yaml") if not p.stem.endswith("_demo")]
 )
@@ -42,10 +44,12 @@ def test_every_paper_experiment_is_found():
     assert len(EXPERIMENTS) >= 20 and all(p.suffix == ".yaml" for p in EXPERIMENTS)
 
 
-@pytest.mark.parametrize("path", sorted(REPO.glob("experiments/gpu/*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted(p for d in PLANS for p in REPO.glob(f"experiments/{d}/*.yaml")), ids=lambda p: p.stem
+)
 def test_gpu_plans_build_every_run(path, own_cache, tmp_path):
     """A GPU loan is too short to meet a plan that does not load: each plan's runs build (a dry run,
-    which trains nothing), on the CPU as here."""
+    which trains nothing), on the CPU as here; so do the planned CPU experiments'."""
     log = []
     exp = load_experiment(path, out_dir=tmp_path / "out")
     sweep(exp, dry_run=True, log=log.append)
