@@ -1495,8 +1495,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=HOST_ALLOCATORS,
         default="retain",
         help="host memory, as run.host_allocator: retain (default, what lcsm's training processes use: "
-        "freed blocks stay in glibc's heap for reuse) or system (glibc's defaults, whose adaptive mmap "
-        "threshold makes timings depend on the order of the cases; bench/README.md, Noise)",
+        "freed blocks stay in glibc's heap for reuse) or system (glibc's defaults: its adaptive mmap "
+        "threshold, lifted to its ceiling by the operators' first call; bench/README.md, Noise)",
     )
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--allocator-worker", default=None, help=argparse.SUPPRESS)

@@ -45,6 +45,7 @@ from torch.autograd.function import once_differentiable
 
 from lcsm._checks import check_bool
 
+from ._host_heap import prime_host_heap
 from ._inputs import (
     check_chunk_size,
     check_cu_seqlens,
@@ -758,6 +759,7 @@ def eos_delta(
     """
     chunk_size = check_chunk_size(chunk_size)
     output_final_state = check_bool("output_final_state", output_final_state)
+    prime_host_heap(i)
     if mode not in DELTA_MODES:
         raise ValueError(f"mode: expected one of {', '.join(DELTA_MODES)}, got {mode!r}")
     if cu_seqlens is not None:

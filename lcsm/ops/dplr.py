@@ -44,6 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lcsm._checks import check_bool
 
+from ._host_heap import prime_host_heap
 from ._inputs import (
     check_chunk_size,
     check_cu_seqlens,
@@ -676,6 +677,7 @@ def eos_dplr(
         back and the state stays float32.
     """
     output_final_state = check_bool("output_final_state", output_final_state)
+    prime_host_heap(i)
     gate_first = check_bool("gate_first", gate_first)
     chunk_size = None if chunk_size is None else check_chunk_size(chunk_size)
     if mode not in DPLR_MODES:

@@ -17,6 +17,7 @@ import torch
 
 from lcsm._checks import check_bool
 
+from ._host_heap import prime_host_heap
 from ._inputs import (
     MODES,
     EOSProblem,
@@ -280,6 +281,7 @@ def eos(
     chunk_size = check_chunk_size(chunk_size)
     real_output = check_bool("real_output", real_output)
     output_final_state = check_bool("output_final_state", output_final_state)
+    prime_host_heap(i)
     if cu_seqlens is not None:
         return _eos_packed(i, e, s, log_o, mode, initial_state, output_final_state, chunk_size, real_output, cu_seqlens)
     p = canonicalize(i, e, s, log_o, initial_state)
