@@ -36,16 +36,9 @@ print(statistics.median(b - a for a, b in zip(counts, counts[1:])))
 
 
 def faults_per_call(how: str) -> tuple[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    done = subprocess.run(
-        [sys.executable, "-c", FAULTS, how],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, "OMP_NUM_THREADS": "1"},
-        check=True,
-    )
-    primed, faults = done.stdout.split("\n")[:2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | {"OMP_NUM_THREADS": "1"}
+    out = subprocess.check_output([sys.executable, "-c", FAULTS, how], text=True, timeout=120, env=env)
+    primed, faults = out.split("\n")[:2]
     return primed, float(faults)
 
 
