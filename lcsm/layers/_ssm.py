@@ -221,7 +221,8 @@ class DiagonalSISO(Mixer):
             real_output=True,
             cu_seqlens=cu_seqlens,
         )
-        return (self.real_factor * y[..., 0] + self.D * u).to(u.dtype), m
+        # squeeze, not y[..., 0]: its backward is a view, where select's fills a zero tensor of y's size
+        return (self.real_factor * y.squeeze(-1) + self.D * u).to(u.dtype), m
 
     def init_state(self, batch_size: int) -> SSMState:
         return SSMState(

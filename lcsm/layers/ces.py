@@ -282,7 +282,7 @@ class CES(Mixer):
                 real_output=True,
                 cu_seqlens=cu_seqlens,
             )
-            y = y[..., 0]
+            y = y.squeeze(-1)
         if self.use_omega:
             y = y + self.omega * x
         y = y.to(x.dtype)

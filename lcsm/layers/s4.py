@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_choice, check_float, check_int
-from lcsm.ops import autocast_off
+from lcsm.ops import autocast_off, causal_fft_conv
 
 from ._hippo import hippo_legs, hippo_normal_eig
 from ._ssm import (
@@ -407,12 +407,7 @@ class S4(Mixer):
     def _fft(self, u: Tensor, x0: Tensor | None, return_state: bool):
         T = u.shape[1]
         K = self.kernel(T)  # [H, T]
-        # traced, 2T + 2 (as exact): at 2T the real transform's backward takes T - 1 bins, which the
-        # tracer guards against 1, a second graph for T = 2 (``ops.fft.conv_length``; layers reach
-        # only lcsm.ops's public names)
-        n = 2 * T + 2 if torch.compiler.is_compiling() else 2 * T
-        uf = torch.fft.rfft(u.transpose(1, 2), n=n)
-        y = torch.fft.irfft(uf * torch.fft.rfft(K, n=n), n=n)[..., :T].transpose(1, 2)
+        y = causal_fft_conv(K, u.transpose(1, 2), -1).transpose(1, 2)
         if x0 is None and not return_state:
             return y, None
         N2 = self.d_state // 2

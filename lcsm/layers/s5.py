@@ -138,7 +138,7 @@ class S5(Mixer):
             output_final_state=return_state,
             cu_seqlens=cu_seqlens,
         )
-        y = 2 * torch.einsum("btp,hp->bth", x[:, :, 0], as_complex(self.C)).real
+        y = 2 * torch.einsum("btp,hp->bth", x.squeeze(2), as_complex(self.C)).real
         return (y + self.D * u).to(u.dtype), m
 
     def forward(

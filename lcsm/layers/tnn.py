@@ -176,7 +176,7 @@ class TNN(Mixer):
             real_output=True,
             cu_seqlens=cu_seqlens,
         )
-        out = self.o(u * y[:, :, 0].to(u.dtype))
+        out = self.o(u * y.squeeze(2).to(u.dtype))
         return (out, SSMState(memory=m)) if return_state else out
 
     def init_state(self, batch_size: int) -> SSMState:

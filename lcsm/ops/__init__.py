@@ -6,13 +6,16 @@ Beside the operators: their mode names (``MODES`` of ``eos``, ``DELTA_MODES`` of
 ``DPLR_MODES`` of ``eos_dplr``), the types of an oscillation argument (``LogO``, ``LogProduct``),
 the fused data-dependent decay ``log_sigmoid_product``, ``autocast_off``, the context the operators
 run their float32 kernels in, for layers with kernels of their own (the SSMs' FFT convolutions),
-and ``packed_bounds``, the check of ``cu_seqlens`` they share with the layers."""
+``packed_bounds``, the check of ``cu_seqlens`` they share with the layers, and
+``causal_fft_conv``, the FFT form's long convolution, for layers that build their kernels
+themselves (S4)."""
 
 from ._inputs import MODES, LogProduct, autocast_off, packed_bounds
 from .decay import log_sigmoid_product
 from .delta import DELTA_MODES, eos_delta
 from .dplr import DPLR_MODES, eos_dplr, explain_dplr
 from .eos import LogO, Plan, eos, eos_step, explain
+from .fft import causal_fft_conv
 from .rotating import eos_rotating
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "LogProduct",
     "Plan",
     "autocast_off",
+    "causal_fft_conv",
     "eos",
     "eos_delta",
     "eos_dplr",

@@ -65,6 +65,48 @@ def fft_conv(kernel: torch.Tensor, i: torch.Tensor, n: int, dim: int) -> torch.T
     return torch.fft.irfft(torch.fft.rfft(kernel, n=n, dim=dim) * torch.fft.rfft(i, n=n, dim=dim), n=n, dim=dim)
 
 
+def causal_fft_conv(kernel: torch.Tensor, i: torch.Tensor, dim: int) -> torch.Tensor:
+    """y_t = sum_{j <= t} kernel_j i_(t-j) for t < T along ``dim`` (kernel and i of length T there,
+    broadcasting elsewhere), by FFT on length ``conv_length(T)``. Real operands in eager mode take
+    ``CausalRealFFTConv``'s backward; complex ones, and every traced call, autograd's."""
+    T = i.shape[dim]
+    n = conv_length(T)
+    if kernel.is_complex() or i.is_complex() or torch.compiler.is_compiling():
+        return fft_conv(kernel, i, n, dim).narrow(dim, 0, T)
+    return CausalRealFFTConv.apply(kernel, i, n, dim)
+
+
+class CausalRealFFTConv(torch.autograd.Function):
+    """``causal_fft_conv`` of real operands with a backward of real transforms only. The gradients are
+    the correlations dkernel_j = sum_t dy_t i_(t-j) and di_s = sum_t dy_t kernel_(t-s), products of
+    spectra the forward already has: one transform of dy and two inverse ones. Autograd's backward
+    of ``rfft`` zero-pads each gradient to length n and takes a complex transform of it, twice, where
+    this one's are real (a few times the work, and the padded copies' fills)."""
+
+    @staticmethod
+    def forward(ctx, kernel: torch.Tensor, i: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+        K, X = torch.fft.rfft(kernel, n=n, dim=dim), torch.fft.rfft(i, n=n, dim=dim)
+        ctx.save_for_backward(K, X)
+        ctx.n, ctx.dim, ctx.lengths = n, dim, (kernel.shape[dim], i.shape[dim])
+        return torch.fft.irfft(K * X, n=n, dim=dim).narrow(dim, 0, i.shape[dim])
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        K, X = ctx.saved_tensors
+        n, dim = ctx.n, ctx.dim
+        DY = torch.fft.rfft(dy, n=n, dim=dim)
+
+        def correlation(spectrum: torch.Tensor, like: torch.Tensor, length: int) -> torch.Tensor:
+            # summed over the dims ``like`` broadcasts along, in the frequency domain (fewer bins
+            # to invert than summing the result)
+            product = (spectrum.conj() * DY).sum_to_size(like.shape)
+            return torch.fft.irfft(product, n=n, dim=dim).narrow(dim, 0, length)
+
+        d_kernel = correlation(X, K, ctx.lengths[0]) if ctx.needs_input_grad[0] else None
+        d_i = correlation(K, X, ctx.lengths[1]) if ctx.needs_input_grad[1] else None
+        return d_kernel, d_i, None, None
+
+
 def eos_fft(
     p: EOSProblem, real_output: bool = False, final_state: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -82,9 +124,9 @@ def eos_fft(
         # along another dimension returns (and its backward passes on) strides other than the
         # contiguous ones the tracer assumes, and a view in the traced backward then fails.
         kernel, i = kernel.transpose(2, 3).contiguous(), i.transpose(2, 3).contiguous()
-        y = fft_conv(kernel, i, conv_length(T), -1)[..., :T].transpose(2, 3)
+        y = causal_fft_conv(kernel, i, -1).transpose(2, 3)
     else:
-        y = fft_conv(kernel, i, conv_length(T), 2)[:, :, :T]
+        y = causal_fft_conv(kernel, i, 2)
     m_T = None
     if final_state:
         # m_T = o^T m_0 + sum_s o^(T-s) e i_s; the powers o^(T-s) are powers[T-s] reversed.
