@@ -19,6 +19,7 @@ PUBLIC = {
         "MODES",
         "Plan",
         "autocast_off",
+        "causal_fft_conv",
         "eos",
         "eos_delta",
         "eos_dplr",
