@@ -30,6 +30,8 @@ def prime_host_heap(x: object) -> bool | None:
     Returns whether this process was primed (None: not yet asked). Anything but a CPU tensor is
     left to the operator's own checks. Skipped while torch.compile traces (the graph has no place
     for a foreign call; the first eager call primes)."""
+    # tracing is ruled out before the state is branched on: a branch on it inside a traced graph
+    # becomes a guard, and the first eager call's priming would then recompile the graph
     if not isinstance(x, torch.Tensor) or x.device.type != "cpu" or torch.compiler.is_compiling():
         return _state["primed"]
     if _state["primed"] is None:
