@@ -17,7 +17,15 @@ reads its table of tracing-state functions (``tracing_state_functions``, cached 
 
 import os
 
-import torch
+# One intra-op thread per test process (and per process a test starts), unless the caller chose:
+# the tests' problems are tiny, and torch's default of one thread per core made the two xdist
+# workers on two cores run four spinning OpenMP threads (the whole suite about 2x slower, the
+# packed-sequence tests 4x).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -16,22 +16,20 @@ import functools
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from lcsm.models.blocks import Block
 
-# Gathered whole on rank 0 and moved to the CPU (the other ranks get an empty dict): a checkpoint
-# never needs more device memory than the shards and one parameter at a time.
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# torch.distributed's FSDP, DTensor and checkpoint modules are imported by the functions that use
+# them, under run.parallel: fsdp alone: importing them took 0.7 s of every lcsm process's start.
+
+
+def _full() -> Any:
+    """Gathered whole on rank 0 and moved to the CPU (the other ranks get an empty dict): a
+    checkpoint never needs more device memory than the shards and one parameter at a time."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def blocks(model: torch.nn.Module) -> list[Block]:
@@ -52,6 +50,8 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` sharded in place over the default process group: each Block, then the root. A Block
     is the unit of work of the forward and backward passes, so its parameters are gathered just
     before it runs and freed (and its gradients reduced) just after."""
+    from torch.distributed.fsdp import fully_shard
+
     for block in blocks(model):
         fully_shard(block)
     return fully_shard(model)
@@ -75,6 +75,8 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> flo
     """``clip_grad_norm_`` for sharded gradients: clip them to a global norm of ``max_norm``; their
     norm before. Each rank's norm is of its shards only: the whole norm is put together before
     clipping, so every rank clips by the same factor, as DDP's replicas do."""
+    from torch.distributed.tensor import DTensor
+
     grads = [p.grad for p in parameters if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads)
     if isinstance(norm, DTensor):
@@ -86,12 +88,16 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> flo
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The sharded model's whole weights on rank 0's CPU (an empty dict on the others); every rank
     must call it."""
-    return get_model_state_dict(model, options=FULL)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full())
 
 
 def load_full_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Rank 0's whole weights ``state`` into the sharded model (the other ranks pass an empty
     dict and receive their shards); every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
@@ -99,7 +105,9 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     """The sharded optimizer's whole state on rank 0, keyed as an unsharded optimizer's
     ``state_dict`` keys it: parameters numbered through the groups in order (an empty dict on the
     other ranks); every rank must call it."""
-    full = get_optimizer_state_dict(model, optimizer, options=FULL)
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    full = get_optimizer_state_dict(model, optimizer, options=_full())
     if not full:
         return {}
     index: dict[str, int] = {}
@@ -114,6 +122,8 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Opt
     """An unsharded optimizer's ``state_dict`` (every rank reads it from the checkpoint) into the
     sharded optimizer; a ValueError, as ``Optimizer.load_state_dict`` raises, when the groups
     differ in size."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     names = {id(p): name for name, p in model.named_parameters()}
     mine = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     saved = state["param_groups"]

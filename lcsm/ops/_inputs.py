@@ -57,7 +57,17 @@ MODES = ("auto", "recurrent", "parallel", "chunk", "fft", "triton")
 LOG_ZERO = {torch.float32: -128.0, torch.float64: -1024.0}
 
 
-@torch.compiler.assume_constant_result
+def constant_result(fn: _Fn) -> _Fn:
+    """``torch.compiler.assume_constant_result`` without importing torch._dynamo: that function
+    imports dynamo to set one attribute, which made importing lcsm.ops take 1.3 s more (about 40 %
+    of every ``lcsm`` process's start, tests/ops/test_compile.py's subprocesses included). The
+    attribute is the one dynamo's own decorator sets; tests/ops/test_compile.py checks that the two
+    still agree."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+@constant_result
 def log_zero(real: torch.dtype) -> float:
     """LOG_ZERO[real] as a constant of a traced graph. Read directly under
     ``torch.compile(dynamic=True)``, the module-level float becomes a symbolic graph input, lifted

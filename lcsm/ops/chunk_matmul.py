@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from ._inputs import LOG_ZERO, finite_log, log_zero, real_dtype
+from ._inputs import LOG_ZERO, constant_result, finite_log, log_zero, real_dtype
 
 Tensor = torch.Tensor
 
@@ -119,7 +119,7 @@ def _pairwise(G: Tensor, strict: bool, dtype: torch.dtype) -> Tensor:
     return _masked_exp((G.unsqueeze(-2) - G.unsqueeze(-3)).to(dtype), mask)
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _two_pi() -> float:
     """2 pi as a constant of a traced graph, not a symbolic input (``_inputs.log_zero`` says why)."""
     return 2 * math.pi
@@ -148,7 +148,7 @@ def _is_moderate(G: Tensor, dtype: torch.dtype) -> bool | Tensor:
     return span.numel() == 0 or span.max().item() <= SAFE_SPAN[real_dtype(dtype)]
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _safe_span(real: torch.dtype) -> float:
     """SAFE_SPAN[real] as a constant of the traced graph: read directly, the tracer would make the
     module-level float a symbolic input, which torch.cond's branches cannot capture."""

@@ -16,6 +16,7 @@ import torch._dynamo
 from torch.nn.functional import logsigmoid
 
 from lcsm.ops import eos
+from lcsm.ops._inputs import constant_result
 from lcsm.testing import assert_close, gradients
 
 B, H, K, D, C = 1, 2, 4, 3, 8
@@ -202,3 +203,17 @@ def test_dplr_chunk_compiles_equal_to_eager(case, backend):
         for seed, T in enumerate(DPLR_LENGTHS):
             x = dplr_inputs(T, case, seed)
             assert_close(grads(compiled, x), grads(fn, x), context=f"{case} ({DPLR_CASES[case][0]}) T={T}")
+
+
+def test_constant_result_marks_as_dynamo_does():
+    """``_inputs.constant_result`` sets the attribute that ``torch.compiler.assume_constant_result``
+    sets, without importing dynamo at import time: a torch that marks constants otherwise fails here
+    (and the two-kernel graph above with it)."""
+
+    def f():
+        return 1.0
+
+    def g():
+        return 1.0
+
+    assert vars(constant_result(f)) == vars(torch.compiler.assume_constant_result(g)) != {}
