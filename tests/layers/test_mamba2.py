@@ -63,9 +63,10 @@ def reference(m, x, block=16):
     return g @ m.out_proj.weight.t(), final.transpose(-1, -2)
 
 
-@pytest.mark.parametrize("options", [{}, {"ngroups": 2, "headdim": 8}])
+@pytest.mark.parametrize("options", [{}, {"ngroups": 2, "headdim": 8, "chunk_size": 64}, {"chunk_size": 7}])
 def test_forward_equals_chunked_ssd(options):
-    # T = 80 crosses the EOS op's default chunk boundary (64) and the reference's blocks (16).
+    # T = 80: five of the mixer's default chunks (16) and of the reference's blocks (16); chunks of
+    # 64 and 7 do not divide it.
     m = make(**options)
     x = torch.randn(2, 80, 16, dtype=torch.float64, requires_grad=True)
     wrt = {"x": x, **dict(m.named_parameters())}
@@ -100,6 +101,7 @@ def test_gate_is_before_the_norm():
         ({"ngroups": 3}, r"^ngroups: expected a divisor of the number of heads 2, got 3"),
         ({"A_init_min": 4.0, "A_init_max": 2.0}, r"^A_init_min, A_init_max: expected A_init_min <= A_init_max"),
         ({"dt_min": 0.0}, r"^dt_min: expected a positive finite number, got 0.0"),
+        ({"chunk_size": 0}, r"^chunk_size: expected an integer >= 1, got 0"),
     ],
 )
 def test_bad_options(options, match):
