@@ -20,8 +20,9 @@ from torch.utils.checkpoint import checkpoint
 
 from lcsm.models.blocks import Block
 
-# torch.distributed's FSDP, DTensor and checkpoint modules are imported by the functions that use
-# them, under run.parallel: fsdp alone: importing them took 0.7 s of every lcsm process's start.
+# torch.distributed's FSDP, DTensor and checkpoint modules are imported inside the functions that
+# use them, which run under run.parallel: fsdp only (importing them took 0.7 s of the start of
+# every process that imports the engine).
 
 
 def _full() -> Any:

@@ -92,7 +92,7 @@ class Mamba2(Mixer):
         chunk_size: C, steps per chunk of the chunked scan (official 256, for its GPU kernels;
             default 16 here: with 16-wide heads a chunk's C x C maps are most of its work, and
             decays as strong as exp(-16 Delta) send long chunks to the kernel's sub-chunk form; on
-            a CPU the efficiency benchmark's Mamba-2 trained 1.25-1.6x faster with 16 than with
+            a CPU the efficiency benchmark's Mamba-2 trained 1.5-1.6x faster with 16 than with
             the operator's default 64, bench/results/mamba2_chunk.md). Changes no number beyond
             rounding.
     """

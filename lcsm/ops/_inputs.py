@@ -60,9 +60,9 @@ LOG_ZERO = {torch.float32: -128.0, torch.float64: -1024.0}
 def constant_result(fn: _Fn) -> _Fn:
     """``torch.compiler.assume_constant_result`` without importing torch._dynamo: that function
     imports dynamo to set one attribute, which made importing lcsm.ops take 1.3 s more (about 40 %
-    of every ``lcsm`` process's start, tests/ops/test_compile.py's subprocesses included). The
-    attribute is the one dynamo's own decorator sets; tests/ops/test_compile.py checks that the two
-    still agree."""
+    of the start of every process that runs lcsm: the CLI, a training's workers, the tests' own
+    subprocesses). The attribute is the one dynamo's own decorator sets;
+    tests/ops/test_compile.py checks that the two still agree."""
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return fn
 
