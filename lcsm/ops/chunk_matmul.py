@@ -549,6 +549,14 @@ def _chunk_matmul_segment(
     return _unchunk(_chunk_outputs(sc, ec, ic, f, S, kind, strict), s.shape[2]), M
 
 
+def factorised_segments(s: Tensor, i: Tensor, g: Tensor, C: int) -> tuple[int, int]:
+    """(segments whose decays factorise through each chunk's start, segments): the forward's
+    data-dependent choice between the factorised form and the slower pairwise / sub-chunk form of
+    the strong decays, made per segment as ``ChunkMatmulFunction`` makes it (``explain``)."""
+    parts = _segments(s.shape[2], C, _step_bytes(s, i))
+    return sum(bool(_decay_factors(g[:, :, part], C, s.dtype).moderate) for part in parts), len(parts)
+
+
 def _unchunk(y: Tensor, T: int) -> Tensor:
     """[B, H, N, C, D] -> [B, H, T, D], dropping the padding."""
     B, H, N, C, D = y.shape

@@ -27,11 +27,13 @@ from ._inputs import (
     check_cu_seqlens,
     check_packed,
     finish,
+    real_dtype,
     shape_str,
     triton_unavailable,
     without_autocast,
 )
-from .chunk import chunk_length, eos_chunk, kernel_for
+from .chunk import chunk_length, eos_chunk, kernel_for, matmul_operands
+from .chunk_matmul import SAFE_SPAN, factorised_segments
 from .fft import eos_fft
 from .packed import Documents, add_states, packed_recurrent, reset_at_starts
 from .parallel import eos_parallel
@@ -221,7 +223,10 @@ def explain(
     take a separable pair as its materialised sum and a product as a * b: they are the plain,
     obviously correct forms.
     With ``cu_seqlens`` (packed sequences) the plan says how the documents are kept apart; fft
-    is refused, and auto takes chunk where it would take fft.
+    is refused, and auto takes chunk where it would take fft. Without them, a plan of the matmul
+    kernel with a decay also says, from the decays' values, in how many of the kernel's segments
+    every chunk factorises through its start, the rest taking the slower form of strong decays
+    (a chunk whose decay falls below exp(-SAFE_SPAN); ``chunk_matmul.factorised_segments``).
     """
     chunk_size = check_chunk_size(chunk_size)
     bounds = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens)
@@ -229,7 +234,25 @@ def explain(
     p = canonicalize(i, e, s, log_o, initial_state, states=n)
     if bounds is not None:
         check_packed(bounds, p.B, p.T)
-    return _plan(p, mode, chunk_size, n)
+    plan = _plan(p, mode, chunk_size, n)
+    if plan.kernel == "matmul" and p.decay_kind != "none" and n is None:
+        plan = Plan(plan.mode, plan.kernel, f"{plan.reason}; {_decay_form(p, chunk_size)}")
+    return plan
+
+
+def _decay_form(p: EOSProblem, chunk_size: int) -> str:
+    """The matmul kernel's choice for these decays' values: each chunk factorised through its start
+    while every chunk's decay spans at most exp(+-SAFE_SPAN), else the strong decays' form."""
+    s, _, i, g, _ = matmul_operands(p)
+    C = chunk_length(chunk_size, p.T)
+    done, parts = factorised_segments(s, i, g, C)
+    if done == parts:
+        return f"decays: factorised through each chunk's start in all {parts} segment(s)"
+    return (
+        f"decays: factorised in {done} of {parts} segment(s); in the rest some chunk's decay spans beyond "
+        f"exp(-{SAFE_SPAN[real_dtype(s.dtype)]:g}), which takes the strong decays' pairwise (or sub-chunk) "
+        "form, slower (bench/results/mamba2_chunk.md): a smaller chunk_size shortens the spans"
+    )
 
 
 @without_autocast

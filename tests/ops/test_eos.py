@@ -653,6 +653,28 @@ def test_explain_rules():
     assert row.kernel == "matmul" and "decay=row" in row.reason
 
 
+@pytest.mark.parametrize("tail,strong_form", [((1, 1), "_pairwise"), ((4, 1), "_intra_subchunked")])
+def test_explain_says_which_decays_take_the_strong_form(tail, strong_form, monkeypatch):
+    """explain's account of the matmul kernel's data-dependent choice is the one the kernel makes:
+    a chunk of 16 steps of log decays near -3 spans beyond SAFE_SPAN (the strong decays' form),
+    chunks of 4 steps do not; T 200 makes one segment."""
+    from lcsm.ops import chunk_matmul
+
+    g = torch.Generator().manual_seed(0)
+    i, e, s = (torch.randn(1, 200, 2, 4, generator=g) for _ in range(3))
+    log_o = -3 * torch.rand(1, 200, 2, *tail, generator=g)
+    calls = []
+    original = getattr(chunk_matmul, strong_form)
+    monkeypatch.setattr(chunk_matmul, strong_form, lambda *a, **k: calls.append(1) or original(*a, **k))
+    for C, strong in ((16, True), (4, False)):
+        calls.clear()
+        reason = explain(i, e, s, log_o, chunk_size=C).reason
+        eos(i, e, s, log_o, mode="chunk", chunk_size=C)
+        assert bool(calls) == strong
+        expected = "factorised in 0 of 1 segment(s)" if strong else "factorised through each chunk's start in all 1"
+        assert expected in reason, reason
+
+
 def _bad(match, *args, **kwargs):
     with pytest.raises((ValueError, TypeError), match="^" + match):
         eos(*args, **kwargs)
