@@ -46,13 +46,17 @@ class MinRNN(Mixer):
     Args:
         d_model: model width.
         expand: hidden width d_hidden = expand * d_model (the paper's hidden_size).
+        chunk_size: C of the operator's chunk form (default 16: the gates' decays are strong,
+            which sends chunks of 64 steps to the strong decays' slower form;
+            bench/results/strong_decay_chunk.md). Changes no number beyond rounding.
     """
 
     n_gates = 1
 
-    def __init__(self, d_model: int, expand: int = 1):
+    def __init__(self, d_model: int, expand: int = 1, chunk_size: int = 16):
         super().__init__(d_model)
         self.expand = check_int("expand", expand, 1)
+        self.chunk_size = check_int("chunk_size", chunk_size, 1)
         d_h = self.expand * d_model
         self.d_hidden = d_h
         # The paper's Linear_h and the gate Linear(s), fused into one projection (with bias, as the
@@ -87,6 +91,7 @@ class MinRNN(Mixer):
             log_a[:, :, None, None, :],
             initial_state=state.memory if state is not None else None,
             output_final_state=return_state,
+            chunk_size=self.chunk_size,
             cu_seqlens=cu_seqlens,
         )
         out = self.out_proj(y.squeeze(2).to(x.dtype))

@@ -120,6 +120,7 @@ class QKVAttention(Mixer):
     normalize: bool = False
     complex_memory: bool = False
     memory_rows: int = 0  # K of the EOS memory (K/2 for RetNet's complex xPos pairs)
+    chunk_size: int = 64  # C of the operator's chunk form (its default; HGRN2 takes its own)
 
     def _make_qkv(self, d_model: int, bias: bool) -> None:
         H = self.num_heads
@@ -191,7 +192,16 @@ class QKVAttention(Mixer):
                 i, e, s, theta, log_o, initial_state=m0, output_final_state=final, cu_seqlens=cu_seqlens
             )
         else:
-            y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=final, cu_seqlens=cu_seqlens)
+            y, m = eos(
+                i,
+                e,
+                s,
+                log_o,
+                initial_state=m0,
+                output_final_state=final,
+                chunk_size=self.chunk_size,
+                cu_seqlens=cu_seqlens,
+            )
         if self.normalize:
             y = y[..., :-1] * self._denominator(y[..., -1:])
         # eos promotes to the state's dtype (float32 for half-precision inputs): back to x's.

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import check_int
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 from .packing import packed_rows
@@ -68,6 +69,9 @@ class HGRN(Mixer):
         d_model: model width.
         lower_bound: gamma in [0, 1), the lower bound of the forget gate lambda_t (|o_t| >= gamma).
             In a model, k / n_layers in layer k unless given (``layer_options``).
+        chunk_size: C of the operator's chunk form (default 16: the forget gates' decays are
+            strong, which sends chunks of 64 steps to the strong decays' slower form;
+            bench/results/strong_decay_chunk.md). Changes no number beyond rounding.
     """
 
     @classmethod
@@ -79,8 +83,9 @@ class HGRN(Mixer):
         parameters, which the mixer interface does not carry."""
         return dict(options) if "lower_bound" in options else {**options, "lower_bound": layer / n_layers}
 
-    def __init__(self, d_model: int, lower_bound: float = 0.0):
+    def __init__(self, d_model: int, lower_bound: float = 0.0, chunk_size: int = 16):
         super().__init__(d_model)
+        self.chunk_size = check_int("chunk_size", chunk_size, 1)
         if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)) or not 0 <= lower_bound < 1:
             raise ValueError(f"lower_bound: expected a float in [0, 1), got {lower_bound!r}")
         self.lower_bound = float(lower_bound)
@@ -135,6 +140,7 @@ class HGRN(Mixer):
             log_o[:, :, None, None, :],
             initial_state=state.memory if state is not None else None,
             output_final_state=return_state,
+            chunk_size=self.chunk_size,
             cu_seqlens=cu_seqlens,
         )
         h = y.squeeze(2)  # [B, T, d] complex

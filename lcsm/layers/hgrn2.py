@@ -61,14 +61,20 @@ class HGRN2(QKVAttention):
         lower_bound: gamma in [0, 1), the forget gate's lower bound; in a model k / n_layers in
             layer k unless given (``layer_options``).
         norm_eps: RMSNorm eps (1e-5, fla).
+        chunk_size: C of the operator's chunk form (default 16: the forget gates' decays are
+            strong, which sends chunks of 64 steps to the strong decays' slower form;
+            bench/results/strong_decay_chunk.md). Changes no number beyond rounding.
     """
 
     @classmethod
     def layer_options(cls, options, layer: int, n_layers: int) -> dict:
         return dict(options) if "lower_bound" in options else {**options, "lower_bound": layer / n_layers}
 
-    def __init__(self, d_model: int, num_heads: int = 4, lower_bound: float = 0.0, norm_eps: float = 1e-5):
+    def __init__(
+        self, d_model: int, num_heads: int = 4, lower_bound: float = 0.0, norm_eps: float = 1e-5, chunk_size: int = 16
+    ):
         super().__init__(d_model)
+        self.chunk_size = check_int("chunk_size", chunk_size, 1)
         H = check_int("num_heads", num_heads, 1)
         if d_model % H:
             raise ValueError(f"num_heads: expected a divisor of d_model = {d_model}, got {H}")

@@ -30,7 +30,8 @@ from .base import EOSRow, register
 
 @register("mingru")
 class MinGRU(MinRNN):
-    """minGRU token mixer. Args: d_model, expand (hidden width expand * d_model, default 1)."""
+    """minGRU token mixer. Args: d_model, expand (hidden width expand * d_model, default 1),
+    chunk_size (the operator's chunk, default 16; ``MinRNN``)"""
 
     n_gates = 1
 

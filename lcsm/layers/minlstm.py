@@ -32,7 +32,8 @@ from .base import EOSRow, register
 
 @register("minlstm")
 class MinLSTM(MinRNN):
-    """minLSTM token mixer. Args: d_model, expand (hidden width expand * d_model, default 1)."""
+    """minLSTM token mixer. Args: d_model, expand (hidden width expand * d_model, default 1),
+    chunk_size (the operator's chunk, default 16; ``MinRNN``)"""
 
     n_gates = 2
 

@@ -90,6 +90,9 @@ class RWKV4(Mixer):
         layer_id, n_layers: position of the layer in the stack, used only by the official
             layer-dependent init of time_decay, time_first and the token-shift mixes; a model
             sets them per layer (``layer_options``).
+        chunk_size: C of the operator's chunk form (default 16: the channels' decays are strong,
+            which sends chunks of 64 steps to the strong decays' slower form;
+            bench/results/strong_decay_chunk.md). Changes no number beyond rounding.
     """
 
     model_owned_options = ("layer_id", "n_layers")
@@ -98,8 +101,9 @@ class RWKV4(Mixer):
     def layer_options(cls, options, layer: int, n_layers: int) -> dict:
         return {**options, "layer_id": layer, "n_layers": n_layers}
 
-    def __init__(self, d_model: int, layer_id: int = 0, n_layers: int = 1):
+    def __init__(self, d_model: int, layer_id: int = 0, n_layers: int = 1, chunk_size: int = 16):
         super().__init__(d_model)
+        self.chunk_size = check_int("chunk_size", chunk_size, 1)
         check_int("n_layers", n_layers, 1)
         if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not 0 <= layer_id < n_layers:
             raise ValueError(f"layer_id: expected an integer in [0, n_layers) = [0, {n_layers}), got {layer_id!r}")
@@ -201,6 +205,7 @@ class RWKV4(Mixer):
             previous(log_add, None, cu_seqlens)[:, :, None, None, :],
             initial_state=memory0,
             output_final_state=return_state,
+            chunk_size=self.chunk_size,
             cu_seqlens=cu_seqlens,
         )
         past = past.squeeze(2)  # [B, T, 2 C]

@@ -250,3 +250,19 @@ def test_bad_arguments_name_the_argument():
         mixer(inputs()[..., :8])
     with pytest.raises(ValueError, match=rf"^x_t: expected \[B, d_model\] = \[B, {D_MODEL}\], got \[2, 1, {D_MODEL}\]"):
         mixer.step(inputs(T=1), mixer.init_state(2))
+
+
+@pytest.mark.parametrize("name", ["hgrn", "hgrn2", "mamba2", "mingru", "minlstm", "rwkv4"])
+def test_chunk_size_option_changes_only_rounding(name):
+    """The mixers whose strong decays take a short chunk by default (16): chunk_size is validated,
+    and chunks of 64 (the operator's default) give the same outputs and final states in float64."""
+    with pytest.raises(ValueError, match="^chunk_size: expected an integer >= 1, got 0"):
+        layers.build(name, 16, chunk_size=0)
+    x = torch.randn(2, 150, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    outs = []
+    for chunk_size in (None, 64):
+        torch.manual_seed(0)
+        mixer = layers.build(name, 16, **({} if chunk_size is None else {"chunk_size": chunk_size})).double()
+        y, state = mixer(x, return_state=True)
+        outs.append({"y": y, **state.tensors()})
+    assert_close(outs[0], outs[1], dtype=torch.float64, context=name)
