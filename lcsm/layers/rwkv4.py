@@ -90,9 +90,9 @@ class RWKV4(Mixer):
         layer_id, n_layers: position of the layer in the stack, used only by the official
             layer-dependent init of time_decay, time_first and the token-shift mixes; a model
             sets them per layer (``layer_options``).
-        chunk_size: C of the operator's chunk form (default 16: the channels' decays are strong,
-            which sends chunks of 64 steps to the strong decays' slower form;
-            bench/results/strong_decay_chunk.md). Changes no number beyond rounding.
+        chunk_size: C of the operator's chunk form (default 8: the channels' decays, down to
+            exp(-e^3) a step at init, send chunks of 64 and of 16 steps to the strong decays'
+            slower form; bench/results/strong_decay_chunk.md). Changes no number beyond rounding.
     """
 
     model_owned_options = ("layer_id", "n_layers")
@@ -101,7 +101,7 @@ class RWKV4(Mixer):
     def layer_options(cls, options, layer: int, n_layers: int) -> dict:
         return {**options, "layer_id": layer, "n_layers": n_layers}
 
-    def __init__(self, d_model: int, layer_id: int = 0, n_layers: int = 1, chunk_size: int = 16):
+    def __init__(self, d_model: int, layer_id: int = 0, n_layers: int = 1, chunk_size: int = 8):
         super().__init__(d_model)
         self.chunk_size = check_int("chunk_size", chunk_size, 1)
         check_int("n_layers", n_layers, 1)
