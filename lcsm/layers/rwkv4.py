@@ -91,8 +91,9 @@ class RWKV4(Mixer):
             layer-dependent init of time_decay, time_first and the token-shift mixes; a model
             sets them per layer (``layer_options``).
         chunk_size: C of the operator's chunk form (default 8: the channels' decays, down to
-            exp(-e^3) a step at init, send chunks of 64 and of 16 steps to the strong decays'
-            slower form; bench/results/strong_decay_chunk.md). Changes no number beyond rounding.
+            exp(-e^3) a step at init, send chunks of a few steps already to the strong decays'
+            form, whose cost grows with C; 8 ran fastest, bench/results/strong_decay_chunk.md).
+            Changes no number beyond rounding.
     """
 
     model_owned_options = ("layer_id", "n_layers")
