@@ -185,23 +185,13 @@ class QKVAttention(Mixer):
             # The normaliser z_t = sum_s o-weighted k_s is the same EOS with input 1: one extra
             # memory column computes numerator and denominator in a single pass.
             i = torch.cat([i, i.new_ones(*i.shape[:-1], 1)], -1)
+        run = dict(initial_state=m0, output_final_state=final, chunk_size=self.chunk_size, cu_seqlens=cu_seqlens)
         if self.complex_memory:
             # LCSM eq. 14-15: y_t = Re{[kv]_t}^T q_t, computed in the rotating frame (real kernels;
             # the same system as eos(*eos_inputs(x)): tests/layers/test_linear_attention.py checks it)
-            y, m = eos_rotating(
-                i, e, s, theta, log_o, initial_state=m0, output_final_state=final, cu_seqlens=cu_seqlens
-            )
+            y, m = eos_rotating(i, e, s, theta, log_o, **run)
         else:
-            y, m = eos(
-                i,
-                e,
-                s,
-                log_o,
-                initial_state=m0,
-                output_final_state=final,
-                chunk_size=self.chunk_size,
-                cu_seqlens=cu_seqlens,
-            )
+            y, m = eos(i, e, s, log_o, **run)
         if self.normalize:
             y = y[..., :-1] * self._denominator(y[..., -1:])
         # eos promotes to the state's dtype (float32 for half-precision inputs): back to x's.
