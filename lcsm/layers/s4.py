@@ -94,65 +94,95 @@ def _row_blocks(g: Tensor, n2: int, *others: Tensor):
     return zip(*(x.split(cols, dim=-1) for x in (g,) + others), strict=False)
 
 
-def _pair_inverse(g: Tensor, a: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
-    """The real and imaginary parts of 1 / ((g - lam)(g - conj(lam))) = 1 / (g (g - 2 Re lam) +
-    |lam|^2): g [H, M] complex, a = Re lam and s = |lam|^2 [H, N2] -> two [H, N2, M] real tensors.
-    In real arithmetic (torch's complex elementwise operations cost several real ones each): with
-    x = Re g - a the denominator is x^2 - (Im g)^2 + (s - a^2) + 2i x Im g, and its reciprocal
-    conj(D) / |D|^2, as torch's vectorised complex reciprocal forms it. The roots of unity run
-    along the last dim so that the products with W below have M wide rows: torch's CPU bmm runs
-    [H, M, N2] @ [H, N2, 8] (8 output columns) several times slower than its transpose."""
-    gr, gi = g.real.unsqueeze(1), g.imag.unsqueeze(1)
+def _parts(g: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The real and imaginary parts of g [H, c] as [H, 1, c] tensors of ``dtype``."""
+    return g.real.to(dtype).unsqueeze(1), g.imag.to(dtype).unsqueeze(1)
+
+
+def _pair_inverse(g: Tensor, a: Tensor, s: Tensor) -> Tensor:
+    """The real and imaginary parts of q = 1 / ((g - lam)(g - conj(lam))) = 1 / (g (g - 2 Re lam) +
+    |lam|^2): g [H, c] complex, a = Re lam and s = |lam|^2 [H, N2] -> Q [2, H, N2, c] real, Q[0]
+    the real part and Q[1] the imaginary. In real arithmetic (torch's complex elementwise
+    operations cost several real ones each): with x = Re g - a the denominator is
+    D = x^2 + (s - a^2 - (Im g)^2) + 2i x Im g and q = conj(D) / |D|^2. Nine passes over
+    [H, N2, c]; Q's two halves are contiguous, so each part is written where the products below
+    read it (no join) and the halves go through one batched product, batch 2H. The roots of unity
+    run along the last dim: torch's CPU bmm runs [H, c, N2] @ [H, N2, 8] (8 output columns)
+    several times slower than its transpose."""
+    gr, gi = _parts(g, a.dtype)
     x = gr - a.unsqueeze(-1)
-    d_r = x.square().sub_(gi.square()).add_((s - a.square()).unsqueeze(-1))
-    d_i = x.mul_(gi).mul_(2)
+    d_r = ((s - a.square()).unsqueeze(-1) - gi.square()).addcmul_(x, x)
+    d_i = x.mul_(gi * -2)
     r = d_r.square().addcmul_(d_i, d_i).reciprocal_()
-    return d_r.mul_(r), d_i.mul_(r).neg_()
+    Q = a.new_empty(2, *d_r.shape)
+    torch.mul(d_r, r, out=Q[0])
+    torch.mul(d_i, r, out=Q[1])
+    return Q
+
+
+def _twice(x: Tensor) -> Tensor:
+    """x [H, ...] repeated as [2H, ...]: an operand shared by the real and imaginary halves."""
+    return x.expand(2, *x.shape).reshape(-1, *x.shape[1:])
+
+
+def _halves(x: Tensor) -> Tensor:
+    """[2, H, ...] as [2H, ...] (a view), the batch of one product over both halves."""
+    return x.view(-1, *x.shape[2:])
 
 
 class _CauchyConj(torch.autograd.Function):
     """S = q @ W with q = 1 / ((g - lam)(g - conj(lam))), computed and differentiated a block of
     roots of unity at a time in real arithmetic, recomputing q in the backward pass: autograd would
     keep several [H, M, N2] complex intermediates (gigabytes at 16K tokens) and spend most of S4's
-    step on them. Internally transposed: q is [H, N2, M] and the products give [H, K, M]."""
+    step on them. Internally transposed: q is [H, N2, M] and the products give [H, K, M]; the
+    real and imaginary halves of each block are one [2, H, ...] tensor (``_pair_inverse``)."""
 
     @staticmethod
     def forward(ctx, g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
         ctx.save_for_backward(g, a, s, W)
-        Wt = W.to(a.dtype).transpose(1, 2)  # [H, K, N2]
+        H, N2, K = W.shape
+        Wt = _twice(W.to(a.dtype).transpose(1, 2))  # [2H, K, N2]
         parts = []
-        for (gb,) in _row_blocks(g, a.shape[1]):
-            q_r, q_i = _pair_inverse(gb, a, s)
-            St = Wt @ torch.cat([q_r, q_i], -1)  # real and imaginary parts in one product: W is real
-            parts.append(torch.complex(*St.split(gb.shape[1], -1)))
+        for (gb,) in _row_blocks(g, N2):
+            St = torch.bmm(Wt, _halves(_pair_inverse(gb, a, s))).view(2, H, K, -1)
+            parts.append(torch.complex(St[0], St[1]))  # W is real: the parts' products are S's parts
         return torch.cat(parts, dim=-1).transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad_S: Tensor):
+        # Through q = 1 / D: the cotangent of D is t = -grad_q conj(q)^2, with D holomorphic in g
+        # (dD/dg = 2 g - 2 a) and real-affine in a (dD/da = -2 g) and s (dD/ds = 1), so
+        #   grad_g = 2 (conj(g) sum_n t - sum_n a t),  grad_a = -2 Re sum_m conj(g) t,  grad_s = Re sum_m t.
+        # With u + 2i v = q^2 (u = q_r^2 - q_i^2, v = q_r q_i), the block holds T[0] = -Re t =
+        # gq_r u + 2 gq_i v and T[1] = Im t / 2 = gq_r v - gq_i u / 2; the sums over n and over m
+        # are batched products with [1, a] and [Re g | Im g, 1] (the factors -1, 2 applied to their
+        # small results), where summing each product over a dim would be one more pass apiece.
         g, a, s, W = ctx.saved_tensors
-        Wr = W.to(a.dtype)
+        H, N2, K = W.shape
+        Wr = _twice(W.to(a.dtype))  # [2H, N2, K]
+        over_n = _twice(torch.stack([torch.ones_like(a), a], 1))  # [2H, 2, N2]
         grad_g, grad_a, grad_s, grad_Wt = [], 0, 0, 0
-        for gb, Sb in _row_blocks(g, a.shape[1], grad_S.transpose(1, 2)):
-            c = gb.shape[1]
-            q_r, q_i = _pair_inverse(gb, a, s)
-            Gt = torch.cat([Sb.real, Sb.imag], -1).to(a.dtype)  # [H, K, 2c]
-            grad_Wt = grad_Wt + Gt @ torch.cat([q_r, q_i], -1).transpose(1, 2)  # [H, K, N2]
-            gq_r, gq_i = (Wr @ Gt).split(c, -1)  # the cotangent of q, [H, N2, c] each
-            # Through q = 1 / D: the cotangent of D is t = -grad_q conj(q)^2, with D holomorphic in g
-            # (dD/dg = 2 g - 2 a) and real-affine in a (dD/da = -2 g) and s (dD/ds = 1).
-            u = q_r.square() - q_i.square()
-            v = q_r.mul_(q_i).mul_(2)
-            t_r = (gq_r * u).addcmul_(gq_i, v).neg_()
-            t_i = (gq_r * v).sub_(gq_i * u)
-            a_col = a.unsqueeze(-1)
-            t0_r, t0_i = t_r.sum(1), t_i.sum(1)  # sum_n t, [H, c]
-            t1_r, t1_i = (t_r * a_col).sum(1), (t_i * a_col).sum(1)  # sum_n a t
+        for gb, Sb in _row_blocks(g, N2, grad_S.transpose(1, 2)):
+            Q = _pair_inverse(gb, a, s)
+            G = _halves(torch.stack([Sb.real, Sb.imag]).to(a.dtype))  # [2H, K, c]
+            grad_Wt = grad_Wt + torch.bmm(G, _halves(Q).transpose(1, 2)).view(2, H, K, N2).sum(0)
+            gq = torch.bmm(Wr, G).view(Q.shape)  # the cotangent of q, its two parts
+            v = Q[0] * Q[1]
+            u = Q[0].square_().addcmul_(Q[1], Q[1], value=-1)
+            T = torch.empty_like(Q)
+            torch.mul(gq[0], u, out=T[0]).addcmul_(gq[1], v, value=2)
+            torch.mul(gq[0], v, out=T[1]).addcmul_(gq[1], u, value=-0.5)
+            sums_n = torch.bmm(over_n, _halves(T)).view(2, H, 2, -1)  # [part, H, (1, a), c]
+            t0_r, t1_r, t0_i, t1_i = -sums_n[0, :, 0], -sums_n[0, :, 1], 2 * sums_n[1, :, 0], 2 * sums_n[1, :, 1]
             gr, gi = gb.real.to(a.dtype), gb.imag.to(a.dtype)
-            # grad_g = 2 (conj(g) sum_n t - sum_n a t)
             grad_g.append(2 * torch.complex(gr * t0_r + gi * t0_i - t1_r, gr * t0_i - gi * t0_r - t1_i))
-            # grad_a = Re sum_m conj(-2 g) t, grad_s = Re sum_m t
-            grad_a = grad_a - 2 * (t_r * gr.unsqueeze(1) + t_i * gi.unsqueeze(1)).sum(-1)
-            grad_s = grad_s + t_r.sum(-1)
+            ones = torch.ones_like(gr)
+            # as [2, c] @ [c, N2] products: with the two columns on the right, T @ [c, 2], torch's
+            # CPU bmm ran 5x slower
+            over_m = torch.stack([torch.stack([gr, ones], -2), torch.stack([gi, ones], -2)])  # [2, H, 2, c]
+            sums_m = torch.bmm(_halves(over_m), _halves(T).transpose(1, 2)).view(2, H, 2, -1)  # [part, H, (g, 1), N2]
+            grad_a = grad_a + 2 * sums_m[0, :, 0] - 4 * sums_m[1, :, 0]
+            grad_s = grad_s - sums_m[0, :, 1]
         return torch.cat(grad_g, dim=1), grad_a, grad_s, grad_Wt.transpose(1, 2)
 
 
