@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from ._host_heap import prime_host_heap
 from ._inputs import EOSProblem, finite_log
 
 
@@ -68,7 +69,11 @@ def fft_conv(kernel: torch.Tensor, i: torch.Tensor, n: int, dim: int) -> torch.T
 def causal_fft_conv(kernel: torch.Tensor, i: torch.Tensor, dim: int) -> torch.Tensor:
     """y_t = sum_{j <= t} kernel_j i_(t-j) for t < T along ``dim`` (kernel and i of length T there,
     broadcasting elsewhere), by FFT on length ``conv_length(T)``. Real operands in eager mode take
-    ``CausalRealFFTConv``'s backward; complex ones, and every traced call, autograd's."""
+    ``CausalRealFFTConv``'s backward; complex ones, and every traced call, autograd's. The first
+    CPU call primes glibc's heap as ``eos``'s does (``_host_heap``): the long-convolution layers
+    (S4, whose kernel's blocks are a few MiB each, S4D, CES, TNN) otherwise map and fault in their
+    buffers afresh on every call in a process that keeps glibc's initial thresholds."""
+    prime_host_heap(i)
     T = i.shape[dim]
     n = conv_length(T)
     if kernel.is_complex() or i.is_complex() or torch.compiler.is_compiling():

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from lcsm.ops import _host_heap, eos
+from lcsm.ops import _host_heap, causal_fft_conv, eos
 
 # Forward and backward of the chunk form at T 1024 (row decay): the median of the minor page faults
 # of eight calls after two warm-up calls (a call now and then grows the heap; the median is the
@@ -60,6 +60,13 @@ def test_priming_waits_for_a_cpu_tensor(monkeypatch):
     expected = platform.libc_ver()[0] == "glibc"
     assert _host_heap.prime_host_heap(torch.zeros(1)) is expected
     assert _host_heap._state["primed"] is expected
+
+
+def test_the_long_convolution_primes_too(monkeypatch):
+    """causal_fft_conv (S4, S4D, CES, TNN) primes on its first CPU call, as eos does."""
+    monkeypatch.setitem(_host_heap._state, "primed", None)
+    causal_fft_conv(torch.randn(3, 5), torch.randn(2, 3, 5), -1)
+    assert _host_heap._state["primed"] is (platform.libc_ver()[0] == "glibc")
 
 
 def test_no_operator_call_sets_mallopt(monkeypatch):
