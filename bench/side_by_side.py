@@ -1,9 +1,10 @@
 """Fwd+bwd times of one case in two source trees, side by side in one run: each (tree, case) cell
 runs in a fresh process (so the trees' ``lcsm`` never share one), the cells in turns, ``--rounds``
 times, each cell the median of ``--repeats`` timed calls after one untimed call. Host memory as
-lcsm's training processes keep it (``retain``), float32, ``--threads`` threads (default 2).
+lcsm's training processes keep it (``--allocator retain``, the default) or as a library caller's
+process has it (``system``: glibc's own thresholds), float32, ``--threads`` threads (default 2).
 
-    python -m bench.side_by_side --old PATH [--new PATH] [--cases ...] [--rounds 3] [--out FILE]
+    python -m bench.side_by_side --old PATH [--new PATH] [--cases ...] [--rounds 3] [--allocator A] [--out FILE]
 
 Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
     kxd       eos chunk with a full K x D decay tensor, B=1 T=2048 H=1 K=16 D=256, chunk 64
@@ -13,6 +14,8 @@ Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
               bench's model NAME (transformer, s4, mamba, ...) at length T; s4 with l_max = T (the
               official code's C~ parametrization, as the bench builds it), s4default lcsm's default
               S4 (the parameter C, any T)
+    layer-NAME-T  the mixer NAME alone (lcsm.layers.build with d_model 128; s4 with l_max = T),
+              forward and backward of the sum of its output, B=1 at length T
 
 A tree that cannot run a case (an option it lacks) gets "-" and the error's last line.
 """
@@ -83,17 +86,26 @@ def _case(name: str):
         model = build_model(cfg)
         ids = tokens(T, FULL.vocab, 5, torch.device("cpu"))
         return lambda: train_step(model, ids)
-    raise ValueError(f"case: expected one of {', '.join(CASES)} or lm-NAME-T, got {name!r}")
+    if name.startswith("layer-"):
+        from lcsm import layers
+
+        _, mixer, T = name.split("-")
+        T = int(T)
+        torch.manual_seed(5)
+        layer = layers.build(mixer, 128, **({"l_max": T} if mixer == "s4" else {}))
+        u = torch.randn(1, T, 128, generator=g, requires_grad=True)
+        return lambda: layer(u).sum().backward()
+    raise ValueError(f"case: expected one of {', '.join(CASES)}, lm-NAME-T or layer-NAME-T, got {name!r}")
 
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def worker(name: str, repeats: int) -> None:
+def worker(name: str, repeats: int, allocator: str) -> None:
     from lcsm.engine.host_memory import use_host_allocator
 
-    use_host_allocator("retain")
+    use_host_allocator(allocator)
     run = _case(name)
     run()
     times = []
@@ -112,11 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--allocator", choices=("retain", "system"), default="retain", help="as run.host_allocator")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker is not None:
-        worker(a.worker, a.repeats)
+        worker(a.worker, a.repeats, a.allocator)
         return 0
     trees = {"old": Path(a.old).resolve(), "new": Path(a.new).resolve()}
     for label, tree in trees.items():
@@ -131,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 # The script comes from this tree; lcsm (and the efficiency bench's models) from the
                 # tree being timed.
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--old", ".", "--worker", case]
-                cmd += ["--repeats", str(a.repeats)]
+                cmd += ["--repeats", str(a.repeats), "--allocator", a.allocator]
                 env["PYTHONPATH"] = str(tree)
                 out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
                 if out.returncode:
