@@ -20,6 +20,7 @@ from torch import nn
 
 from lcsm._checks import check_choice, check_float, check_int
 from lcsm.ops import autocast_off, causal_fft_conv
+from lcsm.ops.fft import fft_length
 
 from ._hippo import hippo_legs, hippo_normal_eig
 from ._ssm import (
@@ -55,28 +56,6 @@ def _matrix_power(A: Tensor, n: int) -> Tensor:
         result = torch.where(((bits >> bit) & 1).bool(), result @ A, result)
         A = A @ A
     return result
-
-
-# The primes of the kernel lengths M (``fft_length``): pocketfft, torch's CPU FFT, has radices for
-# them; a length with a larger prime factor goes through a slower general algorithm (the inverse
-# real FFT of 128 rows: 80 ms at M = 16385 = 5 x 29 x 113, 15 ms at 16807 = 7^5, 3 ms at 16384).
-_FFT_PRIMES = (3, 5, 7, 11)
-
-
-def fft_length(n: int) -> int:
-    """The smallest odd M >= n with no prime factor but 3, 5, 7 and 11: odd, so that z = -1 (the pole of
-    2 / (1 + z)) is never an M-th root of unity, and smooth, so that the inverse FFT of the
-    kernel's M / 2 + 1 values (and its adjoint) runs at the FFT's speed. M exceeds n by at most
-    12% from n = 500, 6% from 4000 (the Cauchy sums' cost grows with M)."""
-    m = max(1, n) | 1
-    while True:
-        rest = m
-        for p in _FFT_PRIMES:
-            while rest % p == 0:
-                rest //= p
-        if rest == 1:
-            return m
-        m += 2
 
 
 # -2 pi i as one constant: torch.compile (2.13) fails on the product of a complex and a float literal
@@ -233,7 +212,7 @@ class S4(Mixer):
       over conjugate pairs by ``cauchy_conj``), then an inverse real FFT gives K. M is the
       smallest odd number >= T with prime factors 3, 5, 7 and 11 only (``fft_length``): odd so
       that z = -1 (a pole of 2/(1+z)) is never a root of unity, and a fast FFT length. y = K * u
-      by FFT on length 2T.
+      by FFT (``causal_fft_conv``).
     * recurrence (mode "recurrent"): x_t = A_bar x_{t-1} + B_bar u_t, y_t = C x_t + D u_t with the
       dense A_bar, one step at a time.
 
@@ -407,13 +386,13 @@ class S4(Mixer):
                     f"l_max: this S4 holds C~ for sequences of at most l_max = {self.l_max} steps, got "
                     f"T = {length} (the step loop, mode='recurrent', takes any T)"
                 )
-            return fft_length(self.l_max)
+            return fft_length(self.l_max, odd=True)
         if torch.compiler.is_compiling():
             # Traced, T is symbolic: odd and above T for every T (T + 2 or T + 3, as exact), so that
             # the kernel's slice to T steps is never the whole of it; an M chosen by T's factors
             # would fix T in the graph.
             return 2 * (length // 2) + 3
-        return fft_length(length)
+        return fft_length(length, odd=True)
 
     @staticmethod
     def _real_power(A_bar: Tensor, M: int) -> Tensor:

@@ -12,7 +12,7 @@ from lcsm import layers
 from lcsm.layers import s4
 from lcsm.layers._hippo import hippo_legs, hippo_normal_eig, hippo_skew_pos_imag
 from lcsm.layers._ssm import as_complex
-from lcsm.layers.s4 import S4State, cauchy_conj, fft_length
+from lcsm.layers.s4 import S4State, cauchy_conj
 from lcsm.testing import assert_close, assert_matches_reference, gradients
 
 D_MODEL = 6
@@ -323,7 +323,7 @@ def test_s4_official_parametrization_is_the_same_system(mode):
     official.load_state_dict(default.state_dict())
     with torch.no_grad():
         A_bar = official.discretize()[0]
-        M = official._kernel_size(23)  # the kernel's length for l_max 23: 25 (fft_length)
+        M = official._kernel_size(23)  # the kernel's length for l_max 23: 25 (odd, 11-smooth)
         official.C.copy_(torch.view_as_real(official._truncated_C(as_complex(default.C), A_bar, M)))
     assert_close({"C": official.output_C()}, {"C": as_complex(default.C)})
     x0 = 0.3 * torch.complex(randn(2, D_MODEL, 4, seed=3), randn(2, D_MODEL, 4, seed=4))
@@ -341,18 +341,9 @@ def test_s4_official_parametrization_is_the_same_system(mode):
             official(randn(1, 24, D_MODEL))
 
 
-def test_s4_kernel_length_is_the_smallest_odd_smooth_number():
-    """M = fft_length(n): odd, 11-smooth (pocketfft's radices) and the smallest such number >= n, by
-    trial division here; the mixer's kernel takes it for T (default) and for l_max."""
-
-    def smooth(m: int) -> bool:
-        return all(p in (3, 5, 7, 11) for p in range(2, m + 1) if m % p == 0 and all(p % d for d in range(2, p)))
-
-    for n in range(1, 400):
-        m = fft_length(n)
-        assert m >= n and m % 2 == 1 and smooth(m), (n, m)
-        assert not any(smooth(k) for k in range(n + (n % 2 == 0), m, 2)), (n, m)
-    assert fft_length(16384) == 16807
+def test_s4_kernel_length_is_odd_and_fast():
+    """The kernel's M is fft_length(T, odd=True) (tests/ops/test_fft_conv.py), for T by default and
+    for l_max with it."""
     assert make("s4")._kernel_size(16) == 21
     assert make("s4", l_max=23)._kernel_size(9) == 25
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lcsm.ops import causal_fft_conv
-from lcsm.ops.fft import CausalRealFFTConv
+from lcsm.ops.fft import CausalRealFFTConv, conv_length, fft_length
 from lcsm.testing import assert_close, gradients
 
 
@@ -62,3 +62,23 @@ def test_gradcheck():
     kernel = torch.randn(1, 2, 7, 1, generator=g, dtype=torch.float64, requires_grad=True)
     i = torch.randn(3, 2, 7, 2, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda k, x: causal_fft_conv(k, x, 2), (kernel, i))
+
+
+def _smooth(m: int) -> bool:
+    """No prime factor above 11, by trial division."""
+    for p in range(2, 12):
+        while m % p == 0:
+            m //= p
+    return m == 1
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_fft_length_is_the_smallest_fast_length(odd):
+    """fft_length(n): >= n, 11-smooth (pocketfft's radices), odd when asked, and the smallest such
+    length; the convolution's length is 2T for a power of two and a fast length >= 2T otherwise."""
+    for n in range(1, 400):
+        m = fft_length(n, odd)
+        assert m >= n and _smooth(m) and (m % 2 == 1 or not odd), (n, m)
+        assert not any(_smooth(k) and (k % 2 == 1 or not odd) for k in range(n, m)), (n, m)
+    assert fft_length(16384, odd=True) == 16807  # 16385 = 5 x 29 x 113
+    assert [conv_length(T) for T in (512, 1023, 4097)] == [1024, 2048, 8232]
