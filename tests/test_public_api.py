@@ -27,6 +27,7 @@ PUBLIC = {
         "eos_step",
         "explain",
         "explain_dplr",
+        "fft_length",
         "log_sigmoid_product",
         "packed_bounds",
     ],

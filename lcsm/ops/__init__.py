@@ -8,14 +8,14 @@ the fused data-dependent decay ``log_sigmoid_product``, ``autocast_off``, the co
 run their float32 kernels in, for layers with kernels of their own (the SSMs' FFT convolutions),
 ``packed_bounds``, the check of ``cu_seqlens`` they share with the layers, and
 ``causal_fft_conv``, the FFT form's long convolution, for layers that build their kernels
-themselves (S4)."""
+themselves (S4), with ``fft_length``, the fast FFT lengths it and S4's kernel take."""
 
 from ._inputs import MODES, LogProduct, autocast_off, packed_bounds
 from .decay import log_sigmoid_product
 from .delta import DELTA_MODES, eos_delta
 from .dplr import DPLR_MODES, eos_dplr, explain_dplr
 from .eos import LogO, Plan, eos, eos_step, explain
-from .fft import causal_fft_conv
+from .fft import causal_fft_conv, fft_length
 from .rotating import eos_rotating
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "eos_step",
     "explain",
     "explain_dplr",
+    "fft_length",
     "log_sigmoid_product",
     "packed_bounds",
 ]
