@@ -208,10 +208,11 @@ class S4(Mixer):
       the M-th roots of unity z = exp(-2 pi i k / M), k <= M / 2 (K is real, so the others give their
       conjugates) as 2/(1+z) C~ (g(z) - A)^-1 B, g(z) = 2/Delta (1-z)/(1+z) (Lemma C.3),
       by the Woodbury identity over the diagonal Lambda (four Cauchy sums, Lemma C.2, each taken
-      over conjugate pairs by ``cauchy_conj``), then an inverse real FFT gives K. M is the
-      smallest odd number >= T with prime factors 3, 5, 7 and 11 only (``fft_length``): odd so
-      that z = -1 (a pole of 2/(1+z)) is never a root of unity, and a fast FFT length. y = K * u
-      by FFT (``causal_fft_conv``).
+      over conjugate pairs by ``cauchy_conj``), then an inverse real FFT gives K. M is l_max with
+      ``l_max`` (the official's), else the smallest length >= T with prime factors 2, 3, 5, 7 and
+      11 only (``fft_length``: T for a power of two). At even M, z = -1 is a root: there g is
+      infinite and 2/(1+z) has its pole, and the product's limit is Delta Re(sum_n C~_n B_n) (its
+      terms are O(1/g)). y = K * u by FFT (``causal_fft_conv``).
     * recurrence (mode "recurrent"): x_t = A_bar x_{t-1} + B_bar u_t, y_t = C x_t + D u_t with the
       dense A_bar, one step at a time.
 
@@ -233,7 +234,7 @@ class S4(Mixer):
     matrix power of A_bar per call, half of the training step at T = 512), so the model has no
     maximum length and its recurrence is exact at any T: a departure from the official code. With
     ``l_max`` = L, the official parametrization: the parameter holds C~ = C (I - A_bar^M) for
-    M = fft_length(L) (initialised from the random C, as the official's first call does),
+    M = L (initialised from the random C, as the official's first call does),
     the kernel is M long and cut to T <= L, and the true C, needed only for states and stepping,
     is solved from C~ (the official converts it the same way). The official doubles L in place when
     a longer T arrives; here T > L is an error.
@@ -249,8 +250,8 @@ class S4(Mixer):
     """
 
     # 2: Im B clipped to [-2, 2] at init, as the official nplr; 3: with l_max, C~ is held for M =
-    # fft_length(l_max), no longer l_max rounded up to odd (without l_max, C~ is formed for the M at
-    # hand and the kernel is the same function)
+    # l_max, as the official's, no longer l_max rounded up to odd (without l_max, C~ is formed for
+    # the M at hand and the kernel is the same function)
     revision = 3
 
     @classmethod
@@ -378,20 +379,22 @@ class S4(Mixer):
         return self._kernel(length, None if self.l_max is not None else self.discretize()[0])
 
     def _kernel_size(self, length: int) -> int:
-        """M: the number of roots of unity, for ``length`` or with ``l_max`` for l_max (``fft_length``)."""
+        """M: the number of roots of unity: with ``l_max``, l_max itself (the official's, for which
+        the parameter holds C~); without, ``fft_length(length)``, a fast FFT length >= T (any M >= T
+        gives the same kernel: C~ is formed for it)."""
         if self.l_max is not None:
             if length > self.l_max:
                 raise ValueError(
                     f"l_max: this S4 holds C~ for sequences of at most l_max = {self.l_max} steps, got "
                     f"T = {length} (the step loop, mode='recurrent', takes any T)"
                 )
-            return fft_length(self.l_max, odd=True)
+            return self.l_max
         if torch.compiler.is_compiling():
-            # Traced, T is symbolic: odd and above T for every T (T + 2 or T + 3, as exact), so that
-            # the kernel's slice to T steps is never the whole of it; an M chosen by T's factors
-            # would fix T in the graph.
+            # Traced, T is symbolic: odd (no z = -1 term for the graph to branch on) and above T
+            # for every T (T + 2 or T + 3), so that the kernel's slice to T steps is never the
+            # whole of it; an M chosen by T's factors would fix T in the graph.
             return 2 * (length // 2) + 3
-        return fft_length(length, odd=True)
+        return fft_length(length)
 
     @staticmethod
     def _real_power(A_bar: Tensor, M: int) -> Tensor:
@@ -428,8 +431,12 @@ class S4(Mixer):
         C_t = as_complex(self.C) if A_bar is None else self._truncated_C(as_complex(self.C), A_bar, M)
         # K is real, so its transform at conj(z) is the conjugate of that at z: the frequencies
         # k <= M / 2 determine it (an inverse real FFT), half the Cauchy sums of all M.
-        k = torch.arange(M // 2 + 1, device=lam.device, dtype=dt.dtype)
-        z = torch.exp(_MINUS_TWO_PI_J * k / M)  # [M // 2 + 1]
+        # At even M the last root is z = -1, where 2 / (1 + z) has its pole and g(z) is infinite:
+        # its value is the limit Delta Re(sum_n C~_n B_n) (class docstring), the other roots the
+        # Cauchy sums'.
+        even = not torch.compiler.is_compiling() and M % 2 == 0
+        k = torch.arange(M // 2 + (not even), device=lam.device, dtype=dt.dtype)
+        z = torch.exp(_MINUS_TWO_PI_J * k / M)  # [M // 2 + 1], less z = -1
         g = (2 / dt) * (1 - z) / (1 + z)  # [H, M]
         # The four Cauchy sums sum_n a_n b_n / (g - Lambda_n) run over conjugate pairs (the official
         # cauchy_conj): v / (g - lam) + conj(v) / (g - conj(lam)) = (2 Re(v) g - 2 Re(v conj(lam)))
@@ -441,6 +448,8 @@ class S4(Mixer):
         S_g, S_1 = cauchy_conj(W, g, lam).unflatten(-1, (2, 4)).unbind(-2)  # [H, M, 4] each
         k00, k01, k10, k11 = (g.unsqueeze(-1) * S_g - S_1).unbind(-1)
         K_hat = 2 / (1 + z) * (k00 - k01 * k10 / (1 + k11))  # (g - Lambda + P P^*)^-1
+        if even:
+            K_hat = torch.cat([K_hat, (dt * (C_t * Bh).sum(-1, keepdim=True).real).to(K_hat.dtype)], -1)
         return torch.fft.irfft(K_hat, n=M, dim=-1)[..., :length]
 
     # -- the two forms

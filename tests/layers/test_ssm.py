@@ -323,7 +323,7 @@ def test_s4_official_parametrization_is_the_same_system(mode):
     official.load_state_dict(default.state_dict())
     with torch.no_grad():
         A_bar = official.discretize()[0]
-        M = official._kernel_size(23)  # the kernel's length for l_max 23: 25 (odd, 11-smooth)
+        M = official._kernel_size(23)  # l_max itself
         official.C.copy_(torch.view_as_real(official._truncated_C(as_complex(default.C), A_bar, M)))
     assert_close({"C": official.output_C()}, {"C": as_complex(default.C)})
     x0 = 0.3 * torch.complex(randn(2, D_MODEL, 4, seed=3), randn(2, D_MODEL, 4, seed=4))
@@ -341,17 +341,20 @@ def test_s4_official_parametrization_is_the_same_system(mode):
             official(randn(1, 24, D_MODEL))
 
 
-def test_s4_kernel_length_is_odd_and_fast():
-    """The kernel's M is fft_length(T, odd=True) (tests/ops/test_fft_conv.py), for T by default and
-    for l_max with it."""
-    assert make("s4")._kernel_size(16) == 21
-    assert make("s4", l_max=23)._kernel_size(9) == 25
+def test_s4_kernel_length():
+    """The kernel's M: fft_length(T) by default (tests/ops/test_fft_conv.py), l_max itself with it
+    (the official's, for which C~ is held)."""
+    assert [make("s4")._kernel_size(T) for T in (16, 17, 21)] == [16, 18, 21]
+    assert make("s4", l_max=23)._kernel_size(9) == 23
 
 
-@pytest.mark.parametrize("length", [16, 17])
-def test_s4_kernel_algorithm_equals_powers(length):
-    """Cauchy + Woodbury at roots of unity == Re(C A_bar^j B_bar) with the bilinear A_bar formed here."""
-    mixer = make("s4")
+@pytest.mark.parametrize("l_max", [False, True])
+@pytest.mark.parametrize("length", [16, 17, 21])
+def test_s4_kernel_algorithm_equals_powers(length, l_max):
+    """Cauchy + Woodbury at roots of unity == Re(C A_bar^j B_bar) with the bilinear A_bar formed here.
+    M = 16, 18 and 21 by default, the length itself with l_max = length: even M has z = -1 among
+    its roots, whose term is the limit; odd M has not."""
+    mixer = make("s4", l_max=length if l_max else None)
     Lam, P, B, C = mixer.full_system()
     A = torch.diag_embed(Lam) - P.unsqueeze(-1) * P.conj().unsqueeze(-2)
     dt = mixer.log_dt.exp().view(-1, 1, 1)

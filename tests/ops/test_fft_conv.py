@@ -72,13 +72,12 @@ def _smooth(m: int) -> bool:
     return m == 1
 
 
-@pytest.mark.parametrize("odd", [False, True])
-def test_fft_length_is_the_smallest_fast_length(odd):
-    """fft_length(n): >= n, 11-smooth (pocketfft's radices), odd when asked, and the smallest such
-    length; the convolution's length is 2T for a power of two and a fast length >= 2T otherwise."""
+def test_fft_length_is_the_smallest_fast_length():
+    """fft_length(n): >= n, 11-smooth (pocketfft's radices) and the smallest such length; the
+    convolution's length is 2T for a power of two and a fast length >= 2T otherwise."""
     for n in range(1, 400):
-        m = fft_length(n, odd)
-        assert m >= n and _smooth(m) and (m % 2 == 1 or not odd), (n, m)
-        assert not any(_smooth(k) and (k % 2 == 1 or not odd) for k in range(n, m)), (n, m)
-    assert fft_length(16384, odd=True) == 16807  # 16385 = 5 x 29 x 113
+        m = fft_length(n)
+        assert m >= n and _smooth(m), (n, m)
+        assert not any(_smooth(k) for k in range(n, m)), (n, m)
+    assert fft_length(16385) == 16464  # 16385 = 5 x 29 x 113; 16464 = 2^4 x 3 x 7^3
     assert [conv_length(T) for T in (512, 1023, 4097)] == [1024, 2048, 8232]
