@@ -343,9 +343,11 @@ def test_s4_official_parametrization_is_the_same_system(mode):
 
 def test_s4_kernel_length():
     """The kernel's M: fft_length(T) by default (tests/ops/test_fft_conv.py), l_max itself with it
-    (the official's, for which C~ is held)."""
+    (the official's, for which C~ is held). Revision 3 marks the models whose C~ changed meaning
+    with M (those with l_max); without l_max the kernel is the same function of C."""
     assert [make("s4")._kernel_size(T) for T in (16, 17, 21)] == [16, 18, 21]
     assert make("s4", l_max=23)._kernel_size(9) == 23
+    assert (s4.S4.revision_for({"l_max": 512}), s4.S4.revision_for({})) == (3, 2)
 
 
 @pytest.mark.parametrize("l_max", [False, True])
