@@ -434,7 +434,7 @@ class S4(Mixer):
         # At even M the last root is z = -1, where 2 / (1 + z) has its pole and g(z) is infinite:
         # its value is the limit Delta Re(sum_n C~_n B_n) (class docstring), the other roots the
         # Cauchy sums'.
-        even = not torch.compiler.is_compiling() and M % 2 == 0
+        even = isinstance(M, int) and M % 2 == 0  # traced, M is symbolic and odd (``_kernel_size``)
         k = torch.arange(M // 2 + (not even), device=lam.device, dtype=dt.dtype)
         z = torch.exp(_MINUS_TWO_PI_J * k / M)  # [M // 2 + 1], less z = -1
         g = (2 / dt) * (1 - z) / (1 + z)  # [H, M]
