@@ -35,6 +35,9 @@ Cases (select with ``--only``; see bench/README.md for the method and the target
     limit      the chunk kernel (none, scalar, row, column decay) against the batched C x K @ K x D
                matmul it is made of and against causal SDPA at T and T_long, once under each host
                allocator (retain, system), each in a fresh worker process of its own
+    parity     the limit case's system / retain time ratio of the chunk cases, paired within one
+               fresh process: rounds that time each case under both host-memory states in turn
+               (the order alternating), with the 95% interval of the ratio over the rounds
 
 Shape glossary: B batch, T time, H heads, K expand width (keys), D input width (values),
 C chunk size. Inputs of eos are in its public layout [B, T, H, *]; each peer gets its own native
@@ -44,9 +47,11 @@ layout (built before timing, so layout changes inside an operator are part of it
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import math
+import platform
 import resource
 import statistics
 import sys
@@ -65,10 +70,12 @@ from bench._common import Check, provenance_header, run_allocator_worker, run_me
 from bench._common import proc_status_kib as _proc_status_kib
 from lcsm import layers
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
+from lcsm.engine.stats import ratio_interval
 from lcsm.layers import lcsm as lcsm_module
 from lcsm.layers import mamba
 from lcsm.layers.lcsm import LCSMFamily
 from lcsm.ops import LogProduct, eos, eos_rotating
+from lcsm.ops._host_heap import _BLOCK as _PRIMED_BLOCK
 from lcsm.ops._inputs import canonicalize
 from lcsm.ops.chunk import eos_chunk
 from lcsm.ops.decay import log_sigmoid_product, log_sigmoid_product_reference
@@ -92,6 +99,7 @@ CASES = (
     "fft",
     "gflops",
     "limit",
+    "parity",
 )
 # Scale of logsigmoid(x) in the log decays. "gla": GLA's normaliser 1/16 (a chunk of 64 decays
 # by ~e^-3, kept in lcsm's one-matmul-per-chunk path); "strong": unscaled (~e^-0.8 per step),
@@ -105,6 +113,9 @@ BMM_REPEATS = 50
 # "As fast without the trainer's mallopt as with it": a ratio of medians taken in two processes
 # moves by a few percent between reruns on a quiet machine, so "as fast" is read as within this.
 ALLOCATOR_NOISE = 0.05
+# glibc's malloc.h (``malloc_state``) and its default M_MMAP_MAX
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
+_DEFAULT_MMAP_MAX = 65536
 FLA_HINT = "install the peers with pip install -e '.[bench]'"
 
 
@@ -134,6 +145,7 @@ class Sizes:
     matmul_n: int
     repeats: int
     warmup: int
+    parity_rounds: int  # rounds of the parity case (each times every chunk case under both states)
 
 
 FULL = Sizes(
@@ -159,6 +171,7 @@ FULL = Sizes(
     matmul_n=2048,
     repeats=5,
     warmup=1,
+    parity_rounds=6,
 )
 # T must stay a multiple of 64: fla's naive_chunk_linear_attn hard-codes chunks of 64.
 QUICK = Sizes(
@@ -184,6 +197,7 @@ QUICK = Sizes(
     matmul_n=256,
     repeats=2,
     warmup=1,
+    parity_rounds=2,
 )
 
 
@@ -1188,6 +1202,39 @@ class Bench:
                     )
                 )
 
+    def case_parity(self):
+        """``case_limit``'s allocator comparison without the spread between worker processes: one
+        fresh process times every chunk case under both host-memory states, ``parity_rounds``
+        times (``parity_worker``). Target, per case: the upper end of the 95% interval of the
+        system / retain time ratio (``ratio_interval`` over the rounds) within ALLOCATOR_NOISE of 1."""
+        z = self.z
+        if platform.libc_ver()[0] != "glibc":
+            self.r.notes.append("parity: needs glibc (mallopt)")
+            return
+        self.log(f"parity: one worker, {z.parity_rounds} rounds of both host-memory states")
+        spec = {"sizes": _sizes_spec(z), "threads": self.threads, "rounds": z.parity_rounds}
+        out = run_allocator_worker("bench.ops_bench", spec, timeout=1800)
+        if isinstance(out, str):
+            self.r.notes.append(f"parity: {out}")
+            return
+        for key, system in out["times"]["system"].items():
+            retain = out["times"]["retain"].get(key, [])
+            decay, T = key[len("eos_") :].split("@")
+            what = f"{decay} decay chunk, T={T}"
+            if len(system) < 2 or len(system) != len(retain):
+                self.r.notes.append(f"parity, {what}: {len(system)} system and {len(retain)} retain timings")
+                continue
+            est, low, high = ratio_interval(system, retain)
+            self.r.checks.append(
+                Check(
+                    f"system / retain allocator time, {what}, paired in one process over {len(system)} rounds: "
+                    f"{est:.3f}x [{low:.3f}, {high:.3f}], the interval's upper end",
+                    high,
+                    "<=",
+                    1 + ALLOCATOR_NOISE,
+                )
+            )
+
     def case_gflops(self):
         z = self.z
         peak_t = self.case_matmul()
@@ -1354,6 +1401,46 @@ def allocator_worker(spec: dict) -> dict:
     return {"allocator": applied, "timings": timings, "notes": bench.r.notes}
 
 
+def malloc_state(state: str) -> None:
+    """Sets this process's glibc thresholds to those of ``state``, so that one process can time
+    both (the parity case; benchmark-only): "retain" as ``use_host_allocator`` sets it, "system"
+    as the operators' priming leaves glibc's own dynamic thresholds (mmap served again above the
+    primed block's size, trimming above twice it). mallopt turns glibc's dynamic adjustment off,
+    which changes nothing here: primed, the threshold is at its ceiling already."""
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    settings = {
+        "retain": ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)),
+        "system": (
+            (_M_MMAP_MAX, _DEFAULT_MMAP_MAX),
+            (_M_MMAP_THRESHOLD, _PRIMED_BLOCK),
+            (_M_TRIM_THRESHOLD, 2 * _PRIMED_BLOCK),
+        ),
+    }[state]
+    if not all(mallopt(option, value) for option, value in settings):
+        raise OSError(f"malloc_state: glibc refused the {state} thresholds")
+
+
+def parity_worker(spec: dict) -> dict:
+    """Runs inside a fresh process (``case_parity``): ``rounds`` rounds, each timing every chunk
+    case of ``case_limit`` under both host-memory states in turn, the order alternating by round;
+    the first state of the first round is glibc's own (primed by the first operator call), later
+    ones set by ``malloc_state``. Returns each state's median time per case and round."""
+    z = _sizes_from_spec(spec["sizes"])
+    torch.set_num_threads(spec["threads"])
+    times: dict[str, dict[str, list[float]]] = {"system": {}, "retain": {}}
+    for r in range(spec["rounds"]):
+        for state in ("system", "retain") if r % 2 == 0 else ("retain", "system"):
+            if r or state != "system":
+                malloc_state(state)
+            bench = Bench(z, spec["threads"], lambda msg: print(msg, file=sys.stderr, flush=True))
+            for decay, T in [(decay, z.T) for decay in LIMIT_DECAYS] + [("row", z.T_long)]:
+                t = bench.eos_chunk_time(decay, T)
+                if t is not None:
+                    times[state].setdefault(t.key, []).append(t.median)
+    return {"times": times}
+
+
 def limit_subprocess(z: Sizes, allocator: str, threads: int) -> dict | str:
     """``allocator_worker``'s result for one allocator, or a string saying why there is none."""
     spec = {"sizes": _sizes_spec(z), "allocator": allocator, "threads": threads}
@@ -1514,7 +1601,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(memory_worker(json.loads(args.memory_worker))))
         return 0
     if args.allocator_worker is not None:
-        print(json.dumps(allocator_worker(json.loads(args.allocator_worker))))
+        spec = json.loads(args.allocator_worker)
+        print(json.dumps(parity_worker(spec) if "rounds" in spec else allocator_worker(spec)))
         return 0
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats: expected an integer >= 1, got {args.repeats}")

@@ -4,6 +4,7 @@ It checks that every case runs end to end and renders its tables, not the timing
 (those depend on the machine). Peers that are not installed must show up as SKIP, not crash.
 """
 
+import platform
 import shlex
 import sys
 from pathlib import Path
@@ -124,6 +125,20 @@ def test_tasks_bench_measures_a_task(tmp_path, capsys, monkeypatch):
     row = next(line for line in text.splitlines() if line.startswith("| mad_compression |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "classifier" and cells[2] == "12800 / 1280" and int(cells[6]) == 400
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt")
+def test_parity_case_pairs_both_states_in_one_worker():
+    # One worker, QUICK.parity_rounds rounds: a check per chunk case, each a ratio interval over
+    # the rounds (its upper end the measured value), and no note (every case timed in both states).
+    bench = ops_bench.Bench(ops_bench.QUICK, 1, lambda msg: None)
+    bench.case_parity()
+    assert not bench.r.notes, bench.r.notes
+    assert len(bench.r.checks) == len(ops_bench.LIMIT_DECAYS) + 1
+    for check in bench.r.checks:
+        assert f"paired in one process over {ops_bench.QUICK.parity_rounds} rounds" in check.name
+        low, high = (float(x) for x in check.name.split("[")[1].split("]")[0].split(", "))
+        assert 0 < low <= high == pytest.approx(check.measured, rel=1e-3)
 
 
 def test_limit_case_runs_each_allocator_in_a_worker():
