@@ -47,7 +47,6 @@ layout (built before timing, so layout changes inside an operator are part of it
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import math
@@ -69,7 +68,15 @@ import torch.nn.functional as F
 from bench._common import Check, provenance_header, run_allocator_worker, run_memory_worker, write_out
 from bench._common import proc_status_kib as _proc_status_kib
 from lcsm import layers
-from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
+from lcsm.engine.host_memory import (
+    HOST_ALLOCATORS,
+    M_MMAP_MAX,
+    M_MMAP_THRESHOLD,
+    M_TRIM_THRESHOLD,
+    RETAIN,
+    mallopt,
+    use_host_allocator,
+)
 from lcsm.engine.stats import ratio_interval
 from lcsm.layers import lcsm as lcsm_module
 from lcsm.layers import mamba
@@ -113,8 +120,7 @@ BMM_REPEATS = 50
 # "As fast without the trainer's mallopt as with it": a ratio of medians taken in two processes
 # moves by a few percent between reruns on a quiet machine, so "as fast" is read as within this.
 ALLOCATOR_NOISE = 0.05
-# glibc's malloc.h (``malloc_state``) and its default M_MMAP_MAX
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
+# glibc's default M_MMAP_MAX (``malloc_state``)
 _DEFAULT_MMAP_MAX = 65536
 FLA_HINT = "install the peers with pip install -e '.[bench]'"
 
@@ -1407,17 +1413,8 @@ def malloc_state(state: str) -> None:
     as the operators' priming leaves glibc's own dynamic thresholds (mmap served again above the
     primed block's size, trimming above twice it). mallopt turns glibc's dynamic adjustment off,
     which changes nothing here: primed, the threshold is at its ceiling already."""
-    mallopt = ctypes.CDLL(None).mallopt
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    settings = {
-        "retain": ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1)),
-        "system": (
-            (_M_MMAP_MAX, _DEFAULT_MMAP_MAX),
-            (_M_MMAP_THRESHOLD, _PRIMED_BLOCK),
-            (_M_TRIM_THRESHOLD, 2 * _PRIMED_BLOCK),
-        ),
-    }[state]
-    if not all(mallopt(option, value) for option, value in settings):
+    system = ((M_MMAP_MAX, _DEFAULT_MMAP_MAX), (M_MMAP_THRESHOLD, _PRIMED_BLOCK), (M_TRIM_THRESHOLD, 2 * _PRIMED_BLOCK))
+    if not mallopt(RETAIN if state == "retain" else system):
         raise OSError(f"malloc_state: glibc refused the {state} thresholds")
 
 

@@ -23,9 +23,18 @@ import platform
 HOST_ALLOCATORS = ("retain", "system")
 
 # glibc's malloc.h
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_MAX = -4
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
 _INT_MAX = 2**31 - 1
+# what "retain" sets: no block served by mmap, no freed memory given back
+RETAIN = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, _INT_MAX))
+
+
+def mallopt(settings: tuple[tuple[int, int], ...]) -> bool:
+    """glibc's mallopt for each (option, value) in turn; whether glibc took every one."""
+    fn = ctypes.CDLL(None).mallopt
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return all(fn(option, value) for option, value in settings)
+
 
 _retained = False
 
@@ -39,9 +48,7 @@ def use_host_allocator(choice: str) -> str:
     libc, version = platform.libc_ver()
     if libc != "glibc":
         return f"system (retain needs glibc; this C library is {libc or 'unknown'})"
-    mallopt = ctypes.CDLL(None).mallopt
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _INT_MAX)):
+    if not mallopt(RETAIN):
         raise OSError(
             f"run.host_allocator: glibc {version} refused mallopt (M_MMAP_MAX 0, M_TRIM_THRESHOLD "
             f"{_INT_MAX}); set run.host_allocator: system"
