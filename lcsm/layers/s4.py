@@ -449,7 +449,7 @@ class S4(Mixer):
         k00, k01, k10, k11 = (g.unsqueeze(-1) * S_g - S_1).unbind(-1)
         K_hat = 2 / (1 + z) * (k00 - k01 * k10 / (1 + k11))  # (g - Lambda + P P^*)^-1
         if even:
-            K_hat = torch.cat([K_hat, (dt * (C_t * Bh).sum(-1, keepdim=True).real).to(K_hat.dtype)], -1)
+            K_hat = torch.cat([K_hat, (dt * v[..., 0].sum(-1, keepdim=True).real).to(K_hat.dtype)], -1)  # C~ B
         return torch.fft.irfft(K_hat, n=M, dim=-1)[..., :length]
 
     # -- the two forms
