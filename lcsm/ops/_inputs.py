@@ -45,7 +45,7 @@ import torch
 
 Tensor = torch.Tensor
 
-MODES = ("auto", "recurrent", "parallel", "chunk", "fft", "triton")
+MODES = ("auto", "recurrent", "parallel", "chunk", "fft", "triton", "native")
 
 # The least log oscillation the forms built on cumulative logs (parallel, fft, the chunk mode's
 # matmul kernel, eos_delta's chunk form) compute with, per real compute dtype. A decay of exactly 0,

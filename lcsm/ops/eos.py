@@ -35,6 +35,8 @@ from ._inputs import (
 from .chunk import chunk_length, eos_chunk, kernel_for, matmul_operands
 from .chunk_matmul import SAFE_SPAN, factorised_segments
 from .fft import eos_fft
+from .native_scan import chunk_length as native_chunk_length
+from .native_scan import eos_native, native_unsupported
 from .packed import Documents, add_states, packed_recurrent, reset_at_starts
 from .parallel import eos_parallel
 from .reference import eos_recurrent, eos_step_state
@@ -130,12 +132,17 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
             "mode='fft' cannot serve cu_seqlens: a convolution with one time-invariant kernel cannot "
             "restart the memory at document boundaries; use mode='chunk' or 'auto'"
         )
+    if mode == "native":
+        raise ValueError(
+            "mode='native' cannot serve cu_seqlens: the native scan does not restart its memory at "
+            "document boundaries; use mode='chunk' or 'auto'"
+        )
     if mode == "auto" and p.T > 1 and p.data_independent:
         # The time-invariant system becomes time-varying once its memory restarts: chunk.
         plan = _plan_one(p, "chunk", chunk_size)
         plan = Plan(plan.mode, plan.kernel, "packed sequences take the chunk form, not fft; " + plan.reason)
     else:
-        plan = _plan_one(p, mode, chunk_size)
+        plan = _plan_one(p, mode, chunk_size, packed=True)
     if plan.mode == "recurrent":
         how = "each document alone through the recurrence, a loop over documents"
     elif plan.mode == "triton":
@@ -151,7 +158,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
     return Plan(plan.mode, plan.kernel, f"{plan.reason}; cu_seqlens, {documents} documents: {how}")
 
 
-def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
+def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool = False) -> Plan:
     structure = (
         f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, s={'vector' if p.s_is_vector else 'K x D'}"
     )
@@ -174,6 +181,11 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
         if why is not None:
             raise ValueError(f"mode='triton' cannot serve these inputs: {why}; use mode='chunk' or 'auto'")
         return _triton_plan(p, chunk_size, "requested")
+    if mode == "native":
+        why = native_unsupported(p)
+        if why is not None:
+            raise ValueError(f"mode='native' cannot serve these inputs: {why}; use mode='chunk' or 'auto'")
+        return _native_plan(p, chunk_size, "requested")
     # auto
     if p.T <= 1:
         return Plan("recurrent", "loop", "T <= 1: one recurrent step is cheapest (decoding)")
@@ -195,7 +207,22 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
         if why is None:
             return _triton_plan(p, chunk_size, "CUDA tensors and triton installed")
         reason += f"; not the Triton kernels: {why}"
+    if p.decay_kind == "product":
+        why = "packed sequences (it does not restart its memory at document boundaries)" if packed else None
+        why = why or native_unsupported(p)
+        if why is None:
+            return _native_plan(p, chunk_size, "a CPU problem of the selective scan's structure")
+        reason += f"; not the native scan: {why}"
     return Plan("chunk", kernel_for(p), reason)
+
+
+def _native_plan(p: EOSProblem, chunk_size: int, why: str) -> Plan:
+    return Plan(
+        "native",
+        "native-scan",
+        f"{why}: one C kernel (native_scan), vector e/s and a K x D decay exp(a_t * b), memory kept every "
+        f"{native_chunk_length(chunk_size, p.K, p.i.dtype)} steps; backward by the same kernel",
+    )
 
 
 def explain(
@@ -215,7 +242,10 @@ def explain(
     of a separable pair or a product) -> fft; on CUDA tensors with triton installed, where the
     Triton kernels serve the inputs (K-vector e and s, no, scalar, row or column decay, real,
     float32 compute) -> triton (``triton_chunk``), except float32 inputs with no or
-    a scalar decay (slower there than the chunk form, bench/results/gpu_triton.md); otherwise chunk (kernel
+    a scalar decay (slower there than the chunk form, bench/results/gpu_triton.md); on CPU tensors
+    of the selective scan's structure (K-vector e and s, a product log_o = a * b with a
+    [.., T, 1, D] and a time-invariant K x D b, real, float32 or float64 compute, not packed, not
+    traced) where the C kernel builds -> native (``native_scan``); otherwise chunk (kernel
     ``matmul`` when e and s are K-vectors and the decay is none/scalar/row/column or a separable
     pair, else ``elementwise``, which multiplies a separable pair's factors out a block at a time and forms a
     product's exp(a * b) block by block). ``parallel`` is never chosen automatically: it is the
@@ -282,11 +312,12 @@ def eos(
             data-dependent or not on its own; or ``LogProduct(a, b)`` meaning o = exp(a * b), a and b
             each of log_o's shapes (Mamba: Delta_t [B, T, H, 1, D] times A [H, K, D]). May be
             complex (log r + i theta) for rotations; then y and the memory are complex.
-        mode: "auto", "recurrent", "parallel", "chunk", "fft" or "triton" (see ``explain``).
+        mode: "auto", "recurrent", "parallel", "chunk", "fft", "triton" or "native" (see ``explain``).
         initial_state: m_0 [B, H, K, D] (zeros when None).
         output_final_state: also return m_T [B, H, K, D].
         chunk_size: C for mode "chunk" (any C >= 1; T need not be a multiple; C > T runs as C = T);
-            mode "triton" takes the largest of 16, 32, 64 not above it (16 at least).
+            mode "triton" takes the largest of 16, 32, 64 not above it (16 at least); mode "native"
+            keeps its memory every C steps (``native_scan.chunk_length``).
         real_output: return Re(y), a real tensor, as the diagonal SSMs and CES read a complex
             system (the memory stays complex). With a real input, mode "fft" then convolves it with
             the kernel's real part by real FFTs, about half the work of the complex ones.
@@ -296,7 +327,7 @@ def eos(
             [N, H, K, D], and the final states are per document, [N, H, K, D]; nothing crosses
             a boundary. Modes recurrent (a loop over documents), parallel and chunk (one pass,
             the memory zeroed at each boundary), triton (each document from a chunk boundary);
-            not fft (see docs/eos.md, "Packed sequences").
+            not fft or native (see docs/eos.md, "Packed sequences").
 
     Returns:
         y [B, T, H, D] and m_T (or None).
@@ -324,6 +355,8 @@ def eos(
         from .triton_chunk import eos_triton
 
         y, m_T = eos_triton(p, chunk_size)
+    elif plan.mode == "native":
+        y, m_T = eos_native(p, chunk_size)
     else:
         y, m_T = eos_chunk(p, chunk_size)
     return finish(p, y, m_T, output_final_state, real_output)

@@ -1,0 +1,171 @@
+/* The selective scan on a CPU: EOS with a K x D decay given as a product, o_t = exp(a_t * b)
+ * (Mamba's Delta_t A), vector e and s, fused into one pass per step. See native_scan.py.
+ *
+ *   h_t = exp(a_t[d] b[k, d]) h_{t-1}[k, d] + e_t[k] x_t[d],   y_t[d] = sum_k s_t[k] h_t[k, d]
+ *
+ * One work item is one (batch, head, block of DB columns d); its memory h [K, DB] stays in cache
+ * for the whole sequence. The forward keeps h at each chunk start (every C steps); the backward
+ * recomputes a chunk from there and runs the adjoint recurrence over it in reverse.
+ *
+ * The kernel body is written once for float and double: scan.c includes this file once per type,
+ * with REAL, SUFFIX, EXP_POLY and the type's constants defined. */
+
+#include <stdint.h>
+#include <string.h>
+
+#ifndef REAL
+#error "compile scan.c, which defines REAL and includes this file"
+#endif
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define FN(name) CAT(name, SUFFIX)
+
+/* exp(x) without libm, so that the compiler can vectorise the step loops: x = n ln 2 + r with
+ * |r| <= ln 2 / 2, exp(r) by its Taylor polynomial (truncation below the type's rounding: r^8/8!
+ * < 6e-9 for float, r^14/14! < 5e-18 for double), times 2^n built in the exponent bits. Below
+ * the smallest normal number's log the result is 0 (a subnormal decay would be flushed anyway). */
+static inline REAL FN(exp_)(REAL x) {
+    const REAL log2e = (REAL)1.4426950408889634074;
+    const REAL ln2_hi = (REAL)LN2_HI, ln2_lo = (REAL)LN2_LO;
+    REAL z = x < (REAL)EXP_MAX ? x : (REAL)EXP_MAX;
+    REAL zz = z > (REAL)EXP_MIN ? z : (REAL)EXP_MIN;
+    REAL n = (zz * log2e + (REAL)ROUND_MAGIC) - (REAL)ROUND_MAGIC;
+    REAL r = (zz - n * ln2_hi) - n * ln2_lo;
+    REAL p = EXP_POLY(r);
+    union { UINT bits; REAL value; } scale = {((UINT)((INT)n + EXP_BIAS)) << MANT_BITS};
+    REAL out = p * scale.value;
+    return x < (REAL)EXP_MIN ? (REAL)0 : out;
+}
+
+#ifndef SCAN_LAYOUT
+#define SCAN_LAYOUT
+/* Strides (in elements) of the inputs, in this order: i, e, s, a each (batch, head, time); b (head). */
+enum { I_B, I_H, I_T, E_B, E_H, E_T, S_B, S_H, S_T, A_B, A_H, A_T, B_H, N_STRIDES };
+/* Sizes: batch, heads, steps, K, D, chunk length, columns per item. */
+enum { N_B, N_H, N_T, N_K, N_D, N_C, N_DB, N_SIZES };
+#endif
+
+void FN(scan_forward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *a, const REAL *b,
+                       const REAL *m0, REAL *y, REAL *m_T, REAL *starts, const int64_t *stride,
+                       const int64_t *size, int64_t item0, int64_t item1, REAL *h) {
+    const int64_t H = size[N_H], T = size[N_T], K = size[N_K], D = size[N_D];
+    const int64_t C = size[N_C], DB = size[N_DB], blocks = (D + DB - 1) / DB, chunks = (T + C - 1) / C;
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t bh = item / blocks, bb = bh / H, hh = bh % H, d0 = (item % blocks) * DB;
+        const int64_t w = D - d0 < DB ? D - d0 : DB;
+        const REAL *xb = x + bb * stride[I_B] + hh * stride[I_H] + d0;
+        const REAL *eb = e + bb * stride[E_B] + hh * stride[E_H];
+        const REAL *sb = s + bb * stride[S_B] + hh * stride[S_H];
+        const REAL *ab = a + bb * stride[A_B] + hh * stride[A_H] + d0;
+        const REAL *bk0 = b + hh * stride[B_H] + d0;
+        REAL *yb = y + bh * T * D + d0;
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t d = 0; d < w; d++) h[k * DB + d] = m0 ? m0[(bh * K + k) * D + d0 + d] : (REAL)0;
+        for (int64_t t = 0; t < T; t++) {
+            if (t % C == 0)
+                for (int64_t k = 0; k < K; k++)
+                    memcpy(starts + ((bh * chunks + t / C) * K + k) * D + d0, h + k * DB, w * sizeof(REAL));
+            const REAL *xt = xb + t * stride[I_T], *at = ab + t * stride[A_T];
+            const REAL *et = eb + t * stride[E_T], *st = sb + t * stride[S_T];
+            REAL *yt = yb + t * D;
+            for (int64_t d = 0; d < w; d++) yt[d] = 0;
+            for (int64_t k = 0; k < K; k++) {
+                const REAL ek = et[k], sk = st[k], *bk = bk0 + k * D;
+                REAL *hk = h + k * DB;
+#pragma omp simd
+                for (int64_t d = 0; d < w; d++) {
+                    REAL v = FN(exp_)(at[d] * bk[d]) * hk[d] + ek * xt[d];
+                    hk[d] = v;
+                    yt[d] += sk * v;
+                }
+            }
+        }
+        if (m_T)
+            for (int64_t k = 0; k < K; k++) memcpy(m_T + (bh * K + k) * D + d0, h + k * DB, w * sizeof(REAL));
+    }
+}
+
+/* The adjoint. Gradients: dx [B, H, T, D], da [B, H, T, D] (before any reduction to a's shape),
+ * de and ds [blocks, B, H, T, K] (each block's partial sum over its columns), db [B, H, K, D]
+ * (summed over time), dm0 [B, H, K, D]. gy [B, H, T, D] and gm_T [B, H, K, D] (or NULL)
+ * contiguous. Scratch per thread: (2C + 3) K DB values. */
+void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *a, const REAL *b,
+                        const REAL *starts, const REAL *gy, const REAL *gm_T, REAL *dx, REAL *de, REAL *ds,
+                        REAL *da, REAL *db, REAL *dm0, const int64_t *stride, const int64_t *size,
+                        int64_t item0, int64_t item1, REAL *scratch) {
+    const int64_t B = size[N_B], H = size[N_H], T = size[N_T], K = size[N_K], D = size[N_D];
+    const int64_t C = size[N_C], DB = size[N_DB], blocks = (D + DB - 1) / DB, chunks = (T + C - 1) / C;
+    const int64_t KDB = K * DB;
+    REAL *hs = scratch;             /* h before each step of the chunk and after its last: (C + 1) K DB */
+    REAL *os = hs + (C + 1) * KDB;  /* each step's decay: C K DB */
+    REAL *g = os + C * KDB;         /* dL/dh, carried backwards: K DB */
+    REAL *gb = g + KDB;             /* db summed over time: K DB */
+    for (int64_t item = item0; item < item1; item++) {
+        const int64_t bh = item / blocks, bb = bh / H, hh = bh % H, blk = item % blocks, d0 = blk * DB;
+        const int64_t w = D - d0 < DB ? D - d0 : DB;
+        const REAL *xb = x + bb * stride[I_B] + hh * stride[I_H] + d0;
+        const REAL *eb = e + bb * stride[E_B] + hh * stride[E_H];
+        const REAL *sb = s + bb * stride[S_B] + hh * stride[S_H];
+        const REAL *ab = a + bb * stride[A_B] + hh * stride[A_H] + d0;
+        const REAL *bk0 = b + hh * stride[B_H] + d0;
+        const REAL *gyb = gy + bh * T * D + d0;
+        REAL *dxb = dx + bh * T * D + d0, *dab = da + bh * T * D + d0;
+        REAL *deb = de + (blk * B * H + bh) * T * K, *dsb = ds + (blk * B * H + bh) * T * K;
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t d = 0; d < w; d++) {
+                g[k * DB + d] = gm_T ? gm_T[(bh * K + k) * D + d0 + d] : (REAL)0;
+                gb[k * DB + d] = 0;
+            }
+        for (int64_t c = chunks - 1; c >= 0; c--) {
+            const int64_t t0 = c * C, n = T - t0 < C ? T - t0 : C;
+            for (int64_t k = 0; k < K; k++)
+                memcpy(hs + k * DB, starts + ((bh * chunks + c) * K + k) * D + d0, w * sizeof(REAL));
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t t = t0 + j;
+                const REAL *xt = xb + t * stride[I_T], *at = ab + t * stride[A_T], *et = eb + t * stride[E_T];
+                for (int64_t k = 0; k < K; k++) {
+                    const REAL ek = et[k], *bk = bk0 + k * D;
+                    const REAL *hp = hs + j * KDB + k * DB;
+                    REAL *hn = hs + (j + 1) * KDB + k * DB, *o = os + j * KDB + k * DB;
+#pragma omp simd
+                    for (int64_t d = 0; d < w; d++) {
+                        o[d] = FN(exp_)(at[d] * bk[d]);
+                        hn[d] = o[d] * hp[d] + ek * xt[d];
+                    }
+                }
+            }
+            for (int64_t j = n - 1; j >= 0; j--) {
+                const int64_t t = t0 + j;
+                const REAL *xt = xb + t * stride[I_T], *at = ab + t * stride[A_T];
+                const REAL *et = eb + t * stride[E_T], *st = sb + t * stride[S_T], *gyt = gyb + t * D;
+                REAL *dxt = dxb + t * D, *dat = dab + t * D;
+                for (int64_t d = 0; d < w; d++) dxt[d] = dat[d] = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    const REAL ek = et[k], sk = st[k], *bk = bk0 + k * D;
+                    const REAL *hp = hs + j * KDB + k * DB, *hn = hs + (j + 1) * KDB + k * DB;
+                    const REAL *o = os + j * KDB + k * DB;
+                    REAL *gk = g + k * DB, *gbk = gb + k * DB;
+                    REAL sum_s = 0, sum_e = 0;
+#pragma omp simd reduction(+ : sum_s, sum_e)
+                    for (int64_t d = 0; d < w; d++) {
+                        sum_s += gyt[d] * hn[d];
+                        REAL gh = gk[d] + sk * gyt[d]; /* dL/dh_t */
+                        sum_e += gh * xt[d];
+                        dxt[d] += gh * ek;
+                        REAL glog = gh * o[d] * hp[d]; /* dL/d(a_t b) */
+                        dat[d] += glog * bk[d];
+                        gbk[d] += glog * at[d];
+                        gk[d] = gh * o[d];
+                    }
+                    dsb[t * K + k] = sum_s;
+                    deb[t * K + k] = sum_e;
+                }
+            }
+        }
+        for (int64_t k = 0; k < K; k++) {
+            memcpy(db + (bh * K + k) * D + d0, gb + k * DB, w * sizeof(REAL));
+            memcpy(dm0 + (bh * K + k) * D + d0, g + k * DB, w * sizeof(REAL));
+        }
+    }
+}

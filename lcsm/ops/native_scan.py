@@ -1,0 +1,256 @@
+"""The selective scan on a CPU as one C kernel (``_native/scan.h``), with its adjoint.
+
+It serves one structure of the EOS recurrence, Mamba's: vector e and s, and a K x D decay given
+as a product ``LogProduct(a, b)``, o_t = exp(a_t[d] b[k, d]), with a [B, H, T, 1, D] (Delta_t) and
+b a time-invariant [H, K, D] (A). The chunk mode's elementwise kernel (``chunk_scan``) computes
+the same recurrence as PyTorch operations, tens per step: at batch 1 most of its time is spent
+dispatching them (bench/results/native_scan.md). Here one pass per step forms exp(a_t b), updates
+the memory and reduces it against s_t while the memory [K, 64 columns] stays in cache.
+
+Forward: the memory at every chunk start (each ``chunk`` steps) is kept. Backward: each chunk is
+recomputed from its start, its memories and decays held in a per-thread buffer, and the adjoint
+recurrence runs over it in reverse, as ``chunk_scan.scan_chunk_backward`` does. Work is split
+over (batch, head, block of 64 columns) among ``torch.get_num_threads()`` threads: each thread's
+C call releases the GIL.
+
+The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
+``$LCSM_CACHE_DIR`` (default ``~/.cache/lcsm``), keyed by the source, the flags, the compiler
+and the CPU's features (-march=native). ``native_unavailable`` says why it cannot run (no
+compiler, a failed build, ``LCSM_NATIVE=0``); ``eos``'s auto mode then takes the chunk form and
+``explain`` says so. exp is evaluated by a polynomial (``_native/scan.c``): within 2 units in the
+last place of libm's in float64, and 0 below exp(-87) in float32 (exp(-708) in float64), where
+libm returns a subnormal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from ._blocks import BLOCK_BYTES
+from ._inputs import EOSProblem
+
+Tensor = torch.Tensor
+
+_SOURCE = Path(__file__).parent / "_native"
+_FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp-simd",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fPIC",
+    "-shared",
+    "-std=c11",
+]
+# Columns of one work item (scan.h's DB): a [K, 64] memory of float32 is 4 KiB at K = 16.
+COLUMNS = 64
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+_state: dict = {"lib": None, "why": None}
+_pool: list[ThreadPoolExecutor] = []
+
+
+def cache_dir() -> Path:
+    """Where the compiled kernel is kept: ``$LCSM_CACHE_DIR``, else ``$XDG_CACHE_HOME/lcsm``, else
+    ``~/.cache/lcsm``."""
+    if os.environ.get("LCSM_CACHE_DIR"):
+        return Path(os.environ["LCSM_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lcsm"
+
+
+def _cpu_features() -> str:
+    """The CPU's feature flags (-march=native builds for them), or the machine name elsewhere."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _build() -> tuple[ctypes.CDLL | None, str | None]:
+    if os.environ.get("LCSM_NATIVE", "1") == "0":
+        return None, "LCSM_NATIVE=0 turns the native kernels off"
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return None, f"no C compiler ({os.environ.get('CC', 'cc')!r} not found; set CC)"
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"the C compiler {compiler} did not run: {err}"
+    key = hashlib.sha256()
+    for part in [*(p.read_bytes() for p in sorted(_SOURCE.glob("scan.*"))), " ".join(_FLAGS).encode()]:
+        key.update(part)
+    key.update(version.encode())
+    key.update(_cpu_features().encode())
+    target = cache_dir() / f"scan-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # built beside the target and renamed into place: processes building at once (test
+        # workers) each write their own file, and a reader never sees a partial one
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run(
+                [compiler, *_FLAGS, "-o", tmp, str(_SOURCE / "scan.c")], capture_output=True, text=True, timeout=300
+            )
+        except (OSError, subprocess.SubprocessError) as err:
+            os.unlink(tmp)
+            return None, f"building the native scan with {compiler} failed: {err}"
+        if done.returncode != 0:
+            os.unlink(tmp)
+            last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+            return None, f"building the native scan with {compiler} failed: {last}"
+        os.replace(tmp, target)
+    lib = ctypes.CDLL(str(target))
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    for suffix in _SUFFIX.values():
+        for name, tensors in (("forward", 9), ("backward", 14)):
+            fn = getattr(lib, f"scan_{name}_{suffix}")
+            # tensors, strides, sizes, the range of work items, the thread's scratch
+            fn.argtypes, fn.restype = [*[ptr] * tensors, ptr, ptr, i64, i64, ptr], None
+    return lib, None
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel (built on the first call in a process), or None; see ``native_unavailable``."""
+    if _state["lib"] is None and _state["why"] is None:
+        _state["lib"], _state["why"] = _build()
+    return _state["lib"]
+
+
+def native_unsupported(p: EOSProblem) -> str | None:
+    """Why the native scan cannot serve this problem, or None when it can (the kernel is then
+    built, if it was not)."""
+    if p.i.device.type != "cpu":
+        return f"the tensors are on {p.i.device} (the native scan runs on the CPU)"
+    if torch.compiler.is_compiling():
+        return "traced by torch.compile (a C call is opaque to the tracer)"
+    if p.i.dtype not in _SUFFIX:
+        return f"compute dtype {p.i.dtype} (the kernel takes float32 and float64)"
+    if not (p.e_is_vector and p.s_is_vector):
+        return "K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec)
+    if p.decay_kind != "product" or _split_product(p) is None:
+        return (
+            f"decay {p.decay_kind!r}: the kernel takes a product exp(a_t * b) with a [.., T, 1, D] "
+            "and a time-invariant b [H, K, D] (Mamba's Delta_t A)"
+        )
+    if library() is None:
+        return _state["why"]
+    return None
+
+
+def _split_product(p: EOSProblem) -> tuple[Tensor, Tensor] | None:
+    """The product's operands as (a [B|1, H, T|1, 1, D], b [1, H, 1, K, D]) in either order, or None."""
+    for a, b in (p.g_product, p.g_product[::-1]):
+        if a.shape[-2] == 1 and a.shape[-1] == p.D and b.shape[0] == 1 and b.shape[2] == 1:
+            return a, b
+    return None
+
+
+def eos_native(p: EOSProblem, chunk_size: int) -> tuple[Tensor, Tensor]:
+    """y [B, H, T, D] and m_T [B, H, K, D] for a problem ``native_unsupported`` accepts."""
+    B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
+    a, b = _split_product(p)
+    return NativeScan.apply(
+        p.i,
+        p.e.squeeze(-1).expand(B, H, T, K),
+        p.s.squeeze(-1).expand(B, H, T, K),
+        a.squeeze(-2).expand(B, H, T, D),
+        b.reshape(b.shape[1], K, D).expand(H, K, D),
+        p.m0,
+        chunk_length(chunk_size, K, p.i.dtype),
+    )
+
+
+def chunk_length(chunk_size: int, K: int, dtype: torch.dtype) -> int:
+    """Steps between kept memories: ``chunk_size``, fewer where the backward's per-thread buffer
+    of a chunk's memories and decays, (2C + 3) K COLUMNS values, would exceed BLOCK_BYTES."""
+    per_step = 2 * K * COLUMNS * torch.empty((), dtype=dtype).element_size()
+    return max(1, min(chunk_size, BLOCK_BYTES // per_step - 1))
+
+
+def _unit_last(x: Tensor) -> Tensor:
+    """x with its last dimension contiguous (the kernel's inner loops run along it)."""
+    return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
+
+
+def _ptr(x: Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(x.data_ptr() if x is not None else None)
+
+
+def _int64s(values: list[int]) -> ctypes.Array:
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def _run(fn, items: int, scratch_per_thread: int, like: Tensor, *args) -> None:
+    """fn(*args, item0, item1, scratch) over work items 0..items, split among the threads."""
+    threads = max(1, min(torch.get_num_threads(), items))
+    scratch = like.new_empty(threads, scratch_per_thread)
+    bounds = [items * n // threads for n in range(threads + 1)]
+    calls = [(*args, bounds[n], bounds[n + 1], _ptr(scratch[n])) for n in range(threads)]
+    if threads == 1:
+        fn(*calls[0])
+        return
+    if not _pool or _pool[0]._max_workers < threads - 1:
+        _pool[:] = [ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="lcsm-native")]
+    pending = [_pool[0].submit(fn, *call) for call in calls[1:]]
+    fn(*calls[0])
+    for job in pending:
+        job.result()
+
+
+def _strides(x: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor) -> ctypes.Array:
+    return _int64s([*x.stride()[:3], *e.stride()[:3], *s.stride()[:3], *a.stride()[:3], b.stride(0)])
+
+
+class NativeScan(torch.autograd.Function):
+    """(x, e, s, a, b, m0, C) -> (y, m_T): x, a [B, H, T, D], e, s [B, H, T, K] (broadcast views
+    allowed), b [H, K, D], m0 [B, H, K, D] or None, C the steps between kept memories."""
+
+    @staticmethod
+    def forward(ctx, x, e, s, a, b, m0, C):
+        x, e, s, a, b = (_unit_last(t) for t in (x, e, s, a, b))
+        m0 = m0.contiguous() if m0 is not None else None
+        B, H, T, D = x.shape
+        K = e.shape[-1]
+        chunks = -(-T // C)
+        y = x.new_empty(B, H, T, D)
+        m_T = x.new_empty(B, H, K, D)
+        starts = x.new_empty(B, H, chunks, K, D)
+        size = _int64s([B, H, T, K, D, C, COLUMNS])
+        stride = _strides(x, e, s, a, b)
+        fn = getattr(library(), f"scan_forward_{_SUFFIX[x.dtype]}")
+        items = B * H * -(-D // COLUMNS)
+        args = [_ptr(t) for t in (x, e, s, a, b, m0, y, m_T, starts)]
+        _run(fn, items, K * COLUMNS, x, *args, stride, size)
+        ctx.save_for_backward(x, e, s, a, b, starts)
+        ctx.C, ctx.has_m0 = C, m0 is not None
+        return y, m_T
+
+    @staticmethod
+    def backward(ctx, gy, gm_T):
+        x, e, s, a, b, starts = ctx.saved_tensors
+        B, H, T, D = x.shape
+        K, C = e.shape[-1], ctx.C
+        blocks = -(-D // COLUMNS)
+        gy = gy.contiguous() if gy is not None else x.new_zeros(B, H, T, D)
+        gm_T = gm_T.contiguous() if gm_T is not None else None
+        dx, da = x.new_empty(B, H, T, D), x.new_empty(B, H, T, D)
+        de, ds = x.new_empty(blocks, B, H, T, K), x.new_empty(blocks, B, H, T, K)
+        db, dm0 = x.new_empty(B, H, K, D), x.new_empty(B, H, K, D)
+        size = _int64s([B, H, T, K, D, C, COLUMNS])
+        stride = _strides(x, e, s, a, b)
+        fn = getattr(library(), f"scan_backward_{_SUFFIX[x.dtype]}")
+        args = [_ptr(t) for t in (x, e, s, a, b, starts, gy, gm_T, dx, de, ds, da, db, dm0)]
+        _run(fn, B * H * blocks, (2 * C + 3) * K * COLUMNS, x, *args, stride, size)
+        return dx, de.sum(0), ds.sum(0), da, db.sum(0), dm0 if ctx.has_m0 else None, None

@@ -1,0 +1,129 @@
+"""The native selective scan (``lcsm.ops.native_scan``, mode "native") against the recurrent
+reference: outputs, final states and every gradient, in float64 and float32, odd lengths, chunk
+lengths that do not divide them; the plan's choice and its refusals."""
+
+import os
+import shutil
+
+import pytest
+import torch
+from test_eos import B, D, H, K, check, make_inputs, run
+
+from lcsm.ops import LogProduct, explain
+from lcsm.ops import native_scan as native
+
+# Where a C compiler exists the kernel must build: a failed build would otherwise skip every test.
+if shutil.which(os.environ.get("CC", "cc")) is None:
+    pytest.skip("no C compiler: the native scan cannot be built here", allow_module_level=True)
+
+
+def test_the_kernel_builds():
+    assert native.library() is not None, native._state["why"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("initial", [True, False])
+@pytest.mark.parametrize("T,chunk_size", [(1, 16), (17, 16), (65, 7), (65, 64), (200, 1)])
+def test_against_the_reference(T, chunk_size, initial, dtype):
+    inputs = make_inputs(T, decay="product", dd_decay=(True, False), initial=initial)
+    check(inputs, "native", dtype, chunk_size=chunk_size, context=f"T={T} C={chunk_size} initial={initial}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("e,s", [("vec", "dd"), ("dd", "vec"), ("vec", "vec")])
+def test_data_independent_expand_and_shrink(e, s, dtype):
+    """Time-shared e or s: the kernel reads them with a zero time stride; their gradients sum over steps."""
+    check(make_inputs(33, e=e, s=s, decay="product", dd_decay=(True, False)), "native", dtype, context=f"e={e} s={s}")
+
+
+def test_operands_in_either_order():
+    """LogProduct(b, a): the product commutes, and the kernel takes its time-invariant K x D operand as b."""
+    inputs = make_inputs(29, decay="product", dd_decay=(True, False))
+    swapped = dict(inputs, log_o=LogProduct(inputs["log_o"].b, inputs["log_o"].a))
+    assert explain(swapped["i"], swapped["e"], swapped["s"], swapped["log_o"]).mode == "native"
+    check(swapped, "native", torch.float64, context="swapped operands")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_decays_below_the_smallest_normal_number(dtype):
+    """log o down to about -400: float32's decays below exp(-87) are 0 in the kernel (subnormal in
+    libm's exp) and float64's exact; both within the dtype's tolerance of the reference."""
+    check(make_inputs(40, decay="product", dd_decay=(True, False), strength=100.0), "native", dtype, context="strong")
+
+
+def test_threads_split_the_work_alike():
+    """With two threads each takes its own (batch, head, column block) items: the same numbers as one."""
+    inputs = make_inputs(50, decay="product", dd_decay=(True, False))
+    inputs["i"] = torch.randn(B, 50, H, 2 * native.COLUMNS + D, dtype=torch.float64)  # 3 column blocks
+    inputs["log_o"] = LogProduct(
+        torch.rand(B, 50, H, 1, inputs["i"].shape[-1], dtype=torch.float64),
+        -torch.rand(H, K, inputs["i"].shape[-1], dtype=torch.float64),
+    )
+    inputs["initial_state"] = torch.randn(B, H, K, inputs["i"].shape[-1], dtype=torch.float64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run(inputs, "native", torch.float64)
+        torch.set_num_threads(3)
+        three = run(inputs, "native", torch.float64)
+    finally:
+        torch.set_num_threads(threads)
+    for name, x in one.items():
+        assert torch.equal(x, three[name]), name
+    check(inputs, "native", torch.float64, context="3 column blocks")
+
+
+def _args(inputs):
+    return inputs["i"], inputs["e"], inputs["s"], inputs["log_o"]
+
+
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        (dict(decay="full"), "decay 'full'"),
+        (dict(decay="product", dd_decay=True), "time-invariant b"),
+        (dict(decay="product", dd_decay=(True, False), e="mat"), "K x D e"),
+        (dict(decay="product", dd_decay=(True, False), complex_decay=True), "compute dtype torch.complex128"),
+    ],
+)
+def test_native_mode_refuses_what_it_cannot_serve(case, expected):
+    inputs = make_inputs(20, **case)
+    with pytest.raises(ValueError, match="mode='native' cannot serve these inputs") as err:
+        explain(*_args(inputs), mode="native")
+    assert expected in str(err.value)
+    # auto takes the chunk form for them
+    assert explain(*_args(inputs)).mode == "chunk"
+
+
+def test_packed_sequences_take_the_chunk_form():
+    inputs = make_inputs(20, decay="product", dd_decay=(True, False))
+    inputs = {n: x[:1] if n == "i" or (n in "es" and x.dim() == 4) else x for n, x in inputs.items()}
+    inputs["log_o"] = LogProduct(inputs["log_o"].a[:1], inputs["log_o"].b)
+    cu = torch.tensor([0, 7, 20])
+    plan = explain(*_args(inputs), cu_seqlens=cu)
+    assert plan.mode == "chunk" and "not the native scan: packed sequences" in plan.reason
+    with pytest.raises(ValueError, match="mode='native' cannot serve cu_seqlens"):
+        explain(*_args(inputs), mode="native", cu_seqlens=cu)
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    """LCSM_NATIVE=0: no build, and auto says why it takes the chunk form."""
+    monkeypatch.setenv("LCSM_NATIVE", "0")
+    monkeypatch.setattr(native, "_state", {"lib": None, "why": None})
+    plan = explain(*_args(make_inputs(20, decay="product", dd_decay=(True, False))))
+    assert plan.mode == "chunk" and "not the native scan: LCSM_NATIVE=0" in plan.reason
+
+
+def test_a_failed_build_is_reported(monkeypatch, tmp_path):
+    """A compiler that fails: the plan names it and its last message; nothing is cached."""
+    fake = tmp_path / "cc"
+    fake.write_text(
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake 1.0; exit 0; fi\necho 'error: broken' >&2\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("LCSM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_state", {"lib": None, "why": None})
+    plan = explain(*_args(make_inputs(20, decay="product", dd_decay=(True, False))))
+    assert plan.mode == "chunk" and "failed: error: broken" in plan.reason
+    assert list((tmp_path / "cache").iterdir()) == []
