@@ -132,17 +132,12 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
             "mode='fft' cannot serve cu_seqlens: a convolution with one time-invariant kernel cannot "
             "restart the memory at document boundaries; use mode='chunk' or 'auto'"
         )
-    if mode == "native":
-        raise ValueError(
-            "mode='native' cannot serve cu_seqlens: the native scan does not restart its memory at "
-            "document boundaries; use mode='chunk' or 'auto'"
-        )
     if mode == "auto" and p.T > 1 and p.data_independent:
         # The time-invariant system becomes time-varying once its memory restarts: chunk.
         plan = _plan_one(p, "chunk", chunk_size)
         plan = Plan(plan.mode, plan.kernel, "packed sequences take the chunk form, not fft; " + plan.reason)
     else:
-        plan = _plan_one(p, mode, chunk_size, packed=True)
+        plan = _plan_one(p, mode, chunk_size)
     if plan.mode == "recurrent":
         how = "each document alone through the recurrence, a loop over documents"
     elif plan.mode == "triton":
@@ -150,6 +145,8 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
             "each document laid out from a chunk boundary (zeros up to its last chunk's end), the "
             "memory restarted from its own initial state at its first chunk"
         )
+    elif plan.mode == "native":
+        how = "one pass over the row, the memory restarted from each document's own initial state at its first token"
     else:
         how = (
             "one pass over the packed row with a decay of exactly 0 at each document's first token; "
@@ -158,7 +155,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
     return Plan(plan.mode, plan.kernel, f"{plan.reason}; cu_seqlens, {documents} documents: {how}")
 
 
-def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool = False) -> Plan:
+def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
     structure = (
         f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, s={'vector' if p.s_is_vector else 'K x D'}"
     )
@@ -208,8 +205,7 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool = False) -
             return _triton_plan(p, chunk_size, "CUDA tensors and triton installed")
         reason += f"; not the Triton kernels: {why}"
     if p.decay_kind == "product":
-        why = "packed sequences (it does not restart its memory at document boundaries)" if packed else None
-        why = why or native_unsupported(p)
+        why = native_unsupported(p)
         if why is None:
             return _native_plan(p, chunk_size, "a CPU problem of the selective scan's structure")
         reason += f"; not the native scan: {why}"
@@ -244,8 +240,8 @@ def explain(
     float32 compute) -> triton (``triton_chunk``), except float32 inputs with no or
     a scalar decay (slower there than the chunk form, bench/results/gpu_triton.md); on CPU tensors
     of the selective scan's structure (K-vector e and s, a product log_o = a * b with a
-    [.., T, 1, D] and a time-invariant K x D b, real, float32 or float64 compute, not packed, not
-    traced) where the C kernel builds -> native (``native_scan``); otherwise chunk (kernel
+    [.., T, 1, D] and a time-invariant K x D b, real, float32 or float64 compute, not traced)
+    where the C kernel builds -> native (``native_scan``); otherwise chunk (kernel
     ``matmul`` when e and s are K-vectors and the decay is none/scalar/row/column or a separable
     pair, else ``elementwise``, which multiplies a separable pair's factors out a block at a time and forms a
     product's exp(a * b) block by block). ``parallel`` is never chosen automatically: it is the
@@ -326,8 +322,8 @@ def eos(
             Each document's memory starts from its own initial state, ``initial_state`` then
             [N, H, K, D], and the final states are per document, [N, H, K, D]; nothing crosses
             a boundary. Modes recurrent (a loop over documents), parallel and chunk (one pass,
-            the memory zeroed at each boundary), triton (each document from a chunk boundary);
-            not fft or native (see docs/eos.md, "Packed sequences").
+            the memory zeroed at each boundary), triton (each document from a chunk boundary),
+            native (restarted at each document's first token); not fft (see docs/eos.md, "Packed sequences").
 
     Returns:
         y [B, T, H, D] and m_T (or None).
@@ -387,6 +383,9 @@ def _eos_packed(
         from .triton_chunk import eos_triton_packed
 
         y, m_T = eos_triton_packed(p, bounds, chunk_size)
+        return finish(p, y, m_T, output_final_state, real_output)
+    if plan.mode == "native":
+        y, m_T = eos_native(p, chunk_size, bounds)
         return finish(p, y, m_T, output_final_state, real_output)
     core = reset_at_starts(p, docs)
     y, _ = eos_parallel(core) if plan.mode == "parallel" else eos_chunk(core, chunk_size)

@@ -114,10 +114,10 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
     lib = ctypes.CDLL(str(target))
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     for suffix in _SUFFIX.values():
-        for name, tensors in (("forward", 9), ("backward", 14)):
+        for name, tensors in (("forward", 9), ("backward", 15)):
             fn = getattr(lib, f"scan_{name}_{suffix}")
-            # tensors, strides, sizes, the range of work items, the thread's scratch
-            fn.argtypes, fn.restype = [*[ptr] * tensors, ptr, ptr, i64, i64, ptr], None
+            # tensors, document bounds, strides, sizes, the range of work items, the thread's scratch
+            fn.argtypes, fn.restype = [*[ptr] * tensors, ptr, ptr, ptr, i64, i64, ptr], None
     return lib, None
 
 
@@ -157,8 +157,10 @@ def _split_product(p: EOSProblem) -> tuple[Tensor, Tensor] | None:
     return None
 
 
-def eos_native(p: EOSProblem, chunk_size: int) -> tuple[Tensor, Tensor]:
-    """y [B, H, T, D] and m_T [B, H, K, D] for a problem ``native_unsupported`` accepts."""
+def eos_native(p: EOSProblem, chunk_size: int, bounds: list[int] | None = None) -> tuple[Tensor, Tensor]:
+    """y [B, H, T, D] and the final states for a problem ``native_unsupported`` accepts: m_T
+    [B, H, K, D], or with ``bounds`` (packed documents, B = 1: ``cu_seqlens`` as ints) each
+    document's [N, H, K, D], each document started from its own initial state (p.m0 [N, H, K, D])."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
     a, b = _split_product(p)
     return NativeScan.apply(
@@ -169,6 +171,7 @@ def eos_native(p: EOSProblem, chunk_size: int) -> tuple[Tensor, Tensor]:
         b.reshape(b.shape[1], K, D).expand(H, K, D),
         p.m0,
         chunk_length(chunk_size, K, p.i.dtype),
+        tuple(bounds) if bounds is not None else (0, T),
     )
 
 
@@ -214,43 +217,44 @@ def _strides(x: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor) -> ctypes.Ar
 
 
 class NativeScan(torch.autograd.Function):
-    """(x, e, s, a, b, m0, C) -> (y, m_T): x, a [B, H, T, D], e, s [B, H, T, K] (broadcast views
-    allowed), b [H, K, D], m0 [B, H, K, D] or None, C the steps between kept memories."""
+    """(x, e, s, a, b, m0, C, bounds) -> (y, m_T): x, a [B, H, T, D], e, s [B, H, T, K] (broadcast
+    views allowed), b [H, K, D], m0 and m_T [B N, H, K, D] (m0 may be None), C the steps between
+    kept memories, bounds the N documents of every batch row (0 = bounds[0] < ... < bounds[N] = T)."""
 
     @staticmethod
-    def forward(ctx, x, e, s, a, b, m0, C):
+    def forward(ctx, x, e, s, a, b, m0, C, bounds):
         x, e, s, a, b = (_unit_last(t) for t in (x, e, s, a, b))
         m0 = m0.contiguous() if m0 is not None else None
         B, H, T, D = x.shape
         K = e.shape[-1]
-        chunks = -(-T // C)
+        chunks, docs = -(-T // C), len(bounds) - 1
         y = x.new_empty(B, H, T, D)
-        m_T = x.new_empty(B, H, K, D)
+        m_T = x.new_empty(B * docs, H, K, D)
         starts = x.new_empty(B, H, chunks, K, D)
-        size = _int64s([B, H, T, K, D, C, COLUMNS])
+        size = _int64s([B, H, T, K, D, C, COLUMNS, docs])
         stride = _strides(x, e, s, a, b)
         fn = getattr(library(), f"scan_forward_{_SUFFIX[x.dtype]}")
         items = B * H * -(-D // COLUMNS)
         args = [_ptr(t) for t in (x, e, s, a, b, m0, y, m_T, starts)]
-        _run(fn, items, K * COLUMNS, x, *args, stride, size)
-        ctx.save_for_backward(x, e, s, a, b, starts)
-        ctx.C, ctx.has_m0 = C, m0 is not None
+        _run(fn, items, K * COLUMNS, x, *args, _int64s(list(bounds)), stride, size)
+        ctx.save_for_backward(x, e, s, a, b, starts, m0)
+        ctx.C, ctx.bounds = C, bounds
         return y, m_T
 
     @staticmethod
     def backward(ctx, gy, gm_T):
-        x, e, s, a, b, starts = ctx.saved_tensors
+        x, e, s, a, b, starts, m0 = ctx.saved_tensors
         B, H, T, D = x.shape
-        K, C = e.shape[-1], ctx.C
-        blocks = -(-D // COLUMNS)
+        K, C, bounds = e.shape[-1], ctx.C, ctx.bounds
+        blocks, docs = -(-D // COLUMNS), len(bounds) - 1
         gy = gy.contiguous() if gy is not None else x.new_zeros(B, H, T, D)
         gm_T = gm_T.contiguous() if gm_T is not None else None
         dx, da = x.new_empty(B, H, T, D), x.new_empty(B, H, T, D)
         de, ds = x.new_empty(blocks, B, H, T, K), x.new_empty(blocks, B, H, T, K)
-        db, dm0 = x.new_empty(B, H, K, D), x.new_empty(B, H, K, D)
-        size = _int64s([B, H, T, K, D, C, COLUMNS])
+        db, dm0 = x.new_empty(B, H, K, D), x.new_empty(B * docs, H, K, D)
+        size = _int64s([B, H, T, K, D, C, COLUMNS, docs])
         stride = _strides(x, e, s, a, b)
         fn = getattr(library(), f"scan_backward_{_SUFFIX[x.dtype]}")
-        args = [_ptr(t) for t in (x, e, s, a, b, starts, gy, gm_T, dx, de, ds, da, db, dm0)]
-        _run(fn, B * H * blocks, (2 * C + 3) * K * COLUMNS, x, *args, stride, size)
-        return dx, de.sum(0), ds.sum(0), da, db.sum(0), dm0 if ctx.has_m0 else None, None
+        args = [_ptr(t) for t in (x, e, s, a, b, starts, gy, gm_T, m0, dx, de, ds, da, db, dm0)]
+        _run(fn, B * H * blocks, (2 * C + 3) * K * COLUMNS + COLUMNS, x, *args, _int64s(list(bounds)), stride, size)
+        return dx, de.sum(0), ds.sum(0), da, db.sum(0), dm0 if m0 is not None else None, None, None

@@ -6,10 +6,11 @@ import os
 import shutil
 
 import pytest
+import test_packed as packed
 import torch
 from test_eos import B, D, H, K, check, make_inputs, run
 
-from lcsm.ops import LogProduct, explain
+from lcsm.ops import LogProduct, eos, explain
 from lcsm.ops import native_scan as native
 
 # Where a C compiler exists the kernel must build: a failed build would otherwise skip every test.
@@ -95,15 +96,17 @@ def test_native_mode_refuses_what_it_cannot_serve(case, expected):
     assert explain(*_args(inputs)).mode == "chunk"
 
 
-def test_packed_sequences_take_the_chunk_form():
-    inputs = make_inputs(20, decay="product", dd_decay=(True, False))
-    inputs = {n: x[:1] if n == "i" or (n in "es" and x.dim() == 4) else x for n, x in inputs.items()}
-    inputs["log_o"] = LogProduct(inputs["log_o"].a[:1], inputs["log_o"].b)
-    cu = torch.tensor([0, 7, 20])
-    plan = explain(*_args(inputs), cu_seqlens=cu)
-    assert plan.mode == "chunk" and "not the native scan: packed sequences" in plan.reason
-    with pytest.raises(ValueError, match="mode='native' cannot serve cu_seqlens"):
-        explain(*_args(inputs), mode="native", cu_seqlens=cu)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("initial", [True, False])
+@pytest.mark.parametrize("bounds,chunk_size", [("ones", 4), ("random", 5), ("one-document", 64), ("ones", 1)])
+def test_packed_documents_against_each_alone(bounds, chunk_size, initial, dtype):
+    """cu_seqlens: each document from its own initial state (one-token documents at the start,
+    inside and at the end; chunks across document starts), per-document final states and every
+    gradient against the reference run on each document alone."""
+    b = packed._bounds(bounds)
+    inputs = packed.make_inputs("product", n_docs=len(b) - 1, initial=initial, seed=4)
+    assert explain(*_args(inputs), cu_seqlens=torch.tensor(b)).mode == "native"
+    packed.check_packed(eos, inputs, b, dtype, f"{bounds} C={chunk_size}", mode="native", chunk_size=chunk_size)
 
 
 def test_turned_off_by_the_environment(monkeypatch):

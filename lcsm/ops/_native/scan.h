@@ -42,14 +42,18 @@ static inline REAL FN(exp_)(REAL x) {
 #define SCAN_LAYOUT
 /* Strides (in elements) of the inputs, in this order: i, e, s, a each (batch, head, time); b (head). */
 enum { I_B, I_H, I_T, E_B, E_H, E_T, S_B, S_H, S_T, A_B, A_H, A_T, B_H, N_STRIDES };
-/* Sizes: batch, heads, steps, K, D, chunk length, columns per item. */
-enum { N_B, N_H, N_T, N_K, N_D, N_C, N_DB, N_SIZES };
+/* Sizes: batch, heads, steps, K, D, chunk length, columns per item, documents per batch row. */
+enum { N_B, N_H, N_T, N_K, N_D, N_C, N_DB, N_DOCS, N_SIZES };
 #endif
 
+/* Documents: every batch row holds ``docs`` of them, steps bounds[n] <= t < bounds[n + 1] (one,
+ * [0, T], unless sequences are packed); each starts from its own initial state m0[(b docs + n) H + h]
+ * (or zeros) and ends in its own final state, at the same index. */
+
 void FN(scan_forward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *a, const REAL *b,
-                       const REAL *m0, REAL *y, REAL *m_T, REAL *starts, const int64_t *stride,
-                       const int64_t *size, int64_t item0, int64_t item1, REAL *h) {
-    const int64_t H = size[N_H], T = size[N_T], K = size[N_K], D = size[N_D];
+                       const REAL *m0, REAL *y, REAL *m_T, REAL *starts, const int64_t *bounds,
+                       const int64_t *stride, const int64_t *size, int64_t item0, int64_t item1, REAL *h) {
+    const int64_t H = size[N_H], T = size[N_T], K = size[N_K], D = size[N_D], docs = size[N_DOCS];
     const int64_t C = size[N_C], DB = size[N_DB], blocks = (D + DB - 1) / DB, chunks = (T + C - 1) / C;
     for (int64_t item = item0; item < item1; item++) {
         const int64_t bh = item / blocks, bb = bh / H, hh = bh % H, d0 = (item % blocks) * DB;
@@ -60,47 +64,68 @@ void FN(scan_forward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *
         const REAL *ab = a + bb * stride[A_B] + hh * stride[A_H] + d0;
         const REAL *bk0 = b + hh * stride[B_H] + d0;
         REAL *yb = y + bh * T * D + d0;
-        for (int64_t k = 0; k < K; k++)
-            for (int64_t d = 0; d < w; d++) h[k * DB + d] = m0 ? m0[(bh * K + k) * D + d0 + d] : (REAL)0;
-        for (int64_t t = 0; t < T; t++) {
-            if (t % C == 0)
-                for (int64_t k = 0; k < K; k++)
-                    memcpy(starts + ((bh * chunks + t / C) * K + k) * D + d0, h + k * DB, w * sizeof(REAL));
-            const REAL *xt = xb + t * stride[I_T], *at = ab + t * stride[A_T];
-            const REAL *et = eb + t * stride[E_T], *st = sb + t * stride[S_T];
-            REAL *yt = yb + t * D;
-            for (int64_t d = 0; d < w; d++) yt[d] = 0;
-            for (int64_t k = 0; k < K; k++) {
-                const REAL ek = et[k], sk = st[k], *bk = bk0 + k * D;
-                REAL *hk = h + k * DB;
+        for (int64_t n = 0; n < docs; n++) {
+            const int64_t state = (bb * docs + n) * H + hh;
+            for (int64_t k = 0; k < K; k++)
+                for (int64_t d = 0; d < w; d++) h[k * DB + d] = m0 ? m0[(state * K + k) * D + d0 + d] : (REAL)0;
+            for (int64_t t = bounds[n]; t < bounds[n + 1]; t++) {
+                if (t % C == 0)
+                    for (int64_t k = 0; k < K; k++)
+                        memcpy(starts + ((bh * chunks + t / C) * K + k) * D + d0, h + k * DB, w * sizeof(REAL));
+                const REAL *xt = xb + t * stride[I_T], *at = ab + t * stride[A_T];
+                const REAL *et = eb + t * stride[E_T], *st = sb + t * stride[S_T];
+                REAL *yt = yb + t * D;
+                for (int64_t d = 0; d < w; d++) yt[d] = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    const REAL ek = et[k], sk = st[k], *bk = bk0 + k * D;
+                    REAL *hk = h + k * DB;
 #pragma omp simd
-                for (int64_t d = 0; d < w; d++) {
-                    REAL v = FN(exp_)(at[d] * bk[d]) * hk[d] + ek * xt[d];
-                    hk[d] = v;
-                    yt[d] += sk * v;
+                    for (int64_t d = 0; d < w; d++) {
+                        REAL v = FN(exp_)(at[d] * bk[d]) * hk[d] + ek * xt[d];
+                        hk[d] = v;
+                        yt[d] += sk * v;
+                    }
                 }
             }
+            if (m_T)
+                for (int64_t k = 0; k < K; k++) memcpy(m_T + (state * K + k) * D + d0, h + k * DB, w * sizeof(REAL));
         }
-        if (m_T)
-            for (int64_t k = 0; k < K; k++) memcpy(m_T + (bh * K + k) * D + d0, h + k * DB, w * sizeof(REAL));
     }
+}
+
+/* The document of step t: the largest n with bounds[n] <= t. */
+static inline int64_t FN(doc_of_)(const int64_t *bounds, int64_t docs, int64_t t) {
+    int64_t lo = 0, hi = docs - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (bounds[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    return lo;
 }
 
 /* The adjoint. Gradients: dx [B, H, T, D], da [B, H, T, D] (before any reduction to a's shape),
  * de and ds [blocks, B, H, T, K] (each block's partial sum over its columns), db [B, H, K, D]
- * (summed over time), dm0 [B, H, K, D]. gy [B, H, T, D] and gm_T [B, H, K, D] (or NULL)
- * contiguous. Scratch per thread: (2C + 3) K DB values. */
+ * (summed over time), dm0 like m0. gy [B, H, T, D], gm_T and m0 (each like the final states, or
+ * NULL) contiguous. Scratch per thread: (2C + 3) K DB + DB values. */
 void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *a, const REAL *b,
-                        const REAL *starts, const REAL *gy, const REAL *gm_T, REAL *dx, REAL *de, REAL *ds,
-                        REAL *da, REAL *db, REAL *dm0, const int64_t *stride, const int64_t *size,
-                        int64_t item0, int64_t item1, REAL *scratch) {
-    const int64_t B = size[N_B], H = size[N_H], T = size[N_T], K = size[N_K], D = size[N_D];
+                        const REAL *starts, const REAL *gy, const REAL *gm_T, const REAL *m0, REAL *dx, REAL *de,
+                        REAL *ds, REAL *da, REAL *db, REAL *dm0, const int64_t *bounds, const int64_t *stride,
+                        const int64_t *size, int64_t item0, int64_t item1, REAL *scratch) {
+    const int64_t B = size[N_B], H = size[N_H], T = size[N_T], K = size[N_K], D = size[N_D], docs = size[N_DOCS];
     const int64_t C = size[N_C], DB = size[N_DB], blocks = (D + DB - 1) / DB, chunks = (T + C - 1) / C;
     const int64_t KDB = K * DB;
     REAL *hs = scratch;             /* h before each step of the chunk and after its last: (C + 1) K DB */
     REAL *os = hs + (C + 1) * KDB;  /* each step's decay: C K DB */
     REAL *g = os + C * KDB;         /* dL/dh, carried backwards: K DB */
     REAL *gb = g + KDB;             /* db summed over time: K DB */
+    REAL *zero = gb + KDB;          /* the memory before a document's first step without m0: DB */
+    for (int64_t d = 0; d < DB; d++) zero[d] = 0;
+/* The memory before step t (slot j of the chunk), row k: hs's slot, or at a document's first step
+ * its initial state (zeros without m0), which hs's slot, the previous document's last memory, is not. */
+#define MEMORY_BEFORE(t, j, k)                                                                       \
+    ((t) != bounds[doc] ? hs + (j) * KDB + (k) * DB                                                   \
+     : m0               ? m0 + (((bb * docs + doc) * H + hh) * K + (k)) * D + d0                      \
+                        : zero)
     for (int64_t item = item0; item < item1; item++) {
         const int64_t bh = item / blocks, bb = bh / H, hh = bh % H, blk = item % blocks, d0 = blk * DB;
         const int64_t w = D - d0 < DB ? D - d0 : DB;
@@ -113,20 +138,19 @@ void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL 
         REAL *dxb = dx + bh * T * D + d0, *dab = da + bh * T * D + d0;
         REAL *deb = de + (blk * B * H + bh) * T * K, *dsb = ds + (blk * B * H + bh) * T * K;
         for (int64_t k = 0; k < K; k++)
-            for (int64_t d = 0; d < w; d++) {
-                g[k * DB + d] = gm_T ? gm_T[(bh * K + k) * D + d0 + d] : (REAL)0;
-                gb[k * DB + d] = 0;
-            }
+            for (int64_t d = 0; d < w; d++) gb[k * DB + d] = 0;
         for (int64_t c = chunks - 1; c >= 0; c--) {
             const int64_t t0 = c * C, n = T - t0 < C ? T - t0 : C;
             for (int64_t k = 0; k < K; k++)
                 memcpy(hs + k * DB, starts + ((bh * chunks + c) * K + k) * D + d0, w * sizeof(REAL));
+            int64_t doc = FN(doc_of_)(bounds, docs, t0);
             for (int64_t j = 0; j < n; j++) {
                 const int64_t t = t0 + j;
+                if (doc + 1 < docs && t == bounds[doc + 1]) doc++;
                 const REAL *xt = xb + t * stride[I_T], *at = ab + t * stride[A_T], *et = eb + t * stride[E_T];
                 for (int64_t k = 0; k < K; k++) {
                     const REAL ek = et[k], *bk = bk0 + k * D;
-                    const REAL *hp = hs + j * KDB + k * DB;
+                    const REAL *hp = MEMORY_BEFORE(t, j, k);
                     REAL *hn = hs + (j + 1) * KDB + k * DB, *o = os + j * KDB + k * DB;
 #pragma omp simd
                     for (int64_t d = 0; d < w; d++) {
@@ -137,13 +161,19 @@ void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL 
             }
             for (int64_t j = n - 1; j >= 0; j--) {
                 const int64_t t = t0 + j;
+                if (t < bounds[doc]) doc--;
+                const int64_t state = (bb * docs + doc) * H + hh;
+                if (t == bounds[doc + 1] - 1) /* a document's last step: dL/dh is its final state's cotangent */
+                    for (int64_t k = 0; k < K; k++)
+                        for (int64_t d = 0; d < w; d++)
+                            g[k * DB + d] = gm_T ? gm_T[(state * K + k) * D + d0 + d] : (REAL)0;
                 const REAL *xt = xb + t * stride[I_T], *at = ab + t * stride[A_T];
                 const REAL *et = eb + t * stride[E_T], *st = sb + t * stride[S_T], *gyt = gyb + t * D;
                 REAL *dxt = dxb + t * D, *dat = dab + t * D;
                 for (int64_t d = 0; d < w; d++) dxt[d] = dat[d] = 0;
                 for (int64_t k = 0; k < K; k++) {
                     const REAL ek = et[k], sk = st[k], *bk = bk0 + k * D;
-                    const REAL *hp = hs + j * KDB + k * DB, *hn = hs + (j + 1) * KDB + k * DB;
+                    const REAL *hp = MEMORY_BEFORE(t, j, k), *hn = hs + (j + 1) * KDB + k * DB;
                     const REAL *o = os + j * KDB + k * DB;
                     REAL *gk = g + k * DB, *gbk = gb + k * DB;
                     REAL sum_s = 0, sum_e = 0;
@@ -161,11 +191,11 @@ void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL 
                     dsb[t * K + k] = sum_s;
                     deb[t * K + k] = sum_e;
                 }
+                if (t == bounds[doc]) /* dL/dh before the document's first step: its initial state's */
+                    for (int64_t k = 0; k < K; k++) memcpy(dm0 + (state * K + k) * D + d0, g + k * DB, w * sizeof(REAL));
             }
         }
-        for (int64_t k = 0; k < K; k++) {
-            memcpy(db + (bh * K + k) * D + d0, gb + k * DB, w * sizeof(REAL));
-            memcpy(dm0 + (bh * K + k) * D + d0, g + k * DB, w * sizeof(REAL));
-        }
+        for (int64_t k = 0; k < K; k++) memcpy(db + (bh * K + k) * D + d0, gb + k * DB, w * sizeof(REAL));
     }
 }
+#undef MEMORY_BEFORE
