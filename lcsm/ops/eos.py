@@ -204,10 +204,10 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
         if why is None:
             return _triton_plan(p, chunk_size, "CUDA tensors and triton installed")
         reason += f"; not the Triton kernels: {why}"
-    if p.decay_kind == "product":
+    if p.decay_kind in ("full", "product"):
         why = native_unsupported(p)
         if why is None:
-            return _native_plan(p, chunk_size, "a CPU problem of the selective scan's structure")
+            return _native_plan(p, chunk_size, "CPU tensors, vector e/s and a full K x D decay")
         reason += f"; not the native scan: {why}"
     return Plan("chunk", kernel_for(p), reason)
 
@@ -216,7 +216,7 @@ def _native_plan(p: EOSProblem, chunk_size: int, why: str) -> Plan:
     return Plan(
         "native",
         "native-scan",
-        f"{why}: one C kernel (native_scan), vector e/s and a K x D decay exp(a_t * b), memory kept every "
+        f"{why}: one C kernel (native_scan), the decay's exp formed step by step, memory kept every "
         f"{native_chunk_length(chunk_size, p.K, p.i.dtype)} steps; backward by the same kernel",
     )
 
@@ -239,9 +239,9 @@ def explain(
     Triton kernels serve the inputs (K-vector e and s, no, scalar, row or column decay, real,
     float32 compute) -> triton (``triton_chunk``), except float32 inputs with no or
     a scalar decay (slower there than the chunk form, bench/results/gpu_triton.md); on CPU tensors
-    of the selective scan's structure (K-vector e and s, a product log_o = a * b with a
-    [.., T, 1, D] and a time-invariant K x D b, real, float32 or float64 compute, not traced)
-    where the C kernel builds -> native (``native_scan``); otherwise chunk (kernel
+    with K-vector e and s and a full K x D decay (one tensor, or a product log_o = a * b with a
+    [.., T, 1, D] and a time-invariant K x D b: Mamba's), real, float32 or float64 compute, not
+    traced, where the C kernel builds -> native (``native_scan``); otherwise chunk (kernel
     ``matmul`` when e and s are K-vectors and the decay is none/scalar/row/column or a separable
     pair, else ``elementwise``, which multiplies a separable pair's factors out a block at a time and forms a
     product's exp(a * b) block by block). ``parallel`` is never chosen automatically: it is the

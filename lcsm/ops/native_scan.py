@@ -1,8 +1,10 @@
 """The selective scan on a CPU as one C kernel (``_native/scan.h``), with its adjoint.
 
-It serves one structure of the EOS recurrence, Mamba's: vector e and s, and a K x D decay given
-as a product ``LogProduct(a, b)``, o_t = exp(a_t[d] b[k, d]), with a [B, H, T, 1, D] (Delta_t) and
-b a time-invariant [H, K, D] (A). The chunk mode's elementwise kernel (``chunk_scan``) computes
+It serves the EOS recurrence with vector e and s and a K x D decay: given as a product
+``LogProduct(a, b)`` with b time-invariant, o_t = exp(a_t b), as Mamba's selective scan has it
+(a = Delta_t [B, H, T, 1, D], b = A [H, K, D]); or as one tensor log_o [B, H, T, K, D]
+(Longhorn's), read as the product log_o * 1. The chunk mode's elementwise
+kernel (``chunk_scan``) computes
 the same recurrence as PyTorch operations, tens per step: at batch 1 most of its time is spent
 dispatching them (bench/results/native_scan.md). Here one pass per step forms exp(a_t b), updates
 the memory and reduces it against s_t while the memory [K, 64 columns] stays in cache.
@@ -139,10 +141,10 @@ def native_unsupported(p: EOSProblem) -> str | None:
         return f"compute dtype {p.i.dtype} (the kernel takes float32 and float64)"
     if not (p.e_is_vector and p.s_is_vector):
         return "K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec)
-    if p.decay_kind != "product" or _split_product(p) is None:
+    if p.decay_kind not in ("full", "product") or (p.decay_kind == "product" and _split_product(p) is None):
         return (
-            f"decay {p.decay_kind!r}: the kernel takes a product exp(a_t * b) with a [.., T, 1, D] "
-            "and a time-invariant b [H, K, D] (Mamba's Delta_t A)"
+            f"decay {p.decay_kind!r}: the kernel takes a full K x D decay, as one tensor or as a product "
+            "a * b of which one operand is time-invariant (Mamba's Delta_t A)"
         )
     if library() is None:
         return _state["why"]
@@ -150,9 +152,10 @@ def native_unsupported(p: EOSProblem) -> str | None:
 
 
 def _split_product(p: EOSProblem) -> tuple[Tensor, Tensor] | None:
-    """The product's operands as (a [B|1, H, T|1, 1, D], b [1, H, 1, K, D]) in either order, or None."""
+    """The product's operands as (a, b) with b shared by the batch and the steps ([1, H, 1, ..]),
+    in either order, or None when neither is."""
     for a, b in (p.g_product, p.g_product[::-1]):
-        if a.shape[-2] == 1 and a.shape[-1] == p.D and b.shape[0] == 1 and b.shape[2] == 1:
+        if b.shape[0] == 1 and b.shape[2] == 1:
             return a, b
     return None
 
@@ -162,13 +165,17 @@ def eos_native(p: EOSProblem, chunk_size: int, bounds: list[int] | None = None) 
     [B, H, K, D], or with ``bounds`` (packed documents, B = 1: ``cu_seqlens`` as ints) each
     document's [N, H, K, D], each document started from its own initial state (p.m0 [N, H, K, D])."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
-    a, b = _split_product(p)
+    if p.decay_kind == "full":
+        a, b = p.g.expand(B, H, T, K, D), p.g.new_ones(1, 1, D).expand(H, K, D)
+    else:
+        a, b = _split_product(p)
+        a, b = a.expand(B, H, T, a.shape[3], D), b[0, :, 0].expand(H, K, D)
     return NativeScan.apply(
         p.i,
         p.e.squeeze(-1).expand(B, H, T, K),
         p.s.squeeze(-1).expand(B, H, T, K),
-        a.squeeze(-2).expand(B, H, T, D),
-        b.reshape(b.shape[1], K, D).expand(H, K, D),
+        a,
+        b,
         p.m0,
         chunk_length(chunk_size, K, p.i.dtype),
         tuple(bounds) if bounds is not None else (0, T),
@@ -213,13 +220,16 @@ def _run(fn, items: int, scratch_per_thread: int, like: Tensor, *args) -> None:
 
 
 def _strides(x: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor) -> ctypes.Array:
-    return _int64s([*x.stride()[:3], *e.stride()[:3], *s.stride()[:3], *a.stride()[:3], b.stride(0)])
+    """scan.h's strides; a's row stride 0 when it has one row (Mamba's Delta_t, shared by every k)."""
+    a_k = a.stride(3) if a.shape[3] > 1 else 0
+    return _int64s([*x.stride()[:3], *e.stride()[:3], *s.stride()[:3], *a.stride()[:3], a_k, *b.stride()[:2]])
 
 
 class NativeScan(torch.autograd.Function):
-    """(x, e, s, a, b, m0, C, bounds) -> (y, m_T): x, a [B, H, T, D], e, s [B, H, T, K] (broadcast
-    views allowed), b [H, K, D], m0 and m_T [B N, H, K, D] (m0 may be None), C the steps between
-    kept memories, bounds the N documents of every batch row (0 = bounds[0] < ... < bounds[N] = T)."""
+    """(x, e, s, a, b, m0, C, bounds) -> (y, m_T): x [B, H, T, D], e, s [B, H, T, K], a [B, H, T,
+    1|K, D] (broadcast views allowed), b [H, K, D], the log decay a * b; m0 and m_T [B N, H, K, D]
+    (m0 may be None), C the steps between kept memories, bounds the N documents of every batch
+    row (0 = bounds[0] < ... < bounds[N] = T)."""
 
     @staticmethod
     def forward(ctx, x, e, s, a, b, m0, C, bounds):
@@ -231,7 +241,7 @@ class NativeScan(torch.autograd.Function):
         y = x.new_empty(B, H, T, D)
         m_T = x.new_empty(B * docs, H, K, D)
         starts = x.new_empty(B, H, chunks, K, D)
-        size = _int64s([B, H, T, K, D, C, COLUMNS, docs])
+        size = _int64s([B, H, T, K, D, C, COLUMNS, docs, a.shape[3]])
         stride = _strides(x, e, s, a, b)
         fn = getattr(library(), f"scan_forward_{_SUFFIX[x.dtype]}")
         items = B * H * -(-D // COLUMNS)
@@ -249,10 +259,10 @@ class NativeScan(torch.autograd.Function):
         blocks, docs = -(-D // COLUMNS), len(bounds) - 1
         gy = gy.contiguous() if gy is not None else x.new_zeros(B, H, T, D)
         gm_T = gm_T.contiguous() if gm_T is not None else None
-        dx, da = x.new_empty(B, H, T, D), x.new_empty(B, H, T, D)
+        dx, da = x.new_empty(B, H, T, D), x.new_empty(B, H, T, a.shape[3], D)
         de, ds = x.new_empty(blocks, B, H, T, K), x.new_empty(blocks, B, H, T, K)
         db, dm0 = x.new_empty(B, H, K, D), x.new_empty(B * docs, H, K, D)
-        size = _int64s([B, H, T, K, D, C, COLUMNS, docs])
+        size = _int64s([B, H, T, K, D, C, COLUMNS, docs, a.shape[3]])
         stride = _strides(x, e, s, a, b)
         fn = getattr(library(), f"scan_backward_{_SUFFIX[x.dtype]}")
         args = [_ptr(t) for t in (x, e, s, a, b, starts, gy, gm_T, m0, dx, de, ds, da, db, dm0)]

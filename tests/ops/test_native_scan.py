@@ -18,16 +18,27 @@ if shutil.which(os.environ.get("CC", "cc")) is None:
     pytest.skip("no C compiler: the native scan cannot be built here", allow_module_level=True)
 
 
+def _args(inputs):
+    return inputs["i"], inputs["e"], inputs["s"], inputs["log_o"]
+
+
 def test_the_kernel_builds():
     assert native.library() is not None, native._state["why"]
+
+
+# Mamba's product (a step times a time-invariant K x D matrix, in either order), a full K x D
+# decay tensor, data-dependent or time-invariant
+DECAYS = [("product", (True, False)), ("product", (False, True)), ("full", True), ("full", False)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("initial", [True, False])
 @pytest.mark.parametrize("T,chunk_size", [(1, 16), (17, 16), (65, 7), (65, 64), (200, 1)])
-def test_against_the_reference(T, chunk_size, initial, dtype):
-    inputs = make_inputs(T, decay="product", dd_decay=(True, False), initial=initial)
-    check(inputs, "native", dtype, chunk_size=chunk_size, context=f"T={T} C={chunk_size} initial={initial}")
+@pytest.mark.parametrize("decay,dd", DECAYS)
+def test_against_the_reference(decay, dd, T, chunk_size, initial, dtype):
+    inputs = make_inputs(T, decay=decay, dd_decay=dd, initial=initial)
+    assert explain(*_args(inputs)).mode == ("recurrent" if T == 1 else "native")
+    check(inputs, "native", dtype, chunk_size=chunk_size, context=f"{decay} T={T} C={chunk_size} initial={initial}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -74,15 +85,11 @@ def test_threads_split_the_work_alike():
     check(inputs, "native", torch.float64, context="3 column blocks")
 
 
-def _args(inputs):
-    return inputs["i"], inputs["e"], inputs["s"], inputs["log_o"]
-
-
 @pytest.mark.parametrize(
     "case,expected",
     [
-        (dict(decay="full"), "decay 'full'"),
-        (dict(decay="product", dd_decay=True), "time-invariant b"),
+        (dict(decay="outer"), "decay 'outer'"),
+        (dict(decay="product", dd_decay=True), "one operand is time-invariant"),
         (dict(decay="product", dd_decay=(True, False), e="mat"), "K x D e"),
         (dict(decay="product", dd_decay=(True, False), complex_decay=True), "compute dtype torch.complex128"),
     ],
@@ -99,12 +106,13 @@ def test_native_mode_refuses_what_it_cannot_serve(case, expected):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("initial", [True, False])
 @pytest.mark.parametrize("bounds,chunk_size", [("ones", 4), ("random", 5), ("one-document", 64), ("ones", 1)])
-def test_packed_documents_against_each_alone(bounds, chunk_size, initial, dtype):
+@pytest.mark.parametrize("decay", ["product", "full"])
+def test_packed_documents_against_each_alone(decay, bounds, chunk_size, initial, dtype):
     """cu_seqlens: each document from its own initial state (one-token documents at the start,
     inside and at the end; chunks across document starts), per-document final states and every
     gradient against the reference run on each document alone."""
     b = packed._bounds(bounds)
-    inputs = packed.make_inputs("product", n_docs=len(b) - 1, initial=initial, seed=4)
+    inputs = packed.make_inputs(decay, n_docs=len(b) - 1, initial=initial, seed=4)
     assert explain(*_args(inputs), cu_seqlens=torch.tensor(b)).mode == "native"
     packed.check_packed(eos, inputs, b, dtype, f"{bounds} C={chunk_size}", mode="native", chunk_size=chunk_size)
 

@@ -40,10 +40,12 @@ static inline REAL FN(exp_)(REAL x) {
 
 #ifndef SCAN_LAYOUT
 #define SCAN_LAYOUT
-/* Strides (in elements) of the inputs, in this order: i, e, s, a each (batch, head, time); b (head). */
-enum { I_B, I_H, I_T, E_B, E_H, E_T, S_B, S_H, S_T, A_B, A_H, A_T, B_H, N_STRIDES };
-/* Sizes: batch, heads, steps, K, D, chunk length, columns per item, documents per batch row. */
-enum { N_B, N_H, N_T, N_K, N_D, N_C, N_DB, N_DOCS, N_SIZES };
+/* Strides (in elements) of the inputs, in this order: i, e, s each (batch, head, time); a (batch,
+ * head, time, row k: 0 for Mamba's [.., T, 1, D]); b (head, row k). Every last dimension has stride 1. */
+enum { I_B, I_H, I_T, E_B, E_H, E_T, S_B, S_H, S_T, A_B, A_H, A_T, A_K, B_H, B_K, N_STRIDES };
+/* Sizes: batch, heads, steps, K, D, chunk length, columns per item, documents per batch row, rows
+ * of a (1 or K; da has as many). */
+enum { N_B, N_H, N_T, N_K, N_D, N_C, N_DB, N_DOCS, N_KA, N_SIZES };
 #endif
 
 /* Documents: every batch row holds ``docs`` of them, steps bounds[n] <= t < bounds[n + 1] (one,
@@ -77,11 +79,11 @@ void FN(scan_forward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *
                 REAL *yt = yb + t * D;
                 for (int64_t d = 0; d < w; d++) yt[d] = 0;
                 for (int64_t k = 0; k < K; k++) {
-                    const REAL ek = et[k], sk = st[k], *bk = bk0 + k * D;
+                    const REAL ek = et[k], sk = st[k], *bk = bk0 + k * stride[B_K], *atk = at + k * stride[A_K];
                     REAL *hk = h + k * DB;
 #pragma omp simd
                     for (int64_t d = 0; d < w; d++) {
-                        REAL v = FN(exp_)(at[d] * bk[d]) * hk[d] + ek * xt[d];
+                        REAL v = FN(exp_)(atk[d] * bk[d]) * hk[d] + ek * xt[d];
                         hk[d] = v;
                         yt[d] += sk * v;
                     }
@@ -103,7 +105,7 @@ static inline int64_t FN(doc_of_)(const int64_t *bounds, int64_t docs, int64_t t
     return lo;
 }
 
-/* The adjoint. Gradients: dx [B, H, T, D], da [B, H, T, D] (before any reduction to a's shape),
+/* The adjoint. Gradients: dx [B, H, T, D], da [B, H, T, KA, D] (before any reduction to a's shape),
  * de and ds [blocks, B, H, T, K] (each block's partial sum over its columns), db [B, H, K, D]
  * (summed over time), dm0 like m0. gy [B, H, T, D], gm_T and m0 (each like the final states, or
  * NULL) contiguous. Scratch per thread: (2C + 3) K DB + DB values. */
@@ -112,6 +114,7 @@ void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL 
                         REAL *ds, REAL *da, REAL *db, REAL *dm0, const int64_t *bounds, const int64_t *stride,
                         const int64_t *size, int64_t item0, int64_t item1, REAL *scratch) {
     const int64_t B = size[N_B], H = size[N_H], T = size[N_T], K = size[N_K], D = size[N_D], docs = size[N_DOCS];
+    const int64_t KA = size[N_KA];
     const int64_t C = size[N_C], DB = size[N_DB], blocks = (D + DB - 1) / DB, chunks = (T + C - 1) / C;
     const int64_t KDB = K * DB;
     REAL *hs = scratch;             /* h before each step of the chunk and after its last: (C + 1) K DB */
@@ -135,7 +138,7 @@ void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL 
         const REAL *ab = a + bb * stride[A_B] + hh * stride[A_H] + d0;
         const REAL *bk0 = b + hh * stride[B_H] + d0;
         const REAL *gyb = gy + bh * T * D + d0;
-        REAL *dxb = dx + bh * T * D + d0, *dab = da + bh * T * D + d0;
+        REAL *dxb = dx + bh * T * D + d0, *dab = da + bh * T * KA * D + d0;
         REAL *deb = de + (blk * B * H + bh) * T * K, *dsb = ds + (blk * B * H + bh) * T * K;
         for (int64_t k = 0; k < K; k++)
             for (int64_t d = 0; d < w; d++) gb[k * DB + d] = 0;
@@ -149,12 +152,12 @@ void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL 
                 if (doc + 1 < docs && t == bounds[doc + 1]) doc++;
                 const REAL *xt = xb + t * stride[I_T], *at = ab + t * stride[A_T], *et = eb + t * stride[E_T];
                 for (int64_t k = 0; k < K; k++) {
-                    const REAL ek = et[k], *bk = bk0 + k * D;
+                    const REAL ek = et[k], *bk = bk0 + k * stride[B_K], *atk = at + k * stride[A_K];
                     const REAL *hp = MEMORY_BEFORE(t, j, k);
                     REAL *hn = hs + (j + 1) * KDB + k * DB, *o = os + j * KDB + k * DB;
 #pragma omp simd
                     for (int64_t d = 0; d < w; d++) {
-                        o[d] = FN(exp_)(at[d] * bk[d]);
+                        o[d] = FN(exp_)(atk[d] * bk[d]);
                         hn[d] = o[d] * hp[d] + ek * xt[d];
                     }
                 }
@@ -169,10 +172,13 @@ void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL 
                             g[k * DB + d] = gm_T ? gm_T[(state * K + k) * D + d0 + d] : (REAL)0;
                 const REAL *xt = xb + t * stride[I_T], *at = ab + t * stride[A_T];
                 const REAL *et = eb + t * stride[E_T], *st = sb + t * stride[S_T], *gyt = gyb + t * D;
-                REAL *dxt = dxb + t * D, *dat = dab + t * D;
-                for (int64_t d = 0; d < w; d++) dxt[d] = dat[d] = 0;
+                REAL *dxt = dxb + t * D, *dat = dab + t * KA * D;
+                for (int64_t d = 0; d < w; d++) dxt[d] = 0;
+                for (int64_t k = 0; k < KA; k++)
+                    for (int64_t d = 0; d < w; d++) dat[k * D + d] = 0;
                 for (int64_t k = 0; k < K; k++) {
-                    const REAL ek = et[k], sk = st[k], *bk = bk0 + k * D;
+                    const REAL ek = et[k], sk = st[k], *bk = bk0 + k * stride[B_K], *atk = at + k * stride[A_K];
+                    REAL *datk = dat + (KA > 1 ? k * D : 0);
                     const REAL *hp = MEMORY_BEFORE(t, j, k), *hn = hs + (j + 1) * KDB + k * DB;
                     const REAL *o = os + j * KDB + k * DB;
                     REAL *gk = g + k * DB, *gbk = gb + k * DB;
@@ -184,8 +190,8 @@ void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL 
                         sum_e += gh * xt[d];
                         dxt[d] += gh * ek;
                         REAL glog = gh * o[d] * hp[d]; /* dL/d(a_t b) */
-                        dat[d] += glog * bk[d];
-                        gbk[d] += glog * at[d];
+                        datk[d] += glog * bk[d];
+                        gbk[d] += glog * atk[d];
                         gk[d] = gh * o[d];
                     }
                     dsb[t * K + k] = sum_s;
