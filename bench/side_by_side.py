@@ -9,7 +9,7 @@ process has it (``system``: glibc's own thresholds), float32, ``--threads`` thre
 Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
     kxd       eos chunk with a full K x D decay tensor, B=1 T=2048 H=1 K=16 D=256, chunk 64
     product   the same with log_o = LogProduct(dt, A) (Mamba's form)
-    product-auto  the same with mode "auto" (the native scan on the CPU where it exists)
+    kxd-auto, product-auto  kxd and product with mode "auto" (the native scan on the CPU where it exists)
     product-packed  product-auto on 8 packed documents (cu_seqlens), final states asked for
     mamba     the Mamba layer, B=64 T=256 d_model=128
     lm-NAME-T one training step (forward + backward of the cross-entropy, batch 1) of the efficiency
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-CASES = ("kxd", "product", "product-auto", "product-packed", "mamba", "lm-transformer-512", "lm-s4-512")
+CASES = ("kxd", "product", "kxd-auto", "product-auto", "product-packed", "mamba", "lm-transformer-512", "lm-s4-512")
 
 
 def _case(name: str):
@@ -44,20 +44,20 @@ def _case(name: str):
     from lcsm.ops import LogProduct, eos
 
     g = torch.Generator().manual_seed(5)
-    if name in ("kxd", "product", "product-auto", "product-packed"):
+    if name in ("kxd", "product", "kxd-auto", "product-auto", "product-packed"):
         B, T, K, D = 1, 2048, 16, 256
         A = (-torch.arange(1, K + 1, dtype=torch.float32)[:, None].expand(K, D)).unsqueeze(0).contiguous()
         dt = F.softplus(torch.randn(B, T, 1, 1, D, generator=g) - 4)
         x = [torch.randn(B, T, 1, D, generator=g), torch.randn(B, T, 1, K, generator=g)]
         x.append(torch.randn(B, T, 1, K, generator=g))
-        x += [dt * A] if name == "kxd" else [dt, A]
+        x += [dt * A] if name.startswith("kxd") else [dt, A]
         x = [t.requires_grad_() for t in x]
 
         packed = name == "product-packed"
         cu = torch.linspace(0, T, 9).round().long() if packed else None
 
         def run():
-            log_o = x[3] if name == "kxd" else LogProduct(x[3], x[4])
+            log_o = x[3] if name.startswith("kxd") else LogProduct(x[3], x[4])
             mode = "chunk" if name in ("kxd", "product") else "auto"
             y, m = eos(x[0], x[1], x[2], log_o, mode=mode, chunk_size=64, cu_seqlens=cu, output_final_state=packed)
             (y.sum() + (m.sum() if packed else 0)).backward()
