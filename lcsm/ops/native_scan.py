@@ -17,8 +17,8 @@ C call releases the GIL.
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$LCSM_CACHE_DIR`` (default ``~/.cache/lcsm``), keyed by the source, the flags, the compiler
-and the CPU's features (-march=native). ``native_unavailable`` says why it cannot run (no
-compiler, a failed build, ``LCSM_NATIVE=0``); ``eos``'s auto mode then takes the chunk form and
+and the CPU's features (-march=native). ``native_unsupported`` says why it cannot run (no
+compiler, a failed build, ``LCSM_NATIVE=0``, inputs it does not take); ``eos``'s auto mode then takes the chunk form and
 ``explain`` says so. exp is evaluated by a polynomial (``_native/scan.c``): within 2 units in the
 last place of libm's in float64, and 0 below exp(-87) in float32 (exp(-708) in float64), where
 libm returns a subnormal.
@@ -80,6 +80,7 @@ def _cpu_features() -> str:
 
 
 def _build() -> tuple[ctypes.CDLL | None, str | None]:
+    """(the loaded kernel, None), or (None, why not)."""
     if os.environ.get("LCSM_NATIVE", "1") == "0":
         return None, "LCSM_NATIVE=0 turns the native kernels off"
     compiler = shutil.which(os.environ.get("CC", "cc"))
@@ -95,25 +96,13 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
     key.update(version.encode())
     key.update(_cpu_features().encode())
     target = cache_dir() / f"scan-{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # built beside the target and renamed into place: processes building at once (test
-        # workers) each write their own file, and a reader never sees a partial one
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            done = subprocess.run(
-                [compiler, *_FLAGS, "-o", tmp, str(_SOURCE / "scan.c")], capture_output=True, text=True, timeout=300
-            )
-        except (OSError, subprocess.SubprocessError) as err:
-            os.unlink(tmp)
-            return None, f"building the native scan with {compiler} failed: {err}"
-        if done.returncode != 0:
-            os.unlink(tmp)
-            last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-            return None, f"building the native scan with {compiler} failed: {last}"
-        os.replace(tmp, target)
-    lib = ctypes.CDLL(str(target))
+    try:
+        why = None if target.exists() else _compile(compiler, target)
+        if why is not None:
+            return None, f"building the native scan with {compiler} failed: {why}"
+        lib = ctypes.CDLL(str(target))
+    except OSError as err:
+        return None, f"the native scan could not be built or loaded at {target}: {err}"
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     for suffix in _SUFFIX.values():
         for name, tensors in (("forward", 9), ("backward", 15)):
@@ -123,8 +112,30 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
     return lib, None
 
 
+def _compile(compiler: str, target: Path) -> str | None:
+    """Compile the kernel to ``target``; the compiler's last message when it fails."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # built beside the target and renamed into place: processes building at once (test workers)
+    # each write their own file, and a reader never sees a partial one
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, *_FLAGS, "-o", tmp, str(_SOURCE / "scan.c")], capture_output=True, text=True, timeout=300
+        )
+        if done.returncode != 0:
+            return (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        os.replace(tmp, target)
+    except subprocess.SubprocessError as err:
+        return str(err)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return None
+
+
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel (built on the first call in a process), or None; see ``native_unavailable``."""
+    """The compiled kernel (built on the first call in a process), or None; ``native_unsupported`` says why."""
     if _state["lib"] is None and _state["why"] is None:
         _state["lib"], _state["why"] = _build()
     return _state["lib"]
