@@ -12,8 +12,11 @@
 #define ROUND_MAGIC 12582912.0f /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
 #define LN2_HI 0.693145751953125f
 #define LN2_LO 1.428606765330187e-06f
-#define EXP_POLY(r) \
-    (1 + (r) * (1 + (r) * (0.5f + (r) * (1.0f / 6 + (r) * (1.0f / 24 + (r) * (1.0f / 120 + (r) * (1.0f / 720 + (r) * (1.0f / 5040))))))))
+/* Taylor's polynomial as pairs of terms (c_2i + c_2i+1 r) by Horner's rule in r2 = r^2: half the
+ * chain of dependent multiply-adds of Horner's rule in r (the forward ran 8% faster). */
+#define EXP_POLY(r, r2)                                                                        \
+    ((1 + (r)) + (r2) * ((1.0f / 2 + (r) * (1.0f / 6)) + (r2) * ((1.0f / 24 + (r) * (1.0f / 120)) + \
+                                                                 (r2) * (1.0f / 720 + (r) * (1.0f / 5040)))))
 #include "scan.h"
 #undef REAL
 #undef UINT
@@ -39,8 +42,8 @@
 #define ROUND_MAGIC 6755399441055744.0 /* 1.5 * 2^52 */
 #define LN2_HI 0.6931471803691238
 #define LN2_LO 1.9082149292705877e-10
-#define EXP_POLY(r)                                                                                           \
-    (1 + (r) * (1 + (r) * (1.0 / 2 + (r) * (1.0 / 6 + (r) * (1.0 / 24 + (r) * (1.0 / 120 + (r) * (1.0 / 720 + \
-    (r) * (1.0 / 5040 + (r) * (1.0 / 40320 + (r) * (1.0 / 362880 + (r) * (1.0 / 3628800 + (r) *              \
-    (1.0 / 39916800 + (r) * (1.0 / 479001600 + (r) * (1.0 / 6227020800.0))))))))))))))
+#define EXP_POLY(r, r2)                                                                                  \
+    ((1 + (r)) + (r2) * ((1.0 / 2 + (r) * (1.0 / 6)) + (r2) * ((1.0 / 24 + (r) * (1.0 / 120)) +                 \
+     (r2) * ((1.0 / 720 + (r) * (1.0 / 5040)) + (r2) * ((1.0 / 40320 + (r) * (1.0 / 362880)) +                \
+     (r2) * ((1.0 / 3628800 + (r) * (1.0 / 39916800)) + (r2) * (1.0 / 479001600 + (r) * (1.0 / 6227020800.0))))))))
 #include "scan.h"

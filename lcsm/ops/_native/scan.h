@@ -32,7 +32,7 @@ static inline REAL FN(exp_)(REAL x) {
     REAL zz = z > (REAL)EXP_MIN ? z : (REAL)EXP_MIN;
     REAL n = (zz * log2e + (REAL)ROUND_MAGIC) - (REAL)ROUND_MAGIC;
     REAL r = (zz - n * ln2_hi) - n * ln2_lo;
-    REAL p = EXP_POLY(r);
+    REAL p = EXP_POLY(r, r * r);
     union { UINT bits; REAL value; } scale = {((UINT)((INT)n + EXP_BIAS)) << MANT_BITS};
     REAL out = p * scale.value;
     return x < (REAL)EXP_MIN ? (REAL)0 : out;
