@@ -36,5 +36,5 @@ def test_a_case_a_tree_cannot_run_is_reported_not_fatal(tmp_path):
 def test_errors_name_the_argument(tmp_path):
     with pytest.raises(ValueError, match=r"--old: expected a source tree holding lcsm/"):
         side_by_side.main(["--old", str(tmp_path), "--new", str(REPO)])
-    with pytest.raises(ValueError, match=r"case: expected one of kxd, product, kxd-auto, product-auto, product-packed, mamba"):
+    with pytest.raises(ValueError, match=r"case: expected one of kxd, product, kxd-auto, product-auto, product-packed"):
         side_by_side._case("nope")

@@ -223,6 +223,8 @@ def _run(fn, items: int, scratch_per_thread: int, like: Tensor, *args) -> None:
         fn(*calls[0])
         return
     if not _pool or _pool[0]._max_workers < threads - 1:
+        if _pool:
+            _pool[0].shutdown(wait=False)
         _pool[:] = [ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="lcsm-native")]
     pending = [_pool[0].submit(fn, *call) for call in calls[1:]]
     fn(*calls[0])
