@@ -13,7 +13,8 @@ Forward: the memory at every chunk start (each ``chunk`` steps) is kept. Backwar
 recomputed from its start, its memories and decays held in a per-thread buffer, and the adjoint
 recurrence runs over it in reverse, as ``chunk_scan.scan_chunk_backward`` does. Work is split
 over (batch, head, block of 64 columns) among ``torch.get_num_threads()`` threads: each thread's
-C call releases the GIL.
+C call releases the GIL. Forward and backward are torch.library custom ops (``native_scan``,
+``native_scan_backward``), so that torch.compile's graphs call the kernel too.
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$LCSM_CACHE_DIR`` (default ``~/.cache/lcsm``), keyed by the source, the flags, the compiler
@@ -38,7 +39,7 @@ from pathlib import Path
 import torch
 
 from ._blocks import BLOCK_BYTES
-from ._inputs import EOSProblem
+from ._inputs import EOSProblem, constant_result
 
 Tensor = torch.Tensor
 
@@ -146,8 +147,6 @@ def native_unsupported(p: EOSProblem) -> str | None:
     built, if it was not)."""
     if p.i.device.type != "cpu":
         return f"the tensors are on {p.i.device} (the native scan runs on the CPU)"
-    if torch.compiler.is_compiling():
-        return "traced by torch.compile (a C call is opaque to the tracer)"
     if p.i.dtype not in _SUFFIX:
         return f"compute dtype {p.i.dtype} (the kernel takes float32 and float64)"
     if not (p.e_is_vector and p.s_is_vector):
@@ -157,9 +156,15 @@ def native_unsupported(p: EOSProblem) -> str | None:
             f"decay {p.decay_kind!r}: the kernel takes a full K x D decay, as one tensor or as a product "
             "a * b of which one operand is time-invariant (Mamba's Delta_t A)"
         )
-    if library() is None:
-        return _state["why"]
-    return None
+    return native_unavailable()
+
+
+@constant_result
+def native_unavailable() -> str | None:
+    """Why the kernel cannot run in this process (no compiler, a failed build, ``LCSM_NATIVE=0``),
+    or None; built on the first call. A constant of a traced graph: torch.compile calls it while
+    tracing, not in the graph."""
+    return _state["why"] if library() is None else None
 
 
 def _split_product(p: EOSProblem) -> tuple[Tensor, Tensor] | None:
@@ -181,22 +186,16 @@ def eos_native(p: EOSProblem, chunk_size: int, bounds: list[int] | None = None) 
     else:
         a, b = _split_product(p)
         a, b = a.expand(B, H, T, a.shape[3], D), b[0, :, 0].expand(H, K, D)
-    return NativeScan.apply(
-        p.i,
-        p.e.squeeze(-1).expand(B, H, T, K),
-        p.s.squeeze(-1).expand(B, H, T, K),
-        a,
-        b,
-        p.m0,
-        chunk_length(chunk_size, K, p.i.dtype),
-        tuple(bounds) if bounds is not None else (0, T),
-    )
+    cu = None if bounds is None else torch.tensor(bounds, dtype=torch.int64)
+    e, s = p.e.squeeze(-1).expand(B, H, T, K), p.s.squeeze(-1).expand(B, H, T, K)
+    y, m_T, _ = native_scan(p.i, e, s, a, b, p.m0, cu, chunk_length(chunk_size, K, p.i.dtype))
+    return y, m_T
 
 
 def chunk_length(chunk_size: int, K: int, dtype: torch.dtype) -> int:
     """Steps between kept memories: ``chunk_size``, fewer where the backward's per-thread buffer
     of a chunk's memories and decays, (2C + 3) K COLUMNS values, would exceed BLOCK_BYTES."""
-    per_step = 2 * K * COLUMNS * torch.empty((), dtype=dtype).element_size()
+    per_step = 2 * K * COLUMNS * dtype.itemsize
     return max(1, min(chunk_size, BLOCK_BYTES // per_step - 1))
 
 
@@ -238,46 +237,106 @@ def _strides(x: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor) -> ctypes.Ar
     return _int64s([*x.stride()[:3], *e.stride()[:3], *s.stride()[:3], *a.stride()[:3], a_k, *b.stride()[:2]])
 
 
-class NativeScan(torch.autograd.Function):
-    """(x, e, s, a, b, m0, C, bounds) -> (y, m_T): x [B, H, T, D], e, s [B, H, T, K], a [B, H, T,
+# The kernel as two torch.library custom ops with autograd: opaque to torch.compile's tracer (a
+# graph calls them as it calls any aten op, their fake forms give the output shapes), so eager
+# and compiled calls run the same kernel.
+
+
+@torch.library.custom_op("lcsm::native_scan", mutates_args=())
+def native_scan(
+    x: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, m0: Tensor | None, cu: Tensor | None, chunk: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, m_T, the memories at chunk starts) for x [B, H, T, D], e, s [B, H, T, K], a [B, H, T,
     1|K, D] (broadcast views allowed), b [H, K, D], the log decay a * b; m0 and m_T [B N, H, K, D]
-    (m0 may be None), C the steps between kept memories, bounds the N documents of every batch
-    row (0 = bounds[0] < ... < bounds[N] = T)."""
+    (m0 may be None); cu None (one document a row) or the N documents of the (B = 1) row, ``cu_seqlens``;
+    ``chunk`` the steps between kept memories."""
+    x, e, s, a, b = (_unit_last(t) for t in (x, e, s, a, b))
+    m0 = m0.contiguous() if m0 is not None else None
+    B, H, T, D = x.shape
+    K = e.shape[-1]
+    bounds = _bounds(cu, T)
+    chunks, docs = -(-T // chunk), len(bounds) - 1
+    y = x.new_empty(B, H, T, D)
+    m_T = x.new_empty(B * docs, H, K, D)
+    starts = x.new_empty(B, H, chunks, K, D)
+    size = _int64s([B, H, T, K, D, chunk, COLUMNS, docs, a.shape[3]])
+    fn = getattr(library(), f"scan_forward_{_SUFFIX[x.dtype]}")
+    args = [_ptr(t) for t in (x, e, s, a, b, m0, y, m_T, starts)]
+    _run(fn, B * H * -(-D // COLUMNS), K * COLUMNS, x, *args, _int64s(bounds), _strides(x, e, s, a, b), size)
+    return y, m_T, starts
 
-    @staticmethod
-    def forward(ctx, x, e, s, a, b, m0, C, bounds):
-        x, e, s, a, b = (_unit_last(t) for t in (x, e, s, a, b))
-        m0 = m0.contiguous() if m0 is not None else None
-        B, H, T, D = x.shape
-        K = e.shape[-1]
-        chunks, docs = -(-T // C), len(bounds) - 1
-        y = x.new_empty(B, H, T, D)
-        m_T = x.new_empty(B * docs, H, K, D)
-        starts = x.new_empty(B, H, chunks, K, D)
-        size = _int64s([B, H, T, K, D, C, COLUMNS, docs, a.shape[3]])
-        stride = _strides(x, e, s, a, b)
-        fn = getattr(library(), f"scan_forward_{_SUFFIX[x.dtype]}")
-        items = B * H * -(-D // COLUMNS)
-        args = [_ptr(t) for t in (x, e, s, a, b, m0, y, m_T, starts)]
-        _run(fn, items, K * COLUMNS, x, *args, _int64s(list(bounds)), stride, size)
-        ctx.save_for_backward(x, e, s, a, b, starts, m0)
-        ctx.C, ctx.bounds = C, bounds
-        return y, m_T
 
-    @staticmethod
-    def backward(ctx, gy, gm_T):
-        x, e, s, a, b, starts, m0 = ctx.saved_tensors
-        B, H, T, D = x.shape
-        K, C, bounds = e.shape[-1], ctx.C, ctx.bounds
-        blocks, docs = -(-D // COLUMNS), len(bounds) - 1
-        gy = gy.contiguous() if gy is not None else x.new_zeros(B, H, T, D)
-        gm_T = gm_T.contiguous() if gm_T is not None else None
-        dx, da = x.new_empty(B, H, T, D), x.new_empty(B, H, T, a.shape[3], D)
-        de, ds = x.new_empty(blocks, B, H, T, K), x.new_empty(blocks, B, H, T, K)
-        db, dm0 = x.new_empty(B, H, K, D), x.new_empty(B * docs, H, K, D)
-        size = _int64s([B, H, T, K, D, C, COLUMNS, docs, a.shape[3]])
-        stride = _strides(x, e, s, a, b)
-        fn = getattr(library(), f"scan_backward_{_SUFFIX[x.dtype]}")
-        args = [_ptr(t) for t in (x, e, s, a, b, starts, gy, gm_T, m0, dx, de, ds, da, db, dm0)]
-        _run(fn, B * H * blocks, (2 * C + 3) * K * COLUMNS + COLUMNS, x, *args, _int64s(list(bounds)), stride, size)
-        return dx, de.sum(0), ds.sum(0), da, db.sum(0), dm0 if m0 is not None else None, None, None
+@native_scan.register_fake
+def _(x, e, s, a, b, m0, cu, chunk):
+    B, H, T, D = x.shape
+    K, docs = e.shape[-1], 1 if cu is None else cu.shape[0] - 1
+    return x.new_empty(B, H, T, D), x.new_empty(B * docs, H, K, D), x.new_empty(B, H, (T + chunk - 1) // chunk, K, D)
+
+
+@torch.library.custom_op("lcsm::native_scan_backward", mutates_args=())
+def native_scan_backward(
+    x: Tensor,
+    e: Tensor,
+    s: Tensor,
+    a: Tensor,
+    b: Tensor,
+    m0: Tensor | None,
+    cu: Tensor | None,
+    starts: Tensor,
+    gy: Tensor,
+    gm_T: Tensor | None,
+    chunk: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of ``native_scan``'s inputs x, e, s, a, b and m0 (zeros when m0 is None)."""
+    x, e, s, a, b = (_unit_last(t) for t in (x, e, s, a, b))
+    m0 = m0.contiguous() if m0 is not None else None
+    B, H, T, D = x.shape
+    K = e.shape[-1]
+    bounds = _bounds(cu, T)
+    blocks, docs = -(-D // COLUMNS), len(bounds) - 1
+    gy = gy.contiguous()
+    gm_T = gm_T.contiguous() if gm_T is not None else None
+    dx, da = x.new_empty(B, H, T, D), x.new_empty(B, H, T, a.shape[3], D)
+    de, ds = x.new_empty(blocks, B, H, T, K), x.new_empty(blocks, B, H, T, K)
+    db, dm0 = x.new_empty(B, H, K, D), x.new_empty(B * docs, H, K, D)
+    size = _int64s([B, H, T, K, D, chunk, COLUMNS, docs, a.shape[3]])
+    fn = getattr(library(), f"scan_backward_{_SUFFIX[x.dtype]}")
+    args = [_ptr(t) for t in (x, e, s, a, b, starts, gy, gm_T, m0, dx, de, ds, da, db, dm0)]
+    scratch = (2 * chunk + 3) * K * COLUMNS + COLUMNS
+    _run(fn, B * H * blocks, scratch, x, *args, _int64s(bounds), _strides(x, e, s, a, b), size)
+    return dx, de.sum(0), ds.sum(0), da, db.sum(0), dm0
+
+
+@native_scan_backward.register_fake
+def _(x, e, s, a, b, m0, cu, starts, gy, gm_T, chunk):
+    B, H, T, D = x.shape
+    K, docs = e.shape[-1], 1 if cu is None else cu.shape[0] - 1
+    return (
+        x.new_empty(B, H, T, D),
+        x.new_empty(B, H, T, K),
+        x.new_empty(B, H, T, K),
+        x.new_empty(B, H, T, a.shape[3], D),
+        x.new_empty(H, K, D),
+        x.new_empty(B * docs, H, K, D),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    x, e, s, a, b, m0, cu, chunk = inputs
+    ctx.save_for_backward(x, e, s, a, b, m0, cu, output[2])
+    ctx.chunk = chunk
+
+
+def _backward(ctx, gy, gm_T, _):
+    x, e, s, a, b, m0, cu, starts = ctx.saved_tensors
+    gy = gy if gy is not None else torch.zeros_like(x)
+    # gradients of the (expanded) views the op was given: autograd sums them to each input's shape
+    dx, de, ds, da, db, dm0 = native_scan_backward(x, e, s, a, b, m0, cu, starts, gy, gm_T, ctx.chunk)
+    return dx, de, ds, da, db, dm0 if m0 is not None else None, None, None
+
+
+native_scan.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _bounds(cu: Tensor | None, T: int) -> list[int]:
+    return [0, T] if cu is None else cu.tolist()

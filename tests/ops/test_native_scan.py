@@ -148,3 +148,33 @@ def test_an_unwritable_cache_is_reported(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "_state", {"lib": None, "why": None})
     plan = explain(*_args(make_inputs(20, decay="product", dd_decay=(True, False))))
     assert plan.mode == "chunk" and "could not be built or loaded" in plan.reason
+
+
+def test_compiled_calls_run_the_kernel(monkeypatch):
+    """torch.compile(fullgraph=True, dynamic=True): the traced graph calls the kernel's custom ops,
+    at two lengths without retracing, with the eager call's outputs and gradients."""
+    calls = []
+    run_kernel = native._run
+    monkeypatch.setattr(native, "_run", lambda *args: calls.append(1) or run_kernel(*args))
+
+    def f(i, e, s, a, b):
+        return eos(i, e, s, LogProduct(a, b), output_final_state=True)
+
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
+    for T in (37, 50):
+        inputs = make_inputs(T, decay="product", dd_decay=(True, False), initial=False)
+        log_o = inputs["log_o"]
+        leaves = [x.detach().requires_grad_() for x in (*_args(inputs)[:3], log_o.a, log_o.b)]
+        results = []
+        for fn in (f, compiled):
+            calls.clear()
+            y, m = fn(*leaves)
+            grads = torch.autograd.grad((y * 1.3).sum() + (m * 0.7).sum(), leaves)
+            assert len(calls) == 2  # forward and backward
+            results.append([y, m, *grads])
+        for eager, traced in zip(*results, strict=True):
+            assert torch.equal(eager, traced)
+    assert counter.frame_count == 1
