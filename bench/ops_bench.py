@@ -86,6 +86,7 @@ from lcsm.ops._host_heap import _BLOCK as _PRIMED_BLOCK
 from lcsm.ops._inputs import canonicalize
 from lcsm.ops.chunk import eos_chunk
 from lcsm.ops.decay import log_sigmoid_product, log_sigmoid_product_reference
+from lcsm.ops.native_scan import native_unavailable
 from lcsm.testing import RTOL, rel_rms
 
 Tensor = torch.Tensor
@@ -715,12 +716,12 @@ class Bench:
                 "A": _leaf(A.unsqueeze(0).contiguous()),
             }
 
-        def build(log_o):
+        def build(log_o, mode="chunk"):
             def make():
                 x = inputs()
                 names = ("i", "e", "s", "log_o") if log_o is None else ("i", "e", "s", "dt", "A")
                 decay = (lambda: x["log_o"]) if log_o is None else (lambda: log_o(x["dt"], x["A"]))
-                return (lambda: eos(x["i"], x["e"], x["s"], decay(), mode="chunk", chunk_size=z.C)[0]), [
+                return (lambda: eos(x["i"], x["e"], x["s"], decay(), mode=mode, chunk_size=z.C)[0]), [
                     x[n] for n in names
                 ]
 
@@ -771,6 +772,31 @@ class Bench:
                     f"{formed.median / product.median:.2f}x",
                 )
             )
+
+        # The same product in the C kernel (mode "native", what auto takes on the CPU), where it builds.
+        why = native_unavailable()
+        if why is not None:
+            self.r.notes.append(f"lcsm eos native: not timed ({why})")
+        else:
+            native = self.time(
+                f"mamba_native@{T}",
+                "lcsm eos native (C kernel), log_o = LogProduct(dt, A)",
+                shape,
+                z.B * T,
+                build(LogProduct, mode="native"),
+            )
+            self.agreement(
+                "the native scan (C kernel)",
+                lambda: eos(x["i"], x["e"], x["s"], LogProduct(x["dt"], x["A"]), mode="native")[0],
+                lambda: with_decay(LogProduct(x["dt"], x["A"])),
+            )
+            if product is not None and native is not None:
+                self.r.info.append(
+                    (
+                        f"Mamba-shaped: chunk / native with LogProduct (speed-up), T={T}",
+                        f"{product.median / native.median:.2f}x",
+                    )
+                )
 
         # What a training step sees: a whole Mamba layer at a training batch, and at MetaLA's hard
         # MQAR batch (256 x 512 tokens), where the formed decays are 2 GiB a tensor.
