@@ -231,12 +231,6 @@ def _run(fn, items: int, scratch_per_thread: int, like: Tensor, *args) -> None:
         job.result()
 
 
-def _strides(x: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor) -> ctypes.Array:
-    """scan.h's strides; a's row stride 0 when it has one row (Mamba's Delta_t, shared by every k)."""
-    a_k = a.stride(3) if a.shape[3] > 1 else 0
-    return _int64s([*x.stride()[:3], *e.stride()[:3], *s.stride()[:3], *a.stride()[:3], a_k, *b.stride()[:2]])
-
-
 # The kernel as two torch.library custom ops with autograd: opaque to torch.compile's tracer (a
 # graph calls them as it calls any aten op, their fake forms give the output shapes), so eager
 # and compiled calls run the same kernel.
@@ -250,19 +244,12 @@ def native_scan(
     1|K, D] (broadcast views allowed), b [H, K, D], the log decay a * b; m0 and m_T [B N, H, K, D]
     (m0 may be None); cu None (one document a row) or the N documents of the (B = 1) row, ``cu_seqlens``;
     ``chunk`` the steps between kept memories."""
-    x, e, s, a, b = (_unit_last(t) for t in (x, e, s, a, b))
-    m0 = m0.contiguous() if m0 is not None else None
-    B, H, T, D = x.shape
-    K = e.shape[-1]
-    bounds = _bounds(cu, T)
-    chunks, docs = -(-T // chunk), len(bounds) - 1
-    y = x.new_empty(B, H, T, D)
-    m_T = x.new_empty(B * docs, H, K, D)
-    starts = x.new_empty(B, H, chunks, K, D)
-    size = _int64s([B, H, T, K, D, chunk, COLUMNS, docs, a.shape[3]])
-    fn = getattr(library(), f"scan_forward_{_SUFFIX[x.dtype]}")
-    args = [_ptr(t) for t in (x, e, s, a, b, m0, y, m_T, starts)]
-    _run(fn, B * H * -(-D // COLUMNS), K * COLUMNS, x, *args, _int64s(bounds), _strides(x, e, s, a, b), size)
+    k = _Call(x, e, s, a, b, m0, cu, chunk)
+    y = x.new_empty(k.B, k.H, k.T, k.D)
+    m_T = x.new_empty(k.B * k.docs, k.H, k.K, k.D)
+    starts = x.new_empty(k.B, k.H, -(-k.T // chunk), k.K, k.D)
+    args = [_ptr(t) for t in (*k.inputs, k.m0, y, m_T, starts)]
+    k.run("forward", k.B * k.H * k.blocks, k.K * COLUMNS, *args)
     return y, m_T, starts
 
 
@@ -288,22 +275,15 @@ def native_scan_backward(
     chunk: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The gradients of ``native_scan``'s inputs x, e, s, a, b and m0 (zeros when m0 is None)."""
-    x, e, s, a, b = (_unit_last(t) for t in (x, e, s, a, b))
-    m0 = m0.contiguous() if m0 is not None else None
-    B, H, T, D = x.shape
-    K = e.shape[-1]
-    bounds = _bounds(cu, T)
-    blocks, docs = -(-D // COLUMNS), len(bounds) - 1
+    k = _Call(x, e, s, a, b, m0, cu, chunk)
+    B, H, T, K, D = k.B, k.H, k.T, k.K, k.D
     gy = gy.contiguous()
     gm_T = gm_T.contiguous() if gm_T is not None else None
     dx, da = x.new_empty(B, H, T, D), x.new_empty(B, H, T, a.shape[3], D)
-    de, ds = x.new_empty(blocks, B, H, T, K), x.new_empty(blocks, B, H, T, K)
-    db, dm0 = x.new_empty(B, H, K, D), x.new_empty(B * docs, H, K, D)
-    size = _int64s([B, H, T, K, D, chunk, COLUMNS, docs, a.shape[3]])
-    fn = getattr(library(), f"scan_backward_{_SUFFIX[x.dtype]}")
-    args = [_ptr(t) for t in (x, e, s, a, b, starts, gy, gm_T, m0, dx, de, ds, da, db, dm0)]
-    scratch = (2 * chunk + 3) * K * COLUMNS + COLUMNS
-    _run(fn, B * H * blocks, scratch, x, *args, _int64s(bounds), _strides(x, e, s, a, b), size)
+    de, ds = x.new_empty(k.blocks, B, H, T, K), x.new_empty(k.blocks, B, H, T, K)
+    db, dm0 = x.new_empty(B, H, K, D), x.new_empty(B * k.docs, H, K, D)
+    args = [_ptr(t) for t in (*k.inputs, starts, gy, gm_T, k.m0, dx, de, ds, da, db, dm0)]
+    k.run("backward", B * H * k.blocks, (2 * chunk + 3) * K * COLUMNS + COLUMNS, *args)
     return dx, de.sum(0), ds.sum(0), da, db.sum(0), dm0
 
 
@@ -338,5 +318,23 @@ def _backward(ctx, gy, gm_T, _):
 native_scan.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _bounds(cu: Tensor | None, T: int) -> list[int]:
-    return [0, T] if cu is None else cu.tolist()
+class _Call:
+    """One call of the kernel: its inputs laid out for it (each last dimension contiguous), sizes,
+    documents, and the ctypes arrays of scan.h's sizes, strides and document bounds."""
+
+    def __init__(self, x, e, s, a, b, m0, cu, chunk):
+        self.inputs = x, e, s, a, b = tuple(_unit_last(t) for t in (x, e, s, a, b))
+        self.m0 = m0.contiguous() if m0 is not None else None
+        self.B, self.H, self.T, self.D = x.shape
+        self.K = e.shape[-1]
+        bounds = [0, self.T] if cu is None else cu.tolist()
+        self.docs, self.blocks = len(bounds) - 1, -(-self.D // COLUMNS)
+        # scan.h's strides; a's row stride 0 when it has one row (Mamba's Delta_t, shared by every k)
+        a_k = a.stride(3) if a.shape[3] > 1 else 0
+        strides = [*x.stride()[:3], *e.stride()[:3], *s.stride()[:3], *a.stride()[:3], a_k, *b.stride()[:2]]
+        sizes = [self.B, self.H, self.T, self.K, self.D, chunk, COLUMNS, self.docs, a.shape[3]]
+        self.tail = _int64s(bounds), _int64s(strides), _int64s(sizes)
+        self.suffix = _SUFFIX[x.dtype]
+
+    def run(self, name: str, items: int, scratch: int, *args) -> None:
+        _run(getattr(library(), f"scan_{name}_{self.suffix}"), items, scratch, self.inputs[0], *args, *self.tail)

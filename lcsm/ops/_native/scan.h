@@ -46,6 +46,16 @@ enum { I_B, I_H, I_T, E_B, E_H, E_T, S_B, S_H, S_T, A_B, A_H, A_T, A_K, B_H, B_K
 /* Sizes: batch, heads, steps, K, D, chunk length, columns per item, documents per batch row, rows
  * of a (1 or K; da has as many). */
 enum { N_B, N_H, N_T, N_K, N_D, N_C, N_DB, N_DOCS, N_KA, N_SIZES };
+/* Work item `item`'s place, as locals: batch bb and head hh (bh = bb H + hh), column block blk
+ * (columns d0 .. d0 + w), and the inputs' rows there (xb, eb, sb, ab; bk0 b's row 0). */
+#define ITEM_PLACE(item)                                                                               \
+    const int64_t bh = (item) / blocks, bb = bh / H, hh = bh % H, blk = (item) % blocks, d0 = blk * DB; \
+    const int64_t w = D - d0 < DB ? D - d0 : DB;                                                       \
+    const REAL *xb = x + bb * stride[I_B] + hh * stride[I_H] + d0;                                     \
+    const REAL *eb = e + bb * stride[E_B] + hh * stride[E_H];                                          \
+    const REAL *sb = s + bb * stride[S_B] + hh * stride[S_H];                                          \
+    const REAL *ab = a + bb * stride[A_B] + hh * stride[A_H] + d0;                                     \
+    const REAL *bk0 = b + hh * stride[B_H] + d0
 #endif
 
 /* Documents: every batch row holds ``docs`` of them, steps bounds[n] <= t < bounds[n + 1] (one,
@@ -58,13 +68,7 @@ void FN(scan_forward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *
     const int64_t H = size[N_H], T = size[N_T], K = size[N_K], D = size[N_D], docs = size[N_DOCS];
     const int64_t C = size[N_C], DB = size[N_DB], blocks = (D + DB - 1) / DB, chunks = (T + C - 1) / C;
     for (int64_t item = item0; item < item1; item++) {
-        const int64_t bh = item / blocks, bb = bh / H, hh = bh % H, d0 = (item % blocks) * DB;
-        const int64_t w = D - d0 < DB ? D - d0 : DB;
-        const REAL *xb = x + bb * stride[I_B] + hh * stride[I_H] + d0;
-        const REAL *eb = e + bb * stride[E_B] + hh * stride[E_H];
-        const REAL *sb = s + bb * stride[S_B] + hh * stride[S_H];
-        const REAL *ab = a + bb * stride[A_B] + hh * stride[A_H] + d0;
-        const REAL *bk0 = b + hh * stride[B_H] + d0;
+        ITEM_PLACE(item);
         REAL *yb = y + bh * T * D + d0;
         for (int64_t n = 0; n < docs; n++) {
             const int64_t state = (bb * docs + n) * H + hh;
@@ -130,13 +134,7 @@ void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL 
      : m0               ? m0 + (((bb * docs + doc) * H + hh) * K + (k)) * D + d0                      \
                         : zero)
     for (int64_t item = item0; item < item1; item++) {
-        const int64_t bh = item / blocks, bb = bh / H, hh = bh % H, blk = item % blocks, d0 = blk * DB;
-        const int64_t w = D - d0 < DB ? D - d0 : DB;
-        const REAL *xb = x + bb * stride[I_B] + hh * stride[I_H] + d0;
-        const REAL *eb = e + bb * stride[E_B] + hh * stride[E_H];
-        const REAL *sb = s + bb * stride[S_B] + hh * stride[S_H];
-        const REAL *ab = a + bb * stride[A_B] + hh * stride[A_H] + d0;
-        const REAL *bk0 = b + hh * stride[B_H] + d0;
+        ITEM_PLACE(item);
         const REAL *gyb = gy + bh * T * D + d0;
         REAL *dxb = dx + bh * T * D + d0, *dab = da + bh * T * KA * D + d0;
         REAL *deb = de + (blk * B * H + bh) * T * K, *dsb = ds + (blk * B * H + bh) * T * K;
