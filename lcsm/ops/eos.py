@@ -239,9 +239,9 @@ def explain(
     Triton kernels serve the inputs (K-vector e and s, no, scalar, row or column decay, real,
     float32 compute) -> triton (``triton_chunk``), except float32 inputs with no or
     a scalar decay (slower there than the chunk form, bench/results/gpu_triton.md); on CPU tensors
-    with K-vector e and s and a full K x D decay (one tensor, or a product log_o = a * b with a
-    [.., T, 1, D] and a time-invariant K x D b: Mamba's), real, float32 or float64 compute, where
-    the C kernel builds -> native (``native_scan``); otherwise chunk (kernel
+    with K-vector e and s and a full K x D decay (one tensor, or a product log_o = a * b with one
+    operand time-invariant: Mamba's Delta_t A), real, float32 or float64 compute, where the C kernel
+    builds -> native (``native_scan``); otherwise chunk (kernel
     ``matmul`` when e and s are K-vectors and the decay is none/scalar/row/column or a separable
     pair, else ``elementwise``, which multiplies a separable pair's factors out a block at a time and forms a
     product's exp(a * b) block by block). ``parallel`` is never chosen automatically: it is the
