@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lcsm._cache import cache_root
 from lcsm._names import did_you_mean
 
 
@@ -140,8 +141,7 @@ def sources() -> dict[str, Source]:
 
 def data_root() -> Path:
     """``$LCSM_CACHE/data`` if ``LCSM_CACHE`` is set, else ``~/.cache/lcsm/data``."""
-    root = os.environ.get("LCSM_CACHE")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "lcsm") / "data"
+    return cache_root() / "data"
 
 
 def resolve_source(name: str) -> Source:

@@ -17,7 +17,7 @@ C call releases the GIL. Forward and backward are torch.library custom ops (``na
 ``native_scan_backward``), so that torch.compile's graphs call the kernel too.
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
-``$LCSM_CACHE_DIR`` (default ``~/.cache/lcsm``), keyed by the source, the flags, the compiler
+``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by the source, the flags, the compiler
 and the CPU's features (-march=native). ``native_unsupported`` says why it cannot run (no
 compiler, a failed build, ``LCSM_NATIVE=0``, inputs it does not take); ``eos``'s auto mode then takes the chunk form and
 ``explain`` says so. exp is evaluated by a polynomial (``_native/scan.c``): within 2 units in the
@@ -37,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from lcsm._cache import cache_root
 
 from ._blocks import BLOCK_BYTES
 from ._inputs import EOSProblem, constant_result
@@ -62,11 +64,8 @@ _pool: list[ThreadPoolExecutor] = []
 
 
 def cache_dir() -> Path:
-    """Where the compiled kernel is kept: ``$LCSM_CACHE_DIR``, else ``$XDG_CACHE_HOME/lcsm``, else
-    ``~/.cache/lcsm``."""
-    if os.environ.get("LCSM_CACHE_DIR"):
-        return Path(os.environ["LCSM_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lcsm"
+    """Where the compiled kernel is kept: ``$LCSM_CACHE/native``, else ``~/.cache/lcsm/native``."""
+    return cache_root() / "native"
 
 
 def _cpu_features() -> str:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from lcsm._cache import cache_root
+
 from .data import Segment, Tensor
 
 _CACHE_FORMAT = 2
@@ -20,8 +22,7 @@ _CACHE_FORMAT = 2
 
 def default_cache_dir() -> Path:
     """``$LCSM_CACHE/tasks`` if ``LCSM_CACHE`` is set, else ``~/.cache/lcsm/tasks``."""
-    root = os.environ.get("LCSM_CACHE")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "lcsm") / "tasks"
+    return cache_root() / "tasks"
 
 
 def compact(t: Tensor) -> Tensor:

@@ -133,18 +133,18 @@ def test_a_failed_build_is_reported(monkeypatch, tmp_path):
     )
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
-    monkeypatch.setenv("LCSM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(native, "_state", {"lib": None, "why": None})
     plan = explain(*_args(make_inputs(20, decay="product", dd_decay=(True, False))))
     assert plan.mode == "chunk" and "failed: error: broken" in plan.reason
-    assert list((tmp_path / "cache").iterdir()) == []
+    assert list((tmp_path / "cache" / "native").iterdir()) == []
 
 
 def test_an_unwritable_cache_is_reported(monkeypatch, tmp_path):
     """A cache directory that cannot be made: the plan says so, nothing raises."""
     blocker = tmp_path / "file"
     blocker.write_text("")
-    monkeypatch.setenv("LCSM_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setenv("LCSM_CACHE", str(blocker / "cache"))
     monkeypatch.setattr(native, "_state", {"lib": None, "why": None})
     plan = explain(*_args(make_inputs(20, decay="product", dd_decay=(True, False))))
     assert plan.mode == "chunk" and "could not be built or loaded" in plan.reason
