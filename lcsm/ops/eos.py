@@ -385,7 +385,7 @@ def _eos_packed(
         y, m_T = eos_triton_packed(p, bounds, chunk_size)
         return finish(p, y, m_T, output_final_state, real_output)
     if plan.mode == "native":
-        y, m_T = eos_native(p, chunk_size, bounds)
+        y, m_T = eos_native(p, chunk_size, cu_seqlens)
         return finish(p, y, m_T, output_final_state, real_output)
     core = reset_at_starts(p, docs)
     y, _ = eos_parallel(core) if plan.mode == "parallel" else eos_chunk(core, chunk_size)

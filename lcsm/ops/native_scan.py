@@ -59,8 +59,7 @@ _FLAGS = [
 # Columns of one work item (scan.h's DB): a [K, 64] memory of float32 is 4 KiB at K = 16.
 COLUMNS = 64
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
-_state: dict = {"lib": None, "why": None}
-_pool: list[ThreadPoolExecutor] = []
+_state: dict = {"lib": None, "why": None, "pool": None}
 
 
 def cache_dir() -> Path:
@@ -175,9 +174,9 @@ def _split_product(p: EOSProblem) -> tuple[Tensor, Tensor] | None:
     return None
 
 
-def eos_native(p: EOSProblem, chunk_size: int, bounds: list[int] | None = None) -> tuple[Tensor, Tensor]:
+def eos_native(p: EOSProblem, chunk_size: int, cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """y [B, H, T, D] and the final states for a problem ``native_unsupported`` accepts: m_T
-    [B, H, K, D], or with ``bounds`` (packed documents, B = 1: ``cu_seqlens`` as ints) each
+    [B, H, K, D], or with ``cu_seqlens`` (packed documents, B = 1, bounds already checked) each
     document's [N, H, K, D], each document started from its own initial state (p.m0 [N, H, K, D])."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
     if p.decay_kind == "full":
@@ -185,9 +184,8 @@ def eos_native(p: EOSProblem, chunk_size: int, bounds: list[int] | None = None) 
     else:
         a, b = _split_product(p)
         a, b = a.expand(B, H, T, a.shape[3], D), b[0, :, 0].expand(H, K, D)
-    cu = None if bounds is None else torch.tensor(bounds, dtype=torch.int64)
     e, s = p.e.squeeze(-1).expand(B, H, T, K), p.s.squeeze(-1).expand(B, H, T, K)
-    y, m_T, _ = native_scan(p.i, e, s, a, b, p.m0, cu, chunk_length(chunk_size, K, p.i.dtype))
+    y, m_T, _ = native_scan(p.i, e, s, a, b, p.m0, cu_seqlens, chunk_length(chunk_size, K, p.i.dtype))
     return y, m_T
 
 
@@ -220,11 +218,11 @@ def _run(fn, items: int, scratch_per_thread: int, like: Tensor, *args) -> None:
     if threads == 1:
         fn(*calls[0])
         return
-    if not _pool or _pool[0]._max_workers < threads - 1:
-        if _pool:
-            _pool[0].shutdown(wait=False)
-        _pool[:] = [ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="lcsm-native")]
-    pending = [_pool[0].submit(fn, *call) for call in calls[1:]]
+    if _state["pool"] is None:
+        # one pool for the process, its threads started as calls need them (at most one per core
+        # beside the caller's)
+        _state["pool"] = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="lcsm-native")
+    pending = [_state["pool"].submit(fn, *call) for call in calls[1:]]
     fn(*calls[0])
     for job in pending:
         job.result()

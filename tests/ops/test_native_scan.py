@@ -120,7 +120,7 @@ def test_packed_documents_against_each_alone(decay, bounds, chunk_size, initial,
 def test_turned_off_by_the_environment(monkeypatch):
     """LCSM_NATIVE=0: no build, and auto says why it takes the chunk form."""
     monkeypatch.setenv("LCSM_NATIVE", "0")
-    monkeypatch.setattr(native, "_state", {"lib": None, "why": None})
+    monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": None})
     plan = explain(*_args(make_inputs(20, decay="product", dd_decay=(True, False))))
     assert plan.mode == "chunk" and "not the native scan: LCSM_NATIVE=0" in plan.reason
 
@@ -134,7 +134,7 @@ def test_a_failed_build_is_reported(monkeypatch, tmp_path):
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(native, "_state", {"lib": None, "why": None})
+    monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": None})
     plan = explain(*_args(make_inputs(20, decay="product", dd_decay=(True, False))))
     assert plan.mode == "chunk" and "failed: error: broken" in plan.reason
     assert list((tmp_path / "cache" / "native").iterdir()) == []
@@ -145,7 +145,7 @@ def test_an_unwritable_cache_is_reported(monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("LCSM_CACHE", str(blocker / "cache"))
-    monkeypatch.setattr(native, "_state", {"lib": None, "why": None})
+    monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": None})
     plan = explain(*_args(make_inputs(20, decay="product", dd_decay=(True, False))))
     assert plan.mode == "chunk" and "could not be built or loaded" in plan.reason
 

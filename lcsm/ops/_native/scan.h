@@ -1,7 +1,8 @@
-/* The selective scan on a CPU: EOS with a K x D decay given as a product, o_t = exp(a_t * b)
- * (Mamba's Delta_t A), vector e and s, fused into one pass per step. See native_scan.py.
+/* The EOS recurrence on a CPU with vector e and s and a K x D decay given as a product,
+ * o_t = exp(a_t * b) (Mamba's Delta_t A, a of one row; a full log decay as a of K rows times ones),
+ * fused into one pass per step. See native_scan.py.
  *
- *   h_t = exp(a_t[d] b[k, d]) h_{t-1}[k, d] + e_t[k] x_t[d],   y_t[d] = sum_k s_t[k] h_t[k, d]
+ *   h_t = exp(a_t[k|., d] b[k, d]) h_{t-1}[k, d] + e_t[k] x_t[d],   y_t[d] = sum_k s_t[k] h_t[k, d]
  *
  * One work item is one (batch, head, block of DB columns d); its memory h [K, DB] stays in cache
  * for the whole sequence. The forward keeps h at each chunk start (every C steps); the backward
