@@ -57,7 +57,7 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, packed_rows
+from .packing import packed_rows, short_conv
 
 Tensor = torch.Tensor
 
@@ -164,15 +164,8 @@ class Mamba2(Mixer):
     def conv(self, xBC: Tensor, conv_state: Tensor | None, cu_seqlens: Tensor | None = None):
         """Causal depthwise conv + SiLU over xBC [B, T, conv_dim]; conv_state [B, W - 1, conv_dim]
         (previous inputs, zeros at a sequence start). Returns (activated [B, T, conv_dim], new state)."""
-        if cu_seqlens is not None:
-            u, last = causal_conv(xBC, self.conv1d.weight, self.conv1d.bias, cu_seqlens, conv_state)
-            return F.silu(u), last
-        B = xBC.shape[0]
-        if conv_state is None:
-            conv_state = xBC.new_zeros(B, self.d_conv - 1, self.conv_dim)
-        full = torch.cat([conv_state.to(xBC.dtype), xBC], dim=1)
-        u = F.conv1d(full.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)
-        return F.silu(u.transpose(1, 2)), full[:, full.shape[1] - (self.d_conv - 1) :]
+        u, last = short_conv(xBC, self.conv1d.weight, self.conv1d.bias, cu_seqlens, conv_state)
+        return F.silu(u), last
 
     def gated_norm(self, y: Tensor, z: Tensor) -> Tensor:
         """RMSNorm(y * SiLU(z)) per group of d_inner / G channels, in float32 at least (official

@@ -40,7 +40,7 @@ from lcsm._checks import check_bool, check_int
 from lcsm.ops import eos
 
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, packed_rows
+from .packing import packed_rows, short_conv
 
 Tensor = torch.Tensor
 
@@ -126,17 +126,9 @@ class MetaLA(Mixer):
         (the previous raw inputs; zeros at the start). Returns (x~ [B, T, d], new buffer).
         With ``cu_seqlens`` x is a packed row, the buffer holds one row per document and the
         convolution restarts at each document's start."""
-        if cu_seqlens is not None:
-            history = None if buffer is None else buffer.transpose(1, 2)
-            out, last = causal_conv(x, self.conv1d.weight, None, cu_seqlens, history)
-            return F.silu(out), last.transpose(1, 2)
-        B, T, d = x.shape
-        w = self.conv_size
-        if buffer is None:
-            buffer = x.new_zeros(B, d, w - 1)
-        seq = torch.cat([buffer, x.transpose(1, 2)], dim=2)  # [B, d, W - 1 + T]
-        out = F.conv1d(seq, self.conv1d.weight, groups=d)  # [B, d, T]
-        return F.silu(out).transpose(1, 2), seq[:, :, seq.shape[2] - (w - 1) :]
+        history = None if buffer is None else buffer.transpose(1, 2)
+        out, last = short_conv(x, self.conv1d.weight, None, cu_seqlens, history)
+        return F.silu(out), last.transpose(1, 2)
 
     def _heads(self, t: Tensor, width: int) -> Tensor:
         return t.reshape(t.shape[0], t.shape[1], self.heads, width)

@@ -80,7 +80,7 @@ from torch import nn
 from .._checks import check_int
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, check_document_state, document_index, documents, previous, running_max
+from .packing import check_document_state, document_index, documents, previous, running_max, short_conv
 
 Tensor = torch.Tensor
 
@@ -170,14 +170,8 @@ class MLSTM(Mixer):
 
     def _conv(self, x: Tensor, history: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
         """SiLU(causal depthwise conv(x)) and the last W - 1 inputs of each sequence."""
-        if cu_seqlens is not None:
-            u, last = causal_conv(x, self.conv1d.weight, self.conv1d.bias, cu_seqlens, history)
-            return F.silu(u), last
-        if history is None:
-            history = x.new_zeros(x.shape[0], self.d_conv - 1, self.inner)
-        full = torch.cat([history.to(x.dtype), x], dim=1)
-        u = F.conv1d(full.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, groups=self.inner)
-        return F.silu(u.transpose(1, 2)), full[:, full.shape[1] - (self.d_conv - 1) :]
+        u, last = short_conv(x, self.conv1d.weight, self.conv1d.bias, cu_seqlens, history)
+        return F.silu(u), last
 
     def forward(
         self,

@@ -133,10 +133,27 @@ def short_conv(
     if history is None:
         history = x.new_zeros(x.shape[0], W - 1, x.shape[2])
     full = torch.cat([history.to(x.dtype), x], dim=1)
-    y = F.conv1d(
-        full.transpose(1, 2), weight.to(x.dtype), None if bias is None else bias.to(x.dtype), groups=x.shape[2]
-    ).transpose(1, 2)
-    return y, full[:, full.shape[1] - (W - 1) :]
+    return depthwise_causal(full, weight, bias), full[:, full.shape[1] - (W - 1) :]
+
+
+def depthwise_causal(full: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The depthwise convolution of ``full`` [B, W - 1 + T, C] (the W - 1 inputs before the
+    sequence, then its T inputs) with ``weight`` [C, 1, W] (``nn.Conv1d(C, C, W, groups=C)``),
+    plus ``bias`` [C]: [B, T, C], y_t = bias + sum_j weight[:, 0, j] full_{t + j}.
+
+    As W shifted multiply-adds along the channels' contiguous dim, summed in float32 at least (a
+    CUDA causal-conv kernel's accumulator): F.conv1d wants [B, C, T], so its input and output are
+    transposed copies, and its depthwise CPU backward ran several times slower than its forward
+    (fwd + bwd of the conv and SiLU at B 1, T 2048, C 256: 13 ms against 5 ms)."""
+    W = weight.shape[-1]
+    T = full.shape[1] - (W - 1)
+    wide = torch.promote_types(full.dtype, torch.float32)
+    taps = weight[:, 0].t().to(wide)  # [W, C]
+    first = full[:, :T].to(wide)
+    y = first * taps[0] if bias is None else torch.addcmul(bias.to(wide), first, taps[0])
+    for j in range(1, W):
+        y = y.addcmul(full[:, j : j + T].to(wide), taps[j])
+    return y.to(full.dtype)
 
 
 def silu_short_conv(

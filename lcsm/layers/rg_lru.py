@@ -56,7 +56,7 @@ from lcsm._checks import check_int
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, packed_rows
+from .packing import packed_rows, short_conv
 
 Tensor = torch.Tensor
 
@@ -162,14 +162,10 @@ class RGLRU(Mixer):
         if state.position.shape != (rows,):
             raise ValueError(f"state.position: expected [{rows}], got {list(state.position.shape)}")
         xb = self.linear_x(x)
+        u, conv_state = short_conv(xb, self.conv1d.weight, self.conv1d.bias, cu_seqlens, state.conv)
         if cu_seqlens is not None:
-            u, conv_state = causal_conv(xb, self.conv1d.weight, self.conv1d.bias, cu_seqlens, state.conv)
             starts, lengths = cu_seqlens[:-1], cu_seqlens[1:] - cu_seqlens[:-1]
         else:
-            full = torch.cat([state.conv.to(xb.dtype), xb], dim=1)
-            u = F.conv1d(full.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, groups=self.lru_width)
-            u = u.transpose(1, 2)
-            conv_state = full[:, full.shape[1] - (self.conv_width - 1) :]
             starts, lengths = None, T
         wide = torch.promote_types(u.dtype, torch.float32)
         log_a = -C * self.gate(u, self.gate_a_w, self.gate_a_b).to(wide) * F.softplus(self.a_param.to(wide))
