@@ -3,6 +3,8 @@ runs in a fresh process (so the trees' ``lcsm`` never share one), the cells in t
 times, each cell the median of ``--repeats`` timed calls after one untimed call. Host memory as
 lcsm's training processes keep it (``--allocator retain``, the default) or as a library caller's
 process has it (``system``: glibc's own thresholds), float32, ``--threads`` threads (default 2).
+The table gives the ratio of the two medians and, over two or more rounds, the ratio paired by
+round (the geometric mean of each round's old / new) with its 95% interval.
 
     python -m bench.side_by_side --old PATH [--new PATH] [--cases ...] [--rounds 3] [--allocator A] [--out FILE]
 
@@ -33,6 +35,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from lcsm.engine.stats import ratio_interval
 
 CASES = ("kxd", "product", "kxd-auto", "product-auto", "product-packed", "mamba", "lm-transformer-512", "lm-s4-512")
 
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     cells: dict[tuple[str, str], list[float]] = {}
     failed: dict[tuple[str, str], str] = {}
-    for _ in range(a.rounds):
+    for round_ in range(a.rounds):
         for case in a.cases:
             for label, tree in trees.items():
                 # The script comes from this tree; lcsm (and the efficiency bench's models) from the
@@ -156,12 +160,23 @@ def main(argv: list[str] | None = None) -> int:
                 if out.returncode:
                     failed[case, label] = (out.stderr.strip().splitlines() or ["no output"])[-1]
                     continue
-                cells.setdefault((case, label), []).append(json.loads(out.stdout.strip().splitlines()[-1])["ms"])
-    lines = ["| case | old ms | new ms | old / new |", "| --- | ---: | ---: | ---: |"]
+                ms = json.loads(out.stdout.strip().splitlines()[-1])["ms"]
+                cells.setdefault((case, label), {})[round_] = ms
+    lines = [
+        "| case | old ms | new ms | old / new | paired by round [95% interval] |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for case in a.cases:
-        old, new = (statistics.median(cells[case, k]) if (case, k) in cells else None for k in ("old", "new"))
-        ratio = f"{old / new:.2f}x" if old and new else "-"
-        lines.append(f"| {case} | {_ms(old)} | {_ms(new)} | {ratio} |")
+        old, new = (cells.get((case, k), {}) for k in ("old", "new"))
+        ratio, paired = "-", "-"
+        if old and new:
+            ratio = f"{statistics.median(old.values()) / statistics.median(new.values()):.2f}x"
+        rounds = sorted(old.keys() & new.keys())
+        if len(rounds) >= 2:
+            r, low, high = ratio_interval([old[k] for k in rounds], [new[k] for k in rounds])
+            paired = f"{r:.2f}x [{low:.2f}, {high:.2f}]"
+        old_ms, new_ms = (statistics.median(c.values()) if c else None for c in (old, new))
+        lines.append(f"| {case} | {_ms(old_ms)} | {_ms(new_ms)} | {ratio} | {paired} |")
     lines += [f"\n{label} tree, {case}: {error}" for (case, label), error in failed.items()]
     report = "\n".join(lines)
     print(report)

@@ -2,6 +2,7 @@
 each cell in its own process, and the report's table. Timings are machine-dependent and not
 asserted."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -17,10 +18,11 @@ from bench import side_by_side  # noqa: E402
 def test_one_case_in_two_trees(tmp_path, capsys):
     """A mixer layer's case under the system allocator (the other choice is the default)."""
     out = tmp_path / "report.md"
-    args = ["--old", str(REPO), "--new", str(REPO), "--cases", "layer-s4-16", "--rounds", "1", "--repeats", "1"]
+    args = ["--old", str(REPO), "--new", str(REPO), "--cases", "layer-s4-16", "--rounds", "2", "--repeats", "1"]
     assert side_by_side.main([*args, "--threads", "1", "--allocator", "system", "--out", str(out)]) == 0
     rows = [line for line in out.read_text().splitlines() if line.startswith("| layer-s4-16 |")]
-    assert len(rows) == 1 and rows[0].endswith("x |"), out.read_text()
+    # the median ratio, then the ratio paired by round with its interval
+    assert len(rows) == 1 and re.search(r"x \| [0-9.]+x \[[0-9.]+, [0-9.]+\] \|$", rows[0]), out.read_text()
     assert "| layer-s4-16 |" in capsys.readouterr().out
 
 
@@ -29,7 +31,7 @@ def test_a_case_a_tree_cannot_run_is_reported_not_fatal(tmp_path):
     args = ["--old", str(REPO), "--new", str(REPO), "--cases", "lm-nosuchmodel-8", "--rounds", "1"]
     assert side_by_side.main([*args, "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
     text = out.read_text()
-    assert "| lm-nosuchmodel-8 | - | - | - |" in text
+    assert "| lm-nosuchmodel-8 | - | - | - | - |" in text
     assert "old tree, lm-nosuchmodel-8: " in text and "nosuchmodel" in text.split("old tree, ")[1], text
 
 
