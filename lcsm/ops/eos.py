@@ -36,7 +36,7 @@ from .chunk import chunk_length, eos_chunk, kernel_for, matmul_operands
 from .chunk_matmul import SAFE_SPAN, factorised_segments
 from .fft import eos_fft
 from .native_scan import chunk_length as native_chunk_length
-from .native_scan import eos_native, native_unsupported
+from .native_scan import eos_native, native_unsupported, serial_reason
 from .packed import Documents, add_states, packed_recurrent, reset_at_starts
 from .parallel import eos_parallel
 from .reference import eos_recurrent, eos_step_state
@@ -217,7 +217,8 @@ def _native_plan(p: EOSProblem, chunk_size: int, why: str) -> Plan:
         "native",
         "native-scan",
         f"{why}: one C kernel (native_scan), the decay's exp formed step by step, memory kept every "
-        f"{native_chunk_length(chunk_size, p.K, p.i.dtype)} steps; backward by the same kernel",
+        f"{native_chunk_length(chunk_size, p.K, p.i.dtype)} steps; backward by the same kernel"
+        + (f" ({serial_reason()})" if serial_reason() else ""),
     )
 
 

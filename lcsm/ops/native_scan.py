@@ -12,8 +12,9 @@ the memory and reduces it against s_t while the memory [K, 64 columns] stays in 
 Forward: the memory at every chunk start (each ``chunk`` steps) is kept. Backward: each chunk is
 recomputed from its start, its memories and decays held in a per-thread buffer, and the adjoint
 recurrence runs over it in reverse, as ``chunk_scan.scan_chunk_backward`` does. Work is split
-over (batch, head, block of 64 columns) among ``torch.get_num_threads()`` threads: each thread's
-C call releases the GIL. Forward and backward are torch.library custom ops (``native_scan``,
+over (batch, head, block of 64 columns) among ``torch.get_num_threads()`` OpenMP threads: the
+same runtime as torch's own parallel operations (loaded by torch first), whose idle workers take
+the items. Forward and backward are torch.library custom ops (``native_scan``,
 ``native_scan_backward``), so that torch.compile's graphs call the kernel too.
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
@@ -33,7 +34,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -46,20 +46,14 @@ from ._inputs import EOSProblem, constant_result
 Tensor = torch.Tensor
 
 _SOURCE = Path(__file__).parent / "_native"
-_FLAGS = [
-    "-O3",
-    "-march=native",
-    "-fopenmp-simd",
-    "-fno-math-errno",
-    "-fno-trapping-math",
-    "-fPIC",
-    "-shared",
-    "-std=c11",
-]
+_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11"]
+# -fopenmp: work items split among OpenMP threads; where the compiler cannot link OpenMP, the
+# kernel is built with -fopenmp-simd (its loops still vectorised) and runs on one thread.
+_THREADED, _SERIAL = "-fopenmp", "-fopenmp-simd"
 # Columns of one work item (scan.h's DB): a [K, 64] memory of float32 is 4 KiB at K = 16.
 COLUMNS = 64
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
-_state: dict = {"lib": None, "why": None, "pool": None}
+_state: dict = {"lib": None, "why": None, "serial": None}
 
 
 def cache_dir() -> Path:
@@ -94,24 +88,30 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         key.update(part)
     key.update(version.encode())
     key.update(_cpu_features().encode())
-    target = cache_dir() / f"scan-{key.hexdigest()[:16]}.so"
+    lib, why = None, None
     try:
-        why = None if target.exists() else _compile(compiler, target)
-        if why is not None:
+        for threading in (_THREADED, _SERIAL):
+            target = cache_dir() / f"scan-{key.hexdigest()[:16]}{threading}.so"
+            failed = None if target.exists() else _compile(compiler, [*_FLAGS, threading], target)
+            if failed is None:
+                lib = ctypes.CDLL(str(target))
+                break
+            why = why or failed
+        if lib is None:
             return None, f"building the native scan with {compiler} failed: {why}"
-        lib = ctypes.CDLL(str(target))
     except OSError as err:
         return None, f"the native scan could not be built or loaded at {target}: {err}"
+    _state["serial"] = None if threading == _THREADED else f"one thread: {compiler} {_THREADED} failed: {why}"
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     for suffix in _SUFFIX.values():
         for name, tensors in (("forward", 9), ("backward", 15)):
-            fn = getattr(lib, f"scan_{name}_{suffix}")
-            # tensors, document bounds, strides, sizes, the range of work items, the thread's scratch
-            fn.argtypes, fn.restype = [*[ptr] * tensors, ptr, ptr, ptr, i64, i64, ptr], None
+            fn = getattr(lib, f"scan_{name}_all_{suffix}")
+            # tensors, document bounds, strides, sizes, work items, threads, scratch and its size per thread
+            fn.argtypes, fn.restype = [*[ptr] * tensors, ptr, ptr, ptr, i64, i64, ptr, i64], None
     return lib, None
 
 
-def _compile(compiler: str, target: Path) -> str | None:
+def _compile(compiler: str, flags: list[str], target: Path) -> str | None:
     """Compile the kernel to ``target``; the compiler's last message when it fails."""
     target.parent.mkdir(parents=True, exist_ok=True)
     # built beside the target and renamed into place: processes building at once (test workers)
@@ -120,7 +120,7 @@ def _compile(compiler: str, target: Path) -> str | None:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *_FLAGS, "-o", tmp, str(_SOURCE / "scan.c")], capture_output=True, text=True, timeout=300
+            [compiler, *flags, "-o", tmp, str(_SOURCE / "scan.c")], capture_output=True, text=True, timeout=300
         )
         if done.returncode != 0:
             return (done.stderr.strip().splitlines() or ["(no message)"])[-1]
@@ -163,6 +163,11 @@ def native_unavailable() -> str | None:
     or None; built on the first call. A constant of a traced graph: torch.compile calls it while
     tracing, not in the graph."""
     return _state["why"] if library() is None else None
+
+
+def serial_reason() -> str | None:
+    """Why the built kernel runs on one thread (its compiler could not link OpenMP), or None."""
+    return _state["serial"]
 
 
 def _split_product(p: EOSProblem) -> tuple[Tensor, Tensor] | None:
@@ -210,22 +215,10 @@ def _int64s(values: list[int]) -> ctypes.Array:
 
 
 def _run(fn, items: int, scratch_per_thread: int, like: Tensor, *args) -> None:
-    """fn(*args, item0, item1, scratch) over work items 0..items, split among the threads."""
-    threads = max(1, min(torch.get_num_threads(), items))
+    """fn over work items 0..items on torch.get_num_threads() OpenMP threads (at most one per item)."""
+    threads = 1 if _state["serial"] else max(1, min(torch.get_num_threads(), items))
     scratch = like.new_empty(threads, scratch_per_thread)
-    bounds = [items * n // threads for n in range(threads + 1)]
-    calls = [(*args, bounds[n], bounds[n + 1], _ptr(scratch[n])) for n in range(threads)]
-    if threads == 1:
-        fn(*calls[0])
-        return
-    if _state["pool"] is None:
-        # one pool for the process, its threads started as calls need them (at most one per core
-        # beside the caller's)
-        _state["pool"] = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="lcsm-native")
-    pending = [_state["pool"].submit(fn, *call) for call in calls[1:]]
-    fn(*calls[0])
-    for job in pending:
-        job.result()
+    fn(*args, items, threads, _ptr(scratch), scratch_per_thread)
 
 
 # The kernel as two torch.library custom ops with autograd: opaque to torch.compile's tracer (a
@@ -334,4 +327,4 @@ class _Call:
         self.suffix = _SUFFIX[x.dtype]
 
     def run(self, name: str, items: int, scratch: int, *args) -> None:
-        _run(getattr(library(), f"scan_{name}_{self.suffix}"), items, scratch, self.inputs[0], *args, *self.tail)
+        _run(getattr(library(), f"scan_{name}_all_{self.suffix}"), items, scratch, self.inputs[0], *args, *self.tail)

@@ -140,6 +140,26 @@ def test_a_failed_build_is_reported(monkeypatch, tmp_path):
     assert list((tmp_path / "cache" / "native").iterdir()) == []
 
 
+def test_a_compiler_without_openmp_builds_a_one_thread_kernel(monkeypatch, tmp_path):
+    """A compiler that cannot link OpenMP: the kernel is built without it and runs on one thread,
+    with the same results; the plan says so."""
+    real = shutil.which(os.environ.get("CC", "cc"))
+    fake = tmp_path / "cc"
+    fake.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && { echo "error: no OpenMP here" >&2; exit 1; }; done\n'
+        f'exec "{real}" "$@"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": None, "serial": None})
+    inputs = make_inputs(40, decay="product", dd_decay=(True, False))
+    plan = explain(*_args(inputs))
+    assert plan.mode == "native" and "one thread" in plan.reason and "error: no OpenMP here" in plan.reason
+    assert [p.name.endswith("-fopenmp-simd.so") for p in (tmp_path / "cache" / "native").iterdir()] == [True]
+    check(inputs, "native", torch.float64, context="kernel built without OpenMP")
+
+
 def test_an_unwritable_cache_is_reported(monkeypatch, tmp_path):
     """A cache directory that cannot be made: the plan says so, nothing raises."""
     blocker = tmp_path / "file"

@@ -13,6 +13,14 @@
 
 #include <stdint.h>
 #include <string.h>
+#ifndef THREAD_NUM
+#ifdef _OPENMP
+#include <omp.h>
+#define THREAD_NUM omp_get_thread_num()
+#else
+#define THREAD_NUM 0
+#endif
+#endif
 
 #ifndef REAL
 #error "compile scan.c, which defines REAL and includes this file"
@@ -63,9 +71,9 @@ enum { N_B, N_H, N_T, N_K, N_D, N_C, N_DB, N_DOCS, N_KA, N_SIZES };
  * [0, T], unless sequences are packed); each starts from its own initial state m0[(b docs + n) H + h]
  * (or zeros) and ends in its own final state, at the same index. */
 
-void FN(scan_forward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *a, const REAL *b,
-                       const REAL *m0, REAL *y, REAL *m_T, REAL *starts, const int64_t *bounds,
-                       const int64_t *stride, const int64_t *size, int64_t item0, int64_t item1, REAL *h) {
+static void FN(scan_forward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *a, const REAL *b,
+                              const REAL *m0, REAL *y, REAL *m_T, REAL *starts, const int64_t *bounds,
+                              const int64_t *stride, const int64_t *size, int64_t item0, int64_t item1, REAL *h) {
     const int64_t H = size[N_H], T = size[N_T], K = size[N_K], D = size[N_D], docs = size[N_DOCS];
     const int64_t C = size[N_C], DB = size[N_DB], blocks = (D + DB - 1) / DB, chunks = (T + C - 1) / C;
     for (int64_t item = item0; item < item1; item++) {
@@ -114,10 +122,11 @@ static inline int64_t FN(doc_of_)(const int64_t *bounds, int64_t docs, int64_t t
  * de and ds [blocks, B, H, T, K] (each block's partial sum over its columns), db [B, H, K, D]
  * (summed over time), dm0 like m0. gy [B, H, T, D], gm_T and m0 (each like the final states, or
  * NULL) contiguous. Scratch per thread: (2C + 3) K DB + DB values. */
-void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *a, const REAL *b,
-                        const REAL *starts, const REAL *gy, const REAL *gm_T, const REAL *m0, REAL *dx, REAL *de,
-                        REAL *ds, REAL *da, REAL *db, REAL *dm0, const int64_t *bounds, const int64_t *stride,
-                        const int64_t *size, int64_t item0, int64_t item1, REAL *scratch) {
+static void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL *a, const REAL *b,
+                               const REAL *starts, const REAL *gy, const REAL *gm_T, const REAL *m0, REAL *dx,
+                               REAL *de, REAL *ds, REAL *da, REAL *db, REAL *dm0, const int64_t *bounds,
+                               const int64_t *stride, const int64_t *size, int64_t item0, int64_t item1,
+                               REAL *scratch) {
     const int64_t B = size[N_B], H = size[N_H], T = size[N_T], K = size[N_K], D = size[N_D], docs = size[N_DOCS];
     const int64_t KA = size[N_KA];
     const int64_t C = size[N_C], DB = size[N_DB], blocks = (D + DB - 1) / DB, chunks = (T + C - 1) / C;
@@ -204,3 +213,29 @@ void FN(scan_backward_)(const REAL *x, const REAL *e, const REAL *s, const REAL 
     }
 }
 #undef MEMORY_BEFORE
+
+/* Every work item 0 .. items, split among `threads` OpenMP threads (scratch: `per_thread` values
+ * for each). Linked to the process's OpenMP runtime, torch's when torch was loaded first: its idle
+ * workers, still spinning after torch's last parallel operation, take the items, where threads of
+ * our own would have shared the cores with them. Items are independent, so the split does not
+ * change the results. Built without OpenMP: one thread. */
+void FN(scan_forward_all_)(const REAL *x, const REAL *e, const REAL *s, const REAL *a, const REAL *b,
+                           const REAL *m0, REAL *y, REAL *m_T, REAL *starts, const int64_t *bounds,
+                           const int64_t *stride, const int64_t *size, int64_t items, int64_t threads,
+                           REAL *scratch, int64_t per_thread) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t item = 0; item < items; item++)
+        FN(scan_forward_)(x, e, s, a, b, m0, y, m_T, starts, bounds, stride, size, item, item + 1,
+                          scratch + THREAD_NUM * per_thread);
+}
+
+void FN(scan_backward_all_)(const REAL *x, const REAL *e, const REAL *s, const REAL *a, const REAL *b,
+                            const REAL *starts, const REAL *gy, const REAL *gm_T, const REAL *m0, REAL *dx,
+                            REAL *de, REAL *ds, REAL *da, REAL *db, REAL *dm0, const int64_t *bounds,
+                            const int64_t *stride, const int64_t *size, int64_t items, int64_t threads,
+                            REAL *scratch, int64_t per_thread) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t item = 0; item < items; item++)
+        FN(scan_backward_)(x, e, s, a, b, starts, gy, gm_T, m0, dx, de, ds, da, db, dm0, bounds, stride, size, item,
+                           item + 1, scratch + THREAD_NUM * per_thread);
+}
