@@ -17,6 +17,10 @@ same runtime as torch's own parallel operations (loaded by torch first), whose i
 the items. Forward and backward are torch.library custom ops (``native_scan``,
 ``native_scan_backward``), so that torch.compile's graphs call the kernel too.
 
+The same library holds S4's Cauchy sums over conjugate pairs and their adjoint (``cauchy_forward``,
+``cauchy_backward``; ``_native/cauchy.h``), which ``lcsm.layers.s4.cauchy_conj`` calls eagerly
+on the CPU.
+
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by the source, the flags, the compiler
 and the CPU's features (-march=native). ``native_unsupported`` says why it cannot run (no
@@ -84,7 +88,7 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
     except (OSError, subprocess.SubprocessError) as err:
         return None, f"the C compiler {compiler} did not run: {err}"
     key = hashlib.sha256()
-    for part in [*(p.read_bytes() for p in sorted(_SOURCE.glob("scan.*"))), " ".join(_FLAGS).encode()]:
+    for part in [*(p.read_bytes() for p in sorted(_SOURCE.glob("*.[ch]"))), " ".join(_FLAGS).encode()]:
         key.update(part)
     key.update(version.encode())
     key.update(_cpu_features().encode())
@@ -103,11 +107,18 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         return None, f"the native scan could not be built or loaded at {target}: {err}"
     _state["serial"] = None if threading == _THREADED else f"one thread: {compiler} {_THREADED} failed: {why}"
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    signatures = {
+        # tensors, document bounds, strides, sizes, work items, threads, scratch and its size per thread
+        "scan_forward_all": [*[ptr] * 9, ptr, ptr, ptr, i64, i64, ptr, i64],
+        "scan_backward_all": [*[ptr] * 15, ptr, ptr, ptr, i64, i64, ptr, i64],
+        # tensors, M, N2, K, rows H (the work items), threads, scratch and its size per thread
+        "cauchy_forward_all": [*[ptr] * 6, *[i64] * 5, ptr, i64],
+        "cauchy_backward_all": [*[ptr] * 10, *[i64] * 5, ptr, i64],
+    }
     for suffix in _SUFFIX.values():
-        for name, tensors in (("forward", 9), ("backward", 15)):
-            fn = getattr(lib, f"scan_{name}_all_{suffix}")
-            # tensors, document bounds, strides, sizes, work items, threads, scratch and its size per thread
-            fn.argtypes, fn.restype = [*[ptr] * tensors, ptr, ptr, ptr, i64, i64, ptr, i64], None
+        for name, argtypes in signatures.items():
+            fn = getattr(lib, f"{name}_{suffix}")
+            fn.argtypes, fn.restype = argtypes, None
     return lib, None
 
 
@@ -328,3 +339,29 @@ class _Call:
 
     def run(self, name: str, items: int, scratch: int, *args) -> None:
         _run(getattr(library(), f"scan_{name}_all_{self.suffix}"), items, scratch, self.inputs[0], *args, *self.tail)
+
+
+# S4's Cauchy sums over conjugate pairs (lcsm/layers/s4.py, ``cauchy_conj``; C source
+# _native/cauchy.h): the same library, one work item per row h, q formed a block of roots at a time.
+_CAUCHY_BLOCK = 64  # cauchy.h's MB
+
+
+def cauchy_forward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
+    """S [H, M, K] complex, S = sum_n W[h, n, k] / ((g_m - lam_n)(g_m - conj(lam_n))): g = gr + i gi
+    [H, M], a = Re lam and s = |lam|^2 [H, N2], W [H, N2, K]; all real, of one dtype, contiguous."""
+    (H, M), (N2, K) = gr.shape, W.shape[1:]
+    S = gr.new_empty(H, M, K, 2)
+    fn = getattr(library(), f"cauchy_forward_all_{_SUFFIX[gr.dtype]}")
+    _run(fn, H, (2 * K + 2) * _CAUCHY_BLOCK, gr, *(_ptr(t) for t in (gr, gi, a, s, W, S)), M, N2, K)
+    return torch.view_as_complex(S)
+
+
+def cauchy_backward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor, grad_S: Tensor) -> tuple[Tensor, ...]:
+    """The gradients of ``cauchy_forward``'s g (complex [H, M]), a, s and W, given S's (complex)."""
+    (H, M), (N2, K) = gr.shape, W.shape[1:]
+    gS = torch.view_as_real(grad_S.resolve_conj().to(gr.dtype.to_complex())).contiguous()
+    dg, da, ds, dW = gr.new_empty(H, M, 2), torch.empty_like(a), torch.empty_like(s), torch.empty_like(W)
+    fn = getattr(library(), f"cauchy_backward_all_{_SUFFIX[gr.dtype]}")
+    tensors = (gr, gi, a, s, W, gS, dg, da, ds, dW)
+    _run(fn, H, (2 * K + 8) * _CAUCHY_BLOCK, gr, *(_ptr(t) for t in tensors), M, N2, K)
+    return torch.view_as_complex(dg), da, ds, dW

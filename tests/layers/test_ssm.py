@@ -13,6 +13,7 @@ from lcsm.layers import s4
 from lcsm.layers._hippo import hippo_legs, hippo_normal_eig, hippo_skew_pos_imag
 from lcsm.layers._ssm import as_complex
 from lcsm.layers.s4 import S4State, cauchy_conj
+from lcsm.ops import native_scan
 from lcsm.testing import assert_close, assert_matches_reference, gradients
 
 D_MODEL = 6
@@ -224,18 +225,35 @@ def cauchy_inputs(H=3, M=17, N2=5, K=4, dtype=torch.float64):
     return randn(H, N2, K, seed=7).to(dtype), g.to(ctype), lam.to(ctype)
 
 
+def cauchy_form(monkeypatch, form):
+    """Route cauchy_conj to ``form``: "native" (the C kernel; skipped where it cannot build, which
+    tests/ops/test_native_scan.py fails on where a compiler exists) or "pytorch" (_CauchyConj)."""
+    if form == "pytorch":
+        monkeypatch.setattr(native_scan, "native_unavailable", lambda: "turned off by the test")
+    elif native_scan.native_unavailable() is not None:
+        pytest.skip(native_scan.native_unavailable())
+    calls = []
+    forward = native_scan.cauchy_forward
+    monkeypatch.setattr(native_scan, "cauchy_forward", lambda *args: calls.append(1) or forward(*args))
+    return calls
+
+
+@pytest.mark.parametrize("form", ["native", "pytorch"])
+@pytest.mark.parametrize("M", [17, 150])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_cauchy_conj_blocks_equal_the_full_sum(monkeypatch, dtype):
-    """The blocked form with its own backward pass against the definition differentiated by autograd,
-    outputs and gradients, with blocks of 2 rows that do not divide M = 17; float32 judged against
-    the float64 answer."""
+def test_cauchy_conj_blocks_equal_the_full_sum(monkeypatch, dtype, M, form):
+    """Each form with its own backward pass against the definition differentiated by autograd,
+    outputs and gradients: the PyTorch form in blocks of 2 roots, the native kernel's blocks of
+    64, neither dividing M; float32 judged against the float64 answer."""
     monkeypatch.setattr(s4, "CAUCHY_BLOCK", 2 * 3 * 5)
-    exact = [x.requires_grad_() for x in cauchy_inputs()]
-    inputs = [x.detach().clone().requires_grad_() for x in cauchy_inputs(dtype=dtype)]
+    calls = cauchy_form(monkeypatch, form)
+    exact = [x.requires_grad_() for x in cauchy_inputs(M=M)]
+    inputs = [x.detach().clone().requires_grad_() for x in cauchy_inputs(M=M, dtype=dtype)]
     W, g, lam = exact
     gm, lm = g[:, :, None, None], lam[:, None, :, None]
     want = (W.unsqueeze(1) / ((gm - lm) * (gm - lm.conj()))).sum(2)
     got = cauchy_conj(*inputs)
+    assert len(calls) == (form == "native")
     cot = torch.complex(randn(*want.shape, seed=8), randn(*want.shape, seed=9))
     want_grads = torch.autograd.grad(torch.view_as_real(want * cot.conj()).sum(), exact)
     got_grads = torch.autograd.grad(torch.view_as_real(got * cot.conj().to(got.dtype)).sum(), inputs)
@@ -244,12 +262,14 @@ def test_cauchy_conj_blocks_equal_the_full_sum(monkeypatch, dtype):
         dict(zip(names, (got,) + got_grads, strict=False)),
         dict(zip(names, (want,) + want_grads, strict=False)),
         dtype=dtype,
-        context=f"cauchy_conj {dtype}",
+        context=f"cauchy_conj {form} {dtype} M={M}",
     )
 
 
-def test_cauchy_conj_gradcheck(monkeypatch):
+@pytest.mark.parametrize("form", ["native", "pytorch"])
+def test_cauchy_conj_gradcheck(monkeypatch, form):
     monkeypatch.setattr(s4, "CAUCHY_BLOCK", 2 * 3 * 5)
+    cauchy_form(monkeypatch, form)
     W, g, lam = (x.requires_grad_() for x in cauchy_inputs(M=7))
     assert torch.autograd.gradcheck(cauchy_conj, (W, g, lam))
 

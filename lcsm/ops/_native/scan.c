@@ -1,4 +1,5 @@
-/* The kernels of scan.h for float (suffix f32) and double (f64). */
+/* The kernels of scan.h (the selective scan) and cauchy.h (S4's Cauchy sums) for float (suffix
+ * f32) and double (f64). */
 #include <stdint.h>
 
 #define REAL float
@@ -18,6 +19,7 @@
     ((1 + (r)) + (r2) * ((1.0f / 2 + (r) * (1.0f / 6)) + (r2) * ((1.0f / 24 + (r) * (1.0f / 120)) + \
                                                                  (r2) * (1.0f / 720 + (r) * (1.0f / 5040)))))
 #include "scan.h"
+#include "cauchy.h"
 #undef REAL
 #undef UINT
 #undef INT
@@ -47,3 +49,4 @@
      (r2) * ((1.0 / 720 + (r) * (1.0 / 5040)) + (r2) * ((1.0 / 40320 + (r) * (1.0 / 362880)) +                \
      (r2) * ((1.0 / 3628800 + (r) * (1.0 / 39916800)) + (r2) * (1.0 / 479001600 + (r) * (1.0 / 6227020800.0))))))))
 #include "scan.h"
+#include "cauchy.h"
