@@ -117,8 +117,8 @@ static void FN(cauchy_backward_)(const REAL *gr, const REAL *gi, const REAL *a, 
     }
 }
 
-/* Every row h < H (the work items) on `threads` OpenMP threads, each with its own scratch of `per_thread` values
- * (at least (2 K + 2) MB forward, (2 K + 8) MB backward). */
+/* Every row h < H (the work items) on `threads` OpenMP threads, each with its own scratch of
+ * `per_thread` values (at least (2 K + 2) MB forward, (2 K + 8) MB backward). */
 void FN(cauchy_forward_all_)(const REAL *gr, const REAL *gi, const REAL *a, const REAL *s, const REAL *W, REAL *S,
                              int64_t M, int64_t N2, int64_t K, int64_t H, int64_t threads, REAL *scratch,
                              int64_t per_thread) {
