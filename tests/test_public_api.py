@@ -29,6 +29,9 @@ PUBLIC = {
         "explain_dplr",
         "fft_length",
         "log_sigmoid_product",
+        "native_cauchy_conj",
+        "native_diag_scan",
+        "native_unavailable",
         "packed_bounds",
     ],
     "lcsm.layers": [

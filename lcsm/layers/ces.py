@@ -8,7 +8,8 @@ i.e. the long convolution y = k * x + omega x with k_j = Re(e^beta (1 - e^q) e^{
 As an EOS recurrence (LCSM eq. 2-3) each channel is a head with K = D = 1: input x_t, expand
 1 - e^q, oscillation e^q (complex, data-independent), shrink e^beta. ``lcsm.ops.eos`` evaluates it:
 by FFT (mode auto picks it for a time-invariant system whenever T > 1), the same kernel as the
-official ``complex_kernal``; by the recurrence when decoding one token.
+official ``complex_kernal``; by the recurrence when decoding one token. On the CPU, eager, the
+causal complex mixer runs the recurrence in a native C kernel instead (``CES._native``).
 
 Parameterisation (section 3.1 and the official ``CETS``, version "normal"), all per channel and
 stored as real pairs (re, im):
@@ -56,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_bool, check_choice, check_float
-from lcsm.ops import eos
+from lcsm.ops import eos, native_diag_scan, native_unavailable
 
 from ._ssm import time_invariant_eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
@@ -270,6 +271,10 @@ class CES(Mixer):
             d = self.d_model
             y = y[:, :, :d, 0] + y[:, :, d:, 0].flip(1)
             memory = None
+        elif self._native(u, cu_seqlens):
+            initial = None if memory is None else memory.reshape(memory.shape[0], -1)
+            y, last = native_diag_scan(u, log_o.reshape(-1).exp(), e.reshape(-1), s.reshape(-1), initial)
+            memory = last.reshape(*last.shape, 1, 1) if return_state else None
         else:
             y, memory = time_invariant_eos(
                 u.unsqueeze(-1),
@@ -289,6 +294,20 @@ class CES(Mixer):
         if return_state:
             return y, CESState(memory=memory)
         return y
+
+    def _native(self, u: Tensor, cu_seqlens: Tensor | None) -> bool:
+        """Whether the causal recurrence runs in the native CPU kernel (``lcsm.ops.native_diag_scan``,
+        C source lcsm/ops/_native/diag.h: a pass over time per block of channels): complex
+        field, unpacked float32/float64 CPU rows, eager, and the kernel built (not with
+        ``LCSM_NATIVE=0`` or without a C compiler); otherwise ``eos`` takes it (by FFT)."""
+        return (
+            self.complex
+            and cu_seqlens is None
+            and u.device.type == "cpu"
+            and u.dtype in (torch.float32, torch.float64)
+            and not torch.compiler.is_compiling()
+            and native_unavailable() is None
+        )
 
     def step(self, x_t: Tensor, state: CESState):
         if self.bidirectional:

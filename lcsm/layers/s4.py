@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_choice, check_float, check_int
-from lcsm.ops import autocast_off, causal_fft_conv, fft_length, native_scan
+from lcsm.ops import autocast_off, causal_fft_conv, fft_length, native_cauchy_conj, native_unavailable
 
 from ._hippo import hippo_legs, hippo_normal_eig
 from ._ssm import (
@@ -186,36 +186,22 @@ class _CauchyConj(torch.autograd.Function):
         return torch.cat(grad_g, dim=1), grad_a, grad_s, grad_Wt.transpose(1, 2)
 
 
-class _NativeCauchyConj(torch.autograd.Function):
-    """_CauchyConj's sums and gradients by the native CPU kernel (``native_scan.cauchy_forward``,
-    C source lcsm/ops/_native/cauchy.h): q formed a block of roots at a time in registers and cache,
-    where the PyTorch form makes some 25 passes over [H, N2, block] tensors and small products."""
-
-    @staticmethod
-    def forward(ctx, g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
-        parts = g.real.to(a.dtype).contiguous(), g.imag.to(a.dtype).contiguous()
-        operands = (*parts, a.contiguous(), s.contiguous(), W.to(a.dtype).contiguous())
-        ctx.save_for_backward(*operands)
-        return native_scan.cauchy_forward(*operands)
-
-    @staticmethod
-    def backward(ctx, grad_S: Tensor):
-        return native_scan.cauchy_backward(*ctx.saved_tensors, grad_S)
-
-
 def cauchy_conj(W: Tensor, g: Tensor, lam: Tensor) -> Tensor:
     """Cauchy sums over conjugate pairs, S[h, m, k] = sum_n W[h, n, k] / ((g[h, m] - lam[h, n])
     (g[h, m] - conj(lam[h, n]))): W [H, N2, K] real, g [H, M] and lam [H, N2] complex -> [H, M, K].
-    Eager on the CPU by the native kernel where it builds (``native_scan.native_unavailable``: not
-    with ``LCSM_NATIVE=0``, without a C compiler); otherwise, and in traced graphs, by _CauchyConj."""
+    Eager on the CPU by the native kernel (``lcsm.ops.native_cauchy_conj``, C source
+    lcsm/ops/_native/cauchy.h: q formed a block of roots at a time in cache, where this PyTorch form
+    makes some 25 passes over [H, N2, block] tensors and small products) where it builds
+    (``native_unavailable``: not with ``LCSM_NATIVE=0``, without a C compiler); otherwise, and in
+    traced graphs, by _CauchyConj."""
     a, s = lam.real, lam.real.square() + lam.imag.square()
     if (
         lam.device.type == "cpu"
         and a.dtype in (torch.float32, torch.float64)
         and not torch.compiler.is_compiling()
-        and native_scan.native_unavailable() is None
+        and native_unavailable() is None
     ):
-        return _NativeCauchyConj.apply(g, a, s, W)
+        return native_cauchy_conj(g, a, s, W)
     return _CauchyConj.apply(g, a, s, W)
 
 

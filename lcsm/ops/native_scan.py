@@ -19,7 +19,8 @@ the items. Forward and backward are torch.library custom ops (``native_scan``,
 
 The same library holds S4's Cauchy sums over conjugate pairs and their adjoint (``cauchy_forward``,
 ``cauchy_backward``; ``_native/cauchy.h``), which ``lcsm.layers.s4.cauchy_conj`` calls eagerly
-on the CPU.
+on the CPU, and CES's complex diagonal recurrence (``diag_forward``, ``diag_backward``;
+``_native/diag.h``), which ``lcsm.layers.ces`` calls likewise.
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by the source, the flags, the compiler
@@ -114,6 +115,9 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, M, N2, K, rows H (the work items), threads, scratch and its size per thread
         "cauchy_forward_all": [*[ptr] * 6, *[i64] * 5, ptr, i64],
         "cauchy_backward_all": [*[ptr] * 10, *[i64] * 5, ptr, i64],
+        # tensors, T, C, work items, threads, scratch and its size per thread
+        "diag_forward_all": [*[ptr] * 8, *[i64] * 4, ptr, i64],
+        "diag_backward_all": [*[ptr] * 13, *[i64] * 4, ptr, i64],
     }
     for suffix in _SUFFIX.values():
         for name, argtypes in signatures.items():
@@ -365,3 +369,87 @@ def cauchy_backward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor, gra
     tensors = (gr, gi, a, s, W, gS, dg, da, ds, dW)
     _run(fn, H, (2 * K + 8) * _CAUCHY_BLOCK, gr, *(_ptr(t) for t in tensors), M, N2, K)
     return torch.view_as_complex(dg), da, ds, dW
+
+
+# CES's time-invariant complex diagonal recurrence with a real readout (lcsm/layers/ces.py; C
+# source _native/diag.h), one state per channel: work items (batch row, block of channels).
+_DIAG_BLOCK, _DIAG_CHUNK = 64, 64  # diag.h's CB and CH
+
+
+def diag_forward(x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """m_t = lam m_{t-1} + e x_t, y_t = Re(s m_t) per channel: x [B, T, C] real; lam, e, s [2, C] (real
+    and imaginary parts); m0 [B, C, 2] or None (zeros). Returns (y [B, T, C], m_T [B, C, 2], the
+    memories kept for the backward); all of x's dtype, inputs contiguous."""
+    B, T, C = x.shape
+    y, m_T = torch.empty_like(x), x.new_empty(B, C, 2)
+    starts = x.new_empty(B, -(-T // _DIAG_CHUNK), 2, C)
+    fn = getattr(library(), f"diag_forward_all_{_SUFFIX[x.dtype]}")
+    _run(fn, B * -(-C // _DIAG_BLOCK), 2 * _DIAG_BLOCK, x, *(_ptr(t) for t in (x, lam, e, s, m0, y, m_T, starts)), T, C)
+    return y, m_T, starts
+
+
+def diag_backward(
+    x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None, starts: Tensor, gy: Tensor, gm_T: Tensor | None
+) -> tuple[Tensor, ...]:
+    """``diag_forward``'s gradients: dx [B, T, C]; dlam, de, ds [B, 2, C] (each batch row's share);
+    dm0 [B, C, 2]. gy [B, T, C] and gm_T [B, C, 2] (or None) contiguous, of x's dtype."""
+    B, T, C = x.shape
+    dx, dm0 = torch.empty_like(x), x.new_empty(B, C, 2)
+    dlam, de, ds = (x.new_empty(B, 2, C) for _ in range(3))
+    fn = getattr(library(), f"diag_backward_all_{_SUFFIX[x.dtype]}")
+    tensors = (x, lam, e, s, m0, starts, gy, gm_T, dx, dlam, de, ds, dm0)
+    _run(fn, B * -(-C // _DIAG_BLOCK), (2 * _DIAG_CHUNK + 10) * _DIAG_BLOCK, x, *(_ptr(t) for t in tensors), T, C)
+    return dx, dlam, de, ds, dm0
+
+
+class _CauchyConj(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
+        parts = g.real.to(a.dtype).contiguous(), g.imag.to(a.dtype).contiguous()
+        operands = (*parts, a.contiguous(), s.contiguous(), W.to(a.dtype).contiguous())
+        ctx.save_for_backward(*operands)
+        return cauchy_forward(*operands)
+
+    @staticmethod
+    def backward(ctx, grad_S: Tensor):
+        return cauchy_backward(*ctx.saved_tensors, grad_S)
+
+
+def native_cauchy_conj(g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
+    """S4's Cauchy sums over conjugate pairs by the native kernel, with its adjoint (autograd):
+    S[h, m, k] = sum_n W[h, n, k] / ((g - lam_n)(g - conj(lam_n))) for g [H, M] complex, a = Re lam
+    and s = |lam|^2 [H, N2] real, W [H, N2, K] real -> [H, M, K] complex, computed in a's dtype
+    (float32 or float64), on the CPU. ``native_unavailable()`` must be None."""
+    return _CauchyConj.apply(g, a, s, W)
+
+
+class _DiagScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None):
+        parts = [torch.stack([z.real, z.imag]).to(x.dtype).contiguous() for z in (lam, e, s)]
+        m0r = None if m0 is None else torch.view_as_real(m0.to(x.dtype.to_complex())).contiguous()
+        x = x.contiguous()
+        y, m_T, starts = diag_forward(x, *parts, m0r)
+        ctx.save_for_backward(x, *parts, m0r, starts)
+        return y, torch.view_as_complex(m_T)
+
+    @staticmethod
+    def backward(ctx, gy: Tensor | None, gm_T: Tensor | None):
+        x, lam, e, s, m0r, starts = ctx.saved_tensors
+        gy = torch.zeros_like(x) if gy is None else gy.to(x.dtype).contiguous()
+        gm_T = None if gm_T is None else torch.view_as_real(gm_T.resolve_conj().to(x.dtype.to_complex())).contiguous()
+        dx, dlam, de, ds, dm0 = diag_backward(x, lam, e, s, m0r, starts, gy, gm_T)
+
+        def summed(d: Tensor) -> Tensor:  # [B, 2, C]: each batch row's share, real and imaginary parts
+            return torch.complex(d[:, 0].sum(0), d[:, 1].sum(0))
+
+        return dx, summed(dlam), summed(de), summed(ds), None if m0r is None else torch.view_as_complex(dm0)
+
+
+def native_diag_scan(x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None) -> tuple[Tensor, Tensor]:
+    """A time-invariant complex diagonal recurrence with a real readout by the native kernel, with
+    its adjoint (autograd): m_t = lam m_{t-1} + e x_t, y_t = Re(s m_t) per channel, for x [B, T, C]
+    real (float32 or float64, on the CPU), lam, e, s [C] complex, m0 [B, C] complex or None (zeros)
+    -> (y [B, T, C], m_T [B, C] complex). A pass over time per block of channels, where an FFT form
+    transforms every channel at twice the length. ``native_unavailable()`` must be None."""
+    return _DiagScan.apply(x, lam, e, s, m0)

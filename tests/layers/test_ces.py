@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from lcsm import layers
-from lcsm.ops import eos, explain
-from lcsm.testing import assert_close, assert_matches_reference, decode
+from lcsm.layers import ces
+from lcsm.layers.ces import CESState
+from lcsm.ops import eos, explain, native_scan
+from lcsm.testing import assert_close, assert_matches_reference, decode, gradients
 
 D_MODEL = 16
 
@@ -252,3 +254,38 @@ def test_packed_documents_real_field_and_refusals():
 def test_bad_options_are_clear_errors(options, match):
     with pytest.raises(ValueError, match=f"^{match}:"):
         layers.build("ces", D_MODEL, **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("T", [1, 65, 150])
+@pytest.mark.parametrize("initial", [False, True])
+def test_native_recurrence_equals_the_fft_form(monkeypatch, dtype, T, initial):
+    """The causal complex CES on the CPU runs the native diagonal recurrence (lcsm/ops/_native/
+    diag.h): against eos's FFT form in float64 (the native kernel turned off by the test), outputs,
+    final state and the gradients of the input, the initial state and every parameter, at lengths
+    and a width (70 channels) that the kernel's blocks of 64 do not divide."""
+    if native_scan.native_unavailable() is not None:
+        pytest.skip(native_scan.native_unavailable())
+    d, g = 70, torch.Generator().manual_seed(3)
+    x = torch.randn(2, T, d, generator=g, dtype=torch.float64)
+    m0 = torch.complex(*torch.randn(2, 2, d, 1, 1, generator=g, dtype=torch.float64)) if initial else None
+
+    def run(native: bool, dt: torch.dtype):
+        torch.manual_seed(0)
+        mixer = layers.build("ces", d).to(dt)
+        calls = []
+        if native:
+            forward = native_scan.diag_forward
+            monkeypatch.setattr(native_scan, "diag_forward", lambda *a: calls.append(1) or forward(*a))
+        else:
+            monkeypatch.setattr(ces, "native_unavailable", lambda: "turned off by the test")
+        leaves = {"x": x.to(dt).requires_grad_()}
+        if initial:
+            leaves["m0"] = m0.to(dt.to_complex()).requires_grad_()
+        state = CESState(memory=leaves["m0"]) if initial else None
+        y, last = mixer(leaves["x"], state=state, return_state=True)
+        monkeypatch.undo()
+        assert len(calls) == native
+        return gradients({"y": y, "m_T": last.memory}, {**leaves, **dict(mixer.named_parameters())})
+
+    assert_close(run(True, dtype), run(False, torch.float64), dtype=dtype, context=f"native CES {dtype} T={T}")

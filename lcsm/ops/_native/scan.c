@@ -1,5 +1,5 @@
-/* The kernels of scan.h (the selective scan) and cauchy.h (S4's Cauchy sums) for float (suffix
- * f32) and double (f64). */
+/* The kernels of scan.h (the selective scan), cauchy.h (S4's Cauchy sums) and diag.h (CES's
+ * diagonal recurrence) for float (suffix f32) and double (f64). */
 #include <stdint.h>
 
 #define REAL float
@@ -20,6 +20,7 @@
                                                                  (r2) * (1.0f / 720 + (r) * (1.0f / 5040)))))
 #include "scan.h"
 #include "cauchy.h"
+#include "diag.h"
 #undef REAL
 #undef UINT
 #undef INT
@@ -50,3 +51,4 @@
      (r2) * ((1.0 / 3628800 + (r) * (1.0 / 39916800)) + (r2) * (1.0 / 479001600 + (r) * (1.0 / 6227020800.0))))))))
 #include "scan.h"
 #include "cauchy.h"
+#include "diag.h"
