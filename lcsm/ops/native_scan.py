@@ -345,6 +345,15 @@ class _Call:
         _run(getattr(library(), f"scan_{name}_all_{self.suffix}"), items, scratch, self.inputs[0], *args, *self.tail)
 
 
+def _kernel(name: str, x: Tensor):
+    """The library's kernel ``name`` for x's dtype; a clear error where it cannot run on x."""
+    if library() is None:
+        raise RuntimeError(f"the native kernels cannot run in this process: {_state['why']}")
+    if x.device.type != "cpu" or x.dtype not in _SUFFIX:
+        raise ValueError(f"the native kernels take float32 or float64 CPU tensors, got {x.dtype} on {x.device}")
+    return getattr(library(), f"{name}_{_SUFFIX[x.dtype]}")
+
+
 # S4's Cauchy sums over conjugate pairs (lcsm/layers/s4.py, ``cauchy_conj``; C source
 # _native/cauchy.h): the same library, one work item per row h, q formed a block of roots at a time.
 _CAUCHY_BLOCK = 64  # cauchy.h's MB
@@ -355,7 +364,7 @@ def cauchy_forward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor) -> T
     [H, M], a = Re lam and s = |lam|^2 [H, N2], W [H, N2, K]; all real, of one dtype, contiguous."""
     (H, M), (N2, K) = gr.shape, W.shape[1:]
     S = gr.new_empty(H, M, K, 2)
-    fn = getattr(library(), f"cauchy_forward_all_{_SUFFIX[gr.dtype]}")
+    fn = _kernel("cauchy_forward_all", gr)
     _run(fn, H, (2 * K + 2) * _CAUCHY_BLOCK, gr, *(_ptr(t) for t in (gr, gi, a, s, W, S)), M, N2, K)
     return torch.view_as_complex(S)
 
@@ -365,7 +374,7 @@ def cauchy_backward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor, gra
     (H, M), (N2, K) = gr.shape, W.shape[1:]
     gS = torch.view_as_real(grad_S.resolve_conj().to(gr.dtype.to_complex())).contiguous()
     dg, da, ds, dW = gr.new_empty(H, M, 2), torch.empty_like(a), torch.empty_like(s), torch.empty_like(W)
-    fn = getattr(library(), f"cauchy_backward_all_{_SUFFIX[gr.dtype]}")
+    fn = _kernel("cauchy_backward_all", gr)
     tensors = (gr, gi, a, s, W, gS, dg, da, ds, dW)
     _run(fn, H, (2 * K + 8) * _CAUCHY_BLOCK, gr, *(_ptr(t) for t in tensors), M, N2, K)
     return torch.view_as_complex(dg), da, ds, dW
@@ -383,7 +392,7 @@ def diag_forward(x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None
     B, T, C = x.shape
     y, m_T = torch.empty_like(x), x.new_empty(B, C, 2)
     starts = x.new_empty(B, -(-T // _DIAG_CHUNK), 2, C)
-    fn = getattr(library(), f"diag_forward_all_{_SUFFIX[x.dtype]}")
+    fn = _kernel("diag_forward_all", x)
     _run(fn, B * -(-C // _DIAG_BLOCK), 2 * _DIAG_BLOCK, x, *(_ptr(t) for t in (x, lam, e, s, m0, y, m_T, starts)), T, C)
     return y, m_T, starts
 
@@ -396,7 +405,7 @@ def diag_backward(
     B, T, C = x.shape
     dx, dm0 = torch.empty_like(x), x.new_empty(B, C, 2)
     dlam, de, ds = (x.new_empty(B, 2, C) for _ in range(3))
-    fn = getattr(library(), f"diag_backward_all_{_SUFFIX[x.dtype]}")
+    fn = _kernel("diag_backward_all", x)
     tensors = (x, lam, e, s, m0, starts, gy, gm_T, dx, dlam, de, ds, dm0)
     _run(fn, B * -(-C // _DIAG_BLOCK), (2 * _DIAG_CHUNK + 10) * _DIAG_BLOCK, x, *(_ptr(t) for t in tensors), T, C)
     return dx, dlam, de, ds, dm0
@@ -420,6 +429,12 @@ def native_cauchy_conj(g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
     S[h, m, k] = sum_n W[h, n, k] / ((g - lam_n)(g - conj(lam_n))) for g [H, M] complex, a = Re lam
     and s = |lam|^2 [H, N2] real, W [H, N2, K] real -> [H, M, K] complex, computed in a's dtype
     (float32 or float64), on the CPU. ``native_unavailable()`` must be None."""
+    H, N2 = a.shape if a.dim() == 2 else (-1, -1)
+    if g.dim() != 2 or g.shape[0] != H or s.shape != a.shape or W.dim() != 3 or W.shape[:2] != (H, N2):
+        raise ValueError(
+            "native_cauchy_conj: expected g [H, M], a and s [H, N2], W [H, N2, K], got "
+            f"{list(g.shape)}, {list(a.shape)}, {list(s.shape)}, {list(W.shape)}"
+        )
     return _CauchyConj.apply(g, a, s, W)
 
 
@@ -452,4 +467,10 @@ def native_diag_scan(x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | 
     real (float32 or float64, on the CPU), lam, e, s [C] complex, m0 [B, C] complex or None (zeros)
     -> (y [B, T, C], m_T [B, C] complex). A pass over time per block of channels, where an FFT form
     transforms every channel at twice the length. ``native_unavailable()`` must be None."""
+    C = x.shape[-1]
+    if x.dim() != 3 or any(z.shape != (C,) for z in (lam, e, s)) or (m0 is not None and m0.shape != (x.shape[0], C)):
+        shapes = ", ".join(str(None if z is None else list(z.shape)) for z in (lam, e, s, m0))
+        raise ValueError(
+            f"native_diag_scan: expected x [B, T, C], lam, e, s [C], m0 [B, C] or None, got {list(x.shape)}, {shapes}"
+        )
     return _DiagScan.apply(x, lam, e, s, m0)

@@ -198,3 +198,22 @@ def test_compiled_calls_run_the_kernel(monkeypatch):
         for eager, traced in zip(*results, strict=True):
             assert torch.equal(eager, traced)
     assert counter.frame_count == 1
+
+
+def test_the_public_native_ops_refuse_what_they_cannot_take(monkeypatch):
+    """native_cauchy_conj and native_diag_scan name the shapes they got and expected; without the
+    kernel they say why (not an AttributeError from a missing library)."""
+    from lcsm.ops import native_cauchy_conj, native_diag_scan
+
+    z = torch.zeros(3, dtype=torch.complex128)
+    with pytest.raises(ValueError, match=r"native_diag_scan: expected x \[B, T, C\].*got \[2, 5, 4\], \[3\]"):
+        native_diag_scan(torch.zeros(2, 5, 4, dtype=torch.float64), z, z, z, None)
+    a = torch.zeros(2, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"native_cauchy_conj: expected g \[H, M\].*got \[3, 7\], \[2, 4\]"):
+        native_cauchy_conj(torch.zeros(3, 7, dtype=torch.complex128), a, a, torch.zeros(2, 4, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="float32 or float64 CPU tensors, got torch.float16"):
+        native_diag_scan(torch.zeros(1, 5, 3, dtype=torch.float16), z, z, z, None)
+    monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": "turned off by the test"})
+    monkeypatch.setenv("LCSM_NATIVE", "0")
+    with pytest.raises(RuntimeError, match="the native kernels cannot run in this process"):
+        native_diag_scan(torch.zeros(1, 5, 3, dtype=torch.float64), z, z, z, None)
