@@ -354,9 +354,13 @@ def _kernel(name: str, x: Tensor):
     return getattr(library(), f"{name}_{_SUFFIX[x.dtype]}")
 
 
+def _constant(name: str) -> int:
+    """A block size the C source defines (``lcsm_<name>``), read from the built library."""
+    return ctypes.c_int64.in_dll(library(), f"lcsm_{name}").value
+
+
 # S4's Cauchy sums over conjugate pairs (lcsm/layers/s4.py, ``cauchy_conj``; C source
 # _native/cauchy.h): the same library, one work item per row h, q formed a block of roots at a time.
-_CAUCHY_BLOCK = 64  # cauchy.h's MB
 
 
 def cauchy_forward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
@@ -365,7 +369,7 @@ def cauchy_forward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor) -> T
     (H, M), (N2, K) = gr.shape, W.shape[1:]
     S = gr.new_empty(H, M, K, 2)
     fn = _kernel("cauchy_forward_all", gr)
-    _run(fn, H, (2 * K + 2) * _CAUCHY_BLOCK, gr, *(_ptr(t) for t in (gr, gi, a, s, W, S)), M, N2, K)
+    _run(fn, H, (2 * K + 2) * _constant("cauchy_block"), gr, *(_ptr(t) for t in (gr, gi, a, s, W, S)), M, N2, K)
     return torch.view_as_complex(S)
 
 
@@ -376,13 +380,12 @@ def cauchy_backward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor, gra
     dg, da, ds, dW = gr.new_empty(H, M, 2), torch.empty_like(a), torch.empty_like(s), torch.empty_like(W)
     fn = _kernel("cauchy_backward_all", gr)
     tensors = (gr, gi, a, s, W, gS, dg, da, ds, dW)
-    _run(fn, H, (2 * K + 8) * _CAUCHY_BLOCK, gr, *(_ptr(t) for t in tensors), M, N2, K)
+    _run(fn, H, (2 * K + 8) * _constant("cauchy_block"), gr, *(_ptr(t) for t in tensors), M, N2, K)
     return torch.view_as_complex(dg), da, ds, dW
 
 
 # CES's time-invariant complex diagonal recurrence with a real readout (lcsm/layers/ces.py; C
 # source _native/diag.h), one state per channel: work items (batch row, block of channels).
-_DIAG_BLOCK, _DIAG_CHUNK = 64, 64  # diag.h's CB and CH
 
 
 def diag_forward(x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -390,10 +393,11 @@ def diag_forward(x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None
     and imaginary parts); m0 [B, C, 2] or None (zeros). Returns (y [B, T, C], m_T [B, C, 2], the
     memories kept for the backward); all of x's dtype, inputs contiguous."""
     B, T, C = x.shape
-    y, m_T = torch.empty_like(x), x.new_empty(B, C, 2)
-    starts = x.new_empty(B, -(-T // _DIAG_CHUNK), 2, C)
     fn = _kernel("diag_forward_all", x)
-    _run(fn, B * -(-C // _DIAG_BLOCK), 2 * _DIAG_BLOCK, x, *(_ptr(t) for t in (x, lam, e, s, m0, y, m_T, starts)), T, C)
+    block, chunk = _constant("diag_block"), _constant("diag_chunk")
+    y, m_T = torch.empty_like(x), x.new_empty(B, C, 2)
+    starts = x.new_empty(B, -(-T // chunk), 2, C)
+    _run(fn, B * -(-C // block), 2 * block, x, *(_ptr(t) for t in (x, lam, e, s, m0, y, m_T, starts)), T, C)
     return y, m_T, starts
 
 
@@ -406,8 +410,9 @@ def diag_backward(
     dx, dm0 = torch.empty_like(x), x.new_empty(B, C, 2)
     dlam, de, ds = (x.new_empty(B, 2, C) for _ in range(3))
     fn = _kernel("diag_backward_all", x)
+    block, chunk = _constant("diag_block"), _constant("diag_chunk")
     tensors = (x, lam, e, s, m0, starts, gy, gm_T, dx, dlam, de, ds, dm0)
-    _run(fn, B * -(-C // _DIAG_BLOCK), (2 * _DIAG_CHUNK + 10) * _DIAG_BLOCK, x, *(_ptr(t) for t in tensors), T, C)
+    _run(fn, B * -(-C // block), (2 * chunk + 10) * block, x, *(_ptr(t) for t in tensors), T, C)
     return dx, dlam, de, ds, dm0
 
 

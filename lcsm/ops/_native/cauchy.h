@@ -11,6 +11,8 @@
 #ifndef CAUCHY_BLOCK
 #define CAUCHY_BLOCK
 enum { MB = 64 };
+/* read by native_scan.py, which sizes the scratch from it */
+const int64_t lcsm_cauchy_block = MB;
 #endif
 
 /* q's real and imaginary parts for roots m0 .. m0 + w of row h and pole (a, c = s - a^2). */

@@ -18,6 +18,8 @@
 #ifndef DIAG_BLOCK
 #define DIAG_BLOCK
 enum { CB = 64, CH = 64 };
+/* read by native_scan.py, which counts work items and sizes kept memories and scratch from them */
+const int64_t lcsm_diag_block = CB, lcsm_diag_chunk = CH;
 #endif
 
 static void FN(diag_forward_)(const REAL *x, const REAL *lam, const REAL *e, const REAL *s, const REAL *m0,
