@@ -31,6 +31,7 @@ PUBLIC = {
         "log_sigmoid_product",
         "native_cauchy_conj",
         "native_diag_scan",
+        "native_serves",
         "native_unavailable",
         "packed_bounds",
     ],

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_bool, check_choice, check_float
-from lcsm.ops import eos, native_diag_scan, native_unavailable
+from lcsm.ops import eos, native_diag_scan, native_serves
 
 from ._ssm import time_invariant_eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
@@ -300,14 +300,7 @@ class CES(Mixer):
         C source lcsm/ops/_native/diag.h: a pass over time per block of channels): complex
         field, unpacked float32/float64 CPU rows, eager, and the kernel built (not with
         ``LCSM_NATIVE=0`` or without a C compiler); otherwise ``eos`` takes it (by FFT)."""
-        return (
-            self.complex
-            and cu_seqlens is None
-            and u.device.type == "cpu"
-            and u.dtype in (torch.float32, torch.float64)
-            and not torch.compiler.is_compiling()
-            and native_unavailable() is None
-        )
+        return self.complex and cu_seqlens is None and native_serves(u)
 
     def step(self, x_t: Tensor, state: CESState):
         if self.bidirectional:

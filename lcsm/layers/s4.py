@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_choice, check_float, check_int
-from lcsm.ops import autocast_off, causal_fft_conv, fft_length, native_cauchy_conj, native_unavailable
+from lcsm.ops import autocast_off, causal_fft_conv, fft_length, native_cauchy_conj, native_serves
 
 from ._hippo import hippo_legs, hippo_normal_eig
 from ._ssm import (
@@ -191,16 +191,11 @@ def cauchy_conj(W: Tensor, g: Tensor, lam: Tensor) -> Tensor:
     (g[h, m] - conj(lam[h, n]))): W [H, N2, K] real, g [H, M] and lam [H, N2] complex -> [H, M, K].
     Eager on the CPU by the native kernel (``lcsm.ops.native_cauchy_conj``, C source
     lcsm/ops/_native/cauchy.h: q formed a block of roots at a time in cache, where this PyTorch form
-    makes some 25 passes over [H, N2, block] tensors and small products) where it builds
-    (``native_unavailable``: not with ``LCSM_NATIVE=0``, without a C compiler); otherwise, and in
-    traced graphs, by _CauchyConj."""
+    makes some 25 passes over [H, N2, block] tensors and small products) where ``native_serves``
+    (not with ``LCSM_NATIVE=0``, without a C compiler); otherwise, and in traced graphs, by
+    _CauchyConj."""
     a, s = lam.real, lam.real.square() + lam.imag.square()
-    if (
-        lam.device.type == "cpu"
-        and a.dtype in (torch.float32, torch.float64)
-        and not torch.compiler.is_compiling()
-        and native_unavailable() is None
-    ):
+    if native_serves(a):
         return native_cauchy_conj(g, a, s, W)
     return _CauchyConj.apply(g, a, s, W)
 

@@ -10,7 +10,8 @@ run their float32 kernels in, for layers with kernels of their own (the SSMs' FF
 ``causal_fft_conv``, the FFT form's long convolution, for layers that build their kernels
 themselves (S4), with ``fft_length``, the fast FFT lengths it and S4's kernel take; the native CPU
 kernels layers call for their own forms (``native_cauchy_conj``: S4's Cauchy sums;
-``native_diag_scan``: CES's recurrence), with ``native_unavailable``, why they cannot run here."""
+``native_diag_scan``: CES's recurrence), ``native_serves``, whether they take a tensor's
+computation, and ``native_unavailable``, why they cannot run here."""
 
 from ._inputs import MODES, LogProduct, autocast_off, packed_bounds
 from .decay import log_sigmoid_product
@@ -18,7 +19,7 @@ from .delta import DELTA_MODES, eos_delta
 from .dplr import DPLR_MODES, eos_dplr, explain_dplr
 from .eos import LogO, Plan, eos, eos_step, explain
 from .fft import causal_fft_conv, fft_length
-from .native_scan import native_cauchy_conj, native_diag_scan, native_unavailable
+from .native_scan import native_cauchy_conj, native_diag_scan, native_serves, native_unavailable
 from .rotating import eos_rotating
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "log_sigmoid_product",
     "native_cauchy_conj",
     "native_diag_scan",
+    "native_serves",
     "native_unavailable",
     "packed_bounds",
 ]

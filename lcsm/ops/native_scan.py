@@ -180,6 +180,18 @@ def native_unavailable() -> str | None:
     return _state["why"] if library() is None else None
 
 
+def native_serves(x: Tensor) -> bool:
+    """Whether a layer's native kernel (``native_cauchy_conj``, ``native_diag_scan``) takes x's
+    computation: float32 or float64 CPU tensors, eager (traced graphs keep the layers' PyTorch
+    forms), and the kernel built (``native_unavailable`` says why not)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in _SUFFIX
+        and not torch.compiler.is_compiling()
+        and native_unavailable() is None
+    )
+
+
 def serial_reason() -> str | None:
     """Why the built kernel runs on one thread (its compiler could not link OpenMP), or None."""
     return _state["serial"]
