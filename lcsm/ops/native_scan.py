@@ -428,7 +428,7 @@ def diag_backward(
     return dx, dlam, de, ds, dm0
 
 
-class _CauchyConj(torch.autograd.Function):
+class _NativeCauchyConj(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
         parts = g.real.to(a.dtype).contiguous(), g.imag.to(a.dtype).contiguous()
@@ -452,7 +452,7 @@ def native_cauchy_conj(g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
             "native_cauchy_conj: expected g [H, M], a and s [H, N2], W [H, N2, K], got "
             f"{list(g.shape)}, {list(a.shape)}, {list(s.shape)}, {list(W.shape)}"
         )
-    return _CauchyConj.apply(g, a, s, W)
+    return _NativeCauchyConj.apply(g, a, s, W)
 
 
 class _DiagScan(torch.autograd.Function):
