@@ -112,8 +112,8 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, document bounds, strides, sizes, work items, threads, scratch and its size per thread
         "scan_forward_all": [*[ptr] * 9, ptr, ptr, ptr, i64, i64, ptr, i64],
         "scan_backward_all": [*[ptr] * 15, ptr, ptr, ptr, i64, i64, ptr, i64],
-        # tensors, M, N2, K, rows H (the work items), threads, scratch and its size per thread
-        "cauchy_forward_all": [*[ptr] * 6, *[i64] * 5, ptr, i64],
+        # tensors, M, N2, K, rows H (the work items), threads (and the backward's scratch and its size per thread)
+        "cauchy_forward_all": [*[ptr] * 6, *[i64] * 5],
         "cauchy_backward_all": [*[ptr] * 10, *[i64] * 5, ptr, i64],
         # tensors, T, C, work items, threads, scratch and its size per thread
         "diag_forward_all": [*[ptr] * 8, *[i64] * 4, ptr, i64],
@@ -241,9 +241,14 @@ def _int64s(values: list[int]) -> ctypes.Array:
     return (ctypes.c_int64 * len(values))(*values)
 
 
+def _threads(items: int) -> int:
+    """The OpenMP threads for ``items`` work items: torch.get_num_threads(), at most one per item."""
+    return 1 if _state["serial"] else max(1, min(torch.get_num_threads(), items))
+
+
 def _run(fn, items: int, scratch_per_thread: int, like: Tensor, *args) -> None:
-    """fn over work items 0..items on torch.get_num_threads() OpenMP threads (at most one per item)."""
-    threads = 1 if _state["serial"] else max(1, min(torch.get_num_threads(), items))
+    """fn over work items 0..items on ``_threads(items)`` threads, each with its scratch."""
+    threads = _threads(items)
     scratch = like.new_empty(threads, scratch_per_thread)
     fn(*args, items, threads, _ptr(scratch), scratch_per_thread)
 
@@ -357,18 +362,24 @@ class _Call:
         _run(getattr(library(), f"scan_{name}_all_{self.suffix}"), items, scratch, self.inputs[0], *args, *self.tail)
 
 
-def _kernel(name: str, x: Tensor):
-    """The library's kernel ``name`` for x's dtype; a clear error where it cannot run on x."""
+def _loaded() -> ctypes.CDLL:
+    """The built library; a clear error where it cannot run in this process."""
     if library() is None:
         raise RuntimeError(f"the native kernels cannot run in this process: {_state['why']}")
+    return library()
+
+
+def _kernel(name: str, x: Tensor):
+    """The library's kernel ``name`` for x's dtype; a clear error where it cannot run on x."""
+    lib = _loaded()
     if x.device.type != "cpu" or x.dtype not in _SUFFIX:
         raise ValueError(f"the native kernels take float32 or float64 CPU tensors, got {x.dtype} on {x.device}")
-    return getattr(library(), f"{name}_{_SUFFIX[x.dtype]}")
+    return getattr(lib, f"{name}_{_SUFFIX[x.dtype]}")
 
 
 def _constant(name: str) -> int:
-    """A block size the C source defines (``lcsm_<name>``), read from the built library."""
-    return ctypes.c_int64.in_dll(library(), f"lcsm_{name}").value
+    """A size the C source defines (``lcsm_<name>``), read from the built library."""
+    return ctypes.c_int64.in_dll(_loaded(), f"lcsm_{name}").value
 
 
 # S4's Cauchy sums over conjugate pairs (lcsm/layers/s4.py, ``cauchy_conj``; C source
@@ -380,8 +391,7 @@ def cauchy_forward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor) -> T
     [H, M], a = Re lam and s = |lam|^2 [H, N2], W [H, N2, K]; all real, of one dtype, contiguous."""
     (H, M), (N2, K) = gr.shape, W.shape[1:]
     S = gr.new_empty(H, M, K, 2)
-    fn = _kernel("cauchy_forward_all", gr)
-    _run(fn, H, (2 * K + 2) * _constant("cauchy_block"), gr, *(_ptr(t) for t in (gr, gi, a, s, W, S)), M, N2, K)
+    _kernel("cauchy_forward_all", gr)(*(_ptr(t) for t in (gr, gi, a, s, W, S)), M, N2, K, H, _threads(H))
     return torch.view_as_complex(S)
 
 
@@ -392,7 +402,9 @@ def cauchy_backward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor, gra
     dg, da, ds, dW = gr.new_empty(H, M, 2), torch.empty_like(a), torch.empty_like(s), torch.empty_like(W)
     fn = _kernel("cauchy_backward_all", gr)
     tensors = (gr, gi, a, s, W, gS, dg, da, ds, dW)
-    _run(fn, H, (2 * K + 8) * _constant("cauchy_block"), gr, *(_ptr(t) for t in tensors), M, N2, K)
+    lanes = _constant("cauchy_vector_bytes") // gr.element_size()
+    # per lane, sums over the roots for each pole: dW's K, da's and ds's, and a vector's slack to align them
+    _run(fn, H, (N2 * (K + 2) + 1) * lanes, gr, *(_ptr(t) for t in tensors), M, N2, K)
     return torch.view_as_complex(dg), da, ds, dW
 
 
@@ -444,12 +456,20 @@ class _NativeCauchyConj(torch.autograd.Function):
 def native_cauchy_conj(g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
     """S4's Cauchy sums over conjugate pairs by the native kernel, with its adjoint (autograd):
     S[h, m, k] = sum_n W[h, n, k] / ((g - lam_n)(g - conj(lam_n))) for g [H, M] complex, a = Re lam
-    and s = |lam|^2 [H, N2] real, W [H, N2, K] real -> [H, M, K] complex, computed in a's dtype
-    (float32 or float64), on the CPU. ``native_unavailable()`` must be None."""
+    and s = |lam|^2 [H, N2] real, W [H, N2, K] real with K <= 8 (S4's four sums take 8) -> [H, M, K]
+    complex, computed in a's dtype (float32 or float64), on the CPU. ``native_unavailable()`` must be None."""
     H, N2 = a.shape if a.dim() == 2 else (-1, -1)
-    if g.dim() != 2 or g.shape[0] != H or s.shape != a.shape or W.dim() != 3 or W.shape[:2] != (H, N2):
+    columns = _constant("cauchy_columns")
+    if (
+        g.dim() != 2
+        or g.shape[0] != H
+        or s.shape != a.shape
+        or W.dim() != 3
+        or W.shape[:2] != (H, N2)
+        or not 0 < W.shape[2] <= columns
+    ):
         raise ValueError(
-            "native_cauchy_conj: expected g [H, M], a and s [H, N2], W [H, N2, K], got "
+            f"native_cauchy_conj: expected g [H, M], a and s [H, N2], W [H, N2, K] with 0 < K <= {columns}, got "
             f"{list(g.shape)}, {list(a.shape)}, {list(s.shape)}, {list(W.shape)}"
         )
     return _NativeCauchyConj.apply(g, a, s, W)

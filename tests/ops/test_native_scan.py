@@ -211,9 +211,13 @@ def test_the_public_native_ops_refuse_what_they_cannot_take(monkeypatch):
     a = torch.zeros(2, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"native_cauchy_conj: expected g \[H, M\].*got \[3, 7\], \[2, 4\]"):
         native_cauchy_conj(torch.zeros(3, 7, dtype=torch.complex128), a, a, torch.zeros(2, 4, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"W \[H, N2, K\] with 0 < K <= 8, got .*\[2, 4, 9\]"):
+        native_cauchy_conj(torch.zeros(2, 7, dtype=torch.complex128), a, a, torch.zeros(2, 4, 9, dtype=torch.float64))
     with pytest.raises(ValueError, match="float32 or float64 CPU tensors, got torch.float16"):
         native_diag_scan(torch.zeros(1, 5, 3, dtype=torch.float16), z, z, z, None)
     monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": "turned off by the test"})
     monkeypatch.setenv("LCSM_NATIVE", "0")
     with pytest.raises(RuntimeError, match="the native kernels cannot run in this process"):
         native_diag_scan(torch.zeros(1, 5, 3, dtype=torch.float64), z, z, z, None)
+    with pytest.raises(RuntimeError, match="the native kernels cannot run in this process"):
+        native_cauchy_conj(torch.zeros(2, 7, dtype=torch.complex128), a, a, torch.zeros(2, 4, 8, dtype=torch.float64))
