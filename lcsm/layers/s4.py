@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_choice, check_float, check_int
-from lcsm.ops import autocast_off, causal_fft_conv, fft_length, native_cauchy_conj, native_serves
+from lcsm.ops import autocast_off, causal_fft_conv, fft_length, native_s4_spectrum, native_serves
 
 from ._hippo import hippo_legs, hippo_normal_eig
 from ._ssm import (
@@ -186,18 +186,35 @@ class _CauchyConj(torch.autograd.Function):
         return torch.cat(grad_g, dim=1), grad_a, grad_s, grad_Wt.transpose(1, 2)
 
 
+def _pole_parts(lam: Tensor) -> tuple[Tensor, Tensor]:
+    """(a = Re lam, s = |lam|^2): the poles as the Cauchy sums over conjugate pairs take them."""
+    return lam.real, lam.real.square() + lam.imag.square()
+
+
 def cauchy_conj(W: Tensor, g: Tensor, lam: Tensor) -> Tensor:
     """Cauchy sums over conjugate pairs, S[h, m, k] = sum_n W[h, n, k] / ((g[h, m] - lam[h, n])
-    (g[h, m] - conj(lam[h, n]))): W [H, N2, K] real, g [H, M] and lam [H, N2] complex -> [H, M, K].
-    Eager on the CPU by the native kernel (``lcsm.ops.native_cauchy_conj``, C source
-    lcsm/ops/_native/cauchy.h: q formed a block of roots at a time in cache, where this PyTorch form
-    makes some 25 passes over [H, N2, block] tensors and small products) where ``native_serves``
-    (not with ``LCSM_NATIVE=0``, without a C compiler); otherwise, and in traced graphs, by
-    _CauchyConj."""
-    a, s = lam.real, lam.real.square() + lam.imag.square()
+    (g[h, m] - conj(lam[h, n]))): W [H, N2, K] real, g [H, M] and lam [H, N2] complex -> [H, M, K],
+    in PyTorch (_CauchyConj)."""
+    return _CauchyConj.apply(g, *_pole_parts(lam), W)
+
+
+def kernel_spectrum(W: Tensor, g: Tensor, c: Tensor, lam: Tensor) -> Tensor:
+    """S4's kernel at the roots of unity from its four Cauchy sums by the Woodbury identity:
+    K[h, m] = c_m (k_0 - k_1 k_2 / (1 + k_3)) with k_j = g S_j - S_(4+j), S = cauchy_conj(W, g, lam):
+    W [H, N2, 8] real, g [H, M], c [M] and lam [H, N2] complex -> [H, M] (``S4._kernel`` says what
+    each piece is). Eager on the CPU by the native kernel (``lcsm.ops.native_s4_spectrum``, C source
+    lcsm/ops/_native/cauchy.h: the sums of a vector of roots in registers over the poles, and the
+    combination in the same pass, where the PyTorch form makes some 25 passes over [H, N2, block]
+    tensors, small products and ten complex operations on [H, M, 4] tensors) where ``native_serves``
+    (not with ``LCSM_NATIVE=0``, without a C compiler); otherwise, and in traced graphs, in PyTorch."""
+    a, s = _pole_parts(lam)
     if native_serves(a):
-        return native_cauchy_conj(g, a, s, W)
-    return _CauchyConj.apply(g, a, s, W)
+        return native_s4_spectrum(g, c, a, s, W)
+    # the two halves of S by unbind, whose backward stacks their gradients, where two slices' would
+    # each zero-fill an [H, M, 8] complex tensor (45 ms apiece at 16K)
+    S_g, S_1 = cauchy_conj(W, g, lam).unflatten(-1, (2, 4)).unbind(-2)  # [H, M, 4] each
+    k0, k1, k2, k3 = (g.unsqueeze(-1) * S_g - S_1).unbind(-1)
+    return c * (k0 - k1 * k2 / (1 + k3))
 
 
 @register("s4")
@@ -451,11 +468,9 @@ class S4(Mixer):
         # / ((g - lam)(g - conj(lam))), so one [H, M, N/2] matrix serves all four sums.
         v = torch.stack([C_t * Bh, C_t * Ph, Ph.conj() * Bh, Ph.conj() * Ph], dim=-1)  # [H, N/2, 4]
         W = 2 * torch.cat([v.real, (v * lam.conj().unsqueeze(-1)).real], dim=-1)  # [H, N/2, 8]
-        # the two halves of S by unbind, whose backward stacks their gradients, where two slices'
-        # would each zero-fill an [H, M, 8] complex tensor (45 ms apiece at 16K)
-        S_g, S_1 = cauchy_conj(W, g, lam).unflatten(-1, (2, 4)).unbind(-2)  # [H, M, 4] each
-        k00, k01, k10, k11 = (g.unsqueeze(-1) * S_g - S_1).unbind(-1)
-        K_hat = 2 / (1 + z) * (k00 - k01 * k10 / (1 + k11))  # (g - Lambda + P P^*)^-1
+        # k_j = g S_j - S_(4+j) are the four sums over the resolvent of the diagonal part, combined
+        # by the Woodbury identity into (g - Lambda + P P^*)^-1's
+        K_hat = kernel_spectrum(W, g, 2 / (1 + z), lam)
         if even:
             K_hat = torch.cat([K_hat, (dt * v[..., 0].sum(-1, keepdim=True).real).to(K_hat.dtype)], -1)  # C~ B
         return torch.fft.irfft(K_hat, n=M, dim=-1)[..., :length]

@@ -9,7 +9,7 @@ run their float32 kernels in, for layers with kernels of their own (the SSMs' FF
 ``packed_bounds``, the check of ``cu_seqlens`` they share with the layers, and
 ``causal_fft_conv``, the FFT form's long convolution, for layers that build their kernels
 themselves (S4), with ``fft_length``, the fast FFT lengths it and S4's kernel take; the native CPU
-kernels layers call for their own forms (``native_cauchy_conj``: S4's Cauchy sums;
+kernels layers call for their own forms (``native_s4_spectrum``: S4's kernel spectrum;
 ``native_diag_scan``: CES's recurrence), ``native_serves``, whether they take a tensor's
 computation, and ``native_unavailable``, why they cannot run here."""
 
@@ -19,7 +19,7 @@ from .delta import DELTA_MODES, eos_delta
 from .dplr import DPLR_MODES, eos_dplr, explain_dplr
 from .eos import LogO, Plan, eos, eos_step, explain
 from .fft import causal_fft_conv, fft_length
-from .native_scan import native_cauchy_conj, native_diag_scan, native_serves, native_unavailable
+from .native_scan import native_diag_scan, native_s4_spectrum, native_serves, native_unavailable
 from .rotating import eos_rotating
 
 __all__ = [
@@ -40,8 +40,8 @@ __all__ = [
     "explain_dplr",
     "fft_length",
     "log_sigmoid_product",
-    "native_cauchy_conj",
     "native_diag_scan",
+    "native_s4_spectrum",
     "native_serves",
     "native_unavailable",
     "packed_bounds",

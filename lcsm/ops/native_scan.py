@@ -17,10 +17,11 @@ same runtime as torch's own parallel operations (loaded by torch first), whose i
 the items. Forward and backward are torch.library custom ops (``native_scan``,
 ``native_scan_backward``), so that torch.compile's graphs call the kernel too.
 
-The same library holds S4's Cauchy sums over conjugate pairs and their adjoint (``cauchy_forward``,
-``cauchy_backward``; ``_native/cauchy.h``), which ``lcsm.layers.s4.cauchy_conj`` calls eagerly
-on the CPU, and CES's complex diagonal recurrence (``diag_forward``, ``diag_backward``;
-``_native/diag.h``), which ``lcsm.layers.ces`` calls likewise.
+The same library holds S4's kernel spectrum (its Cauchy sums over conjugate pairs and their
+Woodbury combination) and its adjoint (``cauchy_forward``, ``cauchy_backward``;
+``_native/cauchy.h``), which ``lcsm.layers.s4.kernel_spectrum`` calls eagerly on the CPU, and
+CES's complex diagonal recurrence (``diag_forward``, ``diag_backward``; ``_native/diag.h``),
+which ``lcsm.layers.ces`` calls likewise.
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by the source, the flags, the compiler
@@ -112,9 +113,9 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, document bounds, strides, sizes, work items, threads, scratch and its size per thread
         "scan_forward_all": [*[ptr] * 9, ptr, ptr, ptr, i64, i64, ptr, i64],
         "scan_backward_all": [*[ptr] * 15, ptr, ptr, ptr, i64, i64, ptr, i64],
-        # tensors, M, N2, K, rows H (the work items), threads (and the backward's scratch and its size per thread)
-        "cauchy_forward_all": [*[ptr] * 6, *[i64] * 5],
-        "cauchy_backward_all": [*[ptr] * 10, *[i64] * 5, ptr, i64],
+        # tensors, M, N2, rows H (the work items), threads (and the backward's scratch and its size per thread)
+        "cauchy_forward_all": [*[ptr] * 9, *[i64] * 4],
+        "cauchy_backward_all": [*[ptr] * 13, *[i64] * 4, ptr, i64],
         # tensors, T, C, work items, threads, scratch and its size per thread
         "diag_forward_all": [*[ptr] * 8, *[i64] * 4, ptr, i64],
         "diag_backward_all": [*[ptr] * 13, *[i64] * 4, ptr, i64],
@@ -181,7 +182,7 @@ def native_unavailable() -> str | None:
 
 
 def native_serves(x: Tensor) -> bool:
-    """Whether a layer's native kernel (``native_cauchy_conj``, ``native_diag_scan``) takes x's
+    """Whether a layer's native kernel (``native_s4_spectrum``, ``native_diag_scan``) takes x's
     computation: float32 or float64 CPU tensors, eager (traced graphs keep the layers' PyTorch
     forms), and the kernel built (``native_unavailable`` says why not)."""
     return (
@@ -382,29 +383,32 @@ def _constant(name: str) -> int:
     return ctypes.c_int64.in_dll(_loaded(), f"lcsm_{name}").value
 
 
-# S4's Cauchy sums over conjugate pairs (lcsm/layers/s4.py, ``cauchy_conj``; C source
-# _native/cauchy.h): the same library, one work item per row h, q formed a block of roots at a time.
+# S4's kernel spectrum (lcsm/layers/s4.py, ``kernel_spectrum``; C source _native/cauchy.h): the
+# same library, one work item per row h, a vector of roots at a time.
 
 
-def cauchy_forward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
-    """S [H, M, K] complex, S = sum_n W[h, n, k] / ((g_m - lam_n)(g_m - conj(lam_n))): g = gr + i gi
-    [H, M], a = Re lam and s = |lam|^2 [H, N2], W [H, N2, K]; all real, of one dtype, contiguous."""
-    (H, M), (N2, K) = gr.shape, W.shape[1:]
-    S = gr.new_empty(H, M, K, 2)
-    _kernel("cauchy_forward_all", gr)(*(_ptr(t) for t in (gr, gi, a, s, W, S)), M, N2, K, H, _threads(H))
-    return torch.view_as_complex(S)
+def cauchy_forward(gr: Tensor, gi: Tensor, cr: Tensor, ci: Tensor, a: Tensor, s: Tensor, W: Tensor):
+    """(K [H, M] complex, S [H, 16, M]): S[h, m, k] = sum_n W[h, n, k] / ((g_m - lam_n)(g_m -
+    conj(lam_n))) and K = c (k_0 - k_1 k_2 / (1 + k_3)) with k_j = g S_j - S_(4+j), for g = gr + i gi
+    [H, M], c = cr + i ci [M], a = Re lam and s = |lam|^2 [H, N2], W [H, N2, 8]; all real, of one
+    dtype, contiguous. S (the real parts, then the imaginary) is for ``cauchy_backward``."""
+    (H, M), N2 = gr.shape, a.shape[1]
+    K, S = gr.new_empty(H, M, 2), gr.new_empty(H, 2 * W.shape[2], M)
+    fn = _kernel("cauchy_forward_all", gr)
+    fn(*(_ptr(t) for t in (gr, gi, cr, ci, a, s, W, K, S)), M, N2, H, _threads(H))
+    return torch.view_as_complex(K), S
 
 
-def cauchy_backward(gr: Tensor, gi: Tensor, a: Tensor, s: Tensor, W: Tensor, grad_S: Tensor) -> tuple[Tensor, ...]:
-    """The gradients of ``cauchy_forward``'s g (complex [H, M]), a, s and W, given S's (complex)."""
-    (H, M), (N2, K) = gr.shape, W.shape[1:]
-    gS = torch.view_as_real(grad_S.resolve_conj().to(gr.dtype.to_complex())).contiguous()
+def cauchy_backward(gr, gi, cr, ci, a, s, W, S, grad_K: Tensor) -> tuple[Tensor, ...]:
+    """The gradients of ``cauchy_forward``'s g (complex [H, M]), a, s and W, given K's (complex)."""
+    (H, M), N2 = gr.shape, a.shape[1]
+    gK = torch.view_as_real(grad_K.resolve_conj().to(gr.dtype.to_complex())).contiguous()
     dg, da, ds, dW = gr.new_empty(H, M, 2), torch.empty_like(a), torch.empty_like(s), torch.empty_like(W)
     fn = _kernel("cauchy_backward_all", gr)
-    tensors = (gr, gi, a, s, W, gS, dg, da, ds, dW)
+    tensors = (gr, gi, cr, ci, a, s, W, S, gK, dg, da, ds, dW)
     lanes = _constant("cauchy_vector_bytes") // gr.element_size()
-    # per lane, sums over the roots for each pole: dW's K, da's and ds's, and a vector's slack to align them
-    _run(fn, H, (N2 * (K + 2) + 1) * lanes, gr, *(_ptr(t) for t in tensors), M, N2, K)
+    # per lane, sums over the roots for each pole: dW's 8, da's and ds's, and a vector's slack to align them
+    _run(fn, H, (N2 * (W.shape[2] + 2) + 1) * lanes, gr, *(_ptr(t) for t in tensors), M, N2)
     return torch.view_as_complex(dg), da, ds, dW
 
 
@@ -440,39 +444,35 @@ def diag_backward(
     return dx, dlam, de, ds, dm0
 
 
-class _NativeCauchyConj(torch.autograd.Function):
+class _NativeS4Spectrum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
-        parts = g.real.to(a.dtype).contiguous(), g.imag.to(a.dtype).contiguous()
+    def forward(ctx, g: Tensor, c: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
+        parts = [z.to(a.dtype).contiguous() for z in (g.real, g.imag, c.real, c.imag)]
         operands = (*parts, a.contiguous(), s.contiguous(), W.to(a.dtype).contiguous())
-        ctx.save_for_backward(*operands)
-        return cauchy_forward(*operands)
+        K, S = cauchy_forward(*operands)
+        ctx.save_for_backward(*operands, S)
+        return K
 
     @staticmethod
-    def backward(ctx, grad_S: Tensor):
-        return cauchy_backward(*ctx.saved_tensors, grad_S)
+    def backward(ctx, grad_K: Tensor):
+        dg, da, ds, dW = cauchy_backward(*ctx.saved_tensors, grad_K)
+        return dg, None, da, ds, dW
 
 
-def native_cauchy_conj(g: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
-    """S4's Cauchy sums over conjugate pairs by the native kernel, with its adjoint (autograd):
-    S[h, m, k] = sum_n W[h, n, k] / ((g - lam_n)(g - conj(lam_n))) for g [H, M] complex, a = Re lam
-    and s = |lam|^2 [H, N2] real, W [H, N2, K] real with K <= 8 (S4's four sums take 8) -> [H, M, K]
-    complex, computed in a's dtype (float32 or float64), on the CPU. ``native_unavailable()`` must be None."""
+def native_s4_spectrum(g: Tensor, c: Tensor, a: Tensor, s: Tensor, W: Tensor) -> Tensor:
+    """S4's kernel spectrum by the native kernel, with its adjoint (autograd; c is a constant):
+    K[h, m] = c_m (k_0 - k_1 k_2 / (1 + k_3)), k_j = g S_j - S_(4+j), from the Cauchy sums over
+    conjugate pairs S[h, m, k] = sum_n W[h, n, k] / ((g - lam_n)(g - conj(lam_n))), for g [H, M] and
+    c [M] complex, a = Re lam and s = |lam|^2 [H, N2] real, W [H, N2, 8] real -> [H, M] complex,
+    computed in a's dtype (float32 or float64), on the CPU. ``native_unavailable()`` must be None."""
     H, N2 = a.shape if a.dim() == 2 else (-1, -1)
     columns = _constant("cauchy_columns")
-    if (
-        g.dim() != 2
-        or g.shape[0] != H
-        or s.shape != a.shape
-        or W.dim() != 3
-        or W.shape[:2] != (H, N2)
-        or not 0 < W.shape[2] <= columns
-    ):
+    if g.dim() != 2 or g.shape[0] != H or c.shape != g.shape[1:] or s.shape != a.shape or W.shape != (H, N2, columns):
         raise ValueError(
-            f"native_cauchy_conj: expected g [H, M], a and s [H, N2], W [H, N2, K] with 0 < K <= {columns}, got "
-            f"{list(g.shape)}, {list(a.shape)}, {list(s.shape)}, {list(W.shape)}"
+            f"native_s4_spectrum: expected g [H, M], c [M], a and s [H, N2], W [H, N2, {columns}], got "
+            f"{list(g.shape)}, {list(c.shape)}, {list(a.shape)}, {list(s.shape)}, {list(W.shape)}"
         )
-    return _NativeCauchyConj.apply(g, a, s, W)
+    return _NativeS4Spectrum.apply(g, c, a, s, W)
 
 
 class _DiagScan(torch.autograd.Function):

@@ -214,20 +214,26 @@ def test_s4_init_clips_the_imaginary_part_of_B_as_the_official():
     assert_close({"B": torch.view_as_complex(unclipped.B)[0]}, {"B": exact})
 
 
-def cauchy_inputs(H=3, M=17, N2=5, K=4, dtype=torch.float64):
-    """W, g, lam as the S4 kernel makes them: g = 2/dt (1-z)/(1+z) at M-th roots of unity, lam in
+def roots(M, length=None):
+    """z = exp(-2 pi i k / length) for k < M (length M by default)."""
+    return torch.exp(-2j * math.pi * torch.arange(M, dtype=torch.float64) / (length or M))
+
+
+def cauchy_inputs(H=3, M=17, N2=5, K=4, dtype=torch.float64, length=None):
+    """W, g, lam as the S4 kernel makes them: g = 2/dt (1-z)/(1+z) at ``roots(M, length)``, lam in
     the left half-plane."""
     ctype = torch.complex128 if dtype == torch.float64 else torch.complex64
-    z = torch.exp(-2j * math.pi * torch.arange(M, dtype=torch.float64) / M)
+    z = roots(M, length)
     dt = torch.rand(H, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * 0.1 + 0.01
     g = (2 / dt) * (1 - z) / (1 + z)
     lam = torch.complex(-randn(H, N2, seed=5).abs() - 0.1, 5 * randn(H, N2, seed=6))
     return randn(H, N2, K, seed=7).to(dtype), g.to(ctype), lam.to(ctype)
 
 
-def cauchy_form(monkeypatch, form):
-    """Route cauchy_conj to ``form``: "native" (the C kernel; skipped where it cannot build, which
-    tests/ops/test_native_scan.py fails on where a compiler exists) or "pytorch" (_CauchyConj)."""
+def spectrum_form(monkeypatch, form):
+    """Route kernel_spectrum to ``form``: "native" (the C kernel; skipped where it cannot build, which
+    tests/ops/test_native_scan.py fails on where a compiler exists) or "pytorch" (cauchy_conj and
+    the Woodbury combination). Returns the list the native kernel's calls append to."""
     if form == "pytorch":
         monkeypatch.setattr(s4, "native_serves", lambda x: False)
     elif native_scan.native_unavailable() is not None:
@@ -238,24 +244,27 @@ def cauchy_form(monkeypatch, form):
     return calls
 
 
-@pytest.mark.parametrize("form", ["native", "pytorch"])
+def spectrum_definition(W, g, c, lam):
+    """kernel_spectrum written out: the Cauchy sums over all pairs and the Woodbury combination."""
+    gm, lm = g[:, :, None, None], lam[:, None, :, None]
+    S = (W.unsqueeze(1) / ((gm - lm) * (gm - lm.conj()))).sum(2)
+    k = g.unsqueeze(-1) * S[..., :4] - S[..., 4:]
+    return c * (k[..., 0] - k[..., 1] * k[..., 2] / (1 + k[..., 3]))
+
+
 @pytest.mark.parametrize("M", [17, 150])
-@pytest.mark.parametrize("K", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_cauchy_conj_blocks_equal_the_full_sum(monkeypatch, dtype, K, M, form):
-    """Each form with its own backward pass against the definition differentiated by autograd,
-    outputs and gradients: the PyTorch form in blocks of 2 roots, the native kernel's vectors of 8
-    or 16 roots, neither dividing M; K = 8 columns as S4's, and fewer; float32 judged against the
+def test_cauchy_conj_blocks_equal_the_full_sum(monkeypatch, dtype, M):
+    """The PyTorch form in blocks of 2 roots (not dividing M), with its own backward pass, against
+    the definition differentiated by autograd, outputs and gradients; float32 judged against the
     float64 answer."""
     monkeypatch.setattr(s4, "CAUCHY_BLOCK", 2 * 3 * 5)
-    calls = cauchy_form(monkeypatch, form)
-    exact = [x.requires_grad_() for x in cauchy_inputs(M=M, K=K)]
-    inputs = [x.detach().clone().requires_grad_() for x in cauchy_inputs(M=M, K=K, dtype=dtype)]
+    exact = [x.requires_grad_() for x in cauchy_inputs(M=M)]
+    inputs = [x.detach().clone().requires_grad_() for x in cauchy_inputs(M=M, dtype=dtype)]
     W, g, lam = exact
     gm, lm = g[:, :, None, None], lam[:, None, :, None]
     want = (W.unsqueeze(1) / ((gm - lm) * (gm - lm.conj()))).sum(2)
     got = cauchy_conj(*inputs)
-    assert len(calls) == (form == "native")
     cot = torch.complex(randn(*want.shape, seed=8), randn(*want.shape, seed=9))
     want_grads = torch.autograd.grad(torch.view_as_real(want * cot.conj()).sum(), exact)
     got_grads = torch.autograd.grad(torch.view_as_real(got * cot.conj().to(got.dtype)).sum(), inputs)
@@ -264,16 +273,54 @@ def test_cauchy_conj_blocks_equal_the_full_sum(monkeypatch, dtype, K, M, form):
         dict(zip(names, (got,) + got_grads, strict=False)),
         dict(zip(names, (want,) + want_grads, strict=False)),
         dtype=dtype,
-        context=f"cauchy_conj {form} {dtype} K={K} M={M}",
+        context=f"cauchy_conj {dtype} M={M}",
+    )
+
+
+def spectrum_inputs(M, dtype=torch.float64):
+    """W [H, N2, 8], g, c = 2 / (1 + z) and lam as S4's kernel makes them (``cauchy_inputs``), at the
+    roots of unity of the odd length 2 M - 1 in one half-plane, as the kernel takes them (z = -1,
+    where c has its pole, is not among them)."""
+    W, g, lam = cauchy_inputs(M=M, K=8, dtype=dtype, length=2 * M - 1)
+    return W, g, (2 / (1 + roots(M, 2 * M - 1))).to(g.dtype), lam
+
+
+@pytest.mark.parametrize("form", ["native", "pytorch"])
+@pytest.mark.parametrize("M", [17, 150])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_kernel_spectrum_forms_equal_the_definition(monkeypatch, dtype, M, form):
+    """Each form of kernel_spectrum with its own backward pass against the definition written out
+    and differentiated by autograd, outputs and the gradients of W, g and lam: the native kernel's
+    vectors of 8 or 16 roots and the PyTorch form's blocks of 2 do not divide M; float32 judged
+    against the float64 answer."""
+    monkeypatch.setattr(s4, "CAUCHY_BLOCK", 2 * 3 * 5)
+    calls = spectrum_form(monkeypatch, form)
+    W, g, c, lam = spectrum_inputs(M)
+    exact = [x.requires_grad_() for x in (W, g, lam)]
+    W32, g32, c32, lam32 = spectrum_inputs(M, dtype)
+    inputs = [x.requires_grad_() for x in (W32, g32, lam32)]
+    want = spectrum_definition(W, g, c, lam)
+    got = s4.kernel_spectrum(W32, g32, c32, lam32)
+    assert len(calls) == (form == "native")
+    cot = torch.complex(randn(*want.shape, seed=8), randn(*want.shape, seed=9))
+    want_grads = torch.autograd.grad(torch.view_as_real(want * cot.conj()).sum(), exact)
+    got_grads = torch.autograd.grad(torch.view_as_real(got * cot.conj().to(got.dtype)).sum(), inputs)
+    names = ("K", "dW", "dg", "dlam")
+    assert_close(
+        dict(zip(names, (got,) + got_grads, strict=False)),
+        dict(zip(names, (want,) + want_grads, strict=False)),
+        dtype=dtype,
+        context=f"kernel_spectrum {form} {dtype} M={M}",
     )
 
 
 @pytest.mark.parametrize("form", ["native", "pytorch"])
-def test_cauchy_conj_gradcheck(monkeypatch, form):
+def test_kernel_spectrum_gradcheck(monkeypatch, form):
     monkeypatch.setattr(s4, "CAUCHY_BLOCK", 2 * 3 * 5)
-    cauchy_form(monkeypatch, form)
-    W, g, lam = (x.requires_grad_() for x in cauchy_inputs(M=7))
-    assert torch.autograd.gradcheck(cauchy_conj, (W, g, lam))
+    spectrum_form(monkeypatch, form)
+    W, g, c, lam = spectrum_inputs(M=7)
+    inputs = tuple(x.requires_grad_() for x in (W, g, lam))
+    assert torch.autograd.gradcheck(lambda W, g, lam: s4.kernel_spectrum(W, g, c, lam), inputs)
 
 
 def test_s4_discretization_kept_without_autograd_follows_parameter_changes():

@@ -201,18 +201,19 @@ def test_compiled_calls_run_the_kernel(monkeypatch):
 
 
 def test_the_public_native_ops_refuse_what_they_cannot_take(monkeypatch):
-    """native_cauchy_conj and native_diag_scan name the shapes they got and expected; without the
+    """native_s4_spectrum and native_diag_scan name the shapes they got and expected; without the
     kernel they say why (not an AttributeError from a missing library)."""
-    from lcsm.ops import native_cauchy_conj, native_diag_scan
+    from lcsm.ops import native_diag_scan, native_s4_spectrum
 
     z = torch.zeros(3, dtype=torch.complex128)
     with pytest.raises(ValueError, match=r"native_diag_scan: expected x \[B, T, C\].*got \[2, 5, 4\], \[3\]"):
         native_diag_scan(torch.zeros(2, 5, 4, dtype=torch.float64), z, z, z, None)
-    a = torch.zeros(2, 4, dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"native_cauchy_conj: expected g \[H, M\].*got \[3, 7\], \[2, 4\]"):
-        native_cauchy_conj(torch.zeros(3, 7, dtype=torch.complex128), a, a, torch.zeros(2, 4, 8, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"W \[H, N2, K\] with 0 < K <= 8, got .*\[2, 4, 9\]"):
-        native_cauchy_conj(torch.zeros(2, 7, dtype=torch.complex128), a, a, torch.zeros(2, 4, 9, dtype=torch.float64))
+    a, c = torch.zeros(2, 4, dtype=torch.float64), torch.zeros(7, dtype=torch.complex128)
+    W = torch.zeros(2, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"native_s4_spectrum: expected g \[H, M\].*got \[3, 7\], \[7\], \[2, 4\]"):
+        native_s4_spectrum(torch.zeros(3, 7, dtype=torch.complex128), c, a, a, W)
+    with pytest.raises(ValueError, match=r"W \[H, N2, 8\], got .*\[2, 4, 4\]"):
+        native_s4_spectrum(torch.zeros(2, 7, dtype=torch.complex128), c, a, a, W[..., :4])
     with pytest.raises(ValueError, match="float32 or float64 CPU tensors, got torch.float16"):
         native_diag_scan(torch.zeros(1, 5, 3, dtype=torch.float16), z, z, z, None)
     monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": "turned off by the test"})
@@ -220,4 +221,4 @@ def test_the_public_native_ops_refuse_what_they_cannot_take(monkeypatch):
     with pytest.raises(RuntimeError, match="the native kernels cannot run in this process"):
         native_diag_scan(torch.zeros(1, 5, 3, dtype=torch.float64), z, z, z, None)
     with pytest.raises(RuntimeError, match="the native kernels cannot run in this process"):
-        native_cauchy_conj(torch.zeros(2, 7, dtype=torch.complex128), a, a, torch.zeros(2, 4, 8, dtype=torch.float64))
+        native_s4_spectrum(torch.zeros(2, 7, dtype=torch.complex128), c, a, a, W)
