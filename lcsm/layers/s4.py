@@ -462,7 +462,7 @@ class S4(Mixer):
         even = isinstance(M, int) and M % 2 == 0  # traced, M is symbolic and odd (``_kernel_size``)
         k = torch.arange(M // 2 + (not even), device=lam.device, dtype=dt.dtype)
         z = torch.exp(_MINUS_TWO_PI_J * k / M)  # [M // 2 + 1], less z = -1
-        g = (2 / dt) * (1 - z) / (1 + z)  # [H, M]
+        g = (2 / dt) * ((1 - z) / (1 + z))  # [H, M]; the complex division on [M] alone
         # The four Cauchy sums sum_n a_n b_n / (g - Lambda_n) run over conjugate pairs (the official
         # cauchy_conj): v / (g - lam) + conj(v) / (g - conj(lam)) = (2 Re(v) g - 2 Re(v conj(lam)))
         # / ((g - lam)(g - conj(lam))), so one [H, M, N/2] matrix serves all four sums.
