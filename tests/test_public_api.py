@@ -29,6 +29,7 @@ PUBLIC = {
         "explain_dplr",
         "fft_length",
         "log_sigmoid_product",
+        "native_block_diag",
         "native_diag_scan",
         "native_s4_spectrum",
         "native_serves",

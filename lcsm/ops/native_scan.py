@@ -21,7 +21,8 @@ The same library holds S4's kernel spectrum (its Cauchy sums over conjugate pair
 Woodbury combination) and its adjoint (``cauchy_forward``, ``cauchy_backward``;
 ``_native/cauchy.h``), which ``lcsm.layers.s4.kernel_spectrum`` calls eagerly on the CPU, and
 CES's complex diagonal recurrence (``diag_forward``, ``diag_backward``; ``_native/diag.h``),
-which ``lcsm.layers.ces`` calls likewise.
+which ``lcsm.layers.ces`` calls likewise, and block-diagonal linear maps (``_native/blockdiag.h``),
+mLSTM's q/k/v projections.
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by the source, the flags, the compiler
@@ -119,6 +120,9 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, T, C, work items, threads, scratch and its size per thread
         "diag_forward_all": [*[ptr] * 8, *[i64] * 4, ptr, i64],
         "diag_backward_all": [*[ptr] * 13, *[i64] * 4, ptr, i64],
+        # tensors, R, NB, BO, BI, work items, threads, scratch and its size per thread
+        "blockdiag_apply_all": [*[ptr] * 3, *[i64] * 6, ptr, i64],
+        "blockdiag_weight_grad_all": [*[ptr] * 3, *[i64] * 6, ptr, i64],
     }
     for suffix in _SUFFIX.values():
         for name, argtypes in signatures.items():
@@ -182,7 +186,8 @@ def native_unavailable() -> str | None:
 
 
 def native_serves(x: Tensor) -> bool:
-    """Whether a layer's native kernel (``native_s4_spectrum``, ``native_diag_scan``) takes x's
+    """Whether a layer's native kernel (``native_s4_spectrum``, ``native_diag_scan``,
+    ``native_block_diag``) takes x's
     computation: float32 or float64 CPU tensors, eager (traced graphs keep the layers' PyTorch
     forms), and the kernel built (``native_unavailable`` says why not)."""
     return (
@@ -511,3 +516,53 @@ def native_diag_scan(x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | 
             f"native_diag_scan: expected x [B, T, C], lam, e, s [C], m0 [B, C] or None, got {list(x.shape)}, {shapes}"
         )
     return _DiagScan.apply(x, lam, e, s, m0)
+
+
+# Block-diagonal linear maps (mLSTM's q/k/v projections; C source _native/blockdiag.h): work items
+# are blocks of rows (tokens).
+
+
+def _block_diag_apply(rows: Tensor, w: Tensor) -> Tensor:
+    """y [R, NB * BO] for rows [R, NB * BI] and w [NB, BO, BI], contiguous, of one dtype."""
+    (R, _), (NB, BO, BI) = rows.shape, w.shape
+    y = rows.new_empty(R, NB * BO)
+    fn = _kernel("blockdiag_apply_all", rows)
+    _run(fn, _items(R), (BI + BO) * _constant("blockdiag_rows"), rows, _ptr(rows), _ptr(w), _ptr(y), R, NB, BO, BI)
+    return y
+
+
+class _BlockDiag(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor) -> Tensor:
+        rows, w = x.contiguous().view(-1, x.shape[-1]), w.to(x.dtype).contiguous()
+        ctx.save_for_backward(rows, w)
+        return _block_diag_apply(rows, w).view(*x.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        rows, w = ctx.saved_tensors
+        (R, _), (NB, BO, BI) = rows.shape, w.shape
+        dy_rows = dy.to(rows.dtype).contiguous().view(R, NB * BO)
+        dx = _block_diag_apply(dy_rows, w.transpose(1, 2).contiguous())
+        dw_part = rows.new_empty(_items(R), NB, BO, BI)
+        fn = _kernel("blockdiag_weight_grad_all", rows)
+        scratch = (BI + BO) * _constant("blockdiag_rows")
+        _run(fn, _items(R), scratch, rows, _ptr(rows), _ptr(dy_rows), _ptr(dw_part), R, NB, BO, BI)
+        return dx.view(*dy.shape[:-1], NB * BI), dw_part.sum(0)
+
+
+def _items(rows: int) -> int:
+    """The block-diagonal kernels' work items (tiles of rows) for ``rows`` rows."""
+    return -(-rows // _constant("blockdiag_rows"))
+
+
+def native_block_diag(x: Tensor, w: Tensor) -> Tensor:
+    """A block-diagonal linear map by the native kernel, with its adjoint (autograd):
+    y[..., n, u] = sum_o w[n, u, o] x[..., n, o] for x [..., NB * BI] and w [NB, BO, BI] -> [...,
+    NB * BO], computed in x's dtype (float32 or float64), on the CPU. ``native_unavailable()`` must
+    be None."""
+    if w.dim() != 3 or x.dim() < 1 or x.shape[-1] != w.shape[0] * w.shape[2]:
+        raise ValueError(
+            f"native_block_diag: expected x [..., NB * BI] and w [NB, BO, BI], got {list(x.shape)}, {list(w.shape)}"
+        )
+    return _BlockDiag.apply(x, w)

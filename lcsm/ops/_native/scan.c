@@ -1,5 +1,6 @@
-/* The kernels of scan.h (the selective scan), cauchy.h (S4's Cauchy sums) and diag.h (CES's
- * diagonal recurrence) for float (suffix f32) and double (f64). */
+/* The kernels of scan.h (the selective scan), cauchy.h (S4's kernel spectrum), diag.h (CES's
+ * diagonal recurrence) and blockdiag.h (mLSTM's block-diagonal projections) for float (suffix f32)
+ * and double (f64). */
 #include <stdint.h>
 
 #define REAL float
@@ -21,6 +22,7 @@
 #include "scan.h"
 #include "cauchy.h"
 #include "diag.h"
+#include "blockdiag.h"
 #undef REAL
 #undef UINT
 #undef INT
@@ -52,3 +54,4 @@
 #include "scan.h"
 #include "cauchy.h"
 #include "diag.h"
+#include "blockdiag.h"
