@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,10 +74,32 @@ SUBCHUNK = 16
 # float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
 SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
 SEGMENT = 2048
-# Bytes of one [B, H, L, K|D] tensor of a segment (at least one chunk): a segment's operands and
-# temporaries then stay in a core's cache, where whole 2048-step segments at B 1, H 4, K = D = 64
-# streamed every elementwise pass and matmul through memory (512 steps there).
-SEGMENT_BYTES = 1 << 19
+# Where the level-2 cache's size cannot be read (``_level2_bytes``): the budget measured best on the
+# project's 2-core AMD EPYC (512 steps at B 1, H 4, K = D = 64 in float32).
+DEFAULT_SEGMENT_BYTES = 1 << 19
+
+
+def _level2_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """One core's level-2 cache in bytes (Linux sysfs), or None where it cannot be read."""
+    try:
+        for index in sorted(root.glob("index*")):
+            if (index / "level").read_text().strip() == "2" and (index / "type").read_text().strip() != "Instruction":
+                size = (index / "size").read_text().strip().upper()
+                scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+                return int(size.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+# Bytes of one [B, H, L, K|D] tensor of a segment (at least one chunk): a core's level-2 cache, so
+# that a segment's operands and temporaries stay in it. On the 2-core AMD EPYC (512 KiB) whole
+# 2048-step segments at B 1, H 4, K = D = 64 streamed every elementwise pass and matmul through
+# memory; on a Xeon with 2 MiB, 2 MiB segments ran the kernel 5-10% faster than 512 KiB ones
+# (bench/results/eos_kernels.md).
+SEGMENT_BYTES = _level2_bytes() or DEFAULT_SEGMENT_BYTES
+# what SEGMENT_BYTES is, for ``explain``
+SEGMENT_SOURCE = "this CPU's level-2 cache" if _level2_bytes() else "the default: the level-2 cache size is unknown"
 # Levels of the traced kernel's doubling scan over chunks (``_doubling_states``): 2^24 chunks at most.
 SCAN_LEVELS = 24
 
