@@ -93,13 +93,19 @@ def _level2_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> in
 
 
 # Bytes of one [B, H, L, K|D] tensor of a segment (at least one chunk): a core's level-2 cache, so
-# that a segment's operands and temporaries stay in it. On the 2-core AMD EPYC (512 KiB) whole
-# 2048-step segments at B 1, H 4, K = D = 64 streamed every elementwise pass and matmul through
-# memory; on a Xeon with 2 MiB, 2 MiB segments ran the kernel 5-10% faster than 512 KiB ones
-# (bench/results/eos_kernels.md).
-SEGMENT_BYTES = _level2_bytes() or DEFAULT_SEGMENT_BYTES
+# that a segment's operands and temporaries stay in it, at most MAX_SEGMENT_BYTES. On the 2-core
+# AMD EPYC (512 KiB) whole 2048-step segments at B 1, H 4, K = D = 64 streamed every elementwise
+# pass and matmul through memory; on a Xeon with 2 MiB, 1 MiB segments ran the kernel 5-10% faster
+# than 512 KiB ones and as fast as 2 MiB ones, whose temporaries took the custom backward's peak
+# memory above autograd's at T 2048 (1.12x; 0.94x at 1 MiB) (bench/results/eos_kernels.md).
+MAX_SEGMENT_BYTES = 1 << 20
+SEGMENT_BYTES = min(_level2_bytes() or DEFAULT_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
 # what SEGMENT_BYTES is, for ``explain``
-SEGMENT_SOURCE = "this CPU's level-2 cache" if _level2_bytes() else "the default: the level-2 cache size is unknown"
+SEGMENT_SOURCE = (
+    "the default: the level-2 cache size is unknown"
+    if _level2_bytes() is None
+    else f"this CPU's level-2 cache, at most {MAX_SEGMENT_BYTES >> 10} KiB"
+)
 # Levels of the traced kernel's doubling scan over chunks (``_doubling_states``): 2^24 chunks at most.
 SCAN_LEVELS = 24
 
