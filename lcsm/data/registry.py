@@ -275,9 +275,17 @@ def fetch(name: str, *, root: str | Path | None = None, progress: bool = True, o
             "fetched": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
         (files / "SOURCE.json").write_text(json.dumps(record, indent=2))
+        # Another process (a run beside this one in a sweep) may have fetched the source meanwhile:
+        # its copy is whole, and may be in use, so it stays and this one is dropped.
+        if (final / "SOURCE.json").is_file():
+            return final
         if final.exists():  # a half-written directory of an older version: replace it
             shutil.rmtree(final)
-        os.replace(files, final)
+        try:
+            os.replace(files, final)
+        except OSError:
+            if not (final / "SOURCE.json").is_file():  # not another process's whole copy
+                raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return final

@@ -97,6 +97,23 @@ def test_second_fetch_uses_the_cache(tmp_path, fake_source):
     assert len(calls) == 1
 
 
+def test_a_copy_fetched_meanwhile_by_another_process_stays(tmp_path, fake_source):
+    """Two runs of a sweep fetching one source at once: the one that finishes second keeps the
+    first one's whole copy (which that run may be reading) and drops its own, where it removed it."""
+    fake_source()
+    root = tmp_path / "data"
+
+    def opener(url, timeout):  # the other process finishes while this one downloads
+        (root / "fake").mkdir()
+        (root / "fake" / "SOURCE.json").write_text("{}")
+        (root / "fake" / "theirs.txt").write_text("in use")
+        return urllib.request.urlopen(url, timeout=timeout)
+
+    out = fetch("fake", root=root, progress=False, opener=opener)
+    assert (out / "theirs.txt").read_text() == "in use"
+    assert [p.name for p in root.iterdir()] == ["fake"]  # this fetch's temporary directory is gone
+
+
 def test_checksum_mismatch_is_refused(tmp_path, fake_source):
     fake_source(sha="0" * 64)
     with pytest.raises(SourceUnavailable, match="expected 0000.*refusing to use it"):
