@@ -119,7 +119,7 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         "cauchy_backward_all": [*[ptr] * 13, *[i64] * 4, ptr, i64],
         # tensors, T, C, work items, threads, scratch and its size per thread
         "diag_forward_all": [*[ptr] * 8, *[i64] * 4, ptr, i64],
-        "diag_backward_all": [*[ptr] * 13, *[i64] * 4, ptr, i64],
+        "diag_backward_all": [*[ptr] * 12, *[i64] * 4, ptr, i64],
         # tensors, R, NB, BO, BI, work items, threads, scratch and its size per thread
         "blockdiag_apply_all": [*[ptr] * 3, *[i64] * 6, ptr, i64],
         "blockdiag_weight_grad_all": [*[ptr] * 3, *[i64] * 6, ptr, i64],
@@ -435,7 +435,7 @@ def diag_forward(x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None
 
 
 def diag_backward(
-    x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None, starts: Tensor, gy: Tensor, gm_T: Tensor | None
+    x: Tensor, lam: Tensor, e: Tensor, s: Tensor, starts: Tensor, gy: Tensor, gm_T: Tensor | None
 ) -> tuple[Tensor, ...]:
     """``diag_forward``'s gradients: dx [B, T, C]; dlam, de, ds [B, 2, C] (each batch row's share);
     dm0 [B, C, 2]. gy [B, T, C] and gm_T [B, C, 2] (or None) contiguous, of x's dtype."""
@@ -444,7 +444,7 @@ def diag_backward(
     dlam, de, ds = (x.new_empty(B, 2, C) for _ in range(3))
     fn = _kernel("diag_backward_all", x)
     block, chunk = _constant("diag_block"), _constant("diag_chunk")
-    tensors = (x, lam, e, s, m0, starts, gy, gm_T, dx, dlam, de, ds, dm0)
+    tensors = (x, lam, e, s, starts, gy, gm_T, dx, dlam, de, ds, dm0)
     _run(fn, B * -(-C // block), (2 * chunk + 10) * block, x, *(_ptr(t) for t in tensors), T, C)
     return dx, dlam, de, ds, dm0
 
@@ -495,7 +495,7 @@ class _DiagScan(torch.autograd.Function):
         x, lam, e, s, m0r, starts = ctx.saved_tensors
         gy = torch.zeros_like(x) if gy is None else gy.to(x.dtype).contiguous()
         gm_T = None if gm_T is None else torch.view_as_real(gm_T.resolve_conj().to(x.dtype.to_complex())).contiguous()
-        dx, dlam, de, ds, dm0 = diag_backward(x, lam, e, s, m0r, starts, gy, gm_T)
+        dx, dlam, de, ds, dm0 = diag_backward(x, lam, e, s, starts, gy, gm_T)
 
         def summed(d: Tensor) -> Tensor:  # [B, 2, C]: each batch row's share, real and imaginary parts
             return torch.complex(d[:, 0].sum(0), d[:, 1].sum(0))

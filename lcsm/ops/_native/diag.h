@@ -58,9 +58,9 @@ static void FN(diag_forward_)(const REAL *x, const REAL *lam, const REAL *e, con
 
 /* Gradients: dx [B, T, C]; dlam, de, ds [B, 2, C] (each batch row's share, real then imaginary
  * parts); dm0 [B, C, 2]. gy [B, T, C], gm_T [B, C, 2] or NULL. */
-static void FN(diag_backward_)(const REAL *x, const REAL *lam, const REAL *e, const REAL *s, const REAL *m0,
-                               const REAL *starts, const REAL *gy, const REAL *gm_T, REAL *dx, REAL *dlam, REAL *de,
-                               REAL *ds, REAL *dm0, int64_t T, int64_t C, int64_t item, REAL *scratch) {
+static void FN(diag_backward_)(const REAL *x, const REAL *lam, const REAL *e, const REAL *s, const REAL *starts,
+                               const REAL *gy, const REAL *gm_T, REAL *dx, REAL *dlam, REAL *de, REAL *ds, REAL *dm0,
+                               int64_t T, int64_t C, int64_t item, REAL *scratch) {
     const int64_t blocks = (C + CB - 1) / CB, b = item / blocks, c0 = (item % blocks) * CB;
     const int64_t w = C - c0 < CB ? C - c0 : CB, chunks = (T + CH - 1) / CH;
     const REAL *lr = lam + c0, *li = lam + C + c0, *er = e + c0, *ei = e + C + c0, *sr = s + c0, *si = s + C + c0;
@@ -129,12 +129,11 @@ void FN(diag_forward_all_)(const REAL *x, const REAL *lam, const REAL *e, const 
         FN(diag_forward_)(x, lam, e, s, m0, y, m_T, starts, T, C, item, scratch + THREAD_NUM * per_thread);
 }
 
-void FN(diag_backward_all_)(const REAL *x, const REAL *lam, const REAL *e, const REAL *s, const REAL *m0,
-                            const REAL *starts, const REAL *gy, const REAL *gm_T, REAL *dx, REAL *dlam, REAL *de,
-                            REAL *ds, REAL *dm0, int64_t T, int64_t C, int64_t items, int64_t threads,
-                            REAL *scratch, int64_t per_thread) {
+void FN(diag_backward_all_)(const REAL *x, const REAL *lam, const REAL *e, const REAL *s, const REAL *starts,
+                            const REAL *gy, const REAL *gm_T, REAL *dx, REAL *dlam, REAL *de, REAL *ds, REAL *dm0,
+                            int64_t T, int64_t C, int64_t items, int64_t threads, REAL *scratch, int64_t per_thread) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t item = 0; item < items; item++)
-        FN(diag_backward_)(x, lam, e, s, m0, starts, gy, gm_T, dx, dlam, de, ds, dm0, T, C, item,
+        FN(diag_backward_)(x, lam, e, s, starts, gy, gm_T, dx, dlam, de, ds, dm0, T, C, item,
                            scratch + THREAD_NUM * per_thread);
 }
