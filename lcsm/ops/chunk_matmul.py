@@ -54,7 +54,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -74,38 +73,10 @@ SUBCHUNK = 16
 # float32 far from overflow (and its reciprocal far from underflow); float64 allows much more.
 SAFE_SPAN = {torch.float32: 30.0, torch.float64: 200.0}
 SEGMENT = 2048
-# Where the level-2 cache's size cannot be read (``_level2_bytes``): the budget measured best on the
-# project's 2-core AMD EPYC (512 steps at B 1, H 4, K = D = 64 in float32).
-DEFAULT_SEGMENT_BYTES = 1 << 19
-
-
-def _level2_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
-    """One core's level-2 cache in bytes (Linux sysfs), or None where it cannot be read."""
-    try:
-        for index in sorted(root.glob("index*")):
-            if (index / "level").read_text().strip() == "2" and (index / "type").read_text().strip() != "Instruction":
-                size = (index / "size").read_text().strip().upper()
-                scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
-                return int(size.rstrip("KM")) * scale
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-# Bytes of one [B, H, L, K|D] tensor of a segment (at least one chunk): a core's level-2 cache, so
-# that a segment's operands and temporaries stay in it, at most MAX_SEGMENT_BYTES. On the 2-core
-# AMD EPYC (512 KiB) whole 2048-step segments at B 1, H 4, K = D = 64 streamed every elementwise
-# pass and matmul through memory; on a Xeon with 2 MiB, 1 MiB segments ran the kernel 5-10% faster
-# than 512 KiB ones and as fast as 2 MiB ones, whose temporaries took the custom backward's peak
-# memory above autograd's at T 2048 (1.12x; 0.94x at 1 MiB) (bench/results/eos_kernels.md).
-MAX_SEGMENT_BYTES = 1 << 20
-SEGMENT_BYTES = min(_level2_bytes() or DEFAULT_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
-# what SEGMENT_BYTES is, for ``explain``
-SEGMENT_SOURCE = (
-    "the default: the level-2 cache size is unknown"
-    if _level2_bytes() is None
-    else f"this CPU's level-2 cache, at most {MAX_SEGMENT_BYTES >> 10} KiB"
-)
+# Bytes of one [B, H, L, K|D] tensor of a segment (at least one chunk): a segment's operands and
+# temporaries then stay in a core's cache, where whole 2048-step segments at B 1, H 4, K = D = 64
+# streamed every elementwise pass and matmul through memory (512 steps there).
+SEGMENT_BYTES = 1 << 19
 # Levels of the traced kernel's doubling scan over chunks (``_doubling_states``): 2^24 chunks at most.
 SCAN_LEVELS = 24
 

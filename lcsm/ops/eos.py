@@ -33,7 +33,7 @@ from ._inputs import (
     without_autocast,
 )
 from .chunk import chunk_length, eos_chunk, kernel_for, matmul_operands
-from .chunk_matmul import SAFE_SPAN, SEGMENT_BYTES, SEGMENT_SOURCE, factorised_segments
+from .chunk_matmul import SAFE_SPAN, factorised_segments
 from .fft import eos_fft
 from .native_scan import chunk_length as native_chunk_length
 from .native_scan import eos_native, native_unsupported, serial_reason
@@ -274,10 +274,7 @@ def _decay_form(p: EOSProblem, chunk_size: int) -> str:
     C = chunk_length(chunk_size, p.T)
     done, parts = factorised_segments(s, i, g, C)
     if done == parts:
-        return (
-            f"decays: factorised through each chunk's start in all {parts} segment(s) "
-            f"(of at most {SEGMENT_BYTES >> 10} KiB a tensor: {SEGMENT_SOURCE})"
-        )
+        return f"decays: factorised through each chunk's start in all {parts} segment(s)"
     return (
         f"decays: factorised in {done} of {parts} segment(s); in the rest some chunk's decay spans beyond "
         f"exp(-{SAFE_SPAN[real_dtype(s.dtype)]:g}), which takes the strong decays' pairwise (or sub-chunk) "

@@ -1087,22 +1087,3 @@ def test_a_decay_of_exactly_zero_complex(dtype):
     inputs["log_o"] = log_o
     for mode in ("auto", "parallel"):
         check_zero_decay(inputs, mode, dtype, context="complex -inf at 30")
-
-
-def test_the_segment_budget_is_the_level2_cache(tmp_path):
-    """SEGMENT_BYTES is a core's level-2 cache as sysfs describes it (its data or unified cache),
-    None where sysfs does not say (the default then)."""
-    from lcsm.ops import chunk_matmul
-
-    for name, level, kind, size in (("index0", 1, "Data", "48K"), ("index1", 1, "Instruction", "32K")):
-        (tmp_path / name).mkdir()
-        for field, value in (("level", level), ("type", kind), ("size", size)):
-            (tmp_path / name / field).write_text(f"{value}\n")
-    assert chunk_matmul._level2_bytes(tmp_path) is None
-    (tmp_path / "index2").mkdir()
-    for field, value in (("level", 2), ("type", "Unified"), ("size", "2048K")):
-        (tmp_path / "index2" / field).write_text(f"{value}\n")
-    assert chunk_matmul._level2_bytes(tmp_path) == 2 << 20
-    (tmp_path / "index2" / "size").write_text("1M\n")
-    assert chunk_matmul._level2_bytes(tmp_path) == 1 << 20
-    assert chunk_matmul._level2_bytes(tmp_path / "missing") is None
