@@ -383,6 +383,12 @@ def _kernel(name: str, x: Tensor):
     return getattr(lib, f"{name}_{_SUFFIX[x.dtype]}")
 
 
+def _real_parts(z: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """A complex tensor as contiguous [..., 2] real and imaginary parts of ``dtype`` (None stays
+    None), as the kernels read complex operands and cotangents."""
+    return None if z is None else torch.view_as_real(z.resolve_conj().to(dtype.to_complex())).contiguous()
+
+
 def _constant(name: str) -> int:
     """A size the C source defines (``lcsm_<name>``), read from the built library."""
     return ctypes.c_int64.in_dll(_loaded(), f"lcsm_{name}").value
@@ -407,7 +413,7 @@ def cauchy_forward(gr: Tensor, gi: Tensor, cr: Tensor, ci: Tensor, a: Tensor, s:
 def cauchy_backward(gr, gi, cr, ci, a, s, W, S, grad_K: Tensor) -> tuple[Tensor, ...]:
     """The gradients of ``cauchy_forward``'s g (complex [H, M]), a, s and W, given K's (complex)."""
     (H, M), N2 = gr.shape, a.shape[1]
-    gK = torch.view_as_real(grad_K.resolve_conj().to(gr.dtype.to_complex())).contiguous()
+    gK = _real_parts(grad_K, gr.dtype)
     dg, da, ds, dW = gr.new_empty(H, M, 2), torch.empty_like(a), torch.empty_like(s), torch.empty_like(W)
     fn = _kernel("cauchy_backward_all", gr)
     tensors = (gr, gi, cr, ci, a, s, W, S, gK, dg, da, ds, dW)
@@ -427,10 +433,10 @@ def diag_forward(x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None
     memories kept for the backward); all of x's dtype, inputs contiguous."""
     B, T, C = x.shape
     fn = _kernel("diag_forward_all", x)
-    block, chunk = _constant("diag_block"), _constant("diag_chunk")
     y, m_T = torch.empty_like(x), x.new_empty(B, C, 2)
-    starts = x.new_empty(B, -(-T // chunk), 2, C)
-    _run(fn, B * -(-C // block), 2 * block, x, *(_ptr(t) for t in (x, lam, e, s, m0, y, m_T, starts)), T, C)
+    starts = x.new_empty(B, -(-T // _constant("diag_chunk")), 2, C)
+    tensors = (x, lam, e, s, m0, y, m_T, starts)
+    _run(fn, _diag_items(B, C), 2 * _constant("diag_block"), x, *(_ptr(t) for t in tensors), T, C)
     return y, m_T, starts
 
 
@@ -443,10 +449,15 @@ def diag_backward(
     dx, dm0 = torch.empty_like(x), x.new_empty(B, C, 2)
     dlam, de, ds = (x.new_empty(B, 2, C) for _ in range(3))
     fn = _kernel("diag_backward_all", x)
-    block, chunk = _constant("diag_block"), _constant("diag_chunk")
     tensors = (x, lam, e, s, starts, gy, gm_T, dx, dlam, de, ds, dm0)
-    _run(fn, B * -(-C // block), (2 * chunk + 10) * block, x, *(_ptr(t) for t in tensors), T, C)
+    scratch = (2 * _constant("diag_chunk") + 10) * _constant("diag_block")
+    _run(fn, _diag_items(B, C), scratch, x, *(_ptr(t) for t in tensors), T, C)
     return dx, dlam, de, ds, dm0
+
+
+def _diag_items(B: int, C: int) -> int:
+    """The diagonal recurrence's work items: each batch row's blocks of channels."""
+    return B * -(-C // _constant("diag_block"))
 
 
 class _NativeS4Spectrum(torch.autograd.Function):
@@ -484,23 +495,22 @@ class _DiagScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None):
         parts = [torch.stack([z.real, z.imag]).to(x.dtype).contiguous() for z in (lam, e, s)]
-        m0r = None if m0 is None else torch.view_as_real(m0.to(x.dtype.to_complex())).contiguous()
         x = x.contiguous()
-        y, m_T, starts = diag_forward(x, *parts, m0r)
-        ctx.save_for_backward(x, *parts, m0r, starts)
+        y, m_T, starts = diag_forward(x, *parts, _real_parts(m0, x.dtype))
+        ctx.save_for_backward(x, *parts, starts)
+        ctx.initial = m0 is not None  # the backward forms dm0 regardless; it is returned only then
         return y, torch.view_as_complex(m_T)
 
     @staticmethod
     def backward(ctx, gy: Tensor | None, gm_T: Tensor | None):
-        x, lam, e, s, m0r, starts = ctx.saved_tensors
+        x, lam, e, s, starts = ctx.saved_tensors
         gy = torch.zeros_like(x) if gy is None else gy.to(x.dtype).contiguous()
-        gm_T = None if gm_T is None else torch.view_as_real(gm_T.resolve_conj().to(x.dtype.to_complex())).contiguous()
-        dx, dlam, de, ds, dm0 = diag_backward(x, lam, e, s, starts, gy, gm_T)
+        dx, dlam, de, ds, dm0 = diag_backward(x, lam, e, s, starts, gy, _real_parts(gm_T, x.dtype))
 
         def summed(d: Tensor) -> Tensor:  # [B, 2, C]: each batch row's share, real and imaginary parts
             return torch.complex(d[:, 0].sum(0), d[:, 1].sum(0))
 
-        return dx, summed(dlam), summed(de), summed(ds), None if m0r is None else torch.view_as_complex(dm0)
+        return dx, summed(dlam), summed(de), summed(ds), torch.view_as_complex(dm0) if ctx.initial else None
 
 
 def native_diag_scan(x: Tensor, lam: Tensor, e: Tensor, s: Tensor, m0: Tensor | None) -> tuple[Tensor, Tensor]:
