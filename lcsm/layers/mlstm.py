@@ -226,7 +226,11 @@ class MLSTM(Mixer):
             cu_seqlens=cu_seqlens,
         )
         floor = (-m).exp().to(rdt).unsqueeze(-1)
-        h = y[..., :d] / (torch.maximum(y[..., d:].abs(), floor) + EPS)
+        # split (its backward joins the two gradients; slicing would zero-fill y's shape for each)
+        # and one reciprocal per head and step, multiplied in: the division's backward makes
+        # three passes over [B, T, H, d] where the product's makes one
+        num, nrm = y.split([d, 1], dim=-1)
+        h = num * (torch.maximum(nrm.abs(), floor) + EPS).reciprocal()
         # the official MultiHeadLayerNorm is a group norm with one group a head: each head's d
         # channels normalised, then scaled per channel; as layer_norm, half group_norm's CPU time
         h = F.layer_norm(h, (d,), None, None, NORM_EPS).flatten(-2) * (1 + self.norm_weight.to(rdt))

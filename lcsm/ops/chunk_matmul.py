@@ -15,7 +15,7 @@ reset, e.g. a packed document's first token) is taken by masks instead: no pair 
 chunk-start memory stops at it, and its log counts as 0 towards the spans. A separable decay
 factorises into exp(Ga_t - Ga_j) along K, carried by s and e, and exp(Gb_t - Gb_j) along D,
 carried by i and y; chunk to chunk the memory decays by exp(Ga_C) (x) exp(Gb_C). Sequences run
-in segments of whole chunks whose [B, H, L, K|D] tensors fit SEGMENT_BYTES (at most SEGMENT
+in segments of whole chunks whose [B, H, L, K|D] tensors hold about SEGMENT_BYTES (at most SEGMENT
 tokens), so that a segment's temporaries stay in cache and time per token stays flat.
 
 Under torch.compile (``torch.compiler.is_compiling()``) the same arithmetic is traced whole, with
@@ -576,11 +576,15 @@ def _cat(parts: list) -> Tensor:
 
 def _segments(T: int, C: int, step_bytes: int) -> list[slice]:
     """Segments of at most SEGMENT steps whose [B, H, L, *] tensors of ``step_bytes`` per step
-    stay within SEGMENT_BYTES, each a whole number of chunks (at least one)."""
+    hold SEGMENT_BYTES to within half a chunk, each a whole number of chunks (at least one)."""
     # traced, one segment: their number would fix T in the graph
     if torch.compiler.is_compiling():
         return [slice(0, T)]
-    seg = max(C, (min(SEGMENT, SEGMENT_BYTES // max(1, step_bytes)) // C) * C)
+    # The nearest whole number of chunks, not the largest under the budget: a width just past a
+    # power of two (mLSTM's d + 1 normaliser column) would otherwise lose a chunk per segment
+    # (7 of 64 where K = D = 64 has 8), and the extra segments cost it 8% (bench/results/eos_kernels.md).
+    steps = min(SEGMENT, SEGMENT_BYTES / max(1, step_bytes))
+    seg = max(C, min(SEGMENT // C, round(steps / C)) * C)
     return [slice(a, min(a + seg, T)) for a in range(0, T, seg)]
 
 

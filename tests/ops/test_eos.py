@@ -839,6 +839,20 @@ def test_segmented_long_sequences(decay, strength, dtype, monkeypatch):
     )
 
 
+@pytest.mark.parametrize("width,expected", [(64, 512), (65, 512), (96, 320), (4, 2048)])
+def test_segments_hold_the_budget_to_half_a_chunk(width, expected):
+    """Segments are the whole number of chunks nearest SEGMENT_BYTES (B 1, H 4, float32: 512 KiB
+    is 512 steps of width 64, 504 of 65, 341 of 96), at most SEGMENT steps, and tile T with
+    whole chunks but the last."""
+    import lcsm.ops.chunk_matmul as chunk_matmul
+
+    parts = chunk_matmul._segments(5000, 64, 4 * width * 4)
+    assert parts[0].stop - parts[0].start == expected
+    assert parts[0].start == 0 and parts[-1].stop == 5000
+    assert all(a.stop == b.start for a, b in zip(parts, parts[1:], strict=False))
+    assert all((p.stop - p.start) % 64 == 0 for p in parts[:-1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("block", [1, 3])
 @pytest.mark.parametrize(
