@@ -174,6 +174,24 @@ class MLSTM(Mixer):
             return native_block_diag(x, w)
         return torch.einsum("btno,nuo->btnu", x.unflatten(-1, (w.shape[0], w.shape[2])), w).flatten(-2)
 
+    def _gates(self, c: Tensor, x_m: Tensor) -> Tensor:
+        """[i~_t, f~_t] = [W_i; W_f] [q_t, k_t, v_t] + [b_i; b_f], [B, T, 2H], with the q/k/v blocks
+        folded into the gate weights (a product of [2H, inner] by the blocks, per token nothing):
+        W_q q_t + W_k k_t = (W_q Q + W_k K) c_t and W_v v_t = (W_v V) x_m,t. The same function; it
+        leaves out the [B, T, 3 inner] concatenation of q, k, v and the gradient of that width."""
+        w = torch.cat([self.igate.weight, self.fgate.weight])  # [2H, 3 inner]
+        b = torch.cat([self.igate.bias, self.fgate.bias])
+
+        def folded(part: Tensor, blocks: Tensor) -> Tensor:  # [2H, inner] @ blockdiag(blocks)
+            return torch.einsum("gnu,nuo->gno", part.unflatten(-1, (blocks.shape[0], blocks.shape[1])), blocks).flatten(
+                -2
+            )
+
+        w_q, w_k, w_v = w.chunk(3, dim=-1)
+        return F.linear(c, folded(w_q, self.q_blocks) + folded(w_k, self.k_blocks)) + F.linear(
+            x_m, folded(w_v, self.v_blocks), b
+        )
+
     def _conv(self, x: Tensor, history: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
         """SiLU(causal depthwise conv(x)) and the last W - 1 inputs of each sequence."""
         u, last = short_conv(x, self.conv1d.weight, self.conv1d.bias, cu_seqlens, history)
@@ -199,11 +217,7 @@ class MLSTM(Mixer):
         x_m, z = self.up_proj(x).chunk(2, dim=-1)
         c, conv_last = self._conv(x_m, state.conv if state is not None else None, cu_seqlens)
         q, k, v = self._blocks(c, self.q_blocks), self._blocks(c, self.k_blocks), self._blocks(x_m, self.v_blocks)
-        qkv = torch.cat([q, k, v], dim=-1)
-        # both gates in one product: two would each form a [B, T, 3 inner] gradient for qkv, and add them
-        gate_w = torch.cat([self.igate.weight, self.fgate.weight])
-        gate_b = torch.cat([self.igate.bias, self.fgate.bias])
-        log_i, pre_f = F.linear(qkv, gate_w, gate_b).split(H, dim=-1)  # [B, T, H] each
+        log_i, pre_f = self._gates(c, x_m).split(H, dim=-1)  # [B, T, H] each
         log_f = F.logsigmoid(pre_f)
         # Half precisions run the cell in float32, as the EOS op does.
         rdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
@@ -235,7 +249,7 @@ class MLSTM(Mixer):
         # channels normalised, then scaled per channel; as layer_norm, half group_norm's CPU time
         h = F.layer_norm(h, (d,), None, None, NORM_EPS).flatten(-2) * (1 + self.norm_weight.to(rdt))
         h = h.to(x.dtype)
-        out = self.down_proj((h + self.skip * c) * F.silu(z))
+        out = self.down_proj(torch.addcmul(h, self.skip, c) * F.silu(z))
         if return_state:
             last_m = m[:, -1] if cu_seqlens is None else m[0, cu_seqlens[1:] - 1]
             return out, MLSTMState(conv=conv_last, memory=memory, scale=last_m.to(memory.dtype))
