@@ -31,6 +31,7 @@ PUBLIC = {
         "log_sigmoid_product",
         "native_block_diag",
         "native_diag_scan",
+        "native_mlstm_readout",
         "native_s4_spectrum",
         "native_serves",
         "native_unavailable",

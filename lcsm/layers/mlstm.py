@@ -78,7 +78,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_int
-from ..ops import eos, native_block_diag, native_serves
+from ..ops import eos, native_block_diag, native_mlstm_readout, native_serves
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 from .packing import check_document_state, document_index, documents, previous, running_max, short_conv
 
@@ -192,6 +192,24 @@ class MLSTM(Mixer):
             x_m, folded(w_v, self.v_blocks), b
         )
 
+    def _readout(self, y: Tensor, floor: Tensor, c: Tensor, z: Tensor) -> Tensor:
+        """(GroupNorm_heads(h~_t) + skip * c_t) * SiLU(z_t) from the EOS outputs y [B, T, H, d + 1]
+        (C_t^T q_t, then n_t^T q_t) and the floor e^{-m_t} [B, T, H]: eagerly on the CPU in one
+        native pass each way (``lcsm.ops.native_mlstm_readout``; as the PyTorch operations below,
+        about ten passes over [B, T, inner] forward and twenty backward), else those operations."""
+        if native_serves(c) and y.dtype == c.dtype:
+            return native_mlstm_readout(y, floor, c, z, 1 + self.norm_weight, self.skip, EPS, NORM_EPS)
+        d = self.head_dim
+        # split (its backward joins the two gradients; slicing would zero-fill y's shape for each)
+        # and one reciprocal per head and step, multiplied in: the division's backward makes
+        # three passes over [B, T, H, d] where the product's makes one
+        num, nrm = y.split([d, 1], dim=-1)
+        h = num * (torch.maximum(nrm.abs(), floor.unsqueeze(-1)) + EPS).reciprocal()
+        # the official MultiHeadLayerNorm is a group norm with one group a head: each head's d
+        # channels normalised, then scaled per channel; as layer_norm, half group_norm's CPU time
+        h = F.layer_norm(h, (d,), None, None, NORM_EPS).flatten(-2) * (1 + self.norm_weight.to(y.dtype))
+        return torch.addcmul(h.to(c.dtype), self.skip, c) * F.silu(z)
+
     def _conv(self, x: Tensor, history: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
         """SiLU(causal depthwise conv(x)) and the last W - 1 inputs of each sequence."""
         u, last = short_conv(x, self.conv1d.weight, self.conv1d.bias, cu_seqlens, history)
@@ -239,17 +257,8 @@ class MLSTM(Mixer):
             output_final_state=return_state,
             cu_seqlens=cu_seqlens,
         )
-        floor = (-m).exp().to(rdt).unsqueeze(-1)
-        # split (its backward joins the two gradients; slicing would zero-fill y's shape for each)
-        # and one reciprocal per head and step, multiplied in: the division's backward makes
-        # three passes over [B, T, H, d] where the product's makes one
-        num, nrm = y.split([d, 1], dim=-1)
-        h = num * (torch.maximum(nrm.abs(), floor) + EPS).reciprocal()
-        # the official MultiHeadLayerNorm is a group norm with one group a head: each head's d
-        # channels normalised, then scaled per channel; as layer_norm, half group_norm's CPU time
-        h = F.layer_norm(h, (d,), None, None, NORM_EPS).flatten(-2) * (1 + self.norm_weight.to(rdt))
-        h = h.to(x.dtype)
-        out = self.down_proj(torch.addcmul(h, self.skip, c) * F.silu(z))
+        floor = (-m).exp().to(rdt)
+        out = self.down_proj(self._readout(y, floor, c, z))
         if return_state:
             last_m = m[:, -1] if cu_seqlens is None else m[0, cu_seqlens[1:] - 1]
             return out, MLSTMState(conv=conv_last, memory=memory, scale=last_m.to(memory.dtype))

@@ -11,7 +11,7 @@ run their float32 kernels in, for layers with kernels of their own (the SSMs' FF
 themselves (S4), with ``fft_length``, the fast FFT lengths it and S4's kernel take; the native CPU
 kernels layers call for their own forms (``native_s4_spectrum``: S4's kernel spectrum;
 ``native_diag_scan``: CES's recurrence; ``native_block_diag``: mLSTM's block-diagonal
-projections), ``native_serves``, whether they take a tensor's
+projections; ``native_mlstm_readout``: mLSTM's readout), ``native_serves``, whether they take a tensor's
 computation, and ``native_unavailable``, why they cannot run here."""
 
 from ._inputs import MODES, LogProduct, autocast_off, packed_bounds
@@ -20,7 +20,14 @@ from .delta import DELTA_MODES, eos_delta
 from .dplr import DPLR_MODES, eos_dplr, explain_dplr
 from .eos import LogO, Plan, eos, eos_step, explain
 from .fft import causal_fft_conv, fft_length
-from .native_scan import native_block_diag, native_diag_scan, native_s4_spectrum, native_serves, native_unavailable
+from .native_scan import (
+    native_block_diag,
+    native_diag_scan,
+    native_mlstm_readout,
+    native_s4_spectrum,
+    native_serves,
+    native_unavailable,
+)
 from .rotating import eos_rotating
 
 __all__ = [
@@ -43,6 +50,7 @@ __all__ = [
     "log_sigmoid_product",
     "native_block_diag",
     "native_diag_scan",
+    "native_mlstm_readout",
     "native_s4_spectrum",
     "native_serves",
     "native_unavailable",

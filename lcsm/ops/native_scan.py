@@ -21,8 +21,8 @@ The same library holds S4's kernel spectrum (its Cauchy sums over conjugate pair
 Woodbury combination) and its adjoint (``cauchy_forward``, ``cauchy_backward``;
 ``_native/cauchy.h``), which ``lcsm.layers.s4.kernel_spectrum`` calls eagerly on the CPU, and
 CES's complex diagonal recurrence (``diag_forward``, ``diag_backward``; ``_native/diag.h``),
-which ``lcsm.layers.ces`` calls likewise, and block-diagonal linear maps (``_native/blockdiag.h``),
-mLSTM's q/k/v projections.
+which ``lcsm.layers.ces`` calls likewise, block-diagonal linear maps (``_native/blockdiag.h``),
+mLSTM's q/k/v projections, and mLSTM's readout after its EOS call (``_native/readout.h``).
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by the source, the flags, the compiler
@@ -109,7 +109,7 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
     except OSError as err:
         return None, f"the native scan could not be built or loaded at {target}: {err}"
     _state["serial"] = None if threading == _THREADED else f"one thread: {compiler} {_THREADED} failed: {why}"
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    ptr, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
     signatures = {
         # tensors, document bounds, strides, sizes, work items, threads, scratch and its size per thread
         "scan_forward_all": [*[ptr] * 9, ptr, ptr, ptr, i64, i64, ptr, i64],
@@ -123,6 +123,9 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, R, NB, BO, BI, work items, threads, scratch and its size per thread
         "blockdiag_apply_all": [*[ptr] * 3, *[i64] * 6, ptr, i64],
         "blockdiag_weight_grad_all": [*[ptr] * 3, *[i64] * 6, ptr, i64],
+        # tensors, R, H, d, eps, norm eps, work items, threads, scratch and its size per thread
+        "readout_forward_all": [*[ptr] * 7, *[i64] * 3, f64, f64, i64, i64, ptr, i64],
+        "readout_backward_all": [*[ptr] * 12, *[i64] * 3, f64, f64, i64, i64, ptr, i64],
     }
     for suffix in _SUFFIX.values():
         for name, argtypes in signatures.items():
@@ -187,9 +190,9 @@ def native_unavailable() -> str | None:
 
 def native_serves(x: Tensor) -> bool:
     """Whether a layer's native kernel (``native_s4_spectrum``, ``native_diag_scan``,
-    ``native_block_diag``) takes x's computation: float32 or float64 CPU tensors, eager (traced
-    graphs keep the layers' PyTorch forms), and the kernel built (``native_unavailable`` says why
-    not)."""
+    ``native_block_diag``, ``native_mlstm_readout``) takes x's computation: float32 or float64 CPU
+    tensors, eager (traced graphs keep the layers' PyTorch forms), and the kernel built
+    (``native_unavailable`` says why not)."""
     return (
         x.device.type == "cpu"
         and x.dtype in _SUFFIX
@@ -576,3 +579,68 @@ def native_block_diag(x: Tensor, w: Tensor) -> Tensor:
             f"native_block_diag: expected x [..., NB * BI] and w [NB, BO, BI], got {list(x.shape)}, {list(w.shape)}"
         )
     return _BlockDiag.apply(x, w)
+
+
+# mLSTM's readout after its EOS call (lcsm/layers/mlstm.py; C source _native/readout.h): work items
+# are tiles of rows (tokens).
+
+
+def _readout_items(rows: int) -> int:
+    return -(-rows // _constant("readout_rows"))
+
+
+class _MLSTMReadout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, floor, c, z, scale, skip, eps: float, norm_eps: float):
+        *lead, H, d1 = y.shape
+        d, dt = d1 - 1, y.dtype
+        R = y.numel() // (H * d1)
+        y, floor, c, z, scale, skip = (t.to(dt).contiguous() for t in (y, floor, c, z, scale, skip))
+        out = c.new_empty(c.shape)
+        fn = _kernel("readout_forward_all", y)
+        items = _readout_items(R)
+        ptrs = [_ptr(t) for t in (y, floor, c, z, scale, skip, out)]
+        _run(fn, items, 1, y, *ptrs, R, H, d, eps, norm_eps)
+        ctx.save_for_backward(y, floor, c, z, scale, skip)
+        ctx.sizes = (R, H, d, eps, norm_eps)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        y, floor, c, z, scale, skip = ctx.saved_tensors
+        R, H, d, eps, norm_eps = ctx.sizes
+        dout = dout.to(y.dtype).contiguous()
+        dy, dfloor, dc, dz = (torch.empty_like(t) for t in (y, floor, c, z))
+        items = _readout_items(R)
+        parts = y.new_empty(items, 2, H * d)
+        fn = _kernel("readout_backward_all", y)
+        tensors = (y, floor, c, z, scale, skip, dout, dy, dfloor, dc, dz, parts)
+        _run(fn, items, 2 * d, y, *(_ptr(t) for t in tensors), R, H, d, eps, norm_eps)
+        dscale, dskip = parts.sum(0).unbind(0)
+        return dy, dfloor, dc, dz, dscale, dskip, None, None
+
+
+def native_mlstm_readout(
+    y: Tensor, floor: Tensor, c: Tensor, z: Tensor, scale: Tensor, skip: Tensor, eps: float, norm_eps: float
+) -> Tensor:
+    """mLSTM's readout after its EOS call by the native kernel, with its adjoint (autograd): per
+    token and head, h = y[..., :d] / (max(|y[..., d]|, floor) + eps), then
+    (layer_norm(h over d, norm_eps) * scale + skip * c) * silu(z), heads side by side; for y [..., H,
+    d + 1], floor [..., H], c and z [..., H d], scale and skip [H d] -> [..., H d], in y's dtype
+    (float32 or float64), on the CPU. ``native_unavailable()`` must be None."""
+    *lead, H, d1 = y.shape
+    width = H * (d1 - 1)
+    if (
+        d1 < 2
+        or floor.shape != (*lead, H)
+        or c.shape != (*lead, width)
+        or z.shape != c.shape
+        or scale.shape != (width,)
+        or skip.shape != (width,)
+    ):
+        shapes = ", ".join(str(list(t.shape)) for t in (y, floor, c, z, scale, skip))
+        raise ValueError(
+            "native_mlstm_readout: expected y [..., H, d + 1], floor [..., H], c and z [..., H d], scale and "
+            f"skip [H d], got {shapes}"
+        )
+    return _MLSTMReadout.apply(y, floor, c, z, scale, skip, float(eps), float(norm_eps))

@@ -1,5 +1,6 @@
 /* The kernels of scan.h (the selective scan), cauchy.h (S4's kernel spectrum), diag.h (CES's
- * diagonal recurrence) and blockdiag.h (mLSTM's block-diagonal projections) for float (suffix f32)
+ * diagonal recurrence) and blockdiag.h (mLSTM's block-diagonal projections)
+ * and readout.h (mLSTM's readout after its EOS call) for float (suffix f32)
  * and double (f64). */
 #include <stdint.h>
 
@@ -23,6 +24,7 @@
 #include "cauchy.h"
 #include "diag.h"
 #include "blockdiag.h"
+#include "readout.h"
 #undef REAL
 #undef UINT
 #undef INT
@@ -55,3 +57,4 @@
 #include "cauchy.h"
 #include "diag.h"
 #include "blockdiag.h"
+#include "readout.h"
