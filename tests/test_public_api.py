@@ -30,6 +30,7 @@ PUBLIC = {
         "fft_length",
         "log_sigmoid_product",
         "native_block_diag",
+        "native_causal_conv",
         "native_diag_scan",
         "native_mlstm_readout",
         "native_s4_spectrum",

@@ -139,11 +139,11 @@ class Comba(Mixer):
         if state is not None:
             self.check_state(state, n, cu_seqlens is not None)
         hist = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
-        q, cq = short_conv(self.q_proj(x), self.q_conv, None, docs, hist[0])
-        k, ck = short_conv(self.k_proj(x), self.k_conv, None, docs, hist[1])
-        v, cv = short_conv(self.v_proj(x), self.v_conv, None, docs, hist[2])
-        q, k = self._heads(F.silu(q), self.head_k), self._heads(F.silu(k), self.head_k)
-        v = self._heads(F.silu(v), self.head_v)
+        q, cq = short_conv(self.q_proj(x), self.q_conv, None, docs, hist[0], silu=True)
+        k, ck = short_conv(self.k_proj(x), self.k_conv, None, docs, hist[1], silu=True)
+        v, cv = short_conv(self.v_proj(x), self.v_conv, None, docs, hist[2], silu=True)
+        q, k = self._heads(q, self.head_k), self._heads(k, self.head_k)
+        v = self._heads(v, self.head_v)
         p = k * torch.sigmoid(self.decay)[:, None]
         if self.D is not None:
             q = q - self.D[:, None] * p

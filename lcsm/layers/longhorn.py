@@ -99,8 +99,10 @@ class Longhorn(Mixer):
                 if got.shape != ref.shape:
                     raise ValueError(f"state.{name}: expected {list(ref.shape)}, got {list(got.shape)}")
         xs, z = self.in_proj(x).chunk(2, dim=-1)
-        u, conv = short_conv(xs, self.conv1d.weight, self.conv1d.bias, docs, None if state is None else state.conv)
-        u, conv = F.silu(u), conv.to(xs.dtype)
+        u, conv = short_conv(
+            xs, self.conv1d.weight, self.conv1d.bias, docs, None if state is None else state.conv, silu=True
+        )
+        conv = conv.to(xs.dtype)
         dt_low, k, q = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         sig = torch.sigmoid(self.dt_head(dt_low))  # [B, T, E]
         eps = sig / (1 + sig * k.square().sum(-1, keepdim=True))

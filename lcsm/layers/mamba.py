@@ -135,8 +135,7 @@ class Mamba(Mixer):
         previous inputs, zeros at the start of a sequence). Returns (u [B, T, d_inner], new state).
         With ``cu_seqlens`` x is a packed row, conv_state holds one row per document and the
         convolution restarts at each document's start."""
-        u, last = short_conv(x, self.conv1d.weight, self.conv1d.bias, cu_seqlens, conv_state)
-        return F.silu(u), last
+        return short_conv(x, self.conv1d.weight, self.conv1d.bias, cu_seqlens, conv_state, silu=True)
 
     def ssm_inputs(self, u: Tensor):
         """u [B, T, d_inner] -> (Delta [B, T, d_inner], B_t [B, T, N], C_t [B, T, N], A [d_inner, N])."""

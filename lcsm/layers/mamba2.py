@@ -164,8 +164,7 @@ class Mamba2(Mixer):
     def conv(self, xBC: Tensor, conv_state: Tensor | None, cu_seqlens: Tensor | None = None):
         """Causal depthwise conv + SiLU over xBC [B, T, conv_dim]; conv_state [B, W - 1, conv_dim]
         (previous inputs, zeros at a sequence start). Returns (activated [B, T, conv_dim], new state)."""
-        u, last = short_conv(xBC, self.conv1d.weight, self.conv1d.bias, cu_seqlens, conv_state)
-        return F.silu(u), last
+        return short_conv(xBC, self.conv1d.weight, self.conv1d.bias, cu_seqlens, conv_state, silu=True)
 
     def gated_norm(self, y: Tensor, z: Tensor) -> Tensor:
         """RMSNorm(y * SiLU(z)) per group of d_inner / G channels, in float32 at least (official

@@ -127,8 +127,8 @@ class MetaLA(Mixer):
         With ``cu_seqlens`` x is a packed row, the buffer holds one row per document and the
         convolution restarts at each document's start."""
         history = None if buffer is None else buffer.transpose(1, 2)
-        out, last = short_conv(x, self.conv1d.weight, None, cu_seqlens, history)
-        return F.silu(out), last.transpose(1, 2)
+        out, last = short_conv(x, self.conv1d.weight, None, cu_seqlens, history, silu=True)
+        return out, last.transpose(1, 2)
 
     def _heads(self, t: Tensor, width: int) -> Tensor:
         return t.reshape(t.shape[0], t.shape[1], self.heads, width)

@@ -212,8 +212,7 @@ class MLSTM(Mixer):
 
     def _conv(self, x: Tensor, history: Tensor | None, cu_seqlens: Tensor | None) -> tuple[Tensor, Tensor]:
         """SiLU(causal depthwise conv(x)) and the last W - 1 inputs of each sequence."""
-        u, last = short_conv(x, self.conv1d.weight, self.conv1d.bias, cu_seqlens, history)
-        return F.silu(u), last
+        return short_conv(x, self.conv1d.weight, self.conv1d.bias, cu_seqlens, history, silu=True)
 
     def forward(
         self,

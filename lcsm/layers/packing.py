@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm.ops import packed_bounds
+from lcsm.ops import native_causal_conv, native_serves, packed_bounds
 
 Tensor = torch.Tensor
 
@@ -120,20 +120,41 @@ def causal_conv(
 
 
 def short_conv(
-    x: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor | None, history: Tensor | None
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    cu_seqlens: Tensor | None,
+    history: Tensor | None,
+    silu: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """``causal_conv`` for a packed row (``cu_seqlens``) or, without, for each row of a batch:
     x [B, T, C] continuing from history [B, W - 1, C] (the inputs before x, oldest first; None:
-    zeros) -> (y [B, T, C], the last W - 1 inputs [B, W - 1, C]). A batch runs as it is, not as
-    one packed row of B documents: the same results, one convolution over [B, C, W - 1 + T], and
-    no bounds read from tensor data (which torch.compile cannot trace with a symbolic T)."""
+    zeros) -> (y [B, T, C], the last W - 1 inputs [B, W - 1, C]); y through SiLU when ``silu``.
+    A batch runs as it is, not as one packed row of B documents: the same results, one
+    convolution over [B, C, W - 1 + T], and no bounds read from tensor data (which torch.compile
+    cannot trace with a symbolic T). Eagerly on the CPU a batch takes the native kernel
+    (``lcsm.ops.native_causal_conv``: the convolution and SiLU in one pass each way, where
+    ``depthwise_causal``'s backward zero-fills a gradient of the whole row per tap)."""
     if cu_seqlens is not None:
-        return causal_conv(x, weight, bias, cu_seqlens, history)
+        y, last = causal_conv(x, weight, bias, cu_seqlens, history)
+        return (F.silu(y) if silu else y), last
     W = weight.shape[-1]
+    if native_serves(x) and weight.dtype == x.dtype:
+        return native_causal_conv(x, weight, bias, history, silu), _last_inputs(x, history, W)
     if history is None:
         history = x.new_zeros(x.shape[0], W - 1, x.shape[2])
     full = torch.cat([history.to(x.dtype), x], dim=1)
-    return depthwise_causal(full, weight, bias), full[:, full.shape[1] - (W - 1) :]
+    y = depthwise_causal(full, weight, bias)
+    return (F.silu(y) if silu else y), full[:, full.shape[1] - (W - 1) :]
+
+
+def _last_inputs(x: Tensor, history: Tensor | None, W: int) -> Tensor:
+    """The last W - 1 of history's and x's inputs [B, W - 1, C] (a view of x when it has them)."""
+    T = x.shape[1]
+    if T >= W - 1:
+        return x[:, T - (W - 1) :]
+    before = history.to(x.dtype) if history is not None else x.new_zeros(x.shape[0], W - 1, x.shape[2])
+    return torch.cat([before[:, T:], x], dim=1)
 
 
 def depthwise_causal(full: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -164,8 +185,7 @@ def silu_short_conv(
     inputs before x, oldest first; None: zeros) -> (y [B, T, C], the last W - 1 inputs [B, W - 1, C]).
     With ``cu_seqlens`` x is a packed row, history holds one row per document and the convolution
     restarts at each document's start."""
-    y, last = short_conv(x, conv.weight, conv.bias, cu_seqlens, history)
-    return F.silu(y), last
+    return short_conv(x, conv.weight, conv.bias, cu_seqlens, history, silu=True)
 
 
 def token_shift(x: Tensor, cu_seqlens: Tensor, previous: Tensor | None) -> tuple[Tensor, Tensor]:

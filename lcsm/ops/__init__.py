@@ -11,7 +11,8 @@ run their float32 kernels in, for layers with kernels of their own (the SSMs' FF
 themselves (S4), with ``fft_length``, the fast FFT lengths it and S4's kernel take; the native CPU
 kernels layers call for their own forms (``native_s4_spectrum``: S4's kernel spectrum;
 ``native_diag_scan``: CES's recurrence; ``native_block_diag``: mLSTM's block-diagonal
-projections; ``native_mlstm_readout``: mLSTM's readout), ``native_serves``, whether they take a tensor's
+projections; ``native_mlstm_readout``: mLSTM's readout; ``native_causal_conv``: the short
+depthwise causal convolutions), ``native_serves``, whether they take a tensor's
 computation, and ``native_unavailable``, why they cannot run here."""
 
 from ._inputs import MODES, LogProduct, autocast_off, packed_bounds
@@ -22,6 +23,7 @@ from .eos import LogO, Plan, eos, eos_step, explain
 from .fft import causal_fft_conv, fft_length
 from .native_scan import (
     native_block_diag,
+    native_causal_conv,
     native_diag_scan,
     native_mlstm_readout,
     native_s4_spectrum,
@@ -49,6 +51,7 @@ __all__ = [
     "fft_length",
     "log_sigmoid_product",
     "native_block_diag",
+    "native_causal_conv",
     "native_diag_scan",
     "native_mlstm_readout",
     "native_s4_spectrum",

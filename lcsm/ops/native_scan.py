@@ -22,7 +22,8 @@ Woodbury combination) and its adjoint (``cauchy_forward``, ``cauchy_backward``;
 ``_native/cauchy.h``), which ``lcsm.layers.s4.kernel_spectrum`` calls eagerly on the CPU, and
 CES's complex diagonal recurrence (``diag_forward``, ``diag_backward``; ``_native/diag.h``),
 which ``lcsm.layers.ces`` calls likewise, block-diagonal linear maps (``_native/blockdiag.h``),
-mLSTM's q/k/v projections, and mLSTM's readout after its EOS call (``_native/readout.h``).
+mLSTM's q/k/v projections, mLSTM's readout after its EOS call (``_native/readout.h``), and the
+short depthwise causal convolutions (``_native/conv.h``).
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by the source, the flags, the compiler
@@ -126,6 +127,9 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, R, H, d, eps, norm eps, work items, threads, scratch and its size per thread
         "readout_forward_all": [*[ptr] * 7, *[i64] * 3, f64, f64, i64, i64, ptr, i64],
         "readout_backward_all": [*[ptr] * 12, *[i64] * 3, f64, f64, i64, i64, ptr, i64],
+        # tensors, B, T, W, C, silu, work items, threads, scratch and its size per thread
+        "conv_forward_all": [*[ptr] * 5, *[i64] * 5, i64, i64, ptr, i64],
+        "conv_backward_all": [*[ptr] * 8, *[i64] * 5, i64, i64, ptr, i64],
     }
     for suffix in _SUFFIX.values():
         for name, argtypes in signatures.items():
@@ -190,9 +194,9 @@ def native_unavailable() -> str | None:
 
 def native_serves(x: Tensor) -> bool:
     """Whether a layer's native kernel (``native_s4_spectrum``, ``native_diag_scan``,
-    ``native_block_diag``, ``native_mlstm_readout``) takes x's computation: float32 or float64 CPU
-    tensors, eager (traced graphs keep the layers' PyTorch forms), and the kernel built
-    (``native_unavailable`` says why not)."""
+    ``native_block_diag``, ``native_mlstm_readout``, ``native_causal_conv``) takes x's
+    computation: float32 or float64 CPU tensors, eager (traced graphs keep the layers' PyTorch
+    forms), and the kernel built (``native_unavailable`` says why not)."""
     return (
         x.device.type == "cpu"
         and x.dtype in _SUFFIX
@@ -644,3 +648,61 @@ def native_mlstm_readout(
             f"skip [H d], got {shapes}"
         )
     return _MLSTMReadout.apply(y, floor, c, z, scale, skip, float(eps), float(norm_eps))
+
+
+# The short depthwise causal convolutions (lcsm/layers/packing.py's short_conv; C source
+# _native/conv.h): work items are (batch row, tile of steps).
+
+
+class _CausalConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, history, taps, bias, silu: bool):
+        (B, T, C), W = x.shape, taps.shape[0]
+        x, taps = x.contiguous(), taps.to(x.dtype).contiguous()
+        history = None if history is None else history.to(x.dtype).contiguous()
+        bias = None if bias is None else bias.to(x.dtype).contiguous()
+        y = torch.empty_like(x)
+        items = B * -(-T // _constant("conv_rows"))
+        fn = _kernel("conv_forward_all", x)
+        _run(fn, items, 1, x, _ptr(x), _ptr(history), _ptr(taps), _ptr(bias), _ptr(y), B, T, W, C, int(silu))
+        ctx.save_for_backward(x, history, taps, bias)
+        ctx.silu = silu
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, history, taps, bias = ctx.saved_tensors
+        (B, T, C), W = x.shape, taps.shape[0]
+        dy = dy.to(x.dtype).contiguous()
+        dx = torch.empty_like(x)
+        dhistory = None if history is None else torch.empty_like(history)
+        rows = _constant("conv_rows")
+        items = B * -(-T // rows)
+        parts = x.new_empty(items, W + 1, C)
+        fn = _kernel("conv_backward_all", x)
+        tensors = (x, history, taps, bias, dy, dx, dhistory, parts)
+        _run(fn, items, (rows + W - 1) * C, x, *(_ptr(t) for t in tensors), B, T, W, C, int(ctx.silu))
+        summed = parts.sum(0)
+        return dx, dhistory, summed[:W], None if bias is None else summed[W], None
+
+
+def native_causal_conv(
+    x: Tensor, weight: Tensor, bias: Tensor | None, history: Tensor | None, silu: bool = False
+) -> Tensor:
+    """The depthwise causal convolution by the native kernel, with its adjoint (autograd): y_t =
+    bias + sum_j weight[:, 0, j] full_{t + j}, then SiLU if ``silu``, for x [B, T, C] continuing
+    from history [B, W - 1, C] (the inputs before x, oldest first; None: zeros), weight [C, 1, W]
+    (``nn.Conv1d(C, C, W, groups=C)``'s) and bias [C] or None -> [B, T, C], in x's dtype (float32 or
+    float64), on the CPU. ``native_unavailable()`` must be None."""
+    if x.dim() != 3 or weight.dim() != 3 or weight.shape[:2] != (x.shape[2], 1):
+        raise ValueError(
+            f"native_causal_conv: expected x [B, T, C] and weight [C, 1, W], got {list(x.shape)}, {list(weight.shape)}"
+        )
+    (B, _, C), W = x.shape, weight.shape[2]
+    if bias is not None and bias.shape != (C,):
+        raise ValueError(f"native_causal_conv: expected bias [C] = [{C}], got {list(bias.shape)}")
+    if history is not None and history.shape != (B, W - 1, C):
+        raise ValueError(
+            f"native_causal_conv: expected history [B, W - 1, C] = [{B}, {W - 1}, {C}], got {list(history.shape)}"
+        )
+    return _CausalConv.apply(x, history, weight[:, 0].t(), bias, bool(silu))

@@ -1,6 +1,7 @@
 /* The kernels of scan.h (the selective scan), cauchy.h (S4's kernel spectrum), diag.h (CES's
  * diagonal recurrence) and blockdiag.h (mLSTM's block-diagonal projections)
- * and readout.h (mLSTM's readout after its EOS call) for float (suffix f32)
+ * readout.h (mLSTM's readout after its EOS call) and conv.h (the short depthwise causal
+ * convolutions) for float (suffix f32)
  * and double (f64). */
 #include <stdint.h>
 
@@ -25,6 +26,7 @@
 #include "diag.h"
 #include "blockdiag.h"
 #include "readout.h"
+#include "conv.h"
 #undef REAL
 #undef UINT
 #undef INT
@@ -58,3 +60,4 @@
 #include "diag.h"
 #include "blockdiag.h"
 #include "readout.h"
+#include "conv.h"
