@@ -32,6 +32,7 @@ PUBLIC = {
         "native_block_diag",
         "native_causal_conv",
         "native_diag_scan",
+        "native_gated_rms_norm",
         "native_mlstm_readout",
         "native_s4_spectrum",
         "native_serves",

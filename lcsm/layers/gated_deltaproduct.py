@@ -36,7 +36,7 @@ from torch import nn
 
 from lcsm._checks import check_bool, check_choice, check_float, check_int
 
-from ..ops import DPLR_MODES, eos_dplr
+from ..ops import DPLR_MODES, eos_dplr, native_gated_rms_norm, native_serves
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 from .packing import causal_conv, check_document_state, documents
 
@@ -193,7 +193,10 @@ class GatedDeltaProduct(Mixer):
         )
         # fla's FusedRMSNormGated: RMSNorm(y) * weight * SiLU(gate), per head over D.
         gate = self.g_proj(x).reshape(B, T, H, D)
-        y = F.rms_norm(y.to(x.dtype), (D,), self.o_norm.to(x.dtype), eps=self.norm_eps) * F.silu(gate)
+        if native_serves(x) and y.dtype == x.dtype:  # one native pass each way on the CPU
+            y = native_gated_rms_norm(y, gate, self.o_norm, D, self.norm_eps, False)
+        else:
+            y = F.rms_norm(y.to(x.dtype), (D,), self.o_norm.to(x.dtype), eps=self.norm_eps) * F.silu(gate)
         out = self.o_proj(y.reshape(B, T, H * D))
         return (out, GatedDeltaProductState(conv=conv, memory=memory)) if return_state else out
 

@@ -55,7 +55,7 @@ from torch import nn
 
 from lcsm._checks import check_float, check_int
 
-from ..ops import eos
+from ..ops import eos, native_gated_rms_norm, native_serves
 from .base import EOSRow, Mixer, State, no_weight_decay, register
 from .packing import packed_rows, short_conv
 
@@ -169,6 +169,8 @@ class Mamba2(Mixer):
     def gated_norm(self, y: Tensor, z: Tensor) -> Tensor:
         """RMSNorm(y * SiLU(z)) per group of d_inner / G channels, in float32 at least (official
         ``rms_norm_ref`` with upcast): y, z [B, T, d_inner]."""
+        if native_serves(y) and z.dtype == y.dtype:  # one native pass each way on the CPU
+            return native_gated_rms_norm(y, z, self.norm_weight, self.d_inner // self.ngroups, NORM_EPS, True)
         wide = torch.promote_types(y.dtype, torch.float32)
         g = (y.to(wide) * F.silu(z.to(wide))).unflatten(-1, (self.ngroups, -1))
         g = g * torch.rsqrt(g.square().mean(-1, keepdim=True) + NORM_EPS)

@@ -12,7 +12,8 @@ themselves (S4), with ``fft_length``, the fast FFT lengths it and S4's kernel ta
 kernels layers call for their own forms (``native_s4_spectrum``: S4's kernel spectrum;
 ``native_diag_scan``: CES's recurrence; ``native_block_diag``: mLSTM's block-diagonal
 projections; ``native_mlstm_readout``: mLSTM's readout; ``native_causal_conv``: the short
-depthwise causal convolutions), ``native_serves``, whether they take a tensor's
+depthwise causal convolutions; ``native_gated_rms_norm``: Mamba-2's gated RMSNorm),
+``native_serves``, whether they take a tensor's
 computation, and ``native_unavailable``, why they cannot run here."""
 
 from ._inputs import MODES, LogProduct, autocast_off, packed_bounds
@@ -25,6 +26,7 @@ from .native_scan import (
     native_block_diag,
     native_causal_conv,
     native_diag_scan,
+    native_gated_rms_norm,
     native_mlstm_readout,
     native_s4_spectrum,
     native_serves,
@@ -53,6 +55,7 @@ __all__ = [
     "native_block_diag",
     "native_causal_conv",
     "native_diag_scan",
+    "native_gated_rms_norm",
     "native_mlstm_readout",
     "native_s4_spectrum",
     "native_serves",

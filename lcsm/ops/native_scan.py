@@ -23,7 +23,7 @@ Woodbury combination) and its adjoint (``cauchy_forward``, ``cauchy_backward``;
 CES's complex diagonal recurrence (``diag_forward``, ``diag_backward``; ``_native/diag.h``),
 which ``lcsm.layers.ces`` calls likewise, block-diagonal linear maps (``_native/blockdiag.h``),
 mLSTM's q/k/v projections, mLSTM's readout after its EOS call (``_native/readout.h``), and the
-short depthwise causal convolutions (``_native/conv.h``).
+short depthwise causal convolutions (``_native/conv.h``) and gated RMSNorms (``_native/rmsnorm.h``).
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by the source, the flags, the compiler
@@ -130,6 +130,9 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, B, T, W, C, silu, work items, threads, scratch and its size per thread
         "conv_forward_all": [*[ptr] * 5, *[i64] * 5, i64, i64, ptr, i64],
         "conv_backward_all": [*[ptr] * 8, *[i64] * 5, i64, i64, ptr, i64],
+        # tensors, R, C, group, gate first, eps, work items, threads, scratch and its size per thread
+        "rmsnorm_forward_all": [*[ptr] * 4, *[i64] * 4, f64, i64, i64, ptr, i64],
+        "rmsnorm_backward_all": [*[ptr] * 7, *[i64] * 4, f64, i64, i64, ptr, i64],
     }
     for suffix in _SUFFIX.values():
         for name, argtypes in signatures.items():
@@ -194,9 +197,10 @@ def native_unavailable() -> str | None:
 
 def native_serves(x: Tensor) -> bool:
     """Whether a layer's native kernel (``native_s4_spectrum``, ``native_diag_scan``,
-    ``native_block_diag``, ``native_mlstm_readout``, ``native_causal_conv``) takes x's
-    computation: float32 or float64 CPU tensors, eager (traced graphs keep the layers' PyTorch
-    forms), and the kernel built (``native_unavailable`` says why not)."""
+    ``native_block_diag``, ``native_mlstm_readout``, ``native_causal_conv``,
+    ``native_gated_rms_norm``) takes x's computation: float32 or float64 CPU tensors, eager
+    (traced graphs keep the layers' PyTorch forms), and the kernel built (``native_unavailable``
+    says why not)."""
     return (
         x.device.type == "cpu"
         and x.dtype in _SUFFIX
@@ -706,3 +710,49 @@ def native_causal_conv(
             f"native_causal_conv: expected history [B, W - 1, C] = [{B}, {W - 1}, {C}], got {list(history.shape)}"
         )
     return _CausalConv.apply(x, history, weight[:, 0].t(), bias, bool(silu))
+
+
+# Gated RMSNorms (Mamba-2's; C source _native/rmsnorm.h): work items are tiles of rows.
+
+
+class _GatedRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, z, weight, group: int, eps: float, gate_first: bool):
+        C = y.shape[-1]
+        R = y.numel() // max(1, C)
+        y, z, weight = (t.to(y.dtype).contiguous() for t in (y, z, weight))
+        out = torch.empty_like(y)
+        items = -(-R // _constant("rmsnorm_rows"))
+        fn = _kernel("rmsnorm_forward_all", y)
+        _run(fn, items, 1, y, _ptr(y), _ptr(z), _ptr(weight), _ptr(out), R, C, group, int(gate_first), eps)
+        ctx.save_for_backward(y, z, weight)
+        ctx.args = (R, C, group, int(gate_first), eps)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        y, z, weight = ctx.saved_tensors
+        R, C, group, gate_first, eps = ctx.args
+        dout = dout.to(y.dtype).contiguous()
+        dy, dz = torch.empty_like(y), torch.empty_like(z)
+        items = -(-R // _constant("rmsnorm_rows"))
+        parts = y.new_empty(items, C)
+        fn = _kernel("rmsnorm_backward_all", y)
+        tensors = (y, z, weight, dout, dy, dz, parts)
+        _run(fn, items, 1, y, *(_ptr(t) for t in tensors), R, C, group, gate_first, eps)
+        return dy, dz, parts.sum(0), None, None, None
+
+
+def native_gated_rms_norm(y: Tensor, z: Tensor, weight: Tensor, group: int, eps: float, gate_first: bool) -> Tensor:
+    """A gated RMSNorm by the native kernel, with its adjoint (autograd), over groups of ``group``
+    channels of y and z [..., C]: with ``gate_first`` (Mamba-2's) a = y * silu(z), a / rms(a) *
+    weight; else (fla's FusedRMSNormGated) y / rms(y) * weight * silu(z); rms the root mean square
+    over the group plus eps, weight [C]; in y's dtype (float32 or float64), on the CPU.
+    ``native_unavailable()`` must be None."""
+    C = y.shape[-1] if y.dim() else 0
+    if y.dim() < 1 or z.shape != y.shape or weight.shape != (C,) or group < 1 or C % group:
+        raise ValueError(
+            f"native_gated_rms_norm: expected y and z [..., C] and weight [C] with C a multiple of group, got "
+            f"{list(y.shape)}, {list(z.shape)}, {list(weight.shape)}, group {group}"
+        )
+    return _GatedRMSNorm.apply(y, z, weight, int(group), float(eps), bool(gate_first))

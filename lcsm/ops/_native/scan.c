@@ -1,7 +1,7 @@
 /* The kernels of scan.h (the selective scan), cauchy.h (S4's kernel spectrum), diag.h (CES's
  * diagonal recurrence) and blockdiag.h (mLSTM's block-diagonal projections)
- * readout.h (mLSTM's readout after its EOS call) and conv.h (the short depthwise causal
- * convolutions) for float (suffix f32)
+ * readout.h (mLSTM's readout after its EOS call), conv.h (the short depthwise causal
+ * convolutions) and rmsnorm.h (gated RMSNorms) for float (suffix f32)
  * and double (f64). */
 #include <stdint.h>
 
@@ -27,6 +27,7 @@
 #include "blockdiag.h"
 #include "readout.h"
 #include "conv.h"
+#include "rmsnorm.h"
 #undef REAL
 #undef UINT
 #undef INT
@@ -61,3 +62,4 @@
 #include "blockdiag.h"
 #include "readout.h"
 #include "conv.h"
+#include "rmsnorm.h"
