@@ -183,9 +183,8 @@ class MLSTM(Mixer):
         b = torch.cat([self.igate.bias, self.fgate.bias])
 
         def folded(part: Tensor, blocks: Tensor) -> Tensor:  # [2H, inner] @ blockdiag(blocks)
-            return torch.einsum("gnu,nuo->gno", part.unflatten(-1, (blocks.shape[0], blocks.shape[1])), blocks).flatten(
-                -2
-            )
+            nb, bo, _ = blocks.shape
+            return torch.einsum("gnu,nuo->gno", part.unflatten(-1, (nb, bo)), blocks).flatten(-2)
 
         w_q, w_k, w_v = w.chunk(3, dim=-1)
         return F.linear(c, folded(w_q, self.q_blocks) + folded(w_k, self.k_blocks)) + F.linear(
