@@ -548,7 +548,7 @@ def _block_diag_apply(rows: Tensor, w: Tensor) -> Tensor:
     (R, _), (NB, BO, BI) = rows.shape, w.shape
     y = rows.new_empty(R, NB * BO)
     fn = _kernel("blockdiag_apply_all", rows)
-    _run(fn, _items(R), (BI + BO) * _constant("blockdiag_rows"), rows, _ptr(rows), _ptr(w), _ptr(y), R, NB, BO, BI)
+    _run(fn, _items(R), NB * BO * BI, rows, _ptr(rows), _ptr(w), _ptr(y), R, NB, BO, BI)
     return y
 
 
@@ -567,8 +567,7 @@ class _BlockDiag(torch.autograd.Function):
         dx = _block_diag_apply(dy_rows, w.transpose(1, 2).contiguous())
         dw_part = rows.new_empty(_items(R), NB, BO, BI)
         fn = _kernel("blockdiag_weight_grad_all", rows)
-        scratch = (BI + BO) * _constant("blockdiag_rows")
-        _run(fn, _items(R), scratch, rows, _ptr(rows), _ptr(dy_rows), _ptr(dw_part), R, NB, BO, BI)
+        _run(fn, _items(R), 1, rows, _ptr(rows), _ptr(dy_rows), _ptr(dw_part), R, NB, BO, BI)
         return dx.view(*dy.shape[:-1], NB * BI), dw_part.sum(0)
 
 

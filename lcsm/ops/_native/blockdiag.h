@@ -5,11 +5,13 @@
  *
  * with r over the tokens. Blocks of a few channels (mLSTM's are 4 x 4) make a batched product of
  * tiny matrices, which torch's CPU bmm runs far below its speed and after transposing copies. Here
- * a work item is a tile of RB rows; per block n, its columns of x (and dy) are copied contiguous
- * along the rows into scratch, where every product and sum runs vectorised over the rows. dx is
- * the map itself with w's blocks transposed (the caller passes them); the weight gradient writes
- * each item's share of dw to dw_part [items, NB, BO, BI], which the caller sums. Included by
- * scan.c once per type, as scan.h is. */
+ * a work item is a tile of RB rows, taken a row at a time: each block's outputs are a few
+ * multiply-adds of its column of w (the blocks transposed once per item, in scratch) by one of
+ * its inputs, the row's memory read and written once, in order. (Copying each block's columns
+ * contiguous along the rows to vectorise over them ran 5x slower forward: the copies were scalar.)
+ * dx is the map itself with w's blocks transposed (the caller passes them); the weight gradient
+ * sums each block over the tile's rows and writes each item's share of dw to dw_part [items, NB,
+ * BO, BI], which the caller sums. Included by scan.c once per type, as scan.h is. */
 
 #ifndef BLOCKDIAG_ROWS
 #define BLOCKDIAG_ROWS
@@ -18,58 +20,71 @@ enum { RB = 256 };
 const int64_t lcsm_blockdiag_rows = RB;
 #endif
 
-/* the columns n * width .. n * width + width of src's rows r0 .. r0 + rows (row length `stride`)
- * into dst [width][RB] */
-static inline void FN(blockdiag_gather_)(const REAL *src, REAL *dst, int64_t r0, int64_t rows, int64_t stride,
-                                         int64_t n, int64_t width) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < width; c++) dst[c * RB + r] = src[(r0 + r) * stride + n * width + c];
-}
-
-/* scratch: (BI + BO) RB values */
-static void FN(blockdiag_apply_)(const REAL *x, const REAL *w, REAL *y, int64_t R, int64_t NB, int64_t BO, int64_t BI,
-                                 int64_t item, REAL *scratch) {
-    const int64_t r0 = item * RB, rows = R - r0 < RB ? R - r0 : RB;
-    REAL *xt = scratch, *yt = scratch + BI * RB;
-    for (int64_t n = 0; n < NB; n++) {
-        FN(blockdiag_gather_)(x, xt, r0, rows, NB * BI, n, BI);
-        const REAL *wn = w + n * BO * BI;
-        for (int64_t u = 0; u < BO; u++) {
-            REAL *out = yt + u * RB;
-#pragma omp simd
-            for (int64_t r = 0; r < rows; r++) out[r] = wn[u * BI] * xt[r];
-            for (int64_t o = 1; o < BI; o++) {
-                const REAL wk = wn[u * BI + o], *in = xt + o * RB;
-#pragma omp simd
-                for (int64_t r = 0; r < rows; r++) out[r] += wk * in[r];
-            }
+/* one row's blocks: y_n = w_n x_n for every block n, with wt [NB][BI][BO] (each block transposed,
+ * so that a column o of w_n is contiguous). Written out for 4 x 4 blocks (mLSTM's), where the
+ * compiler keeps a block's four outputs in one vector register: four broadcast multiply-adds. */
+static inline void FN(blockdiag_row_)(const REAL *xr, const REAL *wt, REAL *yr, int64_t NB, int64_t BO, int64_t BI) {
+    if (BO == 4 && BI == 4) {
+        for (int64_t n = 0; n < NB; n++) {
+            const REAL *xn = xr + 4 * n, *wn = wt + 16 * n;
+            REAL acc[4];
+            for (int u = 0; u < 4; u++) acc[u] = wn[u] * xn[0];
+            for (int o = 1; o < 4; o++)
+                for (int u = 0; u < 4; u++) acc[u] += wn[4 * o + u] * xn[o];
+            for (int u = 0; u < 4; u++) yr[4 * n + u] = acc[u];
         }
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t u = 0; u < BO; u++) y[((r0 + r) * NB + n) * BO + u] = yt[u * RB + r];
+        return;
+    }
+    for (int64_t n = 0; n < NB; n++) {
+        const REAL *xn = xr + BI * n, *wn = wt + BI * BO * n;
+        REAL *yn = yr + BO * n;
+        for (int64_t u = 0; u < BO; u++) yn[u] = wn[u] * xn[0];
+        for (int64_t o = 1; o < BI; o++)
+            for (int64_t u = 0; u < BO; u++) yn[u] += wn[BO * o + u] * xn[o];
     }
 }
 
-/* scratch: (BI + BO) RB values */
+/* scratch: NB BO BI values (the blocks transposed) */
+static void FN(blockdiag_apply_)(const REAL *x, const REAL *w, REAL *y, int64_t R, int64_t NB, int64_t BO, int64_t BI,
+                                 int64_t item, REAL *scratch) {
+    const int64_t r0 = item * RB, r1 = R < r0 + RB ? R : r0 + RB;
+    for (int64_t n = 0; n < NB; n++)
+        for (int64_t u = 0; u < BO; u++)
+            for (int64_t o = 0; o < BI; o++) scratch[(n * BI + o) * BO + u] = w[(n * BO + u) * BI + o];
+    for (int64_t r = r0; r < r1; r++) FN(blockdiag_row_)(x + r * NB * BI, scratch, y + r * NB * BO, NB, BO, BI);
+}
+
 static void FN(blockdiag_weight_grad_)(const REAL *x, const REAL *dy, REAL *dw_part, int64_t R, int64_t NB, int64_t BO,
                                        int64_t BI, int64_t item, REAL *scratch) {
-    const int64_t r0 = item * RB, rows = R - r0 < RB ? R - r0 : RB;
-    REAL *dw = dw_part + item * NB * BO * BI, *xt = scratch, *dyt = scratch + BI * RB;
-    for (int64_t n = 0; n < NB; n++) {
-        FN(blockdiag_gather_)(x, xt, r0, rows, NB * BI, n, BI);
-        FN(blockdiag_gather_)(dy, dyt, r0, rows, NB * BO, n, BO);
-        for (int64_t u = 0; u < BO; u++)
-            for (int64_t o = 0; o < BI; o++) {
-                const REAL *a = dyt + u * RB, *b = xt + o * RB;
-                REAL acc = 0;
-#pragma omp simd reduction(+ : acc)
-                for (int64_t r = 0; r < rows; r++) acc += a[r] * b[r];
-                dw[(n * BO + u) * BI + o] = acc;
+    const int64_t r0 = item * RB, r1 = R < r0 + RB ? R : r0 + RB;
+    REAL *dw = dw_part + item * NB * BO * BI;
+    (void)scratch;
+    if (BO == 4 && BI == 4) { /* a block's 16 sums in registers over the tile's rows */
+        for (int64_t n = 0; n < NB; n++) {
+            REAL acc[16] = {0};
+            for (int64_t r = r0; r < r1; r++) {
+                const REAL *xn = x + r * NB * 4 + 4 * n, *gn = dy + r * NB * 4 + 4 * n;
+                for (int u = 0; u < 4; u++)
+                    for (int o = 0; o < 4; o++) acc[4 * u + o] += gn[u] * xn[o];
+            }
+            for (int k = 0; k < 16; k++) dw[16 * n + k] = acc[k];
+        }
+        return;
+    }
+    memset(dw, 0, NB * BO * BI * sizeof(REAL));
+    for (int64_t r = r0; r < r1; r++) {
+        const REAL *xr = x + r * NB * BI, *dyr = dy + r * NB * BO;
+        for (int64_t n = 0; n < NB; n++)
+            for (int64_t u = 0; u < BO; u++) {
+                const REAL g = dyr[n * BO + u];
+                REAL *row = dw + (n * BO + u) * BI;
+                for (int64_t o = 0; o < BI; o++) row[o] += g * xr[n * BI + o];
             }
     }
 }
 
 /* Every work item (tile of RB rows) on `threads` OpenMP threads, each with its own scratch of
- * `per_thread` values, at least (BI + BO) RB. */
+ * `per_thread` values (NB BO BI for the map). */
 void FN(blockdiag_apply_all_)(const REAL *x, const REAL *w, REAL *y, int64_t R, int64_t NB, int64_t BO, int64_t BI,
                               int64_t items, int64_t threads, REAL *scratch, int64_t per_thread) {
 #pragma omp parallel for num_threads(threads) schedule(static)
