@@ -95,6 +95,22 @@ def gradients(outputs: dict[str, torch.Tensor], wrt: dict[str, torch.Tensor], se
     return {**outputs, **{f"d{k}": g for k, g in zip(wrt, grads, strict=False)}}
 
 
+def assert_op_matches(
+    op, reference, inputs: dict[str, torch.Tensor], dtype: torch.dtype, context: str = "", leave_out=(), **options
+) -> dict[str, float]:
+    """``op(**inputs, **options)`` with its inputs in ``dtype`` against ``reference`` on the same
+    keyword arguments in float64: the output and the gradient of every input under random
+    cotangents (``gradients``), judged at ``dtype``'s tolerance. ``leave_out`` names gradients
+    (e.g. "dfloor") not compared, where the test says why."""
+
+    def run(fn, dt: torch.dtype) -> dict[str, torch.Tensor]:
+        leaves = {k: v.to(dt).requires_grad_() for k, v in inputs.items()}
+        got = gradients({"out": fn(**leaves, **options)}, leaves)
+        return {k: v for k, v in got.items() if k not in leave_out}
+
+    return assert_close(run(op, dtype), run(reference, torch.float64), dtype=dtype, context=context)
+
+
 def assert_matches_reference(module, x: torch.Tensor, reference, context: str = "", forward=None) -> dict[str, float]:
     """``forward(x)`` (default ``module(x)``) against ``reference(x)``, a written-out form computed
     from the module's own parameters: the outputs (a tensor, or a dict of named tensors), and the

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from lcsm.ops import native_causal_conv
 from lcsm.ops import native_scan as native
-from lcsm.testing import assert_close, gradients
+from lcsm.testing import assert_op_matches
 
 
 def reference(x, weight, bias, history, silu):
@@ -37,16 +37,14 @@ def test_against_conv1d(T, W, silu, with_history, with_bias, dtype):
     if with_history and W > 1:
         x["history"] = torch.randn(B, W - 1, C, generator=g, dtype=torch.float64)
 
-    def run(fn, dt):
-        leaves = {k: v.to(dt).requires_grad_() for k, v in x.items()}
-        y = fn(leaves["x"], leaves["weight"], leaves.get("bias"), leaves.get("history"), silu)
-        return gradients({"y": y}, leaves)
-
-    assert_close(
-        run(native_causal_conv, dtype),
-        run(reference, torch.float64),
-        dtype=dtype,
+    assert_op_matches(
+        native_causal_conv,
+        reference,
+        x,
+        dtype,
         context=f"T {T} W {W} silu {silu} history {with_history} bias {with_bias}",
+        silu=silu,
+        **{k: None for k in ("bias", "history") if k not in x},
     )
 
 
