@@ -548,7 +548,7 @@ def _block_diag_apply(rows: Tensor, w: Tensor) -> Tensor:
     (R, _), (NB, BO, BI) = rows.shape, w.shape
     y = rows.new_empty(R, NB * BO)
     fn = _kernel("blockdiag_apply_all", rows)
-    _run(fn, _items(R), NB * BO * BI, rows, _ptr(rows), _ptr(w), _ptr(y), R, NB, BO, BI)
+    _run(fn, _tiles(R, "blockdiag_rows"), NB * BO * BI, rows, _ptr(rows), _ptr(w), _ptr(y), R, NB, BO, BI)
     return y
 
 
@@ -565,15 +565,15 @@ class _BlockDiag(torch.autograd.Function):
         (R, _), (NB, BO, BI) = rows.shape, w.shape
         dy_rows = dy.to(rows.dtype).contiguous().view(R, NB * BO)
         dx = _block_diag_apply(dy_rows, w.transpose(1, 2).contiguous())
-        dw_part = rows.new_empty(_items(R), NB, BO, BI)
+        dw_part = rows.new_empty(_tiles(R, "blockdiag_rows"), NB, BO, BI)
         fn = _kernel("blockdiag_weight_grad_all", rows)
-        _run(fn, _items(R), 1, rows, _ptr(rows), _ptr(dy_rows), _ptr(dw_part), R, NB, BO, BI)
+        _run(fn, _tiles(R, "blockdiag_rows"), 1, rows, _ptr(rows), _ptr(dy_rows), _ptr(dw_part), R, NB, BO, BI)
         return dx.view(*dy.shape[:-1], NB * BI), dw_part.sum(0)
 
 
-def _items(rows: int) -> int:
-    """The block-diagonal kernels' work items (tiles of rows) for ``rows`` rows."""
-    return -(-rows // _constant("blockdiag_rows"))
+def _tiles(rows: int, name: str) -> int:
+    """Work items of a kernel that takes ``rows`` rows (tokens) in tiles of ``lcsm_<name>``."""
+    return -(-rows // _constant(name))
 
 
 def native_block_diag(x: Tensor, w: Tensor) -> Tensor:
@@ -592,20 +592,16 @@ def native_block_diag(x: Tensor, w: Tensor) -> Tensor:
 # are tiles of rows (tokens).
 
 
-def _readout_items(rows: int) -> int:
-    return -(-rows // _constant("readout_rows"))
-
-
 class _MLSTMReadout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, floor, c, z, scale, skip, eps: float, norm_eps: float):
-        *lead, H, d1 = y.shape
+        H, d1 = y.shape[-2:]
         d, dt = d1 - 1, y.dtype
         R = y.numel() // (H * d1)
         y, floor, c, z, scale, skip = (t.to(dt).contiguous() for t in (y, floor, c, z, scale, skip))
         out = c.new_empty(c.shape)
         fn = _kernel("readout_forward_all", y)
-        items = _readout_items(R)
+        items = _tiles(R, "readout_rows")
         ptrs = [_ptr(t) for t in (y, floor, c, z, scale, skip, out)]
         _run(fn, items, 1, y, *ptrs, R, H, d, eps, norm_eps)
         ctx.save_for_backward(y, floor, c, z, scale, skip)
@@ -618,7 +614,7 @@ class _MLSTMReadout(torch.autograd.Function):
         R, H, d, eps, norm_eps = ctx.sizes
         dout = dout.to(y.dtype).contiguous()
         dy, dfloor, dc, dz = (torch.empty_like(t) for t in (y, floor, c, z))
-        items = _readout_items(R)
+        items = _tiles(R, "readout_rows")
         parts = y.new_empty(items, 2, H * d)
         fn = _kernel("readout_backward_all", y)
         tensors = (y, floor, c, z, scale, skip, dout, dy, dfloor, dc, dz, parts)
@@ -665,7 +661,7 @@ class _CausalConv(torch.autograd.Function):
         history = None if history is None else history.to(x.dtype).contiguous()
         bias = None if bias is None else bias.to(x.dtype).contiguous()
         y = torch.empty_like(x)
-        items = B * -(-T // _constant("conv_rows"))
+        items = B * _tiles(T, "conv_rows")
         fn = _kernel("conv_forward_all", x)
         _run(fn, items, 1, x, _ptr(x), _ptr(history), _ptr(taps), _ptr(bias), _ptr(y), B, T, W, C, int(silu))
         ctx.save_for_backward(x, history, taps, bias)
@@ -680,7 +676,7 @@ class _CausalConv(torch.autograd.Function):
         dx = torch.empty_like(x)
         dhistory = None if history is None else torch.empty_like(history)
         rows = _constant("conv_rows")
-        items = B * -(-T // rows)
+        items = B * _tiles(T, "conv_rows")
         parts = x.new_empty(items, W + 1, C)
         fn = _kernel("conv_backward_all", x)
         tensors = (x, history, taps, bias, dy, dx, dhistory, parts)
@@ -721,7 +717,7 @@ class _GatedRMSNorm(torch.autograd.Function):
         R = y.numel() // max(1, C)
         y, z, weight = (t.to(y.dtype).contiguous() for t in (y, z, weight))
         out = torch.empty_like(y)
-        items = -(-R // _constant("rmsnorm_rows"))
+        items = _tiles(R, "rmsnorm_rows")
         fn = _kernel("rmsnorm_forward_all", y)
         _run(fn, items, 1, y, _ptr(y), _ptr(z), _ptr(weight), _ptr(out), R, C, group, int(gate_first), eps)
         ctx.save_for_backward(y, z, weight)
@@ -734,7 +730,7 @@ class _GatedRMSNorm(torch.autograd.Function):
         R, C, group, gate_first, eps = ctx.args
         dout = dout.to(y.dtype).contiguous()
         dy, dz = torch.empty_like(y), torch.empty_like(z)
-        items = -(-R // _constant("rmsnorm_rows"))
+        items = _tiles(R, "rmsnorm_rows")
         parts = y.new_empty(items, C)
         fn = _kernel("rmsnorm_backward_all", y)
         tensors = (y, z, weight, dout, dy, dz, parts)
