@@ -29,7 +29,7 @@ DPLR_LENGTHS = (19, 29, 150, 2)
 
 
 @pytest.mark.slow  # about 45 s per mixer on 2 busy cores
-@pytest.mark.parametrize("name", ["gla", "mamba2", "fwp", "attention", "ces", "s4d", *NEWLY, *DPLR])
+@pytest.mark.parametrize("name", ["gla", "mamba2", "mlstm", "metala", "fwp", "attention", "ces", "s4d", *NEWLY, *DPLR])
 def test_mixer_compiles_equal_to_eager(name):
     compiles_equal_to_eager(name, DPLR_LENGTHS if name in DPLR else LENGTHS, "aot_eager")
 
