@@ -50,7 +50,7 @@ static void FN(conv_forward_)(const REAL *x, const REAL *hist, const REAL *w, co
         FN(conv_pre_)(x, hist, w, bias, out, b, t, T, W, C);
         if (silu) {
 #pragma omp simd
-            for (int64_t c = 0; c < C; c++) out[c] = out[c] / (1 + FN(exp_)(-out[c]));
+            for (int64_t c = 0; c < C; c++) out[c] *= FN(sigmoid_)(out[c]);
         }
     }
 }
@@ -70,7 +70,7 @@ static void FN(conv_backward_)(const REAL *x, const REAL *hist, const REAL *w, c
             FN(conv_pre_)(x, hist, w, bias, d, b, t, T, W, C);
 #pragma omp simd
             for (int64_t c = 0; c < C; c++) {
-                const REAL sig = 1 / (1 + FN(exp_)(-d[c]));
+                const REAL sig = FN(sigmoid_)(d[c]);
                 d[c] = g[c] * sig * (1 + d[c] * (1 - sig));
             }
         } else {

@@ -59,7 +59,7 @@ static void FN(readout_forward_)(const REAL *y, const REAL *floor_, const REAL *
 #pragma omp simd
             for (int64_t j = 0; j < d; j++) {
                 const REAL hn = (yr[j] * rinv - mean) * rstd, zz = z[o + j];
-                const REAL sig = 1 / (1 + FN(exp_)(-zz));
+                const REAL sig = FN(sigmoid_)(zz);
                 out[o + j] = (hn * sc[j] + sk[j] * c[o + j]) * (zz * sig);
             }
         }
@@ -86,7 +86,7 @@ static void FN(readout_backward_)(const REAL *y, const REAL *floor_, const REAL 
 #pragma omp simd reduction(+ : s1, s2)
             for (int64_t j = 0; j < d; j++) {
                 const REAL hn = (yr[j] * rinv - mean) * rstd, zz = z[o + j], cj = c[o + j];
-                const REAL sig = 1 / (1 + FN(exp_)(-zz));
+                const REAL sig = FN(sigmoid_)(zz);
                 const REAL a = hn * sc[j] + sk[j] * cj, g = dout[o + j];
                 const REAL da = g * (zz * sig);
                 dz[o + j] = g * a * (sig * (1 + zz * (1 - sig)));

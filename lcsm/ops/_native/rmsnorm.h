@@ -16,15 +16,13 @@ enum { RN = 256 };
 const int64_t lcsm_rmsnorm_rows = RN;
 #endif
 
-static inline REAL FN(rmsnorm_sigmoid_)(REAL x) { return 1 / (1 + FN(exp_)(-x)); }
-
 /* 1 / rms of the normalised vector (a = y silu(z) when gate first, else y) of one group */
 static inline REAL FN(rmsnorm_inverse_)(const REAL *y, const REAL *z, int64_t n, int64_t gate_first, REAL eps) {
     REAL sq = 0;
     if (gate_first) {
 #pragma omp simd reduction(+ : sq)
         for (int64_t c = 0; c < n; c++) {
-            const REAL a = y[c] * z[c] * FN(rmsnorm_sigmoid_)(z[c]);
+            const REAL a = y[c] * z[c] * FN(sigmoid_)(z[c]);
             sq += a * a;
         }
     } else {
@@ -43,7 +41,7 @@ static void FN(rmsnorm_forward_)(const REAL *y, const REAL *z, const REAL *w, RE
             const REAL rs = FN(rmsnorm_inverse_)(y + o, z + o, n, gate_first, eps);
 #pragma omp simd
             for (int64_t c = 0; c < n; c++) {
-                const REAL zs = z[o + c] * FN(rmsnorm_sigmoid_)(z[o + c]);
+                const REAL zs = z[o + c] * FN(sigmoid_)(z[o + c]);
                 out[o + c] = gate_first ? y[o + c] * zs * rs * w[k + c] : y[o + c] * rs * w[k + c] * zs;
             }
         }
@@ -63,7 +61,7 @@ static void FN(rmsnorm_backward_)(const REAL *y, const REAL *z, const REAL *w, c
             REAL dot = 0;
 #pragma omp simd reduction(+ : dot)
             for (int64_t c = 0; c < n; c++) {
-                const REAL zz = z[o + c], sig = FN(rmsnorm_sigmoid_)(zz), zs = zz * sig;
+                const REAL zz = z[o + c], sig = FN(sigmoid_)(zz), zs = zz * sig;
                 const REAL a = gate_first ? y[o + c] * zs : y[o + c];
                 const REAL u = gate_first ? dout[o + c] * w[k + c] : dout[o + c] * zs * w[k + c];
                 dot += u * a;
@@ -71,7 +69,7 @@ static void FN(rmsnorm_backward_)(const REAL *y, const REAL *z, const REAL *w, c
             const REAL m = dot * rs * rs * rs / (REAL)n;
 #pragma omp simd
             for (int64_t c = 0; c < n; c++) {
-                const REAL zz = z[o + c], sig = FN(rmsnorm_sigmoid_)(zz), zs = zz * sig;
+                const REAL zz = z[o + c], sig = FN(sigmoid_)(zz), zs = zz * sig;
                 const REAL dsilu = sig * (1 + zz * (1 - sig));
                 const REAL g = dout[o + c];
                 if (gate_first) {

@@ -47,6 +47,10 @@ static inline REAL FN(exp_)(REAL x) {
     return x < (REAL)EXP_MIN ? (REAL)0 : out;
 }
 
+/* the logistic function, for the SiLU gates of the layers' kernels (readout.h, conv.h, rmsnorm.h):
+ * silu(x) = x sigmoid(x), silu'(x) = sigmoid(x) (1 + x (1 - sigmoid(x))) */
+static inline REAL FN(sigmoid_)(REAL x) { return 1 / (1 + FN(exp_)(-x)); }
+
 #ifndef SCAN_LAYOUT
 #define SCAN_LAYOUT
 /* Strides (in elements) of the inputs, in this order: i, e, s each (batch, head, time); a (batch,
