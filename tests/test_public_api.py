@@ -34,6 +34,7 @@ PUBLIC = {
         "native_diag_scan",
         "native_gated_rms_norm",
         "native_mlstm_readout",
+        "native_s4_kernel",
         "native_s4_spectrum",
         "native_serves",
         "native_unavailable",

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_choice, check_float, check_int
-from lcsm.ops import autocast_off, causal_fft_conv, fft_length, native_s4_spectrum, native_serves
+from lcsm.ops import autocast_off, causal_fft_conv, fft_length, native_s4_kernel, native_serves
 
 from ._hippo import hippo_legs, hippo_normal_eig
 from ._ssm import (
@@ -202,19 +202,33 @@ def kernel_spectrum(W: Tensor, g: Tensor, c: Tensor, lam: Tensor) -> Tensor:
     """S4's kernel at the roots of unity from its four Cauchy sums by the Woodbury identity:
     K[h, m] = c_m (k_0 - k_1 k_2 / (1 + k_3)) with k_j = g S_j - S_(4+j), S = cauchy_conj(W, g, lam):
     W [H, N2, 8] real, g [H, M], c [M] and lam [H, N2] complex -> [H, M] (``S4._kernel`` says what
-    each piece is). Eager on the CPU by the native kernel (``lcsm.ops.native_s4_spectrum``, C source
-    lcsm/ops/_native/cauchy.h: the sums of a vector of roots in registers over the poles, and the
-    combination in the same pass, where the PyTorch form makes some 25 passes over [H, N2, block]
-    tensors, small products and ten complex operations on [H, M, 4] tensors) where ``native_serves``
-    (not with ``LCSM_NATIVE=0``, without a C compiler); otherwise, and in traced graphs, in PyTorch."""
-    a, s = _pole_parts(lam)
-    if native_serves(a):
-        return native_s4_spectrum(g, c, a, s, W)
+    each piece is), in PyTorch: the form of other devices and traced graphs (``_spectrum``). Eager
+    CPU calls run the same sums and combination in the native kernel (``lcsm.ops.native_s4_kernel``,
+    from the parameters; ``lcsm.ops.native_s4_spectrum`` from these operands)."""
     # the two halves of S by unbind, whose backward stacks their gradients, where two slices' would
     # each zero-fill an [H, M, 8] complex tensor (45 ms apiece at 16K)
     S_g, S_1 = cauchy_conj(W, g, lam).unflatten(-1, (2, 4)).unbind(-2)  # [H, M, 4] each
     k0, k1, k2, k3 = (g.unsqueeze(-1) * S_g - S_1).unbind(-1)
     return c * (k0 - k1 * k2 / (1 + k3))
+
+
+def _spectrum(lam: Tensor, P: Tensor, B: Tensor, C: Tensor, dt: Tensor, r: Tensor, c: Tensor, even: bool) -> Tensor:
+    """S4's kernel spectrum K_hat [H, M (+ 1 with even)] in PyTorch operations (``S4._kernel`` says
+    what each piece is): lam, P, B, C [H, N/2] complex (C is C~), dt [H, 1], r = (1 - z) / (1 + z) and
+    c = 2 / (1 + z) at the roots z, even: whether z = -1 is a root (its term appended). The twin of
+    ``lcsm.ops.native_s4_kernel`` (tests/layers/test_native_twins.py), which eager CPU calls take."""
+    g = (2 / dt) * r  # [H, M]
+    # The four Cauchy sums sum_n a_n b_n / (g - Lambda_n) run over conjugate pairs (the official
+    # cauchy_conj): v / (g - lam) + conj(v) / (g - conj(lam)) = (2 Re(v) g - 2 Re(v conj(lam)))
+    # / ((g - lam)(g - conj(lam))), so one [H, M, N/2] matrix serves all four sums.
+    v = torch.stack([C * B, C * P, P.conj() * B, P.conj() * P], dim=-1)  # [H, N/2, 4]
+    W = 2 * torch.cat([v.real, (v * lam.conj().unsqueeze(-1)).real], dim=-1)  # [H, N/2, 8]
+    # k_j = g S_j - S_(4+j) are the four sums over the resolvent of the diagonal part, combined by
+    # the Woodbury identity into (g - Lambda + P P^*)^-1's
+    K_hat = kernel_spectrum(W, g, c, lam)
+    if even:  # z = -1: Delta Re(sum_n C~_n B_n)
+        K_hat = torch.cat([K_hat, (dt * v[..., 0].sum(-1, keepdim=True).real).to(K_hat.dtype)], -1)
+    return K_hat
 
 
 @register("s4")
@@ -450,7 +464,6 @@ class S4(Mixer):
 
     def _kernel(self, length: int, A_bar: Tensor | None) -> Tensor:
         """The kernel from the parameters; A_bar (for C~) only without ``l_max``."""
-        lam, Ph, Bh = self._half_params()
         M = self._kernel_size(length)
         dt = self.log_dt.exp().unsqueeze(-1)  # [H, 1]
         C_t = as_complex(self.C) if A_bar is None else self._truncated_C(as_complex(self.C), A_bar, M)
@@ -460,19 +473,15 @@ class S4(Mixer):
         # its value is the limit Delta Re(sum_n C~_n B_n) (class docstring), the other roots the
         # Cauchy sums'.
         even = isinstance(M, int) and M % 2 == 0  # traced, M is symbolic and odd (``_kernel_size``)
-        k = torch.arange(M // 2 + (not even), device=lam.device, dtype=dt.dtype)
+        k = torch.arange(M // 2 + (not even), device=dt.device, dtype=dt.dtype)
         z = torch.exp(_MINUS_TWO_PI_J * k / M)  # [M // 2 + 1], less z = -1
-        g = (2 / dt) * ((1 - z) / (1 + z))  # [H, M]; the complex division on [M] alone
-        # The four Cauchy sums sum_n a_n b_n / (g - Lambda_n) run over conjugate pairs (the official
-        # cauchy_conj): v / (g - lam) + conj(v) / (g - conj(lam)) = (2 Re(v) g - 2 Re(v conj(lam)))
-        # / ((g - lam)(g - conj(lam))), so one [H, M, N/2] matrix serves all four sums.
-        v = torch.stack([C_t * Bh, C_t * Ph, Ph.conj() * Bh, Ph.conj() * Ph], dim=-1)  # [H, N/2, 4]
-        W = 2 * torch.cat([v.real, (v * lam.conj().unsqueeze(-1)).real], dim=-1)  # [H, N/2, 8]
-        # k_j = g S_j - S_(4+j) are the four sums over the resolvent of the diagonal part, combined
-        # by the Woodbury identity into (g - Lambda + P P^*)^-1's
-        K_hat = kernel_spectrum(W, g, 2 / (1 + z), lam)
-        if even:
-            K_hat = torch.cat([K_hat, (dt * v[..., 0].sum(-1, keepdim=True).real).to(K_hat.dtype)], -1)  # C~ B
+        r, c = (1 - z) / (1 + z), 2 / (1 + z)  # on [M] alone: g = (2 / Delta) r
+        if native_serves(dt):
+            C_parts = self.C if A_bar is None else torch.view_as_real(C_t)
+            params = (self.log_A_real, self.A_imag, self.P, self.B, C_parts, self.log_dt)
+            K_hat = native_s4_kernel(*params, r, c, even)
+        else:
+            K_hat = _spectrum(*self._half_params(), C_t, dt, r, c, even)
         return torch.fft.irfft(K_hat, n=M, dim=-1)[..., :length]
 
     # -- the two forms

@@ -9,7 +9,8 @@ run their float32 kernels in, for layers with kernels of their own (the SSMs' FF
 ``packed_bounds``, the check of ``cu_seqlens`` they share with the layers, and
 ``causal_fft_conv``, the FFT form's long convolution, for layers that build their kernels
 themselves (S4), with ``fft_length``, the fast FFT lengths it and S4's kernel take; the native CPU
-kernels layers call for their own forms (``native_s4_spectrum``: S4's kernel spectrum;
+kernels layers call for their own forms (``native_s4_kernel``: S4's kernel spectrum from its
+parameters, ``native_s4_spectrum`` its sums and combination;
 ``native_diag_scan``: CES's recurrence; ``native_block_diag``: mLSTM's block-diagonal
 projections; ``native_mlstm_readout``: mLSTM's readout; ``native_causal_conv``: the short
 depthwise causal convolutions; ``native_gated_rms_norm``: Mamba-2's gated RMSNorm),
@@ -28,6 +29,7 @@ from .native_scan import (
     native_diag_scan,
     native_gated_rms_norm,
     native_mlstm_readout,
+    native_s4_kernel,
     native_s4_spectrum,
     native_serves,
     native_unavailable,
@@ -57,6 +59,7 @@ __all__ = [
     "native_diag_scan",
     "native_gated_rms_norm",
     "native_mlstm_readout",
+    "native_s4_kernel",
     "native_s4_spectrum",
     "native_serves",
     "native_unavailable",

@@ -118,6 +118,9 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, M, N2, rows H (the work items), threads (and the backward's scratch and its size per thread)
         "cauchy_forward_all": [*[ptr] * 9, *[i64] * 4],
         "cauchy_backward_all": [*[ptr] * 13, *[i64] * 4, ptr, i64],
+        # tensors, M, N2, even, rows H, threads (and the backward's scratch and its size per thread)
+        "s4_kernel_forward_all": [*[ptr] * 17, *[i64] * 5],
+        "s4_kernel_backward_all": [*[ptr] * 24, *[i64] * 5, ptr, i64],
         # tensors, T, C, work items, threads, scratch and its size per thread
         "diag_forward_all": [*[ptr] * 8, *[i64] * 4, ptr, i64],
         "diag_backward_all": [*[ptr] * 12, *[i64] * 4, ptr, i64],
@@ -434,6 +437,40 @@ def cauchy_backward(gr, gi, cr, ci, a, s, W, S, grad_K: Tensor) -> tuple[Tensor,
     return torch.view_as_complex(dg), da, ds, dW
 
 
+def s4_kernel_forward(log_a, b, P, B, C, log_dt, r, c, even: bool) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """S4's kernel spectrum from its parameters (lcsm/layers/s4.py, ``_NativeKernelSpectrum``):
+    ``cauchy_forward`` with its operands formed per row in C, g = (2 / dt) r, a = Re lam, s = |lam|^2,
+    W = 2 [Re v, Re v a + Im v b], v = [C B, C P, conj(P) B, |P|^2]: log_a, b [H, N2] (lam =
+    -exp(log_a) + i b), P, B, C [H, N2, 2] (real and imaginary parts), log_dt [H], all real of one
+    dtype and contiguous; r = (1 - z) / (1 + z) and c = 2 / (1 + z) [M] complex at the roots z.
+    Returns (K [H, M + even] complex, with ``even`` the z = -1 value dt Re(sum_n C_n B_n) last;
+    the operands and sums ``s4_kernel_backward`` reads)."""
+    (H, N2), M = log_a.shape, r.shape[0]
+    rr, ri, cr, ci = (z.to(log_a.dtype).contiguous() for z in (r.real, r.imag, c.real, c.imag))
+    gr, gi, a, s = log_a.new_empty(H, M), log_a.new_empty(H, M), torch.empty_like(log_a), torch.empty_like(log_a)
+    W, K, S = log_a.new_empty(H, N2, 8), log_a.new_empty(H, M + even, 2), log_a.new_empty(H, 16, M)
+    fn = _kernel("s4_kernel_forward_all", log_a)
+    tensors = (log_a, b, P, B, C, log_dt, rr, ri, cr, ci, gr, gi, a, s, W, K, S)
+    fn(*(_ptr(t) for t in tensors), M, N2, int(even), H, _threads(H))
+    return torch.view_as_complex(K), (gr, gi, cr, ci, a, s, W, S)
+
+
+def s4_kernel_backward(log_dt, b, P, B, C, kept: tuple[Tensor, ...], grad_K: Tensor, even: bool):
+    """The gradients of ``s4_kernel_forward``'s log_a, b, P, B, C and log_dt given K's (complex);
+    ``kept`` the forward's operands and sums."""
+    gr, gi, cr, ci, a, s, W, S = kept
+    (H, M), N2 = gr.shape, a.shape[1]
+    gK = _real_parts(grad_K, gr.dtype)
+    dg, da, ds, dW = gr.new_empty(H, M, 2), torch.empty_like(a), torch.empty_like(a), torch.empty_like(W)
+    grads = (torch.empty_like(a), torch.empty_like(a), torch.empty_like(P), torch.empty_like(B), torch.empty_like(C))
+    grads += (torch.empty_like(log_dt),)
+    tensors = (log_dt, b, P, B, C, cr, ci, gr, gi, a, s, W, S, gK, dg, da, ds, dW, *grads)
+    lanes = _constant("cauchy_vector_bytes") // gr.element_size()
+    fn = _kernel("s4_kernel_backward_all", gr)
+    _run(fn, H, (N2 * (W.shape[2] + 2) + 1) * lanes, gr, *(_ptr(t) for t in tensors), M, N2, int(even))
+    return grads
+
+
 # CES's time-invariant complex diagonal recurrence with a real readout (lcsm/layers/ces.py; C
 # source _native/diag.h), one state per channel: work items (batch row, block of channels).
 
@@ -500,6 +537,50 @@ def native_s4_spectrum(g: Tensor, c: Tensor, a: Tensor, s: Tensor, W: Tensor) ->
             f"{list(g.shape)}, {list(c.shape)}, {list(a.shape)}, {list(s.shape)}, {list(W.shape)}"
         )
     return _NativeS4Spectrum.apply(g, c, a, s, W)
+
+
+class _NativeS4Kernel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, log_A_real, A_imag, P, B, C, log_dt, r, c, even: bool) -> Tensor:
+        params = [t.contiguous() for t in (log_A_real, A_imag, P, B, C, log_dt)]
+        K, kept = s4_kernel_forward(*params, r, c, even)
+        ctx.save_for_backward(*params[1:], *kept)
+        ctx.even = even
+        return K
+
+    @staticmethod
+    def backward(ctx, grad_K: Tensor):
+        A_imag, P, B, C, log_dt, *kept = ctx.saved_tensors
+        grads = s4_kernel_backward(log_dt, A_imag, P, B, C, tuple(kept), grad_K, ctx.even)
+        return (*grads, None, None, None)
+
+
+def native_s4_kernel(log_A_real, A_imag, P, B, C, log_dt, r: Tensor, c: Tensor, even: bool) -> Tensor:
+    """S4's kernel spectrum from its parameters (lcsm/layers/s4.py, ``S4._kernel``) by the native
+    kernel, with every parameter's gradient written out in C (autograd; r and c are constants):
+    ``native_s4_spectrum``'s sums and combination with their operands g = (2 / dt) r, a = Re lam,
+    s = |lam|^2 and W = 2 [Re v, Re(v conj(lam))], v = [C B, C P, conj(P) B, |P|^2], formed per row
+    in the same pass, where autograd through those small [H, N/2] and [H, M] complex operations
+    (some 60 of a few microseconds each, forward and backward) cost as much as the sums at T = 512.
+    log_A_real, A_imag [H, N2] (lam = -exp(log_A_real) + i A_imag), P, B, C [H, N2, 2] (real and
+    imaginary parts; C is C~), log_dt [H], all real of one dtype (float32 or float64), on the CPU;
+    r = (1 - z) / (1 + z) and c = 2 / (1 + z) [M] complex at the roots z; even: whether z = -1 is a
+    root, its value dt Re(sum_n C_n B_n) then appended -> [H, M + even] complex.
+    ``native_unavailable()`` must be None."""
+    H, N2 = log_A_real.shape if log_A_real.dim() == 2 else (-1, -1)
+    pairs = (H, N2, 2)
+    if (
+        A_imag.shape != (H, N2)
+        or (P.shape, B.shape, C.shape) != (pairs, pairs, pairs)
+        or log_dt.shape != (H,)
+        or r.dim() != 1
+        or c.shape != r.shape
+    ):
+        raise ValueError(
+            "native_s4_kernel: expected log_A_real and A_imag [H, N2], P, B, C [H, N2, 2], log_dt [H], r and c "
+            f"[M], got {[list(t.shape) for t in (log_A_real, A_imag, P, B, C, log_dt, r, c)]}"
+        )
+    return _NativeS4Kernel.apply(log_A_real, A_imag, P, B, C, log_dt, r, c, even)
 
 
 class _DiagScan(torch.autograd.Function):

@@ -230,18 +230,16 @@ def cauchy_inputs(H=3, M=17, N2=5, K=4, dtype=torch.float64, length=None):
     return randn(H, N2, K, seed=7).to(dtype), g.to(ctype), lam.to(ctype)
 
 
-def spectrum_form(monkeypatch, form):
-    """Route kernel_spectrum to ``form``: "native" (the C kernel; skipped where it cannot build, which
-    tests/ops/test_native_scan.py fails on where a compiler exists) or "pytorch" (cauchy_conj and
-    the Woodbury combination). Returns the list the native kernel's calls append to."""
+def spectrum_form(form):
+    """kernel_spectrum's ``form``: "native" (``native_s4_spectrum``, the C kernel eager CPU calls of the
+    layer run; skipped where it cannot build, which tests/ops/test_native_scan.py fails on where a
+    compiler exists) or "pytorch" (``kernel_spectrum``: cauchy_conj and the Woodbury combination),
+    as a function of (W, g, c, lam)."""
     if form == "pytorch":
-        monkeypatch.setattr(s4, "native_serves", lambda x: False)
-    elif native_scan.native_unavailable() is not None:
+        return s4.kernel_spectrum
+    if native_scan.native_unavailable() is not None:
         pytest.skip(native_scan.native_unavailable())
-    calls = []
-    forward = native_scan.cauchy_forward
-    monkeypatch.setattr(native_scan, "cauchy_forward", lambda *args: calls.append(1) or forward(*args))
-    return calls
+    return lambda W, g, c, lam: native_scan.native_s4_spectrum(g, c, *s4._pole_parts(lam), W)
 
 
 def spectrum_definition(W, g, c, lam):
@@ -290,13 +288,12 @@ def test_kernel_spectrum_forms_equal_the_definition(monkeypatch, dtype, M, form)
     vectors of 8 or 16 roots and the PyTorch form's blocks of 2 do not divide M; float32 judged
     against the float64 answer."""
     monkeypatch.setattr(s4, "CAUCHY_BLOCK", 2 * 3 * 5)
-    calls = spectrum_form(monkeypatch, form)
+    spectrum = spectrum_form(form)
     W, g, c, lam = spectrum_inputs(M)
     exact = [x.requires_grad_() for x in (W, g, lam)]
     W32, g32, c32, lam32 = spectrum_inputs(M, dtype)
     inputs = [x.requires_grad_() for x in (W32, g32, lam32)]
-    got = s4.kernel_spectrum(W32, g32, c32, lam32)
-    assert len(calls) == (form == "native")
+    got = spectrum(W32, g32, c32, lam32)
     names = ("W", "g", "lam")
     assert_close(
         gradients({"K": got}, dict(zip(names, inputs, strict=True))),
@@ -309,10 +306,10 @@ def test_kernel_spectrum_forms_equal_the_definition(monkeypatch, dtype, M, form)
 @pytest.mark.parametrize("form", ["native", "pytorch"])
 def test_kernel_spectrum_gradcheck(monkeypatch, form):
     monkeypatch.setattr(s4, "CAUCHY_BLOCK", 2 * 3 * 5)
-    spectrum_form(monkeypatch, form)
+    spectrum = spectrum_form(form)
     W, g, c, lam = spectrum_inputs(M=7)
     inputs = tuple(x.requires_grad_() for x in (W, g, lam))
-    assert torch.autograd.gradcheck(lambda W, g, lam: s4.kernel_spectrum(W, g, c, lam), inputs)
+    assert torch.autograd.gradcheck(lambda W, g, lam: spectrum(W, g, c, lam), inputs)
 
 
 def test_s4_discretization_kept_without_autograd_follows_parameter_changes():

@@ -201,9 +201,9 @@ def test_compiled_calls_run_the_kernel(monkeypatch):
 
 
 def test_the_public_native_ops_refuse_what_they_cannot_take(monkeypatch):
-    """native_s4_spectrum and native_diag_scan name the shapes they got and expected; without the
-    kernel they say why (not an AttributeError from a missing library)."""
-    from lcsm.ops import native_diag_scan, native_s4_spectrum
+    """native_s4_spectrum, native_s4_kernel and native_diag_scan name the shapes they got and
+    expected; without the kernel they say why (not an AttributeError from a missing library)."""
+    from lcsm.ops import native_diag_scan, native_s4_kernel, native_s4_spectrum
 
     z = torch.zeros(3, dtype=torch.complex128)
     with pytest.raises(ValueError, match=r"native_diag_scan: expected x \[B, T, C\].*got \[2, 5, 4\], \[3\]"):
@@ -214,6 +214,11 @@ def test_the_public_native_ops_refuse_what_they_cannot_take(monkeypatch):
         native_s4_spectrum(torch.zeros(3, 7, dtype=torch.complex128), c, a, a, W)
     with pytest.raises(ValueError, match=r"W \[H, N2, 8\], got .*\[2, 4, 4\]"):
         native_s4_spectrum(torch.zeros(2, 7, dtype=torch.complex128), c, a, a, W[..., :4])
+    pairs = torch.zeros(2, 4, 2, dtype=torch.float64)
+    s4_params = (a, a, pairs, pairs, pairs, torch.zeros(2, dtype=torch.float64), c, c)
+    got = r"got \[\[2, 4\], \[2, 4\], \[2, 4, 2\], \[2, 4\],"  # B [H, N2]: not its [H, N2, 2] pairs
+    with pytest.raises(ValueError, match=r"native_s4_kernel: expected .*" + got):
+        native_s4_kernel(*s4_params[:3], a, *s4_params[4:], True)
     with pytest.raises(ValueError, match="float32 or float64 CPU tensors, got torch.float16"):
         native_diag_scan(torch.zeros(1, 5, 3, dtype=torch.float16), z, z, z, None)
     monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": "turned off by the test"})
@@ -222,3 +227,5 @@ def test_the_public_native_ops_refuse_what_they_cannot_take(monkeypatch):
         native_diag_scan(torch.zeros(1, 5, 3, dtype=torch.float64), z, z, z, None)
     with pytest.raises(RuntimeError, match="the native kernels cannot run in this process"):
         native_s4_spectrum(torch.zeros(2, 7, dtype=torch.complex128), c, a, a, W)
+    with pytest.raises(RuntimeError, match="the native kernels cannot run in this process"):
+        native_s4_kernel(*s4_params, True)

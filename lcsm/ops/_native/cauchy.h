@@ -207,5 +207,111 @@ void FN(cauchy_backward_all_)(const REAL *gr, const REAL *gi, const REAL *cr, co
                              (VEC *)((at + align - 1) / align * align));
     }
 }
+
+/* S4's kernel spectrum from its parameters (lcsm/layers/s4.py, _NativeKernelSpectrum): the operands
+ * above formed per row from log_a, b [H, N2] (lam = -exp(log_a) + i b), P, B, C [H, N2, 2] (real and
+ * imaginary parts; C is C~), log_dt [H] and the roots' r = (1 - z) / (1 + z) (rr, ri [M]), with the
+ * gradients of those parameters, so that none of the small [H, N2] operations runs in PyTorch. */
+
+/* v = [C B, C P, conj(P) B, |P|^2] at one pole: real parts vr, imaginary vi */
+static inline void FN(s4_numerators_)(const REAL *p, const REAL *b, const REAL *c, REAL *vr, REAL *vi) {
+    vr[0] = c[0] * b[0] - c[1] * b[1], vi[0] = c[0] * b[1] + c[1] * b[0];
+    vr[1] = c[0] * p[0] - c[1] * p[1], vi[1] = c[0] * p[1] + c[1] * p[0];
+    vr[2] = p[0] * b[0] + p[1] * b[1], vi[2] = p[0] * b[1] - p[1] * b[0];
+    vr[3] = p[0] * p[0] + p[1] * p[1], vi[3] = 0;
+}
+
+/* Row h's roots g = (2 / dt) r (gr, gi [H, M]), poles a = Re lam, s = |lam|^2 and numerators over
+ * conjugate pairs W = 2 [Re v, Re v a + Im v b] ([H, N2, 8]); returns dt. */
+static REAL FN(s4_operands_)(const REAL *log_a, const REAL *b, const REAL *P, const REAL *B, const REAL *C,
+                             const REAL *log_dt, const REAL *rr, const REAL *ri, REAL *gr, REAL *gi, REAL *a, REAL *s,
+                             REAL *W, int64_t M, int64_t N2, int64_t h) {
+    const REAL dt = FN(exp_)(log_dt[h]), scale = 2 / dt;
+    for (int64_t m = 0; m < M; m++) {
+        gr[h * M + m] = scale * rr[m];
+        gi[h * M + m] = scale * ri[m];
+    }
+    for (int64_t n = 0, i = h * N2; n < N2; n++, i++) {
+        const REAL an = -FN(exp_)(log_a[i]), bn = b[i];
+        REAL vr[4], vi[4];
+        FN(s4_numerators_)(P + 2 * i, B + 2 * i, C + 2 * i, vr, vi);
+        a[i] = an;
+        s[i] = an * an + bn * bn;
+        for (int j = 0; j < 4; j++) {
+            W[i * SUMS + j] = 2 * vr[j];
+            W[i * SUMS + 4 + j] = 2 * (vr[j] * an + vi[j] * bn);
+        }
+    }
+    return dt;
+}
+
+/* K [H, M + even, 2]: the spectrum at the M roots, and with `even` its value at z = -1,
+ * dt Re(sum_n C_n B_n); the operands gr, gi, a, s, W and the sums S are kept for the backward. */
+void FN(s4_kernel_forward_all_)(const REAL *log_a, const REAL *b, const REAL *P, const REAL *B, const REAL *C,
+                                const REAL *log_dt, const REAL *rr, const REAL *ri, const REAL *cr, const REAL *ci,
+                                REAL *gr, REAL *gi, REAL *a, REAL *s, REAL *W, REAL *K, REAL *S, int64_t M, int64_t N2,
+                                int64_t even, int64_t H, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t h = 0; h < H; h++) {
+        const REAL dt = FN(s4_operands_)(log_a, b, P, B, C, log_dt, rr, ri, gr, gi, a, s, W, M, N2, h);
+        REAL *Kh = K + h * (M + even) * 2;
+        /* row h's operands as row 0 of their own: K's rows are M + even long */
+        FN(cauchy_forward_)(gr + h * M, gi + h * M, cr, ci, a + h * N2, s + h * N2, W + h * N2 * SUMS, Kh,
+                            S + h * 2 * SUMS * M, M, N2, 0);
+        if (even) {
+            REAL total = 0;
+            for (int64_t n = 0; n < N2; n++) total += W[(h * N2 + n) * SUMS] / 2;
+            Kh[2 * M] = dt * total;
+            Kh[2 * M + 1] = 0;
+        }
+    }
+}
+
+/* The gradients of log_a, b, P, B, C and log_dt given K's cotangent gK [H, M + even, 2]: the sums'
+ * adjoint (cauchy_backward_, into dg [H, M, 2], da, ds [H, N2], dW [H, N2, 8]), then by hand:
+ * g = (2 / dt) r gives d log_dt = -sum_m Re(dg conj(g)); W's real and imaginary parts of v give
+ * v's cotangent G, and v's factors take conj(partner) G (C B, C P, B of conj(P) B), conj(G) B
+ * (P of conj(P) B) and 2 Re(G) P (|P|^2), in PyTorch's convention (grad = dL/d Re + i dL/d Im). */
+void FN(s4_kernel_backward_all_)(const REAL *log_dt, const REAL *b, const REAL *P, const REAL *B, const REAL *C,
+                                 const REAL *cr, const REAL *ci, const REAL *gr, const REAL *gi, const REAL *a,
+                                 const REAL *s, const REAL *W, const REAL *S, const REAL *gK, REAL *dg, REAL *da,
+                                 REAL *ds, REAL *dW, REAL *d_log_a, REAL *d_b, REAL *dP, REAL *dB, REAL *dC,
+                                 REAL *d_log_dt, int64_t M, int64_t N2, int64_t even, int64_t H, int64_t threads,
+                                 REAL *scratch, int64_t per_thread) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t h = 0; h < H; h++) {
+        const uintptr_t at = (uintptr_t)(scratch + THREAD_NUM * per_thread), align = sizeof(VEC);
+        const REAL *gKh = gK + h * (M + even) * 2;
+        FN(cauchy_backward_)(gr + h * M, gi + h * M, cr, ci, a + h * N2, s + h * N2, W + h * N2 * SUMS,
+                             S + h * 2 * SUMS * M, gKh, dg + h * M * 2, da + h * N2, ds + h * N2, dW + h * N2 * SUMS,
+                             M, N2, 0, (VEC *)((at + align - 1) / align * align));
+        const REAL dt = FN(exp_)(log_dt[h]), last = even ? gKh[2 * M] : 0;
+        REAL d_dt = 0, sum_v0 = 0;
+        for (int64_t m = h * M; m < (h + 1) * M; m++) d_dt -= dg[2 * m] * gr[m] + dg[2 * m + 1] * gi[m];
+        for (int64_t n = 0, i = h * N2; n < N2; n++, i++) {
+            const REAL an = a[i], bn = b[i], *w1 = dW + i * SUMS, *w2 = w1 + 4, *p = P + 2 * i, *bb = B + 2 * i,
+                       *c = C + 2 * i;
+            REAL vr[4], vi[4], Gr[4], Gi[4], da_n = da[i] + 2 * an * ds[i], db_n = 2 * bn * ds[i];
+            FN(s4_numerators_)(p, bb, c, vr, vi);
+            sum_v0 += vr[0];
+            for (int j = 0; j < 4; j++) {
+                Gr[j] = 2 * (w1[j] + an * w2[j]);
+                Gi[j] = 2 * bn * w2[j];
+                da_n += 2 * vr[j] * w2[j];
+                db_n += 2 * vi[j] * w2[j];
+            }
+            Gr[0] += dt * last;
+            d_log_a[i] = da_n * an; /* a = -exp(log_a) */
+            d_b[i] = db_n;
+            dC[2 * i] = Gr[0] * bb[0] + Gi[0] * bb[1] + Gr[1] * p[0] + Gi[1] * p[1];
+            dC[2 * i + 1] = Gi[0] * bb[0] - Gr[0] * bb[1] + Gi[1] * p[0] - Gr[1] * p[1];
+            dB[2 * i] = Gr[0] * c[0] + Gi[0] * c[1] + Gr[2] * p[0] - Gi[2] * p[1];
+            dB[2 * i + 1] = Gi[0] * c[0] - Gr[0] * c[1] + Gr[2] * p[1] + Gi[2] * p[0];
+            dP[2 * i] = Gr[1] * c[0] + Gi[1] * c[1] + Gr[2] * bb[0] + Gi[2] * bb[1] + 2 * Gr[3] * p[0];
+            dP[2 * i + 1] = Gi[1] * c[0] - Gr[1] * c[1] + Gr[2] * bb[1] - Gi[2] * bb[0] + 2 * Gr[3] * p[1];
+        }
+        d_log_dt[h] = d_dt + dt * last * sum_v0;
+    }
+}
 #undef VEC
 #undef VL
