@@ -36,7 +36,7 @@ from .chunk import chunk_length, eos_chunk, kernel_for, matmul_operands
 from .chunk_matmul import SAFE_SPAN, factorised_segments
 from .fft import eos_fft
 from .native_scan import chunk_length as native_chunk_length
-from .native_scan import eos_native, native_unsupported, serial_reason
+from .native_scan import eos_native, native_chunk_unsupported, native_unsupported, serial_reason
 from .packed import Documents, add_states, packed_recurrent, reset_at_starts
 from .parallel import eos_parallel
 from .reference import eos_recurrent, eos_step_state
@@ -66,9 +66,18 @@ _DECAY_WORDS = {
 
 
 def _kernel_reason(p: EOSProblem) -> str:
-    """Why ``kernel_for`` picks its kernel for this problem."""
+    """Why ``kernel_for`` picks its kernel for this problem, and for the matmul kernel without a
+    decay whether its C form (``native_chunk``) runs it."""
     if kernel_for(p) == "matmul":
-        return f"matmul kernel: vector e/s and {_DECAY_WORDS[p.decay_kind]}"
+        reason = f"matmul kernel: vector e/s and {_DECAY_WORDS[p.decay_kind]}"
+        if p.decay_kind == "none":
+            why = native_chunk_unsupported(p)
+            reason += (
+                ", in C (native_chunk: each chunk's products on register tiles)"
+                if why is None
+                else f", in PyTorch (not the native chunk kernel: {why})"
+            )
+        return reason
     why = []
     if p.decay_kind == "full":
         why.append("a full K x D decay")

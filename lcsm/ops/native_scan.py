@@ -54,7 +54,12 @@ from ._inputs import EOSProblem, constant_result
 Tensor = torch.Tensor
 
 _SOURCE = Path(__file__).parent / "_native"
-_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11"]
+# -ffp-contract=fast: a * b + c as one fused multiply-add (one rounding, not two), which -std=c11
+# turns off by default; the products of the kernels' inner loops run at twice the rate with it.
+_FLAGS = [
+    *("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast"),
+    *("-fPIC", "-shared", "-std=c11"),
+]
 # -fopenmp: work items split among OpenMP threads; where the compiler cannot link OpenMP, the
 # kernel is built with -fopenmp-simd (its loops still vectorised) and runs on one thread.
 _THREADED, _SERIAL = "-fopenmp", "-fopenmp-simd"
@@ -136,11 +141,16 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, R, C, group, gate first, eps, work items, threads, scratch and its size per thread
         "rmsnorm_forward_all": [*[ptr] * 4, *[i64] * 4, f64, i64, i64, ptr, i64],
         "rmsnorm_backward_all": [*[ptr] * 7, *[i64] * 4, f64, i64, i64, ptr, i64],
+        # tensors, strides, H, T, K, D, C, work items, threads, scratch and its size per thread
+        "chunk_forward_all": [*[ptr] * 8, *[i64] * 5, i64, i64, ptr, i64],
+        "chunk_backward_all": [*[ptr] * 11, *[i64] * 5, i64, i64, ptr, i64],
     }
     for suffix in _SUFFIX.values():
         for name, argtypes in signatures.items():
             fn = getattr(lib, f"{name}_{suffix}")
             fn.argtypes, fn.restype = argtypes, None
+        fn = getattr(lib, f"chunk_scratch_{suffix}")  # C, K, D -> values of scratch per thread
+        fn.argtypes, fn.restype = [i64] * 3, i64
     return lib, None
 
 
@@ -187,6 +197,20 @@ def native_unsupported(p: EOSProblem) -> str | None:
             f"decay {p.decay_kind!r}: the kernel takes a full K x D decay, as one tensor or as a product "
             "a * b of which one operand is time-invariant (Mamba's Delta_t A)"
         )
+    return native_unavailable()
+
+
+def native_chunk_unsupported(p: EOSProblem) -> str | None:
+    """Why the native chunk kernel (``native_chunk``) cannot run this problem's matmul kernel, or
+    None when it does: it takes real float32 or float64 CPU tensors without a decay, eagerly."""
+    if p.decay_kind != "none":
+        return f"decay {p.decay_kind!r} (the native chunk kernel takes none)"
+    if p.i.device.type != "cpu":
+        return f"the tensors are on {p.i.device}"
+    if p.i.dtype not in _SUFFIX:
+        return f"compute dtype {p.i.dtype} (the kernel takes real float32 and float64)"
+    if torch.compiler.is_compiling():
+        return "traced by torch.compile"
     return native_unavailable()
 
 
@@ -469,6 +493,84 @@ def s4_kernel_backward(log_dt, b, P, B, C, kept: tuple[Tensor, ...], grad_K: Ten
     fn = _kernel("s4_kernel_backward_all", gr)
     _run(fn, H, (N2 * (W.shape[2] + 2) + 1) * lanes, gr, *(_ptr(t) for t in tensors), M, N2, int(even))
     return grads
+
+
+# The chunk form without a decay (lcsm/ops/chunk_matmul.py's matmul kernel, kind "none"; C source
+# _native/chunk.h): work items (batch row, head), the chunks in order.
+
+
+def _step_major(x: Tensor) -> Tensor:
+    """A [B, H, T, X] view the chunk kernel reads and whose layout its gradient takes: x itself when
+    its elements are distinct and each row of X contiguous (the caller's [B, T, H, X] layout, seen
+    head-major, or a contiguous [B, H, T, X]); otherwise (a broadcast, a strided slice) a copy laid
+    out as [B, T, H, X]."""
+    if x.stride(-1) == 1 and (x.is_contiguous() or x.transpose(1, 2).is_contiguous()):
+        return x
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _chunk_strides(*xs: Tensor) -> ctypes.Array:
+    """Each [B, H, T, X] view's batch, head and time strides, in order, for chunk.h."""
+    return _int64s([n for x in xs for n in x.stride()[:3]])
+
+
+def _chunk_scratch(C: int, K: int, D: int, x: Tensor) -> int:
+    """Values of scratch per thread the chunk kernel needs (its padded blocks; chunk.h)."""
+    return getattr(_loaded(), f"chunk_scratch_{_SUFFIX[x.dtype]}")(C, K, D)
+
+
+class _NativeChunk(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s: Tensor, e: Tensor, x: Tensor, m0: Tensor | None, C: int):
+        s, e, x = (_step_major(t) for t in (s, e, x))
+        (B, H, T, K), D = s.shape, x.shape[-1]
+        N = -(-T // C)
+        m0 = None if m0 is None else m0.to(x.dtype).contiguous()
+        y = torch.empty_like(x)
+        m_T, starts = x.new_empty(B, H, K, D), x.new_empty(B, H, N, K, D)
+        fn = _kernel("chunk_forward_all", x)
+        tensors = (s, e, x, m0, y, m_T, starts)
+        per_thread = _chunk_scratch(C, K, D, x)
+        _run(fn, B * H, per_thread, x, *(_ptr(t) for t in tensors), _chunk_strides(s, e, x, y), H, T, K, D, C)
+        ctx.save_for_backward(s, e, x, starts)
+        ctx.C, ctx.initial = C, m0 is not None
+        return y, m_T
+
+    @staticmethod
+    def backward(ctx, dy: Tensor | None, dm_T: Tensor | None):
+        s, e, x, starts = ctx.saved_tensors
+        (B, H, T, K), D = s.shape, x.shape[-1]
+        dy = torch.zeros_like(x) if dy is None else _step_major(dy.to(x.dtype))
+        dm_T = None if dm_T is None else dm_T.to(x.dtype).contiguous()
+        ds, de, dx = (torch.empty_like(t) for t in (s, e, x))
+        dm0 = x.new_empty(B, H, K, D)
+        fn = _kernel("chunk_backward_all", x)
+        tensors = (s, e, x, starts, dy, dm_T, ds, de, dx, dm0)
+        per_thread = _chunk_scratch(ctx.C, K, D, x)
+        strides = _chunk_strides(s, e, x, dy)
+        _run(fn, B * H, per_thread, x, *(_ptr(t) for t in tensors), strides, H, T, K, D, ctx.C)
+        return ds, de, dx, dm0 if ctx.initial else None, None
+
+
+def native_chunk(s: Tensor, e: Tensor, x: Tensor, m0: Tensor | None, chunk: int) -> tuple[Tensor, Tensor]:
+    """EOS without a decay by the chunk form in the native kernel, forward and backward
+    (``chunk_matmul``'s matmul kernel with kind "none", its twin): m_t = m_{t-1} + e_t x_t^T,
+    y_t = m_t^T s_t for s, e [B, H, T, K] and x [B, H, T, D] (views of the caller's [B, T, H, *]
+    tensors are read in place), m0 [B, H, K, D] or None (zeros), chunks of ``chunk`` steps; real
+    float32 or float64 on the CPU, one dtype. Returns (y [B, H, T, D] laid out as x, m_T [B, H, K,
+    D]). ``native_unavailable()`` must be None."""
+    B, H, T, K = s.shape if s.dim() == 4 else (-1, -1, -1, -1)
+    D = x.shape[-1] if x.dim() == 4 else -1
+    if e.shape != s.shape or x.shape != (B, H, T, D) or (m0 is not None and m0.shape != (B, H, K, D)):
+        raise ValueError(
+            f"native_chunk: expected s and e [B, H, T, K], x [B, H, T, D] and m0 [B, H, K, D] or None, got "
+            f"{list(s.shape)}, {list(e.shape)}, {list(x.shape)}, {None if m0 is None else list(m0.shape)}"
+        )
+    if not (s.dtype == e.dtype == x.dtype) or chunk < 1:
+        raise ValueError(
+            f"native_chunk: expected one dtype and chunk >= 1, got {s.dtype}, {e.dtype}, {x.dtype}, chunk {chunk}"
+        )
+    return _NativeChunk.apply(s, e, x, m0, chunk)
 
 
 # CES's time-invariant complex diagonal recurrence with a real readout (lcsm/layers/ces.py; C

@@ -1,7 +1,7 @@
 /* The kernels of scan.h (the selective scan), cauchy.h (S4's kernel spectrum), diag.h (CES's
  * diagonal recurrence) and blockdiag.h (mLSTM's block-diagonal projections)
  * readout.h (mLSTM's readout after its EOS call), conv.h (the short depthwise causal
- * convolutions) and rmsnorm.h (gated RMSNorms) for float (suffix f32)
+ * convolutions), rmsnorm.h (gated RMSNorms) and chunk.h (the chunk form without a decay) for float (suffix f32)
  * and double (f64). */
 #include <stdint.h>
 
@@ -28,6 +28,7 @@
 #include "readout.h"
 #include "conv.h"
 #include "rmsnorm.h"
+#include "chunk.h"
 #undef REAL
 #undef UINT
 #undef INT
@@ -63,3 +64,4 @@
 #include "readout.h"
 #include "conv.h"
 #include "rmsnorm.h"
+#include "chunk.h"
