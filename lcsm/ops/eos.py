@@ -66,14 +66,14 @@ _DECAY_WORDS = {
 
 
 def _kernel_reason(p: EOSProblem) -> str:
-    """Why ``kernel_for`` picks its kernel for this problem, and for the matmul kernel without a
-    decay whether its C form (``native_chunk``) runs it."""
+    """Why ``kernel_for`` picks its kernel for this problem, and for the matmul kernel with no or a
+    scalar decay whether its C form (``native_chunk``) runs it."""
     if kernel_for(p) == "matmul":
         reason = f"matmul kernel: vector e/s and {_DECAY_WORDS[p.decay_kind]}"
-        if p.decay_kind == "none":
+        if p.decay_kind in ("none", "scalar"):
             why = native_chunk_unsupported(p)
             reason += (
-                ", in C (native_chunk: each chunk's products on register tiles)"
+                ", in C (native_chunk: each chunk's products on register tiles, any decay's pairs in one form)"
                 if why is None
                 else f", in PyTorch (not the native chunk kernel: {why})"
             )
@@ -260,9 +260,11 @@ def explain(
     obviously correct forms.
     With ``cu_seqlens`` (packed sequences) the plan says how the documents are kept apart; fft
     is refused, and auto takes chunk where it would take fft. Without them, a plan of the matmul
-    kernel with a decay also says, from the decays' values, in how many of the kernel's segments
-    every chunk factorises through its start, the rest taking the slower form of strong decays
-    (a chunk whose decay falls below exp(-SAFE_SPAN); ``chunk_matmul.factorised_segments``).
+    kernel in PyTorch with a decay also says, from the decays' values, in how many of the kernel's
+    segments every chunk factorises through its start, the rest taking the slower form of strong
+    decays (a chunk whose decay falls below exp(-SAFE_SPAN); ``chunk_matmul.factorised_segments``);
+    its C form (no or a scalar decay on real CPU tensors, ``native_chunk``) takes any decay in one
+    form.
     """
     chunk_size = check_chunk_size(chunk_size)
     bounds = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens)
@@ -271,7 +273,7 @@ def explain(
     if bounds is not None:
         check_packed(bounds, p.B, p.T)
     plan = _plan(p, mode, chunk_size, n)
-    if plan.kernel == "matmul" and p.decay_kind != "none" and n is None:
+    if plan.kernel == "matmul" and p.decay_kind != "none" and n is None and native_chunk_unsupported(p) is not None:
         plan = Plan(plan.mode, plan.kernel, f"{plan.reason}; {_decay_form(p, chunk_size)}")
     return plan
 

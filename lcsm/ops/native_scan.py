@@ -142,8 +142,8 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         "rmsnorm_forward_all": [*[ptr] * 4, *[i64] * 4, f64, i64, i64, ptr, i64],
         "rmsnorm_backward_all": [*[ptr] * 7, *[i64] * 4, f64, i64, i64, ptr, i64],
         # tensors, strides, H, T, K, D, C, work items, threads, scratch and its size per thread
-        "chunk_forward_all": [*[ptr] * 8, *[i64] * 5, i64, i64, ptr, i64],
-        "chunk_backward_all": [*[ptr] * 11, *[i64] * 5, i64, i64, ptr, i64],
+        "chunk_forward_all": [*[ptr] * 10, *[i64] * 5, i64, i64, ptr, i64],
+        "chunk_backward_all": [*[ptr] * 14, *[i64] * 5, i64, i64, ptr, i64],
     }
     for suffix in _SUFFIX.values():
         for name, argtypes in signatures.items():
@@ -202,9 +202,10 @@ def native_unsupported(p: EOSProblem) -> str | None:
 
 def native_chunk_unsupported(p: EOSProblem) -> str | None:
     """Why the native chunk kernel (``native_chunk``) cannot run this problem's matmul kernel, or
-    None when it does: it takes real float32 or float64 CPU tensors without a decay, eagerly."""
-    if p.decay_kind != "none":
-        return f"decay {p.decay_kind!r} (the native chunk kernel takes none)"
+    None when it does: it takes real float32 or float64 CPU tensors without a decay or with a
+    scalar one, eagerly."""
+    if p.decay_kind not in ("none", "scalar"):
+        return f"decay {p.decay_kind!r} (the native chunk kernel takes none and scalar)"
     if p.i.device.type != "cpu":
         return f"the tensors are on {p.i.device}"
     if p.i.dtype not in _SUFFIX:
@@ -521,56 +522,70 @@ def _chunk_scratch(C: int, K: int, D: int, x: Tensor) -> int:
 
 class _NativeChunk(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s: Tensor, e: Tensor, x: Tensor, m0: Tensor | None, C: int):
+    def forward(ctx, s: Tensor, e: Tensor, x: Tensor, g: Tensor | None, m0: Tensor | None, C: int):
         s, e, x = (_step_major(t) for t in (s, e, x))
+        g = None if g is None else _step_major(g)
         (B, H, T, K), D = s.shape, x.shape[-1]
-        N = -(-T // C)
         m0 = None if m0 is None else m0.to(x.dtype).contiguous()
         y = torch.empty_like(x)
-        m_T, starts = x.new_empty(B, H, K, D), x.new_empty(B, H, N, K, D)
+        m_T, starts = x.new_empty(B, H, K, D), x.new_empty(B, H, -(-T // C), K, D)
+        m_strict = None if g is None else torch.empty_like(m_T)
         fn = _kernel("chunk_forward_all", x)
-        tensors = (s, e, x, m0, y, m_T, starts)
-        per_thread = _chunk_scratch(C, K, D, x)
-        _run(fn, B * H, per_thread, x, *(_ptr(t) for t in tensors), _chunk_strides(s, e, x, y), H, T, K, D, C)
-        ctx.save_for_backward(s, e, x, starts)
+        tensors = (s, e, x, g, m0, y, m_T, m_strict, starts)
+        strides = _chunk_strides(s, e, x, x if g is None else g, y)
+        _run(fn, B * H, _chunk_scratch(C, K, D, x), x, *(_ptr(t) for t in tensors), strides, H, T, K, D, C)
+        ctx.save_for_backward(s, e, x, g, m_strict, starts)
         ctx.C, ctx.initial = C, m0 is not None
         return y, m_T
 
     @staticmethod
     def backward(ctx, dy: Tensor | None, dm_T: Tensor | None):
-        s, e, x, starts = ctx.saved_tensors
+        s, e, x, g, m_strict, starts = ctx.saved_tensors
         (B, H, T, K), D = s.shape, x.shape[-1]
         dy = torch.zeros_like(x) if dy is None else _step_major(dy.to(x.dtype))
         dm_T = None if dm_T is None else dm_T.to(x.dtype).contiguous()
+        carry = None
+        if g is not None and dm_T is not None:  # the decay gradient's boundary term <dM, o_T m_{T-1}>
+            carry = (dm_T * m_strict).sum((-2, -1)).contiguous()
         ds, de, dx = (torch.empty_like(t) for t in (s, e, x))
+        dg = None if g is None else x.new_empty(g.shape)
         dm0 = x.new_empty(B, H, K, D)
         fn = _kernel("chunk_backward_all", x)
-        tensors = (s, e, x, starts, dy, dm_T, ds, de, dx, dm0)
-        per_thread = _chunk_scratch(ctx.C, K, D, x)
-        strides = _chunk_strides(s, e, x, dy)
-        _run(fn, B * H, per_thread, x, *(_ptr(t) for t in tensors), strides, H, T, K, D, ctx.C)
-        return ds, de, dx, dm0 if ctx.initial else None, None
+        tensors = (s, e, x, g, starts, dy, dm_T, carry, ds, de, dx, dg, dm0)
+        strides = _chunk_strides(s, e, x, *((x, dy, x) if g is None else (g, dy, dg)))
+        _run(fn, B * H, _chunk_scratch(ctx.C, K, D, x), x, *(_ptr(t) for t in tensors), strides, H, T, K, D, ctx.C)
+        return ds, de, dx, dg, dm0 if ctx.initial else None, None
 
 
-def native_chunk(s: Tensor, e: Tensor, x: Tensor, m0: Tensor | None, chunk: int) -> tuple[Tensor, Tensor]:
-    """EOS without a decay by the chunk form in the native kernel, forward and backward
-    (``chunk_matmul``'s matmul kernel with kind "none", its twin): m_t = m_{t-1} + e_t x_t^T,
-    y_t = m_t^T s_t for s, e [B, H, T, K] and x [B, H, T, D] (views of the caller's [B, T, H, *]
-    tensors are read in place), m0 [B, H, K, D] or None (zeros), chunks of ``chunk`` steps; real
-    float32 or float64 on the CPU, one dtype. Returns (y [B, H, T, D] laid out as x, m_T [B, H, K,
-    D]). ``native_unavailable()`` must be None."""
+def native_chunk(
+    s: Tensor, e: Tensor, x: Tensor, g: Tensor | None, m0: Tensor | None, chunk: int
+) -> tuple[Tensor, Tensor]:
+    """EOS by the chunk form in the native kernel, forward and backward, without a decay or with a
+    scalar one (``chunk_matmul``'s matmul kernel with kind "none" or "scalar", its twin):
+    m_t = exp(g_t) m_{t-1} + e_t x_t^T, y_t = m_t^T s_t for s, e [B, H, T, K], x [B, H, T, D] and
+    g [B, H, T, 1] or None (no decay; views of the caller's [B, T, H, *] tensors are read in place),
+    m0 [B, H, K, D] or None (zeros), chunks of ``chunk`` steps; real float32 or float64 on the CPU,
+    one dtype. The pairs' decays exp(Gam_t - Gam_j) are formed directly (at most 1), so any decay
+    takes one form; logs are taken as they are (the caller raises -inf to ``LOG_ZERO``). Returns
+    (y [B, H, T, D] laid out as x, m_T [B, H, K, D]). ``native_unavailable()`` must be None."""
     B, H, T, K = s.shape if s.dim() == 4 else (-1, -1, -1, -1)
     D = x.shape[-1] if x.dim() == 4 else -1
-    if e.shape != s.shape or x.shape != (B, H, T, D) or (m0 is not None and m0.shape != (B, H, K, D)):
+    if (
+        e.shape != s.shape
+        or x.shape != (B, H, T, D)
+        or (g is not None and g.shape != (B, H, T, 1))
+        or (m0 is not None and m0.shape != (B, H, K, D))
+    ):
+        got = [None if t is None else list(t.shape) for t in (s, e, x, g, m0)]
         raise ValueError(
-            f"native_chunk: expected s and e [B, H, T, K], x [B, H, T, D] and m0 [B, H, K, D] or None, got "
-            f"{list(s.shape)}, {list(e.shape)}, {list(x.shape)}, {None if m0 is None else list(m0.shape)}"
+            "native_chunk: expected s and e [B, H, T, K], x [B, H, T, D], g [B, H, T, 1] or None and m0 "
+            f"[B, H, K, D] or None, got {got}"
         )
-    if not (s.dtype == e.dtype == x.dtype) or chunk < 1:
-        raise ValueError(
-            f"native_chunk: expected one dtype and chunk >= 1, got {s.dtype}, {e.dtype}, {x.dtype}, chunk {chunk}"
-        )
-    return _NativeChunk.apply(s, e, x, m0, chunk)
+    dtypes = {t.dtype for t in (s, e, x, g) if t is not None}
+    if len(dtypes) > 1 or chunk < 1:
+        got = f"{', '.join(sorted(map(str, dtypes)))}, chunk {chunk}"
+        raise ValueError(f"native_chunk: expected one dtype and chunk >= 1, got {got}")
+    return _NativeChunk.apply(s, e, x, g, m0, chunk)
 
 
 # CES's time-invariant complex diagonal recurrence with a real readout (lcsm/layers/ces.py; C

@@ -5,6 +5,7 @@ values, so float32 results are judged against the exact answer, not against anot
 """
 
 import functools
+import importlib
 import math
 
 import pytest
@@ -661,9 +662,12 @@ def test_explain_rules():
 def test_explain_says_which_decays_take_the_strong_form(tail, strong_form, monkeypatch):
     """explain's account of the matmul kernel's data-dependent choice is the one the kernel makes:
     a chunk of 16 steps of log decays near -3 spans beyond SAFE_SPAN (the strong decays' form),
-    chunks of 4 steps do not; T 200 makes one segment."""
+    chunks of 4 steps do not; T 200 makes one segment. The PyTorch form's choice: the scalar decay
+    is taken from the native kernel (tests/ops/test_native_chunk.py), which has no such choice."""
     from lcsm.ops import chunk_matmul
 
+    for module in ("lcsm.ops.chunk", "lcsm.ops.eos"):  # modules (lcsm.ops.eos names the function)
+        monkeypatch.setattr(importlib.import_module(module), "native_chunk_unsupported", lambda p: "off")
     g = torch.Generator().manual_seed(0)
     i, e, s = (torch.randn(1, 200, 2, 4, generator=g) for _ in range(3))
     log_o = -3 * torch.rand(1, 200, 2, *tail, generator=g)

@@ -1,33 +1,38 @@
-"""The chunk form without a decay in C (``lcsm.ops.native_scan.native_chunk``, source
+"""The chunk form with no or a scalar decay in C (``lcsm.ops.native_scan.native_chunk``, source
 lcsm/ops/_native/chunk.h) against its twin, the PyTorch matmul kernel (``ChunkMatmulFunction``
-with kind "none"), and the recurrence written out, in float64: the output, the final state and the
-gradients of s, e, x and the initial state under random cotangents, in float64 and float32, at
-lengths the chunks do not divide, widths that are not whole vectors, with and without an initial
-state and a final-state cotangent, on the caller's [B, T, H, *] layout, a contiguous one and
-broadcast operands; eos's dispatch to it; its refusals."""
+with kind "none" or "scalar"), and the recurrence written out, in float64: the output, the final
+state and the gradients of s, e, x, the log decay and the initial state under random cotangents,
+in float64 and float32, at lengths the chunks do not divide, widths that are not whole vectors,
+moderate and strong decays and decays of exactly 0 (log -inf, raised to LOG_ZERO as eos does),
+with and without an initial state and a final-state cotangent, on the caller's [B, T, H, *]
+layout, a contiguous one and broadcast operands; eos's dispatch to it; its refusals."""
 
 import pytest
 import torch
 
 from lcsm.ops import eos, explain
 from lcsm.ops import native_scan as native
+from lcsm.ops._inputs import finite_log
 from lcsm.ops.chunk_matmul import ChunkMatmulFunction
 from lcsm.testing import assert_close, gradients
 
 
-def recurrence(s, e, x, m0):
-    """m_t = m_{t-1} + e_t x_t^T, y_t = m_t^T s_t, step by step: s, e [B, H, T, K], x [B, H, T, D]."""
+def recurrence(s, e, x, g, m0):
+    """m_t = exp(g_t) m_{t-1} + e_t x_t^T, y_t = m_t^T s_t, step by step: s, e [B, H, T, K], x [B, H,
+    T, D], g [B, H, T, 1] or None."""
     B, H, T, K = s.shape
     m = m0 if m0 is not None else s.new_zeros(B, H, K, x.shape[-1])
     ys = []
     for t in range(T):
+        if g is not None:
+            m = g[:, :, t, :, None].exp() * m
         m = m + e[:, :, t, :, None] * x[:, :, t, None, :]
         ys.append((s[:, :, t, :, None] * m).sum(-2))
     return torch.stack(ys, 2), m
 
 
-def twin(s, e, x, m0, chunk):
-    return ChunkMatmulFunction.apply(s, e, x, None, m0, "none", chunk)
+def twin(s, e, x, g, m0, chunk):
+    return ChunkMatmulFunction.apply(s, e, x, g, m0, "none" if g is None else "scalar", chunk)
 
 
 def run(form, leaves: dict, chunk: int, final_cotangent: bool, layout: str):
@@ -35,25 +40,37 @@ def run(form, leaves: dict, chunk: int, final_cotangent: bool, layout: str):
     as views of [B, T, H, *] tensors ("caller"), as contiguous [B, H, T, *] ("contiguous") or e
     broadcast over time and the batch ("broadcast")."""
     leaves = {k: v.detach().clone().requires_grad_() for k, v in leaves.items()}
-    s, e, x = (leaves[n] for n in "sex")
+    s, e, x, g = (leaves.get(n) for n in ("s", "e", "x", "g"))
     if layout == "caller":
         s, e, x = (t.transpose(1, 2) for t in (s, e, x))
+        g = None if g is None else g.transpose(1, 2)
     elif layout == "broadcast":
         e = e.expand(s.shape)
-    args = (s, e, x, leaves.get("m0"))
+        g = None if g is None else g.expand(*s.shape[:3], 1)
+    g = None if g is None else finite_log(g)
+    args = (s, e, x, g, leaves.get("m0"))
     y, m_T = recurrence(*args) if form is recurrence else form(*args, chunk)
     outputs = {"y": y, "m_T": m_T} if final_cotangent else {"y": y}
     return gradients(outputs, leaves)
 
 
-def make(B, T, H, K, D, layout, initial, seed=0):
-    g = torch.Generator().manual_seed(seed)
+def make(B, T, H, K, D, layout, initial, decay=None, seed=0):
+    """Inputs; decay: None, or the largest per-step log decay's size ("zeros": a few steps' logs at
+    -inf, decays of exactly 0)."""
+    gen = torch.Generator().manual_seed(seed)
     shape = (lambda X: (B, T, H, X)) if layout == "caller" else (lambda X: (B, H, T, X))
-    leaves = {"s": torch.randn(*shape(K), generator=g, dtype=torch.float64)}
-    leaves["e"] = torch.randn(*(shape(K) if layout != "broadcast" else (1, H, 1, K)), generator=g, dtype=torch.float64)
-    leaves["x"] = torch.randn(*shape(D), generator=g, dtype=torch.float64)
+    leaves = {"s": torch.randn(*shape(K), generator=gen, dtype=torch.float64)}
+    broadcast = layout == "broadcast"
+    leaves["e"] = torch.randn(*(shape(K) if not broadcast else (1, H, 1, K)), generator=gen, dtype=torch.float64)
+    leaves["x"] = torch.randn(*shape(D), generator=gen, dtype=torch.float64)
+    if decay is not None:
+        g = -torch.rand(*(shape(1) if not broadcast else (B, H, T, 1)), generator=gen, dtype=torch.float64)
+        g = g * (1.0 if decay == "zeros" else decay)
+        if decay == "zeros":
+            g.view(-1)[:: max(1, g.numel() // 3)] = -torch.inf
+        leaves["g"] = g
     if initial:
-        leaves["m0"] = torch.randn(B, H, K, D, generator=g, dtype=torch.float64)
+        leaves["m0"] = torch.randn(B, H, K, D, generator=gen, dtype=torch.float64)
     return leaves
 
 
@@ -69,30 +86,40 @@ def skip_without_kernel():
 )
 @pytest.mark.parametrize("layout", ["caller", "contiguous", "broadcast"])
 @pytest.mark.parametrize("initial,final_cotangent", [(True, True), (False, False), (True, False)])
-def test_native_chunk_equals_its_twin_and_the_recurrence(B, T, H, K, D, chunk, layout, initial, final_cotangent, dtype):
+@pytest.mark.parametrize("decay", [None, 0.05, 4.0, "zeros"])
+def test_native_chunk_equals_its_twin_and_the_recurrence(
+    B, T, H, K, D, chunk, layout, initial, final_cotangent, decay, dtype
+):
+    """Decays: none, moderate (logs down to -0.05 a step), strong (-4 a step: a chunk of 64 spans
+    e^-256, which the PyTorch form takes by sub-chunks) and some exactly 0."""
     skip_without_kernel()
-    leaves = make(B, T, H, K, D, layout, initial, seed=T + K)
+    leaves = make(B, T, H, K, D, layout, initial, decay, seed=T + K)
     exact = run(recurrence, leaves, chunk, final_cotangent, layout)
-    context = f"B{B} T{T} H{H} K{K} D{D} chunk {chunk} {layout} initial {initial} dM {final_cotangent} {dtype}"
+    context = f"B{B} T{T} H{H} K{K} D{D} chunk {chunk} {layout} decay {decay} initial {initial} dM {final_cotangent}"
     assert_close(run(twin, leaves, chunk, final_cotangent, layout), exact, dtype=torch.float64, context=context)
     low = {k: v.to(dtype) for k, v in leaves.items()}
     assert_close(run(native.native_chunk, low, chunk, final_cotangent, layout), exact, dtype=dtype, context=context)
 
 
-def test_native_chunk_gradcheck():
+@pytest.mark.parametrize("decay", [None, 0.5])
+def test_native_chunk_gradcheck(decay):
     skip_without_kernel()
-    leaves = make(1, 11, 2, 3, 4, "caller", True, seed=3)
+    leaves = make(1, 11, 2, 3, 4, "caller", True, decay, seed=3)
+    names = list(leaves)
     args = tuple(v.requires_grad_() for v in leaves.values())
 
-    def fn(s, e, x, m0):
-        return native.native_chunk(s.transpose(1, 2), e.transpose(1, 2), x.transpose(1, 2), m0, 4)
+    def fn(*tensors):
+        t = dict(zip(names, tensors, strict=True))
+        g = None if decay is None else t["g"].transpose(1, 2)
+        s, e, x = (t[n].transpose(1, 2) for n in ("s", "e", "x"))
+        return native.native_chunk(s, e, x, g, t["m0"], 4)
 
     assert torch.autograd.gradcheck(fn, args)
 
 
 def test_eos_takes_the_native_chunk_kernel_without_a_decay(monkeypatch):
-    """mode chunk (and auto) without a decay on real CPU tensors run native_chunk, and explain says
-    so; with a decay, complex or traced they do not."""
+    """mode chunk (and auto) with no or a scalar decay on real CPU tensors run native_chunk, and
+    explain says so; with a row decay, or complex, they do not."""
     skip_without_kernel()
     calls = []
     kernel = native.native_chunk
@@ -103,24 +130,33 @@ def test_eos_takes_the_native_chunk_kernel_without_a_decay(monkeypatch):
     want, _ = eos(x, x, x, mode="recurrent")
     assert_close({"y": y}, {"y": want}, dtype=torch.float64)
     assert "in C (native_chunk" in explain(x, x, x).reason
-    decay = -torch.rand(1, 50, 2, 1, 1, dtype=torch.float64)
-    assert "native_chunk" not in explain(x, x, x, decay, mode="chunk").reason
-    eos(x, x, x, decay, mode="chunk")
-    assert len(calls) == 1
+    scalar = -torch.rand(1, 50, 2, 1, 1, dtype=torch.float64)
+    assert "in C (native_chunk" in explain(x, x, x, scalar, mode="chunk").reason
+    y, _ = eos(x, x, x, scalar, mode="chunk", chunk_size=16)
+    assert len(calls) == 2
+    want, _ = eos(x, x, x, scalar, mode="recurrent")
+    assert_close({"y": y}, {"y": want}, dtype=torch.float64)
+    strong = explain(x, x, x, 8 * scalar, mode="chunk", chunk_size=64).reason
+    assert "in C (native_chunk" in strong and "strong decays" not in strong, strong
+    row = -torch.rand(1, 50, 2, 8, 1, dtype=torch.float64)
+    assert "native_chunk" not in explain(x, x, x, row, mode="chunk").reason
+    eos(x, x, x, row, mode="chunk")
+    assert len(calls) == 2
     z = x.to(torch.complex128)
     assert "not the native chunk kernel: compute dtype torch.complex128" in explain(z, z, z, mode="chunk").reason
 
 
 def test_native_chunk_refuses_what_it_cannot_take():
     skip_without_kernel()
-    s = torch.zeros(1, 2, 5, 3)
-    with pytest.raises(
-        ValueError, match=r"native_chunk: expected s and e \[B, H, T, K\].*got \[1, 2, 5, 3\], \[1, 2, 4, 3\]"
-    ):
-        native.native_chunk(s, torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 5, 4), None, 4)
-    with pytest.raises(ValueError, match=r"m0 \[B, H, K, D\].*\[1, 2, 4, 3\]"):
-        native.native_chunk(s, s, torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 4, 3), 4)
+    s, x = torch.zeros(1, 2, 5, 3), torch.zeros(1, 2, 5, 4)
+    got = r"got \[\[1, 2, 5, 3\], \[1, 2, 4, 3\]"
+    with pytest.raises(ValueError, match=r"native_chunk: expected s and e \[B, H, T, K\].*" + got):
+        native.native_chunk(s, torch.zeros(1, 2, 4, 3), x, None, None, 4)
+    with pytest.raises(ValueError, match=r"g \[B, H, T, 1\] or None.*\[1, 2, 5, 3\], None\]"):
+        native.native_chunk(s, s, x, s, None, 4)
+    with pytest.raises(ValueError, match=r"m0 \[B, H, K, D\].*\[1, 2, 4, 3\]\]"):
+        native.native_chunk(s, s, x, None, torch.zeros(1, 2, 4, 3), 4)
     with pytest.raises(ValueError, match="one dtype and chunk >= 1, got torch.float32, torch.float64"):
-        native.native_chunk(s, s.double(), torch.zeros(1, 2, 5, 4), None, 4)
+        native.native_chunk(s, s.double(), x, None, None, 4)
     with pytest.raises(ValueError, match="float32 or float64 CPU tensors, got torch.float16"):
-        native.native_chunk(s.half(), s.half(), torch.zeros(1, 2, 5, 4).half(), None, 4)
+        native.native_chunk(s.half(), s.half(), x.half(), None, None, 4)
