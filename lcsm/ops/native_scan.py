@@ -463,7 +463,7 @@ def cauchy_backward(gr, gi, cr, ci, a, s, W, S, grad_K: Tensor) -> tuple[Tensor,
 
 
 def s4_kernel_forward(log_a, b, P, B, C, log_dt, r, c, even: bool) -> tuple[Tensor, tuple[Tensor, ...]]:
-    """S4's kernel spectrum from its parameters (lcsm/layers/s4.py, ``_NativeKernelSpectrum``):
+    """S4's kernel spectrum from its parameters (``native_s4_kernel``'s forward):
     ``cauchy_forward`` with its operands formed per row in C, g = (2 / dt) r, a = Re lam, s = |lam|^2,
     W = 2 [Re v, Re v a + Im v b], v = [C B, C P, conj(P) B, |P|^2]: log_a, b [H, N2] (lam =
     -exp(log_a) + i b), P, B, C [H, N2, 2] (real and imaginary parts), log_dt [H], all real of one
@@ -496,8 +496,8 @@ def s4_kernel_backward(log_dt, b, P, B, C, kept: tuple[Tensor, ...], grad_K: Ten
     return grads
 
 
-# The chunk form without a decay (lcsm/ops/chunk_matmul.py's matmul kernel, kind "none"; C source
-# _native/chunk.h): work items (batch row, head), the chunks in order.
+# The chunk form with no or a scalar decay (lcsm/ops/chunk_matmul.py's matmul kernel, kinds "none"
+# and "scalar"; C source _native/chunk.h): work items (batch row, head), the chunks in order.
 
 
 def _step_major(x: Tensor) -> Tensor:

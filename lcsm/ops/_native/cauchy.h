@@ -208,10 +208,11 @@ void FN(cauchy_backward_all_)(const REAL *gr, const REAL *gi, const REAL *cr, co
     }
 }
 
-/* S4's kernel spectrum from its parameters (lcsm/layers/s4.py, _NativeKernelSpectrum): the operands
- * above formed per row from log_a, b [H, N2] (lam = -exp(log_a) + i b), P, B, C [H, N2, 2] (real and
- * imaginary parts; C is C~), log_dt [H] and the roots' r = (1 - z) / (1 + z) (rr, ri [M]), with the
- * gradients of those parameters, so that none of the small [H, N2] operations runs in PyTorch. */
+/* S4's kernel spectrum from its parameters (lcsm.ops.native_s4_kernel, for lcsm/layers/s4.py):
+ * the operands above formed per row from log_a, b [H, N2] (lam = -exp(log_a) + i b), P, B, C
+ * [H, N2, 2] (real and imaginary parts; C is C~), log_dt [H] and the roots' r = (1 - z) / (1 + z)
+ * (rr, ri [M]), with the gradients of those parameters, so that none of the small [H, N2]
+ * operations runs in PyTorch. */
 
 /* v = [C B, C P, conj(P) B, |P|^2] at one pole: real parts vr, imaginary vi */
 static inline void FN(s4_numerators_)(const REAL *p, const REAL *b, const REAL *c, REAL *vr, REAL *vi) {
