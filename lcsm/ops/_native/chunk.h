@@ -22,12 +22,15 @@
  * cancel in it exactly (chunk_matmul.py's ChunkMatmulFunction says why), the sequence's last e . de
  * left out, from the carry <dM, o_T m_{T-1}> that the caller forms from the kept m_strict
  * (o_T m_{T-1}, computed directly; chunk_matmul.py's _final_memory_strict). The chunk-start
- * memories S are kept by the forward for the backward ([B, H, N, K, D]). A chunk's operands are copied into per-thread scratch, zero-padded
- * to whole vectors in C, K and D, so that every product is a `gemm_` of whole tiles: 4 rows by up
- * to 4 vectors of accumulators in registers over the inner dimension, the left operand read a
- * scalar at a time in either orientation (s or s^T without a copy), the right one a row of vectors.
- * The tensors are read and written through their strides ([B, H, T, X] views whose last stride is
- * 1: the caller's [B, T, H, X] layout, or a broadcast one). Included by scan.c once per type. */
+ * memories S are kept by the forward for the backward ([B, H, N, K, D]).
+ *
+ * A chunk's operands are copied into per-thread scratch, zero-padded to whole vectors in C, K and
+ * D, so that every product is a `gemm_` of whole tiles: 4 rows by up to 4 vectors of accumulators
+ * in registers over the inner dimension, the left operand read a scalar at a time in either
+ * orientation (s or s^T without a copy), the right one a row of vectors. The tensors are read and
+ * written through their strides ([B, H, T, X] views whose last stride is 1: the caller's
+ * [B, T, H, X] layout or a contiguous one; native_scan.py copies any other). Included by scan.c
+ * once per type. */
 
 #define CVEC FN(chunk_vec_)
 #define CVL ((int64_t)(64 / sizeof(REAL)))
