@@ -2,7 +2,8 @@
 
 Two kernels, chosen by the structure of the problem (``kernel_for``): ``matmul``
 (``chunk_matmul``) for K-vector e and s with a decay that is none, scalar, row, column or
-separable (with none or a scalar one, on real CPU tensors, its form in C: ``native_scan.native_chunk``);
+separable (with none, a scalar, a row or a column one, on real CPU tensors, its form in C:
+``native_scan.native_chunk``);
 ``elementwise`` (``chunk_scan``) for everything else. ``eos_chunk`` maps the canonical problem's
 tensors onto each kernel's arguments, here and nowhere else (``matmul_operands`` also serves the
 Triton kernels, ``triton_chunk``, which take the matmul kernel's arguments).
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ._inputs import EOSProblem, finite_log
+from ._inputs import EOSProblem
 from .chunk_matmul import ChunkMatmulFunction, chunk_matmul
 from .chunk_scan import ChunkElementwiseFunction, traced_elementwise
 from .native_scan import native_chunk, native_chunk_unsupported
@@ -73,9 +74,9 @@ def eos_chunk(p: EOSProblem, chunk_size: int, backward: str = "custom") -> tuple
     if kernel_for(p) == "matmul":
         s, e, i, g, kind = matmul_operands(p)
         if backward == "custom":
-            if native_chunk_unsupported(p) is None:  # no or a scalar decay, real, on the CPU: the C kernel
-                g = None if g is None else finite_log(g, i.dtype).to(i.dtype)
-                return native_chunk(s, e, i, g, p.m0, C)
+            if native_chunk_unsupported(p) is None:  # real, on the CPU, not separable: the C kernel
+                g = None if g is None else g.to(i.dtype)  # the kernel raises -inf to LOG_ZERO itself
+                return native_chunk(s, e, i, g, p.m0, C, kind)
             return ChunkMatmulFunction.apply(s, e, i, g, p.m0, kind, C)
         return chunk_matmul(s, e, i, g, kind, p.m0, C)
     if backward != "custom":

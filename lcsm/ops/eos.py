@@ -66,18 +66,16 @@ _DECAY_WORDS = {
 
 
 def _kernel_reason(p: EOSProblem) -> str:
-    """Why ``kernel_for`` picks its kernel for this problem, and for the matmul kernel with no or a
-    scalar decay whether its C form (``native_chunk``) runs it."""
+    """Why ``kernel_for`` picks its kernel for this problem, and for the matmul kernel whether its C
+    form (``native_chunk``) runs it."""
     if kernel_for(p) == "matmul":
         reason = f"matmul kernel: vector e/s and {_DECAY_WORDS[p.decay_kind]}"
-        if p.decay_kind in ("none", "scalar"):
-            why = native_chunk_unsupported(p)
-            reason += (
-                ", in C (native_chunk: each chunk's products on register tiles, any decay's pairs in one form)"
-                if why is None
-                else f", in PyTorch (not the native chunk kernel: {why})"
-            )
-        return reason
+        why = native_chunk_unsupported(p)
+        return reason + (
+            ", in C (native_chunk: each chunk's products on register tiles, a decay of any strength in one form)"
+            if why is None
+            else f", in PyTorch (not the native chunk kernel: {why})"
+        )
     why = []
     if p.decay_kind == "full":
         why.append("a full K x D decay")

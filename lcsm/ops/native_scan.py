@@ -144,6 +144,9 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, strides, H, T, K, D, C, work items, threads, scratch and its size per thread
         "chunk_forward_all": [*[ptr] * 10, *[i64] * 5, i64, i64, ptr, i64],
         "chunk_backward_all": [*[ptr] * 14, *[i64] * 5, i64, i64, ptr, i64],
+        # tensors, strides, H, T, K, D, C, column decay, work items, threads, scratch and its size per thread
+        "chunk_vec_forward_all": [*[ptr] * 11, *[i64] * 6, i64, i64, ptr, i64],
+        "chunk_vec_backward_all": [*[ptr] * 15, *[i64] * 6, i64, i64, ptr, i64],
     }
     for suffix in _SUFFIX.values():
         for name, argtypes in signatures.items():
@@ -151,6 +154,8 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
             fn.argtypes, fn.restype = argtypes, None
         fn = getattr(lib, f"chunk_scratch_{suffix}")  # C, K, D -> values of scratch per thread
         fn.argtypes, fn.restype = [i64] * 3, i64
+        fn = getattr(lib, f"chunk_vec_scratch_{suffix}")  # C, K, D, decay width -> the same
+        fn.argtypes, fn.restype = [i64] * 4, i64
     return lib, None
 
 
@@ -203,9 +208,9 @@ def native_unsupported(p: EOSProblem) -> str | None:
 def native_chunk_unsupported(p: EOSProblem) -> str | None:
     """Why the native chunk kernel (``native_chunk``) cannot run this problem's matmul kernel, or
     None when it does: it takes real float32 or float64 CPU tensors without a decay or with a
-    scalar one, eagerly."""
-    if p.decay_kind not in ("none", "scalar"):
-        return f"decay {p.decay_kind!r} (the native chunk kernel takes none and scalar)"
+    scalar, row or column one, eagerly."""
+    if p.decay_kind not in KINDS:
+        return f"decay {p.decay_kind!r} (the native chunk kernel takes {', '.join(KINDS)})"
     if p.i.device.type != "cpu":
         return f"the tensors are on {p.i.device}"
     if p.i.dtype not in _SUFFIX:
@@ -496,8 +501,11 @@ def s4_kernel_backward(log_dt, b, P, B, C, kept: tuple[Tensor, ...], grad_K: Ten
     return grads
 
 
-# The chunk form with no or a scalar decay (lcsm/ops/chunk_matmul.py's matmul kernel, kinds "none"
-# and "scalar"; C source _native/chunk.h): work items (batch row, head), the chunks in order.
+# The chunk form with no, a scalar, a row or a column decay (lcsm/ops/chunk_matmul.py's matmul
+# kernel, kinds "none", "scalar", "row" and "col"; C source _native/chunk.h): work items (batch
+# row, head), the chunks in order.
+
+KINDS = ("none", "scalar", "row", "col")
 
 
 def _step_major(x: Tensor) -> Tensor:
@@ -515,14 +523,17 @@ def _chunk_strides(*xs: Tensor) -> ctypes.Array:
     return _int64s([n for x in xs for n in x.stride()[:3]])
 
 
-def _chunk_scratch(C: int, K: int, D: int, x: Tensor) -> int:
+def _chunk_scratch(C: int, K: int, D: int, x: Tensor, kind: str) -> int:
     """Values of scratch per thread the chunk kernel needs (its padded blocks; chunk.h)."""
-    return getattr(_loaded(), f"chunk_scratch_{_SUFFIX[x.dtype]}")(C, K, D)
+    lib, suffix = _loaded(), _SUFFIX[x.dtype]
+    if kind in ("row", "col"):
+        return getattr(lib, f"chunk_vec_scratch_{suffix}")(C, K, D, K if kind == "row" else D)
+    return getattr(lib, f"chunk_scratch_{suffix}")(C, K, D)
 
 
 class _NativeChunk(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s: Tensor, e: Tensor, x: Tensor, g: Tensor | None, m0: Tensor | None, C: int):
+    def forward(ctx, s: Tensor, e: Tensor, x: Tensor, g: Tensor | None, m0: Tensor | None, C: int, kind: str):
         s, e, x = (_step_major(t) for t in (s, e, x))
         g = None if g is None else _step_major(g)
         (B, H, T, K), D = s.shape, x.shape[-1]
@@ -530,62 +541,89 @@ class _NativeChunk(torch.autograd.Function):
         y = torch.empty_like(x)
         m_T, starts = x.new_empty(B, H, K, D), x.new_empty(B, H, -(-T // C), K, D)
         m_strict = None if g is None else torch.empty_like(m_T)
-        fn = _kernel("chunk_forward_all", x)
-        tensors = (s, e, x, g, m0, y, m_T, m_strict, starts)
+        # a column decay's gradient reads y without each step's own term (its dy * y term), which the
+        # forward writes beside y
+        y_strict = torch.empty_like(y) if kind == "col" else None
+        if kind in ("row", "col"):
+            fn = _kernel("chunk_vec_forward_all", x)
+            tensors = (s, e, x, g, m0, y, y_strict, m_T, m_strict, starts)
+            sizes = (H, T, K, D, C, int(kind == "col"))
+        else:
+            fn = _kernel("chunk_forward_all", x)
+            tensors = (s, e, x, g, m0, y, m_T, m_strict, starts)
+            sizes = (H, T, K, D, C)
         strides = _chunk_strides(s, e, x, x if g is None else g, y)
-        _run(fn, B * H, _chunk_scratch(C, K, D, x), x, *(_ptr(t) for t in tensors), strides, H, T, K, D, C)
-        ctx.save_for_backward(s, e, x, g, m_strict, starts)
-        ctx.C, ctx.initial = C, m0 is not None
+        _run(fn, B * H, _chunk_scratch(C, K, D, x, kind), x, *(_ptr(t) for t in tensors), strides, *sizes)
+        ctx.save_for_backward(s, e, x, g, m_strict, starts, y_strict)
+        ctx.C, ctx.initial, ctx.kind = C, m0 is not None, kind
         return y, m_T
 
     @staticmethod
     def backward(ctx, dy: Tensor | None, dm_T: Tensor | None):
-        s, e, x, g, m_strict, starts = ctx.saved_tensors
+        s, e, x, g, m_strict, starts, y_strict = ctx.saved_tensors
         (B, H, T, K), D = s.shape, x.shape[-1]
+        kind, vector = ctx.kind, ctx.kind in ("row", "col")
         dy = torch.zeros_like(x) if dy is None else _step_major(dy.to(x.dtype))
         dm_T = None if dm_T is None else dm_T.to(x.dtype).contiguous()
         carry = None
         if g is not None and dm_T is not None:  # the decay gradient's boundary term <dM, o_T m_{T-1}>
-            carry = (dm_T * m_strict).sum((-2, -1)).contiguous()
+            over = {"scalar": (-2, -1), "row": -1, "col": -2}[kind]  # summed over what the decay shares
+            carry = (dm_T * m_strict).sum(over).contiguous()
         ds, de, dx = (torch.empty_like(t) for t in (s, e, x))
-        dg = None if g is None else x.new_empty(g.shape)
         dm0 = x.new_empty(B, H, K, D)
-        fn = _kernel("chunk_backward_all", x)
-        tensors = (s, e, x, g, starts, dy, dm_T, carry, ds, de, dx, dg, dm0)
-        strides = _chunk_strides(s, e, x, *((x, dy, x) if g is None else (g, dy, dg)))
-        _run(fn, B * H, _chunk_scratch(ctx.C, K, D, x), x, *(_ptr(t) for t in tensors), strides, H, T, K, D, ctx.C)
-        return ds, de, dx, dg, dm0 if ctx.initial else None, None
+        if vector:
+            dg = torch.empty_like(g)  # laid out as g (the kernel writes it through g's strides)
+            fn = _kernel("chunk_vec_backward_all", x)
+            tensors = (s, e, x, g, y_strict, starts, dy, dm_T, carry, ds, de, dx, dg, dm0)
+            strides = _chunk_strides(s, e, x, g, dy, x if y_strict is None else y_strict)
+            sizes = (H, T, K, D, ctx.C, int(kind == "col"))
+        else:
+            dg = None if g is None else x.new_empty(g.shape)
+            fn = _kernel("chunk_backward_all", x)
+            tensors = (s, e, x, g, starts, dy, dm_T, carry, ds, de, dx, dg, dm0)
+            strides = _chunk_strides(s, e, x, *((x, dy, x) if g is None else (g, dy, dg)))
+            sizes = (H, T, K, D, ctx.C)
+        _run(fn, B * H, _chunk_scratch(ctx.C, K, D, x, kind), x, *(_ptr(t) for t in tensors), strides, *sizes)
+        return ds, de, dx, dg, dm0 if ctx.initial else None, None, None
 
 
 def native_chunk(
-    s: Tensor, e: Tensor, x: Tensor, g: Tensor | None, m0: Tensor | None, chunk: int
+    s: Tensor, e: Tensor, x: Tensor, g: Tensor | None, m0: Tensor | None, chunk: int, kind: str | None = None
 ) -> tuple[Tensor, Tensor]:
-    """EOS by the chunk form in the native kernel, forward and backward, without a decay or with a
-    scalar one (``chunk_matmul``'s matmul kernel with kind "none" or "scalar", its twin):
-    m_t = exp(g_t) m_{t-1} + e_t x_t^T, y_t = m_t^T s_t for s, e [B, H, T, K], x [B, H, T, D] and
-    g [B, H, T, 1] or None (no decay; views of the caller's [B, T, H, *] tensors are read in place),
-    m0 [B, H, K, D] or None (zeros), chunks of ``chunk`` steps; real float32 or float64 on the CPU,
-    one dtype. The pairs' decays exp(Gam_t - Gam_j) are formed directly (at most 1), so any decay
-    takes one form; logs are taken as they are (the caller raises -inf to ``LOG_ZERO``). Returns
-    (y [B, H, T, D] laid out as x, m_T [B, H, K, D]). ``native_unavailable()`` must be None."""
+    """EOS by the chunk form in the native kernel, forward and backward (``chunk_matmul``'s matmul
+    kernel, its twin): m_t = o_t * m_{t-1} + e_t x_t^T, y_t = m_t^T s_t for s, e [B, H, T, K] and x
+    [B, H, T, D] (views of the caller's [B, T, H, *] tensors are read in place), the log decay g =
+    log o by ``kind``: "none" (g None), "scalar" (g [B, H, T, 1]), "row" (g [B, H, T, K]: o_t scales
+    the memory's rows, GLA's) or "col" (g [B, H, T, D]: its columns); None takes "none" or "scalar"
+    by g. m0 [B, H, K, D] or None (zeros), chunks of ``chunk`` steps; real float32 or float64 on the
+    CPU, one dtype. Any decay takes the kernel's one form, however strong (chunk.h says how); a log
+    below ``LOG_ZERO`` (-inf: a decay of exactly 0) is read as it, with a gradient of 0, as
+    ``finite_log`` does. Returns (y [B, H, T, D] laid out
+    as x, m_T [B, H, K, D]). ``native_unavailable()`` must be None."""
+    kind = kind if kind is not None else "none" if g is None else "scalar"
+    if kind not in KINDS:
+        raise ValueError(f"native_chunk: kind expected one of {', '.join(KINDS)} or None, got {kind!r}")
     B, H, T, K = s.shape if s.dim() == 4 else (-1, -1, -1, -1)
     D = x.shape[-1] if x.dim() == 4 else -1
+    width = {"scalar": 1, "row": K, "col": D}.get(kind)
     if (
         e.shape != s.shape
         or x.shape != (B, H, T, D)
-        or (g is not None and g.shape != (B, H, T, 1))
+        or (g is None) != (kind == "none")
+        or (g is not None and g.shape != (B, H, T, width))
         or (m0 is not None and m0.shape != (B, H, K, D))
     ):
         got = [None if t is None else list(t.shape) for t in (s, e, x, g, m0)]
+        want = "None" if kind == "none" else f"[B, H, T, {dict(scalar='1', row='K', col='D')[kind]}]"
         raise ValueError(
-            "native_chunk: expected s and e [B, H, T, K], x [B, H, T, D], g [B, H, T, 1] or None and m0 "
+            f"native_chunk: expected s and e [B, H, T, K], x [B, H, T, D], g {want} (kind {kind!r}) and m0 "
             f"[B, H, K, D] or None, got {got}"
         )
     dtypes = {t.dtype for t in (s, e, x, g) if t is not None}
     if len(dtypes) > 1 or chunk < 1:
         got = f"{', '.join(sorted(map(str, dtypes)))}, chunk {chunk}"
         raise ValueError(f"native_chunk: expected one dtype and chunk >= 1, got {got}")
-    return _NativeChunk.apply(s, e, x, g, m0, chunk)
+    return _NativeChunk.apply(s, e, x, g, m0, chunk, kind)
 
 
 # CES's time-invariant complex diagonal recurrence with a real readout (lcsm/layers/ces.py; C

@@ -546,9 +546,11 @@ def test_custom_backward_stores_no_per_step_memory(decay):
 
 
 def test_a_chunk_longer_than_the_sequence_runs_as_the_sequence(monkeypatch):
-    """C > T would only pad the sequence (the C x C intra-chunk map grows with C): C = T runs."""
+    """C > T would only pad the sequence (the C x C intra-chunk map grows with C): C = T runs, seen
+    in the PyTorch form's chunking (the native kernel, which takes the same C, patched off)."""
     import lcsm.ops.chunk_matmul as chunk_mod
 
+    monkeypatch.setattr(importlib.import_module("lcsm.ops.chunk"), "native_chunk_unsupported", lambda p: "off")
     sizes = []
     chunked = chunk_mod._chunked
     monkeypatch.setattr(chunk_mod, "_chunked", lambda x, C, *rest: sizes.append(C) or chunked(x, C, *rest))

@@ -206,14 +206,17 @@ def test_auto_takes_chunk_for_a_time_invariant_system():
 
 
 def test_chunk_runs_the_packed_row_in_one_kernel_call(monkeypatch):
+    """One call of the chunk kernel over the whole packed row, its C form (native_chunk, where it
+    builds) or its PyTorch twin."""
     calls = []
-    original = chunk_module.ChunkMatmulFunction.apply
+    for owner, name in ((chunk_module.ChunkMatmulFunction, "apply"), (chunk_module, "native_chunk")):
+        original = getattr(owner, name)
 
-    def counted(*args):
-        calls.append(args[2].shape)
-        return original(*args)
+        def counted(*args, original=original):
+            calls.append(args[2].shape)
+            return original(*args)
 
-    monkeypatch.setattr(chunk_module.ChunkMatmulFunction, "apply", counted)
+        monkeypatch.setattr(owner, name, counted)
     b = _bounds("ones")
     args = {k: _cast(v, torch.float64) for k, v in make_inputs("row", n_docs=len(b) - 1).items()}
     eos(**args, mode="chunk", chunk_size=4, output_final_state=True, cu_seqlens=torch.tensor(b))

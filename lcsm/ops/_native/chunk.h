@@ -1,6 +1,7 @@
-/* The chunk form of EOS without a decay or with a scalar one (lcsm/ops/chunk_matmul.py's matmul
- * kernel, kinds "none" and "scalar"; lcsm.ops.native_chunk), forward and backward, with its
- * products on register tiles:
+/* The chunk form of EOS without a decay or with a scalar, row or column one (lcsm/ops/chunk_matmul.py's
+ * matmul kernel, kinds "none", "scalar", "row" and "col"; lcsm.ops.native_chunk), forward and
+ * backward, with its products on register tiles. Without a decay or with a scalar one (a row or
+ * column decay: below, "The same chunk form"):
  *
  *   m_t = o_t m_{t-1} + e_t x_t^T,   y_t = m_t^T s_t,   o_t = exp(g_t) (1 without a decay)
  *
@@ -37,6 +38,9 @@
 /* a vector of CVL values, loaded and stored at any element's alignment */
 typedef REAL CVEC __attribute__((vector_size(64), aligned(sizeof(REAL))));
 
+/* a padded size: n rounded up to whole vectors */
+static inline int64_t FN(chunk_pad_)(int64_t n) { return (n + CVL - 1) / CVL * CVL; }
+
 /* out[4 rows, nv vectors] (+)= a[4 rows, k] b[k, nv vectors]; a's element (r, q) at a[r * ar + q * ac] */
 static inline __attribute__((always_inline)) void FN(chunk_tile_)(const REAL *a, int64_t ar, int64_t ac,
                                                                  const REAL *b, int64_t ldb, REAL *out, int64_t ldo,
@@ -56,21 +60,44 @@ static inline __attribute__((always_inline)) void FN(chunk_tile_)(const REAL *a,
         for (int v = 0; v < nv; v++) *(CVEC *)(out + r * ldo + v * CVL) = acc[r][v];
 }
 
+/* The triangles the chunk form's C x C maps leave zero, which the products skip: FULL none; A_LOWER
+ * a's row r zero past column r (a map tril(.) times an operand); A_UPPER a's row r zero before
+ * column r (a map's transpose times an operand); OUT_LOWER only out's lower triangle wanted (a map
+ * formed: the tiles wholly above the diagonal are written as zeros, the rest computed, to be
+ * masked by the caller). About a quarter of the products' work on whole chunks. */
+#ifndef CHUNK_ONCE
+#define CHUNK_ONCE
+enum { FULL, A_LOWER, A_UPPER, OUT_LOWER };
+/* LOG_ZERO of lcsm/ops/_inputs.py per type (a test compares them): a log decay below it (-inf,
+ * a decay of exactly 0) is read as it, whose exp is 0, and its gradient is 0, as finite_log's */
+const int64_t lcsm_chunk_log_zero_f32 = -128, lcsm_chunk_log_zero_f64 = -1024;
+#endif
+#define CHUNK_LOG_ZERO ((REAL)(sizeof(REAL) == 4 ? lcsm_chunk_log_zero_f32 : lcsm_chunk_log_zero_f64))
+
+/* a log decay raised to CHUNK_LOG_ZERO (NaN kept) */
+static inline REAL FN(chunk_log_)(REAL g) { return g < CHUNK_LOG_ZERO ? CHUNK_LOG_ZERO : g; }
+
 /* out[m, n] (+)= a[m, k] b[k, n] with m a multiple of 4 and n of CVL; a transposed (its element
- * (r, q) at a[q * lda + r]) when `at` */
+ * (r, q) at a[q * lda + r]) when `at`; `tri` the triangle of zeros skipped (above) */
 static void FN(chunk_gemm_)(int64_t m, int64_t n, int64_t k, const REAL *a, int64_t lda, int at, const REAL *b,
-                            int64_t ldb, REAL *out, int64_t ldo, int accumulate) {
+                            int64_t ldb, REAL *out, int64_t ldo, int accumulate, int tri) {
     const int64_t ar = at ? 1 : lda, ac = at ? lda : 1;
     for (int64_t i = 0; i < m; i += 4) {
-        const REAL *ai = a + i * ar;
+        const int64_t q0 = tri == A_UPPER ? (i < k ? i : k) : 0, q1 = tri == A_LOWER && i + 4 < k ? i + 4 : k;
+        const int64_t nn = tri == OUT_LOWER && FN(chunk_pad_)(i + 4) < n ? FN(chunk_pad_)(i + 4) : n;
+        const REAL *ai = a + i * ar + q0 * ac, *bq = b + q0 * ldb;
         REAL *oi = out + i * ldo;
         int64_t j = 0;
-        for (; j + 4 * CVL <= n; j += 4 * CVL) FN(chunk_tile_)(ai, ar, ac, b + j, ldb, oi + j, ldo, k, 4, accumulate);
-        if (j + 2 * CVL <= n) {
-            FN(chunk_tile_)(ai, ar, ac, b + j, ldb, oi + j, ldo, k, 2, accumulate);
+        for (; j + 4 * CVL <= nn; j += 4 * CVL)
+            FN(chunk_tile_)(ai, ar, ac, bq + j, ldb, oi + j, ldo, q1 - q0, 4, accumulate);
+        if (j + 2 * CVL <= nn) {
+            FN(chunk_tile_)(ai, ar, ac, bq + j, ldb, oi + j, ldo, q1 - q0, 2, accumulate);
             j += 2 * CVL;
         }
-        if (j < n) FN(chunk_tile_)(ai, ar, ac, b + j, ldb, oi + j, ldo, k, 1, accumulate);
+        if (j < nn) FN(chunk_tile_)(ai, ar, ac, bq + j, ldb, oi + j, ldo, q1 - q0, 1, accumulate);
+        if (nn < n && !accumulate)
+            for (int r = 0; r < 4; r++)
+                for (int64_t c = nn; c < n; c++) oi[r * ldo + c] = 0;
     }
 }
 
@@ -93,6 +120,29 @@ static void FN(chunk_store_)(const REAL *src, int64_t ld, REAL *x, int64_t st, i
     for (int64_t t = 0; t < L; t++) memcpy(x + (t0 + t) * st, src + t * ld, X * sizeof(REAL));
 }
 
+/* rows [t0, t0 + L) of x (row stride st, width X) towards the cache: the next chunk's operands
+ * arrive while this one's products run (each chunk's rows are otherwise first read at the loads) */
+static void FN(chunk_prefetch_)(const REAL *x, int64_t st, int64_t t0, int64_t L, int64_t X) {
+    if (!x) return;
+    for (int64_t t = t0; t < t0 + L; t++)
+        for (int64_t c = 0; c < X; c += CVL) __builtin_prefetch(x + t * st + c);
+}
+
+/* the rows of chunk n of s, e, x (and any of g, dy, y given: widths X) towards the cache */
+static void FN(chunk_prefetch_chunk_)(int64_t n, int64_t N, int64_t C, int64_t T, const REAL *s, int64_t sts,
+                                      const REAL *e, int64_t ste, const REAL *x, int64_t stx, int64_t K, int64_t D,
+                                      const REAL *g, int64_t stg, int64_t X, const REAL *dy, int64_t stdy,
+                                      const REAL *y, int64_t sty) {
+    if (n < 0 || n >= N) return;
+    const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
+    FN(chunk_prefetch_)(s, sts, t0, L, K);
+    FN(chunk_prefetch_)(e, ste, t0, L, K);
+    FN(chunk_prefetch_)(x, stx, t0, L, D);
+    FN(chunk_prefetch_)(g, stg, t0, L, X);
+    FN(chunk_prefetch_)(dy, stdy, t0, L, D);
+    FN(chunk_prefetch_)(y, sty, t0, L, D);
+}
+
 /* dst [cols, ldd] = src [rows, lds]^T over the rows x cols block */
 static void FN(chunk_transpose_)(const REAL *src, int64_t lds, int64_t rows, int64_t cols, REAL *dst, int64_t ldd) {
     for (int64_t r = 0; r < rows; r++)
@@ -104,8 +154,6 @@ static void FN(chunk_transpose_)(const REAL *src, int64_t lds, int64_t rows, int
  * overflow); beyond it each W_tj is its own exp. */
 #define CHUNK_SPAN ((double)(sizeof(REAL) == 4 ? 30 : 200))
 
-/* a padded size: n rounded up to whole vectors */
-static inline int64_t FN(chunk_pad_)(int64_t n) { return (n + CVL - 1) / CVL * CVL; }
 
 /* the scratch one thread needs (REALs), forward and backward: the padded blocks below */
 int64_t FN(chunk_scratch_)(int64_t C, int64_t K, int64_t D) {
@@ -120,7 +168,7 @@ int64_t FN(chunk_scratch_)(int64_t C, int64_t K, int64_t D) {
 static REAL FN(chunk_decay_)(const REAL *g, int64_t st, int64_t t0, int64_t L, int64_t Cp, double *gam, REAL *W,
                              REAL *a, REAL *b, REAL *inv) {
     double total = 0;
-    for (int64_t t = 0; t < L; t++) gam[t] = total += g ? (double)g[(t0 + t) * st] : 0;
+    for (int64_t t = 0; t < L; t++) gam[t] = total += g ? (double)FN(chunk_log_)(g[(t0 + t) * st]) : 0;
     for (int64_t t = 0; t < Cp; t++) {
         REAL *w = W + t * Cp;
         for (int64_t j = 0; j < Cp; j++) w[j] = 0;
@@ -185,21 +233,23 @@ void FN(chunk_forward_all_)(const REAL *s, const REAL *e, const REAL *x, const R
             FN(chunk_load_)(eb, strides[5], t0, L, K, ec, Cp, Kp);
             FN(chunk_load_)(xb, strides[8], t0, L, D, xc, Cp, Dp);
             const REAL last = FN(chunk_decay_)(gb, strides[11], t0, L, Cp, gam, W, fa, fb, finv);
+            FN(chunk_prefetch_chunk_)(n + 1, N, C, T, sb, strides[2], eb, strides[5], xb, strides[8], K, D, gb,
+                                      strides[11], 1, 0, 0, 0, 0);
             FN(chunk_transpose_)(ec, Kp, Cp, Kp, eT, Cp);
-            FN(chunk_gemm_)(Cp, Cp, Kp, sc, Kp, 0, eT, Cp, A, Cp, 0);
+            FN(chunk_gemm_)(Cp, Cp, Kp, sc, Kp, 0, eT, Cp, A, Cp, 0, OUT_LOWER);
             FN(chunk_mask_)(A, W, Cp, Cp, 0);
-            FN(chunk_gemm_)(Cp, Dp, Kp, sc, Kp, 0, S, Dp, yc, Dp, 0);
+            FN(chunk_gemm_)(Cp, Dp, Kp, sc, Kp, 0, S, Dp, yc, Dp, 0, FULL);
             FN(chunk_scale_rows_)(yc, Dp, Cp, Dp, fa);
-            FN(chunk_gemm_)(Cp, Dp, Cp, A, Cp, 0, xc, Dp, yc, Dp, 1);
+            FN(chunk_gemm_)(Cp, Dp, Cp, A, Cp, 0, xc, Dp, yc, Dp, 1, A_LOWER);
             FN(chunk_dense_)(S, Dp, kept + n * K * D, D, K, D);
             for (int64_t k = 0; k < Kp * Dp; k++) S[k] *= last;
             FN(chunk_scale_rows_)(ec, Kp, Cp, Kp, fb);
             if (g && n == N - 1) { /* o_T m_{T-1}: every input but the last step's */
-                FN(chunk_gemm_)(Kp, Dp, L - 1, ec, Kp, 1, xc, Dp, S, Dp, 1);
+                FN(chunk_gemm_)(Kp, Dp, L - 1, ec, Kp, 1, xc, Dp, S, Dp, 1, FULL);
                 FN(chunk_dense_)(S, Dp, m_strict + item * K * D, D, K, D);
-                FN(chunk_gemm_)(Kp, Dp, 1, ec + (L - 1) * Kp, Kp, 1, xc + (L - 1) * Dp, Dp, S, Dp, 1);
+                FN(chunk_gemm_)(Kp, Dp, 1, ec + (L - 1) * Kp, Kp, 1, xc + (L - 1) * Dp, Dp, S, Dp, 1, FULL);
             } else {
-                FN(chunk_gemm_)(Kp, Dp, Cp, ec, Kp, 1, xc, Dp, S, Dp, 1);
+                FN(chunk_gemm_)(Kp, Dp, Cp, ec, Kp, 1, xc, Dp, S, Dp, 1, FULL);
             }
             FN(chunk_store_)(yc, Dp, yb, strides[14], t0, L, D);
         }
@@ -236,23 +286,25 @@ void FN(chunk_backward_all_)(const REAL *s, const REAL *e, const REAL *x, const 
             FN(chunk_load_)(dyb, strides[14], t0, L, D, dyc, Cp, Dp);
             FN(chunk_load_)(kept + n * K * D, D, 0, K, D, S, Kp, Dp);
             const REAL last = FN(chunk_decay_)(g ? g + gb : 0, strides[11], t0, L, Cp, gam, W, fa, fb, finv);
+            FN(chunk_prefetch_chunk_)(n - 1, N, C, T, s + sb, strides[2], e + eb, strides[5], x + xb, strides[8], K, D,
+                                      g ? g + gb : 0, strides[11], 1, dyb, strides[14], 0, 0);
             FN(chunk_transpose_)(ec, Kp, Cp, Kp, eT, Cp);
             FN(chunk_transpose_)(xc, Dp, Cp, Dp, xT, Cp);
             FN(chunk_transpose_)(S, Dp, Kp, Dp, ST, Kp);
             FN(chunk_transpose_)(R, Dp, Kp, Dp, RT, Kp);
-            FN(chunk_gemm_)(Cp, Cp, Kp, sc, Kp, 0, eT, Cp, A, Cp, 0);
+            FN(chunk_gemm_)(Cp, Cp, Kp, sc, Kp, 0, eT, Cp, A, Cp, 0, OUT_LOWER);
             FN(chunk_mask_)(A, W, Cp, Cp, 0);
-            FN(chunk_gemm_)(Cp, Cp, Dp, dyc, Dp, 0, xT, Cp, G, Cp, 0);
+            FN(chunk_gemm_)(Cp, Cp, Dp, dyc, Dp, 0, xT, Cp, G, Cp, 0, OUT_LOWER);
             FN(chunk_mask_)(G, W, Cp, Cp, 1);
-            FN(chunk_gemm_)(Cp, Kp, Dp, dyc, Dp, 0, ST, Kp, dsc, Kp, 0);
+            FN(chunk_gemm_)(Cp, Kp, Dp, dyc, Dp, 0, ST, Kp, dsc, Kp, 0, FULL);
             FN(chunk_scale_rows_)(dsc, Kp, Cp, Kp, fa);
-            FN(chunk_gemm_)(Cp, Kp, Cp, G, Cp, 0, ec, Kp, dsc, Kp, 1);
-            FN(chunk_gemm_)(Cp, Kp, Dp, xc, Dp, 0, RT, Kp, dec, Kp, 0);
+            FN(chunk_gemm_)(Cp, Kp, Cp, G, Cp, 0, ec, Kp, dsc, Kp, 1, A_LOWER);
+            FN(chunk_gemm_)(Cp, Kp, Dp, xc, Dp, 0, RT, Kp, dec, Kp, 0, FULL);
             FN(chunk_scale_rows_)(dec, Kp, Cp, Kp, fb);
-            FN(chunk_gemm_)(Cp, Kp, Cp, G, Cp, 1, sc, Kp, dec, Kp, 1);
-            FN(chunk_gemm_)(Cp, Dp, Kp, ec, Kp, 0, R, Dp, dxc, Dp, 0);
+            FN(chunk_gemm_)(Cp, Kp, Cp, G, Cp, 1, sc, Kp, dec, Kp, 1, A_UPPER);
+            FN(chunk_gemm_)(Cp, Dp, Kp, ec, Kp, 0, R, Dp, dxc, Dp, 0, FULL);
             FN(chunk_scale_rows_)(dxc, Dp, Cp, Dp, fb);
-            FN(chunk_gemm_)(Cp, Dp, Cp, A, Cp, 1, dyc, Dp, dxc, Dp, 1);
+            FN(chunk_gemm_)(Cp, Dp, Cp, A, Cp, 1, dyc, Dp, dxc, Dp, 1, A_UPPER);
             for (int64_t t = L - 1; t >= 0; t--) {
                 const REAL *st_ = sc + t * Kp, *et = ec + t * Kp, *xt = xc + t * Dp, *dyt = dyc + t * Dp;
                 REAL *dst = dsc + t * Kp, *det = dec + t * Kp, x_dy = 0, s_ds = 0, e_de = 0;
@@ -265,17 +317,379 @@ void FN(chunk_backward_all_)(const REAL *s, const REAL *e, const REAL *x, const 
                 }
                 if (g) {
                     running += s_ds - (t0 + t == T - 1 ? 0 : e_de);
-                    dg[b * strides[15] + h * strides[16] + (t0 + t) * strides[17]] = (REAL)running;
+                    const int raised = g[gb + (t0 + t) * strides[11]] < CHUNK_LOG_ZERO;
+                    dg[b * strides[15] + h * strides[16] + (t0 + t) * strides[17]] = raised ? 0 : (REAL)running;
                 }
             }
             FN(chunk_scale_rows_)(sc, Kp, Cp, Kp, fa);
             for (int64_t k = 0; k < Kp * Dp; k++) R[k] *= last;
-            FN(chunk_gemm_)(Kp, Dp, Cp, sc, Kp, 1, dyc, Dp, R, Dp, 1);
+            FN(chunk_gemm_)(Kp, Dp, Cp, sc, Kp, 1, dyc, Dp, R, Dp, 1, FULL);
             FN(chunk_store_)(dsc, Kp, ds + sb, strides[2], t0, L, K);
             FN(chunk_store_)(dec, Kp, de + eb, strides[5], t0, L, K);
             FN(chunk_store_)(dxc, Dp, dx + xb, strides[8], t0, L, D);
         }
         FN(chunk_dense_)(R, Dp, dm0 + item * K * D, D, K, D);
+    }
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * The same chunk form with a decay that varies over the memory's rows ("row", GLA's: o_t a
+ * K-vector, m_t = diag(o_t) m_{t-1} + e_t x_t^T) or over its columns ("col": o_t a D-vector,
+ * m_t = m_{t-1} diag(o_t) + e_t x_t^T). A pair's decay exp(Gam_t - Gam_j) now differs per row (or
+ * column) and cannot be a C x C map: it is factorised, exp(c_t) on the one side and exp(-c_j) on
+ * the other. So that no factor leaves exp(+-CHUNK_SPAN), a chunk is cut into pieces: a piece
+ * starts at some step p and runs while every c_t = g_{p+1} + .. + g_t (summed in double, from the
+ * step after its first) stays within CHUNK_SPAN. Moderate decays give one piece per chunk; a decay
+ * of exactly 0 (a reset, log at LOG_ZERO) ends the piece before it, its own log taken by the next
+ * piece's u below, where it is exact; a strong decay gives short pieces, down to single steps.
+ * Per piece, with u = exp(g_p), v = exp(c_last) and, for a row decay, q = s exp(c), k = e exp(-c):
+ *
+ *   S' = diag(u) S,   y = q S' + tril(q k^T) x,   S <- diag(v) (S' + k^T x)
+ *
+ *   backward, R the cotangent after the piece, R' = diag(v) R, G = tril(dy x^T, -1):
+ *   ds = exp(c) (dy S'^T + G k),   de = exp(-c) (G^T q + x R'^T),   dx = tril(q k^T)^T dy + k R',
+ *   R <- diag(u) (R' + q^T dy)
+ *
+ * and for a column decay, with x~ = x exp(-c), dy~ = dy exp(c) and P = tril(s e^T, -1) (strict):
+ *
+ *   S' = S diag(u),   y_strict = exp(c) (s S' + P x~),   y = y_strict + (s . e) x,
+ *   S <- (S' + e^T x~) diag(v)
+ *
+ *   backward, R' = R diag(v), G = tril(dy~ x~^T, -1):
+ *   ds = dy~ S'^T + G e,   de = G^T s + x~ R'^T,   dx_strict = exp(-c) (P^T dy~ + e R'),
+ *   R <- (R' + s^T dy~) diag(u)
+ *
+ * then the own terms as before ((s . e) dy to dx too). The decay's gradient (chunk_matmul.py's
+ * docstring) is the reverse cumulative sum per row of s ds - e de, or per column of dy y - x dx,
+ * the strict ones (before the own terms, which cancel in it: from the full ones, the difference
+ * of two O(1) terms would bury it where the decay is strong), the sequence's last e de (x dx) left
+ * out, from the carry, that row's (column's) <dM, o_T m_{T-1}>; y_strict is written by the
+ * forward beside y. The backward recomputes a chunk's piece-start memories from its kept start
+ * when it has more than one piece. */
+
+/* the next piece of a chunk from step t0 (at most Lmax steps): its length, and its factors fpos =
+ * exp(c), fneg = exp(-c) [rows, Xp] (1 in the padding), u and v [Xp] */
+static int64_t FN(chunk_piece_)(const REAL *g, int64_t st, int64_t t0, int64_t Lmax, int64_t X, int64_t Xp,
+                                double *c, double *next, REAL *fpos, REAL *fneg, REAL *u, REAL *v) {
+    int64_t L = 1;
+    for (int64_t k = 0; k < Xp; k++) {
+        u[k] = k < X ? FN(exp_)(FN(chunk_log_)(g[t0 * st + k])) : 1;
+        c[k] = 0;
+    }
+    for (; L < Lmax; L++) { /* c_t into fpos while every entry stays within the span */
+        const REAL *gt = g + (t0 + L) * st;
+        int within = 1;
+        for (int64_t k = 0; k < X; k++) {
+            next[k] = c[k] + (double)FN(chunk_log_)(gt[k]);
+            within &= next[k] <= CHUNK_SPAN && next[k] >= -CHUNK_SPAN;
+        }
+        if (!within) break;
+        double *swap = c;
+        c = next, next = swap;
+        for (int64_t k = 0; k < X; k++) fpos[L * Xp + k] = (REAL)c[k];
+    }
+    for (int64_t t = 0; t < FN(chunk_pad_)(L); t++) { /* then the factors, one pass over whole rows */
+        REAL *pos = fpos + t * Xp, *neg = fneg + t * Xp;
+        const int64_t width = t == 0 || t >= L ? 0 : X; /* c_p = 0 and the padding: factors 1 */
+        for (int64_t k = 0; k < Xp; k++) {
+            const REAL log = k < width ? pos[k] : 0;
+            pos[k] = FN(exp_)(log);
+            neg[k] = 1 / pos[k]; /* within e^CHUNK_SPAN; a division costs less than another exp */
+        }
+    }
+    for (int64_t k = 0; k < Xp; k++) v[k] = fpos[(L - 1) * Xp + k];
+    return L;
+}
+
+/* x [rows, ld] times f [rows, ldf] elementwise over the first `cols` columns */
+static void FN(chunk_mul_)(REAL *x, int64_t ld, const REAL *f, int64_t ldf, int64_t rows, int64_t cols) {
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t c = 0; c < cols; c++) x[t * ld + c] *= f[t * ldf + c];
+}
+
+/* out [rows, ld] = x [rows, ld] times f [rows, ldf] elementwise */
+static void FN(chunk_mul_to_)(const REAL *x, int64_t ld, const REAL *f, int64_t ldf, int64_t rows, int64_t cols,
+                              REAL *out) {
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t c = 0; c < ld; c++) out[t * ld + c] = c < cols ? x[t * ld + c] * f[t * ldf + c] : 0;
+}
+
+/* each column c of x [rows, ld] times f[c] */
+static void FN(chunk_scale_cols_)(REAL *x, int64_t ld, int64_t rows, const REAL *f) {
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t c = 0; c < ld; c++) x[t * ld + c] *= f[c];
+}
+
+/* the lower triangle of an [n, n] (ld) block kept, the diagonal too unless strict */
+static void FN(chunk_tril_)(REAL *A, int64_t n, int64_t ld, int strict) {
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t j = t + !strict; j < n; j++) A[t * ld + j] = 0;
+}
+
+/* the next block of n values of a thread's scratch (base + *at; NULL without a base), its size kept
+ * to whole 64-byte lines */
+static inline REAL *FN(chunk_take_)(REAL *base, int64_t *at, int64_t n) {
+    REAL *block = base ? base + *at : 0;
+    *at += (n * (int64_t)sizeof(REAL) + 63) / 64 * 64 / (int64_t)sizeof(REAL);
+    return block;
+}
+
+/* The blocks of one thread's scratch, forward and backward alike (`size` only counts them). */
+typedef struct {
+    REAL *sc, *ec, *qt, *kt, *ds, *de, *tT, *xc, *dy, *xt, *yt, *dx, *yc, *xT, *A, *G, *S, *R, *ST, *RT;
+    REAL *fpos, *fneg, *u, *v, *starts;
+    double *c, *next, *run;
+    int64_t *bounds;
+} FN(chunk_vec_blocks_);
+
+static int64_t FN(chunk_vec_layout_)(REAL *base, int64_t C, int64_t K, int64_t D, int64_t X,
+                                     FN(chunk_vec_blocks_) *b) {
+    const int64_t Cp = FN(chunk_pad_)(C), Kp = FN(chunk_pad_)(K), Dp = FN(chunk_pad_)(D), Xp = FN(chunk_pad_)(X);
+    const int64_t per_double = (int64_t)(sizeof(double) / sizeof(REAL));
+    int64_t at = 0;
+#define TAKE(n) FN(chunk_take_)(base, &at, (n))
+    REAL **ck[] = {&b->sc, &b->ec, &b->qt, &b->kt, &b->ds, &b->de};
+    for (int i = 0; i < 6; i++) *ck[i] = TAKE(Cp * Kp);
+    b->tT = TAKE((Kp > Dp ? Kp : Dp) * Cp);
+    REAL **cd[] = {&b->xc, &b->dy, &b->xt, &b->yt, &b->dx, &b->yc};
+    for (int i = 0; i < 6; i++) *cd[i] = TAKE(Cp * Dp);
+    b->xT = TAKE(Dp * Cp);
+    b->A = TAKE(Cp * Cp), b->G = TAKE(Cp * Cp);
+    REAL **kd[] = {&b->S, &b->R, &b->ST, &b->RT};
+    for (int i = 0; i < 4; i++) *kd[i] = TAKE(Kp * Dp);
+    b->fpos = TAKE(Cp * Xp), b->fneg = TAKE(Cp * Xp);
+    b->u = TAKE(Xp), b->v = TAKE(Xp);
+    b->c = (double *)TAKE(Xp * per_double), b->next = (double *)TAKE(Xp * per_double);
+    b->run = (double *)TAKE(Xp * per_double);
+    b->bounds = (int64_t *)TAKE((C + 1) * (int64_t)(sizeof(int64_t) / sizeof(REAL)));
+    b->starts = TAKE(C * Kp * Dp); /* a piece-start memory for each of up to C pieces */
+#undef TAKE
+    return at;
+}
+
+/* the scratch one thread needs (REALs) for a decay of width X over C-step chunks */
+int64_t FN(chunk_vec_scratch_)(int64_t C, int64_t K, int64_t D, int64_t X) {
+    FN(chunk_vec_blocks_) b;
+    return FN(chunk_vec_layout_)(0, C, K, D, X, &b);
+}
+
+/* One piece forward (rows t0 .. t0 + L of the item's s, e, x at strides st_*): y's rows written, S
+ * carried over the piece; with m_strict, o_T m_{T-1} (every input but the piece's last) written. */
+static void FN(chunk_vec_piece_forward_)(FN(chunk_vec_blocks_) *b, const REAL *s, int64_t sts, const REAL *e,
+                                         int64_t ste, const REAL *x, int64_t stx, REAL *y, REAL *y_strict, int64_t sty,
+                                         int64_t t0, int64_t L, int64_t K, int64_t D, int col, int64_t Xp,
+                                         REAL *m_strict) {
+    const int64_t Lp = FN(chunk_pad_)(L), Kp = FN(chunk_pad_)(K), Dp = FN(chunk_pad_)(D);
+    FN(chunk_load_)(e, ste, t0, L, K, b->ec, Lp, Kp);
+    FN(chunk_load_)(x, stx, t0, L, D, b->xc, Lp, Dp);
+    REAL *left = b->ec, *right = b->xc; /* the operands of the memory's update: k and x, or e and x~ */
+    if (!col) {
+        FN(chunk_scale_rows_)(b->S, Dp, Kp, Dp, b->u);
+        FN(chunk_mul_)(b->ec, Kp, b->fneg, Xp, Lp, Kp); /* k */
+    } else {
+        FN(chunk_scale_cols_)(b->S, Dp, Kp, b->u);
+        FN(chunk_mul_to_)(b->xc, Dp, b->fneg, Xp, Lp, Dp, b->xt); /* x~ */
+        right = b->xt;
+    }
+    if (y) {
+        FN(chunk_load_)(s, sts, t0, L, K, b->sc, Lp, Kp);
+        FN(chunk_transpose_)(b->ec, Kp, Lp, Kp, b->tT, Lp);
+        if (!col) FN(chunk_mul_)(b->sc, Kp, b->fpos, Xp, Lp, Kp); /* q */
+        FN(chunk_gemm_)(Lp, Lp, Kp, b->sc, Kp, 0, b->tT, Lp, b->A, Lp, 0, OUT_LOWER);
+        /* a column decay's y without each step's own term (y_strict, which its decay gradient reads:
+         * y less that term would cancel where the decay is strong), then the term added */
+        FN(chunk_tril_)(b->A, Lp, Lp, col);
+        FN(chunk_gemm_)(Lp, Dp, Kp, b->sc, Kp, 0, b->S, Dp, b->yc, Dp, 0, FULL);
+        FN(chunk_gemm_)(Lp, Dp, Lp, b->A, Lp, 0, right, Dp, b->yc, Dp, 1, A_LOWER);
+        if (col) {
+            FN(chunk_mul_)(b->yc, Dp, b->fpos, Xp, Lp, Dp);
+            FN(chunk_store_)(b->yc, Dp, y_strict, sty, t0, L, D);
+            for (int64_t t = 0; t < L; t++) {
+                REAL s_e = 0;
+                for (int64_t k = 0; k < K; k++) s_e += b->sc[t * Kp + k] * b->ec[t * Kp + k];
+                for (int64_t d = 0; d < D; d++) b->yc[t * Dp + d] += s_e * b->xc[t * Dp + d];
+            }
+        }
+        FN(chunk_store_)(b->yc, Dp, y, sty, t0, L, D);
+    }
+    if (m_strict) { /* o_T m_{T-1}: every input but the piece's (the sequence's) last */
+        FN(chunk_gemm_)(Kp, Dp, L - 1, left, Kp, 1, right, Dp, b->S, Dp, 1, FULL);
+        for (int64_t k = 0; k < Kp * Dp; k++) b->ST[k] = b->S[k];
+        if (!col) FN(chunk_scale_rows_)(b->ST, Dp, Kp, Dp, b->v);
+        else FN(chunk_scale_cols_)(b->ST, Dp, Kp, b->v);
+        FN(chunk_dense_)(b->ST, Dp, m_strict, D, K, D);
+        FN(chunk_gemm_)(Kp, Dp, 1, left + (L - 1) * Kp, Kp, 1, right + (L - 1) * Dp, Dp, b->S, Dp, 1, FULL);
+    } else {
+        FN(chunk_gemm_)(Kp, Dp, Lp, left, Kp, 1, right, Dp, b->S, Dp, 1, FULL);
+    }
+    if (!col) FN(chunk_scale_rows_)(b->S, Dp, Kp, Dp, b->v);
+    else FN(chunk_scale_cols_)(b->S, Dp, Kp, b->v);
+}
+
+/* Strides (batch, head, time) of s, e, x, g and y in that order; g's width X is K (row, col 0) or D
+ * (col 1). m_strict (o_T m_{T-1}) is always written; y_strict (y without each step's own term, laid
+ * out as y) with a column decay. */
+void FN(chunk_vec_forward_all_)(const REAL *s, const REAL *e, const REAL *x, const REAL *g, const REAL *m0, REAL *y,
+                                REAL *y_strict, REAL *mT, REAL *m_strict, REAL *starts, const int64_t *strides,
+                                int64_t H, int64_t T, int64_t K, int64_t D, int64_t C, int64_t col, int64_t items,
+                                int64_t threads, REAL *scratch, int64_t per_thread) {
+    const int64_t Kp = FN(chunk_pad_)(K), Dp = FN(chunk_pad_)(D), X = col ? D : K, Xp = FN(chunk_pad_)(X);
+    const int64_t N = (T + C - 1) / C;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t item = 0; item < items; item++) {
+        const int64_t b_ = item / H, h = item % H;
+        FN(chunk_vec_blocks_) b;
+        FN(chunk_vec_layout_)(scratch + THREAD_NUM * per_thread, C, K, D, X, &b);
+        const REAL *sb = s + b_ * strides[0] + h * strides[1], *eb = e + b_ * strides[3] + h * strides[4];
+        const REAL *xb = x + b_ * strides[6] + h * strides[7], *gb = g + b_ * strides[9] + h * strides[10];
+        REAL *yb = y + b_ * strides[12] + h * strides[13], *kept = starts + item * N * K * D;
+        for (int64_t k = 0; k < Kp * Dp; k++) b.S[k] = 0;
+        if (m0) FN(chunk_dense_)(m0 + item * K * D, D, b.S, Dp, K, D);
+        for (int64_t n = 0; n < N; n++) {
+            const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
+            FN(chunk_dense_)(b.S, Dp, kept + n * K * D, D, K, D);
+            FN(chunk_prefetch_chunk_)(n + 1, N, C, T, sb, strides[2], eb, strides[5], xb, strides[8], K, D, gb,
+                                      strides[11], X, 0, 0, 0, 0);
+            for (int64_t p = t0; p < t0 + L;) {
+                const int64_t Lq = FN(chunk_piece_)(gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next, b.fpos, b.fneg,
+                                                    b.u, b.v);
+                REAL *strict = p + Lq == T ? m_strict + item * K * D : 0;
+                FN(chunk_vec_piece_forward_)(&b, sb, strides[2], eb, strides[5], xb, strides[8], yb,
+                                             col ? yb - y + y_strict : 0, strides[14], p, Lq, K, D, (int)col, Xp,
+                                             strict);
+                p += Lq;
+            }
+        }
+        FN(chunk_dense_)(b.S, Dp, mT + item * K * D, D, K, D);
+    }
+}
+
+/* Strides of s, e, x, g, dy and y_strict in that order (y_strict, the forward's, with a column
+ * decay only); ds, de, dx and dg are laid out as s, e, x and g; carry [items, X]: <dM, o_T m_{T-1}>
+ * of each row (column) of each item, or NULL (no dM). */
+void FN(chunk_vec_backward_all_)(const REAL *s, const REAL *e, const REAL *x, const REAL *g, const REAL *y_strict,
+                                 const REAL *starts, const REAL *dy, const REAL *dmT, const REAL *carry, REAL *ds,
+                                 REAL *de, REAL *dx, REAL *dg, REAL *dm0, const int64_t *strides, int64_t H, int64_t T,
+                                 int64_t K, int64_t D, int64_t C, int64_t col, int64_t items, int64_t threads,
+                                 REAL *scratch, int64_t per_thread) {
+    const int64_t Kp = FN(chunk_pad_)(K), Dp = FN(chunk_pad_)(D), X = col ? D : K, Xp = FN(chunk_pad_)(X);
+    const int64_t N = (T + C - 1) / C;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t item = 0; item < items; item++) {
+        const int64_t b_ = item / H, h = item % H;
+        FN(chunk_vec_blocks_) b;
+        FN(chunk_vec_layout_)(scratch + THREAD_NUM * per_thread, C, K, D, X, &b);
+        const int64_t sb = b_ * strides[0] + h * strides[1], eb = b_ * strides[3] + h * strides[4];
+        const int64_t xb = b_ * strides[6] + h * strides[7], gb = b_ * strides[9] + h * strides[10];
+        const int64_t db = b_ * strides[12] + h * strides[13], yb = b_ * strides[15] + h * strides[16];
+        const REAL *kept = starts + item * N * K * D;
+        for (int64_t k = 0; k < X; k++) b.run[k] = carry ? carry[item * X + k] : 0;
+        for (int64_t k = 0; k < Kp * Dp; k++) b.R[k] = 0;
+        if (dmT) FN(chunk_dense_)(dmT + item * K * D, D, b.R, Dp, K, D);
+        for (int64_t n = N - 1; n >= 0; n--) {
+            const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
+            int64_t pieces = 0, single = 0;
+            FN(chunk_prefetch_chunk_)(n - 1, N, C, T, s + sb, strides[2], e + eb, strides[5], x + xb, strides[8], K, D,
+                                      g + gb, strides[11], X, dy + db, strides[14], col ? y_strict + yb : 0,
+                                      strides[17]);
+            FN(chunk_load_)(kept + n * K * D, D, 0, K, D, b.S, Kp, Dp);
+            for (int64_t p = t0; p < t0 + L; pieces++) { /* the pieces and the memory at each one's start */
+                const int64_t Lq = FN(chunk_piece_)(g + gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next, b.fpos,
+                                                    b.fneg, b.u, b.v);
+                b.bounds[pieces] = p;
+                single = Lq == L; /* the usual case: its factors and its start, the kept memory, stay */
+                if (!single) {
+                    for (int64_t k = 0; k < Kp * Dp; k++) b.starts[pieces * Kp * Dp + k] = b.S[k];
+                    if (p + Lq < t0 + L)
+                        FN(chunk_vec_piece_forward_)(&b, 0, 0, e + eb, strides[5], x + xb, strides[8], 0, 0, 0, p,
+                                                     Lq, K, D, (int)col, Xp, 0);
+                }
+                p += Lq;
+            }
+            for (int64_t i = pieces - 1; i >= 0; i--) {
+                const int64_t p = b.bounds[i];
+                const int64_t Lq = single ? L
+                                          : FN(chunk_piece_)(g + gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next,
+                                                             b.fpos, b.fneg, b.u, b.v);
+                if (!single)
+                    for (int64_t k = 0; k < Kp * Dp; k++) b.S[k] = b.starts[i * Kp * Dp + k];
+                const int64_t Lp = FN(chunk_pad_)(Lq);
+                FN(chunk_load_)(s + sb, strides[2], p, Lq, K, b.sc, Lp, Kp);
+                FN(chunk_load_)(e + eb, strides[5], p, Lq, K, b.ec, Lp, Kp);
+                FN(chunk_load_)(x + xb, strides[8], p, Lq, D, b.xc, Lp, Dp);
+                FN(chunk_load_)(dy + db, strides[14], p, Lq, D, b.dy, Lp, Dp);
+                /* S' and R'; the scaled operands: q, k (row) or x~, dy~ (col) */
+                REAL *ls, *le, *lx, *ldy; /* the operands of the products: q or s, k or e, x or x~, dy or dy~ */
+                if (!col) {
+                    FN(chunk_scale_rows_)(b.S, Dp, Kp, Dp, b.u);
+                    FN(chunk_scale_rows_)(b.R, Dp, Kp, Dp, b.v);
+                    FN(chunk_mul_to_)(b.sc, Kp, b.fpos, Xp, Lp, Kp, b.qt);
+                    FN(chunk_mul_to_)(b.ec, Kp, b.fneg, Xp, Lp, Kp, b.kt);
+                    ls = b.qt, le = b.kt, lx = b.xc, ldy = b.dy;
+                } else {
+                    FN(chunk_scale_cols_)(b.S, Dp, Kp, b.u);
+                    FN(chunk_scale_cols_)(b.R, Dp, Kp, b.v);
+                    FN(chunk_mul_to_)(b.xc, Dp, b.fneg, Xp, Lp, Dp, b.xt);
+                    FN(chunk_mul_to_)(b.dy, Dp, b.fpos, Xp, Lp, Dp, b.yt);
+                    ls = b.sc, le = b.ec, lx = b.xt, ldy = b.yt;
+                }
+                FN(chunk_transpose_)(le, Kp, Lp, Kp, b.tT, Lp);
+                FN(chunk_gemm_)(Lp, Lp, Kp, ls, Kp, 0, b.tT, Lp, b.A, Lp, 0, OUT_LOWER);
+                FN(chunk_tril_)(b.A, Lp, Lp, col); /* a column decay's dx strict first, as its y */
+                FN(chunk_transpose_)(lx, Dp, Lp, Dp, b.xT, Lp);
+                FN(chunk_gemm_)(Lp, Lp, Dp, ldy, Dp, 0, b.xT, Lp, b.G, Lp, 0, OUT_LOWER);
+                FN(chunk_tril_)(b.G, Lp, Lp, 1);
+                FN(chunk_transpose_)(b.S, Dp, Kp, Dp, b.ST, Kp);
+                FN(chunk_transpose_)(b.R, Dp, Kp, Dp, b.RT, Kp);
+                FN(chunk_gemm_)(Lp, Kp, Dp, ldy, Dp, 0, b.ST, Kp, b.ds, Kp, 0, FULL);
+                FN(chunk_gemm_)(Lp, Kp, Lp, b.G, Lp, 0, le, Kp, b.ds, Kp, 1, A_LOWER);
+                FN(chunk_gemm_)(Lp, Kp, Dp, lx, Dp, 0, b.RT, Kp, b.de, Kp, 0, FULL);
+                FN(chunk_gemm_)(Lp, Kp, Lp, b.G, Lp, 1, ls, Kp, b.de, Kp, 1, A_UPPER);
+                FN(chunk_gemm_)(Lp, Dp, Kp, le, Kp, 0, b.R, Dp, b.dx, Dp, 0, FULL);
+                FN(chunk_gemm_)(Lp, Dp, Lp, b.A, Lp, 1, ldy, Dp, b.dx, Dp, 1, A_UPPER);
+                if (!col) {
+                    FN(chunk_mul_)(b.ds, Kp, b.fpos, Xp, Lp, Kp);
+                    FN(chunk_mul_)(b.de, Kp, b.fneg, Xp, Lp, Kp);
+                } else {
+                    FN(chunk_mul_)(b.dx, Dp, b.fneg, Xp, Lp, Dp);
+                    FN(chunk_load_)(y_strict + yb, strides[17], p, Lq, D, b.yc, Lp, Dp);
+                }
+                for (int64_t t = Lq - 1; t >= 0; t--) {
+                    const REAL *st_ = b.sc + t * Kp, *et = b.ec + t * Kp, *xt = b.xc + t * Dp, *dyt = b.dy + t * Dp;
+                    REAL *dst = b.ds + t * Kp, *det = b.de + t * Kp, x_dy = 0, s_e = 0;
+                    const int last = p + t == T - 1;
+                    const REAL *gt = g + gb + (p + t) * strides[11];
+                    REAL *dgt = dg + gb + (p + t) * strides[11]; /* dg is laid out as g */
+                    for (int64_t d = 0; d < D; d++) x_dy += xt[d] * dyt[d];
+                    for (int64_t k = 0; k < K; k++) s_e += st_[k] * et[k];
+                    if (!col) {
+                        for (int64_t k = 0; k < K; k++) {
+                            b.run[k] += st_[k] * dst[k] - (last ? 0 : et[k] * det[k]);
+                            dgt[k] = gt[k] < CHUNK_LOG_ZERO ? 0 : (REAL)b.run[k];
+                        }
+                    } else {
+                        const REAL *yt_ = b.yc + t * Dp;
+                        REAL *dxt = b.dx + t * Dp;
+                        for (int64_t d = 0; d < D; d++) {
+                            b.run[d] += dyt[d] * yt_[d] - (last ? 0 : xt[d] * dxt[d]);
+                            dgt[d] = gt[d] < CHUNK_LOG_ZERO ? 0 : (REAL)b.run[d];
+                            dxt[d] += s_e * dyt[d];
+                        }
+                    }
+                    for (int64_t k = 0; k < K; k++) {
+                        dst[k] += x_dy * et[k];
+                        det[k] += x_dy * st_[k];
+                    }
+                }
+                FN(chunk_gemm_)(Kp, Dp, Lp, ls, Kp, 1, ldy, Dp, b.R, Dp, 1, FULL);
+                if (!col) FN(chunk_scale_rows_)(b.R, Dp, Kp, Dp, b.u);
+                else FN(chunk_scale_cols_)(b.R, Dp, Kp, b.u);
+                FN(chunk_store_)(b.ds, Kp, ds + sb, strides[2], p, Lq, K);
+                FN(chunk_store_)(b.de, Kp, de + eb, strides[5], p, Lq, K);
+                FN(chunk_store_)(b.dx, Dp, dx + xb, strides[8], p, Lq, D);
+            }
+        }
+        FN(chunk_dense_)(b.R, Dp, dm0 + item * K * D, D, K, D);
     }
 }
 #undef CVEC
