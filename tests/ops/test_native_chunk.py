@@ -136,6 +136,18 @@ def test_native_chunk_with_a_row_or_column_decay(
     check(B, T, H, K, D, chunk, layout, initial, final_cotangent, kind, decay, dtype)
 
 
+@pytest.mark.parametrize("kind", ["scalar", "row", "col"])
+def test_a_decay_of_exactly_zero_has_a_gradient_of_exactly_zero(kind):
+    """A log of -inf (raised to LOG_ZERO by the kernel) gets the gradient finite_log's clamp gives
+    it, exactly 0, not the decay gradient's reverse sum there (0 up to rounding)."""
+    skip_without_kernel()
+    leaves = make(1, 40, 2, 5, 6, "caller", True, "zeros", seed=1, kind=kind)
+    got = run(native.native_chunk, leaves, 8, True, "caller", kind)["dg"]
+    zero = leaves["g"] == -torch.inf
+    assert zero.any() and (got[zero] == 0).all(), got[zero]
+    assert (got[~zero] != 0).all()
+
+
 def test_the_kernels_log_zero_is_eos():
     """chunk.h raises logs to its own copy of LOG_ZERO; both must agree (a decay of exactly 0 is
     taken as one whose exp is 0 in the type)."""
