@@ -120,34 +120,59 @@ static void FN(chunk_store_)(const REAL *src, int64_t ld, REAL *x, int64_t st, i
     for (int64_t t = 0; t < L; t++) memcpy(x + (t0 + t) * st, src + t * ld, X * sizeof(REAL));
 }
 
-/* rows [t0, t0 + L) of x (row stride st, width X) towards the cache: the next chunk's operands
- * arrive while this one's products run (each chunk's rows are otherwise first read at the loads) */
-static void FN(chunk_prefetch_)(const REAL *x, int64_t st, int64_t t0, int64_t L, int64_t X) {
-    if (!x) return;
-    for (int64_t t = t0; t < t0 + L; t++)
-        for (int64_t c = 0; c < X; c += CVL) __builtin_prefetch(x + t * st + c);
+/* A square block transposed in registers, 8 x 8 floats or 4 x 4 doubles (32-byte vectors), by the
+ * usual unpack / interleave stages: a scalar transpose stores one value at a time, strided. */
+#if EXP_BIAS == 127
+#define CHUNK_TB 8
+typedef REAL FN(chunk_tvec_) __attribute__((vector_size(32), aligned(sizeof(REAL))));
+typedef int32_t FN(chunk_tidx_) __attribute__((vector_size(32)));
+static inline void FN(chunk_block_transpose_)(const REAL *src, int64_t lds, REAL *dst, int64_t ldd) {
+    typedef FN(chunk_tvec_) V;
+    typedef FN(chunk_tidx_) I;
+    V r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = *(const V *)(src + i * lds);
+    for (int i = 0; i < 8; i += 2) { /* pairs of rows interleaved by element */
+        t[i] = __builtin_shuffle(r[i], r[i + 1], (I){0, 8, 1, 9, 4, 12, 5, 13});
+        t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (I){2, 10, 3, 11, 6, 14, 7, 15});
+    }
+    for (int i = 0; i < 8; i += 4) /* then by pairs of elements */
+        for (int j = 0; j < 2; j++) {
+            u[i + 2 * j] = __builtin_shuffle(t[i + j], t[i + j + 2], (I){0, 1, 8, 9, 4, 5, 12, 13});
+            u[i + 2 * j + 1] = __builtin_shuffle(t[i + j], t[i + j + 2], (I){2, 3, 10, 11, 6, 7, 14, 15});
+        }
+    for (int i = 0; i < 4; i++) { /* then by halves */
+        *(V *)(dst + i * ldd) = __builtin_shuffle(u[i], u[i + 4], (I){0, 1, 2, 3, 8, 9, 10, 11});
+        *(V *)(dst + (i + 4) * ldd) = __builtin_shuffle(u[i], u[i + 4], (I){4, 5, 6, 7, 12, 13, 14, 15});
+    }
 }
-
-/* the rows of chunk n of s, e, x (and any of g, dy, y given: widths X) towards the cache */
-static void FN(chunk_prefetch_chunk_)(int64_t n, int64_t N, int64_t C, int64_t T, const REAL *s, int64_t sts,
-                                      const REAL *e, int64_t ste, const REAL *x, int64_t stx, int64_t K, int64_t D,
-                                      const REAL *g, int64_t stg, int64_t X, const REAL *dy, int64_t stdy,
-                                      const REAL *y, int64_t sty) {
-    if (n < 0 || n >= N) return;
-    const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
-    FN(chunk_prefetch_)(s, sts, t0, L, K);
-    FN(chunk_prefetch_)(e, ste, t0, L, K);
-    FN(chunk_prefetch_)(x, stx, t0, L, D);
-    FN(chunk_prefetch_)(g, stg, t0, L, X);
-    FN(chunk_prefetch_)(dy, stdy, t0, L, D);
-    FN(chunk_prefetch_)(y, sty, t0, L, D);
+#else
+#define CHUNK_TB 4
+typedef REAL FN(chunk_tvec_) __attribute__((vector_size(32), aligned(sizeof(REAL))));
+typedef int64_t FN(chunk_tidx_) __attribute__((vector_size(32)));
+static inline void FN(chunk_block_transpose_)(const REAL *src, int64_t lds, REAL *dst, int64_t ldd) {
+    typedef FN(chunk_tvec_) V;
+    typedef FN(chunk_tidx_) I;
+    V r[4], t[4];
+    for (int i = 0; i < 4; i++) r[i] = *(const V *)(src + i * lds);
+    for (int i = 0; i < 4; i += 2) {
+        t[i] = __builtin_shuffle(r[i], r[i + 1], (I){0, 4, 2, 6});
+        t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (I){1, 5, 3, 7});
+    }
+    for (int i = 0; i < 2; i++) {
+        *(V *)(dst + i * ldd) = __builtin_shuffle(t[i], t[i + 2], (I){0, 1, 4, 5});
+        *(V *)(dst + (i + 2) * ldd) = __builtin_shuffle(t[i], t[i + 2], (I){2, 3, 6, 7});
+    }
 }
+#endif
 
-/* dst [cols, ldd] = src [rows, lds]^T over the rows x cols block */
+/* dst [cols, ldd] = src [rows, lds]^T over the rows x cols block, both multiples of CVL (every
+ * block the kernel transposes is padded to whole vectors), so whole CHUNK_TB blocks */
 static void FN(chunk_transpose_)(const REAL *src, int64_t lds, int64_t rows, int64_t cols, REAL *dst, int64_t ldd) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) dst[c * ldd + r] = src[r * lds + c];
+    for (int64_t r = 0; r < rows; r += CHUNK_TB)
+        for (int64_t c = 0; c < cols; c += CHUNK_TB)
+            FN(chunk_block_transpose_)(src + r * lds + c, lds, dst + c * ldd + r, ldd);
 }
+#undef CHUNK_TB
 
 /* A chunk's decay spans at most exp(-CHUNK_SPAN) from its start: W_tj = exp(Gam_t) exp(-Gam_j), every
  * factor within exp(+-CHUNK_SPAN) (chunk_matmul.py's SAFE_SPAN: e^30 keeps float32 far from
@@ -233,8 +258,6 @@ void FN(chunk_forward_all_)(const REAL *s, const REAL *e, const REAL *x, const R
             FN(chunk_load_)(eb, strides[5], t0, L, K, ec, Cp, Kp);
             FN(chunk_load_)(xb, strides[8], t0, L, D, xc, Cp, Dp);
             const REAL last = FN(chunk_decay_)(gb, strides[11], t0, L, Cp, gam, W, fa, fb, finv);
-            FN(chunk_prefetch_chunk_)(n + 1, N, C, T, sb, strides[2], eb, strides[5], xb, strides[8], K, D, gb,
-                                      strides[11], 1, 0, 0, 0, 0);
             FN(chunk_transpose_)(ec, Kp, Cp, Kp, eT, Cp);
             FN(chunk_gemm_)(Cp, Cp, Kp, sc, Kp, 0, eT, Cp, A, Cp, 0, OUT_LOWER);
             FN(chunk_mask_)(A, W, Cp, Cp, 0);
@@ -286,8 +309,6 @@ void FN(chunk_backward_all_)(const REAL *s, const REAL *e, const REAL *x, const 
             FN(chunk_load_)(dyb, strides[14], t0, L, D, dyc, Cp, Dp);
             FN(chunk_load_)(kept + n * K * D, D, 0, K, D, S, Kp, Dp);
             const REAL last = FN(chunk_decay_)(g ? g + gb : 0, strides[11], t0, L, Cp, gam, W, fa, fb, finv);
-            FN(chunk_prefetch_chunk_)(n - 1, N, C, T, s + sb, strides[2], e + eb, strides[5], x + xb, strides[8], K, D,
-                                      g ? g + gb : 0, strides[11], 1, dyb, strides[14], 0, 0);
             FN(chunk_transpose_)(ec, Kp, Cp, Kp, eT, Cp);
             FN(chunk_transpose_)(xc, Dp, Cp, Dp, xT, Cp);
             FN(chunk_transpose_)(S, Dp, Kp, Dp, ST, Kp);
@@ -501,16 +522,20 @@ static void FN(chunk_vec_piece_forward_)(FN(chunk_vec_blocks_) *b, const REAL *s
         FN(chunk_tril_)(b->A, Lp, Lp, col);
         FN(chunk_gemm_)(Lp, Dp, Kp, b->sc, Kp, 0, b->S, Dp, b->yc, Dp, 0, FULL);
         FN(chunk_gemm_)(Lp, Dp, Lp, b->A, Lp, 0, right, Dp, b->yc, Dp, 1, A_LOWER);
-        if (col) {
-            FN(chunk_mul_)(b->yc, Dp, b->fpos, Xp, Lp, Dp);
-            FN(chunk_store_)(b->yc, Dp, y_strict, sty, t0, L, D);
+        if (col) /* y_strict and y written in one pass over the rows */
             for (int64_t t = 0; t < L; t++) {
-                REAL s_e = 0;
-                for (int64_t k = 0; k < K; k++) s_e += b->sc[t * Kp + k] * b->ec[t * Kp + k];
-                for (int64_t d = 0; d < D; d++) b->yc[t * Dp + d] += s_e * b->xc[t * Dp + d];
+                const REAL *restrict st_ = b->sc + t * Kp, *restrict et = b->ec + t * Kp, *restrict xt = b->xc + t * Dp;
+                const REAL *restrict yt = b->yc + t * Dp, *restrict ft = b->fpos + t * Xp;
+                REAL *restrict ys = y_strict + (t0 + t) * sty, *restrict yo = y + (t0 + t) * sty, s_e = 0;
+                for (int64_t k = 0; k < K; k++) s_e += st_[k] * et[k];
+                for (int64_t d = 0; d < D; d++) {
+                    const REAL v = yt[d] * ft[d];
+                    ys[d] = v;
+                    yo[d] = v + s_e * xt[d];
+                }
             }
-        }
-        FN(chunk_store_)(b->yc, Dp, y, sty, t0, L, D);
+        else
+            FN(chunk_store_)(b->yc, Dp, y, sty, t0, L, D);
     }
     if (m_strict) { /* o_T m_{T-1}: every input but the piece's (the sequence's) last */
         FN(chunk_gemm_)(Kp, Dp, L - 1, left, Kp, 1, right, Dp, b->S, Dp, 1, FULL);
@@ -548,8 +573,6 @@ void FN(chunk_vec_forward_all_)(const REAL *s, const REAL *e, const REAL *x, con
         for (int64_t n = 0; n < N; n++) {
             const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
             FN(chunk_dense_)(b.S, Dp, kept + n * K * D, D, K, D);
-            FN(chunk_prefetch_chunk_)(n + 1, N, C, T, sb, strides[2], eb, strides[5], xb, strides[8], K, D, gb,
-                                      strides[11], X, 0, 0, 0, 0);
             for (int64_t p = t0; p < t0 + L;) {
                 const int64_t Lq = FN(chunk_piece_)(gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next, b.fpos, b.fneg,
                                                     b.u, b.v);
@@ -589,9 +612,6 @@ void FN(chunk_vec_backward_all_)(const REAL *s, const REAL *e, const REAL *x, co
         for (int64_t n = N - 1; n >= 0; n--) {
             const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
             int64_t pieces = 0, single = 0;
-            FN(chunk_prefetch_chunk_)(n - 1, N, C, T, s + sb, strides[2], e + eb, strides[5], x + xb, strides[8], K, D,
-                                      g + gb, strides[11], X, dy + db, strides[14], col ? y_strict + yb : 0,
-                                      strides[17]);
             FN(chunk_load_)(kept + n * K * D, D, 0, K, D, b.S, Kp, Dp);
             for (int64_t p = t0; p < t0 + L; pieces++) { /* the pieces and the memory at each one's start */
                 const int64_t Lq = FN(chunk_piece_)(g + gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next, b.fpos,
@@ -654,28 +674,26 @@ void FN(chunk_vec_backward_all_)(const REAL *s, const REAL *e, const REAL *x, co
                     FN(chunk_mul_)(b.dx, Dp, b.fneg, Xp, Lp, Dp);
                     FN(chunk_load_)(y_strict + yb, strides[17], p, Lq, D, b.yc, Lp, Dp);
                 }
-                for (int64_t t = Lq - 1; t >= 0; t--) {
-                    const REAL *st_ = b.sc + t * Kp, *et = b.ec + t * Kp, *xt = b.xc + t * Dp, *dyt = b.dy + t * Dp;
-                    REAL *dst = b.ds + t * Kp, *det = b.de + t * Kp, x_dy = 0, s_e = 0;
-                    const int last = p + t == T - 1;
-                    const REAL *gt = g + gb + (p + t) * strides[11];
-                    REAL *dgt = dg + gb + (p + t) * strides[11]; /* dg is laid out as g */
+                for (int64_t t = Lq - 1; t >= 0; t--) { /* restrict: the step's rows vectorise */
+                    const REAL *restrict st_ = b.sc + t * Kp, *restrict et = b.ec + t * Kp;
+                    const REAL *restrict xt = b.xc + t * Dp, *restrict dyt = b.dy + t * Dp;
+                    const REAL *restrict gt = g + gb + (p + t) * strides[11];
+                    REAL *restrict dst = b.ds + t * Kp, *restrict det = b.de + t * Kp;
+                    REAL *restrict dgt = dg + gb + (p + t) * strides[11]; /* dg is laid out as g */
+                    double *restrict run = b.run;
+                    const REAL keep = p + t == T - 1 ? 0 : 1; /* the sequence's last e de (x dx) left out */
+                    REAL x_dy = 0, s_e = 0;
                     for (int64_t d = 0; d < D; d++) x_dy += xt[d] * dyt[d];
                     for (int64_t k = 0; k < K; k++) s_e += st_[k] * et[k];
                     if (!col) {
-                        for (int64_t k = 0; k < K; k++) {
-                            b.run[k] += st_[k] * dst[k] - (last ? 0 : et[k] * det[k]);
-                            dgt[k] = gt[k] < CHUNK_LOG_ZERO ? 0 : (REAL)b.run[k];
-                        }
+                        for (int64_t k = 0; k < K; k++) run[k] += st_[k] * dst[k] - keep * et[k] * det[k];
                     } else {
-                        const REAL *yt_ = b.yc + t * Dp;
-                        REAL *dxt = b.dx + t * Dp;
-                        for (int64_t d = 0; d < D; d++) {
-                            b.run[d] += dyt[d] * yt_[d] - (last ? 0 : xt[d] * dxt[d]);
-                            dgt[d] = gt[d] < CHUNK_LOG_ZERO ? 0 : (REAL)b.run[d];
-                            dxt[d] += s_e * dyt[d];
-                        }
+                        const REAL *restrict yt_ = b.yc + t * Dp;
+                        REAL *restrict dxt = b.dx + t * Dp;
+                        for (int64_t d = 0; d < D; d++) run[d] += dyt[d] * yt_[d] - keep * xt[d] * dxt[d];
+                        for (int64_t d = 0; d < D; d++) dxt[d] += s_e * dyt[d];
                     }
+                    for (int64_t k = 0; k < X; k++) dgt[k] = gt[k] < CHUNK_LOG_ZERO ? 0 : (REAL)run[k];
                     for (int64_t k = 0; k < K; k++) {
                         dst[k] += x_dy * et[k];
                         det[k] += x_dy * st_[k];
