@@ -598,8 +598,8 @@ def native_chunk(
     by g. m0 [B, H, K, D] or None (zeros), chunks of ``chunk`` steps; real float32 or float64 on the
     CPU, one dtype. Any decay takes the kernel's one form, however strong (chunk.h says how); a log
     below ``LOG_ZERO`` (-inf: a decay of exactly 0) is read as it, with a gradient of 0, as
-    ``finite_log`` does. Returns (y [B, H, T, D] laid out
-    as x, m_T [B, H, K, D]). ``native_unavailable()`` must be None."""
+    ``finite_log`` does. Returns (y [B, H, T, D] laid out as x, m_T [B, H, K, D]).
+    ``native_unavailable()`` must be None."""
     kind = kind if kind is not None else "none" if g is None else "scalar"
     if kind not in KINDS:
         raise ValueError(f"native_chunk: kind expected one of {', '.join(KINDS)} or None, got {kind!r}")

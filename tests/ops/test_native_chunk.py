@@ -67,7 +67,7 @@ def make(B, T, H, K, D, layout, initial, decay=None, seed=0, kind="scalar"):
     leaves["x"] = torch.randn(*shape(D), generator=gen, dtype=torch.float64)
     if decay is not None:
         X = {"scalar": 1, "row": K, "col": D}[kind]
-        g = -torch.rand(*(shape(X) if not broadcast else (B, H, T, X)), generator=gen, dtype=torch.float64)
+        g = -torch.rand(*shape(X), generator=gen, dtype=torch.float64)
         g = g * (1.0 if decay == "zeros" else decay)
         if decay == "zeros":
             g.view(-1)[:: max(1, g.numel() // 3)] = -torch.inf
