@@ -327,9 +327,13 @@ void FN(chunk_backward_all_)(const REAL *s, const REAL *e, const REAL *x, const 
             FN(chunk_scale_rows_)(dxc, Dp, Cp, Dp, fb);
             FN(chunk_gemm_)(Cp, Dp, Cp, A, Cp, 1, dyc, Dp, dxc, Dp, 1, A_UPPER);
             for (int64_t t = L - 1; t >= 0; t--) {
-                const REAL *st_ = sc + t * Kp, *et = ec + t * Kp, *xt = xc + t * Dp, *dyt = dyc + t * Dp;
-                REAL *dst = dsc + t * Kp, *det = dec + t * Kp, x_dy = 0, s_ds = 0, e_de = 0;
+                /* restrict and simd reductions: the step's rows vectorise (as in the vector-decay kernel) */
+                const REAL *restrict st_ = sc + t * Kp, *restrict et = ec + t * Kp;
+                const REAL *restrict xt = xc + t * Dp, *restrict dyt = dyc + t * Dp;
+                REAL *restrict dst = dsc + t * Kp, *restrict det = dec + t * Kp, x_dy = 0, s_ds = 0, e_de = 0;
+#pragma omp simd reduction(+ : x_dy)
                 for (int64_t d = 0; d < D; d++) x_dy += xt[d] * dyt[d];
+#pragma omp simd reduction(+ : s_ds, e_de)
                 for (int64_t k = 0; k < K; k++) {
                     s_ds += st_[k] * dst[k];
                     e_de += et[k] * det[k];
@@ -527,6 +531,7 @@ static void FN(chunk_vec_piece_forward_)(FN(chunk_vec_blocks_) *b, const REAL *s
                 const REAL *restrict st_ = b->sc + t * Kp, *restrict et = b->ec + t * Kp, *restrict xt = b->xc + t * Dp;
                 const REAL *restrict yt = b->yc + t * Dp, *restrict ft = b->fpos + t * Xp;
                 REAL *restrict ys = y_strict + (t0 + t) * sty, *restrict yo = y + (t0 + t) * sty, s_e = 0;
+#pragma omp simd reduction(+ : s_e)
                 for (int64_t k = 0; k < K; k++) s_e += st_[k] * et[k];
                 for (int64_t d = 0; d < D; d++) {
                     const REAL v = yt[d] * ft[d];
@@ -683,13 +688,15 @@ void FN(chunk_vec_backward_all_)(const REAL *s, const REAL *e, const REAL *x, co
                     double *restrict run = b.run;
                     const REAL keep = p + t == T - 1 ? 0 : 1; /* the sequence's last e de (x dx) left out */
                     REAL x_dy = 0, s_e = 0;
+#pragma omp simd reduction(+ : x_dy)
                     for (int64_t d = 0; d < D; d++) x_dy += xt[d] * dyt[d];
-                    for (int64_t k = 0; k < K; k++) s_e += st_[k] * et[k];
                     if (!col) {
                         for (int64_t k = 0; k < K; k++) run[k] += st_[k] * dst[k] - keep * et[k] * det[k];
-                    } else {
+                    } else { /* and dx's own term, (s . e) dy, after the strict dx it reads */
                         const REAL *restrict yt_ = b.yc + t * Dp;
                         REAL *restrict dxt = b.dx + t * Dp;
+#pragma omp simd reduction(+ : s_e)
+                        for (int64_t k = 0; k < K; k++) s_e += st_[k] * et[k];
                         for (int64_t d = 0; d < D; d++) run[d] += dyt[d] * yt_[d] - keep * xt[d] * dxt[d];
                         for (int64_t d = 0; d < D; d++) dxt[d] += s_e * dyt[d];
                     }
