@@ -14,6 +14,8 @@ Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
     kxd-auto, product-auto  kxd and product with mode "auto" (the native scan on the CPU where it exists)
     product-packed  product-auto on 8 packed documents (cu_seqlens), final states asked for
     mamba     the Mamba layer, B=64 T=256 d_model=128
+    eos-KIND-T  eos chunk with no, a scalar, a row or a column decay (KIND none, scalar, row, col):
+              the ops bench's limit case, B=1 H=4 K=D=64, chunk 64, GLA's gates, at length T
     lm-NAME-T one training step (forward + backward of the cross-entropy, batch 1) of the efficiency
               bench's model NAME (transformer, s4, mamba, ...) at length T; s4 with l_max = T (the
               official code's C~ parametrization, as the bench builds it), s4default lcsm's default
@@ -67,6 +69,21 @@ def _case(name: str):
             (y.sum() + (m.sum() if packed else 0)).backward()
 
         return run
+    if name.startswith("eos-"):
+        _, kind, T = name.split("-")
+        B, T, H, K, D = 1, int(T), 4, 64, 64
+        i, e, s = (torch.randn(B, T, H, X, generator=g) for X in (D, K, K))
+        tail = {"none": None, "scalar": (1, 1), "row": (K, 1), "col": (1, D)}[kind]
+        log_o = None if tail is None else F.logsigmoid(torch.randn(B, T, H, *tail, generator=g)) / 16
+        leaves = [t.requires_grad_() for t in (i, e, s, log_o) if t is not None]
+        cot = torch.randn(B, T, H, D, generator=g)
+
+        def run():
+            for t in leaves:
+                t.grad = None
+            eos(i, e, s, log_o, mode="chunk", chunk_size=64)[0].backward(cot)
+
+        return run
     if name == "mamba":
         from lcsm import layers
 
@@ -105,7 +122,7 @@ def _case(name: str):
         layer = layers.build(mixer, 128, **({"l_max": T} if mixer == "s4" else {}))
         u = torch.randn(1, T, 128, generator=g, requires_grad=True)
         return lambda: layer(u).sum().backward()
-    raise ValueError(f"case: expected one of {', '.join(CASES)}, lm-NAME-T or layer-NAME-T, got {name!r}")
+    raise ValueError(f"case: expected one of {', '.join(CASES)}, eos-KIND-T, lm-NAME-T or layer-NAME-T, got {name!r}")
 
 
 def _ms(value: float | None) -> str:

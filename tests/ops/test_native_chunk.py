@@ -136,6 +136,29 @@ def test_native_chunk_with_a_row_or_column_decay(
     check(B, T, H, K, D, chunk, layout, initial, final_cotangent, kind, decay, dtype)
 
 
+@pytest.mark.parametrize("kind", ["none", "scalar", "row", "col"])
+def test_every_split_of_the_work_among_threads_gives_the_same_bits(kind):
+    """The kernel splits the (batch row, head) items among its threads and takes each thread's in
+    groups of up to 8 items, chunk by chunk over a group (chunk.h's chunk_share): 3 x 11 items on
+    1 to 5 threads, split unevenly, groups that cross batch rows and groups cut short. Each item's
+    arithmetic is the same however the work is split: equal bits, and the recurrence's values."""
+    skip_without_kernel()
+    leaves = make(3, 29, 11, 5, 6, "caller", True, None if kind == "none" else 0.5, seed=5, kind=kind)
+    threads = torch.get_num_threads()
+    results = {}
+    try:
+        for n in (1, 2, 3, 5):
+            torch.set_num_threads(n)
+            results[n] = run(native.native_chunk, leaves, 8, True, "caller", kind)
+    finally:
+        torch.set_num_threads(threads)
+    for n, got in results.items():
+        for name, value in got.items():
+            assert torch.equal(value, results[1][name]), (n, name)
+    exact = run(recurrence, leaves, 8, True, "caller", kind)
+    assert_close(results[1], exact, dtype=torch.float64, context=kind)
+
+
 @pytest.mark.parametrize("kind", ["scalar", "row", "col"])
 def test_a_decay_of_exactly_zero_has_a_gradient_of_exactly_zero(kind):
     """A log of -inf (raised to LOG_ZERO by the kernel) gets the gradient finite_log's clamp gives

@@ -71,6 +71,20 @@ enum { FULL, A_LOWER, A_UPPER, OUT_LOWER };
 /* LOG_ZERO of lcsm/ops/_inputs.py per type (a test compares them): a log decay below it (-inf,
  * a decay of exactly 0) is read as it, whose exp is 0, and its gradient is 0, as finite_log's */
 const int64_t lcsm_chunk_log_zero_f32 = -128, lcsm_chunk_log_zero_f64 = -1024;
+/* The work split: thread j of a team of n takes the items [lo, hi) (contiguous, as schedule(static)
+ * would) and goes through them in groups of up to CHUNK_GROUP items, chunk by chunk over the
+ * group, each item's memory (cotangent) kept in a slot of its thread's scratch. The caller's
+ * [B, T, H, X] layout puts a step's heads side by side: item after item, a thread would read one
+ * head's rows strided over the others', for each of its heads in turn; a group reads them as one
+ * run of memory. */
+#define CHUNK_GROUP 8
+static inline void chunk_share(int64_t items, int64_t n, int64_t j, int64_t *lo, int64_t *hi) {
+    const int64_t q = items / n, r = items % n;
+    *lo = j * q + (j < r ? j : r);
+    *hi = *lo + q + (j < r);
+}
+/* the end of the group that starts at item g0 of [g0, hi) */
+static inline int64_t chunk_group_end(int64_t g0, int64_t hi) { return g0 + CHUNK_GROUP < hi ? g0 + CHUNK_GROUP : hi; }
 #endif
 #define CHUNK_LOG_ZERO ((REAL)(sizeof(REAL) == 4 ? lcsm_chunk_log_zero_f32 : lcsm_chunk_log_zero_f64))
 
@@ -183,8 +197,9 @@ static void FN(chunk_transpose_)(const REAL *src, int64_t lds, int64_t rows, int
 /* the scratch one thread needs (REALs), forward and backward: the padded blocks below */
 int64_t FN(chunk_scratch_)(int64_t C, int64_t K, int64_t D) {
     const int64_t c = FN(chunk_pad_)(C), k = FN(chunk_pad_)(K), d = FN(chunk_pad_)(D);
-    /* blocks, then the decay's W [c, c], a, b and 1 / a [c] and Gam [c] in double (2 REALs or 1 each) */
-    return 5 * c * k + 5 * c * d + 3 * c * c + 4 * k * d + 5 * c;
+    /* blocks, then the decay's W [c, c], a, b and 1 / a [c] and Gam [c] in double (2 REALs or 1 each),
+     * then a group's memories (cotangents) and decay-gradient sums in double */
+    return 5 * c * k + 5 * c * d + 3 * c * c + 3 * k * d + 5 * c + CHUNK_GROUP * (k * d + 2);
 }
 
 /* a chunk's decay factors from its logs g (L steps, stride st): W [Cp, Cp] (W_tj for j <= t, 0
@@ -240,43 +255,54 @@ void FN(chunk_forward_all_)(const REAL *s, const REAL *e, const REAL *x, const R
                             int64_t K, int64_t D, int64_t C, int64_t items, int64_t threads, REAL *scratch,
                             int64_t per_thread) {
     const int64_t Cp = FN(chunk_pad_)(C), Kp = FN(chunk_pad_)(K), Dp = FN(chunk_pad_)(D), N = (T + C - 1) / C;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t item = 0; item < items; item++) {
-        const int64_t b = item / H, h = item % H;
+#pragma omp parallel num_threads(threads)
+    {
         REAL *sc = scratch + THREAD_NUM * per_thread, *ec = sc + Cp * Kp, *eT = ec + Cp * Kp, *xc = eT + Kp * Cp;
-        REAL *A = xc + Cp * Dp, *S = A + Cp * Cp, *yc = S + Kp * Dp, *W = yc + Cp * Dp, *fa = W + Cp * Cp;
-        REAL *fb = fa + Cp, *finv = fb + Cp;
+        REAL *A = xc + Cp * Dp, *yc = A + Cp * Cp, *W = yc + Cp * Dp, *fa = W + Cp * Cp, *fb = fa + Cp;
+        REAL *finv = fb + Cp;
         double *gam = (double *)(finv + Cp);
-        const REAL *sb = s + b * strides[0] + h * strides[1], *eb = e + b * strides[3] + h * strides[4];
-        const REAL *xb = x + b * strides[6] + h * strides[7], *gb = g ? g + b * strides[9] + h * strides[10] : 0;
-        REAL *yb = y + b * strides[12] + h * strides[13], *kept = starts + item * N * K * D;
-        for (int64_t k = 0; k < Kp * Dp; k++) S[k] = 0;
-        if (m0) FN(chunk_dense_)(m0 + item * K * D, D, S, Dp, K, D);
-        for (int64_t n = 0; n < N; n++) {
-            const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
-            FN(chunk_load_)(sb, strides[2], t0, L, K, sc, Cp, Kp);
-            FN(chunk_load_)(eb, strides[5], t0, L, K, ec, Cp, Kp);
-            FN(chunk_load_)(xb, strides[8], t0, L, D, xc, Cp, Dp);
-            const REAL last = FN(chunk_decay_)(gb, strides[11], t0, L, Cp, gam, W, fa, fb, finv);
-            FN(chunk_transpose_)(ec, Kp, Cp, Kp, eT, Cp);
-            FN(chunk_gemm_)(Cp, Cp, Kp, sc, Kp, 0, eT, Cp, A, Cp, 0, OUT_LOWER);
-            FN(chunk_mask_)(A, W, Cp, Cp, 0);
-            FN(chunk_gemm_)(Cp, Dp, Kp, sc, Kp, 0, S, Dp, yc, Dp, 0, FULL);
-            FN(chunk_scale_rows_)(yc, Dp, Cp, Dp, fa);
-            FN(chunk_gemm_)(Cp, Dp, Cp, A, Cp, 0, xc, Dp, yc, Dp, 1, A_LOWER);
-            FN(chunk_dense_)(S, Dp, kept + n * K * D, D, K, D);
-            for (int64_t k = 0; k < Kp * Dp; k++) S[k] *= last;
-            FN(chunk_scale_rows_)(ec, Kp, Cp, Kp, fb);
-            if (g && n == N - 1) { /* o_T m_{T-1}: every input but the last step's */
-                FN(chunk_gemm_)(Kp, Dp, L - 1, ec, Kp, 1, xc, Dp, S, Dp, 1, FULL);
-                FN(chunk_dense_)(S, Dp, m_strict + item * K * D, D, K, D);
-                FN(chunk_gemm_)(Kp, Dp, 1, ec + (L - 1) * Kp, Kp, 1, xc + (L - 1) * Dp, Dp, S, Dp, 1, FULL);
-            } else {
-                FN(chunk_gemm_)(Kp, Dp, Cp, ec, Kp, 1, xc, Dp, S, Dp, 1, FULL);
+        REAL *slots = (REAL *)(gam + Cp);
+        int64_t lo, hi;
+        chunk_share(items, THREAD_COUNT, THREAD_NUM, &lo, &hi);
+        for (int64_t g0 = lo, g1; g0 < hi; g0 = g1) {
+            g1 = chunk_group_end(g0, hi);
+            for (int64_t item = g0; item < g1; item++) {
+                REAL *S = slots + (item - g0) * Kp * Dp;
+                for (int64_t k = 0; k < Kp * Dp; k++) S[k] = 0;
+                if (m0) FN(chunk_dense_)(m0 + item * K * D, D, S, Dp, K, D);
             }
-            FN(chunk_store_)(yc, Dp, yb, strides[14], t0, L, D);
+            for (int64_t w = 0; w < N * (g1 - g0); w++) { /* the chunks in order, the group's items in each */
+                const int64_t n = w / (g1 - g0), item = g0 + w % (g1 - g0), b = item / H, h = item % H;
+                const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
+                const REAL *sb = s + b * strides[0] + h * strides[1], *eb = e + b * strides[3] + h * strides[4];
+                const REAL *xb = x + b * strides[6] + h * strides[7];
+                const REAL *gb = g ? g + b * strides[9] + h * strides[10] : 0;
+                REAL *yb = y + b * strides[12] + h * strides[13], *S = slots + (item - g0) * Kp * Dp;
+                FN(chunk_load_)(sb, strides[2], t0, L, K, sc, Cp, Kp);
+                FN(chunk_load_)(eb, strides[5], t0, L, K, ec, Cp, Kp);
+                FN(chunk_load_)(xb, strides[8], t0, L, D, xc, Cp, Dp);
+                const REAL last = FN(chunk_decay_)(gb, strides[11], t0, L, Cp, gam, W, fa, fb, finv);
+                FN(chunk_transpose_)(ec, Kp, Cp, Kp, eT, Cp);
+                FN(chunk_gemm_)(Cp, Cp, Kp, sc, Kp, 0, eT, Cp, A, Cp, 0, OUT_LOWER);
+                FN(chunk_mask_)(A, W, Cp, Cp, 0);
+                FN(chunk_gemm_)(Cp, Dp, Kp, sc, Kp, 0, S, Dp, yc, Dp, 0, FULL);
+                FN(chunk_scale_rows_)(yc, Dp, Cp, Dp, fa);
+                FN(chunk_gemm_)(Cp, Dp, Cp, A, Cp, 0, xc, Dp, yc, Dp, 1, A_LOWER);
+                FN(chunk_dense_)(S, Dp, starts + (item * N + n) * K * D, D, K, D);
+                for (int64_t k = 0; k < Kp * Dp; k++) S[k] *= last;
+                FN(chunk_scale_rows_)(ec, Kp, Cp, Kp, fb);
+                if (g && n == N - 1) { /* o_T m_{T-1}: every input but the last step's */
+                    FN(chunk_gemm_)(Kp, Dp, L - 1, ec, Kp, 1, xc, Dp, S, Dp, 1, FULL);
+                    FN(chunk_dense_)(S, Dp, m_strict + item * K * D, D, K, D);
+                    FN(chunk_gemm_)(Kp, Dp, 1, ec + (L - 1) * Kp, Kp, 1, xc + (L - 1) * Dp, Dp, S, Dp, 1, FULL);
+                } else {
+                    FN(chunk_gemm_)(Kp, Dp, Cp, ec, Kp, 1, xc, Dp, S, Dp, 1, FULL);
+                }
+                FN(chunk_store_)(yc, Dp, yb, strides[14], t0, L, D);
+            }
+            for (int64_t item = g0; item < g1; item++)
+                FN(chunk_dense_)(slots + (item - g0) * Kp * Dp, Dp, mT + item * K * D, D, K, D);
         }
-        FN(chunk_dense_)(S, Dp, mT + item * K * D, D, K, D);
     }
 }
 
@@ -287,73 +313,87 @@ void FN(chunk_backward_all_)(const REAL *s, const REAL *e, const REAL *x, const 
                              REAL *dg, REAL *dm0, const int64_t *strides, int64_t H, int64_t T, int64_t K, int64_t D,
                              int64_t C, int64_t items, int64_t threads, REAL *scratch, int64_t per_thread) {
     const int64_t Cp = FN(chunk_pad_)(C), Kp = FN(chunk_pad_)(K), Dp = FN(chunk_pad_)(D), N = (T + C - 1) / C;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t item = 0; item < items; item++) {
-        const int64_t b = item / H, h = item % H;
+#pragma omp parallel num_threads(threads)
+    {
         REAL *sc = scratch + THREAD_NUM * per_thread, *ec = sc + Cp * Kp, *eT = ec + Cp * Kp, *dsc = eT + Kp * Cp;
         REAL *dec = dsc + Cp * Kp, *xc = dec + Cp * Kp, *dyc = xc + Cp * Dp, *xT = dyc + Cp * Dp, *dxc = xT + Dp * Cp;
-        REAL *A = dxc + Cp * Dp, *G = A + Cp * Cp, *S = G + Cp * Cp, *R = S + Kp * Dp, *ST = R + Kp * Dp;
-        REAL *RT = ST + Dp * Kp, *W = RT + Dp * Kp, *fa = W + Cp * Cp, *fb = fa + Cp, *finv = fb + Cp;
+        REAL *A = dxc + Cp * Dp, *G = A + Cp * Cp, *S = G + Cp * Cp, *ST = S + Kp * Dp, *RT = ST + Dp * Kp;
+        REAL *W = RT + Dp * Kp, *fa = W + Cp * Cp, *fb = fa + Cp, *finv = fb + Cp;
         double *gam = (double *)(finv + Cp);
-        const int64_t sb = b * strides[0] + h * strides[1], eb = b * strides[3] + h * strides[4];
-        const int64_t xb = b * strides[6] + h * strides[7], gb = b * strides[9] + h * strides[10];
-        const REAL *dyb = dy + b * strides[12] + h * strides[13], *kept = starts + item * N * K * D;
-        double running = g && carry ? carry[item] : 0; /* the decay gradient's reverse cumulative sum */
-        for (int64_t k = 0; k < Kp * Dp; k++) R[k] = 0;
-        if (dmT) FN(chunk_dense_)(dmT + item * K * D, D, R, Dp, K, D);
-        for (int64_t n = N - 1; n >= 0; n--) {
-            const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
-            FN(chunk_load_)(s + sb, strides[2], t0, L, K, sc, Cp, Kp);
-            FN(chunk_load_)(e + eb, strides[5], t0, L, K, ec, Cp, Kp);
-            FN(chunk_load_)(x + xb, strides[8], t0, L, D, xc, Cp, Dp);
-            FN(chunk_load_)(dyb, strides[14], t0, L, D, dyc, Cp, Dp);
-            FN(chunk_load_)(kept + n * K * D, D, 0, K, D, S, Kp, Dp);
-            const REAL last = FN(chunk_decay_)(g ? g + gb : 0, strides[11], t0, L, Cp, gam, W, fa, fb, finv);
-            FN(chunk_transpose_)(ec, Kp, Cp, Kp, eT, Cp);
-            FN(chunk_transpose_)(xc, Dp, Cp, Dp, xT, Cp);
-            FN(chunk_transpose_)(S, Dp, Kp, Dp, ST, Kp);
-            FN(chunk_transpose_)(R, Dp, Kp, Dp, RT, Kp);
-            FN(chunk_gemm_)(Cp, Cp, Kp, sc, Kp, 0, eT, Cp, A, Cp, 0, OUT_LOWER);
-            FN(chunk_mask_)(A, W, Cp, Cp, 0);
-            FN(chunk_gemm_)(Cp, Cp, Dp, dyc, Dp, 0, xT, Cp, G, Cp, 0, OUT_LOWER);
-            FN(chunk_mask_)(G, W, Cp, Cp, 1);
-            FN(chunk_gemm_)(Cp, Kp, Dp, dyc, Dp, 0, ST, Kp, dsc, Kp, 0, FULL);
-            FN(chunk_scale_rows_)(dsc, Kp, Cp, Kp, fa);
-            FN(chunk_gemm_)(Cp, Kp, Cp, G, Cp, 0, ec, Kp, dsc, Kp, 1, A_LOWER);
-            FN(chunk_gemm_)(Cp, Kp, Dp, xc, Dp, 0, RT, Kp, dec, Kp, 0, FULL);
-            FN(chunk_scale_rows_)(dec, Kp, Cp, Kp, fb);
-            FN(chunk_gemm_)(Cp, Kp, Cp, G, Cp, 1, sc, Kp, dec, Kp, 1, A_UPPER);
-            FN(chunk_gemm_)(Cp, Dp, Kp, ec, Kp, 0, R, Dp, dxc, Dp, 0, FULL);
-            FN(chunk_scale_rows_)(dxc, Dp, Cp, Dp, fb);
-            FN(chunk_gemm_)(Cp, Dp, Cp, A, Cp, 1, dyc, Dp, dxc, Dp, 1, A_UPPER);
-            for (int64_t t = L - 1; t >= 0; t--) {
-                /* restrict and simd reductions: the step's rows vectorise (as in the vector-decay kernel) */
-                const REAL *restrict st_ = sc + t * Kp, *restrict et = ec + t * Kp;
-                const REAL *restrict xt = xc + t * Dp, *restrict dyt = dyc + t * Dp;
-                REAL *restrict dst = dsc + t * Kp, *restrict det = dec + t * Kp, x_dy = 0, s_ds = 0, e_de = 0;
-#pragma omp simd reduction(+ : x_dy)
-                for (int64_t d = 0; d < D; d++) x_dy += xt[d] * dyt[d];
-#pragma omp simd reduction(+ : s_ds, e_de)
-                for (int64_t k = 0; k < K; k++) {
-                    s_ds += st_[k] * dst[k];
-                    e_de += et[k] * det[k];
-                    dst[k] += x_dy * et[k];
-                    det[k] += x_dy * st_[k];
-                }
-                if (g) {
-                    running += s_ds - (t0 + t == T - 1 ? 0 : e_de);
-                    const int raised = g[gb + (t0 + t) * strides[11]] < CHUNK_LOG_ZERO;
-                    dg[b * strides[15] + h * strides[16] + (t0 + t) * strides[17]] = raised ? 0 : (REAL)running;
-                }
+        REAL *slots = (REAL *)(gam + Cp);
+        double *runs = (double *)(slots + CHUNK_GROUP * Kp * Dp); /* the decay gradient's reverse cumulative sums */
+        int64_t lo, hi;
+        chunk_share(items, THREAD_COUNT, THREAD_NUM, &lo, &hi);
+        for (int64_t g0 = lo, g1; g0 < hi; g0 = g1) {
+            g1 = chunk_group_end(g0, hi);
+            for (int64_t item = g0; item < g1; item++) {
+                REAL *R = slots + (item - g0) * Kp * Dp;
+                runs[item - g0] = g && carry ? carry[item] : 0;
+                for (int64_t k = 0; k < Kp * Dp; k++) R[k] = 0;
+                if (dmT) FN(chunk_dense_)(dmT + item * K * D, D, R, Dp, K, D);
             }
-            FN(chunk_scale_rows_)(sc, Kp, Cp, Kp, fa);
-            for (int64_t k = 0; k < Kp * Dp; k++) R[k] *= last;
-            FN(chunk_gemm_)(Kp, Dp, Cp, sc, Kp, 1, dyc, Dp, R, Dp, 1, FULL);
-            FN(chunk_store_)(dsc, Kp, ds + sb, strides[2], t0, L, K);
-            FN(chunk_store_)(dec, Kp, de + eb, strides[5], t0, L, K);
-            FN(chunk_store_)(dxc, Dp, dx + xb, strides[8], t0, L, D);
+            for (int64_t w = 0; w < N * (g1 - g0); w++) { /* the chunks in reverse, the group's items in each */
+                const int64_t n = N - 1 - w / (g1 - g0), item = g0 + w % (g1 - g0), b = item / H, h = item % H;
+                const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
+                const int64_t sb = b * strides[0] + h * strides[1], eb = b * strides[3] + h * strides[4];
+                const int64_t xb = b * strides[6] + h * strides[7], gb = b * strides[9] + h * strides[10];
+                const REAL *dyb = dy + b * strides[12] + h * strides[13], *kept = starts + item * N * K * D;
+                REAL *R = slots + (item - g0) * Kp * Dp;
+                double running = runs[item - g0];
+                FN(chunk_load_)(s + sb, strides[2], t0, L, K, sc, Cp, Kp);
+                FN(chunk_load_)(e + eb, strides[5], t0, L, K, ec, Cp, Kp);
+                FN(chunk_load_)(x + xb, strides[8], t0, L, D, xc, Cp, Dp);
+                FN(chunk_load_)(dyb, strides[14], t0, L, D, dyc, Cp, Dp);
+                FN(chunk_load_)(kept + n * K * D, D, 0, K, D, S, Kp, Dp);
+                const REAL last = FN(chunk_decay_)(g ? g + gb : 0, strides[11], t0, L, Cp, gam, W, fa, fb, finv);
+                FN(chunk_transpose_)(ec, Kp, Cp, Kp, eT, Cp);
+                FN(chunk_transpose_)(xc, Dp, Cp, Dp, xT, Cp);
+                FN(chunk_transpose_)(S, Dp, Kp, Dp, ST, Kp);
+                FN(chunk_transpose_)(R, Dp, Kp, Dp, RT, Kp);
+                FN(chunk_gemm_)(Cp, Cp, Kp, sc, Kp, 0, eT, Cp, A, Cp, 0, OUT_LOWER);
+                FN(chunk_mask_)(A, W, Cp, Cp, 0);
+                FN(chunk_gemm_)(Cp, Cp, Dp, dyc, Dp, 0, xT, Cp, G, Cp, 0, OUT_LOWER);
+                FN(chunk_mask_)(G, W, Cp, Cp, 1);
+                FN(chunk_gemm_)(Cp, Kp, Dp, dyc, Dp, 0, ST, Kp, dsc, Kp, 0, FULL);
+                FN(chunk_scale_rows_)(dsc, Kp, Cp, Kp, fa);
+                FN(chunk_gemm_)(Cp, Kp, Cp, G, Cp, 0, ec, Kp, dsc, Kp, 1, A_LOWER);
+                FN(chunk_gemm_)(Cp, Kp, Dp, xc, Dp, 0, RT, Kp, dec, Kp, 0, FULL);
+                FN(chunk_scale_rows_)(dec, Kp, Cp, Kp, fb);
+                FN(chunk_gemm_)(Cp, Kp, Cp, G, Cp, 1, sc, Kp, dec, Kp, 1, A_UPPER);
+                FN(chunk_gemm_)(Cp, Dp, Kp, ec, Kp, 0, R, Dp, dxc, Dp, 0, FULL);
+                FN(chunk_scale_rows_)(dxc, Dp, Cp, Dp, fb);
+                FN(chunk_gemm_)(Cp, Dp, Cp, A, Cp, 1, dyc, Dp, dxc, Dp, 1, A_UPPER);
+                for (int64_t t = L - 1; t >= 0; t--) {
+                    /* restrict and simd reductions: the step's rows vectorise (as in the vector-decay kernel) */
+                    const REAL *restrict st_ = sc + t * Kp, *restrict et = ec + t * Kp;
+                    const REAL *restrict xt = xc + t * Dp, *restrict dyt = dyc + t * Dp;
+                    REAL *restrict dst = dsc + t * Kp, *restrict det = dec + t * Kp, x_dy = 0, s_ds = 0, e_de = 0;
+#pragma omp simd reduction(+ : x_dy)
+                    for (int64_t d = 0; d < D; d++) x_dy += xt[d] * dyt[d];
+#pragma omp simd reduction(+ : s_ds, e_de)
+                    for (int64_t k = 0; k < K; k++) {
+                        s_ds += st_[k] * dst[k];
+                        e_de += et[k] * det[k];
+                        dst[k] += x_dy * et[k];
+                        det[k] += x_dy * st_[k];
+                    }
+                    if (g) {
+                        running += s_ds - (t0 + t == T - 1 ? 0 : e_de);
+                        const int raised = g[gb + (t0 + t) * strides[11]] < CHUNK_LOG_ZERO;
+                        dg[b * strides[15] + h * strides[16] + (t0 + t) * strides[17]] = raised ? 0 : (REAL)running;
+                    }
+                }
+                FN(chunk_scale_rows_)(sc, Kp, Cp, Kp, fa);
+                for (int64_t k = 0; k < Kp * Dp; k++) R[k] *= last;
+                FN(chunk_gemm_)(Kp, Dp, Cp, sc, Kp, 1, dyc, Dp, R, Dp, 1, FULL);
+                FN(chunk_store_)(dsc, Kp, ds + sb, strides[2], t0, L, K);
+                FN(chunk_store_)(dec, Kp, de + eb, strides[5], t0, L, K);
+                FN(chunk_store_)(dxc, Dp, dx + xb, strides[8], t0, L, D);
+                runs[item - g0] = running;
+            }
+            for (int64_t item = g0; item < g1; item++)
+                FN(chunk_dense_)(slots + (item - g0) * Kp * Dp, Dp, dm0 + item * K * D, D, K, D);
         }
-        FN(chunk_dense_)(R, Dp, dm0 + item * K * D, D, K, D);
     }
 }
 
@@ -462,8 +502,8 @@ static inline REAL *FN(chunk_take_)(REAL *base, int64_t *at, int64_t n) {
 /* The blocks of one thread's scratch, forward and backward alike (`size` only counts them). */
 typedef struct {
     REAL *sc, *ec, *qt, *kt, *ds, *de, *tT, *xc, *dy, *xt, *yt, *dx, *yc, *xT, *A, *G, *S, *R, *ST, *RT;
-    REAL *fpos, *fneg, *u, *v, *starts;
-    double *c, *next, *run;
+    REAL *fpos, *fneg, *u, *v, *starts, *slots; /* slots: a group's memories (forward) or cotangents */
+    double *c, *next, *run, *runs;              /* runs: a group's decay-gradient sums (backward) */
     int64_t *bounds;
 } FN(chunk_vec_blocks_);
 
@@ -480,12 +520,13 @@ static int64_t FN(chunk_vec_layout_)(REAL *base, int64_t C, int64_t K, int64_t D
     for (int i = 0; i < 6; i++) *cd[i] = TAKE(Cp * Dp);
     b->xT = TAKE(Dp * Cp);
     b->A = TAKE(Cp * Cp), b->G = TAKE(Cp * Cp);
-    REAL **kd[] = {&b->S, &b->R, &b->ST, &b->RT};
-    for (int i = 0; i < 4; i++) *kd[i] = TAKE(Kp * Dp);
+    REAL **kd[] = {&b->S, &b->ST, &b->RT};
+    for (int i = 0; i < 3; i++) *kd[i] = TAKE(Kp * Dp);
+    b->slots = TAKE(CHUNK_GROUP * Kp * Dp);
     b->fpos = TAKE(Cp * Xp), b->fneg = TAKE(Cp * Xp);
     b->u = TAKE(Xp), b->v = TAKE(Xp);
     b->c = (double *)TAKE(Xp * per_double), b->next = (double *)TAKE(Xp * per_double);
-    b->run = (double *)TAKE(Xp * per_double);
+    b->runs = (double *)TAKE(CHUNK_GROUP * Xp * per_double);
     b->bounds = (int64_t *)TAKE((C + 1) * (int64_t)(sizeof(int64_t) / sizeof(REAL)));
     b->starts = TAKE(C * Kp * Dp); /* a piece-start memory for each of up to C pieces */
 #undef TAKE
@@ -565,30 +606,40 @@ void FN(chunk_vec_forward_all_)(const REAL *s, const REAL *e, const REAL *x, con
                                 int64_t threads, REAL *scratch, int64_t per_thread) {
     const int64_t Kp = FN(chunk_pad_)(K), Dp = FN(chunk_pad_)(D), X = col ? D : K, Xp = FN(chunk_pad_)(X);
     const int64_t N = (T + C - 1) / C;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t item = 0; item < items; item++) {
-        const int64_t b_ = item / H, h = item % H;
+#pragma omp parallel num_threads(threads)
+    {
         FN(chunk_vec_blocks_) b;
         FN(chunk_vec_layout_)(scratch + THREAD_NUM * per_thread, C, K, D, X, &b);
-        const REAL *sb = s + b_ * strides[0] + h * strides[1], *eb = e + b_ * strides[3] + h * strides[4];
-        const REAL *xb = x + b_ * strides[6] + h * strides[7], *gb = g + b_ * strides[9] + h * strides[10];
-        REAL *yb = y + b_ * strides[12] + h * strides[13], *kept = starts + item * N * K * D;
-        for (int64_t k = 0; k < Kp * Dp; k++) b.S[k] = 0;
-        if (m0) FN(chunk_dense_)(m0 + item * K * D, D, b.S, Dp, K, D);
-        for (int64_t n = 0; n < N; n++) {
-            const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
-            FN(chunk_dense_)(b.S, Dp, kept + n * K * D, D, K, D);
-            for (int64_t p = t0; p < t0 + L;) {
-                const int64_t Lq = FN(chunk_piece_)(gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next, b.fpos, b.fneg,
-                                                    b.u, b.v);
-                REAL *strict = p + Lq == T ? m_strict + item * K * D : 0;
-                FN(chunk_vec_piece_forward_)(&b, sb, strides[2], eb, strides[5], xb, strides[8], yb,
-                                             col ? yb - y + y_strict : 0, strides[14], p, Lq, K, D, (int)col, Xp,
-                                             strict);
-                p += Lq;
+        int64_t lo, hi;
+        chunk_share(items, THREAD_COUNT, THREAD_NUM, &lo, &hi);
+        for (int64_t g0 = lo, g1; g0 < hi; g0 = g1) {
+            g1 = chunk_group_end(g0, hi);
+            for (int64_t item = g0; item < g1; item++) {
+                REAL *S = b.slots + (item - g0) * Kp * Dp;
+                for (int64_t k = 0; k < Kp * Dp; k++) S[k] = 0;
+                if (m0) FN(chunk_dense_)(m0 + item * K * D, D, S, Dp, K, D);
             }
+            for (int64_t w = 0; w < N * (g1 - g0); w++) { /* the chunks in order, the group's items in each */
+                const int64_t n = w / (g1 - g0), item = g0 + w % (g1 - g0), b_ = item / H, h = item % H;
+                const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
+                const REAL *sb = s + b_ * strides[0] + h * strides[1], *eb = e + b_ * strides[3] + h * strides[4];
+                const REAL *xb = x + b_ * strides[6] + h * strides[7], *gb = g + b_ * strides[9] + h * strides[10];
+                REAL *yb = y + b_ * strides[12] + h * strides[13];
+                b.S = b.slots + (item - g0) * Kp * Dp;
+                FN(chunk_dense_)(b.S, Dp, starts + (item * N + n) * K * D, D, K, D);
+                for (int64_t p = t0; p < t0 + L;) {
+                    const int64_t Lq = FN(chunk_piece_)(gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next, b.fpos,
+                                                        b.fneg, b.u, b.v);
+                    REAL *strict = p + Lq == T ? m_strict + item * K * D : 0;
+                    FN(chunk_vec_piece_forward_)(&b, sb, strides[2], eb, strides[5], xb, strides[8], yb,
+                                                 col ? yb - y + y_strict : 0, strides[14], p, Lq, K, D, (int)col,
+                                                 Xp, strict);
+                    p += Lq;
+                }
+            }
+            for (int64_t item = g0; item < g1; item++)
+                FN(chunk_dense_)(b.slots + (item - g0) * Kp * Dp, Dp, mT + item * K * D, D, K, D);
         }
-        FN(chunk_dense_)(b.S, Dp, mT + item * K * D, D, K, D);
     }
 }
 
@@ -602,119 +653,130 @@ void FN(chunk_vec_backward_all_)(const REAL *s, const REAL *e, const REAL *x, co
                                  REAL *scratch, int64_t per_thread) {
     const int64_t Kp = FN(chunk_pad_)(K), Dp = FN(chunk_pad_)(D), X = col ? D : K, Xp = FN(chunk_pad_)(X);
     const int64_t N = (T + C - 1) / C;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t item = 0; item < items; item++) {
-        const int64_t b_ = item / H, h = item % H;
+#pragma omp parallel num_threads(threads)
+    {
         FN(chunk_vec_blocks_) b;
         FN(chunk_vec_layout_)(scratch + THREAD_NUM * per_thread, C, K, D, X, &b);
-        const int64_t sb = b_ * strides[0] + h * strides[1], eb = b_ * strides[3] + h * strides[4];
-        const int64_t xb = b_ * strides[6] + h * strides[7], gb = b_ * strides[9] + h * strides[10];
-        const int64_t db = b_ * strides[12] + h * strides[13], yb = b_ * strides[15] + h * strides[16];
-        const REAL *kept = starts + item * N * K * D;
-        for (int64_t k = 0; k < X; k++) b.run[k] = carry ? carry[item * X + k] : 0;
-        for (int64_t k = 0; k < Kp * Dp; k++) b.R[k] = 0;
-        if (dmT) FN(chunk_dense_)(dmT + item * K * D, D, b.R, Dp, K, D);
-        for (int64_t n = N - 1; n >= 0; n--) {
-            const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
-            int64_t pieces = 0, single = 0;
-            FN(chunk_load_)(kept + n * K * D, D, 0, K, D, b.S, Kp, Dp);
-            for (int64_t p = t0; p < t0 + L; pieces++) { /* the pieces and the memory at each one's start */
-                const int64_t Lq = FN(chunk_piece_)(g + gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next, b.fpos,
-                                                    b.fneg, b.u, b.v);
-                b.bounds[pieces] = p;
-                single = Lq == L; /* the usual case: its factors and its start, the kept memory, stay */
-                if (!single) {
-                    for (int64_t k = 0; k < Kp * Dp; k++) b.starts[pieces * Kp * Dp + k] = b.S[k];
-                    if (p + Lq < t0 + L)
-                        FN(chunk_vec_piece_forward_)(&b, 0, 0, e + eb, strides[5], x + xb, strides[8], 0, 0, 0, p,
-                                                     Lq, K, D, (int)col, Xp, 0);
-                }
-                p += Lq;
+        int64_t lo, hi;
+        chunk_share(items, THREAD_COUNT, THREAD_NUM, &lo, &hi);
+        for (int64_t g0 = lo, g1; g0 < hi; g0 = g1) {
+            g1 = chunk_group_end(g0, hi);
+            for (int64_t item = g0; item < g1; item++) {
+                double *run = b.runs + (item - g0) * Xp;
+                REAL *R = b.slots + (item - g0) * Kp * Dp;
+                for (int64_t k = 0; k < X; k++) run[k] = carry ? carry[item * X + k] : 0;
+                for (int64_t k = 0; k < Kp * Dp; k++) R[k] = 0;
+                if (dmT) FN(chunk_dense_)(dmT + item * K * D, D, R, Dp, K, D);
             }
-            for (int64_t i = pieces - 1; i >= 0; i--) {
-                const int64_t p = b.bounds[i];
-                const int64_t Lq = single ? L
-                                          : FN(chunk_piece_)(g + gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next,
-                                                             b.fpos, b.fneg, b.u, b.v);
-                if (!single)
-                    for (int64_t k = 0; k < Kp * Dp; k++) b.S[k] = b.starts[i * Kp * Dp + k];
-                const int64_t Lp = FN(chunk_pad_)(Lq);
-                FN(chunk_load_)(s + sb, strides[2], p, Lq, K, b.sc, Lp, Kp);
-                FN(chunk_load_)(e + eb, strides[5], p, Lq, K, b.ec, Lp, Kp);
-                FN(chunk_load_)(x + xb, strides[8], p, Lq, D, b.xc, Lp, Dp);
-                FN(chunk_load_)(dy + db, strides[14], p, Lq, D, b.dy, Lp, Dp);
-                /* S' and R'; the scaled operands: q, k (row) or x~, dy~ (col) */
-                REAL *ls, *le, *lx, *ldy; /* the operands of the products: q or s, k or e, x or x~, dy or dy~ */
-                if (!col) {
-                    FN(chunk_scale_rows_)(b.S, Dp, Kp, Dp, b.u);
-                    FN(chunk_scale_rows_)(b.R, Dp, Kp, Dp, b.v);
-                    FN(chunk_mul_to_)(b.sc, Kp, b.fpos, Xp, Lp, Kp, b.qt);
-                    FN(chunk_mul_to_)(b.ec, Kp, b.fneg, Xp, Lp, Kp, b.kt);
-                    ls = b.qt, le = b.kt, lx = b.xc, ldy = b.dy;
-                } else {
-                    FN(chunk_scale_cols_)(b.S, Dp, Kp, b.u);
-                    FN(chunk_scale_cols_)(b.R, Dp, Kp, b.v);
-                    FN(chunk_mul_to_)(b.xc, Dp, b.fneg, Xp, Lp, Dp, b.xt);
-                    FN(chunk_mul_to_)(b.dy, Dp, b.fpos, Xp, Lp, Dp, b.yt);
-                    ls = b.sc, le = b.ec, lx = b.xt, ldy = b.yt;
+            for (int64_t w = 0; w < N * (g1 - g0); w++) { /* the chunks in reverse, the group's items in each */
+                const int64_t n = N - 1 - w / (g1 - g0), item = g0 + w % (g1 - g0), b_ = item / H, h = item % H;
+                const int64_t sb = b_ * strides[0] + h * strides[1], eb = b_ * strides[3] + h * strides[4];
+                const int64_t xb = b_ * strides[6] + h * strides[7], gb = b_ * strides[9] + h * strides[10];
+                const int64_t db = b_ * strides[12] + h * strides[13], yb = b_ * strides[15] + h * strides[16];
+                const REAL *kept = starts + item * N * K * D;
+                b.R = b.slots + (item - g0) * Kp * Dp, b.run = b.runs + (item - g0) * Xp;
+                const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
+                int64_t pieces = 0, single = 0;
+                FN(chunk_load_)(kept + n * K * D, D, 0, K, D, b.S, Kp, Dp);
+                for (int64_t p = t0; p < t0 + L; pieces++) { /* the pieces and the memory at each one's start */
+                    const int64_t Lq = FN(chunk_piece_)(g + gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next, b.fpos,
+                                                        b.fneg, b.u, b.v);
+                    b.bounds[pieces] = p;
+                    single = Lq == L; /* the usual case: its factors and its start, the kept memory, stay */
+                    if (!single) {
+                        for (int64_t k = 0; k < Kp * Dp; k++) b.starts[pieces * Kp * Dp + k] = b.S[k];
+                        if (p + Lq < t0 + L)
+                            FN(chunk_vec_piece_forward_)(&b, 0, 0, e + eb, strides[5], x + xb, strides[8], 0, 0, 0, p,
+                                                         Lq, K, D, (int)col, Xp, 0);
+                    }
+                    p += Lq;
                 }
-                FN(chunk_transpose_)(le, Kp, Lp, Kp, b.tT, Lp);
-                FN(chunk_gemm_)(Lp, Lp, Kp, ls, Kp, 0, b.tT, Lp, b.A, Lp, 0, OUT_LOWER);
-                FN(chunk_tril_)(b.A, Lp, Lp, col); /* a column decay's dx strict first, as its y */
-                FN(chunk_transpose_)(lx, Dp, Lp, Dp, b.xT, Lp);
-                FN(chunk_gemm_)(Lp, Lp, Dp, ldy, Dp, 0, b.xT, Lp, b.G, Lp, 0, OUT_LOWER);
-                FN(chunk_tril_)(b.G, Lp, Lp, 1);
-                FN(chunk_transpose_)(b.S, Dp, Kp, Dp, b.ST, Kp);
-                FN(chunk_transpose_)(b.R, Dp, Kp, Dp, b.RT, Kp);
-                FN(chunk_gemm_)(Lp, Kp, Dp, ldy, Dp, 0, b.ST, Kp, b.ds, Kp, 0, FULL);
-                FN(chunk_gemm_)(Lp, Kp, Lp, b.G, Lp, 0, le, Kp, b.ds, Kp, 1, A_LOWER);
-                FN(chunk_gemm_)(Lp, Kp, Dp, lx, Dp, 0, b.RT, Kp, b.de, Kp, 0, FULL);
-                FN(chunk_gemm_)(Lp, Kp, Lp, b.G, Lp, 1, ls, Kp, b.de, Kp, 1, A_UPPER);
-                FN(chunk_gemm_)(Lp, Dp, Kp, le, Kp, 0, b.R, Dp, b.dx, Dp, 0, FULL);
-                FN(chunk_gemm_)(Lp, Dp, Lp, b.A, Lp, 1, ldy, Dp, b.dx, Dp, 1, A_UPPER);
-                if (!col) {
-                    FN(chunk_mul_)(b.ds, Kp, b.fpos, Xp, Lp, Kp);
-                    FN(chunk_mul_)(b.de, Kp, b.fneg, Xp, Lp, Kp);
-                } else {
-                    FN(chunk_mul_)(b.dx, Dp, b.fneg, Xp, Lp, Dp);
-                    FN(chunk_load_)(y_strict + yb, strides[17], p, Lq, D, b.yc, Lp, Dp);
-                }
-                for (int64_t t = Lq - 1; t >= 0; t--) { /* restrict: the step's rows vectorise */
-                    const REAL *restrict st_ = b.sc + t * Kp, *restrict et = b.ec + t * Kp;
-                    const REAL *restrict xt = b.xc + t * Dp, *restrict dyt = b.dy + t * Dp;
-                    const REAL *restrict gt = g + gb + (p + t) * strides[11];
-                    REAL *restrict dst = b.ds + t * Kp, *restrict det = b.de + t * Kp;
-                    REAL *restrict dgt = dg + gb + (p + t) * strides[11]; /* dg is laid out as g */
-                    double *restrict run = b.run;
-                    const REAL keep = p + t == T - 1 ? 0 : 1; /* the sequence's last e de (x dx) left out */
-                    REAL x_dy = 0, s_e = 0;
-#pragma omp simd reduction(+ : x_dy)
-                    for (int64_t d = 0; d < D; d++) x_dy += xt[d] * dyt[d];
+                for (int64_t i = pieces - 1; i >= 0; i--) {
+                    const int64_t p = b.bounds[i];
+                    const int64_t Lq = single ? L
+                                              : FN(chunk_piece_)(g + gb, strides[11], p, t0 + L - p, X, Xp, b.c, b.next,
+                                                                 b.fpos, b.fneg, b.u, b.v);
+                    if (!single)
+                        for (int64_t k = 0; k < Kp * Dp; k++) b.S[k] = b.starts[i * Kp * Dp + k];
+                    const int64_t Lp = FN(chunk_pad_)(Lq);
+                    FN(chunk_load_)(s + sb, strides[2], p, Lq, K, b.sc, Lp, Kp);
+                    FN(chunk_load_)(e + eb, strides[5], p, Lq, K, b.ec, Lp, Kp);
+                    FN(chunk_load_)(x + xb, strides[8], p, Lq, D, b.xc, Lp, Dp);
+                    FN(chunk_load_)(dy + db, strides[14], p, Lq, D, b.dy, Lp, Dp);
+                    /* S' and R'; the scaled operands: q, k (row) or x~, dy~ (col) */
+                    REAL *ls, *le, *lx, *ldy; /* the operands of the products: q or s, k or e, x or x~, dy or dy~ */
                     if (!col) {
-                        for (int64_t k = 0; k < K; k++) run[k] += st_[k] * dst[k] - keep * et[k] * det[k];
-                    } else { /* and dx's own term, (s . e) dy, after the strict dx it reads */
-                        const REAL *restrict yt_ = b.yc + t * Dp;
-                        REAL *restrict dxt = b.dx + t * Dp;
+                        FN(chunk_scale_rows_)(b.S, Dp, Kp, Dp, b.u);
+                        FN(chunk_scale_rows_)(b.R, Dp, Kp, Dp, b.v);
+                        FN(chunk_mul_to_)(b.sc, Kp, b.fpos, Xp, Lp, Kp, b.qt);
+                        FN(chunk_mul_to_)(b.ec, Kp, b.fneg, Xp, Lp, Kp, b.kt);
+                        ls = b.qt, le = b.kt, lx = b.xc, ldy = b.dy;
+                    } else {
+                        FN(chunk_scale_cols_)(b.S, Dp, Kp, b.u);
+                        FN(chunk_scale_cols_)(b.R, Dp, Kp, b.v);
+                        FN(chunk_mul_to_)(b.xc, Dp, b.fneg, Xp, Lp, Dp, b.xt);
+                        FN(chunk_mul_to_)(b.dy, Dp, b.fpos, Xp, Lp, Dp, b.yt);
+                        ls = b.sc, le = b.ec, lx = b.xt, ldy = b.yt;
+                    }
+                    FN(chunk_transpose_)(le, Kp, Lp, Kp, b.tT, Lp);
+                    FN(chunk_gemm_)(Lp, Lp, Kp, ls, Kp, 0, b.tT, Lp, b.A, Lp, 0, OUT_LOWER);
+                    FN(chunk_tril_)(b.A, Lp, Lp, col); /* a column decay's dx strict first, as its y */
+                    FN(chunk_transpose_)(lx, Dp, Lp, Dp, b.xT, Lp);
+                    FN(chunk_gemm_)(Lp, Lp, Dp, ldy, Dp, 0, b.xT, Lp, b.G, Lp, 0, OUT_LOWER);
+                    FN(chunk_tril_)(b.G, Lp, Lp, 1);
+                    FN(chunk_transpose_)(b.S, Dp, Kp, Dp, b.ST, Kp);
+                    FN(chunk_transpose_)(b.R, Dp, Kp, Dp, b.RT, Kp);
+                    FN(chunk_gemm_)(Lp, Kp, Dp, ldy, Dp, 0, b.ST, Kp, b.ds, Kp, 0, FULL);
+                    FN(chunk_gemm_)(Lp, Kp, Lp, b.G, Lp, 0, le, Kp, b.ds, Kp, 1, A_LOWER);
+                    FN(chunk_gemm_)(Lp, Kp, Dp, lx, Dp, 0, b.RT, Kp, b.de, Kp, 0, FULL);
+                    FN(chunk_gemm_)(Lp, Kp, Lp, b.G, Lp, 1, ls, Kp, b.de, Kp, 1, A_UPPER);
+                    FN(chunk_gemm_)(Lp, Dp, Kp, le, Kp, 0, b.R, Dp, b.dx, Dp, 0, FULL);
+                    FN(chunk_gemm_)(Lp, Dp, Lp, b.A, Lp, 1, ldy, Dp, b.dx, Dp, 1, A_UPPER);
+                    if (!col) {
+                        FN(chunk_mul_)(b.ds, Kp, b.fpos, Xp, Lp, Kp);
+                        FN(chunk_mul_)(b.de, Kp, b.fneg, Xp, Lp, Kp);
+                    } else {
+                        FN(chunk_mul_)(b.dx, Dp, b.fneg, Xp, Lp, Dp);
+                        FN(chunk_load_)(y_strict + yb, strides[17], p, Lq, D, b.yc, Lp, Dp);
+                    }
+                    for (int64_t t = Lq - 1; t >= 0; t--) { /* restrict: the step's rows vectorise */
+                        const REAL *restrict st_ = b.sc + t * Kp, *restrict et = b.ec + t * Kp;
+                        const REAL *restrict xt = b.xc + t * Dp, *restrict dyt = b.dy + t * Dp;
+                        const REAL *restrict gt = g + gb + (p + t) * strides[11];
+                        REAL *restrict dst = b.ds + t * Kp, *restrict det = b.de + t * Kp;
+                        REAL *restrict dgt = dg + gb + (p + t) * strides[11]; /* dg is laid out as g */
+                        double *restrict run = b.run;
+                        const REAL keep = p + t == T - 1 ? 0 : 1; /* the sequence's last e de (x dx) left out */
+                        REAL x_dy = 0, s_e = 0;
+#pragma omp simd reduction(+ : x_dy)
+                        for (int64_t d = 0; d < D; d++) x_dy += xt[d] * dyt[d];
+                        if (!col) {
+                            for (int64_t k = 0; k < K; k++) run[k] += st_[k] * dst[k] - keep * et[k] * det[k];
+                        } else { /* and dx's own term, (s . e) dy, after the strict dx it reads */
+                            const REAL *restrict yt_ = b.yc + t * Dp;
+                            REAL *restrict dxt = b.dx + t * Dp;
 #pragma omp simd reduction(+ : s_e)
-                        for (int64_t k = 0; k < K; k++) s_e += st_[k] * et[k];
-                        for (int64_t d = 0; d < D; d++) run[d] += dyt[d] * yt_[d] - keep * xt[d] * dxt[d];
-                        for (int64_t d = 0; d < D; d++) dxt[d] += s_e * dyt[d];
+                            for (int64_t k = 0; k < K; k++) s_e += st_[k] * et[k];
+                            for (int64_t d = 0; d < D; d++) run[d] += dyt[d] * yt_[d] - keep * xt[d] * dxt[d];
+                            for (int64_t d = 0; d < D; d++) dxt[d] += s_e * dyt[d];
+                        }
+                        for (int64_t k = 0; k < X; k++) dgt[k] = gt[k] < CHUNK_LOG_ZERO ? 0 : (REAL)run[k];
+                        for (int64_t k = 0; k < K; k++) {
+                            dst[k] += x_dy * et[k];
+                            det[k] += x_dy * st_[k];
+                        }
                     }
-                    for (int64_t k = 0; k < X; k++) dgt[k] = gt[k] < CHUNK_LOG_ZERO ? 0 : (REAL)run[k];
-                    for (int64_t k = 0; k < K; k++) {
-                        dst[k] += x_dy * et[k];
-                        det[k] += x_dy * st_[k];
-                    }
+                    FN(chunk_gemm_)(Kp, Dp, Lp, ls, Kp, 1, ldy, Dp, b.R, Dp, 1, FULL);
+                    if (!col) FN(chunk_scale_rows_)(b.R, Dp, Kp, Dp, b.u);
+                    else FN(chunk_scale_cols_)(b.R, Dp, Kp, b.u);
+                    FN(chunk_store_)(b.ds, Kp, ds + sb, strides[2], p, Lq, K);
+                    FN(chunk_store_)(b.de, Kp, de + eb, strides[5], p, Lq, K);
+                    FN(chunk_store_)(b.dx, Dp, dx + xb, strides[8], p, Lq, D);
                 }
-                FN(chunk_gemm_)(Kp, Dp, Lp, ls, Kp, 1, ldy, Dp, b.R, Dp, 1, FULL);
-                if (!col) FN(chunk_scale_rows_)(b.R, Dp, Kp, Dp, b.u);
-                else FN(chunk_scale_cols_)(b.R, Dp, Kp, b.u);
-                FN(chunk_store_)(b.ds, Kp, ds + sb, strides[2], p, Lq, K);
-                FN(chunk_store_)(b.de, Kp, de + eb, strides[5], p, Lq, K);
-                FN(chunk_store_)(b.dx, Dp, dx + xb, strides[8], p, Lq, D);
             }
+            for (int64_t item = g0; item < g1; item++)
+                FN(chunk_dense_)(b.slots + (item - g0) * Kp * Dp, Dp, dm0 + item * K * D, D, K, D);
         }
-        FN(chunk_dense_)(b.R, Dp, dm0 + item * K * D, D, K, D);
     }
 }
 #undef CVEC

@@ -17,8 +17,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #define THREAD_NUM omp_get_thread_num()
+#define THREAD_COUNT omp_get_num_threads()
 #else
 #define THREAD_NUM 0
+#define THREAD_COUNT 1
 #endif
 #endif
 
