@@ -144,12 +144,15 @@ def test_parity_case_pairs_both_states_in_one_worker():
 
 def test_limit_case_runs_each_allocator_in_a_worker():
     # The limit case's workers (one fresh process per allocator) at the quick sizes: every check
-    # gets a measurement, each allocator's timings and the batched matmul reference come back,
-    # and the table has one row per compared timing.
+    # gets a measurement (each share paired over the rounds), each allocator's timings and the
+    # batched matmul reference come back, and the table has one row per compared timing.
     bench = ops_bench.Bench(ops_bench.QUICK, 1, lambda msg: None)
     bench.case_limit()
     names = [c.name for c in bench.r.checks]
-    assert len(names) == 2 * len(ops_bench.LIMIT_DECAYS) + 3, names
+    assert len(names) == len(ops_bench.LIMIT_DECAYS) + 2, names
+    shares = [n for n in names if "batched matmul throughput" in n]
+    assert len(shares) == len(ops_bench.LIMIT_DECAYS)
+    assert all(f"paired over {ops_bench.QUICK.limit_rounds} rounds" in n for n in shares), shares
     assert all(c.measured is not None and c.measured > 0 for c in bench.r.checks), bench.r.notes
     assert "limit, system allocator worker: system" in bench.r.notes
     assert any(n.startswith("limit, retain allocator worker: retain") for n in bench.r.notes)

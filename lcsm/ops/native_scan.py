@@ -503,7 +503,7 @@ def s4_kernel_backward(log_dt, b, P, B, C, kept: tuple[Tensor, ...], grad_K: Ten
 
 # The chunk form with no, a scalar, a row or a column decay (lcsm/ops/chunk_matmul.py's matmul
 # kernel, kinds "none", "scalar", "row" and "col"; C source _native/chunk.h): work items (batch
-# row, head), the chunks in order.
+# row, head), each thread's taken in groups, the chunks in order over a group.
 
 KINDS = ("none", "scalar", "row", "col")
 
