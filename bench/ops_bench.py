@@ -70,6 +70,7 @@ from bench._common import Check, provenance_header, run_allocator_worker, run_me
 from bench._common import proc_status_kib as _proc_status_kib
 from lcsm import layers
 from lcsm.engine.host_memory import (
+    _INT_MAX,
     HOST_ALLOCATORS,
     M_MMAP_MAX,
     M_MMAP_THRESHOLD,
@@ -1272,6 +1273,18 @@ class Bench:
                     1 + ALLOCATOR_NOISE,
                 )
             )
+        for key, untrimmed in out["times"]["untrimmed"].items():
+            retain = out["times"]["retain"].get(key, [])
+            if len(untrimmed) >= 2 and len(untrimmed) == len(retain):
+                est, low, high = ratio_interval(untrimmed, retain)
+                self.r.info.append(
+                    (
+                        f"system allocator with glibc's trimming off / retain, {key[len('eos_') :].split('@')[0]} "
+                        f"decay chunk, T={key.split('@')[1]}, paired in one process (what the system allocator's "
+                        "cost there is made of)",
+                        f"{est:.3f}x [{low:.3f}, {high:.3f}]",
+                    )
+                )
 
     def case_gflops(self):
         z = self.z
@@ -1456,32 +1469,37 @@ def allocator_worker(spec: dict) -> dict:
 
 def malloc_state(state: str) -> None:
     """Sets this process's glibc thresholds to those of ``state``, so that one process can time
-    both (the parity case; benchmark-only): "retain" as ``use_host_allocator`` sets it, "system"
-    as the operators' priming leaves glibc's own dynamic thresholds (mmap served again above the
-    primed block's size, trimming above twice it). mallopt turns glibc's dynamic adjustment off,
-    which changes nothing here: primed, the threshold is at its ceiling already."""
-    system = ((M_MMAP_MAX, _DEFAULT_MMAP_MAX), (M_MMAP_THRESHOLD, _PRIMED_BLOCK), (M_TRIM_THRESHOLD, 2 * _PRIMED_BLOCK))
-    if not mallopt(RETAIN if state == "retain" else system):
+    them all (the parity case; benchmark-only): "retain" as ``use_host_allocator`` sets it,
+    "system" as the operators' priming leaves glibc's own dynamic thresholds (mmap served again
+    above the primed block's size, trimming above twice it), "untrimmed" system's with trimming
+    off (which of the two differences costs). mallopt turns glibc's dynamic adjustment off, which
+    changes nothing here: primed, the threshold is at its ceiling already."""
+    mapped = ((M_MMAP_MAX, _DEFAULT_MMAP_MAX), (M_MMAP_THRESHOLD, _PRIMED_BLOCK))
+    states = {"retain": RETAIN, "system": (*mapped, (M_TRIM_THRESHOLD, 2 * _PRIMED_BLOCK))}
+    states["untrimmed"] = (*mapped, (M_TRIM_THRESHOLD, _INT_MAX))
+    if not mallopt(states[state]):
         raise OSError(f"malloc_state: glibc refused the {state} thresholds")
 
 
 def parity_worker(spec: dict) -> dict:
     """Runs inside a fresh process (``case_parity``): ``rounds`` rounds, each timing every chunk
-    case of ``case_limit`` under both host-memory states in turn, the order alternating by round;
-    the first state of the first round is glibc's own (primed by the first operator call), later
-    ones set by ``malloc_state``. Returns each state's median time per case and round, each over
-    three times the sizes' repeats."""
+    case of ``case_limit`` under both host-memory states in turn, and the long case under
+    "untrimmed" too, the order reversed every other round; the first state of the first round is
+    glibc's own (primed by the first operator call), later ones set by ``malloc_state``. Returns
+    each state's median time per case and round, each over three times the sizes' repeats."""
     # each state's time the median of 3x the usual repeats: medians of 5 moved by up to 10% from
     # round to round at T 2048, as wide as the difference the check looks for (2026-12-05)
     z = replace(_sizes_from_spec(spec["sizes"]), repeats=3 * spec["sizes"]["repeats"])
     torch.set_num_threads(spec["threads"])
-    times: dict[str, dict[str, list[float]]] = {"system": {}, "retain": {}}
+    states = ("system", "retain", "untrimmed")
+    times: dict[str, dict[str, list[float]]] = {state: {} for state in states}
     for r in range(spec["rounds"]):
-        for state in ("system", "retain") if r % 2 == 0 else ("retain", "system"):
+        for state in states if r % 2 == 0 else states[::-1]:
             if r or state != "system":
                 malloc_state(state)
             bench = Bench(z, spec["threads"], lambda msg: print(msg, file=sys.stderr, flush=True))
-            for decay, T in [(decay, z.T) for decay in LIMIT_DECAYS] + [("row", z.T_long)]:
+            cases = [(decay, z.T) for decay in LIMIT_DECAYS if state != "untrimmed"] + [("row", z.T_long)]
+            for decay, T in cases:
                 t = bench.eos_chunk_time(decay, T)
                 if t is not None:
                     times[state].setdefault(t.key, []).append(t.median)
