@@ -14,8 +14,9 @@ Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
     kxd-auto, product-auto  kxd and product with mode "auto" (the native scan on the CPU where it exists)
     product-packed  product-auto on 8 packed documents (cu_seqlens), final states asked for
     mamba     the Mamba layer, B=64 T=256 d_model=128
-    eos-KIND-T  eos chunk with no, a scalar, a row or a column decay (KIND none, scalar, row, col):
-              the ops bench's limit case, B=1 H=4 K=D=64, chunk 64, GLA's gates, at length T
+    eos-KIND-T[-BxHxK]  eos chunk with no, a scalar, a row or a column decay (KIND none, scalar,
+              row, col), chunk 64, GLA's gates, at length T: the ops bench's limit case, B=1 H=4
+              K=D=64, or B, H and K = D as given (eos-row-4096-1x8x128)
     lm-NAME-T one training step (forward + backward of the cross-entropy, batch 1) of the efficiency
               bench's model NAME (transformer, s4, mamba, ...) at length T; s4 with l_max = T (the
               official code's C~ parametrization, as the bench builds it), s4default lcsm's default
@@ -70,8 +71,9 @@ def _case(name: str):
 
         return run
     if name.startswith("eos-"):
-        _, kind, T = name.split("-")
-        B, T, H, K, D = 1, int(T), 4, 64, 64
+        _, kind, T, *shape = name.split("-")
+        B, H, K = (int(n) for n in shape[0].split("x")) if shape else (1, 4, 64)
+        T, D = int(T), K
         i, e, s = (torch.randn(B, T, H, X, generator=g) for X in (D, K, K))
         tail = {"none": None, "scalar": (1, 1), "row": (K, 1), "col": (1, D)}[kind]
         log_o = None if tail is None else F.logsigmoid(torch.randn(B, T, H, *tail, generator=g)) / 16
@@ -122,7 +124,8 @@ def _case(name: str):
         layer = layers.build(mixer, 128, **({"l_max": T} if mixer == "s4" else {}))
         u = torch.randn(1, T, 128, generator=g, requires_grad=True)
         return lambda: layer(u).sum().backward()
-    raise ValueError(f"case: expected one of {', '.join(CASES)}, eos-KIND-T, lm-NAME-T or layer-NAME-T, got {name!r}")
+    patterns = "eos-KIND-T[-BxHxK], lm-NAME-T or layer-NAME-T"
+    raise ValueError(f"case: expected one of {', '.join(CASES)}, {patterns}, got {name!r}")
 
 
 def _ms(value: float | None) -> str:
