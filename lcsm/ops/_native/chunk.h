@@ -248,6 +248,22 @@ static void FN(chunk_dense_)(const REAL *src, int64_t lds, REAL *dst, int64_t ld
     for (int64_t k = 0; k < K; k++) memcpy(dst + k * ldd, src + k * lds, D * sizeof(REAL));
 }
 
+/* a group's slots (items g0 .. g1, padded [Kp, Dp] each) set from their items' [K, D] blocks of
+ * `from` (zeros without it), and written back to those of `to` */
+static void FN(chunk_slots_in_)(REAL *slots, const REAL *from, int64_t g0, int64_t g1, int64_t K, int64_t D) {
+    const int64_t Kp = FN(chunk_pad_)(K), Dp = FN(chunk_pad_)(D);
+    for (int64_t item = g0; item < g1; item++) {
+        REAL *S = slots + (item - g0) * Kp * Dp;
+        for (int64_t k = 0; k < Kp * Dp; k++) S[k] = 0;
+        if (from) FN(chunk_dense_)(from + item * K * D, D, S, Dp, K, D);
+    }
+}
+static void FN(chunk_slots_out_)(const REAL *slots, REAL *to, int64_t g0, int64_t g1, int64_t K, int64_t D) {
+    const int64_t Kp = FN(chunk_pad_)(K), Dp = FN(chunk_pad_)(D);
+    for (int64_t item = g0; item < g1; item++)
+        FN(chunk_dense_)(slots + (item - g0) * Kp * Dp, Dp, to + item * K * D, D, K, D);
+}
+
 /* Strides (batch, head, time) of s, e, x, g and y in that order; g NULL: no decay. m_strict
  * (o_T m_{T-1}) is written only with g. */
 void FN(chunk_forward_all_)(const REAL *s, const REAL *e, const REAL *x, const REAL *g, const REAL *m0, REAL *y,
@@ -266,11 +282,7 @@ void FN(chunk_forward_all_)(const REAL *s, const REAL *e, const REAL *x, const R
         chunk_share(items, THREAD_COUNT, THREAD_NUM, &lo, &hi);
         for (int64_t g0 = lo, g1; g0 < hi; g0 = g1) {
             g1 = chunk_group_end(g0, hi);
-            for (int64_t item = g0; item < g1; item++) {
-                REAL *S = slots + (item - g0) * Kp * Dp;
-                for (int64_t k = 0; k < Kp * Dp; k++) S[k] = 0;
-                if (m0) FN(chunk_dense_)(m0 + item * K * D, D, S, Dp, K, D);
-            }
+            FN(chunk_slots_in_)(slots, m0, g0, g1, K, D);
             for (int64_t w = 0; w < N * (g1 - g0); w++) { /* the chunks in order, the group's items in each */
                 const int64_t n = w / (g1 - g0), item = g0 + w % (g1 - g0), b = item / H, h = item % H;
                 const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
@@ -300,8 +312,7 @@ void FN(chunk_forward_all_)(const REAL *s, const REAL *e, const REAL *x, const R
                 }
                 FN(chunk_store_)(yc, Dp, yb, strides[14], t0, L, D);
             }
-            for (int64_t item = g0; item < g1; item++)
-                FN(chunk_dense_)(slots + (item - g0) * Kp * Dp, Dp, mT + item * K * D, D, K, D);
+            FN(chunk_slots_out_)(slots, mT, g0, g1, K, D);
         }
     }
 }
@@ -326,12 +337,8 @@ void FN(chunk_backward_all_)(const REAL *s, const REAL *e, const REAL *x, const 
         chunk_share(items, THREAD_COUNT, THREAD_NUM, &lo, &hi);
         for (int64_t g0 = lo, g1; g0 < hi; g0 = g1) {
             g1 = chunk_group_end(g0, hi);
-            for (int64_t item = g0; item < g1; item++) {
-                REAL *R = slots + (item - g0) * Kp * Dp;
-                runs[item - g0] = g && carry ? carry[item] : 0;
-                for (int64_t k = 0; k < Kp * Dp; k++) R[k] = 0;
-                if (dmT) FN(chunk_dense_)(dmT + item * K * D, D, R, Dp, K, D);
-            }
+            FN(chunk_slots_in_)(slots, dmT, g0, g1, K, D);
+            for (int64_t item = g0; item < g1; item++) runs[item - g0] = g && carry ? carry[item] : 0;
             for (int64_t w = 0; w < N * (g1 - g0); w++) { /* the chunks in reverse, the group's items in each */
                 const int64_t n = N - 1 - w / (g1 - g0), item = g0 + w % (g1 - g0), b = item / H, h = item % H;
                 const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
@@ -391,8 +398,7 @@ void FN(chunk_backward_all_)(const REAL *s, const REAL *e, const REAL *x, const 
                 FN(chunk_store_)(dxc, Dp, dx + xb, strides[8], t0, L, D);
                 runs[item - g0] = running;
             }
-            for (int64_t item = g0; item < g1; item++)
-                FN(chunk_dense_)(slots + (item - g0) * Kp * Dp, Dp, dm0 + item * K * D, D, K, D);
+            FN(chunk_slots_out_)(slots, dm0, g0, g1, K, D);
         }
     }
 }
@@ -614,11 +620,7 @@ void FN(chunk_vec_forward_all_)(const REAL *s, const REAL *e, const REAL *x, con
         chunk_share(items, THREAD_COUNT, THREAD_NUM, &lo, &hi);
         for (int64_t g0 = lo, g1; g0 < hi; g0 = g1) {
             g1 = chunk_group_end(g0, hi);
-            for (int64_t item = g0; item < g1; item++) {
-                REAL *S = b.slots + (item - g0) * Kp * Dp;
-                for (int64_t k = 0; k < Kp * Dp; k++) S[k] = 0;
-                if (m0) FN(chunk_dense_)(m0 + item * K * D, D, S, Dp, K, D);
-            }
+            FN(chunk_slots_in_)(b.slots, m0, g0, g1, K, D);
             for (int64_t w = 0; w < N * (g1 - g0); w++) { /* the chunks in order, the group's items in each */
                 const int64_t n = w / (g1 - g0), item = g0 + w % (g1 - g0), b_ = item / H, h = item % H;
                 const int64_t t0 = n * C, L = T - t0 < C ? T - t0 : C;
@@ -637,8 +639,7 @@ void FN(chunk_vec_forward_all_)(const REAL *s, const REAL *e, const REAL *x, con
                     p += Lq;
                 }
             }
-            for (int64_t item = g0; item < g1; item++)
-                FN(chunk_dense_)(b.slots + (item - g0) * Kp * Dp, Dp, mT + item * K * D, D, K, D);
+            FN(chunk_slots_out_)(b.slots, mT, g0, g1, K, D);
         }
     }
 }
@@ -661,13 +662,9 @@ void FN(chunk_vec_backward_all_)(const REAL *s, const REAL *e, const REAL *x, co
         chunk_share(items, THREAD_COUNT, THREAD_NUM, &lo, &hi);
         for (int64_t g0 = lo, g1; g0 < hi; g0 = g1) {
             g1 = chunk_group_end(g0, hi);
-            for (int64_t item = g0; item < g1; item++) {
-                double *run = b.runs + (item - g0) * Xp;
-                REAL *R = b.slots + (item - g0) * Kp * Dp;
-                for (int64_t k = 0; k < X; k++) run[k] = carry ? carry[item * X + k] : 0;
-                for (int64_t k = 0; k < Kp * Dp; k++) R[k] = 0;
-                if (dmT) FN(chunk_dense_)(dmT + item * K * D, D, R, Dp, K, D);
-            }
+            FN(chunk_slots_in_)(b.slots, dmT, g0, g1, K, D);
+            for (int64_t item = g0; item < g1; item++)
+                for (int64_t k = 0; k < X; k++) b.runs[(item - g0) * Xp + k] = carry ? carry[item * X + k] : 0;
             for (int64_t w = 0; w < N * (g1 - g0); w++) { /* the chunks in reverse, the group's items in each */
                 const int64_t n = N - 1 - w / (g1 - g0), item = g0 + w % (g1 - g0), b_ = item / H, h = item % H;
                 const int64_t sb = b_ * strides[0] + h * strides[1], eb = b_ * strides[3] + h * strides[4];
@@ -774,8 +771,7 @@ void FN(chunk_vec_backward_all_)(const REAL *s, const REAL *e, const REAL *x, co
                     FN(chunk_store_)(b.dx, Dp, dx + xb, strides[8], p, Lq, D);
                 }
             }
-            for (int64_t item = g0; item < g1; item++)
-                FN(chunk_dense_)(b.slots + (item - g0) * Kp * Dp, Dp, dm0 + item * K * D, D, K, D);
+            FN(chunk_slots_out_)(b.slots, dm0, g0, g1, K, D);
         }
     }
 }
