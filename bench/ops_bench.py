@@ -185,7 +185,8 @@ FULL = Sizes(
     # intervals spanned +-6-8% on the 2-core machines (bench/results/ops.md at d85cbd8 and 2174b30)
     parity_rounds=16,
     # a share's kernel and matmul timed in turn, paired by round: timed once each, seconds apart, the
-    # machine's drift entered the share (0.43-0.61 for one kernel in the same hour, 2026-12-06)
+    # machine's drift entered the share (the row decay's 0.43 and 0.61 in one run's two workers at
+    # d65be1a, 2026-12-06)
     limit_rounds=8,
 )
 # T must stay a multiple of 64: fla's naive_chunk_linear_attn hard-codes chunks of 64.
