@@ -17,6 +17,8 @@ Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
     eos-KIND-T[-BxHxK]  eos chunk with no, a scalar, a row or a column decay (KIND none, scalar,
               row, col), chunk 64, GLA's gates, at length T: the ops bench's limit case, B=1 H=4
               K=D=64, or B, H and K = D as given (eos-row-4096-1x8x128)
+    glu-T     the SwiGLU channel mixer alone (d_model 128, hidden 344, the efficiency bench's), forward
+              and backward of the sum of its output, B=1 at length T
     lm-NAME-T one training step (forward + backward of the cross-entropy, batch 1) of the efficiency
               bench's model NAME (transformer, s4, mamba, ...) at length T; s4 with l_max = T (the
               official code's C~ parametrization, as the bench builds it), s4default lcsm's default
@@ -115,6 +117,13 @@ def _case(name: str):
         model = build_model(cfg)
         ids = tokens(T, FULL.vocab, 5, torch.device("cpu"))
         return lambda: train_step(model, ids)
+    if name.startswith("glu-"):
+        from lcsm.models.blocks import GLU
+
+        torch.manual_seed(5)
+        glu = GLU(128, 344)
+        u = torch.randn(1, int(name.split("-")[1]), 128, generator=g, requires_grad=True)
+        return lambda: glu(u).sum().backward()
     if name.startswith("layer-"):
         from lcsm import layers
 
@@ -124,7 +133,7 @@ def _case(name: str):
         layer = layers.build(mixer, 128, **({"l_max": T} if mixer == "s4" else {}))
         u = torch.randn(1, T, 128, generator=g, requires_grad=True)
         return lambda: layer(u).sum().backward()
-    patterns = "eos-KIND-T[-BxHxK], lm-NAME-T or layer-NAME-T"
+    patterns = "eos-KIND-T[-BxHxK], glu-T, lm-NAME-T or layer-NAME-T"
     raise ValueError(f"case: expected one of {', '.join(CASES)}, {patterns}, got {name!r}")
 
 

@@ -35,10 +35,12 @@ def test_a_case_a_tree_cannot_run_is_reported_not_fatal(tmp_path):
     assert "old tree, lm-nosuchmodel-8: " in text and "nosuchmodel" in text.split("old tree, ")[1], text
 
 
-@pytest.mark.parametrize("name", ["eos-none-33-2x3x5", "eos-scalar-33-2x3x5", "eos-row-33-2x3x5", "eos-col-20"])
-def test_eos_cases_run_in_process(name):
-    """The chunk-form cases, at a given B x H x K or the ops bench's limit shape, build and run one
-    forward and backward."""
+@pytest.mark.parametrize(
+    "name", ["eos-none-33-2x3x5", "eos-scalar-33-2x3x5", "eos-row-33-2x3x5", "eos-col-20", "glu-9"]
+)
+def test_op_cases_run_in_process(name):
+    """The chunk-form cases, at a given B x H x K or the ops bench's limit shape, and the GLU's,
+    build and run one forward and backward."""
     side_by_side._case(name)()
 
 
@@ -47,5 +49,5 @@ def test_errors_name_the_argument(tmp_path):
         side_by_side.main(["--old", str(tmp_path), "--new", str(REPO)])
     with pytest.raises(ValueError, match=r"case: expected one of kxd, product, kxd-auto, product-auto, product-packed"):
         side_by_side._case("nope")
-    with pytest.raises(ValueError, match=r"eos-KIND-T\[-BxHxK\], lm-NAME-T or layer-NAME-T, got 'nope'"):
+    with pytest.raises(ValueError, match=r"eos-KIND-T\[-BxHxK\], glu-T, lm-NAME-T or layer-NAME-T, got 'nope'"):
         side_by_side._case("nope")

@@ -24,6 +24,7 @@ from torch import nn
 
 from lcsm.layers import Mixer, State, ValueFirst, build
 from lcsm.layers.base import resolve
+from lcsm.ops import native_serves, native_silu_mul
 
 from .config import ModelConfig
 
@@ -56,7 +57,8 @@ NORM_TYPES = (nn.LayerNorm, nn.RMSNorm, nn.BatchNorm1d, nn.GroupNorm)
 
 class GLU(nn.Module):
     """SwiGLU channel mixer (Shazeer 2020): W_down(SiLU(W_gate x) * W_up x), no biases (LLaMA,
-    MetaLA's LM code)."""
+    MetaLA's LM code). Eager on the CPU the gate is one native pass each way (``native_silu_mul``:
+    two and four as PyTorch operations, the gate's largest tensors)."""
 
     def __init__(self, d: int, hidden: int):
         super().__init__()
@@ -65,7 +67,8 @@ class GLU(nn.Module):
         self.down_proj = nn.Linear(hidden, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(native_silu_mul(gate, up) if native_serves(gate) else F.silu(gate) * up)
 
 
 class MLP(nn.Module):

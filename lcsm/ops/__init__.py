@@ -13,7 +13,8 @@ kernels layers call for their own forms (``native_s4_kernel``: S4's kernel spect
 parameters, ``native_s4_spectrum`` its sums and combination;
 ``native_diag_scan``: CES's recurrence; ``native_block_diag``: mLSTM's block-diagonal
 projections; ``native_mlstm_readout``: mLSTM's readout; ``native_causal_conv``: the short
-depthwise causal convolutions; ``native_gated_rms_norm``: Mamba-2's gated RMSNorm),
+depthwise causal convolutions; ``native_gated_rms_norm``: Mamba-2's gated RMSNorm;
+``native_silu_mul``: SwiGLU's gate),
 ``native_serves``, whether they take a tensor's
 computation, and ``native_unavailable``, why they cannot run here."""
 
@@ -32,6 +33,7 @@ from .native_scan import (
     native_s4_kernel,
     native_s4_spectrum,
     native_serves,
+    native_silu_mul,
     native_unavailable,
 )
 from .rotating import eos_rotating
@@ -62,6 +64,7 @@ __all__ = [
     "native_s4_kernel",
     "native_s4_spectrum",
     "native_serves",
+    "native_silu_mul",
     "native_unavailable",
     "packed_bounds",
 ]

@@ -23,7 +23,8 @@ Woodbury combination) and its adjoint (``cauchy_forward``, ``cauchy_backward``;
 CES's complex diagonal recurrence (``diag_forward``, ``diag_backward``; ``_native/diag.h``),
 which ``lcsm.layers.ces`` calls likewise, block-diagonal linear maps (``_native/blockdiag.h``),
 mLSTM's q/k/v projections, mLSTM's readout after its EOS call (``_native/readout.h``), and the
-short depthwise causal convolutions (``_native/conv.h``) and gated RMSNorms (``_native/rmsnorm.h``).
+short depthwise causal convolutions (``_native/conv.h``), gated RMSNorms (``_native/rmsnorm.h``) and
+SwiGLU's gate (``_native/glu.h``).
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 ``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by the source, the flags, the compiler
@@ -141,6 +142,9 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, R, C, group, gate first, eps, work items, threads, scratch and its size per thread
         "rmsnorm_forward_all": [*[ptr] * 4, *[i64] * 4, f64, i64, i64, ptr, i64],
         "rmsnorm_backward_all": [*[ptr] * 7, *[i64] * 4, f64, i64, i64, ptr, i64],
+        # tensors, elements, work items, threads, scratch and its size per thread
+        "glu_forward_all": [*[ptr] * 3, i64, i64, i64, ptr, i64],
+        "glu_backward_all": [*[ptr] * 5, i64, i64, i64, ptr, i64],
         # tensors, strides, H, T, K, D, C, work items, threads, scratch and its size per thread
         "chunk_forward_all": [*[ptr] * 10, *[i64] * 5, i64, i64, ptr, i64],
         "chunk_backward_all": [*[ptr] * 14, *[i64] * 5, i64, i64, ptr, i64],
@@ -231,7 +235,7 @@ def native_unavailable() -> str | None:
 def native_serves(x: Tensor) -> bool:
     """Whether a layer's native kernel (``native_s4_spectrum``, ``native_diag_scan``,
     ``native_block_diag``, ``native_mlstm_readout``, ``native_causal_conv``,
-    ``native_gated_rms_norm``) takes x's computation: float32 or float64 CPU tensors, eager
+    ``native_gated_rms_norm``, ``native_silu_mul``) takes x's computation: float32 or float64 CPU tensors, eager
     (traced graphs keep the layers' PyTorch forms), and the kernel built (``native_unavailable``
     says why not)."""
     return (
@@ -987,3 +991,37 @@ def native_gated_rms_norm(y: Tensor, z: Tensor, weight: Tensor, group: int, eps:
             f"{list(y.shape)}, {list(z.shape)}, {list(weight.shape)}, group {group}"
         )
     return _GatedRMSNorm.apply(y, z, weight, int(group), float(eps), bool(gate_first))
+
+
+# SwiGLU's gate (lcsm/models/blocks.py's GLU; C source _native/glu.h): work items are tiles of the
+# flattened elements.
+
+
+class _SiluMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor) -> Tensor:
+        a, b = a.contiguous(), b.to(a.dtype).contiguous()
+        y = torch.empty_like(a)
+        items = _tiles(a.numel(), "glu_elements")
+        _run(_kernel("glu_forward_all", a), items, 1, a, _ptr(a), _ptr(b), _ptr(y), a.numel())
+        ctx.save_for_backward(a, b)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        a, b = ctx.saved_tensors
+        dy = dy.to(a.dtype).contiguous()
+        da, db = torch.empty_like(a), torch.empty_like(b)
+        items = _tiles(a.numel(), "glu_elements")
+        tensors = (a, b, dy, da, db)
+        _run(_kernel("glu_backward_all", a), items, 1, a, *(_ptr(t) for t in tensors), a.numel())
+        return da, db
+
+
+def native_silu_mul(a: Tensor, b: Tensor) -> Tensor:
+    """silu(a) * b (SwiGLU's gate) by the native kernel, one pass each way, with its adjoint
+    (autograd), for a and b of one shape, in a's dtype (float32 or float64), on the CPU.
+    ``native_unavailable()`` must be None."""
+    if a.shape != b.shape:
+        raise ValueError(f"native_silu_mul: expected a and b of one shape, got {list(a.shape)}, {list(b.shape)}")
+    return _SiluMul.apply(a, b)

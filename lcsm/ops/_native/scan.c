@@ -1,8 +1,8 @@
 /* The kernels of scan.h (the selective scan), cauchy.h (S4's kernel spectrum), diag.h (CES's
  * diagonal recurrence) and blockdiag.h (mLSTM's block-diagonal projections)
  * readout.h (mLSTM's readout after its EOS call), conv.h (the short depthwise causal
- * convolutions), rmsnorm.h (gated RMSNorms) and chunk.h (the chunk form without a decay) for float (suffix f32)
- * and double (f64). */
+ * convolutions), rmsnorm.h (gated RMSNorms), glu.h (SwiGLU's gate) and chunk.h (the chunk form) for float
+ * (suffix f32) and double (f64). */
 #include <stdint.h>
 
 #define REAL float
@@ -28,6 +28,7 @@
 #include "readout.h"
 #include "conv.h"
 #include "rmsnorm.h"
+#include "glu.h"
 #include "chunk.h"
 #undef REAL
 #undef UINT
@@ -64,4 +65,5 @@
 #include "readout.h"
 #include "conv.h"
 #include "rmsnorm.h"
+#include "glu.h"
 #include "chunk.h"
