@@ -37,6 +37,7 @@ PUBLIC = {
         "native_s4_kernel",
         "native_s4_spectrum",
         "native_serves",
+        "native_silu_mul",
         "native_unavailable",
         "packed_bounds",
     ],
