@@ -142,9 +142,8 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         # tensors, R, C, group, gate first, eps, work items, threads, scratch and its size per thread
         "rmsnorm_forward_all": [*[ptr] * 4, *[i64] * 4, f64, i64, i64, ptr, i64],
         "rmsnorm_backward_all": [*[ptr] * 7, *[i64] * 4, f64, i64, i64, ptr, i64],
-        # tensors, elements, work items, threads, scratch and its size per thread
-        "glu_forward_all": [*[ptr] * 3, i64, i64, i64, ptr, i64],
-        "glu_backward_all": [*[ptr] * 5, i64, i64, i64, ptr, i64],
+        # tensors (dy None: forward), elements, work items, threads, scratch and its size per thread
+        "glu_all": [*[ptr] * 5, i64, i64, i64, ptr, i64],
         # tensors, strides, H, T, K, D, C, work items, threads, scratch and its size per thread
         "chunk_forward_all": [*[ptr] * 10, *[i64] * 5, i64, i64, ptr, i64],
         "chunk_backward_all": [*[ptr] * 14, *[i64] * 5, i64, i64, ptr, i64],
@@ -1002,8 +1001,8 @@ class _SiluMul(torch.autograd.Function):
     def forward(ctx, a: Tensor, b: Tensor) -> Tensor:
         a, b = a.contiguous(), b.to(a.dtype).contiguous()
         y = torch.empty_like(a)
-        items = _tiles(a.numel(), "glu_elements")
-        _run(_kernel("glu_forward_all", a), items, 1, a, _ptr(a), _ptr(b), _ptr(y), a.numel())
+        tensors = (a, b, None, y, None)
+        _run(_kernel("glu_all", a), _tiles(a.numel(), "glu_elements"), 1, a, *(_ptr(t) for t in tensors), a.numel())
         ctx.save_for_backward(a, b)
         return y
 
@@ -1012,9 +1011,8 @@ class _SiluMul(torch.autograd.Function):
         a, b = ctx.saved_tensors
         dy = dy.to(a.dtype).contiguous()
         da, db = torch.empty_like(a), torch.empty_like(b)
-        items = _tiles(a.numel(), "glu_elements")
         tensors = (a, b, dy, da, db)
-        _run(_kernel("glu_backward_all", a), items, 1, a, *(_ptr(t) for t in tensors), a.numel())
+        _run(_kernel("glu_all", a), _tiles(a.numel(), "glu_elements"), 1, a, *(_ptr(t) for t in tensors), a.numel())
         return da, db
 
 

@@ -14,30 +14,24 @@ enum { GE = 16384 };
 const int64_t lcsm_glu_elements = GE;
 #endif
 
-void FN(glu_forward_all_)(const REAL *a, const REAL *b, REAL *y, int64_t n, int64_t items, int64_t threads,
-                          REAL *scratch, int64_t per_thread) {
+/* forward (dy NULL): out = y; backward: out = da, and db */
+void FN(glu_all_)(const REAL *a, const REAL *b, const REAL *dy, REAL *out, REAL *db, int64_t n, int64_t items,
+                  int64_t threads, REAL *scratch, int64_t per_thread) {
     (void)scratch;
     (void)per_thread;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t item = 0; item < items; item++) {
         const int64_t i0 = item * GE, i1 = n < i0 + GE ? n : i0 + GE;
+        if (!dy) {
 #pragma omp simd
-        for (int64_t i = i0; i < i1; i++) y[i] = a[i] * FN(sigmoid_)(a[i]) * b[i];
-    }
-}
-
-void FN(glu_backward_all_)(const REAL *a, const REAL *b, const REAL *dy, REAL *da, REAL *db, int64_t n, int64_t items,
-                           int64_t threads, REAL *scratch, int64_t per_thread) {
-    (void)scratch;
-    (void)per_thread;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t item = 0; item < items; item++) {
-        const int64_t i0 = item * GE, i1 = n < i0 + GE ? n : i0 + GE;
+            for (int64_t i = i0; i < i1; i++) out[i] = a[i] * FN(sigmoid_)(a[i]) * b[i];
+        } else {
 #pragma omp simd
-        for (int64_t i = i0; i < i1; i++) {
-            const REAL sig = FN(sigmoid_)(a[i]), g = dy[i];
-            db[i] = g * a[i] * sig;
-            da[i] = g * b[i] * sig * (1 + a[i] * (1 - sig));
+            for (int64_t i = i0; i < i1; i++) {
+                const REAL sig = FN(sigmoid_)(a[i]), g = dy[i];
+                db[i] = g * a[i] * sig;
+                out[i] = g * b[i] * sig * (1 + a[i] * (1 - sig));
+            }
         }
     }
 }
