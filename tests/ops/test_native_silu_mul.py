@@ -44,8 +44,8 @@ def test_non_contiguous_operands():
 
 
 def test_glu_takes_the_kernel_on_the_cpu(monkeypatch):
-    """Eager float CPU inputs run the native gate, equal to the mixer written out; a traced call
-    (``native_serves`` false) keeps the PyTorch form."""
+    """Eager float CPU inputs run the native gate, equal to the mixer written out; inputs
+    ``native_serves`` refuses (a traced call, another device or dtype) keep the PyTorch form."""
     skip_without_kernel()
     torch.manual_seed(0)
     glu = GLU(6, 10).double()
