@@ -234,9 +234,9 @@ def native_unavailable() -> str | None:
 def native_serves(x: Tensor) -> bool:
     """Whether a layer's native kernel (``native_s4_spectrum``, ``native_diag_scan``,
     ``native_block_diag``, ``native_mlstm_readout``, ``native_causal_conv``,
-    ``native_gated_rms_norm``, ``native_silu_mul``) takes x's computation: float32 or float64 CPU tensors, eager
-    (traced graphs keep the layers' PyTorch forms), and the kernel built (``native_unavailable``
-    says why not)."""
+    ``native_gated_rms_norm``, ``native_silu_mul``) takes x's computation: float32 or float64 CPU
+    tensors, eager (traced graphs keep the layers' PyTorch forms), and the kernel built
+    (``native_unavailable`` says why not)."""
     return (
         x.device.type == "cpu"
         and x.dtype in _SUFFIX
