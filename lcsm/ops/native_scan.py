@@ -27,12 +27,12 @@ short depthwise causal convolutions (``_native/conv.h``), gated RMSNorms (``_nat
 SwiGLU's gate (``_native/glu.h``).
 
 The kernel is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
-``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by the source, the flags, the compiler
-and the CPU's features (-march=native). ``native_unsupported`` says why it cannot run (no
-compiler, a failed build, ``LCSM_NATIVE=0``, inputs it does not take); ``eos``'s auto mode then takes the chunk form and
-``explain`` says so. exp is evaluated by a polynomial (``_native/scan.c``): within 2 units in the
-last place of libm's in float64, and 0 below exp(-87) in float32 (exp(-708) in float64), where
-libm returns a subnormal.
+``$LCSM_NATIVE_DIR`` if set, else ``$LCSM_CACHE/native`` (default ``~/.cache/lcsm/native``), keyed by
+the source, the flags, the compiler and the CPU's features (-march=native). ``native_unsupported``
+says why it cannot run (no compiler, a failed build, ``LCSM_NATIVE=0``, inputs it does not take);
+``eos``'s auto mode then takes the chunk form and ``explain`` says so. exp is evaluated by a
+polynomial (``_native/scan.c``): within 2 units in the last place of libm's in float64, and 0
+below exp(-87) in float32 (exp(-708) in float64), where libm returns a subnormal.
 """
 
 from __future__ import annotations
@@ -71,8 +71,11 @@ _state: dict = {"lib": None, "why": None, "serial": None}
 
 
 def cache_dir() -> Path:
-    """Where the compiled kernel is kept: ``$LCSM_CACHE/native``, else ``~/.cache/lcsm/native``."""
-    return cache_root() / "native"
+    """Where the compiled kernel is kept: ``$LCSM_NATIVE_DIR``, else ``$LCSM_CACHE/native``, else
+    ``~/.cache/lcsm/native``. Its own variable lets runs with separate data caches (each test's, a
+    project's) share one build, which takes seconds of compiler time."""
+    own = os.environ.get("LCSM_NATIVE_DIR")
+    return Path(own).expanduser() if own else cache_root() / "native"
 
 
 def _cpu_features() -> str:

@@ -134,6 +134,7 @@ def test_a_failed_build_is_reported(monkeypatch, tmp_path):
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LCSM_NATIVE_DIR")
     monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": None})
     plan = explain(*_args(make_inputs(20, decay="product", dd_decay=(True, False))))
     assert plan.mode == "chunk" and "failed: error: broken" in plan.reason
@@ -152,6 +153,7 @@ def test_a_compiler_without_openmp_builds_a_one_thread_kernel(monkeypatch, tmp_p
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LCSM_NATIVE_DIR")
     monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": None, "serial": None})
     inputs = make_inputs(40, decay="product", dd_decay=(True, False))
     plan = explain(*_args(inputs))
@@ -160,11 +162,25 @@ def test_a_compiler_without_openmp_builds_a_one_thread_kernel(monkeypatch, tmp_p
     check(inputs, "native", torch.float64, context="kernel built without OpenMP")
 
 
+def test_the_kernels_directory(monkeypatch, tmp_path):
+    """``$LCSM_NATIVE_DIR`` where set (runs with separate data caches share one build), else
+    ``$LCSM_CACHE/native``, else ``~/.cache/lcsm/native``."""
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LCSM_NATIVE_DIR", str(tmp_path / "kernels"))
+    assert native.cache_dir() == tmp_path / "kernels"
+    monkeypatch.delenv("LCSM_NATIVE_DIR")
+    assert native.cache_dir() == tmp_path / "cache" / "native"
+    monkeypatch.delenv("LCSM_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert native.cache_dir() == tmp_path / "home" / ".cache" / "lcsm" / "native"
+
+
 def test_an_unwritable_cache_is_reported(monkeypatch, tmp_path):
     """A cache directory that cannot be made: the plan says so, nothing raises."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("LCSM_CACHE", str(blocker / "cache"))
+    monkeypatch.delenv("LCSM_NATIVE_DIR")
     monkeypatch.setattr(native, "_state", {**native._state, "lib": None, "why": None})
     plan = explain(*_args(make_inputs(20, decay="product", dd_decay=(True, False))))
     assert plan.mode == "chunk" and "could not be built or loaded" in plan.reason
