@@ -15,7 +15,10 @@ reads its table of tracing-state functions (``tracing_state_functions``, cached 
 ``is_compiling`` as an unknown op in every later compile of the process. It is built here first.
 """
 
+import importlib
 import os
+
+import pytest
 
 from lcsm._cache import cache_root
 
@@ -43,3 +46,15 @@ import torch._dynamo.variables.torch  # noqa: E402
 
 if hasattr(torch._dynamo.variables.torch, "tracing_state_functions"):
     torch._dynamo.variables.torch.tracing_state_functions()
+
+
+@pytest.fixture
+def pytorch_chunk_form(monkeypatch):
+    """eos's chunk mode in its PyTorch form, which a compiled graph traces off the CPU: on CPU
+    tensors it would call the C kernel's custom ops instead (tests/ops/test_native_chunk.py)."""
+
+    def off(p):
+        return "off: the PyTorch chunk form under test"
+
+    for module in ("lcsm.ops.chunk", "lcsm.ops.eos"):  # the module, not lcsm.ops's function eos
+        monkeypatch.setattr(importlib.import_module(module), "native_chunk_unsupported", off)

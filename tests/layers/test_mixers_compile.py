@@ -11,6 +11,9 @@ import torch._dynamo
 from lcsm import layers
 from lcsm.testing import assert_close, gradients
 
+# the traced PyTorch chunk form (what a compiled graph runs off the CPU), not the C kernel's ops
+pytestmark = pytest.mark.usefixtures("pytorch_chunk_form")
+
 D_MODEL = 16
 # the last T = 2, even after odd lengths: no [T - 1] slice (a token shift's, a real FFT's backward)
 # whose size the graph would guard, no parity guard (S4's odd kernel size)

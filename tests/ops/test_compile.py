@@ -19,6 +19,9 @@ from lcsm.ops import eos
 from lcsm.ops._inputs import constant_result
 from lcsm.testing import assert_close, gradients
 
+# the traced PyTorch chunk form (what a compiled graph runs off the CPU), not the C kernel's ops
+pytestmark = pytest.mark.usefixtures("pytorch_chunk_form")
+
 B, H, K, D, C = 1, 2, 4, 3, 8
 # (T, strength, resets): 1, 3, 4, 3 and 1 chunks, no T a multiple of C; the first shorter than a
 # chunk (traced first: the graph must not hold only for one chunk), the third too strong for one

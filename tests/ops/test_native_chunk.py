@@ -242,3 +242,44 @@ def test_native_chunk_refuses_what_it_cannot_take():
         native.native_chunk(s, s.double(), x, None, None, 4)
     with pytest.raises(ValueError, match="float32 or float64 CPU tensors, got torch.float16"):
         native.native_chunk(s.half(), s.half(), x.half(), None, None, 4)
+
+
+@pytest.mark.parametrize("kind", ["none", "scalar", "row", "col"])
+def test_compiled_graphs_call_the_kernel(monkeypatch, kind):
+    """torch.compile(fullgraph=True, dynamic=True) of eos's chunk mode: the graph calls the kernel's
+    two custom ops (forward and backward), at two lengths without retracing, with the eager call's
+    outputs and gradients bit for bit; a decay of exactly 0 inside the sequence, an initial state
+    and a cotangent on the final state."""
+    skip_without_kernel()
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    calls = []
+    run_kernel = native._run
+    monkeypatch.setattr(native, "_run", lambda *args: calls.append(1) or run_kernel(*args))
+    tail = {"none": None, "scalar": (1, 1), "row": (5, 1), "col": (1, 3)}[kind]
+
+    def f(i, e, s, log_o, m0):
+        return eos(i, e, s, log_o, mode="chunk", chunk_size=8, initial_state=m0, output_final_state=True)
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
+    for T in (21, 34):
+        g = torch.Generator().manual_seed(T)
+        leaves = [torch.randn(2, T, 3, n, generator=g) for n in (3, 5, 5)]
+        if tail is not None:
+            log_o = -torch.rand(2, T, 3, *tail, generator=g)
+            log_o[:, T // 2] = -torch.inf
+            leaves.append(log_o)
+        leaves.append(torch.randn(2, 3, 5, 3, generator=g))
+        leaves = [t.requires_grad_() for t in leaves]
+        results = []
+        for fn in (f, compiled):
+            calls.clear()
+            args = leaves if tail is not None else [*leaves[:3], None, leaves[3]]
+            y, m = fn(*args)
+            grads = torch.autograd.grad((y * 1.3).sum() + (m * 0.7).sum(), leaves)
+            assert len(calls) == 2, (kind, T, len(calls))  # forward and backward
+            results.append([y, m, *grads])
+        for eager, traced in zip(*results, strict=True):
+            assert torch.equal(eager, traced), (kind, T)
+    assert counter.frame_count == 1
