@@ -19,6 +19,8 @@ lcsm/ops/triton_delta.py).
 at B1 H16 K = D = 128 (medians of CUDA-event timings after warm-up), then training steps of
 ~100M-parameter language models (lcsm gla, gated_deltanet and a Transformer; fla's GLA and
 Gated DeltaNet models of the same size where fla's model package is installed), in bf16 autocast.
+First, for a few cases (``--profile``), the kernels of one forward + backward of each form with their
+device times (torch.profiler), so that a loan also says where the time goes.
 Every case runs under a time budget (``--budget``): once it is spent the rest are marked SKIP, and
 the report is rewritten after every case so that a run stopped early keeps what it measured.
 """
@@ -282,6 +284,77 @@ def bench_ops(report: Report, budget: Budget, args) -> None:
     report.flush()
 
 
+def _self_time_us(event) -> float:
+    """An averaged profiler event's own time on the device (CUDA) or, on the CPU, on the host."""
+    if DEVICE == "cpu":
+        return event.self_cpu_time_total
+    for name in ("self_device_time_total", "self_cuda_time_total"):  # the second before torch 2.4
+        if hasattr(event, name):
+            return getattr(event, name)
+    return 0.0
+
+
+def _profile_cases(text: str) -> list[str]:
+    """``--profile``'s OP:DTYPE:T cases, checked."""
+    cases = [c for c in text.split(",") if c]
+    for case in cases:
+        parts = case.split(":")
+        if len(parts) != 3 or parts[0] not in OPS or parts[1] not in ("bfloat16", "float32") or not parts[2].isdigit():
+            raise argparse.ArgumentTypeError(
+                f"expected OP:DTYPE:T with OP one of {', '.join(OPS)}, DTYPE bfloat16 or float32, got {case!r}"
+            )
+    return cases
+
+
+def bench_kernels(report: Report, budget: Budget, args) -> None:
+    """Where one forward + backward spends its time, kernel by kernel (torch.profiler, after one
+    unprofiled call that compiles and warms the kernels): the ``--top`` longest of each case, so
+    that a loan says which of a form's kernels to work on."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    where = "device time of each kernel" if DEVICE == "cuda" else "host time of each op (CPU smoke test)"
+    rows = report.section(
+        f"Kernels of one forward + backward (B{args.batch} H{args.heads} K = D = {args.dim}; torch.profiler, {where}; "
+        f"the {args.top} longest)",
+        ["| case | kernel | calls | ms | share of the case |", "| --- | --- | ---: | ---: | ---: |"],
+    )
+    forms = [("lcsm triton", "triton"), ("lcsm chunk", "chunk"), ("fla", None)]
+    for spec in args.profile:
+        op, dname, T = spec.split(":")
+        for label, mode in forms:
+            case = f"{op} {dname} T={T} {label}"
+            if budget.left() < 0:
+                rows.append(f"| {case} | SKIP (budget spent) | | | |")
+                continue
+            try:
+                x = op_inputs(op, int(T), getattr(torch, dname), args.batch, args.heads, args.dim)
+                if mode is None:
+                    step = fwd_bwd(lambda x, op=op: fla_op(op, x), x)
+                else:
+                    step = fwd_bwd(lambda x, op=op, mode=mode: lcsm_op(op, x, mode), x)
+                step()
+                sync()
+                with profile(activities=activities) as prof:
+                    step()
+                    sync()
+                events = [(e.key, e.count, _self_time_us(e)) for e in prof.key_averages()]
+                events = sorted((e for e in events if e[2] > 0), key=lambda e: -e[2])
+                total = sum(e[2] for e in events)
+                for key, count, us in events[: args.top]:
+                    name = key if len(key) <= 70 else key[:67] + "..."
+                    rows.append(f"| {case} | `{name}` | {count} | {us / 1e3:.2f} | {us / total:.1%} |")
+                rows.append(f"| {case} | all {len(events)} | | {total / 1e3:.2f} | 100% |")
+                del x, step
+            except Exception as exc:
+                log(f"{case}: {exc!r}")
+                rows.append(f"| {case} | failed: {type(exc).__name__}: {str(exc)[:120]} | | | |")
+            if DEVICE != "cpu":
+                torch.cuda.empty_cache()
+            log(rows[-1])
+            report.flush()
+
+
 # Heads of the model comparison, the same in lcsm and fla (fla's GLA default; GDN at 768 / 128).
 HEADS = {"gla": 4, "gated_deltanet": 6}
 
@@ -382,7 +455,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-batch", type=int, default=8)
     p.add_argument("--train-len", type=int, default=2048)
     p.add_argument("--budget", type=float, default=300.0, help="seconds for all cases; the rest are skipped")
-    p.add_argument("--skip", default="", help="comma-separated sections to skip: ops, train")
+    p.add_argument(
+        "--profile",
+        type=_profile_cases,
+        default=["gla:bfloat16:32768", "simple_gla:float32:32768"],
+        help="OP:DTYPE:T cases whose kernels are profiled (comma-separated; empty: none)",
+    )
+    p.add_argument("--top", type=int, default=8, help="kernels listed per profiled case")
+    p.add_argument("--skip", default="", help="comma-separated sections to skip: kernels, ops, train")
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke test of the script")
     args = p.parse_args(argv)
@@ -403,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(args.budget)
     skip = set(args.skip.split(","))
     torch.backends.cuda.matmul.allow_tf32 = False
+    if "kernels" not in skip:
+        bench_kernels(report, budget, args)
     if "ops" not in skip:
         bench_ops(report, budget, args)
     if "train" not in skip:

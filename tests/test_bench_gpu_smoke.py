@@ -17,6 +17,7 @@ def test_every_case_is_reported(tmp_path):
     argv = ["--device", "cpu", "--lengths", "40", "--heads", "2", "--dim", "8", "--warmup", "1", "--repeats", "1"]
     argv += ["--model-dim", "64", "--model-layers", "1", "--vocab", "50", "--train-batch", "1", "--train-len", "16"]
     argv += ["--mixers", "gla,gated_deltanet,attention", "--fla-models", "", "--out", str(out)]
+    argv += ["--profile", "gla:float32:40,delta:bfloat16:24", "--top", "3"]
     assert gpu_bench.main(argv) == 0
     text = out.read_text()
     for op in gpu_bench.OPS:
@@ -28,3 +29,17 @@ def test_every_case_is_reported(tmp_path):
         row = next(line for line in text.splitlines() if line.startswith(f"| {model} |"))
         assert "failed" not in row and "SKIP" not in row, row
     assert "- git commit:" in text and "- device: cpu (smoke test)" in text
+    for case in ("gla float32 T=40", "delta bfloat16 T=24"):
+        for form in ("lcsm triton", "lcsm chunk"):
+            rows = [line for line in text.splitlines() if line.startswith(f"| {case} {form} |")]
+            assert len(rows) == 4 and rows[-1].split("|")[2].strip().startswith("all "), rows  # top 3 and the total
+            assert all(float(row.split("|")[4]) > 0 for row in rows), rows
+        fla = next(line for line in text.splitlines() if line.startswith(f"| {case} fla |"))
+        assert "failed" in fla, fla  # fla's Triton kernels do not run on the CPU
+
+
+def test_profile_cases_are_checked():
+    import pytest
+
+    with pytest.raises(SystemExit):
+        gpu_bench.main(["--device", "cpu", "--profile", "gla:float16:40"])
