@@ -200,3 +200,28 @@ def test_auto_takes_triton_where_it_was_measured_faster():
     assert "float32 inputs with no or a scalar decay" in explain(**x, log_o=scalar).reason
     bf16 = {n: t.bfloat16() for n, t in x.items()}
     assert explain(**bf16, log_o=scalar.bfloat16()).mode == "triton"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_inductor_graph_launches_the_triton_kernels():
+    """torch.compile (inductor, fullgraph, dynamic T) of mode "triton" with a row decay: the graph
+    launches the kernels through the custom op lcsm::triton_chunk and equals eager at two lengths,
+    one graph (inductor may fuse the ops around the kernels: equal up to float32 rounding)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def f(i, e, s, log_o):
+        return eos(i, e, s, log_o, mode="triton", output_final_state=True)
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
+    for T_ in (70, 101):
+        x = {n: _rand(2, T_, 3, 16, seed=n_) for n_, n in enumerate(("i", "e", "s"))}
+        x["log_o"] = logsigmoid(_rand(2, T_, 3, 16, 1, seed=7) + 3)
+        leaves = {n: t.to("cuda", torch.float32).requires_grad_() for n, t in x.items()}
+
+        def out(fn, leaves=leaves):
+            y, m = fn(**leaves)
+            return {"y": y, "m_T": m}
+
+        assert_close(gradients(out(compiled), leaves), gradients(out(f), leaves), torch.float32, f"T={T_}")
+    assert counter.frame_count == 1

@@ -534,13 +534,13 @@ def finish(
     return y, m_T.to(state_dtype)
 
 
-def triton_unavailable(x: Tensor) -> str | None:
+def triton_unavailable(x: Tensor, traceable: bool = False) -> str | None:
     """Why no Triton kernel of lcsm.ops can run on x's tensors here, or None: triton missing, a call
-    traced by torch.compile (the PyTorch forms trace with a symbolic T; the kernels' tracing is
-    untested), or a device other than CUDA, unless the CPU under Triton's interpreter."""
+    traced by torch.compile (unless ``traceable``: kernels a traced graph calls as custom ops), or a
+    device other than CUDA, unless the CPU under Triton's interpreter."""
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and not traceable:
         return "traced by torch.compile (the PyTorch forms trace with a symbolic T)"
     if x.device.type != "cuda":
         interpreted = False

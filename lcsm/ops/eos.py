@@ -96,11 +96,12 @@ _TRITON_DECAYS = ("none", "scalar", "row", "col")
 _TRITON_MAX_WIDTH = 256  # triton_chunk.MAX_WIDTH, here so that planning never imports triton
 
 
-def _triton_unsupported(p: EOSProblem) -> str | None:
-    """Why the Triton kernels (``triton_chunk``) cannot serve this problem, or None when they can."""
-    why = triton_unavailable(p.i)
+def _triton_unsupported(p: EOSProblem, packed: bool = False) -> str | None:
+    """Why the Triton kernels (``triton_chunk``) cannot serve this problem, or None when they can:
+    traced by torch.compile too (their launches are a custom op), but for packed documents."""
+    why = triton_unavailable(p.i, traceable=not packed)
     if why is not None:
-        return why
+        return why + (" (packed documents)" if packed and torch.compiler.is_compiling() else "")
     if p.i.is_complex():
         return "complex inputs (the kernels are real)"
     if p.i.dtype != torch.float32:
@@ -133,7 +134,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if documents is None:
-        return _plan_one(p, mode, chunk_size)
+        return _plan_one(p, mode, chunk_size, packed=False)
     if mode == "fft":
         raise ValueError(
             "mode='fft' cannot serve cu_seqlens: a convolution with one time-invariant kernel cannot "
@@ -141,10 +142,10 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
         )
     if mode == "auto" and p.T > 1 and p.data_independent:
         # The time-invariant system becomes time-varying once its memory restarts: chunk.
-        plan = _plan_one(p, "chunk", chunk_size)
+        plan = _plan_one(p, "chunk", chunk_size, packed=True)
         plan = Plan(plan.mode, plan.kernel, "packed sequences take the chunk form, not fft; " + plan.reason)
     else:
-        plan = _plan_one(p, mode, chunk_size)
+        plan = _plan_one(p, mode, chunk_size, packed=True)
     if plan.mode == "recurrent":
         how = "each document alone through the recurrence, a loop over documents"
     elif plan.mode == "triton":
@@ -162,7 +163,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
     return Plan(plan.mode, plan.kernel, f"{plan.reason}; cu_seqlens, {documents} documents: {how}")
 
 
-def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
+def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool) -> Plan:
     structure = (
         f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, s={'vector' if p.s_is_vector else 'K x D'}"
     )
@@ -181,7 +182,7 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
     if mode == "chunk":
         return Plan("chunk", kernel_for(p), f"requested ({structure}); {_kernel_reason(p)}")
     if mode == "triton":
-        why = _triton_unsupported(p)
+        why = _triton_unsupported(p, packed)
         if why is not None:
             raise ValueError(f"mode='triton' cannot serve these inputs: {why}; use mode='chunk' or 'auto'")
         return _triton_plan(p, chunk_size, "requested")
@@ -202,11 +203,11 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int) -> Plan:
         )
     reason = f"linear-time chunkwise form with C={chunk_length(chunk_size, p.T)} ({structure}); {_kernel_reason(p)}"
     if p.i.device.type == "cuda":
-        why = _triton_unsupported(p)
+        why = _triton_unsupported(p, packed)
         if why is None and p.out_dtype == torch.float32 and p.decay_kind in ("none", "scalar"):
-            # H200, B1 H16 K = D = 128, fwd+bwd (bench/results/gpu_triton.md): float32 kernels without a
-            # row or column decay ran 1.8-2.3x slower than this chunk form (their full-precision
-            # matmuls spill registers); in bfloat16 they ran 2.4-5.5x faster.
+            # H200, B1 H16 K = D = 128, fwd+bwd (bench/results/gpu_triton.md): float32 kernels with a
+            # scalar decay ran 1.5-2.3x slower than this chunk form (their full-precision matmuls
+            # spill registers; no decay not measured, taken alike); in bfloat16 2.4-5.5x faster.
             why = "float32 inputs with no or a scalar decay, where the PyTorch chunk form was faster on an H200"
         if why is None:
             return _triton_plan(p, chunk_size, "CUDA tensors and triton installed")
@@ -245,8 +246,9 @@ def explain(
     Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent (both parts
     of a separable pair or a product) -> fft; on CUDA tensors with triton installed, where the
     Triton kernels serve the inputs (K-vector e and s, no, scalar, row or column decay, real,
-    float32 compute) -> triton (``triton_chunk``), except float32 inputs with no or
-    a scalar decay (slower there than the chunk form, bench/results/gpu_triton.md); on CPU tensors
+    float32 compute; traced by torch.compile too, but not for packed documents) -> triton
+    (``triton_chunk``), except float32 inputs with no or a scalar decay (a scalar one slower there
+    than the chunk form, bench/results/gpu_triton.md); on CPU tensors
     with K-vector e and s and a full K x D decay (one tensor, or a product log_o = a * b with one
     operand time-invariant: Mamba's Delta_t A), real, float32 or float64 compute, where the C kernel
     builds -> native (``native_scan``); otherwise chunk (kernel

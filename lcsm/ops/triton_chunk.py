@@ -420,10 +420,8 @@ def cumulative(g: Tensor, BT: int) -> Tensor:
     padded to whole chunks with log 0, o raised as in the other chunk forms (``finite_log``).
     Summed in float64: each G is then the float32 rounding of its exact value."""
     B, H, T, X = g.shape
-    N = math.ceil(T / BT)
-    logs = finite_log(g, torch.float32)
-    if N * BT != T:
-        logs = torch.nn.functional.pad(logs, (0, 0, 0, N * BT - T))
+    N = (T + BT - 1) // BT
+    logs = torch.nn.functional.pad(finite_log(g, torch.float32), (0, 0, 0, N * BT - T))
     return logs.reshape(B, H, N, BT, X).cumsum(3, dtype=torch.float64).to(torch.float32).reshape(B, H, N * BT, X)
 
 
@@ -528,7 +526,30 @@ def triton_chunk(
     ``bf16``: bfloat16 matmul operands, else float32. ``strict`` leaves each step's own term out of
     y; ``strict_final`` also returns o_T * m_{T-1}. ``layout``: the inputs are packed documents
     laid out by it (B = 1, T = its T_pad); m0 and the returned memories are per document [N, H, K, D].
-    Returns y [B, H, T, D], m_T and that memory (None unless asked), all float32."""
+    Returns y [B, H, T, D], m_T and that memory (None unless asked), all float32. In a graph traced
+    by torch.compile the launches are the custom op ``lcsm::triton_chunk`` (one document a row)."""
+    if torch.compiler.is_compiling():
+        if layout is not None:
+            raise ValueError("triton_chunk: packed documents (layout) cannot be traced by torch.compile")
+        y, final, final_strict = _triton_chunk_op(s, e, i, G, m0, kind, BT, bf16, strict, strict_final)
+        return y, final, final_strict if strict_final else None
+    return _launch(s, e, i, G, kind, m0, BT, bf16, strict, strict_final, layout)
+
+
+def _launch(
+    s: Tensor,
+    e: Tensor,
+    i: Tensor,
+    G: Tensor | None,
+    kind: str,
+    m0: Tensor | None,
+    BT: int,
+    bf16: bool,
+    strict: bool,
+    strict_final: bool,
+    layout: ChunkLayout | None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``triton_chunk``'s kernel launches."""
     B, H, T, K = s.shape
     D = i.shape[-1]
     N = math.ceil(T / BT)
@@ -607,6 +628,32 @@ def triton_chunk(
         num_stages=STAGES_OUTPUT,
     )
     return y, final, final_strict if strict_final else None
+
+
+@torch.library.custom_op("lcsm::triton_chunk", mutates_args=())
+def _triton_chunk_op(
+    s: Tensor,
+    e: Tensor,
+    i: Tensor,
+    G: Tensor | None,
+    m0: Tensor | None,
+    kind: str,
+    BT: int,
+    bf16: bool,
+    strict: bool,
+    strict_final: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``triton_chunk`` as an op a traced graph calls (one document a row); o_T * m_{T-1} empty
+    unless ``strict_final`` (an op's outputs are tensors, none aliasing another)."""
+    y, final, final_strict = _launch(s, e, i, G, kind, m0, BT, bf16, strict, strict_final, None)
+    return y, final, final_strict if strict_final else final.new_empty(0)
+
+
+@_triton_chunk_op.register_fake
+def _(s, e, i, G, m0, kind, BT, bf16, strict, strict_final):
+    (B, H, T, K), D = s.shape, i.shape[-1]
+    y, final = s.new_empty(B, H, T, D, dtype=torch.float32), s.new_empty(B, H, K, D, dtype=torch.float32)
+    return y, final, torch.empty_like(final) if strict_final else final.new_empty(0)
 
 
 def _own_step(s: Tensor, e: Tensor, i: Tensor) -> Tensor:

@@ -218,3 +218,36 @@ def test_what_it_cannot_serve_is_a_value_error(change, message):
         explain(x["i"], x["e"], x["s"], x.get("log_o"), mode="triton", **kwargs)
     with pytest.raises(ValueError, match=f"mode='triton' {message}" if "cannot" in message else message):
         eos(x["i"], x["e"], x["s"], x.get("log_o"), mode="triton", **kwargs)
+
+
+@pytest.mark.parametrize("decay", ["none", "scalar", "row", "col"])
+def test_compiled_graphs_call_the_kernels(monkeypatch, decay):
+    """torch.compile(fullgraph=True, dynamic=True) of mode "triton": the traced graph launches the
+    kernels through the custom op ``lcsm::triton_chunk`` (forward: one call; backward: the three
+    problems of appendix 5.1), at two lengths past one 64-step chunk without retracing, with the
+    eager call's outputs, final state and every gradient bit for bit."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    calls = []
+    launch = triton_chunk._launch
+    monkeypatch.setattr(triton_chunk, "_launch", lambda *a: calls.append(1) or launch(*a))
+
+    def f(i, e, s, log_o, m0):
+        return eos(i, e, s, log_o, mode="triton", initial_state=m0, output_final_state=True)
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
+    for T in (70, 101):
+        x = _inputs(T, decay, initial=True, seed=T)
+        leaves = [v.to(DEVICE, torch.float32).requires_grad_() for v in x.values() if v is not None]
+        args = leaves if decay != "none" else [*leaves[:3], None, leaves[3]]
+        results = []
+        for fn in (f, compiled):
+            calls.clear()
+            y, m = fn(*args)
+            grads = torch.autograd.grad((y * 1.3).sum() + (m * 0.7).sum(), leaves)
+            assert len(calls) == 4, (decay, T, len(calls))
+            results.append([y, m, *grads])
+        for eager, traced in zip(*results, strict=True):
+            assert torch.equal(eager, traced), (decay, T)
+    assert counter.frame_count == 1

@@ -248,14 +248,17 @@ def test_layers_with_a_mode_option_run_the_carry(name):
     assert_close(results[0], results[1], torch.float32, f"{name} triton vs chunk")
 
 
-def test_not_traced_by_torch_compile(monkeypatch):
-    """Tracing, auto takes the PyTorch forms and mode "triton" refuses, for eos's kernels and the
-    delta-rule carry alike (the traced chunk forms are what compiles with a symbolic T)."""
+def test_what_torch_compile_traces(monkeypatch):
+    """Tracing, the delta-rule carry refuses mode "triton" and auto takes its PyTorch form (the
+    traced chunk forms compile with a symbolic T); eos's kernels serve (a traced graph calls them
+    as a custom op: test_triton_chunk.py's compiled test), but not packed documents."""
     x = {n: t.to(DEVICE, torch.float32) for n, t in _inputs(12, True, False).items() if t is not None}
     args = [x[n] for n in ("i", "e", "s", "a", "b")]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(ValueError, match=r"mode='triton' cannot serve these inputs: traced by torch.compile"):
         carry_for("triton", args[0], 16)
     assert carry_for("auto", args[0], 16)[0] == "torch"
-    with pytest.raises(ValueError, match=r"mode='triton' cannot serve these inputs: traced by torch.compile"):
-        explain(args[0], args[1], args[2], None, mode="triton")
+    assert explain(args[0], args[1], args[2], None, mode="triton").mode == "triton"
+    cu = torch.tensor([0, 5, 12], device=DEVICE)
+    with pytest.raises(ValueError, match=r"traced by torch.compile .*\(packed documents\)"):
+        explain(args[0], args[1], args[2], None, mode="triton", cu_seqlens=cu)
