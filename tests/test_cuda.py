@@ -225,3 +225,29 @@ def test_inductor_graph_launches_the_triton_kernels():
 
         assert_close(gradients(out(compiled), leaves), gradients(out(f), leaves), torch.float32, f"T={T_}")
     assert counter.frame_count == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_inductor_graph_launches_the_triton_carry():
+    """torch.compile (inductor, fullgraph, dynamic T) of eos_delta's mode "triton" with a gate: the
+    graph carries the memory by the custom op lcsm::triton_delta_carry and equals eager at two
+    lengths, one graph (up to float32 rounding: the traced chunks pad one more)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def f(i, e, s, b, log_o):
+        return eos_delta(i, e, s, e, b, log_o, mode="triton", output_final_state=True, chunk_size=16)
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
+    for T_ in (37, 50):
+        k = normalize(_rand(2, T_, 3, 16, seed=1), dim=-1)
+        x = {"i": _rand(2, T_, 3, 8, seed=2), "e": 0.5 * k, "s": _rand(2, T_, 3, 16, seed=3), "b": k}
+        x["log_o"] = logsigmoid(_rand(2, T_, 3, seed=4) + 2)
+        leaves = {n: t.to("cuda", torch.float32).requires_grad_() for n, t in x.items()}
+
+        def out(fn, leaves=leaves):
+            y, m = fn(**leaves)
+            return {"y": y, "m_T": m}
+
+        assert_close(gradients(out(compiled), leaves), gradients(out(f), leaves), torch.float32, f"T={T_}")
+    assert counter.frame_count == 1

@@ -516,10 +516,11 @@ def _doubling_carry(Phi: Tensor, Psi: Tensor, M: Tensor) -> tuple[Tensor, Tensor
     return torch.where(chunk == 0, M.unsqueeze(2), Psi_p.roll(1, 2)), Psi_p[:, :, -1]
 
 
-def triton_carry_unsupported(v: Tensor, K: int) -> str | None:
+def triton_carry_unsupported(v: Tensor, K: int, packed: bool = False) -> str | None:
     """Why the Triton carry (``triton_delta``) cannot serve the chunk form's compute tensors (v
-    [B, H, T, D], K memory rows), or None when it can."""
-    why = triton_unavailable(v)
+    [B, H, T, D], K memory rows), or None when it can: traced by torch.compile too (a custom op),
+    but not for packed documents."""
+    why = triton_unavailable(v, traceable=not packed)
     if why is not None:
         return why
     if v.dtype != torch.float32:
@@ -529,17 +530,17 @@ def triton_carry_unsupported(v: Tensor, K: int) -> str | None:
     return None
 
 
-def carry_for(mode: str, v: Tensor, K: int) -> tuple[str, str]:
+def carry_for(mode: str, v: Tensor, K: int, packed: bool = False) -> tuple[str, str]:
     """(carry, why) for a chunk form run under ``mode``: "triton" (``triton_delta``) when asked for,
-    or under "auto" on CUDA tensors where it serves them; else "torch", the loop of ``_carry``.
-    Mode "triton" where the kernel cannot serve raises, naming why."""
+    or under "auto" on CUDA tensors where it serves them; else "torch", the loop of ``_carry`` (the
+    doubling scan when traced). Mode "triton" where the kernel cannot serve raises, naming why."""
     if mode == "triton":
-        why = triton_carry_unsupported(v, K)
+        why = triton_carry_unsupported(v, K, packed)
         if why is not None:
             raise ValueError(f"mode='triton' cannot serve these inputs: {why}; use mode='chunk' or 'auto'")
         return "triton", "requested"
     if mode == "auto" and v.device.type == "cuda":
-        why = triton_carry_unsupported(v, K)
+        why = triton_carry_unsupported(v, K, packed)
         if why is None:
             return "triton", "CUDA tensors and triton installed"
         return "torch", f"not the Triton carry: {why}"
@@ -575,14 +576,21 @@ def _delta_chunk(
 
     Traced (torch.compile), T is symbolic: the chunk length stays ``chunk_size`` when T is shorter,
     the chunks are ``traced_chunk_count`` (padding past T, identity steps) and the carry is the
-    doubling scan ``_doubling_carry``; nothing reads a value, so one graph serves every T."""
+    doubling scan ``_doubling_carry`` (or the Triton kernel's custom op); nothing reads a value, so
+    one graph serves every T."""
     Bn, H, T, D = v.shape
     K = e.shape[-1]
     M = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
     if torch.compiler.is_compiling():
         C = chunk_size
-        maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C, traced_chunk_count(T, C)), a_is_e, None)
-        starts, M = _doubling_carry(maps.Phi, maps.Psi, M)
+        chunks = _chunked(v, e, s, a, b, g, C, traced_chunk_count(T, C))
+        maps = _chunk_maps(*chunks, a_is_e, None, phi=carry != "triton")
+        if carry == "triton":
+            from .triton_delta import triton_delta_carry
+
+            starts, M = triton_delta_carry(maps.W, maps.A, maps.Psi, maps.gamma, M)
+        else:
+            starts, M = _doubling_carry(maps.Phi, maps.Psi, M)
     else:
         C = min(chunk_size, T)
         maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None, phi=carry != "triton")
@@ -820,7 +828,7 @@ def _delta_packed(
         y, m = torch.cat(ys, 2), torch.cat(ms, 0)
     else:
         cu = torch.tensor(bounds, dtype=torch.int64, device=v.device)
-        carry, _ = carry_for(mode, v, e_.shape[-1])
+        carry, _ = carry_for(mode, v, e_.shape[-1], packed=True)
         y, m = _delta_chunk_packed(
             v, e_, s_, a_, _gated_b(b_, g), g, m0, chunk_size, a is e, cu, output_final_state, carry
         )

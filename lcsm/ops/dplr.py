@@ -257,8 +257,13 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, reco
     g = chunked(g) if g is not None else None
     initial = m0 if m0 is not None else v.new_zeros(B if bounds is None else len(bounds) - 1, H, K, D)
     if traced:
-        Q, R, Phi, Psi = _maps(v, e, s, a, b, g, a_is_e)[:4]
-        starts, m = _doubling_carry(Phi, Psi, initial)
+        Q, R, Phi, Psi, W, A, gamma = _maps(v, e, s, a, b, g, a_is_e, phi=carry != "triton")
+        if carry == "triton":
+            from .triton_delta import triton_delta_carry
+
+            starts, m = triton_delta_carry(W, A, Psi, gamma, initial)
+        else:
+            starts, m = _doubling_carry(Phi, Psi, initial)
         y = Q @ starts + R
     elif recompute:
         y, m = _DplrSpans.apply((resets, finals, a_is_e, carry), SPAN_CHUNKS, v, e, s, a, b, g, initial)
@@ -530,7 +535,7 @@ def _delta_kernel(i, e, s, a, b, g, m0, chunk_size, a_is_e, gate_first, cu_seqle
     if gate_first:
         b = _gated_b(b, g)
     C = chunk_size if chunk_size is not None else DELTA_CHUNK
-    carry = carry_for(mode, v, e.shape[-1])[0]
+    carry = carry_for(mode, v, e.shape[-1], packed=cu_seqlens is not None)[0]
     if cu_seqlens is None:
         y, m = _delta_spans(v, e, s, a, b, g, m0, C, a_is_e, carry)
     else:
@@ -601,7 +606,7 @@ def explain_dplr(
                 f"; cu_seqlens, {len(bounds) - 1} documents: one pass over the row's chunks, documents kept apart "
                 "inside them by block-diagonal masks (no padding)"
             )
-        carry, why = carry_for(mode, i_.new_empty(0, dtype=dtype), K)
+        carry, why = carry_for(mode, i_.new_empty(0, dtype=dtype), K, packed)
         how += f"; the carry across chunks {_carry_words(carry, why)}"
         form, kernel = ("triton", "delta-triton") if carry == "triton" else ("chunk", "delta")
         if packed:
@@ -614,7 +619,7 @@ def explain_dplr(
         )
         return Plan(form, kernel, how + f"; gradients by autograd through the kernel, its intermediates {spans}")
     C = min(_chunk_size(chunk_size, g), T * n)
-    carry, why = carry_for(mode, i_.new_empty(0, dtype=dtype), K)
+    carry, why = carry_for(mode, i_.new_empty(0, dtype=dtype), K, packed)
     cost = (
         f"C^2 K = {C * C * K} per chunk for the pairwise decays"
         if g is not None and g.shape[-1] > 1
@@ -733,7 +738,7 @@ def _packed(i, e, s, a, b, log_alpha, initial_state, output_final_state, cu_seql
             return y.to(out_dtype), m
         a_, a_is_e = _own_form_a(a_, g, gate_first, a is e)
         grad = _grad(i_, e_, s_, a_, b_, g, m0)
-        carry = carry_for(mode, i_, K)[0]
+        carry = carry_for(mode, i_, K, packed=True)[0]
         y, m = dplr_chunk(i_, e_, s_, a_, b_, g, m0, chunk_size, bounds, a_is_e=a_is_e, recompute=grad, carry=carry)
         return y.to(out_dtype), (m if output_final_state else None)
     ys, ms = [], []

@@ -166,6 +166,79 @@ def _gamma_kind(gamma: Tensor | None) -> int:
     return 1 if gamma.dim() == 3 else 2
 
 
+def _carry_forward(W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: Tensor) -> tuple[Tensor, Tensor]:
+    """The forward kernel's launch: (the memory entering each chunk, the memory after the last)."""
+    B, H, N, C, K = W.shape
+    D = Psi.shape[-1]
+    W, A, Psi, M0 = (x.float().contiguous() for x in (W, A, Psi, M0))
+    gamma = None if gamma is None else gamma.float().contiguous()
+    starts = W.new_empty(B, H, N, K, D)
+    final = W.new_empty(B, H, K, D)
+    BC, BK, BD = _blocks(C, K, D)
+    _carry_kernel[(triton.cdiv(D, BD), B * H)](
+        W,
+        A,
+        Psi,
+        M0 if gamma is None else gamma,  # unread without a gate
+        M0,
+        starts,
+        final,
+        N,
+        C,
+        K,
+        D,
+        GAMMA=_gamma_kind(gamma),
+        BC=BC,
+        BK=BK,
+        BD=BD,
+        num_warps=NUM_WARPS,
+    )
+    return starts, final
+
+
+def _carry_backward(
+    W: Tensor, A: Tensor, gamma: Tensor | None, starts: Tensor, dstarts: Tensor | None, dfinal: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The backward kernel's launch: dW, dA, dPsi, dgamma (empty without a gate) and dM0."""
+    W, A = W.float().contiguous(), A.float().contiguous()
+    gamma = None if gamma is None else gamma.float().contiguous()
+    B, H, N, C, K = W.shape
+    D = starts.shape[-1]
+    BC, BK, BD = _blocks(C, K, D)
+    nd = triton.cdiv(D, BD)
+    dstarts = torch.zeros_like(starts) if dstarts is None else dstarts.float().contiguous()
+    dfinal = starts.new_zeros(B, H, K, D) if dfinal is None else dfinal.float().contiguous()
+    dpsi = torch.empty_like(starts)
+    dW = W.new_empty(nd, B, H, N, C, K)
+    dA = torch.empty_like(dW)
+    dgamma = W.new_empty(nd, *(gamma.shape if gamma is not None else (B, H, N)))
+    dm0 = torch.empty_like(dfinal)
+    _carry_backward_kernel[(nd, B * H)](
+        W,
+        A,
+        dgamma if gamma is None else gamma,  # unread without a gate
+        starts,
+        dstarts,
+        dfinal,
+        dpsi,
+        dW,
+        dA,
+        dgamma,
+        dm0,
+        N,
+        C,
+        K,
+        D,
+        B * H,
+        GAMMA=_gamma_kind(gamma),
+        BC=BC,
+        BK=BK,
+        BD=BD,
+        num_warps=NUM_WARPS,
+    )
+    return dW.sum(0), dA.sum(0), dpsi, dgamma.sum(0) if gamma is not None else W.new_empty(0), dm0
+
+
 class TritonDeltaCarry(torch.autograd.Function):
     """(W, A [B, H, N, C, K], Psi [B, H, N, K, D], gamma [B, H, N] or [B, H, N, K] or None, M0
     [B, H, K, D]) -> (the memory entering each chunk [B, H, N, K, D], the memory after the last
@@ -174,74 +247,66 @@ class TritonDeltaCarry(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: Tensor):
-        B, H, N, C, K = W.shape
-        D = Psi.shape[-1]
-        W, A, Psi, M0 = (x.float().contiguous() for x in (W, A, Psi, M0))
-        gamma = None if gamma is None else gamma.float().contiguous()
-        starts = W.new_empty(B, H, N, K, D)
-        final = W.new_empty(B, H, K, D)
-        BC, BK, BD = _blocks(C, K, D)
-        _carry_kernel[(triton.cdiv(D, BD), B * H)](
-            W,
-            A,
-            Psi,
-            M0 if gamma is None else gamma,  # unread without a gate
-            M0,
-            starts,
-            final,
-            N,
-            C,
-            K,
-            D,
-            GAMMA=_gamma_kind(gamma),
-            BC=BC,
-            BK=BK,
-            BD=BD,
-            num_warps=NUM_WARPS,
-        )
+        starts, final = _carry_forward(W, A, Psi, gamma, M0)
         ctx.save_for_backward(W, A, gamma, starts)
         return starts, final
 
     @staticmethod
     def backward(ctx: Any, dstarts: Tensor | None, dfinal: Tensor | None):
         W, A, gamma, starts = ctx.saved_tensors
-        B, H, N, C, K = W.shape
-        D = starts.shape[-1]
-        BC, BK, BD = _blocks(C, K, D)
-        nd = triton.cdiv(D, BD)
-        dstarts = torch.zeros_like(starts) if dstarts is None else dstarts.float().contiguous()
-        dfinal = starts.new_zeros(B, H, K, D) if dfinal is None else dfinal.float().contiguous()
-        dpsi = torch.empty_like(starts)
-        dW = W.new_empty(nd, B, H, N, C, K)
-        dA = torch.empty_like(dW)
-        dgamma = W.new_empty(nd, *(gamma.shape if gamma is not None else (B, H, N)))
-        dm0 = torch.empty_like(dfinal)
-        _carry_backward_kernel[(nd, B * H)](
-            W,
-            A,
-            dgamma if gamma is None else gamma,  # unread without a gate
-            starts,
-            dstarts,
-            dfinal,
-            dpsi,
-            dW,
-            dA,
-            dgamma,
-            dm0,
-            N,
-            C,
-            K,
-            D,
-            B * H,
-            GAMMA=_gamma_kind(gamma),
-            BC=BC,
-            BK=BK,
-            BD=BD,
-            num_warps=NUM_WARPS,
-        )
-        return dW.sum(0), dA.sum(0), dpsi, None if gamma is None else dgamma.sum(0), dm0
+        dW, dA, dpsi, dgamma, dm0 = _carry_backward(W, A, gamma, starts, dstarts, dfinal)
+        return dW, dA, dpsi, None if gamma is None else dgamma, dm0
+
+
+# The same two launches as custom ops with autograd, which a graph traced by torch.compile calls
+# (eager calls keep the Function above: no dispatch on the way).
+@torch.library.custom_op("lcsm::triton_delta_carry", mutates_args=())
+def _carry_op(W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: Tensor) -> tuple[Tensor, Tensor]:
+    return _carry_forward(W, A, Psi, gamma, M0)
+
+
+@torch.library.custom_op("lcsm::triton_delta_carry_backward", mutates_args=())
+def _carry_backward_op(
+    W: Tensor, A: Tensor, gamma: Tensor | None, starts: Tensor, dstarts: Tensor | None, dfinal: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _carry_backward(W, A, gamma, starts, dstarts, dfinal)
+
+
+@_carry_op.register_fake
+def _(W, A, Psi, gamma, M0):
+    B, H, N, C, K = W.shape
+    D = Psi.shape[-1]
+    return W.new_empty(B, H, N, K, D, dtype=torch.float32), W.new_empty(B, H, K, D, dtype=torch.float32)
+
+
+@_carry_backward_op.register_fake
+def _(W, A, gamma, starts, dstarts, dfinal):
+    B, H, N, C, K = W.shape
+    dgamma = starts.new_empty(gamma.shape if gamma is not None else (0,))
+    grads = (W.new_empty(W.shape, dtype=torch.float32), A.new_empty(A.shape, dtype=torch.float32))
+    return *grads, torch.empty_like(starts), dgamma, starts.new_empty(B, H, K, starts.shape[-1])
+
+
+def _carry_setup_context(ctx, inputs, output):
+    W, A, _, gamma, _ = inputs
+    ctx.save_for_backward(W, A, gamma, output[0])
+
+
+def _carry_op_backward(ctx, dstarts, dfinal):
+    W, A, gamma, starts = ctx.saved_tensors
+    dW, dA, dpsi, dgamma, dm0 = _carry_backward_op(W, A, gamma, starts, dstarts, dfinal)
+    return dW, dA, dpsi, None if gamma is None else dgamma, dm0
+
+
+_carry_op.register_autograd(_carry_op_backward, setup_context=_carry_setup_context)
 
 
 def triton_delta_carry(W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: Tensor) -> tuple[Tensor, Tensor]:
-    """``TritonDeltaCarry`` applied; the returned memories are float32."""
+    """``TritonDeltaCarry`` applied (in a graph traced by torch.compile, the custom op
+    ``lcsm::triton_delta_carry``); the returned memories are float32."""
+    if torch.compiler.is_compiling():
+        # contiguous here, as the launches need them: W and A, saved for the backward, are then no
+        # views of the maps' split, whose strides inductor fails to bound (ValueRangeError)
+        W, A, Psi = (x.contiguous() for x in (W, A, Psi))
+        return _carry_op(W, A, Psi, gamma, M0)
     return TritonDeltaCarry.apply(W, A, Psi, gamma, M0)

@@ -249,16 +249,54 @@ def test_layers_with_a_mode_option_run_the_carry(name):
 
 
 def test_what_torch_compile_traces(monkeypatch):
-    """Tracing, the delta-rule carry refuses mode "triton" and auto takes its PyTorch form (the
-    traced chunk forms compile with a symbolic T); eos's kernels serve (a traced graph calls them
-    as a custom op: test_triton_chunk.py's compiled test), but not packed documents."""
+    """Tracing, the delta-rule carry and eos's kernels serve (a traced graph calls them as custom
+    ops: the compiled tests here and in test_triton_chunk.py), but not packed documents."""
     x = {n: t.to(DEVICE, torch.float32) for n, t in _inputs(12, True, False).items() if t is not None}
     args = [x[n] for n in ("i", "e", "s", "a", "b")]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert carry_for("triton", args[0], 16)[0] == "triton"
     with pytest.raises(ValueError, match=r"mode='triton' cannot serve these inputs: traced by torch.compile"):
-        carry_for("triton", args[0], 16)
-    assert carry_for("auto", args[0], 16)[0] == "torch"
+        carry_for("triton", args[0], 16, packed=True)
+    assert carry_for("auto", args[0], 16, packed=True)[0] == "torch"
     assert explain(args[0], args[1], args[2], None, mode="triton").mode == "triton"
     cu = torch.tensor([0, 5, 12], device=DEVICE)
     with pytest.raises(ValueError, match=r"traced by torch.compile .*\(packed documents\)"):
         explain(args[0], args[1], args[2], None, mode="triton", cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("op", ["eos_delta", "eos_dplr"])
+def test_compiled_graphs_launch_the_carry(monkeypatch, op):
+    """torch.compile(fullgraph=True, dynamic=True) of mode "triton" with a gate (eos_dplr: a
+    per-row decay, KDA's structure, on its own WY / UT form): the traced graph carries the memory by
+    the kernels' custom ops (one forward and one backward launch a call) instead of the doubling
+    scan, at two lengths past one chunk through one graph, and equals eager (whose chunks stop at T
+    where the traced ones pad a chunk more: equal up to float32 rounding)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    launches = []
+    for name in ("_carry_forward", "_carry_backward"):
+        original = getattr(triton_delta, name)
+        monkeypatch.setattr(triton_delta, name, lambda *a, f=original: launches.append(1) or f(*a))
+
+    def f(i, e, s, a, b, g, m0):
+        if op == "eos_delta":
+            return eos_delta(i, e, s, a, b, g, mode="triton", initial_state=m0, output_final_state=True, chunk_size=16)
+        return eos_dplr(i, e, s, a, b, g, mode="triton", initial_state=m0, output_final_state=True, chunk_size=16)
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
+    for T in (37, 50):
+        x = _inputs(T, True, True, seed=T)
+        if op == "eos_dplr":  # a per-row decay on the memory's K rows
+            x["log_o"] = logsigmoid(_rand(1, T, 1, 16, seed=T + 9) + 2.0)
+        leaves = {n: t.to(DEVICE, torch.float32).requires_grad_() for n, t in x.items()}
+        results = []
+        for fn in (f, compiled):
+            launches.clear()
+            y, m = fn(*leaves.values())
+            results.append(gradients({"y": y, "m_T": m}, leaves))
+            # eager eos_dplr recomputes its forward in the backward (its spans): one launch more
+            want = 3 if fn is f and op == "eos_dplr" else 2
+            assert len(launches) == want, (op, T, fn is f, len(launches))
+        assert_close(results[1], results[0], torch.float32, f"{op} T={T} compiled vs eager")
+    assert counter.frame_count == 1
