@@ -202,52 +202,51 @@ def test_auto_takes_triton_where_it_was_measured_faster():
     assert explain(**bf16, log_o=scalar.bfloat16()).mode == "triton"
 
 
+def _inductor_equals_eager(f, cases):
+    """f under torch.compile (inductor, fullgraph, dynamic T) equals eager at each case, outputs
+    (y, m_T) and every gradient, through one graph (inductor may fuse the ops around the kernels:
+    equal up to float32 rounding)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
+    for T_, x in cases:
+        leaves = {n: t.to("cuda", torch.float32).requires_grad_() for n, t in x.items()}
+
+        def out(fn, leaves=leaves):
+            y, m = fn(**leaves)
+            return {"y": y, "m_T": m}
+
+        assert_close(gradients(out(compiled), leaves), gradients(out(f), leaves), torch.float32, f"T={T_}")
+    assert counter.frame_count == 1
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_inductor_graph_launches_the_triton_kernels():
-    """torch.compile (inductor, fullgraph, dynamic T) of mode "triton" with a row decay: the graph
-    launches the kernels through the custom op lcsm::triton_chunk and equals eager at two lengths,
-    one graph (inductor may fuse the ops around the kernels: equal up to float32 rounding)."""
-    from torch._dynamo.testing import CompileCounterWithBackend
+    """eos's mode "triton" with a row decay compiled: the graph launches the kernels through the
+    custom op lcsm::triton_chunk, at two lengths."""
 
     def f(i, e, s, log_o):
         return eos(i, e, s, log_o, mode="triton", output_final_state=True)
 
-    counter = CompileCounterWithBackend("inductor")
-    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
-    for T_ in (70, 101):
+    def case(T_):
         x = {n: _rand(2, T_, 3, 16, seed=n_) for n_, n in enumerate(("i", "e", "s"))}
-        x["log_o"] = logsigmoid(_rand(2, T_, 3, 16, 1, seed=7) + 3)
-        leaves = {n: t.to("cuda", torch.float32).requires_grad_() for n, t in x.items()}
+        return T_, {**x, "log_o": logsigmoid(_rand(2, T_, 3, 16, 1, seed=7) + 3)}
 
-        def out(fn, leaves=leaves):
-            y, m = fn(**leaves)
-            return {"y": y, "m_T": m}
-
-        assert_close(gradients(out(compiled), leaves), gradients(out(f), leaves), torch.float32, f"T={T_}")
-    assert counter.frame_count == 1
+    _inductor_equals_eager(f, [case(70), case(101)])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_inductor_graph_launches_the_triton_carry():
-    """torch.compile (inductor, fullgraph, dynamic T) of eos_delta's mode "triton" with a gate: the
-    graph carries the memory by the custom op lcsm::triton_delta_carry and equals eager at two
-    lengths, one graph (up to float32 rounding: the traced chunks pad one more)."""
-    from torch._dynamo.testing import CompileCounterWithBackend
+    """eos_delta's mode "triton" with a gate compiled: the graph carries the memory by the custom op
+    lcsm::triton_delta_carry (its traced chunks pad one more than eager's), at two lengths."""
 
     def f(i, e, s, b, log_o):
         return eos_delta(i, e, s, e, b, log_o, mode="triton", output_final_state=True, chunk_size=16)
 
-    counter = CompileCounterWithBackend("inductor")
-    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
-    for T_ in (37, 50):
+    def case(T_):
         k = normalize(_rand(2, T_, 3, 16, seed=1), dim=-1)
         x = {"i": _rand(2, T_, 3, 8, seed=2), "e": 0.5 * k, "s": _rand(2, T_, 3, 16, seed=3), "b": k}
-        x["log_o"] = logsigmoid(_rand(2, T_, 3, seed=4) + 2)
-        leaves = {n: t.to("cuda", torch.float32).requires_grad_() for n, t in x.items()}
+        return T_, {**x, "log_o": logsigmoid(_rand(2, T_, 3, seed=4) + 2)}
 
-        def out(fn, leaves=leaves):
-            y, m = fn(**leaves)
-            return {"y": y, "m_T": m}
-
-        assert_close(gradients(out(compiled), leaves), gradients(out(f), leaves), torch.float32, f"T={T_}")
-    assert counter.frame_count == 1
+    _inductor_equals_eager(f, [case(37), case(50)])
