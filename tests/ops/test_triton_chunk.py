@@ -224,8 +224,8 @@ def test_what_it_cannot_serve_is_a_value_error(change, message):
 def test_compiled_graphs_call_the_kernels(monkeypatch, decay):
     """torch.compile(fullgraph=True, dynamic=True) of mode "triton": the traced graph launches the
     kernels through the custom op ``lcsm::triton_chunk`` (forward: one call; backward: the three
-    problems of appendix 5.1), at two lengths past one 64-step chunk without retracing, with the
-    eager call's outputs, final state and every gradient bit for bit."""
+    problems of appendix 5.1), at two lengths past one 16-step chunk (chunk_size 16) without
+    retracing, with the eager call's outputs, final state and every gradient bit for bit."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     calls = []
@@ -233,11 +233,11 @@ def test_compiled_graphs_call_the_kernels(monkeypatch, decay):
     monkeypatch.setattr(triton_chunk, "_launch", lambda *a: calls.append(1) or launch(*a))
 
     def f(i, e, s, log_o, m0):
-        return eos(i, e, s, log_o, mode="triton", initial_state=m0, output_final_state=True)
+        return eos(i, e, s, log_o, mode="triton", initial_state=m0, output_final_state=True, chunk_size=16)
 
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counter)
-    for T in (70, 101):
+    for T in (21, 34):
         x = _inputs(T, decay, initial=True, seed=T)
         leaves = [v.to(DEVICE, torch.float32).requires_grad_() for v in x.values() if v is not None]
         args = leaves if decay != "none" else [*leaves[:3], None, leaves[3]]
