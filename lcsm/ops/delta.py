@@ -581,25 +581,20 @@ def _delta_chunk(
     Bn, H, T, D = v.shape
     K = e.shape[-1]
     M = m0 if m0 is not None else v.new_zeros(Bn, H, K, D)
-    if torch.compiler.is_compiling():
+    traced = torch.compiler.is_compiling()
+    if traced:
         C = chunk_size
         chunks = _chunked(v, e, s, a, b, g, C, traced_chunk_count(T, C))
-        maps = _chunk_maps(*chunks, a_is_e, None, phi=carry != "triton")
-        if carry == "triton":
-            from .triton_delta import triton_delta_carry
-
-            starts, M = triton_delta_carry(maps.W, maps.A, maps.Psi, maps.gamma, M)
-        else:
-            starts, M = _doubling_carry(maps.Phi, maps.Psi, M)
     else:
         C = min(chunk_size, T)
-        maps = _chunk_maps(*_chunked(v, e, s, a, b, g, C), a_is_e, None, phi=carry != "triton")
-        if carry == "triton":
-            from .triton_delta import triton_delta_carry
+        chunks = _chunked(v, e, s, a, b, g, C)
+    maps = _chunk_maps(*chunks, a_is_e, None, phi=carry != "triton")
+    if carry == "triton":
+        from .triton_delta import triton_delta_carry
 
-            starts, M = triton_delta_carry(maps.W, maps.A, maps.Psi, maps.gamma, M)
-        else:
-            starts, M = _carry(maps.Phi, maps.Psi, M)
+        starts, M = triton_delta_carry(maps.W, maps.A, maps.Psi, maps.gamma, M)
+    else:
+        starts, M = (_doubling_carry if traced else _carry)(maps.Phi, maps.Psi, M)
     y = maps.Q @ starts + maps.R  # [B, H, Nc, C, D]
     return y.reshape(Bn, H, -1, D)[:, :, :T], M
 

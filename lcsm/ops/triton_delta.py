@@ -247,15 +247,25 @@ class TritonDeltaCarry(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: Tensor):
-        starts, final = _carry_forward(W, A, Psi, gamma, M0)
-        ctx.save_for_backward(W, A, gamma, starts)
-        return starts, final
+        out = _carry_forward(W, A, Psi, gamma, M0)
+        _carry_setup_context(ctx, (W, A, Psi, gamma, M0), out)
+        return out
 
     @staticmethod
     def backward(ctx: Any, dstarts: Tensor | None, dfinal: Tensor | None):
-        W, A, gamma, starts = ctx.saved_tensors
-        dW, dA, dpsi, dgamma, dm0 = _carry_backward(W, A, gamma, starts, dstarts, dfinal)
-        return dW, dA, dpsi, None if gamma is None else dgamma, dm0
+        return _carry_gradients(ctx, dstarts, dfinal, _carry_backward)
+
+
+def _carry_setup_context(ctx, inputs, output):
+    W, A, _, gamma, _ = inputs
+    ctx.save_for_backward(W, A, gamma, output[0])
+
+
+def _carry_gradients(ctx, dstarts, dfinal, backward) -> tuple:
+    """The inputs' gradients by ``backward`` (the backward launch or its op) from ctx's saved tensors."""
+    W, A, gamma, starts = ctx.saved_tensors
+    dW, dA, dpsi, dgamma, dm0 = backward(W, A, gamma, starts, dstarts, dfinal)
+    return dW, dA, dpsi, None if gamma is None else dgamma, dm0
 
 
 # The same two launches as custom ops with autograd, which a graph traced by torch.compile calls
@@ -287,18 +297,10 @@ def _(W, A, gamma, starts, dstarts, dfinal):
     return *grads, torch.empty_like(starts), dgamma, starts.new_empty(B, H, K, starts.shape[-1])
 
 
-def _carry_setup_context(ctx, inputs, output):
-    W, A, _, gamma, _ = inputs
-    ctx.save_for_backward(W, A, gamma, output[0])
-
-
-def _carry_op_backward(ctx, dstarts, dfinal):
-    W, A, gamma, starts = ctx.saved_tensors
-    dW, dA, dpsi, dgamma, dm0 = _carry_backward_op(W, A, gamma, starts, dstarts, dfinal)
-    return dW, dA, dpsi, None if gamma is None else dgamma, dm0
-
-
-_carry_op.register_autograd(_carry_op_backward, setup_context=_carry_setup_context)
+_carry_op.register_autograd(
+    lambda ctx, dstarts, dfinal: _carry_gradients(ctx, dstarts, dfinal, _carry_backward_op),
+    setup_context=_carry_setup_context,
+)
 
 
 def triton_delta_carry(W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: Tensor) -> tuple[Tensor, Tensor]:
