@@ -1,17 +1,20 @@
-"""Compile every variant of the Triton kernels of ``lcsm/ops/triton_chunk.py`` for sm_90 (H100 / H200)
-on a machine without a GPU, and report ptxas's registers and spills for each: a check that the
-kernels compile, and the evidence behind their launch shapes (``NUM_WARPS``, ``STAGES_*``), before
-a GPU is at hand. Nothing is run or timed.
+"""Compile every variant of lcsm's Triton kernels (``lcsm/ops/triton_chunk.py``: the chunk form's
+states and output kernels, packed or not; ``lcsm/ops/triton_delta.py``: the delta-rule carry,
+forward and backward) for sm_90 (H100 / H200) on a machine without a GPU, and report ptxas's
+registers and spills for each: a check that the kernels compile for the device (Triton's
+interpreter, which the tests use, accepts programs the compiler refuses) and the evidence behind
+their launch shapes (``NUM_WARPS*``, ``STAGES_*``), before a GPU is at hand. Nothing is run or timed.
 
-    TRITON_INTERPRET=0 python -m bench.triton_registers [--out FILE]
+    TRITON_INTERPRET=0 python -m bench.triton_registers [--only REGEX] [--out FILE]
 
-Needs triton with its NVIDIA backend (ptxas ships with it); K = D = 128, BT = 64.
+Needs triton with its NVIDIA backend (ptxas ships with it); K = D = 128, BT = 64, C = 64.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -24,26 +27,33 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from bench._common import provenance_header  # noqa: E402
 from lcsm.ops import triton_chunk as tc  # noqa: E402
+from lcsm.ops import triton_delta as td  # noqa: E402
 
-OUTPUT_POINTERS = {"s_ptr", "e_ptr", "i_ptr", "g_ptr", "states_ptr", "y_ptr"}
-STATES_POINTERS = {"e_ptr", "i_ptr", "g_ptr", "m0_ptr", "states_ptr", "final_ptr", "strict_ptr"}
+INT_TABLES = {"first_ptr", "last_ptr", "limits_ptr"}  # the packed layout's tables, the strict kernel's limits
 DECAYS = {0: "none", 1: "scalar", 2: "row", 3: "col"}
+GAMMAS = {0: "none", 1: "scalar", 2: "row"}
 
 
-def ptxas_report(fn, constexprs: dict, pointers: set, num_warps: int, num_stages: int) -> str:
+def ptxas(fn, constexprs: dict, num_warps: int, num_stages: int) -> str:
+    """ptxas's register and spill report of ``fn`` compiled for sm_90 with these constexprs: its
+    ``*_ptr`` arguments are float32 pointers (int32 for the packed tables), the others int32."""
     names = fn.arg_names
-    signature = {n: "constexpr" if n in constexprs else "*fp32" if n in pointers else "i32" for n in names}
+    signature = {
+        n: "constexpr" if n in constexprs else ("*i32" if n in INT_TABLES else "*fp32") if n.endswith("_ptr") else "i32"
+        for n in names
+    }
     source = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
     kernel = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
     )
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas-blackwell"
+    binary = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas-blackwell"
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "k.ptx"
         ptx.write_text(kernel.asm["ptx"])
         out = subprocess.run(
-            [str(ptxas), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+            [str(binary), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
             capture_output=True,
             text=True,
             check=True,
@@ -53,39 +63,113 @@ def ptxas_report(fn, constexprs: dict, pointers: set, num_warps: int, num_stages
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="also write the report to this file")
-    args = parser.parse_args(argv)
-    lines = [
-        f"# ptxas for sm_90: lcsm/ops/triton_chunk.py (triton {triton.__version__}; K = D = 128, BT = 64)",
-        "",
-        f"`TRITON_INTERPRET=0 python -m bench.triton_registers`; {tc.NUM_WARPS} warps, "
-        f"{tc.STAGES_OUTPUT} / {tc.STAGES_STATES} pipeline stages (output / states kernel).",
-        "",
-        "| kernel | decay | operands | ptxas |",
-        "| --- | --- | --- | --- |",
-    ]
+def variants():
+    """(kernel, variant, operands, function, constexprs, warps, stages) for every variant."""
     for decay, name in DECAYS.items():
         for bf16 in (True, False):
             dtype = "bfloat16" if bf16 else "float32"
-            out = ptxas_report(
+            yield (
+                "output",
+                name,
+                dtype,
                 tc._output_kernel,
                 dict(DECAY=decay, STRICT=1, BT=64, BC=tc.SUB, BK=128, BD=tc.BLOCK_D, BF16=bf16),
-                OUTPUT_POINTERS,
                 tc.NUM_WARPS,
                 tc.STAGES_OUTPUT,
             )
-            lines.append(f"| output | {name} | {dtype} | {out} |")
-            states = ptxas_report(
-                tc._states_kernel,
-                dict(DECAY=decay, HAS_M0=True, STRICT_FINAL=True, BT=64, BK=tc.BLOCK_K, BD=tc.BLOCK_D, BF16=bf16),
-                STATES_POINTERS,
-                tc.NUM_WARPS,
-                tc.STAGES_STATES,
-            )
-            lines.append(f"| states | {name} | {dtype} | {states} |")
-            print(lines[-2], lines[-1], sep="\n", flush=True)
+            for packed in (False, True):
+                yield (
+                    "states, packed" if packed else "states",
+                    name,
+                    dtype,
+                    tc._states_kernel,
+                    dict(DECAY=decay, HAS_M0=True, PACKED=packed, BT=64, BK=tc.BLOCK_K, BD=tc.BLOCK_D, BF16=bf16),
+                    tc.NUM_WARPS,
+                    tc.STAGES_STATES,
+                )
+            for packed in (False, True) if decay else ():
+                yield (
+                    "strict, packed" if packed else "strict",
+                    name,
+                    dtype,
+                    tc._strict_final_kernel,
+                    dict(DECAY=decay, PACKED=packed, BT=64, BK=tc.BLOCK_K, BD=tc.BLOCK_D, BF16=bf16),
+                    tc.NUM_WARPS,
+                    tc.STAGES_STATES,
+                )
+    for gamma, name in GAMMAS.items():
+        for kernel, fn in (("delta carry", td._carry_kernel), ("delta carry backward", td._carry_backward_kernel)):
+            constexprs = dict(GAMMA=gamma, BCS=td.SUB_C, BK=128, BD=td.BLOCK_D)
+            yield kernel, name, "float32", fn, constexprs, td.NUM_WARPS, td.NUM_STAGES
+
+
+def _tf32(x):
+    """x rounded to TF32 (10 mantissa bits, to nearest even), as a float32 tensor."""
+    import torch
+
+    bits = x.view(torch.int32)
+    return ((bits + ((bits >> 13) & 1) + 0xFFF) & ~0x1FFF).view(torch.float32)
+
+
+def precision_lines(trials: int = 8) -> list[str]:
+    """The float32 kernels' products (``tf32x3``: three TF32 products, high * high + high * low +
+    low * high) emulated on the CPU against float32's and one TF32 product's, on [64, K] @ [K, 64]
+    standard normal operands: the relative RMS error against float64, the mean over ``trials``."""
+    import torch
+
+    lines = [
+        "## The float32 kernels' products, emulated",
+        "",
+        f"Relative RMS error against float64 of a [64, K] @ [K, 64] product, standard normal operands, the mean of "
+        f"{trials} draws (TF32 as round to nearest even at 10 mantissa bits; the device rounds ties away):",
+        "",
+        "| K | float32 | tf32x3 | tf32 |",
+        "| --- | --- | --- | --- |",
+    ]
+    gen = torch.Generator().manual_seed(0)
+    for K in (64, 128, 256):
+        errors = {"float32": 0.0, "tf32x3": 0.0, "tf32": 0.0}
+        for _ in range(trials):
+            a, b = torch.randn(64, K, generator=gen), torch.randn(K, 64, generator=gen)
+            exact = a.double() @ b.double()
+            ah, bh = _tf32(a), _tf32(b)
+            al, bl = _tf32(a - ah), _tf32(b - bh)
+            for name, got in (("float32", a @ b), ("tf32x3", ah @ bh + (ah @ bl + al @ bh)), ("tf32", ah @ bh)):
+                errors[name] += ((got.double() - exact).norm() / exact.norm()).item() / trials
+        lines.append(f"| {K} | " + " | ".join(f"{errors[n]:.2e}" for n in ("float32", "tf32x3", "tf32")) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--only", default="", help="only the variants whose 'kernel decay operands' matches this regular expression"
+    )
+    parser.add_argument("--out", help="also write the report to this file")
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    header = provenance_header("TRITON_INTERPRET=0 python -m bench.triton_registers", argv, 1, args.out)
+    lines = [
+        f"# ptxas for sm_90: lcsm's Triton kernels (triton {triton.__version__}; K = D = 128, BT = C = 64)",
+        "",
+        *(f"- {k}: {v}" for k, v in header.items()),
+        "",
+        "The launch shapes are the modules' own "
+        f"(triton_chunk: {tc.NUM_WARPS} warps, {tc.STAGES_OUTPUT} / {tc.STAGES_STATES} pipeline stages for the "
+        f"output / states and strict kernels; triton_delta: {td.NUM_WARPS} warps, {td.NUM_STAGES} stage, "
+        f"{td.BLOCK_D} columns).",
+        "",
+        "| kernel | decay | operands | warps | stages | ptxas |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for kernel, decay, dtype, fn, constexprs, warps, stages in variants():
+        if not re.search(args.only, f"{kernel} {decay} {dtype}"):
+            continue
+        lines.append(f"| {kernel} | {decay} | {dtype} | {warps} | {stages} | {ptxas(fn, constexprs, warps, stages)} |")
+        print(lines[-1], flush=True)
+    precision = precision_lines()
+    print("", *precision, sep="\n")
+    lines += ["", *precision]
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
     return 0

@@ -206,8 +206,10 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool) -> Plan:
         why = _triton_unsupported(p, packed)
         if why is None and p.out_dtype == torch.float32 and p.decay_kind in ("none", "scalar"):
             # H200, B1 H16 K = D = 128, fwd+bwd (bench/results/gpu_triton.md): float32 kernels with a
-            # scalar decay ran 1.5-2.3x slower than this chunk form (their full-precision matmuls
-            # spill registers; no decay not measured, taken alike); in bfloat16 2.4-5.5x faster.
+            # scalar decay ran 1.5-2.3x slower than this chunk form (no decay not measured, taken
+            # alike); in bfloat16 2.4-5.5x faster. Measured with full-precision matmuls, whose
+            # output kernel spilled ~4 KB of registers; the tf32x3 ones since do not
+            # (bench/results/triton_registers.md), not yet timed on a GPU.
             why = "float32 inputs with no or a scalar decay, where the PyTorch chunk form was faster on an H200"
         if why is None:
             return _triton_plan(p, chunk_size, "CUDA tensors and triton installed")

@@ -16,6 +16,9 @@ Forward, for chunks of BT steps (16, 32 or 64) and cumulative logs G taken from 
     output kernel   one program per (batch * head, sub-block of BC = 16 steps, block of D
                     columns): y = (s * exp(G)) S_n (the carried memory), plus the sub-blocks of
                     the same chunk before it, plus its own diagonal block
+    strict kernel   (for the decay gradient) o_T * m_{T-1}: the last chunk's update of its stored
+                    S_n without the last step, one program per (sequence or document * head, K
+                    block, D block)
 
 Every factor is an exp of a non-positive number, so decays down to log o = -30 per step (and
 beyond: log o is raised to ``LOG_ZERO`` as everywhere in the chunk forms) stay finite. The
@@ -24,8 +27,10 @@ exp(G_t - r) <= 1, key factors exp(r - G_j) <= 1); the diagonal sub-block of a r
 cannot factorise safely (its 16 steps may span a log of 30 * 16 = 480, far past float32's e^88 on
 the side that grows), so it is summed pair by pair, one key step at a time, with exp(G_t - G_j) formed for t >= j
 only. Matmuls take bfloat16 operands for bfloat16 inputs (tensor cores; the accumulation is
-float32, the carried memory kept in float32 and rounded only as an operand), float32 operands at
-full precision (``input_precision="ieee"``, not TF32) otherwise.
+float32, the carried memory kept in float32 and rounded only as an operand), float32 operands
+otherwise, each product as three TF32 tensor-core products (``input_precision="tf32x3"``: high *
+high + high * low + low * high, float32's accuracy, docs/eos.md; ``ieee`` products run on the CUDA
+cores and spilled registers).
 
 Packed documents (``cu_seqlens``): ``ChunkLayout`` lays each document out from a chunk boundary,
 zeros after it to its last chunk's end, so that no chunk holds two documents; only the states
@@ -36,7 +41,7 @@ Backward: the same decomposition as ``chunk_matmul.ChunkMatmulFunction`` (LCSM a
 docs/eos.md), each of its three EOS problems run by the forward kernels: ds is the forward problem
 transposed (row and column decays swap), di and de one reverse-time problem and its transpose; the
 decay gradient is the reverse cumulative sum of the same strict (own-step-free) terms, with the
-boundary term from o_T * m_{T-1}, which the states kernel computes directly.
+boundary term from o_T * m_{T-1}, which the strict kernel computes directly.
 """
 
 from __future__ import annotations
@@ -62,10 +67,10 @@ MAX_WIDTH = 256  # the output kernel holds a [K, BD] memory block in registers (
 BLOCK_K = 64  # the states kernel's block of memory rows
 BLOCK_D = 64
 # Launch shapes from ptxas's register reports for sm_90 (K = D = 128, BT = 64), not from timings
-# (bench/triton_registers.py, bench/results/triton_registers.md): with 4 warps every row and
-# column variant spilled at 255 registers; with 8 warps, one pipeline stage for the output kernel
-# and two for the states kernel, the bfloat16 variants spill at most 8 bytes, the float32 ones
-# (full-precision matmuls on CUDA cores) still up to ~4 KB.
+# (bench/triton_registers.py, bench/results/triton_registers.md): with 8 warps, one pipeline
+# stage for the output kernel and two for the states and strict kernels, no variant spills but the
+# float32 output kernel without a decay (80 bytes); with 4 warps the float32 output and states
+# kernels spill (up to ~400 bytes).
 NUM_WARPS = 8
 STAGES_STATES = 2
 STAGES_OUTPUT = 1
@@ -74,7 +79,7 @@ STAGES_OUTPUT = 1
 @triton.jit
 def _dot(a, b, BF16: tl.constexpr):
     """a @ b with float32 accumulation, of bfloat16 operands or of full float32 ones."""
-    return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16)) if BF16 else tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16)) if BF16 else tl.dot(a, b, input_precision="tf32x3")
 
 
 # Whether triton decorated the kernels for its interpreter (TRITON_INTERPRET=1 at import), read
@@ -141,10 +146,8 @@ def _states_kernel(
     m0_ptr,
     states_ptr,
     final_ptr,
-    strict_ptr,
     first_ptr,
     last_ptr,
-    limit_ptr,
     T,
     H,
     K,
@@ -164,7 +167,6 @@ def _states_kernel(
     sg_x,
     DECAY: tl.constexpr,
     HAS_M0: tl.constexpr,
-    STRICT_FINAL: tl.constexpr,
     PACKED: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
@@ -202,40 +204,6 @@ def _states_kernel(
             else:
                 S = tl.where(opens, 0.0, S)
         tl.store(states_ptr + (bh * N + n) * K * D + kd, S, mask=mkd)
-        if STRICT_FINAL:
-            # at the closing chunk of the sequence (of document last - 1 when packed), the memory
-            # without its last token: o_T m_{T-1}
-            if PACKED:
-                last = tl.load(last_ptr + n)
-                limit = tl.load(limit_ptr + n)
-                row = (last - 1).to(tl.int64) * H + h
-            else:
-                last = (n == N - 1).to(tl.int32)
-                limit = T - 1
-                row = bh
-            if last > 0:
-                S_strict = _chunk_update(
-                    S,
-                    e_base,
-                    i_base,
-                    g_base,
-                    n * BT,
-                    limit,
-                    K,
-                    D,
-                    se_t,
-                    se_k,
-                    si_t,
-                    si_d,
-                    sg_t,
-                    sg_x,
-                    offs_k,
-                    offs_d,
-                    DECAY,
-                    BT,
-                    BF16,
-                )
-                tl.store(strict_ptr + row * K * D + kd, S_strict, mask=mkd)
         S = _chunk_update(
             S,
             e_base,
@@ -263,6 +231,79 @@ def _states_kernel(
             tl.store(final_ptr + ((last - 1).to(tl.int64) * H + h) * K * D + kd, S, mask=mkd & closes)
     if not PACKED:
         tl.store(final_ptr + bh * K * D + kd, S, mask=mkd)
+
+
+@triton.jit
+def _strict_final_kernel(
+    e_ptr,
+    i_ptr,
+    g_ptr,
+    states_ptr,
+    strict_ptr,
+    limits_ptr,
+    T,
+    H,
+    K,
+    D,
+    N,
+    se_b,
+    se_h,
+    se_t,
+    se_k,
+    si_b,
+    si_h,
+    si_t,
+    si_d,
+    sg_b,
+    sg_h,
+    sg_t,
+    sg_x,
+    DECAY: tl.constexpr,
+    PACKED: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BD: tl.constexpr,
+    BF16: tl.constexpr,
+):
+    """o_T * m_{T-1} of each sequence (each document when PACKED): the chunk holding its last step
+    applied to the stored memory entering it, without that step (limits: the last step's place in
+    the row). Apart from the states kernel, whose loop it would otherwise burden with a second
+    update (ptxas then spills: bench/results/triton_registers.md)."""
+    pid_d = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rh = tl.program_id(2).to(tl.int64)
+    row = rh // H
+    h = rh % H
+    b = 0 if PACKED else row  # documents are laid out in one row
+    limit = tl.load(limits_ptr + row)
+    n = limit // BT
+    offs_k = pid_k * BK + tl.arange(0, BK)
+    offs_d = pid_d * BD + tl.arange(0, BD)
+    mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
+    kd = offs_k[:, None] * D + offs_d[None, :]
+    S = tl.load(states_ptr + ((b * H + h) * N + n) * K * D + kd, mask=mkd, other=0.0)
+    S = _chunk_update(
+        S,
+        e_ptr + b * se_b + h * se_h,
+        i_ptr + b * si_b + h * si_h,
+        g_ptr + b * sg_b + h * sg_h,
+        n * BT,
+        limit,
+        K,
+        D,
+        se_t,
+        se_k,
+        si_t,
+        si_d,
+        sg_t,
+        sg_x,
+        offs_k,
+        offs_d,
+        DECAY,
+        BT,
+        BF16,
+    )
+    tl.store(strict_ptr + rh * K * D + kd, S, mask=mkd)
 
 
 @triton.jit
@@ -439,19 +480,19 @@ class ChunkLayout:
     document.
 
     ``pos`` [T]: each token's position in the laid-out row of ``T_pad`` steps; per chunk (int32):
-    ``first``/``last`` 1 + the document the chunk opens/closes (0: none), ``limit`` at a closing
-    chunk the position of its document's last token (the strict memory o_T m_{T-1} takes the
-    steps before it); per token ``doc``; per document ``starts`` and ``lasts`` (its first and
-    last token, packed positions)."""
+    ``first``/``last`` 1 + the document the chunk opens/closes (0: none); per token ``doc``; per
+    document ``starts`` and ``lasts`` (its first and last token, packed positions) and ``limits``
+    (int32: its last token's position in the laid-out row; the strict memory o_T m_{T-1} takes the
+    steps before it)."""
 
     pos: Tensor
     T_pad: int
     first: Tensor
     last: Tensor
-    limit: Tensor
     doc: Tensor
     starts: Tensor
     lasts: Tensor
+    limits: Tensor
 
     @property
     def N(self) -> int:
@@ -466,25 +507,25 @@ class ChunkLayout:
             opened.append(opened[-1] + c)
         first = torch.zeros(opened[-1], dtype=torch.int32)
         last = torch.zeros(opened[-1], dtype=torch.int32)
-        limit = torch.zeros(opened[-1], dtype=torch.int32)
+        limits = torch.zeros(len(lengths), dtype=torch.int32)
         pos = torch.empty(bounds[-1], dtype=torch.int64)
         for n, (length, c0, c1) in enumerate(zip(lengths, opened[:-1], opened[1:], strict=True)):
             first[c0] = n + 1
             last[c1 - 1] = n + 1
-            limit[c1 - 1] = c0 * BT + length - 1
+            limits[n] = c0 * BT + length - 1
             pos[bounds[n] : bounds[n + 1]] = torch.arange(c0 * BT, c0 * BT + length)
         cu = torch.tensor(bounds, dtype=torch.int64)
         doc = torch.repeat_interleave(torch.arange(len(lengths)), cu[1:] - cu[:-1])
         return ChunkLayout(
             *(x.to(device) for x in (pos,)),
             opened[-1] * BT,
-            *(x.to(device) for x in (first, last, limit, doc, cu[:-1], cu[1:] - 1)),
+            *(x.to(device) for x in (first, last, doc, cu[:-1], cu[1:] - 1, limits)),
         )
 
     def reversed(self) -> ChunkLayout:
         """The layout of the laid-out row read backwards (the backward's reverse-time problems:
         tensors laid out, then flipped): each document's chunks in reverse order, opening where
-        it closed. Its ``limit``, ``pos`` and per-token fields are not those of a packed row."""
+        it closed. Its ``pos``, per-token and per-document fields are not those of a packed row."""
         return dataclasses.replace(self, first=self.last.flip(0), last=self.first.flip(0))
 
     def lay_out(self, x: Tensor) -> Tensor:
@@ -567,20 +608,19 @@ def _launch(
     m0 = None if m0 is None else m0.to(torch.float32).contiguous()
     states = torch.empty(B, H, N, K, D, dtype=torch.float32, device=s.device)
     final = torch.empty(states_of, H, K, D, dtype=torch.float32, device=s.device)
-    final_strict = torch.empty_like(final) if strict_final else final
     y = torch.empty(B, H, T, D, dtype=torch.float32, device=s.device)
     decay = KINDS[kind]
     # unread unless PACKED: any int32 tensor stands for the chunk tables
-    unused = (s.new_zeros(1, dtype=torch.int32),) * 3
-    tables = unused if layout is None else (layout.first, layout.last, layout.limit)
-    _states_kernel[(triton.cdiv(D, BD), triton.cdiv(K, BK_states), B * H)](
+    unused = (s.new_zeros(1, dtype=torch.int32),) * 2
+    tables = unused if layout is None else (layout.first, layout.last)
+    states_grid = (triton.cdiv(D, BD), triton.cdiv(K, BK_states))
+    _states_kernel[(*states_grid, B * H)](
         e,
         i,
         G,
         final if m0 is None else m0,
         states,
         final,
-        final_strict,
         *tables,
         T,
         H,
@@ -592,7 +632,6 @@ def _launch(
         *g_strides,
         DECAY=decay,
         HAS_M0=m0 is not None,
-        STRICT_FINAL=strict_final,
         PACKED=layout is not None,
         BT=BT,
         BK=BK_states,
@@ -601,6 +640,35 @@ def _launch(
         num_warps=NUM_WARPS,
         num_stages=STAGES_STATES,
     )
+    final_strict = None
+    if strict_final:
+        # each sequence's (document's) last step, as its place in the row
+        limits = torch.full((B,), T - 1, dtype=torch.int32, device=s.device) if layout is None else layout.limits
+        final_strict = torch.empty_like(final)
+        _strict_final_kernel[(*states_grid, states_of * H)](
+            e,
+            i,
+            G,
+            states,
+            final_strict,
+            limits,
+            T,
+            H,
+            K,
+            D,
+            N,
+            *_strides(e),
+            *_strides(i),
+            *g_strides,
+            DECAY=decay,
+            PACKED=layout is not None,
+            BT=BT,
+            BK=BK_states,
+            BD=BD,
+            BF16=bf16,
+            num_warps=NUM_WARPS,
+            num_stages=STAGES_STATES,
+        )
     _output_kernel[(N * (BT // SUB), triton.cdiv(D, BD), B * H)](
         s,
         e,
@@ -627,7 +695,7 @@ def _launch(
         num_warps=NUM_WARPS,
         num_stages=STAGES_OUTPUT,
     )
-    return y, final, final_strict if strict_final else None
+    return y, final, final_strict
 
 
 @torch.library.custom_op("lcsm::triton_chunk", mutates_args=())

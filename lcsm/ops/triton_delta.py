@@ -38,10 +38,24 @@ import triton.language as tl
 
 Tensor = torch.Tensor
 
-# The memory's rows are one register block [K, BD] (and W, A one [C, K] block each): K up to
-# delta.TRITON_MAX_K.
-BLOCK_D = 64
+# The memory's rows are one register block [K, BD] (K up to delta.TRITON_MAX_K); W and A are read
+# SUB_C chunk rows at a time (U = W M and A^T U summed over the row blocks): whole [C, K] blocks of
+# both, held with the memory, made ptxas spill. Launch shapes from ptxas's reports for sm_90 at
+# K = 128 (bench/results/triton_registers.md): 32 memory columns, 8 warps and no pipelining leave
+# the forward unspilled and the backward (M, G and dM held) at ~150 bytes; 64 columns or more
+# stages spill more, and 32 columns also make twice the programs of this sequential walk.
+BLOCK_D = 32
+SUB_C = 16  # tl.dot's least size
 NUM_WARPS = 8
+NUM_STAGES = 1
+
+
+@triton.jit
+def _dot(a, b):
+    """a @ b in three TF32 tensor-core products (high * high + high * low + low * high): float32's
+    accuracy (docs/eos_delta.md), where ``ieee`` full-precision products run on the CUDA cores
+    with their operands' rows in registers (spilling up to ~50 KB a thread at K = 128)."""
+    return tl.dot(a, b, input_precision="tf32x3")
 
 
 @triton.jit
@@ -55,15 +69,20 @@ def _decayed(x, gamma_ptr, chunk, offs_k, K, GAMMA: tl.constexpr):
 
 
 @triton.jit
-def _blocks_of(pid_d, C, K, D, BC: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
-    """A program's offsets and masks: the memory rows offs_k; a [C, K] block of W or A (ck, mck); its
-    [K, BD] block of memory columns pid_d (kd, mkd). Every tensor is contiguous in its last dims."""
-    offs_c = tl.arange(0, BC)
+def _blocks_of(pid_d, K, D, BK: tl.constexpr, BD: tl.constexpr):
+    """A program's memory rows offs_k and its [K, BD] block of memory columns pid_d (kd, mkd).
+    Every tensor is contiguous in its last dims."""
     offs_k = tl.arange(0, BK)
     offs_d = pid_d * BD + tl.arange(0, BD)
-    mck = (offs_c < C)[:, None] & (offs_k < K)[None, :]
     mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
-    return offs_k, offs_c[:, None] * K + offs_k[None, :], mck, offs_k[:, None] * D + offs_d[None, :], mkd
+    return offs_k, offs_k[:, None] * D + offs_d[None, :], mkd
+
+
+@triton.jit
+def _rows_of(c0, C, K, offs_k, BCS: tl.constexpr):
+    """Chunk rows c0 .. c0 + BCS of a [C, K] map (W, A or their gradients): offsets and mask."""
+    offs_c = c0 + tl.arange(0, BCS)
+    return offs_c[:, None] * K + offs_k[None, :], (offs_c < C)[:, None] & (offs_k < K)[None, :]
 
 
 @triton.jit
@@ -80,22 +99,26 @@ def _carry_kernel(
     K,
     D,
     GAMMA: tl.constexpr,
-    BC: tl.constexpr,
+    BCS: tl.constexpr,
     BK: tl.constexpr,
     BD: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_k, ck, mck, kd, mkd = _blocks_of(pid_d, C, K, D, BC, BK, BD)
+    offs_k, kd, mkd = _blocks_of(pid_d, K, D, BK, BD)
     M = tl.load(m0_ptr + bh * K * D + kd, mask=mkd, other=0.0)
     for n in range(0, N):
         chunk = bh * N + n
         tl.store(starts_ptr + chunk * K * D + kd, M, mask=mkd)
-        W = tl.load(w_ptr + chunk * C * K + ck, mask=mck, other=0.0)
-        A = tl.load(a_ptr + chunk * C * K + ck, mask=mck, other=0.0)
-        Psi = tl.load(psi_ptr + chunk * K * D + kd, mask=mkd, other=0.0)
-        U = tl.dot(W, M, input_precision="ieee")
-        M = _decayed(M, gamma_ptr, chunk, offs_k, K, GAMMA) + Psi - tl.dot(tl.trans(A), U, input_precision="ieee")
+        after = _decayed(M, gamma_ptr, chunk, offs_k, K, GAMMA) + tl.load(
+            psi_ptr + chunk * K * D + kd, mask=mkd, other=0.0
+        )
+        for c0 in range(0, C, BCS):
+            ck, mck = _rows_of(c0, C, K, offs_k, BCS)
+            W = tl.load(w_ptr + chunk * C * K + ck, mask=mck, other=0.0)
+            A = tl.load(a_ptr + chunk * C * K + ck, mask=mck, other=0.0)
+            after -= _dot(tl.trans(A), _dot(W, M))
+        M = after
     tl.store(final_ptr + bh * K * D + kd, M, mask=mkd)
 
 
@@ -118,13 +141,13 @@ def _carry_backward_kernel(
     D,
     BH,
     GAMMA: tl.constexpr,
-    BC: tl.constexpr,
+    BCS: tl.constexpr,
     BK: tl.constexpr,
     BD: tl.constexpr,
 ):
     pid_d = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    offs_k, ck, mck, kd, mkd = _blocks_of(pid_d, C, K, D, BC, BK, BD)
+    offs_k, kd, mkd = _blocks_of(pid_d, K, D, BK, BD)
     # this column block's share of the column sums dW, dA, dgamma: [D blocks, B * H, N, ...]
     share = pid_d.to(tl.int64) * BH + bh
     G = tl.load(dfinal_ptr + bh * K * D + kd, mask=mkd, other=0.0)
@@ -132,31 +155,29 @@ def _carry_backward_kernel(
         n = N - 1 - back
         chunk = bh * N + n
         M = tl.load(starts_ptr + chunk * K * D + kd, mask=mkd, other=0.0)
-        W = tl.load(w_ptr + chunk * C * K + ck, mask=mck, other=0.0)
-        A = tl.load(a_ptr + chunk * C * K + ck, mask=mck, other=0.0)
-        U = tl.dot(W, M, input_precision="ieee")
-        dU = -tl.dot(A, G, input_precision="ieee")
         tl.store(dpsi_ptr + chunk * K * D + kd, G, mask=mkd)
-        out = (share * N + n) * C * K + ck
-        tl.store(da_ptr + out, -tl.dot(U, tl.trans(G), input_precision="ieee"), mask=mck)
-        tl.store(dw_ptr + out, tl.dot(dU, tl.trans(M), input_precision="ieee"), mask=mck)
-        dM = tl.dot(tl.trans(W), dU, input_precision="ieee")
         if GAMMA == 1:
             tl.store(dgamma_ptr + share * N + n, tl.sum(tl.sum(M * G, axis=1), axis=0))
         elif GAMMA == 2:
             tl.store(dgamma_ptr + (share * N + n) * K + offs_k, tl.sum(M * G, axis=1), mask=offs_k < K)
-        G = _decayed(G, gamma_ptr, chunk, offs_k, K, GAMMA) + dM
-        G = G + tl.load(dstarts_ptr + chunk * K * D + kd, mask=mkd, other=0.0)
+        dM = _decayed(G, gamma_ptr, chunk, offs_k, K, GAMMA)
+        for c0 in range(0, C, BCS):
+            ck, mck = _rows_of(c0, C, K, offs_k, BCS)
+            W = tl.load(w_ptr + chunk * C * K + ck, mask=mck, other=0.0)
+            A = tl.load(a_ptr + chunk * C * K + ck, mask=mck, other=0.0)
+            U = _dot(W, M)
+            dU = -_dot(A, G)
+            out = (share * N + n) * C * K + ck
+            tl.store(da_ptr + out, -_dot(U, tl.trans(G)), mask=mck)
+            tl.store(dw_ptr + out, _dot(dU, tl.trans(M)), mask=mck)
+            dM += _dot(tl.trans(W), dU)
+        G = dM + tl.load(dstarts_ptr + chunk * K * D + kd, mask=mkd, other=0.0)
     tl.store(dm0_ptr + bh * K * D + kd, G, mask=mkd)
 
 
-def _blocks(C: int, K: int, D: int) -> tuple[int, int, int]:
+def _blocks(K: int, D: int) -> tuple[int, int]:
     """Register block sizes: powers of two, at least 16 (``tl.dot``'s least size)."""
-    return (
-        max(16, triton.next_power_of_2(C)),
-        max(16, triton.next_power_of_2(K)),
-        max(16, min(BLOCK_D, triton.next_power_of_2(D))),
-    )
+    return max(16, triton.next_power_of_2(K)), max(16, min(BLOCK_D, triton.next_power_of_2(D)))
 
 
 def _gamma_kind(gamma: Tensor | None) -> int:
@@ -174,7 +195,7 @@ def _carry_forward(W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: 
     gamma = None if gamma is None else gamma.float().contiguous()
     starts = W.new_empty(B, H, N, K, D)
     final = W.new_empty(B, H, K, D)
-    BC, BK, BD = _blocks(C, K, D)
+    BK, BD = _blocks(K, D)
     _carry_kernel[(triton.cdiv(D, BD), B * H)](
         W,
         A,
@@ -188,10 +209,11 @@ def _carry_forward(W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: 
         K,
         D,
         GAMMA=_gamma_kind(gamma),
-        BC=BC,
+        BCS=SUB_C,
         BK=BK,
         BD=BD,
         num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
     )
     return starts, final
 
@@ -204,7 +226,7 @@ def _carry_backward(
     gamma = None if gamma is None else gamma.float().contiguous()
     B, H, N, C, K = W.shape
     D = starts.shape[-1]
-    BC, BK, BD = _blocks(C, K, D)
+    BK, BD = _blocks(K, D)
     nd = triton.cdiv(D, BD)
     dstarts = torch.zeros_like(starts) if dstarts is None else dstarts.float().contiguous()
     dfinal = starts.new_zeros(B, H, K, D) if dfinal is None else dfinal.float().contiguous()
@@ -231,10 +253,11 @@ def _carry_backward(
         D,
         B * H,
         GAMMA=_gamma_kind(gamma),
-        BC=BC,
+        BCS=SUB_C,
         BK=BK,
         BD=BD,
         num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
     )
     return dW.sum(0), dA.sum(0), dpsi, dgamma.sum(0) if gamma is not None else W.new_empty(0), dm0
 

@@ -164,7 +164,7 @@ def test_packed_layout():
     assert layout.T_pad == 16 * (1 + 1 + 1 + 2)
     assert layout.pos.tolist()[:6] == [0, 1, 2, 3, 4, 16]
     assert layout.first.tolist() == [1, 2, 3, 4, 0] and layout.last.tolist() == [1, 2, 3, 0, 4]
-    assert layout.limit.tolist() == [4, 31, 32, 0, 65]
+    assert layout.limits.tolist() == [4, 31, 32, 65]
     back = layout.reversed()
     assert back.first.tolist() == [4, 0, 3, 2, 1] and back.last.tolist() == [0, 4, 3, 2, 1]
     x = torch.arange(1.0, 41.0).reshape(1, 1, 40, 1)
