@@ -20,7 +20,9 @@ at B1 H16 K = D = 128 (medians of CUDA-event timings after warm-up), then traini
 ~100M-parameter language models (lcsm gla, gated_deltanet and a Transformer; fla's GLA and
 Gated DeltaNet models of the same size where fla's model package is installed), in bf16 autocast.
 First, for a few cases (``--profile``), the kernels of one forward + backward of each form with their
-device times (torch.profiler), so that a loan also says where the time goes.
+device times (torch.profiler), so that a loan also says where the time goes; last, for a few
+(``--shapes``), mode "triton" under other launch shapes (warps, pipeline stages, block widths) than
+the kernel modules' own.
 Every case runs under a time budget (``--budget``): once it is spent the rest are marked SKIP, and
 the report is rewritten after every case so that a run stopped early keeps what it measured.
 """
@@ -355,6 +357,71 @@ def bench_kernels(report: Report, budget: Budget, args) -> None:
             report.flush()
 
 
+# Launch shapes tried by ``--shapes``, each as overrides of the kernel module's constants (the
+# first: the module's own). Chosen from ptxas's reports on the CPU (bench/results/triton_registers.md),
+# where variants near the edge of spilling cannot be told apart without timing them.
+SHAPES = {
+    "triton_chunk": (
+        {},
+        {"WARPS_OUTPUT": 4},
+        {"WARPS_OUTPUT": 4, "STAGES_OUTPUT": 2},
+        {"WARPS_STATES": 4},
+        {"STAGES_STATES": 3},
+    ),
+    "triton_delta": ({}, {"BLOCK_D": 64}, {"NUM_WARPS": 4}, {"NUM_STAGES": 2}),
+}
+
+
+def _kernel_module(op: str):
+    """The module whose Triton kernels serve ``op`` in mode "triton"."""
+    import importlib
+
+    return importlib.import_module("lcsm.ops." + ("triton_chunk" if op in ("gla", "simple_gla") else "triton_delta"))
+
+
+def bench_shapes(report: Report, budget: Budget, args) -> None:
+    """Mode "triton"'s forward + backward under each of ``SHAPES``' launch shapes for the
+    ``--shapes`` cases, side by side in one process: the evidence for the modules' own shapes."""
+    rows = report.section(
+        f"Launch shapes of the Triton kernels, forward + backward (B{args.batch} H{args.heads} K = D = {args.dim}; "
+        f"ms, median of {args.repeats}; against the module's own shape, the first row of each case)",
+        ["| case | module | shape | ms | / own |", "| --- | --- | --- | ---: | ---: |"],
+    )
+    for spec in args.shapes:
+        op, dname, T = spec.split(":")
+        module = _kernel_module(op)
+        name = module.__name__.rsplit(".", 1)[-1]
+        own = None
+        for overrides in SHAPES[name]:
+            label = ", ".join(f"{k} {v}" for k, v in overrides.items()) or "own: " + ", ".join(
+                f"{k} {getattr(module, k)}" for k in sorted({k for o in SHAPES[name] for k in o})
+            )
+            case = f"{op} {dname} T={T}"
+            if budget.left() < 0:
+                rows.append(f"| {case} | {name} | {label} | SKIP (budget spent) | |")
+                continue
+            saved = {k: getattr(module, k) for k in overrides}
+            try:
+                for k, v in overrides.items():
+                    setattr(module, k, v)
+                x = op_inputs(op, int(T), getattr(torch, dname), args.batch, args.heads, args.dim)
+                ms = cuda_time(fwd_bwd(lambda x, op=op: lcsm_op(op, x, "triton"), x), args.warmup, args.repeats) * 1e3
+                own = ms if not overrides else own
+                ratio = "-" if own is None else f"{ms / own:.3f}"
+                rows.append(f"| {case} | {name} | {label} | {ms:.2f} | {ratio} |")
+                del x
+            except Exception as exc:
+                log(f"{case} {label}: {exc!r}")
+                rows.append(f"| {case} | {name} | {label} | failed: {type(exc).__name__}: {str(exc)[:120]} | |")
+            finally:
+                for k, v in saved.items():
+                    setattr(module, k, v)
+            if DEVICE != "cpu":
+                torch.cuda.empty_cache()
+            log(rows[-1])
+            report.flush()
+
+
 # Heads of the model comparison, the same in lcsm and fla (fla's GLA default; GDN at 768 / 128).
 HEADS = {"gla": 4, "gated_deltanet": 6}
 
@@ -462,7 +529,13 @@ def main(argv: list[str] | None = None) -> int:
         help="OP:DTYPE:T cases whose kernels are profiled (comma-separated; empty: none)",
     )
     p.add_argument("--top", type=int, default=8, help="kernels listed per profiled case")
-    p.add_argument("--skip", default="", help="comma-separated sections to skip: kernels, ops, train")
+    p.add_argument(
+        "--shapes",
+        type=_profile_cases,
+        default=["gla:bfloat16:32768", "gated_delta:bfloat16:32768"],
+        help="OP:DTYPE:T cases timed under each launch shape of SHAPES (comma-separated; empty: none)",
+    )
+    p.add_argument("--skip", default="", help="comma-separated sections to skip: kernels, shapes, ops, train")
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke test of the script")
     args = p.parse_args(argv)
@@ -489,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_ops(report, budget, args)
     if "train" not in skip:
         bench_train(report, budget, args)
+    if "shapes" not in skip:  # last: tuning, where the sections before it are the targets' evidence
+        bench_shapes(report, budget, args)
     report.flush()
     print(report.render())
     return 0

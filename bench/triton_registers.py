@@ -3,7 +3,7 @@ states and output kernels, packed or not; ``lcsm/ops/triton_delta.py``: the delt
 forward and backward) for sm_90 (H100 / H200) on a machine without a GPU, and report ptxas's
 registers and spills for each: a check that the kernels compile for the device (Triton's
 interpreter, which the tests use, accepts programs the compiler refuses) and the evidence behind
-their launch shapes (``NUM_WARPS*``, ``STAGES_*``), before a GPU is at hand. Nothing is run or timed.
+their launch shapes (``WARPS_*``, ``STAGES_*``, ``NUM_*``), before a GPU is at hand. Nothing is run or timed.
 
     TRITON_INTERPRET=0 python -m bench.triton_registers [--only REGEX] [--out FILE]
 
@@ -74,7 +74,7 @@ def variants():
                 dtype,
                 tc._output_kernel,
                 dict(DECAY=decay, STRICT=1, BT=64, BC=tc.SUB, BK=128, BD=tc.BLOCK_D, BF16=bf16),
-                tc.NUM_WARPS,
+                tc.WARPS_OUTPUT,
                 tc.STAGES_OUTPUT,
             )
             for packed in (False, True):
@@ -84,7 +84,7 @@ def variants():
                     dtype,
                     tc._states_kernel,
                     dict(DECAY=decay, HAS_M0=True, PACKED=packed, BT=64, BK=tc.BLOCK_K, BD=tc.BLOCK_D, BF16=bf16),
-                    tc.NUM_WARPS,
+                    tc.WARPS_STATES,
                     tc.STAGES_STATES,
                 )
             for packed in (False, True) if decay else ():
@@ -94,7 +94,7 @@ def variants():
                     dtype,
                     tc._strict_final_kernel,
                     dict(DECAY=decay, PACKED=packed, BT=64, BK=tc.BLOCK_K, BD=tc.BLOCK_D, BF16=bf16),
-                    tc.NUM_WARPS,
+                    tc.WARPS_STATES,
                     tc.STAGES_STATES,
                 )
     for gamma, name in GAMMAS.items():
@@ -155,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         *(f"- {k}: {v}" for k, v in header.items()),
         "",
         "The launch shapes are the modules' own "
-        f"(triton_chunk: {tc.NUM_WARPS} warps, {tc.STAGES_OUTPUT} / {tc.STAGES_STATES} pipeline stages for the "
-        f"output / states and strict kernels; triton_delta: {td.NUM_WARPS} warps, {td.NUM_STAGES} stage, "
-        f"{td.BLOCK_D} columns).",
+        f"(triton_chunk: {tc.WARPS_OUTPUT} / {tc.WARPS_STATES} warps and {tc.STAGES_OUTPUT} / {tc.STAGES_STATES} "
+        f"pipeline stages for the output / states and strict kernels; triton_delta: {td.NUM_WARPS} warps, "
+        f"{td.NUM_STAGES} stage, {td.BLOCK_D} columns).",
         "",
         "| kernel | decay | operands | warps | stages | ptxas |",
         "| --- | --- | --- | --- | --- | --- |",

@@ -71,8 +71,9 @@ BLOCK_D = 64
 # stage for the output kernel and two for the states and strict kernels, no variant spills but the
 # float32 output kernel without a decay (80 bytes); with 4 warps the float32 output and states
 # kernels spill (up to ~400 bytes).
-NUM_WARPS = 8
+WARPS_STATES = 8  # the states and strict kernels'
 STAGES_STATES = 2
+WARPS_OUTPUT = 8
 STAGES_OUTPUT = 1
 
 
@@ -637,7 +638,7 @@ def _launch(
         BK=BK_states,
         BD=BD,
         BF16=bf16,
-        num_warps=NUM_WARPS,
+        num_warps=WARPS_STATES,
         num_stages=STAGES_STATES,
     )
     final_strict = None
@@ -666,7 +667,7 @@ def _launch(
             BK=BK_states,
             BD=BD,
             BF16=bf16,
-            num_warps=NUM_WARPS,
+            num_warps=WARPS_STATES,
             num_stages=STAGES_STATES,
         )
     _output_kernel[(N * (BT // SUB), triton.cdiv(D, BD), B * H)](
@@ -692,7 +693,7 @@ def _launch(
         BK=BK,
         BD=BD,
         BF16=bf16,
-        num_warps=NUM_WARPS,
+        num_warps=WARPS_OUTPUT,
         num_stages=STAGES_OUTPUT,
     )
     return y, final, final_strict
