@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write the markdown table here")
     p.add_argument("--memory-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if "scaling" in args.only and args.max_T < 1024:
+        p.error(f"--max-T: the scaling case doubles T from 1024; expected at least 1024, got {args.max_T}")
     if args.memory_worker is not None:
         print(json.dumps(memory_worker(json.loads(args.memory_worker))))
         return 0
