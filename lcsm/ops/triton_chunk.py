@@ -140,6 +140,15 @@ def _chunk_update(
 
 
 @triton.jit
+def _memory_block(pid_k, pid_d, K, D, BK: tl.constexpr, BD: tl.constexpr):
+    """A program's block of memory rows offs_k and columns offs_d, with its offsets kd and mask mkd
+    in a contiguous [.., K, D] memory (m0, the states, the final memories)."""
+    offs_k = pid_k * BK + tl.arange(0, BK)
+    offs_d = pid_d * BD + tl.arange(0, BD)
+    return offs_k, offs_d, offs_k[:, None] * D + offs_d[None, :], (offs_k < K)[:, None] & (offs_d < D)[None, :]
+
+
+@triton.jit
 def _states_kernel(
     e_ptr,
     i_ptr,
@@ -181,10 +190,7 @@ def _states_kernel(
     h = bh % H
     # rows of the memory evolve independently (each decays on its own and takes e_t[k] i_t^T), so
     # blocks of K rows are programs of their own
-    offs_k = pid_k * BK + tl.arange(0, BK)
-    offs_d = pid_d * BD + tl.arange(0, BD)
-    mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
-    kd = offs_k[:, None] * D + offs_d[None, :]  # m0, states and final memories: contiguous [.., K, D]
+    offs_k, offs_d, kd, mkd = _memory_block(pid_k, pid_d, K, D, BK, BD)
     e_base = e_ptr + b * se_b + h * se_h
     i_base = i_ptr + b * si_b + h * si_h
     g_base = g_ptr + b * sg_b + h * sg_h
@@ -278,10 +284,7 @@ def _strict_final_kernel(
     b = 0 if PACKED else row  # documents are laid out in one row
     limit = tl.load(limits_ptr + row)
     n = limit // BT
-    offs_k = pid_k * BK + tl.arange(0, BK)
-    offs_d = pid_d * BD + tl.arange(0, BD)
-    mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
-    kd = offs_k[:, None] * D + offs_d[None, :]
+    offs_k, offs_d, kd, mkd = _memory_block(pid_k, pid_d, K, D, BK, BD)
     S = tl.load(states_ptr + ((b * H + h) * N + n) * K * D + kd, mask=mkd, other=0.0)
     S = _chunk_update(
         S,
