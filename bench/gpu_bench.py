@@ -364,9 +364,10 @@ SHAPES = {
     "triton_chunk": (
         {},
         {"WARPS_OUTPUT": 4},
-        {"WARPS_OUTPUT": 4, "STAGES_OUTPUT": 2},
+        {"DIAGONAL_K": 16},
         {"WARPS_STATES": 4},
         {"STAGES_STATES": 3},
+        {"BLOCK_K": 32},
     ),
     "triton_delta": ({}, {"BLOCK_D": 64}, {"NUM_WARPS": 4}, {"NUM_STAGES": 2}),
 }

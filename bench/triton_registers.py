@@ -73,7 +73,16 @@ def variants():
                 name,
                 dtype,
                 tc._output_kernel,
-                dict(DECAY=decay, STRICT=1, BT=64, BC=tc.SUB, BK=128, BD=tc.BLOCK_D, BF16=bf16),
+                dict(
+                    DECAY=decay,
+                    STRICT=1,
+                    BT=64,
+                    BC=tc.SUB,
+                    BK=128,
+                    BD=tc.BLOCK_D_COL_FLOAT32 if name == "col" and not bf16 else tc.BLOCK_D,
+                    BF16=bf16,
+                    BKD=tc.DIAGONAL_K,
+                ),
                 tc.WARPS_OUTPUT,
                 tc.STAGES_OUTPUT,
             )

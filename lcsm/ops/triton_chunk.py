@@ -25,12 +25,16 @@ beyond: log o is raised to ``LOG_ZERO`` as everywhere in the chunk forms) stay f
 earlier sub-blocks factorise through the log just before the query sub-block (query factors
 exp(G_t - r) <= 1, key factors exp(r - G_j) <= 1); the diagonal sub-block of a row or column decay
 cannot factorise safely (its 16 steps may span a log of 30 * 16 = 480, far past float32's e^88 on
-the side that grows), so it is summed pair by pair, one key step at a time, with exp(G_t - G_j) formed for t >= j
-only. Matmuls take bfloat16 operands for bfloat16 inputs (tensor cores; the accumulation is
-float32, the carried memory kept in float32 and rounded only as an operand), float32 operands
-otherwise, each product as three TF32 tensor-core products (``input_precision="tf32x3"``: high *
-high + high * low + low * high, float32's accuracy, docs/eos.md; ``ieee`` products run on the CUDA
-cores and spilled registers).
+the side that grows), so every pair (t, j) of it takes its own exp(G_t - G_j), formed for t >= j
+only: all pairs at once, [16, 16, 32] factors for each block of 32 keys' columns of a row decay
+(summed over them into the 16 x 16 map of the pairs, which a matmul then applies), [16, 16, BD] for
+a column decay (applied to the inputs' columns directly).
+
+Matmuls take bfloat16 operands for bfloat16 inputs (tensor cores; the accumulation is float32, the
+carried memory kept in float32 and rounded only as an operand), float32 operands otherwise, each
+product as three TF32 tensor-core products (``input_precision="tf32x3"``: high * high + high * low
++ low * high, float32's accuracy, docs/eos.md; ``ieee`` products run on the CUDA cores and spilled
+registers).
 
 Packed documents (``cu_seqlens``): ``ChunkLayout`` lays each document out from a chunk boundary,
 zeros after it to its last chunk's end, so that no chunk holds two documents; only the states
@@ -75,6 +79,8 @@ WARPS_STATES = 8  # the states and strict kernels'
 STAGES_STATES = 2
 WARPS_OUTPUT = 8
 STAGES_OUTPUT = 1
+DIAGONAL_K = 32  # the output kernel's block of key columns in a row decay's diagonal sub-block
+BLOCK_D_COL_FLOAT32 = 32  # the output kernel's block of D columns for a float32 column decay
 
 
 @triton.jit
@@ -346,6 +352,7 @@ def _output_kernel(
     BK: tl.constexpr,
     BD: tl.constexpr,
     BF16: tl.constexpr,
+    BKD: tl.constexpr,
 ):
     pid_c = tl.program_id(0)  # the chunk axis: the only one that grows with T, and axis 0 has no 65535 limit
     pid_d = tl.program_id(1)
@@ -419,37 +426,38 @@ def _output_kernel(
         acc = acc * tl.exp(gq - r[None, :])
     y += acc
 
-    # the diagonal sub-block: pairs j <= t (j < t when STRICT)
-    if DECAY < 2:
+    # the diagonal sub-block: pairs j <= t (j < t when STRICT), a [BC, BC] map a of the pairs' s_t . e_j
+    causal = rows[:, None] >= rows[None, :] + STRICT
+    xi = tl.load(i_base + offs_t[:, None] * si_t + offs_d[None, :] * si_d, mask=mt[:, None] & md[None, :], other=0.0)
+    xi = xi.to(tl.float32)
+    if DECAY == 2:
+        # a row decay's steps do not factorise here (module docstring): each pair's exp(G_t - G_j)
+        # over K, formed for all pairs at once, [BC, BC, BKD] for each block of BKD key columns
+        a = tl.zeros([BC, BC], dtype=tl.float32)
+        for kb in tl.range(0, BK, BKD):
+            offs_kb = kb + tl.arange(0, BKD)
+            mtk = mt[:, None] & (offs_kb < K)[None, :]
+            sb = tl.load(s_base + offs_t[:, None] * ss_t + offs_kb[None, :] * ss_k, mask=mtk, other=0.0)
+            eb = tl.load(e_base + offs_t[:, None] * se_t + offs_kb[None, :] * se_k, mask=mtk, other=0.0)
+            gb = tl.load(
+                g_base + offs_t[:, None] * sg_t + offs_kb[None, :] * sg_x, mask=(offs_kb < K)[None, :], other=0.0
+            )
+            w = tl.exp(tl.where(causal[:, :, None], gb[:, None, :] - gb[None, :, :], 0.0))
+            a += tl.sum(sb.to(tl.float32)[:, None, :] * eb.to(tl.float32)[None, :, :] * w, 2)
+    else:
         ei = tl.load(
             e_base + offs_t[:, None] * se_t + offs_k[None, :] * se_k, mask=mt[:, None] & mk[None, :], other=0.0
         )
-        xi = tl.load(
-            i_base + offs_t[:, None] * si_t + offs_d[None, :] * si_d, mask=mt[:, None] & md[None, :], other=0.0
-        )
-        causal = rows[:, None] >= rows[None, :] + STRICT
         a = _dot(s, tl.trans(ei.to(tl.float32)), BF16)
         if DECAY == 1:
             a = a * tl.exp(tl.where(causal, gq[:, None] - gq[None, :], 0.0))
-        y += _dot(tl.where(causal, a, 0.0), xi.to(tl.float32), BF16)
+    a = tl.where(causal, a, 0.0)
+    if DECAY == 3:
+        # a column decay's likewise, over D: [BC, BC, BD]
+        w = tl.exp(tl.where(causal[:, :, None], gq[:, None, :] - gq[None, :, :], 0.0))
+        y += tl.sum(a[:, :, None] * w * xi[None, :, :], 1)
     else:
-        for j in range(0, BC):
-            tj = t0 + j
-            ej = tl.load(e_base + tj * se_t + offs_k * se_k, mask=mk & (tj + 0 * offs_k < T), other=0.0)
-            xj = tl.load(i_base + tj * si_t + offs_d * si_d, mask=md & (tj + 0 * offs_d < T), other=0.0)
-            ej = ej.to(tl.float32)
-            xj = xj.to(tl.float32)
-            causal = rows >= j + STRICT
-            if DECAY == 2:
-                gj = tl.load(g_base + tj * sg_t + offs_k * sg_x, mask=mk, other=0.0)
-                w = tl.exp(tl.where(causal[:, None], gq - gj[None, :], 0.0))
-                a = tl.sum(s * ej[None, :] * w, 1)
-                y += tl.where(causal, a, 0.0)[:, None] * xj[None, :]
-            else:
-                gj = tl.load(g_base + tj * sg_t + offs_d * sg_x, mask=md, other=0.0)
-                w = tl.exp(tl.where(causal[:, None], gq - gj[None, :], 0.0))
-                a = tl.sum(s * ej[None, :], 1)
-                y += tl.where(causal[:, None], a[:, None] * w * xj[None, :], 0.0)
+        y += _dot(a, xi, BF16)
     tl.store(y_ptr + (bh * T + offs_t[:, None]) * D + offs_d[None, :], y, mask=mt[:, None] & md[None, :])
 
 
@@ -673,7 +681,10 @@ def _launch(
             num_warps=WARPS_STATES,
             num_stages=STAGES_STATES,
         )
-    _output_kernel[(N * (BT // SUB), triton.cdiv(D, BD), B * H)](
+    # a column decay's diagonal sub-block holds [SUB, SUB, BD] factors: in float32 (tf32x3
+    # products) ptxas spills at BD 64, not at 32 (bench/results/triton_registers.md)
+    BD_out = min(BD, BLOCK_D_COL_FLOAT32) if kind == "col" and not bf16 else BD
+    _output_kernel[(N * (BT // SUB), triton.cdiv(D, BD_out), B * H)](
         s,
         e,
         i,
@@ -694,8 +705,9 @@ def _launch(
         BT=BT,
         BC=SUB,
         BK=BK,
-        BD=BD,
+        BD=BD_out,
         BF16=bf16,
+        BKD=min(BK, DIAGONAL_K),
         num_warps=WARPS_OUTPUT,
         num_stages=STAGES_OUTPUT,
     )

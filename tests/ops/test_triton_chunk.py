@@ -112,7 +112,8 @@ def test_forward_without_gradients(decay):
 @pytest.mark.parametrize(("K", "D", "decay"), [(80, 24, "row"), (20, 80, "col")])
 def test_widths_across_blocks(K, D, decay):
     """K and D that are no powers of two and span several blocks (the states kernel's blocks of 64
-    rows and 64 columns, the output kernel's of 64 columns): the masks and block offsets."""
+    rows and 64 columns, the output kernel's of 64 columns, 32 for a float32 column decay, and its
+    diagonal sub-block's of 32 key columns): the masks and block offsets."""
     _check(_inputs(21, decay, True, seed=11, K=K, D=D), 16, f"triton K={K} D={D} {decay}")
 
 
