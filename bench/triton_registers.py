@@ -165,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "The launch shapes are the modules' own "
         f"(triton_chunk: {tc.WARPS_OUTPUT} / {tc.WARPS_STATES} warps and {tc.STAGES_OUTPUT} / {tc.STAGES_STATES} "
-        f"pipeline stages for the output / states and strict kernels; triton_delta: {td.NUM_WARPS} warps, "
-        f"{td.NUM_STAGES} stage, {td.BLOCK_D} columns).",
+        f"pipeline stages for the output / states and strict kernels, the output kernel's {tc.BLOCK_D} columns "
+        f"({tc.BLOCK_D_COL_FLOAT32} for a float32 column decay) and diagonal key blocks of {tc.DIAGONAL_K}; "
+        f"triton_delta: {td.NUM_WARPS} warps, {td.NUM_STAGES} stage, {td.BLOCK_D} columns).",
         "",
         "| kernel | decay | operands | warps | stages | ptxas |",
         "| --- | --- | --- | --- | --- | --- |",
