@@ -118,7 +118,7 @@ def _chunk_update(
 ):
     """The memory after the chunk starting at t0, from the memory S before it, taking only the
     inputs of steps t < limit (limit T: all; T - 1: all but the sequence's last step)."""
-    offs_t = t0 + tl.arange(0, BT)
+    offs_t = t0 + tl.arange(0, BT).to(tl.int64)  # times strides pass 2^31 past ~1M steps of H * K = 2048
     mt = offs_t < limit
     mk = offs_k < K
     md = offs_d < D
@@ -362,7 +362,7 @@ def _output_kernel(
     n = pid_c // (BT // BC)
     sub = pid_c % (BT // BC)
     t0 = n * BT + sub * BC
-    offs_t = t0 + tl.arange(0, BC)
+    offs_t = t0 + tl.arange(0, BC).to(tl.int64)  # times strides pass 2^31 past ~1M steps of H * K = 2048
     offs_k = tl.arange(0, BK)
     offs_d = pid_d * BD + tl.arange(0, BD)
     mt = offs_t < T
@@ -399,7 +399,7 @@ def _output_kernel(
         y = _dot(s, S, BF16) * tl.exp(gq)
         r = tl.where(has_prev, tl.load(g_base + r_at * sg_t + offs_d * sg_x, mask=md, other=0.0), 0.0)
     for j in range(0, sub):
-        offs_j = n * BT + j * BC + tl.arange(0, BC)
+        offs_j = n * BT + j * BC + tl.arange(0, BC).to(tl.int64)
         mj = offs_j < T
         ej = tl.load(
             e_base + offs_j[:, None] * se_t + offs_k[None, :] * se_k, mask=mj[:, None] & mk[None, :], other=0.0
