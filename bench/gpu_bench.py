@@ -402,6 +402,7 @@ def bench_shapes(report: Report, budget: Budget, args) -> None:
                 rows.append(f"| {case} | {name} | {label} | SKIP (budget spent) | |")
                 continue
             saved = {k: getattr(module, k) for k in overrides}
+            x = None
             try:
                 for k, v in overrides.items():
                     setattr(module, k, v)
@@ -410,13 +411,13 @@ def bench_shapes(report: Report, budget: Budget, args) -> None:
                 own = ms if not overrides else own
                 ratio = "-" if own is None else f"{ms / own:.3f}"
                 rows.append(f"| {case} | {name} | {label} | {ms:.2f} | {ratio} |")
-                del x
             except Exception as exc:
                 log(f"{case} {label}: {exc!r}")
                 rows.append(f"| {case} | {name} | {label} | failed: {type(exc).__name__}: {str(exc)[:120]} | |")
             finally:
                 for k, v in saved.items():
                     setattr(module, k, v)
+                del x  # before the next shape's inputs, also after a failure (out of memory)
             if DEVICE != "cpu":
                 torch.cuda.empty_cache()
             log(rows[-1])

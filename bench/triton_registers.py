@@ -23,8 +23,10 @@ from pathlib import Path
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     sys.exit("TRITON_INTERPRET is set: the kernels would be interpreter functions; run with TRITON_INTERPRET=0")
 
+import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton._C.libtriton import native_specialize_impl  # noqa: E402
+from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from bench._common import provenance_header  # noqa: E402
@@ -34,17 +36,53 @@ from lcsm.ops import triton_delta as td  # noqa: E402
 INT_TABLES = {"first_ptr", "last_ptr", "limits_ptr"}  # the packed layout's tables, the strict kernel's limits
 DECAYS = {0: "none", 1: "scalar", 2: "row", 3: "col"}
 GAMMAS = {0: "none", 1: "scalar", 2: "row"}
+# The shape the reports are for: B 1, H 16, T 32768, K = D = 128, chunks of BT = C = 64.
+H, T, K, D, BT = 16, 32768, 128, 128, 64
 
 
-def ptxas(fn, constexprs: dict, num_warps: int, num_stages: int) -> str:
-    """ptxas's register and spill report of ``fn`` compiled for sm_90 with these constexprs: its
-    ``*_ptr`` arguments are float32 pointers (int32 for the packed tables), the others int32."""
+def chunk_ints(decay: int) -> dict[str, int]:
+    """The chunk kernels' integer arguments at that shape, the inputs [B, T, H, X] as ``eos``
+    passes them (a step's stride H * X, the features' 1) and the logs G as ``cumulative`` makes
+    them (contiguous [B, H, T, X], X = K for a row decay, D for a column decay; a scalar decay's
+    [B, H, T] with stride 0 over X; no decay's [B, H, T, 1])."""
+    ints = dict(T=T, H=H, K=K, D=D, N=T // BT)
+    for prefix, width in (("ss", K), ("se", K), ("si", D)):
+        ints.update({f"{prefix}_b": T * H * width, f"{prefix}_h": width, f"{prefix}_t": H * width})
+    ints.update(ss_k=1, se_k=1, si_d=1)
+    X = {0: 1, 1: 1, 2: K, 3: D}[decay]
+    ints.update(sg_b=H * T * X, sg_h=T * X, sg_t=X, sg_x=0 if decay == 1 else 1)
+    return ints
+
+
+def carry_ints() -> dict[str, int]:
+    """The delta-rule carry's integer arguments at that shape."""
+    return dict(N=T // BT, C=BT, K=K, D=D, BH=H)
+
+
+def ptxas(fn, constexprs: dict, ints: dict[str, int], num_warps: int, num_stages: int) -> str:
+    """ptxas's register and spill report of ``fn`` compiled for sm_90 with these constexprs, its
+    other arguments specialised as a launch specialises them (Triton's own rule, the one its JIT
+    applies: an integer 1 becomes a constant, integers and pointers divisible by 16 are marked so):
+    ``ints`` for the integers, float32 pointers (int32 for the packed tables and the limits)."""
     names = fn.arg_names
-    signature = {
-        n: "constexpr" if n in constexprs else ("*i32" if n in INT_TABLES else "*fp32") if n.endswith("_ptr") else "i32"
-        for n in names
-    }
-    source = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    signature, constants, attrs = {}, dict(constexprs), {}
+    for index, name in enumerate(names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        if name.endswith("_ptr"):
+            example = torch.zeros(1, dtype=torch.int32 if name in INT_TABLES else torch.float32)
+        else:
+            example = ints[name]
+        kind, hint = native_specialize_impl(BaseBackend, example, False, True, True)[:2]
+        signature[name] = kind
+        if kind == "constexpr":
+            constants[name] = example
+        elif hint:
+            attrs[(index,)] = BaseBackend.parse_attr(hint)
+    source = ASTSource(
+        fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constants.items()}, attrs=attrs
+    )
     kernel = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
     )
@@ -64,7 +102,8 @@ def ptxas(fn, constexprs: dict, num_warps: int, num_stages: int) -> str:
 
 
 def variants():
-    """(kernel, variant, operands, function, constexprs, warps, stages) for every variant."""
+    """(kernel, variant, operands, function, constexprs, integer arguments, warps, stages) for every
+    variant."""
     for decay, name in DECAYS.items():
         for bf16 in (True, False):
             dtype = "bfloat16" if bf16 else "float32"
@@ -83,6 +122,7 @@ def variants():
                     BF16=bf16,
                     BKD=tc.DIAGONAL_K,
                 ),
+                chunk_ints(decay),
                 tc.WARPS_OUTPUT,
                 tc.STAGES_OUTPUT,
             )
@@ -93,6 +133,7 @@ def variants():
                     dtype,
                     tc._states_kernel,
                     dict(DECAY=decay, HAS_M0=True, PACKED=packed, BT=64, BK=tc.BLOCK_K, BD=tc.BLOCK_D, BF16=bf16),
+                    chunk_ints(decay),
                     tc.WARPS_STATES,
                     tc.STAGES_STATES,
                 )
@@ -103,19 +144,18 @@ def variants():
                     dtype,
                     tc._strict_final_kernel,
                     dict(DECAY=decay, PACKED=packed, BT=64, BK=tc.BLOCK_K, BD=tc.BLOCK_D, BF16=bf16),
+                    chunk_ints(decay),
                     tc.WARPS_STATES,
                     tc.STAGES_STATES,
                 )
     for gamma, name in GAMMAS.items():
         for kernel, fn in (("delta carry", td._carry_kernel), ("delta carry backward", td._carry_backward_kernel)):
             constexprs = dict(GAMMA=gamma, BCS=td.SUB_C, BK=128, BD=td.BLOCK_D)
-            yield kernel, name, "float32", fn, constexprs, td.NUM_WARPS, td.NUM_STAGES
+            yield kernel, name, "float32", fn, constexprs, carry_ints(), td.NUM_WARPS, td.NUM_STAGES
 
 
 def _tf32(x):
     """x rounded to TF32 (10 mantissa bits, to nearest even), as a float32 tensor."""
-    import torch
-
     bits = x.view(torch.int32)
     return ((bits + ((bits >> 13) & 1) + 0xFFF) & ~0x1FFF).view(torch.float32)
 
@@ -124,8 +164,6 @@ def precision_lines(trials: int = 8) -> list[str]:
     """The float32 kernels' products (``tf32x3``: three TF32 products, high * high + high * low +
     low * high) emulated on the CPU against float32's and one TF32 product's, on [64, K] @ [K, 64]
     standard normal operands: the relative RMS error against float64, the mean over ``trials``."""
-    import torch
-
     lines = [
         "## The float32 kernels' products, emulated",
         "",
@@ -159,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     header = provenance_header("TRITON_INTERPRET=0 python -m bench.triton_registers", argv, 1, args.out)
     lines = [
-        f"# ptxas for sm_90: lcsm's Triton kernels (triton {triton.__version__}; K = D = 128, BT = C = 64)",
+        f"# ptxas for sm_90: lcsm's Triton kernels (triton {triton.__version__}; B 1, H {H}, T {T}, K = D = {K}, "
+        f"BT = C = {BT})",
         "",
         *(f"- {k}: {v}" for k, v in header.items()),
         "",
@@ -172,10 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         "| kernel | decay | operands | warps | stages | ptxas |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for kernel, decay, dtype, fn, constexprs, warps, stages in variants():
+    for kernel, decay, dtype, fn, constexprs, ints, warps, stages in variants():
         if not re.search(args.only, f"{kernel} {decay} {dtype}"):
             continue
-        lines.append(f"| {kernel} | {decay} | {dtype} | {warps} | {stages} | {ptxas(fn, constexprs, warps, stages)} |")
+        lines.append(
+            f"| {kernel} | {decay} | {dtype} | {warps} | {stages} | {ptxas(fn, constexprs, ints, warps, stages)} |"
+        )
         print(lines[-1], flush=True)
     precision = precision_lines()
     print("", *precision, sep="\n")

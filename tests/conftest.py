@@ -5,8 +5,9 @@ own library functions (``tl.sum`` and the like) and every ``@triton.jit`` kernel
 interpreter functions or compiled ones, once per process, and the two cannot be mixed. Where no
 CUDA device is visible nothing can be compiled, so the interpreter is turned on here, before any
 test module imports triton (fla imports it too); the Triton kernels' tests
-(tests/ops/test_triton_chunk.py) then run on the CPU. With a CUDA device, or where the variable
-is already set, it is left as it is.
+(tests/ops/test_triton_chunk.py) then run on the CPU, their ``tl.dot`` computed as on the device
+(``_emulate_device_dots``). With a CUDA device, or where the variable is already set, it is left
+as it is.
 
 Tests that run the torch.compile branches eagerly patch ``torch.compiler.is_compiling`` to return
 True, and those branches call ``torch.cond``, which traces with dynamo even in eager mode. Dynamo
@@ -40,6 +41,59 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _emulate_device_dots() -> None:
+    """Make Triton's interpreter compute ``tl.dot`` as an NVIDIA GPU does for lcsm's kernels: it
+    computes every product in float32 whatever ``input_precision`` asks, and (3.9) multiplies
+    bfloat16 operands' raw bits. Here bfloat16 operands are multiplied as their values (exact
+    products, float32 sums, as the tensor cores do), and float32 ones under ``tf32x3`` are split as
+    the compiled kernel splits them: high = x rounded to TF32 (to nearest, ties away), low = x - high
+    truncated to TF32 by the tensor core, high @ high + (high @ low + low @ high); under ``tf32``
+    both truncated to TF32 (so that a kernel asking for it fails the float32 tolerances, as on the
+    device). Other products are the interpreter's own. Marks the method (``emulates_device``) for tests that need it."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton._C.libtriton import ir
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    original = getattr(builder, "create_dot", None)
+    if original is None or getattr(original, "emulates_device", False):
+        return
+    mask = np.uint32(0xFFFFE000)
+
+    def tf32_nearest(x):
+        return ((x.view(np.uint32) + np.uint32(0x1000)) & mask).view(np.float32)
+
+    def tf32_truncated(x):
+        return (x.view(np.uint32) & mask).view(np.float32)
+
+    def bfloat16_values(x):
+        return (x.astype(np.uint32) << 16).view(np.float32)
+
+    def create_dot(self, a, b, acc, input_precision, max_num_imprecise_acc):
+        x, y = a.data, b.data
+        if a.dtype.scalar == tl.bfloat16 and b.dtype.scalar == tl.bfloat16:
+            out = bfloat16_values(x) @ bfloat16_values(y)
+        elif x.dtype == y.dtype == np.float32 and input_precision == ir.INPUT_PRECISION.TF32x3:
+            x_high, y_high = tf32_nearest(x), tf32_nearest(y)
+            x_low, y_low = tf32_truncated(x - x_high), tf32_truncated(y - y_high)
+            out = x_high @ y_high + (x_high @ y_low + x_low @ y_high)
+        elif x.dtype == y.dtype == np.float32 and input_precision == ir.INPUT_PRECISION.TF32:
+            out = tf32_truncated(x) @ tf32_truncated(y)  # the tensor core reads 19 of the 32 bits
+        else:
+            return original(self, a, b, acc, input_precision, max_num_imprecise_acc)
+        return interpreter.TensorHandle((out + acc.data).astype(acc.data.dtype), acc.dtype.scalar)
+
+    create_dot.emulates_device = True
+    builder.create_dot = create_dot
+
+
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    _emulate_device_dots()
 
 # After the variable: importing dynamo imports triton.
 import torch._dynamo.variables.torch  # noqa: E402

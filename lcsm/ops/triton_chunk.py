@@ -39,7 +39,7 @@ registers).
 Packed documents (``cu_seqlens``): ``ChunkLayout`` lays each document out from a chunk boundary,
 zeros after it to its last chunk's end, so that no chunk holds two documents; only the states
 kernel reads the boundaries (it restarts the memory at a document's first chunk and writes its
-final state after its last).
+final state after its last), and the strict kernel each document's last step.
 
 Backward: the same decomposition as ``chunk_matmul.ChunkMatmulFunction`` (LCSM appendix 5.1, see
 docs/eos.md), each of its three EOS problems run by the forward kernels: ds is the forward problem
@@ -70,11 +70,12 @@ SUB = 16  # the output kernel's sub-block: tl.dot's least size
 MAX_WIDTH = 256  # the output kernel holds a [K, BD] memory block in registers (the backward: [D, BD])
 BLOCK_K = 64  # the states kernel's block of memory rows
 BLOCK_D = 64
-# Launch shapes from ptxas's register reports for sm_90 (K = D = 128, BT = 64), not from timings
-# (bench/triton_registers.py, bench/results/triton_registers.md): with 8 warps, one pipeline
-# stage for the output kernel and two for the states and strict kernels, no variant spills but the
-# float32 output kernel without a decay (80 bytes); with 4 warps the float32 output and states
-# kernels spill (up to ~400 bytes).
+# Launch shapes from ptxas's register reports for sm_90 (K = D = 128, BT = 64, the arguments
+# specialised as a launch does), not from timings (bench/triton_registers.py,
+# bench/results/triton_registers.md): with 8 warps, one pipeline stage for the output kernel and
+# two for the states and strict kernels, no variant spills but the float32 output kernel without a
+# decay or with a column decay (48 / 8 bytes with triton 3.9); with 4 warps the float32 row-decay
+# output kernel spills 900 bytes. ``lcsm bench gpu --shapes`` times the alternatives.
 WARPS_STATES = 8  # the states and strict kernels'
 STAGES_STATES = 2
 WARPS_OUTPUT = 8
@@ -118,7 +119,10 @@ def _chunk_update(
 ):
     """The memory after the chunk starting at t0, from the memory S before it, taking only the
     inputs of steps t < limit (limit T: all; T - 1: all but the sequence's last step)."""
-    offs_t = t0 + tl.arange(0, BT).to(tl.int64)  # times strides pass 2^31 past ~1M steps of H * K = 2048
+    # in int64: a time times a stride passes 2^31 past ~1M steps at H * K = 2048 (the inputs' time
+    # stride), ~16M at K = 128 (the logs')
+    t0 = tl.cast(t0, tl.int64)
+    offs_t = t0 + tl.arange(0, BT)
     mt = offs_t < limit
     mk = offs_k < K
     md = offs_d < D
@@ -288,7 +292,7 @@ def _strict_final_kernel(
     row = rh // H
     h = rh % H
     b = 0 if PACKED else row  # documents are laid out in one row
-    limit = tl.load(limits_ptr + row)
+    limit = tl.load(limits_ptr + row).to(tl.int64)
     n = limit // BT
     offs_k, offs_d, kd, mkd = _memory_block(pid_k, pid_d, K, D, BK, BD)
     S = tl.load(states_ptr + ((b * H + h) * N + n) * K * D + kd, mask=mkd, other=0.0)
@@ -361,8 +365,8 @@ def _output_kernel(
     h = bh % H
     n = pid_c // (BT // BC)
     sub = pid_c % (BT // BC)
-    t0 = n * BT + sub * BC
-    offs_t = t0 + tl.arange(0, BC).to(tl.int64)  # times strides pass 2^31 past ~1M steps of H * K = 2048
+    t0 = tl.cast(n * BT + sub * BC, tl.int64)  # times strides: int64 (_chunk_update)
+    offs_t = t0 + tl.arange(0, BC)
     offs_k = tl.arange(0, BK)
     offs_d = pid_d * BD + tl.arange(0, BD)
     mt = offs_t < T
@@ -399,7 +403,7 @@ def _output_kernel(
         y = _dot(s, S, BF16) * tl.exp(gq)
         r = tl.where(has_prev, tl.load(g_base + r_at * sg_t + offs_d * sg_x, mask=md, other=0.0), 0.0)
     for j in range(0, sub):
-        offs_j = n * BT + j * BC + tl.arange(0, BC).to(tl.int64)
+        offs_j = tl.cast(n * BT + j * BC, tl.int64) + tl.arange(0, BC)
         mj = offs_j < T
         ej = tl.load(
             e_base + offs_j[:, None] * se_t + offs_k[None, :] * se_k, mask=mj[:, None] & mk[None, :], other=0.0
@@ -682,7 +686,7 @@ def _launch(
             num_stages=STAGES_STATES,
         )
     # a column decay's diagonal sub-block holds [SUB, SUB, BD] factors: in float32 (tf32x3
-    # products) ptxas spills at BD 64, not at 32 (bench/results/triton_registers.md)
+    # products) ptxas spills 788 bytes at BD 64, 8 at 32 (bench/triton_registers.py)
     BD_out = min(BD, BLOCK_D_COL_FLOAT32) if kind == "col" and not bf16 else BD
     _output_kernel[(N * (BT // SUB), triton.cdiv(D, BD_out), B * H)](
         s,

@@ -40,10 +40,11 @@ Tensor = torch.Tensor
 
 # The memory's rows are one register block [K, BD] (K up to delta.TRITON_MAX_K); W and A are read
 # SUB_C chunk rows at a time (U = W M and A^T U summed over the row blocks): whole [C, K] blocks of
-# both, held with the memory, made ptxas spill. Launch shapes from ptxas's reports for sm_90 at
-# K = 128 (bench/results/triton_registers.md): 32 memory columns, 8 warps and no pipelining leave
-# the forward unspilled and the backward (M, G and dM held) at ~150 bytes; 64 columns or more
-# stages spill more, and 32 columns also make twice the programs of this sequential walk.
+# both, held with the memory, made ptxas spill 13-33 KB a thread. Launch shapes from ptxas's
+# reports for sm_90 at K = 128 (bench/results/triton_registers.md): 32 memory columns, 8 warps
+# and no pipelining leave both kernels unspilled; 64 columns spill ~90 bytes in the backward (M, G
+# and dM held), 2 or 3 stages 20 or 4; 32 columns also make twice the programs of this sequential
+# walk. ``lcsm bench gpu --shapes`` times the alternatives.
 BLOCK_D = 32
 SUB_C = 16  # tl.dot's least size
 NUM_WARPS = 8
