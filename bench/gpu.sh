@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU loan, end to end (about 8 minutes on an H100 / H200): the CUDA test subset, the operators
+# One GPU loan, end to end (at most GPU_TOTAL_SECONDS, 540 by default, on an H100 / H200): the CUDA test subset, the operators
 # and ~100M-parameter models against fla's Triton kernels and attention (bench/gpu_bench.py), and
 # the efficiency bench on the device. Results go to $OUT (default bench/results): gpu.md,
 # efficiency_gpu.md, gpu_peers.md (fla's official layers on the device against lcsm's, bench/gpu_peers.py)
@@ -24,7 +24,24 @@ fi
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
+# The whole run within GPU_TOTAL_SECONDS (default 540: a loan's commands stop at 600 s), the
+# benchmark's report (gpu.md, the evidence) before fla's layers and the efficiency bench:
+# each step gets what the steps before it left, and is stopped (its report kept: gpu_bench.py
+# rewrites it after every case) when that runs out. SECONDS counts from the script's start.
+TOTAL=${GPU_TOTAL_SECONDS:-540}
+left() { echo $((TOTAL - SECONDS)); }
 "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py tests/ops/test_triton_chunk.py tests/ops/test_triton_delta.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-timeout 240 "$PY" -m bench.gpu_peers 2>&1 | tee "$OUT/gpu_peers.md"
-"$PY" -m bench.gpu_bench --budget "${GPU_BENCH_BUDGET:-270}" --out "$OUT/gpu.md"
-[ "${SKIP_EFFICIENCY:-0}" = 1 ] || "$PY" -m bench.efficiency_bench --device cuda --repeats 1 --out "$OUT/efficiency_gpu.md" 2>&1 | tail -5
+# the benchmark's budget leaves ~200 s for fla's layers and the efficiency bench after it
+budget=${GPU_BENCH_BUDGET:-$(($(left) - 260))}
+[ "$budget" -ge 60 ] || budget=60
+timeout "$(($(left) > 30 ? $(left) - 20 : 10))" "$PY" -m bench.gpu_bench --budget "$budget" --out "$OUT/gpu.md"
+peers=$(($(left) - 70 < 180 ? $(left) - 70 : 180))
+if [ "$peers" -ge 30 ]; then
+    timeout "$peers" "$PY" -m bench.gpu_peers 2>&1 | tee "$OUT/gpu_peers.md"
+else
+    echo "gpu.sh: no time left for bench/gpu_peers.py ($(left) s of $TOTAL)"
+fi
+if [ "${SKIP_EFFICIENCY:-0}" != 1 ] && [ "$(left)" -ge 30 ]; then
+    timeout "$(left)" "$PY" -m bench.efficiency_bench --device cuda --repeats 1 --out "$OUT/efficiency_gpu.md" 2>&1 | tail -5
+fi
+echo "gpu.sh: done in $SECONDS s"
