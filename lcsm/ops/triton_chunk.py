@@ -630,24 +630,10 @@ def _launch(
     unused = (s.new_zeros(1, dtype=torch.int32),) * 2
     tables = unused if layout is None else (layout.first, layout.last)
     states_grid = (triton.cdiv(D, BD), triton.cdiv(K, BK_states))
-    _states_kernel[(*states_grid, B * H)](
-        e,
-        i,
-        G,
-        final if m0 is None else m0,
-        states,
-        final,
-        *tables,
-        T,
-        H,
-        K,
-        D,
-        N,
-        *_strides(e),
-        *_strides(i),
-        *g_strides,
+    # what the states and strict kernels share: sizes, the inputs' and logs' strides, constants
+    sizes = (T, H, K, D, N, *_strides(e), *_strides(i), *g_strides)
+    options = dict(
         DECAY=decay,
-        HAS_M0=m0 is not None,
         PACKED=layout is not None,
         BT=BT,
         BK=BK_states,
@@ -656,35 +642,15 @@ def _launch(
         num_warps=WARPS_STATES,
         num_stages=STAGES_STATES,
     )
+    _states_kernel[(*states_grid, B * H)](
+        e, i, G, final if m0 is None else m0, states, final, *tables, *sizes, HAS_M0=m0 is not None, **options
+    )
     final_strict = None
     if strict_final:
         # each sequence's (document's) last step, as its place in the row
         limits = torch.full((B,), T - 1, dtype=torch.int32, device=s.device) if layout is None else layout.limits
         final_strict = torch.empty_like(final)
-        _strict_final_kernel[(*states_grid, states_of * H)](
-            e,
-            i,
-            G,
-            states,
-            final_strict,
-            limits,
-            T,
-            H,
-            K,
-            D,
-            N,
-            *_strides(e),
-            *_strides(i),
-            *g_strides,
-            DECAY=decay,
-            PACKED=layout is not None,
-            BT=BT,
-            BK=BK_states,
-            BD=BD,
-            BF16=bf16,
-            num_warps=WARPS_STATES,
-            num_stages=STAGES_STATES,
-        )
+        _strict_final_kernel[(*states_grid, states_of * H)](e, i, G, states, final_strict, limits, *sizes, **options)
     # a column decay's diagonal sub-block holds [SUB, SUB, BD] factors: in float32 (tf32x3
     # products) ptxas spills 788 bytes at BD 64, 8 at 32 (bench/triton_registers.py)
     BD_out = min(BD, BLOCK_D_COL_FLOAT32) if kind == "col" and not bf16 else BD

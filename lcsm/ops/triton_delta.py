@@ -181,6 +181,11 @@ def _blocks(K: int, D: int) -> tuple[int, int]:
     return max(16, triton.next_power_of_2(K)), max(16, min(BLOCK_D, triton.next_power_of_2(D)))
 
 
+def _options(gamma: Tensor | None, BK: int, BD: int) -> dict:
+    """The constants and launch options both carry kernels take."""
+    return dict(GAMMA=_gamma_kind(gamma), BCS=SUB_C, BK=BK, BD=BD, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+
+
 def _gamma_kind(gamma: Tensor | None) -> int:
     """The kernels' GAMMA: 0 for None, 1 for [B, H, N] (a scalar a chunk), 2 for [B, H, N, K] (one per row)."""
     if gamma is None:
@@ -209,12 +214,7 @@ def _carry_forward(W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: 
         C,
         K,
         D,
-        GAMMA=_gamma_kind(gamma),
-        BCS=SUB_C,
-        BK=BK,
-        BD=BD,
-        num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+        **_options(gamma, BK, BD),
     )
     return starts, final
 
@@ -253,12 +253,7 @@ def _carry_backward(
         K,
         D,
         B * H,
-        GAMMA=_gamma_kind(gamma),
-        BCS=SUB_C,
-        BK=BK,
-        BD=BD,
-        num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+        **_options(gamma, BK, BD),
     )
     return dW.sum(0), dA.sum(0), dpsi, dgamma.sum(0) if gamma is not None else W.new_empty(0), dm0
 
