@@ -36,7 +36,7 @@ from .chunk import chunk_length, eos_chunk, kernel_for, matmul_operands
 from .chunk_matmul import SAFE_SPAN, factorised_segments
 from .fft import eos_fft
 from .native_scan import chunk_length as native_chunk_length
-from .native_scan import eos_native, native_chunk_unsupported, native_unsupported, serial_reason
+from .native_scan import eos_native, native_chunk_unsupported, native_unsupported, scan_unsupported, serial_reason
 from .packed import Documents, add_states, packed_recurrent, reset_at_starts
 from .parallel import eos_parallel
 from .reference import eos_recurrent, eos_step_state
@@ -93,17 +93,29 @@ def _kernel_reason(p: EOSProblem) -> str:
 
 
 _TRITON_DECAYS = ("none", "scalar", "row", "col")
-_TRITON_MAX_WIDTH = 256  # triton_chunk.MAX_WIDTH, here so that planning never imports triton
+_SCAN_DECAYS = ("full", "product")
+# triton_chunk.MAX_WIDTH and triton_scan.MAX_K, here so that planning never imports triton
+_TRITON_MAX_WIDTH = 256
+_TRITON_SCAN_MAX_K = 256
 
 
 def _triton_unsupported(p: EOSProblem, packed: bool = False) -> str | None:
-    """Why the Triton kernels (``triton_chunk``) cannot serve this problem, or None when they can:
-    traced by torch.compile too (their launches are a custom op), but for packed documents."""
-    why = triton_unavailable(p.i, traceable=not packed)
+    """Why the Triton kernels cannot serve this problem, or None when they can: ``triton_scan`` for
+    a full K x D decay, else ``triton_chunk``. Both are traced by torch.compile too (their launches
+    are custom ops), the chunk kernels but for packed documents."""
+    scan = p.decay_kind in _SCAN_DECAYS
+    why = triton_unavailable(p.i, traceable=scan or not packed)
     if why is not None:
         return why + (" (packed documents)" if packed and torch.compiler.is_compiling() else "")
     if p.i.is_complex():
         return "complex inputs (the kernels are real)"
+    if scan:
+        if p.i.dtype not in (torch.float32, torch.float64):
+            return f"compute dtype {p.i.dtype} (the scan computes in float32 or float64)"
+        why = scan_unsupported(p)
+        if why is None and p.K > _TRITON_SCAN_MAX_K:
+            why = f"K = {p.K}: more than {_TRITON_SCAN_MAX_K} (a program holds every memory row)"
+        return why
     if p.i.dtype != torch.float32:
         return f"compute dtype {p.i.dtype} (the kernels compute in float32: inputs float32, bfloat16 or float16)"
     if not (p.e_is_vector and p.s_is_vector):
@@ -119,6 +131,15 @@ def _triton_unsupported(p: EOSProblem, packed: bool = False) -> str | None:
 
 
 def _triton_plan(p: EOSProblem, chunk_size: int, why: str) -> Plan:
+    if p.decay_kind in _SCAN_DECAYS:
+        return Plan(
+            "triton",
+            "triton-scan",
+            f"{why}: the Triton selective scan (triton_scan), vector e/s and a full K x D decay"
+            f"{' given as a product a * b' if p.decay_kind == 'product' else ''}: one associative scan "
+            "a block of 16 steps, the memory kept at each block (chunk_size does not apply); backward "
+            "by reverse scans",
+        )
     from .triton_chunk import chunk_steps
 
     return Plan(
@@ -148,6 +169,8 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
         plan = _plan_one(p, mode, chunk_size, packed=True)
     if plan.mode == "recurrent":
         how = "each document alone through the recurrence, a loop over documents"
+    elif plan.kernel == "triton-scan":
+        how = "one pass over the row, the memory restarted from each document's own initial state at its first token"
     elif plan.mode == "triton":
         how = (
             "each document laid out from a chunk boundary (zeros up to its last chunk's end), the "
@@ -250,7 +273,10 @@ def explain(
     Triton kernels serve the inputs (K-vector e and s, no, scalar, row or column decay, real,
     float32 compute; traced by torch.compile too, but not for packed documents) -> triton
     (``triton_chunk``), except float32 inputs with no or a scalar decay (a scalar one slower there
-    than the chunk form, bench/results/gpu_triton.md); on CPU tensors
+    than the chunk form, bench/results/gpu_triton.md); on CUDA tensors with triton installed, K-vector
+    e and s and a full K x D decay (one tensor, or a product log_o = a * b with one operand
+    time-invariant), real, float32 or float64 compute, K <= 256 -> triton (``triton_scan``, the
+    selective scan; packed documents and traced graphs too); on CPU tensors
     with K-vector e and s and a full K x D decay (one tensor, or a product log_o = a * b with one
     operand time-invariant: Mamba's Delta_t A), real, float32 or float64 compute, where the C kernel
     builds -> native (``native_scan``); otherwise chunk (kernel
@@ -326,7 +352,8 @@ def eos(
         initial_state: m_0 [B, H, K, D] (zeros when None).
         output_final_state: also return m_T [B, H, K, D].
         chunk_size: C for mode "chunk" (any C >= 1; T need not be a multiple; C > T runs as C = T);
-            mode "triton" takes the largest of 16, 32, 64 not above it (16 at least); mode "native"
+            mode "triton" takes the largest of 16, 32, 64 not above it (16 at least; its selective
+            scan for a full decay runs blocks of 16 steps whatever chunk_size); mode "native"
             keeps its memory every C steps (``native_scan.chunk_length``).
         real_output: return Re(y), a real tensor, as the diagonal SSMs and CES read a complex
             system (the memory stays complex). With a real input, mode "fft" then convolves it with
@@ -336,7 +363,8 @@ def eos(
             Each document's memory starts from its own initial state, ``initial_state`` then
             [N, H, K, D], and the final states are per document, [N, H, K, D]; nothing crosses
             a boundary. Modes recurrent (a loop over documents), parallel and chunk (one pass,
-            the memory zeroed at each boundary), triton (each document from a chunk boundary),
+            the memory zeroed at each boundary), triton (each document from a chunk boundary; the
+            selective scan restarts at each document's first token),
             native (restarted at each document's first token); not fft (see docs/eos.md, "Packed sequences").
 
     Returns:
@@ -361,6 +389,10 @@ def eos(
         y, m_T = eos_parallel(p)
     elif plan.mode == "fft":
         y, m_T = eos_fft(p, real_output, output_final_state)
+    elif plan.kernel == "triton-scan":
+        from .triton_scan import eos_triton_scan
+
+        y, m_T = eos_triton_scan(p)
     elif plan.mode == "triton":
         from .triton_chunk import eos_triton
 
@@ -392,6 +424,11 @@ def _eos_packed(
     docs = Documents.of(bounds, p.i.device)
     if plan.mode == "recurrent" or p.H * p.K * p.D == 0:
         y, m_T = packed_recurrent(p, docs)
+        return finish(p, y, m_T, output_final_state, real_output)
+    if plan.kernel == "triton-scan":
+        from .triton_scan import eos_triton_scan
+
+        y, m_T = eos_triton_scan(p, cu_seqlens)
         return finish(p, y, m_T, output_final_state, real_output)
     if plan.mode == "triton":
         from .triton_chunk import eos_triton_packed

@@ -201,6 +201,12 @@ def native_unsupported(p: EOSProblem) -> str | None:
         return f"the tensors are on {p.i.device} (the native scan runs on the CPU)"
     if p.i.dtype not in _SUFFIX:
         return f"compute dtype {p.i.dtype} (the kernel takes float32 and float64)"
+    return scan_unsupported(p) or native_unavailable()
+
+
+def scan_unsupported(p: EOSProblem) -> str | None:
+    """Why this problem is not a selective scan (the native and Triton scans' problem: K-vector e
+    and s, a full K x D decay as one tensor or a product with a time-invariant operand), or None."""
     if not (p.e_is_vector and p.s_is_vector):
         return "K x D " + "/".join(n for n, vec in (("e", p.e_is_vector), ("s", p.s_is_vector)) if not vec)
     if p.decay_kind not in ("full", "product") or (p.decay_kind == "product" and _split_product(p) is None):
@@ -208,7 +214,7 @@ def native_unsupported(p: EOSProblem) -> str | None:
             f"decay {p.decay_kind!r}: the kernel takes a full K x D decay, as one tensor or as a product "
             "a * b of which one operand is time-invariant (Mamba's Delta_t A)"
         )
-    return native_unavailable()
+    return None
 
 
 def native_chunk_unsupported(p: EOSProblem) -> str | None:
@@ -264,15 +270,23 @@ def eos_native(p: EOSProblem, chunk_size: int, cu_seqlens: Tensor | None = None)
     """y [B, H, T, D] and the final states for a problem ``native_unsupported`` accepts: m_T
     [B, H, K, D], or with ``cu_seqlens`` (packed documents, B = 1, bounds already checked) each
     document's [N, H, K, D], each document started from its own initial state (p.m0 [N, H, K, D])."""
+    x, e, s, a, b = scan_operands(p)
+    y, m_T, _ = native_scan(x, e, s, a, b, p.m0, cu_seqlens, chunk_length(chunk_size, p.K, p.i.dtype))
+    return y, m_T
+
+
+def scan_operands(p: EOSProblem) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The selective scan's operands (x, e, s, a, b) of a problem ``native_unsupported`` accepts
+    but for the device (the Triton scan takes the same): x [B, H, T, D], e, s [B, H, T, K], a [B, H,
+    T, 1 | K, D] and b [H, K, D], the log decay a * b (a full tensor as itself times 1); broadcast
+    views."""
     B, H, T, K, D = p.B, p.H, p.T, p.K, p.D
     if p.decay_kind == "full":
         a, b = p.g.expand(B, H, T, K, D), p.g.new_ones(1, 1, D).expand(H, K, D)
     else:
         a, b = _split_product(p)
         a, b = a.expand(B, H, T, a.shape[3], D), b[0, :, 0].expand(H, K, D)
-    e, s = p.e.squeeze(-1).expand(B, H, T, K), p.s.squeeze(-1).expand(B, H, T, K)
-    y, m_T, _ = native_scan(p.i, e, s, a, b, p.m0, cu_seqlens, chunk_length(chunk_size, K, p.i.dtype))
-    return y, m_T
+    return p.i, p.e.squeeze(-1).expand(B, H, T, K), p.s.squeeze(-1).expand(B, H, T, K), a, b
 
 
 def chunk_length(chunk_size: int, K: int, dtype: torch.dtype) -> int:

@@ -198,7 +198,6 @@ def test_explain_names_the_kernel():
     ("change", "message"),
     [
         ({"log_o": "outer"}, "cannot serve these inputs: decay 'outer'"),
-        ({"log_o": "full"}, "cannot serve these inputs: decay 'full'"),
         ({"e": "matrix"}, "cannot serve these inputs: K x D e"),
         ({"width": 300}, "cannot serve these inputs: K = 300, D = 16: more than 256"),
         ({"dtype": torch.float64}, "compute dtype torch.float64"),
@@ -213,8 +212,6 @@ def test_what_it_cannot_serve_is_a_value_error(change, message):
     x = {n: v.to(DEVICE, dtype) if v is not None else None for n, v in _inputs(T, "row", False).items()}
     if change.get("log_o") == "outer":
         x["log_o"] = (x["log_o"], x["log_o"].transpose(-1, -2)[..., :1, :].expand(B, T, H, 1, D))
-    if change.get("log_o") == "full":
-        x["log_o"] = x["log_o"].expand(B, T, H, K, D)
     if "width" in change:
         wide = torch.ones(B, T, H, change["width"], device=DEVICE)
         x.update(e=wide, s=wide, log_o=None)
