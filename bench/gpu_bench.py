@@ -16,7 +16,10 @@ Every op runs twice on the lcsm side: mode "chunk" (the PyTorch chunk form) and 
 gated_delta and kda: the same chunk forms with their carry across chunks in Triton,
 lcsm/ops/triton_delta.py).
 
-at B1 H16 K = D = 128 (medians of CUDA-event timings after warm-up), then training steps of
+at B1 H16 K = D = 128 (medians of CUDA-event timings after warm-up); then Mamba's selective scan
+(``--scan-lengths``; one head, K = N = 16, D = d_inner = ``--scan-dim``, LogProduct(Delta_t, A)):
+mode "triton" (lcsm/ops/triton_scan.py) against the chunk form's elementwise kernel (one PyTorch
+operation a step, at T <= ``--scan-chunk-max`` only) and causal SDPA at the operators' shape; then training steps of
 ~100M-parameter language models (lcsm gla, gated_deltanet and a Transformer; fla's GLA and
 Gated DeltaNet models of the same size where fla's model package is installed), in bf16 autocast.
 First, for a few cases (``--profile``), the kernels of one forward + backward of each form with their
@@ -41,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from bench._common import Check, provenance_header
-from lcsm.ops import eos, eos_delta, eos_dplr
+from lcsm.ops import LogProduct, eos, eos_delta, eos_dplr
 
 LENGTHS = (2048, 4096, 8192, 16384, 32768)
 TARGET_LENGTHS = (8192, 32768)
@@ -290,6 +293,77 @@ def bench_ops(report: Report, budget: Budget, args) -> None:
     report.flush()
 
 
+def scan_inputs(T: int, dtype: torch.dtype, B: int, D: int, K: int = 16, seed: int = 0) -> dict:
+    """Mamba's selective-scan operands (``lcsm.layers.mamba``'s eos call): x = Delta u, B_t, C_t,
+    Delta_t = softplus(.) and A^T = -exp(A_log)^T with S4D-real's A_log = log(1..K)."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, device=DEVICE, generator=g, dtype=torch.float32)
+
+    delta = F.softplus(r(B, T, 1, D) - 4.0)
+    A = -torch.arange(1, K + 1, device=DEVICE, dtype=torch.float32)[:, None].expand(K, D)
+    x = {"x": delta * r(B, T, 1, D), "Bt": r(B, T, 1, K), "Ct": r(B, T, 1, K), "delta": delta, "A": A[None]}
+    return {n: t.to(dtype).contiguous().requires_grad_() for n, t in x.items()}
+
+
+def lcsm_scan(x: dict, mode: str) -> torch.Tensor:
+    log_o = LogProduct(x["delta"].unsqueeze(3), x["A"])
+    return eos(x["x"], x["Bt"], x["Ct"], log_o, mode=mode)[0]
+
+
+def bench_scan(report: Report, budget: Budget, args) -> None:
+    D = args.scan_dim
+    rows = report.section(
+        f"Mamba's selective scan, forward + backward (B{args.batch}, one head, K = N = 16, D = d_inner = {D}; "
+        f"ms, median of {args.repeats}; SDPA at B{args.batch} H{args.heads} d {args.dim}; peak MiB above the inputs)",
+        [
+            "| dtype | T | lcsm triton ms | lcsm chunk ms | chunk / triton | SDPA ms | triton / SDPA | triton MiB |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ],
+    )
+
+    def fmt(v, p=2):
+        return "-" if v is None else f"{v:.{p}f}"
+
+    for dtype in (torch.bfloat16, torch.float32):
+        dname = str(dtype).removeprefix("torch.")
+        for T in args.scan_lengths:
+            if budget.left() < 0:
+                rows.append(f"| {dname} | {T} | SKIP (budget spent) | | | | | |")
+                continue
+            cells = {}
+            cases = [("triton", lambda x: lcsm_scan(x, "triton"), "scan"), ("sdpa", sdpa, "op")]
+            if args.scan_chunk_max >= T:
+                cases.append(("chunk", lambda x: lcsm_scan(x, "chunk"), "scan"))
+            for name, f, inputs in cases:
+                try:
+                    if inputs == "scan":
+                        x = scan_inputs(T, dtype, args.batch, D)
+                    else:
+                        x = op_inputs("gla", T, dtype, args.batch, args.heads, args.dim)
+                        x = {n: x[n] for n in ("q", "k", "v")}
+                    step = fwd_bwd(f, x)
+                    ms = cuda_time(step, args.warmup, args.repeats) * 1e3
+                    peak = peak_bytes(step)
+                    cells[name] = (ms, None if peak is None else peak / 2**20)
+                    del x, step
+                except Exception as exc:
+                    log(f"scan {dname} T={T} {name}: {exc!r}")
+                    cells[name] = (None, None)
+                if DEVICE != "cpu":
+                    torch.cuda.empty_cache()
+            tr, ch, sd = (cells.get(n, (None, None)) for n in ("triton", "chunk", "sdpa"))
+            r_chunk = ch[0] / tr[0] if ch[0] and tr[0] else None
+            r_sdpa = tr[0] / sd[0] if tr[0] and sd[0] else None
+            rows.append(
+                f"| {dname} | {T} | {fmt(tr[0])} | {fmt(ch[0])} | {fmt(r_chunk)} | {fmt(sd[0])} | {fmt(r_sdpa)} | "
+                f"{fmt(tr[1], 0)} |"
+            )
+            log(rows[-1])
+            report.flush()
+
+
 def _self_time_us(event) -> float:
     """An averaged profiler event's own time on the device (CUDA) or, on the CPU, on the host."""
     if DEVICE == "cpu":
@@ -520,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--scan-lengths", type=lambda s: [int(t) for t in s.split(",")], default=[2048, 8192, 32768])
+    p.add_argument("--scan-dim", type=int, default=1536, help="the selective scan's D (Mamba 130M's d_inner)")
+    p.add_argument("--scan-chunk-max", type=int, default=2048, help="the longest T the scan's chunk form runs at")
     p.add_argument("--mixers", type=lambda s: s.split(","), default=["gla", "gated_deltanet", "attention"])
     p.add_argument("--fla-models", type=lambda s: [m for m in s.split(",") if m], default=["gla", "gated_deltanet"])
     p.add_argument("--model-dim", type=int, default=768)
@@ -541,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         default=["gla:bfloat16:32768", "gated_delta:bfloat16:32768"],
         help="OP:DTYPE:T cases timed under each launch shape of SHAPES (comma-separated; empty: none)",
     )
-    p.add_argument("--skip", default="", help="comma-separated sections to skip: kernels, shapes, ops, train")
+    p.add_argument("--skip", default="", help="comma-separated sections to skip: kernels, shapes, ops, scan, train")
     p.add_argument("--out", default=None)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke test of the script")
     args = p.parse_args(argv)
@@ -566,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_kernels(report, budget, args)
     if "ops" not in skip:
         bench_ops(report, budget, args)
+    if "scan" not in skip:
+        bench_scan(report, budget, args)
     if "train" not in skip:
         bench_train(report, budget, args)
     if "shapes" not in skip:  # last: tuning, where the sections before it are the targets' evidence

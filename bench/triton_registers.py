@@ -1,13 +1,15 @@
 """Compile every variant of lcsm's Triton kernels (``lcsm/ops/triton_chunk.py``: the chunk form's
 states and output kernels, packed or not; ``lcsm/ops/triton_delta.py``: the delta-rule carry,
-forward and backward) for sm_90 (H100 / H200) on a machine without a GPU, and report ptxas's
+forward and backward; ``lcsm/ops/triton_scan.py``: the selective scan, forward and backward, packed
+or not) for sm_90 (H100 / H200) on a machine without a GPU, and report ptxas's
 registers and spills for each: a check that the kernels compile for the device (Triton's
 interpreter, which the tests use, accepts programs the compiler refuses) and the evidence behind
 their launch shapes (``WARPS_*``, ``STAGES_*``, ``NUM_*``), before a GPU is at hand. Nothing is run or timed.
 
     TRITON_INTERPRET=0 python -m bench.triton_registers [--only REGEX] [--out FILE]
 
-Needs triton with its NVIDIA backend (ptxas ships with it); K = D = 128, BT = 64, C = 64.
+Needs triton with its NVIDIA backend (ptxas ships with it); K = D = 128, BT = 64, C = 64; the scan at
+Mamba's shape (one head, K = N = 16, D = d_inner = 1536).
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ from triton.compiler import ASTSource  # noqa: E402
 from bench._common import provenance_header  # noqa: E402
 from lcsm.ops import triton_chunk as tc  # noqa: E402
 from lcsm.ops import triton_delta as td  # noqa: E402
+from lcsm.ops import triton_scan as ts  # noqa: E402
 
 INT_TABLES = {"first_ptr", "last_ptr", "limits_ptr"}  # the packed layout's tables, the strict kernel's limits
 DECAYS = {0: "none", 1: "scalar", 2: "row", 3: "col"}
 GAMMAS = {0: "none", 1: "scalar", 2: "row"}
-# The shape the reports are for: B 1, H 16, T 32768, K = D = 128, chunks of BT = C = 64.
+# The shape the reports are for: B 1, H 16, T 32768, K = D = 128, chunks of BT = C = 64; the scan's
+# Mamba's (130M: d_inner 1536, N 16, one head).
 H, T, K, D, BT = 16, 32768, 128, 128, 64
+SCAN_K, SCAN_D = 16, 1536
 
 
 def chunk_ints(decay: int) -> dict[str, int]:
@@ -59,6 +64,20 @@ def carry_ints() -> dict[str, int]:
     return dict(N=T // BT, C=BT, K=K, D=D, BH=H)
 
 
+def scan_ints(rows: bool) -> dict[str, int]:
+    """The selective scan's integer arguments at Mamba's shape, its operands as Mamba's layer passes
+    them ([B, T, 1, X] permuted to [B, 1, T, X]; Delta [B, T, 1, 1, D] or a full [B, T, 1, K, D]; A^T
+    [1, K, D]; the states [B, 1, K, D])."""
+    K_, D_ = SCAN_K, SCAN_D
+    ints = dict(T=T, B=1, H=1, K=K_, D=D_)
+    for prefix, width in (("sx", D_), ("se", K_), ("ss", K_)):
+        ints.update({f"{prefix}_b": T * width, f"{prefix}_h": width, f"{prefix}_t": width})
+    a_step = K_ * D_ if rows else D_
+    ints.update(sa_b=T * a_step, sa_h=a_step, sa_t=a_step, sa_k=D_ if rows else 0)
+    ints.update(sb_h=K_ * D_, sb_k=D_, s0_doc=K_ * D_, s0_h=K_ * D_, s0_k=D_)
+    return ints
+
+
 def ptxas(fn, constexprs: dict, ints: dict[str, int], num_warps: int, num_stages: int) -> str:
     """ptxas's register and spill report of ``fn`` compiled for sm_90 with these constexprs, its
     other arguments specialised as a launch specialises them (Triton's own rule, the one its JIT
@@ -71,7 +90,8 @@ def ptxas(fn, constexprs: dict, ints: dict[str, int], num_warps: int, num_stages
             signature[name] = "constexpr"
             continue
         if name.endswith("_ptr"):
-            example = torch.zeros(1, dtype=torch.int32 if name in INT_TABLES else torch.float32)
+            table = torch.int64 if name == "doc_ptr" else torch.int32  # the scan's documents are int64
+            example = torch.zeros(1, dtype=table if name in INT_TABLES | {"doc_ptr"} else torch.float32)
         else:
             example = ints[name]
         kind, hint = native_specialize_impl(BaseBackend, example, False, True, True)[:2]
@@ -152,6 +172,17 @@ def variants():
         for kernel, fn in (("delta carry", td._carry_kernel), ("delta carry backward", td._carry_backward_kernel)):
             constexprs = dict(GAMMA=gamma, BCS=td.SUB_C, BK=128, BD=td.BLOCK_D)
             yield kernel, name, "float32", fn, constexprs, carry_ints(), td.NUM_WARPS, td.NUM_STAGES
+    for rows in (False, True):
+        decay = "full" if rows else "product"
+        for packed in (False, True):
+            for backward in (False, True):
+                fn = ts._scan_backward_kernel if backward else ts._scan_forward_kernel
+                flags = {"HAS_DMT": True} if backward else {}
+                shape = dict(BT=ts.STEPS, KP=SCAN_K, BD=ts.columns(SCAN_K, SCAN_D, backward))
+                constexprs = dict(A_ROWS=rows, HAS_M0=True, PACKED=packed, **flags, **shape)
+                name = ("scan backward" if backward else "scan") + (", packed" if packed else "")
+                warps = ts.WARPS_BACKWARD if backward else ts.WARPS
+                yield name, decay, "float32", fn, constexprs, scan_ints(rows), warps, 1
 
 
 def _tf32(x):
@@ -206,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         f"(triton_chunk: {tc.WARPS_OUTPUT} / {tc.WARPS_STATES} warps and {tc.STAGES_OUTPUT} / {tc.STAGES_STATES} "
         f"pipeline stages for the output / states and strict kernels, the output kernel's {tc.BLOCK_D} columns "
         f"({tc.BLOCK_D_COL_FLOAT32} for a float32 column decay) and diagonal key blocks of {tc.DIAGONAL_K}; "
-        f"triton_delta: {td.NUM_WARPS} warps, {td.NUM_STAGES} stage, {td.BLOCK_D} columns).",
+        f"triton_delta: {td.NUM_WARPS} warps, {td.NUM_STAGES} stage, {td.BLOCK_D} columns; triton_scan: "
+        f"blocks of {ts.STEPS} steps, {ts.WARPS} / {ts.WARPS_BACKWARD} warps and {ts.columns(SCAN_K, SCAN_D)} / "
+        f"{ts.columns(SCAN_K, SCAN_D, True)} columns forward / backward at K = {SCAN_K}, D = {SCAN_D}).",
         "",
         "| kernel | decay | operands | warps | stages | ptxas |",
         "| --- | --- | --- | --- | --- | --- |",

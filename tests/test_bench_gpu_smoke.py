@@ -19,6 +19,7 @@ def test_every_case_is_reported(tmp_path):
     argv += ["--mixers", "gla,gated_deltanet,attention", "--fla-models", "", "--out", str(out)]
     argv += ["--profile", "gla:float32:40,delta:bfloat16:24", "--top", "3"]
     argv += ["--shapes", "simple_gla:float32:16,gated_delta:float32:24"]
+    argv += ["--scan-lengths", "20,40", "--scan-dim", "8", "--scan-chunk-max", "20"]
     own = {name: gpu_bench._kernel_module(op).__dict__.copy() for name, op in (("chunk", "gla"), ("delta", "delta"))}
     assert gpu_bench.main(argv) == 0
     text = out.read_text()
@@ -31,6 +32,11 @@ def test_every_case_is_reported(tmp_path):
         row = next(line for line in text.splitlines() if line.startswith(f"| {model} |"))
         assert "failed" not in row and "SKIP" not in row, row
     assert "- git commit:" in text and "- device: cpu (smoke test)" in text
+    for dtype in ("bfloat16", "float32"):
+        for T, chunk in ((20, True), (40, False)):
+            cells = next(line for line in text.splitlines() if line.startswith(f"| {dtype} | {T} |")).split("|")
+            assert float(cells[3]) > 0 and float(cells[6]) > 0, cells  # triton, SDPA
+            assert (cells[4].strip() != "-") == chunk, cells  # the chunk form up to --scan-chunk-max
     for case in ("gla float32 T=40", "delta bfloat16 T=24"):
         for form in ("lcsm triton", "lcsm chunk"):
             rows = [line for line in text.splitlines() if line.startswith(f"| {case} {form} |")]

@@ -16,7 +16,7 @@ from torch.nn.functional import logsigmoid, normalize
 
 from lcsm import layers
 from lcsm.models import HeadConfig, ModelConfig, build_model
-from lcsm.ops import eos, eos_delta, eos_dplr, explain
+from lcsm.ops import LogProduct, eos, eos_delta, eos_dplr, explain
 from lcsm.testing import assert_close, decode, gradients
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -78,6 +78,32 @@ def test_eos_on_cuda(decay, mode):
         return f
 
     _run_both(run(mode), run("recurrent"), inputs, context=f"eos {mode} {decay}")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+@pytest.mark.parametrize("mode", ["auto", "triton"])
+def test_selective_scan_on_cuda(mode):
+    """Mamba's product decay (Delta_t [.., 1, D] times A [H, K, D]): auto takes the Triton scan on
+    CUDA tensors; against the float64 recurrence on the CPU."""
+    inputs = {
+        "i": _rand(B, T, H, D, seed=1),
+        "e": _rand(B, T, H, K, seed=2) / K**0.5,
+        "s": _rand(B, T, H, K, seed=3),
+        "a": torch.nn.functional.softplus(_rand(B, T, H, 1, D, seed=4)),
+        "b": -torch.exp(_rand(H, K, D, seed=5) / 2),
+        "initial_state": _rand(B, H, K, D, seed=6),
+    }
+
+    def run(m):
+        def f(i, e, s, a, b, initial_state):
+            y, final = eos(i, e, s, LogProduct(a, b), mode=m, initial_state=initial_state, output_final_state=True)
+            return {"y": y, "final": final}
+
+        return f
+
+    x = {n: inputs[n].cuda().float() for n in ("i", "e", "s")}
+    assert explain(**x, log_o=LogProduct(inputs["a"].cuda(), inputs["b"].cuda())).kernel == "triton-scan"
+    _run_both(run(mode), run("recurrent"), inputs, context=f"selective scan {mode}")
 
 
 @pytest.mark.parametrize("gate", [False, True])
@@ -250,3 +276,19 @@ def test_inductor_graph_launches_the_triton_carry():
         return T_, {**x, "log_o": logsigmoid(_rand(2, T_, 3, seed=4) + 2)}
 
     _inductor_equals_eager(f, [case(37), case(50)])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_inductor_graph_launches_the_triton_scan():
+    """The selective scan compiled (mode "triton", Mamba's product): the graph launches its kernels
+    through the custom ops lcsm::triton_scan and its backward, at two lengths."""
+
+    def f(i, e, s, a, b):
+        return eos(i, e, s, LogProduct(a, b), mode="triton", output_final_state=True)
+
+    def case(T_):
+        x = {n: _rand(2, T_, 3, 16, seed=n_) for n_, n in enumerate(("i", "e", "s"))}
+        a = torch.nn.functional.softplus(_rand(2, T_, 3, 1, 16, seed=5))
+        return T_, {**x, "a": a, "b": -torch.exp(_rand(3, 16, 16, seed=6) / 2)}
+
+    _inductor_equals_eager(f, [case(70), case(101)])

@@ -46,19 +46,25 @@ from .native_scan import scan_operands
 Tensor = torch.Tensor
 
 STEPS = 16  # a block of steps: the scan's length, and the steps between kept memories
-# The largest [STEPS, K, BD] block of pairs a program holds: the backward keeps about six of them
-# (adjoints, memories, decays and their scans); 4096 float32 values are 32 registers a thread each
-# at 4 warps (bench/triton_registers.py reports the kernels' spills).
-BLOCK_VALUES = 4096
 MAX_K = 256  # K rows held in one block (BD columns shrink as K grows, down to one)
+# The [STEPS, K, BD] blocks a program holds (BD from the values) and its warps, forward and backward,
+# from ptxas's register reports for sm_90 at Mamba's shape (K 16, D 1536; bench/triton_registers.py,
+# bench/results/triton_registers.md), not from timings: the forward holds one block of pairs and
+# its scan (4096 values, 4 warps: 128 registers, no spill); the backward about six (adjoints,
+# memories, decays and two scans), which spill at 4096 values (4 or 8 warps) or 4 warps, not at
+# 2048 values and 8 warps (182 registers; 203 packed).
+BLOCK_VALUES = 4096
 WARPS = 4
+BLOCK_VALUES_BACKWARD = 2048
+WARPS_BACKWARD = 8
 
 
-def columns(K: int, D: int) -> int:
-    """Columns a program holds, BD: a power of two with STEPS * K' * BD <= BLOCK_VALUES (K' the next
-    power of two of K), at most D's."""
+def columns(K: int, D: int, backward: bool = False) -> int:
+    """Columns a program holds, BD: a power of two with STEPS * K' * BD at most the forward's or the
+    backward's block of values (K' the next power of two of K), at most D's."""
     rows = triton.next_power_of_2(K)
-    return max(1, min(BLOCK_VALUES // (STEPS * rows), triton.next_power_of_2(D)))
+    values = BLOCK_VALUES_BACKWARD if backward else BLOCK_VALUES
+    return max(1, min(values // (STEPS * rows), triton.next_power_of_2(D)))
 
 
 @triton.jit
@@ -284,7 +290,7 @@ def _documents(cu: Tensor | None, T: int, device: torch.device) -> Tensor | None
 class _Call:
     """One launch's operands (each last dimension contiguous), sizes, grid and strides."""
 
-    def __init__(self, x, e, s, a, b, m0, cu):
+    def __init__(self, x, e, s, a, b, m0, cu, backward: bool = False):
         unit = [t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous() for t in (x, e, s, a)]
         self.x, self.e, self.s, self.a = unit
         self.b = b.contiguous()
@@ -295,7 +301,7 @@ class _Call:
             raise ValueError(f"e: the Triton scan holds at most {MAX_K} memory rows, got K = {self.K}")
         self.docs = 1 if cu is None else cu.shape[0] - 1
         self.doc = _documents(cu, self.T, x.device)
-        self.BD = columns(self.K, self.D)
+        self.BD = columns(self.K, self.D, backward)
         self.grid = (self.B * self.H, triton.cdiv(self.D, self.BD))
         self.blocks = triton.cdiv(self.T, STEPS)
         m0_strides = (0, 0, 0) if self.m0 is None else (self.m0.stride(0), self.m0.stride(1), self.m0.stride(2))
@@ -316,7 +322,7 @@ class _Call:
             "BT": STEPS,
             "KP": triton.next_power_of_2(self.K),
             "BD": self.BD,
-            "num_warps": WARPS,
+            "num_warps": WARPS_BACKWARD if backward else WARPS,
         }
 
     def operands(self) -> tuple:
@@ -368,7 +374,7 @@ def triton_scan_backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The gradients of ``triton_scan``'s inputs x, e, s, a, b and m0 (zeros when m0 is None), of
     the views it was given (autograd sums them to each input's shape)."""
-    k = _Call(x, e, s, a, b, m0, cu)
+    k = _Call(x, e, s, a, b, m0, cu, backward=True)
     B, H, T, K, D = k.B, k.H, k.T, k.K, k.D
     gy = gy.contiguous()
     gm_T = None if gm_T is None else gm_T.contiguous()
