@@ -177,7 +177,7 @@ def variants():
         for packed in (False, True):
             for backward in (False, True):
                 fn = ts._scan_backward_kernel if backward else ts._scan_forward_kernel
-                flags = {"HAS_DMT": True} if backward else {}
+                flags = {"HAS_DMT": True} if backward else {"KEEP": True}
                 shape = dict(BT=ts.STEPS, KP=SCAN_K, BD=ts.columns(SCAN_K, SCAN_D, backward))
                 constexprs = dict(A_ROWS=rows, HAS_M0=True, PACKED=packed, **flags, **shape)
                 name = ("scan backward" if backward else "scan") + (", packed" if packed else "")

@@ -153,7 +153,7 @@ def _scan_forward_kernel(
     x_ptr, e_ptr, s_ptr, a_ptr, b_ptr, m0_ptr, doc_ptr, y_ptr, mT_ptr, starts_ptr,
     T, H, K, D,
     sx_b, sx_h, sx_t, se_b, se_h, se_t, ss_b, ss_h, ss_t, sa_b, sa_h, sa_t, sa_k, sb_h, sb_k, s0_doc, s0_h, s0_k,
-    A_ROWS: tl.constexpr, HAS_M0: tl.constexpr, PACKED: tl.constexpr,
+    A_ROWS: tl.constexpr, HAS_M0: tl.constexpr, PACKED: tl.constexpr, KEEP: tl.constexpr,
     BT: tl.constexpr, KP: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0).to(tl.int64)
@@ -176,7 +176,8 @@ def _scan_forward_kernel(
     for n in range(0, blocks):
         t = (n * BT + offs_t).to(tl.int64)
         valid = t < T
-        tl.store(starts_ptr + (bh * blocks + n) * K * D + kd, m, mask=mkd)
+        if KEEP:
+            tl.store(starts_ptr + (bh * blocks + n) * K * D + kd, m, mask=mkd)
         doc, first, last = _rows(t, T, doc_ptr, bi, PACKED)
         A, X, _, _, _, _ = _pairs(
             x_ptr, e_ptr, a_ptr, m0_ptr, t, T, doc, first, valid, offs_k, offs_d, mk, md, mkd, bmat,
@@ -336,27 +337,32 @@ def _or(x: Tensor | None, other: Tensor) -> Tensor:
 
 @torch.library.custom_op("lcsm::triton_scan", mutates_args=())
 def triton_scan(
-    x: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, m0: Tensor | None, cu: Tensor | None
+    x: Tensor, e: Tensor, s: Tensor, a: Tensor, b: Tensor, m0: Tensor | None, cu: Tensor | None, keep: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(y, m_T, the memories entering each block of STEPS steps) for ``native_scan``'s operands:
     x [B, H, T, D], e, s [B, H, T, K], a [B, H, T, 1 | K, D] and b [H, K, D] (the log decay a * b;
     broadcast views allowed), m0 and m_T [B N, H, K, D] (m0 may be None), cu None (one document a
     row) or the N documents' bounds of the B = 1 row. float32 or float64, CUDA (or the CPU under
-    Triton's interpreter)."""
+    Triton's interpreter). ``keep``: whether the memories are kept for a backward (else an empty
+    tensor: at T 32K, D 1536, K 16 they are 200 MB a batch row in float32)."""
     k = _Call(x, e, s, a, b, m0, cu)
     y = x.new_empty(k.B, k.H, k.T, k.D)
     m_T = x.new_zeros(k.B * k.docs, k.H, k.K, k.D)
-    starts = x.new_empty(k.B, k.H, k.blocks, k.K, k.D)
-    _scan_forward_kernel[k.grid](*k.operands(), y, m_T, starts, k.T, k.H, k.K, k.D, *k.strides, **k.constants)
+    starts = x.new_empty(k.B, k.H, k.blocks, k.K, k.D) if keep else x.new_empty(0)
+    _scan_forward_kernel[k.grid](
+        *k.operands(), y, m_T, _or(starts if keep else None, y), k.T, k.H, k.K, k.D, *k.strides, KEEP=keep,
+        **k.constants,
+    )  # fmt: skip
     return y, m_T, starts
 
 
 @triton_scan.register_fake
-def _(x, e, s, a, b, m0, cu):
+def _(x, e, s, a, b, m0, cu, keep):
     B, H, T, D = x.shape
     K, docs = e.shape[-1], 1 if cu is None else cu.shape[0] - 1
     blocks = (T + STEPS - 1) // STEPS
-    return x.new_empty(B, H, T, D), x.new_empty(B * docs, H, K, D), x.new_empty(B, H, blocks, K, D)
+    starts = x.new_empty(B, H, blocks, K, D) if keep else x.new_empty(0)
+    return x.new_empty(B, H, T, D), x.new_empty(B * docs, H, K, D), starts
 
 
 @torch.library.custom_op("lcsm::triton_scan_backward", mutates_args=())
@@ -404,7 +410,9 @@ def _(x, e, s, a, b, m0, cu, starts, gy, gm_T):
 
 
 def _setup_context(ctx, inputs, output):
-    x, e, s, a, b, m0, cu = inputs
+    x, e, s, a, b, m0, cu, keep = inputs
+    if not keep:
+        raise RuntimeError("triton_scan: a backward needs the memories the forward kept (keep=True)")
     ctx.save_for_backward(x, e, s, a, b, m0, cu, output[2])
 
 
@@ -412,7 +420,7 @@ def _backward(ctx, gy, gm_T, _):
     x, e, s, a, b, m0, cu, starts = ctx.saved_tensors
     gy = gy if gy is not None else torch.zeros_like(x)
     dx, de, ds, da, db, dm0 = triton_scan_backward(x, e, s, a, b, m0, cu, starts, gy, gm_T)
-    return dx, de, ds, da, db, dm0 if m0 is not None else None, None
+    return dx, de, ds, da, db, dm0 if m0 is not None else None, None, None
 
 
 triton_scan.register_autograd(_backward, setup_context=_setup_context)
@@ -423,5 +431,7 @@ def eos_triton_scan(p: EOSProblem, cu_seqlens: Tensor | None = None) -> tuple[Te
     or with ``cu_seqlens`` each document's [N, H, K, D], from its own initial state p.m0) for a
     problem ``eos._triton_unsupported`` accepts."""
     x, e, s, a, b = scan_operands(p)
-    y, m_T, _ = triton_scan(x, e, s, a, b, p.m0, cu_seqlens)
+    operands = (x, e, s, a, b) if p.m0 is None else (x, e, s, a, b, p.m0)
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in operands)
+    y, m_T, _ = triton_scan(x, e, s, a, b, p.m0, cu_seqlens, keep)
     return y, m_T

@@ -100,6 +100,25 @@ def test_decays_of_any_strength():
     _check(make_inputs(40, decay="product", dd_decay=(True, False), strength=100.0), torch.float32, "strong")
 
 
+def test_forward_without_gradients(monkeypatch):
+    """Under no_grad (or with no input requiring one) the forward keeps no memories for a backward
+    (an empty tensor) and returns the same outputs and final states."""
+    x = make_inputs(37, decay="product", dd_decay=(True, False), seed=2)
+    args = [_to_device(x[n]).float() for n in ("i", "e", "s")]
+    log_o = LogProduct(_to_device(x["log_o"].a).float(), _to_device(x["log_o"].b).float())
+    m0 = _to_device(x["initial_state"]).float()
+    kept = []
+    scan = triton_scan.triton_scan
+    monkeypatch.setattr(triton_scan, "triton_scan", lambda *a: kept.append(a[-1]) or scan(*a))
+    with torch.no_grad():
+        y, m = eos(*args, log_o, mode="triton", initial_state=m0, output_final_state=True)
+    y_ref, m_ref = eos(*args, log_o, mode="triton", initial_state=m0.requires_grad_(), output_final_state=True)
+    assert kept == [False, True]
+    assert torch.equal(y, y_ref) and torch.equal(m, m_ref)
+    assert scan(*(t.transpose(1, 2) for t in args), log_o.a[:, :, :, 0].transpose(1, 2).unsqueeze(3),
+                log_o.b[0], None, None, False)[2].numel() == 0  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("decay", "bounds", "initial", "dtype"),
     [
@@ -150,7 +169,7 @@ def test_compiled_graphs_call_the_kernel(monkeypatch):
 
     calls = []
     call = triton_scan._Call
-    monkeypatch.setattr(triton_scan, "_Call", lambda *a: calls.append(1) or call(*a))
+    monkeypatch.setattr(triton_scan, "_Call", lambda *a, **k: calls.append(1) or call(*a, **k))
 
     def f(i, e, s, a, b, m0):
         return eos(i, e, s, LogProduct(a, b), mode="triton", initial_state=m0, output_final_state=True)
