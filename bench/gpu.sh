@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 # rewrites it after every case) when that runs out. SECONDS counts from the script's start.
 TOTAL=${GPU_TOTAL_SECONDS:-540}
 left() { echo $((TOTAL - SECONDS)); }
-"$PY" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py tests/ops/test_triton_chunk.py tests/ops/test_triton_delta.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+"$PY" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py tests/ops/test_triton_chunk.py tests/ops/test_triton_delta.py tests/ops/test_triton_scan.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 # the benchmark's budget leaves ~200 s for fla's layers and the efficiency bench after it
 budget=${GPU_BENCH_BUDGET:-$(($(left) - 260))}
 [ "$budget" -ge 60 ] || budget=60
