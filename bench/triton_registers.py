@@ -75,6 +75,7 @@ def scan_ints(rows: bool) -> dict[str, int]:
     a_step = K_ * D_ if rows else D_
     ints.update(sa_b=T * a_step, sa_h=a_step, sa_t=a_step, sa_k=D_ if rows else 0)
     ints.update(sb_h=K_ * D_, sb_k=D_, s0_doc=K_ * D_, s0_h=K_ * D_, s0_k=D_)
+    ints.update(L=T, S=1)  # one segment; the segmented variants' S and L are integers alike
     return ints
 
 
@@ -172,17 +173,24 @@ def variants():
         for kernel, fn in (("delta carry", td._carry_kernel), ("delta carry backward", td._carry_backward_kernel)):
             constexprs = dict(GAMMA=gamma, BCS=td.SUB_C, BK=128, BD=td.BLOCK_D)
             yield kernel, name, "float32", fn, constexprs, carry_ints(), td.NUM_WARPS, td.NUM_STAGES
+    # the scan's kernels: one segment (packed or not), and for Mamba's product the segmented
+    # launches (each segment's summary, then the kernel from the carried values) and the carry
+    segmented = [(False, False), (True, True), (True, False)]
     for rows in (False, True):
         decay = "full" if rows else "product"
         for packed in (False, True):
-            for backward in (False, True):
-                fn = ts._scan_backward_kernel if backward else ts._scan_forward_kernel
-                flags = {"HAS_DMT": True} if backward else {"KEEP": True}
-                shape = dict(BT=ts.STEPS, KP=SCAN_K, BD=ts.columns(SCAN_K, SCAN_D, backward))
-                constexprs = dict(A_ROWS=rows, HAS_M0=True, PACKED=packed, **flags, **shape)
-                name = ("scan backward" if backward else "scan") + (", packed" if packed else "")
-                warps = ts.WARPS_BACKWARD if backward else ts.WARPS
-                yield name, decay, "float32", fn, constexprs, scan_ints(rows), warps, 1
+            for seg, summary in segmented if not (rows or packed) else segmented[:1]:
+                for backward in (False, True):
+                    fn = ts._scan_backward_kernel if backward else ts._scan_forward_kernel
+                    flags = {"HAS_DMT": True} if backward else {"KEEP": not summary}
+                    shape = dict(BT=ts.STEPS, KP=SCAN_K, BD=ts.columns(SCAN_K, SCAN_D, backward))
+                    constexprs = dict(A_ROWS=rows, HAS_M0=True, PACKED=packed, SEGMENTED=seg, SUMMARY=summary)
+                    kind = ", packed" if packed else ", segment summary" if summary else ", segmented" if seg else ""
+                    name = ("scan backward" if backward else "scan") + kind
+                    warps = ts.WARPS_BACKWARD if backward else ts.WARPS
+                    yield name, decay, "float32", fn, {**constexprs, **flags, **shape}, scan_ints(rows), warps, 1
+    carry = dict(REVERSE=True, KP=SCAN_K, BD=ts.columns(SCAN_K, SCAN_D))
+    yield "scan carry", "product", "float32", ts._carry_kernel, carry, dict(S=17, K=SCAN_K, D=SCAN_D), ts.WARPS, 1
 
 
 def _tf32(x):

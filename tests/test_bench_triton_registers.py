@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+ONLY = "packed row bfloat16|delta carry backward row|scan.*packed product"
 
 
 def test_kernels_compile_for_sm90():
@@ -22,7 +23,7 @@ def test_kernels_compile_for_sm90():
         pytest.skip("triton without its NVIDIA backend's ptxas")
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     out = subprocess.run(
-        [sys.executable, "-m", "bench.triton_registers", "--only", "packed row bfloat16|delta carry backward row|scan.*packed product"],
+        [sys.executable, "-m", "bench.triton_registers", "--only", ONLY],
         cwd=REPO,
         env=env,
         capture_output=True,

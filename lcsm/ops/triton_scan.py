@@ -23,6 +23,13 @@ da_t = d(log o_t) b (summed over k for one row) and db = sum_t d(log o_t) a_t. d
 sums over columns (or the batch) that span programs: each program writes its block's share, summed
 after the launch (no atomics: the result does not depend on the programs' order).
 
+Segments: a launch with fewer programs than ``MIN_PROGRAMS`` (twice the device's multiprocessors:
+Mamba at batch 1 has 96 at D 1536) also splits the sequence into ``segments``. The kernel's
+SUMMARY pass reduces each segment to one pair (the product of its decays, its memory from a zero
+start; backward: the product of its adjoint decays, its first adjoint from a zero one after it),
+``_carry_kernel`` composes them in order (in reverse for the adjoint) into the value entering each
+segment, and the kernel then runs every segment from its own value at once.
+
 Packed documents (``cu_seqlens``): each step knows its document (``doc``); at a document's first step
 the pair becomes (0, X_t + A_t m0[doc]) (the memory restarted from the document's own initial state),
 at its last step the memory is written as the document's final state, and the adjoint recurrence is
@@ -57,6 +64,26 @@ BLOCK_VALUES = 4096
 WARPS = 4
 BLOCK_VALUES_BACKWARD = 2048
 WARPS_BACKWARD = 8
+
+
+# A launch with fewer programs than this (batch * heads * column blocks) splits the sequence into
+# segments too (``segments``); None: twice the device's streaming multiprocessors (the CPU: 1).
+MIN_PROGRAMS: int | None = None
+MIN_SEGMENT_STEPS = 256  # a segment's least length (each costs a summary pass and a carry step)
+
+
+def segments(programs: int, T: int, device: torch.device) -> tuple[int, int]:
+    """(S, L): S segments of L steps (a multiple of STEPS) so that programs * S reaches
+    ``MIN_PROGRAMS``, each at least ``MIN_SEGMENT_STEPS`` long; (1, the whole sequence) when the
+    programs alone reach it."""
+    blocks = triton.cdiv(max(T, 1), STEPS)
+    target = MIN_PROGRAMS
+    if target is None:
+        target = 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    if programs >= target:
+        return 1, blocks * STEPS
+    per = max(triton.cdiv(MIN_SEGMENT_STEPS, STEPS), triton.cdiv(blocks * programs, target))
+    return triton.cdiv(blocks, per), per * STEPS
 
 
 def columns(K: int, D: int, backward: bool = False) -> int:
@@ -150,11 +177,11 @@ def _pairs(
 
 @triton.jit
 def _scan_forward_kernel(
-    x_ptr, e_ptr, s_ptr, a_ptr, b_ptr, m0_ptr, doc_ptr, y_ptr, mT_ptr, starts_ptr,
-    T, H, K, D,
+    x_ptr, e_ptr, s_ptr, a_ptr, b_ptr, m0_ptr, doc_ptr, y_ptr, mT_ptr, starts_ptr, seg_ptr, sum_a_ptr,
+    T, H, K, D, L, S,
     sx_b, sx_h, sx_t, se_b, se_h, se_t, ss_b, ss_h, ss_t, sa_b, sa_h, sa_t, sa_k, sb_h, sb_k, s0_doc, s0_h, s0_k,
     A_ROWS: tl.constexpr, HAS_M0: tl.constexpr, PACKED: tl.constexpr, KEEP: tl.constexpr,
-    BT: tl.constexpr, KP: tl.constexpr, BD: tl.constexpr,
+    SEGMENTED: tl.constexpr, SUMMARY: tl.constexpr, BT: tl.constexpr, KP: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0).to(tl.int64)
     bi, hi = bh // H, bh % H
@@ -172,11 +199,19 @@ def _scan_forward_kernel(
     m0_ptr += hi * s0_h
     mT_ptr += hi * K * D
     blocks = tl.cdiv(T, BT)
-    m = tl.zeros([KP, BD], dtype=y_ptr.dtype.element_ty)
-    for n in range(0, blocks):
+    # this program's segment of L steps (all of them unless SEGMENTED), blocks n0 .. n1 - 1
+    segment = (bh * S + tl.program_id(2)) * K * D
+    n0 = tl.program_id(2) * (L // BT)
+    n1 = tl.minimum(n0 + L // BT, blocks)
+    if SEGMENTED and not SUMMARY:
+        m = tl.load(seg_ptr + segment + kd, mask=mkd, other=0.0)  # the memory entering the segment
+    else:
+        m = tl.zeros([KP, BD], dtype=y_ptr.dtype.element_ty)
+    product = tl.full([KP, BD], 1.0, dtype=y_ptr.dtype.element_ty)
+    for n in range(n0, n1):
         t = (n * BT + offs_t).to(tl.int64)
         valid = t < T
-        if KEEP:
+        if KEEP and not SUMMARY:
             tl.store(starts_ptr + (bh * blocks + n) * K * D + kd, m, mask=mkd)
         doc, first, last = _rows(t, T, doc_ptr, bi, PACKED)
         A, X, _, _, _, _ = _pairs(
@@ -185,23 +220,31 @@ def _scan_forward_kernel(
         )  # fmt: skip
         A, X = tl.associative_scan((A, X), 0, _combine)
         M = A * m[None] + X
-        s = tl.load(s_ptr + t[:, None] * ss_t + offs_k[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
-        y = tl.sum(s[:, :, None] * M, 1)
-        tl.store(y_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], y, mask=valid[:, None] & md[None, :])
-        ends = mT_ptr + doc[:, None, None] * (H * K * D) + kd[None]
-        tl.store(ends, M, mask=last[:, None, None] & mkd[None])
         # steps past T pass the memory on unchanged: the last row is the block's last memory
-        m = tl.sum(tl.where(offs_t[:, None, None] == BT - 1, M, 0.0), 0)
+        block_end = offs_t[:, None, None] == BT - 1
+        if SUMMARY:
+            product = tl.sum(tl.where(block_end, A, 0.0), 0) * product
+        else:
+            s = tl.load(s_ptr + t[:, None] * ss_t + offs_k[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
+            y = tl.sum(s[:, :, None] * M, 1)
+            tl.store(y_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], y, mask=valid[:, None] & md[None, :])
+            ends = mT_ptr + doc[:, None, None] * (H * K * D) + kd[None]
+            tl.store(ends, M, mask=last[:, None, None] & mkd[None])
+        m = tl.sum(tl.where(block_end, M, 0.0), 0)
+    if SUMMARY:
+        # the segment as one pair: its decays' product and its memory from a zero start
+        tl.store(sum_a_ptr + segment + kd, product, mask=mkd)
+        tl.store(seg_ptr + segment + kd, m, mask=mkd)
 
 
 @triton.jit
 def _scan_backward_kernel(
-    x_ptr, e_ptr, s_ptr, a_ptr, b_ptr, m0_ptr, doc_ptr, starts_ptr, dy_ptr, dmT_ptr,
+    x_ptr, e_ptr, s_ptr, a_ptr, b_ptr, m0_ptr, doc_ptr, starts_ptr, dy_ptr, dmT_ptr, seg_ptr, sum_a_ptr,
     dx_ptr, de_ptr, ds_ptr, da_ptr, db_ptr, dm0_ptr,
-    T, B, H, K, D,
+    T, B, H, K, D, L, S,
     sx_b, sx_h, sx_t, se_b, se_h, se_t, ss_b, ss_h, ss_t, sa_b, sa_h, sa_t, sa_k, sb_h, sb_k, s0_doc, s0_h, s0_k,
     A_ROWS: tl.constexpr, HAS_M0: tl.constexpr, HAS_DMT: tl.constexpr, PACKED: tl.constexpr,
-    BT: tl.constexpr, KP: tl.constexpr, BD: tl.constexpr,
+    SEGMENTED: tl.constexpr, SUMMARY: tl.constexpr, BT: tl.constexpr, KP: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
@@ -223,10 +266,18 @@ def _scan_backward_kernel(
     # the blocks' shares of de and ds: [D blocks, B * H, T, K]
     share = (pid_d * B * H + bh) * T * K
     blocks = tl.cdiv(T, BT)
-    g = tl.zeros([KP, BD], dtype=dy_ptr.dtype.element_ty)  # the adjoint at the later block's first step
+    segment = (bh * S + tl.program_id(2)) * K * D
+    n0 = tl.program_id(2) * (L // BT)
+    n1 = tl.minimum(n0 + L // BT, blocks)
+    # the adjoint at the later block's first step: from the later segments where SEGMENTED
+    if SEGMENTED and not SUMMARY:
+        g = tl.load(seg_ptr + segment + kd, mask=mkd, other=0.0)
+    else:
+        g = tl.zeros([KP, BD], dtype=dy_ptr.dtype.element_ty)
+    product = tl.full([KP, BD], 1.0, dtype=dy_ptr.dtype.element_ty)
     db = tl.zeros([KP, BD], dtype=dy_ptr.dtype.element_ty)
-    for r in range(0, blocks):
-        n = blocks - 1 - r
+    for r in range(0, n1 - n0):
+        n = n1 - 1 - r
         t = (n * BT + offs_t).to(tl.int64)
         valid = t < T
         vd = valid[:, None] & md[None, :]
@@ -242,42 +293,72 @@ def _scan_backward_kernel(
             Gx += _per_doc(dmT_ptr, doc, last, offs_k, offs_d, mkd, H * K * D, D)
         Ga, Gx = tl.associative_scan((tl.where(valid[:, None, None], Ga, 1.0), Gx), 0, _combine, reverse=True)
         G = Ga * g[None] + Gx
-        g = tl.sum(tl.where(offs_t[:, None, None] == 0, G, 0.0), 0)
-        # the memories the decays multiply, m_{t-1} (m0[doc] at a document's first step): the
-        # forward's pairs one step earlier, from the block's kept start
-        u = t - 1
-        udoc, ufirst, _ = _rows(u, T, doc_ptr, bi, PACKED)
-        Pa, Px, _, _, _, _ = _pairs(
-            x_ptr, e_ptr, a_ptr, m0_ptr, u, T, udoc, ufirst, offs_t > 0, offs_k, offs_d, mk, md, mkd, bmat,
-            sx_t, se_t, sa_t, sa_k, s0_doc, s0_k, A_ROWS, HAS_M0,
-        )  # fmt: skip
-        Pa, Px = tl.associative_scan((Pa, Px), 0, _combine)
-        start = tl.load(starts_ptr + (bh * blocks + n) * K * D + kd, mask=mkd, other=0.0)
-        P = Pa * start[None] + Px
-        if HAS_M0:
-            P = tl.where(first[:, None, None], _per_doc(m0_ptr, doc, first, offs_k, offs_d, mkd, s0_doc, s0_k), P)
+        block_start = offs_t[:, None, None] == 0
+        g = tl.sum(tl.where(block_start, G, 0.0), 0)
+        if SUMMARY:
+            product = tl.sum(tl.where(block_start, Ga, 0.0), 0) * product
         else:
-            P = tl.where(first[:, None, None], 0.0, P)
-        _, _, x, e, a, o = _pairs(
-            x_ptr, e_ptr, a_ptr, m0_ptr, t, T, doc, first, valid, offs_k, offs_d, mk, md, mkd, bmat,
-            sx_t, se_t, sa_t, sa_k, s0_doc, s0_k, A_ROWS, False,
-        )  # fmt: skip
-        tl.store(dx_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], tl.sum(G * e[:, :, None], 1), mask=vd)
-        tl.store(de_ptr + share + t[:, None] * K + offs_k[None, :], tl.sum(G * x[:, None, :], 2), mask=vk)
-        M = o * P + e[:, :, None] * x[:, None, :]
-        tl.store(ds_ptr + share + t[:, None] * K + offs_k[None, :], tl.sum(M * dy[:, None, :], 2), mask=vk)
-        dlog = G * o * P
-        if A_ROWS:
-            da_ptrs = da_ptr + ((bh * T + t[:, None, None]) * K + offs_k[None, :, None]) * D + offs_d[None, None, :]
-            tl.store(da_ptrs, dlog * bmat[None], mask=valid[:, None, None] & mkd[None])
-        else:
-            tl.store(da_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], tl.sum(dlog * bmat[None], 1), mask=vd)
-        db += tl.sum(dlog * a, 0)
-        if HAS_M0:
-            # d m0[doc] = o_t g_t at the document's first step
-            firsts = dm0_ptr + doc[:, None, None] * (H * K * D) + kd[None]
-            tl.store(firsts, o * G, mask=first[:, None, None] & mkd[None])
-    tl.store(db_ptr + bh * K * D + kd, db, mask=mkd)
+            # the memories the decays multiply, m_{t-1} (m0[doc] at a document's first step): the
+            # forward's pairs one step earlier, from the block's kept start
+            u = t - 1
+            udoc, ufirst, _ = _rows(u, T, doc_ptr, bi, PACKED)
+            Pa, Px, _, _, _, _ = _pairs(
+                x_ptr, e_ptr, a_ptr, m0_ptr, u, T, udoc, ufirst, offs_t > 0, offs_k, offs_d, mk, md, mkd, bmat,
+                sx_t, se_t, sa_t, sa_k, s0_doc, s0_k, A_ROWS, HAS_M0,
+            )  # fmt: skip
+            Pa, Px = tl.associative_scan((Pa, Px), 0, _combine)
+            start = tl.load(starts_ptr + (bh * blocks + n) * K * D + kd, mask=mkd, other=0.0)
+            P = Pa * start[None] + Px
+            if HAS_M0:
+                P = tl.where(first[:, None, None], _per_doc(m0_ptr, doc, first, offs_k, offs_d, mkd, s0_doc, s0_k), P)
+            else:
+                P = tl.where(first[:, None, None], 0.0, P)
+            _, _, x, e, a, o = _pairs(
+                x_ptr, e_ptr, a_ptr, m0_ptr, t, T, doc, first, valid, offs_k, offs_d, mk, md, mkd, bmat,
+                sx_t, se_t, sa_t, sa_k, s0_doc, s0_k, A_ROWS, False,
+            )  # fmt: skip
+            tl.store(dx_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], tl.sum(G * e[:, :, None], 1), mask=vd)
+            tl.store(de_ptr + share + t[:, None] * K + offs_k[None, :], tl.sum(G * x[:, None, :], 2), mask=vk)
+            M = o * P + e[:, :, None] * x[:, None, :]
+            tl.store(ds_ptr + share + t[:, None] * K + offs_k[None, :], tl.sum(M * dy[:, None, :], 2), mask=vk)
+            dlog = G * o * P
+            if A_ROWS:
+                da_ptrs = da_ptr + ((bh * T + t[:, None, None]) * K + offs_k[None, :, None]) * D + offs_d[None, None, :]
+                tl.store(da_ptrs, dlog * bmat[None], mask=valid[:, None, None] & mkd[None])
+            else:
+                tl.store(da_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], tl.sum(dlog * bmat[None], 1), mask=vd)
+            db += tl.sum(dlog * a, 0)
+            if HAS_M0:
+                # d m0[doc] = o_t g_t at the document's first step
+                firsts = dm0_ptr + doc[:, None, None] * (H * K * D) + kd[None]
+                tl.store(firsts, o * G, mask=first[:, None, None] & mkd[None])
+    if SUMMARY:
+        # the segment as one pair of the reverse recurrence: its decays' product and its adjoint
+        # at its first step from a zero adjoint after it
+        tl.store(sum_a_ptr + segment + kd, product, mask=mkd)
+        tl.store(seg_ptr + segment + kd, g, mask=mkd)
+    else:
+        tl.store(db_ptr + segment + kd, db, mask=mkd)
+
+
+@triton.jit
+def _carry_kernel(sum_a_ptr, sum_x_ptr, seg_ptr, S, K, D, REVERSE: tl.constexpr, KP: tl.constexpr, BD: tl.constexpr):
+    """Across segments: the value entering each (forward: the memory, m_0 = 0 and
+    m_{j+1} = A_j m_j + X_j; REVERSE: the adjoint after each, from the last one's 0 backwards) from
+    the segments' pairs [B * H, S, K, D]."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_k = tl.arange(0, KP)
+    offs_d = tl.program_id(1) * BD + tl.arange(0, BD)
+    mkd = (offs_k < K)[:, None] & (offs_d < D)[None, :]
+    kd = offs_k[:, None] * D + offs_d[None, :]
+    v = tl.zeros([KP, BD], dtype=seg_ptr.dtype.element_ty)
+    for r in range(0, S):
+        j = S - 1 - r if REVERSE else r
+        at = (bh * S + j) * K * D + kd
+        a = tl.load(sum_a_ptr + at, mask=mkd, other=0.0)
+        x = tl.load(sum_x_ptr + at, mask=mkd, other=0.0)
+        tl.store(seg_ptr + at, v, mask=mkd)
+        v = a * v + x
 
 
 def _documents(cu: Tensor | None, T: int, device: torch.device) -> Tensor | None:
@@ -303,8 +384,10 @@ class _Call:
         self.docs = 1 if cu is None else cu.shape[0] - 1
         self.doc = _documents(cu, self.T, x.device)
         self.BD = columns(self.K, self.D, backward)
-        self.grid = (self.B * self.H, triton.cdiv(self.D, self.BD))
+        self.BH = self.B * self.H
         self.blocks = triton.cdiv(self.T, STEPS)
+        self.S, self.L = segments(self.BH * triton.cdiv(self.D, self.BD), self.T, x.device)
+        self.grid = (self.BH, triton.cdiv(self.D, self.BD), self.S)
         m0_strides = (0, 0, 0) if self.m0 is None else (self.m0.stride(0), self.m0.stride(1), self.m0.stride(2))
         a_rows = self.a.stride(3) if self.a.shape[3] > 1 else 0
         self.strides = (
@@ -330,6 +413,32 @@ class _Call:
         # unused pointers (no initial state, one document a row) point at x: never read
         return self.x, self.e, self.s, self.a, self.b, _or(self.m0, self.x), _or(self.doc, self.x)
 
+    def launch(self, kernel, args_before: tuple, args_after: tuple, *, reverse: bool, **flags) -> None:
+        """``kernel`` over the grid. Segmented (S > 1): first its summary of each segment (SUMMARY:
+        the segment as one pair), then the values entering the segments carried across them
+        (``_carry_kernel``, backwards for the adjoint when ``reverse``), then the kernel itself from
+        them."""
+        sizes = (self.L, self.S, *self.strides)
+        if self.S == 1:
+            kernel[self.grid](
+                *self.operands(), *args_before, self.x, self.x, *args_after, *sizes,
+                SEGMENTED=False, SUMMARY=False, **flags, **self.constants,
+            )  # fmt: skip
+            return None
+        seg = self.x.new_empty(self.BH, self.S, self.K, self.D)
+        product = torch.empty_like(seg)
+        summary = {**flags, "KEEP": False} if "KEEP" in flags else flags
+        kernel[self.grid](
+            *self.operands(), *args_before, seg, product, *args_after, *sizes,
+            SEGMENTED=True, SUMMARY=True, **summary, **self.constants,
+        )  # fmt: skip
+        carry = {k: self.constants[k] for k in ("KP", "BD")}
+        _carry_kernel[self.grid[:2]](product, seg, seg, self.S, self.K, self.D, REVERSE=reverse, **carry)
+        kernel[self.grid](
+            *self.operands(), *args_before, seg, product, *args_after, *sizes,
+            SEGMENTED=True, SUMMARY=False, **flags, **self.constants,
+        )  # fmt: skip
+
 
 def _or(x: Tensor | None, other: Tensor) -> Tensor:
     return other if x is None else x
@@ -349,10 +458,8 @@ def triton_scan(
     y = x.new_empty(k.B, k.H, k.T, k.D)
     m_T = x.new_zeros(k.B * k.docs, k.H, k.K, k.D)
     starts = x.new_empty(k.B, k.H, k.blocks, k.K, k.D) if keep else x.new_empty(0)
-    _scan_forward_kernel[k.grid](
-        *k.operands(), y, m_T, _or(starts if keep else None, y), k.T, k.H, k.K, k.D, *k.strides, KEEP=keep,
-        **k.constants,
-    )  # fmt: skip
+    outputs = (y, m_T, starts if keep else y)
+    k.launch(_scan_forward_kernel, outputs, (k.T, k.H, k.K, k.D), reverse=False, KEEP=keep)
     return y, m_T, starts
 
 
@@ -387,12 +494,12 @@ def triton_scan_backward(
     dx, da = x.new_empty(B, H, T, D), x.new_empty(B, H, T, a.shape[3], D)
     parts = k.grid[1]
     de, ds = x.new_empty(parts, B, H, T, K), x.new_empty(parts, B, H, T, K)
-    db, dm0 = x.new_empty(B, H, K, D), x.new_zeros(B * k.docs, H, K, D)
-    _scan_backward_kernel[k.grid](
-        *k.operands(), starts, gy, _or(gm_T, gy), dx, de, ds, da, db, dm0,
-        T, B, H, K, D, *k.strides, HAS_DMT=gm_T is not None, **k.constants,
-    )  # fmt: skip
-    return dx, de.sum(0), ds.sum(0), da, db.sum(0), dm0
+    # db's shares, one per (batch * head, segment), and the initial states' gradients (zeros for
+    # the rows no document starts in)
+    db, dm0 = x.new_empty(B, H, k.S, K, D), x.new_zeros(B * k.docs, H, K, D)
+    inputs, outputs = (starts, gy, _or(gm_T, gy)), (dx, de, ds, da, db, dm0, T, B, H, K, D)
+    k.launch(_scan_backward_kernel, inputs, outputs, reverse=True, HAS_DMT=gm_T is not None)
+    return dx, de.sum(0), ds.sum(0), da, db.sum((0, 2)), dm0
 
 
 @triton_scan_backward.register_fake

@@ -100,6 +100,39 @@ def test_decays_of_any_strength():
     _check(make_inputs(40, decay="product", dd_decay=(True, False), strength=100.0), torch.float32, "strong")
 
 
+@pytest.mark.parametrize(
+    ("case", "steps", "dtype"),
+    [("product", 16, torch.float64), ("full", 32, torch.float32), ("packed", 16, torch.float64)],
+)
+def test_segments(monkeypatch, case, steps, dtype):
+    """Launches with too few programs split the sequence into segments (``segments``): each segment
+    summarised as one pair, the memories (forward) and adjoints (backward) carried across them, each
+    segment run from its own; here forced (at least 64 programs, segments of one or two blocks of 16
+    steps, T 65 and 50), the same results as the reference."""
+    monkeypatch.setattr(triton_scan, "MIN_PROGRAMS", 64)
+    monkeypatch.setattr(triton_scan, "MIN_SEGMENT_STEPS", steps)
+    assert triton_scan.segments(4, 65, torch.device(DEVICE)) == (-(-5 // (steps // 16)), steps)
+    if case == "packed":
+        b = packed._bounds("random")
+        inputs = packed.make_inputs("product", n_docs=len(b) - 1, initial=True, seed=5)
+        _check(inputs, dtype, "segments, packed", cu_seqlens=b)
+    else:
+        inputs = make_inputs(65, decay=case, dd_decay=(True, False) if case == "product" else True, initial=True)
+        _check(inputs, dtype, f"segments of {steps} steps, {case}")
+
+
+def test_segments_follow_the_programs(monkeypatch):
+    """Enough programs: one segment, the whole sequence; fewer: segments of at least
+    MIN_SEGMENT_STEPS, as many as bring the programs to the target; the CPU's target is one program."""
+    cpu = torch.device("cpu")
+    assert triton_scan.segments(1, 10_000, cpu) == (1, 10_000)
+    monkeypatch.setattr(triton_scan, "MIN_PROGRAMS", 264)
+    assert triton_scan.segments(300, 32768, cpu) == (1, 32768)
+    assert triton_scan.segments(16, 16384, cpu) == (17, 63 * 16)  # 1024 blocks, 63 a segment
+    assert triton_scan.segments(200, 16384, cpu) == (2, 776 * 16)  # two reach it
+    assert triton_scan.segments(1, 1024, cpu) == (4, 256)  # not below 256 steps
+
+
 def test_forward_without_gradients(monkeypatch):
     """Under no_grad (or with no input requiring one) the forward keeps no memories for a backward
     (an empty tensor) and returns the same outputs and final states."""
