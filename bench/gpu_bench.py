@@ -374,16 +374,21 @@ def _self_time_us(event) -> float:
     return 0.0
 
 
-def _profile_cases(text: str) -> list[str]:
-    """``--profile``'s OP:DTYPE:T cases, checked."""
+def _profile_cases(text: str, ops: tuple[str, ...] = OPS) -> list[str]:
+    """``--profile``'s OP:DTYPE:T cases (``--shapes``' with ``ops``), checked."""
     cases = [c for c in text.split(",") if c]
     for case in cases:
         parts = case.split(":")
-        if len(parts) != 3 or parts[0] not in OPS or parts[1] not in ("bfloat16", "float32") or not parts[2].isdigit():
+        if len(parts) != 3 or parts[0] not in ops or parts[1] not in ("bfloat16", "float32") or not parts[2].isdigit():
             raise argparse.ArgumentTypeError(
-                f"expected OP:DTYPE:T with OP one of {', '.join(OPS)}, DTYPE bfloat16 or float32, got {case!r}"
+                f"expected OP:DTYPE:T with OP one of {', '.join(ops)}, DTYPE bfloat16 or float32, got {case!r}"
             )
     return cases
+
+
+def _shape_cases(text: str) -> list[str]:
+    """``--shapes``' cases: the operators', and "scan" (Mamba's selective scan, ``bench_scan``'s shape)."""
+    return _profile_cases(text, (*OPS, "scan"))
 
 
 def bench_kernels(report: Report, budget: Budget, args) -> None:
@@ -448,6 +453,16 @@ SHAPES = {
         {"BLOCK_K": 32},
     ),
     "triton_delta": ({}, {"BLOCK_D": 64}, {"NUM_WARPS": 4}, {"NUM_STAGES": 2}),
+    # MIN_PROGRAMS 1: no segments (Mamba's scan at batch 1 has 96 programs, short of an H100's 264)
+    "triton_scan": (
+        {},
+        {"WARPS": 8},
+        {"BLOCK_VALUES": 2048},
+        {"WARPS_BACKWARD": 4},
+        {"BLOCK_VALUES_BACKWARD": 1024},
+        {"MIN_PROGRAMS": 1},
+        {"MIN_SEGMENT_STEPS": 1024},
+    ),
 }
 
 
@@ -455,7 +470,8 @@ def _kernel_module(op: str):
     """The module whose Triton kernels serve ``op`` in mode "triton"."""
     import importlib
 
-    return importlib.import_module("lcsm.ops." + ("triton_chunk" if op in ("gla", "simple_gla") else "triton_delta"))
+    name = "triton_scan" if op == "scan" else "triton_chunk" if op in ("gla", "simple_gla") else "triton_delta"
+    return importlib.import_module("lcsm.ops." + name)
 
 
 def bench_shapes(report: Report, budget: Budget, args) -> None:
@@ -484,8 +500,13 @@ def bench_shapes(report: Report, budget: Budget, args) -> None:
             try:
                 for k, v in overrides.items():
                     setattr(module, k, v)
-                x = op_inputs(op, int(T), getattr(torch, dname), args.batch, args.heads, args.dim)
-                ms = cuda_time(fwd_bwd(lambda x, op=op: lcsm_op(op, x, "triton"), x), args.warmup, args.repeats) * 1e3
+                if op == "scan":
+                    x = scan_inputs(int(T), getattr(torch, dname), args.batch, args.scan_dim)
+                    f = lambda x: lcsm_scan(x, "triton")  # noqa: E731
+                else:
+                    x = op_inputs(op, int(T), getattr(torch, dname), args.batch, args.heads, args.dim)
+                    f = lambda x, op=op: lcsm_op(op, x, "triton")  # noqa: E731
+                ms = cuda_time(fwd_bwd(f, x), args.warmup, args.repeats) * 1e3
                 own = ms if not overrides else own
                 ratio = "-" if own is None else f"{ms / own:.3f}"
                 rows.append(f"| {case} | {name} | {label} | {ms:.2f} | {ratio} |")
@@ -614,9 +635,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=8, help="kernels listed per profiled case")
     p.add_argument(
         "--shapes",
-        type=_profile_cases,
-        default=["gla:bfloat16:32768", "gated_delta:bfloat16:32768"],
-        help="OP:DTYPE:T cases timed under each launch shape of SHAPES (comma-separated; empty: none)",
+        type=_shape_cases,
+        default=["gla:bfloat16:32768", "gated_delta:bfloat16:32768", "scan:float32:32768"],
+        help="OP:DTYPE:T cases timed under each launch shape of SHAPES (comma-separated; empty: none; OP may "
+        "also be scan, the selective scan at --scan-dim)",
     )
     p.add_argument("--skip", default="", help="comma-separated sections to skip: kernels, shapes, ops, scan, train")
     p.add_argument("--out", default=None)

@@ -18,9 +18,10 @@ def test_every_case_is_reported(tmp_path):
     argv += ["--model-dim", "64", "--model-layers", "1", "--vocab", "50", "--train-batch", "1", "--train-len", "16"]
     argv += ["--mixers", "gla,gated_deltanet,attention", "--fla-models", "", "--out", str(out)]
     argv += ["--profile", "gla:float32:40,delta:bfloat16:24", "--top", "3"]
-    argv += ["--shapes", "simple_gla:float32:16,gated_delta:float32:24"]
+    argv += ["--shapes", "simple_gla:float32:16,gated_delta:float32:24,scan:float32:40"]
     argv += ["--scan-lengths", "20,40", "--scan-dim", "8", "--scan-chunk-max", "20"]
-    own = {name: gpu_bench._kernel_module(op).__dict__.copy() for name, op in (("chunk", "gla"), ("delta", "delta"))}
+    kernels = (("chunk", "gla"), ("delta", "delta"), ("scan", "scan"))
+    own = {name: gpu_bench._kernel_module(op).__dict__.copy() for name, op in kernels}
     assert gpu_bench.main(argv) == 0
     text = out.read_text()
     for op in gpu_bench.OPS:
@@ -44,12 +45,17 @@ def test_every_case_is_reported(tmp_path):
             assert all(float(row.split("|")[4]) > 0 for row in rows), rows
         fla = next(line for line in text.splitlines() if line.startswith(f"| {case} fla |"))
         assert "failed" in fla, fla  # fla's Triton kernels do not run on the CPU
-    for case, module in (("simple_gla float32 T=16", "triton_chunk"), ("gated_delta float32 T=24", "triton_delta")):
+    shaped = (
+        ("simple_gla float32 T=16", "triton_chunk"),
+        ("gated_delta float32 T=24", "triton_delta"),
+        ("scan float32 T=40", "triton_scan"),
+    )
+    for case, module in shaped:
         rows = [line.split("|") for line in text.splitlines() if line.startswith(f"| {case} | {module} |")]
         assert len(rows) == len(gpu_bench.SHAPES[module]), rows
         assert rows[0][3].strip().startswith("own: ") and rows[0][5].strip() == "1.000", rows[0]
         assert all(float(row[4]) > 0 and float(row[5]) > 0 for row in rows), rows
-    for name, op in (("chunk", "gla"), ("delta", "delta")):  # every override put back
+    for name, op in kernels:  # every override put back
         module = gpu_bench._kernel_module(op)
         shapes = gpu_bench.SHAPES[module.__name__.rsplit(".", 1)[-1]]
         assert all(getattr(module, k) == own[name][k] for o in shapes for k in o)
