@@ -5,8 +5,8 @@ decay, on CUDA devices (``native_scan``'s problem, there in C for the CPU).
 
 with a [B, H, T, 1 | K, D] (Mamba's Delta_t, one row shared by every k) and b [H, K, D] time-invariant
 (A); a full log decay tensor is a * 1. The chunk mode's elementwise kernel runs this as PyTorch
-operations, one a step: on a GPU each is a kernel launch, and the Mamba model trained at ~5K tokens/s
-at every length (bench/results/efficiency_gpu.md).
+operations, a few a step: on a GPU each is a kernel launch, and the Mamba model trained at ~5K
+tokens/s at every length (bench/results/efficiency_gpu.md).
 
 One program per (batch * head, block of ``BD`` columns) walks the sequence in blocks of ``STEPS``
 steps. A block's memories are a linear recurrence, m_t = A_t m_{t-1} + X_t with A_t = exp(a_t b) and
@@ -20,8 +20,8 @@ carried from the later block; the memories each decay multiplies (m_{t-1}) are r
 block's kept start by a scan over the same pairs one step earlier. Then, per step,
 dx_t = sum_k g_t e_t, de_t = sum_d g_t x_t, ds_t = sum_d m_t dy_t, d(log o_t) = g_t o_t m_{t-1},
 da_t = d(log o_t) b (summed over k for one row) and db = sum_t d(log o_t) a_t. de, ds and db are
-sums over columns (or the batch) that span programs: each program writes its block's share, summed
-after the launch (no atomics: the result does not depend on the programs' order).
+sums over columns (or the batch and the segments below) that span programs: each program writes its
+share, summed after the launch (no atomics: the result does not depend on the programs' order).
 
 Segments: a launch with fewer programs than ``MIN_PROGRAMS`` (twice the device's multiprocessors:
 Mamba at batch 1 has 96 at D 1536) also splits the sequence into ``segments``. The kernel's
