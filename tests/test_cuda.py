@@ -292,3 +292,24 @@ def test_inductor_graph_launches_the_triton_scan():
         return T_, {**x, "a": a, "b": -torch.exp(_rand(3, 16, 16, seed=6) / 2)}
 
     _inductor_equals_eager(f, [case(70), case(101)])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_triton_kernels_run_on_the_inputs_device():
+    """Inputs on cuda:1 while cuda:0 is current: the Triton kernels (chunk form, delta carry,
+    selective scan) launch on cuda:1 and equal the same call on cuda:0."""
+    x = {n: _rand(1, 40, 2, 16, seed=j) for j, n in enumerate(("i", "e", "s"))}
+    row = logsigmoid(_rand(1, 40, 2, 16, 1, seed=5) + 3)
+    k = normalize(x["e"], dim=-1)
+    calls = {
+        "chunk": lambda d: eos(d["i"], d["e"], d["s"], d["row"], mode="triton"),
+        "delta": lambda d: eos_delta(d["i"], 0.5 * d["k"], d["s"], 0.5 * d["k"], d["k"], mode="triton"),
+        "scan": lambda d: eos(d["i"], d["e"], d["s"], LogProduct(d["row"].transpose(-1, -2), -d["b"]), mode="triton"),
+    }
+    values = {**x, "row": row, "k": k, "b": torch.rand(2, 16, 16, dtype=torch.float64)}
+    torch.cuda.set_device(0)
+    for name, call in calls.items():
+        ys = [call({n: v.to(f"cuda:{j}", torch.float32) for n, v in values.items()})[0] for j in (0, 1)]
+        assert ys[1].device == torch.device("cuda", 1)
+        assert torch.equal(ys[0].cpu(), ys[1].cpu()), name

@@ -534,6 +534,13 @@ def finish(
     return y, m_T.to(state_dtype)
 
 
+def on_device(x: Tensor) -> contextlib.AbstractContextManager:
+    """The context a Triton launch on x's tensors runs in: x's CUDA device made the current one
+    (Triton launches on the current device, so tensors on cuda:1 under a current cuda:0 would be
+    read at addresses of the wrong device), nothing off CUDA (the CPU under the interpreter)."""
+    return torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
+
+
 def triton_unavailable(x: Tensor, traceable: bool = False) -> str | None:
     """Why no Triton kernel of lcsm.ops can run on x's tensors here, or None: triton missing, a call
     traced by torch.compile (unless ``traceable``: kernels a traced graph calls as custom ops), or a

@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._inputs import EOSProblem, finite_log
+from ._inputs import EOSProblem, finite_log, on_device
 from .chunk import matmul_operands
 
 Tensor = torch.Tensor
@@ -642,45 +642,47 @@ def _launch(
         num_warps=WARPS_STATES,
         num_stages=STAGES_STATES,
     )
-    _states_kernel[(*states_grid, B * H)](
-        e, i, G, final if m0 is None else m0, states, final, *tables, *sizes, HAS_M0=m0 is not None, **options
-    )
-    final_strict = None
-    if strict_final:
-        # each sequence's (document's) last step, as its place in the row
-        limits = torch.full((B,), T - 1, dtype=torch.int32, device=s.device) if layout is None else layout.limits
-        final_strict = torch.empty_like(final)
-        _strict_final_kernel[(*states_grid, states_of * H)](e, i, G, states, final_strict, limits, *sizes, **options)
-    # a column decay's diagonal sub-block holds [SUB, SUB, BD] factors: in float32 (tf32x3
-    # products) ptxas spills 788 bytes at BD 64, 8 at 32 (bench/triton_registers.py)
-    BD_out = min(BD, BLOCK_D_COL_FLOAT32) if kind == "col" and not bf16 else BD
-    _output_kernel[(N * (BT // SUB), triton.cdiv(D, BD_out), B * H)](
-        s,
-        e,
-        i,
-        G,
-        states,
-        y,
-        T,
-        H,
-        K,
-        D,
-        N,
-        *_strides(s),
-        *_strides(e),
-        *_strides(i),
-        *g_strides,
-        DECAY=decay,
-        STRICT=int(strict),  # 1: pairs j < t, 0: j <= t
-        BT=BT,
-        BC=SUB,
-        BK=BK,
-        BD=BD_out,
-        BF16=bf16,
-        BKD=min(BK, DIAGONAL_K),
-        num_warps=WARPS_OUTPUT,
-        num_stages=STAGES_OUTPUT,
-    )
+    with on_device(s):
+        _states_kernel[(*states_grid, B * H)](
+            e, i, G, final if m0 is None else m0, states, final, *tables, *sizes, HAS_M0=m0 is not None, **options
+        )
+        final_strict = None
+        if strict_final:
+            # each sequence's (document's) last step, as its place in the row
+            limits = torch.full((B,), T - 1, dtype=torch.int32, device=s.device) if layout is None else layout.limits
+            final_strict = torch.empty_like(final)
+            strict_grid = (*states_grid, states_of * H)
+            _strict_final_kernel[strict_grid](e, i, G, states, final_strict, limits, *sizes, **options)
+        # a column decay's diagonal sub-block holds [SUB, SUB, BD] factors: in float32 (tf32x3
+        # products) ptxas spills 788 bytes at BD 64, 8 at 32 (bench/triton_registers.py)
+        BD_out = min(BD, BLOCK_D_COL_FLOAT32) if kind == "col" and not bf16 else BD
+        _output_kernel[(N * (BT // SUB), triton.cdiv(D, BD_out), B * H)](
+            s,
+            e,
+            i,
+            G,
+            states,
+            y,
+            T,
+            H,
+            K,
+            D,
+            N,
+            *_strides(s),
+            *_strides(e),
+            *_strides(i),
+            *g_strides,
+            DECAY=decay,
+            STRICT=int(strict),  # 1: pairs j < t, 0: j <= t
+            BT=BT,
+            BC=SUB,
+            BK=BK,
+            BD=BD_out,
+            BF16=bf16,
+            BKD=min(BK, DIAGONAL_K),
+            num_warps=WARPS_OUTPUT,
+            num_stages=STAGES_OUTPUT,
+        )
     return y, final, final_strict
 
 

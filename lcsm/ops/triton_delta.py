@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._inputs import on_device
+
 Tensor = torch.Tensor
 
 # The memory's rows are one register block [K, BD] (K up to delta.TRITON_MAX_K); W and A are read
@@ -202,20 +204,21 @@ def _carry_forward(W: Tensor, A: Tensor, Psi: Tensor, gamma: Tensor | None, M0: 
     starts = W.new_empty(B, H, N, K, D)
     final = W.new_empty(B, H, K, D)
     BK, BD = _blocks(K, D)
-    _carry_kernel[(triton.cdiv(D, BD), B * H)](
-        W,
-        A,
-        Psi,
-        M0 if gamma is None else gamma,  # unread without a gate
-        M0,
-        starts,
-        final,
-        N,
-        C,
-        K,
-        D,
-        **_options(gamma, BK, BD),
-    )
+    with on_device(W):
+        _carry_kernel[(triton.cdiv(D, BD), B * H)](
+            W,
+            A,
+            Psi,
+            M0 if gamma is None else gamma,  # unread without a gate
+            M0,
+            starts,
+            final,
+            N,
+            C,
+            K,
+            D,
+            **_options(gamma, BK, BD),
+        )
     return starts, final
 
 
@@ -236,25 +239,26 @@ def _carry_backward(
     dA = torch.empty_like(dW)
     dgamma = W.new_empty(nd, *(gamma.shape if gamma is not None else (B, H, N)))
     dm0 = torch.empty_like(dfinal)
-    _carry_backward_kernel[(nd, B * H)](
-        W,
-        A,
-        dgamma if gamma is None else gamma,  # unread without a gate
-        starts,
-        dstarts,
-        dfinal,
-        dpsi,
-        dW,
-        dA,
-        dgamma,
-        dm0,
-        N,
-        C,
-        K,
-        D,
-        B * H,
-        **_options(gamma, BK, BD),
-    )
+    with on_device(W):
+        _carry_backward_kernel[(nd, B * H)](
+            W,
+            A,
+            dgamma if gamma is None else gamma,  # unread without a gate
+            starts,
+            dstarts,
+            dfinal,
+            dpsi,
+            dW,
+            dA,
+            dgamma,
+            dm0,
+            N,
+            C,
+            K,
+            D,
+            B * H,
+            **_options(gamma, BK, BD),
+        )
     return dW.sum(0), dA.sum(0), dpsi, dgamma.sum(0) if gamma is not None else W.new_empty(0), dm0
 
 

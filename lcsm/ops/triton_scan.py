@@ -21,7 +21,9 @@ block's kept start by a scan over the same pairs one step earlier. Then, per ste
 dx_t = sum_k g_t e_t, de_t = sum_d g_t x_t, ds_t = sum_d m_t dy_t, d(log o_t) = g_t o_t m_{t-1},
 da_t = d(log o_t) b (summed over k for one row) and db = sum_t d(log o_t) a_t. de, ds and db are
 sums over columns (or the batch and the segments below) that span programs: each program writes its
-share, summed after the launch (no atomics: the result does not depend on the programs' order).
+share, summed after the launch (no atomics: the result does not depend on the programs' order); for
+de and ds a backward program takes a group of column blocks (``column_groups``) and adds each
+block's part to the group's share, which bounds the shares' memory.
 
 Segments: a launch with fewer programs than ``MIN_PROGRAMS`` (twice the device's multiprocessors:
 Mamba at batch 1 has 96 at D 1536) also splits the sequence into ``segments``. The kernel's
@@ -47,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._inputs import EOSProblem
+from ._inputs import EOSProblem, on_device
 from .native_scan import scan_operands
 
 Tensor = torch.Tensor
@@ -86,6 +88,18 @@ def segments(programs: int, T: int, device: torch.device) -> tuple[int, int]:
     return triton.cdiv(blocks, per), per * STEPS
 
 
+# The backward's de and ds are sums over the columns, each program adding its share: one buffer
+# [groups, B, H, T, K] a sum, its column groups at most this many times D / K, so that a buffer is
+# at most this many times the size of x (a group of columns per program, each block of it in turn)
+SHARES_PER_INPUT = 1
+
+
+def column_groups(K: int, D: int, BD: int) -> int:
+    """The backward's groups of column blocks (one program each): every block its own group where
+    the shares fit ``SHARES_PER_INPUT``, else fewer (Mamba's K 16, D 1536: 96 groups of 2 blocks of 8)."""
+    return max(1, min(triton.cdiv(D, BD), int(SHARES_PER_INPUT * D // max(K, 1))))
+
+
 def columns(K: int, D: int, backward: bool = False) -> int:
     """Columns a program holds, BD: a power of two with STEPS * K' * BD at most the forward's or the
     backward's block of values (K' the next power of two of K), at most D's."""
@@ -119,7 +133,7 @@ def _rows(t, T, doc_ptr, bi, PACKED: tl.constexpr):
 def _decays(a_ptr, t, valid, offs_k, offs_d, md, mkd, bmat, sa_t, sa_k, A_ROWS: tl.constexpr):
     """(a_t [STEPS, 1 | K, BD], o_t = exp(a_t b) [STEPS, K, BD]) of the steps t; a is 0 where not valid."""
     if A_ROWS:
-        ptrs = a_ptr + t[:, None, None] * sa_t + offs_k[None, :, None] * sa_k + offs_d[None, None, :]
+        ptrs = a_ptr + t[:, None, None] * sa_t + offs_k.to(tl.int64)[None, :, None] * sa_k + offs_d[None, None, :]
         a = tl.load(ptrs, mask=valid[:, None, None] & mkd[None], other=0.0)
     else:
         a = tl.load(a_ptr + t[:, None] * sa_t + offs_d[None, :], mask=valid[:, None] & md[None, :], other=0.0)
@@ -131,7 +145,7 @@ def _decays(a_ptr, t, valid, offs_k, offs_d, md, mkd, bmat, sa_t, sa_k, A_ROWS: 
 def _per_doc(ptr, doc, rows, offs_k, offs_d, mkd, s_doc, s_k):
     """A per-document [N, .., K, D] tensor's rows for the steps' documents ([STEPS, K, BD], 0 where
     ``rows`` is False); ``ptr`` already at the head."""
-    ptrs = ptr + doc[:, None, None] * s_doc + offs_k[None, :, None] * s_k + offs_d[None, None, :]
+    ptrs = ptr + doc[:, None, None] * s_doc + offs_k.to(tl.int64)[None, :, None] * s_k + offs_d[None, None, :]
     return tl.load(ptrs, mask=rows[:, None, None] & mkd[None], other=0.0)
 
 
@@ -191,7 +205,7 @@ def _scan_forward_kernel(
     mk, md = offs_k < K, offs_d < D
     mkd = mk[:, None] & md[None, :]
     kd = offs_k[:, None] * D + offs_d[None, :]
-    bmat = tl.load(b_ptr + hi * sb_h + offs_k[:, None] * sb_k + offs_d[None, :], mask=mkd, other=0.0)
+    bmat = tl.load(b_ptr + hi * sb_h + offs_k.to(tl.int64)[:, None] * sb_k + offs_d[None, :], mask=mkd, other=0.0)
     x_ptr += bi * sx_b + hi * sx_h
     e_ptr += bi * se_b + hi * se_h
     s_ptr += bi * ss_b + hi * ss_h
@@ -247,15 +261,10 @@ def _scan_backward_kernel(
     SEGMENTED: tl.constexpr, SUMMARY: tl.constexpr, BT: tl.constexpr, KP: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0).to(tl.int64)
-    pid_d = tl.program_id(1)
     bi, hi = bh // H, bh % H
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, KP)
-    offs_d = pid_d * BD + tl.arange(0, BD)
-    mk, md = offs_k < K, offs_d < D
-    mkd = mk[:, None] & md[None, :]
-    kd = offs_k[:, None] * D + offs_d[None, :]
-    bmat = tl.load(b_ptr + hi * sb_h + offs_k[:, None] * sb_k + offs_d[None, :], mask=mkd, other=0.0)
+    mk = offs_k < K
     x_ptr += bi * sx_b + hi * sx_h
     e_ptr += bi * se_b + hi * se_h
     s_ptr += bi * ss_b + hi * ss_h
@@ -263,82 +272,95 @@ def _scan_backward_kernel(
     m0_ptr += hi * s0_h
     dm0_ptr += hi * K * D
     dmT_ptr += hi * K * D
-    # the blocks' shares of de and ds: [D blocks, B * H, T, K]
-    share = (pid_d * B * H + bh) * T * K
+    # de and ds are sums over the columns: this program's share [B * H, T, K] of the column groups'
+    # [groups, B * H, T, K] (zeros on entry), to which each of its column blocks adds its own
+    share = (tl.program_id(1) * B * H + bh) * T * K
     blocks = tl.cdiv(T, BT)
     segment = (bh * S + tl.program_id(2)) * K * D
     n0 = tl.program_id(2) * (L // BT)
     n1 = tl.minimum(n0 + L // BT, blocks)
-    # the adjoint at the later block's first step: from the later segments where SEGMENTED
-    if SEGMENTED and not SUMMARY:
-        g = tl.load(seg_ptr + segment + kd, mask=mkd, other=0.0)
-    else:
-        g = tl.zeros([KP, BD], dtype=dy_ptr.dtype.element_ty)
-    product = tl.full([KP, BD], 1.0, dtype=dy_ptr.dtype.element_ty)
-    db = tl.zeros([KP, BD], dtype=dy_ptr.dtype.element_ty)
-    for r in range(0, n1 - n0):
-        n = n1 - 1 - r
-        t = (n * BT + offs_t).to(tl.int64)
-        valid = t < T
-        vd = valid[:, None] & md[None, :]
-        vk = valid[:, None] & mk[None, :]
-        doc, first, last = _rows(t, T, doc_ptr, bi, PACKED)
-        dy = tl.load(dy_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], mask=vd, other=0.0)
-        s = tl.load(s_ptr + t[:, None] * ss_t + offs_k[None, :], mask=vk, other=0.0)
-        # adjoints: g_t = s_t (x) dy_t + o_{t+1} g_{t+1}, cut at a document's last step
-        _, o_next = _decays(a_ptr, t + 1, t + 1 < T, offs_k, offs_d, md, mkd, bmat, sa_t, sa_k, A_ROWS)
-        Ga = tl.where(last[:, None, None], 0.0, o_next)
-        Gx = s[:, :, None] * dy[:, None, :]
-        if HAS_DMT:
-            Gx += _per_doc(dmT_ptr, doc, last, offs_k, offs_d, mkd, H * K * D, D)
-        Ga, Gx = tl.associative_scan((tl.where(valid[:, None, None], Ga, 1.0), Gx), 0, _combine, reverse=True)
-        G = Ga * g[None] + Gx
-        block_start = offs_t[:, None, None] == 0
-        g = tl.sum(tl.where(block_start, G, 0.0), 0)
-        if SUMMARY:
-            product = tl.sum(tl.where(block_start, Ga, 0.0), 0) * product
+    for column_block in range(tl.program_id(1), tl.cdiv(D, BD), tl.num_programs(1)):
+        offs_d = column_block * BD + tl.arange(0, BD)
+        md = offs_d < D
+        mkd = mk[:, None] & md[None, :]
+        kd = offs_k[:, None] * D + offs_d[None, :]
+        bmat = tl.load(b_ptr + hi * sb_h + offs_k.to(tl.int64)[:, None] * sb_k + offs_d[None, :], mask=mkd, other=0.0)
+        # the adjoint at the later block's first step: from the later segments where SEGMENTED
+        if SEGMENTED and not SUMMARY:
+            g = tl.load(seg_ptr + segment + kd, mask=mkd, other=0.0)
         else:
-            # the memories the decays multiply, m_{t-1} (m0[doc] at a document's first step): the
-            # forward's pairs one step earlier, from the block's kept start
-            u = t - 1
-            udoc, ufirst, _ = _rows(u, T, doc_ptr, bi, PACKED)
-            Pa, Px, _, _, _, _ = _pairs(
-                x_ptr, e_ptr, a_ptr, m0_ptr, u, T, udoc, ufirst, offs_t > 0, offs_k, offs_d, mk, md, mkd, bmat,
-                sx_t, se_t, sa_t, sa_k, s0_doc, s0_k, A_ROWS, HAS_M0,
-            )  # fmt: skip
-            Pa, Px = tl.associative_scan((Pa, Px), 0, _combine)
-            start = tl.load(starts_ptr + (bh * blocks + n) * K * D + kd, mask=mkd, other=0.0)
-            P = Pa * start[None] + Px
-            if HAS_M0:
-                P = tl.where(first[:, None, None], _per_doc(m0_ptr, doc, first, offs_k, offs_d, mkd, s0_doc, s0_k), P)
+            g = tl.zeros([KP, BD], dtype=dy_ptr.dtype.element_ty)
+        product = tl.full([KP, BD], 1.0, dtype=dy_ptr.dtype.element_ty)
+        db = tl.zeros([KP, BD], dtype=dy_ptr.dtype.element_ty)
+        for r in range(0, n1 - n0):
+            n = n1 - 1 - r
+            t = (n * BT + offs_t).to(tl.int64)
+            valid = t < T
+            vd = valid[:, None] & md[None, :]
+            vk = valid[:, None] & mk[None, :]
+            doc, first, last = _rows(t, T, doc_ptr, bi, PACKED)
+            dy = tl.load(dy_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], mask=vd, other=0.0)
+            s = tl.load(s_ptr + t[:, None] * ss_t + offs_k[None, :], mask=vk, other=0.0)
+            # adjoints: g_t = s_t (x) dy_t + o_{t+1} g_{t+1}, cut at a document's last step
+            _, o_next = _decays(a_ptr, t + 1, t + 1 < T, offs_k, offs_d, md, mkd, bmat, sa_t, sa_k, A_ROWS)
+            Ga = tl.where(last[:, None, None], 0.0, o_next)
+            Gx = s[:, :, None] * dy[:, None, :]
+            if HAS_DMT:
+                Gx += _per_doc(dmT_ptr, doc, last, offs_k, offs_d, mkd, H * K * D, D)
+            Ga = tl.where(valid[:, None, None], Ga, 1.0)
+            Ga, Gx = tl.associative_scan((Ga, Gx), 0, _combine, reverse=True)
+            G = Ga * g[None] + Gx
+            block_start = offs_t[:, None, None] == 0
+            g = tl.sum(tl.where(block_start, G, 0.0), 0)
+            if SUMMARY:
+                product = tl.sum(tl.where(block_start, Ga, 0.0), 0) * product
             else:
-                P = tl.where(first[:, None, None], 0.0, P)
-            _, _, x, e, a, o = _pairs(
-                x_ptr, e_ptr, a_ptr, m0_ptr, t, T, doc, first, valid, offs_k, offs_d, mk, md, mkd, bmat,
-                sx_t, se_t, sa_t, sa_k, s0_doc, s0_k, A_ROWS, False,
-            )  # fmt: skip
-            tl.store(dx_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], tl.sum(G * e[:, :, None], 1), mask=vd)
-            tl.store(de_ptr + share + t[:, None] * K + offs_k[None, :], tl.sum(G * x[:, None, :], 2), mask=vk)
-            M = o * P + e[:, :, None] * x[:, None, :]
-            tl.store(ds_ptr + share + t[:, None] * K + offs_k[None, :], tl.sum(M * dy[:, None, :], 2), mask=vk)
-            dlog = G * o * P
-            if A_ROWS:
-                da_ptrs = da_ptr + ((bh * T + t[:, None, None]) * K + offs_k[None, :, None]) * D + offs_d[None, None, :]
-                tl.store(da_ptrs, dlog * bmat[None], mask=valid[:, None, None] & mkd[None])
-            else:
-                tl.store(da_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], tl.sum(dlog * bmat[None], 1), mask=vd)
-            db += tl.sum(dlog * a, 0)
-            if HAS_M0:
-                # d m0[doc] = o_t g_t at the document's first step
-                firsts = dm0_ptr + doc[:, None, None] * (H * K * D) + kd[None]
-                tl.store(firsts, o * G, mask=first[:, None, None] & mkd[None])
-    if SUMMARY:
-        # the segment as one pair of the reverse recurrence: its decays' product and its adjoint
-        # at its first step from a zero adjoint after it
-        tl.store(sum_a_ptr + segment + kd, product, mask=mkd)
-        tl.store(seg_ptr + segment + kd, g, mask=mkd)
-    else:
-        tl.store(db_ptr + segment + kd, db, mask=mkd)
+                # the memories the decays multiply, m_{t-1} (m0[doc] at a document's first step):
+                # the forward's pairs one step earlier, from the block's kept start
+                u = t - 1
+                udoc, ufirst, _ = _rows(u, T, doc_ptr, bi, PACKED)
+                Pa, Px, _, _, _, _ = _pairs(
+                    x_ptr, e_ptr, a_ptr, m0_ptr, u, T, udoc, ufirst, offs_t > 0, offs_k, offs_d, mk, md, mkd, bmat,
+                    sx_t, se_t, sa_t, sa_k, s0_doc, s0_k, A_ROWS, HAS_M0,
+                )  # fmt: skip
+                Pa, Px = tl.associative_scan((Pa, Px), 0, _combine)
+                start = tl.load(starts_ptr + (bh * blocks + n) * K * D + kd, mask=mkd, other=0.0)
+                P = Pa * start[None] + Px
+                if HAS_M0:
+                    m0 = _per_doc(m0_ptr, doc, first, offs_k, offs_d, mkd, s0_doc, s0_k)
+                    P = tl.where(first[:, None, None], m0, P)
+                else:
+                    P = tl.where(first[:, None, None], 0.0, P)
+                _, _, x, e, a, o = _pairs(
+                    x_ptr, e_ptr, a_ptr, m0_ptr, t, T, doc, first, valid, offs_k, offs_d, mk, md, mkd, bmat,
+                    sx_t, se_t, sa_t, sa_k, s0_doc, s0_k, A_ROWS, False,
+                )  # fmt: skip
+                tl.store(dx_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], tl.sum(G * e[:, :, None], 1), mask=vd)
+                tk = t[:, None] * K + offs_k[None, :]
+                de = tl.load(de_ptr + share + tk, mask=vk, other=0.0) + tl.sum(G * x[:, None, :], 2)
+                tl.store(de_ptr + share + tk, de, mask=vk)
+                M = o * P + e[:, :, None] * x[:, None, :]
+                ds = tl.load(ds_ptr + share + tk, mask=vk, other=0.0) + tl.sum(M * dy[:, None, :], 2)
+                tl.store(ds_ptr + share + tk, ds, mask=vk)
+                dlog = G * o * P
+                if A_ROWS:
+                    da_at = ((bh * T + t[:, None, None]) * K + offs_k[None, :, None]) * D + offs_d[None, None, :]
+                    tl.store(da_ptr + da_at, dlog * bmat[None], mask=valid[:, None, None] & mkd[None])
+                else:
+                    da = tl.sum(dlog * bmat[None], 1)
+                    tl.store(da_ptr + (bh * T + t[:, None]) * D + offs_d[None, :], da, mask=vd)
+                db += tl.sum(dlog * a, 0)
+                if HAS_M0:
+                    # d m0[doc] = o_t g_t at the document's first step
+                    firsts = dm0_ptr + doc[:, None, None] * (H * K * D) + kd[None]
+                    tl.store(firsts, o * G, mask=first[:, None, None] & mkd[None])
+        if SUMMARY:
+            # the segment as one pair of the reverse recurrence: its decays' product and its adjoint
+            # at its first step from a zero adjoint after it
+            tl.store(sum_a_ptr + segment + kd, product, mask=mkd)
+            tl.store(seg_ptr + segment + kd, g, mask=mkd)
+        else:
+            tl.store(db_ptr + segment + kd, db, mask=mkd)
 
 
 @triton.jit
@@ -381,13 +403,18 @@ class _Call:
         self.K = e.shape[-1]
         if self.K > MAX_K:
             raise ValueError(f"e: the Triton scan holds at most {MAX_K} memory rows, got K = {self.K}")
+        if self.T == 0 or (cu is not None and self.B != 1):
+            # eos answers T = 0 itself and checks the bounds (packed rows are one row of T steps)
+            raise ValueError(f"triton_scan: expected T >= 1 and, with cu, B = 1; got x {list(x.shape)}")
         self.docs = 1 if cu is None else cu.shape[0] - 1
         self.doc = _documents(cu, self.T, x.device)
         self.BD = columns(self.K, self.D, backward)
         self.BH = self.B * self.H
         self.blocks = triton.cdiv(self.T, STEPS)
-        self.S, self.L = segments(self.BH * triton.cdiv(self.D, self.BD), self.T, x.device)
-        self.grid = (self.BH, triton.cdiv(self.D, self.BD), self.S)
+        self.column_blocks = triton.cdiv(self.D, self.BD)
+        self.groups = column_groups(self.K, self.D, self.BD) if backward else self.column_blocks
+        self.S, self.L = segments(self.BH * self.groups, self.T, x.device)
+        self.grid = (self.BH, self.groups, self.S)
         m0_strides = (0, 0, 0) if self.m0 is None else (self.m0.stride(0), self.m0.stride(1), self.m0.stride(2))
         a_rows = self.a.stride(3) if self.a.shape[3] > 1 else 0
         self.strides = (
@@ -418,6 +445,10 @@ class _Call:
         the segment as one pair), then the values entering the segments carried across them
         (``_carry_kernel``, backwards for the adjoint when ``reverse``), then the kernel itself from
         them."""
+        with on_device(self.x):
+            self._launch(kernel, args_before, args_after, reverse, flags)
+
+    def _launch(self, kernel, args_before: tuple, args_after: tuple, reverse: bool, flags: dict) -> None:
         sizes = (self.L, self.S, *self.strides)
         if self.S == 1:
             kernel[self.grid](
@@ -433,7 +464,8 @@ class _Call:
             SEGMENTED=True, SUMMARY=True, **summary, **self.constants,
         )  # fmt: skip
         carry = {k: self.constants[k] for k in ("KP", "BD")}
-        _carry_kernel[self.grid[:2]](product, seg, seg, self.S, self.K, self.D, REVERSE=reverse, **carry)
+        carry_grid = (self.BH, self.column_blocks)
+        _carry_kernel[carry_grid](product, seg, seg, self.S, self.K, self.D, REVERSE=reverse, **carry)
         kernel[self.grid](
             *self.operands(), *args_before, seg, product, *args_after, *sizes,
             SEGMENTED=True, SUMMARY=False, **flags, **self.constants,
@@ -492,8 +524,7 @@ def triton_scan_backward(
     gy = gy.contiguous()
     gm_T = None if gm_T is None else gm_T.contiguous()
     dx, da = x.new_empty(B, H, T, D), x.new_empty(B, H, T, a.shape[3], D)
-    parts = k.grid[1]
-    de, ds = x.new_empty(parts, B, H, T, K), x.new_empty(parts, B, H, T, K)
+    de, ds = x.new_zeros(k.groups, B, H, T, K), x.new_zeros(k.groups, B, H, T, K)
     # db's shares, one per (batch * head, segment), and the initial states' gradients (zeros for
     # the rows no document starts in)
     db, dm0 = x.new_empty(B, H, k.S, K, D), x.new_zeros(B * k.docs, H, K, D)
@@ -520,6 +551,10 @@ def _setup_context(ctx, inputs, output):
     x, e, s, a, b, m0, cu, keep = inputs
     if not keep:
         raise RuntimeError("triton_scan: a backward needs the memories the forward kept (keep=True)")
+    # the kept memories take no gradient, and an unused output's is None, not a tensor of zeros
+    # (the kept memories' would be [B, H, T / 16, K, D])
+    ctx.mark_non_differentiable(output[2])
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, e, s, a, b, m0, cu, output[2])
 
 

@@ -65,6 +65,24 @@ def test_against_the_reference(decay, dd, T, initial, dtype):
     _check(inputs, dtype, f"{decay} dd={dd} T={T} initial={initial}")
 
 
+def test_without_the_final_state():
+    """y alone (no final state asked for): the backward takes no final-state cotangent (None, not
+    zeros) and gives the reference's gradients."""
+    x = make_inputs(29, decay="product", dd_decay=(True, False), initial=True, seed=6)
+    names = ("i", "e", "s", "log_o", "initial_state")
+    got = {n: packed._cast(x[n], torch.float32) for n in names}
+    ref = {n: packed._cast(x[n], torch.float64) for n in names}
+
+    def grads(args, mode):
+        leaves = [args["i"], args["e"], args["s"], args["log_o"].a, args["log_o"].b, args["initial_state"]]
+        moved = {n: _to_device(v) for n, v in args.items()} if mode == "triton" else args
+        y, _ = eos(**moved, mode=mode)
+        cot = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        return dict(zip(("i", "e", "s", "a", "b", "m0"), torch.autograd.grad(y, leaves, cot.to(y)), strict=True))
+
+    assert_close({k: v.cpu() for k, v in grads(got, "triton").items()}, grads(ref, "recurrent"), torch.float32)
+
+
 def test_one_step():
     _check(make_inputs(1, decay="product", dd_decay=(True, False)), torch.float64, "T=1")
 
@@ -131,6 +149,42 @@ def test_segments_follow_the_programs(monkeypatch):
     assert triton_scan.segments(16, 16384, cpu) == (17, 63 * 16)  # 1024 blocks, 63 a segment
     assert triton_scan.segments(200, 16384, cpu) == (2, 776 * 16)  # two reach it
     assert triton_scan.segments(1, 1024, cpu) == (4, 256)  # not below 256 steps
+    assert triton_scan.column_groups(16, 1536, 8) == 96  # Mamba's: two blocks of 8 columns a group
+    assert triton_scan.column_groups(128, 128, 1) == 1  # K = D: one group
+    assert triton_scan.column_groups(4, 40, 32) == 2  # every block its own
+
+
+def test_column_groups(monkeypatch):
+    """The backward's programs each take a group of column blocks in turn, adding each block's
+    share of de and ds to the group's (``column_groups``): here 11 blocks of 2 columns in 3 groups
+    (4, 4, 3 blocks), with segments too, against the reference."""
+    monkeypatch.setattr(triton_scan, "BLOCK_VALUES_BACKWARD", 128)
+    monkeypatch.setattr(triton_scan, "column_groups", lambda K, D, BD: 3)
+    monkeypatch.setattr(triton_scan, "MIN_PROGRAMS", 16)
+    monkeypatch.setattr(triton_scan, "MIN_SEGMENT_STEPS", 16)
+    assert triton_scan.columns(4, 21, backward=True) == 2
+    g = torch.Generator().manual_seed(8)
+    T, D = 25, 21
+    inputs = make_inputs(T, decay="product", dd_decay=(True, False), initial=True)
+    inputs["i"] = torch.randn(2, T, 2, D, generator=g, dtype=torch.float64)
+    a = torch.nn.functional.softplus(torch.randn(2, T, 2, 1, D, generator=g, dtype=torch.float64))
+    inputs["log_o"] = LogProduct(a, -torch.rand(2, 4, D, generator=g, dtype=torch.float64))
+    inputs["initial_state"] = torch.randn(2, 2, 4, D, generator=g, dtype=torch.float64)
+    _check(inputs, torch.float64, "3 column groups")
+
+
+def test_launches_run_on_the_inputs_device():
+    """Triton launches on the current CUDA device: every launch of lcsm's kernels runs under
+    ``on_device``, which makes the inputs' device current (cuda:1 here, a stand-in tensor: no GPU
+    is needed to build the context) and does nothing off CUDA."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from lcsm.ops._inputs import on_device
+
+    context = on_device(SimpleNamespace(device=torch.device("cuda", 1)))
+    assert isinstance(context, torch.cuda.device) and context.idx == 1
+    assert isinstance(on_device(torch.zeros(1)), contextlib.nullcontext)
 
 
 def test_forward_without_gradients(monkeypatch):
