@@ -249,18 +249,8 @@ def bench_ops(report: Report, budget: Budget, args) -> None:
                         or (name == "triton" and op not in TRITON_OPS)
                     ):
                         continue
-                    try:
-                        x = op_inputs(op, T, dtype, args.batch, args.heads, args.dim)
-                        step = fwd_bwd(f, x)
-                        ms = cuda_time(step, args.warmup, args.repeats) * 1e3
-                        peak = peak_bytes(step)
-                        cells[name] = (ms, None if peak is None else peak / 2**20)
-                        del x, step
-                    except Exception as exc:
-                        log(f"{op} {dname} T={T} {name}: {exc!r}")
-                        cells[name] = (None, None)
-                    if DEVICE != "cpu":
-                        torch.cuda.empty_cache()
+                    shape = (op, T, dtype, args.batch, args.heads, args.dim)
+                    cells[name] = measure(f, lambda shape=shape: op_inputs(*shape), args, f"{op} {dname} T={T} {name}")
                 if "sdpa" in cells:
                     sdpa_ms = cells["sdpa"][0]
                 lc, fl = cells.get("lcsm", (None, None)), cells.get("fla", (None, None))
@@ -291,6 +281,24 @@ def bench_ops(report: Report, budget: Budget, args) -> None:
                 r_triton = triton_ratios.get((op, dname, TARGET_LENGTHS[0]))
                 report.checks.append(Check(f"{op} {dname} T=8K: lcsm triton / fla", r_triton, "<=", 1.2))
     report.flush()
+
+
+def measure(f: Callable[[dict], torch.Tensor], inputs: Callable[[], dict], args, case: str):
+    """(ms, peak MiB) of ``f``'s forward + backward on fresh ``inputs()``, or (None, None) where it
+    fails (the failure logged under ``case``); the device's cache emptied after."""
+    try:
+        x = inputs()
+        step = fwd_bwd(f, x)
+        ms = cuda_time(step, args.warmup, args.repeats) * 1e3
+        peak = peak_bytes(step)
+        del x, step
+        result = (ms, None if peak is None else peak / 2**20)
+    except Exception as exc:
+        log(f"{case}: {exc!r}")
+        result = (None, None)
+    if DEVICE != "cpu":
+        torch.cuda.empty_cache()
+    return result
 
 
 def scan_inputs(T: int, dtype: torch.dtype, B: int, D: int, K: int = 16, seed: int = 0) -> dict:
@@ -333,26 +341,19 @@ def bench_scan(report: Report, budget: Budget, args) -> None:
                 rows.append(f"| {dname} | {T} | SKIP (budget spent) | | | | | |")
                 continue
             cells = {}
-            cases = [("triton", lambda x: lcsm_scan(x, "triton"), "scan"), ("sdpa", sdpa, "op")]
+
+            def scan(T=T, dtype=dtype):
+                return scan_inputs(T, dtype, args.batch, D)
+
+            def attention(T=T, dtype=dtype):
+                x = op_inputs("gla", T, dtype, args.batch, args.heads, args.dim)
+                return {n: x[n] for n in ("q", "k", "v")}
+
+            cases = [("triton", lambda x: lcsm_scan(x, "triton"), scan), ("sdpa", sdpa, attention)]
             if args.scan_chunk_max >= T:
-                cases.append(("chunk", lambda x: lcsm_scan(x, "chunk"), "scan"))
+                cases.append(("chunk", lambda x: lcsm_scan(x, "chunk"), scan))
             for name, f, inputs in cases:
-                try:
-                    if inputs == "scan":
-                        x = scan_inputs(T, dtype, args.batch, D)
-                    else:
-                        x = op_inputs("gla", T, dtype, args.batch, args.heads, args.dim)
-                        x = {n: x[n] for n in ("q", "k", "v")}
-                    step = fwd_bwd(f, x)
-                    ms = cuda_time(step, args.warmup, args.repeats) * 1e3
-                    peak = peak_bytes(step)
-                    cells[name] = (ms, None if peak is None else peak / 2**20)
-                    del x, step
-                except Exception as exc:
-                    log(f"scan {dname} T={T} {name}: {exc!r}")
-                    cells[name] = (None, None)
-                if DEVICE != "cpu":
-                    torch.cuda.empty_cache()
+                cells[name] = measure(f, inputs, args, f"scan {dname} T={T} {name}")
             tr, ch, sd = (cells.get(n, (None, None)) for n in ("triton", "chunk", "sdpa"))
             r_chunk = ch[0] / tr[0] if ch[0] and tr[0] else None
             r_sdpa = tr[0] / sd[0] if tr[0] and sd[0] else None

@@ -379,6 +379,12 @@ def native_scan_backward(
 
 @native_scan_backward.register_fake
 def _(x, e, s, a, b, m0, cu, starts, gy, gm_T, chunk):
+    return scan_gradients_like(x, e, a, cu)
+
+
+def scan_gradients_like(x: Tensor, e: Tensor, a: Tensor, cu: Tensor | None) -> tuple[Tensor, ...]:
+    """Empty tensors shaped as a selective scan's gradients of x, e, s, a, b and m0 (the native and
+    Triton scans' backward ops' fake forms)."""
     B, H, T, D = x.shape
     K, docs = e.shape[-1], 1 if cu is None else cu.shape[0] - 1
     return (
@@ -393,6 +399,10 @@ def _(x, e, s, a, b, m0, cu, starts, gy, gm_T, chunk):
 
 def _setup_context(ctx, inputs, output):
     x, e, s, a, b, m0, cu, chunk = inputs
+    # the kept memories take no gradient, and an unused output's is None, not a tensor of zeros
+    # (the kept memories' would be [B, H, T / chunk, K, D])
+    ctx.mark_non_differentiable(output[2])
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, e, s, a, b, m0, cu, output[2])
     ctx.chunk = chunk
 

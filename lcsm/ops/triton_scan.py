@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from ._inputs import EOSProblem, on_device
-from .native_scan import scan_operands
+from .native_scan import scan_gradients_like, scan_operands
 
 Tensor = torch.Tensor
 
@@ -190,6 +190,28 @@ def _pairs(
 
 
 @triton.jit
+def _row(x_ptr, e_ptr, s_ptr, a_ptr, m0_ptr, bi, hi, sx_b, sx_h, se_b, se_h, ss_b, ss_h, sa_b, sa_h, s0_h):
+    """The operands' pointers at batch row bi, head hi (m0's at the head: it is per document)."""
+    return (
+        x_ptr + bi * sx_b + hi * sx_h,
+        e_ptr + bi * se_b + hi * se_h,
+        s_ptr + bi * ss_b + hi * ss_h,
+        a_ptr + bi * sa_b + hi * sa_h,
+        m0_ptr + hi * s0_h,
+    )
+
+
+@triton.jit
+def _segment(bh, T, K, D, L, S, BT: tl.constexpr):
+    """(blocks of the sequence, this program's offset in the per-segment [B * H, S, K, D] buffers,
+    its first block and the one after its last): its segment of L steps, all of them unless
+    segmented."""
+    blocks = tl.cdiv(T, BT)
+    n0 = tl.program_id(2) * (L // BT)
+    return blocks, (bh * S + tl.program_id(2)) * K * D, n0, tl.minimum(n0 + L // BT, blocks)
+
+
+@triton.jit
 def _scan_forward_kernel(
     x_ptr, e_ptr, s_ptr, a_ptr, b_ptr, m0_ptr, doc_ptr, y_ptr, mT_ptr, starts_ptr, seg_ptr, sum_a_ptr,
     T, H, K, D, L, S,
@@ -206,17 +228,11 @@ def _scan_forward_kernel(
     mkd = mk[:, None] & md[None, :]
     kd = offs_k[:, None] * D + offs_d[None, :]
     bmat = tl.load(b_ptr + hi * sb_h + offs_k.to(tl.int64)[:, None] * sb_k + offs_d[None, :], mask=mkd, other=0.0)
-    x_ptr += bi * sx_b + hi * sx_h
-    e_ptr += bi * se_b + hi * se_h
-    s_ptr += bi * ss_b + hi * ss_h
-    a_ptr += bi * sa_b + hi * sa_h
-    m0_ptr += hi * s0_h
+    x_ptr, e_ptr, s_ptr, a_ptr, m0_ptr = _row(
+        x_ptr, e_ptr, s_ptr, a_ptr, m0_ptr, bi, hi, sx_b, sx_h, se_b, se_h, ss_b, ss_h, sa_b, sa_h, s0_h
+    )
     mT_ptr += hi * K * D
-    blocks = tl.cdiv(T, BT)
-    # this program's segment of L steps (all of them unless SEGMENTED), blocks n0 .. n1 - 1
-    segment = (bh * S + tl.program_id(2)) * K * D
-    n0 = tl.program_id(2) * (L // BT)
-    n1 = tl.minimum(n0 + L // BT, blocks)
+    blocks, segment, n0, n1 = _segment(bh, T, K, D, L, S, BT)
     if SEGMENTED and not SUMMARY:
         m = tl.load(seg_ptr + segment + kd, mask=mkd, other=0.0)  # the memory entering the segment
     else:
@@ -265,20 +281,15 @@ def _scan_backward_kernel(
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, KP)
     mk = offs_k < K
-    x_ptr += bi * sx_b + hi * sx_h
-    e_ptr += bi * se_b + hi * se_h
-    s_ptr += bi * ss_b + hi * ss_h
-    a_ptr += bi * sa_b + hi * sa_h
-    m0_ptr += hi * s0_h
+    x_ptr, e_ptr, s_ptr, a_ptr, m0_ptr = _row(
+        x_ptr, e_ptr, s_ptr, a_ptr, m0_ptr, bi, hi, sx_b, sx_h, se_b, se_h, ss_b, ss_h, sa_b, sa_h, s0_h
+    )
     dm0_ptr += hi * K * D
     dmT_ptr += hi * K * D
     # de and ds are sums over the columns: this program's share [B * H, T, K] of the column groups'
     # [groups, B * H, T, K] (zeros on entry), to which each of its column blocks adds its own
     share = (tl.program_id(1) * B * H + bh) * T * K
-    blocks = tl.cdiv(T, BT)
-    segment = (bh * S + tl.program_id(2)) * K * D
-    n0 = tl.program_id(2) * (L // BT)
-    n1 = tl.minimum(n0 + L // BT, blocks)
+    blocks, segment, n0, n1 = _segment(bh, T, K, D, L, S, BT)
     for column_block in range(tl.program_id(1), tl.cdiv(D, BD), tl.num_programs(1)):
         offs_d = column_block * BD + tl.arange(0, BD)
         md = offs_d < D
@@ -535,16 +546,7 @@ def triton_scan_backward(
 
 @triton_scan_backward.register_fake
 def _(x, e, s, a, b, m0, cu, starts, gy, gm_T):
-    B, H, T, D = x.shape
-    K, docs = e.shape[-1], 1 if cu is None else cu.shape[0] - 1
-    return (
-        x.new_empty(B, H, T, D),
-        x.new_empty(B, H, T, K),
-        x.new_empty(B, H, T, K),
-        x.new_empty(B, H, T, a.shape[3], D),
-        x.new_empty(H, K, D),
-        x.new_empty(B * docs, H, K, D),
-    )
+    return scan_gradients_like(x, e, a, cu)
 
 
 def _setup_context(ctx, inputs, output):

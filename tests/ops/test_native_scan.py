@@ -12,6 +12,7 @@ from test_eos import B, D, H, K, check, make_inputs, run
 
 from lcsm.ops import LogProduct, eos, explain
 from lcsm.ops import native_scan as native
+from lcsm.testing import assert_close
 
 # Where a C compiler exists the kernel must build: a failed build would otherwise skip every test.
 if shutil.which(os.environ.get("CC", "cc")) is None:
@@ -39,6 +40,25 @@ def test_against_the_reference(decay, dd, T, chunk_size, initial, dtype):
     inputs = make_inputs(T, decay=decay, dd_decay=dd, initial=initial)
     assert explain(*_args(inputs)).mode == ("recurrent" if T == 1 else "native")
     check(inputs, "native", dtype, chunk_size=chunk_size, context=f"{decay} T={T} C={chunk_size} initial={initial}")
+
+
+def test_without_the_final_state():
+    """y alone: the backward takes no final-state cotangent (None: the kernel reads none) and no
+    gradient for the kept memories, and gives the reference's gradients."""
+    x = make_inputs(37, decay="product", dd_decay=(True, False), initial=True, seed=3)
+    leaves = {n: x[n].clone().requires_grad_() for n in ("i", "e", "s", "initial_state")}
+    a, b = x["log_o"].a.clone().requires_grad_(), x["log_o"].b.clone().requires_grad_()
+    grads = {}
+    for mode in ("native", "recurrent"):
+        m0 = leaves["initial_state"]
+        y, _ = eos(leaves["i"], leaves["e"], leaves["s"], LogProduct(a, b), mode=mode, initial_state=m0)
+        cot = torch.randn(y.shape, generator=torch.Generator().manual_seed(2), dtype=y.dtype)
+        grads[mode] = dict(zip([*leaves, "a", "b"], torch.autograd.grad(y, [*leaves.values(), a, b], cot), strict=True))
+    assert_close(grads["native"], grads["recurrent"], torch.float64)
+    # the kept memories are no differentiable output: autograd forms no zero gradient for them
+    operands = (leaves["i"].transpose(1, 2), *(leaves[n].transpose(1, 2) for n in ("e", "s")))
+    kept = native.native_scan(*operands, a.transpose(1, 2), b, None, None, 16)[2]
+    assert kept.numel() > 0 and not kept.requires_grad
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
