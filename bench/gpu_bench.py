@@ -17,7 +17,7 @@ gated_delta and kda: the same chunk forms with their carry across chunks in Trit
 lcsm/ops/triton_delta.py).
 
 at B1 H16 K = D = 128 (medians of CUDA-event timings after warm-up), then training steps of
-~100M-parameter language models (lcsm gla, gated_deltanet and a Transformer; fla's GLA and
+~100M-parameter language models (lcsm gla, gated_deltanet, a Transformer and Mamba; fla's GLA and
 Gated DeltaNet models of the same size where fla's model package is installed), in bf16 autocast.
 First, for a few cases (``--profile``), the kernels of one forward + backward of each form with their
 device times (torch.profiler), so that a loan also says where the time goes; next, Mamba's selective
@@ -531,7 +531,10 @@ HEADS = {"gla": 4, "gated_deltanet": 6}
 def lcsm_lm(mixer: str, d: int, layers: int, vocab: int) -> torch.nn.Module:
     from lcsm.models import HeadConfig, ModelConfig, build_model
 
-    options = dict(heads=d // 64, positions="rotary") if mixer == "attention" else dict(num_heads=HEADS[mixer])
+    if mixer == "attention":
+        options = dict(heads=d // 64, positions="rotary")
+    else:  # Mamba: its defaults (d_state 16, expand 2: one head of d_inner 2 d), no heads to set
+        options = dict(num_heads=HEADS[mixer]) if mixer in HEADS else {}
     cfg = ModelConfig(
         mixer=mixer,
         mixer_options=options,
@@ -619,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scan-lengths", type=lambda s: [int(t) for t in s.split(",")], default=[2048, 8192, 32768])
     p.add_argument("--scan-dim", type=int, default=1536, help="the selective scan's D (Mamba 130M's d_inner)")
     p.add_argument("--scan-chunk-max", type=int, default=2048, help="the longest T the scan's chunk form runs at")
-    p.add_argument("--mixers", type=lambda s: s.split(","), default=["gla", "gated_deltanet", "attention"])
+    p.add_argument("--mixers", type=lambda s: s.split(","), default=["gla", "gated_deltanet", "attention", "mamba"])
     p.add_argument("--fla-models", type=lambda s: [m for m in s.split(",") if m], default=["gla", "gated_deltanet"])
     p.add_argument("--model-dim", type=int, default=768)
     p.add_argument("--model-layers", type=int, default=12)

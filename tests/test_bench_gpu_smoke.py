@@ -16,7 +16,7 @@ def test_every_case_is_reported(tmp_path):
     out = tmp_path / "gpu.md"
     argv = ["--device", "cpu", "--lengths", "40", "--heads", "2", "--dim", "8", "--warmup", "1", "--repeats", "1"]
     argv += ["--model-dim", "64", "--model-layers", "1", "--vocab", "50", "--train-batch", "1", "--train-len", "16"]
-    argv += ["--mixers", "gla,gated_deltanet,attention", "--fla-models", "", "--out", str(out)]
+    argv += ["--mixers", "gla,gated_deltanet,attention,mamba", "--fla-models", "", "--out", str(out)]
     argv += ["--profile", "gla:float32:40,delta:bfloat16:24", "--top", "3"]
     argv += ["--shapes", "simple_gla:float32:16,gated_delta:float32:24,scan:float32:40"]
     argv += ["--scan-lengths", "20,40", "--scan-dim", "8", "--scan-chunk-max", "20"]
@@ -29,7 +29,7 @@ def test_every_case_is_reported(tmp_path):
             row = next(line for line in text.splitlines() if line.startswith(f"| {op} | {dtype} | 40 |"))
             lcsm_ms = row.split("|")[4].strip()
             assert float(lcsm_ms) > 0, row
-    for model in ("lcsm gla", "lcsm gated_deltanet", "lcsm attention"):
+    for model in ("lcsm gla", "lcsm gated_deltanet", "lcsm attention", "lcsm mamba"):
         row = next(line for line in text.splitlines() if line.startswith(f"| {model} |"))
         assert "failed" not in row and "SKIP" not in row, row
     assert "- git commit:" in text and "- device: cpu (smoke test)" in text
