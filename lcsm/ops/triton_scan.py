@@ -452,35 +452,29 @@ class _Call:
         return self.x, self.e, self.s, self.a, self.b, _or(self.m0, self.x), _or(self.doc, self.x)
 
     def launch(self, kernel, args_before: tuple, args_after: tuple, *, reverse: bool, **flags) -> None:
-        """``kernel`` over the grid. Segmented (S > 1): first its summary of each segment (SUMMARY:
-        the segment as one pair), then the values entering the segments carried across them
-        (``_carry_kernel``, backwards for the adjoint when ``reverse``), then the kernel itself from
-        them."""
-        with on_device(self.x):
-            self._launch(kernel, args_before, args_after, reverse, flags)
-
-    def _launch(self, kernel, args_before: tuple, args_after: tuple, reverse: bool, flags: dict) -> None:
+        """``kernel`` over the grid, on the inputs' device. Segmented (S > 1): first its summary of
+        each segment (SUMMARY: the segment as one pair), then the values entering the segments
+        carried across them (``_carry_kernel``, backwards for the adjoint when ``reverse``), then the
+        kernel itself from them."""
         sizes = (self.L, self.S, *self.strides)
-        if self.S == 1:
+
+        def run(buffers: tuple, summary: bool, **more) -> None:
             kernel[self.grid](
-                *self.operands(), *args_before, self.x, self.x, *args_after, *sizes,
-                SEGMENTED=False, SUMMARY=False, **flags, **self.constants,
+                *self.operands(), *args_before, *buffers, *args_after, *sizes,
+                SEGMENTED=self.S > 1, SUMMARY=summary, **{**flags, **more}, **self.constants,
             )  # fmt: skip
-            return None
-        seg = self.x.new_empty(self.BH, self.S, self.K, self.D)
-        product = torch.empty_like(seg)
-        summary = {**flags, "KEEP": False} if "KEEP" in flags else flags
-        kernel[self.grid](
-            *self.operands(), *args_before, seg, product, *args_after, *sizes,
-            SEGMENTED=True, SUMMARY=True, **summary, **self.constants,
-        )  # fmt: skip
-        carry = {k: self.constants[k] for k in ("KP", "BD")}
-        carry_grid = (self.BH, self.column_blocks)
-        _carry_kernel[carry_grid](product, seg, seg, self.S, self.K, self.D, REVERSE=reverse, **carry)
-        kernel[self.grid](
-            *self.operands(), *args_before, seg, product, *args_after, *sizes,
-            SEGMENTED=True, SUMMARY=False, **flags, **self.constants,
-        )  # fmt: skip
+
+        with on_device(self.x):
+            if self.S == 1:
+                run((self.x, self.x), False)  # no segment buffers: never read
+                return
+            seg = self.x.new_empty(self.BH, self.S, self.K, self.D)
+            product = torch.empty_like(seg)
+            run((seg, product), True, **({"KEEP": False} if "KEEP" in flags else {}))
+            carry = {k: self.constants[k] for k in ("KP", "BD")}
+            carry_grid = (self.BH, self.column_blocks)
+            _carry_kernel[carry_grid](product, seg, seg, self.S, self.K, self.D, REVERSE=reverse, **carry)
+            run((seg, product), False)
 
 
 def _or(x: Tensor | None, other: Tensor) -> Tensor:
