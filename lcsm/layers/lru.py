@@ -94,7 +94,8 @@ class LRU(Mixer):
         self.B_im = nn.Parameter(torch.randn(N, H) / math.sqrt(2 * H))
         self.C_re = nn.Parameter(torch.randn(H, N) / math.sqrt(N))
         self.C_im = nn.Parameter(torch.randn(H, N) / math.sqrt(N))
-        self.D = nn.Parameter(torch.randn(H))
+        # The per-channel skip gain, undecayed like a norm's scale (as D in the SSMs, docs/zoo/ssm.md).
+        self.D = no_weight_decay(nn.Parameter(torch.randn(H)))
 
     def forward(
         self,

@@ -71,3 +71,9 @@ def test_ring_init():
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
         layers.build("lru", 16, **options)
+
+
+def test_no_weight_decay_tags():
+    # the eigenvalue parameters and the skip gain; the projections B and C are decayed
+    tagged = {n for n, p in layers.build("lru", 8).named_parameters() if getattr(p, "_no_weight_decay", False)}
+    assert tagged == {"nu_log", "theta_log", "gamma_log", "D"}
