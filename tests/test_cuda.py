@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.nn.functional import logsigmoid, normalize
 
-from lcsm import layers
+from lcsm import layers, tasks
 from lcsm.models import HeadConfig, ModelConfig, build_model
 from lcsm.ops import LogProduct, eos, eos_delta, eos_dplr, explain
 from lcsm.testing import assert_close, decode, gradients
@@ -192,6 +192,22 @@ def test_mixer_on_cuda(name):
     y_packed = gpu(packed.to("cuda", torch.float32), cu_seqlens=cu.to("cuda"))
     y_alone = torch.cat([cpu(packed[:, a:b]) for a, b in zip(cu[:-1], cu[1:], strict=True)], 1)
     assert_close({"y": y_packed.cpu()}, {"y": y_alone}, torch.float32, f"{name} packed")
+
+
+@pytest.mark.parametrize("name", tasks.available())
+def test_evaluators_take_device_logits_and_host_labels(name):
+    """Every task's evaluator on logits on the device and labels left on the host (a loop of one's
+    own, not the engine's, which moves the batch) gives the metrics of the same values on the CPU."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 9, 7, generator=g)
+    labels = torch.randint(0, 7, (4, 9), generator=g)
+    labels[:, :3] = tasks.IGNORE_INDEX
+    results = []
+    for device in ("cpu", "cuda"):
+        evaluator = tasks.resolve(name).evaluator()
+        evaluator.update(logits.to(device), labels)
+        results.append(evaluator.compute())
+    assert results[0] == pytest.approx(results[1], rel=1e-6), name
 
 
 @pytest.mark.parametrize("mixer", ["gla", "gated_deltanet", "mamba2", "attention"])

@@ -97,6 +97,7 @@ class NIAHEvaluator(Evaluator):
 
     def update(self, logits, labels, batch_meta=None):
         super().update(logits, labels, batch_meta)
+        labels = labels.to(logits.device)
         mask = labels != IGNORE_INDEX
         all_right = ((logits.argmax(-1) != labels) & mask).sum(1) == 0
         groups = {"exact": list(range(len(labels)))}
