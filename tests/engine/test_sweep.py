@@ -305,6 +305,8 @@ def test_grid_override_of_an_existing_axis_keeps_the_axes_it_overlaps(tmp_path):
             "'cols' (did you mean 'columns'?)",
         ),
         ({"set": {"train.early_stop.metric": "acc"}}, "train.early_stop.metric: 'acc' is not a metric of task 'mqar'"),
+        # a value only one run of the grid takes: the error names that run by its labels
+        ({"grid": {"model.mixer": ["gla"], "optim.lr": [1e-3, -1.0]}}, "run mixer=gla,lr=-1: optim.lr"),
     ],
 )
 def test_bad_experiment_files(tmp_path, extra, message):

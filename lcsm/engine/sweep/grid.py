@@ -61,8 +61,12 @@ class Experiment:
             config = apply_overrides(self.base, overrides)
             config.pop("out_dir", None)
             config["name"] = f"{self.name}/" + (",".join(f"{k}={v}" for k, v in labels.items()) or "base")
-            digest = hashlib.sha256(json.dumps(_training_part(config), sort_keys=True).encode()).hexdigest()[:8]
             readable = ",".join(f"{_short(k)}={v}" for k, v in labels.items()) or "base"
+            try:  # the run's id hashes its validated config, so a bad one is named by its labels
+                training = _training_part(config)
+            except ValueError as err:
+                raise ValueError(f"run {readable}: {err}") from None
+            digest = hashlib.sha256(json.dumps(training, sort_keys=True).encode()).hexdigest()[:8]
             run_id = f"{re.sub(r'[^A-Za-z0-9=,.+_-]+', '_', readable)[:120]}-{digest}"
             config["out_dir"] = str(self.out_dir / run_id)
             runs.append(Run(run_id, labels, config))
@@ -212,11 +216,7 @@ def load_experiment(
         Path(out_dir) if out_dir is not None else Path("runs") / name,
         spec,
     )
-    for run in exp.runs():  # every run's config validates before anything runs
-        try:
-            RunConfig.from_dict(run.config)
-        except ValueError as err:
-            raise ValueError(f"run {run.id}: {err}") from None
+    exp.runs()  # every run's config validates before anything runs
     return exp
 
 
