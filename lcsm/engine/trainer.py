@@ -777,7 +777,7 @@ def discard_run(out_dir: Path) -> None:
     """Delete what a run wrote (checkpoints, metrics, result), nothing else of the directory."""
     for name in (ckpt.CHECKPOINTS, "tensorboard"):
         shutil.rmtree(out_dir / name, ignore_errors=True)
-    for name in ("metrics.jsonl", "train.csv", "eval.csv", "result.json", "config.yaml"):
+    for name in ("metrics.jsonl", "train.csv", "eval.csv", EXAMPLES_FILE, "result.json", "config.yaml"):
         (out_dir / name).unlink(missing_ok=True)
 
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from lcsm.engine import RunConfig, apply_overrides, train
 from lcsm.engine.sweep import machine_label
-from lcsm.engine.trainer import Trainer
+from lcsm.engine.trainer import Trainer, discard_run
 
 from .conftest import TINY, cli_env, write_config
 
@@ -144,6 +144,16 @@ def test_resume_refuses_a_different_config(cache_env):
         train(RunConfig.from_dict(changed), quiet=True)
     result = train(RunConfig.from_dict(changed), restart=True, quiet=True)
     assert result["config"]["optim"]["lr"] == 1e-2
+
+
+def test_discarding_a_run_leaves_only_what_it_did_not_write(cache_env):
+    """--restart's discard: every file and folder a finished run wrote goes (a stale one would be
+    read as the new run's), a file of the user's own in the directory stays."""
+    out = cache_env / "a"
+    train(RunConfig.from_dict({**TINY, "out_dir": str(out)}), quiet=True)
+    (out / "notes.txt").write_text("mine")
+    discard_run(out)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
 def test_resume_refuses_other_task_data(cache_env, monkeypatch):
