@@ -582,6 +582,14 @@ class Trainer:
         t = self.config.train
         restored = self.restore(resume)
         result_path = self.out_dir / "result.json"
+        recorded = self._recorded_result(result_path)
+        if recorded is not None:
+            self.progress.message(
+                f"{self.config.name or self.out_dir.name}: finished already ({recorded['status']} at step "
+                f"{self.state.step}); result {result_path} (--restart trains it again)"
+            )
+            self.log.close()
+            return recorded
         if self.dist.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             _write_atomic(self.out_dir / "config.yaml", yaml.safe_dump(self.config.to_dict(), sort_keys=False))
@@ -649,6 +657,21 @@ class Trainer:
                 raise KeyboardInterrupt
         self.progress.close()
         return self.finish(result_path)
+
+    def _recorded_result(self, path: Path) -> dict[str, Any] | None:
+        """The result of this run when it finished before: its newest checkpoint is of its last step
+        and ``path`` records that step's result. Running such a run again returns it rather than
+        evaluating the same weights again, which would rewrite the commit, machine and time the
+        result records. Without the result (stopped during its final evaluation) the run finishes."""
+        s = self.state
+        if not (s.step >= self.total_steps or s.stopped_early) or not path.is_file():
+            return None
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        finished = isinstance(result, dict) and result.get("status") in ("completed", "early_stopped")
+        return result if finished and result.get("step") == s.step else None
 
     def _nonfinite(self, step: int, loss: float, norm: float, lr: float, result_path: Path) -> None:
         """A step whose loss or gradient norm is nan or infinite (its update was not applied):

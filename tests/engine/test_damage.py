@@ -51,6 +51,7 @@ def test_a_cut_off_last_metrics_line_is_dropped_and_repaired(finished, cache_env
 def test_a_bad_metrics_line_before_the_last_is_an_error_naming_the_file(finished, cache_env):
     run = cache_env / "run"
     shutil.copytree(finished[0], run)
+    (run / "result.json").unlink()  # stopped during its final evaluation: it resumes
     lines = (run / "metrics.jsonl").read_text().splitlines()
     lines[1] = lines[1][:10]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")

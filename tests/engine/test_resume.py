@@ -97,15 +97,21 @@ def test_a_run_resumed_on_another_machine_records_both(cache_env):
     )
 
 
-def test_a_finished_run_is_not_retrained(cache_env):
+def test_a_finished_run_is_not_retrained(cache_env, monkeypatch, capsys):
+    """Run again, a finished run returns its recorded result: no step trained, nothing evaluated
+    again, its result (commit, machine, wall time) and logs untouched."""
     cfg = RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a")})
     first = train(cfg, quiet=True)
-    stamp = (cache_env / "a" / "checkpoints" / "step-00000012" / "model.safetensors").stat().st_mtime_ns
-    rows = metric_rows(cache_env / "a")
-    again = train(cfg, quiet=True)
-    assert again["metrics"] == first["metrics"] and again["step"] == 12
-    assert metric_rows(cache_env / "a") == rows  # the final evaluation, redone, is recorded once
-    assert (cache_env / "a" / "checkpoints" / "step-00000012" / "model.safetensors").stat().st_mtime_ns == stamp
+    run_files = {p: p.read_bytes() for p in (cache_env / "a").rglob("*") if p.is_file()}
+
+    def evaluates(self, split=None):
+        raise AssertionError("a finished run evaluated again")
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluates)
+    again = train(cfg)
+    assert again == json.loads(json.dumps(first))
+    assert {p: p.read_bytes() for p in (cache_env / "a").rglob("*") if p.is_file()} == run_files
+    assert "finished already (completed at step 12)" in capsys.readouterr().err
 
 
 def test_a_failed_final_evaluation_loses_no_training(cache_env, monkeypatch):
