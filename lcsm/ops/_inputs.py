@@ -49,7 +49,7 @@ MODES = ("auto", "recurrent", "parallel", "chunk", "fft", "triton", "native")
 
 # The least log oscillation the forms built on cumulative logs (parallel, fft, the chunk mode's
 # matmul kernel, eos_delta's chunk form) compute with, per real compute dtype. A decay of exactly 0,
-# log_o = -inf (log(sigmoid(x)) for x <= -104 in float32), would make -inf - (-inf) and -inf * 0
+# log_o = -inf (log(sigmoid(x)) for x below -88.72 in float32), would make -inf - (-inf) and -inf * 0
 # there, NaN from that step on. exp of these values is exactly 0 in their dtype (the smallest
 # denormals are e^-103.3 in float32 and e^-744.4 in float64), so raising log_o to them changes no o
 # and no gradient (the recurrence's dlog_o = o * ... is 0 there too); they are far from the dtypes'
@@ -123,6 +123,26 @@ def check_floating(name: str, x: Tensor) -> None:
         )
 
 
+def check_real(op: str, name: str, x: Tensor) -> None:
+    """A real floating-point tensor: the matrix oscillations (``eos_delta``, ``eos_dplr``) have no
+    complex form, whose backward would need conjugate transposes throughout."""
+    check_floating(name, x)
+    if x.is_complex():
+        raise TypeError(
+            f"{name}: {op} supports real floating-point tensors only, got dtype {x.dtype} "
+            f"with shape {shape_str(x)} (complex matrix oscillations are not implemented)"
+        )
+
+
+def promoted_dtype(tensors: Sequence[Tensor | None]) -> torch.dtype:
+    """The dtype the inputs promote to (None entries skipped): the dtype of an operator's output."""
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
 def finite_log(g: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """g with its real part raised to at least ``LOG_ZERO`` of ``dtype`` (default g's dtype), the
     dtype whose exp must give 0: -inf and every log below the value become it, the rest is
@@ -152,10 +172,7 @@ def check_same_device(named: dict) -> torch.device:
 def compute_dtype(tensors: Sequence[Tensor | None]) -> torch.dtype:
     """Common dtype of the inputs; half precisions are computed in float32 (states stay float32,
     as in fla) and the output is cast back by the caller."""
-    dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        if t is not None:
-            dtype = torch.promote_types(dtype, t.dtype)
+    dtype = promoted_dtype(tensors)
     if dtype in (torch.float16, torch.bfloat16):
         return torch.float32
     if dtype == torch.complex32:

@@ -49,11 +49,12 @@ from ._host_heap import prime_host_heap
 from ._inputs import (
     check_chunk_size,
     check_cu_seqlens,
-    check_floating,
     check_packed,
+    check_real,
     check_same_device,
     compute_dtype,
     finite_log,
+    promoted_dtype,
     shape_str,
     triton_unavailable,
     without_autocast,
@@ -90,12 +91,7 @@ def _canonicalize(
     for name, x in named.items():
         if x is None and name in ("log_o", "initial_state"):
             continue
-        check_floating(name, x)
-        if x.is_complex():
-            raise TypeError(
-                f"{name}: eos_delta supports real floating-point tensors only, got dtype {x.dtype} "
-                f"with shape {shape_str(x)} (complex matrix oscillations are not implemented)"
-            )
+        check_real("eos_delta", name, x)
     check_same_device(named)
     if i.dim() != 4:
         raise ValueError(f"i: expected [B, T, H, D], got {i.dim()}-d tensor {shape_str(i)}")
@@ -130,10 +126,7 @@ def _canonicalize(
     if documents is None and initial_state is not None and tuple(initial_state.shape) != (B, H, K, D):
         raise ValueError(f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}")
     tensors = [i, e, s, a, b, log_o, initial_state]
-    out_dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        if t is not None:
-            out_dtype = torch.promote_types(out_dtype, t.dtype)
+    out_dtype = promoted_dtype(tensors)
     dtype = compute_dtype(tensors)
 
     def hm(x: Tensor) -> Tensor:

@@ -48,11 +48,12 @@ from ._host_heap import prime_host_heap
 from ._inputs import (
     check_chunk_size,
     check_cu_seqlens,
-    check_floating,
     check_packed,
+    check_real,
     check_same_device,
     compute_dtype,
     finite_log,
+    promoted_dtype,
     shape_str,
     without_autocast,
 )
@@ -70,12 +71,9 @@ def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
     [B, T, H, n, K], s [B, T, H, K], the log decay g [B, T, H, 1] (scalar) or [B, T, H, K] (per
     row) or None, m0 [B, H, K, D] (or None), the compute dtype and the output dtype."""
     named = {"i": i, "e": e, "s": s, "a": a, "b": b}
-    for name, t in named.items():
-        check_floating(name, t)
-    if log_alpha is not None:
-        check_floating("log_alpha", log_alpha)
-    if initial_state is not None:
-        check_floating("initial_state", initial_state)
+    for name, t in {**named, "log_alpha": log_alpha, "initial_state": initial_state}.items():
+        if t is not None:
+            check_real("eos_dplr", name, t)
     check_same_device({**named, "log_alpha": log_alpha, "initial_state": initial_state})
     if s.dim() != 4:
         raise ValueError(f"s: expected [B, T, H, K], got {shape_str(s)}")
@@ -94,7 +92,7 @@ def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
         )
     D = i.shape[-1]
     dtype = compute_dtype([i, e, s, a, b, log_alpha, initial_state])
-    out_dtype = i.dtype
+    out_dtype = promoted_dtype([i, e, s, a, b, log_alpha, initial_state])
 
     def cast(t):
         return t.to(dtype)
@@ -671,7 +669,8 @@ def eos_dplr(
         output_final_state: also return m_T.
         chunk_size: micro-steps per chunk of mode "chunk" (any C >= 1; T n need not be a
             multiple). None: 32, or 8 with a per-row decay, whose pairwise weights cost C^2 K
-            per chunk where a scalar decay's cost C^2 (the fastest on CPU at K = D = 64).
+            per chunk where a scalar decay's cost C^2 (the fastest on CPU at K = D = 64); 64 where
+            the chunk form runs on ``eos_delta``'s kernel (``explain_dplr`` says which).
         cu_seqlens: packed sequences [N + 1] (B = 1), as ``eos`` takes them.
         gate_first: a is given before the decay: the oscillation is D(alpha_t) (I - a_t b_t^T), i.e.
             the low-rank factor is exp(log_alpha_t) * a_t (at the token's first micro-step).

@@ -163,8 +163,13 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
         )
     if mode == "auto" and p.T > 1 and p.data_independent:
         # The time-invariant system becomes time-varying once its memory restarts: chunk.
-        plan = _plan_one(p, "chunk", chunk_size, packed=True)
-        plan = Plan(plan.mode, plan.kernel, "packed sequences take the chunk form, not fft; " + plan.reason)
+        plan = _plan_one(
+            p,
+            "chunk",
+            chunk_size,
+            packed=True,
+            why="auto, packed: not fft, whose one convolution cannot restart the memory",
+        )
     else:
         plan = _plan_one(p, mode, chunk_size, packed=True)
     if plan.mode == "recurrent":
@@ -186,7 +191,8 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
     return Plan(plan.mode, plan.kernel, f"{plan.reason}; cu_seqlens, {documents} documents: {how}")
 
 
-def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool) -> Plan:
+def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool, why: str = "requested") -> Plan:
+    """The plan of one mode (``why``: what chose a mode other than auto, for the reason)."""
     structure = (
         f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, s={'vector' if p.s_is_vector else 'K x D'}"
     )
@@ -203,7 +209,7 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool) -> Plan:
     if mode == "fft":
         return Plan("fft", "long-convolution", "requested: time-invariant kernel by FFT")
     if mode == "chunk":
-        return Plan("chunk", kernel_for(p), f"requested ({structure}); {_kernel_reason(p)}")
+        return Plan("chunk", kernel_for(p), f"{why} ({structure}); {_kernel_reason(p)}")
     if mode == "triton":
         why = _triton_unsupported(p, packed)
         if why is not None:
@@ -291,8 +297,8 @@ def explain(
     kernel in PyTorch with a decay also says, from the decays' values, in how many of the kernel's
     segments every chunk factorises through its start, the rest taking the slower form of strong
     decays (a chunk whose decay falls below exp(-SAFE_SPAN); ``chunk_matmul.factorised_segments``);
-    its C form (no or a scalar decay on real CPU tensors, ``native_chunk``) takes any decay in one
-    form.
+    its C form (no, a scalar, a row or a column decay on real CPU tensors, ``native_chunk``) takes
+    any decay in one form.
     """
     chunk_size = check_chunk_size(chunk_size)
     bounds = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens)
@@ -449,7 +455,7 @@ def eos_step(i_t: Tensor, e_t: Tensor, s_t: Tensor, log_o_t: LogO, state: Tensor
     (i_t [B, 1, H, D], data-dependent e_t [B, 1, H, K], data-independent ones unchanged; log_o_t
     a tensor, a separable pair or None); state [B, H, K, D].
     Returns (y_t [B, 1, H, D], new state [B, H, K, D])."""
-    if i_t.dim() == 4 and i_t.shape[1] != 1:
+    if isinstance(i_t, Tensor) and (i_t.dim() != 4 or i_t.shape[1] != 1):
         raise ValueError(f"i_t: eos_step takes one token, expected [B, 1, H, D], got {shape_str(i_t)}")
     if state is None:
         raise ValueError("state: eos_step needs the memory [B, H, K, D]; start from zeros or eos(...)'s final state")

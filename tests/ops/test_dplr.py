@@ -446,6 +446,28 @@ def test_shape_errors(name, shape, pattern):
         _call(_args(**{name: torch.zeros(shape, dtype=torch.float64)}))
 
 
+@pytest.mark.parametrize("name", ["i", "e", "s", "a", "b", "log_alpha", "initial_state"])
+def test_complex_is_a_type_error(name):
+    # as eos_delta: the chunk form's triangular inverse has no conjugate transposes (its gradients
+    # of complex inputs were wrong)
+    x = _args()
+    if x[name] is None:
+        x[name] = torch.zeros(B, 4, H, dtype=torch.float64)
+    with pytest.raises(TypeError, match=f"{name}: eos_dplr supports real"):
+        _call(_args(**{name: torch.complex(x[name], x[name])}))
+
+
+def test_output_dtype_is_the_inputs_promoted():
+    """float32 i with float64 operands: computed in float64 and returned in it, y as the state (as
+    eos and eos_delta); bfloat16 inputs: y in bfloat16, the state in the float32 computed."""
+    x = {k: (v.float() if k == "i" else v) for k, v in _args().items()}
+    y, m = _call(x, output_final_state=True)
+    assert (y.dtype, m.dtype) == (torch.float64, torch.float64)
+    x = {k: (v.bfloat16() if v is not None else v) for k, v in _args().items()}
+    y, m = _call(x, output_final_state=True)
+    assert (y.dtype, m.dtype) == (torch.bfloat16, torch.float32)
+
+
 def test_micro_step_shape_errors():
     x = make_inputs(4, n=2)
     x["e"] = x["e"][:, :, :, :1]

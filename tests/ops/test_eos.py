@@ -763,6 +763,8 @@ def test_errors_name_the_argument():
     )
     with pytest.raises(ValueError, match=r"^i_t: eos_step takes one token"):
         eos_step(i, e, s, g, torch.zeros(B, H, K, D, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"^i_t: eos_step takes one token, expected \[B, 1, H, D\], got \[2, 2, 3\]"):
+        eos_step(i[:, 0], e[:, :1], s[:, :1], g[:, :1], torch.zeros(B, H, K, D, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"^state: eos_step needs the memory \[B, H, K, D\]"):
         eos_step(i[:, :1], e[:, :1], s[:, :1], g[:, :1], None)
     with pytest.raises(ValueError, match=r"^state: expected \[B, H, K, D\] = \[2, 2, 4, 3\], got \[2, 2, 3, 4\]"):
