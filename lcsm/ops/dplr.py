@@ -53,7 +53,6 @@ from ._inputs import (
     check_same_device,
     compute_dtype,
     finite_log,
-    promoted_dtype,
     shape_str,
     without_autocast,
 )
@@ -92,7 +91,9 @@ def _canonicalize(i, e, s, a, b, log_alpha, initial_state):
         )
     D = i.shape[-1]
     dtype = compute_dtype([i, e, s, a, b, log_alpha, initial_state])
-    out_dtype = promoted_dtype([i, e, s, a, b, log_alpha, initial_state])
+    # y in the values' dtype, as fla returns o in v's: mixers compute their log gates in float32
+    # (as fla does), which must not turn a bfloat16 layer's output into float32
+    out_dtype = i.dtype
 
     def cast(t):
         return t.to(dtype)
@@ -677,8 +678,8 @@ def eos_dplr(
             ``eos_delta(i, e, s, a, b, log_o)`` is ``eos_dplr(i, e, s, a, b, log_o, gate_first=True)``.
 
     Returns:
-        y [B, T, H, D] and m_T (or None). Half-precision inputs are computed in float32; y is cast
-        back and the state stays float32.
+        y [B, T, H, D] in i's dtype and m_T (or None) in the compute dtype (the inputs' promoted
+        one; half precisions are computed in float32).
     """
     output_final_state = check_bool("output_final_state", output_final_state)
     prime_host_heap(i)

@@ -457,15 +457,16 @@ def test_complex_is_a_type_error(name):
         _call(_args(**{name: torch.complex(x[name], x[name])}))
 
 
-def test_output_dtype_is_the_inputs_promoted():
-    """float32 i with float64 operands: computed in float64 and returned in it, y as the state (as
-    eos and eos_delta); bfloat16 inputs: y in bfloat16, the state in the float32 computed."""
-    x = {k: (v.float() if k == "i" else v) for k, v in _args().items()}
-    y, m = _call(x, output_final_state=True)
-    assert (y.dtype, m.dtype) == (torch.float64, torch.float64)
-    x = {k: (v.bfloat16() if v is not None else v) for k, v in _args().items()}
+def test_output_dtype_is_the_values():
+    """y in i's dtype, the state in the compute dtype: a bfloat16 layer with float32 log gates (as
+    fla's and lcsm's mixers compute them) gets bfloat16 y; float32 i with float64 operands is
+    computed in float64 and returned in float32."""
+    x = {k: (v.bfloat16() if k != "log_alpha" else v.float()) for k, v in _args().items()}
     y, m = _call(x, output_final_state=True)
     assert (y.dtype, m.dtype) == (torch.bfloat16, torch.float32)
+    x = {k: (v.float() if k == "i" else v) for k, v in _args().items()}
+    y, m = _call(x, output_final_state=True)
+    assert (y.dtype, m.dtype) == (torch.float32, torch.float64)
 
 
 def test_micro_step_shape_errors():
