@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import pkgutil
+import signal
 import sys
 
 from ._common import UsageError
@@ -41,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # The reader stopped (`lcsm list | head`): nothing to report. stdout goes to /dev/null so
+        # that the interpreter's own flush at exit does not fail on the closed pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (UsageError, ValueError) as err:
         print(f"lcsm {args.command}: error: {err}", file=sys.stderr)
         return getattr(err, "exit_status", 2)

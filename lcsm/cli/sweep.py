@@ -8,11 +8,22 @@ from pathlib import Path
 from ._common import UsageError
 
 
-def _experiment(target: str, args):
+def _experiment(target: str, args, file_only: tuple[str, ...] = ()):
+    """The experiment of an experiment file or of a sweep directory; ``file_only``: options that
+    apply to an experiment file only (a sweep directory holds its experiment as it ran)."""
     from lcsm.engine.sweep import EXPERIMENT_COPY, load_experiment
 
     path = Path(target)
+    out = getattr(args, "out", None)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out: {out} exists and is not a directory")
     if path.is_dir():
+        given = [f"--{name}" for name in file_only if getattr(args, name, None)]
+        if given:
+            raise UsageError(
+                f"{target}: {', '.join(given)} apply to an experiment file, and a sweep directory "
+                f"holds its experiment as it ran ({EXPERIMENT_COPY}); give the experiment file with them"
+            )
         copy = path / EXPERIMENT_COPY
         if not copy.is_file():
             raise UsageError(
@@ -31,7 +42,7 @@ def cmd_sweep(args) -> int:
     from lcsm.engine.report import write_report
     from lcsm.engine.sweep import SweepStopped, format_table, main_metric, select_best, sweep
 
-    exp = _experiment(args.experiment, args)
+    exp = _experiment(args.experiment, args, file_only=("set", "grid", "out"))
     try:
         rows, ok = sweep(exp, parallel=args.parallel, dry_run=args.dry_run, reuse_runs=not args.no_reuse)
     except KeyboardInterrupt as stop:

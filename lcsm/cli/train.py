@@ -82,6 +82,8 @@ def cmd_generate(args) -> int:
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UsageError("give exactly one of --prompt TEXT or --prompt-ids IDS")
+    if not 0 <= args.seed < 2**63:
+        raise UsageError(f"--seed: expected an integer in [0, 2**63), got {args.seed}")
     config, task, model, path = load_run(
         args.checkpoint, which="best" if args.best else "last", device=resolve_device(args.device, "--device")
     )

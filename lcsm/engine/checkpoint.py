@@ -207,6 +207,11 @@ def resolve_checkpoint(path: str | Path, which: str = "last") -> Path:
     checkpoint, or its ``best`` one with ``which="best"``)."""
     path = Path(path)
     if any((path / name).is_file() for name in FILES):
+        if which == "best":
+            raise ValueError(
+                f"checkpoint: {str(path)!r} is a checkpoint directory; --best picks a run's best "
+                "checkpoint: give the run directory, or leave out --best"
+            )
         return _intact(path)
     if not path.exists():
         raise ValueError(f"checkpoint: no such file or directory {str(path)!r}")

@@ -41,3 +41,11 @@ def test_bad_value_gives_one_line_error(capsys):
     assert main(["list", "--d-model", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("lcsm list: error: ") and "d_model" in err
+
+
+def test_a_closed_pipe_ends_the_listing_quietly():
+    """`lcsm list | head -1`: the reader stops, lcsm says nothing and exits as a killed writer."""
+    proc = subprocess.run(
+        f"{sys.executable} -m lcsm list --d-model 32 | head -1", shell=True, capture_output=True, text=True
+    )
+    assert proc.stdout.count("\n") == 1 and proc.stderr == "", proc.stderr

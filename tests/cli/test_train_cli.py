@@ -53,6 +53,8 @@ def test_train_eval_generate(run_dir, capsys):
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"),
         ),
         (["eval", "{run}", "--batch-size", "0"], "--batch-size: expected a positive integer, got 0"),
+        (["generate", "{run}", "--prompt-ids", "3", "--seed", str(2**64)], "--seed: expected an integer in [0, 2**63)"),
+        (["eval", "{run}/checkpoints/step-00000004", "--best"], "is a checkpoint directory; --best picks a run's"),
     ],
 )
 def test_user_errors_are_one_line(run_dir, capsys, args, message):

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from lcsm.cli import main
 from lcsm.engine import report as report_mod
 from lcsm.engine import sweep as sweep_mod
 from lcsm.engine.report import plot, write_report
-from lcsm.engine.sweep import collect, load_experiment, select_best, sweep
+from lcsm.engine.sweep import EXPERIMENT_COPY, collect, load_experiment, select_best, sweep
 
 from .conftest import TINY, cli_env
 
@@ -724,3 +725,22 @@ def test_report_differences_are_checked(tmp_path):
         load_experiment(experiment(tmp_path, **base, report={"differences": [{**good, "a": {"model.d_model": 8}}]}))
     with pytest.raises(ValueError, match=r"report.differences\[0\].b: expected a cell"):
         load_experiment(experiment(tmp_path, **base, report={"differences": [{**good, "b": [1, 2]}]}))
+
+
+@pytest.mark.parametrize(
+    "option", [["--set", "train.max_steps=3"], ["--grid", "model.mixer=gla"], ["--out", "elsewhere"]]
+)
+def test_a_sweep_directory_refuses_what_only_an_experiment_file_takes(tmp_path, capsys, option):
+    """A sweep directory reruns the experiment it holds: --set, --grid and --out, which it would
+    leave unapplied, are refused."""
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    shutil.copy(experiment(tmp_path), sweep_dir / EXPERIMENT_COPY)
+    assert main(["sweep", str(sweep_dir), *option, "--dry-run"]) == 2
+    assert f"{option[0]} apply to an experiment file" in capsys.readouterr().err
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    assert main(["sweep", str(experiment(tmp_path)), "--out", str(tmp_path / "afile"), "--dry-run"]) == 2
+    assert "--out: " in capsys.readouterr().err

@@ -161,6 +161,7 @@ def test_sampling_options():
     [
         (dict(max_new_tokens=0), "max_new_tokens"),
         (dict(max_new_tokens=2, temperature=-1.0), "temperature"),
+        (dict(max_new_tokens=2, temperature=float("inf")), "temperature: expected a finite number"),
         (dict(max_new_tokens=2, top_k=0), "top_k"),
         (dict(max_new_tokens=2, top_p=1.5), "top_p"),
     ],
