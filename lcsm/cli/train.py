@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ._common import UsageError
+
+# The resolved config a run writes into its directory (lcsm.engine.trainer).
+RUN_CONFIG = "config.yaml"
 
 # What ``lcsm train`` sets where the config does not, unlike the library: a training process may
 # keep freed host memory for good (see lcsm.engine.host_memory); a caller of lcsm's Python API keeps
@@ -19,10 +23,35 @@ def _print_metrics(title: str, metrics) -> None:
         print(f"  {key:<{width}}  {value:.4f}")
 
 
+def _run_config_file(target: str, out: str | None) -> tuple[Path, str | None]:
+    """The config file and out_dir ``lcsm train TARGET`` trains: a run directory (one holding the
+    config.yaml a run writes) or that config.yaml trains the run there, wherever the command runs
+    from (the file records out_dir as it was given, relative to the first run's working
+    directory); --out still chooses another directory."""
+    path = Path(target)
+    if path.is_dir():
+        if not (path / RUN_CONFIG).is_file():
+            raise UsageError(
+                f"{target}: a directory without {RUN_CONFIG}; give a run config file, or a run directory "
+                f"that `lcsm train` wrote"
+            )
+        path = path / RUN_CONFIG
+    if out is None and path.name == RUN_CONFIG and _holds_a_run(path.parent):
+        out = str(path.parent)
+    return path, out
+
+
+def _holds_a_run(directory: Path) -> bool:
+    from lcsm.engine.checkpoint import CHECKPOINTS
+
+    return (directory / CHECKPOINTS).is_dir() or (directory / "result.json").is_file()
+
+
 def cmd_train(args) -> int:
     from lcsm.engine import load_config, train
 
-    config = load_config(args.config, args.set or [], out_dir=args.out, defaults=TRAIN_DEFAULTS)
+    path, out = _run_config_file(args.config, args.out)
+    config = load_config(path, args.set or [], out_dir=out, defaults=TRAIN_DEFAULTS)
     result = train(config, resume=True, restart=args.restart, quiet=args.quiet)
     if not args.quiet:
         _print_metrics(
@@ -118,7 +147,11 @@ def add_parsers(sub) -> None:
         "command again resumes from the newest checkpoint in out_dir. Under torchrun "
         "every process runs this command (DistributedDataParallel).",
     )
-    p.add_argument("config", help="YAML run config (sections task, model, optim, train)")
+    p.add_argument(
+        "config",
+        help="YAML run config (sections task, model, optim, train), or a run directory (resumes the run "
+        "there, as its config.yaml does)",
+    )
     p.add_argument(
         "--set",
         action="append",

@@ -169,3 +169,26 @@ def test_a_classifier_checkpoint_with_the_old_flat_head_loads(tmp_path, monkeypa
     _with_flat_head(ckpt, flat)
     assert main(["eval", str(ckpt), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["metrics"] == before
+
+
+@pytest.mark.parametrize("target", ["run", "run/config.yaml"])
+def test_a_run_directory_or_its_config_resumes_that_run_from_anywhere(tmp_path, monkeypatch, capsys, target):
+    """The config.yaml a run writes records out_dir as given (here relative): from another working
+    directory, `lcsm train RUN` or `lcsm train RUN/config.yaml` continues RUN, not a new run."""
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    assert main(["train", "tiny.yaml", "--out", "run", "--set", "train.max_steps=4"]) == 0
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["out_dir"] == "run"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["train", f"../{target}"]) == 0
+    assert "finished already (completed at step 4)" in capsys.readouterr().err
+    assert not list(elsewhere.iterdir())
+
+
+def test_a_directory_that_holds_no_run_is_refused(tmp_path, capsys):
+    assert main(["train", str(tmp_path)]) == 2
+    assert "a directory without config.yaml" in capsys.readouterr().err
