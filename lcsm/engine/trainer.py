@@ -690,10 +690,11 @@ class Trainer:
             self.log.write_csv()
             result = {**self._result("diverged", None), "diverged_at_step": step}
             _write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
+        saved = ckpt.list_checkpoints(self.out_dir)
+        kept = f"its newest checkpoint is of step {saved[-1][0]}" if saved else "it wrote no checkpoint"
         raise TrainingDiverged(
-            f"{what}: not finite, the run diverged and stopped (result.json status 'diverged'; its "
-            f"newest checkpoint is of step {s.step} or before). Lower optim.lr or set optim.grad_clip, or "
-            "set run.on_nonfinite: skip to skip such steps"
+            f"{what}: not finite, the run diverged and stopped (result.json status 'diverged'; {kept}). "
+            "Lower optim.lr or set optim.grad_clip, or set run.on_nonfinite: skip to skip such steps"
         )
 
     def final_test(self) -> dict[str, Any] | None:

@@ -45,12 +45,18 @@ def test_a_nonfinite_step_stops_the_run_as_diverged(cache_env, capsys, nan_gradi
     assert main(["train", str(cfg), "--out", str(run), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "lcsm train: error: step 6: loss " in err and "gradient norm nan" in err and "diverged" in err
-    assert len(err.strip().splitlines()) == 1
+    assert "its newest checkpoint is of step 4" in err and len(err.strip().splitlines()) == 1
     result = strict_json(run / "result.json")
     assert (result["status"], result["step"], result["diverged_at_step"]) == ("diverged", 5, 6)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000004"]
     weights = load_file(str(run / "checkpoints" / "step-00000004" / "model.safetensors"))
     assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_a_run_diverging_before_its_first_checkpoint_says_it_left_none(cache_env, capsys, nan_gradients_at_step_6):
+    cfg = write_config(cache_env / "tiny.yaml", TINY)
+    assert main(["train", str(cfg), "--out", str(cache_env / "run"), "--quiet", "--set", "train.save_every=8"]) == 1
+    assert "it wrote no checkpoint" in capsys.readouterr().err
 
 
 def test_a_skipped_step_changes_no_weight_and_no_optimizer_state(cache_env, capsys, nan_gradients_at_step_6):
