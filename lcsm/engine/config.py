@@ -487,7 +487,28 @@ def _leaves(fixed: Mapping[str, Any], path: tuple[str, ...] = ()) -> Iterable[tu
 
 class _Loader(yaml.SafeLoader):
     """YAML as people write configs: ``1e-3`` is a float (PyYAML's YAML 1.1 reads a string) and
-    ``16:2`` a string (YAML 1.1 reads the base-60 integer 962); decimal integers only."""
+    ``16:2`` a string (YAML 1.1 reads the base-60 integer 962); decimal integers only; a key given
+    twice in one mapping is an error (PyYAML keeps the last silently: a second ``task:`` section
+    would replace the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # a merge (<<: *base) may repeat keys: the mapping's own win
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, (str, int, float, bool)):
+                    continue
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping",
+                        node.start_mark,
+                        f"the key {key!r} is given twice",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
