@@ -27,6 +27,7 @@ dataclass validated when built; an unknown key fails naming the closest valid on
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import re
@@ -381,8 +382,13 @@ class RunConfig:
         # and from the configs alone: the task is built (an LM's corpus read to train its tokenizer)
         # only to train or evaluate, where model_config checks the fields its data decides.
         from lcsm import tasks
+        from lcsm.models import ModelConfig
 
-        config.model_config_with(tasks.config_model_fields(config.task["name"], **config.task_options()))
+        with in_section("task", config.task):
+            fields = tasks.config_model_fields(config.task["name"], **config.task_options())
+        model_fields = {f.name: None for f in dataclasses.fields(ModelConfig)}
+        with in_section("model", model_fields), in_section("model.mixer_options", config.model.get("mixer_options")):
+            config.model_config_with(fields)
         check_early_stop_metric(config.train.early_stop.metric, tasks.resolve(config.task["name"]))
         return config
 
@@ -575,6 +581,21 @@ def apply_overrides(values: Mapping[str, Any], overrides: Mapping[str, Any] | It
         else:
             node[parts[-1]] = copy.deepcopy(value)
     return out
+
+
+@contextlib.contextmanager
+def in_section(section: str, keys: Mapping[str, Any] | None):
+    """Errors of a section's builder ("d_model: expected ...") named by their place in the run
+    config ("model.d_model: expected ..."), as --set and the YAML file spell it; ``keys``: the
+    section's keys (an error of another key is left as it is)."""
+    try:
+        yield
+    except ValueError as err:
+        text = str(err)
+        key = re.match(r"([A-Za-z_]\w*)[.\[:]", text)
+        if key is None or key.group(1) not in (keys or {}):
+            raise
+        raise ValueError(f"{section}.{text}") from None
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

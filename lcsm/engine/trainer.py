@@ -56,7 +56,7 @@ from lcsm.tasks.metrics import Evaluator
 
 from . import checkpoint as ckpt
 from . import parallel
-from .config import RunConfig, TrainConfig, check_early_stop_metric
+from .config import RunConfig, TrainConfig, check_early_stop_metric, in_section
 from .distributed import Distributed
 from .lock import DirectoryLock, environment_error
 from .monitor import MetricsLog, Progress, json_safe
@@ -272,7 +272,9 @@ class Trainer:
 
         torch.manual_seed(t.seed)
         self.model_config = config.model_config(self.task)
-        model = build_model(self.model_config, verbose=False).to(self.device)
+        # a mixer's options are checked when it is built
+        with in_section("model.mixer_options", config.model.get("mixer_options")):
+            model = build_model(self.model_config, verbose=False).to(self.device)
         self.n_params = model.num_parameters()
         # self.model: the whole, unsharded model, which rank 0 evaluates and checkpoints.
         # self.trained: the module whose parameters the optimizer steps (the same one unless

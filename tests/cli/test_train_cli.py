@@ -190,6 +190,24 @@ def test_a_run_directory_or_its_config_resumes_that_run_from_anywhere(tmp_path, 
     assert not list(elsewhere.iterdir())
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.d_model=0", "model.d_model: expected an integer >= 1"),
+        ("task.train_examples=0", "task.train_examples: expected an integer >= 1"),
+        ("model.mixer_options.expand_k=0", "model.mixer_options.expand_k: expected a positive"),
+    ],
+)
+def test_errors_name_the_key_as_the_config_spells_it(tmp_path, monkeypatch, capsys, override, message):
+    """A section's builder names its own field; the run config's error gives the full dotted key,
+    the mixer's options (checked when the mixer is built) included."""
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    assert main(["train", str(cfg), "--out", str(tmp_path / "run"), "--set", override]) == 2
+    assert f"lcsm train: error: {message}" in capsys.readouterr().err
+
+
 def test_a_directory_that_holds_no_run_is_refused(tmp_path, capsys):
     assert main(["train", str(tmp_path)]) == 2
     assert "a directory without config.yaml" in capsys.readouterr().err
