@@ -68,7 +68,7 @@ def cmd_sweep(args) -> int:
 def cmd_report(args) -> int:
     from lcsm._provenance import git_commit
     from lcsm.engine.report import write_report
-    from lcsm.engine.sweep import collect
+    from lcsm.engine.sweep import EXPERIMENT_COPY, collect
 
     jobs = []
     for target in args.targets:
@@ -76,6 +76,12 @@ def cmd_report(args) -> int:
         out = Path(args.out) / exp.name if args.out and len(args.targets) > 1 else args.out
         if out is not None and not Path(target).is_dir():
             exp.out_dir = Path(out)  # an experiment file's results are read where its report goes
+        clash = next((other for other, done, _ in jobs if out is not None and done.name == exp.name), None)
+        if clash is not None:
+            raise UsageError(
+                f"{clash} and {target} are both experiment {exp.name!r}: their reports would both be "
+                f"written to {out}; report them one at a time, each with its own --out"
+            )
         jobs.append((target, exp, out))
     commit = git_commit(ignore=[Path(out) if out is not None else exp.out_dir for _, exp, out in jobs])
     written = 0
@@ -83,7 +89,14 @@ def cmd_report(args) -> int:
         rows = collect(exp)
         if all(r["status"] == "missing" for r in rows):
             if len(args.targets) == 1:
-                raise UsageError(f"{target}: no finished run in {exp.out_dir}; run `lcsm sweep {target}` first")
+                other = (
+                    f" (it holds the runs of its own {EXPERIMENT_COPY}: `lcsm report {exp.out_dir}` reports them)"
+                    if not Path(target).is_dir() and (exp.out_dir / EXPERIMENT_COPY).is_file()
+                    else ""
+                )
+                raise UsageError(
+                    f"{target}: no finished run of it in {exp.out_dir}{other}; run `lcsm sweep {target}` first"
+                )
             print(f"{exp.name}: skipped, no finished run in {exp.out_dir}")
             continue
         written += 1

@@ -624,7 +624,14 @@ def load_config(
     where neither the file nor the overrides set them (a command's own defaults)."""
     # An older config's train.host_allocator is its run.host_allocator: moved first, so that a
     # default for run.host_allocator does not take its place (nor clash with it).
-    values = runtime_out_of_train(apply_overrides(read_yaml(path), overrides))
+    values = read_yaml(path)
+    experiment = sorted({"base", "config", "grid"} & values.keys())
+    if experiment:
+        raise ValueError(
+            f"config {str(path)!r}: an experiment file (it has {', '.join(experiment)}), not a run config; "
+            f"run it with `lcsm sweep {path}`"
+        )
+    values = runtime_out_of_train(apply_overrides(values, overrides))
     for key, value in (defaults or {}).items():
         *sections, last = key.split(".")
         node = values

@@ -79,6 +79,7 @@ def test_incompatible_checkpoint(run_dir, capsys):
         ("task: [unclosed", "not valid YAML"),
         ("- a list", "expected a mapping at the top level"),
         ("task: {name: mqar}\nmodel: {}\ntask: {name: lm}\n", "the key 'task' is given twice"),
+        ("name: e\nbase: tiny.yaml\ngrid: {model.mixer: [gla]}\n", "an experiment file (it has base, grid)"),
         (yaml.safe_dump({**TINY, "modle": {}}), "unknown key(s) 'modle' (did you mean 'model'?)"),
         (yaml.safe_dump({**TINY, "model": {"mixer": "glaa"}}), "unknown mixer 'glaa'. Did you mean gla?"),
     ],

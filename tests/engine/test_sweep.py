@@ -555,6 +555,24 @@ def test_report_of_several_experiment_files(tmp_path, monkeypatch, capsys):
     assert main(["report", str(other), str(other), "--out", str(tmp_path / "results")]) == 2
 
 
+def test_reports_of_one_name_into_one_out_are_refused(tmp_path, monkeypatch, capsys):
+    """Two sweep directories of one experiment would write one report over the other."""
+    path = experiment(tmp_path)
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    for name in ("a", "b"):
+        sweep(load_experiment(path, out_dir=tmp_path / name), log=lambda *_: None)
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "rep")]) == 2
+    assert "are both experiment 'tiny'" in capsys.readouterr().err and not (tmp_path / "rep").exists()
+
+
+def test_report_of_a_file_whose_directory_holds_other_runs_points_to_them(tmp_path, monkeypatch, capsys):
+    path = experiment(tmp_path)
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    sweep(load_experiment(path, overrides=["train.max_steps=7"], out_dir=tmp_path / "a"), log=lambda *_: None)
+    assert main(["report", str(path), "--out", str(tmp_path / "a")]) == 2
+    assert f"`lcsm report {tmp_path / 'a'}` reports them" in capsys.readouterr().err
+
+
 def test_reports_of_one_call_record_the_commit_read_before_the_first(tmp_path, monkeypatch):
     """All reports of one call carry the commit read before any was written, with changes in
     their own folders not counted."""
@@ -738,6 +756,12 @@ def test_a_sweep_directory_refuses_what_only_an_experiment_file_takes(tmp_path, 
     shutil.copy(experiment(tmp_path), sweep_dir / EXPERIMENT_COPY)
     assert main(["sweep", str(sweep_dir), *option, "--dry-run"]) == 2
     assert f"{option[0]} apply to an experiment file" in capsys.readouterr().err
+
+
+def test_a_run_config_given_to_sweep_is_named_as_one(tmp_path, capsys):
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(TINY))
+    assert main(["sweep", str(tmp_path / "run.yaml"), "--dry-run"]) == 2
+    assert "a run config (it has model, optim, task, train), not an experiment file" in capsys.readouterr().err
 
 
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):

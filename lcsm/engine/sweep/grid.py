@@ -138,6 +138,12 @@ def load_experiment(
     ``grid`` ("key=v1,v2") replaces or adds an axis."""
     path = Path(path)
     spec = read_yaml(path)
+    run = sorted({"task", "model", "optim", "train"} & spec.keys())
+    if run and not {"base", "config", "grid"} & spec.keys():
+        raise ValueError(
+            f"experiment {str(path)!r}: a run config (it has {', '.join(run)}), not an experiment file; "
+            f"train it with `lcsm train {path}`, or name it as an experiment's base (docs/sweeps.md)"
+        )
     check_keys(f"experiment {str(path)!r}", spec, EXPERIMENT_KEYS)
     name = spec.get("name", path.stem)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
