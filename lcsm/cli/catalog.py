@@ -36,7 +36,13 @@ def _mixer_table(d_model: int) -> str:
     ]
     rows = []
     for name in layers.available():
-        row = layers.build(name, d_model).describe()
+        source = _source(layers.resolve(name)[0])
+        aliases = ", ".join(sorted(by_target.get(name, []))) or "-"
+        try:
+            row = layers.build(name, d_model).describe()
+        except ValueError as err:  # a width this mixer's defaults cannot divide: the rest are listed
+            rows.append([name, aliases, source, f"not built at d_model={d_model}: {err}"] + ["-"] * (len(header) - 4))
+            continue
         dd = [
             n
             for n, flag in (("i", row.input_dd), ("e", row.expand_dd), ("o", row.oscillation_dd), ("s", row.shrink_dd))
@@ -45,8 +51,8 @@ def _mixer_table(d_model: int) -> str:
         rows.append(
             [
                 name,
-                ", ".join(sorted(by_target.get(name, []))) or "-",
-                _source(layers.resolve(name)[0]),
+                aliases,
+                source,
                 row.input,
                 row.expand,
                 row.oscillation,
@@ -65,6 +71,10 @@ def cmd_list(args) -> int:
     from lcsm import tasks
     from lcsm.models import PRESETS
 
+    from ._common import UsageError
+
+    if args.d_model < 1:
+        raise UsageError(f"--d-model: d_model must be a positive integer, got {args.d_model}")
     print(f"Token mixers as EOS configurations (LCSM Table 1), built at d_model={args.d_model}:\n")
     print(_mixer_table(args.d_model))
     print("\nTasks (lcsm.tasks; options: the fields of each task's Config):\n")

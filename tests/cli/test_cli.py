@@ -17,6 +17,20 @@ def test_list_prints_every_mixer(capsys):
         assert f"| {name} |" in out
 
 
+def test_list_at_a_width_some_mixer_cannot_take_lists_the_rest(capsys):
+    """At d_model 96 RWKV-7's 64-wide heads do not divide the width: its row says so, the others
+    are built."""
+    assert main(["list", "--d-model", "96"]) == 0
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ")
+    }
+    assert "not built at d_model=96: head_size" in rows["rwkv7"]
+    assert all(name in rows for name in layers.available())
+    assert sum("not built" in row for row in rows.values()) < len(rows) // 2
+
+
 def test_list_names_the_file_of_each_mixer(capsys):
     """The source column holds the path, from the checkout's root, of the file whose ``@register``
     defines the mixer."""
