@@ -792,6 +792,9 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
     lines = [f"# {title}", "", *verdict_box(exp.spec.get("paper"), verdict)]
     if exp.spec.get("description"):
         lines += [str(exp.spec["description"]).strip(), ""]
+    if exp.spec.get("command_overrides"):
+        given = ", ".join(f"`{o}`" for o in exp.spec["command_overrides"])
+        lines += [f"The runs were swept with {given} on the command line, over the experiment file's text above.", ""]
     if verdict and verdict["bullets"]:
         lines += [f"## Verdict (hand-written, {VERDICT_FILE})", "", *verdict["bullets"], ""]
     if spec.get("table") and best:

@@ -555,6 +555,25 @@ def test_report_of_several_experiment_files(tmp_path, monkeypatch, capsys):
     assert main(["report", str(other), str(other), "--out", str(tmp_path / "results")]) == 2
 
 
+def test_a_report_names_the_command_line_overrides_its_runs_were_swept_with(tmp_path, monkeypatch, capsys):
+    """The experiment file's description says what the file runs; --set and --grid change that, so
+    the sweep directory's copy records them and every report of it says so."""
+    path = experiment(tmp_path, description="The file's own runs.")
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    out = tmp_path / "out"
+    argv = ["sweep", str(path), "--set", "train.max_steps=7", "--grid", "model.mixer=gla", "--out", str(out)]
+    assert main([*argv, "--report"]) == 0
+    line = "swept with `--set train.max_steps=7`, `--grid model.mixer=gla` on the command line"
+    assert line in (out / "report.md").read_text()
+    assert yaml.safe_load((out / EXPERIMENT_COPY).read_text())["command_overrides"] == [
+        "--set train.max_steps=7",
+        "--grid model.mixer=gla",
+    ]
+    (out / "report.md").unlink()
+    assert main(["report", str(out)]) == 0
+    assert line in (out / "report.md").read_text()
+
+
 def test_reports_of_one_name_into_one_out_are_refused(tmp_path, monkeypatch, capsys):
     """Two sweep directories of one experiment would write one report over the other."""
     path = experiment(tmp_path)

@@ -18,7 +18,20 @@ from lcsm._checks import check_choice, check_keys
 from ..config import RunConfig, apply_overrides, read_yaml, yaml_load
 
 EXPERIMENT_COPY = "experiment.yaml"
-EXPERIMENT_KEYS = ("name", "base", "config", "set", "grid", "select", "report", "description", "paper", "reading")
+# command_overrides: the --set / --grid a sweep ran with, recorded in the sweep directory's copy
+EXPERIMENT_KEYS = (
+    "name",
+    "base",
+    "config",
+    "set",
+    "grid",
+    "select",
+    "report",
+    "description",
+    "paper",
+    "reading",
+    "command_overrides",
+)
 
 
 @dataclass
@@ -164,6 +177,13 @@ def load_experiment(
     if not isinstance(sets, Mapping):
         raise ValueError(f"set: expected a mapping of dotted keys to values, got {sets!r}")
     base = apply_overrides(apply_overrides(base, sets), list(overrides))
+    recorded = spec.get("command_overrides") or []
+    if not isinstance(recorded, list) or not all(isinstance(o, str) for o in recorded):
+        raise ValueError(f"command_overrides: expected a list of '--set KEY=VALUE' strings, got {recorded!r}")
+    given = [f"--set {o}" for o in overrides] + [f"--grid {g}" for g in grid]
+    if given:
+        # what the file's own text (its description) does not say: the report names them
+        spec = {**spec, "command_overrides": recorded + given}
     grid_spec = dict(spec.get("grid") or {})
     renamed: dict[str, str] = {}
     if not isinstance(spec.get("grid") or {}, Mapping):
