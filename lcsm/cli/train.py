@@ -123,20 +123,57 @@ def cmd_generate(args) -> int:
         )
     ids = _prompt_ids(task, args)
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
-    new = model.generate(
-        [ids],
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        generator=generator,
-        vocab_size=task.vocab_size,
-    )[0].tolist()
+    show = _Shown(task)
+    show.text(ids)
     try:
-        print(task.decode(ids) + task.decode(new))
-    except NotImplementedError:
-        print(" ".join(map(str, new)))
+        model.generate(
+            [ids],
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            generator=generator,
+            vocab_size=task.vocab_size,
+            on_token=lambda token: show.token(int(token[0])),
+        )
+    finally:
+        show.end()
     return 0
+
+
+class _Shown:
+    """The prompt and each new token printed as it comes, so that a long generation stopped by
+    Ctrl-C keeps what it drew. Text is printed once it decodes whole: a character split over tokens
+    (UTF-8 bytes, byte-level BPE pieces) waits for its last one. A task without a text tokenizer
+    gets the new ids, space-separated."""
+
+    def __init__(self, task):
+        self.task, self.pending, self.first = task, [], True
+        try:
+            task.decode([])
+            self.decodes = True
+        except NotImplementedError:
+            self.decodes = False
+
+    def text(self, ids):
+        if self.decodes:
+            print(self.task.decode(ids), end="", flush=True)
+
+    def token(self, token: int):
+        if not self.decodes:
+            print(("" if self.first else " ") + str(token), end="", flush=True)
+            self.first = False
+            return
+        self.pending.append(token)
+        text = self.task.decode(self.pending)
+        if not text.endswith("\ufffd"):
+            print(text, end="", flush=True)
+            self.pending = []
+
+    def end(self):
+        if self.pending:
+            print(self.task.decode(self.pending), end="")
+        print(flush=True)
 
 
 def add_parsers(sub) -> None:

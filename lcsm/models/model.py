@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -265,6 +265,7 @@ class CausalLM(Model):
         generator: torch.Generator | None = None,
         vocab_size: int | None = None,
         attention_mask: Tensor | None = None,
+        on_token: Callable[[Tensor], None] | None = None,
     ) -> Tensor:
         """Decode ``max_new_tokens`` tokens after each prompt; returns the new tokens [B, max_new_tokens].
 
@@ -278,7 +279,8 @@ class CausalLM(Model):
         ``attention`` mixer). Runs in eval mode (dropout off, batch-norm running statistics).
         ``vocab_size``: sample among the first ``vocab_size`` ids only, for a model whose
         vocabulary is larger than its data's (padding rows, never trained as targets); default:
-        every id of the model.
+        every id of the model. ``on_token``: called with each step's tokens [B] as they are drawn
+        (to show them as they come: a stopped generation keeps what it showed).
         """
         _check_sampling(max_new_tokens, temperature, top_k, top_p)
         n_ids = self.config.vocab_size
@@ -312,6 +314,8 @@ class CausalLM(Model):
                         "weights are likely those of a diverged run"
                     )
                 out[:, k] = sample_next(last[:, :vocab_size], temperature, top_k, top_p, generator)
+                if on_token is not None:
+                    on_token(out[:, k])
                 if k == max_new_tokens - 1:
                     break
                 logits, state = self(out[:, k : k + 1], state=state, return_state=True)

@@ -212,3 +212,36 @@ def test_errors_name_the_key_as_the_config_spells_it(tmp_path, monkeypatch, caps
 def test_a_directory_that_holds_no_run_is_refused(tmp_path, capsys):
     assert main(["train", str(tmp_path)]) == 2
     assert "a directory without config.yaml" in capsys.readouterr().err
+
+
+def test_generated_text_is_shown_as_it_comes_whole_characters_only(capsys):
+    """A character split over tokens (UTF-8 bytes) is printed once its last token arrives; what
+    was shown stays shown when the generation stops early."""
+    from lcsm.cli.train import _Shown
+    from lcsm.tasks.lm import ByteTokenizer
+
+    class Task:
+        decode = staticmethod(ByteTokenizer().decode)
+
+    show = _Shown(Task())
+    show.text(list(b"a "))
+    first, second = "é".encode()
+    show.token(first)
+    assert capsys.readouterr().out == "a "
+    show.token(second)
+    show.token(ord("b"))
+    assert capsys.readouterr().out == "éb"
+    show.end()
+    assert capsys.readouterr().out == "\n"
+
+
+def test_ids_are_shown_as_they_come_without_a_tokenizer(capsys):
+    from lcsm.cli.train import _Shown
+    from lcsm.tasks import build
+
+    show = _Shown(build("mqar", train_examples=4, test_examples=4))
+    show.text([1, 2])
+    for token in (5, 7):
+        show.token(token)
+    show.end()
+    assert capsys.readouterr().out == "5 7\n"
