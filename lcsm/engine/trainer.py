@@ -651,6 +651,11 @@ class Trainer:
                         self.save()
                 if self.state.batch_in_epoch == len(batches):
                     self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
+            if not interrupted:
+                # A request during the last step, which ends the loop by itself: the final
+                # evaluation (minutes for a language model) waits for the next call, as a stop
+                # anywhere else would.
+                interrupted = bool(self.dist.sum(torch.tensor(float(stop.requested))) > 0)
             if interrupted:
                 path = self.save()
                 self.progress.message(

@@ -2,6 +2,7 @@
 checkpoints) and resumed ends with bit-identical weights to the uninterrupted run."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -112,6 +113,29 @@ def test_a_finished_run_is_not_retrained(cache_env, monkeypatch, capsys):
     assert again == json.loads(json.dumps(first))
     assert {p: p.read_bytes() for p in (cache_env / "a").rglob("*") if p.is_file()} == run_files
     assert "finished already (completed at step 12)" in capsys.readouterr().err
+
+
+def test_a_stop_during_the_last_step_comes_before_the_final_evaluation(cache_env, monkeypatch):
+    """Ctrl-C during the last step (which ends the loop by itself) still stops the run: its
+    checkpoint written, nothing evaluated; run again, it evaluates and ends as an uninterrupted run."""
+    reference = train(RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "reference")}), quiet=True)
+    step = Trainer.train_step
+
+    def interrupted_in_the_last(self, batch):
+        if self.state.step == self.total_steps - 1:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler sets the flag the loop reads
+        return step(self, batch)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted_in_the_last)
+    cfg = RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a")})
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, quiet=True)
+    assert (cache_env / "a" / "checkpoints" / "step-00000012").is_dir() and not (
+        cache_env / "a" / "result.json"
+    ).exists()
+    monkeypatch.undo()
+    result = train(cfg, quiet=True)
+    assert (result["step"], result["metrics"], result["best"]) == (12, reference["metrics"], reference["best"])
 
 
 def test_a_failed_final_evaluation_loses_no_training(cache_env, monkeypatch):
