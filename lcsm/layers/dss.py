@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lcsm._checks import check_choice, check_int
+from lcsm._checks import check_choice, check_float, check_int
 from lcsm.ops import MODES
 
 from ._hippo import hippo_skew_pos_imag
@@ -81,9 +81,7 @@ class DSS(DiagonalSISO):
         self.d_state = self.modes = check_int("d_state", d_state, 1)
         self.l_max = check_int("l_max", l_max, 1)
         dt_min, dt_max = check_dt(dt_min, dt_max)
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or epsilon < 0:
-            raise ValueError(f"epsilon: expected a number >= 0, got {epsilon!r}")
-        self.epsilon = float(epsilon)
+        self.epsilon = check_float("epsilon", epsilon, 0)
         self.mode = check_choice("mode", mode, MODES)
         H, N = d_model, d_state
         Lam = hippo_skew_pos_imag(N)
@@ -109,7 +107,9 @@ class DSS(DiagonalSISO):
         num = torch.expm1(xs)
         den = torch.expm1(L * xs) * Lam
         inv = den.conj() / (den.real**2 + den.imag**2 + self.epsilon)
-        shift = torch.where(positive, (-(L - 1) * x).exp(), torch.ones_like(x))
+        # exp only of the positive modes' x: a stable mode's exp(-(L-1) x) overflows, and the
+        # where's backward would then give 0 * inf = NaN for Lambda and log_dt
+        shift = torch.where(positive, (-(L - 1) * torch.where(positive, x, 0)).exp(), torch.ones_like(x))
         e = num * inv * shift
         return e, as_complex(self.W), x.unsqueeze(-1)
 

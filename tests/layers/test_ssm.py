@@ -571,7 +571,8 @@ def test_tnn_equals_gated_toeplitz_unit():
         ("s4d", {"dt_min": 0.2, "dt_max": 0.1}, r"^dt_min: expected dt_min <= dt_max, got dt_min=0.2, dt_max=0.1"),
         ("s4", {"mode": "chunk"}, r"^mode: expected one of .*, got 'chunk'"),
         ("s4d", {"init": "hippo"}, r"^init: expected one of .*, got 'hippo'"),
-        ("dss", {"epsilon": -1.0}, r"^epsilon: expected a number >= 0, got -1.0"),
+        ("dss", {"epsilon": -1.0}, r"^epsilon: expected a finite number >= 0, got -1.0"),
+        ("dss", {"epsilon": float("nan")}, r"^epsilon: expected a finite number >= 0, got nan"),
         ("s5", {"d_state": 8, "blocks": 3}, r"^blocks: d_state / blocks must be an even integer, got d_state=8"),
         ("tnn", {"gamma": 1.5}, r"^gamma: expected a decay in \(0, 1\], got 1.5"),
     ],
@@ -596,3 +597,15 @@ def test_weight_decay_tags_follow_the_official_groups(name, exempt):
     mixer = layers.build(name, D_MODEL, **SMALL[name])
     tagged = {n for n, p in mixer.named_parameters() if getattr(p, "_no_weight_decay", False)}
     assert tagged == exempt, (name, sorted(tagged))
+
+
+def test_dss_gradients_stay_finite_where_stable_modes_are_long():
+    """The positive modes' shift exp(-(L-1) Delta Lambda) was also evaluated for the stable ones,
+    where it overflows (float32, l_max 2048 at init): the output stayed finite, Lambda's and
+    log_dt's gradients were NaN (0 * inf in the backward of the where)."""
+    torch.manual_seed(0)
+    m = layers.build("dss", 16, l_max=2048)
+    m(torch.randn(2, 20, 16)).sum().backward()
+    assert all(bool(torch.isfinite(p.grad).all()) for p in m.parameters()), [
+        n for n, p in m.named_parameters() if not bool(torch.isfinite(p.grad).all())
+    ]
