@@ -200,8 +200,9 @@ def check_mask(attention_mask: Tensor, B: int, T: int) -> Tensor:
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != (B, T):
         got = list(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
         raise ValueError(f"attention_mask: expected [B, T] = [{B}, {T}], got {got}")
-    if attention_mask.is_floating_point() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-        raise ValueError("attention_mask: expected 0 (padding) and 1 (token) entries only")
+    if attention_mask.dtype != torch.bool and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)][0].item()
+        raise ValueError(f"attention_mask: expected 0 (padding) and 1 (token) entries only, got {bad}")
     mask = attention_mask.to(torch.bool)
     if not bool(mask.any(1).all()):
         raise ValueError("attention_mask: every row needs at least one token (a row of only padding has no document)")

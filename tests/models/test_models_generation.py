@@ -118,6 +118,10 @@ def test_generate_padding_arguments_are_checked():
         model.generate(ids, 2, attention_mask=mask[:, :2])
     with pytest.raises(ValueError, match="attention_mask: every row needs at least one token"):
         model.generate(ids, 2, attention_mask=torch.tensor([[1, 1, 1], [0, 0, 0]]))
+    # an integer mask of other values is no mask (a 2 had been read as a token)
+    for bad in (torch.tensor([[1, 1, 2], [0, 0, 1]]), torch.tensor([[1, 1, 1], [-1, 0, 1]]), mask * 0.5):
+        with pytest.raises(ValueError, match=r"attention_mask: expected 0 \(padding\) and 1 \(token\) entries only"):
+            model.generate(ids, 2, attention_mask=bad)
 
 
 def test_generate_state_does_not_grow_and_restores_train_mode():
