@@ -23,6 +23,7 @@ head (memory columns) = d_model / H, d_model model width.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +75,7 @@ class DeltaBase(Mixer):
         super().__init__(d_model)
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or d_model % heads:
             raise ValueError(f"heads: expected a positive integer dividing d_model={d_model}, got {heads!r}")
-        numeric = isinstance(expand_k, (int, float)) and not isinstance(expand_k, bool)
+        numeric = isinstance(expand_k, (int, float)) and not isinstance(expand_k, bool) and math.isfinite(expand_k)
         key_total = d_model * expand_k if numeric else 0
         if not numeric or expand_k <= 0 or key_total != int(key_total) or int(key_total) % heads:
             raise ValueError(

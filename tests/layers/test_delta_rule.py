@@ -152,6 +152,8 @@ def test_describe_rows():
         ("heads", 0, "heads: expected"),
         ("expand_k", 0.3, "expand_k: expected a positive number"),
         ("expand_k", -1.0, "expand_k: expected a positive number"),
+        ("expand_k", float("nan"), "expand_k: expected a positive number"),
+        ("expand_k", float("inf"), "expand_k: expected a positive number"),
         ("mode", "fft", "mode: expected one of auto, recurrent, chunk, triton, got 'fft'"),
         ("chunk_size", 0, "chunk_size: expected an integer >= 1, got 0"),
         ("output_norm", "yes", "output_norm: expected True or False, got 'yes'"),
