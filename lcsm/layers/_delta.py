@@ -111,8 +111,6 @@ class DeltaBase(Mixer):
     def _initial(self, state: DeltaState | None, batch: int, cu_seqlens: Tensor | None) -> Tensor | None:
         if state is None:
             return None
-        if not isinstance(state, DeltaState):
-            raise ValueError(f"state: expected a DeltaState from this mixer, got {type(state).__name__}")
         if cu_seqlens is not None:
             batch = cu_seqlens.numel() - 1
             check_document_state("state.memory", state.memory, batch)

@@ -171,9 +171,7 @@ class QKVAttention(Mixer):
         if cu_seqlens is not None:
             cu_seqlens = documents(x, cu_seqlens)
         m0 = None
-        if state is not None:
-            if not isinstance(state, LinearAttentionState):
-                raise ValueError(f"state: expected a LinearAttentionState, got {type(state).__name__}")
+        if state is not None:  # of this mixer's type (Mixer.__call__)
             m0 = state.memory
             if cu_seqlens is not None:
                 check_document_state("state.memory", m0, cu_seqlens.numel() - 1)

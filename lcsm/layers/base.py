@@ -153,6 +153,19 @@ class Mixer(nn.Module):
             raise ValueError(f"d_model: expected a positive integer, got {d_model!r}")
         self.d_model = d_model
 
+    def __call__(self, x, *args, **kwargs):
+        # Every mixer's state passed back in is checked for its type here, once for all forwards:
+        # another mixer's state of the same field names would otherwise run silently (in eager;
+        # a traced graph keeps the types it was traced with).
+        state = kwargs["state"] if "state" in kwargs else (args[0] if args else None)
+        if state is not None and not torch.compiler.is_compiling():
+            want = self.__dict__.get("_state_type")
+            if want is None:
+                want = self.__dict__["_state_type"] = type(self.init_state(0))
+            if type(state) is not want:
+                raise ValueError(f"state: expected a {want.__name__} from this mixer, got {type(state).__name__}")
+        return super().__call__(x, *args, **kwargs)
+
     def forward(
         self, x: Tensor, state: State | None = None, return_state: bool = False, cu_seqlens: Tensor | None = None
     ):
@@ -191,11 +204,10 @@ class Mixer(nn.Module):
         return cu_seqlens
 
     def check_state(self, state: State, batch: int, packed: bool) -> None:
-        """A state given to ``forward``: of ``init_state``'s type, each tensor of its shape with
-        batch ``batch`` (one row per document of a packed row when ``packed``)."""
+        """A state given to ``forward`` (of ``init_state``'s type: ``__call__`` checked it), each
+        tensor of its shape with batch ``batch`` (one row per document of a packed row when
+        ``packed``)."""
         want = self.init_state(0)
-        if type(state) is not type(want):
-            raise ValueError(f"state: expected a {type(want).__name__} from this mixer, got {type(state).__name__}")
         for name, ref in want.tensors().items():
             t = getattr(state, name)
             if packed:

@@ -148,8 +148,6 @@ class GatedDeltaProduct(Mixer):
             cu_seqlens = documents(x, cu_seqlens)
         conv0 = memory0 = None
         if state is not None:
-            if not isinstance(state, GatedDeltaProductState):
-                raise ValueError(f"state: expected a GatedDeltaProductState, got {type(state).__name__}")
             rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
             if cu_seqlens is not None:
                 for name, t in state.tensors().items():

@@ -266,3 +266,16 @@ def test_chunk_size_option_changes_only_rounding(name):
         y, state = mixer(x, return_state=True)
         outs.append({"y": y, **state.tensors()})
     assert_close(outs[0], outs[1], dtype=torch.float64, context=name)
+
+
+@pytest.mark.parametrize("name", layers.available())
+def test_a_state_of_another_mixer_is_refused_by_type(name):
+    """Every mixer refuses a state that is not of its own type (two mixers' states may share field
+    names and shapes: the wrong one ran silently in most mixers)."""
+
+    class Foreign(State):
+        pass
+
+    mixer = layers.build(name, D_MODEL)
+    with pytest.raises(ValueError, match=rf"^state: expected a {type(mixer.init_state(0)).__name__} from this mixer"):
+        mixer(inputs(T=5), state=Foreign())

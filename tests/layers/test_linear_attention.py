@@ -404,7 +404,7 @@ def test_non_default_options_decode_and_carry_state(name, options):
 
 
 def test_wrong_state_type_is_a_clear_error():
-    with pytest.raises(ValueError, match="^state: expected a LinearAttentionState, got RWKV4State"):
+    with pytest.raises(ValueError, match="^state: expected a LinearAttentionState from this mixer, got RWKV4State"):
         build("retnet")(inputs(), state=layers.build("rwkv4", D_MODEL).init_state(2))
 
 
