@@ -148,7 +148,7 @@ class _Shown:
     gets the new ids, space-separated."""
 
     def __init__(self, task):
-        self.task, self.pending, self.first = task, [], True
+        self.task, self.pending, self.first, self.printed = task, [], True, False
         try:
             task.decode([])
             self.decodes = True
@@ -157,23 +157,28 @@ class _Shown:
 
     def text(self, ids):
         if self.decodes:
-            print(self.task.decode(ids), end="", flush=True)
+            self._print(self.task.decode(ids))
 
     def token(self, token: int):
         if not self.decodes:
-            print(("" if self.first else " ") + str(token), end="", flush=True)
+            self._print(("" if self.first else " ") + str(token))
             self.first = False
             return
         self.pending.append(token)
         text = self.task.decode(self.pending)
         if not text.endswith("\ufffd"):
-            print(text, end="", flush=True)
+            self._print(text)
             self.pending = []
 
     def end(self):
         if self.pending:
-            print(self.task.decode(self.pending), end="")
-        print(flush=True)
+            self._print(self.task.decode(self.pending))
+        if self.printed:  # a generation that failed before its first token leaves stdout empty
+            print(flush=True)
+
+    def _print(self, text: str):
+        print(text, end="", flush=True)
+        self.printed = self.printed or bool(text)
 
 
 def add_parsers(sub) -> None:
