@@ -153,7 +153,8 @@ class RWKV7(Mixer):
             first, second = torch.empty(C, L), torch.empty(L, C)
             nn.init.orthogonal_(first, gain=0.01 * (math.sqrt(C / L) if C > L else 1.0))
             nn.init.orthogonal_(second, gain=0.1 * (math.sqrt(L / C) if L > C else 1.0))
-            return nn.Parameter(first), nn.Parameter(second)
+            # undecayed, as officially: its optimiser decays only parameters named ".weight"
+            return no_weight_decay(nn.Parameter(first)), no_weight_decay(nn.Parameter(second))
 
         self.w1, self.w2 = lora(2.5)
         self.a1, self.a2 = lora(2.5)
@@ -196,8 +197,6 @@ class RWKV7(Mixer):
         if cu_seqlens is not None:
             cu_seqlens = documents(x, cu_seqlens)
         if state is not None:
-            if not isinstance(state, RWKV7State):
-                raise ValueError(f"state: expected an RWKV7State from this mixer, got {type(state).__name__}")
             rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
             if cu_seqlens is not None:
                 for name, t in state.tensors().items():

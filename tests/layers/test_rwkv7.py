@@ -138,3 +138,11 @@ def test_rwkv7_operator_matches_fla_dplr_naive():
     err = rel_rms(ours, ref.transpose(1, 2).double())
     print(f"relative RMS error {err:.2e}")
     assert err < 1e-5, err
+
+
+def test_weight_decay_falls_on_the_projections_only():
+    """As the official optimiser groups them: the linear layers' weights decay; the vectors, the
+    norm and the LoRA factors (w1 ... g2, not named ".weight" officially) do not."""
+    mixer = layers.build("rwkv7", 64)
+    decayed = {n for n, p in mixer.named_parameters() if not getattr(p, "_no_weight_decay", False)}
+    assert decayed == {"receptance.weight", "key.weight", "value.weight", "output.weight"}, decayed
