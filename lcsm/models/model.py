@@ -247,7 +247,8 @@ class CausalLM(Model):
         packing = {"cu_seqlens": cu_seqlens, "attention_mask": attention_mask}
         if state is not None or return_state:
             hidden, states = self.backbone(input_ids, state=state, return_state=True, **packing)
-            return self.logits(hidden), states
+            # as a mixer: the states only when asked for, whether or not a state was given
+            return (self.logits(hidden), states) if return_state else self.logits(hidden)
         return self.logits(self.backbone(input_ids, **packing))
 
     def init_state(self, batch_size: int) -> list[State]:

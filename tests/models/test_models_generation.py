@@ -218,3 +218,12 @@ def test_vocab_size_keeps_samples_among_the_data_ids():
     for bad in (0, VOCAB + 1, 2.0, True):
         with pytest.raises(ValueError, match=rf"^vocab_size: expected None or an integer in \[1, {VOCAB}\]"):
             model.generate([[1]], 1, vocab_size=bad)
+
+
+def test_forward_returns_the_states_only_when_asked_as_a_mixer_does():
+    model = make_lm("gla")
+    ids = torch.tensor([[1, 2, 3]])
+    state = model.init_state(1)
+    assert isinstance(model(ids, state=state), torch.Tensor)
+    logits, states = model(ids, state=state, return_state=True)
+    assert torch.equal(logits, model(ids, state=state)) and len(states) == len(state)

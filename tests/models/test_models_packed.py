@@ -40,8 +40,8 @@ def test_packed_documents_equal_each_document_alone(mixer):
         assert_close({"logits": logits[:, a:b]}, {"logits": ref}, context=f"{mixer} document {n}")
         more = ids(1, 3, seed=10 + n)
         assert_close(
-            {"next": model(more, state=rows(states, n))[0]},
-            {"next": model(more, state=ref_states)[0]},
+            {"next": model(more, state=rows(states, n))},
+            {"next": model(more, state=ref_states)},
             context=f"{mixer} document {n} continued",
         )
 
@@ -64,8 +64,8 @@ def test_padded_rows_equal_each_row_alone(mixer, side):
         assert_close({"logits": logits[b : b + 1, keep]}, {"logits": ref}, context=f"{mixer} {side} row {b}")
         more = ids(1, 2, seed=20 + b)
         assert_close(
-            {"next": model(more, state=rows(states, b))[0]},
-            {"next": model(more, state=ref_states)[0]},
+            {"next": model(more, state=rows(states, b))},
+            {"next": model(more, state=ref_states)},
             context=f"{mixer} {side} row {b} continued",
         )
 
