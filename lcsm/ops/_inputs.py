@@ -135,7 +135,7 @@ def check_real(op: str, name: str, x: Tensor) -> None:
 
 
 def promoted_dtype(tensors: Sequence[Tensor | None]) -> torch.dtype:
-    """The dtype the inputs promote to (None entries skipped): the dtype of an operator's output."""
+    """The dtype the inputs promote to (None entries skipped)."""
     dtype = tensors[0].dtype
     for t in tensors[1:]:
         if t is not None:
