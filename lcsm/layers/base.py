@@ -154,16 +154,27 @@ class Mixer(nn.Module):
         self.d_model = d_model
 
     def __call__(self, x, *args, **kwargs):
-        # Every mixer's state passed back in is checked for its type here, once for all forwards:
-        # another mixer's state of the same field names would otherwise run silently (in eager;
-        # a traced graph keeps the types it was traced with).
-        state = kwargs["state"] if "state" in kwargs else (args[0] if args else None)
-        if state is not None and not torch.compiler.is_compiling():
-            want = self.__dict__.get("_state_type")
-            if want is None:
-                want = self.__dict__["_state_type"] = type(self.init_state(0))
-            if type(state) is not want:
-                raise ValueError(f"state: expected a {want.__name__} from this mixer, got {type(state).__name__}")
+        # Done here once for every mixer's forward (in eager; a traced graph keeps the types and
+        # sizes it was traced with): a state passed back in is checked for its type (another
+        # mixer's state of the same field names would otherwise run silently), and an input of no
+        # tokens gives no output and leaves the state as it was (several forms cannot reshape or
+        # convolve an empty sequence).
+        names = ("state", "return_state", "cu_seqlens")
+        call = {**dict(zip(names, args, strict=False)), **kwargs}
+        state = call.get("state")
+        if not torch.compiler.is_compiling():
+            if state is not None:
+                want = self.__dict__.get("_state_type")
+                if want is None:
+                    want = self.__dict__["_state_type"] = type(self.init_state(0))
+                if type(state) is not want:
+                    raise ValueError(f"state: expected a {want.__name__} from this mixer, got {type(state).__name__}")
+            if isinstance(x, Tensor) and x.dim() == 3 and x.shape[1] == 0 and call.get("cu_seqlens") is None:
+                self.check_input(x)
+                y = x.new_zeros(x.shape)
+                if not call.get("return_state"):
+                    return y
+                return y, state if state is not None else self.init_state(x.shape[0])
         return super().__call__(x, *args, **kwargs)
 
     def forward(

@@ -170,8 +170,6 @@ class RWKV4(Mixer):
     ):
         self.check_input(x)
         B, T, C = x.shape
-        if T == 0:
-            raise ValueError("x: RWKV-4 time mixing needs at least one token, got T = 0")
         cu_seqlens = packed_rows(x, cu_seqlens, state)
         xx = previous(x, state.shift if state is not None else None, cu_seqlens)  # x_{t-1}
         k = self.key(x * self.time_mix_k + xx * (1 - self.time_mix_k))

@@ -178,8 +178,6 @@ class RWKV6(Mixer):
         cu_seqlens: Tensor | None = None,
     ):
         self.check_input(x)
-        if x.shape[1] == 0:
-            raise ValueError("x: RWKV-6 time mixing needs at least one token, got T = 0")
         cu_seqlens = packed_rows(x, cu_seqlens, state)
         r, k, v, g, log_w = self._mix(x, state.shift if state is not None else None, cu_seqlens)
         # Like the official kernel (float32 state), half precisions run the recurrence in float32.

@@ -191,8 +191,6 @@ class RWKV7(Mixer):
     ):
         self.check_input(x)
         B, T, C = x.shape
-        if T == 0:
-            raise ValueError("x: RWKV-7 time mixing needs at least one token, got T = 0")
         memory0 = None
         if cu_seqlens is not None:
             cu_seqlens = documents(x, cu_seqlens)

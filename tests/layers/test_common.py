@@ -279,3 +279,16 @@ def test_a_state_of_another_mixer_is_refused_by_type(name):
     mixer = layers.build(name, D_MODEL)
     with pytest.raises(ValueError, match=rf"^state: expected a {type(mixer.init_state(0)).__name__} from this mixer"):
         mixer(inputs(T=5), state=Foreign())
+
+
+@pytest.mark.parametrize("name", layers.available())
+def test_no_tokens_give_no_output_and_leave_the_state(name):
+    """T = 0 (several forms cannot reshape or convolve an empty sequence: six mixers raised from
+    inside): an empty output, the given state returned as it is, or the initial state."""
+    mixer = layers.build(name, D_MODEL)
+    x = inputs(T=5)[:, :0]
+    assert mixer(x).shape == x.shape
+    state = mixer.init_state(x.shape[0])
+    y, same = mixer(x, state=state, return_state=True)
+    assert y.shape == x.shape and same is state
+    assert type(mixer(x, return_state=True)[1]) is type(state)

@@ -207,8 +207,3 @@ def test_official_init():
 def test_bad_options_name_the_argument(options, name):
     with pytest.raises(ValueError, match=f"^{name}:"):
         layers.build("rwkv4", 8, **options)
-
-
-def test_empty_input_is_a_clear_error():
-    with pytest.raises(ValueError, match="^x: RWKV-4 time mixing needs at least one token, got T = 0"):
-        make()(inputs(0))
