@@ -651,19 +651,30 @@ class Trainer:
                         self.save()
                 if self.state.batch_in_epoch == len(batches):
                     self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
+            # The weights of the step the loop ended at, saved under the loop's signal handling: a
+            # stop requested up to the end of this write (during the last step or right after it)
+            # loses no step, and the final evaluation comes after it.
+            path = self._checkpoint_now()
             if not interrupted:
-                # A request during the last step, which ends the loop by itself: the final
-                # evaluation (minutes for a language model) waits for the next call, as a stop
-                # anywhere else would.
+                # a request during the last step or the write, which the loop did not see: the
+                # final evaluation (minutes for a language model) waits for the next call
                 interrupted = bool(self.dist.sum(torch.tensor(float(stop.requested))) > 0)
             if interrupted:
-                path = self.save()
                 self.progress.message(
                     f"interrupted at step {self.state.step}: checkpoint {path}; run the same command again to resume"
                 )
                 raise KeyboardInterrupt
         self.progress.close()
         return self.finish(result_path)
+
+    def _checkpoint_now(self) -> Path | None:
+        """The checkpoint of the current step: the newest one when it is of this step and intact
+        (saved in the loop, or the one a finished run resumed from), else written now (the loop
+        writes none at the step it ends at; a damaged one is replaced)."""
+        saved = ckpt.list_checkpoints(self.out_dir)
+        if saved and saved[-1][0] == self.state.step and not ckpt.damage(saved[-1][1]):
+            return saved[-1][1]
+        return self.save()
 
     def _recorded_result(self, path: Path) -> dict[str, Any] | None:
         """The result of this run when it finished before: its newest checkpoint is of its last step
@@ -730,14 +741,10 @@ class Trainer:
         }
 
     def finish(self, result_path: Path) -> dict[str, Any]:
+        """The final evaluation and result, after the last weights' checkpoint (``run``), so that
+        nothing going wrong here (an error, Ctrl-C) loses trained steps: run again, the run
+        evaluates afresh from that checkpoint."""
         s = self.state
-        # The last weights are saved before the final evaluation (the loop leaves the last step's to
-        # this), so that nothing going wrong there (an error, Ctrl-C) loses trained steps: run again,
-        # the run evaluates afresh from this checkpoint.
-        saved = ckpt.list_checkpoints(self.out_dir)
-        # A damaged checkpoint of this step (the run resumed from an older one) is replaced.
-        if not saved or saved[-1][0] != s.step or ckpt.damage(saved[-1][1]):
-            self.save()
         if s.last_eval_step != s.step:
             self.after_eval(self.evaluate())
         elif self.eval_split == "test" and self._examples is None:

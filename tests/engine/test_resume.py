@@ -138,6 +138,30 @@ def test_a_stop_during_the_last_step_comes_before_the_final_evaluation(cache_env
     assert (result["step"], result["metrics"], result["best"]) == (12, reference["metrics"], reference["best"])
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_during_the_last_checkpoints_write_loses_no_step(cache_env, monkeypatch, signum):
+    """A signal right after the last step, while its checkpoint is written (the loop has ended):
+    the write completes under the loop's handling, the run stops before the final evaluation, and
+    the next call evaluates; a SIGTERM had killed the process, a Ctrl-C had cut the write."""
+    reference = train(RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "reference")}), quiet=True)
+    save = Trainer.save
+
+    def signalled_while_saving_the_last(self, name=None):
+        if name is None and self.state.step == self.total_steps:
+            os.kill(os.getpid(), signum)
+        return save(self, name)
+
+    monkeypatch.setattr(Trainer, "save", signalled_while_saving_the_last)
+    cfg = RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a"), "train": {**TINY["train"], "save_every": 0}})
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, quiet=True)
+    last = cache_env / "a" / "checkpoints" / "step-00000012"
+    assert (last / "model.safetensors").is_file() and not (cache_env / "a" / "result.json").exists()
+    monkeypatch.undo()
+    result = train(cfg, quiet=True)
+    assert (result["step"], result["metrics"], result["best"]) == (12, reference["metrics"], reference["best"])
+
+
 def test_a_failed_final_evaluation_loses_no_training(cache_env, monkeypatch):
     """The last checkpoint is written before the final evaluation: run again, the run evaluates
     and ends as an uninterrupted one, no step retrained."""
