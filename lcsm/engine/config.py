@@ -156,6 +156,11 @@ class EarlyStopConfig(_Section):
         check_float("train.early_stop.min_delta", self.min_delta, 0)
 
 
+# train.seed's bound: the batch order's generator (seed * 1_000_003 + epoch) and each rank's (seed +
+# rank * 1_000_003) stay within int64.
+SEED_LIMIT = 2**32
+
+
 @dataclass
 class TrainConfig(_Section):
     """The training loop.
@@ -233,6 +238,8 @@ class TrainConfig(_Section):
         check_int("train.grad_accum", self.grad_accum, 1)
         check_choice("train.precision", self.precision, PRECISIONS)
         check_int("train.seed", self.seed, 0)
+        if self.seed >= SEED_LIMIT:
+            raise ValueError(f"train.seed: expected an integer in [0, 2**32), got {self.seed}")
         for name in ("eval_every", "save_every"):
             check_int(f"train.{name}", getattr(self, name), 0)
         check_int("train.eval_batch_size", self.eval_batch_size, 1, allow_none=True)

@@ -191,6 +191,11 @@ def load_run(checkpoint_path, *, which: str = "last", device: str | torch.device
     return config, task, model.to(device).eval(), path
 
 
+# Rank r > 0 draws its random numbers from train.seed + r * RANK_SEED_STRIDE: one stream per rank of
+# a run (train.seed < 2**32 keeps it within int64).
+RANK_SEED_STRIDE = 1_000_003
+
+
 class _StopRequest:
     """SIGINT / SIGTERM set a flag the loop checks between steps (a step is never cut in half, so
     the checkpoint written on the way out is consistent); a second SIGINT interrupts at once.
@@ -310,6 +315,11 @@ class Trainer:
                     "(docs/compile.md)"
                 )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.optim, self.total_steps))
+        if self.dist.rank > 0:
+            # Every rank built the same weights from train.seed; from here each draws its own
+            # random numbers (dropout masks), rank 0 keeping the one-process stream. Resumes restore
+            # each rank's own state from the checkpoint.
+            torch.manual_seed(t.seed + RANK_SEED_STRIDE * self.dist.rank)
         self.state = LoopState()
         # (split, Evaluator.examples()) of the newest evaluation, on rank 0; finish writes the test's
         self._examples: tuple[str, dict[str, list]] | None = None

@@ -197,6 +197,7 @@ def test_a_run_directory_or_its_config_resumes_that_run_from_anywhere(tmp_path, 
         ("model.d_model=0", "model.d_model: expected an integer >= 1"),
         ("task.train_examples=0", "task.train_examples: expected an integer >= 1"),
         ("model.mixer_options.expand_k=0", "model.mixer_options.expand_k: expected a positive"),
+        ("train.seed=20000000000000", "train.seed: expected an integer in [0, 2**32)"),
     ],
 )
 def test_errors_name_the_key_as_the_config_spells_it(tmp_path, monkeypatch, capsys, override, message):

@@ -86,6 +86,9 @@ def test_two_processes_match_one(tmp_path):
     assert loss_accum == loss2 and [e["loss"] for e in eval_accum] == [e["loss"] for e in eval2]
     w_accum = load_file(str(tmp_path / "accum" / "checkpoints" / "step-00000010" / "model.safetensors"))
     assert all(torch.equal(w_accum[k], w2[k]) for k in w2)
+    # each rank draws its own random numbers (dropout masks) after the same initial weights
+    rng = torch.load(tmp_path / "two" / "checkpoints" / "step-00000010" / "trainer.pt", weights_only=True)["rng"]
+    assert len(rng) == 2 and not torch.equal(rng[0]["cpu"], rng[1]["cpu"])
 
 
 GLOO_THREADS = """
