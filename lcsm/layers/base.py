@@ -158,24 +158,26 @@ class Mixer(nn.Module):
         # sizes it was traced with): a state passed back in is checked for its type (another
         # mixer's state of the same field names would otherwise run silently), and an input of no
         # tokens gives no output and leaves the state as it was (several forms cannot reshape or
-        # convolve an empty sequence).
-        names = ("state", "return_state", "cu_seqlens")
-        call = {**dict(zip(names, args, strict=False)), **kwargs}
-        state = call.get("state")
+        # convolve an empty sequence). Arguments as forward's: (x, state, return_state, cu_seqlens).
         if not torch.compiler.is_compiling():
+            state = kwargs["state"] if "state" in kwargs else (args[0] if args else None)
             if state is not None:
                 want = self.__dict__.get("_state_type")
                 if want is None:
                     want = self.__dict__["_state_type"] = type(self.init_state(0))
                 if type(state) is not want:
                     raise ValueError(f"state: expected a {want.__name__} from this mixer, got {type(state).__name__}")
-            if isinstance(x, Tensor) and x.dim() == 3 and x.shape[1] == 0 and call.get("cu_seqlens") is None:
-                self.check_input(x)
-                y = x.new_zeros(x.shape)
-                if not call.get("return_state"):
-                    return y
-                return y, state if state is not None else self.init_state(x.shape[0])
+            if isinstance(x, Tensor) and x.dim() == 3 and x.shape[1] == 0:
+                return self._no_tokens(x, state, *args[1:], **{k: v for k, v in kwargs.items() if k != "state"})
         return super().__call__(x, *args, **kwargs)
+
+    def _no_tokens(self, x: Tensor, state: State | None, return_state: bool = False, cu_seqlens=None, **_):
+        """An input of no tokens: an empty output, and the state as given (or the initial one)."""
+        if cu_seqlens is not None:  # documents of no tokens: the packed forms' own checks refuse them
+            return super().__call__(x, state=state, return_state=return_state, cu_seqlens=cu_seqlens, **_)
+        self.check_input(x)
+        y = x.new_zeros(x.shape)
+        return (y, state if state is not None else self.init_state(x.shape[0])) if return_state else y
 
     def forward(
         self, x: Tensor, state: State | None = None, return_state: bool = False, cu_seqlens: Tensor | None = None
