@@ -25,6 +25,8 @@ Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
               S4 (the parameter C, any T)
     layer-NAME-T  the mixer NAME alone (lcsm.layers.build with d_model 128; s4 with l_max = T),
               forward and backward of the sum of its output, B=1 at length T
+    decode-NAME-N N one-token decoding steps (no gradients, the state carried) of the efficiency
+              bench's model NAME after a 16-token prefill: the per-call overhead of the layers
 
 A tree that cannot run a case (an option it lacks) gets "-" and the error's last line.
 """
@@ -133,7 +135,25 @@ def _case(name: str):
         layer = layers.build(mixer, 128, **({"l_max": T} if mixer == "s4" else {}))
         u = torch.randn(1, T, 128, generator=g, requires_grad=True)
         return lambda: layer(u).sum().backward()
-    patterns = "eos-KIND-T[-BxHxK], glu-T, lm-NAME-T or layer-NAME-T"
+    if name.startswith("decode-"):
+        from bench.efficiency_bench import FULL, model_config, tokens
+        from lcsm.models import build_model
+
+        _, model_name, steps = name.split("-")
+        torch.manual_seed(5)
+        model = build_model(model_config(model_name, FULL)).eval()
+        token = tokens(1, FULL.vocab, 5, torch.device("cpu"))[:, :1]
+        with torch.no_grad():
+            _, prefilled = model(tokens(16, FULL.vocab, 6, torch.device("cpu"))[:, :16], return_state=True)
+
+        @torch.no_grad()
+        def run():
+            state = prefilled
+            for _ in range(int(steps)):
+                _, state = model(token, state=state, return_state=True)
+
+        return run
+    patterns = "eos-KIND-T[-BxHxK], glu-T, lm-NAME-T, layer-NAME-T or decode-NAME-N"
     raise ValueError(f"case: expected one of {', '.join(CASES)}, {patterns}, got {name!r}")
 
 

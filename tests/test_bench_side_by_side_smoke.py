@@ -26,6 +26,15 @@ def test_one_case_in_two_trees(tmp_path, capsys):
     assert "| layer-s4-16 |" in capsys.readouterr().out
 
 
+def test_a_decode_case_steps_the_model_with_its_state():
+    """decode-NAME-N: N one-token steps from the prefill's state, without gradients (and without
+    leaving them off for what runs after)."""
+    import torch
+
+    side_by_side._case("decode-gla-3")()
+    assert torch.is_grad_enabled()
+
+
 def test_a_case_a_tree_cannot_run_is_reported_not_fatal(tmp_path):
     out = tmp_path / "report.md"
     args = ["--old", str(REPO), "--new", str(REPO), "--cases", "lm-nosuchmodel-8", "--rounds", "1"]
@@ -49,5 +58,7 @@ def test_errors_name_the_argument(tmp_path):
         side_by_side.main(["--old", str(tmp_path), "--new", str(REPO)])
     with pytest.raises(ValueError, match=r"case: expected one of kxd, product, kxd-auto, product-auto, product-packed"):
         side_by_side._case("nope")
-    with pytest.raises(ValueError, match=r"eos-KIND-T\[-BxHxK\], glu-T, lm-NAME-T or layer-NAME-T, got 'nope'"):
+    with pytest.raises(
+        ValueError, match=r"eos-KIND-T\[-BxHxK\], glu-T, lm-NAME-T, layer-NAME-T or decode-NAME-N, got 'nope'"
+    ):
         side_by_side._case("nope")
