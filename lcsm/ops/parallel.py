@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import torch
 
-from ._inputs import EOSProblem, finite_log
+from ._inputs import EOSProblem, finite_log, log_zero, real_dtype
 
 
-def _cumulative_log(g: torch.Tensor, T: int) -> torch.Tensor:
+def _cumulative_log(g: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gamma [B|1, H, T, K|1, D|1] of a log decay g [B|1, H, T|1, K|1, D|1] over the whole
     sequence, accumulated in double precision: differences of long
-    float32 cumulative sums would lose the small exponents between nearby steps."""
+    float32 cumulative sums would lose the small exponents between nearby steps. And for a
+    data-dependent g the run of each step [B|1, H, T, 1, 1]: the number of resets (steps whose
+    every log is at ``LOG_ZERO``, a decay of exactly 0: a packed document's first token) up to it.
+    A reset's log counts as 0 in Gamma and the pairs across it are masked out, which is exact;
+    summed through it, Gamma's differences after it would carry the rounding of |LOG_ZERO|."""
     wide = torch.complex128 if g.is_complex() else torch.float64
-    g = g.to(wide)
     if g.shape[2] == 1:
         steps = torch.arange(1, T + 1, device=g.device, dtype=torch.float64)
-        return g * steps.view(1, 1, T, 1, 1)
-    return g.cumsum(2)
+        return g.to(wide) * steps.view(1, 1, T, 1, 1), None
+    reset = (g.real <= log_zero(real_dtype(g.dtype))).flatten(3).all(-1)[..., None, None]
+    return g.to(wide).masked_fill(reset, 0).cumsum(2), reset.cumsum(2)
 
 
 def eos_parallel(p: EOSProblem) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,9 +46,11 @@ def eos_parallel(p: EOSProblem) -> tuple[torch.Tensor, torch.Tensor]:
         gamma = None
         w = causal.to(dtype).view(1, 1, T, T, 1, 1)
     else:
-        gamma = _cumulative_log(g, T)  # [B|1, H, T, Kg, Dg]
+        gamma, run = _cumulative_log(g, T)  # [B|1, H, T, Kg, Dg]
         diff = gamma.unsqueeze(3) - gamma.unsqueeze(2)  # [.., t, s, Kg, Dg]
         mask = causal.view(1, 1, T, T, 1, 1)
+        if run is not None:
+            mask = mask & (run.unsqueeze(3) == run.unsqueeze(2))
         w = torch.where(mask, diff, torch.zeros((), dtype=diff.dtype, device=diff.device)).exp()
         w = torch.where(mask, w, torch.zeros((), dtype=w.dtype, device=w.device)).to(dtype)
     if p.e_is_vector and p.s_is_vector and w.shape[-1] == 1:
@@ -60,6 +66,9 @@ def eos_parallel(p: EOSProblem) -> tuple[torch.Tensor, torch.Tensor]:
     else:
         decay_to_end = (gamma[:, :, -1:] - gamma).exp().to(dtype)  # exp(Gamma_T - Gamma_s)
         from_start = gamma.exp().to(dtype)  # exp(Gamma_t)
+        if run is not None:
+            decay_to_end = decay_to_end * (run == run[:, :, -1:])
+            from_start = from_start * (run == 0)
     m_T = (decay_to_end * e * p.i.unsqueeze(-2)).sum(2).expand(B, H, K, D)
     if p.m0 is not None:
         y = y + (s * from_start * p.m0.unsqueeze(2)).sum(-2)

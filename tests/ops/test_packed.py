@@ -17,7 +17,7 @@ from torch.nn.functional import logsigmoid, normalize
 from lcsm.ops import LogProduct, eos, eos_delta, eos_rotating, explain
 from lcsm.ops import chunk as chunk_module
 from lcsm.ops import delta as delta_module
-from lcsm.testing import assert_close
+from lcsm.testing import assert_close, rel_rms
 
 H, K, D = 2, 3, 4
 T = 23
@@ -247,6 +247,23 @@ def test_strong_decays_with_document_starts(decay, dtype):
     log_o = inputs["log_o"]
     inputs["log_o"] = tuple(x * scale for x in log_o) if isinstance(log_o, tuple) else log_o * scale
     check_packed(eos, inputs, b, dtype, decay, mode="chunk", chunk_size=8)
+
+
+@pytest.mark.parametrize("decay", ["scalar", "row", "col", "full"])
+@pytest.mark.parametrize("mode, chunk_size", [("chunk", 4), ("chunk", 5), ("parallel", 64)])
+def test_document_starts_cost_no_precision(decay, mode, chunk_size):
+    """In float64 a packed call is as close to its documents run alone (here through the same
+    mode, from zero states) as an unpacked call is to the recurrence, ~1e-16 relative RMS: the
+    forms take a document's first token (log at LOG_ZERO = -1024) as a reset, where cumulative
+    logs summed through it put its rounding, ~2e-13, into every later pair (~1e-13 off)."""
+    b = [0, 3, 11, 12, 19, 23]  # every chunk of 4 or 5 holds a document start
+    inputs = {k: _cast(v, torch.float64) for k, v in make_inputs(decay, n_docs=len(b) - 1, seed=11).items()}
+    inputs["initial_state"] = None
+    kwargs = {"mode": mode, "chunk_size": chunk_size}
+    got = outputs_and_grads(lambda a: eos(**a, output_final_state=True, cu_seqlens=torch.tensor(b), **kwargs), inputs)
+    expected = outputs_and_grads(lambda a: separate(eos, a, b, **kwargs), inputs)
+    errors = {name: rel_rms(got[name], expected[name]) for name in expected if expected[name] is not None}
+    assert max(errors.values()) < 1e-14, errors
 
 
 @pytest.mark.parametrize("tail_cost", [0, 1])

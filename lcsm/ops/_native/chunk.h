@@ -204,11 +204,27 @@ int64_t FN(chunk_scratch_)(int64_t C, int64_t K, int64_t D) {
 
 /* a chunk's decay factors from its logs g (L steps, stride st): W [Cp, Cp] (W_tj for j <= t, 0
  * above), a, b and inv = 1 / a [Cp] (1, 0 and 1 past L), returning exp(Gam_last). Without g: W all
- * ones on and below the diagonal, a = b = inv = 1. */
+ * ones on and below the diagonal, a = b = inv = 1. A step whose log is at most CHUNK_LOG_ZERO (a
+ * reset: a decay of exactly 0, a packed document's first token) restarts the sums, its own log
+ * taken as 0: every factor spanning it is exactly 0 and is set so, and the others are differences
+ * within one run between resets. Summed through it, the differences would carry the rounding of
+ * |Gam| >= |LOG_ZERO| (about 2e-13 in double) into every pair after it. */
 static REAL FN(chunk_decay_)(const REAL *g, int64_t st, int64_t t0, int64_t L, int64_t Cp, double *gam, REAL *W,
                              REAL *a, REAL *b, REAL *inv) {
-    double total = 0;
-    for (int64_t t = 0; t < L; t++) gam[t] = total += g ? (double)FN(chunk_log_)(g[(t0 + t) * st]) : 0;
+    double total = 0, span = 0;
+    int64_t first = L, last = -1; /* the chunk's first and last reset (none: L and -1) */
+    for (int64_t t = 0; t < L; t++) {
+        const REAL log = g ? g[(t0 + t) * st] : 0;
+        if (log <= CHUNK_LOG_ZERO) {
+            total = 0, last = t;
+            first = first < L ? first : t;
+        } else {
+            total += (double)log;
+        }
+        gam[t] = total;
+        span = -total > span ? -total : span;
+    }
+    int64_t run = 0; /* the step that starts t's run: its last reset, or the chunk start */
     for (int64_t t = 0; t < Cp; t++) {
         REAL *w = W + t * Cp;
         for (int64_t j = 0; j < Cp; j++) w[j] = 0;
@@ -216,15 +232,17 @@ static REAL FN(chunk_decay_)(const REAL *g, int64_t st, int64_t t0, int64_t L, i
             a[t] = 1, b[t] = 0, inv[t] = 1;
             continue;
         }
-        a[t] = g ? FN(exp_)((REAL)gam[t]) : 1;
-        b[t] = g ? FN(exp_)((REAL)(total - gam[t])) : 1;
+        run = g && g[(t0 + t) * st] <= CHUNK_LOG_ZERO ? t : run;
+        const REAL from_run = g ? FN(exp_)((REAL)gam[t]) : 1;
+        a[t] = t < first ? from_run : 0;
+        b[t] = t >= last ? (g ? FN(exp_)((REAL)(total - gam[t])) : 1) : 0;
         inv[t] = g ? FN(exp_)((REAL)-gam[t]) : 1;
-        if (g && -total > CHUNK_SPAN)
-            for (int64_t j = 0; j <= t; j++) w[j] = FN(exp_)((REAL)(gam[t] - gam[j]));
+        if (g && span > CHUNK_SPAN)
+            for (int64_t j = run; j <= t; j++) w[j] = FN(exp_)((REAL)(gam[t] - gam[j]));
         else /* every factor within exp(CHUNK_SPAN): exp(Gam_t) exp(-Gam_j), a product, not an exp */
-            for (int64_t j = 0; j <= t; j++) w[j] = a[t] * inv[j];
+            for (int64_t j = run; j <= t; j++) w[j] = from_run * inv[j];
     }
-    return g ? FN(exp_)((REAL)total) : 1;
+    return g && last < 0 ? FN(exp_)((REAL)total) : (g ? 0 : 1);
 }
 
 /* a [n, n] (ld) block times W elementwise; strict: the diagonal zeroed too */
