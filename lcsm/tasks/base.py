@@ -8,10 +8,10 @@ model needs to solve it. An engine uses any registered task the same way::
     train, test = task.dataset("train"), task.dataset("test")
     model = ...  # a `task.default_head` model over `task.vocab_size` tokens, up to `task.max_len`
     for batch in train.loader(batch_size=64, shuffle=True, seed=0, epoch=epoch):
-        loss = task.loss(model(batch["input_ids"]), batch["labels"])
+        loss = task.loss(task.logits(model, batch), batch["labels"])  # the batch's lengths etc. too
     evaluator = task.evaluator()
     for batch in test.loader(batch_size=64):
-        evaluator.update(model(batch["input_ids"]), batch["labels"], batch)
+        evaluator.update(task.logits(model, batch), batch["labels"], batch)
     metrics = evaluator.compute()   # {"loss", "accuracy", "accuracy/<segment>", ...}
 
 The data layout is described in ``data``, the cache in ``cache``, the metrics in ``metrics``.
