@@ -58,7 +58,18 @@ Instance = tuple[list[int], list[int]]
 
 
 def recall_instance(u: Uniforms, c, train: bool) -> Instance:
-    """(Noisy) in-context recall, MAD ``generate_in_context_recall_instance``."""
+    """(Noisy) in-context recall, MAD ``generate_in_context_recall_instance``. MAD keeps one pair
+    from noise, drawn among all seq_len / 2 pairs, but its loop stops a pair short (the last is
+    the probe's), so when the kept one is that last pair every pair can turn out noise, leaving no
+    key to probe (MAD raises there: likely with short sequences and much noise, e.g. seq_len 16,
+    frac_noise 0.5). Such an instance is drawn again; every other instance is MAD's draw."""
+    while (instance := _recall_draw(u, c, train)) is None:
+        pass
+    return instance
+
+
+def _recall_draw(u: Uniforms, c, train: bool) -> Instance | None:
+    """One of ``recall_instance``'s draws; None when every pair became noise."""
     copy_prefix = c.vocab_size - 1
     plain = (c.vocab_size if c.multi_query else c.vocab_size - 1) - c.noise_vocab_size
     half = plain // 2  # keys [0, half), values [half, plain), noise after them
@@ -67,7 +78,7 @@ def recall_instance(u: Uniforms, c, train: bool) -> Instance:
     kv: dict[int, int] = {}
     presented: dict[int, int] = {}
     pairs = c.seq_len // 2
-    keep = u.below(pairs)  # at least one pair is not noise
+    keep = u.below(pairs)  # one pair is not noise (unless it is the last: see recall_instance)
     for i in range(pairs - 1):
         if c.frac_noise > 0 and i != keep and u() < c.frac_noise:
             inputs += [plain + u.below(c.noise_vocab_size) for _ in range(2)]
@@ -80,6 +91,8 @@ def recall_instance(u: Uniforms, c, train: bool) -> Instance:
         inputs += [k, v]
         targets += [IGNORE_INDEX, v if (k in presented and c.multi_query) else IGNORE_INDEX]
         presented[k] = v
+    if not presented:
+        return None
     probe = list(presented)[u.below(len(presented))]
     if not c.multi_query:
         inputs.append(copy_prefix)

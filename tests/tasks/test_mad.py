@@ -39,6 +39,19 @@ def test_recall_answers_are_earlier_values(tmp_path, name):
     assert (n_noise > 0) == (c.frac_noise > 0)
 
 
+@pytest.mark.parametrize("seq_len", [8, 16])
+def test_noisy_recall_of_short_sequences_probes_a_shown_key(tmp_path, seq_len):
+    """With few pairs and much noise every pair can turn out noise (MAD's kept pair may be the
+    last, which its loop never reaches); such an instance is drawn again, so each example still
+    probes a key it showed. It raised an IndexError."""
+    task = build("mad_noisy_recall", tmp_path, seq_len=seq_len, frac_noise=0.5, noise_vocab_size=4)
+    c = task.config
+    plain = c.vocab_size - c.noise_vocab_size
+    for x, y in labelled(task.dataset("test").segments[0]):
+        probes = [t for t, target in enumerate(y) if target != -100]
+        assert probes and all(x[t] < plain // 2 and any(x[i] == x[t] for i in range(0, t, 2)) for t in probes)
+
+
 def test_fuzzy_recall_values_follow_earlier_keys(tmp_path):
     """Every value follows an earlier occurrence of its key, but for MAD's unreached probe: a final
     probe whose key the sequence never showed (about 1.7% of examples; see fuzzy_recall_instance)."""
