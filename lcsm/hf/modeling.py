@@ -18,6 +18,7 @@ mask columns of the tokens fed after them must be 1 (generate's growing mask is)
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
@@ -94,6 +95,14 @@ class LcsmPreTrainedModel(PreTrainedModel):
                 f"from_pretrained: the checkpoint lacks {len(missing)} weight(s) of the lcsm model its config "
                 f"describes, e.g. {missing[:5]}"
             )
+        if info.get("mismatched_keys"):
+            # (ignore_mismatched_sizes=True: transformers would leave them as uninitialised memory)
+            mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info["mismatched_keys"])
+            raise ValueError(
+                f"from_pretrained: {len(mismatched)} weight(s) of the checkpoint have other shapes than the lcsm "
+                f"model its config describes, e.g. {mismatched[:5]}; build the model from its config and copy "
+                "the weights that fit instead"
+            )
         return (model, info) if want_info else model
 
 
@@ -104,7 +113,17 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
 
     def __init__(self, config: LcsmConfig):
         super().__init__(config)
-        self.model = CausalLM(config.model_config())
+        # transformers builds a model for a dtype (from_config(dtype=...), from_pretrained(dtype=...))
+        # under that default dtype: lcsm's layers would then form their float32 parameters (an SSM's
+        # A, dt) in half precision. Built in float32 and converted, they stay float32, as with
+        # lcsm's own .to() (Mixer._apply).
+        dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
+        try:
+            self.model = CausalLM(config.model_config())
+        finally:
+            torch.set_default_dtype(dtype)
+        self.model.to(dtype)
         # Loading in half precision (from_pretrained(dtype=torch.bfloat16)) keeps the mixers'
         # float32_parameters in float32, as lcsm's own .to() does (Mixer._apply): transformers
         # casts the weights whose names match these patterns (anchored: exact names) to float32.
@@ -126,6 +145,19 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         # A tied head has no module of its own (lcsm reads the embedding matrix).
         return self.model.lm_head
+
+    def set_output_embeddings(self, value):
+        self.model.lm_head = value
+
+    def resize_token_embeddings(self, *args, **kwargs):
+        """transformers' resize, with the lcsm config following the new vocabulary: the model's
+        token-id check reads it, and ``save_pretrained`` writes it."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        config = dataclasses.replace(self.model.config, vocab_size=embeddings.num_embeddings)
+        self.model.config = self.model.backbone.config = config
+        self.config.lcsm = config.to_dict()
+        self.config.vocab_size = config.vocab_size
+        return embeddings
 
     def forward(
         self,
@@ -153,6 +185,10 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
         for name in ("output_attentions", "output_hidden_states"):
             if kwargs.pop(name, None):
                 raise ValueError(f"{name}: not supported by lcsm models, got True")
+        # transformers' Trainer passes the labelled tokens of the whole accumulated batch, so that
+        # the loss is a sum over this micro-batch divided by them (a forward with **kwargs is
+        # read as taking it)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if kwargs:
             raise TypeError(f"forward: unexpected argument(s) {', '.join(sorted(kwargs))}")
         if cache is not None and not isinstance(cache, LcsmCache):
@@ -162,7 +198,7 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
         B, T = input_ids.shape
         seen = cache.seen if cache is not None else 0
         if attention_mask is not None and (
-            attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T
+            attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] != seen + T
         ):
             raise ValueError(
                 f"attention_mask: expected [B, seen + T] = [{B}, {seen + T}] (the tokens the cache has read and "
@@ -171,6 +207,8 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
         # Only the columns of the tokens fed now: earlier ones were read when their tokens were fed
         # (and reading them again would make each decoding step cost O(context)).
         fed = attention_mask[:, -T:] if attention_mask is not None else None
+        if fed is not None and not bool(((fed == 0) | (fed == 1)).all()):
+            raise ValueError(f"attention_mask: expected 1 (a token) or 0 (padding), got values {fed.unique().tolist()}")
         padded = fed is not None and not bool(fed.all())
         continuing = cache is not None and cache.seen > 0
         if padded and continuing:
@@ -207,7 +245,10 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
                 logits[:, :-1].float().reshape(-1, logits.shape[-1]),
                 labels[:, 1:].reshape(-1).to(logits.device),
                 ignore_index=-100,
+                reduction="mean" if num_items_in_batch is None else "sum",
             )
+            if num_items_in_batch is not None:
+                loss = loss / num_items_in_batch
         if return_dict is False:
             return tuple(v for v in (loss, logits, cache) if v is not None)
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)

@@ -272,6 +272,12 @@ def test_bad_inputs():
         model(torch.zeros(1, 2, dtype=torch.long), output_attentions=True)
     with pytest.raises(ValueError, match=r"attention_mask: expected \[B, seen \+ T\] = \[1, 2\].*got \[1, 1\]"):
         model(torch.zeros(1, 2, dtype=torch.long), attention_mask=torch.ones(1, 1))
+    with pytest.raises(ValueError, match=r"attention_mask: expected \[B, seen \+ T\] = \[1, 2\].*got \[1, 4\]"):
+        model(torch.zeros(1, 2, dtype=torch.long), attention_mask=torch.tensor([[1, 1, 0, 0]]))
+    with pytest.raises(
+        ValueError, match=r"attention_mask: expected 1 \(a token\) or 0 \(padding\), got values \[1, 2\]"
+    ):
+        model(torch.zeros(1, 2, dtype=torch.long), attention_mask=torch.tensor([[2, 1]]))
     with pytest.raises(ValueError, match="output_hidden_states: not supported"):
         model.generate(torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2, output_hidden_states=True)
     with pytest.raises(ValueError, match=r"labels: expected the shape of input_ids \[1, 2\], got \[1, 3\]"):
@@ -288,6 +294,57 @@ def test_missing_weights_are_an_error(tmp_path):
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match="the checkpoint lacks 1 weight.*model.backbone.norm.weight"):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_weights_of_other_shapes_are_an_error_not_uninitialised_memory(tmp_path):
+    tiny().save_pretrained(tmp_path)
+    other = LcsmConfig(lcsm=dict(mixer="gla", vocab_size=48, d_model=16, n_layers=2))
+    with pytest.raises(ValueError, match="other shapes.*model.backbone.embedding.weight"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, config=other, ignore_mismatched_sizes=True)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_resized_embeddings_take_the_new_ids_and_round_trip(tmp_path, tie):
+    model = tiny(tie_embeddings=tie)
+    model.resize_token_embeddings(40)
+    ids = torch.tensor([[35, 3, 39]])
+    logits = model(ids).logits
+    assert logits.shape == (1, 3, 40) and model.config.lcsm["vocab_size"] == model.config.vocab_size == 40
+    model.save_pretrained(tmp_path)
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path)(ids).logits, logits)
+
+
+def test_the_trainer_trains_with_the_loss_over_the_accumulated_batch(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    model = tiny().train()
+    ids = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(5))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        use_cpu=True,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        report_to=[],
+        save_strategy="no",
+        learning_rate=0.0,
+    )
+    result = Trainer(model=model, args=args, train_dataset=data).train()
+    # the two micro-batches' sums over all 4 x 7 labelled tokens: the whole batch's mean
+    expected = model(ids, labels=ids).loss.item()
+    assert result.training_loss == pytest.approx(expected, rel=1e-5)
+    summed = model(ids[:2], labels=ids[:2], num_items_in_batch=torch.tensor(28)).loss
+    assert summed.item() == pytest.approx(model(ids[:2], labels=ids[:2]).loss.item() * 14 / 28, rel=1e-6)
+
+
+def test_built_for_half_precision_the_float32_parameters_are_those_of_float32():
+    config = LcsmConfig(lcsm=dict(mixer="s4d", vocab_size=32, d_model=16, n_layers=1))
+    torch.manual_seed(0)
+    full = LcsmForCausalLM(config)
+    torch.manual_seed(0)
+    half = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    assert same_weights(full.to(torch.bfloat16), half)
 
 
 def test_import_without_transformers_names_the_extra(monkeypatch):
