@@ -55,7 +55,13 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     tok.add_special_tokens([AddedToken(EOD, special=True)])
     if tok.token_to_id(EOD) != ByteTokenizer.eod:
         raise AssertionError(f"byte tokenizer: end-of-document got id {tok.token_to_id(EOD)}, expected 256")
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOD)
+    return _fast(tok)
+
+
+def _fast(tok) -> PreTrainedTokenizerFast:
+    """``tok`` as a transformers tokenizer with end-of-document as its eos token. A text's own
+    "<|endoftext|>" is text (split_special_tokens), as the lm task's tokenizers read it."""
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOD, split_special_tokens=True)
 
 
 def task_tokenizer(task) -> PreTrainedTokenizerFast | None:
@@ -64,7 +70,7 @@ def task_tokenizer(task) -> PreTrainedTokenizerFast | None:
     if isinstance(tokenizer, ByteTokenizer):
         return byte_tokenizer()
     if isinstance(tokenizer, BPETokenizer):
-        return PreTrainedTokenizerFast(tokenizer_object=tokenizer.tok, eos_token=EOD)
+        return _fast(tokenizer.tok)
     return None
 
 

@@ -7,12 +7,15 @@ domain. ``corpus`` options:
 
     "default"            State of the Union + Moby Dick (a document per address / chapter)
     "sotu", "moby_dick"  one of them
-    "path:/a/dir"        every *.txt file under a directory (one document per file), or one file
+    "path:/a/dir"        every *.txt file under a directory (one document per file), or one file,
+                         cut at line breaks into train / validation / test by the fractions
     "wikitext-103"       Hugging Face ``datasets`` ("wikitext", "wikitext-103-raw-v1"), online only;
     "wikitext-2"         its own train / validation / test splits, one document per article
 
 Documents are assigned to train / validation / test by a hash of (seed, document id), so the
-splits are disjoint by document and stable when documents are added. Each split is one token
+splits are disjoint by document and stable when documents are added (one file: its first
+lines train, its last ``test_fraction`` of text test, the ``validation_fraction`` before them
+validation). Each split is one token
 stream — every document's tokens followed by an end-of-document token — cut into windows of
 ``seq_len + 1`` tokens that overlap by one (inputs ``w[:-1]``, labels ``w[1:]``: every token of the
 stream is predicted exactly once). Windows run across document boundaries as in GPT-2 and
@@ -39,6 +42,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,14 +93,29 @@ def moby_dick_documents(root: Path) -> list[Document]:
 
 
 def path_documents(path: Path) -> list[Document]:
-    if path.is_file():
-        return [(path.name, path.read_text(errors="replace"))]
+    """Every *.txt file under directory ``path``, one document each."""
     if not path.is_dir():
         raise ValueError(f"corpus: no such file or directory {str(path)!r}")
     files = sorted(p for p in path.rglob("*.txt") if p.is_file())
     if not files:
         raise ValueError(f"corpus: no *.txt files under {str(path)!r}")
     return [(str(p.relative_to(path)), p.read_text(errors="replace")) for p in files]
+
+
+def file_splits(path: Path, validation: float, test: float) -> dict[str, list[Document]]:
+    """One file's text cut at line breaks into train, validation and test, in that order (the
+    last ``test`` of its characters test, the ``validation`` before them validation, as
+    nanoGPT's one-file corpora): one document each."""
+    text = path.read_text(errors="replace")
+    lines = text.splitlines(keepends=True)
+    starts = np.cumsum([0] + [len(line) for line in lines[:-1]])
+    ends = ((1 - validation - test) * len(text), (1 - test) * len(text))
+    parts = np.searchsorted(ends, starts, side="right")  # 0, 1, 2: the part of each line's start
+    out: dict[str, list[Document]] = {}
+    for k, split in enumerate(SPLITS):
+        part = "".join(line for line, where in zip(lines, parts, strict=True) if where == k)
+        out[split] = [(f"{path.name}:{split}", part)] if part else []
+    return out
 
 
 _HEADING = re.compile(r"^ = [^=].* = $")
@@ -128,8 +147,16 @@ def load_wikitext(name: str) -> dict[str, list[Document]]:
             f"corpus {name!r}: needs the Hugging Face 'datasets' package (pip install datasets) "
             "and internet access; offline, use corpus 'default' or 'path:...'"
         ) from None
+    from lcsm.data import SourceUnavailable
+
     config = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}[name]
-    data = datasets.load_dataset("wikitext", config)
+    try:
+        data = datasets.load_dataset("wikitext", config)
+    except (ConnectionError, OSError) as exc:  # datasets' hub errors derive from these
+        raise SourceUnavailable(
+            f"corpus {name!r}: the Hugging Face hub could not serve 'wikitext' ({type(exc).__name__}: {exc}); "
+            "it needs internet access (offline, use corpus 'default' or 'path:...')"
+        ) from exc
     return {split: wikitext_documents(data[split]) for split in SPLITS}
 
 
@@ -160,6 +187,9 @@ class BPETokenizer:
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
+        # A document's own text "<|endoftext|>" is text, as for the byte tokenizer: matched as the
+        # special token it would end the document where it does not end
+        tokenizer.encode_special_tokens = True
         self.vocab_size = tokenizer.get_vocab_size()
         self.eod = tokenizer.token_to_id(EOD)
 
@@ -200,6 +230,20 @@ class BPETokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(list(ids))
+
+
+def _load_bpe(path: Path) -> BPETokenizer | None:
+    """The BPE tokenizer cached at ``path``, or None (with a warning) if the file is unreadable:
+    it is trained again and the file replaced, as a damaged task cache file is regenerated."""
+    try:
+        return BPETokenizer.load(path)
+    except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
+        warnings.warn(
+            f"ignoring corrupt BPE tokenizer file {path} ({type(exc).__name__}: {exc}); training it again",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
 
 
 # ----------------------------------------------------------------------------- the task
@@ -318,19 +362,25 @@ class LanguageModelling(Task):
             if c.corpus.startswith("wikitext"):
                 self._documents = load_wikitext(c.corpus)
             else:
-                if c.corpus.startswith("path:"):
-                    docs = path_documents(Path(c.corpus[len("path:") :]).expanduser())
-                else:
-                    readers = {"sotu": sotu_documents, "moby_dick": moby_dick_documents}
-                    docs = [d for n in self._source_names() for d in readers[n](self._source_dir(n))]
+                path = Path(c.corpus[len("path:") :]).expanduser() if c.corpus.startswith("path:") else None
                 by_split: dict[str, list[Document]] = {s: [] for s in SPLITS}
-                for doc in docs:
-                    by_split[split_of(doc[0], c.seed, c.validation_fraction, c.test_fraction)].append(doc)
+                if path is not None and path.is_file():
+                    by_split = file_splits(path, c.validation_fraction, c.test_fraction)
+                    how = "one file's lines"
+                else:
+                    if path is not None:
+                        docs = path_documents(path)
+                    else:
+                        readers = {"sotu": sotu_documents, "moby_dick": moby_dick_documents}
+                        docs = [d for n in self._source_names() for d in readers[n](self._source_dir(n))]
+                    for doc in docs:
+                        by_split[split_of(doc[0], c.seed, c.validation_fraction, c.test_fraction)].append(doc)
+                    how = f"{len(docs)} document(s)"
                 empty = [s for s, d in by_split.items() if not d]
                 if empty:
                     raise ValueError(
-                        f"corpus {c.corpus!r}: {len(docs)} document(s) leave split(s) {empty} empty; "
-                        "give more documents or larger validation/test fractions"
+                        f"corpus {c.corpus!r}: {how} leave split(s) {empty} empty; "
+                        "give more text (documents) or larger validation/test fractions"
                     )
                 self._documents = by_split
         return self._documents
@@ -355,15 +405,14 @@ class LanguageModelling(Task):
                 unpacked = self if not c.packing else type(self)(dataclasses.replace(c, packing=False))
                 key = unpacked.cache_key("train")
                 path = self.cache_dir / "lm" / f"bpe-{key}.json"
-                if key in _TRAINED_BPE:
-                    self._tokenizer = _TRAINED_BPE[key]
-                elif path.is_file():
-                    self._tokenizer = BPETokenizer.load(path)
-                else:
-                    self._tokenizer = BPETokenizer.train((t for _, t in self.documents()["train"]), c.bpe_vocab)
-                    _TRAINED_BPE[key] = self._tokenizer
-                if self.use_cache and not path.is_file():
-                    self._tokenizer.save(path)
+                loaded = _TRAINED_BPE.get(key) or (_load_bpe(path) if path.is_file() else None)
+                trained = loaded is None
+                if trained:
+                    loaded = BPETokenizer.train((t for _, t in self.documents()["train"]), c.bpe_vocab)
+                    _TRAINED_BPE[key] = loaded
+                if self.use_cache and (trained or not path.is_file()):  # (trained: replaces a damaged file)
+                    loaded.save(path)
+                self._tokenizer = loaded
         return self._tokenizer
 
     # --- the Task interface

@@ -19,6 +19,7 @@ so no test haystack text is seen in training; needle numbers are drawn per examp
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,8 +66,13 @@ class NIAHConfig(TaskConfig):
     def __post_init__(self):
         contexts = tuple(self.contexts) if isinstance(self.contexts, (list, tuple)) else (self.contexts,)
         depths = tuple(self.depths) if isinstance(self.depths, (list, tuple)) else (self.depths,)
+        for name, values in (("contexts", contexts), ("depths", depths)):
+            if not values:
+                raise ValueError(f"{name}: expected at least one value, got {getattr(self, name)!r}")
+        if not all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in depths):
+            raise ValueError(f"depths: expected fractions in [0, 1] (a list of numbers), got {self.depths!r}")
         object.__setattr__(self, "contexts", contexts)
-        object.__setattr__(self, "depths", tuple(float(d) for d in depths if not isinstance(d, bool)))
+        object.__setattr__(self, "depths", tuple(float(d) for d in depths))
         check_int("digits", self.digits, 1)
         overhead = len(needle_text("0" * self.digits)) + len(QUESTION) + self.digits
         for L in contexts:
@@ -201,11 +207,22 @@ class NeedleInAHaystack(Task):
     def evaluator(cls) -> NIAHEvaluator:
         return NIAHEvaluator(cls.slice_keys)
 
+    @property
+    def tokenizer(self) -> lm.ByteTokenizer:
+        """The ``lm`` byte tokenizer its text is in (``lcsm export`` writes it beside the model)."""
+        return lm.ByteTokenizer()
+
     def encode(self, text: str) -> list[int]:
-        return lm.ByteTokenizer().encode(text)
+        return self.tokenizer.encode(text)
 
     def decode(self, ids) -> str:
-        return lm.ByteTokenizer().decode(ids)
+        return self.tokenizer.decode(ids)
+
+    def cache_key(self, split: str) -> str:
+        # The haystack is the lm task's stream: data of another version of its generator are other
+        # data here too, whatever this generator's own version.
+        own = super().cache_key(split)
+        return hashlib.sha256(f"{own}:lm-{lm.LanguageModelling.generator_version}".encode()).hexdigest()[:32]
 
     def describe(self) -> str:
         c = self.config

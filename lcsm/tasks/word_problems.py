@@ -79,13 +79,15 @@ def running_products(words: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 
 def parse_lengths(name: str, value) -> tuple[int, ...]:
-    """``"16,32"`` or ``[16, 32]`` -> (16, 32): distinct lengths >= 1."""
+    """``"16,32"`` or ``[16, 32]`` -> (16, 32), ``16`` -> (16,): distinct lengths >= 1."""
     if isinstance(value, str):
         items = value.replace(" ", "").split(",")
         if not all(i.isdigit() for i in items):
             raise ValueError(f"{name}: expected lengths separated by commas, e.g. '16,64', got {value!r}")
         value = [int(i) for i in items]
-    if isinstance(value, int) or not hasattr(value, "__iter__"):
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]  # one length, as a YAML file gives it
+    if not hasattr(value, "__iter__"):
         raise ValueError(f"{name}: expected a non-empty sequence of lengths, got {value!r}")
     lengths = tuple(value)
     if not lengths:

@@ -90,9 +90,19 @@ def test_export_lm_run_with_its_tokenizer(tmp_path, monkeypatch, capsys, tokeniz
     assert hf_tok.decode(ids) == TEXT == task.decode(ids)
     assert hf_tok.eos_token == "<|endoftext|>" and hf_tok.eos_token_id == task.tokenizer.eod
     assert AutoModelForCausalLM.from_pretrained(out).config.eos_token_id == task.tokenizer.eod
+    literal = "a<|endoftext|>b"  # a document's own text: text to both, not end-of-document
+    assert hf_tok(literal)["input_ids"] == task.encode(literal) and task.tokenizer.eod not in task.encode(literal)
     if tokenizer == "byte":
         assert len(hf_tok) == ByteTokenizer.vocab_size
         assert hf_tok(bytes(range(128)).decode())["input_ids"] == list(range(128))
+
+
+def test_a_niah_model_gets_the_byte_tokenizer():
+    from lcsm import tasks
+    from lcsm.hf.export import task_tokenizer
+
+    tok = task_tokenizer(tasks.build("niah", use_cache=False))
+    assert tok is not None and tok.eos_token_id == ByteTokenizer.eod and tok("Ahab")["input_ids"] == list(b"Ahab")
 
 
 @pytest.mark.parametrize(

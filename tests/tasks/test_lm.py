@@ -133,6 +133,55 @@ def test_wikitext_records_group_into_articles():
     assert len(docs) == 2 and docs[0][1].count("Gameplay") == 1 and docs[1][1].startswith(" = Tower")
 
 
+def test_one_file_is_cut_at_line_breaks_into_the_three_splits(tmp_path):
+    lines = [f"line {i}: " + "word " * (i % 7 + 1) + "\n" for i in range(400)]
+    path = tmp_path / "one.txt"
+    path.write_text("".join(lines))
+    task = tasks.build("lm", corpus=f"path:{path}", seq_len=16, use_cache=False)
+    docs = task.documents()
+    parts = [docs[split][0][1] for split in task.splits]
+    assert all(len(docs[split]) == 1 for split in task.splits) and "".join(parts) == path.read_text()
+    assert all(part.endswith("\n") for part in parts)  # whole lines, in the file's order
+    shares = [len(part) / len(path.read_text()) for part in parts]
+    assert shares[1] == pytest.approx(0.05, abs=0.01) and shares[2] == pytest.approx(0.05, abs=0.01)
+    assert len(task.dataset("test")) > 0
+    (tmp_path / "short.txt").write_text("a single line\n")
+    with pytest.raises(ValueError, match=r"one file's lines leave split\(s\) \['validation', 'test'\] empty"):
+        tasks.build("lm", corpus=f"path:{tmp_path / 'short.txt'}", use_cache=False).documents()
+
+
+def test_bpe_reads_the_end_of_document_text_in_a_document_as_text(tmp_path, corpus):
+    bpe = build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300)
+    ids = bpe.encode("a<|endoftext|>b")
+    assert bpe.tokenizer.eod not in ids and bpe.decode(ids) == "a<|endoftext|>b"
+
+
+def test_a_damaged_bpe_file_is_trained_again_with_a_warning(tmp_path, corpus):
+    from lcsm.tasks import lm
+
+    text = "the ship sailed on"
+    ids = build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300).encode(text)
+    (saved,) = (tmp_path / "cache" / "lm").glob("bpe-*.json")
+    saved.write_text(saved.read_text()[:2000])
+    lm._TRAINED_BPE.clear()  # as a new process
+    with pytest.warns(RuntimeWarning, match="ignoring corrupt BPE tokenizer file"):
+        assert build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300).encode(text) == ids
+    lm._TRAINED_BPE.clear()
+    assert build(tmp_path, corpus, tokenizer="bpe", bpe_vocab=300).encode(text) == ids  # the file replaced
+
+
+def test_wikitext_offline_says_what_to_do(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    from lcsm.data import SourceUnavailable
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'wikitext' on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(SourceUnavailable, match="corpus 'wikitext-2': the Hugging Face hub could not serve"):
+        tasks.build("lm", corpus="wikitext-2", use_cache=False).documents()
+
+
 def test_config_errors(tmp_path):
     with pytest.raises(ValueError, match="corpus: expected one of default"):
         tasks.build("lm", corpus="wikitext")

@@ -87,6 +87,26 @@ def test_deterministic_and_config_errors(tmp_path, task):
         tasks.build("niah", depths=[1.5])
     with pytest.raises(ValueError, match="contexts: expected an integer >= "):
         tasks.build("niah", contexts=[32])
+    for depths in ("0,0.5", ["x"], [None], [True]):
+        with pytest.raises(ValueError, match=r"depths: expected fractions in \[0, 1\] \(a list of numbers\)"):
+            tasks.build("niah", depths=depths)
+    for option in ("contexts", "depths"):
+        with pytest.raises(ValueError, match=f"{option}: expected at least one value"):
+            tasks.build("niah", **{option: []})
+
+
+def test_cache_key_follows_the_haystack_generator(task, monkeypatch):
+    from lcsm.tasks.lm import LanguageModelling
+
+    key = task.cache_key("test")
+    monkeypatch.setattr(LanguageModelling, "generator_version", LanguageModelling.generator_version + 1)
+    assert task.cache_key("test") != key
+
+
+def test_the_byte_tokenizer_is_the_task_s(task):
+    from lcsm.tasks.lm import ByteTokenizer
+
+    assert isinstance(task.tokenizer, ByteTokenizer) and task.decode(task.encode("Ahab 1234")) == "Ahab 1234"
 
 
 def test_cache_follows_the_corpus_files(tmp_path, task):

@@ -65,12 +65,18 @@ def test_deterministic_and_seeded():
     assert torch.equal(data(0), data(0)) and not torch.equal(data(0), data(1))
 
 
+def test_one_length_may_be_a_number():
+    task = tasks.build("word_problems", train_lengths=16, test_lengths=32, use_cache=False)
+    assert task.config.train_lengths == (16,) and task.config.test_lengths == (32,)
+
+
 @pytest.mark.parametrize(
     "option, value, pattern",
     [
         ("group", "s4", "group: expected one of 'z2', 's3', 'a5', got 's4'"),
         ("train_lengths", "16,x", "train_lengths: expected lengths separated by commas"),
         ("test_lengths", [], "test_lengths: expected a non-empty sequence of lengths"),
+        ("test_lengths", True, "test_lengths: expected a non-empty sequence of lengths"),
         ("test_lengths", [16, 16], "test_lengths: duplicate lengths"),
         ("train_lengths", [0], "train_lengths length: expected an integer >= 1, got 0"),
         ("train_examples", 0, "train_examples: expected an integer >= 1, got 0"),
