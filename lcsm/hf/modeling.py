@@ -249,7 +249,7 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
             )
             if num_items_in_batch is not None:
                 loss = loss / num_items_in_batch
-        if return_dict is False:
+        if not (return_dict if return_dict is not None else self.config.return_dict):
             return tuple(v for v in (loss, logits, cache) if v is not None)
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
 

@@ -296,6 +296,16 @@ def test_missing_weights_are_an_error(tmp_path):
         AutoModelForCausalLM.from_pretrained(tmp_path)
 
 
+def test_config_return_dict_false_gives_tuples():
+    model = tiny()
+    ids = torch.tensor([[1, 2, 3]])
+    logits = model(ids).logits
+    model.config.return_dict = False
+    loss, tuple_logits, _ = model(ids, labels=ids, use_cache=True)
+    assert torch.equal(tuple_logits, logits) and loss.dim() == 0
+    assert model(ids, return_dict=True).logits is not None
+
+
 def test_weights_of_other_shapes_are_an_error_not_uninitialised_memory(tmp_path):
     tiny().save_pretrained(tmp_path)
     other = LcsmConfig(lcsm=dict(mixer="gla", vocab_size=48, d_model=16, n_layers=2))
