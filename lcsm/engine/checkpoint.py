@@ -108,9 +108,9 @@ def latest_checkpoint(
         passed.append(f"{path} is damaged: {problem}")
     if passed:
         raise DamagedCheckpoint(
-            f"checkpoint: no intact checkpoint in {checkpoint_dir(out_dir)} ({'; '.join(passed)}); move the "
-            "damaged ones elsewhere to start the run from scratch (or --restart, which deletes them), or "
-            "restore them from a copy"
+            f"checkpoint: no intact checkpoint in {checkpoint_dir(out_dir)} ({'; '.join(passed)}); restore them "
+            "from a copy, or, to train the run again from scratch, move them elsewhere (or train with --restart, "
+            "which deletes them)"
         )
     return None
 

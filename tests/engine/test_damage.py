@@ -119,4 +119,4 @@ def test_only_damaged_checkpoints_is_an_error_that_offers_more_than_restart(fini
     assert main(["train", str(run / "config.yaml"), "--out", str(run), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "lcsm train: error: checkpoint: no intact checkpoint in" in err and "Traceback" not in err
-    assert "move the damaged ones elsewhere" in err
+    assert "restore them from a copy, or, to train the run again from scratch, move them elsewhere" in err
