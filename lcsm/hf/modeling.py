@@ -118,12 +118,15 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
         # A, dt) in half precision. Built in float32 and converted, they stay float32, as with
         # lcsm's own .to() (Mixer._apply).
         dtype = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float32)
+        half = dtype in (torch.float16, torch.bfloat16)
+        if half:
+            torch.set_default_dtype(torch.float32)
         try:
             self.model = CausalLM(config.model_config())
         finally:
             torch.set_default_dtype(dtype)
-        self.model.to(dtype)
+        if half:
+            self.model.to(dtype)
         # Loading in half precision (from_pretrained(dtype=torch.bfloat16)) keeps the mixers'
         # float32_parameters in float32, as lcsm's own .to() does (Mixer._apply): transformers
         # casts the weights whose names match these patterns (anchored: exact names) to float32.
