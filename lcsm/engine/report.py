@@ -257,6 +257,12 @@ def compare(rows: list[dict[str, Any]], spec: Mapping[str, Any], exp=None) -> st
             text += f", 95% interval [{ci.low:+.2f}, {ci.high:+.2f}] (resampled: {ci.over}; {_over_cells(cells)})"
         except ValueError as err:
             text += f"; no interval ({err}): not evidence of agreement or disagreement"
+    if rho is not None:
+        chance = stats.spearman_chance(len(both), rho)
+        text += (
+            f". A random order of {len(both)} labels reaches |rho| >= {abs(rho):.2f} with probability {chance:.2f}"
+            " (the interval, if any, is over our resampling only and does not say this)"
+        )
     return "\n".join(lines + ["", text])
 
 
@@ -265,6 +271,11 @@ def _over_cells(cells: Mapping[str, Sequence[stats.RunScore]]) -> str:
     seeds = min(len(cell) for cell in cells.values())
     with_examples = sum(r.examples is not None for r in runs)
     return f"{seeds}+ seeds a label, test examples of {with_examples} of {len(runs)} runs"
+
+
+def planned_seeds(exp) -> int:
+    """The runs of one cell the grid holds: the product of its seed axes' sizes (1 without any)."""
+    return math.prod(len(a.labels) for a in exp.axes if a.key in seed_axes(exp))
 
 
 def seed_axes(exp) -> list[str]:
@@ -458,7 +469,12 @@ def differences(exp, rows: list[dict[str, Any]], specs: Sequence[Mapping[str, An
             continue
         excluded = {"a <= b": ci.low > 0, "a >= b": ci.high < 0, "a = b": ci.excludes(0.0)}[alternative]
         seeds = min(len(a), len(b))
-        if excluded and seeds >= MIN_SEEDS:
+        planned = planned_seeds(exp)
+        if excluded and seeds < planned:
+            # the experiment's seeds are fixed before its runs: reading it before they are all in
+            # and stopping when the interval clears would be optional stopping
+            verdict = f"no: excluded, but {seeds} of the grid's {planned} seeds a cell have finished"
+        elif excluded and seeds >= MIN_SEEDS:
             verdict = "yes: excluded"
         elif excluded:
             verdict = f"no: excluded, but {seeds} seed{'s' if seeds > 1 else ''} a cell (resolving takes {MIN_SEEDS})"

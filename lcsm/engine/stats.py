@@ -2,31 +2,39 @@
 
 A cell of an experiment (one config) has runs that differ only in their seed. Its value is the
 mean over seeds of each run's metric. The noise in that value has two sources: the seed (weights
-at initialisation, batch order) and the finite test set. ``cell_interval`` resamples both: per
-bootstrap replicate it draws the seeds with replacement, then, for each seed drawn, that run's test
-examples with replacement (the run's ``test_examples.csv``, ``Evaluator.examples``), recomputes each
-drawn run's metric and averages them. A run without examples keeps its reported metric in every
-replicate (its test-set noise is then carried only by the spread between seeds; ``Interval.over``
-says which). One seed with examples gives an interval over test examples alone; one seed without
-them gives no interval (an error: there is nothing to resample).
+at initialisation, batch order) and the finite test set, which every run of an experiment shares
+(the task's data do not depend on the training seed). The two are crossed, not nested: averaging
+over seeds does not reduce the test set's noise. ``cell_interval`` resamples both: per bootstrap
+replicate it draws the seeds with replacement and, once, the test examples with replacement (the
+runs' ``test_examples.csv``, ``Evaluator.examples``); every drawn run's metric is recomputed on
+that one draw of the examples, and the drawn runs' metrics are averaged. Runs whose example counts
+differ were tested on different sets, and each count gets its own draw. A run without examples
+keeps its reported metric in every replicate (its test-set noise is then carried only by the
+spread between seeds; ``Interval.over`` says which). One seed with examples gives an interval over
+test examples alone; one seed without them gives no interval (an error: there is nothing to
+resample).
 
-``difference_interval`` does the same for the difference of two cells' means: paired by seed when
-both cells have the same seeds (the replicate draws the same seeds for both), and, within a pair,
-by test example when both runs were tested on the same examples (the same draws for both), so
-noise the two share cancels. ``spearman_interval`` gives Spearman's rho between the cells' means and
-the paper's numbers with the interval of that rho under the same resampling of our side.
+``difference_interval`` does the same for the difference of two cells' means, with the one draw
+of the examples for both cells (paired by test example), and paired by seed when both cells have
+the same seeds (the replicate draws the same seeds for both), so noise the two share cancels.
+``spearman_interval`` gives Spearman's rho between the cells' means and the paper's numbers with
+the interval of that rho under the same resampling of our side; ``spearman_chance`` says how often
+a random order would agree as well, which that interval does not.
 
 Intervals are percentile intervals of ``N_BOOT`` replicates (95% by default), from a generator
 seeded by ``seed``: the same inputs give the same interval. With 2 or more seeds an interval is
 at least Student's t interval over the seeds' values (paired differences, or Welch's for two
 independent cells): a percentile bootstrap over a handful of seeds runs narrow, and 3 seeds are
-the common case here. ``Interval.over`` says when the t interval widened it.
+the common case here. ``Interval.over`` says when the t interval widened it. Neither can see a
+failure that the seeds drawn happen not to show: three seeds that all succeed are consistent with
+a failure in up to 63% of seeds (the 95% upper bound for 0 of 3).
 
 ``ratio_interval`` is for benchmarks: the ratio of timings taken in pairs, round after round.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -94,7 +102,8 @@ class Interval:
         return self.high - self.low
 
     def excludes(self, value: float) -> bool:
-        return not (self.low <= value <= self.high)
+        """Whether ``value`` lies outside [low, high]; never for an interval with a nan end."""
+        return bool(value < self.low or value > self.high)
 
     def clipped(self, low: float, high: float) -> Interval:
         """This interval within [low, high], the values the metric can take: Student's t over
@@ -133,10 +142,16 @@ def _check(runs: Sequence[RunScore], what: str) -> None:
         raise ValueError(f"{what}: expected finite metrics, got nan or inf for seeds {bad}")
 
 
-def _seed_draws(runs: Sequence[RunScore], picks: np.ndarray, rng: np.random.Generator, shared=None) -> np.ndarray:
-    """[B, S] metrics of the runs ``picks`` [B, S] draws, each over its own resample of its test
-    examples. ``shared``: {run index: index matrix rows by position} to reuse (pairing by example);
-    the rows drawn here are added to it."""
+def _example_draws(cells: Sequence[Sequence[RunScore]], n_boot: int, rng: np.random.Generator) -> dict[int, np.ndarray]:
+    """One resample of the test examples per replicate, [n_boot, N] index rows, for each example
+    count N among the cells' runs: the runs tested on N examples share the draw (one test set)."""
+    sizes = sorted({len(r.examples.numerator) for runs in cells for r in runs if r.examples is not None})
+    return {n: rng.integers(0, n, size=(n_boot, n), dtype=np.int32) for n in sizes}
+
+
+def _seed_draws(runs: Sequence[RunScore], picks: np.ndarray, rows: Mapping[int, np.ndarray]) -> np.ndarray:
+    """[B, S] metrics of the runs ``picks`` [B, S] draws, each on its replicate's draw of the test
+    examples (``rows``, from ``_example_draws``)."""
     out = np.empty(picks.shape)
     for i, run in enumerate(runs):
         where = picks == i
@@ -145,13 +160,8 @@ def _seed_draws(runs: Sequence[RunScore], picks: np.ndarray, rng: np.random.Gene
         if run.examples is None:
             out[where] = run.value
             continue
-        n = len(run.examples.numerator)
-        rows = shared.get((i, n)) if shared is not None else None
-        if rows is None:
-            rows = rng.integers(0, n, size=(int(where.sum()), n), dtype=np.int32)
-            if shared is not None:
-                shared[(i, n)] = rows
-        out[where] = run.examples.value(rows)
+        per_replicate = run.examples.value(rows[len(run.examples.numerator)])
+        out[where] = per_replicate[np.nonzero(where)[0]]
     return out
 
 
@@ -222,7 +232,7 @@ def cell_replicates(runs: Sequence[RunScore], n_boot: int = N_BOOT, seed: int = 
     _check(runs, "cell")
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(runs), size=(n_boot, len(runs)))
-    return _seed_draws(runs, picks, rng).mean(1)
+    return _seed_draws(runs, picks, _example_draws([runs], n_boot, rng)).mean(1)
 
 
 def cell_interval(runs: Sequence[RunScore], n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL) -> Interval:
@@ -243,29 +253,29 @@ def paired(a: Sequence[RunScore], b: Sequence[RunScore]) -> bool:
 def difference_interval(
     a: Sequence[RunScore], b: Sequence[RunScore], n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL
 ) -> Interval:
-    """mean(a) - mean(b) over seeds with its interval: paired by seed when the seeds match (and by
-    test example where a pair's runs hold the same number of examples of one test set), else the
-    two cells resampled independently."""
+    """mean(a) - mean(b) over seeds with its interval: paired by seed when the seeds match, else
+    the two cells' seeds drawn independently; paired by test example throughout (one draw of each
+    test set per replicate)."""
     _check(a, "difference: cell a")
     _check(b, "difference: cell b")
     rng = np.random.default_rng(seed)
     estimate = float(np.mean([r.value for r in a]) - np.mean([r.value for r in b]))
+    sides = _over(a) if _over(a) == _over(b) else f"a {_over(a)}, b {_over(b)}"
     if paired(a, b):
         order = {repr(r.seed): i for i, r in enumerate(b)}
         b = [b[order[repr(r.seed)]] for r in a]
         picks = rng.integers(0, len(a), size=(n_boot, len(a)))
-        shared: dict = {}
-        draws_a = _seed_draws(a, picks, rng, shared)
-        draws_b = _seed_draws(b, picks, rng, shared)
-        replicates = draws_a.mean(1) - draws_b.mean(1)
-        over = f"paired by seed: {_over(a)}"
+        rows = _example_draws([a, b], n_boot, rng)
+        replicates = _seed_draws(a, picks, rows).mean(1) - _seed_draws(b, picks, rows).mean(1)
+        over = f"paired by seed: {sides}"
         diffs = np.array([x.value - y.value for x, y in zip(a, b, strict=True)])
         t = _t_interval(diffs, level) if len(a) >= 2 else None
     else:
         picks_a = rng.integers(0, len(a), size=(n_boot, len(a)))
         picks_b = rng.integers(0, len(b), size=(n_boot, len(b)))
-        replicates = _seed_draws(a, picks_a, rng).mean(1) - _seed_draws(b, picks_b, rng).mean(1)
-        over = f"independent: a {_over(a)}, b {_over(b)}"
+        rows = _example_draws([a, b], n_boot, rng)
+        replicates = _seed_draws(a, picks_a, rows).mean(1) - _seed_draws(b, picks_b, rows).mean(1)
+        over = f"independent: {sides}"
         t = _welch(np.array([r.value for r in a]), np.array([r.value for r in b]), level)
     low, high = _percentiles(replicates, level)
     if t is not None:
@@ -326,7 +336,17 @@ def spearman_interval(
     labels = [k for k in cells if k in paper]
     if len(labels) < 3:
         raise ValueError(f"spearman: expected 3 or more cells with a paper number, got {labels}")
-    ours = np.stack([cell_replicates(cells[k], n_boot, seed + i) for i, k in enumerate(labels)], axis=-1)
+    for k in labels:
+        _check(cells[k], f"spearman: cell {k}")
+    rng = np.random.default_rng(seed)
+    rows = _example_draws([cells[k] for k in labels], n_boot, rng)
+    ours = np.stack(
+        [
+            _seed_draws(cells[k], rng.integers(0, len(cells[k]), size=(n_boot, len(cells[k]))), rows).mean(1)
+            for k in labels
+        ],
+        axis=-1,
+    )
     theirs = np.array([paper[k] for k in labels], dtype=float)
     rhos = spearman(ours, np.broadcast_to(theirs, ours.shape))
     estimate = float(spearman(np.array([np.mean([r.value for r in cells[k]]) for k in labels]), theirs))
@@ -336,3 +356,20 @@ def spearman_interval(
     low, high = _percentiles(finite, level)
     seeds = min(len(cells[k]) for k in labels)
     return Interval(estimate, low, high, seeds, f"{len(labels)} cells, {len(finite)} of {n_boot} replicates", level)
+
+
+def spearman_chance(n: int, rho: float, samples: int = 200_000, seed: int = 0) -> float:
+    """How often a uniformly random order of ``n`` labels has |rho| >= |``rho``| against a fixed
+    order without ties: every order for n <= 8, else ``samples`` random ones (seeded). What a
+    rho's interval over our resampling does not say: well-separated cells give a narrow interval
+    around any rho, however likely by chance."""
+    if n < 3:
+        raise ValueError(f"spearman_chance: expected 3 or more labels, got {n}")
+    ranks = np.arange(n, dtype=float)
+    if n <= 8:
+        orders = np.array(list(itertools.permutations(range(n))), dtype=float)
+    else:
+        rng = np.random.default_rng(seed)
+        orders = np.argsort(rng.random((samples, n)), axis=1).astype(float)
+    rhos = 1 - 6 * ((orders - ranks) ** 2).sum(1) / (n * (n * n - 1))
+    return float(np.mean(np.abs(rhos) >= abs(rho) - 1e-12))

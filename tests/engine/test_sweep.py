@@ -717,6 +717,8 @@ def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_ex
     assert rows[0][1].startswith("paired by seed: " + over)
     assert "Resolved: 2 of 3 (the interval excludes the alternative, with 3 or more seeds a cell)." in text
     assert "over the 3 labels both have: +1.00, 95% interval [+1.00, +1.00] (resampled: 3 cells" in text
+    # a narrow interval over our resampling is not evidence against chance: 3 labels agree by chance 1 time in 6
+    assert "A random order of 3 labels reaches |rho| >= 1.00 with probability 0.33" in text
     # two seeds: the comparison is not resolved (Student's t with one degree of freedom makes the
     # interval wide; were it to exclude the alternative, MIN_SEEDS still holds it back)
     two = seeded_experiment(tmp_path, ["gla", "hgrn"], 2, {"differences": differences[:1]}, "two")
@@ -751,6 +753,25 @@ def test_report_names_a_difference_without_finished_runs_as_missing(tmp_path, mo
     typo.report["differences"] = [{**differences[0], "b": {"model.mixer": "mamab"}}]
     with pytest.raises(ValueError, match=r"report.differences\[0\].b: expected a grid axis and one of its labels"):
         write_report(typo, collect(typo))
+
+
+def test_a_difference_is_not_resolved_before_all_its_seeds_have_run(tmp_path, monkeypatch):
+    """Seeds are fixed before the runs: 3 of a grid's 5 seeds finished, whatever the interval says,
+    do not resolve a comparison (reading it early and stopping when it clears is optional stopping)."""
+    differences = [{"a": "gla", "b": "hgrn", "metric": "accuracy", "alternative": "a <= b"}]
+    exp = seeded_experiment(tmp_path, ["gla", "hgrn"], 5, {"differences": differences}, "out")
+    train = fake_seeded_train(True)
+
+    def execute(runs, parallel=1, log=print):
+        return train([r for r in runs if r.config["train"]["seed"] < 3], parallel, log)
+
+    monkeypatch.setattr(sweep_mod, "execute", execute)
+    sweep(exp, log=lambda *_: None)
+    text = write_report(exp, collect(exp)).read_text()
+    assert re.search(
+        r"^\| gla \| hgrn \| accuracy \| .+ \| no: excluded, but 3 of the grid's 5 seeds a cell", text, re.M
+    )
+    assert "Resolved: 0 of 1" in text
 
 
 def test_report_differences_are_checked(tmp_path):
