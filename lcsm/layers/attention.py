@@ -269,7 +269,7 @@ class Attention(Mixer):
         # Keys and values get one block of zeros in front (the block before the first) and the
         # queries' tail padding; the mask never lets a real query see either.
         k, v = (F.pad(t, (0, 0, W, pad)) for t in (k, v))
-        q = F.pad(q, (0, 0, 0, pad)).view(B * H, n, W, D)
+        q = F.pad(q, (0, 0, 0, pad)).reshape(B * H, n, W, D)  # (not view: q may be a transposed view)
         k_blocks, v_blocks = (t.unfold(2, 2 * W, W).transpose(-1, -2).reshape(B * H, n, 2 * W, D) for t in (k, v))
         i = torch.arange(W, device=q.device)[:, None]
         j = torch.arange(2 * W, device=q.device)[None, :]
