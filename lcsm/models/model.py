@@ -78,6 +78,10 @@ class Backbone(nn.Module):
                 if m is not None
             ]
         init_model_weights(owned, config.init_std)
+        # The tags of ``no_weight_decay`` live on the Parameter objects, which deepcopy, assigning
+        # load_state_dict and loading onto a meta-built model (transformers' from_pretrained)
+        # replace: their names, kept here, outlive them.
+        self.no_decay_names = frozenset(n for n, p in self.named_parameters() if getattr(p, "_no_weight_decay", False))
 
     def embed(self, inputs: Tensor) -> Tensor:
         if self.config.vocab_size is not None:
@@ -152,10 +156,17 @@ class Model(nn.Module):
         ``lcsm.layers.no_weight_decay`` (decays, A_log, skips, ...), every norm parameter and every
         bias. Embedding matrices are decayed, as in nanoGPT and Zoology (2-D parameters are
         decayed; a tied embedding is also the LM head's weight)."""
+        tagged = {f"backbone.{n}" for n in self.backbone.no_decay_names}
         chosen = {}
-        for module in self.modules():
+        for path, module in self.named_modules():
             for name, p in module.named_parameters(recurse=False):
-                if getattr(p, "_no_weight_decay", False) or isinstance(module, NORM_TYPES) or name == "bias":
+                full = f"{path}.{name}" if path else name
+                if (
+                    getattr(p, "_no_weight_decay", False)
+                    or full in tagged
+                    or isinstance(module, NORM_TYPES)
+                    or name == "bias"
+                ):
                     chosen[id(p)] = p
         return list(chosen.values())
 

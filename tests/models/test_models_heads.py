@@ -1,5 +1,7 @@
 """Heads, pooling, the ETSMLP block equations, weight-decay groups and the block options."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -200,6 +202,28 @@ def test_no_weight_decay_is_tagged_plus_norms_plus_biases(mixer):
     groups = model.parameter_groups(0.1)
     assert sum(p.numel() for g in groups for p in g["params"]) == model.num_parameters()
     assert groups[1]["weight_decay"] == 0.0 and len(groups[1]["params"]) == len(got)
+
+
+def test_no_weight_decay_survives_copies_and_assigned_weights():
+    """The tags sit on Parameter objects, which deepcopy, load_state_dict(assign=True) and a
+    meta-built model's to_empty replace: the names the backbone kept still pick them out."""
+    config = ModelConfig(mixer="mamba", vocab_size=11, d_model=D, n_layers=1)
+    model = build_model(config, verbose=False)
+    names = {id(p): n for n, p in model.named_parameters()}
+    expected = {names[id(p)] for p in model.no_weight_decay_parameters()}
+    assert {"backbone.blocks.0.mixer.A_log", "backbone.blocks.0.mixer.D"} <= expected
+
+    def chosen(m):
+        own = {id(p): n for n, p in m.named_parameters()}
+        return {own[id(p)] for p in m.no_weight_decay_parameters()}
+
+    assigned = build_model(config, verbose=False)
+    assigned.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+    with torch.device("meta"):
+        empty = build_model(config, verbose=False)
+    empty.to_empty(device="cpu")
+    for other in (copy.deepcopy(model), assigned, empty):
+        assert chosen(other) == expected
 
 
 def test_no_weight_decay_covers_untagged_mixer_norms():
