@@ -30,11 +30,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 # rewrites it after every case) when that runs out. SECONDS counts from the script's start.
 TOTAL=${GPU_TOTAL_SECONDS:-540}
 left() { echo $((TOTAL - SECONDS)); }
-"$PY" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py tests/ops/test_triton_chunk.py tests/ops/test_triton_delta.py tests/ops/test_triton_scan.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+# (the tests take about a minute; a hung one must not take the loan)
+timeout "${GPU_TESTS_SECONDS:-180}" "$PY" -m pytest -q -n 8 -p no:cacheprovider tests/test_cuda.py tests/ops/test_triton_chunk.py \
+    tests/ops/test_triton_delta.py tests/ops/test_triton_scan.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 # the benchmark's budget leaves ~200 s for fla's layers and the efficiency bench after it
 budget=${GPU_BENCH_BUDGET:-$(($(left) - 260))}
 [ "$budget" -ge 60 ] || budget=60
-timeout "$(($(left) > 30 ? $(left) - 20 : 10))" "$PY" -m bench.gpu_bench --budget "$budget" --out "$OUT/gpu.md"
+# its log (each failed cell's exception: the table shows "-") beside the report
+timeout "$(($(left) > 30 ? $(left) - 20 : 10))" "$PY" -m bench.gpu_bench --budget "$budget" --out "$OUT/gpu.md" \
+    2> >(tee "$OUT/gpu_bench.log" >&2)
 peers=$(($(left) - 70 < 180 ? $(left) - 70 : 180))
 if [ "$peers" -ge 30 ]; then
     timeout "$peers" "$PY" -m bench.gpu_peers 2>&1 | tee "$OUT/gpu_peers.md"

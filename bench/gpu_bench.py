@@ -16,16 +16,17 @@ Every op runs twice on the lcsm side: mode "chunk" (the PyTorch chunk form) and 
 gated_delta and kda: the same chunk forms with their carry across chunks in Triton,
 lcsm/ops/triton_delta.py).
 
-at B1 H16 K = D = 128 (medians of CUDA-event timings after warm-up), then training steps of
-~100M-parameter language models (lcsm gla, gated_deltanet, a Transformer and Mamba; fla's GLA and
-Gated DeltaNet models of the same size where fla's model package is installed), in bf16 autocast.
-First, for a few cases (``--profile``), the kernels of one forward + backward of each form with their
-device times (torch.profiler), so that a loan also says where the time goes; next, Mamba's selective
-scan (``--scan-lengths``; one head, K = N = 16, D = d_inner = ``--scan-dim``, LogProduct(Delta_t, A)),
+at B1 H16 K = D = 128 (medians of wall-clock timings with the device synchronised, after
+warm-up), the targets' lengths (8K, 32K) in both dtypes first. Next, Mamba's selective scan
+(``--scan-lengths``; one head, K = N = 16, D = d_inner = ``--scan-dim``, LogProduct(Delta_t, A)),
 mode "triton" (lcsm/ops/triton_scan.py) against the chunk form's elementwise kernel (a few PyTorch
-operations a step, at T <= ``--scan-chunk-max`` only) and causal SDPA at the operators' shape; last, for a few
-(``--shapes``), mode "triton" under other launch shapes (warps, pipeline stages, block widths) than
-the kernel modules' own.
+operations a step, at T <= ``--scan-chunk-max`` only) and causal SDPA at the operators' shape; next,
+for a few cases (``--profile``), the kernels of one forward + backward of each form with their
+device times (torch.profiler), so that a loan also says where the time goes; then training steps
+of ~100M-parameter language models (lcsm gla, gated_deltanet, a Transformer and Mamba; fla's GLA
+and Gated DeltaNet models of the same width and depth where fla's model package is installed,
+with fla's untied embeddings), in bf16 autocast; last, for a few (``--shapes``), mode "triton"
+under other launch shapes (warps, pipeline stages, block widths) than the kernel modules' own.
 Every case runs under a time budget (``--budget``): once it is spent the rest are marked SKIP, and
 the report is rewritten after every case so that a run stopped early keeps what it measured.
 """
@@ -225,52 +226,52 @@ def bench_ops(report: Report, budget: Budget, args) -> None:
     )
     ratios: dict[tuple[str, str, int], tuple[float | None, float | None]] = {}
     triton_ratios: dict[tuple[str, str, int], float | None] = {}
-    # the targets' lengths first (lcsm / fla at 8K, lcsm / SDPA at 32K): a loan's budget may end
-    # before the rest, fla's first calls autotuning for minutes
-    lengths = sorted(args.lengths, key=lambda T: (T not in TARGET_LENGTHS, T))
-    for dtype in (torch.bfloat16, torch.float32):
+    # the targets' lengths first (lcsm / fla at 8K, lcsm / SDPA at 32K), in both dtypes before any
+    # other length: a loan's budget may end before the rest, fla's first calls autotuning for minutes
+    cases = [(dtype, T) for dtype in (torch.bfloat16, torch.float32) for T in args.lengths]
+    cases.sort(key=lambda case: (case[1] not in TARGET_LENGTHS, case[1]))
+    for dtype, T in cases:
         dname = str(dtype).removeprefix("torch.")
-        for T in lengths:
-            sdpa_ms = None
-            for op in OPS:
-                if budget.left() < 0:
-                    rows.append(f"| {op} | {dname} | {T} | SKIP (budget spent) | | | | | | | | | |")
-                    continue
-                cells = {}
-                for name, f in (
-                    ("lcsm", lambda x, op=op: lcsm_op(op, x)),
-                    ("triton", lambda x, op=op: lcsm_op(op, x, "triton")),
-                    ("fla", lambda x, op=op: fla_op(op, x)),
-                    ("sdpa", sdpa),
+        sdpa_ms = None
+        for op in OPS:
+            if budget.left() < 0:
+                rows.append(f"| {op} | {dname} | {T} | SKIP (budget spent) | | | | | | | | | |")
+                continue
+            cells = {}
+            for name, f in (
+                ("lcsm", lambda x, op=op: lcsm_op(op, x)),
+                ("triton", lambda x, op=op: lcsm_op(op, x, "triton")),
+                ("fla", lambda x, op=op: fla_op(op, x)),
+                ("sdpa", sdpa),
+            ):
+                if (
+                    (name == "fla" and not have_fla)
+                    or (name == "sdpa" and sdpa_ms is not None)
+                    or (name == "triton" and op not in TRITON_OPS)
                 ):
-                    if (
-                        (name == "fla" and not have_fla)
-                        or (name == "sdpa" and sdpa_ms is not None)
-                        or (name == "triton" and op not in TRITON_OPS)
-                    ):
-                        continue
-                    shape = (op, T, dtype, args.batch, args.heads, args.dim)
-                    cells[name] = measure(f, lambda shape=shape: op_inputs(*shape), args, f"{op} {dname} T={T} {name}")
-                if "sdpa" in cells:
-                    sdpa_ms = cells["sdpa"][0]
-                lc, fl = cells.get("lcsm", (None, None)), cells.get("fla", (None, None))
-                tr = cells.get("triton", (None, None))
+                    continue
+                shape = (op, T, dtype, args.batch, args.heads, args.dim)
+                cells[name] = measure(f, lambda shape=shape: op_inputs(*shape), args, f"{op} {dname} T={T} {name}")
+            if "sdpa" in cells:
+                sdpa_ms = cells["sdpa"][0]
+            lc, fl = cells.get("lcsm", (None, None)), cells.get("fla", (None, None))
+            tr = cells.get("triton", (None, None))
 
-                def fmt(v, p=2):
-                    return "-" if v is None else f"{v:.{p}f}"
+            def fmt(v, p=2):
+                return "-" if v is None else f"{v:.{p}f}"
 
-                r_fla = lc[0] / fl[0] if lc[0] and fl[0] else None
-                r_triton = tr[0] / fl[0] if tr[0] and fl[0] else None
-                r_sdpa = lc[0] / sdpa_ms if lc[0] and sdpa_ms else None
-                ratios[(op, dname, T)] = (r_fla, r_sdpa)
-                triton_ratios[(op, dname, T)] = r_triton
-                rows.append(
-                    f"| {op} | {dname} | {T} | {fmt(lc[0])} | {fmt(tr[0])} | {fmt(fl[0])} | {fmt(r_fla)} | "
-                    f"{fmt(r_triton)} | {fmt(sdpa_ms)} | {fmt(r_sdpa)} | {fmt(lc[1], 0)} | {fmt(tr[1], 0)} | "
-                    f"{fmt(fl[1], 0)} |"
-                )
-                log(rows[-1])
-                report.flush()
+            r_fla = lc[0] / fl[0] if lc[0] and fl[0] else None
+            r_triton = tr[0] / fl[0] if tr[0] and fl[0] else None
+            r_sdpa = lc[0] / sdpa_ms if lc[0] and sdpa_ms else None
+            ratios[(op, dname, T)] = (r_fla, r_sdpa)
+            triton_ratios[(op, dname, T)] = r_triton
+            rows.append(
+                f"| {op} | {dname} | {T} | {fmt(lc[0])} | {fmt(tr[0])} | {fmt(fl[0])} | {fmt(r_fla)} | "
+                f"{fmt(r_triton)} | {fmt(sdpa_ms)} | {fmt(r_sdpa)} | {fmt(lc[1], 0)} | {fmt(tr[1], 0)} | "
+                f"{fmt(fl[1], 0)} |"
+            )
+            log(rows[-1])
+            report.flush()
     for op in OPS:
         for dname in ("bfloat16", "float32"):
             r_fla = ratios.get((op, dname, TARGET_LENGTHS[0]), (None, None))[0]
@@ -665,12 +666,14 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(args.budget)
     skip = set(args.skip.split(","))
     torch.backends.cuda.matmul.allow_tf32 = False
-    if "kernels" not in skip:
-        bench_kernels(report, budget, args)
-    if "scan" not in skip:  # short (a few cases), before the operators' table, which may use up the budget
-        bench_scan(report, budget, args)
+    # The operators' table first: it holds the issue's targets, and the kernel profiles' fla case
+    # autotunes for minutes on a fresh device (most of a 240 s budget on an H200)
     if "ops" not in skip:
         bench_ops(report, budget, args)
+    if "scan" not in skip:  # short (a few cases)
+        bench_scan(report, budget, args)
+    if "kernels" not in skip:
+        bench_kernels(report, budget, args)
     if "train" not in skip:
         bench_train(report, budget, args)
     if "shapes" not in skip:  # last: tuning, where the sections before it are the targets' evidence
