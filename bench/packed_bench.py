@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 
@@ -142,7 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     docs = [int(n) for n in args.docs.split(",")]
     if any(not 1 <= n <= args.T for n in docs):
         raise SystemExit(f"--docs: expected numbers of documents in [1, T={args.T}], got {args.docs!r}")
-    header = provenance_header("lcsm bench packed", list(argv or []), torch.get_num_threads(), args.out)
+    header = provenance_header(
+        "lcsm bench packed", list(sys.argv[1:] if argv is None else argv), torch.get_num_threads(), args.out
+    )
     shape = f"B=1 T={args.T} H={args.heads} K=D={args.width}, chunk {args.chunk}, {SHAPES[args.op]}, fp32, fwd+bwd"
     rows = measure(args.T, docs, args.heads, args.width, args.width, args.chunk, args.repeats, args.op)
     text = render(header, shape, rows, args.op)

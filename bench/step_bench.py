@@ -67,6 +67,7 @@ def time_steps(
             for label, _, _, trainer, batch in trainers:
                 start = time.perf_counter()
                 trainer.train_step(batch)
+                _synchronize(trainer)  # the optimizer's step is still queued on a GPU
                 times[label].append(time.perf_counter() - start)
             log(f"round {step + 1}/{steps}")
     rows = []
@@ -103,6 +104,12 @@ def render(rows: list[dict[str, object]], header: dict[str, str]) -> str:
             f"{r['s_step'] / first:.2f}x | {run} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _synchronize(trainer) -> None:
+    device = next(trainer.trained.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main(argv: list[str] | None = None) -> int:
