@@ -405,8 +405,18 @@ class PooledClassifierBase(Model):
             raise ValueError("mask / lengths: give one of them, not both")
         if lengths is None:
             lengths = lengths_from_mask(mask, B, T, inputs.device)
-        elif lengths.shape != (B,) or bool((lengths < 1).any()) or bool((lengths > T).any()):
-            raise ValueError(f"lengths: expected [B] = [{B}] values in [1, {T}], got {lengths.tolist()}")
+        else:
+            lengths = torch.as_tensor(lengths)  # a list too, as generate takes it
+            if (
+                lengths.shape != (B,)
+                or lengths.is_floating_point()
+                or lengths.is_complex()
+                or bool((lengths < 1).any())
+                or bool((lengths > T).any())
+            ):
+                raise ValueError(
+                    f"lengths: expected [B] = [{B}] integers in [1, {T}], got {lengths.dtype} {lengths.tolist()}"
+                )
         hidden = self.backbone(inputs, lengths=lengths)
         if lengths is None:
             return hidden.mean(1) if self.config.head.pooling == "mean" else hidden[:, -1]

@@ -40,6 +40,9 @@ def test_classifier_pooling_ignores_padding(pooling):
     assert_close({"logits": out}, {"logits": alone})
     other_pad, _ = padded_batch(SEQS, 6, pad=2)
     assert_close({"logits": model(other_pad, lengths=mask.sum(1))}, {"logits": alone})
+    assert_close({"logits": model(other_pad, lengths=[len(s) for s in SEQS])}, {"logits": alone})
+    with pytest.raises(ValueError, match=r"lengths: expected \[B\] = \[3\] integers in \[1, 6\], got torch.float32"):
+        model(other_pad, lengths=torch.tensor([5.0, 3.0, 1.0]))
 
 
 def test_mean_and_last_pooling_are_what_they_say():
