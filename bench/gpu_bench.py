@@ -612,6 +612,9 @@ def bench_train(report: Report, budget: Budget, args) -> None:
         report.flush()
 
 
+SECTIONS = {"ops", "scan", "kernels", "train", "shapes"}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lcsm bench gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=lambda s: [int(t) for t in s.split(",")], default=list(LENGTHS))
@@ -653,6 +656,13 @@ def main(argv: list[str] | None = None) -> int:
     DEVICE = args.device
     if DEVICE == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    if args.repeats < 1 or args.warmup < 0:
+        p.error(f"--repeats / --warmup: expected >= 1 and >= 0, got {args.repeats} and {args.warmup}")
+    skip = {name for name in args.skip.split(",") if name}
+    if skip - SECTIONS:
+        p.error(
+            f"--skip: expected sections among {', '.join(sorted(SECTIONS))}, got {', '.join(sorted(skip - SECTIONS))}"
+        )
     argv = list(sys.argv[1:] if argv is None else argv)
     header = provenance_header("lcsm bench gpu", argv, torch.get_num_threads(), args.out)
     header["device"] = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke test)"
@@ -664,7 +674,6 @@ def main(argv: list[str] | None = None) -> int:
         header["triton"] = "absent"
     report = Report(header, args.out)
     budget = Budget(args.budget)
-    skip = set(args.skip.split(","))
     torch.backends.cuda.matmul.allow_tf32 = False
     # The operators' table first: it holds the targets, and the kernel profiles' fla case
     # autotunes for minutes on a fresh device (most of a 240 s budget on an H200)
