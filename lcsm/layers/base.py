@@ -123,8 +123,14 @@ class Mixer(nn.Module):
     # mixer): a user's value would be silently overridden, so ModelConfig refuses them.
     model_owned_options: tuple[str, ...] = ()
     # A mixer whose forward takes ``value_first: ValueFirst | None`` (the first layer's values,
-    # shared by the model between its layers; ``ValueFirst``).
+    # shared by the model between its layers; ``ValueFirst``); ``reads_value_first`` says whether
+    # its layer ``layer`` built with ``options`` needs them (ModelConfig checks that it gets them).
     uses_value_first: bool = False
+
+    @classmethod
+    def reads_value_first_at(cls, options: Mapping[str, Any], layer: int) -> bool:
+        return False
+
     # Bumped whenever the same options come to build another function or init (a fix that follows
     # the official code): runs record it, and a sweep does not take a run of an older revision for
     # today's model (``lcsm.models.model_revisions``).

@@ -91,6 +91,10 @@ class RWKV7(Mixer):
         return cls.revision if options.get("value_residual", True) else 1
 
     @classmethod
+    def reads_value_first_at(cls, options, layer: int) -> bool:
+        return layer > 0 and options.get("value_residual", True)
+
+    @classmethod
     def layer_options(cls, options, layer: int, n_layers: int) -> dict:
         return {**options, "layer_id": layer, "n_layers": n_layers}
 

@@ -377,6 +377,26 @@ class ModelConfig:
             return 8 * -(-self.d_model // 3)
         return 4 * self.d_model
 
+    def _check_value_first(self) -> None:
+        """A layer whose mixer reads layer 0's values (RWKV-7's value residual) gets them only from
+        a causal model whose layer 0 makes them (``Mixer.uses_value_first``): refused here, not at
+        the first forward."""
+        mixers = self.layer_mixers()
+        first = resolve(mixers[0][0])[0]
+        for layer, (name, options) in enumerate(mixers):
+            if not resolve(name)[0].reads_value_first_at(options, layer):
+                continue
+            if self.bidirectional or not first.uses_value_first:
+                why = (
+                    "a bidirectional model passes no values between its layers"
+                    if self.bidirectional
+                    else f"layer 0's mixer {mixers[0][0]!r} makes none"
+                )
+                raise ValueError(
+                    f"mixer_options: layer {layer}'s {name!r} mixes in layer 0's values (value_residual), but {why}; "
+                    "build it with value_residual: false"
+                )
+
     def validate(self) -> None:
         check_int("n_layers", self.n_layers, 1)
         checked = []
@@ -392,6 +412,7 @@ class ModelConfig:
                     f"mixer_options: {', '.join(owned)} of mixer {cls.registry_name!r} are set by the model "
                     "per layer (layer position / the model's 'bidirectional' field); remove them"
                 )
+        self._check_value_first()
         check_int("d_model", self.d_model, 1)
         check_int("vocab_size", self.vocab_size, 1, allow_none=True)
         check_int("input_dim", self.input_dim, 1, allow_none=True)

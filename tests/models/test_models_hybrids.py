@@ -99,11 +99,29 @@ def test_a_single_name_is_unchanged_and_a_list_of_it_builds_the_same_model():
         (dict(mixer=["gla", "attention"] * 2, mixer_options={"attention": {"windw": 2}}), r"has no option.*windw"),
         (dict(mixer=["gla", "attention"] * 2, mixer_options={"attention": {"window": 0}}), r"window: expected"),
         (dict(mixer=7), r"mixer: expected a registered mixer name, a list"),
+        # RWKV-7's value residual reads layer 0's values: refused when nothing would make them
+        (
+            dict(mixer=["gla", "rwkv7"] * 2),
+            r"layer 1's 'rwkv7' mixes in layer 0's values \(value_residual\), but layer 0's mixer 'gla' makes none",
+        ),
+        (
+            dict(mixer="rwkv7", head={"kind": "classifier", "n_classes": 2}, bidirectional=True),
+            r"layer 1's 'rwkv7' mixes in layer 0's values .* a bidirectional model passes no values",
+        ),
     ],
 )
 def test_bad_stacks_are_clear_errors(fields, match):
     with pytest.raises(ValueError, match=match):
         build_model(ModelConfig(**{**dict(vocab_size=VOCAB, d_model=16, n_layers=4), **fields}), verbose=False)
+
+
+def test_rwkv7_without_its_value_residual_follows_any_layer_0():
+    options = {"rwkv7": {"value_residual": False}}
+    model = build_model(
+        ModelConfig(mixer=["gla", "rwkv7"] * 2, mixer_options=options, vocab_size=VOCAB, d_model=16, n_layers=4),
+        verbose=False,
+    )
+    assert model(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, VOCAB)
 
 
 def test_revisions_name_every_mixer_of_the_stack():
