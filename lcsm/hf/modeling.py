@@ -192,6 +192,11 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
         # the loss is a sum over this micro-batch divided by them (a forward with **kwargs is
         # read as taking it)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        # the cache's older transformers name, still used by callers written for it
+        if (past := kwargs.pop("past_key_values", None)) is not None:
+            if cache is not None:
+                raise ValueError("cache / past_key_values: one cache under two names; give it once")
+            cache = past
         if kwargs:
             raise TypeError(f"forward: unexpected argument(s) {', '.join(sorted(kwargs))}")
         if cache is not None and not isinstance(cache, LcsmCache):

@@ -80,6 +80,11 @@ def test_forward_with_cache_equals_one_forward():
     first = model(ids[:, :5], use_cache=True)
     rest = model(ids[:, 5:], cache=first.cache)
     torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), whole, rtol=1e-5, atol=1e-5)
+    # the cache's older transformers name
+    again = model(ids[:, :5], use_cache=True)
+    torch.testing.assert_close(model(ids[:, 5:], past_key_values=again.cache).logits, rest.logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="cache / past_key_values: one cache under two names"):
+        model(ids[:, 5:], cache=again.cache, past_key_values=again.cache)
 
 
 def test_labels_give_the_shifted_cross_entropy():
