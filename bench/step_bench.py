@@ -31,14 +31,36 @@ from lcsm.engine.config import load_config, parse_override
 from lcsm.engine.trainer import Trainer
 
 
+def _top_level_parts(text: str) -> list[str]:
+    """``text`` split at its commas outside brackets, braces and quotes (a value may be a YAML
+    mapping or list: ``model.mixer_options={expand: 32, chunk_size: 16}``)."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, char in enumerate(text):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return [part.strip() for part in [*parts, text[start:]] if part.strip()]
+
+
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """``label=key=value[,key=value...]`` -> (label, ["key=value", ...])."""
     label, sep, rest = text.partition("=")
-    overrides = [part.strip() for part in rest.split(",") if part.strip()]
+    overrides = _top_level_parts(rest)
     if not sep or not label.strip() or not overrides:
         raise ValueError(f"--variant: expected LABEL=KEY=VALUE[,KEY=VALUE...], got {text!r}")
     for item in overrides:
-        parse_override(item)
+        try:
+            parse_override(item)
+        except ValueError as err:
+            raise ValueError(f"--variant {label.strip()}: {err}") from None
     return label.strip(), overrides
 
 
