@@ -675,7 +675,8 @@ def eos_dplr(
         cu_seqlens: packed sequences [N + 1] (B = 1), as ``eos`` takes them.
         gate_first: a is given before the decay: the oscillation is D(alpha_t) (I - a_t b_t^T), i.e.
             the low-rank factor is exp(log_alpha_t) * a_t (at the token's first micro-step).
-            ``eos_delta(i, e, s, a, b, log_o)`` is ``eos_dplr(i, e, s, a, b, log_o, gate_first=True)``.
+            ``eos_delta(i, e, s, a, b, log_o)`` is ``eos_dplr(i, e, s, a, b, log_o, gate_first=True)``
+            in value (``eos_delta`` returns y in the inputs' promoted dtype, this one in i's).
 
     Returns:
         y [B, T, H, D] in i's dtype and m_T (or None) in the compute dtype (the inputs' promoted
