@@ -123,14 +123,8 @@ class Mixer(nn.Module):
     # mixer): a user's value would be silently overridden, so ModelConfig refuses them.
     model_owned_options: tuple[str, ...] = ()
     # A mixer whose forward takes ``value_first: ValueFirst | None`` (the first layer's values,
-    # shared by the model between its layers; ``ValueFirst``); ``reads_value_first`` says whether
-    # its layer ``layer`` built with ``options`` needs them (ModelConfig checks that it gets them).
+    # shared by the model between its layers; ``ValueFirst``; ``reads_value_first_at`` below).
     uses_value_first: bool = False
-
-    @classmethod
-    def reads_value_first_at(cls, options: Mapping[str, Any], layer: int) -> bool:
-        return False
-
     # Bumped whenever the same options come to build another function or init (a fix that follows
     # the official code): runs record it, and a sweep does not take a run of an older revision for
     # today's model (``lcsm.models.model_revisions``).
@@ -152,6 +146,12 @@ class Mixer(nn.Module):
         ``mixer_options``: a hook for mixers whose options depend on the layer's position (an
         init by depth, a bound per layer). The default is the options unchanged."""
         return dict(options)
+
+    @classmethod
+    def reads_value_first_at(cls, options: Mapping[str, Any], layer: int) -> bool:
+        """Whether layer ``layer`` of this mixer, built with ``options``, reads layer 0's values
+        (``uses_value_first``); ModelConfig checks that the model makes them."""
+        return False
 
     def __init__(self, d_model: int):
         super().__init__()

