@@ -1,6 +1,5 @@
-"""FSDP2 sharding and activation checkpointing for the training loop (``run.parallel``,
-``run.activation_checkpointing``), and the conversions that keep a sharded run's checkpoints in the
-format of an unsharded one.
+"""FSDP2 sharding for the training loop (``run.parallel``), and the conversions that keep a sharded
+run's checkpoints in the format of an unsharded one.
 
 Under ``run.parallel: fsdp`` every Block is sharded with ``fully_shard``, then the root (the
 embedding, final norm and head: what the Blocks leave). Checkpoints stay those of a one-process
@@ -12,13 +11,11 @@ under DDP or one process, and the other way round.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from lcsm.models.blocks import Block
+from lcsm.models.blocks import blocks
 
 # torch.distributed's FSDP, DTensor and checkpoint modules are imported inside the functions that
 # use them, which run under run.parallel: fsdp only (importing them took 0.7 s of the start of
@@ -31,20 +28,6 @@ def _full() -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def blocks(model: torch.nn.Module) -> list[Block]:
-    """The model's Blocks (mixer and channel layer of one layer each), in order."""
-    return [m for m in model.modules() if isinstance(m, Block)]
-
-
-def checkpoint_activations(model: torch.nn.Module) -> None:
-    """Recompute every Block's forward pass in the backward pass instead of keeping its activations.
-    The instance's ``forward`` is replaced rather than the Block wrapped in another module, so the
-    parameter names, and with them checkpoints, stay as they are. torch's checkpoint restores the
-    RNG state for the recomputation: dropout draws the same masks, the gradients are the same."""
-    for block in blocks(model):
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
 def shard(model: torch.nn.Module) -> torch.nn.Module:

@@ -51,6 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lcsm._provenance import device_name, git_commit, machine_info
 from lcsm.engine.host_memory import use_host_allocator
 from lcsm.models import build_model
+from lcsm.models.blocks import checkpoint_blocks
 from lcsm.tasks import IGNORE_INDEX, SegmentBatchSampler, recorded_task_data, task_data
 from lcsm.tasks.metrics import Evaluator
 
@@ -290,12 +291,12 @@ class Trainer:
             self.model = copy.deepcopy(model) if self.dist.is_main else None
             named = parallel.named_groups(model, model.parameter_groups(config.optim.weight_decay))
             if r.activation_checkpointing:
-                parallel.checkpoint_activations(model)
+                checkpoint_blocks(model)
             self.trained = self.net = parallel.shard(model)
             self.optimizer = adamw(parallel.groups_of(self.trained, named), config.optim)
         else:
             if r.activation_checkpointing:
-                parallel.checkpoint_activations(model)
+                checkpoint_blocks(model)
             self.model = self.trained = model
             self.net = (
                 DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)

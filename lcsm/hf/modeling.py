@@ -26,8 +26,10 @@ import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from lcsm._checks import check_int
 from lcsm.layers import Mixer, State
 from lcsm.models import CausalLM
+from lcsm.models.blocks import checkpoint_blocks
 
 from .configuration import LcsmConfig
 
@@ -70,12 +72,26 @@ class LcsmPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
+    supports_gradient_checkpointing = True
 
     def _init_weights(self, module):
         # lcsm's constructors initialise every weight themselves (the model's layers normal(0.02),
         # each mixer by its paper's rule), which transformers' generic init would overwrite; a
         # checkpoint missing weights is refused by ``from_pretrained`` instead of filled in here.
         pass
+
+    def _set_gradient_checkpointing(self, enable=True, gradient_checkpointing_func=None, every_n_layers=1):
+        # transformers' activation checkpointing (activation_checkpointing_enable, the Trainer's
+        # gradient_checkpointing=True) recomputes lcsm's Blocks, as run.activation_checkpointing does
+        if (getattr(gradient_checkpointing_func, "keywords", None) or {}).get("use_reentrant"):
+            raise ValueError(
+                "gradient_checkpointing_kwargs: use_reentrant=True is not supported by lcsm models (their Blocks "
+                "take keyword arguments and states holding tensors); leave it out (non-reentrant)"
+            )
+        check_int("every_n_layers", every_n_layers, 1)
+        checkpoint_blocks(self, enable, every=every_n_layers, checkpoint_fn=gradient_checkpointing_func)
+        # what transformers' is_activation_checkpointing reads
+        self.gradient_checkpointing = enable
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

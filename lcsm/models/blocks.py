@@ -15,12 +15,14 @@ F = channel-mixer hidden width.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from lcsm.layers import Mixer, State, ValueFirst, build
 from lcsm.layers.base import resolve
@@ -216,6 +218,30 @@ class Block(nn.Module):
         if self.bidirectional:
             raise ValueError("init_state: a bidirectional block is non-causal and has no recurrent state")
         return self.mixer.init_state(batch_size)
+
+
+def blocks(model: nn.Module) -> list[Block]:
+    """The model's Blocks (mixer and channel layer of one layer each), in order."""
+    return [m for m in model.modules() if isinstance(m, Block)]
+
+
+def checkpoint_blocks(
+    model: nn.Module, enable: bool = True, *, every: int = 1, checkpoint_fn: Callable | None = None
+) -> None:
+    """Recompute the forward pass of every ``every``-th Block (the first, then every ``every``) in
+    the backward pass instead of keeping its activations; ``enable=False`` keeps every Block's
+    activations again. ``checkpoint_fn(function, *args, **kwargs)``: torch's non-reentrant
+    checkpoint by default (the reentrant one takes no keyword arguments, and would not carry
+    gradients through the tensors inside a State or ValueFirst).
+
+    The instance's ``forward`` is replaced rather than the Block wrapped in another module, so the
+    parameter names, and with them checkpoints, stay as they are. torch's checkpoint restores the
+    RNG state for the recomputation: dropout draws the same masks, the gradients are the same."""
+    checkpoint_fn = checkpoint_fn or functools.partial(checkpoint, use_reentrant=False)
+    for i, block in enumerate(blocks(model)):
+        block.__dict__.pop("forward", None)
+        if enable and i % every == 0:
+            block.forward = functools.partial(checkpoint_fn, block.forward)
 
 
 def init_model_weights(modules: list[nn.Module], std: float) -> None:

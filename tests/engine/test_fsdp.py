@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lcsm.engine import RunConfig, apply_overrides, train
-from lcsm.engine.parallel import blocks, checkpoint_activations
 from lcsm.models import ModelConfig, build_model
+from lcsm.models.blocks import blocks, checkpoint_blocks
 from lcsm.testing import assert_close
 
 from .conftest import TINY, cli_env, write_config
@@ -164,20 +164,46 @@ def test_bad_parallel_settings_are_refused(cache_env):
 def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     config = ModelConfig(mixer="gla", d_model=16, n_layers=2, vocab_size=32, dropout=0.1)
     ids = torch.randint(0, 32, (4, 16))
-    grads = []
+    grads, runs = [], []
     for checkpointed in (False, True):
         torch.manual_seed(0)
         model = build_model(config, verbose=False)
         if checkpointed:
-            checkpoint_activations(model)
+            checkpoint_blocks(model)
         loss = model(ids).float().logsumexp(-1).mean()
-        loss.backward()
+        runs.append(mixer_runs(model, loss.backward))
         grads.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
     (loss, plain), (loss_ac, checkpointed) = grads
     assert len(blocks(model)) == 2
+    # the backward pass recomputes each Block (its mixer runs again), and only when checkpointed
+    assert runs == [[0, 0], [1, 1]]
     # Dropout draws the same masks in the recomputation: equal, not merely close.
     assert torch.equal(loss, loss_ac)
     assert plain.keys() == checkpointed.keys() and all(torch.equal(plain[n], checkpointed[n]) for n in plain)
+
+
+def mixer_runs(model, action) -> list[int]:
+    """How often each Block's mixer runs during ``action()``."""
+    counts = [0] * len(blocks(model))
+    hooks = [
+        block.mixer.register_forward_hook(lambda *_, i=i: counts.__setitem__(i, counts[i] + 1))
+        for i, block in enumerate(blocks(model))
+    ]
+    action()
+    for hook in hooks:
+        hook.remove()
+    return counts
+
+
+def test_checkpointing_every_other_block_and_turning_it_off():
+    model = build_model(ModelConfig(mixer="gla", d_model=16, n_layers=3, vocab_size=32), verbose=False)
+    ids = torch.randint(0, 32, (2, 8))
+    checkpoint_blocks(model, every=2)
+    loss = model(ids).sum()
+    assert mixer_runs(model, loss.backward) == [1, 0, 1]
+    checkpoint_blocks(model, enable=False)
+    loss = model(ids).sum()
+    assert mixer_runs(model, loss.backward) == [0, 0, 0]
 
 
 def test_activation_checkpointing_trains_the_same_in_one_process(cache_env):

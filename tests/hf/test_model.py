@@ -353,6 +353,42 @@ def test_the_trainer_trains_with_the_loss_over_the_accumulated_batch(tmp_path):
     assert summed.item() == pytest.approx(model(ids[:2], labels=ids[:2]).loss.item() * 14 / 28, rel=1e-6)
 
 
+def test_trainer_activation_checkpointing_recomputes_the_blocks_and_changes_no_number(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    ids = torch.randint(0, 32, (4, 9), generator=torch.Generator().manual_seed(5))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    trained, recomputed = [], []
+    for checkpointing in (False, True):
+        # rwkv7: later layers read layer 0's values (a tensor handed to each Block), with dropout
+        model = tiny("rwkv7", n_layers=3, dropout=0.1).train()
+        runs = [0] * 3
+        for i, block in enumerate(model.model.backbone.blocks):
+            block.mixer.register_forward_hook(lambda *_, i=i, runs=runs: runs.__setitem__(i, runs[i] + 1))
+        args = TrainingArguments(
+            output_dir=str(tmp_path / str(checkpointing)),
+            max_steps=2,
+            use_cpu=True,
+            per_device_train_batch_size=4,
+            report_to=[],
+            save_strategy="no",
+            seed=3,
+            activation_checkpointing=checkpointing,
+        )
+        Trainer(model=model, args=args, train_dataset=data).train()
+        trained.append(model.state_dict())
+        recomputed.append(runs)
+    # each step runs every mixer once forward, and once more in the backward pass when checkpointed
+    assert recomputed == [[2, 2, 2], [4, 4, 4]]
+    assert all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
+
+
+def test_reentrant_checkpointing_is_refused_by_name():
+    model = tiny()
+    with pytest.raises(ValueError, match="use_reentrant=True is not supported"):
+        model.activation_checkpointing_enable({"use_reentrant": True})
+
+
 def test_built_for_half_precision_the_float32_parameters_are_those_of_float32():
     config = LcsmConfig(lcsm=dict(mixer="s4d", vocab_size=32, d_model=16, n_layers=1))
     torch.manual_seed(0)
