@@ -32,7 +32,6 @@ from torch import nn
 
 from ..ops import DPLR_MODES, eos_dplr
 from .base import Mixer, State, no_weight_decay
-from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -108,17 +107,6 @@ class DeltaBase(Mixer):
             y = F.rms_norm(y, (self.head_v,), self.o_norm, eps=1e-5)
         return self.o_proj(y.reshape(y.shape[0], y.shape[1], self.d_model))
 
-    def _initial(self, state: DeltaState | None, batch: int, cu_seqlens: Tensor | None) -> Tensor | None:
-        if state is None:
-            return None
-        if cu_seqlens is not None:
-            batch = cu_seqlens.numel() - 1
-            check_document_state("state.memory", state.memory, batch)
-        want = (batch, self.heads, self.head_k, self.head_v)
-        if tuple(state.memory.shape) != want:
-            raise ValueError(f"state: memory must be [B, H, K, D] = {list(want)}, got {list(state.memory.shape)}")
-        return state.memory
-
     def init_state(self, batch_size: int) -> DeltaState:
         p = self._param_like()
         return DeltaState(
@@ -163,10 +151,8 @@ class DeltaBase(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-        y, m = self._mix(x, self._initial(state, x.shape[0], cu_seqlens), return_state, cu_seqlens)
+        cu_seqlens = self.check_call(x, cu_seqlens)
+        y, m = self._mix(x, None if state is None else state.memory, return_state, cu_seqlens)
         # A carried float32 state (a half-precision layer's) promotes the operator's output.
         y = self._readout(y.to(x.dtype))
         return (y, DeltaState(memory=m)) if return_state else y

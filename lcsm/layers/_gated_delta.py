@@ -168,7 +168,7 @@ class GatedDeltaBase(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        cu_seqlens = self.check_call(x, state, cu_seqlens)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         q, k, v, g, beta, convs = self.recurrence_inputs(x, state, cu_seqlens)
         o, m = self.recurrence(q, k, v, g, beta, state.memory if state is not None else None, return_state, cu_seqlens)
         y = self.readout(x, o)

@@ -23,7 +23,6 @@ from torch import nn
 from .._checks import check_int
 from ..ops import eos
 from .base import Mixer, State, no_weight_decay
-from .packing import packed_rows
 
 Tensor = torch.Tensor
 
@@ -78,8 +77,7 @@ class MinRNN(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
-        cu_seqlens = packed_rows(x, cu_seqlens, state)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         proj = self.in_proj(x).unflatten(-1, (1 + self.n_gates, self.d_hidden))
         candidate = positive_g(proj[:, :, 0])
         log_a, log_b = self.log_coefficients(proj[:, :, 1:])

@@ -47,7 +47,6 @@ from lcsm._checks import check_float
 
 from ..ops import eos, eos_rotating
 from .base import Mixer, State, no_weight_decay
-from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -167,14 +166,8 @@ class QKVAttention(Mixer):
         """x [B, T, d_model] -> (read-out [B, T, H, D] (real), final memory [B, H, K, D'], one row
         per document with ``cu_seqlens``; None without ``final``, not computed: with ``cu_seqlens``
         the documents' final memories are a pass of their own, ``ops.packed``)."""
-        self.check_input(x)
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-        m0 = None
-        if state is not None:  # of this mixer's type (Mixer.__call__)
-            m0 = state.memory
-            if cu_seqlens is not None:
-                check_document_state("state.memory", m0, cu_seqlens.numel() - 1)
+        cu_seqlens = self.check_call(x, cu_seqlens)
+        m0 = state.memory if state is not None else None
         if self.complex_memory:
             i, e, s, log_o, theta = self.rotating_inputs(x)
         else:

@@ -59,7 +59,6 @@ from lcsm._checks import check_float, check_int
 from lcsm.ops import eos
 
 from .base import Mixer, State
-from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -232,10 +231,6 @@ class DiagonalSISO(Mixer):
         )
 
     def _run(self, x: Tensor, state: SSMState | None, return_state: bool, cu_seqlens: Tensor | None):
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         memory = state.memory if state is not None else None
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if memory is not None:
-                check_document_state("state.memory", memory, cu_seqlens.numel() - 1)
         return self.ssm(x, memory, return_state, cu_seqlens)

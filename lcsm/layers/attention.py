@@ -219,6 +219,11 @@ class Attention(Mixer):
             q, k = rotate(q, positions), rotate(k, positions)
         return q, k, v
 
+    def check_state(self, state: KVCache, batch: int, packed: bool) -> None:
+        # A cache's length is its own (it grows): forward checks it against its positions
+        # (_check_cache), whose answer it needs anyway.
+        pass
+
     def _check_cache(self, state: KVCache, B: int) -> bool:
         """Checks the cache's shapes and positions against batch B; returns whether every row is
         full (position == P: no padding to mask, the one check the unpadded path pays; windowed:

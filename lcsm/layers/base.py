@@ -21,7 +21,7 @@ from torch import nn
 
 from lcsm._checks import check_keys
 
-from .packing import check_document_state, check_mask, documents, pack_rows, unpack_rows
+from .packing import check_document_state, check_mask, pack_rows, packed_rows, unpack_rows
 
 Tensor = torch.Tensor
 
@@ -162,17 +162,20 @@ class Mixer(nn.Module):
     def __call__(self, x, *args, **kwargs):
         # Done here once for every mixer's forward (in eager; a traced graph keeps the types and
         # sizes it was traced with): a state passed back in is checked for its type (another
-        # mixer's state of the same field names would otherwise run silently), and an input of no
-        # tokens gives no output and leaves the state as it was (several forms cannot reshape or
-        # convolve an empty sequence). Arguments as forward's: (x, state, return_state, cu_seqlens).
+        # mixer's state of the same field names would otherwise run silently) and its shapes (a
+        # state of one row would broadcast over a batch), and an input of no tokens gives no
+        # output and leaves the state as it was (several forms cannot reshape or convolve an empty
+        # sequence). Arguments as forward's: (x, state, return_state, cu_seqlens).
         if not torch.compiler.is_compiling():
             state = kwargs["state"] if "state" in kwargs else (args[0] if args else None)
             if state is not None:
-                want = self.__dict__.get("_state_type")
-                if want is None:
-                    want = self.__dict__["_state_type"] = type(self.init_state(0))
+                want = type(self._empty_state())
                 if type(state) is not want:
                     raise ValueError(f"state: expected a {want.__name__} from this mixer, got {type(state).__name__}")
+                cu = kwargs["cu_seqlens"] if "cu_seqlens" in kwargs else (args[2] if len(args) > 2 else None)
+                # (cu_seqlens that are not a 1-D tensor are refused by forward's own check)
+                if isinstance(x, Tensor) and x.dim() == 3 and (cu is None or isinstance(cu, Tensor) and cu.dim() == 1):
+                    self.check_state(state, x.shape[0] if cu is None else cu.numel() - 1, cu is not None)
             if isinstance(x, Tensor) and x.dim() == 3 and x.shape[1] == 0:
                 return self._no_tokens(x, state, *args[1:], **{k: v for k, v in kwargs.items() if k != "state"})
         return super().__call__(x, *args, **kwargs)
@@ -210,24 +213,25 @@ class Mixer(nn.Module):
     def init_state(self, batch_size: int) -> State:
         raise NotImplementedError
 
-    def check_call(self, x: Tensor, state: State | None, cu_seqlens: Tensor | None) -> Tensor | None:
-        """``forward``'s arguments checked: x [B, T, d_model], ``cu_seqlens`` (returned checked, or
-        None) and a given state, of one row per sequence or per packed document."""
+    def check_call(self, x: Tensor, cu_seqlens: Tensor | None) -> Tensor | None:
+        """``forward``'s arguments checked: x [B, T, d_model] and ``cu_seqlens`` (returned checked,
+        or None); ``__call__`` checks a given state."""
         self.check_input(x)
-        batch = x.shape[0]
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            batch = cu_seqlens.numel() - 1
-        if state is not None:
-            self.check_state(state, batch, cu_seqlens is not None)
-        return cu_seqlens
+        return packed_rows(x, cu_seqlens)
+
+    def _empty_state(self) -> State:
+        """``init_state(0)``, made once: the type and the shapes (after the batch) of this mixer's
+        states, which ``__call__`` checks a given state against at every call."""
+        empty = self.__dict__.get("_empty")
+        if empty is None:
+            empty = self.__dict__["_empty"] = self.init_state(0)
+        return empty
 
     def check_state(self, state: State, batch: int, packed: bool) -> None:
-        """A state given to ``forward`` (of ``init_state``'s type: ``__call__`` checked it), each
-        tensor of its shape with batch ``batch`` (one row per document of a packed row when
-        ``packed``)."""
-        want = self.init_state(0)
-        for name, ref in want.tensors().items():
+        """A state given to the mixer (of ``init_state``'s type), each tensor of its shape with
+        batch ``batch`` (one row per document of a packed row when ``packed``); ``__call__`` runs
+        it before ``forward``."""
+        for name, ref in self._empty_state().tensors().items():
             t = getattr(state, name)
             if packed:
                 check_document_state(f"state.{name}", t, batch)
@@ -293,6 +297,8 @@ class Mixer(nn.Module):
     def check_input(self, x: Tensor) -> None:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected [B, T, d_model] = [B, T, {self.d_model}], got {list(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"x: expected a real floating-point tensor (the embedded tokens), got {x.dtype}")
 
 
 def no_weight_decay(param: nn.Parameter) -> nn.Parameter:

@@ -61,7 +61,7 @@ from lcsm.ops import eos, native_diag_scan, native_serves
 
 from ._ssm import time_invariant_eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import check_document_state, documents
+from .packing import documents
 
 Tensor = torch.Tensor
 
@@ -253,8 +253,6 @@ class CES(Mixer):
             if lengths is not None:
                 raise ValueError("lengths: right-padded rows and cu_seqlens (packed documents) exclude each other")
             cu_seqlens = documents(x, cu_seqlens)
-            if memory is not None:
-                check_document_state("state.memory", memory, cu_seqlens.numel() - 1)
         e, s, log_o = self.eos_parameters()
         u = x
         if lengths is not None:

@@ -19,7 +19,7 @@ from lcsm._checks import check_bool, check_choice, check_float, check_int
 
 from ..ops import DPLR_MODES, eos_dplr
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import row_documents, short_conv
+from .packing import short_conv
 
 Tensor = torch.Tensor
 
@@ -133,11 +133,8 @@ class Comba(Mixer):
         return t.reshape(*t.shape[:-1], -1, width)
 
     def forward(self, x: Tensor, state: CombaState | None = None, return_state: bool = False, cu_seqlens=None):
-        self.check_input(x)
         # each row of the batch its own sequence, or the documents of one packed row
-        docs, n = row_documents(x, cu_seqlens)
-        if state is not None:
-            self.check_state(state, n, cu_seqlens is not None)
+        docs = self.check_call(x, cu_seqlens)
         hist = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
         q, cq = short_conv(self.q_proj(x), self.q_conv, None, docs, hist[0], silu=True)
         k, ck = short_conv(self.k_proj(x), self.k_conv, None, docs, hist[1], silu=True)

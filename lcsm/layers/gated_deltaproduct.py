@@ -38,7 +38,7 @@ from lcsm._checks import check_bool, check_choice, check_float, check_int
 
 from ..ops import DPLR_MODES, eos_dplr, native_gated_rms_norm, native_serves
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import causal_conv, check_document_state, documents
+from .packing import causal_conv
 
 Tensor = torch.Tensor
 
@@ -141,23 +141,11 @@ class GatedDeltaProduct(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         B, T, _ = x.shape
         H, K, D, n = self.heads, self.head_k, self.head_v, self.n
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
         conv0 = memory0 = None
         if state is not None:
-            rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
-            if cu_seqlens is not None:
-                for name, t in state.tensors().items():
-                    check_document_state(f"state.{name}", t, rows)
-            want_conv, want_mem = (rows, self.conv_size - 1, self.channels), (rows, H, K, D)
-            if tuple(state.conv.shape) != want_conv or tuple(state.memory.shape) != want_mem:
-                raise ValueError(
-                    f"state: expected conv {list(want_conv)} and memory {list(want_mem)}, got "
-                    f"{list(state.conv.shape)} and {list(state.memory.shape)}"
-                )
             conv0, memory0 = state.conv, state.memory
         qkv, conv = self._conv(torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1), conv0, cu_seqlens)
         q, k, v = qkv.split([H * K, n * H * K, n * H * D], -1)

@@ -20,7 +20,7 @@ from ..ops import DPLR_MODES, eos_dplr
 from ._gated_delta import GatedDeltaState, inverse_softplus_dt, l2norm_fla, value_width
 from ._qkv import head_width
 from .base import EOSRow, Mixer, no_weight_decay, register, short_convs
-from .packing import row_documents, short_conv
+from .packing import short_conv
 
 Tensor = torch.Tensor
 
@@ -176,11 +176,8 @@ class GatedDeltaNet2(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
         # each row of the batch its own sequence, or the documents of one packed row
-        docs, n = row_documents(x, cu_seqlens)
-        if state is not None:
-            self.check_state(state, n, cu_seqlens is not None)
+        docs = self.check_call(x, cu_seqlens)
         q, k, v, g, b, w, convs = self.recurrence_inputs(x, docs, state)
         o, m = self.recurrence(q, k, v, g, b, w, docs, None if state is None else state.memory, return_state)
         y = self.readout(x, o)

@@ -136,7 +136,7 @@ class GLA(QKVAttention):
         """x [B, T, d_model] -> (read-out [B, T, H, D], final state; one row per document with
         ``cu_seqlens``). Without ``final`` the state is None and not computed: with ``cu_seqlens``
         the documents' final memories are a pass of their own (``ops.packed``)."""
-        cu_seqlens = self.check_call(x, state, cu_seqlens)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         (i, e, s, log_o), (cq, ck, cv) = self._system(x, state, cu_seqlens)
         m0 = None if state is None else state.memory
         y, m = eos(i, e, s, log_o, initial_state=m0, output_final_state=final, cu_seqlens=cu_seqlens)

@@ -49,7 +49,6 @@ from torch import nn
 from .._checks import check_int
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import packed_rows
 
 Tensor = torch.Tensor
 
@@ -123,9 +122,8 @@ class HGRN(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         d = self.d_model
-        cu_seqlens = packed_rows(x, cu_seqlens, state)
         # Half precisions run the recurrence in complex64 (there is no usable complex32).
         rdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
         c = F.silu(self.input_proj(x)).unflatten(-1, (d, 2)).to(rdt)

@@ -42,7 +42,6 @@ from torch import nn
 from .._checks import check_bool
 from ..ops import LogO, LogProduct, eos, eos_rotating, log_sigmoid_product
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -405,12 +404,8 @@ class LCSMFamily(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         m0 = state.memory if state is not None else None
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if m0 is not None:
-                check_document_state("state.memory", m0, cu_seqlens.numel() - 1)
         i, e, s, log_o = self.eos_inputs(x)
         if self.is_complex and e.dim() == s.dim() == 4:
             # log_o = i theta exactly (its real part is the constant 0): Re(m_t^T s_t), which the

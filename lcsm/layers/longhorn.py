@@ -18,7 +18,7 @@ from lcsm._checks import check_int
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import check_document_state, row_documents, short_conv
+from .packing import short_conv
 
 Tensor = torch.Tensor
 
@@ -85,17 +85,8 @@ class Longhorn(Mixer):
         )
 
     def forward(self, x: Tensor, state: LonghornState | None = None, return_state: bool = False, cu_seqlens=None):
-        self.check_input(x)
         # each row of the batch its own sequence, or the documents of one packed row
-        docs, n = row_documents(x, cu_seqlens)
-        if state is not None:
-            if cu_seqlens is not None:
-                check_document_state("state.memory", state.memory, n)
-            want = self.init_state(n)
-            for name in ("conv", "memory"):
-                got, ref = getattr(state, name), getattr(want, name)
-                if got.shape != ref.shape:
-                    raise ValueError(f"state.{name}: expected {list(ref.shape)}, got {list(got.shape)}")
+        docs = self.check_call(x, cu_seqlens)
         xs, z = self.in_proj(x).chunk(2, dim=-1)
         u, conv = short_conv(
             xs, self.conv1d.weight, self.conv1d.bias, docs, None if state is None else state.conv, silu=True

@@ -38,7 +38,6 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import packed_rows
 
 Tensor = torch.Tensor
 
@@ -104,8 +103,7 @@ class LRU(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
-        cu_seqlens = packed_rows(x, cu_seqlens, state)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         # Projections in the layer's precision; half precisions run the recurrence in complex64
         # (there is no usable complex32).
         rdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype

@@ -38,7 +38,7 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import LogProduct, eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import packed_rows, short_conv
+from .packing import short_conv
 
 Tensor = torch.Tensor
 
@@ -156,8 +156,7 @@ class Mamba(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
-        cu_seqlens = packed_rows(x, cu_seqlens, state)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         xs, z = self.in_proj(x).chunk(2, dim=-1)
         u, conv_state = self.conv(xs, state.conv if state is not None else None, cu_seqlens)
         delta, Bt, Ct, A = self.ssm_inputs(u)

@@ -57,7 +57,7 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import eos, native_gated_rms_norm, native_serves
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import packed_rows, short_conv
+from .packing import short_conv
 
 Tensor = torch.Tensor
 
@@ -185,8 +185,7 @@ class Mamba2(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
-        cu_seqlens = packed_rows(x, cu_seqlens, state)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         d_inner, N, G, H, P = self.d_inner, self.d_state, self.ngroups, self.nheads, self.headdim
         z, xBC, dt = self.in_proj(x).split([d_inner, self.conv_dim, H], dim=-1)
         xBC, conv_state = self.conv(xBC, state.conv if state is not None else None, cu_seqlens)

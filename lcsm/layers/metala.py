@@ -40,7 +40,7 @@ from lcsm._checks import check_bool, check_int
 from lcsm.ops import eos
 
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import packed_rows, short_conv
+from .packing import short_conv
 
 Tensor = torch.Tensor
 
@@ -143,10 +143,9 @@ class MetaLA(Mixer):
         cu_seqlens: Tensor | None = None,
     ):
         """x [B, T, d_model] -> y [B, T, d_model] (and the final MetaLAState when asked)."""
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         B, T, d = x.shape
         H, K, D = self.heads, self.key_dim, self.head_dim
-        cu_seqlens = packed_rows(x, cu_seqlens, state)
         memory = state.memory if state is not None else None
         conv_buffer = None
         h = x

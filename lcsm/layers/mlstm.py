@@ -80,7 +80,7 @@ from torch import nn
 from .._checks import check_int
 from ..ops import eos, native_block_diag, native_mlstm_readout, native_serves
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import check_document_state, document_index, documents, previous, running_max, short_conv
+from .packing import document_index, previous, running_max, short_conv
 
 Tensor = torch.Tensor
 
@@ -220,16 +220,9 @@ class MLSTM(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         B, T, _ = x.shape
         H, d = self.heads, self.head_dim
-        n_seq = B
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            n_seq = cu_seqlens.numel() - 1
-            if state is not None:
-                for name in ("conv", "memory", "scale"):
-                    check_document_state(f"state.{name}", getattr(state, name), n_seq)
         x_m, z = self.up_proj(x).chunk(2, dim=-1)
         c, conv_last = self._conv(x_m, state.conv if state is not None else None, cu_seqlens)
         q, k, v = self._blocks(c, self.q_blocks), self._blocks(c, self.k_blocks), self._blocks(x_m, self.v_blocks)
@@ -237,7 +230,8 @@ class MLSTM(Mixer):
         log_f = F.logsigmoid(pre_f)
         # Half precisions run the cell in float32, as the EOS op does.
         rdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-        m0 = state.scale if state is not None else log_i.new_zeros(n_seq, H, dtype=torch.float64)
+        rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
+        m0 = state.scale if state is not None else log_i.new_zeros(rows, H, dtype=torch.float64)
         m_prev, m = stabiliser(log_f, log_i, m0, cu_seqlens)
         log_o = (log_f.double() + m_prev - m).to(rdt)
         gain = (log_i.double() - m).exp().to(rdt)

@@ -31,26 +31,11 @@ def documents(x: Tensor, cu_seqlens: Tensor) -> Tensor:
     return cu_seqlens.to(device=x.device, dtype=torch.int64)
 
 
-def packed_rows(x: Tensor, cu_seqlens: Tensor | None, state=None) -> Tensor | None:
+def packed_rows(x: Tensor, cu_seqlens: Tensor | None) -> Tensor | None:
     """A mixer's packed-input check: None when not packed; otherwise ``cu_seqlens`` checked against
-    x and returned as int64, and every tensor of a given ``state`` checked to hold one row per
-    document."""
-    if cu_seqlens is None:
-        return None
-    cu_seqlens = documents(x, cu_seqlens)
-    if state is not None:
-        for name, t in state.tensors().items():
-            check_document_state(f"state.{name}", t, cu_seqlens.numel() - 1)
-    return cu_seqlens
-
-
-def row_documents(x: Tensor, cu_seqlens: Tensor | None) -> tuple[Tensor | None, int]:
-    """A mixer's sequences: with ``cu_seqlens`` its bounds (checked against x [1, T, ...], int64)
-    and the number of documents N; without, None and the batch size B (each row a sequence)."""
-    if cu_seqlens is None:
-        return None, x.shape[0]
-    docs = documents(x, cu_seqlens)
-    return docs, docs.numel() - 1
+    x and returned as int64 (``Mixer.__call__`` checks that a given state holds one row per
+    document)."""
+    return None if cu_seqlens is None else documents(x, cu_seqlens)
 
 
 def document_index(cu_seqlens: Tensor, T: int) -> Tensor:

@@ -56,7 +56,7 @@ from lcsm._checks import check_int
 
 from ..ops import eos
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import packed_rows, short_conv
+from .packing import short_conv
 
 Tensor = torch.Tensor
 
@@ -153,9 +153,8 @@ class RGLRU(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         B, T, _ = x.shape
-        cu_seqlens = packed_rows(x, cu_seqlens, state)
         rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
         if state is None:
             state = self.init_state(rows)

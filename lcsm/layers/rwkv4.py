@@ -64,7 +64,7 @@ from lcsm._checks import check_int
 
 from ..ops import eos, eos_step
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import document_index, document_positions, last, packed_rows, previous, running_max
+from .packing import document_index, document_positions, last, previous, running_max
 
 Tensor = torch.Tensor
 
@@ -168,9 +168,8 @@ class RWKV4(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         B, T, C = x.shape
-        cu_seqlens = packed_rows(x, cu_seqlens, state)
         xx = previous(x, state.shift if state is not None else None, cu_seqlens)  # x_{t-1}
         k = self.key(x * self.time_mix_k + xx * (1 - self.time_mix_k))
         v = self.value(x * self.time_mix_v + xx * (1 - self.time_mix_v))

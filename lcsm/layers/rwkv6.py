@@ -64,7 +64,7 @@ from lcsm._checks import check_float, check_int
 
 from ..ops import eos, eos_step
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import last, packed_rows, previous
+from .packing import last, previous
 
 Tensor = torch.Tensor
 
@@ -177,8 +177,7 @@ class RWKV6(Mixer):
         return_state: bool = False,
         cu_seqlens: Tensor | None = None,
     ):
-        self.check_input(x)
-        cu_seqlens = packed_rows(x, cu_seqlens, state)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         r, k, v, g, log_w = self._mix(x, state.shift if state is not None else None, cu_seqlens)
         # Like the official kernel (float32 state), half precisions run the recurrence in float32.
         wdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype

@@ -40,7 +40,7 @@ from lcsm._checks import check_bool, check_choice, check_int
 
 from ..ops import DPLR_MODES, eos_dplr
 from .base import EOSRow, Mixer, State, ValueFirst, no_weight_decay, register
-from .packing import check_document_state, documents, last, previous
+from .packing import last, previous
 
 Tensor = torch.Tensor
 
@@ -194,23 +194,9 @@ class RWKV7(Mixer):
         cu_seqlens: Tensor | None = None,
         value_first: ValueFirst | None = None,
     ):
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         B, T, C = x.shape
-        memory0 = None
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-        if state is not None:
-            rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
-            if cu_seqlens is not None:
-                for name, t in state.tensors().items():
-                    check_document_state(f"state.{name}", t, rows)
-            want = (rows, self.heads, self.head_size, self.head_size)
-            if tuple(state.memory.shape) != want or tuple(state.shift.shape) != (rows, C):
-                raise ValueError(
-                    f"state: expected shift [{rows}, {C}] and memory {list(want)}, got "
-                    f"{list(state.shift.shape)} and {list(state.memory.shape)}"
-                )
-            memory0 = state.memory
+        memory0 = state.memory if state is not None else None
         xx = previous(x, state.shift if state is not None else None, cu_seqlens) - x
         xr, xw, xk = x + xx * self.x_r, x + xx * self.x_w, x + xx * self.x_k
         xv, xa, xg = x + xx * self.x_v, x + xx * self.x_a, x + xx * self.x_g

@@ -33,7 +33,6 @@ from ._ssm import (
     param_dtype,
 )
 from .base import EOSRow, Mixer, State, no_weight_decay, register
-from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -600,14 +599,11 @@ class S4(Mixer):
         cu_seqlens: Tensor | None = None,
     ):
         """x [B, T, H] -> y [B, T, H] (and the final S4State when asked)."""
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         x0 = state.x if state is not None else None
         if cu_seqlens is None:
             y, s = self.ssm(x, x0, return_state)
         else:
-            cu_seqlens = documents(x, cu_seqlens)
-            if x0 is not None:
-                check_document_state("state.x", x0, cu_seqlens.numel() - 1)
             y, s = self.packed_ssm(x, x0, return_state, cu_seqlens)
         y = gelu_glu(y, self.output_linear)
         return (y, S4State(x=s)) if return_state else y

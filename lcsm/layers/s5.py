@@ -30,7 +30,6 @@ from ._ssm import (
     time_invariant_eos,
 )
 from .base import EOSRow, Mixer, no_weight_decay, register
-from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -149,12 +148,8 @@ class S5(Mixer):
         cu_seqlens: Tensor | None = None,
     ):
         """x [B, T, H] -> y [B, T, H] (and the final SSMState when asked)."""
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         memory = state.memory if state is not None else None
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if memory is not None:
-                check_document_state("state.memory", memory, cu_seqlens.numel() - 1)
         y, m = self.ssm(x, memory, return_state, cu_seqlens)
         g = F.gelu(y, approximate="tanh")  # flax nn.gelu's default (the official s5/layers.py)
         y = g * torch.sigmoid(self.out2(g))

@@ -54,7 +54,6 @@ from lcsm.ops import MODES, autocast_off
 
 from ._ssm import SSMState, time_invariant_eos
 from .base import EOSRow, Mixer, register
-from .packing import check_document_state, documents
 
 Tensor = torch.Tensor
 
@@ -153,12 +152,8 @@ class TNN(Mixer):
         cu_seqlens: Tensor | None = None,
     ):
         """x [B, T, d] -> y [B, T, d] (and the final SSMState when asked)."""
-        self.check_input(x)
+        cu_seqlens = self.check_call(x, cu_seqlens)
         memory = state.memory if state is not None else None
-        if cu_seqlens is not None:
-            cu_seqlens = documents(x, cu_seqlens)
-            if memory is not None:
-                check_document_state("state.memory", memory, cu_seqlens.numel() - 1)
         u = F.silu(self.u_proj(x))
         v = F.silu(self.v_proj(x))
         # The kernel outside autocast: the ETSC conversion is an FFT of the RPE's output, which

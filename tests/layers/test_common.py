@@ -282,6 +282,29 @@ def test_a_state_of_another_mixer_is_refused_by_type(name):
 
 
 @pytest.mark.parametrize("name", layers.available())
+def test_a_state_of_other_rows_is_refused_by_name(name):
+    """A state of one row for a batch of two, in forward and in step (S4's step broadcast it over
+    the batch silently; other mixers failed inside torch.cat or a kernel, naming its argument),
+    and a packed row's state of another number of documents."""
+    mixer = make(name)
+    x = inputs(B=2, T=5)
+    _, one = mixer(x[:1], return_state=True)
+    for call in (lambda: mixer(x, state=one), lambda: mixer.step(x[:, 0], one)):
+        with pytest.raises(ValueError, match=r"^state[.:]"):
+            call()
+    with pytest.raises(ValueError, match=r"^state[.:]"):
+        mixer(x[:1], state=mixer.init_state(3), cu_seqlens=torch.tensor([0, 2, 5]))
+
+
+@pytest.mark.parametrize("name", layers.available())
+def test_token_ids_and_complex_inputs_are_refused_by_name(name):
+    mixer = make(name)
+    for x in (torch.zeros(2, 5, D_MODEL, dtype=torch.long), inputs(T=5).to(torch.complex128)):
+        with pytest.raises(ValueError, match=r"^x: expected a real floating-point tensor"):
+            mixer(x)
+
+
+@pytest.mark.parametrize("name", layers.available())
 def test_no_tokens_give_no_output_and_leave_the_state(name):
     """T = 0 (several forms cannot reshape or convolve an empty sequence: six mixers raised from
     inside): an empty output, the given state returned as it is, or the initial state."""

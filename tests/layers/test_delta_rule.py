@@ -186,7 +186,7 @@ def test_m3_accepts_eos_modes_only():
 
 def test_wrong_state_is_a_clear_error():
     mixer, x = make("fwp"), inputs(T=3)
-    with pytest.raises(ValueError, match=r"state: memory must be \[B, H, K, D\] = \[2, 4, 4, 4\]"):
+    with pytest.raises(ValueError, match=r"state.memory: expected \[2, 4, 4, 4\], got \[2, 4, 4, 5\]"):
         mixer(x, state=DeltaState(memory=torch.zeros(2, 4, 4, 5, dtype=torch.float64)))
 
 
