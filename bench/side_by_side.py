@@ -13,6 +13,8 @@ Cases (issue 68's CPU targets for the elementwise kernel, Mamba and S4):
     product   the same with log_o = LogProduct(dt, A) (Mamba's form)
     kxd-auto, product-auto  kxd and product with mode "auto" (the native scan on the CPU where it exists)
     product-packed  product-auto on 8 packed documents (cu_seqlens), final states asked for
+    invariant-packed  a time-invariant system (e, s [H, K], a full K x D decay, B=1 T=2048 H=4 K=16
+              D=64) on 8 packed documents, mode "auto", final states asked for
     mamba     the Mamba layer, B=64 T=256 d_model=128
     eos-KIND-T[-BxHxK]  eos chunk with no, a scalar, a row or a column decay (KIND none, scalar,
               row, col), chunk 64, GLA's gates, at length T: the ops bench's limit case, B=1 H=4
@@ -45,7 +47,17 @@ from pathlib import Path
 
 from lcsm.engine.stats import ratio_interval
 
-CASES = ("kxd", "product", "kxd-auto", "product-auto", "product-packed", "mamba", "lm-transformer-512", "lm-s4-512")
+CASES = (
+    "kxd",
+    "product",
+    "kxd-auto",
+    "product-auto",
+    "product-packed",
+    "invariant-packed",
+    "mamba",
+    "lm-transformer-512",
+    "lm-s4-512",
+)
 
 
 def _case(name: str):
@@ -72,6 +84,20 @@ def _case(name: str):
             mode = "chunk" if name in ("kxd", "product") else "auto"
             y, m = eos(x[0], x[1], x[2], log_o, mode=mode, chunk_size=64, cu_seqlens=cu, output_final_state=packed)
             (y.sum() + (m.sum() if packed else 0)).backward()
+
+        return run
+    if name == "invariant-packed":
+        # a time-invariant system (S4D's shapes: e, s [H, K], a full K x D decay) over 8 packed
+        # documents under auto, whose memory restarts make it time-varying
+        B, T, H, K, D = 1, 2048, 4, 16, 64
+        i = torch.randn(B, T, H, D, generator=g, requires_grad=True)
+        e, s = (torch.randn(H, K, generator=g, requires_grad=True) for _ in range(2))
+        log_o = (-torch.rand(H, K, D, generator=g) / 16).requires_grad_()
+        cu = torch.linspace(0, T, 9).round().long()
+
+        def run():
+            y, m = eos(i, e, s, log_o, cu_seqlens=cu, output_final_state=True)
+            (y.sum() + m.sum()).backward()
 
         return run
     if name.startswith("eos-"):

@@ -161,17 +161,7 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
             "mode='fft' cannot serve cu_seqlens: a convolution with one time-invariant kernel cannot "
             "restart the memory at document boundaries; use mode='chunk' or 'auto'"
         )
-    if mode == "auto" and p.T > 1 and p.data_independent:
-        # The time-invariant system becomes time-varying once its memory restarts: chunk.
-        plan = _plan_one(
-            p,
-            "chunk",
-            chunk_size,
-            packed=True,
-            why="auto, packed: not fft, whose one convolution cannot restart the memory",
-        )
-    else:
-        plan = _plan_one(p, mode, chunk_size, packed=True)
+    plan = _plan_one(p, mode, chunk_size, packed=True)
     if plan.mode == "recurrent":
         how = "each document alone through the recurrence, a loop over documents"
     elif plan.kernel == "triton-scan":
@@ -223,14 +213,22 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool, why: str 
     # auto
     if p.T <= 1:
         return Plan("recurrent", "loop", "T <= 1: one recurrent step is cheapest (decoding)")
-    if p.data_independent:
+    # A time-invariant system becomes time-varying once its memory restarts (packed documents):
+    # the modes below, not one convolution.
+    invariant = ""
+    if p.data_independent and not packed:
         return Plan(
             "fft",
             "long-convolution",
             "e, s and log_o are data-independent: a time-invariant system, computed as an "
             "O(T log T) convolution with an O(T K D) kernel",
         )
-    reason = f"linear-time chunkwise form with C={chunk_length(chunk_size, p.T)} ({structure}); {_kernel_reason(p)}"
+    if p.data_independent:
+        invariant = "packed, so not fft, whose one convolution cannot restart the memory; "
+    reason = (
+        f"{invariant}linear-time chunkwise form with C={chunk_length(chunk_size, p.T)} ({structure}); "
+        f"{_kernel_reason(p)}"
+    )
     if p.i.device.type == "cuda":
         why = _triton_unsupported(p, packed)
         if why is None and p.out_dtype == torch.float32 and p.decay_kind in ("none", "scalar"):
@@ -241,12 +239,12 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool, why: str 
             # (bench/results/triton_registers.md), not yet timed on a GPU.
             why = "float32 inputs with no or a scalar decay, where the PyTorch chunk form was faster on an H200"
         if why is None:
-            return _triton_plan(p, chunk_size, "CUDA tensors and triton installed")
+            return _triton_plan(p, chunk_size, f"{invariant}CUDA tensors and triton installed")
         reason += f"; not the Triton kernels: {why}"
     if p.decay_kind in ("full", "product"):
         why = native_unsupported(p)
         if why is None:
-            return _native_plan(p, chunk_size, "CPU tensors, vector e/s and a full K x D decay")
+            return _native_plan(p, chunk_size, f"{invariant}CPU tensors, vector e/s and a full K x D decay")
         reason += f"; not the native scan: {why}"
     return Plan("chunk", kernel_for(p), reason)
 
@@ -275,7 +273,7 @@ def explain(
     """The plan ``eos`` follows for these arguments (validated exactly as ``eos`` does).
 
     Auto rules, in order: T <= 1 -> recurrent; e, s and log_o all data-independent (both parts
-    of a separable pair or a product) -> fft; on CUDA tensors with triton installed, where the
+    of a separable pair or a product), not packed -> fft; on CUDA tensors with triton installed, where the
     Triton kernels serve the inputs (K-vector e and s, no, scalar, row or column decay, real,
     float32 compute; traced by torch.compile too, but not for packed documents) -> triton
     (``triton_chunk``), except float32 inputs with no or a scalar decay (a scalar one slower there

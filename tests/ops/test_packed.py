@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.nn.functional import logsigmoid, normalize
 
-from lcsm.ops import LogProduct, eos, eos_delta, eos_rotating, explain
+from lcsm.ops import LogProduct, eos, eos_delta, eos_rotating, explain, native_scan
 from lcsm.ops import chunk as chunk_module
 from lcsm.ops import delta as delta_module
 from lcsm.testing import assert_close, rel_rms
@@ -202,6 +202,20 @@ def test_auto_takes_chunk_for_a_time_invariant_system():
     args = {k: _cast(v, torch.float64) for k, v in inputs.items()}
     plan = explain(args["i"], args["e"], args["s"], args["log_o"], cu_seqlens=torch.tensor(b))
     assert plan.mode == "chunk" and "cu_seqlens" in plan.reason and "not fft" in plan.reason
+    check_packed(eos, inputs, b, torch.float64, mode="auto", chunk_size=4)
+
+
+@pytest.mark.parametrize("decay", ["full", "product"])
+def test_auto_takes_the_native_scan_for_a_time_invariant_full_decay(decay):
+    """A time-invariant system with a full K x D decay (S4D's shapes called on packed documents):
+    auto takes what a time-varying one takes, on the CPU the native scan where its kernel builds
+    (the chunk form's elementwise kernel before: ~11x slower, bench/results/native_scan.md)."""
+    b = _bounds("random", seed=3)
+    inputs = make_inputs(decay, False, e="vec", s="vec", n_docs=len(b) - 1, seed=8)
+    args = {k: _cast(v, torch.float64) for k, v in inputs.items()}
+    plan = explain(args["i"], args["e"], args["s"], args["log_o"], cu_seqlens=torch.tensor(b))
+    assert "not fft" in plan.reason
+    assert plan.mode == ("native" if native_scan.library() is not None else "chunk"), plan
     check_packed(eos, inputs, b, torch.float64, mode="auto", chunk_size=4)
 
 
