@@ -20,6 +20,7 @@ from torch import nn
 
 from lcsm._checks import check_choice, check_float, check_int
 from lcsm.ops import autocast_off, causal_fft_conv, fft_length, native_s4_kernel, native_serves
+from lcsm.ops._autograd import first_order
 
 from ._hippo import hippo_legs, hippo_normal_eig
 from ._ssm import (
@@ -148,6 +149,7 @@ class _CauchyConj(torch.autograd.Function):
         return torch.cat(parts, dim=-1).transpose(1, 2)
 
     @staticmethod
+    @first_order
     def backward(ctx, grad_S: Tensor):
         # Through q = 1 / D: the cotangent of D is t = -grad_q conj(q)^2, with D holomorphic in g
         # (dD/dg = 2 g - 2 a) and real-affine in a (dD/da = -2 g) and s (dD/ds = 1), so

@@ -58,6 +58,7 @@ from typing import Any
 
 import torch
 
+from ._autograd import first_order
 from ._inputs import LOG_ZERO, constant_result, finite_log, log_zero, real_dtype
 
 Tensor = torch.Tensor
@@ -847,6 +848,7 @@ class ChunkMatmulFunction(torch.autograd.Function):
         return y_out, M
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
         s, e, i, g, m0, y_strict, m_T, *starts = ctx.saved_tensors  # m_T: o_T * m_{T-1} when g is set
         kind, C = ctx.kind, ctx.C

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ._autograd import first_order
 from ._blocks import block_steps
 from ._inputs import LogProduct
 
@@ -390,6 +391,7 @@ class ChunkElementwiseFunction(torch.autograd.Function):
         return y, m_T
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
         i, e, s, m0, *saved = ctx.saved_tensors
         # the decay factors exp(g) or a product's operands

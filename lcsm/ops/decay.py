@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ._autograd import first_order
 from ._blocks import block_steps
 from ._inputs import shape_str
 
@@ -95,6 +96,7 @@ class _LogSigmoidProduct(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         a, b = ctx.saved_tensors
         B, T, K, D = grad.shape

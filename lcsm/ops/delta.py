@@ -41,10 +41,10 @@ import dataclasses
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from lcsm._checks import check_bool
 
+from ._autograd import first_order
 from ._host_heap import prime_host_heap
 from ._inputs import (
     check_chunk_size,
@@ -194,7 +194,7 @@ class _DeltaRecurrent(torch.autograd.Function):
         return torch.stack(ys, 2), m
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
         v, e, s, a, b, g, *checkpoints = ctx.saved_tensors
         C = ctx.chunk_size
@@ -273,7 +273,7 @@ class _UnitLowerInverse(torch.autograd.Function):
         return inv
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx: Any, grad: Tensor) -> Tensor:
         (inv,) = ctx.saved_tensors
         inv_t = inv.transpose(-1, -2)

@@ -39,11 +39,11 @@ import bisect
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from lcsm._checks import check_bool
 
+from ._autograd import first_order
 from ._host_heap import prime_host_heap
 from ._inputs import (
     check_chunk_size,
@@ -413,7 +413,7 @@ class _DplrSpans(torch.autograd.Function):
         return torch.cat(ys, 2), torch.cat(done, 0)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx: Any, dy: Tensor, dfinal: Tensor) -> tuple[Tensor | None, ...]:
         plan, span, n_chunks = ctx.setup
         saved = ctx.saved_tensors

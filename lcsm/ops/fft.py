@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from ._autograd import first_order
 from ._host_heap import prime_host_heap
 from ._inputs import EOSProblem, finite_log
 
@@ -116,6 +117,7 @@ class CausalRealFFTConv(torch.autograd.Function):
         return torch.fft.irfft(K * X, n=n, dim=dim).narrow(dim, 0, i.shape[dim])
 
     @staticmethod
+    @first_order
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         K, X = ctx.saved_tensors
         n, dim = ctx.n, ctx.dim

@@ -49,6 +49,7 @@ import torch
 
 from lcsm._cache import cache_root
 
+from ._autograd import first_order
 from ._blocks import BLOCK_BYTES
 from ._inputs import EOSProblem, constant_result
 
@@ -693,6 +694,7 @@ class _NativeChunk(torch.autograd.Function):
         return out[0], out[1]
 
     @staticmethod
+    @first_order
     def backward(ctx, dy: Tensor | None, dm_T: Tensor | None):
         return _chunk_gradients_of(ctx, dy, dm_T, _chunk_backward_impl)
 
@@ -786,6 +788,7 @@ class _NativeS4Spectrum(torch.autograd.Function):
         return K
 
     @staticmethod
+    @first_order
     def backward(ctx, grad_K: Tensor):
         dg, da, ds, dW = cauchy_backward(*ctx.saved_tensors, grad_K)
         return dg, None, da, ds, dW
@@ -817,6 +820,7 @@ class _NativeS4Kernel(torch.autograd.Function):
         return K
 
     @staticmethod
+    @first_order
     def backward(ctx, grad_K: Tensor):
         A_imag, P, B, C, log_dt, *kept = ctx.saved_tensors
         grads = s4_kernel_backward(log_dt, A_imag, P, B, C, tuple(kept), grad_K, ctx.even)
@@ -862,6 +866,7 @@ class _DiagScan(torch.autograd.Function):
         return y, torch.view_as_complex(m_T)
 
     @staticmethod
+    @first_order
     def backward(ctx, gy: Tensor | None, gm_T: Tensor | None):
         x, lam, e, s, starts = ctx.saved_tensors
         gy = torch.zeros_like(x) if gy is None else gy.to(x.dtype).contiguous()
@@ -909,6 +914,7 @@ class _BlockDiag(torch.autograd.Function):
         return _block_diag_apply(rows, w).view(*x.shape[:-1], -1)
 
     @staticmethod
+    @first_order
     def backward(ctx, dy: Tensor):
         rows, w = ctx.saved_tensors
         (R, _), (NB, BO, BI) = rows.shape, w.shape
@@ -958,6 +964,7 @@ class _MLSTMReadout(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx, dout: Tensor):
         y, floor, c, z, scale, skip = ctx.saved_tensors
         R, H, d, eps, norm_eps = ctx.sizes
@@ -1018,6 +1025,7 @@ class _CausalConv(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order
     def backward(ctx, dy: Tensor):
         x, history, taps, bias = ctx.saved_tensors
         (B, T, C), W = x.shape, taps.shape[0]
@@ -1074,6 +1082,7 @@ class _GatedRMSNorm(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx, dout: Tensor):
         y, z, weight = ctx.saved_tensors
         R, C, group, gate_first, eps = ctx.args
@@ -1117,6 +1126,7 @@ class _SiluMul(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order
     def backward(ctx, dy: Tensor):
         a, b = ctx.saved_tensors
         dy = dy.to(a.dtype).contiguous()

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ._autograd import first_order
 from ._inputs import LOG_ZERO, EOSProblem, finite_log, real_dtype
 from .reference import eos_recurrent
 
@@ -301,6 +302,7 @@ class _DocumentStates(torch.autograd.Function):
         return share, m_T
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, d_share: Tensor | None, d_m: Tensor | None) -> tuple[Tensor | None, ...]:
         m0, w, q, a, b, tail_doc = ctx.saved_tensors
         N, H = ctx.N, ctx.H

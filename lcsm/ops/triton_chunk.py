@@ -58,6 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._autograd import first_order
 from ._inputs import EOSProblem, finite_log, on_device
 from .chunk import matmul_operands
 
@@ -759,6 +760,7 @@ class TritonChunkFunction(torch.autograd.Function):
         return y, m_T
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, dy: Tensor | None, dm_T: Tensor | None) -> tuple[Tensor | None, ...]:
         s, e, i, g, m0, y_strict, m_strict = ctx.saved_tensors
         kind, BT, bf16, layout = ctx.kind, ctx.BT, ctx.bf16, ctx.layout

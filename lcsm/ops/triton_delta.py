@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._autograd import first_order
 from ._inputs import on_device
 
 Tensor = torch.Tensor
@@ -275,6 +276,7 @@ class TritonDeltaCarry(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, dstarts: Tensor | None, dfinal: Tensor | None):
         return _carry_gradients(ctx, dstarts, dfinal, _carry_backward)
 
