@@ -20,14 +20,15 @@ def _print_metrics(title: str, metrics) -> None:
     print(title)
     width = max(len(k) for k in metrics)
     for key, value in metrics.items():
-        print(f"  {key:<{width}}  {value:.4f}")
+        # (a result.json read back holds None where the metric was not finite)
+        print(f"  {key:<{width}}  {'nan' if value is None else format(value, '.4f')}")
 
 
 def _run_config_file(target: str, out: str | None) -> tuple[Path, str | None]:
     """The config file and out_dir ``lcsm train TARGET`` trains: a run directory (one holding the
-    config.yaml a run writes) or that config.yaml trains the run there, wherever the command runs
-    from (the file records out_dir as it was given, relative to the first run's working
-    directory); --out still chooses another directory."""
+    config.yaml a run writes), or that config.yaml beside what its run wrote, trains the run there,
+    wherever the command runs from (the file records out_dir as it was given, relative to the
+    first run's working directory); --out still chooses another directory."""
     path = Path(target)
     if path.is_dir():
         if not (path / RUN_CONFIG).is_file():
@@ -35,16 +36,21 @@ def _run_config_file(target: str, out: str | None) -> tuple[Path, str | None]:
                 f"{target}: a directory without {RUN_CONFIG}; give a run config file, or a run directory "
                 f"that `lcsm train` wrote"
             )
-        path = path / RUN_CONFIG
+        return path / RUN_CONFIG, out if out is not None else str(path)
     if out is None and path.name == RUN_CONFIG and _holds_a_run(path.parent):
         out = str(path.parent)
     return path, out
 
 
 def _holds_a_run(directory: Path) -> bool:
+    """Whether a run wrote into ``directory``: checkpoints, a result, a metrics log or a lock (a run
+    killed before its first checkpoint leaves the last two)."""
     from lcsm.engine.checkpoint import CHECKPOINTS
+    from lcsm.engine.lock import LOCK_NAME
 
-    return (directory / CHECKPOINTS).is_dir() or (directory / "result.json").is_file()
+    return (directory / CHECKPOINTS).is_dir() or any(
+        (directory / name).is_file() for name in ("result.json", "metrics.jsonl", LOCK_NAME)
+    )
 
 
 def cmd_train(args) -> int:
@@ -63,6 +69,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from lcsm.engine import evaluate, load_run
     from lcsm.engine.distributed import resolve_device
+    from lcsm.engine.monitor import json_safe
 
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size: expected a positive integer, got {args.batch_size}")
@@ -75,7 +82,7 @@ def cmd_eval(args) -> int:
     batch = args.batch_size if args.batch_size is not None else config.train.eval_batch_size or config.train.batch_size
     metrics = evaluate(model, task, split, batch, next(model.parameters()).device, config.train.precision)
     if args.json:
-        print(json.dumps({"checkpoint": str(path), "split": split, "metrics": metrics}))
+        print(json.dumps(json_safe({"checkpoint": str(path), "split": split, "metrics": metrics}), allow_nan=False))
     else:
         _print_metrics(f"{path} on {task.registry_name} / {split}:", metrics)
     return 0

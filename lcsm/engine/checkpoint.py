@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -269,6 +270,13 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
 def load_trainer(checkpoint: Path) -> dict[str, Any]:
     try:
         return torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # a whole zip around a damaged pickle, which the cheap ``damage`` check cannot see (torch's
+        # own message suggests weights_only=False, which would not mend it)
+        raise DamagedCheckpoint(
+            f"checkpoint {str(checkpoint)!r}: trainer.pt is damaged (its pickled state does not read back); "
+            "move this checkpoint elsewhere to resume from the one before it, or restore it from a copy"
+        ) from None
     except (RuntimeError, OSError, EOFError) as err:
         raise DamagedCheckpoint(
             f"checkpoint {str(checkpoint)!r}: trainer.pt is unreadable ({str(err).splitlines()[0]})"

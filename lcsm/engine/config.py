@@ -236,6 +236,12 @@ class TrainConfig(_Section):
         check_int("train.epochs", self.epochs, 1, allow_none=True)
         check_int("train.batch_size", self.batch_size, 1)
         check_int("train.grad_accum", self.grad_accum, 1)
+        # (the processes' share is checked when a run starts, where their number is known)
+        if self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"train.batch_size: {self.batch_size} examples per step must split evenly into "
+                f"grad_accum {self.grad_accum} micro-batches"
+            )
         check_choice("train.precision", self.precision, PRECISIONS)
         check_int("train.seed", self.seed, 0)
         if self.seed >= SEED_LIMIT:

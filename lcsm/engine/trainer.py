@@ -595,11 +595,13 @@ class Trainer:
         t = self.config.train
         restored = self.restore(resume)
         result_path = self.out_dir / "result.json"
-        recorded = self._recorded_result(result_path)
+        recorded = (
+            self._recorded_result(result_path) if restored is not None else self._kept_result(result_path, resume)
+        )
         if recorded is not None:
             self.progress.message(
                 f"{self.config.name or self.out_dir.name}: finished already ({recorded['status']} at step "
-                f"{self.state.step}); result {result_path} (--restart trains it again)"
+                f"{recorded['step']}); result {result_path} (--restart trains it again)"
             )
             self.log.close()
             return recorded
@@ -701,6 +703,29 @@ class Trainer:
             return None
         finished = isinstance(result, dict) and result.get("status") in ("completed", "early_stopped")
         return result if finished and result.get("step") == s.step else None
+
+    def _kept_result(self, path: Path, resume: bool) -> dict[str, Any] | None:
+        """The result of a finished run whose checkpoints are gone (the committed runs of results/
+        keep none) when it was trained with this training config; with another one, or when not
+        resuming, an error: training would replace the result."""
+        try:
+            result = json.loads(path.read_text()) if path.is_file() else None
+            finished = result.get("status") in ("completed", "early_stopped")
+            theirs = _resumable(_json_canonical(RunConfig.from_dict(result["config"]).training_dict()))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if not finished:
+            return None
+        where = f"out_dir: {str(self.out_dir)!r} holds the result of a finished run (result.json, no checkpoints)"
+        if not resume:
+            raise ValueError(f"{where}; resume it, or start over with --restart (deletes it) or another --out")
+        changed = sorted(_diff_keys(theirs, _resumable(_json_canonical(self.config.training_dict()))))
+        if changed:
+            raise ValueError(
+                f"{where} of a different training config (differs in {', '.join(changed)}); training would "
+                "replace it. Train this one into another --out, or start over with --restart (deletes the run)"
+            )
+        return result
 
     def _nonfinite(self, step: int, loss: float, norm: float, lr: float, result_path: Path) -> None:
         """A step whose loss or gradient norm is nan or infinite (its update was not applied):

@@ -1,6 +1,8 @@
 """lcsm train / eval / generate: exit 0 on valid input, one clear line and exit 2 on bad input."""
 
 import json
+import re
+import shutil
 
 import pytest
 import torch
@@ -189,6 +191,40 @@ def test_a_run_directory_or_its_config_resumes_that_run_from_anywhere(tmp_path, 
     assert main(["train", f"../{target}"]) == 0
     assert "finished already (completed at step 4)" in capsys.readouterr().err
     assert not list(elsewhere.iterdir())
+
+
+@pytest.mark.parametrize("target", ["run", "run/config.yaml"])
+def test_a_run_killed_before_its_first_checkpoint_resumes_in_its_own_directory(tmp_path, monkeypatch, capsys, target):
+    """A run dead before any checkpoint leaves config.yaml, metrics.jsonl and its lock: from another
+    working directory it trains there again, not into a new run beside the caller (it did)."""
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    assert main(["train", "tiny.yaml", "--out", "run", "--set", "train.max_steps=4"]) == 0
+    for written in ("checkpoints", "result.json", "eval.csv", "train.csv"):
+        path = tmp_path / "run" / written
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["train", f"../{target}"]) == 0
+    assert not list(elsewhere.iterdir()) and (tmp_path / "run" / "result.json").is_file()
+
+
+def test_a_finished_result_with_a_nan_metric_prints_again_and_eval_json_is_strict(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    run = tmp_path / "run"
+    assert main(["train", str(tmp_path / "tiny.yaml"), "--out", str(run), "--set", "train.max_steps=4"]) == 0
+    result = json.loads((run / "result.json").read_text())
+    result["metrics"]["loss"] = None  # a nan as result.json stores it
+    (run / "result.json").write_text(json.dumps(result))
+    capsys.readouterr()
+    assert main(["train", str(run)]) == 0
+    assert re.search(r"loss\s+nan", capsys.readouterr().out)
+    monkeypatch.setattr("lcsm.engine.evaluate", lambda *a, **k: {"loss": float("nan"), "accuracy": 0.5})
+    assert main(["eval", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["metrics"] == {"loss": None, "accuracy": 0.5}
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,23 @@ DAMAGE = {
 }
 
 
+def test_a_scrambled_trainer_state_is_one_error_naming_the_checkpoint(finished, cache_env, capsys):
+    """The zip whole, its pickle not (bit rot): found only when read, a one-line error naming the
+    file (torch's UnpicklingError was a traceback)."""
+    run = cache_env / "run"
+    shutil.copytree(finished[0], run)
+    (run / "result.json").unlink()
+    trainer = run / "checkpoints" / "step-00000012" / "trainer.pt"
+    data = bytearray(trainer.read_bytes())
+    start = data.find(b"data.pkl") + 64
+    data[start : start + 200] = bytes(b ^ 0x5A for b in data[start : start + 200])
+    trainer.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["train", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"checkpoint {str(trainer.parent)!r}: trainer.pt is damaged" in err
+
+
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_resume_falls_back_past_a_damaged_newest_checkpoint(finished, cache_env, capsys, damage):
     reference, weights = finished

@@ -115,6 +115,28 @@ def test_a_finished_run_is_not_retrained(cache_env, monkeypatch, capsys):
     assert "finished already (completed at step 12)" in capsys.readouterr().err
 
 
+def test_a_finished_run_without_checkpoints_is_kept(cache_env, monkeypatch):
+    """The committed runs of results/ keep no checkpoints: run again with its config, such a run
+    returns its result (it was trained again and its result replaced); with another config, or
+    asked not to resume, it is refused rather than replaced; --restart trains it anew."""
+    cfg = RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a")})
+    first = train(cfg, quiet=True)
+    shutil.rmtree(cache_env / "a" / "checkpoints")
+    kept = (cache_env / "a" / "result.json").read_bytes()
+    monkeypatch.setattr(Trainer, "evaluate", lambda *a, **k: pytest.fail("a finished run evaluated again"))
+    assert train(cfg, quiet=True) == json.loads(json.dumps(first))
+    changed = RunConfig.from_dict(apply_overrides(TINY, {"optim.lr": 1e-2, "out_dir": str(cache_env / "a")}))
+    with pytest.raises(
+        ValueError, match=r"result of a finished run .* different training config \(differs in optim.lr\)"
+    ):
+        train(changed, quiet=True)
+    with pytest.raises(ValueError, match="result of a finished run .*resume it, or start over with --restart"):
+        train(cfg, resume=False, quiet=True)
+    assert (cache_env / "a" / "result.json").read_bytes() == kept
+    monkeypatch.undo()
+    assert train(changed, restart=True, quiet=True)["config"]["optim"]["lr"] == 1e-2
+
+
 def test_a_stop_during_the_last_step_comes_before_the_final_evaluation(cache_env, monkeypatch):
     """Ctrl-C during the last step (which ends the loop by itself) still stops the run: its
     checkpoint written, nothing evaluated; run again, it evaluates and ends as an uninterrupted run."""

@@ -19,6 +19,7 @@ from lcsm.engine import report as report_mod
 from lcsm.engine import sweep as sweep_mod
 from lcsm.engine.report import plot, write_report
 from lcsm.engine.sweep import EXPERIMENT_COPY, collect, load_experiment, select_best, sweep
+from lcsm.engine.sweep.grid import parse_grid_override
 
 from .conftest import TINY, cli_env
 
@@ -92,6 +93,27 @@ def test_grid_runs_cache_and_select(tmp_path, monkeypatch):
     # a changed base config is a different run: not taken from the cache
     changed = load_experiment(experiment(tmp_path), overrides=["train.max_steps=5"], out_dir=tmp_path / "out")
     assert {r.id for r in changed.runs()}.isdisjoint(r.id for r in runs)
+
+
+def test_a_diverged_run_keeps_the_sweep_failing_when_it_comes_from_the_cache(tmp_path, monkeypatch):
+    """A rerun found the diverged run's result cached and exited 0; it still fails, and says how to
+    finish the run."""
+    exp = load_experiment(experiment(tmp_path), out_dir=tmp_path / "out")
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    assert sweep(exp, log=lambda *_: None)[1]
+    diverged = exp.runs()[1]
+    result = json.loads((diverged.out_dir / "result.json").read_text())
+    (diverged.out_dir / "result.json").write_text(json.dumps({**result, "status": "diverged"}))
+    lines = []
+    rows, ok = sweep(exp, log=lines.append)
+    assert not ok and len(rows) == 4
+    assert any(f"cached {diverged.id} ended diverged: resume it with `lcsm train" in line for line in lines)
+
+
+@pytest.mark.parametrize("value", ["{mixer: gla, d_model: 16}", "[1e-3", "1e-3,{a"])
+def test_a_grid_value_that_is_not_yaml_is_one_error_naming_the_key(value):
+    with pytest.raises(ValueError, match=r"--grid optim.lr: cannot parse .* as YAML values"):
+        parse_grid_override(f"optim.lr={value}")
 
 
 def test_report_from_cached_results(tmp_path, monkeypatch):

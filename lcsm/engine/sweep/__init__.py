@@ -198,6 +198,14 @@ def sweep(
                 f"  note: cached {r.id} trained an earlier model ({why}): its numbers stand for that model "
                 "(train it again into another --out with --no-reuse to compare)"
             )
+    # a diverged run keeps its result (and its last good checkpoints): the sweep fails until it is
+    # finished another way
+    unfinished = [r for r in runs if cached[r.id] and cached[r.id].get("status") not in ("completed", "early_stopped")]
+    for r in unfinished:
+        log(
+            f"  note: cached {r.id} ended {cached[r.id].get('status')}: resume it with `lcsm train {r.out_dir} "
+            "--set run.on_nonfinite=skip`, or train it again with --restart"
+        )
     if dry_run:
         for r in runs:
             status = "to copy" if r in reused else "to run " if r in todo else "cached "
@@ -211,4 +219,4 @@ def sweep(
         codes = execute(todo, parallel=parallel, log=log) if todo else {}
         rows = collect(exp)
         write_results(exp, rows)
-    return rows, all(c == 0 for c in codes.values())
+    return rows, all(c == 0 for c in codes.values()) and not unfinished

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lcsm._checks import check_choice, check_keys
 
 from ..config import RunConfig, apply_overrides, read_yaml, yaml_load
@@ -138,7 +140,13 @@ def parse_grid_override(text: str) -> tuple[str, list[Any]]:
     if "=" not in text or text.startswith("="):
         raise ValueError(f"--grid: expected 'section.key=value1,value2', got {text!r}")
     key, raw = (part.strip() for part in text.split("=", 1))
-    values = yaml_load(raw) if raw.startswith("[") else [yaml_load(v) for v in raw.split(",") if v.strip()]
+    try:
+        values = yaml_load(raw) if raw.startswith("[") else [yaml_load(v) for v in raw.split(",") if v.strip()]
+    except yaml.YAMLError as err:
+        raise ValueError(
+            f"--grid {key}: cannot parse {raw!r} as YAML values ({err.problem}); a value holding commas goes "
+            "in a list: key=[value1, value2]"
+        ) from None
     if not isinstance(values, list) or not values:
         raise ValueError(f"--grid {key}: expected one or more comma-separated values, got {raw!r}")
     return key, values
