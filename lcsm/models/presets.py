@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lcsm._checks import check_int
 from lcsm._names import did_you_mean
 
 from .config import ModelConfig, layer_mixers, merge_model_values
@@ -112,8 +113,9 @@ def etsmlp(task: str = "listops", gate: bool = False, **overrides) -> ModelConfi
 
 
 def etsmlp_gate(task: str = "listops", **overrides) -> ModelConfig:
-    """ETSMLP-Gate (ETSMLP section 3.2, "Gated architecture")."""
-    return etsmlp(task, gate=True, **overrides)
+    """ETSMLP-Gate (ETSMLP section 3.2, "Gated architecture"): ``etsmlp`` with the gate (an
+    override ``gate=False`` gives ``etsmlp`` itself)."""
+    return etsmlp(task, **{"gate": True, **overrides})
 
 
 def metala_transformer(task: str | None = None, **overrides) -> ModelConfig:
@@ -200,7 +202,23 @@ def lra_encoder(task: str = "listops", mixer: str = "s4d", **overrides) -> Model
 
 def _heads(d_model: int, head_dim: int) -> int:
     """Attention heads of width ``head_dim`` at ``d_model`` (one head below it)."""
+    check_int("head_dim", head_dim, 1)
     return max(1, d_model // head_dim)
+
+
+def _attention_every(preset: str, n_layers: int, k: int, offset: int, overrides: Mapping[str, Any]) -> dict:
+    """A hybrid preset's stack: attention at layers offset, offset + k, ..., the default mixer at
+    the others. A depth that leaves no attention layer is refused by name (the preset's attention
+    options would otherwise fail as options of a mixer the stack does not hold); a stack given in
+    ``overrides`` is the caller's."""
+    check_int("n_layers", n_layers, 1)
+    check_int("every", k, 1)
+    if "mixer" not in overrides and not 0 <= offset < min(k, n_layers):
+        raise ValueError(
+            f"{preset}: attention every {k} layers from layer {offset} needs 0 <= offset < every and "
+            f"n_layers > offset, got n_layers={n_layers}, every={k}, offset={offset}"
+        )
+    return {"k": k, "mixer": "attention", "offset": offset}
 
 
 def samba(d_model: int = 2304, n_layers: int = 18, window: int = 2048, head_dim: int = 128, **overrides) -> ModelConfig:
@@ -214,7 +232,7 @@ def samba(d_model: int = 2304, n_layers: int = 18, window: int = 2048, head_dim:
     ``d_model=1536, n_layers=12``. Departure: no grouped-query option (the official models use full
     multi-head attention too; its GQA variants are ablations)."""
     values = dict(
-        mixer={"default": "mamba", "every": {"k": 2, "mixer": "attention", "offset": 1}},
+        mixer={"default": "mamba", "every": _attention_every("samba", n_layers, 2, 1, overrides)},
         mixer_options=dict(
             attention=dict(heads=_heads(d_model, head_dim), positions="rotary", window=window, bias=False)
         ),
@@ -229,11 +247,17 @@ def samba(d_model: int = 2304, n_layers: int = 18, window: int = 2048, head_dim:
 
 
 def jamba(
-    d_model: int = 4096, n_layers: int = 32, every: int = 8, offset: int = 4, head_dim: int = 128, **overrides
+    d_model: int = 4096,
+    n_layers: int = 32,
+    every: int = 8,
+    offset: int | None = None,
+    head_dim: int = 128,
+    **overrides,
 ) -> ModelConfig:
     """Jamba (Lieber et al. 2024, "Jamba: A Hybrid Transformer-Mamba Language Model": blocks of
-    l = 8 layers, a : m = 1 : 7): in each group of ``every`` = 8 layers one attention layer
-    (at ``offset`` 4, as in the released model's ``attn_layer_offset``) and Mamba in the others;
+    l = 8 layers, a : m = 1 : 7): in each group of ``every`` = 8 layers one attention layer (at
+    ``offset``, default every // 2: 4, the released model's ``attn_layer_offset``) and Mamba in the
+    others;
     attention without positional information (the paper finds Mamba gives the order), RMSNorm,
     SwiGLU MLPs; d 4096, 32 layers, vocabulary 65536, untied head (the values of transformers'
     ``JambaConfig``, 5.24: attn_layer_period 8, attn_layer_offset 4). The Nemotron-H / Bamba form
@@ -242,7 +266,10 @@ def jamba(
     ``mixer=`` a pattern with it), dense MLPs in place of Jamba's mixture of experts (every other
     layer), and no grouped-query attention."""
     values = dict(
-        mixer={"default": "mamba", "every": {"k": every, "mixer": "attention", "offset": offset}},
+        mixer={
+            "default": "mamba",
+            "every": _attention_every("jamba", n_layers, every, every // 2 if offset is None else offset, overrides),
+        },
         mixer_options=dict(attention=dict(heads=_heads(d_model, head_dim), positions="none", bias=False)),
         d_model=d_model,
         n_layers=n_layers,
@@ -264,7 +291,7 @@ def qwen3_next(d_model: int = 2048, n_layers: int = 48, head_dim: int = 256, **o
     rotates a quarter of each head only, and has 16 query heads of 256 = 2d with 2 key/value heads;
     here d / 256 heads), dense MLPs in place of its mixture of experts."""
     values = dict(
-        mixer={"default": "gated_deltanet", "every": {"k": 4, "mixer": "attention", "offset": 3}},
+        mixer={"default": "gated_deltanet", "every": _attention_every("qwen3_next", n_layers, 4, 3, overrides)},
         mixer_options=dict(attention=dict(heads=_heads(d_model, head_dim), positions="rotary", bias=False)),
         d_model=d_model,
         n_layers=n_layers,

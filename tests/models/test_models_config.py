@@ -238,6 +238,8 @@ def test_preset_fields_follow_the_papers():
         True,
     )
     assert preset("etsmlp_gate", task="image").gate and preset("etsmlp", task="image").norm == "batchnorm"
+    # (an override of the gate itself was a TypeError, "multiple values for keyword argument")
+    assert preset("etsmlp_gate", gate=False) == preset("etsmlp")
     assert preset("etsmlp", task="retrieval").head.combine == "concat"
     meta = preset("metala_transformer", task="retrieval")
     assert (meta.n_layers, meta.d_model, meta.channel_hidden, meta.dropout, meta.head.kind) == (

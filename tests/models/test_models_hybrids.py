@@ -177,6 +177,28 @@ def test_hybrid_presets_build_generate_and_follow_their_papers(name):
         assert layers == (["mamba"] * 4 + ["attention"] + ["mamba"] * 3) * 4
 
 
+@pytest.mark.parametrize(
+    "name, fields, match",
+    [
+        ("jamba", dict(n_layers=4), r"jamba: attention every 8 layers from layer 4 needs .* got n_layers=4"),
+        ("qwen3_next", dict(n_layers=3), r"qwen3_next: attention every 4 layers from layer 3 .* n_layers=3"),
+        ("samba", dict(n_layers=1), r"samba: attention every 2 layers from layer 1 .* n_layers=1"),
+        ("jamba", dict(every=2, offset=2), r"needs 0 <= offset < every .* every=2, offset=2"),
+        ("samba", dict(head_dim=0), r"head_dim: expected an integer >= 1, got 0"),
+        ("jamba", dict(head_dim=-4), r"head_dim: expected an integer >= 1, got -4"),
+    ],
+)
+def test_hybrid_presets_refuse_a_stack_without_attention_by_name(name, fields, match):
+    """A depth below the first attention layer failed as options of a mixer "not in the stack"."""
+    with pytest.raises(ValueError, match=match):
+        preset(name, **{**dict(d_model=32, head_dim=16), **fields})
+
+
+def test_jamba_puts_its_attention_halfway_through_each_group_by_default():
+    assert preset("jamba", **{**TINY, "n_layers": 8}, every=4).mixer["every"]["offset"] == 2
+    assert preset("jamba").mixer["every"] == {"k": 8, "mixer": "attention", "offset": 4}
+
+
 def test_qwen3_next_preset_builds_with_gated_deltanet():
     cfg = preset("qwen3_next", **TINY)
     assert [n for n, _ in cfg.layer_mixers()] == ["gated_deltanet"] * 3 + ["attention"]
