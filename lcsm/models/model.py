@@ -37,6 +37,7 @@ def lengths_from_mask(mask: Tensor | None, batch: int, T: int, device) -> Tensor
     """Valid lengths [B] from a right-padding mask [B, T] (True / 1 = token)."""
     if mask is None:
         return None
+    mask = torch.as_tensor(mask)  # a nested list too
     if mask.shape != (batch, T):
         raise ValueError(f"mask: expected [B, T] = [{batch}, {T}], got {list(mask.shape)}")
     mask = mask.to(device=device, dtype=torch.bool)
@@ -46,6 +47,23 @@ def lengths_from_mask(mask: Tensor | None, batch: int, T: int, device) -> Tensor
         raise ValueError("mask: expected right padding (each row a run of valid tokens followed by padding)")
     if bool((lengths == 0).any()):
         raise ValueError("mask: every sequence needs at least one valid token")
+    return lengths
+
+
+def integer_lengths(lengths, batch: int, T: int) -> Tensor:
+    """``lengths`` (a tensor, or a list as ``generate`` takes it) checked: [B] integers in [1, T]."""
+    lengths = torch.as_tensor(lengths)
+    if (
+        lengths.shape != (batch,)
+        or lengths.is_floating_point()
+        or lengths.is_complex()
+        or lengths.dtype == torch.bool
+        or bool((lengths < 1).any())
+        or bool((lengths > T).any())
+    ):
+        raise ValueError(
+            f"lengths: expected [B] = [{batch}] integers in [1, {T}], got {lengths.dtype} {lengths.tolist()}"
+        )
     return lengths
 
 
@@ -122,7 +140,7 @@ class Backbone(nn.Module):
                 raise ValueError(
                     "attention_mask: give either cu_seqlens (packed documents) or an attention mask, not both"
                 )
-            mask = check_mask(attention_mask.to(x.device), x.shape[0], x.shape[1])
+            mask = check_mask(torch.as_tensor(attention_mask, device=x.device), x.shape[0], x.shape[1])
             x, cu_seqlens = pack_rows(x, mask)
         states = []
         value_first = ValueFirst()
@@ -195,7 +213,9 @@ def sample_next(
     probability reaches top_p (nucleus sampling, Holtzman et al. 2020)."""
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    # shifted to a maximum of 0 first: a tiny temperature would divide the others to inf
+    logits = logits.float()
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -309,7 +329,8 @@ class CausalLM(Model):
         prompt_lengths = mask.sum(1) if mask is not None else torch.full((B,), T, device=device)
         if mask is not None and bool(mask.all()):
             mask = None  # prompts of one length: nothing to pack
-        was_training = self.training
+        # each module's own mode back afterwards (a caller may hold some in eval while training)
+        modes = {m: m.training for m in self.modules()}
         self.eval()
         try:
             # Logits at each row's last prompt token only (the head reads one position per row).
@@ -333,7 +354,8 @@ class CausalLM(Model):
                 logits, state = self(out[:, k : k + 1], state=state, return_state=True)
                 last = logits[:, -1]
         finally:
-            self.train(was_training)
+            for m, training in modes.items():
+                m.training = training
         return out
 
 
@@ -360,22 +382,24 @@ def _padded_prompts(input_ids, lengths, attention_mask, device) -> tuple[Tensor,
         if lengths is not None and attention_mask is not None:
             raise ValueError("lengths / attention_mask: give one of them, not both")
         if attention_mask is not None:
-            mask = check_mask(attention_mask.to(device), B, T)
+            mask = check_mask(torch.as_tensor(attention_mask, device=device), B, T)
             # The ids at the padding are never read: any pad id (a tokenizer's, or -100) is accepted.
             return ids.masked_fill(~mask, 0), mask
         if lengths is None:
             return ids, None
-        lengths = torch.as_tensor(lengths)
-        if lengths.shape != (B,) or bool((lengths < 1).any()) or bool((lengths > T).any()):
-            raise ValueError(f"lengths: expected [B] = [{B}] values in [1, {T}], got {lengths.tolist()}")
+        lengths = integer_lengths(lengths, B, T)
         mask = torch.arange(T, device=device) < lengths.to(device)[:, None]
         return ids.masked_fill(~mask, 0), mask
     for name, given in (("lengths", lengths), ("attention_mask", attention_mask)):
         if given is not None:
             raise ValueError(f"{name}: only for a padded [B, T] tensor; a list of prompts carries its own lengths")
-    prompts = [torch.as_tensor(p, dtype=torch.long) for p in input_ids]
+    prompts = [torch.as_tensor(p) for p in input_ids]
     if not prompts or any(p.dim() != 1 or p.numel() == 0 for p in prompts):
         raise ValueError("input_ids: expected a non-empty list of non-empty 1-D token sequences")
+    # (as_tensor with dtype=long would cut 1.7 to 1)
+    if any(p.is_floating_point() or p.is_complex() or p.dtype == torch.bool for p in prompts):
+        raise ValueError(f"input_ids: expected integer token ids, got {next(p for p in prompts).dtype} values")
+    prompts = [p.long() for p in prompts]
     T = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), T, dtype=torch.long, device=device)
     mask = torch.zeros(len(prompts), T, dtype=torch.bool, device=device)
@@ -403,20 +427,7 @@ class PooledClassifierBase(Model):
         B, T = inputs.shape[:2]
         if mask is not None and lengths is not None:
             raise ValueError("mask / lengths: give one of them, not both")
-        if lengths is None:
-            lengths = lengths_from_mask(mask, B, T, inputs.device)
-        else:
-            lengths = torch.as_tensor(lengths)  # a list too, as generate takes it
-            if (
-                lengths.shape != (B,)
-                or lengths.is_floating_point()
-                or lengths.is_complex()
-                or bool((lengths < 1).any())
-                or bool((lengths > T).any())
-            ):
-                raise ValueError(
-                    f"lengths: expected [B] = [{B}] integers in [1, {T}], got {lengths.dtype} {lengths.tolist()}"
-                )
+        lengths = lengths_from_mask(mask, B, T, inputs.device) if lengths is None else integer_lengths(lengths, B, T)
         hidden = self.backbone(inputs, lengths=lengths)
         if lengths is None:
             return hidden.mean(1) if self.config.head.pooling == "mean" else hidden[:, -1]

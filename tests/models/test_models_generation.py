@@ -134,6 +134,11 @@ def test_generate_state_does_not_grow_and_restores_train_mode():
     model.train()
     model.generate([[1, 2]], 2, temperature=0)
     assert model.training
+    # each module's own mode: norms held in eval while the rest trains stay so (all were trained)
+    for block in model.backbone.blocks:
+        block.norm1.eval()
+    model.generate([[1, 2]], 2, temperature=0)
+    assert model.training and not any(b.norm1.training for b in model.backbone.blocks)
 
 
 def test_sampling_options():
@@ -153,6 +158,8 @@ def test_sampling_options():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64)
     seen = {int(sample_next(probs.log(), 1.0, top_p=0.7, generator=g)) for _ in range(200)}
     assert seen == {0, 1}
+    # a tiny temperature is all but greedy (the logits divided by it overflowed to inf: an error)
+    assert torch.equal(sample_next(logits, 1e-40), greedy)
     # Same generator seed, same samples.
     model = make_lm("gla")
     a = model.generate([[1, 2, 3]], 5, temperature=1.0, generator=torch.Generator().manual_seed(3))
@@ -182,6 +189,18 @@ def test_generate_rejects_bad_prompts():
         model.generate([[1, 2], []], 2)
     with pytest.raises(ValueError, match="lengths"):
         model.generate(torch.tensor([[1, 2]]), 2, lengths=torch.tensor([3]))
+    # not rounded or read as 1 (2.5 ran as 3, True as 1)
+    for lengths in ([2.5], torch.tensor([True])):
+        with pytest.raises(ValueError, match=r"lengths: expected \[B\] = \[1\] integers"):
+            model.generate(torch.tensor([[1, 2, 3]]), 2, lengths=lengths)
+    with pytest.raises(ValueError, match="input_ids: expected integer token ids, got torch.float32"):
+        model.generate([[1.7, 2.2]], 2)
+    # a mask as a nested list, as the lengths may be
+    ids = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    assert torch.equal(
+        model.generate(ids, 2, temperature=0, attention_mask=[[0, 1, 1], [1, 1, 1]]),
+        model.generate(ids, 2, temperature=0, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]])),
+    )
 
 
 def test_token_ids_outside_the_vocabulary_are_named():
