@@ -28,6 +28,7 @@ PUBLIC = {
         "explain",
         "explain_dplr",
         "fft_length",
+        "first_order",
         "log_sigmoid_product",
         "native_block_diag",
         "native_causal_conv",

@@ -299,6 +299,23 @@ class Mixer(nn.Module):
             raise ValueError(f"x: expected [B, T, d_model] = [B, T, {self.d_model}], got {list(x.shape)}")
         if not x.is_floating_point():
             raise ValueError(f"x: expected a real floating-point tensor (the embedded tokens), got {x.dtype}")
+        # Outside autocast an input of another precision than the layer's would fail in its first
+        # matmul, or, where an elementwise product comes first, promote and return another dtype.
+        dtype = self._compute_dtype()
+        if dtype is not None and x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(
+                f"x: expected the layer's dtype {dtype} (its parameters'), got {x.dtype}; convert one of them, "
+                "or run under autocast"
+            )
+
+    def _compute_dtype(self) -> torch.dtype | None:
+        """The dtype of the layer's parameters, apart from the ``float32_parameters`` a
+        half-precision layer keeps (None: it has no other)."""
+        if "_dtype_from" not in self.__dict__:
+            names = (n for n, _ in self.named_parameters() if not self.keeps_float32(n))
+            self.__dict__["_dtype_from"] = next(names, None)
+        name = self.__dict__["_dtype_from"]
+        return None if name is None else self.get_parameter(name).dtype
 
 
 def no_weight_decay(param: nn.Parameter) -> nn.Parameter:

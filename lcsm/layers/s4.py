@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lcsm._checks import check_choice, check_float, check_int
-from lcsm.ops import autocast_off, causal_fft_conv, fft_length, native_s4_kernel, native_serves
-from lcsm.ops._autograd import first_order
+from lcsm.ops import autocast_off, causal_fft_conv, fft_length, first_order, native_s4_kernel, native_serves
 
 from ._hippo import hippo_legs, hippo_normal_eig
 from ._ssm import (

@@ -16,8 +16,10 @@ projections; ``native_mlstm_readout``: mLSTM's readout; ``native_causal_conv``: 
 depthwise causal convolutions; ``native_gated_rms_norm``: Mamba-2's gated RMSNorm;
 ``native_silu_mul``: SwiGLU's gate),
 ``native_serves``, whether they take a tensor's
-computation, and ``native_unavailable``, why they cannot run here."""
+computation, and ``native_unavailable``, why they cannot run here; ``first_order``, the mark of a
+layer's own hand-written backward pass (second-order gradients through it refused)."""
 
+from ._autograd import first_order
 from ._inputs import MODES, LogProduct, autocast_off, packed_bounds
 from .decay import log_sigmoid_product
 from .delta import DELTA_MODES, eos_delta
@@ -55,6 +57,7 @@ __all__ = [
     "explain",
     "explain_dplr",
     "fft_length",
+    "first_order",
     "log_sigmoid_product",
     "native_block_diag",
     "native_causal_conv",

@@ -297,18 +297,21 @@ def test_a_state_of_other_rows_is_refused_by_name(name):
 
 
 @pytest.mark.parametrize("name", layers.available())
-def test_token_ids_and_complex_inputs_are_refused_by_name(name):
+def test_token_ids_complex_inputs_and_other_precisions_are_refused_by_name(name):
+    """(other precisions failed in a matmul, or promoted and returned another dtype: RWKV)"""
     mixer = make(name)
     for x in (torch.zeros(2, 5, D_MODEL, dtype=torch.long), inputs(T=5).to(torch.complex128)):
         with pytest.raises(ValueError, match=r"^x: expected a real floating-point tensor"):
             mixer(x)
+    with pytest.raises(ValueError, match=r"^x: expected the layer's dtype torch.float64 .*, got torch.float32"):
+        mixer(inputs(T=5).float())
 
 
 @pytest.mark.parametrize("name", layers.available())
 def test_no_tokens_give_no_output_and_leave_the_state(name):
     """T = 0 (several forms cannot reshape or convolve an empty sequence: six mixers raised from
     inside): an empty output, the given state returned as it is, or the initial state."""
-    mixer = layers.build(name, D_MODEL)
+    mixer = make(name)
     x = inputs(T=5)[:, :0]
     assert mixer(x).shape == x.shape
     state = mixer.init_state(x.shape[0])
