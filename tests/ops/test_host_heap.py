@@ -44,13 +44,19 @@ def faults_per_call(how: str) -> tuple[str, float]:
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's dynamic mmap threshold")
 def test_first_cpu_call_keeps_the_kernels_buffers_in_the_heap():
-    primed, with_priming = faults_per_call("primed")
-    assert primed == "True"
-    unprimed, without = faults_per_call("unprimed")
-    assert unprimed == "False"
-    if without <= 500:  # 3,000-4,500 a call here: the buffers mapped and faulted in again each time
+    # The fewest of three processes each way: on some machines a process's count swings from 0 to
+    # ~500 whether primed or not (a 2-core AMD EPYC: primed 0-121, unprimed 0-543), where a single
+    # pair failed now and then with nothing to remove.
+    unprimed = [faults_per_call("unprimed")]
+    if unprimed[0][1] > 500:
+        unprimed += [faults_per_call("unprimed") for _ in range(2)]
+    without = min(f for _, f in unprimed)
+    assert {p for p, _ in unprimed} == {"False"}
+    if without <= 500:  # 3,000-4,500 a call on others: the buffers mapped and faulted in again each time
         pytest.skip(f"without the priming this malloc faults in {without:.0f} pages a call: nothing to remove")
-    assert with_priming < without / 10
+    primed = [faults_per_call("primed") for _ in range(3)]
+    assert {p for p, _ in primed} == {"True"}
+    assert min(f for _, f in primed) < without / 10
 
 
 def test_priming_waits_for_a_cpu_tensor(monkeypatch):
