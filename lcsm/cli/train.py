@@ -36,7 +36,7 @@ def _run_config_file(target: str, out: str | None) -> tuple[Path, str | None]:
                 f"{target}: a directory without {RUN_CONFIG}; give a run config file, or a run directory "
                 f"that `lcsm train` wrote"
             )
-        return path / RUN_CONFIG, out if out is not None else str(path)
+        path = path / RUN_CONFIG
     if out is None and path.name == RUN_CONFIG and _holds_a_run(path.parent):
         out = str(path.parent)
     return path, out

@@ -270,7 +270,13 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
 def load_trainer(checkpoint: Path) -> dict[str, Any]:
     try:
         return torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as err:
+        if "Unsupported global" in str(err):
+            # intact, but holding an object torch's weights-only loader refuses (lcsm writes none)
+            found = next((line.strip() for line in str(err).splitlines() if "Unsupported global" in line), "")
+            raise ValueError(
+                f"checkpoint {str(checkpoint)!r}: trainer.pt holds an object lcsm does not load ({found})"
+            ) from None
         # a whole zip around a damaged pickle, which the cheap ``damage`` check cannot see (torch's
         # own message suggests weights_only=False, which would not mend it)
         raise DamagedCheckpoint(

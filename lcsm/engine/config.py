@@ -558,7 +558,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         value = yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
-        raise ValueError(f"--set {key}: cannot parse value {raw!r} as YAML ({err.problem})") from None
+        raise ValueError(
+            f"--set {key}: cannot parse value {raw!r} as YAML ({getattr(err, 'problem', None) or err})"
+        ) from None
     return key.strip(), value
 
 

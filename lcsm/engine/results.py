@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # for the annotations only: at run time this module imports no other of the engine
     from .sweep.grid import Experiment
 
+# The statuses of a run that ended as its config asked (the others: "diverged").
+FINISHED = ("completed", "early_stopped")
+
 
 def machine_label(result: dict[str, Any]) -> str:
     """Where a run trained: its machine, or its machines in order when it was resumed on another

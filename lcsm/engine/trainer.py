@@ -62,6 +62,7 @@ from .distributed import Distributed
 from .lock import DirectoryLock, environment_error
 from .monitor import MetricsLog, Progress, json_safe
 from .optim import adamw, build_optimizer, lr_factor
+from .results import FINISHED
 
 Tensor = torch.Tensor
 
@@ -701,7 +702,7 @@ class Trainer:
             result = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        finished = isinstance(result, dict) and result.get("status") in ("completed", "early_stopped")
+        finished = isinstance(result, dict) and result.get("status") in FINISHED
         return result if finished and result.get("step") == s.step else None
 
     def _kept_result(self, path: Path, resume: bool) -> dict[str, Any] | None:
@@ -710,7 +711,7 @@ class Trainer:
         resuming, an error: training would replace the result."""
         try:
             result = json.loads(path.read_text()) if path.is_file() else None
-            finished = result.get("status") in ("completed", "early_stopped")
+            finished = result.get("status") in FINISHED
             theirs = _resumable(_json_canonical(RunConfig.from_dict(result["config"]).training_dict()))
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None

@@ -19,6 +19,7 @@ mask columns of the tokens fed after them must be 1 (generate's growing mask is)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import torch
@@ -83,11 +84,15 @@ class LcsmPreTrainedModel(PreTrainedModel):
     def _set_gradient_checkpointing(self, enable=True, gradient_checkpointing_func=None, every_n_layers=1):
         # transformers' activation checkpointing (activation_checkpointing_enable, the Trainer's
         # gradient_checkpointing=True) recomputes lcsm's Blocks, as run.activation_checkpointing does
-        if (getattr(gradient_checkpointing_func, "keywords", None) or {}).get("use_reentrant"):
+        keywords = getattr(gradient_checkpointing_func, "keywords", None) or {}
+        if keywords.get("use_reentrant"):
             raise ValueError(
                 "gradient_checkpointing_kwargs: use_reentrant=True is not supported by lcsm models (their Blocks "
                 "take keyword arguments and states holding tensors); leave it out (non-reentrant)"
             )
+        if gradient_checkpointing_func is not None and "use_reentrant" not in keywords:
+            # kwargs without it: torch's checkpoint would fall back to its reentrant form
+            gradient_checkpointing_func = functools.partial(gradient_checkpointing_func, use_reentrant=False)
         check_int("every_n_layers", every_n_layers, 1)
         checkpoint_blocks(self, enable, every=every_n_layers, checkpoint_fn=gradient_checkpointing_func)
         # what transformers' is_activation_checkpointing reads

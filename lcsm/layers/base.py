@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from torch import nn
 
 from lcsm._checks import check_keys
 
-from .packing import check_document_state, check_mask, pack_rows, packed_rows, unpack_rows
+from .packing import check_document_state, check_mask, documents, pack_rows, unpack_rows
 
 Tensor = torch.Tensor
 
@@ -160,19 +161,21 @@ class Mixer(nn.Module):
         self.d_model = d_model
 
     def __call__(self, x, *args, **kwargs):
-        # Done here once for every mixer's forward (in eager; a traced graph keeps the types and
-        # sizes it was traced with): a state passed back in is checked for its type (another
-        # mixer's state of the same field names would otherwise run silently) and its shapes (a
-        # state of one row would broadcast over a batch), and an input of no tokens gives no
-        # output and leaves the state as it was (several forms cannot reshape or convolve an empty
-        # sequence). Arguments as forward's: (x, state, return_state, cu_seqlens).
+        # Done here once for every mixer's forward, in eager only (a compiled graph is traced with
+        # the arguments of its first call; a state of other shapes then fails inside the graph): a
+        # state passed back in is checked for its type (another mixer's state of the same field
+        # names would otherwise run silently) and its shapes (a state of one row would broadcast
+        # over a batch), and an input of no tokens gives no output and leaves the state as it was
+        # (several forms cannot reshape or convolve an empty sequence). Arguments as forward's:
+        # (x, state, return_state, ...), cu_seqlens by name or at its place in forward.
         if not torch.compiler.is_compiling():
             state = kwargs["state"] if "state" in kwargs else (args[0] if args else None)
             if state is not None:
                 want = type(self._empty_state())
                 if type(state) is not want:
                     raise ValueError(f"state: expected a {want.__name__} from this mixer, got {type(state).__name__}")
-                cu = kwargs["cu_seqlens"] if "cu_seqlens" in kwargs else (args[2] if len(args) > 2 else None)
+                at = _cu_seqlens_position(type(self))
+                cu = kwargs.get("cu_seqlens", args[at] if at is not None and len(args) > at else None)
                 # (cu_seqlens that are not a 1-D tensor are refused by forward's own check)
                 if isinstance(x, Tensor) and x.dim() == 3 and (cu is None or isinstance(cu, Tensor) and cu.dim() == 1):
                     self.check_state(state, x.shape[0] if cu is None else cu.numel() - 1, cu is not None)
@@ -217,7 +220,7 @@ class Mixer(nn.Module):
         """``forward``'s arguments checked: x [B, T, d_model] and ``cu_seqlens`` (returned checked,
         or None); ``__call__`` checks a given state."""
         self.check_input(x)
-        return packed_rows(x, cu_seqlens)
+        return None if cu_seqlens is None else documents(x, cu_seqlens)
 
     def _empty_state(self) -> State:
         """``init_state(0)``, made once: the type and the shapes (after the batch) of this mixer's
@@ -233,6 +236,8 @@ class Mixer(nn.Module):
         it before ``forward``."""
         for name, ref in self._empty_state().tensors().items():
             t = getattr(state, name)
+            if not isinstance(t, Tensor):
+                raise ValueError(f"state.{name}: expected a tensor [{batch}, *{list(ref.shape[1:])}], got {t!r}")
             if packed:
                 check_document_state(f"state.{name}", t, batch)
             if list(t.shape) != [batch, *ref.shape[1:]]:
@@ -309,13 +314,22 @@ class Mixer(nn.Module):
             )
 
     def _compute_dtype(self) -> torch.dtype | None:
-        """The dtype of the layer's parameters, apart from the ``float32_parameters`` a
-        half-precision layer keeps (None: it has no other)."""
-        if "_dtype_from" not in self.__dict__:
-            names = (n for n, _ in self.named_parameters() if not self.keeps_float32(n))
-            self.__dict__["_dtype_from"] = next(names, None)
-        name = self.__dict__["_dtype_from"]
-        return None if name is None else self.get_parameter(name).dtype
+        """The dtype of the layer's floating-point parameters, apart from the ``float32_parameters``
+        a half-precision layer keeps (None: it has no other). Looked up at each call, not kept: a
+        parameter may be renamed or wrapped later (pruning, adapters)."""
+        kept = self.float32_parameters
+        found = (
+            p for n, p in self.named_parameters() if p.is_floating_point() and not (kept and self.keeps_float32(n))
+        )
+        return next((p.dtype for p in found), None)
+
+
+@functools.cache
+def _cu_seqlens_position(cls: type) -> int | None:
+    """Where ``cu_seqlens`` stands among the positional arguments after x of ``cls.forward``
+    (None: it takes none; CES has ``lengths`` before it)."""
+    names = list(inspect.signature(cls.forward).parameters)[2:]
+    return names.index("cu_seqlens") if "cu_seqlens" in names else None
 
 
 def no_weight_decay(param: nn.Parameter) -> nn.Parameter:

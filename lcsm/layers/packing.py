@@ -31,13 +31,6 @@ def documents(x: Tensor, cu_seqlens: Tensor) -> Tensor:
     return cu_seqlens.to(device=x.device, dtype=torch.int64)
 
 
-def packed_rows(x: Tensor, cu_seqlens: Tensor | None) -> Tensor | None:
-    """A mixer's packed-input check: None when not packed; otherwise ``cu_seqlens`` checked against
-    x and returned as int64 (``Mixer.__call__`` checks that a given state holds one row per
-    document)."""
-    return None if cu_seqlens is None else documents(x, cu_seqlens)
-
-
 def document_index(cu_seqlens: Tensor, T: int) -> Tensor:
     """[T] int64: the document of each token."""
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]

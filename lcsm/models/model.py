@@ -397,8 +397,9 @@ def _padded_prompts(input_ids, lengths, attention_mask, device) -> tuple[Tensor,
     if not prompts or any(p.dim() != 1 or p.numel() == 0 for p in prompts):
         raise ValueError("input_ids: expected a non-empty list of non-empty 1-D token sequences")
     # (as_tensor with dtype=long would cut 1.7 to 1)
-    if any(p.is_floating_point() or p.is_complex() or p.dtype == torch.bool for p in prompts):
-        raise ValueError(f"input_ids: expected integer token ids, got {next(p for p in prompts).dtype} values")
+    bad = [p.dtype for p in prompts if p.is_floating_point() or p.is_complex() or p.dtype == torch.bool]
+    if bad:
+        raise ValueError(f"input_ids: expected integer token ids, got {bad[0]} values")
     prompts = [p.long() for p in prompts]
     T = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), T, dtype=torch.long, device=device)

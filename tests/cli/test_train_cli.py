@@ -211,6 +211,17 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_in_its_own_directory(t
     assert not list(elsewhere.iterdir()) and (tmp_path / "run" / "result.json").is_file()
 
 
+def test_a_directory_of_a_hand_written_config_trains_into_its_out_dir(tmp_path, monkeypatch):
+    """Not a run directory (nothing a run wrote): the config's own out_dir, as for its file."""
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "config.yaml").write_text(yaml.safe_dump({**TINY, "out_dir": "runs/mine"}))
+    assert main(["train", "configs", "--set", "train.max_steps=2"]) == 0
+    assert (tmp_path / "runs" / "mine" / "result.json").is_file()
+    assert not (tmp_path / "configs" / "result.json").exists()
+
+
 def test_a_finished_result_with_a_nan_metric_prints_again_and_eval_json_is_strict(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))

@@ -3,6 +3,7 @@ a damaged newest checkpoint is reported by its path and resume, eval and generat
 newest intact one."""
 
 import json
+import pathlib
 import shutil
 
 import pytest
@@ -11,6 +12,7 @@ from safetensors.torch import load_file
 
 from lcsm.cli import main
 from lcsm.engine import RunConfig, apply_overrides, train
+from lcsm.engine.checkpoint import DamagedCheckpoint, load_trainer
 
 from .conftest import TINY
 
@@ -87,6 +89,13 @@ def test_a_scrambled_trainer_state_is_one_error_naming_the_checkpoint(finished, 
     assert main(["train", str(run)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"checkpoint {str(trainer.parent)!r}: trainer.pt is damaged" in err
+
+
+def test_an_intact_trainer_state_holding_an_unknown_object_is_not_called_damaged(tmp_path):
+    torch.save({"x": pathlib.PurePosixPath("/a")}, tmp_path / "trainer.pt")
+    with pytest.raises(ValueError, match=r"trainer.pt holds an object lcsm does not load .*PurePosixPath") as err:
+        load_trainer(tmp_path)
+    assert not isinstance(err.value, DamagedCheckpoint)
 
 
 @pytest.mark.parametrize("damage", DAMAGE)

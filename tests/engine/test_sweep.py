@@ -108,9 +108,14 @@ def test_a_diverged_run_keeps_the_sweep_failing_when_it_comes_from_the_cache(tmp
     rows, ok = sweep(exp, log=lines.append)
     assert not ok and len(rows) == 4
     assert any(f"cached {diverged.id} ended diverged: resume it with `lcsm train" in line for line in lines)
+    # a sweep beside it copies its finished runs, not the diverged one (it trains that one itself)
+    calls = []
+    monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
+    beside = load_experiment(experiment(tmp_path), out_dir=tmp_path / "beside")
+    assert sweep(beside, log=lambda *_: None)[1] and calls == [diverged.id]
 
 
-@pytest.mark.parametrize("value", ["{mixer: gla, d_model: 16}", "[1e-3", "1e-3,{a"])
+@pytest.mark.parametrize("value", ["{mixer: gla, d_model: 16}", "[1e-3", "1e-3,{a", "\x07"])
 def test_a_grid_value_that_is_not_yaml_is_one_error_naming_the_key(value):
     with pytest.raises(ValueError, match=r"--grid optim.lr: cannot parse .* as YAML values"):
         parse_grid_override(f"optim.lr={value}")

@@ -383,10 +383,15 @@ def test_trainer_activation_checkpointing_recomputes_the_blocks_and_changes_no_n
     assert all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
 
 
-def test_reentrant_checkpointing_is_refused_by_name():
+def test_reentrant_checkpointing_is_refused_by_name_and_never_the_fallback():
     model = tiny()
     with pytest.raises(ValueError, match="use_reentrant=True is not supported"):
         model.activation_checkpointing_enable({"use_reentrant": True})
+    # kwargs without use_reentrant: torch's checkpoint would take its reentrant form (and fail on
+    # the Blocks' keyword arguments)
+    model.train().activation_checkpointing_enable({"preserve_rng_state": True})
+    ids = torch.randint(0, 32, (2, 6))
+    model(ids, labels=ids).loss.backward()
 
 
 def test_built_for_half_precision_the_float32_parameters_are_those_of_float32():

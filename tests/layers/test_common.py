@@ -10,6 +10,7 @@ import torch
 
 from lcsm import layers
 from lcsm.layers import EOSRow, State
+from lcsm.layers.base import _cu_seqlens_position
 from lcsm.testing import assert_close, case_id, decode, mixer_cases
 
 D_MODEL = 16
@@ -294,6 +295,18 @@ def test_a_state_of_other_rows_is_refused_by_name(name):
             call()
     with pytest.raises(ValueError, match=r"^state[.:]"):
         mixer(x[:1], state=mixer.init_state(3), cu_seqlens=torch.tensor([0, 2, 5]))
+    if name != "attention":  # (its cache is checked with its positions, in forward)
+        state = mixer.init_state(2)
+        field = next(iter(state.tensors()))
+        setattr(state, field, None)
+        with pytest.raises(ValueError, match=rf"^state.{field}: expected a tensor"):
+            mixer(x, state=state)
+
+
+def test_cu_seqlens_is_found_at_its_place_in_forward():
+    """(CES takes lengths before it: a positional lengths was read as cu_seqlens)"""
+    assert _cu_seqlens_position(layers.resolve("gla")[0]) == 2
+    assert _cu_seqlens_position(layers.resolve("ces")[0]) == 3
 
 
 @pytest.mark.parametrize("name", layers.available())

@@ -194,7 +194,7 @@ def test_generate_rejects_bad_prompts():
         with pytest.raises(ValueError, match=r"lengths: expected \[B\] = \[1\] integers"):
             model.generate(torch.tensor([[1, 2, 3]]), 2, lengths=lengths)
     with pytest.raises(ValueError, match="input_ids: expected integer token ids, got torch.float32"):
-        model.generate([[1.7, 2.2]], 2)
+        model.generate([[1, 2], [1.7, 2.2]], 2)
     # a mask as a nested list, as the lengths may be
     ids = torch.tensor([[0, 1, 2], [3, 4, 5]])
     assert torch.equal(

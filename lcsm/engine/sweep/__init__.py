@@ -44,7 +44,7 @@ import yaml
 
 from ..config import RunConfig
 from ..lock import DirectoryLock
-from ..results import format_table, machine_label, main_metric, select_best
+from ..results import FINISHED, format_table, machine_label, main_metric, select_best
 from .grid import EXPERIMENT_COPY, Experiment, Run, load_experiment
 from .reuse import (
     Equivalents,
@@ -200,7 +200,7 @@ def sweep(
             )
     # a diverged run keeps its result (and its last good checkpoints): the sweep fails until it is
     # finished another way
-    unfinished = [r for r in runs if cached[r.id] and cached[r.id].get("status") not in ("completed", "early_stopped")]
+    unfinished = [r for r in runs if cached[r.id] and cached[r.id].get("status") not in FINISHED]
     for r in unfinished:
         log(
             f"  note: cached {r.id} ended {cached[r.id].get('status')}: resume it with `lcsm train {r.out_dir} "

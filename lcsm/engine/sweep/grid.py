@@ -144,8 +144,8 @@ def parse_grid_override(text: str) -> tuple[str, list[Any]]:
         values = yaml_load(raw) if raw.startswith("[") else [yaml_load(v) for v in raw.split(",") if v.strip()]
     except yaml.YAMLError as err:
         raise ValueError(
-            f"--grid {key}: cannot parse {raw!r} as YAML values ({err.problem}); a value holding commas goes "
-            "in a list: key=[value1, value2]"
+            f"--grid {key}: cannot parse {raw!r} as YAML values ({getattr(err, 'problem', None) or err}); a value "
+            "holding commas goes in a list: key=[value1, value2]"
         ) from None
     if not isinstance(values, list) or not values:
         raise ValueError(f"--grid {key}: expected one or more comma-separated values, got {raw!r}")

@@ -15,6 +15,7 @@ from typing import Any
 from lcsm.tasks import recorded_task_data, task_data
 
 from ..config import OptimConfig, TrainConfig, runtime_out_of_train
+from ..results import FINISHED
 from .grid import Run, _run_config
 
 
@@ -130,6 +131,8 @@ class Equivalents:
                 try:
                     result = json.loads(path.read_text())
                     config = result["config"]
+                    if result.get("status") not in FINISHED:
+                        continue  # a diverged run is no copy of a finished one
                     if stale_data(result) or stale_model(result):
                         continue  # trained on other data, or another model, than the same config gives now
                     self._runs.append({"dir": path.parent, "config": config, "typed": self._typed_sections(config)})
