@@ -709,14 +709,15 @@ class Trainer:
         """The result of a finished run whose checkpoints are gone (the committed runs of results/
         keep none) when it was trained with this training config; with another one, or when not
         resuming, an error: training would replace the result."""
+        if not path.is_file():
+            return None
         try:
-            result = json.loads(path.read_text()) if path.is_file() else None
-            finished = result.get("status") in FINISHED
+            result = json.loads(path.read_text())
+            if result.get("status") not in FINISHED:
+                return None
             theirs = _resumable(_json_canonical(RunConfig.from_dict(result["config"]).training_dict()))
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            return None
-        if not finished:
-            return None
+            return None  # unreadable, or of a config this lcsm no longer reads: trained anew
         where = f"out_dir: {str(self.out_dir)!r} holds the result of a finished run (result.json, no checkpoints)"
         if not resume:
             raise ValueError(f"{where}; resume it, or start over with --restart (deletes it) or another --out")
