@@ -7,6 +7,8 @@ the value is one of a fixed set.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from numbers import Real
@@ -105,6 +107,24 @@ def check_keys(owner: str, given, valid: Iterable[str], *, kind: str = "key", un
         raise ValueError(
             f"{owner}: {unknown or f'unknown {kind}(s)'} {hints}. Valid {kind}s: {', '.join(valid) or 'none'}"
         )
+
+
+def named_fields(cls: type) -> type:
+    """A dataclass whose constructor names an unknown keyword's closest field and lists the valid
+    ones, as ``check_keys`` does for a mapping (the dataclass's own TypeError names the keyword
+    alone: ``ModelConfig(n_layer=4)``). Still a TypeError, as for any unexpected keyword."""
+    init, fields = cls.__init__, [f.name for f in dataclasses.fields(cls)]
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        unknown = [k for k in kwargs if k not in fields]
+        if unknown:
+            hints = ", ".join(f"{k!r}{did_you_mean(k, fields)}" for k in unknown)
+            raise TypeError(f"{cls.__name__}: unknown field(s) {hints}. Valid fields: {', '.join(fields)}")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
 
 
 def with_older_spelling(

@@ -27,7 +27,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lcsm._checks import check_bool, check_choice, check_float, check_int, check_keys, with_older_spelling
+from lcsm._checks import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_keys,
+    named_fields,
+    with_older_spelling,
+)
 from lcsm.layers.base import check_options, resolve
 
 HEADS = ("lm", "classifier", "dual")
@@ -39,6 +47,7 @@ DUAL_COMBINES = ("nli", "concat")
 ACTIVATIONS = ("relu", "gelu", "silu", "identity")
 
 
+@named_fields
 @dataclass(frozen=True)
 class HeadConfig:
     """The model's head.
@@ -237,6 +246,7 @@ def merge_model_values(base: Mapping[str, Any], update: Mapping[str, Any]) -> di
     return merged
 
 
+@named_fields
 @dataclass
 class ModelConfig:
     """Every field of a model.

@@ -13,6 +13,11 @@ def test_unknown_keys_name_the_closest_valid_key():
         ModelConfig.from_dict({**BASE, "n_layer": 3})
     with pytest.raises(ValueError, match=r"'chanel_mixer' \(did you mean 'channel_mixer'\?\)"):
         build_model({**BASE, "chanel_mixer": "glu"})
+    # the constructors too (the dataclass's own TypeError named the keyword alone)
+    with pytest.raises(TypeError, match=r"ModelConfig: unknown field\(s\) 'n_layer' \(did you mean 'n_layers'\?\)"):
+        ModelConfig(**BASE, n_layer=3)
+    with pytest.raises(TypeError, match=r"HeadConfig: unknown field\(s\) 'n_clases' \(did you mean 'n_classes'\?\)"):
+        HeadConfig(kind="classifier", n_clases=3)
 
 
 def test_unknown_mixer_and_mixer_options_name_the_closest():
