@@ -181,8 +181,8 @@ def _plan(p: EOSProblem, mode: str, chunk_size: int, documents: int | None = Non
     return Plan(plan.mode, plan.kernel, f"{plan.reason}; cu_seqlens, {documents} documents: {how}")
 
 
-def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool, why: str = "requested") -> Plan:
-    """The plan of one mode (``why``: what chose a mode other than auto, for the reason)."""
+def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool) -> Plan:
+    """The plan of one mode."""
     structure = (
         f"decay={p.decay_kind}, e={'vector' if p.e_is_vector else 'K x D'}, s={'vector' if p.s_is_vector else 'K x D'}"
     )
@@ -199,7 +199,7 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool, why: str 
     if mode == "fft":
         return Plan("fft", "long-convolution", "requested: time-invariant kernel by FFT")
     if mode == "chunk":
-        return Plan("chunk", kernel_for(p), f"{why} ({structure}); {_kernel_reason(p)}")
+        return Plan("chunk", kernel_for(p), f"requested ({structure}); {_kernel_reason(p)}")
     if mode == "triton":
         why = _triton_unsupported(p, packed)
         if why is not None:
@@ -213,9 +213,6 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool, why: str 
     # auto
     if p.T <= 1:
         return Plan("recurrent", "loop", "T <= 1: one recurrent step is cheapest (decoding)")
-    # A time-invariant system becomes time-varying once its memory restarts (packed documents):
-    # the modes below, not one convolution.
-    invariant = ""
     if p.data_independent and not packed:
         return Plan(
             "fft",
@@ -223,8 +220,9 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool, why: str 
             "e, s and log_o are data-independent: a time-invariant system, computed as an "
             "O(T log T) convolution with an O(T K D) kernel",
         )
-    if p.data_independent:
-        invariant = "packed, so not fft, whose one convolution cannot restart the memory; "
+    # A time-invariant system becomes time-varying once its memory restarts (packed documents):
+    # the modes below, not one convolution.
+    invariant = "packed, so not fft, whose one convolution cannot restart the memory; " if p.data_independent else ""
     reason = (
         f"{invariant}linear-time chunkwise form with C={chunk_length(chunk_size, p.T)} ({structure}); "
         f"{_kernel_reason(p)}"
