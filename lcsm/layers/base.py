@@ -315,13 +315,23 @@ class Mixer(nn.Module):
 
     def _compute_dtype(self) -> torch.dtype | None:
         """The dtype of the layer's floating-point parameters, apart from the ``float32_parameters``
-        a half-precision layer keeps (None: it has no other). Looked up at each call, not kept: a
-        parameter may be renamed or wrapped later (pruning, adapters)."""
+        a half-precision layer keeps (None: it has no other). The parameter it is read from is
+        remembered as (its module, its name there): a walk over the parameters, or get_parameter,
+        costs 5-10 us, on every decoding step; found again when it is gone from there (pruning
+        renames it)."""
+        where = self.__dict__.get("_dtype_from")
+        if where is not None and (p := where[0]._parameters.get(where[1])) is not None:
+            return p.dtype
         kept = self.float32_parameters
-        found = (
-            p for n, p in self.named_parameters() if p.is_floating_point() and not (kept and self.keeps_float32(n))
+        names = (
+            n for n, p in self.named_parameters() if p.is_floating_point() and not (kept and self.keeps_float32(n))
         )
-        return next((p.dtype for p in found), None)
+        name = next(names, None)
+        if name is None:
+            return None
+        owner, _, attr = name.rpartition(".")
+        self.__dict__["_dtype_from"] = (self.get_submodule(owner), attr)
+        return self.get_parameter(name).dtype
 
 
 @functools.cache
