@@ -2,7 +2,9 @@
 
 Under ``torchrun`` (which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) the loop
 runs DistributedDataParallel: gloo on CPU, nccl on CUDA (one GPU per process, ``cuda:LOCAL_RANK``).
-Rank 0 logs, evaluates and writes checkpoints; every rank takes part in the collectives.
+A process group made by the caller before the run (``init_process_group`` under ``mp.spawn``) is
+used as it is, and left to the caller at the end. Rank 0 logs, evaluates and writes checkpoints;
+every rank takes part in the collectives.
 """
 
 from __future__ import annotations
@@ -46,13 +48,17 @@ class Distributed:
     @classmethod
     def setup(cls, device_option: str) -> Distributed:
         device = resolve_device(device_option, "run.device")
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        # A group the caller made (init_process_group before lcsm.engine.train, e.g. under
+        # mp.spawn) decides the ranks; torchrun's environment does otherwise.
+        owns = not dist.is_initialized()
+        world = int(os.environ.get("WORLD_SIZE", "1")) if owns else dist.get_world_size()
         if world <= 1:
             return cls(device)
         if device.type == "cuda":
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            # (a caller's group without LOCAL_RANK: the GPU the caller selected)
+            local = os.environ.get("LOCAL_RANK", "0" if owns else None)
+            device = torch.device("cuda", int(local) if local is not None else torch.cuda.current_device())
             torch.cuda.set_device(device)
-        owns = not dist.is_initialized()
         if owns:
             # torch.distributed.nn's functions take ``group=group.WORLD`` as a default argument,
             # evaluated when the module is first imported; DistributedDataParallel imports it. Imported

@@ -154,3 +154,25 @@ def test_setup_on_cuda_under_torchrun_reaches_the_process_group(monkeypatch):
     d = distributed.Distributed.setup("cuda")
     assert calls == {"set_device": torch.device("cuda", 1), "backend": "nccl"}
     assert (d.device, d.rank, d.world) == (torch.device("cuda", 1), 1, 2)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_process_group_the_caller_made_decides_the_ranks(monkeypatch, device):
+    """init_process_group before lcsm.engine.train (mp.spawn without torchrun's environment): the
+    run read only WORLD_SIZE, so each rank trained the whole run alone. Mocked as above."""
+    from lcsm.engine import distributed
+
+    calls = {}
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(distributed, "resolve_device", lambda option, name: torch.device(device))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("set_device", d))
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend: calls.setdefault("backend", backend))
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
+    d = distributed.Distributed.setup(device)
+    expected = torch.device("cuda", 3) if device == "cuda" else torch.device("cpu")
+    assert (d.device, d.rank, d.world, d.enabled) == (expected, 1, 2, True)
+    assert "backend" not in calls and not d._owns_group  # the caller's group, left to the caller
