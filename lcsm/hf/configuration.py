@@ -2,7 +2,8 @@
 
 The whole model is the lcsm ``ModelConfig``, carried as a plain dict under ``lcsm`` (its
 ``to_dict()``); ``vocab_size``, ``hidden_size`` and ``num_hidden_layers`` are copies of its fields
-for the tools that read those names, and must agree with it when given.
+for the tools that read those names, and must agree with it when given or set later (the model is
+built from ``lcsm`` alone, so another value there would describe a model that is not this one).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from lcsm.models import ModelConfig
+
+# transformers' names for fields of the lcsm config: name -> the lcsm field it copies
+COPIED = {"vocab_size": "vocab_size", "hidden_size": "d_model", "num_hidden_layers": "n_layers"}
 
 
 class LcsmConfig(PretrainedConfig):
@@ -47,19 +51,41 @@ class LcsmConfig(PretrainedConfig):
             if config.bidirectional:
                 raise ValueError("lcsm: a causal language model cannot be bidirectional, got bidirectional=True")
             self.lcsm = config.to_dict()
-            derived = {
-                "vocab_size": config.vocab_size,
-                "hidden_size": config.d_model,
-                "num_hidden_layers": config.n_layers,
-            }
-            for name, value in derived.items():
+            for name in COPIED:
                 given = getattr(self, name)
-                if given is not None and given != value:
-                    raise ValueError(
-                        f"{name}: the lcsm config gives {value!r}, got {given!r} (leave it out; it is read from lcsm)"
-                    )
-                setattr(self, name, value)
+                if given is not None:
+                    self._check_copy(name, given)
+                super().__setattr__(name, self.lcsm[COPIED[name]])
+            if self.tie_word_embeddings:
+                self._check_copy("tie_word_embeddings", True)
         super().__post_init__(**kwargs)
+
+    def __setattr__(self, key, value):
+        # A value given after construction (from_pretrained(..., num_hidden_layers=1), update({...}),
+        # an assignment) is checked as one given to the constructor: the model is built from lcsm.
+        # (Before __post_init__ the lcsm config may still be a ModelConfig or a partial dict: checked there.)
+        # None is the fields' default (not given), which __post_init__ fills in.
+        lcsm = self.__dict__.get("lcsm")
+        copy = key == "tie_word_embeddings" or COPIED.get(key) in (lcsm if isinstance(lcsm, Mapping) else ())
+        resizing = key == "vocab_size" and self.__dict__.get("_resizing")
+        if copy and value is not None and not resizing:
+            self._check_copy(key, value)
+        super().__setattr__(key, value)
+
+    def _check_copy(self, name: str, value) -> None:
+        if name == "tie_word_embeddings":
+            if value:
+                raise ValueError(
+                    "tie_word_embeddings: lcsm ties the LM head inside its model (lcsm's tie_embeddings, here "
+                    f"{self.lcsm.get('tie_embeddings')!r}), so this stays False; got True (set lcsm's tie_embeddings)"
+                )
+            return
+        want = self.lcsm[COPIED[name]]
+        if value != want:
+            raise ValueError(
+                f"{name}: the lcsm config gives {want!r}, got {value!r} (a copy of lcsm's {COPIED[name]}: the model "
+                "is built from lcsm alone; leave it out, or change lcsm, resize_token_embeddings for the vocabulary)"
+            )
 
     def model_config(self) -> ModelConfig:
         """The lcsm ModelConfig this config carries."""

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import re
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -85,6 +87,15 @@ class LcsmPreTrainedModel(PreTrainedModel):
         # transformers' activation checkpointing (activation_checkpointing_enable, the Trainer's
         # gradient_checkpointing=True) recomputes lcsm's Blocks, as run.activation_checkpointing does
         keywords = getattr(gradient_checkpointing_func, "keywords", None) or {}
+        # torch's checkpoint hands keywords it does not know to the function it runs (a Block, which
+        # would fail at the first forward, far from here)
+        known = _checkpoint_options()
+        unknown = sorted(set(keywords) - known)
+        if unknown:
+            raise ValueError(
+                f"gradient_checkpointing_kwargs: unknown option(s) {unknown} of torch.utils.checkpoint.checkpoint; "
+                f"it takes {sorted(known)}"
+            )
         if keywords.get("use_reentrant"):
             raise ValueError(
                 "gradient_checkpointing_kwargs: use_reentrant=True is not supported by lcsm models (their Blocks "
@@ -115,6 +126,13 @@ class LcsmPreTrainedModel(PreTrainedModel):
             raise ValueError(
                 f"from_pretrained: the checkpoint lacks {len(missing)} weight(s) of the lcsm model its config "
                 f"describes, e.g. {missing[:5]}"
+            )
+        if info.get("unexpected_keys"):
+            # e.g. an untied head's matrix under a config that ties it: dropping it would give another model
+            unexpected = sorted(info["unexpected_keys"])
+            raise ValueError(
+                f"from_pretrained: the checkpoint holds {len(unexpected)} weight(s) the lcsm model its config "
+                f"describes does not have, e.g. {unexpected[:5]}; its config.json and weights disagree"
             )
         if info.get("mismatched_keys"):
             # (ignore_mismatched_sizes=True: transformers would leave them as uninitialised memory)
@@ -171,16 +189,42 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
         return self.model.lm_head
 
     def set_output_embeddings(self, value):
+        """A head of its own (an ``nn.Linear(d_model, vocab_size, bias=False)``, one logit per
+        embedding row), or None for the embedding matrix (tied); the lcsm config's
+        ``tie_embeddings`` follows, so that ``save_pretrained`` writes a config that builds this model."""
+        vocab_size, d_model = self.get_input_embeddings().weight.shape
+        if value is not None and not (
+            isinstance(value, nn.Linear) and value.bias is None and tuple(value.weight.shape) == (vocab_size, d_model)
+        ):
+            got = (
+                f"Linear({value.in_features}, {value.out_features}, bias={value.bias is not None})"
+                if isinstance(value, nn.Linear)
+                else type(value).__name__
+            )
+            raise ValueError(
+                f"set_output_embeddings: expected None (tied to the embedding) or "
+                f"nn.Linear({d_model}, {vocab_size}, bias=False), got {got}"
+            )
         self.model.lm_head = value
+        self._set_lcsm_config(tie_embeddings=value is None)
+
+    def _set_lcsm_config(self, **changes) -> None:
+        # the model's config (its checks read it) and the HF config's copy (save_pretrained writes it)
+        config = dataclasses.replace(self.model.config, **changes)
+        self.model.config = self.model.backbone.config = config
+        self.config.lcsm = config.to_dict()
 
     def resize_token_embeddings(self, *args, **kwargs):
         """transformers' resize, with the lcsm config following the new vocabulary: the model's
         token-id check reads it, and ``save_pretrained`` writes it."""
-        embeddings = super().resize_token_embeddings(*args, **kwargs)
-        config = dataclasses.replace(self.model.config, vocab_size=embeddings.num_embeddings)
-        self.model.config = self.model.backbone.config = config
-        self.config.lcsm = config.to_dict()
-        self.config.vocab_size = config.vocab_size
+        # transformers sets config.vocab_size before the lcsm config below follows it
+        self.config.__dict__["_resizing"] = True
+        try:
+            embeddings = super().resize_token_embeddings(*args, **kwargs)
+        finally:
+            del self.config.__dict__["_resizing"]
+        self._set_lcsm_config(vocab_size=embeddings.num_embeddings)
+        self.config.vocab_size = embeddings.num_embeddings
         return embeddings
 
     def forward(
@@ -218,6 +262,10 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
             if cache is not None:
                 raise ValueError("cache / past_key_values: one cache under two names; give it once")
             cache = past
+        # transformers' padding-free batches (DataCollatorWithFlattening): documents one after another
+        marks = {name: kwargs.pop(name) for name in DOCUMENT_MARKS if kwargs.get(name) is not None}
+        for name in ("max_length_q", "max_length_k"):  # the flash-attention kernels' bound, not read here
+            kwargs.pop(name, None)
         if kwargs:
             raise TypeError(f"forward: unexpected argument(s) {', '.join(sorted(kwargs))}")
         if cache is not None and not isinstance(cache, LcsmCache):
@@ -246,13 +294,22 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
                 f"{cache.seen}; padding belongs to the prompt, read in the first forward (left padding, as generate "
                 "passes it), and every later token must be 1"
             )
+        documents = marked_documents(marks, B, T, fed if padded else None, _read_before(attention_mask, seen, B))
+        if documents is not None and (use_cache or cache is not None):
+            raise ValueError(
+                f"use_cache: a batch of documents one after another ({', '.join(marks)} restarting inside a row) "
+                "leaves one state per document, not per row; pass use_cache=False and no cache"
+            )
         if use_cache is None:
-            use_cache = self.config.use_cache and not self.training
+            use_cache = self.config.use_cache and not self.training and documents is None
         # With padding the kept tokens of each row run packed (lcsm's attention_mask): padding is as if
         # absent from every state and output, and the logits at the pads are to be ignored.
         packing = {"attention_mask": fed} if padded else {}
 
-        if use_cache or cache is not None:
+        if documents is not None:
+            # every row's documents, in one packed row
+            logits = self.model(input_ids.reshape(1, B * T), cu_seqlens=documents).reshape(B, T, -1)
+        elif use_cache or cache is not None:
             states = cache.states if continuing else None
             logits, states = self.model(input_ids, state=states, return_state=True, **packing)
             if cache is None:
@@ -270,8 +327,9 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
                 raise ValueError(
                     f"labels: expected the shape of input_ids {list(input_ids.shape)}, got {list(labels.shape)}"
                 )
+            # half-precision logits in float32; a float64 model's loss stays float64
             loss = F.cross_entropy(
-                logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, logits.shape[-1]),
                 labels[:, 1:].reshape(-1).to(logits.device),
                 ignore_index=-100,
                 reduction="mean" if num_items_in_batch is None else "sum",
@@ -302,6 +360,8 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
                     f"sequence so far (longer than {cache.seen} tokens), got {input_ids.shape[1]} tokens"
                 )
             input_ids = input_ids[:, cache.seen :]
+            if kwargs.get("position_ids") is not None:  # a caller's, which generate extends as the ids
+                kwargs["position_ids"] = kwargs["position_ids"][:, cache.seen :]
         elif attention_mask is not None and not bool(attention_mask[:, -1].all()):
             # generate appends each new token after the last column and reads the logits there.
             raise ValueError(
@@ -316,3 +376,96 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
         if attention_mask is not None:
             inputs["attention_mask"] = attention_mask
         return inputs
+
+
+def _checkpoint_options() -> set[str]:
+    # its keyword-only parameters, and preserve_rng_state, which it takes out of **kwargs
+    parameters = inspect.signature(torch.utils.checkpoint.checkpoint).parameters.values()
+    return {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY} | {"preserve_rng_state"}
+
+
+# The names transformers' DataCollatorWithFlattening gives the documents of a flattened batch by.
+DOCUMENT_MARKS = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
+
+
+def _read_before(attention_mask: Tensor | None, seen: int, B: int) -> Tensor:
+    """Per row, the tokens a cache has read before (its padding left out): where positions go on."""
+    if attention_mask is None or seen == 0:
+        return torch.full((B,), seen, dtype=torch.long)
+    return attention_mask[:, :seen].sum(1).long().cpu()
+
+
+def marked_documents(marks: dict, B: int, T: int, mask: Tensor | None, before: Tensor) -> Tensor | None:
+    """The cu_seqlens [N + 1] over the B * T tokens read as one row, of the documents that
+    ``marks`` (``DOCUMENT_MARKS`` a caller gave) mark inside the rows; None when each row is one
+    sequence, as without them. ``position_ids`` [B, T] must be lcsm's own positions, counted from 0
+    in each document (a restart at 0 starts one), or going on from the ``before`` tokens a cache
+    has read, at the kept tokens of a padded batch (``mask``) only; ``cu_seq_lens_q`` /
+    ``cu_seq_lens_k`` [N + 1] (B = 1) and ``seq_idx`` [B, T] (a change starts one) must mark the
+    same documents. Anything else is refused by name: the mixers count positions themselves."""
+    starts = {}
+    for name, value in marks.items():
+        value = torch.as_tensor(value).cpu()
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise ValueError(f"{name}: expected integer values, got {value.dtype}")
+        value = value.long()
+        if name.startswith("cu_seq_lens"):
+            if B != 1 or value.dim() != 1 or value.numel() < 2 or value[0] != 0 or value[-1] != T:
+                raise ValueError(
+                    f"{name}: expected the document offsets [N + 1] of one flattened row (B = 1), from 0 to "
+                    f"T = {T}, got {list(value.shape)} offsets for a batch of {B} row(s)"
+                    + (f" from {int(value[0])} to {int(value[-1])}" if value.dim() == 1 and value.numel() else "")
+                )
+            if bool((value[1:] <= value[:-1]).any()):
+                raise ValueError(
+                    f"{name}: expected increasing offsets (documents of at least one token), got {value.tolist()}"
+                )
+            mark = torch.zeros(1, T, dtype=torch.bool)
+            mark[0, value[:-1]] = True
+            starts[name] = mark
+            continue
+        if value.dim() == 1 and B == 1:
+            value = value[None]
+        if value.shape != (B, T):
+            raise ValueError(f"{name}: expected [B, T] = [{B}, {T}] (one per token fed), got {list(value.shape)}")
+        if name == "seq_idx":
+            starts[name] = F.pad(value[:, 1:] != value[:, :-1], (1, 0), value=True)
+            continue
+        # position_ids
+        if mask is not None or bool((before > 0).any()):
+            # a padded prompt, or tokens after those a cache has read: one document a row
+            kept = mask.cpu().bool() if mask is not None else torch.ones(B, T, dtype=torch.bool)
+            own = before[:, None] + kept.long().cumsum(1) - 1
+            wrong = kept & (value != own)
+            if bool(wrong.any()):
+                b, t = (int(i) for i in wrong.nonzero()[0])
+                raise ValueError(
+                    f"position_ids: expected lcsm's own positions, {own[b, kept[b]].tolist()} at the tokens of row "
+                    f"{b} (counted from 0 over its kept tokens, the cache's included), got {int(value[b, t])} at "
+                    f"column {t}"
+                )
+            starts[name] = F.pad(torch.zeros(B, T - 1, dtype=torch.bool), (1, 0), value=True)
+            continue
+        start = F.pad(value[:, 1:] != value[:, :-1] + 1, (1, 0), value=True)
+        bad = start & (value != 0)
+        if bool(bad.any()):
+            b, t = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"position_ids: expected positions counted from 0 in each document (as lcsm's mixers count them), "
+                f"got a sequence starting at {int(value[b, t])} (row {b}, column {t})"
+            )
+        starts[name] = start
+    if not starts:
+        return None
+    (first, mark), *others = starts.items()
+    for name, other in others:
+        if not torch.equal(other, mark):
+            raise ValueError(f"{first} / {name}: they mark different documents; give one, or both alike")
+    if not bool(mark[:, 1:].any()):
+        return None  # one sequence a row, as without them
+    if mask is not None:
+        raise ValueError(
+            f"attention_mask / {first}: padding and documents one after another in one batch; give one of them"
+        )
+    offsets = mark.reshape(-1).nonzero().squeeze(1)
+    return F.pad(offsets, (0, 1), value=B * T)

@@ -97,6 +97,9 @@ def test_labels_give_the_shifted_cross_entropy():
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 1, 2], [3]]
 
+# documents one after another in a row (transformers' DataCollatorWithFlattening: padding-free)
+DOCUMENTS = [[1, 2, 3, 4, 5], [6], [7, 8, 9, 10, 11, 12, 13]]
+
 
 def left_padded(prompts, T, pad=0):
     """As a tokenizer with padding_side="left" gives them: ids and attention_mask [B, T]."""
@@ -301,6 +304,55 @@ def test_missing_weights_are_an_error(tmp_path):
         AutoModelForCausalLM.from_pretrained(tmp_path)
 
 
+def test_copied_fields_given_after_construction_are_checked(tmp_path):
+    # the model is built from lcsm alone: another value given later described another model, and
+    # a saved model then failed to load
+    tiny().save_pretrained(tmp_path)
+    for name, value in (("num_hidden_layers", 1), ("vocab_size", 40), ("hidden_size", 8)):
+        with pytest.raises(ValueError, match=f"{name}: the lcsm config gives .*, got {value}"):
+            AutoModelForCausalLM.from_pretrained(tmp_path, **{name: value})
+    config = AutoConfig.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="vocab_size: the lcsm config gives 32, got 50"):
+        config.update({"vocab_size": 50})
+    with pytest.raises(ValueError, match="hidden_size: the lcsm config gives 16, got 8"):
+        config.hidden_size = 8
+    config.vocab_size = 32  # the same value is no change
+    assert AutoModelForCausalLM.from_pretrained(tmp_path, num_hidden_layers=2).config.num_hidden_layers == 2
+
+
+def test_tie_word_embeddings_is_refused_naming_lcsm_tie_embeddings(tmp_path):
+    for tie in (True, False):
+        with pytest.raises(ValueError, match=f"tie_word_embeddings: .*here {tie}\\), so this stays False; got True"):
+            LcsmConfig(lcsm=dict(mixer="gla", vocab_size=8, tie_embeddings=tie), tie_word_embeddings=True)
+    tiny().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="tie_word_embeddings: .*got True"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, tie_word_embeddings=True)
+
+
+def test_weights_the_model_does_not_have_are_an_error(tmp_path):
+    # an untied head's matrix loaded under a config that ties it was dropped with a warning
+    tiny(tie_embeddings=False).save_pretrained(tmp_path)
+    tied = LcsmConfig(lcsm=dict(mixer="gla", vocab_size=32, d_model=16, n_layers=2, tie_embeddings=True))
+    with pytest.raises(ValueError, match="holds 1 weight.*not have.*model.lm_head.weight"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, config=tied)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_new_output_head_is_saved_and_loaded(tmp_path, tie):
+    model = tiny(tie_embeddings=tie)
+    head = torch.nn.Linear(16, 32, bias=False)
+    model.set_output_embeddings(head)
+    ids = torch.tensor([[1, 5, 9]])
+    logits = model(ids).logits
+    assert torch.allclose(logits, head(model.model.backbone(ids))) and not model.config.lcsm["tie_embeddings"]
+    model.save_pretrained(tmp_path)
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path)(ids).logits, logits)
+    model.set_output_embeddings(None)
+    assert model.config.lcsm["tie_embeddings"] and model.get_output_embeddings() is None
+    with pytest.raises(ValueError, match=r"nn.Linear\(16, 32, bias=False\), got Linear\(16, 32, bias=True\)"):
+        model.set_output_embeddings(torch.nn.Linear(16, 32))
+
+
 def test_config_return_dict_false_gives_tuples():
     model = tiny()
     ids = torch.tensor([[1, 2, 3]])
@@ -353,6 +405,27 @@ def test_the_trainer_trains_with_the_loss_over_the_accumulated_batch(tmp_path):
     assert summed.item() == pytest.approx(model(ids[:2], labels=ids[:2]).loss.item() * 14 / 28, rel=1e-6)
 
 
+def test_the_trainer_trains_on_a_flattened_batch(tmp_path):
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    model = tiny().train()
+    data = [{"input_ids": d} for d in DOCUMENTS]
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        use_cpu=True,
+        per_device_train_batch_size=3,
+        report_to=[],
+        save_strategy="no",
+        learning_rate=0.0,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=DataCollatorWithFlattening())
+    result = trainer.train()
+    # the mean over the documents' next-token predictions, each document alone
+    alone = [model(torch.tensor([d]), labels=torch.tensor([d])).loss.item() * (len(d) - 1) for d in DOCUMENTS if d[1:]]
+    assert result.training_loss == pytest.approx(sum(alone) / sum(len(d) - 1 for d in DOCUMENTS), rel=1e-5)
+
+
 def test_trainer_activation_checkpointing_recomputes_the_blocks_and_changes_no_number(tmp_path):
     from transformers import Trainer, TrainingArguments
 
@@ -389,6 +462,8 @@ def test_reentrant_checkpointing_is_refused_by_name_and_never_the_fallback():
         model.activation_checkpointing_enable({"use_reentrant": True})
     # kwargs without use_reentrant: torch's checkpoint would take its reentrant form (and fail on
     # the Blocks' keyword arguments)
+    with pytest.raises(ValueError, match=r"gradient_checkpointing_kwargs: unknown option\(s\) \['bogus'\]"):
+        model.activation_checkpointing_enable({"bogus": 1})
     model.train().activation_checkpointing_enable({"preserve_rng_state": True})
     ids = torch.randint(0, 32, (2, 6))
     model(ids, labels=ids).loss.backward()
@@ -448,3 +523,58 @@ def test_hybrid_config_round_trips_and_generates_as_lcsm(tmp_path):
     out = loaded.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     alone = [model.model.generate([p], max_new_tokens=6, temperature=0)[0].tolist() for p in PROMPTS]
     assert out[:, 7:].tolist() == alone
+
+
+@pytest.mark.parametrize("mixer", ["gla", "mamba", "rwkv7", "attention"])
+def test_a_flattened_batch_runs_each_document_alone(mixer):
+    from transformers import DataCollatorWithFlattening
+
+    model = tiny(mixer).double()
+    features = [{"input_ids": d} for d in DOCUMENTS]
+    batch = DataCollatorWithFlattening(return_tensors="pt")(features)
+    out = model(**batch)
+    alone = torch.cat([model(torch.tensor([d])).logits[0] for d in DOCUMENTS])
+    torch.testing.assert_close(out.logits[0], alone, rtol=1e-12, atol=1e-12)
+    # the collator's labels (-100 at each document's first token): the next-token loss inside documents
+    targets = torch.cat([torch.tensor(d[1:], dtype=torch.long) for d in DOCUMENTS])
+    inside = torch.cat([model(torch.tensor([d])).logits[0, :-1] for d in DOCUMENTS])
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(inside, targets), rtol=1e-12, atol=1e-12)
+    assert out.cache is None
+    # the flash-attention offsets and the sequence index mark the same documents
+    for options in ({"return_flash_attn_kwargs": True}, {"return_seq_idx": True, "return_position_ids": False}):
+        other = DataCollatorWithFlattening(return_tensors="pt", **options)(features)
+        assert torch.equal(model(**other).logits, out.logits), options
+
+
+def test_flattened_rows_of_a_batch_and_their_refusals():
+    model = tiny().double()
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    positions = torch.tensor([[0, 1, 0, 1], [0, 1, 2, 3]])
+    logits = model(ids, position_ids=positions, use_cache=False).logits
+    torch.testing.assert_close(logits[0, 2:], model(ids[:1, 2:]).logits[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(logits[1], model(ids[1:]).logits[0], rtol=1e-12, atol=1e-12)
+    # positions of one sequence a row are lcsm's own: nothing changes
+    assert torch.equal(model(ids, position_ids=torch.arange(4).expand(2, 4)).logits, model(ids).logits)
+    with pytest.raises(ValueError, match=r"position_ids: expected positions counted from 0 .* starting at 2 \(row 0"):
+        model(ids, position_ids=torch.tensor([[2, 3, 4, 5], [0, 1, 2, 3]]))
+    with pytest.raises(ValueError, match="use_cache: a batch of documents one after another"):
+        model(ids, position_ids=positions, use_cache=True)
+    with pytest.raises(ValueError, match=r"position_ids: expected \[B, T\] = \[2, 4\]"):
+        model(ids, position_ids=torch.arange(4))
+    with pytest.raises(ValueError, match="position_ids / cu_seq_lens_q: they mark different documents"):
+        model(ids[:1], position_ids=positions[:1], cu_seq_lens_q=torch.tensor([0, 4]), use_cache=False)
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q: expected the document offsets .* from 0 to T = 4"):
+        model(ids[:1], cu_seq_lens_q=torch.tensor([0, 2, 5]), use_cache=False)
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    with pytest.raises(
+        ValueError, match="position_ids: expected lcsm's own positions, \\[0, 1, 2\\] at the tokens of row 0"
+    ):
+        model(ids, attention_mask=mask, position_ids=positions)
+
+
+def test_generate_with_position_ids_from_the_mask_equals_generate_without():
+    model = tiny().double()
+    ids, mask = left_padded(PROMPTS, 7)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, position_ids=positions, **kwargs), model.generate(ids, **kwargs))
