@@ -48,11 +48,15 @@ def eos_parallel(p: EOSProblem) -> tuple[torch.Tensor, torch.Tensor]:
     else:
         gamma, run = _cumulative_log(g, T)  # [B|1, H, T, Kg, Dg]
         diff = gamma.unsqueeze(3) - gamma.unsqueeze(2)  # [.., t, s, Kg, Dg]
-        mask = causal.view(1, 1, T, T, 1, 1)
+        # The own step's weight exp(Gamma_t - Gamma_t) is 1 whatever the decay: a constant. Through
+        # the difference it would send +G and -G into Gamma_t's gradient, O(1) terms that cancel
+        # to the O(decay) true one only after rounding (dlog_o wholly lost at log_o = -50).
+        diagonal = torch.eye(T, dtype=torch.bool, device=p.i.device).view(1, 1, T, T, 1, 1)
+        mask = causal.view(1, 1, T, T, 1, 1) & ~diagonal
         if run is not None:
             mask = mask & (run.unsqueeze(3) == run.unsqueeze(2))
         w = torch.where(mask, diff, torch.zeros((), dtype=diff.dtype, device=diff.device)).exp()
-        w = torch.where(mask, w, torch.zeros((), dtype=w.dtype, device=w.device)).to(dtype)
+        w = torch.where(mask, w, diagonal.to(w.dtype)).to(dtype)
     if p.e_is_vector and p.s_is_vector and w.shape[-1] == 1:
         # A[t, s] = sum_k s_t[k] e_s[k] w[t, s, k]
         a = (s[..., 0].unsqueeze(3) * e[..., 0].unsqueeze(2) * w[..., 0]).sum(-1)
@@ -64,7 +68,9 @@ def eos_parallel(p: EOSProblem) -> tuple[torch.Tensor, torch.Tensor]:
         decay_to_end = torch.ones((), dtype=dtype, device=p.i.device)
         from_start = decay_to_end
     else:
-        decay_to_end = (gamma[:, :, -1:] - gamma).exp().to(dtype)  # exp(Gamma_T - Gamma_s)
+        # exp(Gamma_T - Gamma_s); at s = T a constant 1, as the diagonal above
+        decay_to_end = (gamma[:, :, -1:] - gamma[:, :, :-1]).exp()
+        decay_to_end = torch.cat([decay_to_end, torch.ones_like(decay_to_end[:, :, :1])], 2).to(dtype)
         from_start = gamma.exp().to(dtype)  # exp(Gamma_t)
         if run is not None:
             decay_to_end = decay_to_end * (run == run[:, :, -1:])
