@@ -69,8 +69,8 @@ def eos_parallel(p: EOSProblem) -> tuple[torch.Tensor, torch.Tensor]:
         from_start = decay_to_end
     else:
         # exp(Gamma_T - Gamma_s); at s = T a constant 1, as the diagonal above
-        decay_to_end = (gamma[:, :, -1:] - gamma[:, :, :-1]).exp()
-        decay_to_end = torch.cat([decay_to_end, torch.ones_like(decay_to_end[:, :, :1])], 2).to(dtype)
+        to_end = torch.cat([gamma[:, :, -1:] - gamma[:, :, :-1], torch.zeros_like(gamma[:, :, -1:])], 2)
+        decay_to_end = to_end.exp().to(dtype)
         from_start = gamma.exp().to(dtype)  # exp(Gamma_t)
         if run is not None:
             decay_to_end = decay_to_end * (run == run[:, :, -1:])
