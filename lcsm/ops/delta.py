@@ -126,7 +126,8 @@ def _canonicalize(
     if documents is None and initial_state is not None and tuple(initial_state.shape) != (B, H, K, D):
         raise ValueError(f"initial_state: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}")
     tensors = [i, e, s, a, b, log_o, initial_state]
-    out_dtype = promoted_dtype(tensors)
+    # y in the inputs' dtype, not the initial state's (a carried float32 state of half-precision inputs)
+    out_dtype = promoted_dtype(tensors[:-1])
     dtype = compute_dtype(tensors)
 
     def hm(x: Tensor) -> Tensor:
@@ -353,9 +354,11 @@ def _chunk_maps(
     a_is_e: bool,
     seg: _Segments | None,
     phi: bool = True,
+    steps: Tensor | None = None,
 ) -> _ChunkMaps:
     """The WY / UT algebra of every chunk at once; inputs chunked [B, H, Nc, C, .], g [B, H, Nc, C];
-    ``phi``: form the transitions Phi (the PyTorch carries multiply by them; the Triton one does not).
+    ``phi``: form the transitions Phi (the PyTorch carries multiply by them; the Triton one does not);
+    ``steps`` [Nc, C] bool: the positions of tokens, not padding (``decay_steps``).
 
     The transition is gamma_t I - a_t b_t^T (``eos_delta``'s gamma_t (I - a_t b_t^T) arrives with b
     gamma_t: a scalar gate moves onto either factor, and on b it leaves a = e one tensor).
@@ -384,19 +387,29 @@ def _chunk_maps(
     if g is not None:
         # a gate of exactly 0 (log_o = -inf) would make c_t - g_t = -inf - (-inf)
         g = finite_log(g)
-        c = g.cumsum(-1)  # c_t
-        c_seg = c
+        # Cumulative logs in float64: differences of long float32 sums would lose the small
+        # exponents between nearby steps (as eos's parallel form).
+        c = g.double().cumsum(-1)  # c_t
+        c_prev = torch.nn.functional.pad(c, (1, 0))[..., :-1]  # c_{t-1}
+        k, k_prev = decay_steps(steps, C, v.device)
+        first = k_prev == 0  # t's segment starts at t
+        c_seg, c_seg_prev = c, c_prev
         if seg is not None:
             # c_t - c_{start - 1}: the cumulative log from the segment's first token
-            before = torch.nn.functional.pad(c, (1, 0))[..., :-1]
-            c_seg = c - before.gather(-1, seg.start.expand_as(c))
-        # Differences are masked before exp so the (discarded) upper triangle can never overflow.
-        dec_b = ((c - g).unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~strict, float("-inf")).exp()
-        dec_s = (c.unsqueeze(-1) - c.unsqueeze(-2)).masked_fill(~incl, float("-inf")).exp()
-        b_scaled = b * (c_seg - g).exp().unsqueeze(-1)
-        s_scaled = s * c_seg.exp().unsqueeze(-1)
-        to_end = (c[..., -1:] - c).exp().unsqueeze(-1)  # e^{c_C - c_j}
-        gamma = c_seg[..., -1].exp()
+            from_start = c_prev.gather(-1, seg.start.expand_as(c))
+            c_seg, c_seg_prev = c - from_start, c_prev - from_start
+            first = seg.start == torch.arange(C, device=v.device)
+        # Differences are masked before exp so the (discarded) upper triangle can never overflow;
+        # a weight over no step (j = t - 1 in L, j = t in Ps, the segment's first b, the last a
+        # and e before the chunk's end or its padding) is exactly 1 and out of the gradient
+        # (``decay_weight``).
+        none_before = k_prev.unsqueeze(-1) == k.unsqueeze(-2)
+        dec_b = decay_weight(c_prev.unsqueeze(-1) - c.unsqueeze(-2), strict, none_before, v.dtype)
+        dec_s = decay_weight(c.unsqueeze(-1) - c.unsqueeze(-2), incl, k.unsqueeze(-1) == k.unsqueeze(-2), v.dtype)
+        b_scaled = b * decay_weight(c_seg_prev, None, first, v.dtype).unsqueeze(-1)
+        s_scaled = s * c_seg.to(v.dtype).exp().unsqueeze(-1)
+        to_end = decay_weight(c[..., -1:] - c, None, k == k[..., -1:], v.dtype).unsqueeze(-1)  # e^{c_C - c_j}
+        gamma = c_seg[..., -1].to(v.dtype).exp()
         m_decay = gamma[..., None, None] * eye
     else:
         dec_b, dec_s = strict.to(v.dtype), incl.to(v.dtype)
@@ -436,6 +449,29 @@ def _chunk_maps(
     Phi = None if AW is None else m_decay - AW
     Psi = e_end.transpose(-1, -2) @ v - AU
     return _ChunkMaps(s_scaled - SW, Pse @ v - SU, Phi, Psi, W, U0, a, c, c_seg, a_end, gamma)
+
+
+def decay_steps(steps: Tensor | None, C: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """k_t and k_{t-1}: how many of a chunk's positions up to t carry a decay; ``steps`` [.., C]
+    bool marks them (None: every position). Between positions of equal counts an exponent sums
+    the decays of no step (``decay_weight``): padding, or a token's micro-steps after its first."""
+    if steps is None:
+        k = torch.arange(1, C + 1, device=device)
+        return k, k - 1
+    k = steps.long().cumsum(-1)
+    return k, k - steps.long()
+
+
+def decay_weight(exponent: Tensor, mask: Tensor | None, over_no_step: Tensor, dtype: torch.dtype) -> Tensor:
+    """exp(exponent) in ``dtype`` where ``mask`` holds (0 elsewhere; None: everywhere), with the
+    entries ``over_no_step`` (a sum of log decays over no step, 0 whatever the decays) exactly 1
+    and out of the gradient. Through a difference c_x - c_x such an entry sends +G and -G into the
+    decay's gradient, O(1) terms that cancel to the true O(decay) one only after rounding: under
+    strong decays (log -20 a step in float32) the decay's gradient was wholly lost."""
+    exponent = torch.where(over_no_step, torch.zeros((), dtype=exponent.dtype, device=exponent.device), exponent)
+    if mask is not None:
+        exponent = exponent.masked_fill(~mask, float("-inf"))
+    return exponent.to(dtype).exp()
 
 
 def _chunked(
@@ -581,7 +617,9 @@ def _delta_chunk(
     else:
         C = min(chunk_size, T)
         chunks = _chunked(v, e, s, a, b, g, C)
-    maps = _chunk_maps(*chunks, a_is_e, None, phi=carry != "triton")
+    Nc = chunks[0].shape[2]
+    steps = (torch.arange(Nc * C, device=v.device) < T).reshape(Nc, C)
+    maps = _chunk_maps(*chunks, a_is_e, None, phi=carry != "triton", steps=steps)
     if carry == "triton":
         from .triton_delta import triton_delta_carry
 
@@ -589,7 +627,7 @@ def _delta_chunk(
     else:
         starts, M = (_doubling_carry if traced else _carry)(maps.Phi, maps.Psi, M)
     y = maps.Q @ starts + maps.R  # [B, H, Nc, C, D]
-    return y.reshape(Bn, H, -1, D)[:, :, :T], M
+    return y.flatten(2, 3)[:, :, :T], M
 
 
 def _delta_chunk_packed(
@@ -626,8 +664,9 @@ def _delta_chunk_packed(
     C = min(chunk_size, T)
     seg = _Segments.of(cu, T, C)
     v, e, s, a, b, g = _chunked(v, e, s, a, b, g, C)
-    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg, phi=carry != "triton")
     Nc = seg.last.shape[0]
+    steps = (torch.arange(Nc * C, device=v.device) < T).reshape(Nc, C)
+    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg, phi=carry != "triton", steps=steps)
     carried_out = seg.carried[:, -1]  # [Nc]: the chunk's last segment continues from the carry
     Psi = maps.Psi
     if m0 is not None:
@@ -683,8 +722,10 @@ def _delta_chunk_packed(
         c, c_seg = flat(maps.c), flat(maps.c_seg)  # [H, Nc C]
         at_end = c.index_select(1, last_token.index_select(0, pieces.doc))  # c_{t_e} of each piece
         diff = (at_end.unsqueeze(-1) - pieces.rows(c.unsqueeze(-1))[..., 0]).transpose(0, 1)  # [pieces, H, P]
-        # Masked before exp: a padding slot's difference is not one within a segment.
-        weight = diff.masked_fill(~valid[:, None], float("-inf")).exp()
+        # Masked before exp: a padding slot's difference is not one within a segment. The piece's
+        # last token (j = t_e) weighs exactly 1.
+        at_last = pieces.index.reshape(-1, pieces.P) == last_token.index_select(0, pieces.doc)[:, None]
+        weight = decay_weight(diff, valid[:, None], at_last[:, None], v.dtype)
     else:
         weight = valid[:, None].to(v.dtype)
     # Z: the memory carried into the last segment's chunk, or the document's m0 (zero when None).
@@ -697,7 +738,7 @@ def _delta_chunk_packed(
     left = torch.cat([rows(e), -rows(maps.a)], -2) * weight.repeat(1, 1, 2).unsqueeze(-1)
     sums = left.transpose(-1, -2) @ torch.cat([rows(v), u], -2)  # [pieces, H, K, D]
     if maps.c is not None:
-        Z = c_seg.index_select(1, last_token).t().exp()[..., None, None] * Z
+        Z = c_seg.index_select(1, last_token).t().to(v.dtype).exp()[..., None, None] * Z
     return y, Z.index_add(0, pieces.doc, sums)
 
 
@@ -773,8 +814,7 @@ def eos_delta(
     y = y.permute(0, 2, 1, 3).to(out_dtype)
     if not output_final_state:
         return y, None
-    state_dtype = v.dtype if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
-    return y, m.to(state_dtype)
+    return y, m.to(v.dtype)  # the compute dtype (float32 for half-precision inputs)
 
 
 def _delta_packed(
@@ -823,5 +863,4 @@ def _delta_packed(
     y = y.permute(0, 2, 1, 3).to(out_dtype)
     if not output_final_state:
         return y, None
-    state_dtype = v.dtype if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
-    return y, m.to(state_dtype)
+    return y, m.to(v.dtype)  # the compute dtype (float32 for half-precision inputs)

@@ -57,7 +57,16 @@ from ._inputs import (
     without_autocast,
 )
 from .chunk_matmul import traced_chunk_count
-from .delta import _delta_chunk, _delta_chunk_packed, _doubling_carry, _gated_b, _UnitLowerInverse, carry_for
+from .delta import (
+    _delta_chunk,
+    _delta_chunk_packed,
+    _doubling_carry,
+    _gated_b,
+    _UnitLowerInverse,
+    carry_for,
+    decay_steps,
+    decay_weight,
+)
 from .eos import Plan
 
 Tensor = torch.Tensor
@@ -147,9 +156,13 @@ def dplr_recurrent(i, e, s, a, b, g, m0):
     return y, m
 
 
-def _pairwise(x: Tensor, ys: tuple[Tensor, ...], cx: Tensor | None, cy: Tensor | None, mask: Tensor) -> list[Tensor]:
+def _pairwise(
+    x: Tensor, ys: tuple[Tensor, ...], cx: Tensor | None, cy: Tensor | None, mask: Tensor, over_no_step: Tensor
+) -> list[Tensor]:
     """P[t, j] = sum_k x_t[k] y_j[k] exp(cx_t[k] - cy_j[k]) where ``mask`` [C, C] holds, else 0,
-    for each y of ``ys`` (the decay weights are formed once for all of them).
+    for each y of ``ys`` (the decay weights are formed once for all of them); where
+    ``over_no_step`` [.., C, C] holds, cx_t - cy_j sums the decays of no step: the weight is 1
+    (``decay_weight``).
 
     x, y [..., C, K]; cx, cy [..., C, 1] (scalar decay) or [..., C, K] (per row). Where the mask
     holds, cx_t - cy_j is a sum of log decays (<= 0 for decays <= 1); the differences are masked
@@ -160,7 +173,7 @@ def _pairwise(x: Tensor, ys: tuple[Tensor, ...], cx: Tensor | None, cy: Tensor |
     if cx is None:  # no decay: the mask alone
         w = mask[..., None].to(x.dtype)
     else:
-        w = (cx.unsqueeze(-2) - cy.unsqueeze(-3)).masked_fill(~mask[..., None], float("-inf")).exp()
+        w = decay_weight(cx.unsqueeze(-2) - cy.unsqueeze(-3), mask[..., None], over_no_step[..., None], x.dtype)
     if w.shape[-1] == 1:
         C = x.shape[-2]
         w = w.squeeze(-1)
@@ -254,9 +267,17 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, reco
     # Zero i, e, a, b, s and a zero log decay make a padded step the identity on m.
     v, e, s, a, b = (chunked(x) for x in (i, e, s, a, b))
     g = chunked(g) if g is not None else None
+    steps = None  # the positions that carry a decay [N, C]: micro-step 0 of a token, not padding
+    if g is not None:
+        micro_zero = torch.arange(L, device=i.device) % n == 0
+        if dest is None:
+            steps = torch.nn.functional.pad(micro_zero, (0, N * C - L))
+        else:
+            steps = micro_zero.new_zeros(N * C).index_copy(0, dest, micro_zero)
+        steps = steps.reshape(N, C)
     initial = m0 if m0 is not None else v.new_zeros(B if bounds is None else len(bounds) - 1, H, K, D)
     if traced:
-        Q, R, Phi, Psi, W, A, gamma = _maps(v, e, s, a, b, g, a_is_e, phi=carry != "triton")
+        Q, R, Phi, Psi, W, A, gamma = _maps(v, e, s, a, b, g, a_is_e, phi=carry != "triton", steps=steps)
         if carry == "triton":
             from .triton_delta import triton_delta_carry
 
@@ -265,9 +286,9 @@ def dplr_chunk(i, e, s, a, b, g, m0, chunk_size, bounds=None, a_is_e=False, reco
             starts, m = _doubling_carry(Phi, Psi, initial)
         y = Q @ starts + R
     elif recompute:
-        y, m = _DplrSpans.apply((resets, finals, a_is_e, carry), SPAN_CHUNKS, v, e, s, a, b, g, initial)
+        y, m = _DplrSpans.apply((resets, finals, a_is_e, carry, steps), SPAN_CHUNKS, v, e, s, a, b, g, initial)
     else:
-        y, m = _spans((resets, finals, a_is_e, carry), 0, v, e, s, a, b, g, initial, None)[:2]
+        y, m = _spans((resets, finals, a_is_e, carry, steps), 0, v, e, s, a, b, g, initial, None)[:2]
     y = y.reshape(B, H, N * C, D)
     y = y[:, :, :L] if dest is None else y.index_select(2, dest)
     return y.reshape(B, H, T, n, D)[:, :, :, -1].transpose(1, 2), m
@@ -284,8 +305,10 @@ def _spans(plan, n0, v, e, s, a, b, g, initial, M):
     D], the final states of the documents ending here (concatenated; the memory after the last
     chunk when unpacked) and the memory after the last chunk. The plan's carry "triton" carries by
     ``triton_delta``'s kernel instead of the loop (``_spans_triton``)."""
-    resets, finals, a_is_e, carry = plan
-    Q, R, Phi, Psi, W, A, gamma = _maps(v, e, s, a, b, g, a_is_e, phi=carry != "triton")
+    resets, finals, a_is_e, carry, steps = plan
+    if steps is not None:
+        steps = steps[n0 : n0 + v.shape[2]]
+    Q, R, Phi, Psi, W, A, gamma = _maps(v, e, s, a, b, g, a_is_e, phi=carry != "triton", steps=steps)
     if carry == "triton":
         return _spans_triton(plan, n0, Q, R, Psi, W, A, gamma, initial, M)
     starts, done = [], []
@@ -311,7 +334,7 @@ def _spans_triton(plan, n0, Q, R, Psi, W, A, gamma, initial, M):
     from .delta import transition
     from .triton_delta import triton_delta_carry
 
-    resets, finals, _, _ = plan
+    resets, finals = plan[:2]
     N = W.shape[2]
 
     def state(doc):  # a document's initial state [1, H, K, D] (the whole batch's when None)
@@ -341,40 +364,47 @@ def _spans_triton(plan, n0, Q, R, Psi, W, A, gamma, initial, M):
     return Q @ starts + R, done, M_out
 
 
-def _maps(v, e, s, a, b, g, a_is_e, phi=True):
+def _maps(v, e, s, a, b, g, a_is_e, phi=True, steps=None):
     """Every chunk's affine maps from its initial memory M (chunk-aligned v, e, s, a, b, g
     [B, H, N, C, .]): its outputs y = Q M + R, [B, H, N, C, K] and [B, H, N, C, D], and the memory
     after it M' = Phi M + Psi, [B, H, N, K, K] and [B, H, N, K, D] (``dplr_chunk``'s algebra),
     with Phi = diag(gamma) - A^T W; returns (Q, R, Phi, Psi, W, A, gamma): W and A [B, H, N, C, K],
     gamma [B, H, N, K] (None without a decay), Phi None unless ``phi`` (the Triton carry applies it
-    as gamma M - A^T (W M), ``triton_delta``)."""
+    as gamma M - A^T (W M), ``triton_delta``). ``steps`` [N, C] bool: the positions that carry a
+    decay (micro-step 0 of a token, not padding; None: every position), so that a weight over
+    positions without one is exactly 1 (``decay_steps``, ``decay_weight``)."""
     B, H, N, C, K = e.shape
     D = v.shape[-1]
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
     incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
     if g is None:  # no decay: every factor below is 1
-        c = c_prev = gamma = None
+        c = c_prev = gamma = none_before = none_at = None
         b_prev, s_now, e_end, a_rows = b, s, e, a
         diag_end = torch.eye(K, dtype=v.dtype, device=v.device)
     else:
-        c = g.cumsum(-2)
-        c_prev = c - g
-        to_end = (c[..., -1:, :] - c).exp()  # e^{c_C - c_j}
-        b_prev, s_now, e_end, a_rows = b * c_prev.exp(), s * c.exp(), e * to_end, a * to_end
-        gamma = c[..., -1, :].exp().expand(B, H, N, K)
+        # in float64, as eos_delta's chunk maps: differences of float32 sums lose nearby exponents
+        c = g.double().cumsum(-2)
+        c_prev = torch.nn.functional.pad(c, (0, 0, 1, 0))[..., :-1, :]
+        k, k_prev = decay_steps(steps, C, v.device)
+        to_end = decay_weight(c[..., -1:, :] - c, None, (k == k[..., -1:])[..., None], v.dtype)  # e^{c_C - c_j}
+        b_prev = b * decay_weight(c_prev, None, (k_prev == 0)[..., None], v.dtype)
+        s_now, e_end, a_rows = s * c.to(v.dtype).exp(), e * to_end, a * to_end
+        gamma = c[..., -1, :].to(v.dtype).exp().expand(B, H, N, K)
         diag_end = torch.diag_embed(gamma)
+        none_before = k_prev.unsqueeze(-1) == k.unsqueeze(-2)  # [.., t, j]: c_{t-1} - c_j over no decay
+        none_at = k.unsqueeze(-1) == k.unsqueeze(-2)  # c_t - c_j
     a_end = a_rows.transpose(-1, -2)
     if a_is_e:
         # Le = L and Pse = Psa, so R = Psa (v - U0) and Psi = a_end (v - U0).
-        (Lm,) = _pairwise(b, (a,), c_prev, c, strict)
-        (Psa,) = _pairwise(s, (a,), c, c, incl)
+        (Lm,) = _pairwise(b, (a,), c_prev, c, strict, none_before)
+        (Psa,) = _pairwise(s, (a,), c, c, incl, none_at)
         inv = _UnitLowerInverse.apply(Lm)
         W, U0 = (inv @ torch.cat([b_prev, Lm @ v], -1)).split([K, D], -1)
         SW, R = (Psa @ torch.cat([W, v - U0], -1)).split([K, D], -1)
         AW, Psi = (a_end @ torch.cat([W, v - U0], -1)).split([K, D], -1) if phi else (None, a_end @ (v - U0))
     else:
-        Lm, Le = _pairwise(b, (a, e), c_prev, c, strict)
-        Psa, Pse = _pairwise(s, (a, e), c, c, incl)
+        Lm, Le = _pairwise(b, (a, e), c_prev, c, strict, none_before)
+        Psa, Pse = _pairwise(s, (a, e), c, c, incl, none_at)
         inv = _UnitLowerInverse.apply(Lm)
         W, U0 = (inv @ torch.cat([b_prev, Le @ v], -1)).split([K, D], -1)
         SW, SU = (Psa @ torch.cat([W, U0], -1)).split([K, D], -1)

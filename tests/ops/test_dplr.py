@@ -252,6 +252,20 @@ def test_strong_decays_stay_finite(layout, dtype, gate_first):
         assert_close({k: actual[k] for k in keep}, keep, dtype=dtype, context=f"C={C}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("layout", ["head", "scalar", "head_row", "row"])
+@pytest.mark.parametrize("n", [None, 2, 3])
+@pytest.mark.parametrize("gate_first", [False, True])
+def test_strong_decays_keep_the_decay_gradient(dtype, layout, n, gate_first):
+    """Every step's log alpha in [-30, -20]: the decay's gradient is O(alpha), and the chunk maps'
+    weights over no decay (e^{c_{t-1} - c_{t-1}}, a token's micro-steps after its first, the
+    chunk's last e^{c_C - c_C}) took part in it through differences whose O(1) terms cancelled
+    after rounding (relative error 17 at -20 a step in float32). C = 5 divides neither 23 nor 46."""
+    x = make_inputs(23, layout=layout, n=n)
+    x["log_alpha"] = -20.0 - 10.0 * torch.rand(x["log_alpha"].shape, generator=torch.Generator().manual_seed(2))
+    check(x, "chunk", dtype, chunk_size=5, gate_first=gate_first)
+
+
 @pytest.mark.parametrize("layout", ["none", "scalar", "row"])
 @pytest.mark.parametrize("mode", ["recurrent", "chunk"])
 def test_beta_two(layout, mode):

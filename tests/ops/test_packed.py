@@ -338,6 +338,8 @@ def test_fft_is_refused():
         ),
         ([0, 5, 5, T], None, r"cu_seqlens: expected strictly increasing"),
         ([0.0, 5.0, float(T)], None, r"cu_seqlens: expected an integer tensor .* got dtype torch.float32"),
+        (torch.tensor([0, 5, T], dtype=torch.uint8), None, r"cu_seqlens: expected .* got dtype torch.uint8"),
+        (torch.tensor([0, 5, T], device="meta"), None, r"cu_seqlens: expected a tensor holding values .* meta"),
         ([[0, 5, T]], None, r"cu_seqlens: expected a 1-d tensor \[N \+ 1\] .* got \[1, 3\]"),
         ([0], None, r"cu_seqlens: expected a 1-d tensor \[N \+ 1\] .* N >= 1, got \[1\]"),
         ([0, 5, T], (3, H, K, D), rf"initial_state: with cu_seqlens .* \[N, H, K, D\] = \[2, {H}, {K}, {D}\], got \[3"),
@@ -347,7 +349,7 @@ def test_errors(cu, states, match):
     args = make_inputs("row", initial=False)
     m0 = None if states is None else torch.zeros(states, dtype=torch.float64)
     with pytest.raises(ValueError, match=match):
-        eos(args["i"], args["e"], args["s"], args["log_o"], initial_state=m0, cu_seqlens=torch.tensor(cu))
+        eos(args["i"], args["e"], args["s"], args["log_o"], initial_state=m0, cu_seqlens=torch.as_tensor(cu))
 
 
 def test_error_for_a_batch():
@@ -396,6 +398,16 @@ def delta_inputs(n_docs, gate, seed=0, kind="general", initial=True):
 def test_delta(gate, mode, dtype):
     b = _bounds("ones")
     check_packed(eos_delta, delta_inputs(len(b) - 1, gate), b, dtype, gate, mode=mode, chunk_size=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_delta_strong_gates(dtype):
+    """Log gates in [-30, -20] a step: the gate's gradient (O(gate)) of every document, its final
+    state read at a document's end inside a chunk (``_delta_chunk_packed``) included."""
+    b = DELTA_BOUNDS["long"]
+    x = delta_inputs(len(b) - 1, "dd")
+    x["log_o"] = -20.0 - 10.0 * torch.rand(x["log_o"].shape, generator=torch.Generator().manual_seed(2))
+    check_packed(eos_delta, x, b, dtype, "strong", mode="chunk", chunk_size=4)
 
 
 DELTA_BOUNDS = {
