@@ -126,7 +126,8 @@ def check_floating(name: str, x: Tensor) -> None:
 def check_real(op: str, name: str, x: Tensor) -> None:
     """A real floating-point tensor: the matrix oscillations (``eos_delta``, ``eos_dplr``) have no
     complex form, whose backward would need conjugate transposes throughout."""
-    check_floating(name, x)
+    if not (x.is_floating_point() or x.is_complex()):
+        raise TypeError(f"{name}: expected a real floating-point tensor, got dtype {x.dtype} with shape {shape_str(x)}")
     if x.is_complex():
         raise TypeError(
             f"{name}: {op} supports real floating-point tensors only, got dtype {x.dtype} "
@@ -453,11 +454,11 @@ def canonicalize(
     if initial_state is not None and states is None and tuple(initial_state.shape) != (B, H, K, D):
         raise ValueError(f"{state_name}: expected [B, H, K, D] = [{B}, {H}, {K}, {D}], got {shape_str(initial_state)}")
 
+    # y in the inputs' dtype: not the initial state's, which the operator itself returns in float32
+    # for half-precision inputs (carried into the next call it made y float32 there)
     out_dtype = torch.promote_types(torch.promote_types(i.dtype, e.dtype), s.dtype)
     for x in decays:
         out_dtype = torch.promote_types(out_dtype, x.dtype)
-    if initial_state is not None:
-        out_dtype = torch.promote_types(out_dtype, initial_state.dtype)
     dtype = compute_dtype([i, e, s, *decays, initial_state])
 
     p = EOSProblem(
@@ -488,10 +489,13 @@ def check_cu_seqlens(cu_seqlens: Any) -> list[int]:
     input's B and T."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise ValueError(f"cu_seqlens: expected an integer torch.Tensor [N + 1], got {type(cu_seqlens).__name__}")
-    if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
+    # (an int8 or uint8 tensor cannot hold the boundaries of a row past 127 or 255 tokens)
+    if cu_seqlens.dtype not in (torch.int64, torch.int32):
         raise ValueError(
             f"cu_seqlens: expected an integer tensor (torch.int64 or torch.int32), got dtype {cu_seqlens.dtype}"
         )
+    if cu_seqlens.is_meta:
+        raise ValueError("cu_seqlens: expected a tensor holding values (CPU or CUDA), got one on the meta device")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(
             f"cu_seqlens: expected a 1-d tensor [N + 1] of document boundaries with N >= 1, got {shape_str(cu_seqlens)}"
@@ -547,8 +551,7 @@ def finish(
     y = y_bhtd.permute(0, 2, 1, 3).to(real_dtype(p.out_dtype) if real_output else p.out_dtype)
     if not output_final_state:
         return y, None
-    state_dtype = p.i.dtype if p.out_dtype in (torch.float16, torch.bfloat16) else p.out_dtype
-    return y, m_T.to(state_dtype)
+    return y, m_T.to(p.i.dtype)  # the compute dtype (float32 for half-precision inputs)
 
 
 def on_device(x: Tensor) -> contextlib.AbstractContextManager:

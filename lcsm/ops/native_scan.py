@@ -294,6 +294,8 @@ def chunk_length(chunk_size: int, K: int, dtype: torch.dtype) -> int:
     """Steps between kept memories: ``chunk_size``, fewer where the backward's per-thread buffer
     of a chunk's memories and decays, (2C + 3) K COLUMNS values, would exceed BLOCK_BYTES."""
     per_step = 2 * K * COLUMNS * dtype.itemsize
+    if per_step == 0:  # K = 0: no memory to keep
+        return chunk_size
     return max(1, min(chunk_size, BLOCK_BYTES // per_step - 1))
 
 

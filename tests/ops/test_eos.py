@@ -589,6 +589,14 @@ def test_empty_batch_head_or_width(mode, empty):
     assert torch.equal(y, torch.zeros(2, 5, 2, 4))
 
 
+def test_empty_keys_with_a_full_decay():
+    """K = 0 with a full K x D decay: auto's plan (the native scan) sized its kept memories by K
+    and divided by zero, in eos and explain alike."""
+    i, e, log_o = torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 0), -torch.rand(1, 5, 1, 0, 4)
+    assert explain(i, e, e, log_o).mode == "native"
+    assert torch.equal(eos(i, e, e, log_o)[0], torch.zeros(1, 5, 1, 4))
+
+
 def test_half_precision_computes_in_float32():
     inputs = make_inputs(30, decay="row", initial=False)
     args = [inputs[n].to(torch.bfloat16) for n in ("i", "e", "s", "log_o")]
@@ -604,6 +612,11 @@ def test_half_precision_computes_in_float32():
     # the memory is returned in float32, so it is held to float32's tolerance (bfloat16's would
     # pass a memory rounded to bfloat16)
     assert_close({"m_T": m}, {"m_T": ref["m_T"]}, dtype=torch.float32)
+    # carried into the next call (and a step), that float32 state leaves y bfloat16 (it made y float32)
+    y_next, m_next = eos(*args, mode="chunk", initial_state=m, output_final_state=True)
+    assert y_next.dtype == torch.bfloat16 and m_next.dtype == torch.float32
+    y_step, m_step = eos_step(*(a[:, :1] for a in args), m)
+    assert y_step.dtype == torch.bfloat16 and m_step.dtype == torch.float32
 
 
 @pytest.mark.parametrize("mode", ["parallel", "chunk", "fft"])
