@@ -281,6 +281,9 @@ class LMConfig(TaskConfig):
             raise ValueError(
                 f"corpus: expected one of {', '.join(BUILTIN)} or 'path:<file or directory>', got {self.corpus!r}"
             )
+        if self.corpus == "path:":
+            # Path("") is the current directory: every *.txt under wherever lcsm was started.
+            raise ValueError("corpus: expected 'path:<file or directory>' with a path after 'path:', got 'path:'")
         if self.tokenizer not in ("byte", "bpe"):
             raise ValueError(f"tokenizer: expected 'byte' or 'bpe', got {self.tokenizer!r}")
         check_int("bpe_vocab", self.bpe_vocab, 300)

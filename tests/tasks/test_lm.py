@@ -187,6 +187,8 @@ def test_config_errors(tmp_path):
         tasks.build("lm", corpus="wikitext")
     with pytest.raises(ValueError, match="tokenizer: expected 'byte' or 'bpe'"):
         tasks.build("lm", tokenizer="bytes")
+    with pytest.raises(ValueError, match="corpus: expected 'path:<file or directory>' with a path"):
+        tasks.build("lm", corpus="path:")
     with pytest.raises(ValueError, match="no such file or directory"):
         tasks.build("lm", corpus=f"path:{tmp_path / 'none'}").documents()
     with pytest.raises(ValueError, match="data_dir: expected the source directory"):
