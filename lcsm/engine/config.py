@@ -31,7 +31,7 @@ import contextlib
 import copy
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,20 +59,32 @@ def check_device(name: str, value) -> None:
 def check_early_stop_metric(metric: str, task, dataset=None) -> None:
     """``train.early_stop.metric`` must be a metric of ``task``'s evaluator (``task``: a task, or
     its class when no task is built yet). Without ``dataset`` (the config, before any data is
-    made) only the names any data gives are known, so a name with a '/' (a segment's or a slice's)
-    waits for the check with the evaluation split's data, which the trainer makes before its first
-    step."""
-    names = task.evaluator().metric_names(dataset)
-    if metric in names or (dataset is None and "/" in metric):
+    made) only the names any data gives are known, so a name with a '/' (a segment's or a slice's,
+    such as accuracy/<segment>) waits, beyond its metric before the '/', for the check with the
+    evaluation split's data, which the trainer makes before its first step."""
+    check_metric_name("train.early_stop.metric", metric, [task], dataset)
+
+
+def check_metric_name(key: str, metric: str, tasks: Sequence, dataset=None, *, test_split: bool = False) -> None:
+    """The metric name that config key ``key`` gives must be a metric of the evaluator of one of
+    ``tasks`` (tasks or their classes), as ``check_early_stop_metric`` checks it for one task.
+    With ``test_split`` a name may also be ``test/<metric>`` (a sweep's row of the test split of
+    the best checkpoint, ``Trainer.final_test``)."""
+    names = list(dict.fromkeys(n for task in tasks for n in task.evaluator().metric_names(dataset)))
+    name = metric[len("test/") :] if test_split and metric.startswith("test/") else metric
+    if name in names or (dataset is None and "/" in name and name.split("/")[0] in names):
         return
     per_data = (
         ""
         if dataset is not None
         else (" (and, once its data is made, names with a '/' for its segments and slices, e.g. accuracy/<segment>)")
     )
+    test = ", each also as test/<metric> for the test split" if test_split else ""
+    owners = ", ".join(repr(t.registry_name) for t in tasks)
     raise ValueError(
-        f"train.early_stop.metric: {metric!r} is not a metric of task {task.registry_name!r}; its "
-        f"metrics: {', '.join(sorted(names))}{per_data}{did_you_mean(metric, names)}"
+        f"{key}: {metric!r} is not a metric of task{'s' if len(tasks) > 1 else ''} {owners}; "
+        f"{'its' if len(tasks) == 1 else 'their'} metrics: {', '.join(sorted(names))}{per_data}{test}"
+        f"{did_you_mean(name, names)}"
     )
 
 

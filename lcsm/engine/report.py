@@ -153,6 +153,23 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
             axis(f"{where}.where", key)
 
 
+def report_metric_names(report: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
+    """(config key, metric name, whether test/<metric> may be given) of every metric a checked
+    ``report`` names; a curve reads eval.csv, which has no test split."""
+    found = [(f"report.metrics[{i}]", m, True) for i, m in enumerate(report.get("metrics", []))]
+    if report.get("table") is not None:
+        found.append(("report.table.value", report["table"]["value"], True))
+    for i, plot in enumerate(report.get("plots", [])):
+        ys = plot["y"] if isinstance(plot["y"], list) else [plot["y"]]
+        found += [(f"report.plots[{i}].y", y, True) for y in ys]
+    found += [(f"report.compare[{i}].metric", c["metric"], True) for i, c in enumerate(report.get("compare", []))]
+    found += [
+        (f"report.differences[{i}].metric", d["metric"], True) for i, d in enumerate(report.get("differences", []))
+    ]
+    found += [(f"report.curves[{i}].y", c["y"], False) for i, c in enumerate(report.get("curves", []))]
+    return found
+
+
 def _number(label: str) -> float | None:
     try:
         return float(label)

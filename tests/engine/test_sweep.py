@@ -244,11 +244,14 @@ def test_report_curves_from_each_selected_runs_evaluations(tmp_path, monkeypatch
     assert "## Learning" in text and "| model.mixer \\ step (accuracy) | 2 | 4 |" in text
     assert "| gla | 0.0025 | 0.0100 |" in text and "| hgrn |" not in text.split("## Learning")[1].split("##")[0]
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
-    typo = load_experiment(
-        experiment(tmp_path, report={"curves": [{**curves[0], "y": "acc"}]}), out_dir=tmp_path / "out"
+    # a segment's metric is known once the data is made: the report names it if eval.csv lacks it
+    segment = load_experiment(
+        experiment(tmp_path, report={"curves": [{**curves[0], "y": "accuracy/L9"}]}), out_dir=tmp_path / "out"
     )
-    with pytest.raises(ValueError, match=r"eval.csv has no column 'acc' \(its columns: step, split, loss, accuracy\)"):
-        write_report(typo, collect(typo))
+    with pytest.raises(
+        ValueError, match=r"eval.csv has no column 'accuracy/L9' \(its columns: step, split, loss, accuracy\)"
+    ):
+        write_report(segment, collect(segment))
     hgrn = load_experiment(
         experiment(tmp_path, report={"curves": [{**curves[0], "where": {"model.mixer": "hgrn"}}]}),
         out_dir=tmp_path / "out",
@@ -333,6 +336,22 @@ def test_grid_override_of_an_existing_axis_keeps_the_axes_it_overlaps(tmp_path):
             "'cols' (did you mean 'columns'?)",
         ),
         ({"set": {"train.early_stop.metric": "acc"}}, "train.early_stop.metric: 'acc' is not a metric of task 'mqar'"),
+        # misspelt metrics, refused before any run trains rather than leaving rows or cells out
+        (
+            {"select": {"metric": "acuracy", "over": ["optim.lr"]}},
+            "select.metric: 'acuracy' is not a metric of task 'mqar'; its metrics: accuracy, loss",
+        ),
+        ({"report": {"metrics": ["accuracy", "perplexity"]}}, "report.metrics[1]: 'perplexity' is not a metric"),
+        (
+            {"report": {"table": {"rows": "model.mixer", "value": "test/acuracy"}}},
+            "report.table.value: 'test/acuracy' is not a metric of task 'mqar'; its metrics: accuracy, loss "
+            "(and, once its data is made, names with a '/' for its segments and slices, e.g. accuracy/<segment>), "
+            "each also as test/<metric> for the test split (did you mean 'accuracy'?)",
+        ),
+        (
+            {"report": {"curves": [{"y": "test/accuracy", "series": "model.mixer", "file": "c.png"}]}},
+            "report.curves[0].y: 'test/accuracy' is not a metric",
+        ),
         # a value only one run of the grid takes: the error names that run by its labels
         ({"grid": {"model.mixer": ["gla"], "optim.lr": [1e-3, -1.0]}}, "run mixer=gla,lr=-1: optim.lr"),
     ],

@@ -17,7 +17,7 @@ import yaml
 
 from lcsm._checks import check_choice, check_keys
 
-from ..config import RunConfig, apply_overrides, read_yaml, yaml_load
+from ..config import RunConfig, apply_overrides, check_metric_name, read_yaml, yaml_load
 
 EXPERIMENT_COPY = "experiment.yaml"
 # command_overrides: the --set / --grid a sweep ran with, recorded in the sweep directory's copy
@@ -250,8 +250,24 @@ def load_experiment(
         Path(out_dir) if out_dir is not None else Path("runs") / name,
         spec,
     )
-    exp.runs()  # every run's config validates before anything runs
+    _check_metric_names(exp, exp.runs())  # every run's config validates before anything runs
     return exp
+
+
+def _check_metric_names(exp: Experiment, runs: Sequence[Run]) -> None:
+    """The metrics that select and the report name must be metrics of the grid's tasks: rows that
+    lack one are left out of the selection, and a report column of a misspelt one stays empty. The
+    selection's must be one of every task, or the runs of a task without it are never selected."""
+    from lcsm import tasks
+
+    from ..report import report_metric_names
+
+    grid_tasks = [tasks.resolve(name) for name in dict.fromkeys(run.config["task"]["name"] for run in runs)]
+    if exp.select:
+        for task in grid_tasks:
+            check_metric_name("select.metric", exp.select["metric"], [task], test_split=True)
+    for key, metric, test_split in report_metric_names(exp.report):
+        check_metric_name(key, metric, grid_tasks, test_split=test_split)
 
 
 def _rename_axes(spec: dict[str, Any], renamed: Mapping[str, str]) -> dict[str, Any]:
