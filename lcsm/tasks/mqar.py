@@ -142,9 +142,25 @@ class MQARConfig(TaskConfig):
 
 
 def power_law(space: int, power_a: float) -> np.ndarray:
-    """P(gap = i - 1) ∝ a·i^(a-1), i = 1..space (float64, sums to 1)."""
-    p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
-    return p / p.sum()
+    """P(gap = i - 1) ∝ a·i^(a-1), i = 1..space (float64, sums to 1). Where a·i^(a-1) leaves
+    float64's range (power_a from ~136 at seq_len 512 overflows it), the law is computed in log
+    space, and a gap whose probability is below float64's range gets 0: ``log_power_law`` ranks
+    those. Elsewhere the direct formula stays, so the data of those settings do not change."""
+    with np.errstate(all="ignore"):
+        p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
+        p = p / p.sum()
+    if np.isfinite(p).all() and (p > 0).all():
+        return p
+    with np.errstate(under="ignore"):
+        return np.exp(log_power_law(space, power_a))
+
+
+def log_power_law(space: int, power_a: float) -> np.ndarray:
+    """The log of ``power_law``'s probabilities, finite for every power_a > 0."""
+    log_w = (power_a - 1) * np.log(np.arange(1, space + 1, dtype=np.float64))
+    top = log_w.max()
+    with np.errstate(under="ignore"):
+        return log_w - (top + np.log(np.exp(log_w - top).sum()))
 
 
 def _distinct(rng: np.random.Generator, low: int, high: int, rows: int, k: int) -> np.ndarray:
@@ -167,12 +183,21 @@ def _distinct(rng: np.random.Generator, low: int, high: int, rows: int, k: int) 
         out[bad] = np.floor(rng.random((bad.size, k)) * n).astype(np.int64)
 
 
-def _power_law_gaps(rng: np.random.Generator, p: np.ndarray, rows: int, k: int) -> np.ndarray:
+def _power_law_gaps(
+    rng: np.random.Generator, p: np.ndarray, rows: int, k: int, log_p: np.ndarray | None = None
+) -> np.ndarray:
     """[rows, k] distinct gaps, in the order of successive draws without replacement with
     probabilities p (renormalised over what is left) — the law of ``np.random.choice(space, k,
     replace=False, p=p)``. Sampled as an exponential race: with E_i ~ Exp(1), sorting E_i / p_i
-    ascending yields exactly that sequential (Plackett-Luce) order."""
-    race = -np.log1p(-rng.random((rows, p.size))) / p
+    ascending yields exactly that sequential (Plackett-Luce) order; with ``log_p`` (where p has
+    zeros), log E_i - log p_i, the same order."""
+    race = -np.log1p(-rng.random((rows, p.size)))
+    if log_p is None:
+        race /= p
+    else:
+        # p has zeros (an extreme power_a): E / 0 would tie them all at inf, in index order.
+        with np.errstate(divide="ignore"):
+            race = np.log(race) - log_p
     return np.argsort(race, axis=1, kind="stable")[:, :k]
 
 
@@ -189,13 +214,15 @@ def mqar_segment(
     """One (seq_len, kv_pairs) block: (inputs, labels), both [num_examples, seq_len] int64."""
     ctx = 2 * kv_pairs
     half = vocab_size // 2
-    p = power_law((seq_len - ctx) // 2, power_a)
+    space = (seq_len - ctx) // 2
+    p = power_law(space, power_a)
+    log_p = None if (p > 0).all() else log_power_law(space, power_a)
     inputs_all, labels_all = [], []
     for start in range(0, num_examples, _CHUNK):
         rows = min(_CHUNK, num_examples - start)
         keys = _distinct(rng, 1, half, rows, kv_pairs)
         values = _distinct(rng, half, vocab_size, rows, kv_pairs)
-        gaps = _power_law_gaps(rng, p, rows, kv_pairs)
+        gaps = _power_law_gaps(rng, p, rows, kv_pairs, log_p)
         inputs = np.zeros((rows, seq_len), dtype=np.int64)
         inputs[:, 0:ctx:2] = keys
         inputs[:, 1:ctx:2] = values

@@ -144,6 +144,18 @@ def test_gaps_without_replacement_follow_successive_sampling():
     assert _chi2(gaps[:, 1], p) > 2 * _chi2_critical(space - 1)
 
 
+def test_a_large_power_a_gives_the_power_law_without_overflow():
+    # a·i^(a-1) overflows float64 from a ~136 at seq_len 512, which made the law NaN and the gaps
+    # degenerate; in log space the law stays, down to the gaps whose probability is below float64's
+    # range, which the race still ranks by their law (the largest gaps first).
+    p = power_law(248, 500.0)
+    assert np.isfinite(p).all() and abs(p.sum() - 1) < 1e-12 and p.argmax() == 247 and p[0] == 0
+    with np.errstate(all="raise"):
+        x, _ = mqar_segment(_rng(13), vocab_size=V, seq_len=64, kv_pairs=8, num_examples=50, power_a=1e5)
+    gaps = _gaps_by_key(x, 8)
+    assert (np.sort(gaps, 1) == np.arange(16, 24)).all()
+
+
 # ----------------------------------------------------------------------------- task, determinism, cache
 
 SMALL = dict(train_grid="16:2,32:4", test_grid="32:4,64:8", train_examples=40, test_examples=12)
