@@ -189,8 +189,13 @@ class TextConfig(TaskConfig):
         check_int("max_length", self.max_length, 1)
         if self.max_examples is not None:
             check_int("max_examples", self.max_examples, 1)
-        if self.data_dir is not None and not isinstance(self.data_dir, str):
-            raise ValueError(f"data_dir: expected a directory path or null, got {self.data_dir!r}")
+        check_data_dir(self.data_dir)
+
+
+def check_data_dir(value) -> None:
+    """A real-data task's ``data_dir``: a directory path or None."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"data_dir: expected a directory path or null, got {value!r}")
 
 
 class _DocumentTask(_RealDataTask):

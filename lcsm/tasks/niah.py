@@ -74,6 +74,17 @@ class NIAHConfig(TaskConfig):
         object.__setattr__(self, "contexts", contexts)
         object.__setattr__(self, "depths", tuple(float(d) for d in depths))
         check_int("digits", self.digits, 1)
+        lengths = [L for L in contexts if isinstance(L, int) and not isinstance(L, bool)]
+        if lengths:
+            # Past what the longest context holds the needle cannot fit, and "0" * digits could not
+            # even be made (10**30 digits): name digits, not contexts.
+            fixed = len(needle_text("")) + len(QUESTION) + 16
+            most = (max(lengths) - fixed) // 2
+            if 1 <= most < self.digits:  # below 1, no context holds any needle: contexts is named
+                raise ValueError(
+                    f"digits: expected an integer from 1 to {most} (the needle, the question and the answer "
+                    f"must fit the longest context, {max(lengths)} tokens), got {self.digits!r}"
+                )
         overhead = len(needle_text("0" * self.digits)) + len(QUESTION) + self.digits
         for L in contexts:
             check_int("contexts", L, overhead + 16)

@@ -247,6 +247,11 @@ def test_image_reads_idx_and_holds_out_validation(tmp_path, fashion):
         read_idx(bad)
 
 
+def test_image_data_dir_must_be_a_path():
+    with pytest.raises(ValueError, match=r"^data_dir: expected a directory path or null, got \[1\]"):
+        tasks.build("image", data_dir=[1])
+
+
 def test_max_examples_keeps_every_class(tmp_path, bbc):
     task = tasks.build("bbc_news", cache_dir=tmp_path / "c", data_dir=str(bbc), max_examples=40)
     labels = task.dataset("train").segments[0].labels.tolist()

@@ -87,6 +87,9 @@ def test_deterministic_and_config_errors(tmp_path, task):
         tasks.build("niah", depths=[1.5])
     with pytest.raises(ValueError, match="contexts: expected an integer >= "):
         tasks.build("niah", contexts=[32])
+    # more digits than the longest context holds (10**30 could not even be made a string)
+    with pytest.raises(ValueError, match=r"^digits: expected an integer from 1 to 457 .* 1024 tokens\), got 10{30}"):
+        tasks.build("niah", digits=10**30)
     for depths in ("0,0.5", ["x"], [None], [True]):
         with pytest.raises(ValueError, match=r"depths: expected fractions in \[0, 1\] \(a list of numbers\)"):
             tasks.build("niah", depths=depths)

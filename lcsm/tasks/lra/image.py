@@ -14,7 +14,7 @@ import torch
 
 from lcsm._checks import check_int
 
-from .._real_data import _RealDataTask
+from .._real_data import _RealDataTask, check_data_dir
 from ..base import register
 from ..config import TaskConfig
 from ..data import Segment
@@ -47,6 +47,7 @@ class ImageConfig(TaskConfig):
     def __post_init__(self):
         if self.max_examples is not None:
             check_int("max_examples", self.max_examples, 1)
+        check_data_dir(self.data_dir)
         check_int("seed", self.seed, 0)
 
 
