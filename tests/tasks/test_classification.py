@@ -222,6 +222,18 @@ def test_retrieval_distinct_pairs_never_pairs_a_document_with_itself(tmp_path, b
         ).dataset("train")
 
 
+def test_retrieval_needs_documents_of_two_topics(bbc):
+    with pytest.raises(ValueError, match=r"^max_examples: expected at least 2 for retrieval .* got 1"):
+        tasks.build("retrieval", max_examples=1)
+    # this fixture's first two test documents (in hash order) are both business articles
+    with pytest.raises(
+        ValueError,
+        match=r"^max_examples: the test split's 2 document\(s\) that max_examples keeps are all of topic "
+        r"'business', .* at least 2 topics; raise max_examples",
+    ):
+        tasks.build("retrieval", use_cache=False, data_dir=str(bbc), max_examples=2).generate("test")
+
+
 def test_retrieval_default_pairs_are_pinned(bbc):
     # distinct_pairs (False) leaves the pairs of every other option as before it existed: the
     # committed LRA results were trained on them (the hash is of the data before the option).

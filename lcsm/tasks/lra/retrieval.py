@@ -30,6 +30,11 @@ class RetrievalConfig(TextConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.max_examples is not None and self.max_examples < 2:
+            raise ValueError(
+                f"max_examples: expected at least 2 for retrieval (a non-matching pair needs documents "
+                f"of two topics), got {self.max_examples!r}"
+            )
         check_int("pairs", self.pairs, 2)
         check_int("seed", self.seed, 0)
         check_bool("distinct_pairs", self.distinct_pairs)
@@ -73,6 +78,13 @@ class LRARetrieval(_DocumentTask):
         for i, (_, label) in enumerate(docs):
             by_label[label].append(i)
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([c.seed, SPLITS.index(split)])))
+        if len(by_label) < 2:
+            kept = " that max_examples keeps" if c.max_examples else ""
+            raise ValueError(
+                f"max_examples: the {split} split's {len(docs)} document(s){kept} are all of topic "
+                f"{self.classes[docs[0][1]]!r}, so no non-matching pair can be made; expected documents of "
+                f"at least 2 topics{'; raise max_examples' if c.max_examples else ''}"
+            )
         n = c.pairs if split == "train" else max(2, c.pairs // 8)
         first, second, labels = [], [], []
         for k in range(n):
