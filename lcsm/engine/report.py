@@ -185,27 +185,55 @@ def _ordered(labels: Sequence[str]) -> list[str]:
     return distinct
 
 
-def pivot(rows: list[dict[str, Any]], spec: Mapping[str, Any]) -> str:
+def pivot(rows: list[dict[str, Any]], spec: Mapping[str, Any], exp) -> str:
+    """The ``report.table`` of the selected rows: a cell's value, or with seed axes the mean over
+    the cell's finished seeds (how many, where fewer than the grid plans)."""
     r_key, c_key, metric = spec["rows"], spec.get("columns"), f"metric:{spec['value']}"
-    cells: dict[tuple, float] = {}
+    seeds = seed_axes(exp)
+    configs: dict[tuple, tuple] = {}
+    cells: dict[tuple, list[float]] = {}
     for row in rows:
         cell = (row[r_key], row[c_key] if c_key else spec["value"])
-        if cell in cells:
+        config = tuple(row[a.key] for a in exp.axes if a.key not in seeds)
+        if configs.setdefault(cell, config) != config:
             raise ValueError(
                 f"report.table: several selected runs fall in the cell {cell}; put the other grid "
                 "axes in select.over, or use them as rows/columns"
             )
         if metric in row:
-            cells[cell] = row[metric]
+            cells.setdefault(cell, []).append(row[metric])
+    planned = planned_seeds(exp)
+
+    def value(cell: tuple) -> str:
+        if cell not in cells:
+            return "—"
+        mean = f"{float(np.mean(cells[cell])):.4f}"
+        return mean if len(cells[cell]) == planned else f"{mean} ({len(cells[cell])} of {planned} seeds)"
+
     r_labels = _ordered([row[r_key] for row in rows])
     c_labels = _ordered([row[c_key] for row in rows]) if c_key else [spec["value"]]
     head = f"{r_key} \\ {c_key}" if c_key else r_key
     lines = [f"| {head} | " + " | ".join(c_labels) + " |", "|" + "---|" * (len(c_labels) + 1)]
     for r in r_labels:
-        lines.append(
-            f"| {r} | " + " | ".join(f"{cells[(r, c)]:.4f}" if (r, c) in cells else "—" for c in c_labels) + " |"
-        )
+        lines.append(f"| {r} | " + " | ".join(value((r, c)) for c in c_labels) + " |")
     return "\n".join(lines)
+
+
+def check_table_cells(exp) -> None:
+    """Before any run trains: a ``report.table`` cell holds one selected run, or the seeds of one
+    config (averaged), so every other grid axis of more than one label must be in select.over."""
+    table = exp.report.get("table")
+    if table is None:
+        return
+    placed = {table["rows"], table.get("columns"), *seed_axes(exp), *(exp.select or {}).get("over", [])}
+    loose = [a.key for a in exp.axes if a.key not in placed and len(a.labels) > 1]
+    if loose:
+        raise ValueError(
+            f"report.table: the selected runs of a cell would differ in {', '.join(loose)}, and a cell "
+            f"holds one run (or the mean over the seeds of one); make {'them' if len(loose) > 1 else 'it'} "
+            "the table's rows or columns, or put "
+            f"{'them' if len(loose) > 1 else 'it'} in select.over (the best run of them per cell)"
+        )
 
 
 def ranks(values: Sequence[float]) -> list[float]:
@@ -837,9 +865,10 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
                 " (best of " + ", ".join(exp.select.get("over", [])) + ")"
                 if exp.select and exp.select.get("over")
                 else ""
-            ),
+            )
+            + (f" (mean over {', '.join(seed_axes(exp))})" if seed_axes(exp) else ""),
             "",
-            pivot(best, spec["table"]),
+            pivot(best, spec["table"], exp),
             "",
         ]
     for p in spec.get("plots", []):

@@ -336,6 +336,12 @@ def test_grid_override_of_an_existing_axis_keeps_the_axes_it_overlaps(tmp_path):
             "'cols' (did you mean 'columns'?)",
         ),
         ({"set": {"train.early_stop.metric": "acc"}}, "train.early_stop.metric: 'acc' is not a metric of task 'mqar'"),
+        # a table cell would hold runs of several learning rates: refused before any run trains
+        (
+            {"select": {"metric": "accuracy", "over": []}},
+            "report.table: the selected runs of a cell would differ in optim.lr, and a cell holds one run "
+            "(or the mean over the seeds of one); make it the table's rows or columns, or put it in select.over",
+        ),
         # misspelt metrics, refused before any run trains rather than leaving rows or cells out
         (
             {"select": {"metric": "acuracy", "over": ["optim.lr"]}},
@@ -773,6 +779,24 @@ def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_ex
     row = r"^\| gla \| hgrn \| accuracy \| .+ \| a <= b \| no: (inside|excluded, but 2 seeds a cell) "
     assert re.search(row, text, re.M)
     assert "Resolved: 0 of 1" in text
+
+
+def test_report_table_averages_each_cell_over_its_seeds(tmp_path, monkeypatch):
+    """With a seed axis a table cell is one config's seeds: their mean, and how many seeds where
+    fewer than the grid plans have finished."""
+    table = {"table": {"rows": "model.mixer", "value": "accuracy"}}
+    exp = seeded_experiment(tmp_path, ["gla", "hgrn"], 2, table, "out")
+    train = fake_seeded_train(False)
+    monkeypatch.setattr(
+        sweep_mod, "execute", lambda runs, **kw: train([r for r in runs if r.id != exp.runs()[-1].id], **kw)
+    )
+    sweep(exp, log=lambda *_: None)
+    rows = collect(exp)
+    text = write_report(exp, rows).read_text()
+    gla = [r["metric:accuracy"] for r in rows if r["model.mixer"] == "gla"]
+    hgrn = [r["metric:accuracy"] for r in rows if r["model.mixer"] == "hgrn" and "metric:accuracy" in r]
+    assert "## accuracy (mean over train.seed)" in text
+    assert f"| gla | {sum(gla) / 2:.4f} |" in text and f"| hgrn | {hgrn[0]:.4f} (1 of 2 seeds) |" in text
 
 
 def test_report_names_a_difference_without_finished_runs_as_missing(tmp_path, monkeypatch):

@@ -237,7 +237,7 @@ def load_experiment(
     report = spec.get("report") or {}
     if not isinstance(report, Mapping):
         raise ValueError(f"report: expected a mapping, got {report!r}")
-    from ..report import check_report_spec
+    from ..report import check_report_spec, check_table_cells
 
     check_report_spec(report, [a.key for a in axes])
     exp = Experiment(
@@ -251,6 +251,7 @@ def load_experiment(
         spec,
     )
     _check_metric_names(exp, exp.runs())  # every run's config validates before anything runs
+    check_table_cells(exp)
     return exp
 
 
