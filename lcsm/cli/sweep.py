@@ -15,6 +15,8 @@ def _experiment(target: str, args, file_only: tuple[str, ...] = ()):
 
     path = Path(target)
     out = getattr(args, "out", None)
+    if out == "":  # Path("") is the current directory, which `lcsm train --out ""` refuses too
+        raise UsageError("--out: expected a directory path, got ''")
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise UsageError(f"--out: {out} exists and is not a directory")
     if path.is_dir():

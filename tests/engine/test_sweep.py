@@ -878,3 +878,10 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "afile").write_text("")
     assert main(["sweep", str(experiment(tmp_path)), "--out", str(tmp_path / "afile"), "--dry-run"]) == 2
     assert "--out: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["sweep", "report"])
+def test_an_empty_out_is_refused(tmp_path, capsys, command):
+    # it meant the current directory, where `lcsm train --out ""` is refused
+    assert main([command, str(experiment(tmp_path)), "--out", ""] + (["--dry-run"] if command == "sweep" else [])) == 2
+    assert "--out: expected a directory path, got ''" in capsys.readouterr().err
