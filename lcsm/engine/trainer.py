@@ -38,6 +38,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -253,6 +254,9 @@ class Trainer:
         self.task = config.build_task()
         self.eval_split = default_eval_split(self.task, t.eval_split)
         if self.dist.is_main:
+            note = self._data_note(["train", self.eval_split])
+            if note and not quiet:
+                print(note, file=sys.stderr, flush=True)
             self.train_set = self.task.dataset("train")
             # The segment and slice names exist once the evaluation data does: a misspelt one fails
             # here, before the first step, not at the first evaluation (the config checked the rest).
@@ -328,6 +332,15 @@ class Trainer:
         self._clock = time.perf_counter()
         self.log = MetricsLog(self.out_dir, enabled=self.dist.is_main, tensorboard=r.tensorboard)
         self.progress = Progress(self.total_steps, log_every=r.log_every, enabled=self.dist.is_main and not quiet)
+
+    def _data_note(self, splits: list[str]) -> str | None:
+        """The line to print before the task generates data of ``splits`` that no cache holds:
+        generating can take minutes (Path-X, a large MQAR grid), silent otherwise."""
+        todo = [split for split in dict.fromkeys(splits) if not self.task.cached(split)]
+        if not todo:
+            return None
+        where = f"cached in {self.task.cache_dir} for next time" if self.task.use_cache else "not cached"
+        return f"data: generating task {self.task.registry_name!r}, split(s) {', '.join(todo)} ({where})"
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -768,6 +781,9 @@ class Trainer:
                 which = "best"
             elif self.dist.is_main:
                 ckpt.warn(f"warning: checkpoint {best} is damaged: {problem}; testing the last weights instead")
+        note = self._data_note(["test"])
+        if note:
+            self.progress.message(note)
         metrics = self.evaluate("test", gather=which == "last")
         self.progress.message(
             "test (" + which + " weights): " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "/" not in k)

@@ -155,6 +155,12 @@ class Task:
     def cache_path(self, split: str) -> Path:
         return self.cache_dir / (self.registry_name or type(self).__name__) / f"{split}-{self.cache_key(split)}.pt"
 
+    def cached(self, split: str) -> bool:
+        """Whether ``dataset(split)`` reads its data (memoised or from the cache) rather than
+        generating it."""
+        self._check_split(split)
+        return split in self._datasets or (self.use_cache and self.cache_path(split).exists())
+
     def dataset(self, split: str) -> SegmentedDataset:
         """The examples of ``split``: generated once, then read from the cache (and memoised)."""
         self._check_split(split)

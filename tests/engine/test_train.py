@@ -224,6 +224,23 @@ def test_early_stop_metric_is_checked_before_training(cache_env):
         Trainer(config(cache_env, **{"train.early_stop.metric": name}), quiet=True)
 
 
+def test_a_line_says_when_data_is_generated_and_cached(cache_env, capsys):
+    """Generating data can take minutes (Path-X): a line says so, and none once it is cached."""
+    Trainer(config(cache_env))
+    err = capsys.readouterr().err
+    assert (
+        f"data: generating task 'mqar', split(s) train, test (cached in {cache_env / 'cache' / 'tasks'} for next time)"
+        in err
+    )
+    Trainer(config(cache_env))
+    Trainer(config(cache_env, **{"task.seed": 1}), quiet=True)
+    assert "data:" not in capsys.readouterr().err
+    # a run that selects on validation makes its test split at the end, for the final test
+    train(config(cache_env, **{"task.validation_examples": 8, "train.max_steps": 2, "train.eval_every": 2}))
+    err = capsys.readouterr().err
+    assert "split(s) train, validation (cached" in err and "data: generating task 'mqar', split(s) test (cached" in err
+
+
 def test_batch_must_split_over_accumulation(cache_env):
     """Refused when the config is read (a sweep's runs are all read before any starts), not when
     its run starts."""
