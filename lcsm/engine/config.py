@@ -625,16 +625,25 @@ def in_section(section: str, keys: Mapping[str, Any] | None):
         raise ValueError(f"{section}.{text}") from None
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path, key: str = "config") -> dict[str, Any]:
+    """The mapping of a YAML file; errors name ``key`` (what gave the file: "base" for an
+    experiment's base config) and the file."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{key}: {str(path)!r} is a directory, not a YAML file")
     if not path.is_file():
-        raise ValueError(f"config: no such file {str(path)!r}")
+        raise ValueError(f"{key}: no such file {str(path)!r}")
     try:
-        values = yaml_load(path.read_text())
+        values = yaml_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{key} {str(path)!r}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
+            "save it as UTF-8"
+        ) from None
     except yaml.YAMLError as err:
-        raise ValueError(f"config {str(path)!r}: not valid YAML ({err})") from None
+        raise ValueError(f"{key} {str(path)!r}: not valid YAML ({err})") from None
     if not isinstance(values, dict):
-        raise ValueError(f"config {str(path)!r}: expected a mapping at the top level, got {type(values).__name__}")
+        raise ValueError(f"{key} {str(path)!r}: expected a mapping at the top level, got {type(values).__name__}")
     return values
 
 

@@ -79,6 +79,7 @@ def test_incompatible_checkpoint(run_dir, capsys):
     [
         (None, "no such file"),
         ("task: [unclosed", "not valid YAML"),
+        (b"\xff\xfetask: {}", "bad.yaml': not UTF-8 text (byte 0xff at offset 0); save it as UTF-8"),
         ("- a list", "expected a mapping at the top level"),
         ("task: {name: mqar}\nmodel: {}\ntask: {name: lm}\n", "the key 'task' is given twice"),
         ("name: e\nbase: tiny.yaml\ngrid: {model.mixer: [gla]}\n", "an experiment file (it has base, grid)"),
@@ -88,7 +89,9 @@ def test_incompatible_checkpoint(run_dir, capsys):
 )
 def test_bad_configs(tmp_path, capsys, content, message):
     cfg = tmp_path / "bad.yaml"
-    if content is not None:
+    if isinstance(content, bytes):
+        cfg.write_bytes(content)
+    elif content is not None:
         cfg.write_text(content)
     assert main(["train", str(cfg), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err

@@ -368,6 +368,19 @@ def test_bad_experiment_files(tmp_path, extra, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "base, message",
+    [
+        ("missing.yaml", "base: no such file '{tmp}/missing.yaml'"),
+        (".", "base: '{tmp}' is a directory, not a YAML file"),
+    ],
+)
+def test_a_base_that_is_not_a_file_is_named(tmp_path, base, message):
+    with pytest.raises(ValueError) as err:
+        load_experiment(experiment(tmp_path, base=base))
+    assert str(err.value) == message.format(tmp=tmp_path)
+
+
 def test_sweep_builds_every_run_before_running_any(tmp_path, monkeypatch):
     """A clash only a mixer's constructor sees (lcsm:ssm fixes e, o and s and takes no model code)
     stops the sweep, dry run included, before a single run starts; it names the run."""

@@ -158,7 +158,7 @@ def load_experiment(
     """Read and validate an experiment file; ``overrides`` ("key=value") apply to the base config,
     ``grid`` ("key=v1,v2") replaces or adds an axis."""
     path = Path(path)
-    spec = read_yaml(path)
+    spec = read_yaml(path, "experiment")
     run = sorted({"task", "model", "optim", "train"} & spec.keys())
     if run and not {"base", "config", "grid"} & spec.keys():
         raise ValueError(
@@ -176,7 +176,7 @@ def load_experiment(
         )
     if "base" in spec:
         base_path = (path.parent / spec["base"]) if not Path(spec["base"]).is_absolute() else Path(spec["base"])
-        base = read_yaml(base_path)
+        base = read_yaml(base_path, "base")
     else:
         base = copy.deepcopy(spec["config"])
         if not isinstance(base, dict):
