@@ -33,6 +33,7 @@ from .base import Task, register
 from .config import TaskConfig
 from .data import IGNORE_INDEX, Segment
 from .metrics import Evaluator
+from .word_problems import parse_lengths
 
 _SPLIT_CODE = {"train": 0, "test": 1}
 SNAP = 32
@@ -64,7 +65,10 @@ class NIAHConfig(TaskConfig):
     seed: int = 0
 
     def __post_init__(self):
-        contexts = tuple(self.contexts) if isinstance(self.contexts, (list, tuple)) else (self.contexts,)
+        if isinstance(self.contexts, str):  # "256,512", as mqar's grids and word_problems' lengths
+            contexts = parse_lengths("contexts", self.contexts)
+        else:
+            contexts = tuple(self.contexts) if isinstance(self.contexts, (list, tuple)) else (self.contexts,)
         depths = tuple(self.depths) if isinstance(self.depths, (list, tuple)) else (self.depths,)
         for name, values in (("contexts", contexts), ("depths", depths)):
             if not values:

@@ -147,6 +147,14 @@ def test_depths_equal_in_whole_percents_are_an_error():
         tasks.build("niah", depths=(0.5, 0.504))
 
 
+def test_contexts_may_be_a_comma_string_as_mqar_grids_are():
+    assert tasks.build("niah", contexts="256, 512").config.contexts == (256, 512)
+    with pytest.raises(
+        ValueError, match=r"^contexts: expected lengths separated by commas, e.g. '16,64', got '256;512'"
+    ):
+        tasks.build("niah", contexts="256;512")
+
+
 def test_repeated_contexts_are_an_error():
     with pytest.raises(ValueError, match=r"^contexts: expected distinct lengths, got \(256, 256\)"):
         tasks.build("niah", contexts=(256, 256))
