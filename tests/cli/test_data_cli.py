@@ -34,6 +34,8 @@ def test_list_and_prepare(tmp_path, monkeypatch, capsys):
     assert "| yes |" in capsys.readouterr().out
     assert main(["data", "prepare", "fakee"]) == 2
     assert "unknown source 'fakee' (did you mean 'fake'?)" in capsys.readouterr().err
+    assert main(["data", "prepare", "all", "sotu"]) == 2
+    assert "all: stands alone (it prepares every source), got all sotu" in capsys.readouterr().err
     monkeypatch.setitem(registry.SOURCES, "fake", dataclasses.replace(fake, sha256="0" * 64))
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "other"))
     assert main(["data", "prepare", "fake"]) == 2
