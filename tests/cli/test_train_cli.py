@@ -46,6 +46,8 @@ def test_train_eval_generate(run_dir, capsys):
         (["generate", "{run}", "--prompt-ids", "3 x"], "--prompt-ids: expected integers"),
         (["generate", "{run}", "--prompt-ids", "99"], "ids must lie in [0, 32)"),
         (["generate", "{run}"], "exactly one of --prompt"),
+        (["generate", "{run}", "--prompt-ids", "3", "--max-new-tokens", "0"], "--max-new-tokens: expected a positive"),
+        (["generate", "{run}", "--prompt-ids", "3", "--top-k", "0"], "--top-k: expected None or a positive integer"),
         (["eval", "{run}", "--split", "dev"], "--split: task 'mqar' has splits"),
         (["eval", "{run}", "--device", "gpu"], "--device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
         (["generate", "{run}", "--prompt-ids", "3", "--device", "gpu"], "--device: expected 'auto', 'cpu', 'cuda'"),
