@@ -83,7 +83,9 @@ def export_run(
     from lcsm.engine import load_run
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--hf: {str(out_dir)!r} is a file; give a new or empty directory")
+    if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"--hf: {str(out_dir)!r} exists and is not an empty directory; remove it or choose another")
     _, task, model, checkpoint = load_run(run_dir, which="best" if best else "last")
     if not isinstance(model, CausalLM):

@@ -110,6 +110,7 @@ def test_a_niah_model_gets_the_byte_tokenizer():
     [
         (["export", "/nonexistent/run", "--hf", "{tmp}/out"], "no such file or directory"),
         (["export", "{run}", "--hf", "{run}"], "exists and is not an empty directory"),
+        (["export", "{run}", "--hf", "{run}/config.yaml"], "config.yaml' is a file; give a new or empty directory"),
     ],
 )
 def test_user_errors_are_one_line(mqar_run, tmp_path, capsys, args, message):
