@@ -329,6 +329,7 @@ class Trainer:
         self.state = LoopState()
         # (split, Evaluator.examples()) of the newest evaluation, on rank 0; finish writes the test's
         self._examples: tuple[str, dict[str, list]] | None = None
+        self._resume_notes: list[str] = []  # restore's: how the resumed training will differ
         self._clock = time.perf_counter()
         self.log = MetricsLog(self.out_dir, enabled=self.dist.is_main, tensorboard=r.tensorboard)
         self.progress = Progress(self.total_steps, log_every=r.log_every, enabled=self.dist.is_main and not quiet)
@@ -455,14 +456,15 @@ class Trainer:
         if self.device.type == "cuda" and "cuda" in mine_rng:
             torch.cuda.set_rng_state(mine_rng["cuda"], self.device)
         self.state = LoopState(**trainer["state"])
+        # Said by run() only where steps remain: a finished run trains nothing, so nothing differs.
         if len(rng) != self.dist.world:
-            self.progress.message(
+            self._resume_notes.append(
                 f"note: resuming a {len(rng)}-process run with {self.dist.world} process(es): "
                 "training continues, but not bit-identically to the original run"
             )
         threads = info.get("threads")
         if self.device.type == "cpu" and threads is not None and threads != torch.get_num_threads():
-            self.progress.message(
+            self._resume_notes.append(
                 f"note: resuming a run trained with {threads} CPU thread(s) per process with "
                 f"{torch.get_num_threads()}: training continues, but not bit-identically to the original run "
                 f"(run.threads: {threads} keeps it exact)"
@@ -633,6 +635,8 @@ class Trainer:
         self.progress.start = self.state.step
         finished = self.state.step >= self.total_steps or self.state.stopped_early
         if not finished:
+            for note in self._resume_notes:
+                self.progress.message(note)
             self._begin_stretch()
         interrupted = False
         self._clock = time.perf_counter()

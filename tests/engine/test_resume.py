@@ -113,6 +113,10 @@ def test_a_finished_run_is_not_retrained(cache_env, monkeypatch, capsys):
     assert again == json.loads(json.dumps(first))
     assert {p: p.read_bytes() for p in (cache_env / "a").rglob("*") if p.is_file()} == run_files
     assert "finished already (completed at step 12)" in capsys.readouterr().err
+    # another thread count: nothing is trained, so nothing continues "not bit-identically"
+    train(RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a"), "run": {"threads": 2}}))
+    err = capsys.readouterr().err
+    assert "finished already" in err and "not bit-identically" not in err
 
 
 def test_a_finished_run_without_checkpoints_is_kept(cache_env, monkeypatch):
