@@ -40,7 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # Reported by the command's own parser, with the closest of its options: the top-level
+        # parser's "lcsm: error: unrecognized arguments" named neither the command nor the option.
+        from lcsm._names import did_you_mean
+
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        command = commands.choices[args.command]
+        options = [o for action in command._actions for o in action.option_strings]
+        named = [u + (did_you_mean(u.split("=", 1)[0], options) if u.startswith("-") else "") for u in unknown]
+        command.error(f"unrecognized arguments: {' '.join(named)}")
     try:
         return args.func(args)
     except BrokenPipeError:

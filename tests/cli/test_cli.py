@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import lcsm
 from lcsm import layers
 from lcsm.cli import main
@@ -49,6 +51,14 @@ def test_unknown_command_is_a_usage_error():
     proc = subprocess.run([sys.executable, "-m", "lcsm", "frobnicate"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_unknown_option_is_named_by_its_command_with_the_closest_one(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "tiny.yaml", "--sett", "x=1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "lcsm train: error: unrecognized arguments: --sett (did you mean '--set'?) x=1" in err
 
 
 def test_bad_value_gives_one_line_error(capsys):
