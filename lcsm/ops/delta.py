@@ -468,10 +468,12 @@ def decay_weight(exponent: Tensor, mask: Tensor | None, over_no_step: Tensor, dt
     and out of the gradient. Through a difference c_x - c_x such an entry sends +G and -G into the
     decay's gradient, O(1) terms that cancel to the true O(decay) one only after rounding: under
     strong decays (log -20 a step in float32) the decay's gradient was wholly lost."""
-    exponent = torch.where(over_no_step, torch.zeros((), dtype=exponent.dtype, device=exponent.device), exponent)
-    if mask is not None:
-        exponent = exponent.masked_fill(~mask, float("-inf"))
-    return exponent.to(dtype).exp()
+    zero = torch.zeros((), dtype=exponent.dtype, device=exponent.device)
+    if mask is None:
+        return torch.where(over_no_step, zero, exponent).to(dtype).exp()
+    # one pass over the (large) exponent: its fill, 0 or -inf, is formed at the masks' size
+    fill = torch.where(mask & over_no_step, zero, float("-inf"))
+    return torch.where(mask & ~over_no_step, exponent, fill).to(dtype).exp()
 
 
 def _chunked(

@@ -382,8 +382,8 @@ def _maps(v, e, s, a, b, g, a_is_e, phi=True, steps=None):
         b_prev, s_now, e_end, a_rows = b, s, e, a
         diag_end = torch.eye(K, dtype=v.dtype, device=v.device)
     else:
-        # in float64, as eos_delta's chunk maps: differences of float32 sums lose nearby exponents
-        c = g.double().cumsum(-2)
+        # summed in float64 (a long float32 sum drifts from the exponents it sums) and rounded once
+        c = g.double().cumsum(-2).to(v.dtype)
         c_prev = torch.nn.functional.pad(c, (0, 0, 1, 0))[..., :-1, :]
         k, k_prev = decay_steps(steps, C, v.device)
         to_end = decay_weight(c[..., -1:, :] - c, None, (k == k[..., -1:])[..., None], v.dtype)  # e^{c_C - c_j}
