@@ -114,20 +114,17 @@ def shape_str(x: Tensor) -> str:
     return "[" + ", ".join(str(n) for n in x.shape) + "]"
 
 
-def check_floating(name: str, x: Tensor) -> None:
+def check_floating(name: str, x: Tensor, kind: str = "a floating-point or complex") -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if not (x.is_floating_point() or x.is_complex()):
-        raise TypeError(
-            f"{name}: expected a floating-point or complex tensor, got dtype {x.dtype} with shape {shape_str(x)}"
-        )
+        raise TypeError(f"{name}: expected {kind} tensor, got dtype {x.dtype} with shape {shape_str(x)}")
 
 
 def check_real(op: str, name: str, x: Tensor) -> None:
     """A real floating-point tensor: the matrix oscillations (``eos_delta``, ``eos_dplr``) have no
     complex form, whose backward would need conjugate transposes throughout."""
-    if not (x.is_floating_point() or x.is_complex()):
-        raise TypeError(f"{name}: expected a real floating-point tensor, got dtype {x.dtype} with shape {shape_str(x)}")
+    check_floating(name, x, "a real floating-point")
     if x.is_complex():
         raise TypeError(
             f"{name}: {op} supports real floating-point tensors only, got dtype {x.dtype} "
@@ -459,6 +456,8 @@ def canonicalize(
     out_dtype = torch.promote_types(torch.promote_types(i.dtype, e.dtype), s.dtype)
     for x in decays:
         out_dtype = torch.promote_types(out_dtype, x.dtype)
+    if initial_state is not None and initial_state.is_complex():
+        out_dtype = torch.promote_types(out_dtype, torch.complex64)  # its kind, not its precision
     dtype = compute_dtype([i, e, s, *decays, initial_state])
 
     p = EOSProblem(
@@ -491,9 +490,7 @@ def check_cu_seqlens(cu_seqlens: Any) -> list[int]:
         raise ValueError(f"cu_seqlens: expected an integer torch.Tensor [N + 1], got {type(cu_seqlens).__name__}")
     # (an int8 or uint8 tensor cannot hold the boundaries of a row past 127 or 255 tokens)
     if cu_seqlens.dtype not in (torch.int64, torch.int32):
-        raise ValueError(
-            f"cu_seqlens: expected an integer tensor (torch.int64 or torch.int32), got dtype {cu_seqlens.dtype}"
-        )
+        raise ValueError(f"cu_seqlens: expected a torch.int64 or torch.int32 tensor, got dtype {cu_seqlens.dtype}")
     if cu_seqlens.is_meta:
         raise ValueError("cu_seqlens: expected a tensor holding values (CPU or CUDA), got one on the meta device")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:

@@ -451,6 +451,11 @@ def _chunk_maps(
     return _ChunkMaps(s_scaled - SW, Pse @ v - SU, Phi, Psi, W, U0, a, c, c_seg, a_end, gamma)
 
 
+def _tokens(Nc: int, C: int, T: int, device: torch.device) -> Tensor:
+    """[Nc, C] bool: the chunked positions that hold one of the T tokens (not end padding)."""
+    return (torch.arange(Nc * C, device=device) < T).reshape(Nc, C)
+
+
 def decay_steps(steps: Tensor | None, C: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """k_t and k_{t-1}: how many of a chunk's positions up to t carry a decay; ``steps`` [.., C]
     bool marks them (None: every position). Between positions of equal counts an exponent sums
@@ -619,8 +624,7 @@ def _delta_chunk(
     else:
         C = min(chunk_size, T)
         chunks = _chunked(v, e, s, a, b, g, C)
-    Nc = chunks[0].shape[2]
-    steps = (torch.arange(Nc * C, device=v.device) < T).reshape(Nc, C)
+    steps = _tokens(chunks[0].shape[2], C, T, v.device)
     maps = _chunk_maps(*chunks, a_is_e, None, phi=carry != "triton", steps=steps)
     if carry == "triton":
         from .triton_delta import triton_delta_carry
@@ -667,8 +671,7 @@ def _delta_chunk_packed(
     seg = _Segments.of(cu, T, C)
     v, e, s, a, b, g = _chunked(v, e, s, a, b, g, C)
     Nc = seg.last.shape[0]
-    steps = (torch.arange(Nc * C, device=v.device) < T).reshape(Nc, C)
-    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg, phi=carry != "triton", steps=steps)
+    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg, phi=carry != "triton", steps=_tokens(Nc, C, T, v.device))
     carried_out = seg.carried[:, -1]  # [Nc]: the chunk's last segment continues from the carry
     Psi = maps.Psi
     if m0 is not None:

@@ -597,6 +597,22 @@ def test_empty_keys_with_a_full_decay():
     assert torch.equal(eos(i, e, e, log_o)[0], torch.zeros(1, 5, 1, 4))
 
 
+@pytest.mark.parametrize("mode", ["recurrent", "parallel", "chunk"])
+def test_a_complex_initial_state_keeps_y_complex(mode):
+    """y takes the inputs' precision, not the state's, but a complex state's kind: real inputs
+    with a complex memory give a complex y (its imaginary part was dropped)."""
+    inputs = make_inputs(6, decay="row", initial=False)
+    m0 = torch.complex(*(torch.randn(B, H, K, D, dtype=torch.float64) for _ in range(2)))
+    y, m = eos(
+        inputs["i"], inputs["e"], inputs["s"], inputs["log_o"], mode=mode, initial_state=m0, output_final_state=True
+    )
+    y_ref, _ = eos(
+        *(inputs[n].to(torch.complex128) for n in ("i", "e", "s")), inputs["log_o"], mode="recurrent", initial_state=m0
+    )
+    assert y.dtype == torch.complex128 and m.dtype == torch.complex128
+    assert_close({"y": y}, {"y": y_ref})
+
+
 def test_half_precision_computes_in_float32():
     inputs = make_inputs(30, decay="row", initial=False)
     args = [inputs[n].to(torch.bfloat16) for n in ("i", "e", "s", "log_o")]

@@ -337,7 +337,11 @@ def test_fft_is_refused():
             r"cu_seqlens: expected strictly increasing .* cu_seqlens\[1\] = 9 and cu_seqlens\[2\] = 5",
         ),
         ([0, 5, 5, T], None, r"cu_seqlens: expected strictly increasing"),
-        ([0.0, 5.0, float(T)], None, r"cu_seqlens: expected an integer tensor .* got dtype torch.float32"),
+        (
+            [0.0, 5.0, float(T)],
+            None,
+            r"cu_seqlens: expected a torch.int64 or torch.int32 tensor, got dtype torch.float32",
+        ),
         (torch.tensor([0, 5, T], dtype=torch.uint8), None, r"cu_seqlens: expected .* got dtype torch.uint8"),
         (torch.tensor([0, 5, T], device="meta"), None, r"cu_seqlens: expected a tensor holding values .* meta"),
         ([[0, 5, T]], None, r"cu_seqlens: expected a 1-d tensor \[N \+ 1\] .* got \[1, 3\]"),
