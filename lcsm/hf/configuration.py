@@ -35,6 +35,8 @@ class LcsmConfig(PretrainedConfig):
         # ``lcsm=None`` is the empty default transformers builds to diff configs against; a model
         # needs one (``model_config`` says so).
         if self.lcsm is not None:
+            # the values given beside lcsm, before setting lcsm below overwrites them with its copies
+            given = {name: getattr(self, name) for name in COPIED}
             if isinstance(self.lcsm, ModelConfig):
                 self.lcsm = self.lcsm.to_dict()
             if not isinstance(self.lcsm, Mapping):
@@ -50,37 +52,44 @@ class LcsmConfig(PretrainedConfig):
                 )
             if config.bidirectional:
                 raise ValueError("lcsm: a causal language model cannot be bidirectional, got bidirectional=True")
-            self.lcsm = config.to_dict()
-            for name in COPIED:
-                given = getattr(self, name)
-                if given is not None:
-                    self._check_copy(name, given)
-                super().__setattr__(name, self.lcsm[COPIED[name]])
+            self.lcsm = config.to_dict()  # (which sets the copies)
+            for name, value in given.items():
+                if value is not None:
+                    self._check_copy(name, value, self.lcsm)
             if self.tie_word_embeddings:
-                self._check_copy("tie_word_embeddings", True)
+                self._refuse_tie(self.lcsm)
         super().__post_init__(**kwargs)
 
     def __setattr__(self, key, value):
         # A value given after construction (from_pretrained(..., num_hidden_layers=1), update({...}),
         # an assignment) is checked as one given to the constructor: the model is built from lcsm.
-        # (Before __post_init__ the lcsm config may still be a ModelConfig or a partial dict: checked there.)
-        # None is the fields' default (not given), which __post_init__ fills in.
-        lcsm = self.__dict__.get("lcsm")
-        copy = key == "tie_word_embeddings" or COPIED.get(key) in (lcsm if isinstance(lcsm, Mapping) else ())
+        # (Before __post_init__ the lcsm config may still be a ModelConfig or a partial dict: what
+        # it does not give yet is checked there.) None is the copies' default, not a value given.
+        lcsm = value if key == "lcsm" else self.__dict__.get("lcsm")
+        known = lcsm if isinstance(lcsm, Mapping) else {}
         resizing = key == "vocab_size" and self.__dict__.get("_resizing")
-        if copy and value is not None and not resizing:
-            self._check_copy(key, value)
+        if key == "tie_word_embeddings" and value:
+            self._refuse_tie(known)
+        if COPIED.get(key) in known and value is not None and not resizing:
+            self._check_copy(key, value, known)
         super().__setattr__(key, value)
+        if key == "lcsm":
+            # the copies follow a new lcsm config
+            for name, field in COPIED.items():
+                if field in known:
+                    super().__setattr__(name, known[field])
 
-    def _check_copy(self, name: str, value) -> None:
-        if name == "tie_word_embeddings":
-            if value:
-                raise ValueError(
-                    "tie_word_embeddings: lcsm ties the LM head inside its model (lcsm's tie_embeddings, here "
-                    f"{self.lcsm.get('tie_embeddings')!r}), so this stays False; got True (set lcsm's tie_embeddings)"
-                )
-            return
-        want = self.lcsm[COPIED[name]]
+    @staticmethod
+    def _refuse_tie(lcsm: Mapping) -> None:
+        here = f", here {lcsm['tie_embeddings']!r}" if "tie_embeddings" in lcsm else ""
+        raise ValueError(
+            f"tie_word_embeddings: lcsm ties the LM head inside its model (lcsm's tie_embeddings{here}), so this "
+            "stays False; got True (set lcsm's tie_embeddings)"
+        )
+
+    @staticmethod
+    def _check_copy(name: str, value, lcsm: Mapping) -> None:
+        want = lcsm[COPIED[name]]
         if value != want:
             raise ValueError(
                 f"{name}: the lcsm config gives {want!r}, got {value!r} (a copy of lcsm's {COPIED[name]}: the model "

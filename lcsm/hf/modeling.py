@@ -263,7 +263,8 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
                 raise ValueError("cache / past_key_values: one cache under two names; give it once")
             cache = past
         # transformers' padding-free batches (DataCollatorWithFlattening): documents one after another
-        marks = {name: kwargs.pop(name) for name in DOCUMENT_MARKS if kwargs.get(name) is not None}
+        marks = {name: kwargs.pop(name, None) for name in DOCUMENT_MARKS}
+        marks = {name: value for name, value in marks.items() if value is not None}
         for name in ("max_length_q", "max_length_k"):  # the flash-attention kernels' bound, not read here
             kwargs.pop(name, None)
         if kwargs:

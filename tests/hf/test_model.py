@@ -320,6 +320,19 @@ def test_copied_fields_given_after_construction_are_checked(tmp_path):
     assert AutoModelForCausalLM.from_pretrained(tmp_path, num_hidden_layers=2).config.num_hidden_layers == 2
 
 
+def test_the_copies_follow_a_new_lcsm_config_and_are_checked_whatever_lcsm_is_given_as(tmp_path):
+    with pytest.raises(ValueError, match="vocab_size: the lcsm config gives 8, got 9"):
+        LcsmConfig(lcsm=ModelConfig(mixer="gla", vocab_size=8), vocab_size=9)
+    with pytest.raises(ValueError, match="hidden_size: the lcsm config gives 64, got 12"):
+        LcsmConfig(lcsm=dict(mixer="gla", vocab_size=8), hidden_size=12)  # d_model's default
+    for lcsm in (None, ModelConfig(mixer="gla", vocab_size=8)):  # (was an AttributeError)
+        with pytest.raises(ValueError, match="tie_word_embeddings: .*got True"):
+            LcsmConfig(lcsm=lcsm, tie_word_embeddings=True)
+    model = tiny()
+    model.config.lcsm = {**model.config.lcsm, "n_layers": 3}
+    assert model.config.num_hidden_layers == 3
+
+
 def test_tie_word_embeddings_is_refused_naming_lcsm_tie_embeddings(tmp_path):
     for tie in (True, False):
         with pytest.raises(ValueError, match=f"tie_word_embeddings: .*here {tie}\\), so this stays False; got True"):
@@ -553,8 +566,9 @@ def test_flattened_rows_of_a_batch_and_their_refusals():
     logits = model(ids, position_ids=positions, use_cache=False).logits
     torch.testing.assert_close(logits[0, 2:], model(ids[:1, 2:]).logits[0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(logits[1], model(ids[1:]).logits[0], rtol=1e-12, atol=1e-12)
-    # positions of one sequence a row are lcsm's own: nothing changes
+    # positions of one sequence a row are lcsm's own: nothing changes (None: as not given)
     assert torch.equal(model(ids, position_ids=torch.arange(4).expand(2, 4)).logits, model(ids).logits)
+    assert torch.equal(model(ids, position_ids=None, cu_seq_lens_q=None, seq_idx=None).logits, model(ids).logits)
     with pytest.raises(ValueError, match=r"position_ids: expected positions counted from 0 .* starting at 2 \(row 0"):
         model(ids, position_ids=torch.tensor([[2, 3, 4, 5], [0, 1, 2, 3]]))
     with pytest.raises(ValueError, match="use_cache: a batch of documents one after another"):
