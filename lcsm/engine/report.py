@@ -185,16 +185,25 @@ def _ordered(labels: Sequence[str]) -> list[str]:
     return distinct
 
 
+def table_seed_axes(exp) -> list[str]:
+    """The seed axes a ``report.table`` cell averages over: those not in ``select.over`` (a seed
+    axis there is selected, one seed a cell)."""
+    over = (exp.select or {}).get("over", [])
+    return [key for key in seed_axes(exp) if key not in over]
+
+
 def pivot(rows: list[dict[str, Any]], spec: Mapping[str, Any], exp) -> str:
     """The ``report.table`` of the selected rows: a cell's value, or with seed axes the mean over
-    the cell's finished seeds (how many, where fewer than the grid plans)."""
+    the cell's finished seeds (how many, where fewer than the grid plans). With ``select.over``
+    each seed's own best run is the one averaged (the selection is made per seed)."""
     r_key, c_key, metric = spec["rows"], spec.get("columns"), f"metric:{spec['value']}"
-    seeds = seed_axes(exp)
+    seeds = table_seed_axes(exp)
+    loose = {*seeds, *(exp.select or {}).get("over", [])}
     configs: dict[tuple, tuple] = {}
     cells: dict[tuple, list[float]] = {}
     for row in rows:
         cell = (row[r_key], row[c_key] if c_key else spec["value"])
-        config = tuple(row[a.key] for a in exp.axes if a.key not in seeds)
+        config = tuple(row[a.key] for a in exp.axes if a.key not in loose)
         if configs.setdefault(cell, config) != config:
             raise ValueError(
                 f"report.table: several selected runs fall in the cell {cell}; put the other grid "
@@ -202,7 +211,7 @@ def pivot(rows: list[dict[str, Any]], spec: Mapping[str, Any], exp) -> str:
             )
         if metric in row:
             cells.setdefault(cell, []).append(row[metric])
-    planned = planned_seeds(exp)
+    planned = math.prod(len(a.labels) for a in exp.axes if a.key in seeds)
 
     def value(cell: tuple) -> str:
         if cell not in cells:
@@ -866,7 +875,13 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
                 if exp.select and exp.select.get("over")
                 else ""
             )
-            + (f" (mean over {', '.join(seed_axes(exp))})" if seed_axes(exp) else ""),
+            + (
+                f" (mean over {', '.join(table_seed_axes(exp))}"
+                + (" of each seed's best" if exp.select and exp.select.get("over") else "")
+                + ")"
+                if table_seed_axes(exp)
+                else ""
+            ),
             "",
             pivot(best, spec["table"], exp),
             "",

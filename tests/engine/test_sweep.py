@@ -812,6 +812,37 @@ def test_report_table_averages_each_cell_over_its_seeds(tmp_path, monkeypatch):
     assert f"| gla | {sum(gla) / 2:.4f} |" in text and f"| hgrn | {hgrn[0]:.4f} (1 of 2 seeds) |" in text
 
 
+@pytest.mark.parametrize("seed_selected", [False, True])
+def test_report_table_with_seeds_and_select_over(tmp_path, monkeypatch, seed_selected):
+    """select.over [optim.lr] with a seed axis: each seed picks its own best lr, so a cell's seeds
+    differ in lr (the table refused them after every run had trained); the cell is the mean of
+    each seed's best. With the seed axis in select.over too, a cell is that one best run."""
+    over = ["optim.lr", "train.seed"] if seed_selected else ["optim.lr"]
+    grid = {"model.mixer": ["gla", "hgrn"], "optim.lr": [1e-3, 3e-3], "train.seed": [0, 1]}
+    path = experiment(tmp_path, grid=grid, select={"metric": "accuracy", "mode": "max", "over": over})
+    exp = load_experiment(path, out_dir=tmp_path / "out")
+    # seed 0 does best at lr 1e-3, seed 1 at 3e-3
+    accuracy = {(0, 1e-3): 0.9, (0, 3e-3): 0.5, (1, 1e-3): 0.4, (1, 3e-3): 0.7}
+
+    def execute(runs, parallel=1, log=print):
+        for run in runs:
+            run.out_dir.mkdir(parents=True, exist_ok=True)
+            key = (run.config["train"]["seed"], run.config["optim"]["lr"])
+            result = {"status": "completed", "step": 4, "n_params": 100, "wall_time_s": 1.0, "config": run.config}
+            result["metrics"] = {"accuracy": accuracy[key], "loss": 1 - accuracy[key]}
+            (run.out_dir / "result.json").write_text(json.dumps(result))
+        return {r.id: 0 for r in runs}
+
+    monkeypatch.setattr(sweep_mod, "execute", execute)
+    sweep(exp, log=lambda *_: None)
+    text = write_report(exp, collect(exp)).read_text()
+    if seed_selected:
+        assert "## accuracy (best of optim.lr, train.seed)\n" in text and "| gla | 0.9000 |" in text
+    else:
+        assert "## accuracy (best of optim.lr) (mean over train.seed of each seed's best)" in text
+        assert "| gla | 0.8000 |" in text
+
+
 def test_report_names_a_difference_without_finished_runs_as_missing(tmp_path, monkeypatch):
     """A sweep stopped before a compared cell ran: the report names that comparison as missing
     (not resolved) instead of failing, and still resolves the others."""
