@@ -39,19 +39,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unrecognized(parser: argparse.ArgumentParser, args, unknown: list[str], argv: list[str]) -> None:
+    """Exits naming unknown arguments by the parser they were given to, with the closest of its
+    options: the top-level parser's "lcsm: error: unrecognized arguments" named neither the
+    command nor the option. Those before the command word are the top level's; the rest are the
+    innermost (sub)command's (``lcsm data prepare``)."""
+    from lcsm._names import did_you_mean
+
+    owner, words = parser, []
+    while True:
+        sub = next((a for a in owner._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or getattr(args, sub.dest, None) is None:
+            break
+        words.append(getattr(args, sub.dest))
+        owner = sub.choices[words[-1]]
+    command_at = argv.index(words[0]) if words and words[0] in argv else len(argv)
+    if any(u in argv[:command_at] for u in unknown):
+        owner = parser
+    options = [o for action in owner._actions for o in action.option_strings]
+    named = [u + (did_you_mean(u.split("=", 1)[0], options) if u.startswith("-") else "") for u in unknown]
+    owner.error(f"unrecognized arguments: {' '.join(named)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        # Reported by the command's own parser, with the closest of its options: the top-level
-        # parser's "lcsm: error: unrecognized arguments" named neither the command nor the option.
-        from lcsm._names import did_you_mean
-
-        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        command = commands.choices[args.command]
-        options = [o for action in command._actions for o in action.option_strings]
-        named = [u + (did_you_mean(u.split("=", 1)[0], options) if u.startswith("-") else "") for u in unknown]
-        command.error(f"unrecognized arguments: {' '.join(named)}")
+        _unrecognized(parser, args, unknown, sys.argv[1:] if argv is None else list(argv))
     try:
         return args.func(args)
     except BrokenPipeError:

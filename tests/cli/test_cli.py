@@ -59,6 +59,14 @@ def test_an_unknown_option_is_named_by_its_command_with_the_closest_one(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "lcsm train: error: unrecognized arguments: --sett (did you mean '--set'?) x=1" in err
+    # a subcommand's by the subcommand, one before the command word by lcsm itself
+    for argv, said in (
+        (["data", "list", "--jsn"], "lcsm data list: error: unrecognized arguments: --jsn"),
+        (["--bogus", "train", "tiny.yaml"], "lcsm: error: unrecognized arguments: --bogus"),
+    ):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert said in capsys.readouterr().err, argv
 
 
 def test_bad_value_gives_one_line_error(capsys):
