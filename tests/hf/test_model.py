@@ -42,6 +42,13 @@ def same_weights(a, b) -> bool:
     return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def trainer_args(out, **options):
+    """transformers' TrainingArguments for a short CPU run that writes nothing but its output dir."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(output_dir=str(out), use_cpu=True, report_to=[], save_strategy="no", **options)
+
+
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_greedy_generate_equals_lcsm_generate(mixer):
     model = tiny(mixer)
@@ -395,20 +402,13 @@ def test_resized_embeddings_take_the_new_ids_and_round_trip(tmp_path, tie):
 
 
 def test_the_trainer_trains_with_the_loss_over_the_accumulated_batch(tmp_path):
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     model = tiny().train()
     ids = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(5))
     data = [{"input_ids": row, "labels": row} for row in ids]
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=1,
-        use_cpu=True,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        report_to=[],
-        save_strategy="no",
-        learning_rate=0.0,
+    args = trainer_args(
+        tmp_path, max_steps=1, per_device_train_batch_size=2, gradient_accumulation_steps=2, learning_rate=0.0
     )
     result = Trainer(model=model, args=args, train_dataset=data).train()
     # the two micro-batches' sums over all 4 x 7 labelled tokens: the whole batch's mean
@@ -419,19 +419,11 @@ def test_the_trainer_trains_with_the_loss_over_the_accumulated_batch(tmp_path):
 
 
 def test_the_trainer_trains_on_a_flattened_batch(tmp_path):
-    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+    from transformers import DataCollatorWithFlattening, Trainer
 
     model = tiny().train()
     data = [{"input_ids": d} for d in DOCUMENTS]
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=1,
-        use_cpu=True,
-        per_device_train_batch_size=3,
-        report_to=[],
-        save_strategy="no",
-        learning_rate=0.0,
-    )
+    args = trainer_args(tmp_path, max_steps=1, per_device_train_batch_size=3, learning_rate=0.0)
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=DataCollatorWithFlattening())
     result = trainer.train()
     # the mean over the documents' next-token predictions, each document alone
@@ -440,7 +432,7 @@ def test_the_trainer_trains_on_a_flattened_batch(tmp_path):
 
 
 def test_trainer_activation_checkpointing_recomputes_the_blocks_and_changes_no_number(tmp_path):
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     ids = torch.randint(0, 32, (4, 9), generator=torch.Generator().manual_seed(5))
     data = [{"input_ids": row, "labels": row} for row in ids]
@@ -451,13 +443,10 @@ def test_trainer_activation_checkpointing_recomputes_the_blocks_and_changes_no_n
         runs = [0] * 3
         for i, block in enumerate(model.model.backbone.blocks):
             block.mixer.register_forward_hook(lambda *_, i=i, runs=runs: runs.__setitem__(i, runs[i] + 1))
-        args = TrainingArguments(
-            output_dir=str(tmp_path / str(checkpointing)),
+        args = trainer_args(
+            tmp_path / str(checkpointing),
             max_steps=2,
-            use_cpu=True,
             per_device_train_batch_size=4,
-            report_to=[],
-            save_strategy="no",
             seed=3,
             activation_checkpointing=checkpointing,
         )
