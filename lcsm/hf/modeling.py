@@ -295,7 +295,9 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
                 f"{cache.seen}; padding belongs to the prompt, read in the first forward (left padding, as generate "
                 "passes it), and every later token must be 1"
             )
-        documents = marked_documents(marks, B, T, fed if padded else None, _read_before(attention_mask, seen, B))
+        documents = None
+        if marks:  # (reading the tokens before costs a device sync: not on every decoding step)
+            documents = marked_documents(marks, B, T, fed if padded else None, _read_before(attention_mask, seen, B))
         if documents is not None and (use_cache or cache is not None):
             raise ValueError(
                 f"use_cache: a batch of documents one after another ({', '.join(marks)} restarting inside a row) "
