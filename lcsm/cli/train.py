@@ -115,14 +115,14 @@ def cmd_generate(args) -> int:
     from lcsm.engine import load_run
     from lcsm.engine.distributed import resolve_device
     from lcsm.models import CausalLM
-    from lcsm.models.model import _check_sampling
+    from lcsm.models.model import check_sampling
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise UsageError("give exactly one of --prompt TEXT or --prompt-ids IDS")
     if not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed: expected an integer in [0, 2**63), got {args.seed}")
     try:  # before the checkpoint loads, and named by the flags ("max_new_tokens: ..." is generate's)
-        _check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+        check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     except ValueError as err:
         name, _, rest = str(err).partition(":")
         raise UsageError(f"--{name.replace('_', '-')}:{rest}") from None

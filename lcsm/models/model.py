@@ -229,7 +229,7 @@ def sample_next(
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
-def _check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
+def check_sampling(max_new_tokens, temperature, top_k, top_p) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected a positive integer, got {max_new_tokens!r}")
     if (
@@ -314,7 +314,7 @@ class CausalLM(Model):
         every id of the model. ``on_token``: called with each step's tokens [B] as they are drawn
         (to show them as they come: a stopped generation keeps what it showed).
         """
-        _check_sampling(max_new_tokens, temperature, top_k, top_p)
+        check_sampling(max_new_tokens, temperature, top_k, top_p)
         n_ids = self.config.vocab_size
         if vocab_size is not None and (
             isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= n_ids
