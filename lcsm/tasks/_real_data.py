@@ -27,7 +27,7 @@ import torch
 from lcsm._checks import check_int
 
 from .base import Task
-from .config import TaskConfig
+from .config import TaskConfig, check_data_dir
 from .data import Segment
 
 SPLITS = ("train", "validation", "test")
@@ -190,12 +190,6 @@ class TextConfig(TaskConfig):
         if self.max_examples is not None:
             check_int("max_examples", self.max_examples, 1)
         check_data_dir(self.data_dir)
-
-
-def check_data_dir(value) -> None:
-    """A real-data task's ``data_dir``: a directory path or None."""
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"data_dir: expected a directory path or null, got {value!r}")
 
 
 class _DocumentTask(_RealDataTask):

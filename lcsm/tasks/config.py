@@ -36,3 +36,10 @@ class TaskConfig:
     def to_dict(self) -> dict[str, object]:
         """JSON-ready view (tuples become lists)."""
         return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+def check_data_dir(value) -> None:
+    """A real-data task's ``data_dir``: a directory path or None (not "", which Path reads as the
+    current directory)."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"data_dir: expected a directory path or null, got {value!r}")

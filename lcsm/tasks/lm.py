@@ -54,7 +54,7 @@ import torch
 from lcsm._checks import check_bool, check_float, check_int
 
 from .base import Task, register
-from .config import TaskConfig
+from .config import TaskConfig, check_data_dir
 from .data import IGNORE_INDEX, Segment
 from .metrics import Evaluator
 
@@ -294,8 +294,7 @@ class LMConfig(TaskConfig):
                 raise ValueError(f"{name}: expected a fraction in (0, 0.5), got {value!r}")
         if self.max_tokens is not None:
             check_int("max_tokens", self.max_tokens, self.seq_len + 1)
-        if self.data_dir is not None and not isinstance(self.data_dir, str):
-            raise ValueError(f"data_dir: expected a directory path or null, got {self.data_dir!r}")
+        check_data_dir(self.data_dir)
         check_int("seed", self.seed, 0)
         check_bool("packing", self.packing)
 

@@ -259,9 +259,13 @@ def test_image_reads_idx_and_holds_out_validation(tmp_path, fashion):
         read_idx(bad)
 
 
-def test_image_data_dir_must_be_a_path():
+@pytest.mark.parametrize("task", ["image", "text", "lm"])
+def test_data_dir_must_be_a_path(task):
     with pytest.raises(ValueError, match=r"^data_dir: expected a directory path or null, got \[1\]"):
-        tasks.build("image", data_dir=[1])
+        tasks.build(task, data_dir=[1])
+    # "" is Path's current directory: whatever lies where lcsm was started would be read
+    with pytest.raises(ValueError, match=r"^data_dir: expected a directory path or null, got ''"):
+        tasks.build(task, data_dir="")
 
 
 def test_max_examples_keeps_every_class(tmp_path, bbc):

@@ -14,9 +14,9 @@ import torch
 
 from lcsm._checks import check_int
 
-from .._real_data import _RealDataTask, check_data_dir
+from .._real_data import _RealDataTask
 from ..base import register
-from ..config import TaskConfig
+from ..config import TaskConfig, check_data_dir
 from ..data import Segment
 
 
