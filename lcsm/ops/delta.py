@@ -38,7 +38,7 @@ are head-major [B, H, T, .].
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -353,12 +353,12 @@ def _chunk_maps(
     g: Tensor | None,
     a_is_e: bool,
     seg: _Segments | None,
+    steps: Tensor,
     phi: bool = True,
-    steps: Tensor | None = None,
 ) -> _ChunkMaps:
     """The WY / UT algebra of every chunk at once; inputs chunked [B, H, Nc, C, .], g [B, H, Nc, C];
     ``phi``: form the transitions Phi (the PyTorch carries multiply by them; the Triton one does not);
-    ``steps`` [Nc, C] bool: the positions of tokens, not padding (``decay_steps``).
+    ``steps`` [Nc, C] bool: the positions of tokens, not padding (``EmptySpans``).
 
     The transition is gamma_t I - a_t b_t^T (``eos_delta``'s gamma_t (I - a_t b_t^T) arrives with b
     gamma_t: a scalar gate moves onto either factor, and on b it leaves a = e one tensor).
@@ -391,8 +391,8 @@ def _chunk_maps(
         # exponents between nearby steps (as eos's parallel form).
         c = g.double().cumsum(-1)  # c_t
         c_prev = torch.nn.functional.pad(c, (1, 0))[..., :-1]  # c_{t-1}
-        k, k_prev = decay_steps(steps, C, v.device)
-        first = k_prev == 0  # t's segment starts at t
+        empty = EmptySpans.of(steps)
+        first = empty.first  # t's segment starts at t
         c_seg, c_seg_prev = c, c_prev
         if seg is not None:
             # c_t - c_{start - 1}: the cumulative log from the segment's first token
@@ -403,12 +403,11 @@ def _chunk_maps(
         # a weight over no step (j = t - 1 in L, j = t in Ps, the segment's first b, the last a
         # and e before the chunk's end or its padding) is exactly 1 and out of the gradient
         # (``decay_weight``).
-        none_before = k_prev.unsqueeze(-1) == k.unsqueeze(-2)
-        dec_b = decay_weight(c_prev.unsqueeze(-1) - c.unsqueeze(-2), strict, none_before, v.dtype)
-        dec_s = decay_weight(c.unsqueeze(-1) - c.unsqueeze(-2), incl, k.unsqueeze(-1) == k.unsqueeze(-2), v.dtype)
+        dec_b = decay_weight(c_prev.unsqueeze(-1) - c.unsqueeze(-2), strict, empty.before, v.dtype)
+        dec_s = decay_weight(c.unsqueeze(-1) - c.unsqueeze(-2), incl, empty.at, v.dtype)
         b_scaled = b * decay_weight(c_seg_prev, None, first, v.dtype).unsqueeze(-1)
         s_scaled = s * c_seg.to(v.dtype).exp().unsqueeze(-1)
-        to_end = decay_weight(c[..., -1:] - c, None, k == k[..., -1:], v.dtype).unsqueeze(-1)  # e^{c_C - c_j}
+        to_end = decay_weight(c[..., -1:] - c, None, empty.last, v.dtype).unsqueeze(-1)  # e^{c_C - c_j}
         gamma = c_seg[..., -1].to(v.dtype).exp()
         m_decay = gamma[..., None, None] * eye
     else:
@@ -456,15 +455,25 @@ def _tokens(Nc: int, C: int, T: int, device: torch.device) -> Tensor:
     return (torch.arange(Nc * C, device=device) < T).reshape(Nc, C)
 
 
-def decay_steps(steps: Tensor | None, C: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """k_t and k_{t-1}: how many of a chunk's positions up to t carry a decay; ``steps`` [.., C]
-    bool marks them (None: every position). Between positions of equal counts an exponent sums
-    the decays of no step (``decay_weight``): padding, or a token's micro-steps after its first."""
-    if steps is None:
-        k = torch.arange(1, C + 1, device=device)
-        return k, k - 1
-    k = steps.long().cumsum(-1)
-    return k, k - steps.long()
+class EmptySpans(NamedTuple):
+    """Where a chunk's decay exponents sum the log decays of no step, each [.., C] or [.., C, C]:
+    ``before`` c_{t-1} - c_j (j < t), ``at`` c_t - c_j (j <= t), ``first`` c_{t-1} (nothing before t
+    in the chunk), ``last`` c_C - c_j (nothing after j). ``decay_weight`` makes those weights 1."""
+
+    before: Tensor
+    at: Tensor
+    first: Tensor
+    last: Tensor
+
+    @staticmethod
+    def of(steps: Tensor) -> EmptySpans:
+        """From ``steps`` [.., C] bool, the positions that carry a decay (not padding, nor a
+        token's micro-steps after its first): spans between positions of equal counts are empty."""
+        k = steps.long().cumsum(-1)  # the decays up to t
+        k_prev = k - steps.long()
+        return EmptySpans(
+            k_prev.unsqueeze(-1) == k.unsqueeze(-2), k.unsqueeze(-1) == k.unsqueeze(-2), k_prev == 0, k == k[..., -1:]
+        )
 
 
 def decay_weight(exponent: Tensor, mask: Tensor | None, over_no_step: Tensor, dtype: torch.dtype) -> Tensor:
@@ -625,7 +634,7 @@ def _delta_chunk(
         C = min(chunk_size, T)
         chunks = _chunked(v, e, s, a, b, g, C)
     steps = _tokens(chunks[0].shape[2], C, T, v.device)
-    maps = _chunk_maps(*chunks, a_is_e, None, phi=carry != "triton", steps=steps)
+    maps = _chunk_maps(*chunks, a_is_e, None, steps, phi=carry != "triton")
     if carry == "triton":
         from .triton_delta import triton_delta_carry
 
@@ -671,7 +680,7 @@ def _delta_chunk_packed(
     seg = _Segments.of(cu, T, C)
     v, e, s, a, b, g = _chunked(v, e, s, a, b, g, C)
     Nc = seg.last.shape[0]
-    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg, phi=carry != "triton", steps=_tokens(Nc, C, T, v.device))
+    maps = _chunk_maps(v, e, s, a, b, g, a_is_e, seg, _tokens(Nc, C, T, v.device), phi=carry != "triton")
     carried_out = seg.carried[:, -1]  # [Nc]: the chunk's last segment continues from the carry
     Psi = maps.Psi
     if m0 is not None:

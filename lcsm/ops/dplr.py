@@ -58,13 +58,13 @@ from ._inputs import (
 )
 from .chunk_matmul import traced_chunk_count
 from .delta import (
+    EmptySpans,
     _delta_chunk,
     _delta_chunk_packed,
     _doubling_carry,
     _gated_b,
     _UnitLowerInverse,
     carry_for,
-    decay_steps,
     decay_weight,
 )
 from .eos import Plan
@@ -370,15 +370,15 @@ def _maps(v, e, s, a, b, g, a_is_e, phi=True, steps=None):
     after it M' = Phi M + Psi, [B, H, N, K, K] and [B, H, N, K, D] (``dplr_chunk``'s algebra),
     with Phi = diag(gamma) - A^T W; returns (Q, R, Phi, Psi, W, A, gamma): W and A [B, H, N, C, K],
     gamma [B, H, N, K] (None without a decay), Phi None unless ``phi`` (the Triton carry applies it
-    as gamma M - A^T (W M), ``triton_delta``). ``steps`` [N, C] bool: the positions that carry a
-    decay (micro-step 0 of a token, not padding; None: every position), so that a weight over
-    positions without one is exactly 1 (``decay_steps``, ``decay_weight``)."""
+    as gamma M - A^T (W M), ``triton_delta``). ``steps`` [N, C] bool (given with a decay): the
+    positions that carry one (micro-step 0 of a token, not padding), so that a weight over
+    positions without one is exactly 1 (``EmptySpans``, ``decay_weight``)."""
     B, H, N, C, K = e.shape
     D = v.shape[-1]
     strict = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
     incl = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
     if g is None:  # no decay: every factor below is 1
-        c = c_prev = gamma = none_before = none_at = None
+        c = c_prev = gamma = before = at = None
         b_prev, s_now, e_end, a_rows = b, s, e, a
         diag_end = torch.eye(K, dtype=v.dtype, device=v.device)
     else:
@@ -390,26 +390,25 @@ def _maps(v, e, s, a, b, g, a_is_e, phi=True, steps=None):
         if c.shape[-1] > 1:
             c = c.to(v.dtype)
         c_prev = torch.nn.functional.pad(c, (0, 0, 1, 0))[..., :-1, :]
-        k, k_prev = decay_steps(steps, C, v.device)
-        to_end = decay_weight(c[..., -1:, :] - c, None, (k == k[..., -1:])[..., None], v.dtype)  # e^{c_C - c_j}
-        b_prev = b * decay_weight(c_prev, None, (k_prev == 0)[..., None], v.dtype)
+        empty = EmptySpans.of(steps)
+        to_end = decay_weight(c[..., -1:, :] - c, None, empty.last[..., None], v.dtype)  # e^{c_C - c_j}
+        b_prev = b * decay_weight(c_prev, None, empty.first[..., None], v.dtype)
         s_now, e_end, a_rows = s * c.to(v.dtype).exp(), e * to_end, a * to_end
         gamma = c[..., -1, :].to(v.dtype).exp().expand(B, H, N, K)
         diag_end = torch.diag_embed(gamma)
-        none_before = k_prev.unsqueeze(-1) == k.unsqueeze(-2)  # [.., t, j]: c_{t-1} - c_j over no decay
-        none_at = k.unsqueeze(-1) == k.unsqueeze(-2)  # c_t - c_j
+        before, at = empty.before, empty.at  # L's and the read-out's spans of no decay
     a_end = a_rows.transpose(-1, -2)
     if a_is_e:
         # Le = L and Pse = Psa, so R = Psa (v - U0) and Psi = a_end (v - U0).
-        (Lm,) = _pairwise(b, (a,), c_prev, c, strict, none_before)
-        (Psa,) = _pairwise(s, (a,), c, c, incl, none_at)
+        (Lm,) = _pairwise(b, (a,), c_prev, c, strict, before)
+        (Psa,) = _pairwise(s, (a,), c, c, incl, at)
         inv = _UnitLowerInverse.apply(Lm)
         W, U0 = (inv @ torch.cat([b_prev, Lm @ v], -1)).split([K, D], -1)
         SW, R = (Psa @ torch.cat([W, v - U0], -1)).split([K, D], -1)
         AW, Psi = (a_end @ torch.cat([W, v - U0], -1)).split([K, D], -1) if phi else (None, a_end @ (v - U0))
     else:
-        Lm, Le = _pairwise(b, (a, e), c_prev, c, strict, none_before)
-        Psa, Pse = _pairwise(s, (a, e), c, c, incl, none_at)
+        Lm, Le = _pairwise(b, (a, e), c_prev, c, strict, before)
+        Psa, Pse = _pairwise(s, (a, e), c, c, incl, at)
         inv = _UnitLowerInverse.apply(Lm)
         W, U0 = (inv @ torch.cat([b_prev, Le @ v], -1)).split([K, D], -1)
         SW, SU = (Psa @ torch.cat([W, U0], -1)).split([K, D], -1)
