@@ -311,7 +311,8 @@ class LcsmForCausalLM(LcsmPreTrainedModel, GenerationMixin):
 
         if documents is not None:
             # every row's documents, in one packed row
-            logits = self.model(input_ids.reshape(1, B * T), cu_seqlens=documents).reshape(B, T, -1)
+            cu = documents.to(input_ids.device)  # (found on the CPU; moved once, not by every block)
+            logits = self.model(input_ids.reshape(1, B * T), cu_seqlens=cu).reshape(B, T, -1)
         elif use_cache or cache is not None:
             states = cache.states if continuing else None
             logits, states = self.model(input_ids, state=states, return_state=True, **packing)
