@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Iterable, Mapping
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 from lcsm._names import did_you_mean
@@ -27,12 +27,19 @@ def check_bool(name: str, value) -> bool:
 def check_int(name: str, value, minimum: int, *, allow_none: bool = False) -> int | None:
     """value when it is an int >= minimum (None too with allow_none), else a ValueError.
 
-    bool is refused although it is an int subclass: ``heads=True`` is a mistake, not 1.
+    bool is refused although it is an int subclass: ``heads=True`` is a mistake, not 1. Other
+    integer types (numpy's) are refused too, with a hint: configs keep the value as given and write
+    it to JSON, which takes only Python ints.
     """
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}{' or None' if allow_none else ''}, got {value!r}")
+        hint = ""
+        if isinstance(value, Integral) and not isinstance(value, int):
+            hint = f" ({type(value).__name__}: give a Python int, int(value))"
+        raise ValueError(
+            f"{name}: expected an integer >= {minimum}{' or None' if allow_none else ''}, got {value!r}{hint}"
+        )
     return value
 
 

@@ -20,6 +20,14 @@ def test_check_int_refuses_with_name_value_and_bound(value):
         check_int("n", value, 1)
 
 
+def test_check_int_names_a_numpy_integer_and_how_to_pass_it():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(
+        ValueError, match=r"^n: expected an integer >= 1, got np.int64\(3\) \(int64: give a Python int, int\(value\)\)$"
+    ):
+        check_int("n", np.int64(3), 1)
+
+
 def test_check_int_with_allow_none_says_so():
     with pytest.raises(ValueError, match=r"^n: expected an integer >= 2 or None, got 1$"):
         check_int("n", 1, 2, allow_none=True)

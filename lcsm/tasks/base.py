@@ -145,12 +145,19 @@ class Task:
             "generator_version": self.generator_version,
             "split": split,
             "config": self.config.to_dict(),
+            **self.cache_fields(split),
         }
         sources = self.local_sources()
         if sources:
             key["sources"] = files_fingerprint(sources)
         blob = json.dumps(key, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+    def cache_fields(self, split: str) -> dict[str, object]:
+        """Further fields of ``cache_key``: a generator that changed the data of some settings only
+        names them here, leaving the other settings' caches valid (a bumped ``generator_version``
+        would invalidate all of them)."""
+        return {}
 
     def cache_path(self, split: str) -> Path:
         return self.cache_dir / (self.registry_name or type(self).__name__) / f"{split}-{self.cache_key(split)}.pt"

@@ -146,13 +146,19 @@ def power_law(space: int, power_a: float) -> np.ndarray:
     float64's range (power_a from ~136 at seq_len 512 overflows it), the law is computed in log
     space, and a gap whose probability is below float64's range gets 0: ``log_power_law`` ranks
     those. Elsewhere the direct formula stays, so the data of those settings do not change."""
-    with np.errstate(all="ignore"):
-        p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
-        p = p / p.sum()
-    if np.isfinite(p).all() and (p > 0).all():
+    p = _direct_power_law(space, power_a)
+    if p is not None:
         return p
     with np.errstate(under="ignore"):
         return np.exp(log_power_law(space, power_a))
+
+
+def _direct_power_law(space: int, power_a: float) -> np.ndarray | None:
+    """``power_law`` by its direct formula, or None where that leaves float64's range."""
+    with np.errstate(all="ignore"):
+        p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
+        p = p / p.sum()
+    return p if np.isfinite(p).all() and (p > 0).all() else None
 
 
 def log_power_law(space: int, power_a: float) -> np.ndarray:
@@ -271,6 +277,13 @@ class MQAR(Task):
     def grid(self, split: str) -> Grid:
         self._check_split(split)
         return self.config.train_grid if split == "train" else self.config.test_grid
+
+    def cache_fields(self, split: str) -> dict[str, object]:
+        # Before the log-space law, a power_a past float64's range generated degenerate gaps:
+        # such settings get a key of their own so that those caches are not served.
+        c = self.config
+        spaces = [(L - 2 * kv) // 2 for L, kv in self.grid(split)]
+        return {"power_law": "log-space"} if any(_direct_power_law(n, c.power_a) is None for n in spaces) else {}
 
     def generate(self, split: str) -> list[Segment]:
         c = self.config

@@ -156,6 +156,17 @@ def test_a_large_power_a_gives_the_power_law_without_overflow():
     assert (np.sort(gaps, 1) == np.arange(16, 24)).all()
 
 
+def test_settings_past_the_direct_law_have_caches_of_their_own():
+    # data made before the log-space law (degenerate gaps) must not be served from a cache; the
+    # other settings keep their keys (the last: its key before this field existed), and their caches
+    def task(power_a):
+        return tasks.build("mqar", use_cache=False, power_a=power_a, train_grid="512:8", test_grid="64:4")
+
+    assert task(120.0).cache_fields("train") == task(200.0).cache_fields("test") == {}
+    assert task(200.0).cache_fields("train") == {"power_law": "log-space"}
+    assert task(0.01).cache_key("train") == "308c5b0081e01df9cd4f85d0e514c852"
+
+
 # ----------------------------------------------------------------------------- task, determinism, cache
 
 SMALL = dict(train_grid="16:2,32:4", test_grid="32:4,64:8", train_examples=40, test_examples=12)
