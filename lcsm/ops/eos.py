@@ -248,11 +248,12 @@ def _plan_one(p: EOSProblem, mode: str, chunk_size: int, packed: bool) -> Plan:
 
 
 def _native_plan(p: EOSProblem, chunk_size: int, why: str) -> Plan:
+    every = native_chunk_length(chunk_size, p.K, p.i.dtype)
+    kept = f"memory kept every {every} steps" if every < p.T else "memory kept at the start only"
     return Plan(
         "native",
         "native-scan",
-        f"{why}: one C kernel (native_scan), the decay's exp formed step by step, memory kept every "
-        f"{native_chunk_length(chunk_size, p.K, p.i.dtype)} steps; backward by the same kernel"
+        f"{why}: one C kernel (native_scan), the decay's exp formed step by step, {kept}; backward by the same kernel"
         + (f" ({serial_reason()})" if serial_reason() else ""),
     )
 

@@ -42,6 +42,13 @@ def test_against_the_reference(decay, dd, T, chunk_size, initial, dtype):
     check(inputs, "native", dtype, chunk_size=chunk_size, context=f"{decay} T={T} C={chunk_size} initial={initial}")
 
 
+def test_the_plan_says_where_memories_are_kept():
+    def kept(T):
+        return explain(*_args(make_inputs(T, decay="full", dd_decay=True)), chunk_size=16).reason
+
+    assert "memory kept every 16 steps" in kept(17) and "memory kept at the start only" in kept(16)
+
+
 def test_without_the_final_state():
     """y alone: the backward takes no final-state cotangent (None: the kernel reads none) and no
     gradient for the kept memories, and gives the reference's gradients."""
