@@ -33,23 +33,49 @@
  * [B, T, H, X] layout or a contiguous one; native_scan.py copies any other). Included by scan.c
  * once per type. */
 
+/* The register tile is 4 rows by CHUNK_NV vectors of the machine's width: its accumulators, a row of
+ * vectors and the broadcast value must fit the vector registers, or the tile spills to memory
+ * every step (4 x 4 vectors of 64 bytes on a machine with sixteen 32-byte registers ran the
+ * products 4-8x slower than torch's matmuls on an AVX2 AMD EPYC). AVX-512: 4 x 4 of 64 bytes (21
+ * of 32 registers); AVX / AVX2: 4 x 2 of 32 bytes (11 of 16); AArch64: 4 x 4 of 16 bytes (21 of
+ * 32); other machines: 4 x 2 of 16 bytes. */
+#ifndef CHUNK_ONCE
+#if defined(__AVX512F__)
+#define CHUNK_VEC_BYTES 64
+#define CHUNK_NV 4
+#elif defined(__AVX__)
+#define CHUNK_VEC_BYTES 32
+#define CHUNK_NV 2
+#elif defined(__aarch64__)
+#define CHUNK_VEC_BYTES 16
+#define CHUNK_NV 4
+#else
+#define CHUNK_VEC_BYTES 16
+#define CHUNK_NV 2
+#endif
+/* sizes are padded to whole vectors and to whole blocks of the register transpose (32 bytes) */
+#define CHUNK_PAD_BYTES (CHUNK_VEC_BYTES > 32 ? CHUNK_VEC_BYTES : 32)
+#endif
 #define CVEC FN(chunk_vec_)
-#define CVL ((int64_t)(64 / sizeof(REAL)))
+#define CVL ((int64_t)(CHUNK_VEC_BYTES / sizeof(REAL)))
 /* a vector of CVL values, loaded and stored at any element's alignment */
-typedef REAL CVEC __attribute__((vector_size(64), aligned(sizeof(REAL))));
+typedef REAL CVEC __attribute__((vector_size(CHUNK_VEC_BYTES), aligned(sizeof(REAL))));
 
-/* a padded size: n rounded up to whole vectors */
-static inline int64_t FN(chunk_pad_)(int64_t n) { return (n + CVL - 1) / CVL * CVL; }
+/* a padded size: n rounded up to whole vectors and transpose blocks */
+static inline int64_t FN(chunk_pad_)(int64_t n) {
+    const int64_t p = CHUNK_PAD_BYTES / sizeof(REAL);
+    return (n + p - 1) / p * p;
+}
 
 /* out[4 rows, nv vectors] (+)= a[4 rows, k] b[k, nv vectors]; a's element (r, q) at a[r * ar + q * ac] */
 static inline __attribute__((always_inline)) void FN(chunk_tile_)(const REAL *a, int64_t ar, int64_t ac,
                                                                  const REAL *b, int64_t ldb, REAL *out, int64_t ldo,
                                                                  int64_t k, const int nv, int accumulate) {
-    CVEC acc[4][4];
+    CVEC acc[4][CHUNK_NV];
     for (int r = 0; r < 4; r++)
         for (int v = 0; v < nv; v++) acc[r][v] = accumulate ? *(const CVEC *)(out + r * ldo + v * CVL) : (CVEC){0};
     for (int64_t q = 0; q < k; q++) {
-        CVEC row[4];
+        CVEC row[CHUNK_NV];
         for (int v = 0; v < nv; v++) row[v] = *(const CVEC *)(b + q * ldb + v * CVL);
         for (int r = 0; r < 4; r++) {
             const REAL x = a[r * ar + q * ac];
@@ -102,9 +128,9 @@ static void FN(chunk_gemm_)(int64_t m, int64_t n, int64_t k, const REAL *a, int6
         const REAL *ai = a + i * ar + q0 * ac, *bq = b + q0 * ldb;
         REAL *oi = out + i * ldo;
         int64_t j = 0;
-        for (; j + 4 * CVL <= nn; j += 4 * CVL)
-            FN(chunk_tile_)(ai, ar, ac, bq + j, ldb, oi + j, ldo, q1 - q0, 4, accumulate);
-        if (j + 2 * CVL <= nn) {
+        for (; j + CHUNK_NV * CVL <= nn; j += CHUNK_NV * CVL)
+            FN(chunk_tile_)(ai, ar, ac, bq + j, ldb, oi + j, ldo, q1 - q0, CHUNK_NV, accumulate);
+        if (CHUNK_NV > 2 && j + 2 * CVL <= nn) {
             FN(chunk_tile_)(ai, ar, ac, bq + j, ldb, oi + j, ldo, q1 - q0, 2, accumulate);
             j += 2 * CVL;
         }
