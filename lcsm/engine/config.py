@@ -65,6 +65,28 @@ def check_early_stop_metric(metric: str, task, dataset=None) -> None:
     check_metric_name("train.early_stop.metric", metric, [task], dataset)
 
 
+# The direction in which the tasks' metrics improve, by the name before any '/' (a segment's or a
+# slice's): every metric an lcsm evaluator computes
+METRIC_MODES = {"loss": "min", "perplexity": "min", "accuracy": "max", "exact": "max", "sequence_accuracy": "max"}
+
+
+def metric_mode(key: str, metric: str, mode: str | None) -> str | None:
+    """The mode ("max" or "min") config key ``key`` selects ``metric`` by: ``mode`` where given,
+    else the metric's own direction (``METRIC_MODES``; None for a name no evaluator computes, which
+    the metric's own check refuses). A mode against the metric's direction is refused: it would
+    keep the worst checkpoint or run (``early_stop: {metric: accuracy}`` kept the worst while the
+    default was "min")."""
+    name = metric.removeprefix("test/").split("/")[0] if isinstance(metric, str) else None
+    known = METRIC_MODES.get(name)
+    if mode is None:
+        return known
+    check_choice(key, mode, MODES)
+    if known is not None and mode != known:
+        better = "higher" if known == "max" else "lower"
+        raise ValueError(f"{key}: {mode!r} for {metric!r}, which is better {better} (mode {known!r})")
+    return mode
+
+
 def check_metric_name(key: str, metric: str, tasks: Sequence, dataset=None, *, test_split: bool = False) -> None:
     """The metric name that config key ``key`` gives must be a metric of the evaluator of one of
     ``tasks`` (tasks or their classes), as ``check_early_stop_metric`` checks it for one task.
@@ -151,19 +173,20 @@ class OptimConfig(_Section):
 @dataclass
 class EarlyStopConfig(_Section):
     """Stop when the evaluation ``metric`` has not improved (by more than ``min_delta``, in the
-    direction ``mode``) for ``patience`` evaluations in a row; patience 0 never stops. The best
+    direction ``mode``: "max" or "min", by default the metric's own, ``METRIC_MODES``) for
+    ``patience`` evaluations in a row; patience 0 never stops. The best
     evaluation's weights are kept in ``<out_dir>/checkpoints/best`` either way."""
 
     section = "train.early_stop"
     metric: str = "loss"
-    mode: str = "min"
+    mode: str | None = None
     patience: int = 0
     min_delta: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.metric, str) or not self.metric:
             raise ValueError(f"train.early_stop.metric: expected a metric name (e.g. 'accuracy'), got {self.metric!r}")
-        check_choice("train.early_stop.mode", self.mode, MODES)
+        self.mode = metric_mode("train.early_stop.mode", self.metric, self.mode)
         check_int("train.early_stop.patience", self.patience, 0)
         check_float("train.early_stop.min_delta", self.min_delta, 0)
 
@@ -294,7 +317,9 @@ class RuntimeConfig(_Section):
         keeping them (``torch.utils.checkpoint``; the same dropout masks, so the same gradients).
     compile: run the training step's model through ``torch.compile(dynamic=True)``: false (default),
         true (inductor) or a backend, "inductor", "aot_eager" or "eager" (docs/compile.md). The
-        same numbers up to rounding, as with another thread count. An older config's
+        same numbers up to rounding, as with another thread count, but for dropout: inductor draws
+        its masks from its own generator, so with dropout a compiled run trains on other masks
+        (aot_eager and eager keep eager's). An older config's
         ``train.compile`` is read as this.
     """
 

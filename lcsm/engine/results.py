@@ -37,7 +37,9 @@ def select_best(exp: Experiment, rows: list[dict[str, Any]]) -> list[dict[str, A
     if not exp.select:
         return [r for r in rows if r["status"] != "missing"]
     metric = f"metric:{exp.select['metric']}"
-    sign = 1 if exp.select.get("mode", "max") == "max" else -1
+    from .config import metric_mode  # the engine's config, only where a selection is made
+
+    sign = 1 if metric_mode("select.mode", exp.select["metric"], exp.select.get("mode")) == "max" else -1
     over = set(exp.select.get("over", []))
     groups: dict[tuple, dict[str, Any]] = {}
     for row in rows:

@@ -150,7 +150,10 @@ def evaluate(
     model.eval()
     evaluator = evaluator if evaluator is not None else task.evaluator()
     try:
-        for batch in task.dataset(split).loader(batch_size):
+        # A loader without a generator of its own draws its base seed from the global one, which
+        # also draws training's dropout masks: every evaluation would shift them, and eval_every
+        # would change the trained weights.
+        for batch in task.dataset(split).loader(batch_size, generator=torch.Generator()):
             batch = _to_device(batch, device)
             with autocast(device, precision):
                 logits = task.logits(model, batch)
@@ -669,6 +672,8 @@ class Trainer:
                     if logged:
                         self.log.write("train", s.step, record)
                         last_time, last_tokens = now, s.tokens
+                    # evaluations and checkpoints are not training: their time leaves the rate's window
+                    paused = time.perf_counter()
                     if t.eval_every and s.step % t.eval_every == 0 and s.step < self.total_steps:
                         self.after_eval(self.evaluate())
                     finished = s.step >= self.total_steps or s.stopped_early
@@ -680,6 +685,7 @@ class Trainer:
                     interrupted = not finished and bool(self.dist.sum(torch.tensor(float(stop.requested))) > 0)
                     if t.save_every and s.step % t.save_every == 0 and not (finished or interrupted):
                         self.save()
+                    last_time += time.perf_counter() - paused
                 if self.state.batch_in_epoch == len(batches):
                     self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
             # The weights of the step the loop ended at, saved under the loop's signal handling: a

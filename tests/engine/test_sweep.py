@@ -95,6 +95,20 @@ def test_grid_runs_cache_and_select(tmp_path, monkeypatch):
     assert {r.id for r in changed.runs()}.isdisjoint(r.id for r in runs)
 
 
+def test_select_takes_the_metrics_direction_and_refuses_the_other(tmp_path, monkeypatch):
+    """select.mode defaulted to "max": {metric: loss} kept the worst run of each cell."""
+    exp = load_experiment(experiment(tmp_path, select={"metric": "loss", "over": ["optim.lr"]}), out_dir=tmp_path / "o")
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    rows, _ = sweep(exp, log=lambda *_: None)
+    assert sorted((r["model.mixer"], r["optim.lr"]) for r in select_best(exp, rows)) == [
+        ("gla", "0.001"),
+        ("hgrn", "0.001"),
+    ]
+    wrong = experiment(tmp_path, select={"metric": "accuracy", "mode": "min"})
+    with pytest.raises(ValueError, match=r"select.mode: 'min' for 'accuracy', which is better higher \(mode 'max'\)"):
+        load_experiment(wrong, out_dir=tmp_path / "o")
+
+
 def test_a_diverged_run_keeps_the_sweep_failing_when_it_comes_from_the_cache(tmp_path, monkeypatch):
     """A rerun found the diverged run's result cached and exited 0; it still fails, and says how to
     finish the run."""

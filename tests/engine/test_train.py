@@ -5,14 +5,16 @@ import io
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from lcsm import tasks
 from lcsm.engine import RunConfig, apply_overrides, build_optimizer, lr_factor, train
-from lcsm.engine.config import OptimConfig, load_config
+from lcsm.engine.config import EarlyStopConfig, OptimConfig, load_config, metric_mode
 from lcsm.engine.monitor import Progress
 from lcsm.engine.trainer import Trainer
 from lcsm.models import ModelConfig, build_model
@@ -172,6 +174,36 @@ def test_every_epoch_draws_its_own_batch_order(cache_env, monkeypatch):
     assert seen == orders[0] + orders[1]
 
 
+def test_evaluations_leave_the_dropout_masks_alone(cache_env):
+    """The weights trained with dropout do not depend on how often the run evaluates."""
+    runs = {}
+    for every in (2, 0):
+        cfg = config(
+            cache_env,
+            name=f"eval{every}",
+            **{"model.dropout": 0.2, "train.max_steps": 6, "train.eval_every": every, "train.save_every": 6},
+        )
+        train(cfg, quiet=True)
+        runs[every] = weights(cache_env / f"eval{every}")
+    assert all(torch.equal(runs[2][k], runs[0][k]) for k in runs[0])
+
+
+def test_the_training_rate_leaves_out_evaluations_and_checkpoints(cache_env, monkeypatch):
+    slow = Trainer.evaluate
+
+    def evaluate(self, *args, **kwargs):
+        time.sleep(0.5)  # hundreds of training steps' time at this size
+        return slow(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    cfg = config(cache_env, **{"train.max_steps": 8, "train.eval_every": 3, "train.save_every": 2, "run.log_every": 1})
+    train(cfg, quiet=True)
+    rows = [json.loads(line) for line in (cache_env / "run" / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["tokens_per_s"] for r in rows if r["kind"] == "train"]
+    # the steps after an evaluation (4, 7) or a checkpoint: within noise of the others, not ~100x below
+    assert min(rates) > 0.1 * sorted(rates)[len(rates) // 2], rates
+
+
 def test_early_stopping_and_best_checkpoint(cache_env):
     cfg = config(
         cache_env,
@@ -189,6 +221,18 @@ def test_early_stopping_and_best_checkpoint(cache_env):
     assert result["best"]["step"] == 2 and result["best"]["metric"] == "accuracy"
     best = json.loads((cache_env / "run" / "checkpoints" / "best" / "run.json").read_text())
     assert best["step"] == 2
+
+
+def test_early_stopping_takes_the_metrics_direction():
+    """early_stop's mode defaulted to "min": {metric: accuracy} kept the worst checkpoint and
+    stopped a run that improved. Every metric of every task has a direction."""
+    assert EarlyStopConfig(metric="accuracy/L16-kv2").mode == "max" and EarlyStopConfig().mode == "min"
+    assert EarlyStopConfig(metric="perplexity", mode="min").mode == "min"
+    with pytest.raises(ValueError, match=r"train.early_stop.mode: 'min' for 'accuracy', which is better higher"):
+        EarlyStopConfig(metric="accuracy", mode="min")
+    for name in tasks.available():
+        names = tasks.resolve(name).evaluator().metric_names()
+        assert all(metric_mode("m", metric, None) in ("max", "min") for metric in names), (name, names)
 
 
 def test_patience_running_out_at_the_last_step_is_a_completed_run(cache_env):

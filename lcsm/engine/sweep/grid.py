@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from lcsm._checks import check_choice, check_keys
+from lcsm._checks import check_keys
 
-from ..config import RunConfig, apply_overrides, check_metric_name, read_yaml, yaml_load
+from ..config import RunConfig, apply_overrides, check_metric_name, metric_mode, read_yaml, yaml_load
 
 EXPERIMENT_COPY = "experiment.yaml"
 # command_overrides: the --set / --grid a sweep ran with, recorded in the sweep directory's copy
@@ -229,7 +229,7 @@ def load_experiment(
         check_keys("select", select, ("metric", "mode", "over"))
         if not isinstance(select.get("metric"), str):
             raise ValueError(f"select.metric: expected a metric name, got {select.get('metric')!r}")
-        check_choice("select.mode", select.get("mode", "max"), ("max", "min"))
+        metric_mode("select.mode", select["metric"], select.get("mode"))
         over = select.get("over", [])
         unknown = [k for k in over if k not in grid_spec]
         if unknown:
