@@ -163,6 +163,11 @@ class OptimConfig(_Section):
         check_int("optim.warmup_steps", self.warmup_steps, 0)
         check_float("optim.min_lr_ratio", self.min_lr_ratio, 0, 1)
         check_float("optim.grad_clip", self.grad_clip, 0, low_open=True, allow_none=True)
+        if self.schedule in ("inverse_sqrt", "constant") and self.min_lr_ratio != 0:
+            raise ValueError(
+                f"optim.min_lr_ratio: schedule {self.schedule!r} has no floor (only cosine and linear decay "
+                f"to lr * min_lr_ratio); expected 0, got {self.min_lr_ratio!r}"
+            )
         if self.schedule == "inverse_sqrt" and self.warmup_steps == 0:
             raise ValueError(
                 "optim.warmup_steps: schedule 'inverse_sqrt' decays as sqrt(warmup_steps / step) "

@@ -338,6 +338,8 @@ def test_run_config_validation():
         RunConfig.from_dict(apply_overrides(TINY, {"train.epochs": 2}))
     with pytest.raises(ValueError, match="optim.schedule.*'cosine'"):
         RunConfig.from_dict(apply_overrides(TINY, {"optim.schedule": "cosin"}))
+    with pytest.raises(ValueError, match="optim.min_lr_ratio: schedule 'constant' has no floor .* got 0.1"):
+        RunConfig.from_dict(apply_overrides(TINY, {"optim.schedule": "constant", "optim.min_lr_ratio": 0.1}))
     with pytest.raises(ValueError, match="task 'mqar'.*unknown option.*'vocab'"):
         RunConfig.from_dict(apply_overrides(TINY, {"task.vocab": 3}))
     with pytest.raises(ValueError, match="model.vocab_size: task 'mqar' fixes it to 32, got 16"):
