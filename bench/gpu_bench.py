@@ -17,23 +17,32 @@ gated_delta and kda: the same chunk forms with their carry across chunks in Trit
 lcsm/ops/triton_delta.py).
 
 at B1 H16 K = D = 128 (medians of wall-clock timings with the device synchronised, after
-warm-up), the targets' lengths (8K, 32K) in both dtypes first. Next, Mamba's selective scan
+warm-up; each cell's first call, which compiles lcsm's Triton kernels and autotunes fla's, timed
+apart), the targets' lengths (8K, 32K) in both dtypes first. Next, Mamba's selective scan
 (``--scan-lengths``; one head, K = N = 16, D = d_inner = ``--scan-dim``, LogProduct(Delta_t, A)),
 mode "triton" (lcsm/ops/triton_scan.py) against the chunk form's elementwise kernel (a few PyTorch
 operations a step, at T <= ``--scan-chunk-max`` only) and causal SDPA at the operators' shape; next,
 for a few cases (``--profile``), the kernels of one forward + backward of each form with their
 device times (torch.profiler), so that a loan also says where the time goes; then training steps
-of ~100M-parameter language models (lcsm gla, gated_deltanet, a Transformer and Mamba; fla's GLA
-and Gated DeltaNet models of the same width and depth where fla's model package is installed,
-with fla's untied embeddings), in bf16 autocast; last, for a few (``--shapes``), mode "triton"
-under other launch shapes (warps, pipeline stages, block widths) than the kernel modules' own.
-Every case runs under a time budget (``--budget``): once it is spent the rest are marked SKIP, and
-the report is rewritten after every case so that a run stopped early keeps what it measured.
+of ~100M-parameter language models (lcsm gla, gated_deltanet, a Transformer and Mamba), in bf16
+autocast; then, for a few (``--shapes``), mode "triton" under other launch shapes (warps, pipeline
+stages, block widths) than the kernel modules' own.
+
+fla comes last, in a pass of its own: its first call of each kernel autotunes every configuration
+(minutes for one op on a fresh machine: in the run of 2026-12-04, measured beside lcsm's cells,
+it took most of a 240 s budget). The pass fills the operators' fla cells (``--fla-dtypes`` at
+``--fla-lengths``, default bf16 at 8K: fla's production dtype at the target's length), profiles
+fla's form for the ``--profile`` cases in those dtypes, and trains fla's GLA and Gated DeltaNet
+models of the same width and depth (``--fla-models``, with fla's untied embeddings). The sections
+before it stop at (1 - ``--fla-share``) of the budget (``--budget``), the pass at its end; a case
+started after its deadline is marked SKIP. The report is rewritten after every case (its targets
+with it), so that a run stopped early keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -49,6 +58,7 @@ from lcsm.ops import LogProduct, eos, eos_delta, eos_dplr
 
 LENGTHS = (2048, 4096, 8192, 16384, 32768)
 TARGET_LENGTHS = (8192, 32768)
+DTYPES = ("bfloat16", "float32")
 OPS = ("gla", "simple_gla", "delta", "gated_delta", "kda")
 # the ops mode "triton" serves: eos's Triton kernels, and the delta-rule chunk forms (eos_delta's,
 # eos_dplr's) with their carry across chunks in Triton (lcsm/ops/triton_delta.py)
@@ -65,6 +75,19 @@ class Budget:
 
 # "cuda" for the benchmark; "cpu" only for the smoke test of this script (--device cpu).
 DEVICE = "cuda"
+
+
+Key = tuple[str, str, int]  # (op, dtype name, T)
+Cell = tuple[float | None, float | None, float | None]  # (ms, peak MiB, first call s); None where it failed
+FAILED: Cell = (None, None, None)
+
+
+def fmt(v: float | None, p: int = 2) -> str:
+    return "-" if v is None else f"{v:.{p}f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
 
 
 def sync() -> None:
@@ -84,6 +107,28 @@ def cuda_time(fn: Callable[[], object], warmup: int, repeats: int) -> float:
         sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def first_call(fn: Callable[[], object]) -> float:
+    """Seconds of ``fn``'s first call (synchronised): lcsm's Triton kernels compile in it and fla's
+    autotune, which the medians of ``cuda_time`` leave out."""
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def release(case: str) -> None:
+    """Empty the device's cache after ``case``. A fault in one of its kernels (an illegal address:
+    a sticky CUDA error, raised again by every later call) is logged here instead of ending the
+    run, so that the report keeps the cases measured and the later ones read "failed"."""
+    if DEVICE == "cpu":
+        return
+    try:
+        torch.cuda.empty_cache()
+    except Exception as exc:
+        log(f"{case}: emptying the device's cache: {exc!r}")
 
 
 def op_inputs(op: str, T: int, dtype: torch.dtype, B: int, H: int, K: int, seed: int = 0) -> dict:
@@ -163,9 +208,13 @@ def fwd_bwd(f: Callable[[dict], torch.Tensor], x: dict) -> Callable[[], None]:
     return step
 
 
-def peak_bytes(step: Callable[[], None]) -> int | None:
+def peak_bytes(step: Callable[[], None], x: dict) -> int | None:
+    """Peak bytes of one ``step`` above the inputs ``x``, their gradients from the last step freed
+    first: ``step`` frees and reallocates them, so a base that held them left them out of the peak."""
     if DEVICE == "cpu":
         return None
+    for t in x.values():
+        t.grad = None
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -197,109 +246,182 @@ class Report:
         return "\n".join(lines) + "\n"
 
     def flush(self) -> None:
-        text = self.render()
+        """Rewrite the report whole: written beside it and renamed over it, so that a run stopped
+        during the write (gpu.sh's timeout) leaves the previous report, not a truncated one."""
         if self.out:
-            Path(self.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(self.out).write_text(text)
+            out = Path(self.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.write_text(self.render())
+            os.replace(tmp, out)
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def bench_ops(report: Report, budget: Budget, args) -> None:
+def fla_unavailable() -> str | None:
+    """Why fla's ops cannot be called here (their imports' exception), or None where they import."""
     try:
-        import fla  # noqa: F401
+        import fla.ops.delta_rule  # noqa: F401
+        import fla.ops.gated_delta_rule  # noqa: F401
+        import fla.ops.gla  # noqa: F401
+        import fla.ops.kda  # noqa: F401
+        import fla.ops.simple_gla  # noqa: F401
+    except Exception as exc:  # missing, or failing on its own imports (transformers, einops, packaging)
+        return repr(exc)
+    return None
 
-        have_fla = True
-    except Exception as exc:  # fla missing or its import failing: lcsm and SDPA still run
-        have_fla = False
-        log(f"fla unavailable: {exc!r}")
+
+class OpsTable:
+    """The operators' rows, kept as their cells: fla's cells arrive in the last pass (``bench_ops_fla``)
+    and re-render their rows in place, and the targets are recomputed from the cells before every
+    flush, so that a report cut off anywhere holds them."""
+
+    def __init__(self, rows: list[str], fla_keys: list[Key]):
+        self.rows = rows
+        self.index: dict[Key, int] = {}
+        self.cells: dict[Key, dict[str, Cell]] = {}
+        self.sdpa: dict[tuple[str, int], float | None] = {}
+        self.skipped: set[Key] = set()
+        # fla's cell of each row the pass will measure: "pending" until it does, then its Cell, or
+        # "budget spent" where the pass had no time left for it; rows outside the pass have none
+        self.fla: dict[Key, Cell | str] = dict.fromkeys(fla_keys, "pending")
+
+    def put(self, key: Key) -> None:
+        line = self.render(key)
+        if key in self.index:
+            self.rows[self.index[key]] = line
+        else:
+            self.index[key] = len(self.rows)
+            self.rows.append(line)
+        log(line)
+
+    def render(self, key: Key) -> str:
+        op, dname, T = key
+        cells = self.cells.get(key, {})
+        lc, tr = cells.get("lcsm", FAILED), cells.get("triton", FAILED)
+        fla = self.fla.get(key, "")
+        fl = fla if isinstance(fla, tuple) else FAILED
+        sd = self.sdpa.get((dname, T))
+        skipped = key in self.skipped
+        if isinstance(fla, tuple):
+            fla_ms, fla_first = fmt(fl[0]), fmt(fl[2], 1)
+        else:
+            fla_ms, fla_first = "SKIP (budget spent)" if fla == "budget spent" else fla, ""
+        cols = [op, dname, str(T), "SKIP (budget spent)" if skipped else fmt(lc[0]), "" if skipped else fmt(tr[0])]
+        cols += [fla_ms, fla_first, fmt(ratio(lc[0], fl[0])), fmt(ratio(tr[0], fl[0])), "" if skipped else fmt(sd)]
+        cols += [fmt(ratio(lc[0], sd)), fmt(ratio(tr[0], sd)), fmt(lc[1], 0), fmt(tr[1], 0), fmt(fl[1], 0)]
+        return "| " + " | ".join(cols) + " |"
+
+    def checks(self, fla_dtypes: list[str]) -> list[Check]:
+        """The issue's targets: lcsm against fla at 8K (in the dtypes of fla's pass), and against
+        SDPA at 32K, the chunk form's and the better of lcsm's two forms' (mode "auto" takes the
+        Triton one on CUDA where it serves the decay)."""
+        short, long = TARGET_LENGTHS
+        out = []
+        for op in OPS:
+            for dname in DTYPES:
+                if dname in fla_dtypes:
+                    cells, fla = self.cells.get((op, dname, short), {}), self.fla.get((op, dname, short), "not run")
+                    fl = fla if isinstance(fla, tuple) else FAILED
+                    note = fla if isinstance(fla, str) else "fla failed: gpu_bench.log" if fl[0] is None else ""
+                    lc, tr = cells.get("lcsm", FAILED)[0], cells.get("triton", FAILED)[0]
+                    out.append(Check(f"{op} {dname} T=8K: lcsm / fla", ratio(lc, fl[0]), "<=", 1.2, note))
+                    out.append(Check(f"{op} {dname} T=8K: lcsm triton / fla", ratio(tr, fl[0]), "<=", 1.2, note))
+                cells, sd = self.cells.get((op, dname, long), {}), self.sdpa.get((dname, long))
+                forms = [cells.get(n, FAILED)[0] for n in ("lcsm", "triton")]
+                best = min((ms for ms in forms if ms), default=None)
+                out.append(Check(f"{op} {dname} T=32K: lcsm / SDPA", ratio(forms[0], sd), "<=", 1 / 3))
+                out.append(Check(f"{op} {dname} T=32K: best lcsm form / SDPA", ratio(best, sd), "<=", 1 / 3))
+        return out
+
+
+def bench_ops(report: Report, budget: Budget, args) -> OpsTable:
+    """lcsm's two forms and SDPA in every row; fla's cells are left to ``bench_ops_fla``."""
+    fla_note = f"fla at T in {', '.join(map(str, args.fla_lengths))}, {', '.join(args.fla_dtypes)}, measured last"
     rows = report.section(
         f"Operators, forward + backward (B{args.batch} H{args.heads} K = D = {args.dim}; ms, median of "
-        f"{args.repeats}; peak MiB above the inputs; in the order measured, the targets' lengths first)",
+        f"{args.repeats}; fla's first call in s: its autotuning; peak MiB above the inputs; in the order measured, "
+        f"the targets' lengths first; {fla_note})",
         [
-            "| op | dtype | T | lcsm chunk ms | lcsm triton ms | fla ms | lcsm / fla | triton / fla | SDPA ms | "
-            "lcsm / SDPA | lcsm MiB | triton MiB | fla MiB |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| op | dtype | T | lcsm chunk ms | lcsm triton ms | fla ms | fla first call s | lcsm / fla | "
+            "triton / fla | SDPA ms | lcsm / SDPA | triton / SDPA | lcsm MiB | triton MiB | fla MiB |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ],
     )
-    ratios: dict[tuple[str, str, int], tuple[float | None, float | None]] = {}
-    triton_ratios: dict[tuple[str, str, int], float | None] = {}
     # the targets' lengths first (lcsm / fla at 8K, lcsm / SDPA at 32K), in both dtypes before any
-    # other length: a loan's budget may end before the rest, fla's first calls autotuning for minutes
-    cases = [(dtype, T) for dtype in (torch.bfloat16, torch.float32) for T in args.lengths]
+    # other length: a loan's budget may end before the rest
+    cases = [(dname, T) for dname in DTYPES for T in args.lengths]
     cases.sort(key=lambda case: (case[1] not in TARGET_LENGTHS, case[1]))
-    for dtype, T in cases:
-        dname = str(dtype).removeprefix("torch.")
-        sdpa_ms = None
+    fla_keys = [(op, d, T) for d, T in cases if d in args.fla_dtypes and T in args.fla_lengths for op in OPS]
+    table = OpsTable(rows, fla_keys)
+    for dname, T in cases:
+        dtype = getattr(torch, dname)
         for op in OPS:
-            if budget.left() < 0:
-                rows.append(f"| {op} | {dname} | {T} | SKIP (budget spent) | | | | | | | | | |")
-                continue
-            cells = {}
-            for name, f in (
-                ("lcsm", lambda x, op=op: lcsm_op(op, x)),
-                ("triton", lambda x, op=op: lcsm_op(op, x, "triton")),
-                ("fla", lambda x, op=op: fla_op(op, x)),
-                ("sdpa", sdpa),
-            ):
-                if (
-                    (name == "fla" and not have_fla)
-                    or (name == "sdpa" and sdpa_ms is not None)
-                    or (name == "triton" and op not in TRITON_OPS)
-                ):
-                    continue
-                shape = (op, T, dtype, args.batch, args.heads, args.dim)
-                cells[name] = measure(f, lambda shape=shape: op_inputs(*shape), args, f"{op} {dname} T={T} {name}")
-            if "sdpa" in cells:
-                sdpa_ms = cells["sdpa"][0]
-            lc, fl = cells.get("lcsm", (None, None)), cells.get("fla", (None, None))
-            tr = cells.get("triton", (None, None))
-
-            def fmt(v, p=2):
-                return "-" if v is None else f"{v:.{p}f}"
-
-            r_fla = lc[0] / fl[0] if lc[0] and fl[0] else None
-            r_triton = tr[0] / fl[0] if tr[0] and fl[0] else None
-            r_sdpa = lc[0] / sdpa_ms if lc[0] and sdpa_ms else None
-            ratios[(op, dname, T)] = (r_fla, r_sdpa)
-            triton_ratios[(op, dname, T)] = r_triton
-            rows.append(
-                f"| {op} | {dname} | {T} | {fmt(lc[0])} | {fmt(tr[0])} | {fmt(fl[0])} | {fmt(r_fla)} | "
-                f"{fmt(r_triton)} | {fmt(sdpa_ms)} | {fmt(r_sdpa)} | {fmt(lc[1], 0)} | {fmt(tr[1], 0)} | "
-                f"{fmt(fl[1], 0)} |"
-            )
-            log(rows[-1])
+            key = (op, dname, T)
+            if budget.left() <= 0:
+                table.skipped.add(key)
+            else:
+                cells = table.cells.setdefault(key, {})
+                forms = [
+                    ("lcsm", lambda x, op=op: lcsm_op(op, x)),
+                    ("triton", lambda x, op=op: lcsm_op(op, x, "triton")),
+                ]
+                if (dname, T) not in table.sdpa:
+                    forms.append(("sdpa", sdpa))
+                for name, f in forms:
+                    if name == "triton" and op not in TRITON_OPS:
+                        continue
+                    shape = (op, T, dtype, args.batch, args.heads, args.dim)
+                    cells[name] = measure(f, lambda shape=shape: op_inputs(*shape), args, f"{op} {dname} T={T} {name}")
+                if "sdpa" in cells:
+                    table.sdpa[(dname, T)] = cells.pop("sdpa")[0]
+            table.put(key)
+            report.checks = table.checks(args.fla_dtypes)
             report.flush()
-    for op in OPS:
-        for dname in ("bfloat16", "float32"):
-            r_fla = ratios.get((op, dname, TARGET_LENGTHS[0]), (None, None))[0]
-            r_sdpa = ratios.get((op, dname, TARGET_LENGTHS[1]), (None, None))[1]
-            report.checks.append(Check(f"{op} {dname} T=8K: lcsm / fla", r_fla, "<=", 1.2))
-            report.checks.append(Check(f"{op} {dname} T=32K: lcsm / SDPA", r_sdpa, "<=", 1 / 3))
-            if op in TRITON_OPS:
-                r_triton = triton_ratios.get((op, dname, TARGET_LENGTHS[0]))
-                report.checks.append(Check(f"{op} {dname} T=8K: lcsm triton / fla", r_triton, "<=", 1.2))
-    report.flush()
+    return table
 
 
-def measure(f: Callable[[dict], torch.Tensor], inputs: Callable[[], dict], args, case: str):
-    """(ms, peak MiB) of ``f``'s forward + backward on fresh ``inputs()``, or (None, None) where it
-    fails (the failure logged under ``case``); the device's cache emptied after."""
+def bench_ops_fla(report: Report, budget: Budget, args, table: OpsTable) -> None:
+    """fla's cells of the operators' rows (``--fla-dtypes`` at ``--fla-lengths``), each row re-rendered as
+    its cell arrives; the first call of each op autotunes its kernels, timed in the row."""
+    for key in [k for k, v in table.fla.items() if v == "pending"]:
+        op, dname, T = key
+        if budget.left() <= 0:
+            table.fla[key] = "budget spent"
+        else:
+            shape = (op, T, getattr(torch, dname), args.batch, args.heads, args.dim)
+            table.fla[key] = measure(
+                lambda x, op=op: fla_op(op, x), lambda shape=shape: op_inputs(*shape), args, f"{op} {dname} T={T} fla"
+            )
+        table.put(key)
+        report.checks = table.checks(args.fla_dtypes)
+        report.flush()
+
+
+def measure(f: Callable[[dict], torch.Tensor], inputs: Callable[[], dict], args, case: str) -> Cell:
+    """(ms, peak MiB, first call s) of ``f``'s forward + backward on fresh ``inputs()``, the first call
+    one of the warm-up's, or ``FAILED`` where it fails (the failure logged under ``case``); the
+    device's cache emptied after."""
     try:
-        x = inputs()
-        step = fwd_bwd(f, x)
-        ms = cuda_time(step, args.warmup, args.repeats) * 1e3
-        peak = peak_bytes(step)
-        del x, step
-        result = (ms, None if peak is None else peak / 2**20)
+        result = _measure(f, inputs, args, case)
     except Exception as exc:
         log(f"{case}: {exc!r}")
-        result = (None, None)
-    if DEVICE != "cpu":
-        torch.cuda.empty_cache()
+        result = FAILED
+    # after the except clause: its traceback, which held the inputs, is gone
+    release(case)
     return result
+
+
+def _measure(f: Callable[[dict], torch.Tensor], inputs: Callable[[], dict], args, case: str) -> Cell:
+    x = inputs()
+    step = fwd_bwd(f, x)
+    first = first_call(step)
+    log(f"{case}: first call {first:.1f} s")
+    ms = cuda_time(step, max(args.warmup - 1, 0), args.repeats) * 1e3
+    peak = peak_bytes(step, x)
+    return ms, None if peak is None else peak / 2**20, first
 
 
 def scan_inputs(T: int, dtype: torch.dtype, B: int, D: int, K: int = 16, seed: int = 0) -> dict:
@@ -332,13 +454,10 @@ def bench_scan(report: Report, budget: Budget, args) -> None:
         ],
     )
 
-    def fmt(v, p=2):
-        return "-" if v is None else f"{v:.{p}f}"
-
     for dtype in (torch.bfloat16, torch.float32):
         dname = str(dtype).removeprefix("torch.")
         for T in args.scan_lengths:
-            if budget.left() < 0:
+            if budget.left() <= 0:
                 rows.append(f"| {dname} | {T} | SKIP (budget spent) | | | | | |")
                 continue
             cells = {}
@@ -355,9 +474,8 @@ def bench_scan(report: Report, budget: Budget, args) -> None:
                 cases.append(("chunk", lambda x: lcsm_scan(x, "chunk"), scan))
             for name, f, inputs in cases:
                 cells[name] = measure(f, inputs, args, f"scan {dname} T={T} {name}")
-            tr, ch, sd = (cells.get(n, (None, None)) for n in ("triton", "chunk", "sdpa"))
-            r_chunk = ch[0] / tr[0] if ch[0] and tr[0] else None
-            r_sdpa = tr[0] / sd[0] if tr[0] and sd[0] else None
+            tr, ch, sd = (cells.get(n, FAILED) for n in ("triton", "chunk", "sdpa"))
+            r_chunk, r_sdpa = ratio(ch[0], tr[0]), ratio(tr[0], sd[0])
             rows.append(
                 f"| {dname} | {T} | {fmt(tr[0])} | {fmt(ch[0])} | {fmt(r_chunk)} | {fmt(sd[0])} | {fmt(r_sdpa)} | "
                 f"{fmt(tr[1], 0)} |"
@@ -393,25 +511,32 @@ def _shape_cases(text: str) -> list[str]:
     return _profile_cases(text, (*OPS, "scan"))
 
 
-def bench_kernels(report: Report, budget: Budget, args) -> None:
+LCSM_FORMS = (("lcsm triton", "triton"), ("lcsm chunk", "chunk"))
+FLA_FORMS = (("fla", None),)
+
+
+def kernels_section(report: Report, args) -> list[str]:
+    where = "device time of each kernel" if DEVICE == "cuda" else "host time of each op (CPU smoke test)"
+    return report.section(
+        f"Kernels of one forward + backward (B{args.batch} H{args.heads} K = D = {args.dim}; torch.profiler, {where}; "
+        f"the {args.top} longest; fla's form last, in {', '.join(args.fla_dtypes)} only)",
+        ["| case | kernel | calls | ms | share of the case |", "| --- | --- | ---: | ---: | ---: |"],
+    )
+
+
+def bench_kernels(report: Report, budget: Budget, args, rows: list[str], forms, cases: list[str]) -> None:
     """Where one forward + backward spends its time, kernel by kernel (torch.profiler, after one
-    unprofiled call that compiles and warms the kernels): the ``--top`` longest of each case, so
-    that a loan says which of a form's kernels to work on."""
+    unprofiled call that compiles and warms the kernels, its time on the case's total row): the
+    ``--top`` longest of each case, so that a loan says which of a form's kernels to work on.
+    ``forms``: (label, lcsm mode) pairs, mode None for fla's."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
-    where = "device time of each kernel" if DEVICE == "cuda" else "host time of each op (CPU smoke test)"
-    rows = report.section(
-        f"Kernels of one forward + backward (B{args.batch} H{args.heads} K = D = {args.dim}; torch.profiler, {where}; "
-        f"the {args.top} longest)",
-        ["| case | kernel | calls | ms | share of the case |", "| --- | --- | ---: | ---: | ---: |"],
-    )
-    forms = [("lcsm triton", "triton"), ("lcsm chunk", "chunk"), ("fla", None)]
-    for spec in args.profile:
+    for spec in cases:
         op, dname, T = spec.split(":")
         for label, mode in forms:
             case = f"{op} {dname} T={T} {label}"
-            if budget.left() < 0:
+            if budget.left() <= 0:
                 rows.append(f"| {case} | SKIP (budget spent) | | | |")
                 continue
             try:
@@ -420,8 +545,7 @@ def bench_kernels(report: Report, budget: Budget, args) -> None:
                     step = fwd_bwd(lambda x, op=op: fla_op(op, x), x)
                 else:
                     step = fwd_bwd(lambda x, op=op, mode=mode: lcsm_op(op, x, mode), x)
-                step()
-                sync()
+                first = first_call(step)
                 with profile(activities=activities) as prof:
                     step()
                     sync()
@@ -431,13 +555,12 @@ def bench_kernels(report: Report, budget: Budget, args) -> None:
                 for key, count, us in events[: args.top]:
                     name = key if len(key) <= 70 else key[:67] + "..."
                     rows.append(f"| {case} | `{name}` | {count} | {us / 1e3:.2f} | {us / total:.1%} |")
-                rows.append(f"| {case} | all {len(events)} | | {total / 1e3:.2f} | 100% |")
-                del x, step
+                rows.append(f"| {case} | all {len(events)} (first call {first:.1f} s) | | {total / 1e3:.2f} | 100% |")
             except Exception as exc:
                 log(f"{case}: {exc!r}")
                 rows.append(f"| {case} | failed: {type(exc).__name__}: {str(exc)[:120]} | | | |")
-            if DEVICE != "cpu":
-                torch.cuda.empty_cache()
+            x = step = None  # before the next case's inputs, also after a failure (out of memory)
+            release(case)
             log(rows[-1])
             report.flush()
 
@@ -494,7 +617,7 @@ def bench_shapes(report: Report, budget: Budget, args) -> None:
                 f"{k} {getattr(module, k)}" for k in sorted({k for o in SHAPES[name] for k in o})
             )
             case = f"{op} {dname} T={T}"
-            if budget.left() < 0:
+            if budget.left() <= 0:
                 rows.append(f"| {case} | {name} | {label} | SKIP (budget spent) | |")
                 continue
             saved = {k: getattr(module, k) for k in overrides}
@@ -519,8 +642,7 @@ def bench_shapes(report: Report, budget: Budget, args) -> None:
                 for k, v in saved.items():
                     setattr(module, k, v)
                 del x  # before the next shape's inputs, also after a failure (out of memory)
-            if DEVICE != "cpu":
-                torch.cuda.empty_cache()
+            release(f"{case} {label}")
             log(rows[-1])
             report.flush()
 
@@ -564,31 +686,36 @@ def fla_lm(name: str, d: int, layers: int, vocab: int) -> torch.nn.Module:
     return GatedDeltaNetForCausalLM(cfg)
 
 
-def bench_train(report: Report, budget: Budget, args) -> None:
-    rows = report.section(
+def train_section(report: Report, args) -> list[str]:
+    return report.section(
         f"Training a language model (d {args.model_dim}, {args.model_layers} layers, vocab {args.vocab}, "
-        f"batch {args.train_batch} x {args.train_len} tokens, bf16 autocast, AdamW; median of {args.repeats} steps)",
-        ["| model | parameters (M) | s / step | tokens / s | peak GiB |", "| --- | --- | --- | --- | --- |"],
+        f"batch {args.train_batch} x {args.train_len} tokens, bf16 autocast, AdamW; median of {args.repeats} steps; "
+        "the first step in s: compiling and autotuning; fla's models last)",
+        [
+            "| model | parameters (M) | s / step | tokens / s | peak GiB | first step s |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ],
     )
-    cases = [("lcsm " + m, lambda m=m: lcsm_lm(m, args.model_dim, args.model_layers, args.vocab)) for m in args.mixers]
-    cases += [
-        ("fla " + m, lambda m=m: fla_lm(m, args.model_dim, args.model_layers, args.vocab)) for m in args.fla_models
-    ]
+
+
+def bench_train(report: Report, budget: Budget, args, rows: list[str], fla: bool) -> None:
+    """Training steps of lcsm's models (``--mixers``), or with ``fla`` of fla's (``--fla-models``)."""
+    library, make, models = ("fla", fla_lm, args.fla_models) if fla else ("lcsm", lcsm_lm, args.mixers)
     tokens = torch.randint(0, args.vocab, (args.train_batch, args.train_len + 1), device=DEVICE)
-    for name, make in cases:
-        if budget.left() < 0:
-            rows.append(f"| {name} | SKIP (budget spent) | | | |")
+    for mixer in models:
+        name = f"{library} {mixer}"
+        if budget.left() <= 0:
+            rows.append(f"| {name} | SKIP (budget spent) | | | | |")
             continue
         try:
-            model = make().to(DEVICE)
+            model = make(mixer, args.model_dim, args.model_layers, args.vocab).to(DEVICE)
             n_params = sum(p.numel() for p in model.parameters()) / 1e6
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=DEVICE != "cpu")
-            fla_model = name.startswith("fla")
 
-            def step(model=model, opt=opt, fla_model=fla_model):
+            def step(model=model, opt=opt):
                 with torch.autocast(DEVICE, dtype=torch.bfloat16):
                     out = model(tokens[:, :-1])
-                    logits = out.logits if fla_model else out
+                    logits = out.logits if fla else out
                     if isinstance(logits, tuple):
                         logits = logits[0]
                     loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
@@ -598,16 +725,16 @@ def bench_train(report: Report, budget: Budget, args) -> None:
 
             if DEVICE != "cpu":
                 torch.cuda.reset_peak_memory_stats()
-            sec = cuda_time(step, args.warmup, args.repeats)
+            first = first_call(step)
+            sec = cuda_time(step, max(args.warmup - 1, 0), args.repeats)
             peak = torch.cuda.max_memory_allocated() / 2**30 if DEVICE != "cpu" else float("nan")
             tps = args.train_batch * args.train_len / sec
-            rows.append(f"| {name} | {n_params:.1f} | {sec:.3f} | {tps:,.0f} | {peak:.1f} |")
-            del model, opt
+            rows.append(f"| {name} | {n_params:.1f} | {sec:.3f} | {tps:,.0f} | {peak:.1f} | {first:.1f} |")
         except Exception as exc:
             traceback.print_exc()
-            rows.append(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:120]} | | | |")
-        if DEVICE != "cpu":
-            torch.cuda.empty_cache()
+            rows.append(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:120]} | | | | |")
+        model = opt = step = None  # before the next model, also after a failure (out of memory)
+        release(name)
         log(rows[-1])
         report.flush()
 
@@ -635,6 +762,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-len", type=int, default=2048)
     p.add_argument("--budget", type=float, default=300.0, help="seconds for all cases; the rest are skipped")
     p.add_argument(
+        "--fla-share",
+        type=float,
+        default=0.4,
+        help="the budget's share held back for fla's pass at the end (where fla's ops import)",
+    )
+    p.add_argument(
+        "--fla-dtypes",
+        type=lambda s: [d for d in s.split(",") if d],
+        default=["bfloat16"],
+        help="dtypes of fla's pass: its operators' cells, its --profile cases (comma-separated)",
+    )
+    p.add_argument(
+        "--fla-lengths",
+        type=lambda s: [int(t) for t in s.split(",") if t],
+        default=[TARGET_LENGTHS[0]],
+        help="lengths of fla's operators' cells (those among --lengths; comma-separated)",
+    )
+    p.add_argument(
         "--profile",
         type=_profile_cases,
         default=["gla:bfloat16:32768", "simple_gla:float32:32768"],
@@ -658,6 +803,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     if args.repeats < 1 or args.warmup < 0:
         p.error(f"--repeats / --warmup: expected >= 1 and >= 0, got {args.repeats} and {args.warmup}")
+    if not 0 <= args.fla_share < 1:
+        p.error(f"--fla-share: expected a fraction in [0, 1), got {args.fla_share}")
+    if set(args.fla_dtypes) - set(DTYPES):
+        p.error(f"--fla-dtypes: expected among {', '.join(DTYPES)}, got {','.join(args.fla_dtypes)}")
     skip = {name for name in args.skip.split(",") if name}
     if skip - SECTIONS:
         p.error(
@@ -672,21 +821,38 @@ def main(argv: list[str] | None = None) -> int:
         header["triton"] = triton.__version__
     except ImportError:
         header["triton"] = "absent"
+    fla_missing = fla_unavailable()
+    if fla_missing:
+        log(f"fla unavailable (its cells will read -, its budget share goes to lcsm's): {fla_missing}")
+        header["fla"] = f"unavailable: {fla_missing[:150]}"
+    else:
+        import fla
+
+        header["fla"] = getattr(fla, "__version__", "imported, no version")
     report = Report(header, args.out)
     budget = Budget(args.budget)
+    # lcsm's sections before fla's pass and within their own share: fla's first calls autotune for
+    # minutes on a fresh device (most of a 240 s budget on an H200, 2026-12-04)
+    lcsm_budget = Budget(args.budget * (1 - args.fla_share)) if not fla_missing else budget
     torch.backends.cuda.matmul.allow_tf32 = False
-    # The operators' table first: it holds the issue's targets, and the kernel profiles' fla case
-    # autotunes for minutes on a fresh device (most of a 240 s budget on an H200)
-    if "ops" not in skip:
-        bench_ops(report, budget, args)
-    if "scan" not in skip:  # short (a few cases)
-        bench_scan(report, budget, args)
+    table = bench_ops(report, lcsm_budget, args) if "ops" not in skip else None
+    if "scan" not in skip:
+        bench_scan(report, lcsm_budget, args)
     if "kernels" not in skip:
-        bench_kernels(report, budget, args)
+        kernel_rows = kernels_section(report, args)
+        bench_kernels(report, lcsm_budget, args, kernel_rows, LCSM_FORMS, args.profile)
     if "train" not in skip:
-        bench_train(report, budget, args)
-    if "shapes" not in skip:  # last: tuning, where the sections before it are the targets' evidence
-        bench_shapes(report, budget, args)
+        train_rows = train_section(report, args)
+        bench_train(report, lcsm_budget, args, train_rows, fla=False)
+    if "shapes" not in skip:  # last of lcsm's: tuning, where the sections before it are the targets' evidence
+        bench_shapes(report, lcsm_budget, args)
+    if table is not None:
+        bench_ops_fla(report, budget, args, table)
+    if "kernels" not in skip:
+        fla_cases = [c for c in args.profile if c.split(":")[1] in args.fla_dtypes]
+        bench_kernels(report, budget, args, kernel_rows, FLA_FORMS, fla_cases)
+    if "train" not in skip:
+        bench_train(report, budget, args, train_rows, fla=True)
     report.flush()
     print(report.render())
     return 0
