@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # bench/ lives at the repository root, outside the lcsm package
     sys.path.insert(0, str(REPO))
 
-from bench import gpu_bench  # noqa: E402
+from bench import gpu_bench, gpu_peers  # noqa: E402
 
 
 @pytest.fixture
@@ -150,3 +150,14 @@ def test_spent_budget_skips_and_keeps_targets(tmp_path, fla_stand_in):
 def test_profile_cases_are_checked():
     with pytest.raises(SystemExit):
         gpu_bench.main(["--device", "cpu", "--profile", "gla:float16:40"])
+
+
+def test_peer_cases_import_fla_inside_their_factories(monkeypatch):
+    """gpu_peers catches a case's failure around its factory's call: fla's import (missing, or
+    failing on an older transformers) must happen there, not while the cases are listed."""
+    monkeypatch.setitem(sys.modules, "fla.layers.gdn2", None)  # its import raises ImportError
+    cases = list(gpu_peers.gdn2_cases())
+    assert len(cases) == 2
+    for _, layers in cases:
+        with pytest.raises(ImportError):
+            layers()
