@@ -5,6 +5,7 @@ fla's pass fills the report (last, in its dtypes and lengths only), not fla. Tim
 machine-dependent and not asserted."""
 
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -161,3 +162,34 @@ def test_peer_cases_import_fla_inside_their_factories(monkeypatch):
     for _, layers in cases:
         with pytest.raises(ImportError):
             layers()
+
+
+SAMPLE = """
+import os, time
+
+def test_bad():
+    assert 1 == 2, "the reason"
+
+def test_written_before_the_session_ends():
+    path = os.environ["LCSM_LIVE_FAILURES"]
+    for _ in range(100):  # under xdist the controller writes it when the worker's report arrives
+        if os.path.exists(path) and "test_bad" in open(path).read():
+            return
+        time.sleep(0.1)
+    raise AssertionError("test_bad's failure not written yet")
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["one process", "xdist"])
+def test_live_failures_are_written_as_they_happen(tmp_path, workers):
+    """bench/_live_failures.py, gpu.sh's test step's plugin: a failure's traceback is on disk while the
+    session still runs, once (the controller's copy only under xdist)."""
+    (tmp_path / "test_sample.py").write_text(SAMPLE)
+    log = tmp_path / "failures.log"
+    env = {**os.environ, "LCSM_LIVE_FAILURES": str(log), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench._live_failures", *workers]
+    proc = subprocess.run([*argv, "test_sample.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "1 failed, 1 passed" in proc.stdout, proc.stdout + proc.stderr
+    text = log.read_text()
+    assert text.count("==== test_sample.py::test_bad (call)") == 1 and "the reason" in text, text
+    assert "test_written_before" not in text, text
