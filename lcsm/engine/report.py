@@ -187,9 +187,11 @@ def _ordered(labels: Sequence[str]) -> list[str]:
 
 def table_seed_axes(exp) -> list[str]:
     """The seed axes a ``report.table`` cell averages over: those not in ``select.over`` (a seed
-    axis there is selected, one seed a cell)."""
-    over = (exp.select or {}).get("over", [])
-    return [key for key in seed_axes(exp) if key not in over]
+    axis there is selected, one seed a cell) and not the table's rows or columns (one seed a row
+    or column)."""
+    table = exp.report.get("table") or {}
+    shown = {*(exp.select or {}).get("over", []), table.get("rows"), table.get("columns")}
+    return [key for key in seed_axes(exp) if key not in shown]
 
 
 def pivot(rows: list[dict[str, Any]], spec: Mapping[str, Any], exp) -> str:

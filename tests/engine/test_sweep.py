@@ -857,6 +857,19 @@ def test_report_table_with_seeds_and_select_over(tmp_path, monkeypatch, seed_sel
         assert "| gla | 0.8000 |" in text
 
 
+def test_a_table_whose_columns_are_the_seeds_shows_each_seed(tmp_path, monkeypatch):
+    """A seed axis as the table's columns is shown, not averaged: each cell is one run, and no
+    cell reads "(1 of 3 seeds)"."""
+    report = {"table": {"rows": "model.mixer", "columns": "train.seed", "value": "accuracy"}}
+    exp = seeded_experiment(tmp_path, ["gla", "hgrn"], 3, report, "out")
+    monkeypatch.setattr(sweep_mod, "execute", fake_seeded_train(False))
+    sweep(exp, log=lambda *_: None)
+    text = write_report(exp, collect(exp)).read_text()
+    assert "## accuracy\n" in text  # the heading says no "(mean over train.seed)"
+    table = text.split("## accuracy\n")[1].split("\n\n")[0]
+    assert "| model.mixer \\ train.seed | 0 | 1 | 2 |" in table and "seeds)" not in table, table
+
+
 def test_report_names_a_difference_without_finished_runs_as_missing(tmp_path, monkeypatch):
     """A sweep stopped before a compared cell ran: the report names that comparison as missing
     (not resolved) instead of failing, and still resolves the others."""
