@@ -786,11 +786,17 @@ class Trainer:
         which = "last"
         if self.state.best_step is not None and best.is_dir():
             problem = ckpt.damage(best, trainer=False)
+            problem = None if problem is None else f"is damaged: {problem}"
+            held = ckpt.read_info(best).get("step") if problem is None else None
+            if problem is None and held != self.state.best_step:
+                # written by the steps after the checkpoint a run resumed from, which the resumed
+                # run (on another machine or thread count: not bit for bit) did not repeat
+                problem = f"holds step {held}, not the run's best step {self.state.best_step}"
             if problem is None:
                 self._load_whole(best)
                 which = "best"
             elif self.dist.is_main:
-                ckpt.warn(f"warning: checkpoint {best} is damaged: {problem}; testing the last weights instead")
+                ckpt.warn(f"warning: checkpoint {best} {problem}; testing the last weights instead")
         note = self._data_note(["test"])
         if note:
             self.progress.message(note)

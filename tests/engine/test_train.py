@@ -430,6 +430,26 @@ def test_final_test_uses_the_best_checkpoint(cache_env):
     assert result["machine"]["host_allocator"].split()[0] in ("retain", "system")
 
 
+def test_a_best_checkpoint_of_steps_the_run_did_not_keep_is_not_tested(cache_env, capsys):
+    """A resumed run that does not repeat its steps bit for bit (another machine or thread count)
+    can leave checkpoints/best from the steps after its resume point: the final test takes the last
+    weights and says so, not weights of another step under the run's best step."""
+    values = {**copy.deepcopy(TINY), "out_dir": str(cache_env / "run")}
+    values["task"] = {"name": "listops", "max_length": 24, "min_length": 8, "train_examples": 64}
+    values["task"].update(validation_examples=16, test_examples=16)
+    # the first evaluation stays the best (step 6 of 12): the final one does not rewrite best/
+    values["train"]["early_stop"] = {"metric": "loss", "min_delta": 10.0}
+    cfg = RunConfig.from_dict(values)
+    first = train(cfg, quiet=True)
+    assert first["best"]["step"] == 6 and first["test"]["checkpoint"] == "best"
+    info = cache_env / "run" / "checkpoints" / "best" / "run.json"
+    info.write_text(json.dumps({**json.loads(info.read_text()), "step": first["best"]["step"] + 1}))
+    (cache_env / "run" / "result.json").unlink()  # the run stopped in its final evaluation
+    again = train(cfg, quiet=True)
+    assert again["test"]["checkpoint"] == "last" and again["test"]["step"] == again["step"]
+    assert f"holds step {first['best']['step'] + 1}, not the run's best step" in capsys.readouterr().err
+
+
 def test_no_final_test_when_the_run_evaluates_on_test(cache_env):
     assert train(config(cache_env), quiet=True)["test"] is None
 
