@@ -375,10 +375,11 @@ def read_examples(run_dir: Path) -> dict[str, np.ndarray] | None:
     }
 
 
-def metric_examples(columns: Mapping[str, np.ndarray], metric: str) -> stats.Examples | None:
+def metric_examples(columns: Mapping[str, np.ndarray], metric: str, block: int = 1) -> stats.Examples | None:
     """The examples of ``metric`` (a name without ``test/``): accuracy as a mean of per-example
     accuracies (Evaluator), per segment with ``accuracy/<segment>``; loss and perplexity over
-    labelled positions. None for a metric the examples do not give (a slice ``accuracy/<key>=<v>``)."""
+    labelled positions; resampled in blocks of ``block`` (the task's ``example_block``). None for a
+    metric the examples do not give (a slice ``accuracy/<key>=<v>``)."""
     labelled = columns["total"] > 0
     name, _, segment = metric.partition("/")
     if segment:
@@ -387,12 +388,13 @@ def metric_examples(columns: Mapping[str, np.ndarray], metric: str) -> stats.Exa
         labelled = labelled & (columns["segment"] == segment)
     if name == "accuracy":
         n = int(labelled.sum())
-        return stats.Examples(columns["correct"][labelled] / columns["total"][labelled], np.ones(n))
+        return stats.Examples(columns["correct"][labelled] / columns["total"][labelled], np.ones(n), block=block)
     if name in ("loss", "perplexity"):
         return stats.Examples(
             columns["loss"][labelled],
             columns["total"][labelled],
             "exp" if name == "perplexity" else "identity",
+            block,
         )
     return None
 
@@ -407,12 +409,14 @@ def run_score(run_dir: Path, row: Mapping[str, Any], metric: str, seeds: Sequenc
     columns = read_examples(run_dir)
     examples = None
     if columns is not None:
+        from lcsm.tasks import resolve
+
+        result = json.loads((Path(run_dir) / "result.json").read_text())
+        block = resolve(result["config"]["task"]["name"]).example_block
         if metric.startswith("test/"):
-            examples = metric_examples(columns, metric[len("test/") :])
-        else:
-            result = json.loads((Path(run_dir) / "result.json").read_text())
-            if result.get("eval_split") == "test":
-                examples = metric_examples(columns, metric)
+            examples = metric_examples(columns, metric[len("test/") :], block)
+        elif result.get("eval_split") == "test":
+            examples = metric_examples(columns, metric, block)
     return stats.RunScore(seed, float(value), examples)
 
 

@@ -1,18 +1,22 @@
 """Intervals for results over seeds and test examples: a hierarchical bootstrap.
 
-A cell of an experiment (one config) has runs that differ only in their seed. Its value is the
-mean over seeds of each run's metric. The noise in that value has two sources: the seed (weights
-at initialisation, batch order) and the finite test set, which every run of an experiment shares
-(the task's data do not depend on the training seed). The two are crossed, not nested: averaging
-over seeds does not reduce the test set's noise. ``cell_interval`` resamples both: per bootstrap
+A cell of an experiment (one config) has runs that differ only in their seed. Its value is the mean
+over seeds of each run's metric. The noise in that value has two sources: the seed (weights at
+initialisation, batch order) and the finite test set, which every run of an experiment shares (the
+task's data do not depend on the training seed). The two are crossed, not nested: averaging over
+seeds does not reduce the test set's noise. ``cell_interval`` resamples both: per bootstrap
 replicate it draws the seeds with replacement and, once, the test examples with replacement (the
 runs' ``test_examples.csv``, ``Evaluator.examples``); every drawn run's metric is recomputed on
 that one draw of the examples, and the drawn runs' metrics are averaged. Runs whose example counts
-differ were tested on different sets, and each count gets its own draw. A run without examples
-keeps its reported metric in every replicate (its test-set noise is then carried only by the
-spread between seeds; ``Interval.over`` says which). One seed with examples gives an interval over
-test examples alone; one seed without them gives no interval (an error: there is nothing to
-resample).
+differ were tested on different sets, and each count gets its own draw. Examples that are
+consecutive windows of one stream (a language model's test split: ``Examples.block`` > 1) are not
+independent, since neighbouring windows share a document; they are drawn in circular blocks of
+``block`` consecutive windows (the circular block bootstrap of Politis and Romano, 1992), which
+keeps the dependence within a block, and both sides of a difference read the same blocks. A run
+without examples keeps its reported metric in every replicate (its test-set noise is then carried
+only by the spread between seeds; ``Interval.over`` says which). One seed with examples gives an
+interval over test examples alone; one seed without them gives no interval (an error: there is
+nothing to resample).
 
 ``difference_interval`` does the same for the difference of two cells' means, with the one draw
 of the examples for both cells (paired by test example), and paired by seed when both cells have
@@ -49,11 +53,14 @@ LEVEL = 0.95
 class Examples:
     """One run's test examples for one metric: the metric is ``transform(sum(numerator) /
     sum(denominator))`` over the examples (accuracy: each example's accuracy over 1; loss: its
-    summed loss over its labelled positions; perplexity: the same with ``transform="exp"``)."""
+    summed loss over its labelled positions; perplexity: the same with ``transform="exp"``).
+    ``block``: 1 where the examples are independent; else they are consecutive windows of one
+    stream, in its order, resampled in circular blocks of that many (``Task.example_block``)."""
 
     numerator: np.ndarray
     denominator: np.ndarray
     transform: str = "identity"
+    block: int = 1
 
     def __post_init__(self):
         if self.numerator.ndim != 1 or self.numerator.shape != self.denominator.shape:
@@ -65,6 +72,8 @@ class Examples:
             raise ValueError("Examples: expected at least one example, got none")
         if self.transform not in ("identity", "exp"):
             raise ValueError(f"Examples.transform: expected 'identity' or 'exp', got {self.transform!r}")
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
+            raise ValueError(f"Examples.block: expected an int >= 1, got {self.block!r}")
 
     def value(self, rows: np.ndarray | None = None) -> np.ndarray | float:
         """The metric over all examples (``rows`` None), or per row of the index matrix ``rows``
@@ -122,11 +131,13 @@ class Interval:
 def _over(runs: Sequence[RunScore]) -> str:
     with_examples = sum(r.examples is not None for r in runs)
     seeds = f"{len(runs)} seed{'s' if len(runs) != 1 else ''}"
+    blocks = sorted({r.examples.block for r in runs if r.examples is not None and r.examples.block > 1})
+    in_blocks = f" in blocks of {', '.join(map(str, blocks))}" if blocks else ""
     if with_examples == len(runs):
-        return f"{seeds} and test examples" if len(runs) > 1 else "test examples (1 seed)"
+        return f"{seeds} and test examples{in_blocks}" if len(runs) > 1 else f"test examples{in_blocks} (1 seed)"
     if with_examples == 0:
         return f"{seeds} only (no per-example record)"
-    return f"{seeds}; test examples of {with_examples} of them"
+    return f"{seeds}; test examples of {with_examples} of them" + (f",{in_blocks}" if in_blocks else "")
 
 
 def _check(runs: Sequence[RunScore], what: str) -> None:
@@ -140,16 +151,40 @@ def _check(runs: Sequence[RunScore], what: str) -> None:
     bad = [r.seed for r in runs if not math.isfinite(r.value)]
     if bad:
         raise ValueError(f"{what}: expected finite metrics, got nan or inf for seeds {bad}")
+    for r in runs:
+        if r.examples is not None and len(r.examples.numerator) < 2 * r.examples.block:
+            # a draw of one block (and a part) only rotates the stream: every replicate's mean is
+            # nearly the set's own, an interval of about no width
+            raise ValueError(
+                f"{what}: test examples in blocks of {r.examples.block} need at least {2 * r.examples.block} "
+                f"of them (two blocks), got {len(r.examples.numerator)} for seed {r.seed!r}"
+            )
 
 
-def _example_draws(cells: Sequence[Sequence[RunScore]], n_boot: int, rng: np.random.Generator) -> dict[int, np.ndarray]:
+def _test_set(examples: Examples) -> tuple[int, int]:
+    """What a test set's draw depends on: its example count and block length."""
+    return len(examples.numerator), examples.block
+
+
+def _example_draws(
+    cells: Sequence[Sequence[RunScore]], n_boot: int, rng: np.random.Generator
+) -> dict[tuple[int, int], np.ndarray]:
     """One resample of the test examples per replicate, [n_boot, N] index rows, for each example
-    count N among the cells' runs: the runs tested on N examples share the draw (one test set)."""
-    sizes = sorted({len(r.examples.numerator) for runs in cells for r in runs if r.examples is not None})
-    return {n: rng.integers(0, n, size=(n_boot, n), dtype=np.int32) for n in sizes}
+    count N (and block length) among the cells' runs: the runs tested on N examples share the draw
+    (one test set). Blocks of b > 1 are circular: ceil(N / b) starts drawn uniformly, each followed
+    by its next b - 1 examples (wrapping past the last to the first), cut to N, so that every
+    example is drawn equally often and the replicates centre on the set's own mean."""
+    draws = {}
+    for n, block in sorted({_test_set(r.examples) for runs in cells for r in runs if r.examples is not None}):
+        if block == 1:
+            draws[n, block] = rng.integers(0, n, size=(n_boot, n), dtype=np.int32)
+            continue
+        starts = rng.integers(0, n, size=(n_boot, -(-n // block), 1), dtype=np.int32)
+        draws[n, block] = ((starts + np.arange(block, dtype=np.int32)) % n).reshape(n_boot, -1)[:, :n]
+    return draws
 
 
-def _seed_draws(runs: Sequence[RunScore], picks: np.ndarray, rows: Mapping[int, np.ndarray]) -> np.ndarray:
+def _seed_draws(runs: Sequence[RunScore], picks: np.ndarray, rows: Mapping[tuple[int, int], np.ndarray]) -> np.ndarray:
     """[B, S] metrics of the runs ``picks`` [B, S] draws, each on its replicate's draw of the test
     examples (``rows``, from ``_example_draws``)."""
     out = np.empty(picks.shape)
@@ -160,7 +195,7 @@ def _seed_draws(runs: Sequence[RunScore], picks: np.ndarray, rows: Mapping[int, 
         if run.examples is None:
             out[where] = run.value
             continue
-        per_replicate = run.examples.value(rows[len(run.examples.numerator)])
+        per_replicate = run.examples.value(rows[_test_set(run.examples)])
         out[where] = per_replicate[np.nonzero(where)[0]]
     return out
 

@@ -55,6 +55,10 @@ class Task:
     splits: tuple[str, ...] = ("train", "test")
     slice_keys: tuple[str, ...] = ()
     generator_version: int = 1
+    # Consecutive test examples that ``lcsm.engine.stats`` resamples together: 1 where examples are
+    # drawn independently of each other; more where they are windows of one stream, in order, and
+    # neighbours share a document (``stats.Examples.block``).
+    example_block: int = 1
 
     def __init__(
         self, config: TaskConfig | None = None, *, cache_dir: str | Path | None = None, use_cache: bool = True

@@ -1,6 +1,8 @@
 """The hierarchical bootstrap: deterministic, about the right coverage on synthetic data, an
 interval over examples alone for one seed, paired differences, Spearman's rho, clear errors."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,7 @@ from lcsm.engine.stats import (
     Examples,
     Interval,
     RunScore,
+    _example_draws,
     cell_interval,
     cell_replicates,
     difference_interval,
@@ -221,3 +224,99 @@ def test_the_chance_of_a_rho_from_a_random_order():
     assert spearman_chance(3, -1.0) == pytest.approx(1 / 3)
     assert spearman_chance(9, 0.0) == 1.0
     assert 0.0 < spearman_chance(11, 0.8) < 0.01
+
+
+def ar1_stream(n, phi, rng):
+    """n consecutive values of an AR(1) process of unit variance: neighbours correlate phi."""
+    x = np.empty(n)
+    x[0] = rng.standard_normal()
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + np.sqrt(1 - phi**2) * rng.standard_normal()
+    return x
+
+
+def test_a_block_draw_is_runs_of_consecutive_examples():
+    """Blocks of 10 of 95 examples: each replicate is 10 starts, each followed by its next 9
+    examples (past the last back to the first), cut to 95; every example is drawn about equally
+    often. Independent examples keep the draw of one index at a time."""
+    runs = [RunScore(0, 0.5, Examples(np.ones(95), np.ones(95), block=10))]
+    rows = _example_draws([runs], 500, np.random.default_rng(0))[95, 10]
+    assert rows.shape == (500, 95)
+    blocks = np.pad(rows, ((0, 0), (0, 5)), constant_values=-1).reshape(500, 10, 10)
+    steps = np.diff(blocks[:, :, :], axis=2)[:, :-1]  # the last block is cut after 5
+    assert np.all((steps == 1) | (steps == -94))
+    assert np.all(np.diff(blocks[:, -1, :5], axis=1) % 95 == 1)
+    counts = np.bincount(rows.ravel(), minlength=95)
+    assert counts.min() > 0.8 * counts.mean() and counts.max() < 1.2 * counts.mean()
+    independent = _example_draws([[accuracy_run(0, 0.5, 95, np.random.default_rng(1))]], 500, np.random.default_rng(0))
+    assert list(independent) == [(95, 1)]
+
+
+def test_an_autocorrelated_stream_gets_the_true_standard_error():
+    """Streams of 4000 examples whose neighbours correlate 0.8 (AR(1)): the standard error of their
+    mean is 3x what independent draws say ((1 + 0.8) / (1 - 0.8) = 9 in variance). Over 20 streams,
+    the interval from blocks of 100 is about 2 x 1.96 true standard errors wide (within 20%); the
+    one from independent draws about a third of that."""
+    rng = np.random.default_rng(9)
+    n, phi = 4000, 0.8
+    true_se = np.sqrt((1 + phi) / (1 - phi) / n)
+    blocked, independent = [], []
+    for _ in range(20):
+        x = ar1_stream(n, phi, rng)
+        for block, widths in ((1, independent), (100, blocked)):
+            run = RunScore(0, float(x.mean()), Examples(x, np.ones(n), block=block))
+            widths.append(cell_interval([run], n_boot=1000).width / (2 * 1.96 * true_se))
+    assert 0.8 < np.median(blocked) < 1.2
+    assert 0.25 < np.median(independent) < 0.45
+    assert cell_interval([run]).over == "test examples in blocks of 100 (1 seed)"
+
+
+def test_a_pair_reads_the_same_blocks():
+    """Two runs of one seed whose per-example scores differ by 0.1 everywhere: paired by example,
+    every replicate of the difference is 0.1, blocks or not; each side alone varies."""
+    x = ar1_stream(600, 0.8, np.random.default_rng(10))
+    for block in (1, 50):
+        a = [RunScore(0, float(x.mean()) + 0.1, Examples(x + 0.1, np.ones(600), block=block))]
+        b = [RunScore(0, float(x.mean()), Examples(x, np.ones(600), block=block))]
+        d = difference_interval(a, b)
+        assert (d.low, d.high) == pytest.approx((0.1, 0.1), abs=1e-12) and cell_interval(a).width > 0.05
+
+
+def test_independent_examples_draw_as_before_blocks():
+    """Examples without blocks give the replicates of one index drawn at a time, bit for bit: the
+    seeds drawn first, then each test set's draw in increasing example count (here 300 and 500)."""
+    rng = np.random.default_rng(11)
+    runs = [accuracy_run(s, 0.6, 300 if s < 2 else 500, rng) for s in range(4)]
+    draw = np.random.default_rng(0)
+    picks = draw.integers(0, 4, size=(1000, 4))
+    rows = {m: draw.integers(0, m, size=(1000, m), dtype=np.int32) for m in (300, 500)}
+    per_run = np.stack([r.examples.value(rows[len(r.examples.numerator)]) for r in runs], axis=1)
+    values = np.take_along_axis(per_run, picks, axis=1)
+    assert np.array_equal(cell_replicates(runs, n_boot=1000), values.mean(1))
+
+
+def test_a_stream_shorter_than_two_blocks_is_refused():
+    with pytest.raises(
+        ValueError,
+        match=r"cell: test examples in blocks of 128 need at least 256 of them \(two blocks\), got 200 for seed 0",
+    ):
+        cell_interval([RunScore(0, 0.5, Examples(np.ones(200), np.ones(200), block=128))])
+    with pytest.raises(ValueError, match=r"Examples.block: expected an int >= 1, got 0"):
+        Examples(np.ones(2), np.ones(2), block=0)
+
+
+def test_a_run_of_a_stream_task_is_drawn_in_its_blocks(tmp_path):
+    """The report reads a run's task from its result.json: an LM run's test windows are drawn in
+    the task's blocks, an MQAR run's examples one by one."""
+    from lcsm.engine.report import run_score
+    from lcsm.tasks import resolve
+
+    rows = "".join(f"L256,256,{k % 7},{600.0 + k}\n" for k in range(300))
+    for task, block in (("lm", resolve("lm").example_block), ("mqar", 1)):
+        run = tmp_path / task
+        run.mkdir()
+        (run / "test_examples.csv").write_text("segment,total,correct,loss\n" + rows)
+        (run / "result.json").write_text(json.dumps({"eval_split": "test", "config": {"task": {"name": task}}}))
+        score = run_score(run, {"run": task, "metric:loss": 2.5}, "loss", [])
+        assert score.examples.block == block
+    assert resolve("lm").example_block > 1
