@@ -314,7 +314,7 @@ def compare(rows: list[dict[str, Any]], spec: Mapping[str, Any], exp=None) -> st
         except ValueError as err:
             text += f"; no interval ({err}): not evidence of agreement or disagreement"
     if rho is not None:
-        chance = stats.spearman_chance(len(both), rho)
+        chance = stats.spearman_chance([ours[k] for k in both], [paper[k] for k in both])
         text += (
             f". A random order of {len(both)} labels reaches |rho| >= {abs(rho):.2f} with probability {chance:.2f}"
             " (the interval, if any, is over our resampling only and does not say this)"

@@ -47,6 +47,11 @@ import numpy as np
 
 N_BOOT = 4000
 LEVEL = 0.95
+# Seeds a cell needs for ``spearman_interval``: with one, the interval resamples the test examples
+# only and leaves the seeds' noise out; with two, there are 3 distinct resamples of the seeds and no
+# t interval to widen to. Close cells still make it narrow with 3: the percentile interval of rho
+# is pulled toward 0 when resampled means swap close ranks.
+SPEARMAN_MIN_SEEDS = 3
 
 
 @dataclass(frozen=True)
@@ -367,12 +372,19 @@ def spearman_interval(
 ) -> Interval:
     """Spearman's rho between each cell's mean and the paper's number for it, with the interval of
     rho when our means are resampled (each cell hierarchically, independently). Replicates in
-    which ours tie throughout give no rho and are left out; the interval says how many remain."""
+    which ours tie throughout give no rho and are left out; the interval says how many remain.
+    Cells of fewer than ``SPEARMAN_MIN_SEEDS`` seeds are refused."""
     labels = [k for k in cells if k in paper]
     if len(labels) < 3:
         raise ValueError(f"spearman: expected 3 or more cells with a paper number, got {labels}")
     for k in labels:
         _check(cells[k], f"spearman: cell {k}")
+    for k in labels:
+        if len(cells[k]) < SPEARMAN_MIN_SEEDS:
+            raise ValueError(
+                f"spearman: expected {SPEARMAN_MIN_SEEDS} or more seeds a cell, got {len(cells[k])} for cell {k} "
+                "(the interval of rho would leave out or understate the seeds' noise)"
+            )
     rng = np.random.default_rng(seed)
     rows = _example_draws([cells[k] for k in labels], n_boot, rng)
     ours = np.stack(
@@ -393,18 +405,29 @@ def spearman_interval(
     return Interval(estimate, low, high, seeds, f"{len(labels)} cells, {len(finite)} of {n_boot} replicates", level)
 
 
-def spearman_chance(n: int, rho: float, samples: int = 200_000, seed: int = 0) -> float:
-    """How often a uniformly random order of ``n`` labels has |rho| >= |``rho``| against a fixed
-    order without ties: every order for n <= 8, else ``samples`` random ones (seeded). What a
+def spearman_chance(ours: Sequence[float], paper: Sequence[float], samples: int = 200_000, seed: int = 0) -> float:
+    """How often a uniformly random order of ``ours`` against ``paper`` (our values permuted among
+    the labels, ties and all) reaches |rho| >= the observed |rho|, ranked with mid-ranks as
+    ``spearman`` ranks them: every order for n <= 8, else ``samples`` random ones (seeded). What a
     rho's interval over our resampling does not say: well-separated cells give a narrow interval
-    around any rho, however likely by chance."""
-    if n < 3:
-        raise ValueError(f"spearman_chance: expected 3 or more labels, got {n}")
-    ranks = np.arange(n, dtype=float)
+    around any rho, however likely by chance. Ties matter: tied values take fewer distinct orders,
+    so an order without ties would count agreement as rarer than it is."""
+    x, y = np.asarray(ours, dtype=float), np.asarray(paper, dtype=float)
+    if x.ndim != 1 or x.shape != y.shape or len(x) < 3:
+        raise ValueError(
+            f"spearman_chance: expected ours and paper of one length of 3 or more, got {list(x.shape)} and "
+            f"{list(y.shape)}"
+        )
+    rx, ry = _ranks(x), _ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    den = math.sqrt(float((rx**2).sum() * (ry**2).sum()))
+    if den == 0:
+        raise ValueError("spearman_chance: rho is undefined, ours or paper is constant")
+    n = len(x)
     if n <= 8:
-        orders = np.array(list(itertools.permutations(range(n))), dtype=float)
+        orders = np.array(list(itertools.permutations(range(n))))
     else:
-        rng = np.random.default_rng(seed)
-        orders = np.argsort(rng.random((samples, n)), axis=1).astype(float)
-    rhos = 1 - 6 * ((orders - ranks) ** 2).sum(1) / (n * (n * n - 1))
-    return float(np.mean(np.abs(rhos) >= abs(rho) - 1e-12))
+        orders = np.argsort(np.random.default_rng(seed).random((samples, n)), axis=1)
+    # permuting our values permutes their ranks: rho of each order from the ranks once computed
+    rhos = rx[orders] @ ry / den
+    return float(np.mean(np.abs(rhos) >= abs(float(rx @ ry) / den) - 1e-12))
