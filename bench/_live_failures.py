@@ -13,13 +13,20 @@ import pytest
 VARIABLE = "LCSM_LIVE_FAILURES"
 
 
+# An xdist worker's config has ``workerinput`` (its environment's PYTEST_XDIST_WORKER would also be
+# inherited by a pytest it starts, which is no worker)
+_worker = False
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    global _worker
     if not os.environ.get(VARIABLE):
         raise pytest.UsageError(f"bench._live_failures: set {VARIABLE} to the file the failures are appended to")
+    _worker = hasattr(config, "workerinput")
 
 
 def _write(report: pytest.TestReport | pytest.CollectReport, when: str) -> None:
-    if report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+    if report.failed and not _worker:
         with open(os.environ[VARIABLE], "a") as f:
             f.write(f"==== {report.nodeid} ({when})\n{report.longreprtext}\n\n")
 
