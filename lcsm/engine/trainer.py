@@ -640,6 +640,13 @@ class Trainer:
         if not finished:
             for note in self._resume_notes:
                 self.progress.message(note)
+            split = self.dist.world * t.grad_accum
+            if self.model_config.norm == "batchnorm" and split > 1 and self.dist.is_main:
+                self.progress.message(
+                    f"note: BatchNorm normalises each of the step's {split} micro-batches by its own statistics "
+                    "(and keeps the first process's running ones), so this run differs from one of the same "
+                    "global batch in one piece by more than rounding (docs/engine.md)"
+                )
             self._begin_stretch()
         interrupted = False
         self._clock = time.perf_counter()

@@ -292,6 +292,14 @@ def test_batch_must_split_over_accumulation(cache_env):
         RunConfig.from_dict(apply_overrides(TINY, {"train.grad_accum": 3}))
 
 
+def test_batchnorm_over_micro_batches_is_said(cache_env, capsys):
+    for accum in (2, 1):
+        overrides = {"model.norm": "batchnorm", "train.grad_accum": accum, "train.max_steps": 2}
+        train(config(cache_env, name=f"bn{accum}", **overrides))
+        said = "BatchNorm normalises each of the step's 2 micro-batches" in capsys.readouterr().err
+        assert said == (accum == 2)
+
+
 def test_metrics_files(cache_env):
     result = train(config(cache_env), quiet=True)
     run = cache_env / "run"
