@@ -513,7 +513,16 @@ class Trainer:
         # Every process sees the same global loss and (synchronised) gradient norm, so all agree.
         # A non-finite one would make the weights and AdamW's moments nan for good: no update.
         if math.isfinite(loss) and math.isfinite(norm):
-            self.optimizer.step()
+            try:
+                self.optimizer.step()
+            except RuntimeError as err:
+                # AdamW scales each update by lr / (1 - beta1^step) in the weights' dtype
+                if "cannot be converted to type" not in str(err):
+                    raise
+                raise ValueError(
+                    f"optim.lr: {self.config.optim.lr!r} ({lr!r} at step {self.state.step + 1}) makes AdamW's "
+                    f"update overflow the weights' dtype ({err}); expected a learning rate a weight can move by"
+                ) from err
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss, _tokens(batch), norm, lr

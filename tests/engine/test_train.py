@@ -300,6 +300,12 @@ def test_batchnorm_over_micro_batches_is_said(cache_env, capsys):
         assert said == (accum == 2)
 
 
+def test_a_learning_rate_that_overflows_the_update_is_named(cache_env):
+    cfg = config(cache_env, **{"optim.lr": 1e300, "train.max_steps": 2})
+    with pytest.raises(ValueError, match=r"^optim.lr: 1e\+300 \(5e\+299 at step 1\) makes AdamW's update overflow"):
+        train(cfg, quiet=True)
+
+
 def test_metrics_files(cache_env):
     result = train(config(cache_env), quiet=True)
     run = cache_env / "run"
