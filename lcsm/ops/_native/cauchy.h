@@ -16,17 +16,10 @@
 
 #ifndef CAUCHY_BLOCK
 #define CAUCHY_BLOCK
-/* W's columns (the four sums' numerators over conjugate pairs), and a vector's bytes: read by
- * native_scan.py, which checks W and sizes the backward's scratch from them. The vector is the
- * machine's (a wider one is split into several registers, and the sixteen sums a lane keeps
- * would spill twice as many) */
-#if defined(__AVX512F__)
-enum { SUMS = 8, VEC_BYTES = 64 };
-#elif defined(__AVX__)
-enum { SUMS = 8, VEC_BYTES = 32 };
-#else
-enum { SUMS = 8, VEC_BYTES = 16 };
-#endif
+/* W's columns (the four sums' numerators over conjugate pairs), and a vector's bytes, the
+ * machine's (the sixteen sums a lane keeps in registers): read by native_scan.py, which checks W
+ * and sizes the backward's scratch from them */
+enum { SUMS = 8, VEC_BYTES = LCSM_VEC_BYTES };
 const int64_t lcsm_cauchy_columns = SUMS, lcsm_cauchy_vector_bytes = VEC_BYTES;
 #endif
 

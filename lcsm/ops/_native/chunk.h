@@ -33,33 +33,49 @@
  * [B, T, H, X] layout or a contiguous one; native_scan.py copies any other). Included by scan.c
  * once per type. */
 
-/* The register tile is 4 rows by CHUNK_NV vectors of the machine's width: its accumulators, a row of
- * vectors and the broadcast value must fit the vector registers, or the tile spills to memory
- * every step (4 x 4 vectors of 64 bytes on a machine with sixteen 32-byte registers ran the
- * products 4-8x slower than torch's matmuls on an AVX2 AMD EPYC). AVX-512: 4 x 4 of 64 bytes (21
- * of 32 registers); AVX / AVX2: 4 x 2 of 32 bytes (11 of 16); AArch64: 4 x 4 of 16 bytes (21 of
- * 32); other machines: 4 x 2 of 16 bytes. */
 #ifndef CHUNK_ONCE
-#if defined(__AVX512F__)
-#define CHUNK_VEC_BYTES 64
-#define CHUNK_NV 4
-#elif defined(__AVX__)
-#define CHUNK_VEC_BYTES 32
-#define CHUNK_NV 2
-#elif defined(__aarch64__)
-#define CHUNK_VEC_BYTES 16
+#define CHUNK_ONCE
+/* The register tile is 4 rows by CHUNK_NV vectors: its accumulators, a row of vectors and the
+ * broadcast value must fit the vector registers, or the tile spills to memory every step (4 x 4
+ * vectors of 64 bytes on a machine with sixteen 32-byte registers ran the products 4-8x slower
+ * than torch's matmuls on an AVX2 AMD EPYC). With 32 registers (AVX-512, AArch64) 4 x 4 (21 of
+ * them); with 16 (AVX2, SSE) 4 x 2 (11). */
+#if LCSM_VEC_BYTES == 64 || defined(__aarch64__)
 #define CHUNK_NV 4
 #else
-#define CHUNK_VEC_BYTES 16
 #define CHUNK_NV 2
 #endif
 /* sizes are padded to whole vectors and to whole blocks of the register transpose (32 bytes) */
-#define CHUNK_PAD_BYTES (CHUNK_VEC_BYTES > 32 ? CHUNK_VEC_BYTES : 32)
+#define CHUNK_PAD_BYTES (LCSM_VEC_BYTES > 32 ? LCSM_VEC_BYTES : 32)
+/* The triangles the chunk form's C x C maps leave zero, which the products skip: FULL none; A_LOWER
+ * a's row r zero past column r (a map tril(.) times an operand); A_UPPER a's row r zero before
+ * column r (a map's transpose times an operand); OUT_LOWER only out's lower triangle wanted (a map
+ * formed: the tiles wholly above the diagonal are written as zeros, the rest computed, to be
+ * masked by the caller). About a quarter of the products' work on whole chunks. */
+enum { FULL, A_LOWER, A_UPPER, OUT_LOWER };
+/* LOG_ZERO of lcsm/ops/_inputs.py per type (a test compares them): a log decay below it (-inf,
+ * a decay of exactly 0) is read as it, whose exp is 0, and its gradient is 0, as finite_log's */
+const int64_t lcsm_chunk_log_zero_f32 = -128, lcsm_chunk_log_zero_f64 = -1024;
+/* The work split: thread j of a team of n takes the items [lo, hi) (contiguous, as schedule(static)
+ * would) and goes through them in groups of up to CHUNK_GROUP items, chunk by chunk over the
+ * group, each item's memory (cotangent) kept in a slot of its thread's scratch. The caller's
+ * [B, T, H, X] layout puts a step's heads side by side: item after item, a thread would read one
+ * head's rows strided over the others', for each of its heads in turn; a group reads them as one
+ * run of memory. */
+#define CHUNK_GROUP 8
+static inline void chunk_share(int64_t items, int64_t n, int64_t j, int64_t *lo, int64_t *hi) {
+    const int64_t q = items / n, r = items % n;
+    *lo = j * q + (j < r ? j : r);
+    *hi = *lo + q + (j < r);
+}
+/* the end of the group that starts at item g0 of [g0, hi) */
+static inline int64_t chunk_group_end(int64_t g0, int64_t hi) { return g0 + CHUNK_GROUP < hi ? g0 + CHUNK_GROUP : hi; }
 #endif
+
 #define CVEC FN(chunk_vec_)
-#define CVL ((int64_t)(CHUNK_VEC_BYTES / sizeof(REAL)))
-/* a vector of CVL values, loaded and stored at any element's alignment */
-typedef REAL CVEC __attribute__((vector_size(CHUNK_VEC_BYTES), aligned(sizeof(REAL))));
+#define CVL ((int64_t)(LCSM_VEC_BYTES / sizeof(REAL)))
+/* a vector of CVL values (the machine's width, scan.h), loaded and stored at any element's alignment */
+typedef REAL CVEC __attribute__((vector_size(LCSM_VEC_BYTES), aligned(sizeof(REAL))));
 
 /* a padded size: n rounded up to whole vectors and transpose blocks */
 static inline int64_t FN(chunk_pad_)(int64_t n) {
@@ -86,32 +102,6 @@ static inline __attribute__((always_inline)) void FN(chunk_tile_)(const REAL *a,
         for (int v = 0; v < nv; v++) *(CVEC *)(out + r * ldo + v * CVL) = acc[r][v];
 }
 
-/* The triangles the chunk form's C x C maps leave zero, which the products skip: FULL none; A_LOWER
- * a's row r zero past column r (a map tril(.) times an operand); A_UPPER a's row r zero before
- * column r (a map's transpose times an operand); OUT_LOWER only out's lower triangle wanted (a map
- * formed: the tiles wholly above the diagonal are written as zeros, the rest computed, to be
- * masked by the caller). About a quarter of the products' work on whole chunks. */
-#ifndef CHUNK_ONCE
-#define CHUNK_ONCE
-enum { FULL, A_LOWER, A_UPPER, OUT_LOWER };
-/* LOG_ZERO of lcsm/ops/_inputs.py per type (a test compares them): a log decay below it (-inf,
- * a decay of exactly 0) is read as it, whose exp is 0, and its gradient is 0, as finite_log's */
-const int64_t lcsm_chunk_log_zero_f32 = -128, lcsm_chunk_log_zero_f64 = -1024;
-/* The work split: thread j of a team of n takes the items [lo, hi) (contiguous, as schedule(static)
- * would) and goes through them in groups of up to CHUNK_GROUP items, chunk by chunk over the
- * group, each item's memory (cotangent) kept in a slot of its thread's scratch. The caller's
- * [B, T, H, X] layout puts a step's heads side by side: item after item, a thread would read one
- * head's rows strided over the others', for each of its heads in turn; a group reads them as one
- * run of memory. */
-#define CHUNK_GROUP 8
-static inline void chunk_share(int64_t items, int64_t n, int64_t j, int64_t *lo, int64_t *hi) {
-    const int64_t q = items / n, r = items % n;
-    *lo = j * q + (j < r ? j : r);
-    *hi = *lo + q + (j < r);
-}
-/* the end of the group that starts at item g0 of [g0, hi) */
-static inline int64_t chunk_group_end(int64_t g0, int64_t hi) { return g0 + CHUNK_GROUP < hi ? g0 + CHUNK_GROUP : hi; }
-#endif
 #define CHUNK_LOG_ZERO ((REAL)(sizeof(REAL) == 4 ? lcsm_chunk_log_zero_f32 : lcsm_chunk_log_zero_f64))
 
 /* a log decay raised to CHUNK_LOG_ZERO (NaN kept) */
