@@ -223,7 +223,11 @@ def resolve_checkpoint(path: str | Path, which: str = "last") -> Path:
                 f"checkpoint: run {str(path)!r} has no best checkpoint ({best} missing; "
                 "a run saves one at each evaluation that improves its early-stop metric)"
             )
-        return _intact(best, " (leave out --best for the run's newest intact checkpoint)")
+        _intact(best, " (leave out --best for the run's newest intact checkpoint)")
+        stale = _stale_best(path, best)
+        if stale is not None:
+            raise ValueError(f"checkpoint: {stale} (leave out --best for the run's newest intact checkpoint)")
+        return best
     latest = latest_checkpoint(path, trainer=False)
     if latest is None:
         raise ValueError(
@@ -231,6 +235,25 @@ def resolve_checkpoint(path: str | Path, which: str = "last") -> Path:
             f"model.safetensors) nor a run directory with checkpoints under {CHECKPOINTS}/"
         )
     return latest
+
+
+def _stale_best(out_dir: Path, best: Path) -> str | None:
+    """Why the run's ``best`` checkpoint is not the one its training chose, or None. A run resumed
+    from a step checkpoint before ``best`` was written does not repeat its steps bit for bit (another
+    machine or thread count), so a ``best`` from the abandoned steps can outlive it: the newest step
+    checkpoint after ``best``'s step names the best step of the training that went on (one of the
+    same step was written before that step's evaluation, and may not know it yet)."""
+    held = read_info(best).get("step")
+    newest = latest_checkpoint(out_dir, trainer=False, note=None)
+    if newest is None or held is None:
+        return None
+    info = read_info(newest)
+    if "best_step" not in info or info.get("step", -1) <= held or info["best_step"] == held:
+        return None
+    return (
+        f"the best checkpoint {str(best)!r} holds step {held}, but the run's best step is "
+        f"{info['best_step']} ({newest.name}): it was written by steps a resumed run did not repeat"
+    )
 
 
 def _intact(checkpoint: Path, hint: str = "") -> Path:

@@ -354,6 +354,8 @@ class Trainer:
         return {
             "format": "lcsm-run",
             "step": self.state.step,
+            # which step the "best" checkpoint should hold: `--best` refuses one a resumed run left behind
+            "best_step": self.state.best_step,
             "config": self.config.to_dict(),
             "training_config": _json_canonical(self.config.training_dict()),
             "model_config": self.model_config.to_dict(),

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from lcsm import tasks
 from lcsm.engine import RunConfig, apply_overrides, build_optimizer, lr_factor, train
+from lcsm.engine import checkpoint as ckpt
 from lcsm.engine.config import EarlyStopConfig, OptimConfig, load_config, metric_mode
 from lcsm.engine.monitor import Progress
 from lcsm.engine.trainer import Trainer
@@ -456,12 +457,16 @@ def test_a_best_checkpoint_of_steps_the_run_did_not_keep_is_not_tested(cache_env
     cfg = RunConfig.from_dict(values)
     first = train(cfg, quiet=True)
     assert first["best"]["step"] == 6 and first["test"]["checkpoint"] == "best"
+    assert ckpt.resolve_checkpoint(cache_env / "run", "best").name == ckpt.BEST
     info = cache_env / "run" / "checkpoints" / "best" / "run.json"
     info.write_text(json.dumps({**json.loads(info.read_text()), "step": first["best"]["step"] + 1}))
     (cache_env / "run" / "result.json").unlink()  # the run stopped in its final evaluation
     again = train(cfg, quiet=True)
     assert again["test"]["checkpoint"] == "last" and again["test"]["step"] == again["step"]
     assert f"holds step {first['best']['step'] + 1}, not the run's best step" in capsys.readouterr().err
+    # and `lcsm eval --best` / `lcsm export --best` refuse it
+    with pytest.raises(ValueError, match=r"holds step 7, but the run's best step is 6 \(step-00000012\)"):
+        ckpt.resolve_checkpoint(cache_env / "run", "best")
 
 
 def test_no_final_test_when_the_run_evaluates_on_test(cache_env):
