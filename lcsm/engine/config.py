@@ -650,7 +650,8 @@ def in_section(section: str, keys: Mapping[str, Any] | None):
     except ValueError as err:
         text = str(err)
         key = re.match(r"([A-Za-z_]\w*)[.\[:]", text)
-        if key is None or key.group(1) not in (keys or {}):
+        # (``keys`` as the config gave it: not a mapping when the section is wrong itself)
+        if key is None or not isinstance(keys, Mapping) or key.group(1) not in keys:
             raise
         raise ValueError(f"{section}.{text}") from None
 

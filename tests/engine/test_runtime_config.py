@@ -69,6 +69,13 @@ def test_the_sections_name_where_a_setting_belongs():
         RunConfig.from_dict(apply_overrides(TINY, {"run.threads": 0}))
 
 
+@pytest.mark.parametrize("value", [3, True, 2.5, [1, 2]])
+def test_a_section_that_is_no_mapping_is_named(value):
+    """model.mixer_options of a scalar was a TypeError from the error's renaming, not its message."""
+    with pytest.raises(ValueError, match=r"model.mixer_options: expected a mapping of options, got "):
+        RunConfig.from_dict(apply_overrides(TINY, {"model.mixer_options": value}))
+
+
 def test_set_takes_either_spelling(tmp_path):
     """``--set run.threads=2``; ``--set train.threads=2``, the older spelling, where the config
     gives no run.threads."""
