@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ._common import UsageError
@@ -59,7 +60,8 @@ def cmd_train(args) -> int:
     path, out = _run_config_file(args.config, args.out)
     config = load_config(path, args.set or [], out_dir=out, defaults=TRAIN_DEFAULTS)
     result = train(config, resume=True, restart=args.restart, quiet=args.quiet)
-    if not args.quiet:
+    # every process of a torchrun launch gets the result; the first prints it
+    if not args.quiet and os.environ.get("RANK", "0") == "0":
         _print_metrics(
             f"final {result['eval_split']} metrics of {config.out_dir} (step {result['step']}):", result["metrics"]
         )

@@ -59,6 +59,7 @@ def test_two_processes_match_one(tmp_path):
     )
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stderr
+    assert two.stdout.count("final test metrics of") == one.stdout.count("final test metrics of") == 1
     # Rank 0 alone writes: one metrics file, one line per step.
     (loss1, eval1), (loss2, eval2) = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(loss1) == len(loss2) == 10
