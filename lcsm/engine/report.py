@@ -80,8 +80,9 @@ def check_report_spec(report: Mapping[str, Any], axes: Sequence[str]) -> None:
             raise ValueError(f"{where}: expected a metric name, got {value!r}")
 
     def png(where: str, value: Any) -> None:
-        if not isinstance(value, str) or not value.endswith(".png"):
-            raise ValueError(f"{where}: expected a file name ending in .png, got {value!r}")
+        # a name, not a path: a report writes its plots into its own directory only
+        if not isinstance(value, str) or not value.endswith(".png") or value != Path(value).name or value == ".png":
+            raise ValueError(f"{where}: expected a file name ending in .png (no directory), got {value!r}")
 
     def entries(section: str, keys: Sequence[str]):
         """(path, entry) of the list ``report[section]``, each entry's keys checked."""

@@ -338,6 +338,14 @@ def test_grid_override_of_an_existing_axis_keeps_the_axes_it_overlaps(tmp_path):
             "report.plots[0].series: a plot whose y lists several metrics draws one series per metric",
         ),
         (
+            {"report": {"plots": [{"x": "optim.lr", "y": "loss", "file": "../../a.png"}]}},
+            "report.plots[0].file: expected a file name ending in .png (no directory), got '../../a.png'",
+        ),
+        (
+            {"report": {"curves": [{"y": "loss", "series": "model.mixer", "file": "/tmp/a.png"}]}},
+            "report.curves[0].file: expected a file name ending in .png (no directory), got '/tmp/a.png'",
+        ),
+        (
             {"report": {"plots": [{"x": "optim.lr", "y": [], "file": "a.png"}]}},
             "report.plots[0].y: expected a metric name or a non-empty list of them",
         ),
