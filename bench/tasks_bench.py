@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="measured steps per task (default 5)")
     parser.add_argument("--out", help="also write the markdown table to this file")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps: expected an integer >= 1, got {args.steps}")
     names = tasks.available() if not args.only else [n.strip() for n in args.only.split(",")]
     start = time.perf_counter()
     header = provenance_header(parser.prog, argv, torch.get_num_threads(), out=args.out)

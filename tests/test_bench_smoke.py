@@ -127,6 +127,15 @@ def test_tasks_bench_measures_a_task(tmp_path, capsys, monkeypatch):
     assert cells[1] == "classifier" and cells[2] == "12800 / 1280" and int(cells[6]) == 400
 
 
+@pytest.mark.parametrize("steps", ["0", "-1"])
+def test_tasks_bench_refuses_steps_below_one(steps, capsys):
+    from bench import tasks_bench
+
+    with pytest.raises(SystemExit) as exc:
+        tasks_bench.main(["--only", "mqar", "--steps", steps])
+    assert exc.value.code == 2 and f"--steps: expected an integer >= 1, got {steps}" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt")
 def test_parity_case_pairs_both_states_in_one_worker():
     # One worker, QUICK.parity_rounds rounds: a check per chunk case, each a ratio interval over
