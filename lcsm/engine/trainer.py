@@ -658,6 +658,13 @@ class Trainer:
                     "(and keeps the first process's running ones), so this run differs from one of the same "
                     "global batch in one piece by more than rounding (docs/engine.md)"
                 )
+            warmup = self.config.optim.warmup_steps
+            if warmup >= self.total_steps and self.dist.is_main:
+                ckpt.warn(
+                    f"warning: optim.warmup_steps ({warmup}) >= the run's {self.total_steps} steps: the whole run "
+                    f"warms up, its last update at {self.total_steps / warmup:.3g} x optim.lr, and the "
+                    f"{self.config.optim.schedule} schedule never starts"
+                )
             self._begin_stretch()
         interrupted = False
         self._clock = time.perf_counter()

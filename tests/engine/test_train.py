@@ -469,6 +469,16 @@ def test_a_best_checkpoint_of_steps_the_run_did_not_keep_is_not_tested(cache_env
         ckpt.resolve_checkpoint(cache_env / "run", "best")
 
 
+def test_a_run_that_is_all_warm_up_says_so(cache_env, capsys):
+    train(config(cache_env, "short", **{"optim.warmup_steps": 2, "train.max_steps": 3}), quiet=True)
+    assert "warmup_steps" not in capsys.readouterr().err
+    train(config(cache_env, "warm", **{"optim.warmup_steps": 8, "train.max_steps": 2}), quiet=True)
+    assert (
+        "warning: optim.warmup_steps (8) >= the run's 2 steps: the whole run warms up, its last update at "
+        "0.25 x optim.lr, and the cosine schedule never starts"
+    ) in capsys.readouterr().err
+
+
 def test_no_final_test_when_the_run_evaluates_on_test(cache_env):
     assert train(config(cache_env), quiet=True)["test"] is None
 
