@@ -361,7 +361,10 @@ class CausalLM(Model):
 
 def _check_ids(ids: Tensor, vocab_size: int) -> None:
     # nn.Embedding's own failure is an IndexError without the id or the vocabulary (and a device
-    # assert on CUDA); one reduction here names both.
+    # assert on CUDA); one reduction here names both. Eager only: in a compiled graph the check's
+    # bool() is a graph break a step (the engine's ids are its task's, whose vocabulary sets the model's).
+    if torch.compiler.is_compiling():
+        return
     bad = (ids < 0) | (ids >= vocab_size)
     if ids.numel() and bool(bad.any()):
         raise ValueError(

@@ -214,6 +214,16 @@ def test_token_ids_outside_the_vocabulary_are_named():
         model.generate([[1, V]], 2)
 
 
+def test_the_id_check_is_no_graph_break():
+    """The check's bool() is eager only: a compiled model is one graph (run.compile traces the
+    forward of every step)."""
+    model = make_lm("attention")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(ids), model(ids))
+
+
 def test_attention_learned_positions_through_mixer_options():
     model = make_lm("attention", mixer_options=dict(positions="learned", max_len=12))
     prompts = [[1, 2, 3], [4, 5]]
