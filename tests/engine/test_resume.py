@@ -309,6 +309,23 @@ def test_interrupted_run_resumes_bit_exactly(tmp_path, reference_run, sig):
     assert metric_rows(reference_run) == metric_rows(run)
 
 
+def test_a_quiet_run_still_says_where_it_stopped(cache_env, capsys, monkeypatch):
+    """--quiet silences the progress, not the line that says which checkpoint to resume from."""
+    from lcsm.engine import trainer
+
+    class StoppedAtOnce(trainer._StopRequest):
+        def __enter__(self):
+            super().__enter__()
+            self.requested = True
+            return self
+
+    monkeypatch.setattr(trainer, "_StopRequest", StoppedAtOnce)
+    with pytest.raises(KeyboardInterrupt):
+        train(RunConfig.from_dict({**TINY, "out_dir": str(cache_env / "a")}), quiet=True)
+    checkpoint = cache_env / "a" / "checkpoints" / "step-00000001"
+    assert f"interrupted at step 1: checkpoint {checkpoint}; run the same command again" in capsys.readouterr().err
+
+
 def test_resume_refuses_other_optimizer_groups(cache_env, monkeypatch):
     """A parameter whose weight-decay tag changed since the run started (DSS's W did) changes the
     optimizer's groups; torch's own error does not say what to do."""
