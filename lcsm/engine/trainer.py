@@ -722,7 +722,9 @@ class Trainer:
                 # final evaluation (minutes for a language model) waits for the next call
                 interrupted = bool(self.dist.sum(torch.tensor(float(stop.requested))) > 0)
             if interrupted:
-                where = f"interrupted at step {self.state.step}: checkpoint {path}; run the same command again to resume"
+                where = (
+                    f"interrupted at step {self.state.step}: checkpoint {path}; run the same command again to resume"
+                )
                 # where the run stopped is no progress output: said under --quiet too
                 if self.progress.enabled:
                     self.progress.message(where)
