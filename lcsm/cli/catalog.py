@@ -83,8 +83,15 @@ def cmd_list(args) -> int:
         print(f"- {name} (head {cls.default_head}): {', '.join(cls.Config.option_names())}")
     print("\nModel presets (lcsm.models.preset):\n")
     for name, fn in PRESETS.items():
-        print(f"- {name}: {(fn.__doc__ or '').strip().splitlines()[0]}")
+        print(f"- {name}: {_summary(fn.__doc__ or '')}")
     return 0
+
+
+def _summary(doc: str, width: int = 160) -> str:
+    """A docstring's first paragraph on one line (its first line ends mid-sentence where the text
+    wraps), cut at a word to ``width`` characters."""
+    text = " ".join(doc.strip().split("\n\n")[0].split())
+    return text if len(text) <= width else text[: width - 1].rsplit(" ", 1)[0] + " …"
 
 
 def add_parsers(sub) -> None:

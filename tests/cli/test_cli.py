@@ -19,6 +19,18 @@ def test_list_prints_every_mixer(capsys):
         assert f"| {name} |" in out
 
 
+def test_list_describes_each_preset_in_whole_words(capsys):
+    """A preset's line is its docstring's first paragraph, not the first line of the docstring,
+    which wraps mid-sentence; cut to 160 characters at a word, marked."""
+    from lcsm.models import PRESETS
+
+    assert main(["list"]) == 0
+    lines = {line[2:].split(": ", 1)[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("- ")}
+    for name in PRESETS:
+        text = lines[name].split(": ", 1)[1]
+        assert len(text) <= 160 and (text.endswith((".", ")")) or text.endswith(" …")), (name, text)
+
+
 def test_list_at_a_width_some_mixer_cannot_take_lists_the_rest(capsys):
     """At d_model 96 RWKV-7's 64-wide heads do not divide the width: its row says so, the others
     are built."""
