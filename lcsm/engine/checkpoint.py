@@ -244,7 +244,10 @@ def _stale_best(out_dir: Path, best: Path) -> str | None:
     checkpoint after ``best``'s step names the best step of the training that went on (one of the
     same step was written before that step's evaluation, and may not know it yet)."""
     held = read_info(best).get("step")
-    newest = latest_checkpoint(out_dir, trainer=False, note=None)
+    try:
+        newest = latest_checkpoint(out_dir, trainer=False, note=None)
+    except DamagedCheckpoint:  # no intact step checkpoint to tell: the best one is all there is
+        return None
     if newest is None or held is None:
         return None
     info = read_info(newest)

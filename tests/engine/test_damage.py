@@ -146,3 +146,15 @@ def test_only_damaged_checkpoints_is_an_error_that_offers_more_than_restart(fini
     err = capsys.readouterr().err
     assert "lcsm train: error: checkpoint: no intact checkpoint in" in err and "Traceback" not in err
     assert "restore them from a copy, or, to train the run again from scratch, move them elsewhere" in err
+
+
+def test_the_best_checkpoint_serves_when_every_step_checkpoint_is_damaged(finished, cache_env, capsys):
+    """--best checks its checkpoint against the newest intact step checkpoint's record of the best
+    step; with none intact there is nothing to check it against, and the best one still loads."""
+    run = cache_env / "run"
+    shutil.copytree(finished[0], run)
+    for ck in (run / "checkpoints").glob("step-*"):
+        truncate(ck / "model.safetensors")
+    capsys.readouterr()
+    assert main(["eval", str(run), "--best", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint"] == str(run / "checkpoints" / "best")
