@@ -45,7 +45,12 @@ FILES = ("model.safetensors", "trainer.pt", "run.json")
 
 
 class DamagedCheckpoint(ValueError):
-    """A checkpoint whose files are missing, empty, cut off or unreadable."""
+    """A checkpoint whose files are missing, empty, cut off or unreadable; ``problem``: what is
+    wrong, without the checkpoint's name."""
+
+    def __init__(self, message: str, problem: str | None = None):
+        super().__init__(message)
+        self.problem = problem or message
 
 
 def warn(text: str) -> None:
@@ -93,14 +98,25 @@ def damage(checkpoint: Path, *, trainer: bool = True) -> str | None:
 
 
 def latest_checkpoint(
-    out_dir: str | Path, *, trainer: bool = True, note: Callable[[str], None] | None = warn
+    out_dir: str | Path,
+    *,
+    trainer: bool = True,
+    note: Callable[[str], None] | None = warn,
+    read: Callable[[Path], object] | None = None,
 ) -> Path | None:
     """The newest intact step checkpoint (``damage``; ``trainer=False``: its weights intact), or
     None when there is none at all. Each newer damaged one is reported through ``note``; damaged
-    ones alone raise DamagedCheckpoint."""
+    ones alone raise DamagedCheckpoint. ``read``: a reader run on a checkpoint that passes the
+    cheap check (``load_trainer``: damage inside trainer.pt's pickle shows only when it is read),
+    whose DamagedCheckpoint passes over the checkpoint as damaged too."""
     passed = []
     for _, path in reversed(list_checkpoints(out_dir)):
         problem = damage(path, trainer=trainer)
+        if problem is None and read is not None:
+            try:
+                read(path)
+            except DamagedCheckpoint as err:
+                problem = err.problem
         if problem is None:
             if note is not None:
                 for older in passed:
@@ -305,11 +321,14 @@ def load_trainer(checkpoint: Path) -> dict[str, Any]:
             ) from None
         # a whole zip around a damaged pickle, which the cheap ``damage`` check cannot see (torch's
         # own message suggests weights_only=False, which would not mend it)
-        raise DamagedCheckpoint(
-            f"checkpoint {str(checkpoint)!r}: trainer.pt is damaged (its pickled state does not read back); "
-            "move this checkpoint elsewhere to resume from the one before it, or restore it from a copy"
-        ) from None
-    except (RuntimeError, OSError, EOFError) as err:
-        raise DamagedCheckpoint(
-            f"checkpoint {str(checkpoint)!r}: trainer.pt is unreadable ({str(err).splitlines()[0]})"
-        ) from None
+        problem = "trainer.pt is damaged (its pickled state does not read back)"
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001 (damaged bytes in the pickle raise whatever they decode to)
+        first = (str(err).splitlines() or [""])[0]
+        problem = f"trainer.pt is unreadable ({type(err).__name__}: {first})"
+    raise DamagedCheckpoint(
+        f"checkpoint {str(checkpoint)!r}: {problem}; move this checkpoint elsewhere to resume from the one "
+        "before it, or restore it from a copy",
+        problem,
+    ) from None

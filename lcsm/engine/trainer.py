@@ -410,7 +410,12 @@ class Trainer:
         return path
 
     def restore(self, resume: bool) -> Path | None:
-        path = ckpt.latest_checkpoint(self.out_dir, note=ckpt.warn if self.dist.is_main else None)
+        states: dict[Path, dict[str, Any]] = {}  # the trainer state of the checkpoint taken, read once
+
+        def read(path: Path) -> None:
+            states[path] = ckpt.load_trainer(path)
+
+        path = ckpt.latest_checkpoint(self.out_dir, note=ckpt.warn if self.dist.is_main else None, read=read)
         if path is None:
             return None
         if not resume:
@@ -441,7 +446,7 @@ class Trainer:
         self._load_whole(path)
         if self.fsdp:
             parallel.load_full_model_state(self.trained, self.model.state_dict() if self.dist.is_main else {})
-        trainer = ckpt.load_trainer(path)
+        trainer = states.pop(path)
         try:
             if self.fsdp:
                 parallel.load_full_optimizer_state(self.trained, self.optimizer, trainer["optimizer"])

@@ -74,11 +74,14 @@ DAMAGE = {
 }
 
 
-def test_a_scrambled_trainer_state_is_one_error_naming_the_checkpoint(finished, cache_env, capsys):
-    """The zip whole, its pickle not (bit rot): found only when read, a one-line error naming the
-    file (torch's UnpicklingError was a traceback)."""
+def test_a_scrambled_trainer_state_is_passed_over_for_the_older_checkpoint(finished, cache_env, capsys):
+    """The zip whole, its pickle not (bit rot): found only when read, so resume reads the trainer
+    state of the checkpoint it takes, passes over one that does not read back with a warning naming
+    it, and redoes the steps after the older one exactly (it was a traceback, then an error that
+    stranded the run)."""
+    reference, weights = finished
     run = cache_env / "run"
-    shutil.copytree(finished[0], run)
+    shutil.copytree(reference, run)
     (run / "result.json").unlink()
     trainer = run / "checkpoints" / "step-00000012" / "trainer.pt"
     data = bytearray(trainer.read_bytes())
@@ -86,9 +89,30 @@ def test_a_scrambled_trainer_state_is_one_error_naming_the_checkpoint(finished, 
     data[start : start + 200] = bytes(b ^ 0x5A for b in data[start : start + 200])
     trainer.write_bytes(bytes(data))
     capsys.readouterr()
-    assert main(["train", str(run)]) == 2
+    assert main(["train", str(run), "--quiet"]) == 0
     err = capsys.readouterr().err
-    assert "Traceback" not in err and f"checkpoint {str(trainer.parent)!r}: trainer.pt is damaged" in err
+    assert "Traceback" not in err
+    assert f"warning: checkpoint {trainer.parent} is damaged: trainer.pt is" in err
+    assert f"using the older {run / 'checkpoints' / 'step-00000008'} instead" in err
+    redone = load_file(str(trainer.parent / "model.safetensors"))
+    assert all(torch.equal(redone[k], weights[k]) for k in weights)
+
+
+@pytest.mark.parametrize(
+    "error", [KeyError(174), UnicodeDecodeError("utf-8", b"\xdc", 0, 1, "invalid"), ValueError("x")]
+)
+def test_whatever_a_damaged_pickle_raises_is_damage(tmp_path, monkeypatch, error):
+    """Bytes flipped inside the pickle decode to KeyError, UnicodeDecodeError, ValueError, ...
+    (an audit's scan of 1,159 offsets), each a DamagedCheckpoint naming the file."""
+    (tmp_path / "trainer.pt").write_bytes(b"x")
+
+    def load(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(DamagedCheckpoint, match=rf"trainer.pt is unreadable \({type(error).__name__}: ") as err:
+        load_trainer(tmp_path)
+    assert err.value.problem.startswith("trainer.pt is unreadable")
 
 
 def test_an_intact_trainer_state_holding_an_unknown_object_is_not_called_damaged(tmp_path):
