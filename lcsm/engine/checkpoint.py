@@ -194,11 +194,13 @@ def _free_bytes(path: Path) -> int:
 def _write_problem(err: BaseException, root: Path) -> OSError | None:
     """The OSError behind a failed checkpoint write, or None for anything else. torch's writer does
     not pass on the OSError of a full disk: it reports a short write (``unexpected pos``, ``file
-    write failed``), and safetensors' writer gives the OS error as text."""
+    write failed``) or its stream's failure (``basic_ios::clear: iostream error``, as the disk
+    fills at the archive's end), and safetensors' writer gives the OS error as text."""
     if isinstance(err, OSError):
         return err
     text = str(err)
-    if isinstance(err, RuntimeError) and ("unexpected pos" in text or "file write failed" in text):
+    short = ("unexpected pos", "file write failed", "iostream error")
+    if isinstance(err, RuntimeError) and any(s in text for s in short):
         if _free_bytes(root) < 2**20:
             return OSError(errno.ENOSPC, "disk full")
         return OSError(errno.EIO, f"torch could not write the checkpoint ({text.splitlines()[0]})")
