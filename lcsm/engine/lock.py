@@ -26,6 +26,10 @@ from pathlib import Path
 from typing import Any
 
 LOCK_NAME = ".lcsm.lock"
+# The directories whose lock this process holds: a lock file naming this process's pid that is not
+# among them was written by an earlier process of the same pid (a container restarted after a kill
+# runs its entrypoint under the pid its last one had) and is dead.
+_HELD: set[Path] = set()
 
 
 def environment_error(path: str | Path, err: OSError) -> OSError:
@@ -86,11 +90,18 @@ class DirectoryLock:
         me["command"] = self.command
         tmp = self.directory / f"{LOCK_NAME}.{me['pid']}.tmp"
         try:
+            # on the disk before it is linked: a crash cannot leave an empty lock file behind
             tmp.write_text(json.dumps(me) + "\n")
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             for _ in range(10):
                 try:
                     os.link(tmp, self.path)
                     self._held = True
+                    _HELD.add(self.directory.resolve())
                     return
                 except FileExistsError:
                     pass
@@ -99,7 +110,9 @@ class DirectoryLock:
                     # Another process's lock, seen between a take-over's rename and its link: look again.
                     time.sleep(0.05)
                     continue
-                if holder.get("host") != me["host"] or _alive(int(holder.get("pid", -1))):
+                pid = int(holder.get("pid", -1))
+                mine = pid == me["pid"] and self.directory.resolve() not in _HELD
+                if holder.get("host") != me["host"] or (_alive(pid) and not mine):
                     raise ValueError(
                         f"{self.directory}: in use by {holder.get('command', 'another lcsm process')} (pid "
                         f"{holder.get('pid')} on {holder.get('host')}, since {holder.get('started')}); wait for it "
@@ -107,12 +120,19 @@ class DirectoryLock:
                         "process is gone)"
                     )
                 self._take_over(holder)
+            if self.path.exists() and _read(self.path) is None:
+                raise ValueError(
+                    f"{self.directory}: its lock file {self.path} is empty or unreadable (left by a crash before "
+                    "its contents reached the disk?); delete it if no lcsm process is using this directory"
+                )
             raise ValueError(f"{self.directory}: could not take its lock file {self.path} (it keeps changing)")
         except OSError as err:
             # the directory, not the lock's temporary file: what the user named and must fix
             raise environment_error(self.directory, err) from None
         finally:
-            tmp.unlink(missing_ok=True)
+            # (on a read-only file system unlink fails too: the error above, naming the directory, is the one to keep)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
     def _take_over(self, holder: dict[str, Any]) -> None:
         """Remove a dead process's lock, unless another process took it over first (then the file
@@ -137,6 +157,7 @@ class DirectoryLock:
         if not self._held:
             return
         self._held = False
+        _HELD.discard(self.directory.resolve())
         if (_read(self.path) or {}).get("pid") == os.getpid():
             self.path.unlink(missing_ok=True)
         for path in self._created:

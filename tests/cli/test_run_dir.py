@@ -82,6 +82,32 @@ def test_the_lock_of_a_dead_trainer_is_taken_over_and_released_at_the_end(cfg, t
     assert json.loads((run / "result.json").read_text())["status"] == "completed"
 
 
+def test_a_lock_naming_this_process_that_it_does_not_hold_is_dead(tmp_path, capsys):
+    """A container restarted after a kill runs its entrypoint under the pid of the last one: the
+    lock it left names the new process, which took it for a live holder and refused itself."""
+    from lcsm.engine.lock import DirectoryLock
+
+    run = tmp_path / "run"
+    hold(run, os.getpid())
+    with DirectoryLock(run, "lcsm train"):
+        assert f"taking over the lock of lcsm train (pid {os.getpid()}" in capsys.readouterr().err
+        # while this process holds it, another lock on the directory is still refused
+        with pytest.raises(ValueError, match=rf"in use by lcsm train \(pid {os.getpid()}"):
+            DirectoryLock(run, "lcsm train").acquire()
+    assert not (run / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("text", ["", '{"pid": 9999'])
+def test_an_unreadable_lock_file_says_what_to_do(tmp_path, text):
+    from lcsm.engine.lock import DirectoryLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_NAME).write_text(text)
+    with pytest.raises(ValueError, match=r"is empty or unreadable .*delete it if no lcsm process is using"):
+        DirectoryLock(run, "lcsm train").acquire()
+
+
 def test_the_lock_is_released_after_an_error_and_an_interrupt(cfg, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     assert main(["train", str(cfg), "--out", str(run), "--set", "task.train_examples=4"]) == 2
