@@ -38,9 +38,25 @@ def _run_config_file(target: str, out: str | None) -> tuple[Path, str | None]:
                 f"that `lcsm train` wrote"
             )
         path = path / RUN_CONFIG
-    if out is None and path.name == RUN_CONFIG and _holds_a_run(path.parent):
+    if out is None and path.name == RUN_CONFIG and (_holds_a_run(path.parent) or _names_itself(path)):
         out = str(path.parent)
     return path, out
+
+
+def _names_itself(config: Path) -> bool:
+    """Whether ``config``'s out_dir is the directory holding it, as the config.yaml a run writes
+    first says (relative to the working directory of the run's first start, so its last parts): a
+    run stopped before its lock, as a sweep's run that failed as it started, leaves nothing else."""
+    from lcsm.engine.config import read_yaml
+
+    try:
+        given = read_yaml(config).get("out_dir")
+    except ValueError:
+        return False
+    if not isinstance(given, str) or not given:
+        return False
+    tail = tuple(p for p in Path(os.path.normpath(given)).parts if p != "..")
+    return bool(tail) and config.parent.resolve().parts[-len(tail) :] == tail
 
 
 def _holds_a_run(directory: Path) -> bool:

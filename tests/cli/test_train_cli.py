@@ -216,6 +216,22 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_in_its_own_directory(t
     assert not list(elsewhere.iterdir()) and (tmp_path / "run" / "result.json").is_file()
 
 
+@pytest.mark.parametrize("target", ["sweep/run=a", "sweep/run=a/config.yaml"])
+def test_a_run_stopped_before_its_lock_resumes_in_its_own_directory(tmp_path, monkeypatch, target):
+    """A sweep's run that failed as it started leaves its config.yaml alone (out_dir as the sweep
+    gave it, relative to the sweep's working directory): from elsewhere it trains there, not into
+    a new run beside the caller (it did)."""
+    monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "sweep" / "run=a"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({**TINY, "out_dir": "sweep/run=a"}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["train", str(tmp_path / target), "--set", "train.max_steps=2", "--quiet"]) == 0
+    assert not list(elsewhere.iterdir()) and (run / "result.json").is_file()
+
+
 def test_a_directory_of_a_hand_written_config_trains_into_its_out_dir(tmp_path, monkeypatch):
     """Not a run directory (nothing a run wrote): the config's own out_dir, as for its file."""
     monkeypatch.setenv("LCSM_CACHE", str(tmp_path / "cache"))
