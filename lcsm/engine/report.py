@@ -358,6 +358,24 @@ def seed_cells(exp, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]
     return cells
 
 
+def _csv_records(path: Path) -> list[tuple[int, dict[str, str | None]]]:
+    """(line number, record) of a run's CSV file, header on line 1."""
+    with path.open(newline="") as f:
+        return list(enumerate(csv.DictReader(f), start=2))
+
+
+def _csv_number(path: Path, line: int, record: Mapping[str, str | None], key: str) -> float:
+    """``record[key]`` as a number; a cell cut off or garbled (a damaged file) is an error naming
+    the file and the line, not a traceback from float()."""
+    try:
+        return float(record[key])  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(
+            f"{path}: line {line}: {key} {record.get(key)!r} is not a number (the file is damaged: restore it "
+            "from a copy, or train the run again)"
+        ) from None
+
+
 def read_examples(run_dir: Path) -> dict[str, np.ndarray] | None:
     """A run's ``test_examples.csv`` (``Trainer.finish``) as columns, or None for a run without one
     (runs trained before runs recorded their examples)."""
@@ -366,14 +384,9 @@ def read_examples(run_dir: Path) -> dict[str, np.ndarray] | None:
     path = Path(run_dir) / EXAMPLES_FILE
     if not path.is_file():
         return None
-    with path.open() as f:
-        records = list(csv.DictReader(f))
-    return {
-        "segment": np.array([r["segment"] for r in records]),
-        "total": np.array([float(r["total"]) for r in records]),
-        "correct": np.array([float(r["correct"]) for r in records]),
-        "loss": np.array([float(r["loss"]) for r in records]),
-    }
+    records = _csv_records(path)
+    columns = {k: np.array([_csv_number(path, i, r, k) for i, r in records]) for k in ("total", "correct", "loss")}
+    return {"segment": np.array([r["segment"] for _, r in records]), **columns}
 
 
 def metric_examples(columns: Mapping[str, np.ndarray], metric: str, block: int = 1) -> stats.Examples | None:
@@ -418,6 +431,15 @@ def run_score(run_dir: Path, row: Mapping[str, Any], metric: str, seeds: Sequenc
             examples = metric_examples(columns, metric[len("test/") :], block)
         elif result.get("eval_split") == "test":
             examples = metric_examples(columns, metric, block)
+    if examples is not None and math.isfinite(float(value)):
+        # the intervals resample these examples: a cut-off file would give them over what is left
+        got = float(examples.value())
+        if not math.isclose(got, float(value), rel_tol=1e-4, abs_tol=1e-6):
+            raise ValueError(
+                f"{Path(run_dir) / 'test_examples.csv'}: its {len(examples.numerator)} examples give {metric} "
+                f"{got:.6g}, not the {float(value):.6g} of the run's result (the file is damaged or cut off: "
+                "restore it from a copy, or train the run again)"
+            )
     return stats.RunScore(seed, float(value), examples)
 
 
@@ -626,7 +648,11 @@ def eval_curves(rows: list[dict[str, Any]], spec: Mapping[str, Any], run_root: P
                     f"report.curves: {path} has no column {spec['y']!r} (its columns: "
                     f"{', '.join(reader.fieldnames or [])})"
                 )
-            points = {int(r["step"]): float(r[spec["y"]]) for r in reader if r[spec["y"]]}
+        points = {
+            int(_csv_number(path, i, r, "step")): _csv_number(path, i, r, spec["y"])
+            for i, r in _csv_records(path)
+            if r[spec["y"]]
+        }
         if points:
             curves[label] = points
     return curves
@@ -834,8 +860,8 @@ def run_log(exp, rows: list[dict[str, Any]]) -> str:
         commits = " then ".join(dict.fromkeys(str(s.get("git_commit") or "not recorded") for s in stretches))
         when = "—"
         if (path / "train.csv").is_file():
-            with (path / "train.csv").open(newline="") as f:
-                times = [float(r["time"]) for r in csv.DictReader(f) if r.get("time")]
+            log = path / "train.csv"
+            times = [_csv_number(log, i, r, "time") for i, r in _csv_records(log) if r.get("time")]
             if times:
                 when = f"{_utc(min(times))} - {_utc(max(times))}"
         source = str((result.get("config") or {}).get("name", "")).split("/")[0]

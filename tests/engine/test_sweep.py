@@ -774,6 +774,28 @@ def seeded_experiment(tmp_path, mixers, seeds, report, out):
     return load_experiment(experiment(tmp_path, grid=grid, select=None, report=report), out_dir=tmp_path / out)
 
 
+def test_a_damaged_test_examples_file_is_named_not_resampled(tmp_path, monkeypatch):
+    """A test_examples.csv cut mid-row was a TypeError from float(); one cut at a row's end gave
+    intervals over the examples left. Both are errors naming the file."""
+    exp = seeded_experiment(
+        tmp_path,
+        ["gla", "hgrn"],
+        3,
+        {"differences": [{"a": "gla", "b": "hgrn", "metric": "accuracy", "alternative": "a <= b"}]},
+        "out",
+    )
+    monkeypatch.setattr(sweep_mod, "execute", fake_seeded_train(True))
+    sweep(exp, log=lambda *_: None)
+    examples = sorted(exp.out_dir.glob("*/test_examples.csv"))[0]
+    lines = examples.read_text().splitlines()
+    examples.write_text("\n".join(lines[:-1] + [lines[-1].split(",")[0]]) + "\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(examples))}: line {len(lines)}: total None is not a number"):
+        write_report(exp, collect(exp))
+    examples.write_text("\n".join(lines[:2]) + "\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(examples))}: its 1 examples give accuracy .*, not the"):
+        write_report(exp, collect(exp))
+
+
 @pytest.mark.parametrize("with_examples", [True, False])
 def test_report_intervals_over_seeds_and_examples(tmp_path, monkeypatch, with_examples):
     """A seed axis gives each cell's mean with its 95% interval; ``differences`` gives the interval
