@@ -56,6 +56,13 @@ def check_device(name: str, value) -> None:
         raise ValueError(f"{name}: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
 
 
+def check_eval_split(split: str, task) -> None:
+    """``train.eval_split`` must be a split of ``task`` (built: its splits may follow its options,
+    as MQAR's validation split)."""
+    if split not in task.splits:
+        raise ValueError(f"train.eval_split: task {task.registry_name!r} has splits {list(task.splits)}, got {split!r}")
+
+
 def check_early_stop_metric(metric: str, task, dataset=None) -> None:
     """``train.early_stop.metric`` must be a metric of ``task``'s evaluator (``task``: a task, or
     its class when no task is built yet). Without ``dataset`` (the config, before any data is
@@ -445,6 +452,8 @@ class RunConfig:
         with in_section("model", model_fields), in_section("model.mixer_options", config.model.get("mixer_options")):
             config.model_config_with(fields)
         check_early_stop_metric(config.train.early_stop.metric, tasks.resolve(config.task["name"]))
+        if config.train.eval_split is not None:  # (a task is built without its data: cheap)
+            check_eval_split(config.train.eval_split, tasks.build(config.task["name"], **config.task_options()))
         return config
 
     def to_dict(self) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from lcsm.tasks.metrics import Evaluator
 
 from . import checkpoint as ckpt
 from . import parallel
-from .config import RunConfig, TrainConfig, check_early_stop_metric, in_section
+from .config import RunConfig, TrainConfig, check_early_stop_metric, check_eval_split, in_section
 from .distributed import Distributed
 from .lock import DirectoryLock, environment_error
 from .monitor import MetricsLog, Progress, json_safe
@@ -126,10 +126,7 @@ def autocast(device: torch.device, precision: str):
 
 def default_eval_split(task, option: str | None) -> str:
     if option is not None:
-        if option not in task.splits:
-            raise ValueError(
-                f"train.eval_split: task {task.registry_name!r} has splits {list(task.splits)}, got {option!r}"
-            )
+        check_eval_split(option, task)
         return option
     return "validation" if "validation" in task.splits else "test"
 

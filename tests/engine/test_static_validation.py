@@ -74,3 +74,18 @@ def test_a_preset_head_is_overridden_field_by_field(no_corpus):
     head = config.model_config_with({"head": {"kind": "dual", "n_classes": 2}, "vocab_size": 257}).head
     # The preset's combine and mlp stay; the config's hidden replaces the preset's d_model.
     assert (head.kind, head.n_classes, head.hidden, head.combine, head.mlp) == ("dual", 2, 12, "concat", "etsmlp")
+
+
+def test_the_eval_split_is_checked_from_the_config(no_corpus):
+    """train.eval_split is a split of the task as its options make it (MQAR has a validation split
+    only with validation_examples), checked before any data is made: a sweep refuses the run before
+    its first run starts, not after generating its data."""
+    mqar = {"name": "mqar", "train_grid": "16:2", "test_grid": "16:2", "train_examples": 8, "test_examples": 8}
+    values = {**run(mqar), "train": {"max_steps": 1, "batch_size": 2, "eval_split": "validation"}}
+    with pytest.raises(
+        ValueError, match=r"train.eval_split: task 'mqar' has splits \['train', 'test'\], got 'validation'"
+    ):
+        RunConfig.from_dict(values)
+    assert RunConfig.from_dict({**values, "task": {**mqar, "validation_examples": 4}}).train.eval_split == "validation"
+    lm = {**run({"name": "lm", "tokenizer": "bpe", "bpe_vocab": 512}, vocab_size=512)}
+    assert RunConfig.from_dict({**lm, "train": {**lm["train"], "eval_split": "test"}}).train.eval_split == "test"
