@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import hashlib
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -190,9 +192,25 @@ class Task:
                     for s in self.generate(split)
                 ]
                 if self.use_cache:
-                    save_segments(self.cache_path(split), self.cache_key(split), segments)
+                    self._cache(split, segments)
             self._datasets[split] = SegmentedDataset(segments)
         return self._datasets[split]
+
+    def _cache(self, split: str, segments: Sequence[Segment]) -> None:
+        """Keep the data made for ``split`` for next time. A cache that cannot take it (a full or
+        read-only disk, often another than the run's) costs the next run the time to make it again,
+        not this run, which has the data: a warning."""
+        path = self.cache_path(split)
+        try:
+            save_segments(path, self.cache_key(split), segments)
+        except (OSError, RuntimeError) as err:  # torch.save reports a full disk as a RuntimeError
+            if isinstance(err, OSError):
+                cause = "disk full" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+            else:
+                cause = (str(err).splitlines() or [type(err).__name__])[0]
+            warnings.warn(
+                f"task data not cached at {path} ({cause}); it is made again next time", RuntimeWarning, stacklevel=3
+            )
 
     def logits(self, model, batch: Mapping[str, object]) -> Tensor:
         """Run ``model`` (an ``lcsm.models`` model with head ``default_head``) on a batch: "lm"

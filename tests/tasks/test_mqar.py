@@ -1,6 +1,7 @@
 """MQAR (Zoology protocol): generator invariants, power-law gaps, determinism, the disk cache,
 batching and metrics."""
 
+import errno
 import hashlib
 import math
 import os
@@ -265,6 +266,29 @@ def test_corrupt_cache_is_rebuilt_not_trusted(tmp_path, corrupt):
     third = tasks.build("mqar", cache_dir=tmp_path, **SMALL)
     third.generate = lambda split: pytest.fail("cache miss")
     assert _same(third.dataset("train"), reference)
+
+
+@pytest.mark.parametrize(
+    "error, cause",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "disk full"),
+        (OSError(errno.EROFS, "Read-only file system"), "Read-only file system"),
+        (RuntimeError("basic_ios::clear: iostream error"), "basic_ios::clear: iostream error"),
+    ],
+)
+def test_a_cache_that_cannot_take_the_data_is_a_warning(tmp_path, monkeypatch, error, cause):
+    """The run has its data: a full or read-only cache (often on another disk than the run's)
+    costs the next run its making, not this one (it stopped the run)."""
+    from lcsm.tasks import base
+
+    def refuse(*args):
+        raise error
+
+    monkeypatch.setattr(base, "save_segments", refuse)
+    task = tasks.build("mqar", cache_dir=tmp_path, **SMALL)
+    with pytest.warns(RuntimeWarning, match=rf"task data not cached at .*\({cause}"):
+        data = task.dataset("train")
+    assert _same(data, tasks.build("mqar", use_cache=False, **SMALL).dataset("train"))
 
 
 def test_cache_file_of_another_config_is_not_trusted(tmp_path):
