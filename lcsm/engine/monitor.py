@@ -25,6 +25,20 @@ from typing import Any, TextIO
 from .lock import environment_error
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole, or what it held before: a run's or a report's file written
+    under a temporary name and renamed into place (a full disk or a kill leaves no cut-off file);
+    a failure is one error naming ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise environment_error(path, err) from None
+
+
 def json_safe(obj: Any) -> Any:
     """``obj`` with every NaN or infinite float replaced by None: JSON has no such numbers (Python
     would write bare NaN / Infinity, which strict parsers refuse)."""

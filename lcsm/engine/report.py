@@ -53,6 +53,7 @@ import numpy as np
 from lcsm._checks import check_keys
 
 from . import stats
+from .monitor import write_atomic
 from .results import format_table, main_metric, select_best
 
 REPORT_KEYS = ("title", "metrics", "table", "plots", "compare", "curves", "differences")
@@ -950,7 +951,7 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
         lines += ["## The paper's numbers", "", str(exp.spec["paper"]).strip(), ""]
     if exp.spec.get("reading"):
         lines += ["## Reading", "", str(exp.spec["reading"]).strip(), ""]
-    (out_dir / RUNLOG_FILE).write_text(run_log(exp, rows))
+    write_atomic(out_dir / RUNLOG_FILE, run_log(exp, rows))
     lines += [
         "## Provenance (generated)",
         "",
@@ -967,5 +968,5 @@ def write_report(exp, rows: list[dict[str, Any]], out_dir: Path | None = None, c
         "",
     ]
     path = out_dir / "report.md"
-    path.write_text("\n".join(lines))
+    write_atomic(path, "\n".join(lines))
     return path

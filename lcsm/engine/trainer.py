@@ -35,7 +35,6 @@ import dataclasses
 import io
 import json
 import math
-import os
 import shutil
 import signal
 import sys
@@ -60,8 +59,8 @@ from . import checkpoint as ckpt
 from . import parallel
 from .config import RunConfig, TrainConfig, check_early_stop_metric, check_eval_split, in_section
 from .distributed import Distributed
-from .lock import DirectoryLock, environment_error
-from .monitor import MetricsLog, Progress, json_safe
+from .lock import DirectoryLock
+from .monitor import MetricsLog, Progress, json_safe, write_atomic
 from .optim import adamw, build_optimizer, lr_factor
 from .results import FINISHED
 
@@ -96,16 +95,6 @@ class TrainingDiverged(ValueError):
 
 def _json_canonical(obj: Any) -> Any:
     return json.loads(json.dumps(obj))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise environment_error(path, err) from None
 
 
 def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -171,7 +160,7 @@ def write_examples(path: Path, examples: dict[str, list]) -> None:
     writer.writerow(["segment", "total", "correct", "loss"])
     for row in zip(examples["segment"], examples["total"], examples["correct"], examples["loss"], strict=True):
         writer.writerow([row[0], row[1], row[2], f"{row[3]:.6g}"])
-    _write_atomic(path, buf.getvalue())
+    write_atomic(path, buf.getvalue())
 
 
 def load_run(checkpoint_path, *, which: str = "last", device: str | torch.device = "cpu"):
@@ -639,7 +628,7 @@ class Trainer:
             return recorded
         if self.dist.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            _write_atomic(self.out_dir / "config.yaml", yaml.safe_dump(self.config.to_dict(), sort_keys=False))
+            write_atomic(self.out_dir / "config.yaml", yaml.safe_dump(self.config.to_dict(), sort_keys=False))
             self.log.truncate_after(self.state.step, self.state.last_eval_step)
             self.progress.message(
                 f"{'resuming' if restored else 'training'} {self.config.name or self.out_dir.name}: task "
@@ -800,7 +789,7 @@ class Trainer:
             self.log.write("train", step, {"loss": loss, "lr": lr, "grad_norm": norm, "tokens": s.tokens})
             self.log.write_csv()
             result = {**self._result("diverged", None), "diverged_at_step": step}
-            _write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
+            write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
         saved = ckpt.list_checkpoints(self.out_dir)
         kept = f"its newest checkpoint is of step {saved[-1][0]}" if saved else "it wrote no checkpoint"
         raise TrainingDiverged(
@@ -858,7 +847,7 @@ class Trainer:
         if self.dist.is_main:
             if self._examples is not None and self._examples[0] == "test":
                 write_examples(self.out_dir / EXAMPLES_FILE, self._examples[1])
-            _write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
+            write_atomic(result_path, json.dumps(json_safe(result), indent=2, allow_nan=False))
             self.log.write_csv()
             self.log.close()
             self.progress.message(

@@ -774,6 +774,32 @@ def seeded_experiment(tmp_path, mixers, seeds, report, out):
     return load_experiment(experiment(tmp_path, grid=grid, select=None, report=report), out_dir=tmp_path / out)
 
 
+def test_a_report_on_a_full_disk_is_an_error_naming_it_and_leaves_the_old_one(tmp_path, monkeypatch):
+    """report.md is written whole or not at all (a full disk left an empty one), and the error
+    names it (it said "disk full" alone)."""
+    import errno
+    import pathlib
+
+    calls = []
+    monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
+    exp = load_experiment(experiment(tmp_path), out_dir=tmp_path / "out")
+    sweep(exp, log=lambda *_: None)
+    before = write_report(exp, collect(exp)).read_text()
+    real = pathlib.Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name == ".report.md.tmp":
+            real(self, "cut")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    with pytest.raises(OSError) as err:
+        write_report(exp, collect(exp))
+    assert err.value.filename == str(tmp_path / "out" / "report.md") and err.value.strerror == "disk full"
+    assert (tmp_path / "out" / "report.md").read_text() == before and not (tmp_path / "out" / ".report.md.tmp").exists()
+
+
 def test_a_damaged_test_examples_file_is_named_not_resampled(tmp_path, monkeypatch):
     """A test_examples.csv cut mid-row was a TypeError from float(); one cut at a row's end gave
     intervals over the examples left. Both are errors naming the file."""
