@@ -1,5 +1,6 @@
 """Sweeps: grid expansion, cached runs not redone, interrupted sweeps resumed, select, report."""
 
+import errno
 import json
 import math
 import os
@@ -557,6 +558,37 @@ def test_a_run_finished_by_a_sweep_beside_it_is_copied_not_trained(tmp_path, mon
 
     assert main(["sweep", str(codes), "--out", str(tmp_path / "results" / "fresh"), "--no-reuse"]) == 0
     assert len(calls) == 4
+
+
+def test_a_copy_stopped_part_way_is_no_source_and_a_failed_copy_is_one_line(tmp_path, monkeypatch, capsys):
+    """A staging copy (``<run>.reusing``) left by a copy that was stopped or ran out of disk holds
+    a result.json and was chosen as the source, then deleted as the stale staging before the copy:
+    the sweep failed on the missing directory. A copy that fails (a full disk) is one line naming
+    the run's directory, not copytree's list of every file's failure."""
+    spec = experiment(tmp_path, grid={"model.mixer": ["gla"]}, select=None, report={})
+    calls = []
+    monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
+    sweep(load_experiment(spec, out_dir=tmp_path / "results" / "b"), log=lambda *_: None)
+    (source,) = (tmp_path / "results" / "b").glob("mixer=gla-*/")
+    (source / "train.csv").write_text("step\n1\n")
+    exp = load_experiment(spec, out_dir=tmp_path / "results" / "a")
+    (run,) = exp.runs()
+    partial = run.out_dir.with_name(run.out_dir.name + ".reusing")
+    partial.mkdir(parents=True)
+    shutil.copy(source / "result.json", partial)  # stopped before train.csv
+    assert sweep_mod.Equivalents(exp.out_dir).find(run) == source
+
+    def full(src, dst, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", dst)
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    assert main(["sweep", str(spec), "--out", str(exp.out_dir)]) == 1
+    assert capsys.readouterr().err == f"lcsm sweep: error: {run.out_dir}: disk full\n"
+    assert not partial.exists() and not run.out_dir.exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
+    rows, ok = sweep(exp, log=lambda *_: None)
+    assert ok and len(calls) == 1 and (run.out_dir / "train.csv").read_text() == "step\n1\n"
 
 
 def test_runs_on_other_task_data_are_noted_and_never_copied(tmp_path, monkeypatch):

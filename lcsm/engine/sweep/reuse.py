@@ -5,6 +5,7 @@ today (``stale_data``, ``stale_model``)."""
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import shutil
@@ -15,8 +16,12 @@ from typing import Any
 from lcsm.tasks import recorded_task_data, task_data
 
 from ..config import OptimConfig, TrainConfig, runtime_out_of_train
+from ..lock import environment_error
 from ..results import FINISHED
 from .grid import Run, _run_config
+
+# ``copy_run`` copies into ``<run dir><STAGING>`` and renames it into place once whole.
+STAGING = ".reusing"
 
 
 def _equivalence_key(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,6 +133,10 @@ class Equivalents:
         if self._runs is None:
             self._runs = []
             for path in sorted(self.root.glob("*/*/result.json")):
+                if path.parent.name.endswith(STAGING):
+                    # a copy that was stopped (or ran out of disk) part way, which the next copy
+                    # of its run deletes: no source, and it may lack any file but result.json
+                    continue
                 try:
                     result = json.loads(path.read_text())
                     config = result["config"]
@@ -165,9 +174,26 @@ def copy_run(run: Run, source: Path) -> None:
     directory, atomically: an interrupted copy leaves no half run behind. The copy is exact, so its
     ``config.yaml`` and ``result.json`` keep the source's ``name`` and ``out_dir``, which say where
     it came from."""
-    staging = run.out_dir.with_name(run.out_dir.name + ".reusing")
+    staging = run.out_dir.with_name(run.out_dir.name + STAGING)
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging)
-    if run.out_dir.exists():
-        run.out_dir.rmdir()  # empty (``Equivalents.find``)
-    staging.rename(run.out_dir)
+    failures: list[OSError] = []
+
+    def copy(src: str, dst: str) -> None:
+        try:
+            shutil.copy2(src, dst)
+        except OSError as err:
+            failures.append(err)
+            raise
+
+    try:
+        shutil.copytree(source, staging, copy_function=copy)
+        if run.out_dir.exists():
+            run.out_dir.rmdir()  # empty (``Equivalents.find``)
+        staging.rename(run.out_dir)
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        # copytree goes on past a failed file and then raises every failure as text in one
+        # shutil.Error; the first file's own error keeps its errno (a full disk)
+        if isinstance(err, shutil.Error):
+            err = failures[0] if failures else OSError(errno.EIO, err.args[0][0][2])
+        raise environment_error(run.out_dir, err) from None
