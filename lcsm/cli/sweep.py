@@ -42,7 +42,7 @@ def _experiment(target: str, args, file_only: tuple[str, ...] = ()):
 
 def cmd_sweep(args) -> int:
     from lcsm.engine.report import write_report
-    from lcsm.engine.sweep import SweepStopped, format_table, main_metric, select_best, sweep
+    from lcsm.engine.sweep import SweepStopped, format_table, main_metric, run_notes, select_best, sweep
 
     exp = _experiment(args.experiment, args, file_only=("set", "grid", "out"))
     try:
@@ -61,6 +61,9 @@ def cmd_sweep(args) -> int:
     if exp.select and exp.select.get("over"):
         print(f"\nbest over {', '.join(exp.select['over'])}:\n")
         print(format_table(exp, select_best(exp, rows), metrics))
+    notes = run_notes(rows)
+    if notes:
+        print("\n" + "\n".join(notes))
     print(f"\nrun directories (checkpoints, metrics): {exp.out_dir}/<run>/; results: {exp.out_dir / 'results.csv'}")
     if args.report:
         print(f"report: {write_report(exp, rows)} (plots next to it)")

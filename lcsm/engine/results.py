@@ -61,14 +61,15 @@ def main_metric(exp: Experiment) -> str:
 
 
 def format_table(exp: Experiment, rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
-    """A markdown table: the grid labels, status, the given metrics, steps and wall time."""
+    """A markdown table: the grid labels, status, the given metrics, steps (with those skipped,
+    ``run.on_nonfinite: skip``) and wall time."""
     header = [a.key for a in exp.axes] + ["status"] + list(metrics) + ["step", "params", "wall s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         values = [r.get(a.key, "") for a in exp.axes] + [r["status"]]
         values += [f"{r[f'metric:{m}']:.4f}" if f"metric:{m}" in r else "—" for m in metrics]
         values += [
-            r.get("step", "—"),
+            f"{r['step']} ({r['skipped_steps']} skipped)" if r.get("skipped_steps") else r.get("step", "—"),
             f"{r['n_params']:,}" if "n_params" in r else "—",
             f"{r['wall_time_s']:.0f}" if "wall_time_s" in r else "—",
         ]

@@ -1,6 +1,8 @@
 """Sweeps: grid expansion, cached runs not redone, interrupted sweeps resumed, select, report."""
 
+import csv
 import errno
+import io
 import json
 import math
 import os
@@ -128,6 +130,43 @@ def test_a_diverged_run_keeps_the_sweep_failing_when_it_comes_from_the_cache(tmp
     monkeypatch.setattr(sweep_mod, "execute", fake_train(calls))
     beside = load_experiment(experiment(tmp_path), out_dir=tmp_path / "beside")
     assert sweep(beside, log=lambda *_: None)[1] and calls == [diverged.id]
+
+
+def test_skipped_steps_are_shown_and_a_loss_that_is_not_finite_fails_the_sweep(tmp_path, monkeypatch, capsys):
+    """A diverged run resumed with run.on_nonfinite: skip, as the sweep advises, completed with 59
+    of its 60 steps skipped and a nan loss: the rerun exited 0 with the run "completed", and
+    neither the table, results.csv nor the report said that a step was skipped."""
+    spec, out = experiment(tmp_path), tmp_path / "out"
+    monkeypatch.setattr(sweep_mod, "execute", fake_train([]))
+    assert main(["sweep", str(spec), "--out", str(out)]) == 0
+    assert "skipped" not in capsys.readouterr().out.replace(str(tmp_path), "")
+    assert "skipped" not in (out / "results.csv").read_text().replace(str(tmp_path), "")
+    exp = load_experiment(spec, out_dir=out)
+    run = exp.runs()[1]
+    result = json.loads((run.out_dir / "result.json").read_text())
+
+    def finish(skipped, loss):
+        metrics = {"loss": loss, "accuracy": 0.0}  # result.json writes nan as null
+        (run.out_dir / "result.json").write_text(
+            json.dumps({**result, "step": 60, "skipped_steps": skipped, "metrics": metrics})
+        )
+        status = main(["sweep", str(spec), "--out", str(out), "--report"])
+        return status, capsys.readouterr().out
+
+    status, printed = finish(59, None)
+    assert status == 1
+    assert "| 0.0000 | nan | 60 (59 skipped) |" in printed
+    note = (
+        f"note: run {run.id} skipped 59 of its 60 steps (run.on_nonfinite: skip) and ended with loss nan: no "
+        "result, and the sweep fails while its grid has this run"
+    )
+    assert note in printed and printed.index(note) > printed.rindex("| 60 (59 skipped) |")
+    status, printed = finish(2, 0.5)
+    assert status == 0
+    assert f"note: run {run.id} skipped 2 of its 60 steps (run.on_nonfinite: skip)\n" in printed
+    rows = {r["run"]: r for r in csv.DictReader(io.StringIO((out / "results.csv").read_text()))}
+    assert [r["skipped_steps"] for r in rows.values()] == ["", "2", "", ""]
+    assert "| 0.0000 | 0.5000 | 60 (2 skipped) |" in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize("value", ["{mixer: gla, d_model: 16}", "[1e-3", "1e-3,{a", "\x07"])

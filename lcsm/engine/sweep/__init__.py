@@ -74,6 +74,7 @@ __all__ = [
     "log_prefix",
     "machine_label",
     "main_metric",
+    "run_notes",
     "select_best",
     "stale_data",
     "stale_model",
@@ -104,6 +105,8 @@ def collect(exp: Experiment) -> list[dict[str, Any]]:
                     "wall_time_s": result["wall_time_s"],
                 }
             )
+            if result.get("skipped_steps"):  # a column of results.csv once a run has skipped steps
+                row["skipped_steps"] = result["skipped_steps"]
             # result.json writes a nan or infinite metric as null (JSON has no such numbers)
             row.update({f"metric:{k}": _metric_value(v) for k, v in (result.get("metrics") or {}).items()})
             if result.get("test"):
@@ -116,6 +119,33 @@ def collect(exp: Experiment) -> list[dict[str, Any]]:
                 row["best_step"] = result["best"]["step"]
         rows.append(row)
     return rows
+
+
+def no_result(row: dict[str, Any]) -> bool:
+    """Whether a finished run's final loss is not finite: its weights no longer give numbers."""
+    loss = row.get("metric:loss")
+    return row["status"] in FINISHED and isinstance(loss, float) and not math.isfinite(loss)
+
+
+def run_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """A note for each run that skipped steps (``run.on_nonfinite: skip``) or finished with a loss
+    that is not finite, for after the results table."""
+    notes = []
+    for r in rows:
+        skipped = (
+            f" skipped {r['skipped_steps']} of its {r['step']} steps (run.on_nonfinite: skip)"
+            if r.get("skipped_steps")
+            else ""
+        )
+        if no_result(r):
+            notes.append(
+                f"note: run {r['run']}{skipped}{' and' if skipped else ''} ended with loss {r['metric:loss']}: no "
+                "result, and the sweep fails while its grid has this run (trained again it trains the same: "
+                "change its optim.lr or optim.grad_clip, or leave it out of the grid)"
+            )
+        elif skipped:
+            notes.append(f"note: run {r['run']}{skipped}")
+    return notes
 
 
 def write_results(exp: Experiment, rows: list[dict[str, Any]]) -> None:
@@ -164,7 +194,8 @@ def check_buildable(runs: Sequence[Run]) -> None:
 def sweep(
     exp: Experiment, *, parallel: int = 1, dry_run: bool = False, reuse_runs: bool = True, log=print
 ) -> tuple[list[dict[str, Any]], bool]:
-    """Run every run of ``exp`` that has no cached result; returns (result rows, all succeeded).
+    """Run every run of ``exp`` that has no cached result; returns (result rows, all succeeded: none
+    failed, diverged or finished with a loss that is not finite).
     With ``reuse_runs`` a run that a sweep beside this one has finished with the same training
     config (``Equivalents``) is copied, not trained. The runs to train are built first
     (``check_buildable``), dry run included."""
@@ -219,4 +250,9 @@ def sweep(
         codes = execute(todo, parallel=parallel, log=log) if todo else {}
         rows = collect(exp)
         write_results(exp, rows)
-    return rows, all(c == 0 for c in codes.values()) and not unfinished
+    # ``run.on_nonfinite: skip`` is what the note above advises for a diverged run; where every
+    # step after the divergence was skipped the run completes with a nan loss, which must not
+    # count as a result the way the diverged run did not. A run that skipped a few steps and
+    # ended with a finite loss is a result, with a note (``run_notes``).
+    failed = any(no_result(r) for r in rows)
+    return rows, all(c == 0 for c in codes.values()) and not unfinished and not failed
