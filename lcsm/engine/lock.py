@@ -57,6 +57,21 @@ def _read(path: Path) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) else None
 
 
+def _live(holder: dict[str, Any], directory: str | Path) -> bool:
+    """Whether the holder of ``directory``'s lock may still be running: one on another host is
+    never guessed dead; one naming this process is alive only where this process holds it."""
+    if holder.get("host") != socket.gethostname():
+        return True
+    pid = int(holder.get("pid", -1))
+    return Path(directory).resolve() in _HELD if pid == os.getpid() else _alive(pid)
+
+
+def live_holder(directory: str | Path) -> dict[str, Any] | None:
+    """What its lock file says of the process that holds ``directory``, or None when none does."""
+    holder = _read(Path(directory) / LOCK_NAME)
+    return holder if holder is not None and _live(holder, directory) else None
+
+
 class DirectoryLock:
     """``with DirectoryLock(out_dir, "lcsm train"):`` holds ``out_dir`` (created if missing) or
     raises ValueError naming the live holder. Released on leaving the block however it is left;
@@ -110,9 +125,7 @@ class DirectoryLock:
                     # Another process's lock, seen between a take-over's rename and its link: look again.
                     time.sleep(0.05)
                     continue
-                pid = int(holder.get("pid", -1))
-                mine = pid == me["pid"] and self.directory.resolve() not in _HELD
-                if holder.get("host") != me["host"] or (_alive(pid) and not mine):
+                if _live(holder, self.directory):
                     raise ValueError(
                         f"{self.directory}: in use by {holder.get('command', 'another lcsm process')} (pid "
                         f"{holder.get('pid')} on {holder.get('host')}, since {holder.get('started')}); wait for it "

@@ -9,8 +9,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -539,6 +541,81 @@ def test_real_sweep_is_resumable_after_interruption(tmp_path, stop):
     assert "(2 cached, 0 to run)" in again.stdout
     rows = collect(load_experiment(tmp_path / "out" / "experiment.yaml", out_dir=tmp_path / "out"))
     assert [r["status"] for r in rows] == ["completed", "completed"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_a_killed_sweep_stops_its_run_and_a_rerun_resumes_it(tmp_path):
+    """SIGKILL of the sweep runs no handler: its `lcsm train` went on training, holding the run's
+    directory, and a rerun failed that run (exit 2) and started the next beside it. The run now
+    gets SIGTERM when the sweep dies: it checkpoints, exits and releases its directory."""
+    spec = experiment(tmp_path, grid={"model.mixer": ["gla", "hgrn"]}, select=None, report={})
+    data = yaml.safe_load(spec.read_text())
+    # some 10 s of training, were the run left to go on
+    data["set"] = {"train.max_steps": 2000, "train.save_every": 10}
+    spec.write_text(yaml.safe_dump(data))
+    out, env = tmp_path / "out", cli_env(tmp_path)
+    cmd = [sys.executable, "-m", "lcsm", "sweep", str(spec), "--out", str(out)]
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    lock, pid = None, None
+    try:
+        deadline = time.time() + 120
+        while not list(out.glob("*/checkpoints/step-*")) and time.time() < deadline:
+            time.sleep(0.02)
+        (lock,) = out.glob("*/.lcsm.lock")
+        pid = json.loads(lock.read_text())["pid"]
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 5
+        while lock.exists() and time.time() < deadline:
+            time.sleep(0.02)
+        assert not lock.exists(), (tmp_path / "first.log").read_text()
+    finally:
+        if lock is not None and lock.exists():
+            os.kill(pid, signal.SIGKILL)  # the run left training
+    assert re.search(r"interrupted at step \d+: checkpoint", (tmp_path / "first.log").read_text())
+    stopped = max(int(p.name.split("-")[1]) for p in lock.parent.glob("checkpoints/step-*"))
+    assert stopped < 2000 and not (lock.parent / "result.json").exists()
+    rerun = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(
+        int(p.name.split("-")[1]) > stopped for p in lock.parent.glob("checkpoints/step-*")
+    ):
+        time.sleep(0.02)
+    rerun.send_signal(signal.SIGTERM)
+    printed, _ = rerun.communicate(timeout=120)
+    assert rerun.returncode == 128 + signal.SIGTERM, printed
+    assert "resuming" in printed, printed
+    assert "failed" not in printed and "in use by" not in printed, printed
+
+
+def test_a_run_held_by_another_process_is_waited_for(tmp_path, monkeypatch):
+    """A rerun right after a sweep was killed can find a run's directory still held by the run
+    that sweep left, writing its last checkpoint: the sweep waits for it (a while) and says why,
+    instead of starting an `lcsm train` that fails at once."""
+    from lcsm.engine.sweep import runner
+
+    (run,) = load_experiment(
+        experiment(tmp_path, grid={"model.mixer": ["gla"]}, select=None, report={}), out_dir=tmp_path / "out"
+    ).runs()
+    run.out_dir.mkdir(parents=True)
+    lock = run.out_dir / ".lcsm.lock"
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": "now", "command": "lcsm train"}
+    lock.write_text(json.dumps(holder))
+    # the run exits 1 where it would find the directory still held
+    monkeypatch.setattr(
+        runner, "_train_command", lambda r: [sys.executable, "-c", f"import os; exit(os.path.exists({str(lock)!r}))"]
+    )
+    release = threading.Timer(0.5, lock.unlink)
+    release.start()
+    lines = []
+    assert runner.execute([run], log=lines.append) == {run.id: 0}
+    assert lines[0].startswith(
+        f"--- run {run.id}: in use by lcsm train (pid {os.getpid()}, since now), a run of an earlier sweep"
+    )
+    lock.write_text(json.dumps(holder))
+    monkeypatch.setattr(runner, "LOCK_WAIT_S", 0.2)
+    assert runner.execute([run], log=lambda *_: None) == {run.id: 1}  # then started, and refused
 
 
 def test_a_run_finished_by_a_sweep_beside_it_is_copied_not_trained(tmp_path, monkeypatch):

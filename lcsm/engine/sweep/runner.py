@@ -1,9 +1,11 @@
 """Training a sweep's runs: each one ``lcsm train`` in a subprocess, N at a time, their output
-prefixed with the run's id; SIGINT and SIGTERM stop the sweep after its running runs checkpoint."""
+prefixed with the run's id; SIGINT and SIGTERM stop the sweep after its running runs checkpoint,
+and on Linux a sweep that dies (SIGKILL, out of memory) stops them too."""
 
 from __future__ import annotations
 
 import copy
+import ctypes
 import os
 import signal
 import subprocess
@@ -15,11 +17,54 @@ from collections.abc import Sequence
 import yaml
 
 from ..config import runtime_out_of_train
+from ..lock import live_holder
 from .grid import Run
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# How long a run's directory held by another process (the run of a sweep that was killed, still
+# writing its checkpoint) is waited for before its ``lcsm train`` is started anyway (and refused).
+LOCK_WAIT_S = 60.0
 
 
 def _train_command(run: Run) -> list[str]:
     return [sys.executable, "-m", "lcsm", "train", str(run.out_dir / "config.yaml")]
+
+
+def _stop_with(parent: int):
+    """The ``preexec_fn`` that has a run get SIGTERM when the sweep dies, or None off Linux. SIGKILL
+    of the sweep runs no handler of its own, and the run it left would train on, holding its
+    directory; SIGTERM makes it checkpoint and exit (130) as when the sweep passes a signal on.
+    The signal follows the thread that started the run, which ``execute`` keeps until its runs
+    have ended. The function is looked up here: between fork and exec, beside the threads that
+    pump the runs' output, the child only calls it (no import, no lock)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGTERM))
+        if os.getppid() != parent:  # the sweep died before the call: no signal will come
+            os._exit(128 + signal.SIGTERM)
+
+    return preexec
+
+
+def _wait_for_holder(run: Run, log) -> None:
+    """Wait up to ``LOCK_WAIT_S`` while another process holds the run's directory."""
+    holder = live_holder(run.out_dir)
+    if holder is None:
+        return
+    log(
+        f"--- run {run.id}: in use by {holder.get('command', 'another lcsm process')} (pid {holder.get('pid')}, "
+        f"since {holder.get('started')}), a run of an earlier sweep still stopping? waiting up to "
+        f"{LOCK_WAIT_S:.0f} s for it (if it is still training then, wait for it or stop it, and run the sweep again)"
+    )
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while live_holder(run.out_dir) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def log_prefix(run_id: str, width: int = 48) -> str:
@@ -57,6 +102,7 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> dict[str, i
     pending = list(runs)
     active: list[tuple[Run, subprocess.Popen, list[threading.Thread]]] = []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    preexec = _stop_with(os.getpid())
     # SIGINT and SIGTERM stop the sweep as they stop each run (the trainer takes both whatever it
     # inherited): a shell's background job starts with SIGINT ignored, and the sweep would go on to
     # the next run; SIGTERM sent to the sweep alone would kill it and leave its runs training.
@@ -67,6 +113,7 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> dict[str, i
         while pending or active:
             while pending and len(active) < parallel:
                 run = pending.pop(0)
+                _wait_for_holder(run, log)
                 run.out_dir.mkdir(parents=True, exist_ok=True)
                 config = copy.deepcopy(runtime_out_of_train(run.config))
                 if parallel > 1:
@@ -74,12 +121,13 @@ def execute(runs: Sequence[Run], *, parallel: int = 1, log=print) -> dict[str, i
                 (run.out_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
                 log(f"--- run {run.id} ({len(codes) + len(active) + 1}/{len(codes) + len(active) + 1 + len(pending)})")
                 if parallel == 1:
-                    proc = subprocess.Popen(_train_command(run), env=env)
+                    proc = subprocess.Popen(_train_command(run), env=env, preexec_fn=preexec)
                     pumps = []
                 else:
                     proc = subprocess.Popen(
                         _train_command(run),
                         env=env,
+                        preexec_fn=preexec,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT,
                         text=True,
