@@ -589,7 +589,7 @@ def test_a_killed_sweep_stops_its_run_and_a_rerun_resumes_it(tmp_path):
     assert "failed" not in printed and "in use by" not in printed, printed
 
 
-def test_a_run_held_by_another_process_is_waited_for(tmp_path, monkeypatch):
+def test_a_run_held_by_another_process_is_waited_for(tmp_path, monkeypatch, request):
     """A rerun right after a sweep was killed can find a run's directory still held by the run
     that sweep left, writing its last checkpoint: the sweep waits for it (a while) and says why,
     instead of starting an `lcsm train` that fails at once."""
@@ -600,7 +600,10 @@ def test_a_run_held_by_another_process_is_waited_for(tmp_path, monkeypatch):
     ).runs()
     run.out_dir.mkdir(parents=True)
     lock = run.out_dir / ".lcsm.lock"
-    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": "now", "command": "lcsm train"}
+    # a live process of this host (not this one: a lock naming this process that it does not hold is dead)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    request.addfinalizer(lambda: (other.kill(), other.wait()))
+    holder = {"pid": other.pid, "host": socket.gethostname(), "started": "now", "command": "lcsm train"}
     lock.write_text(json.dumps(holder))
     # the run exits 1 where it would find the directory still held
     monkeypatch.setattr(
@@ -611,7 +614,7 @@ def test_a_run_held_by_another_process_is_waited_for(tmp_path, monkeypatch):
     lines = []
     assert runner.execute([run], log=lines.append) == {run.id: 0}
     assert lines[0].startswith(
-        f"--- run {run.id}: in use by lcsm train (pid {os.getpid()}, since now), a run of an earlier sweep"
+        f"--- run {run.id}: in use by lcsm train (pid {other.pid}, since now), a run of an earlier sweep"
     )
     lock.write_text(json.dumps(holder))
     monkeypatch.setattr(runner, "LOCK_WAIT_S", 0.2)
