@@ -532,6 +532,8 @@ def test_real_sweep_is_resumable_after_interruption(tmp_path, stop):
     assert re.search(r"interrupted at step \d+: checkpoint", out), out
     assert "run the same command again to continue" in out
     assert not list((tmp_path / "out").glob("*/result.json"))
+    # what the stopped sweep had done is on record: `lcsm report` reads its directory
+    assert (tmp_path / "out" / "experiment.yaml").is_file() and (tmp_path / "out" / "results.csv").is_file()
     if stop == "ctrl-c":
         return
     done = subprocess.run(cmd + ["--report"], env=env, capture_output=True, text=True, timeout=600)

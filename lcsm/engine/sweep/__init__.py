@@ -44,6 +44,7 @@ import yaml
 
 from ..config import RunConfig
 from ..lock import DirectoryLock
+from ..monitor import write_atomic
 from ..results import FINISHED, format_table, machine_label, main_metric, select_best
 from .grid import EXPERIMENT_COPY, Experiment, Run, load_experiment
 from .reuse import (
@@ -150,7 +151,7 @@ def run_notes(rows: list[dict[str, Any]]) -> list[str]:
 
 def write_results(exp: Experiment, rows: list[dict[str, Any]]) -> None:
     exp.out_dir.mkdir(parents=True, exist_ok=True)
-    (exp.out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(exp.out_dir / "results.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     columns: dict[str, None] = {}
     for r in rows:
         columns.update(dict.fromkeys(r))
@@ -158,14 +159,14 @@ def write_results(exp: Experiment, rows: list[dict[str, Any]]) -> None:
     writer = csv.DictWriter(buf, fieldnames=list(columns))
     writer.writeheader()
     writer.writerows(rows)
-    (exp.out_dir / "results.csv").write_text(buf.getvalue())
+    write_atomic(exp.out_dir / "results.csv", buf.getvalue())
     # The experiment as run (base, overrides and grid options resolved), so ``lcsm report`` on the
     # sweep directory rebuilds the same runs without the original file.
     resolved = {k: v for k, v in exp.spec.items() if k not in ("base", "set", "grid")}
     resolved.update(
         name=exp.name, config=exp.base, grid={a.key: dict(zip(a.labels, a.values, strict=False)) for a in exp.axes}
     )
-    (exp.out_dir / EXPERIMENT_COPY).write_text(yaml.safe_dump(resolved, sort_keys=False))
+    write_atomic(exp.out_dir / EXPERIMENT_COPY, yaml.safe_dump(resolved, sort_keys=False))
 
 
 def check_buildable(runs: Sequence[Run]) -> None:
@@ -244,12 +245,15 @@ def sweep(
         return collect(exp), True
     # Two sweeps on one directory would start the same runs twice (each run also locks its own).
     with DirectoryLock(exp.out_dir, "lcsm sweep", note=log):
-        for r in reused:
-            copy_run(r, sources[r.id])
-            log(f"--- run {r.id}: copied from {sources[r.id]} (the same training config)")
-        codes = execute(todo, parallel=parallel, log=log) if todo else {}
-        rows = collect(exp)
-        write_results(exp, rows)
+        try:
+            for r in reused:
+                copy_run(r, sources[r.id])
+                log(f"--- run {r.id}: copied from {sources[r.id]} (the same training config)")
+            codes = execute(todo, parallel=parallel, log=log) if todo else {}
+        finally:
+            # a stopped sweep's results too: `lcsm report` on its directory reports the runs done
+            rows = collect(exp)
+            write_results(exp, rows)
     # ``run.on_nonfinite: skip`` is what the note above advises for a diverged run; where every
     # step after the divergence was skipped the run completes with a nan loss, which must not
     # count as a result the way the diverged run did not. A run that skipped a few steps and
