@@ -255,7 +255,15 @@ class Results:
     device: torch.device
 
 
-def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]) -> Results:
+def run(
+    z: Sizes,
+    threads: int,
+    device: torch.device,
+    log: Callable[[str], None],
+    done: Callable[[Results, str], None] = lambda r, stage: None,
+) -> Results:
+    """Every measurement of ``z``; ``done(r, stage)`` after each stage (a training length, the
+    decoding, the memory), so that a run cut off (a GPU loan's time) keeps what it measured."""
     r = Results({}, {}, {}, {}, {}, {}, {}, [], device)
     models = {}
     for name in MODELS:
@@ -297,6 +305,7 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
         for name in running:
             log(f"train {name:11s} T={T:6d}: {T / statistics.median(r.train[name, T]):9.0f} tokens/s")
         models_grad_free(models)
+        done(r, f"training at T={T}")
 
     # Every stream is prefilled first, then all are stepped in turns, a few steps each: the 1K and
     # 16K contexts of a model are timed interleaved, minutes apart at most, so a change in the
@@ -329,6 +338,7 @@ def run(z: Sizes, threads: int, device: torch.device, log: Callable[[str], None]
             statistics.fmean(stream.times[k : k + DECODE_BURST]) for k in range(0, len(stream.times), DECODE_BURST)
         ]
         log(f"decode {name:11s} P={P:6d}: {r.decode[name, P] * 1e3:8.2f} ms/token")
+    done(r, "decoding")
     torch.set_num_threads(threads)
     del streams
     del models
@@ -618,8 +628,18 @@ def main(argv: list[str] | None = None) -> int:
     header["allocator"] = allocator
     header["device"] = device_name(device)
     load_before = _load()
+
+    def flush(r: Results, stage: str) -> None:
+        # rewritten whole after each stage (renamed into place): cut off, the file keeps what was measured
+        if args.out:
+            text = render(r, z, {**header, "partial report": f"written after {stage}; the run did not reach its end"})
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(args.out).with_name(Path(args.out).name + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, args.out)
+
     try:
-        results = run(z, args.threads, device, log)
+        results = run(z, args.threads, device, log, flush)
     finally:
         torch.set_num_threads(threads)
     header["load average (1/5/15 min) at start / end"] = f"{load_before}  /  {_load()}"

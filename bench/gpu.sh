@@ -123,9 +123,10 @@ if [ "$peers" -ge 30 ]; then
 else
     echo "gpu.sh: no time left for bench/gpu_peers.py ($(left) s of $TOTAL)"
 fi
-# The efficiency bench writes its report at its end only, so it starts only with 120 s left (44 s
-# in the loan of 2026-12-04, before mode "auto" sent its models through the Triton kernels, which
-# compile at their first call)
+# The efficiency bench rewrites its report after each stage (a training length, the decoding), so
+# a cut keeps what it measured; it starts only with 120 s left, what its first stage may take (44 s
+# for the whole bench in the loan of 2026-12-04, before mode "auto" sent its models through the
+# Triton kernels, which compile at their first call)
 if [ "${SKIP_EFFICIENCY:-0}" = 1 ]; then
     echo "gpu.sh: efficiency bench skipped (SKIP_EFFICIENCY=1)"
 elif [ "$(left)" -ge 120 ]; then

@@ -21,16 +21,25 @@ def _section(text: str, heading: str) -> list:
     return [line for line in body.splitlines() if line.startswith("| ")]
 
 
-def test_quick_run_writes_every_table(tmp_path, capsys):
+def test_quick_run_writes_every_table(tmp_path, capsys, monkeypatch):
     out = tmp_path / "efficiency.md"
     threads = torch.get_num_threads()
+    # the report is on disk after each stage, whole (renamed into place), before the run's end
+    partial = []
+    replace = efficiency_bench.os.replace
+    monkeypatch.setattr(
+        efficiency_bench.os, "replace", lambda a, b: (replace(a, b), partial.append(Path(b).read_text()))[0]
+    )
     assert cli_main(["bench", "efficiency", "--quick", "--threads", "1", "--out", str(out)]) == 0
+    z = efficiency_bench.QUICK
+    assert len(partial) == len(z.train) + 1 and all("- partial report: written after " in t for t in partial)
+    assert f"training at T={z.train[0]}; the run did not reach its end" in partial[0] and "decoding" in partial[-1]
+    assert "| transformer | " in partial[0] and "partial report" not in out.read_text()
     assert torch.get_num_threads() == threads  # main() restores the process-wide setting
     text = capsys.readouterr().out
     assert out.read_text() == text
     assert "- git commit: " in text and "- machine cpu: " in text and "- wall time: " in text
     assert "--quick" in text and "load average" in text and "- allocator: " in text and "- device: cpu" in text
-    z = efficiency_bench.QUICK
     models = efficiency_bench.MODELS
     for heading in ("## Models", "## Training throughput", "## Peak memory", "## Decoding"):
         rows = _section(text, heading)
