@@ -10,12 +10,13 @@ machine (a read-only or full disk) in one line ``<path>: <cause>`` and exit stat
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import os
 import pkgutil
 import signal
 import sys
+
+from lcsm._files import os_error_cause
 
 from ._common import UsageError
 
@@ -79,9 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         # The machine, not the input (a read-only or full disk, a file where a directory should be):
         # one line naming the path, status 1.
-        cause = "disk full" if err.errno == errno.ENOSPC else (err.strerror or str(err))
         where = f"{err.filename}: " if err.filename else ""
-        print(f"lcsm {args.command}: error: {where}{cause}", file=sys.stderr)
+        print(f"lcsm {args.command}: error: {where}{os_error_cause(err)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"lcsm {args.command}: interrupted", file=sys.stderr)

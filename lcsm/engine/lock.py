@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lcsm._files import os_error_cause
+
 LOCK_NAME = ".lcsm.lock"
 # The directories whose lock this process holds: a lock file naming this process's pid that is not
 # among them was written by an earlier process of the same pid (a container restarted after a kill
@@ -35,8 +37,7 @@ _HELD: set[Path] = set()
 def environment_error(path: str | Path, err: OSError) -> OSError:
     """``err`` re-raised against ``path`` (what the user named, not an internal temporary file),
     with "disk full" for ENOSPC: the CLI prints it as one line ``<path>: <cause>``."""
-    cause = "disk full" if err.errno == errno.ENOSPC else (err.strerror or str(err))
-    return OSError(err.errno, cause, str(path))
+    return OSError(err.errno, os_error_cause(err), str(path))
 
 
 def _alive(pid: int) -> bool:

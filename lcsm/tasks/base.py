@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import errno
 import hashlib
 import json
 import warnings
@@ -35,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from lcsm._checks import check_bool
+from lcsm._files import os_error_cause
 
 from .cache import compact, default_cache_dir, files_fingerprint, load_segments, save_segments
 from .config import TaskConfig
@@ -204,10 +204,8 @@ class Task:
         try:
             save_segments(path, self.cache_key(split), segments)
         except (OSError, RuntimeError) as err:  # torch.save reports a full disk as a RuntimeError
-            if isinstance(err, OSError):
-                cause = "disk full" if err.errno == errno.ENOSPC else (err.strerror or str(err))
-            else:
-                cause = (str(err).splitlines() or [type(err).__name__])[0]
+            first = (str(err).splitlines() or [type(err).__name__])[0]
+            cause = os_error_cause(err) if isinstance(err, OSError) else first
             warnings.warn(
                 f"task data not cached at {path} ({cause}); it is made again next time", RuntimeWarning, stacklevel=3
             )
