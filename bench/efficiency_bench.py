@@ -51,6 +51,7 @@ from bench._common import Check, proc_status_kib, provenance_header, run_memory_
 from lcsm._provenance import device_name
 from lcsm.engine.distributed import resolve_device
 from lcsm.engine.host_memory import HOST_ALLOCATORS, use_host_allocator
+from lcsm.engine.monitor import write_atomic
 from lcsm.engine.stats import ratio_interval
 from lcsm.models import HeadConfig, ModelConfig, build_model, preset
 
@@ -634,9 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             text = render(r, z, {**header, "partial report": f"written after {stage}; the run did not reach its end"})
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(args.out).with_name(Path(args.out).name + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, args.out)
+            write_atomic(Path(args.out), text)
 
     try:
         results = run(z, args.threads, device, log, flush)

@@ -139,13 +139,7 @@ class MetricsLog:
             return last is not None and record.get("step", 0) <= last
 
         kept = [json.dumps(record) for record in self._read(warn=True) if keep(record)]
-        tmp = self.path.with_suffix(".tmp")
-        try:
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)
-        except OSError as err:
-            tmp.unlink(missing_ok=True)
-            raise environment_error(self.path, err) from None
+        write_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def _read(self, warn: bool = False) -> list[dict[str, Any]]:
         """The records; a cut-off last line (a write interrupted by a kill or a full disk) is left
@@ -219,14 +213,7 @@ class MetricsLog:
             writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
-            target = self.path.parent / f"{kind}.csv"
-            tmp = target.with_suffix(".tmp")
-            try:
-                tmp.write_text(buf.getvalue())
-                os.replace(tmp, target)
-            except OSError as err:
-                tmp.unlink(missing_ok=True)
-                raise environment_error(target, err) from None
+            write_atomic(self.path.parent / f"{kind}.csv", buf.getvalue())
 
     def close(self) -> None:
         if self._tb is not None:
