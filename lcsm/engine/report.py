@@ -359,10 +359,11 @@ def seed_cells(exp, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]
     return cells
 
 
-def _csv_records(path: Path) -> list[tuple[int, dict[str, str | None]]]:
-    """(line number, record) of a run's CSV file, header on line 1."""
+def _csv_records(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str | None]]]]:
+    """(column names, [(line number, record)]) of a run's CSV file, header on line 1."""
     with path.open(newline="") as f:
-        return list(enumerate(csv.DictReader(f), start=2))
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(enumerate(reader, start=2))
 
 
 def _csv_number(path: Path, line: int, record: Mapping[str, str | None], key: str) -> float:
@@ -385,7 +386,7 @@ def read_examples(run_dir: Path) -> dict[str, np.ndarray] | None:
     path = Path(run_dir) / EXAMPLES_FILE
     if not path.is_file():
         return None
-    records = _csv_records(path)
+    _, records = _csv_records(path)
     columns = {k: np.array([_csv_number(path, i, r, k) for i, r in records]) for k in ("total", "correct", "loss")}
     return {"segment": np.array([r["segment"] for _, r in records]), **columns}
 
@@ -642,17 +643,11 @@ def eval_curves(rows: list[dict[str, Any]], spec: Mapping[str, Any], run_root: P
         path = run_root / row["run"] / "eval.csv"
         if not path.exists():
             continue
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            if spec["y"] not in (reader.fieldnames or []):
-                raise ValueError(
-                    f"report.curves: {path} has no column {spec['y']!r} (its columns: "
-                    f"{', '.join(reader.fieldnames or [])})"
-                )
+        names, records = _csv_records(path)
+        if spec["y"] not in names:
+            raise ValueError(f"report.curves: {path} has no column {spec['y']!r} (its columns: {', '.join(names)})")
         points = {
-            int(_csv_number(path, i, r, "step")): _csv_number(path, i, r, spec["y"])
-            for i, r in _csv_records(path)
-            if r[spec["y"]]
+            int(_csv_number(path, i, r, "step")): _csv_number(path, i, r, spec["y"]) for i, r in records if r[spec["y"]]
         }
         if points:
             curves[label] = points
@@ -862,7 +857,7 @@ def run_log(exp, rows: list[dict[str, Any]]) -> str:
         when = "—"
         if (path / "train.csv").is_file():
             log = path / "train.csv"
-            times = [_csv_number(log, i, r, "time") for i, r in _csv_records(log) if r.get("time")]
+            times = [_csv_number(log, i, r, "time") for i, r in _csv_records(log)[1] if r.get("time")]
             if times:
                 when = f"{_utc(min(times))} - {_utc(max(times))}"
         source = str((result.get("config") or {}).get("name", "")).split("/")[0]

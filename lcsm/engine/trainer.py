@@ -401,7 +401,10 @@ class Trainer:
         def read(path: Path) -> None:
             states[path] = ckpt.load_trainer(path)
 
-        path = ckpt.latest_checkpoint(self.out_dir, note=ckpt.warn if self.dist.is_main else None, read=read)
+        # (without resume a run with checkpoints is refused below: nothing to read)
+        path = ckpt.latest_checkpoint(
+            self.out_dir, note=ckpt.warn if self.dist.is_main else None, read=read if resume else None
+        )
         if path is None:
             return None
         if not resume:
